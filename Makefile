@@ -1,0 +1,27 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo lint clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: install
+	$(BIN)/ruff check panamera tests bench
+	$(BIN)/ruff format --check panamera tests bench
+
+test: install lint
+	$(BIN)/python -m pytest -n 2 tests
+
+demo: install
+	$(BIN)/panamera demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,99 @@
+"""Scalar expressions (poly/expr.py) rendered as C, in the register types of dtypes.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtypes import DType, promote
+from ..poly.expr import Expr
+
+_ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+
+
+def literal(value, d: DType) -> str:
+    if d.name == "bool":
+        return "1" if bool(value) else "0"
+    if not d.is_float:
+        v = int(value)
+        return f"{v}LL" if d.name == "int64" else str(v)
+    v = float(np.asarray(value).astype(d.np)) if d.is_16bit_float else float(value)
+    f = "F" if d.compute == "float" else "D"
+    if math.isnan(v):
+        return f"PN_NAN_{f}"
+    if math.isinf(v):
+        return f"PN_INF_{f}" if v > 0 else f"(-PN_INF_{f})"
+    text = repr(float(np.float32(v))) if d.compute == "float" else repr(v)
+    return f"{text}f" if d.compute == "float" else text
+
+
+def convert(x: str, src: DType, dst: DType) -> str:
+    """C expression converting a register value of dtype `src` to dtype `dst` (numpy astype)."""
+    if src == dst:
+        return x
+    if dst.name == "bool":
+        return f"(({x}) != 0)"
+    if dst.name == "float16":
+        return f"pn_round_half((float)({x}))"
+    if dst.name == "bfloat16":
+        return f"pn_round_bf16((float)({x}))"
+    return f"(({dst.compute})({x}))"
+
+
+def _round(x: str, d: DType) -> str:
+    if d.name == "float16":
+        return f"pn_round_half({x})"
+    if d.name == "bfloat16":
+        return f"pn_round_bf16({x})"
+    return x
+
+
+class ExprRenderer:
+    """Emits one `const` register per expression node (SSA), each node once."""
+
+    def __init__(self, lines: list[str], prefix: str):
+        self.lines, self.prefix, self.names = lines, prefix, {}
+
+    def render(self, e: Expr, load) -> str:
+        for n in e.walk():
+            if id(n) not in self.names:
+                name = f"{self.prefix}{len(self.names)}"
+                self.lines.append(f"const {n.dtype.compute} {name} = {self._value(n, load)};")
+                self.names[id(n)] = name
+        return self.names[id(e)]
+
+    def _value(self, n: Expr, load) -> str:
+        a = [self.names[id(x)] for x in n.args]
+        d = n.dtype
+        if n.op == "const":
+            return literal(n.value, d)
+        if n.op == "load":
+            return load(n.read)
+        if n.op == "cast":
+            return convert(a[0], n.args[0].dtype, d)
+        if n.op in _CMP:
+            p = promote(n.args[0].dtype, n.args[1].dtype)
+            x, y = (convert(v, s.dtype, p) for v, s in zip(a, n.args))
+            return f"(({x} {_CMP[n.op]} {y}) ? 1 : 0)"
+        x = [convert(v, s.dtype, d) for v, s in zip(a, n.args)] if n.op != "where" else a
+        if n.op in _ARITH:
+            if d.name == "bool":
+                return f"({x[0]} | {x[1]})" if n.op == "add" else f"({x[0]} & {x[1]})"
+            return _round(f"({x[0]} {_ARITH[n.op]} {x[1]})", d)
+        if n.op in ("maximum", "minimum"):
+            return f"pn_{n.op}({x[0]}, {x[1]})"
+        if n.op == "where":
+            return f"({a[0]} ? {convert(a[1], n.args[1].dtype, d)} : {convert(a[2], n.args[2].dtype, d)})"
+        if n.op == "neg":
+            return _round(f"(-{x[0]})", d)
+        if n.op == "abs":
+            return f"pn_abs({x[0]})"
+        if n.op == "not":
+            return f"({x[0]} ? 0 : 1)"
+        if n.op in _MATH:
+            fn = _MATH[n.op] + ("f" if d.compute == "float" else "")
+            return _round(f"{fn}({x[0]})", d)
+        raise NotImplementedError(f"codegen of elementwise op {n.op!r}")

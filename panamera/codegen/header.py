@@ -1,0 +1,203 @@
+"""Device functions every generated kernel includes: the lowering of the reduction algebra.
+
+The functors (pn_op_*) are algebra.Combiner's `functor`; the block routines implement the three
+levels of a Panamera reduction: registers (in the kernel's loop), warp shuffles, shared memory;
+the atomics merge one partial per block per output. NaN propagates through max/min as in numpy.
+"""
+
+PRELUDE = r"""
+#ifdef PANAMERA_EMULATOR
+#include "cuda_emulation.h"
+#else
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+#define PN_INF_F __int_as_float(0x7f800000)
+#define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
+#define PN_NAN_F __int_as_float(0x7fc00000)
+#define PN_NAN_D __longlong_as_double(0x7ff8000000000000LL)
+
+template <class T> struct pn_lim;
+template <> struct pn_lim<float> {
+  static __device__ __forceinline__ float lowest() { return -PN_INF_F; }
+  static __device__ __forceinline__ float highest() { return PN_INF_F; }
+};
+template <> struct pn_lim<double> {
+  static __device__ __forceinline__ double lowest() { return -PN_INF_D; }
+  static __device__ __forceinline__ double highest() { return PN_INF_D; }
+};
+template <> struct pn_lim<int> {
+  static __device__ __forceinline__ int lowest() { return (int)0x80000000; }
+  static __device__ __forceinline__ int highest() { return 0x7fffffff; }
+};
+template <> struct pn_lim<long long> {
+  static __device__ __forceinline__ long long lowest() { return (long long)0x8000000000000000ULL; }
+  static __device__ __forceinline__ long long highest() { return 0x7fffffffffffffffLL; }
+};
+
+struct pn_op_sum {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a + b; }
+  template <class T> static __device__ __forceinline__ T identity() { return (T)0; }
+};
+struct pn_op_prod {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a * b; }
+  template <class T> static __device__ __forceinline__ T identity() { return (T)1; }
+};
+struct pn_op_max {  // (a != a): a NaN in a wins; a NaN in b fails a > b and wins too
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return (a != a || a > b) ? a : b; }
+  template <class T> static __device__ __forceinline__ T identity() { return pn_lim<T>::lowest(); }
+};
+struct pn_op_min {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return (a != a || a < b) ? a : b; }
+  template <class T> static __device__ __forceinline__ T identity() { return pn_lim<T>::highest(); }
+};
+struct pn_op_and {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a & b; }
+  template <class T> static __device__ __forceinline__ T identity() { return (T)1; }
+};
+struct pn_op_or {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a | b; }
+  template <class T> static __device__ __forceinline__ T identity() { return (T)0; }
+};
+
+template <class T> __device__ __forceinline__ T pn_maximum(T a, T b) { return pn_op_max::apply(a, b); }
+template <class T> __device__ __forceinline__ T pn_minimum(T a, T b) { return pn_op_min::apply(a, b); }
+template <class T> __device__ __forceinline__ T pn_abs(T a) { return a < (T)0 ? -a : a; }
+__device__ __forceinline__ float pn_abs(float a) { return fabsf(a); }
+__device__ __forceinline__ double pn_abs(double a) { return fabs(a); }
+__device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
+__device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Loads convert storage types to register types; stores convert back.
+__device__ __forceinline__ float pn_ld(const float* p) { return *p; }
+__device__ __forceinline__ double pn_ld(const double* p) { return *p; }
+__device__ __forceinline__ int pn_ld(const int* p) { return *p; }
+__device__ __forceinline__ long long pn_ld(const long long* p) { return *p; }
+__device__ __forceinline__ int pn_ld(const bool* p) { return *p ? 1 : 0; }
+__device__ __forceinline__ float pn_ld(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float pn_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void pn_st(float* p, float v) { *p = v; }
+__device__ __forceinline__ void pn_st(double* p, double v) { *p = v; }
+__device__ __forceinline__ void pn_st(int* p, int v) { *p = v; }
+__device__ __forceinline__ void pn_st(long long* p, long long v) { *p = v; }
+__device__ __forceinline__ void pn_st(bool* p, int v) { *p = v != 0; }
+__device__ __forceinline__ void pn_st(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void pn_st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// Vector loads of 4 (or 2) consecutive, aligned elements into registers.
+__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[4]) { float4 v = *reinterpret_cast<const float4*>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
+__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[2]) { float2 v = *reinterpret_cast<const float2*>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const double* p, double (&r)[2]) { double2 v = *reinterpret_cast<const double2*>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[4]) { int4 v = *reinterpret_cast<const int4*>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
+__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[2]) { int2 v = *reinterpret_cast<const int2*>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const long long* p, long long (&r)[2]) { longlong2 v = *reinterpret_cast<const longlong2*>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[4]) { unsigned v = *reinterpret_cast<const unsigned*>(p); for (int k = 0; k < 4; ++k) r[k] = (v >> (8 * k)) & 0xff ? 1 : 0; }
+__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[2]) { r[0] = p[0] ? 1 : 0; r[1] = p[1] ? 1 : 0; }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[4]) { uint2 v = *reinterpret_cast<const uint2*>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v.x & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v.x >> 16))); r[2] = __half2float(__ushort_as_half((unsigned short)(v.y & 0xffffu))); r[3] = __half2float(__ushort_as_half((unsigned short)(v.y >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[4]) { uint2 v = *reinterpret_cast<const uint2*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x >> 16))); r[2] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y & 0xffffu))); r[3] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16))); }
+
+// Reduce across threadIdx.x (TX lanes of each row of the block); valid at threadIdx.x == 0.
+// smem holds TY * max(1, TX / 32) values.
+template <class OP, int TX, int TY, class T>
+__device__ __forceinline__ T pn_reduce_x(T v, T* smem) {
+  if (TX == 1) return v;
+  constexpr int W = TX < 32 ? TX : 32;
+  for (int o = W / 2; o > 0; o >>= 1) v = OP::apply(v, __shfl_down_sync(0xffffffffu, v, o, W));
+  if (TX <= 32) return v;
+  constexpr int NW = TX / 32;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  __syncthreads();  // the buffer may still be read by a previous reduction
+  if (lane == 0) smem[threadIdx.y * NW + w] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < NW ? smem[threadIdx.y * NW + threadIdx.x] : OP::template identity<T>();
+    for (int o = 16; o > 0; o >>= 1) v = OP::apply(v, __shfl_down_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+// Reduce across threadIdx.y (TY rows, TY a power of two); valid at threadIdx.y == 0.
+template <class OP, int TX, int TY, class T>
+__device__ __forceinline__ T pn_reduce_y(T v, T* smem) {
+  if (TY == 1) return v;
+  __syncthreads();
+  smem[threadIdx.y * TX + threadIdx.x] = v;
+  __syncthreads();
+  for (int s = TY / 2; s > 0; s >>= 1) {
+    if (threadIdx.y < s)
+      smem[threadIdx.y * TX + threadIdx.x] = OP::apply(smem[threadIdx.y * TX + threadIdx.x], smem[(threadIdx.y + s) * TX + threadIdx.x]);
+    __syncthreads();
+  }
+  return smem[threadIdx.x];
+}
+
+// One atomic per block per output: native where the hardware has it, a CAS loop otherwise.
+template <class OP> __device__ __forceinline__ void pn_atomic_cas(float* p, float v) {
+  unsigned* q = reinterpret_cast<unsigned*>(p);
+  unsigned old = *q, assumed;
+  do {
+    assumed = old;
+    unsigned want = __float_as_uint(OP::apply(__uint_as_float(assumed), v));
+    if (want == assumed) return;
+    old = atomicCAS(q, assumed, want);
+  } while (old != assumed);
+}
+template <class OP> __device__ __forceinline__ void pn_atomic_cas(double* p, double v) {
+  unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
+  unsigned long long old = *q, assumed;
+  do {
+    assumed = old;
+    unsigned long long want = (unsigned long long)__double_as_longlong(OP::apply(__longlong_as_double((long long)assumed), v));
+    if (want == assumed) return;
+    old = atomicCAS(q, assumed, want);
+  } while (old != assumed);
+}
+template <class OP> __device__ __forceinline__ void pn_atomic_cas(int* p, int v) {
+  int old = *p, assumed;
+  do {
+    assumed = old;
+    int want = OP::apply(assumed, v);
+    if (want == assumed) return;
+    old = atomicCAS(p, assumed, want);
+  } while (old != assumed);
+}
+template <class OP> __device__ __forceinline__ void pn_atomic_cas(long long* p, long long v) {
+  unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
+  unsigned long long old = *q, assumed;
+  do {
+    assumed = old;
+    unsigned long long want = (unsigned long long)OP::apply((long long)assumed, v);
+    if (want == assumed) return;
+    old = atomicCAS(q, assumed, want);
+  } while (old != assumed);
+}
+__device__ __forceinline__ void pn_atomic(pn_op_sum, float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_sum, double* p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_sum, int* p, int v) { atomicAdd(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_sum, long long* p, long long v) { atomicAdd(reinterpret_cast<unsigned long long*>(p), (unsigned long long)v); }
+__device__ __forceinline__ void pn_atomic(pn_op_max, int* p, int v) { atomicMax(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_max, long long* p, long long v) { atomicMax(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_min, int* p, int v) { atomicMin(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_min, long long* p, long long v) { atomicMin(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_and, int* p, int v) { atomicAnd(p, v); }
+__device__ __forceinline__ void pn_atomic(pn_op_or, int* p, int v) { atomicOr(p, v); }
+template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
+
+// Fill a buffer with a value: the initialisation launch of atomic outputs and counters.
+#define PN_FILL(NAME, T) \
+  extern "C" __global__ void NAME(T* __restrict__ p, T v, long long n) { \
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) p[k] = v; \
+  }
+"""
+
+# Every identifier the generated code may call; tests/test_emulator.py checks each against both
+# the emulator and nvcc.
+INTRINSICS = (
+    "__syncthreads", "__shfl_down_sync", "__threadfence", "__ldcg", "atomicAdd", "atomicCAS",
+    "atomicMax", "atomicMin", "atomicAnd", "atomicOr", "__half2float", "__float2half_rn",
+    "__bfloat162float", "__float2bfloat16_rn", "__ushort_as_half", "__ushort_as_bfloat16",
+    "__float_as_uint", "__uint_as_float", "__double_as_longlong", "__longlong_as_double",
+    "__int_as_float", "expf", "logf", "sqrtf", "rsqrtf", "fabsf", "exp", "log", "sqrt", "rsqrt", "fabs",
+)

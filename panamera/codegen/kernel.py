@@ -1,0 +1,318 @@
+"""One kernel group + its mapping → CUDA C source and the buffers and launches it needs.
+
+The loop nest of each thread comes from isl's AST generator: the statement domain is
+intersected with the thread's share of the iterations (block and thread ids are isl parameters,
+see schedule/mapping.py) and isl scans what remains; the reduction epilogue (warp shuffles,
+shared memory, one atomic per block per output) follows from header.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..dtypes import DType, bool_
+from ..poly.program import KernelGroup
+from ..poly.statement import Statement
+from ..schedule.mapping import Mapping, access_kind
+from . import islast
+from .expr import ExprRenderer, convert, literal
+
+@dataclass(frozen=True)
+class BufferSpec:
+    key: str  # "in:<uid>", "out:<uid>", "ws:<stmt>", "cnt:<kernel>"
+    ctype: str  # C storage type
+    dtype: DType | None  # None for counters (uint32)
+    size: int
+    role: str  # input / output / workspace / counter
+
+
+@dataclass(frozen=True)
+class Fill:
+    buffer: str
+    ctype: str
+    value: object  # Python value in the buffer's C type ("bits" for 16-bit floats)
+
+
+@dataclass(frozen=True)
+class RenderedKernel:
+    name: str
+    source: str
+    params: tuple[BufferSpec, ...]
+    fills: tuple[Fill, ...]  # initialisation the plan runs before this kernel
+    modes: tuple[str, ...]  # per statement: store / atomic / atomic_ws / partials
+
+
+def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
+    if m.split == 1 or st.kind == "map":
+        return "store"
+    if deterministic:
+        return "partials"
+    if st.mean_count or st.result.dtype != st.acc:
+        return "atomic_ws"
+    return "atomic"
+
+
+def index_type(group: KernelGroup) -> str:
+    sizes = [group.M * group.N] + [r.tensor.size for s in group.statements for r in s.reads]
+    sizes += [s.result.size for s in group.statements]
+    return "int" if max(sizes) < 2**31 - 1 else "long long"
+
+
+def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool = False) -> RenderedKernel:
+    stmts = group.statements
+    modes = tuple(_mode(s, m, deterministic) for s in stmts)
+    idx = index_type(group)
+    # Parameters: every tensor read, then per statement its output and workspace, then counters.
+    inputs, params = [], []
+    for s in stmts:
+        for r in s.reads:
+            if r.tensor not in inputs:
+                inputs.append(r.tensor)
+    for k, t in enumerate(inputs):
+        params.append(BufferSpec(f"in:{t.uid}", t.dtype.c_type, t.dtype, t.size, "input"))
+    in_name = {t.uid: f"in{k}" for k, t in enumerate(inputs)}
+    fills: list[Fill] = []
+    for k, (s, mode) in enumerate(zip(stmts, modes)):
+        out = s.result
+        params.append(BufferSpec(f"out:{out.uid}", out.dtype.c_type, out.dtype, out.size, "output"))
+        ident = s.combiner.identity(s.acc) if s.combiner else None
+        if mode == "atomic":
+            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident))
+        if mode in ("atomic_ws", "partials"):
+            size = s.M * (m.split if mode == "partials" else 1)
+            params.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, "workspace"))
+            if mode == "atomic_ws":
+                fills.append(Fill(f"ws:{name}:{k}", s.acc.c_type, ident))
+    needs_last = any(md in ("atomic_ws", "partials") for md in modes)
+    if needs_last:
+        params.append(BufferSpec(f"cnt:{name}", "unsigned", None, m.grid[0], "counter"))
+        fills.append(Fill(f"cnt:{name}", "unsigned", 0))
+
+    sig = []
+    for p in params:
+        pname = _param_name(p, in_name, stmts)
+        const = "const " if p.role == "input" else ""
+        sig.append(f"{const}{p.ctype}* __restrict__ {pname}")
+    lines = [f'extern "C" __global__ void __launch_bounds__({m.threads}) {name}({", ".join(sig)}) {{']
+    lines.append(f"  typedef {idx} pn_idx;")
+    lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
+    body = _Body(group, m, in_name, idx)
+    if group.form == "MAP":
+        lines += body.map_kernel()
+    else:
+        lines += body.reduce_kernel(modes)
+    lines.append("}")
+    return RenderedKernel(name, "\n".join(lines), tuple(params), tuple(fills), modes)
+
+
+def _param_name(p: BufferSpec, in_name, stmts) -> str:
+    kind, _, rest = p.key.partition(":")
+    if kind == "in":
+        return in_name[int(rest)]
+    if kind == "out":
+        return f"out{[s.result.uid for s in stmts].index(int(rest))}"
+    if kind == "ws":
+        return f"ws{rest.rsplit(':', 1)[1]}"
+    return "pn_counter"
+
+
+class _Body:
+    def __init__(self, group: KernelGroup, m: Mapping, in_name, idx: str):
+        self.g, self.m, self.in_name, self.idx = group, m, in_name, idx
+        self.ctx = group.statements[0].domain.get_ctx()
+
+    # -- isl: the loop nest of one thread ---------------------------------------------------
+    def loops(self, user) -> list[str]:
+        m, g = self.m, self.g
+        form = g.form
+        outer, inner = ("g", "j") if form == "COLUMN" else ("i", "g")
+        ext = {"ROW": (g.M, g.N // m.vec), "ALL": (g.M, g.N // m.vec), "COLUMN": (g.M // m.vec, g.N), "MAP": (g.M, 1)}
+        e0, e1 = ext[form]
+        v = isl.make_zero_and_vars([outer, inner, "k"], ["bx", "by", "tx", "ty", "gdx"], ctx=self.ctx)
+        z = v[0]
+        s = (v[outer].ge_set(z) & v[outer].lt_set(z + e0) & v[inner].ge_set(z) & v[inner].lt_set(z + e1)
+             & v["k"].ge_set(z))
+        if form in ("ROW", "ALL"):
+            s = s & v["i"].eq_set(v["bx"] * m.ty + v["ty"])
+            s = s & v["g"].eq_set(v["by"] * m.chunk + v["k"] * m.tx + v["tx"]) & v["k"].lt_set(z + m.chunk // m.tx)
+        elif form == "COLUMN":
+            s = s & v["g"].eq_set(v["bx"] * m.tx + v["tx"])
+            s = s & v["j"].eq_set(v["by"] * m.chunk + v["k"] * m.ty + v["ty"]) & v["k"].lt_set(z + m.chunk // m.ty)
+        else:  # MAP: a grid-stride loop
+            s = s & v["i"].eq_set((v["k"] * m.grid[0] + v["bx"]) * m.tx + v["tx"]) & v["g"].eq_set(z)
+        context = (v["bx"].ge_set(z) & v["bx"].lt_set(z + m.grid[0]) & v["by"].ge_set(z) & v["by"].lt_set(z + m.grid[1])
+                   & v["tx"].ge_set(z) & v["tx"].lt_set(z + m.tx) & v["ty"].ge_set(z) & v["ty"].lt_set(z + m.ty)
+                   & v["gdx"].eq_set(z + m.grid[0])).params()
+        s = s.project_out(isl.dim_type.set, s.find_dim_by_name(isl.dim_type.set, "k"), 1).set_tuple_name("S")
+        sched = isl.Map.identity(s.space.map_from_set()).intersect_domain(s)
+        build = isl.AstBuild.from_context(context)
+        ast = build.node_from_schedule_map(isl.UnionMap.from_map(sched))
+        return islast.node(ast, user, self.idx, 1)
+
+    def address(self, addr: isl.PwAff) -> str:
+        dom = self.g.statements[0].domain.reset_tuple_id()
+        return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
+
+    # -- loads --------------------------------------------------------------------------------
+    def _body_lines(self, stmt_idx: int, s: Statement, along: str, vec_slot: str | None, kinds) -> tuple[list[str], str]:
+        lines: list[str] = []
+
+        def load(read: int) -> str:
+            r = s.reads[read]
+            if kinds[read] == "contig" and vec_slot is not None:
+                return f"pn_v{stmt_idx}_{read}[{vec_slot}]"
+            return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
+
+        value = ExprRenderer(lines, f"e{stmt_idx}_").render(s.body, load)
+        return lines, value
+
+    def _vector_loads(self, k: int, s: Statement, kinds) -> tuple[list[str], list[str]]:
+        decl, loads = [], []
+        for ri, r in enumerate(s.reads):
+            if kinds[ri] == "contig":
+                decl.append(f"{r.tensor.dtype.compute} pn_v{k}_{ri}[{self.m.vec}];")
+                loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}], pn_v{k}_{ri});")
+        return decl, loads
+
+    # -- kernels ------------------------------------------------------------------------------
+    def map_kernel(self) -> list[str]:
+        def user(call: isl.AstExpr) -> list[str]:
+            i = islast.expr(call.get_op_arg(1))
+            out = ["{", f"  const pn_idx i = {i}; const pn_idx j = 0;"]
+            for k, s in enumerate(self.g.statements):
+                lines, val = self._body_lines(k, s, "i", None, ["gather"] * len(s.reads))
+                out += ["  " + ln for ln in lines]
+                out.append(f"  pn_st(&out{k}[{self.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
+            return out + ["}"]
+
+        return self.loops(user)
+
+    def reduce_kernel(self, modes) -> list[str]:
+        g, m = self.g, self.m
+        col = g.form == "COLUMN"
+        along = "i" if col else "j"
+        V = m.vec
+        kinds = [[access_kind(r, along, V, s.domain) for r in s.reads] for s in g.statements]
+        lines = []
+        for k, s in enumerate(g.statements):
+            ident = f"{s.combiner.functor}::template identity<{s.acc.compute}>()"
+            if col and V > 1:
+                lines.append(f"  {s.acc.compute} acc{k}[{V}];")
+                lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {ident};")
+            else:
+                lines.append(f"  {s.acc.compute} acc{k} = {ident};")
+
+        def user(call: isl.AstExpr) -> list[str]:
+            a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
+            out = ["{"]
+            if col:
+                out.append(f"  const pn_idx j = {a1}; const pn_idx pn_first = ({a0}) * {V};")
+            else:
+                out.append(f"  const pn_idx i = {a0}; const pn_idx pn_first = ({a1}) * {V};")
+            first_var = "i" if col else "j"
+            if V > 1:  # registers for the contiguous reads, loaded as one vector each
+                for k, s in enumerate(g.statements):
+                    decl, loads = self._vector_loads(k, s, kinds[k])
+                    out += ["  " + ln for ln in decl]
+                    if loads:
+                        out += [f"  {{ const pn_idx {first_var} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
+            out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
+            out.append(f"    const pn_idx {first_var} = pn_first{' + v' if V > 1 else ''};")
+            for k, s in enumerate(g.statements):
+                body, val = self._body_lines(k, s, along, "v" if V > 1 else None, kinds[k])
+                out += ["    " + ln for ln in body]
+                acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"
+                if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
+                    val = convert(val, s.body.dtype, bool_)
+                elif s.body.dtype != s.acc:
+                    val = convert(val, s.body.dtype, s.acc)
+                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, ({s.acc.compute})({val}));")
+            out.append("  }")
+            return out + ["}"]
+
+        lines += self.loops(user)
+        lines += self._epilogue(modes)
+        return lines
+
+    def _epilogue(self, modes) -> list[str]:
+        g, m = self.g, self.m
+        col = g.form == "COLUMN"
+        V = m.vec if col else 1
+        out, smem = [], {}
+        for s in g.statements:
+            smem.setdefault(s.acc.compute, 0)
+        size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32)
+        for ct in smem:
+            safe = ct.replace(" ", "_")
+            out.append(f"  __shared__ {ct} pn_smem_{safe}[{size}];")
+        for k, s in enumerate(g.statements):
+            safe = s.acc.compute.replace(" ", "_")
+            fn = "pn_reduce_y" if col else "pn_reduce_x"
+            tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+            if col and V > 1:
+                out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
+            else:
+                out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
+        out += self._per_output(lambda k, s, o, a: self._write(k, s, o, a, modes[k]))
+        if any(md in ("atomic_ws", "partials") for md in modes):
+            out += [
+                "  __threadfence();",
+                "  __syncthreads();",
+                "  __shared__ int pn_is_last;",
+                "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
+                "  __syncthreads();",
+                "  if (pn_is_last) {",
+                "    __threadfence();",
+            ]
+            out += ["  " + ln for ln in self._per_output(lambda k, s, o, a: self._final(k, s, o, modes[k]))]
+            out.append("  }")
+        return out
+
+    def _per_output(self, emit) -> list[str]:
+        g, m = self.g, self.m
+        out = []
+        if g.form == "COLUMN":
+            V = m.vec
+            out.append(f"  if (ty == 0) for (int v = 0; v < {V}; ++v) {{")
+            out.append(f"    const pn_idx o = (bx * {m.tx} + tx) * {V} + v;")
+            out.append(f"    if (o < {g.M}) {{")
+            for k, s in enumerate(g.statements):
+                out += ["      " + ln for ln in emit(k, s, "o", f"acc{k}[v]" if V > 1 else f"acc{k}")]
+            out += ["    }", "  }"]
+        else:
+            out.append(f"  const pn_idx o = bx * {m.ty} + ty;")
+            out.append(f"  if (tx == 0 && o < {g.M}) {{")
+            for k, s in enumerate(g.statements):
+                out += ["    " + ln for ln in emit(k, s, "o", f"acc{k}")]
+            out.append("  }")
+        return out
+
+    def _post(self, s: Statement, a: str) -> str:
+        if s.mean_count:
+            return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
+        return a
+
+    def _write(self, k: int, s: Statement, o: str, a: str, mode: str) -> list[str]:
+        if mode == "store":
+            return [f"pn_st(&out{k}[{o}], {self._post(s, a)});"]
+        if mode == "atomic":
+            return [f"pn_atomic({s.combiner.functor}(), &out{k}[{o}], {a});"]
+        if mode == "atomic_ws":
+            return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
+        return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
+
+    def _final(self, k: int, s: Statement, o: str, mode: str) -> list[str]:
+        if mode == "atomic_ws":
+            return [f"pn_st(&out{k}[{o}], {self._post(s, f'__ldcg(&ws{k}[{o}])')});"]
+        if mode == "partials":  # a fixed order of the partials: bit-identical results
+            ct = s.acc.compute
+            return [
+                "{",
+                f"  {ct} a = {s.combiner.functor}::template identity<{ct}>();",
+                f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, __ldcg(&ws{k}[s * {s.M} + {o}]));",
+                f"  pn_st(&out{k}[{o}], {self._post(s, 'a')});",
+                "}",
+            ]
+        return []

@@ -1,0 +1,278 @@
+"""`pn.compile`: graph → Program (poly) → Mappings (schedule) → CUDA (codegen) → Compiled.
+
+>>> import numpy as np, panamera as pn
+>>> x = pn.placeholder((4, 100), "float32", name="x")
+>>> k = pn.compile(pn.sum(x, axis=1), target="emulator")
+>>> a = np.ones((4, 100), np.float32)
+>>> k(a).tolist()
+[100.0, 100.0, 100.0, 100.0]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codegen import islast
+from .codegen.header import PRELUDE
+from .codegen.kernel import BufferSpec, Fill, RenderedKernel, render_kernel
+from .errors import BackendError, DTypeError, InputError, PanameraError
+from .frontend.tensor import Tensor
+from .model.gpu import H100, GPUSpec
+from .poly.program import Program, build_program
+from .runtime import cuda as cuda_backend
+from .runtime import emulator
+from .runtime.plan import Launch, LaunchPlan
+from .schedule.mapping import Mapping, map_group
+
+FILL_TYPES = {
+    "float": "pn_fill_float", "double": "pn_fill_double", "int": "pn_fill_int", "long long": "pn_fill_longlong",
+    "unsigned": "pn_fill_unsigned", "unsigned short": "pn_fill_ushort", "bool": "pn_fill_bool",
+}
+_CTYPES = {
+    "float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
+    "unsigned": ctypes.c_uint, "unsigned short": ctypes.c_ushort, "bool": ctypes.c_bool,
+}
+_NP = {"float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64, "unsigned": np.uint32,
+       "unsigned short": np.uint16, "bool": np.bool_}
+
+
+def sanitize(name: str, limit: int = 24) -> str:
+    """An identifier safe for C made of a tensor name (ONNX names have ':' and worse)."""
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name)[:limit].strip("_")
+    return s or "t"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled computation: `k(*arrays)` runs it; `k.source`, `k.plan`, `k.explain()`."""
+
+    outputs: tuple[Tensor, ...]
+    single: bool
+    program: Program
+    mappings: tuple[Mapping, ...]
+    kernels: tuple[RenderedKernel, ...]
+    source: str
+    plan: LaunchPlan
+    target: str
+    deterministic: bool
+    gpu: GPUSpec
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.program.inputs
+
+    def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
+        arrays = self._bind(arrays, named)
+        is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
+        if self.target == "emulator":
+            host = [self._host_input(t, a) for t, a in zip(self.inputs, arrays)]
+            outs = self._run_emulator(host, order, seed)
+        else:
+            outs = self._run_cuda(arrays)
+        if not is_cupy and self.target == "cuda":
+            outs = [o.get() for o in outs]
+        return outs[0] if self.single else tuple(outs)
+
+    # -- argument checking ------------------------------------------------------------------
+    def _bind(self, arrays, named) -> list:
+        if named:
+            by_name = {t.name: t for t in self.inputs}
+            unknown = set(named) - set(by_name)
+            if unknown:
+                raise InputError(f"unknown input name(s) {sorted(unknown)}; inputs are {[t.name for t in self.inputs]}")
+            if arrays:
+                raise InputError("pass inputs either positionally or by name, not both")
+            missing = [t.name for t in self.inputs if t.name not in named]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
+            arrays = [named[t.name] for t in self.inputs]
+        if len(arrays) != len(self.inputs):
+            raise InputError(f"expected {len(self.inputs)} input(s) {[t.name for t in self.inputs]}, got {len(arrays)}")
+        for t, a in zip(self.inputs, arrays):
+            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+                raise InputError(f"input {t.name!r}: expected an array, got {type(a).__name__}")
+            if tuple(a.shape) != t.shape:
+                raise InputError(f"input {t.name!r}: expected shape {t.shape}, got {tuple(a.shape)}")
+            if np.dtype(a.dtype) != t.dtype.np:
+                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {np.dtype(a.dtype)}")
+        return list(arrays)
+
+    @staticmethod
+    def _host_input(t: Tensor, a) -> np.ndarray:
+        if type(a).__module__.startswith("cupy"):
+            a = a.get()
+        a = np.asarray(a)
+        # Non-contiguous or misaligned arrays are copied (vector loads need 16-byte alignment).
+        if not a.flags.c_contiguous or a.ctypes.data % 16:
+            a = _aligned_copy(a)
+        return a
+
+    # -- execution --------------------------------------------------------------------------
+    def _buffers(self, alloc, inputs) -> dict:
+        bufs = {f"in:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        for key, spec in self.plan.buffers.items():
+            if key not in bufs:
+                dt = spec.dtype.np if spec.dtype is not None else np.uint32
+                bufs[key] = alloc(max(spec.size, 1), dt)
+        return bufs
+
+    def _results(self, bufs, inputs):
+        out = []
+        pos = {t.uid: k for k, t in enumerate(self.inputs)}
+        for t in self.outputs:
+            if t.op == "placeholder":
+                out.append(inputs[pos[t.uid]].copy())
+            else:
+                out.append(bufs[f"out:{t.uid}"][: t.size].reshape(t.shape))
+        return out
+
+    def _run_emulator(self, inputs, order, seed):
+        lib = emulator.build(self.source, _signatures(self.kernels))
+        bufs = self._buffers(lambda n, dt: _aligned_empty(n, dt), inputs)
+        for ln in self.plan.launches:
+            args = [_ctype_arg(a, bufs) for a in ln.args]
+            emulator.launch(lib, ln.kernel, ln.grid, ln.block, args, order, seed)
+        return self._results(bufs, inputs)
+
+    def _run_cuda(self, arrays):
+        import cupy
+
+        mod = cuda_backend.module(self.source)
+        inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
+        bufs = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs)
+        for ln in self.plan.launches:
+            args = [bufs[a[1]] if a[0] == "buf" else _NP[a[1]](a[2]) for a in ln.args]
+            mod.get_function(ln.kernel)(ln.grid, ln.block, tuple(args))
+        return self._results(bufs, inputs)
+
+    # -- reporting --------------------------------------------------------------------------
+    def explain(self) -> str:
+        """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
+        lines = [f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.launches)} launch(es), "
+                 f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"]
+        for g, m in zip(self.program.groups, self.mappings):
+            names = ", ".join(f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "")
+                              for s in g.statements)
+            lines.append(f"  group {names}: {m.describe()}")
+        for ln in self.plan.launches:
+            extra = ""
+            if ln.role != "init":
+                extra = (f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
+                         f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({self.gpu.name}, modeled)")
+            elif ln.atomic_outputs:
+                extra = " initialises " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
+            lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
+        if self.program.deps is not None:
+            lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
+            lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
+        return "\n".join(lines)
+
+
+def _aligned_empty(n: int, dt) -> np.ndarray:
+    dt = np.dtype(dt)
+    raw = np.empty(n * dt.itemsize + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off: off + n * dt.itemsize].view(dt)
+
+
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    out = _aligned_empty(a.size, a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _ctype_arg(a, bufs):
+    if a[0] == "buf":
+        return ctypes.c_void_p(bufs[a[1]].ctypes.data)
+    return _CTYPES[a[1]](a[2])
+
+
+def _signatures(kernels) -> dict[str, list[str]]:
+    sig = {k.name: [f"{'const ' if p.role == 'input' else ''}{p.ctype}*" for p in k.params] for k in kernels}
+    for ct, name in FILL_TYPES.items():
+        sig[name] = [f"{ct}*", ct, "long long"]
+    return sig
+
+
+def _fill_launch(fill: Fill, spec: BufferSpec) -> Launch:
+    n = max(spec.size, 1)
+    threads = 256
+    return Launch(FILL_TYPES[fill.ctype], (min(math.ceil(n / threads), 1024), 1, 1), (threads, 1, 1),
+                  (("buf", fill.buffer), ("scalar", fill.ctype, fill.value), ("scalar", "long long", n)),
+                  role="init", atomic_outputs=((fill.buffer, fill.value),))
+
+
+def compile(  # noqa: A001
+    outputs, target: str = "auto", deterministic: bool = False, gpu: GPUSpec = H100, split: int | None = None
+) -> Compiled:
+    """Compile one tensor or a list of tensors into a Compiled computation.
+
+    target: "auto" (cuda with a GPU, else emulator), "cuda" or "emulator".
+    deterministic: merge block partials in a fixed order (no float atomics): identical bits
+    on every run and every thread order, still in one launch.
+    split: override the model's choice of blocks per reduction (a schedule override, used by
+    tests and experiments; the mapper clamps it to what the extents allow).
+    """
+    single = isinstance(outputs, Tensor)
+    outs = (outputs,) if single else tuple(outputs)
+    if not outs or not all(isinstance(t, Tensor) for t in outs):
+        raise PanameraError("compile: expected a Tensor or a non-empty list of Tensors")
+    if target == "auto":
+        target = "cuda" if cuda_backend.available() else "emulator"
+    if target not in ("cuda", "emulator"):
+        raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
+    prog = build_program(outs)
+    mappings, kernels, launches, buffers = [], [], [], {}
+    for k, grp in enumerate(prog.groups):
+        live = grp.M * grp.N > 0
+        for s in grp.statements:
+            res = s.result
+            buffers[f"out:{res.uid}"] = BufferSpec(f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, "output")
+            if grp.M > 0 and grp.N == 0:  # an empty reduction: the output is the identity (mean: NaN)
+                launches.append(_fill_launch(_empty_fill(s), buffers[f"out:{res.uid}"]))
+        if not live:
+            continue
+        m = map_group(grp, gpu, split)
+        label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)
+        rk = render_kernel(f"pn_k{k}_{label}", grp, m, deterministic)
+        mappings.append(m)
+        kernels.append(rk)
+        for p in rk.params:
+            buffers[p.key] = p
+        for f in rk.fills:
+            launches.append(_fill_launch(f, buffers[f.buffer]))
+        bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")
+        bytes_written = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "output")
+        launches.append(Launch(
+            rk.name, (m.grid[0], m.grid[1], 1), (m.tx, m.ty, 1), tuple(("buf", p.key) for p in rk.params),
+            role="map" if grp.form == "MAP" else "reduce", form=grp.form, blocks_per_reduction=m.split,
+            atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills if not f.buffer.startswith("cnt:")),
+            modes=rk.modes, bytes_read=bytes_read, bytes_written=bytes_written, mapping=m.describe(),
+            modeled_us=m.cost.total_s * 1e6,
+        ))
+    fills = "\n".join(f"PN_FILL({n}, {t})" for t, n in FILL_TYPES.items())
+    source = "\n".join([PRELUDE, islast.HELPERS, fills] + [k.source for k in kernels]) + "\n"
+    _check_empty_mappings(prog, mappings)
+    return Compiled(outs, single, prog, tuple(mappings), tuple(kernels), source, LaunchPlan(tuple(launches), buffers),
+                    target, deterministic, gpu)
+
+
+def _empty_fill(s) -> Fill:
+    res = s.result
+    value = math.nan if s.mean_count == 0 and res.op == "reduce" and res.attr("mean") else s.combiner.identity(s.acc)
+    if res.attr("mean"):
+        value = math.nan
+    arr = np.array(value).astype(res.dtype.np)
+    if res.dtype.is_16bit_float:
+        return Fill(f"out:{res.uid}", "unsigned short", int(arr.view(np.uint16)))
+    ct = res.dtype.c_type
+    return Fill(f"out:{res.uid}", ct, arr.item())
+
+
+def _check_empty_mappings(prog, mappings):
+    return None

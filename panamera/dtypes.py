@@ -1,0 +1,82 @@
+"""The dtypes Panamera supports, their C types and numpy's promotion rules.
+
+float16 and bfloat16 values live in registers as float (every op on them rounds back to 16 bits,
+as numpy does); bool is computed as int so that it can take part in warp shuffles and atomics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from .errors import DTypeError
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    np: np.dtype
+    c_type: str  # storage type in global memory
+    compute: str  # register type of values of this dtype
+    itemsize: int
+
+    @property
+    def is_float(self) -> bool:
+        return self.name in ("float16", "bfloat16", "float32", "float64")
+
+    @property
+    def is_16bit_float(self) -> bool:
+        return self.name in ("float16", "bfloat16")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+_TABLE = {
+    "float32": DType("float32", np.dtype(np.float32), "float", "float", 4),
+    "float64": DType("float64", np.dtype(np.float64), "double", "double", 8),
+    "float16": DType("float16", np.dtype(np.float16), "__half", "float", 2),
+    "bfloat16": DType("bfloat16", np.dtype(ml_dtypes.bfloat16), "__nv_bfloat16", "float", 2),
+    "int32": DType("int32", np.dtype(np.int32), "int", "int", 4),
+    "int64": DType("int64", np.dtype(np.int64), "long long", "long long", 8),
+    "bool": DType("bool", np.dtype(np.bool_), "bool", "int", 1),
+}
+SUPPORTED = tuple(_TABLE)
+
+float32, float64, float16, bfloat16 = (_TABLE[n] for n in ("float32", "float64", "float16", "bfloat16"))
+int32, int64, bool_ = _TABLE["int32"], _TABLE["int64"], _TABLE["bool"]
+
+
+def as_dtype(d, *, what: str = "dtype") -> DType:
+    """Normalise a name, numpy dtype or DType to a supported DType.
+
+    >>> as_dtype("float32").c_type
+    'float'
+    """
+    if isinstance(d, DType):
+        return d
+    try:
+        name = "bool" if d in (bool, "bool") else np.dtype(d).name
+    except TypeError:
+        name = str(d)
+    if name not in _TABLE:
+        raise DTypeError(f"{what}: unsupported dtype {d!r}; Panamera supports {', '.join(SUPPORTED)}")
+    return _TABLE[name]
+
+
+def promote(*dtypes: DType) -> DType:
+    """numpy's result_type of the given dtypes (bfloat16 follows ml_dtypes' rules)."""
+    return as_dtype(np.result_type(*(d.np for d in dtypes)))
+
+
+def promote_with_scalar(d: DType, value) -> DType:
+    """NEP 50: a Python scalar is weak; it only lifts the kind (int tensor + 0.5 -> float64)."""
+    if isinstance(value, bool):
+        return d
+    if isinstance(value, int):
+        return int64 if d.name == "bool" else d
+    if isinstance(value, float):
+        return d if d.is_float else float64
+    raise DTypeError(f"unsupported Python scalar {value!r} of type {type(value).__name__}")

@@ -1,0 +1,37 @@
+"""Errors Panamera raises. Every message names the tensor, axis, op or kernel at fault."""
+
+
+class PanameraError(Exception):
+    """Base class of every error Panamera raises on purpose."""
+
+
+class ShapeError(PanameraError, ValueError):
+    """Shapes that do not broadcast, reshape or match the placeholder."""
+
+
+class AxisError(PanameraError, ValueError):
+    """An axis out of range or repeated."""
+
+
+class DTypeError(PanameraError, TypeError):
+    """A dtype Panamera does not support, or an array of the wrong dtype."""
+
+
+class EmptyReductionError(PanameraError, ValueError):
+    """A reduction over a zero-size extent whose combiner has no identity (max, min)."""
+
+
+class InputError(PanameraError, ValueError):
+    """An array passed to a compiled kernel that does not fit its placeholder."""
+
+
+class CompileError(PanameraError, RuntimeError):
+    """A host or device compiler rejected generated code; the message shows the source line."""
+
+
+class BackendError(PanameraError, RuntimeError):
+    """A backend that cannot run here (no GPU for `cuda`, no g++ for `emulator`) or failed."""
+
+
+class LegalityError(PanameraError, ValueError):
+    """A transformation whose preconditions do not hold."""

@@ -1,0 +1,121 @@
+"""The numpy-like functions of the public API: elementwise math and reductions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from .. import algebra, dtypes
+from ..errors import AxisError, DTypeError, EmptyReductionError
+from .tensor import Tensor, binary, unary
+
+
+def exp(x: Tensor) -> Tensor:
+    return unary("exp", x)
+
+
+def log(x: Tensor) -> Tensor:
+    return unary("log", x)
+
+
+def sqrt(x: Tensor) -> Tensor:
+    return unary("sqrt", x)
+
+
+def rsqrt(x: Tensor) -> Tensor:
+    """1 / sqrt(x)."""
+    return unary("rsqrt", x)
+
+
+def abs(x: Tensor) -> Tensor:  # noqa: A001 - numpy's name
+    return unary("abs", x)
+
+
+def negative(x: Tensor) -> Tensor:
+    return unary("neg", x)
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise maximum; NaN propagates as in numpy."""
+    return binary("maximum", a, b)
+
+
+def minimum(a, b) -> Tensor:
+    return binary("minimum", a, b)
+
+
+def normalize_axes(axis, ndim: int, tensor: str) -> tuple[int, ...]:
+    """numpy's axis argument (None, int or tuple; negatives allowed) as sorted positive axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    items = list(axis) if isinstance(axis, Iterable) and not isinstance(axis, str) else [axis]
+    out = []
+    for a in items:
+        if isinstance(a, bool) or not isinstance(a, int):
+            raise AxisError(f"reduction of {tensor!r}: axis {a!r} is not an integer")
+        if not -ndim <= a < ndim:
+            raise AxisError(f"reduction of {tensor!r}: axis {a} is out of range for rank {ndim}")
+        a %= ndim
+        if a in out:
+            raise AxisError(f"reduction of {tensor!r}: axis {a} is repeated in {axis!r}")
+        out.append(a)
+    return tuple(sorted(out))
+
+
+def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean: bool = False) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
+    comb = algebra.COMBINERS[name]
+    axes = normalize_axes(axis, x.ndim, x.label)
+    n = math.prod(x.shape[a] for a in axes)
+    out_shape = tuple(1 if k in axes else s for k, s in enumerate(x.shape) if keepdims or k not in axes)
+    if n == 0 and not comb.has_identity and math.prod(out_shape) > 0:
+        raise EmptyReductionError(
+            f"{name} of {x.label!r} over axes {axes}: zero-size reduction (shape {x.shape}) has no identity"
+        )
+    if mean:
+        res = x.dtype if x.dtype.is_float else dtypes.float64
+        acc = dtypes.float32 if res.is_16bit_float else res
+        src = x if x.dtype == acc or x.dtype.is_16bit_float else x.astype(acc)
+    else:
+        res = comb.result_dtype(x.dtype)
+        acc = comb.acc_dtype(x.dtype)
+        src = x
+    attrs = (("combiner", comb), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", mean), ("acc", acc))
+    return Tensor("reduce", (src,), out_shape, res, attrs=attrs)
+
+
+def sum(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """numpy.sum. int32 and bool inputs give int64, as numpy does on Linux.
+
+    >>> import panamera as pn
+    >>> pn.sum(pn.placeholder((3, 4), "int32"), axis=-1).dtype.name
+    'int64'
+    """
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """numpy.mean: integers give float64; float16 accumulates in float32."""
+    return _reduce("sum", x, axis, keepdims, mean=True)
+
+
+def max(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    """numpy.max (NaN propagates); empty reductions raise EmptyReductionError."""
+    return _reduce("max", x, axis, keepdims)
+
+
+def min(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("min", x, axis, keepdims)
+
+
+def prod(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    return _reduce("prod", x, axis, keepdims)
+
+
+def all(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("all", x, axis, keepdims)
+
+
+def any(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
+    return _reduce("any", x, axis, keepdims)

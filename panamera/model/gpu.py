@@ -1,0 +1,74 @@
+"""GPU figures (GPU_MODEL.md, with their sources there) and the per-kernel time model.
+
+    T = T_launch + T_dram + T_tail + T_atomic
+    T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
+    T_atomic = same-address atomics / L2 clock + all atomics / distinct-address atomic throughput
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    sms: int
+    clock_hz: float
+    dram_bw: float  # peak, bytes/s
+    eta: float  # achievable fraction of peak for streaming reads
+    dram_latency_s: float
+    launch_s: float
+    atomic_rate: float  # distinct-address atomics per second
+    l2_clock_hz: float  # same-address atomics retire about one per L2 clock
+    max_threads_sm: int = 2048
+    max_blocks_sm: int = 32
+    smem_per_block: int = 227 * 1024
+
+    @property
+    def achievable_bw(self) -> float:
+        return self.eta * self.dram_bw
+
+
+H100 = GPUSpec("H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9)
+A100 = GPUSpec("A100-SXM4-80GB", 108, 1.41e9, 2.04e12, 0.87, 405e-9, 2.5e-6, 40e9, 1.41e9, smem_per_block=163 * 1024)
+GPUS = {"h100": H100, "a100": A100}
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    launch_s: float
+    dram_s: float
+    tail_s: float
+    atomic_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.launch_s + self.dram_s + self.tail_s + self.atomic_s
+
+
+def kernel_time(
+    gpu: GPUSpec,
+    *,
+    dram_bytes: float,
+    blocks: int,
+    threads: int,
+    bytes_in_flight_per_thread: float,
+    atomics: int = 0,
+    same_address: int = 0,
+    epilogue_cycles: int = 400,
+) -> KernelCost:
+    """Modeled time of one kernel launch."""
+    if blocks <= 0:
+        return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0)
+    resident = max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // max(threads, 1)))
+    per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
+    active = min(gpu.sms, blocks)
+    in_flight = active * per_sm_blocks * threads * bytes_in_flight_per_thread
+    bw = min(gpu.achievable_bw, in_flight / gpu.dram_latency_s)
+    dram = dram_bytes / bw if dram_bytes else 0.0
+    waves = math.ceil(blocks / (gpu.sms * resident))
+    tail = waves * epilogue_cycles / gpu.clock_hz
+    atomic = (same_address / gpu.l2_clock_hz + atomics / gpu.atomic_rate) if atomics else 0.0
+    return KernelCost(gpu.launch_s, dram, tail, atomic)

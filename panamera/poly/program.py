@@ -1,0 +1,115 @@
+"""A Program: the statements of a graph, coalesced, with their dependences and kernel groups.
+
+`build_program(outputs)` is the entry of the polyhedral stage; it returns an immutable value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+import networkx as nx
+
+from ..frontend.tensor import Tensor
+from .coalesce import coalesce
+from .dependences import Dependences, compute_dependences, schedule
+from .statement import Statement, build_statement
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """Statements that run in one kernel: same canonical form and extents, independent."""
+
+    statements: tuple[Statement, ...]
+
+    @property
+    def form(self) -> str:
+        return self.statements[0].form
+
+    @property
+    def M(self) -> int:
+        return self.statements[0].M
+
+    @property
+    def N(self) -> int:
+        return self.statements[0].N
+
+
+@dataclass(frozen=True)
+class Program:
+    outputs: tuple[Tensor, ...]
+    inputs: tuple[Tensor, ...]  # placeholders, in creation order
+    statements: tuple[Statement, ...]
+    groups: tuple[KernelGroup, ...]
+    deps: Dependences
+    schedule: isl.Schedule
+    graph: nx.DiGraph  # tensors, edges producer -> consumer
+
+
+def tensor_graph(outputs) -> nx.DiGraph:
+    g = nx.DiGraph()
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if t in g and g.nodes[t].get("seen"):
+            continue
+        g.add_node(t, seen=True)
+        for a in t.inputs:
+            g.add_edge(a, t)
+            stack.append(a)
+    return g
+
+
+def build_program(outputs: tuple[Tensor, ...]) -> Program:
+    """Statements for every output and reduction, coalesced, dependences, kernel groups.
+
+    Element-wise producers are inlined into their consumer statement (reduction propagation);
+    a statement boundary (a tensor written to global memory) is placed at every output and at
+    every reduction result, since a reduction's final value exists only after its last block.
+    """
+    g = tensor_graph(outputs)
+    order = list(nx.topological_sort(g))
+    materialized = {t for t in order if t.op == "reduce"} | {t for t in outputs if t.op != "placeholder"}
+    inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
+    ctx = isl.Context()
+    stmts = []
+    for t in order:
+        if t in materialized:
+            stmts.append(coalesce(build_statement(ctx, f"S{len(stmts)}", t, materialized)))
+    if not stmts:
+        return Program(tuple(outputs), inputs, (), (), None, None, g)
+    live = [s for s in stmts if s.M * s.N > 0]
+    deps = compute_dependences(live) if live else None
+    sched = schedule(live, deps) if live else None
+    return Program(tuple(outputs), inputs, tuple(stmts), group_statements(stmts, deps), deps, sched, g)
+
+
+def group_statements(stmts: list[Statement], deps: Dependences | None) -> tuple[KernelGroup, ...]:
+    """Horizontal fusion: statements with the same form and extents and no dependence path
+    between them share a kernel (the paper's fusion of independent reductions, §4)."""
+    sg = nx.DiGraph()
+    sg.add_nodes_from(s.name for s in stmts)
+    by_name = {s.name: s for s in stmts}
+    for a in stmts:
+        for b in stmts:
+            if a is not b and deps is not None and a.M * a.N and b.M * b.N and not deps.between(a, b).is_empty():
+                sg.add_edge(a.name, b.name)
+    groups: list[list[Statement]] = []
+    for name in nx.topological_sort(sg):
+        s = by_name[name]
+        for grp in groups:
+            h = grp[0]
+            same = (h.form, h.M, h.N) == (s.form, s.M, s.N) and (h.kind == s.kind) and s.M * s.N > 0
+            if same and not any(nx.has_path(sg, m.name, s.name) or nx.has_path(sg, s.name, m.name) for m in grp):
+                grp.append(s)
+                break
+        else:
+            groups.append([s])
+    # Groups run in an order consistent with the dependences between their members.
+    cg = nx.DiGraph()
+    cg.add_nodes_from(range(len(groups)))
+    where = {s.name: k for k, grp in enumerate(groups) for s in grp}
+    for a, b in sg.edges:
+        if where[a] != where[b]:
+            cg.add_edge(where[a], where[b])
+    return tuple(KernelGroup(tuple(groups[k])) for k in nx.topological_sort(cg))

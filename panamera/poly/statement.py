@@ -1,0 +1,174 @@
+"""Statements of the polyhedral model: iteration domains and access relations built with isl.
+
+Every materialized tensor (an output or a reduction result) is computed by one statement. Its
+iteration domain is the box of the tensor it iterates over, with dimensions named `d0, d1, ...`;
+every read of a placeholder or of another statement's result is an access relation, kept as the
+quasi-affine *linear element offset* of the element read (a `PwAff` over the domain), which is
+what broadcasting (constant 0 subscripts) and reshape (div/mod of the linear index) produce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..algebra import Combiner
+from ..dtypes import DType
+from ..frontend.tensor import Tensor
+from .expr import Expr
+
+
+@dataclass(frozen=True)
+class Read:
+    tensor: Tensor  # a placeholder or the result of another statement
+    addr: isl.PwAff  # linear element offset as a function of the statement's domain
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement; `form` is None until `coalesce` puts it in canonical form."""
+
+    name: str
+    result: Tensor  # the tensor this statement writes
+    kind: str  # "reduce" or "map"
+    dims: tuple[str, ...]  # names of the domain dimensions
+    extents: tuple[int, ...]
+    reduced: frozenset[str]  # names of the reduction dimensions
+    domain: isl.Set
+    reads: tuple[Read, ...]
+    write: isl.PwAff  # linear offset of the element written
+    body: Expr
+    combiner: Combiner | None = None
+    acc: DType | None = None
+    mean_count: int = 0  # the reduction's extent when the result is a mean, else 0
+    form: str | None = None  # "ROW", "COLUMN", "ALL" or "MAP" once coalesced
+    M: int = 0
+    N: int = 0
+
+    def dim(self, name: str) -> int:
+        return self.dims.index(name)
+
+
+def box(ctx: isl.Context, names, extents) -> tuple[isl.Set, dict]:
+    """The set { [names] : 0 <= name < extent } and the PwAff variables of its dims."""
+    v = isl.make_zero_and_vars(list(names), [], ctx=ctx)
+    s = isl.Set.universe(v[0].domain().space)
+    for n, e in zip(names, extents):
+        s = s & v[n].ge_set(v[0]) & v[n].lt_set(v[0] + e)
+    return s, v
+
+
+def strides(shape) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def linear(idx, shape, zero: isl.PwAff) -> isl.PwAff:
+    total = zero
+    for i, st in zip(idx, strides(shape)):
+        total = total + i * st if st != 1 else total + i
+    return total
+
+
+def delinearize(lin: isl.PwAff, shape, ctx: isl.Context) -> list[isl.PwAff]:
+    """Subscripts of the element at linear offset `lin` in a C-order array of `shape`."""
+    out = []
+    for s, st in zip(shape, strides(shape)):
+        q = lin.scale_down_val(isl.Val.int_from_si(ctx, st)).floor() if st != 1 else lin
+        out.append(q.mod_val(isl.Val.int_from_si(ctx, s)) if s > 0 else q)
+    return out
+
+
+class _Builder:
+    """Walks the elementwise cone of a statement, composing access relations on the way down."""
+
+    def __init__(self, ctx, zero, materialized):
+        self.ctx, self.zero, self.materialized = ctx, zero, materialized
+        self.reads: list[Read] = []
+        self.memo: dict = {}
+
+    def read(self, t: Tensor, idx) -> int:
+        addr = linear(idx, t.shape, self.zero).coalesce()
+        for k, r in enumerate(self.reads):
+            if r.tensor is t and r.addr.is_equal(addr):
+                return k
+        self.reads.append(Read(t, addr))
+        return len(self.reads) - 1
+
+    def expr(self, t: Tensor, idx) -> Expr:
+        key = (t.uid, tuple(str(i) for i in idx))
+        if key in self.memo:
+            return self.memo[key]
+        if t.op == "const":
+            e = Expr("const", (), t.dtype, value=t.attr("value"))
+        elif t.op == "placeholder" or t in self.materialized:
+            e = Expr("load", (), t.dtype, read=self.read(t, idx))
+        elif t.op == "reshape":
+            src = t.inputs[0]
+            lin = linear(idx, t.shape, self.zero)
+            e = self.expr(src, delinearize(lin, src.shape, self.ctx))
+        else:
+            args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
+            e = Expr(t.op, args, t.dtype)
+        self.memo[key] = e
+        return e
+
+
+def broadcast_index(idx, shape, arg_shape, zero):
+    """numpy broadcasting: trailing dims align, extent-1 dims of the argument read index 0."""
+    lead = len(shape) - len(arg_shape)
+    return [zero if s == 1 else idx[lead + k] for k, s in enumerate(arg_shape)]
+
+
+def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
+    """The statement computing tensor `t`, reading `materialized` tensors and placeholders."""
+    if t.op == "reduce":
+        src = t.inputs[0]
+        shape = src.shape
+        axes = t.attr("axes")
+    else:
+        src, shape, axes = t, t.shape, ()
+    dims = tuple(f"d{k}" for k in range(len(shape)))
+    domain, v = box(ctx, dims, shape)
+    domain = domain.set_tuple_name(name)
+    zero = v[0]
+    b = _Builder(ctx, zero, materialized - {t})
+    idx = [v[d] for d in dims]
+    if t.op == "reduce":
+        body = b.expr(src, idx)
+        kept = [v[d] for k, d in enumerate(dims) if k not in axes]
+        write = linear(kept, [s for k, s in enumerate(shape) if k not in axes], zero)
+        comb = t.attr("combiner")
+        n = math.prod(shape[a] for a in axes)
+        extra = dict(combiner=comb, acc=t.attr("acc"), mean_count=n if t.attr("mean") else 0)
+    else:
+        body = b.expr(src, idx) if src.op in ("placeholder", "const") else _map_body(b, src, idx)
+        write = linear(idx, shape, zero)
+        extra = {}
+    return Statement(
+        name=name,
+        result=t,
+        kind="reduce" if t.op == "reduce" else "map",
+        dims=dims,
+        extents=tuple(shape),
+        reduced=frozenset(dims[a] for a in axes),
+        domain=domain,
+        reads=tuple(b.reads),
+        write=write.coalesce(),
+        body=body,
+        **extra,
+    )
+
+
+def _map_body(b: _Builder, t: Tensor, idx) -> Expr:
+    # The root of a map statement is computed, never loaded, even though it is materialized.
+    if t.op == "reshape":
+        src = t.inputs[0]
+        return b.expr(src, delinearize(linear(idx, t.shape, b.zero), src.shape, b.ctx))
+    args = tuple(b.expr(a, broadcast_index(idx, t.shape, a.shape, b.zero)) for a in t.inputs)
+    return Expr(t.op, args, t.dtype)

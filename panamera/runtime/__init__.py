@@ -1,0 +1,1 @@
+"""Runtime: launch plans and the backends that run them (emulator, cuda, nvcc)."""

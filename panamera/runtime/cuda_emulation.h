@@ -1,0 +1,286 @@
+// cuda_emulation.h: runs Panamera's generated CUDA C++ unchanged on the CPU.
+//
+// Each thread block is executed by cooperative fibers, one per CUDA thread, that switch only at
+// __syncthreads() and at warp collectives (__shfl_*_sync). Blocks run one after another, in an
+// order chosen by the launcher (forward, reverse or shuffled), and so do the fibers of a block,
+// so that a missing barrier shows up as a wrong result rather than passing by luck.
+// __shared__ becomes `static`: one instance per kernel, correct because blocks never overlap.
+// Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
+// though one host thread runs everything.
+#pragma once
+#include <cmath>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <csetjmp>
+#include <cstdlib>
+#include <ucontext.h>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 { unsigned x, y, z; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) longlong2 { long long x, y; };
+
+// ---------------------------------------------------------------- 16-bit floating types
+struct __half { unsigned short x; };
+struct __nv_bfloat16 { unsigned short x; };
+
+static inline float pn_emu_bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline uint32_t pn_emu_float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+
+static inline float __half2float(__half h) {
+  uint32_t s = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ffu;
+  if (e == 0) {  // zero or subnormal: m * 2^-24
+    float f = (float)m * 5.9604644775390625e-08f;
+    return s ? -f : f;
+  }
+  if (e == 31) return pn_emu_bits_to_float(s | 0x7f800000u | (m << 13));
+  return pn_emu_bits_to_float(s | ((e + 112) << 23) | (m << 13));
+}
+static inline __half __float2half_rn(float f) {
+  uint32_t u = pn_emu_float_to_bits(f), s = (u >> 16) & 0x8000u;
+  uint32_t a = u & 0x7fffffffu;
+  __half h;
+  if (a > 0x7f800000u) { h.x = (unsigned short)(s | 0x7e00u); return h; }       // NaN
+  if (a >= 0x477ff000u) { h.x = (unsigned short)(s | 0x7c00u); return h; }      // overflow: inf
+  if (a < 0x38800000u) {                                                         // subnormal / 0
+    float q = pn_emu_bits_to_float(a) * 16777216.0f;                             // units of 2^-24
+    float r = std::nearbyint(q);                                                 // ties to even
+    h.x = (unsigned short)(s | (uint32_t)r);
+    return h;
+  }
+  uint32_t mant = a & 0x7fffffu, exp = (a >> 23) - 112;
+  uint32_t bits = (exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (bits & 1u))) bits += 1;
+  h.x = (unsigned short)(s | bits);
+  return h;
+}
+static inline float __bfloat162float(__nv_bfloat16 b) { return pn_emu_bits_to_float((uint32_t)b.x << 16); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u = pn_emu_float_to_bits(f);
+  __nv_bfloat16 b;
+  if ((u & 0x7fffffffu) > 0x7f800000u) { b.x = (unsigned short)((u >> 16) | 0x40u); return b; }
+  u += 0x7fffu + ((u >> 16) & 1u);
+  b.x = (unsigned short)(u >> 16);
+  return b;
+}
+static inline __half __ushort_as_half(unsigned short v) { __half h; h.x = v; return h; }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short v) { __nv_bfloat16 b; b.x = v; return b; }
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+
+// ---------------------------------------------------------------- math and bit intrinsics
+static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline long long __double_as_longlong(double d) { long long i; std::memcpy(&i, &d, 8); return i; }
+static inline double __longlong_as_double(long long i) { double d; std::memcpy(&d, &i, 8); return d; }
+template <class T> static inline T __ldg(const T* p) { return *p; }
+template <class T> static inline T __ldcg(const T* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline float __ldcg(const float* p) { float v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
+static inline double __ldcg(const double* p) { double v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// ---------------------------------------------------------------- atomics
+template <class T> static inline T pn_emu_fetch_add(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+static inline int atomicAdd(int* p, int v) { return pn_emu_fetch_add(p, v); }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) { return pn_emu_fetch_add(p, v); }
+static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return pn_emu_fetch_add(p, v); }
+template <class F, class U> static inline F pn_emu_cas_float_add(F* p, F v) {
+  U* q = reinterpret_cast<U*>(p);
+  U old = __atomic_load_n(q, __ATOMIC_RELAXED), want;
+  F f;
+  do { std::memcpy(&f, &old, sizeof(F)); F n = f + v; std::memcpy(&want, &n, sizeof(F)); }
+  while (!__atomic_compare_exchange_n(q, &old, want, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+  return f;
+}
+static inline float atomicAdd(float* p, float v) { return pn_emu_cas_float_add<float, uint32_t>(p, v); }
+static inline double atomicAdd(double* p, double v) { return pn_emu_cas_float_add<double, uint64_t>(p, v); }
+template <class T> static inline T pn_emu_cas(T* p, T compare, T val) {
+  __atomic_compare_exchange_n(p, &compare, val, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  return compare;  // holds the old value either way
+}
+static inline int atomicCAS(int* p, int c, int v) { return pn_emu_cas(p, c, v); }
+static inline unsigned atomicCAS(unsigned* p, unsigned c, unsigned v) { return pn_emu_cas(p, c, v); }
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long c, unsigned long long v) { return pn_emu_cas(p, c, v); }
+template <class T> static inline T pn_emu_fetch_max(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  return old;
+}
+template <class T> static inline T pn_emu_fetch_min(T* p, T v) {
+  T old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  return old;
+}
+static inline int atomicMax(int* p, int v) { return pn_emu_fetch_max(p, v); }
+static inline unsigned atomicMax(unsigned* p, unsigned v) { return pn_emu_fetch_max(p, v); }
+static inline long long atomicMax(long long* p, long long v) { return pn_emu_fetch_max(p, v); }
+static inline int atomicMin(int* p, int v) { return pn_emu_fetch_min(p, v); }
+static inline unsigned atomicMin(unsigned* p, unsigned v) { return pn_emu_fetch_min(p, v); }
+static inline long long atomicMin(long long* p, long long v) { return pn_emu_fetch_min(p, v); }
+static inline int atomicAnd(int* p, int v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
+static inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+static inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
+
+// ---------------------------------------------------------------- fibers and the block scheduler
+namespace pn_emu {
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
+struct Fiber {
+  jmp_buf jb;
+  ucontext_t uc;
+  uint3 tidx;
+  int tid;
+  int state;
+  int started;
+};
+static const int kStack = 64 * 1024;
+static const int kMaxThreads = 1024;
+static Fiber fibers[kMaxThreads];
+static char* stacks = nullptr;
+static Fiber* cur = nullptr;
+static jmp_buf sched_jb;
+static uint3 block_idx, block_dim, grid_dim;
+static int nthreads = 0, live = 0, barrier_count = 0;
+static int warp_count[kMaxThreads / 32];
+static unsigned long long warp_slot[kMaxThreads];
+static void (*entry)(void**) = nullptr;
+static void** entry_args = nullptr;
+static const char* error = nullptr;
+
+static inline void yield() {
+  if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
+}
+static void fiber_main() {
+  for (;;) {  // a fiber is reused for the same thread index of every block of a launch
+    entry(entry_args);
+    cur->state = DONE;
+    live--;
+    yield();
+  }
+}
+static inline void syncthreads() {
+  cur->state = AT_BARRIER;
+  if (++barrier_count == live) {  // the last to arrive releases everybody, then yields too
+    barrier_count = 0;
+    for (int t = 0; t < nthreads; ++t)
+      if (fibers[t].state == AT_BARRIER) fibers[t].state = RUNNABLE;
+  }
+  yield();
+}
+static inline int warp_members(int w) {
+  int first = w * 32, n = nthreads - first;
+  return n < 32 ? n : 32;
+}
+// Rendezvous of the lanes of one warp: publish, wait for all, read, wait again.
+static inline void warp_barrier() {
+  int w = cur->tid / 32;
+  cur->state = AT_WARP;
+  if (++warp_count[w] == warp_members(w)) {
+    warp_count[w] = 0;
+    for (int t = w * 32; t < w * 32 + warp_members(w); ++t)
+      if (fibers[t].state == AT_WARP) fibers[t].state = RUNNABLE;
+  }
+  yield();
+}
+template <class T> static inline T shfl(T v, int src_lane, bool valid) {
+  static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  warp_slot[cur->tid] = bits;
+  warp_barrier();
+  int src = (cur->tid / 32) * 32 + src_lane;
+  if (valid && src < nthreads) std::memcpy(&v, &warp_slot[src], sizeof(T));
+  warp_barrier();
+  return v;
+}
+// Runs one launch. order: 0 forward, 1 reverse, 2 shuffled (by seed). Returns nullptr or an error.
+static const char* launch(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed) {
+  nthreads = (int)(block.x * block.y * block.z);
+  if (nthreads <= 0 || nthreads > kMaxThreads) return "invalid block size";
+  if (!stacks) stacks = (char*)std::malloc((size_t)kStack * kMaxThreads);
+  entry = fn; entry_args = args; error = nullptr;
+  grid_dim = {grid.x, grid.y, grid.z};
+  block_dim = {block.x, block.y, block.z};
+  long long nblocks = (long long)grid.x * grid.y * grid.z;
+  int perm[kMaxThreads];
+  for (int t = 0; t < nthreads; ++t) {
+    Fiber& f = fibers[t];
+    f.tid = t;
+    f.tidx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
+    f.started = 0;
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = stacks + (size_t)t * kStack;
+    f.uc.uc_stack.ss_size = kStack;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, fiber_main, 0);
+  }
+  unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
+  auto next = [&rng]() { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (unsigned)(rng >> 33); };
+  for (long long bb = 0; bb < nblocks; ++bb) {
+    long long b = order == 1 ? nblocks - 1 - bb : bb;
+    if (order == 2) b = (long long)((bb * 2654435761ull + seed) % (unsigned long long)nblocks);  // a bijection only when coprime
+    if (order == 2 && nblocks % 2654435761ull == 0) b = bb;
+    block_idx = {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y), (unsigned)(b / ((long long)grid.x * grid.y))};
+    for (int t = 0; t < nthreads; ++t) perm[t] = order == 1 ? nthreads - 1 - t : t;
+    if (order == 2)
+      for (int t = nthreads - 1; t > 0; --t) { int r = (int)(next() % (unsigned)(t + 1)); int s = perm[t]; perm[t] = perm[r]; perm[r] = s; }
+    live = nthreads; barrier_count = 0;
+    for (int w = 0; w < kMaxThreads / 32; ++w) warp_count[w] = 0;
+    for (int t = 0; t < nthreads; ++t) fibers[t].state = RUNNABLE;
+    while (live > 0) {
+      bool progressed = false;
+      for (int k = 0; k < nthreads; ++k) {
+        Fiber& f = fibers[perm[k]];
+        if (f.state != RUNNABLE) continue;
+        progressed = true;
+        cur = &f;
+        if (!_setjmp(sched_jb)) {
+          if (!f.started) { f.started = 1; setcontext(&f.uc); }
+          else _longjmp(f.jb, 1);
+        }
+      }
+      if (!progressed && live > 0) return "deadlock: threads of a block wait at different barriers (divergent __syncthreads or warp collective)";
+    }
+  }
+  return nullptr;
+}
+}  // namespace pn_emu
+
+#define threadIdx (pn_emu::cur->tidx)
+#define blockIdx (pn_emu::block_idx)
+#define blockDim (pn_emu::block_dim)
+#define gridDim (pn_emu::grid_dim)
+static const int warpSize = 32;
+static inline void __syncthreads() { pn_emu::syncthreads(); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { pn_emu::warp_barrier(); }
+template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+  int lane = pn_emu::cur->tid % 32, seg = lane % width;
+  return pn_emu::shfl(v, lane + (int)delta, seg + (int)delta < width);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+  int lane = pn_emu::cur->tid % 32, src = lane ^ mask;
+  return pn_emu::shfl(v, src, (src / width) == (lane / width));
+}
+template <class T> static inline T __shfl_sync(unsigned, T v, int src_lane, int width = 32) {
+  int lane = pn_emu::cur->tid % 32;
+  return pn_emu::shfl(v, (lane / width) * width + (src_lane % width), true);
+}

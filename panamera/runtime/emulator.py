@@ -1,0 +1,87 @@
+"""The emulator backend: the exact CUDA source, compiled by g++ against cuda_emulation.h.
+
+Compiled libraries are cached by the hash of what is compiled (source, header, flags) under
+$PANAMERA_CACHE (default ~/.cache/panamera). Launches run block by block; `order` picks the
+thread and block order (forward, reverse, shuffled), so that a missing barrier is caught.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import BackendError, CompileError
+
+HERE = Path(__file__).parent
+HEADER = HERE / "cuda_emulation.h"
+FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("PANAMERA_CACHE", Path.home() / ".cache" / "panamera"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def glue(signatures: dict[str, list[str]]) -> str:
+    """Entry points that unpack an argument array and launch each kernel on the fibers."""
+    out = []
+    for name, types in signatures.items():
+        args = ", ".join(f"*({t}*)a[{k}]" for k, t in enumerate(types))
+        out.append(f"static void pn_call_{name}(void** a) {{ {name}({args}); }}")
+        out.append(
+            f'extern "C" const char* pn_emu_launch_{name}(void** a, unsigned gx, unsigned gy, unsigned gz, '
+            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed) {{ return pn_emu::launch("
+            f"&pn_call_{name}, a, dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, order, seed); }}"
+        )
+    return "\n".join(out) + "\n"
+
+
+def build(source: str, signatures: dict[str, list[str]]) -> ctypes.CDLL:
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
+    text = source + "\n" + glue(signatures)
+    key = hashlib.sha256((text + HEADER.read_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
+    if key in _loaded:
+        return _loaded[key]
+    lib = cache_dir() / f"emu_{key}.so"
+    if not lib.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "kernel.cpp"
+            src.write_text(text)
+            out = Path(tmp) / "k.so"
+            r = subprocess.run([cxx, *FLAGS, "-I", str(HERE), str(src), "-o", str(out)], capture_output=True, text=True)
+            if r.returncode:
+                raise CompileError(_explain(r.stderr, text, "g++ (emulator)"))
+            shutil.move(str(out), lib)
+    _loaded[key] = ctypes.CDLL(str(lib))
+    return _loaded[key]
+
+
+def _explain(stderr: str, text: str, who: str) -> str:
+    m = re.search(r":(\d+):\d+: error: (.*)", stderr)
+    if not m:
+        return f"{who} failed:\n{stderr[-2000:]}"
+    line = int(m.group(1))
+    lines = text.splitlines()
+    ctx = "\n".join(f"{k + 1:5d}| {lines[k]}" for k in range(max(0, line - 4), min(len(lines), line + 2)))
+    return f"{who} rejected generated code at line {line}: {m.group(2)}\n{ctx}"
+
+
+def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+    """args: ctypes objects (c_void_p for pointers, c_float/c_longlong/... for scalars)."""
+    fn = getattr(lib, f"pn_emu_launch_{kernel}")
+    fn.restype = ctypes.c_char_p
+    arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
+    err = fn(arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed))
+    if err:
+        raise BackendError(f"emulator: kernel {kernel}: {err.decode()}")

@@ -1,0 +1,36 @@
+"""The launch plan: a data object listing every launch of a compiled computation."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    args: tuple  # ("buf", key) or ("scalar", ctype, value)
+    role: str  # "init", "reduce" or "map"
+    dynamic_smem_bytes: int = 0
+    form: str = ""
+    blocks_per_reduction: int = 1
+    atomic_outputs: tuple = ()  # (buffer key, initial value) combined by atomics
+    modes: tuple = ()  # per statement: store / atomic / atomic_ws / partials
+    bytes_read: int = 0
+    bytes_written: int = 0
+    mapping: str = ""
+    modeled_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    launches: tuple[Launch, ...]
+    buffers: dict = field(default_factory=dict)  # key -> BufferSpec
+
+    def as_dicts(self) -> list[dict]:
+        return [asdict(x) for x in self.launches]
+
+    @property
+    def kernels(self) -> list[Launch]:
+        return [x for x in self.launches if x.role != "init"]

@@ -1,0 +1,1 @@
+"""Mapping of kernel groups onto the GPU: block/thread binding, vector width, multi-block split."""

@@ -1,0 +1,168 @@
+"""Task mappings and the mapper: which block and thread own which iterations of a kernel group.
+
+A `Mapping` binds the canonical loops of a kernel group (poly/program.py) to the GPU:
+
+  ROW / ALL   i (rows)     -> blockIdx.x * ty + threadIdx.y
+              g (j / vec)  -> blockIdx.y * chunk + k * tx + threadIdx.x      k: serial loop
+  COLUMN      g (i / vec)  -> blockIdx.x * tx + threadIdx.x
+              j (reduced)  -> blockIdx.y * chunk + k * ty + threadIdx.y
+  MAP         i            -> (k * gridDim.x + blockIdx.x) * tx + threadIdx.x
+
+`split = gridDim.y` is the number of blocks that share one reduction (multi-block binding): each
+block reduces its `chunk` in registers, warps and shared memory, then merges one partial per
+output with one atomic (or, deterministic, through the last block). The split is chosen by the
+performance model (model/gpu.py), not by a constant: the candidate with the least modeled time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
+from ..poly.program import KernelGroup
+from ..poly.statement import Read
+
+MAX_GRID_Y = 65535
+MAX_GRID_X = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Mapping:
+    form: str
+    M: int
+    N: int
+    vec: int
+    tx: int
+    ty: int
+    split: int
+    chunk: int  # serial-loop iterations per block, in units of the split dimension
+    grid: tuple[int, int]
+    cost: KernelCost
+
+    @property
+    def threads(self) -> int:
+        return self.tx * self.ty
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    def describe(self) -> str:
+        return (
+            f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
+            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
+        )
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> str:
+    """'contig' when groups of `vec` consecutive values of `along` read consecutive, aligned
+    elements; 'uniform' when they all read one element; 'gather' otherwise (isl decides)."""
+    if vec == 1:
+        return "gather"
+    ctx = domain.get_ctx()
+    v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
+    dom = domain.reset_tuple_id()
+    a = read.addr
+    shifted = a.pullback_multi_aff(_shift(ctx, along))
+    diff = shifted - a
+    inner = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0] + (vec - 1)) & dom
+    if (diff.ne_set(v[0]) & inner).is_empty():
+        return "uniform"
+    first = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).eq_set(v[0]) & dom
+    aligned = (a.mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0]) & first).is_empty()
+    if aligned and (diff.ne_set(v[0] + 1) & inner).is_empty():
+        return "contig"
+    return "gather"
+
+
+def _shift(ctx, along: str) -> isl.MultiAff:
+    sp = isl.Space.create_from_names(ctx, in_=["i", "j"], out=["i", "j"])
+    ma = isl.MultiAff.identity(sp)
+    pos = 0 if along == "i" else 1
+    aff = ma.get_aff(pos).add_constant_val(isl.Val.one(ctx))
+    return ma.set_aff(pos, aff)
+
+
+def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
+    """The widest vector (16 bytes of the widest contiguous input, at most 4 lanes) that divides
+    the extent and keeps every contiguous read aligned."""
+    best = 1
+    for vec in (4, 2):
+        if extent % vec:
+            continue
+        kinds = [access_kind(r, along, vec, s.domain) for s in group.statements for r in s.reads]
+        widths = [r.tensor.dtype.itemsize for s in group.statements for r in s.reads]
+        if "contig" in kinds and all(vec * w <= 16 for w in widths):
+            best = vec
+            break
+    return best
+
+
+def bytes_per_iteration(group: KernelGroup) -> int:
+    return sum(r.tensor.dtype.itemsize for s in group.statements for r in s.reads)
+
+
+def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None) -> Mapping:
+    """Choose block/thread binding, vector width and split for a kernel group."""
+    form, M, N = group.form, group.M, group.N
+    elem_bytes = max(1, bytes_per_iteration(group))
+    total_bytes = M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
+    outputs = M * len(group.statements)
+    if form == "MAP":
+        tx = min(256, pow2ceil(M))
+        gx = min(math.ceil(M / tx), gpu.sms * 32)
+        cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx,
+                           bytes_in_flight_per_thread=elem_bytes * 4)
+        return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)
+    if form in ("ROW", "ALL"):
+        vec = choose_vec(group, "j", N)
+        G = N // vec
+        tx = min(256 if M >= 4 * gpu.sms or G < 4096 else 512, pow2ceil(G))
+        ty = max(1, min(256 // tx, pow2ceil(M)))
+        gx = math.ceil(M / ty)
+        per_split = tx  # every thread of a split block gets at least one group
+        par_tiles = gx
+    else:  # COLUMN
+        vec = choose_vec(group, "i", M)
+        G = M // vec
+        tx = min(32, pow2ceil(G))
+        ty = max(1, min(256 // tx, pow2ceil(N)))
+        gx = math.ceil(G / tx)
+        per_split = ty
+        par_tiles = gx
+    serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
+    candidates = []
+    max_split = min(MAX_GRID_Y, max(1, serial // (per_split * 4)))
+    s = 1
+    while s <= max_split:
+        candidates.append(s)
+        s *= 2
+    if split is not None:
+        candidates = [max(1, min(split, MAX_GRID_Y))]
+    best = None
+    for s in candidates:
+        chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
+        s_eff = math.ceil(serial / chunk)
+        blocks = par_tiles * s_eff
+        iters = chunk // per_split
+        cost = kernel_time(
+            gpu,
+            dram_bytes=total_bytes,
+            blocks=blocks,
+            threads=tx * ty,
+            bytes_in_flight_per_thread=elem_bytes * vec * min(iters, 4),
+            atomics=outputs * s_eff if s_eff > 1 else 0,
+            same_address=s_eff if s_eff > 1 else 0,
+        )
+        init = gpu.launch_s if s_eff > 1 else 0.0
+        key = cost.total_s + init
+        if best is None or key < best[0] * 0.97:  # prefer fewer blocks unless clearly faster
+            best = (key, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (par_tiles, s_eff), cost))
+    return best[1]
