@@ -30,15 +30,32 @@ from .runtime.plan import Launch, LaunchPlan
 from .schedule.mapping import Mapping, map_group
 
 FILL_TYPES = {
-    "float": "pn_fill_float", "double": "pn_fill_double", "int": "pn_fill_int", "long long": "pn_fill_longlong",
-    "unsigned": "pn_fill_unsigned", "unsigned short": "pn_fill_ushort", "bool": "pn_fill_bool",
+    "float": "pn_fill_float",
+    "double": "pn_fill_double",
+    "int": "pn_fill_int",
+    "long long": "pn_fill_longlong",
+    "unsigned": "pn_fill_unsigned",
+    "unsigned short": "pn_fill_ushort",
+    "bool": "pn_fill_bool",
 }
 _CTYPES = {
-    "float": ctypes.c_float, "double": ctypes.c_double, "int": ctypes.c_int, "long long": ctypes.c_longlong,
-    "unsigned": ctypes.c_uint, "unsigned short": ctypes.c_ushort, "bool": ctypes.c_bool,
+    "float": ctypes.c_float,
+    "double": ctypes.c_double,
+    "int": ctypes.c_int,
+    "long long": ctypes.c_longlong,
+    "unsigned": ctypes.c_uint,
+    "unsigned short": ctypes.c_ushort,
+    "bool": ctypes.c_bool,
 }
-_NP = {"float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64, "unsigned": np.uint32,
-       "unsigned short": np.uint16, "bool": np.bool_}
+_NP = {
+    "float": np.float32,
+    "double": np.float64,
+    "int": np.int32,
+    "long long": np.int64,
+    "unsigned": np.uint32,
+    "unsigned short": np.uint16,
+    "bool": np.bool_,
+}
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -140,9 +157,9 @@ class Compiled:
         return self._results(bufs, inputs)
 
     def _run_cuda(self, arrays):
+        mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
         import cupy
 
-        mod = cuda_backend.module(self.source)
         inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
         bufs = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs)
         for ln in self.plan.launches:
@@ -153,17 +170,22 @@ class Compiled:
     # -- reporting --------------------------------------------------------------------------
     def explain(self) -> str:
         """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
-        lines = [f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.launches)} launch(es), "
-                 f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"]
+        lines = [
+            f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.launches)} launch(es), "
+            f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
+        ]
         for g, m in zip(self.program.groups, self.mappings):
-            names = ", ".join(f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "")
-                              for s in g.statements)
+            names = ", ".join(
+                f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
+            )
             lines.append(f"  group {names}: {m.describe()}")
         for ln in self.plan.launches:
             extra = ""
             if ln.role != "init":
-                extra = (f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
-                         f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({self.gpu.name}, modeled)")
+                extra = (
+                    f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
+                    f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({self.gpu.name}, modeled)"
+                )
             elif ln.atomic_outputs:
                 extra = " initialises " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
@@ -177,7 +199,7 @@ def _aligned_empty(n: int, dt) -> np.ndarray:
     dt = np.dtype(dt)
     raw = np.empty(n * dt.itemsize + 64, np.uint8)
     off = (-raw.ctypes.data) % 64
-    return raw[off: off + n * dt.itemsize].view(dt)
+    return raw[off : off + n * dt.itemsize].view(dt)
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:
@@ -202,9 +224,14 @@ def _signatures(kernels) -> dict[str, list[str]]:
 def _fill_launch(fill: Fill, spec: BufferSpec) -> Launch:
     n = max(spec.size, 1)
     threads = 256
-    return Launch(FILL_TYPES[fill.ctype], (min(math.ceil(n / threads), 1024), 1, 1), (threads, 1, 1),
-                  (("buf", fill.buffer), ("scalar", fill.ctype, fill.value), ("scalar", "long long", n)),
-                  role="init", atomic_outputs=((fill.buffer, fill.value),))
+    return Launch(
+        FILL_TYPES[fill.ctype],
+        (min(math.ceil(n / threads), 1024), 1, 1),
+        (threads, 1, 1),
+        (("buf", fill.buffer), ("scalar", fill.ctype, fill.value), ("scalar", "long long", n)),
+        role="init",
+        atomic_outputs=((fill.buffer, fill.value),),
+    )
 
 
 def compile(  # noqa: A001
@@ -248,31 +275,44 @@ def compile(  # noqa: A001
             launches.append(_fill_launch(f, buffers[f.buffer]))
         bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")
         bytes_written = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "output")
-        launches.append(Launch(
-            rk.name, (m.grid[0], m.grid[1], 1), (m.tx, m.ty, 1), tuple(("buf", p.key) for p in rk.params),
-            role="map" if grp.form == "MAP" else "reduce", form=grp.form, blocks_per_reduction=m.split,
-            atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills if not f.buffer.startswith("cnt:")),
-            modes=rk.modes, bytes_read=bytes_read, bytes_written=bytes_written, mapping=m.describe(),
-            modeled_us=m.cost.total_s * 1e6,
-        ))
+        launches.append(
+            Launch(
+                rk.name,
+                (m.grid[0], m.grid[1], 1),
+                (m.tx, m.ty, 1),
+                tuple(("buf", p.key) for p in rk.params),
+                role="map" if grp.form == "MAP" else "reduce",
+                form=grp.form,
+                blocks_per_reduction=m.split,
+                atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills if not f.buffer.startswith("cnt:")),
+                modes=rk.modes,
+                bytes_read=bytes_read,
+                bytes_written=bytes_written,
+                mapping=m.describe(),
+                modeled_us=m.cost.total_s * 1e6,
+            )
+        )
     fills = "\n".join(f"PN_FILL({n}, {t})" for t, n in FILL_TYPES.items())
     source = "\n".join([PRELUDE, islast.HELPERS, fills] + [k.source for k in kernels]) + "\n"
-    _check_empty_mappings(prog, mappings)
-    return Compiled(outs, single, prog, tuple(mappings), tuple(kernels), source, LaunchPlan(tuple(launches), buffers),
-                    target, deterministic, gpu)
+    return Compiled(
+        outs,
+        single,
+        prog,
+        tuple(mappings),
+        tuple(kernels),
+        source,
+        LaunchPlan(tuple(launches), buffers),
+        target,
+        deterministic,
+        gpu,
+    )
 
 
 def _empty_fill(s) -> Fill:
     res = s.result
-    value = math.nan if s.mean_count == 0 and res.op == "reduce" and res.attr("mean") else s.combiner.identity(s.acc)
-    if res.attr("mean"):
-        value = math.nan
+    value = math.nan if res.attr("mean") else s.combiner.identity(s.acc)  # numpy: mean of nothing is NaN
     arr = np.array(value).astype(res.dtype.np)
     if res.dtype.is_16bit_float:
         return Fill(f"out:{res.uid}", "unsigned short", int(arr.view(np.uint16)))
     ct = res.dtype.c_type
     return Fill(f"out:{res.uid}", ct, arr.item())
-
-
-def _check_empty_mappings(prog, mappings):
-    return None

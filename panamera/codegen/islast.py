@@ -7,11 +7,21 @@ from collections.abc import Callable
 import islpy as isl
 
 _BIN = {
-    isl.ast_expr_op_type.and_: "&&", isl.ast_expr_op_type.and_then: "&&", isl.ast_expr_op_type.or_: "||",
-    isl.ast_expr_op_type.or_else: "||", isl.ast_expr_op_type.add: "+", isl.ast_expr_op_type.sub: "-",
-    isl.ast_expr_op_type.mul: "*", isl.ast_expr_op_type.div: "/", isl.ast_expr_op_type.pdiv_q: "/",
-    isl.ast_expr_op_type.pdiv_r: "%", isl.ast_expr_op_type.zdiv_r: "%", isl.ast_expr_op_type.eq: "==",
-    isl.ast_expr_op_type.le: "<=", isl.ast_expr_op_type.lt: "<", isl.ast_expr_op_type.ge: ">=",
+    isl.ast_expr_op_type.and_: "&&",
+    isl.ast_expr_op_type.and_then: "&&",
+    isl.ast_expr_op_type.or_: "||",
+    isl.ast_expr_op_type.or_else: "||",
+    isl.ast_expr_op_type.add: "+",
+    isl.ast_expr_op_type.sub: "-",
+    isl.ast_expr_op_type.mul: "*",
+    isl.ast_expr_op_type.div: "/",
+    isl.ast_expr_op_type.pdiv_q: "/",
+    isl.ast_expr_op_type.pdiv_r: "%",
+    isl.ast_expr_op_type.zdiv_r: "%",
+    isl.ast_expr_op_type.eq: "==",
+    isl.ast_expr_op_type.le: "<=",
+    isl.ast_expr_op_type.lt: "<",
+    isl.ast_expr_op_type.ge: ">=",
     isl.ast_expr_op_type.gt: ">",
 }
 

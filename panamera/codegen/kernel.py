@@ -19,6 +19,7 @@ from ..schedule.mapping import Mapping, access_kind
 from . import islast
 from .expr import ExprRenderer, convert, literal
 
+
 @dataclass(frozen=True)
 class BufferSpec:
     key: str  # "in:<uid>", "out:<uid>", "ws:<stmt>", "cnt:<kernel>"
@@ -68,9 +69,9 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     inputs, params = [], []
     for s in stmts:
         for r in s.reads:
-            if r.tensor not in inputs:
+            if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
                 inputs.append(r.tensor)
-    for k, t in enumerate(inputs):
+    for t in inputs:
         params.append(BufferSpec(f"in:{t.uid}", t.dtype.c_type, t.dtype, t.size, "input"))
     in_name = {t.uid: f"in{k}" for k, t in enumerate(inputs)}
     fills: list[Fill] = []
@@ -132,8 +133,13 @@ class _Body:
         e0, e1 = ext[form]
         v = isl.make_zero_and_vars([outer, inner, "k"], ["bx", "by", "tx", "ty", "gdx"], ctx=self.ctx)
         z = v[0]
-        s = (v[outer].ge_set(z) & v[outer].lt_set(z + e0) & v[inner].ge_set(z) & v[inner].lt_set(z + e1)
-             & v["k"].ge_set(z))
+        s = (
+            v[outer].ge_set(z)
+            & v[outer].lt_set(z + e0)
+            & v[inner].ge_set(z)
+            & v[inner].lt_set(z + e1)
+            & v["k"].ge_set(z)
+        )
         if form in ("ROW", "ALL"):
             s = s & v["i"].eq_set(v["bx"] * m.ty + v["ty"])
             s = s & v["g"].eq_set(v["by"] * m.chunk + v["k"] * m.tx + v["tx"]) & v["k"].lt_set(z + m.chunk // m.tx)
@@ -142,9 +148,17 @@ class _Body:
             s = s & v["j"].eq_set(v["by"] * m.chunk + v["k"] * m.ty + v["ty"]) & v["k"].lt_set(z + m.chunk // m.ty)
         else:  # MAP: a grid-stride loop
             s = s & v["i"].eq_set((v["k"] * m.grid[0] + v["bx"]) * m.tx + v["tx"]) & v["g"].eq_set(z)
-        context = (v["bx"].ge_set(z) & v["bx"].lt_set(z + m.grid[0]) & v["by"].ge_set(z) & v["by"].lt_set(z + m.grid[1])
-                   & v["tx"].ge_set(z) & v["tx"].lt_set(z + m.tx) & v["ty"].ge_set(z) & v["ty"].lt_set(z + m.ty)
-                   & v["gdx"].eq_set(z + m.grid[0])).params()
+        context = (
+            v["bx"].ge_set(z)
+            & v["bx"].lt_set(z + m.grid[0])
+            & v["by"].ge_set(z)
+            & v["by"].lt_set(z + m.grid[1])
+            & v["tx"].ge_set(z)
+            & v["tx"].lt_set(z + m.tx)
+            & v["ty"].ge_set(z)
+            & v["ty"].lt_set(z + m.ty)
+            & v["gdx"].eq_set(z + m.grid[0])
+        ).params()
         s = s.project_out(isl.dim_type.set, s.find_dim_by_name(isl.dim_type.set, "k"), 1).set_tuple_name("S")
         sched = isl.Map.identity(s.space.map_from_set()).intersect_domain(s)
         build = isl.AstBuild.from_context(context)
@@ -156,7 +170,9 @@ class _Body:
         return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
 
     # -- loads --------------------------------------------------------------------------------
-    def _body_lines(self, stmt_idx: int, s: Statement, along: str, vec_slot: str | None, kinds) -> tuple[list[str], str]:
+    def _body_lines(
+        self, stmt_idx: int, s: Statement, along: str, vec_slot: str | None, kinds
+    ) -> tuple[list[str], str]:
         lines: list[str] = []
 
         def load(read: int) -> str:

@@ -4,6 +4,23 @@ from .ops import abs, all, any, exp, log, max, maximum, mean, min, minimum, nega
 from .tensor import Tensor, placeholder, reshape, where
 
 __all__ = [
-    "Tensor", "placeholder", "reshape", "where", "abs", "all", "any", "exp", "log", "max", "maximum",
-    "mean", "min", "minimum", "negative", "prod", "rsqrt", "sqrt", "sum",
+    "Tensor",
+    "placeholder",
+    "reshape",
+    "where",
+    "abs",
+    "all",
+    "any",
+    "exp",
+    "log",
+    "max",
+    "maximum",
+    "mean",
+    "min",
+    "minimum",
+    "negative",
+    "prod",
+    "rsqrt",
+    "sqrt",
+    "sum",
 ]

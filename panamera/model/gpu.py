@@ -2,6 +2,12 @@
 
     T = T_launch + T_dram + T_tail + T_atomic
     T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
+
+`latency` in Little's law is the *loaded* latency [derived]: GPU_MODEL.md says to aim for 32 KB in
+flight per SM to saturate DRAM, i.e. latency = SMs * 32 KB / (eta * BW_peak) (about 1.4 us on
+H100, four times the unloaded 350 ns: queueing under load). With the unloaded figure the model
+would call a quarter of that occupancy enough, which measurements of streaming kernels do not
+support.
     T_atomic = same-address atomics / L2 clock + all atomics / distinct-address atomic throughput
 """
 
@@ -29,6 +35,10 @@ class GPUSpec:
     @property
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw
+
+    @property
+    def loaded_latency_s(self) -> float:
+        return max(self.dram_latency_s, self.sms * 32 * 1024 / self.achievable_bw)
 
 
 H100 = GPUSpec("H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9)
@@ -66,7 +76,7 @@ def kernel_time(
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
     in_flight = active * per_sm_blocks * threads * bytes_in_flight_per_thread
-    bw = min(gpu.achievable_bw, in_flight / gpu.dram_latency_s)
+    bw = min(gpu.achievable_bw, in_flight / gpu.loaded_latency_s)
     dram = dram_bytes / bw if dram_bytes else 0.0
     waves = math.ceil(blocks / (gpu.sms * resident))
     tail = waves * epilogue_cycles / gpu.clock_hz

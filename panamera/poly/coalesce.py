@@ -22,9 +22,10 @@ Preconditions, each checked (`LegalityError` otherwise; one negative test each i
 tests/test_poly.py):
   1. the combiner is associative and commutative (one of algebra.COMBINERS), so that parallel
      and reduced loops may be interchanged and reduced loops reordered;
-  2. the iteration domain is exactly the box of its extents (no guards, no symbolic bounds);
-  3. the coalescing map is a bijection from the domain onto [0, M) x [0, N) (isl check), so every
-     iteration runs exactly once in the canonical nest.
+  2. the iteration domain is exactly the box of its extents (no guards, no symbolic bounds).
+Given both, the coalescing map is a bijection from the domain onto [0, M) x [0, N): every
+iteration runs exactly once in the canonical nest. isl verifies that as an invariant (an
+internal error if it ever fails, not a user-facing precondition).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def coalesce(st: Statement) -> Statement:
         ok = img.is_equal(canon.reset_tuple_id()) and fwd.is_injective()
         ok = ok and inv.apply_range(fwd).is_equal(isl.Map.identity(canon.space.map_from_set()).intersect_domain(canon))
         if not ok:
-            raise LegalityError(f"coalesce {st.name}: the coalescing map is not a bijection onto [0,{M})x[0,{N})")
+            raise AssertionError(f"coalesce {st.name}: the coalescing map is not a bijection onto [0,{M})x[0,{N})")
 
     inv_pma = isl.PwMultiAff.from_map(inv) if inv is not None else None
 

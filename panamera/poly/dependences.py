@@ -21,9 +21,12 @@ def array_name(t) -> str:
 
 
 def _access(st: Statement, addr: isl.PwAff, array: str) -> isl.Map:
-    return isl.Map.from_pw_aff(addr).set_tuple_name(isl.dim_type.in_, st.name).set_tuple_name(
-        isl.dim_type.out, array
-    ).intersect_domain(st.domain)
+    return (
+        isl.Map.from_pw_aff(addr)
+        .set_tuple_name(isl.dim_type.in_, st.name)
+        .set_tuple_name(isl.dim_type.out, array)
+        .intersect_domain(st.domain)
+    )
 
 
 @dataclass(frozen=True)

@@ -174,6 +174,12 @@ static void fiber_main() {
     entry(entry_args);
     cur->state = DONE;
     live--;
+    // An exited thread no longer takes part in barriers: release them if it was the last awaited.
+    if (barrier_count > 0 && barrier_count == live) {
+      barrier_count = 0;
+      for (int t = 0; t < nthreads; ++t)
+        if (fibers[t].state == AT_BARRIER) fibers[t].state = RUNNABLE;
+    }
     yield();
   }
 }

@@ -82,6 +82,8 @@ def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = 
     fn = getattr(lib, f"pn_emu_launch_{kernel}")
     fn.restype = ctypes.c_char_p
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    err = fn(arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed))
+    err = fn(
+        arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed)
+    )
     if err:
         raise BackendError(f"emulator: kernel {kernel}: {err.decode()}")

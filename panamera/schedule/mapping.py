@@ -118,8 +118,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
     if form == "MAP":
         tx = min(256, pow2ceil(M))
         gx = min(math.ceil(M / tx), gpu.sms * 32)
-        cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx,
-                           bytes_in_flight_per_thread=elem_bytes * 4)
+        cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes)
         return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)
     if form in ("ROW", "ALL"):
         vec = choose_vec(group, "j", N)
@@ -139,7 +138,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         par_tiles = gx
     serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
     candidates = []
-    max_split = min(MAX_GRID_Y, max(1, serial // (per_split * 4)))
+    max_split = min(MAX_GRID_Y, max(1, serial // per_split))  # at least one iteration per thread
     s = 1
     while s <= max_split:
         candidates.append(s)
@@ -151,13 +150,12 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
         s_eff = math.ceil(serial / chunk)
         blocks = par_tiles * s_eff
-        iters = chunk // per_split
         cost = kernel_time(
             gpu,
             dram_bytes=total_bytes,
             blocks=blocks,
             threads=tx * ty,
-            bytes_in_flight_per_thread=elem_bytes * vec * min(iters, 4),
+            bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
             atomics=outputs * s_eff if s_eff > 1 else 0,
             same_address=s_eff if s_eff > 1 else 0,
         )

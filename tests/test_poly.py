@@ -1,0 +1,82 @@
+"""The polyhedral stage: statements, coalescing (with one negative test per precondition),
+dependences and horizontal fusion."""
+
+from dataclasses import replace
+
+import islpy as isl
+import pytest
+
+import panamera as pn
+from panamera.algebra import Combiner
+from panamera.errors import LegalityError
+from panamera.poly.coalesce import coalesce
+from panamera.poly.program import build_program
+from panamera.poly.statement import box, build_statement
+
+
+def stmt(t):
+    return build_statement(isl.Context(), "S0", t, {t})
+
+
+@pytest.mark.parametrize(
+    "shape,axis,form,M,N",
+    [
+        ((256, 256, 56, 56), (0, 2, 3), "ROW", 256, 802816),
+        ((256, 56, 56, 256), (0, 1, 2), "COLUMN", 256, 802816),
+        ((21128, 768), None, "ALL", 1, 16226304),
+        ((40, 20, 10, 5), (0, 2, 3), "ROW", 20, 2000),  # the paper's Fig. 4
+        ((5, 1, 7), (1,), "ROW", 35, 1),
+        ((4, 1, 6), (0,), "COLUMN", 6, 4),
+    ],
+)
+def test_canonical_forms(shape, axis, form, M, N):
+    c = coalesce(stmt(pn.sum(pn.placeholder(shape, name="x"), axis=axis)))
+    assert (c.form, c.M, c.N) == (form, M, N)
+
+
+def test_fig4_subscripts_are_quasi_affine_div_mod():
+    c = coalesce(stmt(pn.sum(pn.placeholder((40, 20, 10, 5), name="x"), axis=(0, 2, 3))))
+    addr = c.reads[0].addr
+    # element (h, w, x, y) = (j // 50, i, (j // 5) % 10, j % 5)
+    for i, j in [(0, 0), (3, 1999), (19, 77)]:
+        expected = ((j // 50) * 20 + i) * 50 + j % 50
+        pt = isl.Set.universe(addr.domain().space).fix_val(isl.dim_type.set, 0, i).fix_val(isl.dim_type.set, 1, j)
+        assert addr.intersect_domain(pt).max_val().to_python() == expected
+
+
+def test_precondition_1_combiner_must_be_associative_commutative():
+    s = stmt(pn.sum(pn.placeholder((4, 4), name="x"), axis=1))
+    with pytest.raises(LegalityError, match="associative and commutative"):
+        coalesce(replace(s, combiner=Combiner("concat", "pn_op_concat", "concatenate")))
+
+
+def test_precondition_2_domain_must_be_a_box():
+    s = stmt(pn.sum(pn.placeholder((4, 4), name="x"), axis=1))
+    tri, v = box(s.domain.get_ctx(), s.dims, s.extents)
+    tri = (tri & v["d1"].le_set(v["d0"])).set_tuple_name("S0")
+    with pytest.raises(LegalityError, match="not the box"):
+        coalesce(replace(s, domain=tri))
+
+
+def test_dependences_come_from_isl_and_reduction_self_deps_are_relaxed():
+    x = pn.placeholder((8, 6), name="x")
+    m = pn.max(x, axis=1, keepdims=True)
+    s = pn.sum(x - m, axis=1)
+    p = build_program((s,))
+    a, b = p.statements
+    assert not p.deps.between(a, b).is_empty()  # the max feeds the sum
+    assert not p.deps.relaxed.is_empty()
+    assert p.deps.validity.intersect(p.deps.relaxed).is_empty()
+    assert len(p.groups) == 2  # a reduction's final value ends its kernel
+
+
+def test_independent_reductions_share_a_kernel():
+    x = pn.placeholder((64, 32), name="x")
+    p = build_program((pn.sum(x, axis=0), pn.max(x * 2.0, axis=0)))
+    assert len(p.groups) == 1 and len(p.groups[0].statements) == 2
+
+
+def test_isl_schedule_is_computed():
+    x = pn.placeholder((8, 6), name="x")
+    p = build_program((pn.sum(x, axis=1),))
+    assert "S0" in str(p.schedule)
