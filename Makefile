@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: install
-	$(BIN)/ruff check panamera tests bench
-	$(BIN)/ruff format --check panamera tests bench
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: install lint
 	$(BIN)/python -m pytest -n 2 tests
