@@ -179,6 +179,7 @@ class Compiled:
                 f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
             )
             lines.append(f"  group {names}: {m.describe()}")
+            lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
         for ln in self.plan.launches:
             extra = ""
             if ln.role != "init":

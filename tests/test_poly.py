@@ -80,3 +80,15 @@ def test_isl_schedule_is_computed():
     x = pn.placeholder((8, 6), name="x")
     p = build_program((pn.sum(x, axis=1),))
     assert "S0" in str(p.schedule)
+
+
+def test_task_mappings_compose_mixed_radix():
+    from panamera.schedule.task import serial, spatial
+
+    m = spatial("by", 4) * serial("k", 8) * spatial("tx", 256)
+    assert m.extent == 4 * 8 * 256
+    assert m.strides() == [("by", 2048), ("k", 256), ("tx", 1)]
+    ks = pn.compile(pn.sum(pn.placeholder((3, 5000), name="x"), axis=1), target="emulator", split=4)
+    g = ks.mappings[0].tasks["g"]
+    # The reduction loop of a multi-block ROW kernel: blocks outermost, threads innermost.
+    assert [n for n, _ in g.factors] == ["by", "k", "tx"] and g.extent >= 5000 // ks.mappings[0].vec

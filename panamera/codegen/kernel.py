@@ -126,43 +126,29 @@ class _Body:
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user) -> list[str]:
+        """The thread's loop nest: the statement domain intersected with the iterations the task
+        mappings give to (bx, by, tx, ty), with isl parameters for those indices."""
         m, g = self.m, self.g
-        form = g.form
-        outer, inner = ("g", "j") if form == "COLUMN" else ("i", "g")
+        outer, inner = m.loops
         ext = {"ROW": (g.M, g.N // m.vec), "ALL": (g.M, g.N // m.vec), "COLUMN": (g.M // m.vec, g.N), "MAP": (g.M, 1)}
-        e0, e1 = ext[form]
-        v = isl.make_zero_and_vars([outer, inner, "k"], ["bx", "by", "tx", "ty", "gdx"], ctx=self.ctx)
+        e0, e1 = ext[g.form]
+        tasks = m.tasks
+        serial_names = sorted({n for t in tasks.values() for n, _ in t.factors if n.startswith("k")})
+        hw = ["bx", "by", "tx", "ty"]
+        v = isl.make_zero_and_vars([outer, inner, *serial_names], hw, ctx=self.ctx)
         z = v[0]
-        s = (
-            v[outer].ge_set(z)
-            & v[outer].lt_set(z + e0)
-            & v[inner].ge_set(z)
-            & v[inner].lt_set(z + e1)
-            & v["k"].ge_set(z)
-        )
-        if form in ("ROW", "ALL"):
-            s = s & v["i"].eq_set(v["bx"] * m.ty + v["ty"])
-            s = s & v["g"].eq_set(v["by"] * m.chunk + v["k"] * m.tx + v["tx"]) & v["k"].lt_set(z + m.chunk // m.tx)
-        elif form == "COLUMN":
-            s = s & v["g"].eq_set(v["bx"] * m.tx + v["tx"])
-            s = s & v["j"].eq_set(v["by"] * m.chunk + v["k"] * m.ty + v["ty"]) & v["k"].lt_set(z + m.chunk // m.ty)
-        else:  # MAP: a grid-stride loop
-            s = s & v["i"].eq_set((v["k"] * m.grid[0] + v["bx"]) * m.tx + v["tx"]) & v["g"].eq_set(z)
-        context = (
-            v["bx"].ge_set(z)
-            & v["bx"].lt_set(z + m.grid[0])
-            & v["by"].ge_set(z)
-            & v["by"].lt_set(z + m.grid[1])
-            & v["tx"].ge_set(z)
-            & v["tx"].lt_set(z + m.tx)
-            & v["ty"].ge_set(z)
-            & v["ty"].lt_set(z + m.ty)
-            & v["gdx"].eq_set(z + m.grid[0])
-        ).params()
-        s = s.project_out(isl.dim_type.set, s.find_dim_by_name(isl.dim_type.set, "k"), 1).set_tuple_name("S")
+        s = v[outer].ge_set(z) & v[outer].lt_set(z + e0) & v[inner].ge_set(z) & v[inner].lt_set(z + e1)
+        for loop, t in tasks.items():
+            s = s & v[loop].eq_set(t.affine(v)) & t.bounds(v)
+        bounds = {"bx": m.grid[0], "by": m.grid[1], "tx": m.tx, "ty": m.ty}
+        context = s.params().universe(s.params().space)
+        for name in hw:
+            context = context & (v[name].ge_set(z) & v[name].lt_set(z + bounds[name])).params()
+        for name in serial_names:  # serial steps become isl's loops over the owned tasks
+            s = s.project_out(isl.dim_type.set, s.find_dim_by_name(isl.dim_type.set, name), 1)
+        s = s.set_tuple_name("S")
         sched = isl.Map.identity(s.space.map_from_set()).intersect_domain(s)
-        build = isl.AstBuild.from_context(context)
-        ast = build.node_from_schedule_map(isl.UnionMap.from_map(sched))
+        ast = isl.AstBuild.from_context(context).node_from_schedule_map(isl.UnionMap.from_map(sched))
         return islast.node(ast, user, self.idx, 1)
 
     def address(self, addr: isl.PwAff) -> str:

@@ -24,6 +24,7 @@ import islpy as isl
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Read
+from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
 MAX_GRID_X = 2**31 - 1
@@ -31,6 +32,12 @@ MAX_GRID_X = 2**31 - 1
 
 @dataclass(frozen=True)
 class Mapping:
+    """The binding of one kernel group: task mappings of its two canonical loops and the launch.
+
+    `outer`/`inner` name the canonical loops as the codegen scans them: ("i", "g") for ROW/ALL
+    (g = j / vec), ("g", "j") for COLUMN (g = i / vec), ("i", "g") for MAP (g = 0).
+    """
+
     form: str
     M: int
     N: int
@@ -49,6 +56,26 @@ class Mapping:
     @property
     def blocks(self) -> int:
         return self.grid[0] * self.grid[1]
+
+    @property
+    def loops(self) -> tuple[str, str]:
+        return ("g", "j") if self.form == "COLUMN" else ("i", "g")
+
+    @property
+    def tasks(self) -> dict[str, TaskMapping]:
+        """Task mapping per canonical loop (see schedule/task.py)."""
+        gx, s = self.grid
+        if self.form == "MAP":
+            return {"i": serial("k", self.chunk) * spatial("bx", gx) * spatial("tx", self.tx), "g": serial("k0", 1)}
+        if self.form == "COLUMN":
+            return {
+                "g": spatial("bx", gx) * spatial("tx", self.tx),
+                "j": spatial("by", s) * serial("k", self.chunk // self.ty) * spatial("ty", self.ty),
+            }
+        return {
+            "i": spatial("bx", gx) * spatial("ty", self.ty),
+            "g": spatial("by", s) * serial("k", self.chunk // self.tx) * spatial("tx", self.tx),
+        }
 
     def describe(self) -> str:
         return (
@@ -119,7 +146,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         tx = min(256, pow2ceil(M))
         gx = min(math.ceil(M / tx), gpu.sms * 32)
         cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes)
-        return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)
+        return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)  # chunk: serial steps
     if form in ("ROW", "ALL"):
         vec = choose_vec(group, "j", N)
         G = N // vec
