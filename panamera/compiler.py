@@ -190,6 +190,7 @@ class Compiled:
             elif ln.atomic_outputs:
                 extra = " initialises " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
+        lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
         if self.program.deps is not None:
             lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
             lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")

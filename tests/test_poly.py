@@ -92,3 +92,35 @@ def test_task_mappings_compose_mixed_radix():
     g = ks.mappings[0].tasks["g"]
     # The reduction loop of a multi-block ROW kernel: blocks outermost, threads innermost.
     assert [n for n, _ in g.factors] == ["by", "k", "tx"] and g.extent >= 5000 // ks.mappings[0].vec
+
+
+def test_isl_fuses_producers_into_the_reduction_band():
+    from panamera.poly.fusion import fuse_producers
+
+    x, w = pn.placeholder((8, 6), name="x"), pn.placeholder((6,), name="w")
+    p = build_program((pn.sum(pn.exp(x) * w + 1.0, axis=0),))
+    f = fuse_producers(p.statements[0])
+    assert f.producers == 3 and f.band_depth == 2
+    assert "sequence" in str(f.schedule)  # producers ordered inside the shared band
+
+
+def test_fusion_precondition_1_producers_must_be_elementwise():
+    from panamera.poly.expr import Expr
+    from panamera.poly.fusion import fuse_producers
+
+    s = build_program((pn.sum(pn.placeholder((4, 4), name="x") * 2.0, axis=1),)).statements[0]
+    bad = Expr("gather", (s.body,), s.body.dtype)
+    with pytest.raises(LegalityError, match="not element-wise"):
+        fuse_producers(replace(s, body=bad))
+
+
+def test_fusion_precondition_2_schedule_must_fuse():
+    from panamera.poly.fusion import fuse_producers
+
+    s = build_program((pn.sum(pn.placeholder((4, 4), name="x") * 2.0, axis=1),)).statements[0]
+
+    def unfused(sc):  # a schedule with no band shared by producer and reduction
+        return isl.Schedule.from_domain(sc.get_domain())
+
+    with pytest.raises(LegalityError, match="no common band"):
+        fuse_producers(s, scheduler=unfused)

@@ -13,6 +13,7 @@ import networkx as nx
 from ..frontend.tensor import Tensor
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
+from .fusion import Fusion, fuse_producers
 from .statement import Statement, build_statement
 
 
@@ -44,6 +45,7 @@ class Program:
     deps: Dependences
     schedule: isl.Schedule
     graph: nx.DiGraph  # tensors, edges producer -> consumer
+    fusions: tuple[Fusion, ...] = ()  # isl's verdict on fusing each statement's producers
 
 
 def tensor_graph(outputs) -> nx.DiGraph:
@@ -81,7 +83,8 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     live = [s for s in stmts if s.M * s.N > 0]
     deps = compute_dependences(live) if live else None
     sched = schedule(live, deps) if live else None
-    return Program(tuple(outputs), inputs, tuple(stmts), group_statements(stmts, deps), deps, sched, g)
+    fusions = tuple(fuse_producers(s) for s in live)
+    return Program(tuple(outputs), inputs, tuple(stmts), group_statements(stmts, deps), deps, sched, g, fusions)
 
 
 def group_statements(stmts: list[Statement], deps: Dependences | None) -> tuple[KernelGroup, ...]:
