@@ -58,3 +58,85 @@ def rng():
 
 
 __all__ = ["pn"]
+
+
+# --- Every kernel the suite generates is also compiled by nvcc (sm_80, sm_90), without spills. ---
+# Each rendered kernel is recorded (workers inherit the log directory through the environment); at
+# the end of the session the unique kernels are compiled in batches, since nvcc spends ~2 s per
+# call parsing the CUDA headers. A failure or a spill fails the run.
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import tempfile  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import panamera.compiler as _compiler  # noqa: E402
+
+_LOG = "PANAMERA_TEST_KERNEL_LOG"
+_render = _compiler.render_kernel
+
+
+def _recording_render(name, *args, **kw):
+    rk = _render(name, *args, **kw)
+    log = os.environ.get(_LOG)
+    if log:
+        body = rk.source.replace(f" {name}(", " PN_KERNEL_NAME(", 1)
+        digest = hashlib.sha1(body.encode()).hexdigest()[:16]
+        Path(log, f"{digest}.cu").write_text(body)
+    return rk
+
+
+_compiler.render_kernel = _recording_render
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ[_LOG] = tempfile.mkdtemp(prefix="panamera-kernels-")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get(_LOG):
+        return
+    from panamera.codegen import islast
+    from panamera.codegen.header import PRELUDE
+    from panamera.errors import BackendError, PanameraError
+    from panamera.runtime import nvcc
+
+    files = sorted(Path(os.environ[_LOG]).glob("*.cu"))
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        session.config._panamera_nvcc = f"nvcc check skipped: {e}"
+        return
+    kernels = [f.read_text().replace("PN_KERNEL_NAME", f"pn_k_{f.stem}") for f in files]
+    batches = [kernels[k : k + 150] for k in range(0, len(kernels), 150)]
+
+    def compile_batch(batch):
+        return nvcc.compile_cuda("\n".join([PRELUDE, islast.HELPERS, *batch]))
+
+    problems = []
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(compile_batch, b) for b in batches]
+        results = []
+        for fut in futures:
+            try:
+                results += fut.result()
+            except PanameraError as e:
+                problems.append(str(e)[:3000])
+    spills = [r for r in results if r.spill_stores or r.spill_loads]
+    problems += [f"spills: {r}" for r in spills]
+    names = {r.kernel for r in results if re.match(r"pn_k_[0-9a-f]{16}$", r.kernel)}
+    if not problems and len(names) != len(kernels):
+        problems.append(f"nvcc reported {len(names)} of {len(kernels)} kernels")
+    msg = f"nvcc: {len(kernels)} unique generated kernels compiled for sm_80 and sm_90, {len(spills)} with spills"
+    session.config._panamera_nvcc = msg + ("" if not problems else "\nFAILED:\n" + "\n".join(problems))
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    msg = getattr(config, "_panamera_nvcc", None)
+    if msg:
+        terminalreporter.write_line(msg)

@@ -100,3 +100,15 @@ def test_compile_error_shows_the_source_line():
 
     with pytest.raises(errors.CompileError, match=r"line \d+.*\n.*\|"):
         emulator.build("int main( {", {})
+
+
+def test_nvcc_error_shows_the_source_line():
+    from panamera.codegen.header import PRELUDE
+    from panamera.runtime import nvcc
+
+    try:
+        nvcc.find_nvcc()
+    except errors.BackendError as e:
+        pytest.skip(str(e))
+    with pytest.raises(errors.CompileError, match=r"nvcc sm_80 rejected generated code at line \d+.*nope"):
+        nvcc.compile_cuda(PRELUDE + 'extern "C" __global__ void k(int* p) { p[0] = nope; }')

@@ -68,7 +68,7 @@ def build(source: str, signatures: dict[str, list[str]]) -> ctypes.CDLL:
 
 
 def _explain(stderr: str, text: str, who: str) -> str:
-    m = re.search(r":(\d+):\d+: error: (.*)", stderr)
+    m = re.search(r":(\d+):\d+: error: (.*)", stderr) or re.search(r"\((\d+)\): error: (.*)", stderr)
     if not m:
         return f"{who} failed:\n{stderr[-2000:]}"
     line = int(m.group(1))
