@@ -124,3 +124,9 @@ def test_fusion_precondition_2_schedule_must_fuse():
 
     with pytest.raises(LegalityError, match="no common band"):
         fuse_producers(s, scheduler=unfused)
+
+
+def test_single_iteration_needs_no_band():
+    # Found by hypothesis: isl schedules a one-point domain without any band.
+    k = pn.compile(pn.sum(pn.exp(pn.placeholder((1,), name="x"))), target="emulator")
+    assert k.program.fusions[0].producers == 1

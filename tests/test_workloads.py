@@ -43,3 +43,25 @@ def test_reduced_sizes_run(shape, axis, op, dtype, rng):
     np.testing.assert_allclose(
         out, getattr(np, op)(a.astype(np.float64) if dtype != "bool" else a, axis=axis), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bool"])
+@pytest.mark.parametrize(
+    "shape,axis,form",
+    [((32768,), None, "ALL"), ((1024, 32768), 1, "ROW"), ((32768, 1024), 0, "COLUMN"), ((1024, 1024), 0, "COLUMN")],
+)
+def test_full_size_fp16_and_bool_plans(shape, axis, form, dtype):
+    op = pn.all if dtype == "bool" else pn.sum
+    k = pn.compile(op(pn.placeholder(shape, dtype, name="x"), axis=axis), target="emulator")
+    ln = k.plan.kernels[0]
+    assert ln.form == form and ln.bytes_read == int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if ln.blocks_per_reduction > 1:  # 16-bit and bool results are merged in an fp32 / int32 workspace
+        assert all(mode == "atomic_ws" for mode in ln.modes)
+        assert any(key.startswith("ws:") for key, _ in ln.atomic_outputs)
+
+
+def test_indices_become_64_bit_past_2_to_the_31():
+    k = pn.compile(pn.sum(pn.placeholder((3, 2**30), "float16", name="x"), axis=1), target="emulator")
+    assert "typedef long long pn_idx;" in k.source
+    small = pn.compile(pn.sum(pn.placeholder((3, 2**20), "float16", name="x"), axis=1), target="emulator")
+    assert "typedef int pn_idx;" in small.source

@@ -105,7 +105,7 @@ def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
         zero = all(d.dim_max_val(k).is_zero() and d.dim_min_val(k).is_zero() for d in sets for k in range(depth))
         if not zero:
             raise LegalityError(f"fuse {st.name}: isl's schedule does not place producers with their consumer")
-    elif nodes:
+    elif nodes and st.M * st.N > 1:  # a single iteration needs no loop: nothing to fuse across
         raise LegalityError(f"fuse {st.name}: isl's schedule has no common band for producers and reduction")
     return Fusion(st.name, len(nodes), schedule, depth)
 
