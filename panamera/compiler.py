@@ -272,7 +272,7 @@ def compile(  # noqa: A001
         mappings.append(m)
         kernels.append(rk)
         for p in rk.params:
-            buffers[p.key] = p
+            buffers.setdefault(p.key, p)
         for f in rk.fills:
             launches.append(_fill_launch(f, buffers[f.buffer]))
         bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")

@@ -59,3 +59,20 @@ def test_random_reductions(case, deterministic):
         np.testing.assert_allclose(o.astype(np.float64), ref, rtol=tol, atol=tol)
     if deterministic:
         assert o1.tobytes() == o2.tobytes()
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_reduction_feeding_a_reduction(case):
+    """x - op1(x, keepdims) then op2: two kernels, the second reading the first's result."""
+    shape, axes, op, _, split, dtype = case
+    if dtype != "float32":
+        return
+    rng = np.random.default_rng(1)
+    a = rng.random(shape).astype(np.float32)
+    x = pn.placeholder(shape, "float32", name="x")
+    inner = pn.max(x, axis=axes, keepdims=True)
+    k = pn.compile(getattr(pn, op)(x - inner, axis=axes), target="emulator", split=split)
+    r = a.astype(np.float64)
+    ref = getattr(np, op)(r - r.max(axis=axes, keepdims=True), axis=axes)
+    np.testing.assert_allclose(k(a, order="reverse"), ref, rtol=2e-5, atol=2e-5)

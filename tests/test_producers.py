@@ -103,3 +103,29 @@ def test_paper_subgraphs_compile_to_one_kernel(n, rng):
     for g, r in zip(got, refs):
         tol = 2e-2 if g.dtype == np.float16 or n in (1, 2) else 1e-4
         np.testing.assert_allclose(np.asarray(g, np.float64), r, rtol=tol, atol=tol)
+
+
+def test_a_reduction_feeding_another_kernel(rng):
+    """sum(x - max(x)) is two kernels; the second reads the first's output buffer."""
+    a = rng.random((6, 300)).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    y = pn.sum(pn.exp(x - pn.max(x, axis=1, keepdims=True)), axis=1)
+    k, out = run(y, a, split=3)
+    assert len(k.plan.kernels) == 2
+    np.testing.assert_allclose(out, np.exp(a - a.max(1, keepdims=True)).sum(1), rtol=1e-5)
+
+
+def test_elementwise_outputs_placeholders_and_reshaped_results(rng):
+    a = rng.random((5, 37)).astype(np.float16)
+    x = pn.placeholder(a.shape, "float16", name="x")
+    k, outs = run([pn.sum(x, axis=1), x * 2.0 + 1.0, x, pn.max(x, axis=0).reshape(37, 1)], a)
+    np.testing.assert_allclose(outs[0], a.astype(np.float64).sum(1), rtol=2e-3)
+    np.testing.assert_array_equal(outs[1], a * np.float16(2) + np.float16(1))
+    np.testing.assert_array_equal(outs[2], a)
+    np.testing.assert_array_equal(outs[3], a.max(0).reshape(37, 1))
+
+
+def test_rank_zero_input():
+    x = pn.placeholder((), "float32", name="s")
+    out = pn.compile(pn.sum(x * 2.0), target="emulator")(np.array(3.0, np.float32))
+    assert out.shape == () and out == 6.0

@@ -71,8 +71,9 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
         for r in s.reads:
             if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
                 inputs.append(r.tensor)
-    for t in inputs:
-        params.append(BufferSpec(f"in:{t.uid}", t.dtype.c_type, t.dtype, t.size, "input"))
+    for t in inputs:  # a result of an earlier kernel is read from that kernel's output buffer
+        key = f"in:{t.uid}" if t.op == "placeholder" else f"out:{t.uid}"
+        params.append(BufferSpec(key, t.dtype.c_type, t.dtype, t.size, "input"))
     in_name = {t.uid: f"in{k}" for k, t in enumerate(inputs)}
     fills: list[Fill] = []
     for k, (s, mode) in enumerate(zip(stmts, modes)):
@@ -110,7 +111,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
 
 def _param_name(p: BufferSpec, in_name, stmts) -> str:
     kind, _, rest = p.key.partition(":")
-    if kind == "in":
+    if p.role == "input":
         return in_name[int(rest)]
     if kind == "out":
         return f"out{[s.result.uid for s in stmts].index(int(rest))}"
@@ -156,9 +157,7 @@ class _Body:
         return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
 
     # -- loads --------------------------------------------------------------------------------
-    def _body_lines(
-        self, stmt_idx: int, s: Statement, along: str, vec_slot: str | None, kinds
-    ) -> tuple[list[str], str]:
+    def _body_lines(self, stmt_idx: int, s: Statement, vec_slot: str | None, kinds) -> tuple[list[str], str]:
         lines: list[str] = []
 
         def load(read: int) -> str:
@@ -184,7 +183,7 @@ class _Body:
             i = islast.expr(call.get_op_arg(1))
             out = ["{", f"  const pn_idx i = {i}; const pn_idx j = 0;"]
             for k, s in enumerate(self.g.statements):
-                lines, val = self._body_lines(k, s, "i", None, ["gather"] * len(s.reads))
+                lines, val = self._body_lines(k, s, None, ["gather"] * len(s.reads))
                 out += ["  " + ln for ln in lines]
                 out.append(f"  pn_st(&out{k}[{self.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             return out + ["}"]
@@ -223,7 +222,7 @@ class _Body:
             out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
             out.append(f"    const pn_idx {first_var} = pn_first{' + v' if V > 1 else ''};")
             for k, s in enumerate(g.statements):
-                body, val = self._body_lines(k, s, along, "v" if V > 1 else None, kinds[k])
+                body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
                 out += ["    " + ln for ln in body]
                 acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"
                 if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
