@@ -22,7 +22,7 @@ from .codegen.header import PRELUDE
 from .codegen.kernel import BufferSpec, Fill, RenderedKernel, render_kernel
 from .errors import BackendError, DTypeError, InputError, PanameraError
 from .frontend.tensor import Tensor
-from .model.gpu import H100, GPUSpec
+from .model.gpu import H100, GPUSpec, kernel_time
 from .poly.program import Program, build_program
 from .runtime import cuda as cuda_backend
 from .runtime import emulator
@@ -172,6 +172,7 @@ class Compiled:
         """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
         lines = [
             f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.launches)} launch(es), "
+            f"{self.plan.modeled_us:.2f} us modeled on {self.gpu.name}, "
             f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
         ]
         for g, m in zip(self.program.groups, self.mappings):
@@ -218,14 +219,21 @@ def _ctype_arg(a, bufs):
 
 def _signatures(kernels) -> dict[str, list[str]]:
     sig = {k.name: [f"{'const ' if p.role == 'input' else ''}{p.ctype}*" for p in k.params] for k in kernels}
+    by_key = {p.key: p for k in kernels for p in k.params}
+    sig.update({k.init_name: [f"{by_key[f.buffer].ctype}*" for f in k.fills] for k in kernels if k.init})
     for ct, name in FILL_TYPES.items():
         sig[name] = [f"{ct}*", ct, "long long"]
     return sig
 
 
-def _fill_launch(fill: Fill, spec: BufferSpec) -> Launch:
+def _fill_launch(fill: Fill, spec: BufferSpec, gpu: GPUSpec) -> Launch:
     n = max(spec.size, 1)
     threads = 256
+    blocks = min(math.ceil(n / threads), 1024)
+    itemsize = spec.dtype.itemsize if spec.dtype is not None else 4
+    cost = kernel_time(
+        gpu, dram_bytes=n * itemsize, blocks=blocks, threads=threads, bytes_in_flight_per_thread=itemsize
+    )
     return Launch(
         FILL_TYPES[fill.ctype],
         (min(math.ceil(n / threads), 1024), 1, 1),
@@ -233,6 +241,26 @@ def _fill_launch(fill: Fill, spec: BufferSpec) -> Launch:
         (("buf", fill.buffer), ("scalar", fill.ctype, fill.value), ("scalar", "long long", n)),
         role="init",
         atomic_outputs=((fill.buffer, fill.value),),
+        bytes_written=n * itemsize,
+        modeled_us=cost.total_s * 1e6,
+    )
+
+
+def _init_launch(rk: RenderedKernel, buffers: dict, gpu: GPUSpec) -> Launch:
+    """The one launch that initialises a kernel's atomic outputs, workspaces and counters."""
+    specs = [buffers[f.buffer] for f in rk.fills]
+    nbytes = sum(max(p.size, 1) * (p.dtype.itemsize if p.dtype is not None else 4) for p in specs)
+    threads, blocks = 256, min(math.ceil(max(p.size for p in specs) / 256), 1024)
+    cost = kernel_time(gpu, dram_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4)
+    return Launch(
+        rk.init_name,
+        (blocks, 1, 1),
+        (threads, 1, 1),
+        tuple(("buf", f.buffer) for f in rk.fills),
+        role="init",
+        atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills),
+        bytes_written=nbytes,
+        modeled_us=cost.total_s * 1e6,
     )
 
 
@@ -263,7 +291,7 @@ def compile(  # noqa: A001
             res = s.result
             buffers[f"out:{res.uid}"] = BufferSpec(f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, "output")
             if grp.M > 0 and grp.N == 0:  # an empty reduction: the output is the identity (mean: NaN)
-                launches.append(_fill_launch(_empty_fill(s), buffers[f"out:{res.uid}"]))
+                launches.append(_fill_launch(_empty_fill(s), buffers[f"out:{res.uid}"], gpu))
         if not live:
             continue
         m = map_group(grp, gpu, split)
@@ -273,8 +301,8 @@ def compile(  # noqa: A001
         kernels.append(rk)
         for p in rk.params:
             buffers.setdefault(p.key, p)
-        for f in rk.fills:
-            launches.append(_fill_launch(f, buffers[f.buffer]))
+        if rk.init:
+            launches.append(_init_launch(rk, buffers, gpu))
         bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")
         bytes_written = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "output")
         launches.append(
@@ -295,7 +323,10 @@ def compile(  # noqa: A001
             )
         )
     fills = "\n".join(f"PN_FILL({n}, {t})" for t, n in FILL_TYPES.items())
-    source = "\n".join([PRELUDE, islast.HELPERS, fills] + [k.source for k in kernels]) + "\n"
+    parts = [PRELUDE, islast.HELPERS, fills]
+    for rk in kernels:
+        parts += [rk.init, rk.source] if rk.init else [rk.source]
+    source = "\n".join(parts) + "\n"
     return Compiled(
         outs,
         single,

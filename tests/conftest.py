@@ -81,9 +81,11 @@ def _recording_render(name, *args, **kw):
     rk = _render(name, *args, **kw)
     log = os.environ.get(_LOG)
     if log:
-        body = rk.source.replace(f" {name}(", " PN_KERNEL_NAME(", 1)
-        digest = hashlib.sha1(body.encode()).hexdigest()[:16]
-        Path(log, f"{digest}.cu").write_text(body)
+        for kname, src in ((name, rk.source), (rk.init_name, rk.init)):
+            if src:
+                body = src.replace(f" {kname}(", " PN_KERNEL_NAME(", 1)
+                digest = hashlib.sha1(body.encode()).hexdigest()[:16]
+                Path(log, f"{digest}.cu").write_text(body)
     return rk
 
 

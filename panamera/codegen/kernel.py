@@ -34,6 +34,7 @@ class Fill:
     buffer: str
     ctype: str
     value: object  # Python value in the buffer's C type ("bits" for 16-bit floats)
+    c_value: str = ""  # the value as a C expression (the combiner's identity)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,11 @@ class RenderedKernel:
     params: tuple[BufferSpec, ...]
     fills: tuple[Fill, ...]  # initialisation the plan runs before this kernel
     modes: tuple[str, ...]  # per statement: store / atomic / atomic_ws / partials
+    init: str = ""  # source of the kernel that performs `fills` in one launch ("" if none)
+
+    @property
+    def init_name(self) -> str:
+        return f"{self.name}_init"
 
 
 def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
@@ -80,17 +86,18 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
         out = s.result
         params.append(BufferSpec(f"out:{out.uid}", out.dtype.c_type, out.dtype, out.size, "output"))
         ident = s.combiner.identity(s.acc) if s.combiner else None
+        c_ident = f"{s.combiner.functor}::template identity<{s.acc.compute}>()" if s.combiner else ""
         if mode == "atomic":
-            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident))
+            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident, c_ident))
         if mode in ("atomic_ws", "partials"):
             size = s.M * (m.split if mode == "partials" else 1)
             params.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, "workspace"))
             if mode == "atomic_ws":
-                fills.append(Fill(f"ws:{name}:{k}", s.acc.c_type, ident))
+                fills.append(Fill(f"ws:{name}:{k}", s.acc.c_type, ident, c_ident))
     needs_last = any(md in ("atomic_ws", "partials") for md in modes)
     if needs_last:
         params.append(BufferSpec(f"cnt:{name}", "unsigned", None, m.grid[0], "counter"))
-        fills.append(Fill(f"cnt:{name}", "unsigned", 0))
+        fills.append(Fill(f"cnt:{name}", "unsigned", 0, "0u"))
 
     sig = []
     for p in params:
@@ -106,7 +113,21 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     else:
         lines += body.reduce_kernel(modes)
     lines.append("}")
-    return RenderedKernel(name, "\n".join(lines), tuple(params), tuple(fills), modes)
+    init = render_init(f"{name}_init", fills, {p.key: p for p in params}) if fills else ""
+    return RenderedKernel(name, "\n".join(lines), tuple(params), tuple(fills), modes, init)
+
+
+def render_init(name: str, fills: list[Fill], specs: dict) -> str:
+    """One kernel that initialises every atomic output, workspace and counter of a kernel."""
+    sig = ", ".join(f"{specs[f.buffer].ctype}* __restrict__ b{k}" for k, f in enumerate(fills))
+    lines = [
+        f'extern "C" __global__ void {name}({sig}) {{',
+        "  const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "  const long long stride = (long long)gridDim.x * blockDim.x;",
+    ]
+    for k, f in enumerate(fills):
+        lines.append(f"  for (long long e = t; e < {specs[f.buffer].size}LL; e += stride) b{k}[e] = {f.c_value};")
+    return "\n".join(lines + ["}"])
 
 
 def _param_name(p: BufferSpec, in_name, stmts) -> str:

@@ -32,5 +32,10 @@ class LaunchPlan:
         return [asdict(x) for x in self.launches]
 
     @property
+    def modeled_us(self) -> float:
+        """Modeled time of the whole plan (every launch, initialisation included)."""
+        return sum(x.modeled_us for x in self.launches)
+
+    @property
     def kernels(self) -> list[Launch]:
         return [x for x in self.launches if x.role != "init"]
