@@ -7,7 +7,7 @@
 [10.0, 11.0, 12.0, 13.0, 14.0]
 """
 
-from . import dtypes, errors
+from . import dtypes, errors, nn
 from .compiler import Compiled, compile
 from .errors import PanameraError
 from .frontend import (
@@ -31,6 +31,7 @@ from .frontend import (
     sum,
     where,
 )
+from .nn import std, var
 
 __version__ = "0.1.0"
 __all__ = [
@@ -50,6 +51,9 @@ __all__ = [
     "mean",
     "min",
     "minimum",
+    "nn",
+    "std",
+    "var",
     "negative",
     "placeholder",
     "prod",

@@ -23,11 +23,12 @@ from .codegen.kernel import BufferSpec, Fill, RenderedKernel, render_kernel
 from .errors import BackendError, DTypeError, InputError, PanameraError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
-from .poly.program import Program, build_program
+from .poly.program import KernelGroup, Program, build_program
 from .runtime import cuda as cuda_backend
 from .runtime import emulator
 from .runtime.plan import Launch, LaunchPlan
 from .schedule.mapping import Mapping, map_group
+from .schedule.planner import Considered, plan_groups
 
 FILL_TYPES = {
     "float": "pn_fill_float",
@@ -78,6 +79,8 @@ class Compiled:
     target: str
     deterministic: bool
     gpu: GPUSpec
+    groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
+    considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
@@ -175,7 +178,7 @@ class Compiled:
             f"{self.plan.modeled_us:.2f} us modeled on {self.gpu.name}, "
             f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
         ]
-        for g, m in zip(self.program.groups, self.mappings):
+        for g, m in zip(self.groups, self.mappings):
             names = ", ".join(
                 f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
             )
@@ -192,6 +195,7 @@ class Compiled:
                 extra = " initialises " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
         lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
+        lines += [f"  planner: {c.describe()}" for c in self.considered]
         if self.program.deps is not None:
             lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
             lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
@@ -284,8 +288,9 @@ def compile(  # noqa: A001
     if target not in ("cuda", "emulator"):
         raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
     prog = build_program(outs)
-    mappings, kernels, launches, buffers = [], [], [], {}
-    for k, grp in enumerate(prog.groups):
+    groups, considered = plan_groups(prog, gpu, allow_stitch=split is None)
+    mappings, kernels, launches, buffers, live_groups = [], [], [], {}, []
+    for k, grp in enumerate(groups):
         live = grp.M * grp.N > 0
         for s in grp.statements:
             res = s.result
@@ -299,6 +304,7 @@ def compile(  # noqa: A001
         rk = render_kernel(f"pn_k{k}_{label}", grp, m, deterministic)
         mappings.append(m)
         kernels.append(rk)
+        live_groups.append(grp)
         for p in rk.params:
             buffers.setdefault(p.key, p)
         if rk.init:
@@ -338,6 +344,8 @@ def compile(  # noqa: A001
         target,
         deterministic,
         gpu,
+        tuple(live_groups),
+        considered,
     )
 
 

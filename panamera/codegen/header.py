@@ -118,6 +118,17 @@ __device__ __forceinline__ T pn_reduce_x(T v, T* smem) {
   return v;
 }
 
+// Reduce across threadIdx.x and hand the row's result to every thread of the row (a stitched
+// kernel's consumers need it); bcast holds TY values.
+template <class OP, int TX, int TY, class T>
+__device__ __forceinline__ T pn_allreduce_x(T v, T* smem, T* bcast) {
+  v = pn_reduce_x<OP, TX, TY>(v, smem);
+  __syncthreads();  // the previous broadcast through bcast has been read
+  if (threadIdx.x == 0) bcast[threadIdx.y] = v;
+  __syncthreads();
+  return bcast[threadIdx.y];
+}
+
 // Reduce across threadIdx.y (TY rows, TY a power of two); valid at threadIdx.y == 0.
 template <class OP, int TX, int TY, class T>
 __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {

@@ -73,8 +73,11 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     idx = index_type(group)
     # Parameters: every tensor read, then per statement its output and workspace, then counters.
     inputs, params = [], []
+    members = {s.result.uid for s in stmts} if group.stitched else set()
     for s in stmts:
         for r in s.reads:
+            if r.tensor.uid in members:  # a stitched result: read from registers, not memory
+                continue
             if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
                 inputs.append(r.tensor)
     for t in inputs:  # a result of an earlier kernel is read from that kernel's output buffer
@@ -84,6 +87,8 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     fills: list[Fill] = []
     for k, (s, mode) in enumerate(zip(stmts, modes)):
         out = s.result
+        if group.stitched and s.kind == "reduce" and out.uid not in group.external:
+            continue  # stays on chip
         params.append(BufferSpec(f"out:{out.uid}", out.dtype.c_type, out.dtype, out.size, "output"))
         ident = s.combiner.identity(s.acc) if s.combiner else None
         c_ident = f"{s.combiner.functor}::template identity<{s.acc.compute}>()" if s.combiner else ""
@@ -110,6 +115,8 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     body = _Body(group, m, in_name, idx)
     if group.form == "MAP":
         lines += body.map_kernel()
+    elif group.stitched:
+        lines += body.stitched_kernel()
     else:
         lines += body.reduce_kernel(modes)
     lines.append("}")
@@ -145,6 +152,7 @@ class _Body:
     def __init__(self, group: KernelGroup, m: Mapping, in_name, idx: str):
         self.g, self.m, self.in_name, self.idx = group, m, in_name, idx
         self.ctx = group.statements[0].domain.get_ctx()
+        self.regs: dict[int, str] = {}  # stitched results available in registers, by tensor uid
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user) -> list[str]:
@@ -183,6 +191,8 @@ class _Body:
 
         def load(read: int) -> str:
             r = s.reads[read]
+            if r.tensor.uid in self.regs:
+                return self.regs[r.tensor.uid]
             if kinds[read] == "contig" and vec_slot is not None:
                 return f"pn_v{stmt_idx}_{read}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
@@ -246,17 +256,95 @@ class _Body:
                 body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
                 out += ["    " + ln for ln in body]
                 acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"
-                if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
-                    val = convert(val, s.body.dtype, bool_)
-                elif s.body.dtype != s.acc:
-                    val = convert(val, s.body.dtype, s.acc)
-                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, ({s.acc.compute})({val}));")
+                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {self._accumuland(s, val)});")
             out.append("  }")
             return out + ["}"]
 
         lines += self.loops(user)
         lines += self._epilogue(modes)
         return lines
+
+    def stitched_kernel(self) -> list[str]:
+        """Reductions and their consumers over whole rows: one pass over the row per level."""
+        from ..poly.stitch import is_epilogue, levels
+
+        g, m = self.g, self.m
+        V = m.vec
+        level = levels(g.statements)
+        epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
+        passes = max(level[s.name] for s in g.statements if not is_epilogue(s)) + 1
+        kinds = [[access_kind(r, "j", V, s.domain) for r in s.reads] for s in g.statements]
+        out = [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
+        for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == "reduce"):
+            safe = ct.replace(" ", "_")
+            out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
+            out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+        for lv in range(passes):
+            here = [k for k, s in enumerate(g.statements) if level[s.name] == lv and k not in epilogues]
+            out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
+            for k in here:
+                s = g.statements[k]
+                if s.kind == "reduce":
+                    out.append(
+                        f"  {s.acc.compute} acc{k} = {s.combiner.functor}::template identity<{s.acc.compute}>();"
+                    )
+            out += self.loops(lambda call, here=here: self._stitched_iteration(call, here, kinds))
+            for k in here:
+                s = g.statements[k]
+                if s.kind != "reduce":
+                    continue
+                safe = s.acc.compute.replace(" ", "_")
+                tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+                out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")
+                reg = f"r{k}"
+                final = convert(self._post(s, f"acc{k}"), s.acc, s.result.dtype)
+                out.append(f"  const {s.result.dtype.compute} {reg} = {final};")
+                self.regs[s.result.uid] = reg
+                if s.result.uid in g.external:
+                    out.append(f"  if (tx == 0 && o < {g.M}) pn_st(&out{k}[o], {reg});")
+            for k in epilogues:  # the row's leader, once every value the epilogue reads is final
+                s = g.statements[k]
+                if level[s.name] != lv + 1:
+                    continue
+                body, val = self._body_lines(k, s, None, ["gather"] * len(s.reads))
+                out.append(f"  if (tx == 0 && o < {g.M}) {{")
+                out.append("    const pn_idx i = o; const pn_idx j = 0;")
+                out += ["    " + ln for ln in body]
+                out.append(
+                    f"    pn_st(&out{k}[{self.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});"
+                )
+                out.append("  }")
+        return out
+
+    def _stitched_iteration(self, call: isl.AstExpr, here: list[int], kinds) -> list[str]:
+        g, V = self.g, self.m.vec
+        a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
+        out = ["{", f"  const pn_idx i = {a0}; const pn_idx pn_first = ({a1}) * {V};"]
+        if V > 1:
+            for k in here:
+                decl, loads = self._vector_loads(k, g.statements[k], kinds[k])
+                out += ["  " + ln for ln in decl]
+                if loads:
+                    out += ["  { const pn_idx j = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
+        out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
+        out.append(f"    const pn_idx j = pn_first{' + v' if V > 1 else ''};")
+        for k in here:
+            s = g.statements[k]
+            body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
+            out += ["    " + ln for ln in body]
+            if s.kind == "reduce":
+                out.append(f"    acc{k} = {s.combiner.functor}::apply(acc{k}, {self._accumuland(s, val)});")
+            else:
+                value = convert(val, s.body.dtype, s.result.dtype)
+                out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")
+        return out + ["  }", "}"]
+
+    def _accumuland(self, s: Statement, val: str) -> str:
+        if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
+            val = convert(val, s.body.dtype, bool_)
+        elif s.body.dtype != s.acc:
+            val = convert(val, s.body.dtype, s.acc)
+        return f"({s.acc.compute})({val})"
 
     def _epilogue(self, modes) -> list[str]:
         g, m = self.g, self.m

@@ -1,6 +1,6 @@
 """GPU figures (GPU_MODEL.md, with their sources there) and the per-kernel time model.
 
-    T = T_launch + T_dram + T_tail + T_atomic
+    T = T_launch + max(T_dram, T_l2) + T_tail + T_atomic
     T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
 
 `latency` in Little's law is the *loaded* latency [derived]: GPU_MODEL.md says to aim for 32 KB in
@@ -8,6 +8,7 @@ flight per SM to saturate DRAM, i.e. latency = SMs * 32 KB / (eta * BW_peak) (ab
 H100, four times the unloaded 350 ns: queueing under load). With the unloaded figure the model
 would call a quarter of that occupancy enough, which measurements of streaming kernels do not
 support.
+    T_l2     = bytes re-read while resident in L2 / L2 bandwidth
     T_atomic = same-address atomics / L2 clock + all atomics / distinct-address atomic throughput
 """
 
@@ -28,6 +29,8 @@ class GPUSpec:
     launch_s: float
     atomic_rate: float  # distinct-address atomics per second
     l2_clock_hz: float  # same-address atomics retire about one per L2 clock
+    l2_bw: float = 10e12  # bytes/s for L2 hits
+    l2_size: int = 50 * 2**20
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
     smem_per_block: int = 227 * 1024
@@ -42,7 +45,20 @@ class GPUSpec:
 
 
 H100 = GPUSpec("H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9)
-A100 = GPUSpec("A100-SXM4-80GB", 108, 1.41e9, 2.04e12, 0.87, 405e-9, 2.5e-6, 40e9, 1.41e9, smem_per_block=163 * 1024)
+A100 = GPUSpec(
+    "A100-SXM4-80GB",
+    108,
+    1.41e9,
+    2.04e12,
+    0.87,
+    405e-9,
+    2.5e-6,
+    40e9,
+    1.41e9,
+    5e12,
+    40 * 2**20,
+    smem_per_block=163 * 1024,
+)
 GPUS = {"h100": H100, "a100": A100}
 
 
@@ -52,10 +68,11 @@ class KernelCost:
     dram_s: float
     tail_s: float
     atomic_s: float
+    l2_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.launch_s + self.dram_s + self.tail_s + self.atomic_s
+        return self.launch_s + max(self.dram_s, self.l2_s) + self.tail_s + self.atomic_s
 
 
 def kernel_time(
@@ -68,6 +85,7 @@ def kernel_time(
     atomics: int = 0,
     same_address: int = 0,
     epilogue_cycles: int = 400,
+    l2_bytes: float = 0.0,
 ) -> KernelCost:
     """Modeled time of one kernel launch."""
     if blocks <= 0:
@@ -81,4 +99,4 @@ def kernel_time(
     waves = math.ceil(blocks / (gpu.sms * resident))
     tail = waves * epilogue_cycles / gpu.clock_hz
     atomic = (same_address / gpu.l2_clock_hz + atomics / gpu.atomic_rate) if atomics else 0.0
-    return KernelCost(gpu.launch_s, dram, tail, atomic)
+    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw)

@@ -40,20 +40,25 @@ from ..errors import LegalityError
 from .statement import Statement, box, delinearize, linear
 
 
-def classify(st: Statement) -> str:
-    if st.kind == "map":
+def classify(st: Statement, roles: frozenset[str] | None = None) -> str:
+    if st.kind == "map" and roles is None:
         return "MAP"
+    reduced = st.reduced if roles is None else roles
     live = [d for d, e in zip(st.dims, st.extents) if e != 1]
-    par = [d for d in live if d not in st.reduced]
+    par = [d for d in live if d not in reduced]
     if not par:
         return "ALL"
-    if not any(d in st.reduced for d in live):
+    if not any(d in reduced for d in live):
         return "ROW"  # nothing to reduce: one element per row
-    return "ROW" if live[-1] in st.reduced else "COLUMN"
+    return "ROW" if live[-1] in reduced else "COLUMN"
 
 
-def coalesce(st: Statement) -> Statement:
-    """The statement in canonical form over the domain { [i, j] : 0 <= i < M and 0 <= j < N }."""
+def coalesce(st: Statement, roles: frozenset[str] | None = None) -> Statement:
+    """The statement in canonical form over the domain { [i, j] : 0 <= i < M and 0 <= j < N }.
+
+    `roles` places an element-wise statement in the iteration space of a reduction over the same
+    domain (the dimensions it names become j): that is how a consumer of a reduction joins the
+    reduction's kernel (poly/stitch.py)."""
     if st.kind == "reduce" and COMBINERS.get(st.combiner.name) is not st.combiner:
         raise LegalityError(
             f"coalesce {st.name}: combiner {st.combiner.name!r} is not a known associative and commutative one"
@@ -62,8 +67,9 @@ def coalesce(st: Statement) -> Statement:
     expected, _ = box(ctx, st.dims, st.extents)
     if not st.domain.reset_tuple_id().is_equal(expected):
         raise LegalityError(f"coalesce {st.name}: the iteration domain is not the box of extents {st.extents}")
-    par = [(d, e) for d, e in zip(st.dims, st.extents) if d not in st.reduced]
-    red = [(d, e) for d, e in zip(st.dims, st.extents) if d in st.reduced]
+    reduced = st.reduced if roles is None else roles
+    par = [(d, e) for d, e in zip(st.dims, st.extents) if d not in reduced]
+    red = [(d, e) for d, e in zip(st.dims, st.extents) if d in reduced]
     M = math.prod(e for _, e in par)
     N = math.prod(e for _, e in red)
     canon, cv = box(ctx, ("i", "j"), (M, N))
@@ -103,9 +109,10 @@ def coalesce(st: Statement) -> Statement:
         domain=canon.set_tuple_name(st.name),
         reads=reads,
         write=pull(st.write),
-        form=classify(st),
+        form=classify(st, roles),
         M=M,
         N=N,
+        origin=st,
     )
 
 

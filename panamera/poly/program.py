@@ -15,13 +15,17 @@ from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
 from .fusion import Fusion, fuse_producers
 from .statement import Statement, build_statement
+from .stitch import stitch_candidates
 
 
 @dataclass(frozen=True)
 class KernelGroup:
-    """Statements that run in one kernel: same canonical form and extents, independent."""
+    """Statements that run in one kernel: same canonical form and extents, independent, or a
+    stitched group (poly/stitch.py): reductions and their consumers over one row space."""
 
     statements: tuple[Statement, ...]
+    stitched: bool = False
+    external: frozenset[int] = frozenset()  # uids of stitched results also stored to memory
 
     @property
     def form(self) -> str:
@@ -46,6 +50,8 @@ class Program:
     schedule: isl.Schedule
     graph: nx.DiGraph  # tensors, edges producer -> consumer
     fusions: tuple[Fusion, ...] = ()  # isl's verdict on fusing each statement's producers
+    statement_graph: nx.DiGraph | None = None  # statement names, edges from isl flow dependences
+    stitch_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal stitched groups
 
 
 def tensor_graph(outputs) -> nx.DiGraph:
@@ -84,23 +90,37 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     deps = compute_dependences(live) if live else None
     sched = schedule(live, deps) if live else None
     fusions = tuple(fuse_producers(s) for s in live)
-    return Program(tuple(outputs), inputs, tuple(stmts), group_statements(stmts, deps), deps, sched, g, fusions)
+    sg = statement_graph(stmts, deps)
+    cands = tuple(tuple(c) for c in stitch_candidates(stmts, sg))
+    groups = group_statements(stmts, sg, outputs)
+    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, sched, g, fusions, sg, cands)
 
 
-def group_statements(stmts: list[Statement], deps: Dependences | None) -> tuple[KernelGroup, ...]:
-    """Horizontal fusion: statements with the same form and extents and no dependence path
-    between them share a kernel (the paper's fusion of independent reductions, §4)."""
+def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGraph:
+    """Statement names with an edge a -> b when isl finds a flow dependence from a to b."""
     sg = nx.DiGraph()
     sg.add_nodes_from(s.name for s in stmts)
-    by_name = {s.name: s for s in stmts}
     for a in stmts:
         for b in stmts:
             if a is not b and deps is not None and a.M * a.N and b.M * b.N and not deps.between(a, b).is_empty():
                 sg.add_edge(a.name, b.name)
-    groups: list[list[Statement]] = []
+    return sg
+
+
+def group_statements(
+    stmts: list[Statement], sg: nx.DiGraph, outputs, stitched: tuple[tuple[Statement, ...], ...] = ()
+) -> tuple[KernelGroup, ...]:
+    """Kernel groups: the chosen stitched groups, then horizontal fusion of the rest: statements
+    with the same form and extents and no dependence path between them share a kernel (the
+    paper's fusion of independent reductions, §4). Groups are ordered by their dependences."""
+    by_name = {s.name: s for s in stmts}
+    taken = {s.name for grp in stitched for s in grp}
+    groups: list[list[Statement]] = [list(grp) for grp in stitched]
     for name in nx.topological_sort(sg):
+        if name in taken:
+            continue
         s = by_name[name]
-        for grp in groups:
+        for grp in groups[len(stitched) :]:
             h = grp[0]
             same = (h.form, h.M, h.N) == (s.form, s.M, s.N) and (h.kind == s.kind) and s.M * s.N > 0
             if same and not any(nx.has_path(sg, m.name, s.name) or nx.has_path(sg, s.name, m.name) for m in grp):
@@ -115,4 +135,18 @@ def group_statements(stmts: list[Statement], deps: Dependences | None) -> tuple[
     for a, b in sg.edges:
         if where[a] != where[b]:
             cg.add_edge(where[a], where[b])
-    return tuple(KernelGroup(tuple(groups[k])) for k in nx.topological_sort(cg))
+    out = []
+    for k in nx.topological_sort(cg):
+        if k < len(stitched):
+            out.append(KernelGroup(tuple(groups[k]), True, external_results(groups[k], stmts, outputs)))
+        else:
+            out.append(KernelGroup(tuple(groups[k])))
+    return tuple(out)
+
+
+def external_results(grp, stmts, outputs) -> frozenset[int]:
+    """Results of a stitched group that must reach memory: outputs, or read by other kernels."""
+    inside = {s.name for s in grp}
+    out_ids = {t.uid for t in outputs}
+    read_outside = {r.tensor.uid for s in stmts if s.name not in inside for r in s.reads}
+    return frozenset(s.result.uid for s in grp if s.result.uid in out_ids or s.result.uid in read_outside)

@@ -46,6 +46,7 @@ class Statement:
     form: str | None = None  # "ROW", "COLUMN", "ALL" or "MAP" once coalesced
     M: int = 0
     N: int = 0
+    origin: Statement | None = None  # the statement before coalescing
 
     def dim(self, name: str) -> int:
         return self.dims.index(name)

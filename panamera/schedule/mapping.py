@@ -138,6 +138,8 @@ def bytes_per_iteration(group: KernelGroup) -> int:
 
 def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group."""
+    if group.stitched:
+        return _map_stitched(group, gpu)
     form, M, N = group.form, group.M, group.N
     elem_bytes = max(1, bytes_per_iteration(group))
     total_bytes = M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
@@ -191,3 +193,41 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         if best is None or key < best[0] * 0.97:  # prefer fewer blocks unless clearly faster
             best = (key, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (par_tiles, s_eff), cost))
     return best[1]
+
+
+def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
+    """A stitched group: blocks own whole rows (no split); one pass per level. Passes after the
+    first re-read the inputs, from L2 when the rows in flight fit in half of it."""
+    from ..poly.stitch import is_epilogue, levels
+
+    M, N = group.M, group.N
+    members = {s.result.uid for s in group.statements}
+    reads = {r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.tensor.uid not in members}
+    in_bytes = sum(t.size * t.dtype.itemsize for t in reads.values())
+    out_bytes = sum(
+        s.result.size * s.result.dtype.itemsize
+        for s in group.statements
+        if s.kind == "map" or s.result.uid in group.external
+    )
+    lv = levels(group.statements)
+    passes = max(lv[s.name] for s in group.statements if not is_epilogue(s)) + 1
+    vec = choose_vec(group, "j", N)
+    G = N // vec
+    tx = min(512 if G >= 4096 else 256, pow2ceil(G))
+    ty = max(1, min(256 // tx, pow2ceil(M)))
+    gx = math.ceil(M / ty)
+    row_bytes = in_bytes / max(M, 1)
+    resident = min(gx, gpu.sms * max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // (tx * ty)))) * ty
+    reread = (passes - 1) * in_bytes
+    in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    cost = kernel_time(
+        gpu,
+        dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
+        l2_bytes=reread if in_l2 else 0,
+        blocks=gx,
+        threads=tx * ty,
+        bytes_in_flight_per_thread=max(1, bytes_per_iteration(group)) * vec,
+        epilogue_cycles=400 * passes,
+    )
+    chunk = math.ceil(G / tx) * tx
+    return Mapping(group.form, M, N, vec, tx, ty, 1, chunk, (gx, 1), cost)

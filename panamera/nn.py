@@ -1,0 +1,207 @@
+"""Normalization and softmax-family ops, built only from the primitives users have.
+
+Nothing here is a hand-written kernel: each function composes reductions and element-wise ops,
+and the compiler decides how to fuse them (poly/stitch.py, schedule/planner.py). 16-bit float
+inputs are computed in float32 and the result is cast back, as frameworks do.
+
+>>> import panamera as pn
+>>> x = pn.placeholder((8, 16), "float32", name="x")
+>>> len(pn.compile(pn.nn.softmax(x), target="emulator").plan.kernels)
+1
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import dtypes
+from .errors import DTypeError, EmptyReductionError, ShapeError
+from .frontend import ops
+from .frontend.ops import normalize_axes
+from .frontend.tensor import Tensor, where
+
+__all__ = [
+    "batch_norm", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
+    "rms_norm", "softmax", "std", "var",
+]  # fmt: skip
+
+
+def _float_input(x: Tensor, op: str) -> tuple[Tensor, dtypes.DType]:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
+    if not x.dtype.is_float:
+        raise DTypeError(f"{op} of tensor {x.label!r}: needs a floating-point input, got {x.dtype}")
+    compute = dtypes.float32 if x.dtype.is_16bit_float else x.dtype
+    return x.astype(compute), x.dtype
+
+
+def _nonempty(x: Tensor, axes: tuple[int, ...], op: str) -> int:
+    n = math.prod(x.shape[a] for a in axes)
+    if n == 0:
+        raise EmptyReductionError(f"{op} of tensor {x.label!r}: normalizing over a zero-size extent (axes {axes})")
+    return n
+
+
+def _param(p, shape: tuple[int, ...], name: str, op: str, compute: dtypes.DType) -> Tensor | None:
+    if p is None:
+        return None
+    if not isinstance(p, Tensor):
+        raise DTypeError(f"{op}: {name} must be a Tensor")
+    if p.shape != shape:
+        raise ShapeError(f"{op}: {name} {p.label!r} has shape {p.shape}, expected {shape}")
+    return p.astype(compute)
+
+
+def var(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+    """numpy.var: two passes (the mean, then the mean of squared deviations), numerically stable.
+
+    >>> import panamera as pn
+    >>> pn.var(pn.placeholder((4, 5), "float32"), axis=1, ddof=1).shape
+    (4,)
+    """
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"var: expected a Tensor, got {type(x).__name__}")
+    axes = normalize_axes(axis, x.ndim, x.label)
+    n = math.prod(x.shape[a] for a in axes)
+    # numpy: integers give float64; 16-bit floats are computed in float32 and rounded at the end.
+    src = (
+        x.astype(dtypes.float64) if not x.dtype.is_float else x.astype(dtypes.float32) if x.dtype.is_16bit_float else x
+    )
+    d = src - ops.mean(src, axis=axes, keepdims=True)
+    v = ops.mean(d * d, axis=axes, keepdims=keepdims)
+    v = v if ddof == 0 else v * (n / (n - ddof) if n > ddof else math.inf)
+    return v.astype(x.dtype) if x.dtype.is_16bit_float else v
+
+
+def std(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+    """numpy.std."""
+    return ops.sqrt(var(x, axis=axis, ddof=ddof, keepdims=keepdims))
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along `axis`."""
+    xc, dt = _float_input(x, "softmax")
+    _nonempty(x, normalize_axes(axis, x.ndim, x.label), "softmax")
+    e = ops.exp(xc - ops.max(xc, axis=axis, keepdims=True))
+    return (e / ops.sum(e, axis=axis, keepdims=True)).astype(dt)
+
+
+def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
+    """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m = max (0 where it is infinite)."""
+    xc, dt = _float_input(x, "logsumexp")
+    _nonempty(x, normalize_axes(axis, x.ndim, x.label), "logsumexp")
+    m = ops.max(xc, axis=axis, keepdims=True)
+    m = where(ops.abs(m) == math.inf, 0.0, m)
+    out = ops.log(ops.sum(ops.exp(xc - m), axis=axis, keepdims=True)) + m
+    if not keepdims:
+        axes = normalize_axes(axis, x.ndim, x.label)
+        out = out.reshape(tuple(s for k, s in enumerate(x.shape) if k not in axes))
+    return out.astype(dt)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    """x - logsumexp(x) along `axis`."""
+    xc, dt = _float_input(x, "log_softmax")
+    _nonempty(x, normalize_axes(axis, x.ndim, x.label), "log_softmax")
+    m = ops.max(xc, axis=axis, keepdims=True)
+    s = xc - m
+    return (s - ops.log(ops.sum(ops.exp(s), axis=axis, keepdims=True))).astype(dt)
+
+
+def _normalize(xc: Tensor, axes, eps: float) -> Tensor:
+    mean = ops.mean(xc, axis=axes, keepdims=True)
+    d = xc - mean
+    return d * ops.rsqrt(ops.mean(d * d, axis=axes, keepdims=True) + eps)
+
+
+def layer_norm(x: Tensor, gamma=None, beta=None, axis=-1, eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the trailing `axis` dims."""
+    xc, dt = _float_input(x, "layer_norm")
+    axes = normalize_axes(axis, x.ndim, x.label)
+    _nonempty(x, axes, "layer_norm")
+    shape = tuple(x.shape[a] for a in axes)
+    y = _normalize(xc, axes, eps)
+    g, b = _param(gamma, shape, "gamma", "layer_norm", xc.dtype), _param(beta, shape, "beta", "layer_norm", xc.dtype)
+    y = y * g if g is not None else y
+    y = y + b if b is not None else y
+    return y.astype(dt)
+
+
+def rms_norm(x: Tensor, gamma=None, axis=-1, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * gamma."""
+    xc, dt = _float_input(x, "rms_norm")
+    axes = normalize_axes(axis, x.ndim, x.label)
+    _nonempty(x, axes, "rms_norm")
+    y = xc * ops.rsqrt(ops.mean(xc * xc, axis=axes, keepdims=True) + eps)
+    g = _param(gamma, tuple(x.shape[a] for a in axes), "gamma", "rms_norm", xc.dtype)
+    return (y * g if g is not None else y).astype(dt)
+
+
+def l2_normalize(x: Tensor, axis=-1, eps: float = 1e-12) -> Tensor:
+    """x / sqrt(max(sum(x^2), eps)), as TensorFlow's l2_normalize."""
+    xc, dt = _float_input(x, "l2_normalize")
+    _nonempty(x, normalize_axes(axis, x.ndim, x.label), "l2_normalize")
+    return (xc * ops.rsqrt(ops.maximum(ops.sum(xc * xc, axis=axis, keepdims=True), eps))).astype(dt)
+
+
+def _channel(p, c: int, ndim: int, name: str, op: str, compute) -> Tensor | None:
+    p = _param(p, (c,), name, op, compute)
+    return None if p is None else p.reshape((c,) + (1,) * (ndim - 2))
+
+
+def batch_norm(
+    x: Tensor, gamma=None, beta=None, running_mean=None, running_var=None, training: bool = True, eps: float = 1e-5
+):
+    """NCHW batch norm over N, H, W. Training returns (y, batch mean, biased batch variance);
+    inference (training=False) normalizes with running_mean and running_var."""
+    xc, dt = _float_input(x, "batch_norm")
+    if x.ndim < 2:
+        raise ShapeError(f"batch_norm of {x.label!r}: needs a channel axis (rank >= 2), got shape {x.shape}")
+    c = x.shape[1]
+    axes = tuple(a for a in range(x.ndim) if a != 1)
+    g = _channel(gamma, c, x.ndim, "gamma", "batch_norm", xc.dtype)
+    b = _channel(beta, c, x.ndim, "beta", "batch_norm", xc.dtype)
+    if training:
+        _nonempty(x, axes, "batch_norm")
+        mean = ops.mean(xc, axis=axes, keepdims=True)
+        d = xc - mean
+        v = ops.mean(d * d, axis=axes, keepdims=True)
+    else:
+        mean = _channel(running_mean, c, x.ndim, "running_mean", "batch_norm", xc.dtype)
+        v = _channel(running_var, c, x.ndim, "running_var", "batch_norm", xc.dtype)
+        if mean is None or v is None:
+            raise ShapeError("batch_norm(training=False) needs running_mean and running_var")
+        d = xc - mean
+    y = d * ops.rsqrt(v + eps)
+    y = y * g if g is not None else y
+    y = (y + b if b is not None else y).astype(dt)
+    if not training:
+        return y
+    return y, mean.reshape((c,)).astype(dt), v.reshape((c,)).astype(dt)
+
+
+def instance_norm(x: Tensor, gamma=None, beta=None, eps: float = 1e-5) -> Tensor:
+    """NCHW: normalize over H, W for each (n, c)."""
+    xc, dt = _float_input(x, "instance_norm")
+    axes = tuple(range(2, x.ndim))
+    _nonempty(x, axes, "instance_norm")
+    y = _normalize(xc, axes, eps)
+    g = _channel(gamma, x.shape[1], x.ndim, "gamma", "instance_norm", xc.dtype)
+    b = _channel(beta, x.shape[1], x.ndim, "beta", "instance_norm", xc.dtype)
+    y = y * g if g is not None else y
+    return (y + b if b is not None else y).astype(dt)
+
+
+def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5) -> Tensor:
+    """NCHW: normalize over (C / groups, H, W) for each (n, group)."""
+    xc, dt = _float_input(x, "group_norm")
+    n, c = x.shape[0], x.shape[1]
+    if groups <= 0 or c % groups:
+        raise ShapeError(f"group_norm of {x.label!r}: {c} channels do not split into {groups} groups")
+    grouped = xc.reshape((n, groups, -1))
+    _nonempty(grouped, (2,), "group_norm")
+    y = _normalize(grouped, (2,), eps).reshape(x.shape)
+    g = _channel(gamma, c, x.ndim, "gamma", "group_norm", xc.dtype)
+    b = _channel(beta, c, x.ndim, "beta", "group_norm", xc.dtype)
+    y = y * g if g is not None else y
+    return (y + b if b is not None else y).astype(dt)

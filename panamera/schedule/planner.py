@@ -1,0 +1,54 @@
+"""The fusion planner: among legal plans, the one the performance model prefers.
+
+For every legal stitched group (poly/stitch.py) it compares, with model/gpu.py, the stitched
+kernel against the unfused kernels of the same statements (each mapped freely, multi-block where
+that pays, plus its init launch). It keeps the stitched group when it is cheaper, as
+FusionStitching does, and records what it considered for `explain()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.gpu import GPUSpec
+from ..poly.program import KernelGroup, Program, external_results, group_statements
+from .mapping import map_group
+
+
+@dataclass(frozen=True)
+class Considered:
+    statements: tuple[str, ...]
+    stitched_us: float
+    unfused_us: float
+    unfused_kernels: int
+    chosen: bool
+
+    def describe(self) -> str:
+        verdict = "stitched" if self.chosen else "left unfused"
+        return (
+            f"{'+'.join(self.statements)}: 1 stitched kernel {self.stitched_us:.1f} us vs "
+            f"{self.unfused_kernels} kernels {self.unfused_us:.1f} us (modeled) -> {verdict}"
+        )
+
+
+def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True):
+    """Kernel groups for the program and the stitching decisions the model made."""
+    considered, chosen = [], []
+    by_name = {s.name: s for s in prog.statements}
+    for cand in prog.stitch_candidates if allow_stitch else ():
+        names = tuple(s.name for s in cand)
+        stitched = KernelGroup(tuple(cand), True, external_results(cand, prog.statements, prog.outputs))
+        fused = map_group(stitched, gpu).cost.total_s
+        unfused, kernels = 0.0, 0
+        for name in names:
+            m = map_group(KernelGroup((by_name[name],)), gpu)
+            unfused += m.cost.total_s + (gpu.launch_s if m.split > 1 else 0.0)  # + its init launch
+            kernels += 1
+        take = fused < unfused
+        considered.append(Considered(names, fused * 1e6, unfused * 1e6, kernels, take))
+        if take:
+            chosen.append(tuple(cand))
+    if not chosen:
+        return prog.groups, tuple(considered)
+    groups = group_statements(list(prog.statements), prog.statement_graph, prog.outputs, tuple(chosen))
+    return groups, tuple(considered)
