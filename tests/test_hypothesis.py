@@ -76,3 +76,43 @@ def test_reduction_feeding_a_reduction(case):
     r = a.astype(np.float64)
     ref = getattr(np, op)(r - r.max(axis=axes, keepdims=True), axis=axes)
     np.testing.assert_allclose(k(a, order="reverse"), ref, rtol=2e-5, atol=2e-5)
+
+
+@st.composite
+def chains(draw):
+    shape = (draw(st.sampled_from([1, 3, 7, 33])), draw(st.sampled_from([1, 5, 64, 130])))
+    steps = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["exp", "scale", "center", "normalize", "square"]), st.sampled_from([0, 1])),
+            min_size=1,
+            max_size=5,
+        )
+    )
+    final = draw(st.tuples(st.sampled_from(["sum", "max", "mean"]), st.sampled_from([0, 1, None])))
+    return shape, steps, final
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_chains_of_reductions_and_broadcast_consumers(case):
+    """Depth-5 chains: element-wise ops, reductions whose results are broadcast back to the rows
+    (centering, normalizing), and a final reduction, against numpy float64."""
+    shape, steps, (op, axis) = case
+    a = np.random.default_rng(5).random(shape).astype(np.float32)
+    x = pn.placeholder(shape, "float32", name="x")
+    e, r = x, a.astype(np.float64)
+    for kind, ax in steps:
+        if kind == "exp":
+            e, r = pn.exp(e * 0.5), np.exp(r * 0.5)
+        elif kind == "scale":
+            e, r = e * 1.5 + 0.25, r * 1.5 + 0.25
+        elif kind == "square":
+            e, r = e * e, r * r
+        elif kind == "center":
+            e, r = e - pn.max(e, axis=ax, keepdims=True), r - r.max(axis=ax, keepdims=True)
+        else:
+            e = e / (pn.sum(abs(e), axis=ax, keepdims=True) + 1.0)
+            r = r / (np.abs(r).sum(axis=ax, keepdims=True) + 1.0)
+    k = pn.compile(getattr(pn, op)(e, axis=axis), target="emulator")
+    ref = getattr(np, op)(r, axis=axis)
+    np.testing.assert_allclose(k(a, order="shuffled", seed=1), ref, rtol=5e-5, atol=5e-6)

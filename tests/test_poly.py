@@ -130,3 +130,50 @@ def test_single_iteration_needs_no_band():
     # Found by hypothesis: isl schedules a one-point domain without any band.
     k = pn.compile(pn.sum(pn.exp(pn.placeholder((1,), name="x"))), target="emulator")
     assert k.program.fusions[0].producers == 1
+
+
+# --- stitching (poly/stitch.py): a legal case, one negative test per precondition, the planner ---
+def _candidates(*outputs):
+    return [[s.name for s in c] for c in build_program(outputs).stitch_candidates]
+
+
+def test_stitch_softmax_is_one_group():
+    x = pn.placeholder((8, 32), name="x")
+    e = pn.exp(x - pn.max(x, axis=1, keepdims=True))
+    assert _candidates(e / pn.sum(e, axis=1, keepdims=True)) == [["S0", "S1", "S2"]]
+
+
+def test_stitch_precondition_1_one_row_space():
+    x = pn.placeholder((8, 32), name="x")
+    m = pn.max(x, axis=1, keepdims=True)  # rows of length 32
+    s = pn.sum((x - m).reshape(16, 16), axis=1)  # rows of length 16: another row space
+    assert _candidates(s) == []
+
+
+def test_stitch_precondition_2_consumer_over_the_row_space():
+    x = pn.placeholder((8, 32), name="x")
+    y = (x - pn.max(x, axis=1, keepdims=True)).reshape(16, 16)  # iterates a reshaped domain
+    assert _candidates(y) == []
+
+
+def test_stitch_precondition_3_reads_are_row_local():
+    x = pn.placeholder((8, 8), name="x")
+    m = pn.max(x, axis=1)  # m[i], one per row
+    y = x - m  # broadcasting along rows: element (i, j) reads m[j], another block's row
+    assert _candidates(y) == []
+
+
+def test_stitch_precondition_4_no_cycle_through_another_kernel():
+    x = pn.placeholder((8, 32), name="x")
+    m = pn.max(x, axis=1, keepdims=True)
+    t = pn.sum(m)  # another kernel reads m ...
+    y = x - m + t  # ... and y needs t: stitching y with m would need t inside the group
+    assert _candidates(y) == []
+
+
+def test_planner_keeps_unfused_kernels_when_the_model_says_so():
+    x = pn.placeholder((2, 4_000_000), name="x")  # two rows: a stitched kernel has only 2 blocks
+    e = pn.exp(x - pn.max(x, axis=1, keepdims=True))
+    k = pn.compile(e / pn.sum(e, axis=1, keepdims=True), target="emulator")
+    assert [c.chosen for c in k.considered] == [False]
+    assert len(k.plan.kernels) == 3 and "left unfused" in k.explain()

@@ -1,0 +1,150 @@
+"""pn.nn and pn.var/std against numpy (float64 references), with the kernel count of each plan."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import panamera as pn
+from panamera import errors
+
+DT = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+TOL = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def softmax(a, axis=-1):
+    e = np.exp(a - a.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def normalize(a, axes, eps):
+    return (a - a.mean(axes, keepdims=True)) / np.sqrt(a.var(axes, keepdims=True) + eps)
+
+
+def run(y, *arrays, **kw):
+    k = pn.compile(y, target="emulator", **kw)
+    return k, k(*arrays, order="reverse")
+
+
+def check(out, ref, dtype, scale=1.0):
+    err = np.abs(np.asarray(out, np.float64) - ref).max() / max(1.0, np.abs(ref).max())
+    assert err < TOL[dtype] * scale * 10, err
+
+
+ROWS = (48, 200)
+
+
+@pytest.mark.parametrize("dtype", list(DT))
+@pytest.mark.parametrize(
+    "name", ["softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "l2_normalize", "var", "std"]
+)
+def test_row_ops_match_numpy_in_one_kernel(name, dtype):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(ROWS).astype(DT[dtype])
+    g, b = rng.standard_normal(ROWS[1]).astype(DT[dtype]), rng.standard_normal(ROWS[1]).astype(DT[dtype])
+    a64, g64, b64 = (v.astype(np.float64) for v in (a, g, b))
+    x = pn.placeholder(ROWS, dtype, name="x")
+    G, B = pn.placeholder(g.shape, dtype, name="gamma"), pn.placeholder(b.shape, dtype, name="beta")
+    y, ins, ref = {
+        "softmax": (pn.nn.softmax(x), [a], softmax(a64)),
+        "log_softmax": (pn.nn.log_softmax(x), [a], np.log(softmax(a64))),
+        "logsumexp": (pn.nn.logsumexp(x), [a], np.log(np.exp(a64).sum(-1))),
+        "layer_norm": (pn.nn.layer_norm(x, G, B), [a, g, b], normalize(a64, -1, 1e-5) * g64 + b64),
+        "rms_norm": (pn.nn.rms_norm(x, G), [a, g], a64 / np.sqrt((a64**2).mean(-1, keepdims=True) + 1e-6) * g64),
+        "l2_normalize": (pn.nn.l2_normalize(x), [a], a64 / np.sqrt((a64**2).sum(-1, keepdims=True))),
+        "var": (pn.var(x, axis=1, ddof=1), [a], a64.var(1, ddof=1)),
+        "std": (pn.std(x, axis=-1), [a], a64.std(-1)),
+    }[name]
+    k, out = run(y, *ins)
+    assert out.dtype == np.dtype(DT[dtype])
+    check(out, ref, dtype, scale=4 if name in ("log_softmax", "logsumexp") else 1)
+    assert len(k.plan.kernels) == 1, k.explain()
+    assert any(c.chosen for c in k.considered)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_batch_norm_training_and_inference(dtype):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 16, 7, 7)).astype(DT[dtype])
+    g, b = rng.random(16).astype(DT[dtype]), rng.random(16).astype(DT[dtype])
+    x = pn.placeholder(a.shape, dtype, name="x")
+    G, B = pn.placeholder((16,), dtype, name="g"), pn.placeholder((16,), dtype, name="b")
+    y, mean, v = run(list(pn.nn.batch_norm(x, G, B, eps=1e-5)), a, g, b)[1]
+    a64 = a.astype(np.float64)
+    gb = g.astype(np.float64)[:, None, None], b.astype(np.float64)[:, None, None]
+    check(y, normalize(a64, (0, 2, 3), 1e-5) * gb[0] + gb[1], dtype)
+    check(mean, a64.mean((0, 2, 3)), dtype)
+    check(v, a64.var((0, 2, 3)), dtype)
+    rm, rv = pn.placeholder((16,), dtype, name="rm"), pn.placeholder((16,), dtype, name="rv")
+    inf = pn.nn.batch_norm(x, G, B, rm, rv, training=False)
+    out = run(inf, a, g, b, np.asarray(mean), np.asarray(v))[1]
+    check(out, normalize(a64, (0, 2, 3), 1e-5) * gb[0] + gb[1], dtype, scale=4)
+
+
+def test_group_and_instance_norm():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((4, 64, 8, 8)).astype(np.float32)
+    g, b = rng.random(64).astype(np.float32), rng.random(64).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    G, B = pn.placeholder((64,), "float32", name="g"), pn.placeholder((64,), "float32", name="b")
+    a64 = a.astype(np.float64)
+    ref = normalize(a64.reshape(4, 8, -1), -1, 1e-5).reshape(a.shape) * g[:, None, None] + b[:, None, None]
+    check(run(pn.nn.group_norm(x, 8, G, B), a, g, b)[1], ref, "float32")
+    ref = normalize(a64, (2, 3), 1e-5) * g[:, None, None] + b[:, None, None]
+    k, out = run(pn.nn.instance_norm(x, G, B), a, g, b)
+    check(out, ref, "float32")
+    assert len(k.plan.kernels) == 1
+
+
+# WORKLOADS.md B at emulator sizes (the row counts scaled down, row lengths kept where cheap).
+@pytest.mark.parametrize(
+    "name,shape",
+    [("softmax", (96, 128)), ("softmax", (4, 30522)), ("layer_norm", (64, 768)), ("rms_norm", (16, 512)),
+     ("l2_normalize", (256, 1000)), ("log_softmax", (4, 30522))],
+)  # fmt: skip
+def test_workloads_b_reduced(name, shape):
+    rng = np.random.default_rng(3)
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x = pn.placeholder(shape, "float32", name="x")
+    y = getattr(pn.nn, name)(x)
+    k, out = run(y, a)
+    a64 = a.astype(np.float64)
+    ref = {
+        "softmax": lambda: softmax(a64),
+        "log_softmax": lambda: np.log(softmax(a64)),
+        "layer_norm": lambda: normalize(a64, -1, 1e-5),
+        "rms_norm": lambda: a64 / np.sqrt((a64**2).mean(-1, keepdims=True) + 1e-6),
+        "l2_normalize": lambda: a64 / np.sqrt((a64**2).sum(-1, keepdims=True)),
+    }[name]()
+    check(out, ref, "float32", scale=8)
+
+
+def test_softmax_with_minus_inf_and_huge_inputs():
+    a = np.array([[0.0, -np.inf, 1.0, 2.0], [1e4, 1e4 + 1, -1e4, 3e38], [-np.inf] * 4], np.float32)
+    out = run(pn.nn.softmax(pn.placeholder(a.shape, "float32", name="x")), a)[1]
+    with np.errstate(invalid="ignore"):
+        ref = softmax(a.astype(np.float64))
+    np.testing.assert_allclose(out[:2], ref[:2], rtol=1e-6, atol=1e-30)
+    assert np.isnan(out[2]).all() and np.isnan(ref[2]).all()
+    lse = run(pn.nn.logsumexp(pn.placeholder(a.shape, "float32", name="x")), a)[1]
+    assert lse[2] == -np.inf and np.isfinite(lse[:2]).all()
+
+
+def test_variance_of_large_mean_data_is_stable():
+    """1e7 values of mean 1e4, std 1: the two-pass variance keeps float32 precision."""
+    rng = np.random.default_rng(4)
+    a = (1e4 + rng.standard_normal(10_000_000)).astype(np.float32)
+    k, (m, v) = run([pn.mean(pn.placeholder(a.shape, "float32", name="x")), pn.var(pn.placeholder(a.shape))], a, a)
+    a64 = a.astype(np.float64)
+    assert abs(m - a64.mean()) / a64.mean() < 1e-6
+    assert abs(v - a64.var()) / a64.var() < 1e-4
+
+
+def test_bad_inputs():
+    with pytest.raises(errors.EmptyReductionError, match="'x'.*zero-size"):
+        pn.nn.layer_norm(pn.placeholder((4, 0), "float32", name="x"))
+    with pytest.raises(errors.ShapeError, match="gamma 'g' has shape \\(5,\\), expected \\(8,\\)"):
+        pn.nn.layer_norm(pn.placeholder((4, 8), name="x"), pn.placeholder((5,), name="g"))
+    with pytest.raises(errors.DTypeError, match="softmax of tensor 'x': needs a floating-point"):
+        pn.nn.softmax(pn.placeholder((4, 8), "int32", name="x"))
+    with pytest.raises(errors.ShapeError, match="do not split into 5 groups"):
+        pn.nn.group_norm(pn.placeholder((2, 8, 4, 4), name="x"), 5)
