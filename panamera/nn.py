@@ -18,10 +18,10 @@ from . import dtypes
 from .errors import DTypeError, EmptyReductionError, ShapeError
 from .frontend import ops
 from .frontend.ops import normalize_axes
-from .frontend.tensor import Tensor, where
+from .frontend.tensor import Tensor, iota, where
 
 __all__ = [
-    "batch_norm", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
+    "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
     "rms_norm", "softmax", "std", "var",
 ]  # fmt: skip
 
@@ -205,3 +205,29 @@ def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5)
     b = _channel(beta, c, x.ndim, "beta", "group_norm", xc.dtype)
     y = y * g if g is not None else y
     return (y + b if b is not None else y).astype(dt)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+    """Softmax cross-entropy of (N, C) logits with integer class targets of shape (N,):
+    logsumexp(logits[n]) - logits[n, targets[n]]; reduction "mean", "sum" or "none".
+    A target outside [0, C) selects no logit (its loss is the logsumexp)."""
+    xc, dt = _float_input(logits, "cross_entropy")
+    if logits.ndim != 2:
+        raise ShapeError(f"cross_entropy: logits {logits.label!r} must be (N, C), got shape {logits.shape}")
+    if not isinstance(targets, Tensor) or targets.dtype.name not in ("int32", "int64"):
+        raise DTypeError("cross_entropy: targets must be an int32 or int64 Tensor of class indices")
+    n, c = logits.shape
+    if targets.shape != (n,):
+        raise ShapeError(f"cross_entropy: targets {targets.label!r} have shape {targets.shape}, expected ({n},)")
+    if reduction not in ("mean", "sum", "none"):
+        raise ShapeError(f"cross_entropy: unknown reduction {reduction!r} (mean, sum or none)")
+    _nonempty(logits, (1,), "cross_entropy")
+    m = ops.max(xc, axis=1, keepdims=True)
+    lse = ops.log(ops.sum(ops.exp(xc - m), axis=1)) + m.reshape((n,))
+    picked = ops.sum(where(iota((n, c), 1) == targets.reshape((n, 1)), xc, 0.0), axis=1)
+    loss = lse - picked
+    if reduction == "mean":
+        loss = ops.mean(loss)
+    elif reduction == "sum":
+        loss = ops.sum(loss)
+    return loss.astype(dt)

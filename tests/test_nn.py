@@ -148,3 +148,60 @@ def test_bad_inputs():
         pn.nn.softmax(pn.placeholder((4, 8), "int32", name="x"))
     with pytest.raises(errors.ShapeError, match="do not split into 5 groups"):
         pn.nn.group_norm(pn.placeholder((2, 8, 4, 4), name="x"), 5)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int32", "bool"])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_argmax_argmin_first_occurrence_across_blocks(op, dtype, deterministic):
+    rng = np.random.default_rng(6)
+    for shape, axis, keepdims in [((5, 3000), 1, False), ((3000, 6), 0, True), ((7, 9, 11), None, False)]:
+        a = rng.integers(-4, 4, shape)  # many ties: the first index must win
+        a = (a > 0) if dtype == "bool" else a.astype(DT.get(dtype, dtype))
+        y = getattr(pn, op)(pn.placeholder(shape, dtype, name="x"), axis=axis, keepdims=keepdims)
+        for split in (None, 4):
+            k = pn.compile(y, target="emulator", deterministic=deterministic, split=split)
+            out = k(a, order="shuffled", seed=2)
+            np.testing.assert_array_equal(out, getattr(np, op)(a, axis=axis, keepdims=keepdims))
+            assert out.dtype == np.int64
+
+
+def test_argmax_nan_wins_and_negative_zero_ties_with_zero():
+    a = np.array([[1.0, np.nan, 5.0, np.nan], [-0.0, 0.0, -1.0, -0.0], [-np.inf, -np.inf, -5.0, 2.0]], np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    for op in ("argmax", "argmin"):
+        out = pn.compile(getattr(pn, op)(x, axis=1), target="emulator")(a)
+        np.testing.assert_array_equal(out, getattr(np, op)(a, axis=1))
+
+
+def test_argmax_bad_inputs():
+    with pytest.raises(errors.EmptyReductionError, match="empty sequence"):
+        pn.argmax(pn.placeholder((3, 0), name="x"), axis=1)
+    with pytest.raises(errors.DTypeError, match="float64 values are not supported"):
+        pn.argmax(pn.placeholder((3, 4), "float64", name="x"))
+    with pytest.raises(errors.AxisError, match="axis must be None or an int"):
+        pn.argmin(pn.placeholder((3, 4), name="x"), axis=(0, 1))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cross_entropy(reduction):
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal((16, 3001)) * 4).astype(np.float32)
+    t = rng.integers(0, 3001, 16).astype(np.int32)
+    x, T = pn.placeholder(a.shape, "float32", name="logits"), pn.placeholder((16,), "int32", name="targets")
+    k, out = run(pn.nn.cross_entropy(x, T, reduction=reduction), a, t)
+    a64 = a.astype(np.float64)
+    m = a64.max(1)
+    loss = np.log(np.exp(a64 - m[:, None]).sum(1)) + m - a64[np.arange(16), t]
+    ref = {"none": loss, "mean": loss.mean(), "sum": loss.sum()}[reduction]
+    check(out, ref, "float32", scale=4)
+    assert len(k.plan.kernels) == (1 if reduction == "none" else 2)
+    with pytest.raises(errors.DTypeError, match="targets must be an int32 or int64"):
+        pn.nn.cross_entropy(x, pn.placeholder((16,), "float32"))
+
+
+def test_arange_broadcasts_like_numpy():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    out = pn.compile(pn.sum(x * pn.arange(4), axis=1), target="emulator")(a)
+    np.testing.assert_allclose(out, (a * np.arange(4)).sum(1))

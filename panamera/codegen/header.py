@@ -68,6 +68,28 @@ __device__ __forceinline__ double pn_abs(double a) { return fabs(a); }
 __device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
 __device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
+// argmax/argmin: a (value, index) pair as one int64 key whose signed order is the order of
+// (value, then first index): max of keys = argmax, min of keys = argmin. Values are mapped to
+// order-preserving 32-bit patterns (-0.0 as +0.0; NaN above everything for argmax and below
+// everything for argmin, so that the first NaN wins, as in numpy).
+__device__ __forceinline__ unsigned pn_order_bits(float v) {
+  unsigned u = __float_as_uint(v == 0.0f ? 0.0f : v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ unsigned pn_order_bits(int v) { return (unsigned)v ^ 0x80000000u; }
+template <class T> __device__ __forceinline__ long long pn_argkey_max(T v, long long index) {
+  unsigned o = (v != v) ? 0xffffffffu : pn_order_bits(v);
+  unsigned long long k = ((unsigned long long)o << 32) | (0xffffffffull - (unsigned long long)index);
+  return (long long)(k ^ 0x8000000000000000ull);
+}
+template <class T> __device__ __forceinline__ long long pn_argkey_min(T v, long long index) {
+  unsigned o = (v != v) ? 0u : pn_order_bits(v);
+  unsigned long long k = ((unsigned long long)o << 32) | (unsigned long long)index;
+  return (long long)(k ^ 0x8000000000000000ull);
+}
+__device__ __forceinline__ long long pn_argindex_max(long long k) { return 0xffffffffll - (k & 0xffffffffll); }
+__device__ __forceinline__ long long pn_argindex_min(long long k) { return k & 0xffffffffll; }
+
 // Loads convert storage types to register types; stores convert back.
 __device__ __forceinline__ float pn_ld(const float* p) { return *p; }
 __device__ __forceinline__ double pn_ld(const double* p) { return *p; }

@@ -62,7 +62,7 @@ def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
 
 
 def index_type(group: KernelGroup) -> str:
-    sizes = [group.M * group.N] + [r.tensor.size for s in group.statements for r in s.reads]
+    sizes = [group.M * group.N] + [r.tensor.size for s in group.statements for r in s.reads if r.memory]
     sizes += [s.result.size for s in group.statements]
     return "int" if max(sizes) < 2**31 - 1 else "long long"
 
@@ -76,7 +76,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     members = {s.result.uid for s in stmts} if group.stitched else set()
     for s in stmts:
         for r in s.reads:
-            if r.tensor.uid in members:  # a stitched result: read from registers, not memory
+            if r.tensor.uid in members or not r.memory:  # registers (stitched) or an index (iota)
                 continue
             if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
                 inputs.append(r.tensor)
@@ -193,6 +193,8 @@ class _Body:
             r = s.reads[read]
             if r.tensor.uid in self.regs:
                 return self.regs[r.tensor.uid]
+            if not r.memory:  # iota: the index itself
+                return f"((long long)({self.address(r.addr)}))"
             if kinds[read] == "contig" and vec_slot is not None:
                 return f"pn_v{stmt_idx}_{read}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"

@@ -1,6 +1,25 @@
 """The numpy-like frontend: tensors and the ops users compose."""
 
-from .ops import abs, all, any, exp, log, max, maximum, mean, min, minimum, negative, prod, rsqrt, sqrt, sum
+from .ops import (
+    abs,
+    all,
+    any,
+    arange,
+    argmax,
+    argmin,
+    exp,
+    log,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    negative,
+    prod,
+    rsqrt,
+    sqrt,
+    sum,
+)
 from .tensor import Tensor, placeholder, reshape, where
 
 __all__ = [
@@ -11,6 +30,9 @@ __all__ = [
     "abs",
     "all",
     "any",
+    "arange",
+    "argmax",
+    "argmin",
     "exp",
     "log",
     "max",

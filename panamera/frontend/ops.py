@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from .. import algebra, dtypes
 from ..errors import AxisError, DTypeError, EmptyReductionError
-from .tensor import Tensor, binary, unary
+from .tensor import Tensor, binary, iota, unary
 
 
 def exp(x: Tensor) -> Tensor:
@@ -119,3 +119,45 @@ def all(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
 
 def any(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:  # noqa: A001
     return _reduce("any", x, axis, keepdims)
+
+
+def arange(n: int) -> Tensor:
+    """numpy.arange(n) as an int64 tensor (computed in the kernel, never read from memory)."""
+    return iota((int(n),), 0)
+
+
+def _arg(kind: str, x: Tensor, axis, keepdims: bool) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"arg{kind}: expected a Tensor, got {type(x).__name__}")
+    if x.dtype.itemsize == 8:
+        raise DTypeError(
+            f"arg{kind} of tensor {x.label!r}: {x.dtype} values are not supported (Panamera packs a 32-bit "
+            "ordered value and a 32-bit index into one 64-bit key)"
+        )
+    if axis is not None and not isinstance(axis, int):
+        raise AxisError(f"arg{kind} of {x.label!r}: axis must be None or an int, as in numpy, got {axis!r}")
+    axes = normalize_axes(axis, x.ndim, x.label)
+    n = math.prod(x.shape[a] for a in axes)
+    if n == 0:
+        raise EmptyReductionError(f"arg{kind} of {x.label!r}: attempt to get arg{kind} of an empty sequence")
+    if n >= 2**32:
+        raise AxisError(f"arg{kind} of {x.label!r}: the reduced extent {n} does not fit a 32-bit index")
+    idx = iota(x.shape, None if axis is None else axes[0])
+    key = Tensor(f"argkey_{kind}", (x, idx), x.shape, dtypes.int64)
+    r = _reduce(kind, key, axis, keepdims)
+    return Tensor(f"argindex_{kind}", (r,), r.shape, dtypes.int64)
+
+
+def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """numpy.argmax: the first index of the maximum; a NaN wins, as in numpy.
+
+    >>> import panamera as pn
+    >>> pn.argmax(pn.placeholder((4, 10), "float32"), axis=1).dtype.name
+    'int64'
+    """
+    return _arg("max", x, axis, keepdims)
+
+
+def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
+    """numpy.argmin: the first index of the minimum; a NaN wins, as in numpy."""
+    return _arg("min", x, axis, keepdims)

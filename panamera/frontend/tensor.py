@@ -25,6 +25,9 @@ UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt")  # results are floating point, as 
 UNARY = ("neg", "abs", "not") + UNARY_FLOAT
 BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum")
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+# Internal element-wise ops of argmax/argmin: a (value, index) pair packed into one int64 key
+# whose integer order is "larger value first, then smaller index" (see codegen/header.py).
+ARG_OPS = ("argkey_max", "argkey_min", "argindex_max", "argindex_min")
 MAX_RANK = 8
 
 
@@ -149,6 +152,12 @@ def placeholder(shape, dtype="float32", name: str = "x") -> Tensor:
     """
     what = f"placeholder {name!r}"
     return Tensor("placeholder", (), _check_shape(shape, what), as_dtype(dtype, what=what), name=str(name))
+
+
+def iota(shape, axis: int | None = None) -> Tensor:
+    """int64 tensor whose value is the index along `axis` (the flat C-order index if None)."""
+    shape = _check_shape(shape, "iota")
+    return Tensor("iota", (), shape, dtypes.int64, attrs=(("axis", axis),))
 
 
 def constant(value, dtype: DType) -> Tensor:

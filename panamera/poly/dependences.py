@@ -53,7 +53,7 @@ def compute_dependences(stmts: list[Statement]) -> Dependences:
     for k, st in enumerate(stmts):
         w = _access(st, st.write, array_name(st.result))
         writes = writes.union(isl.UnionMap.from_map(w))
-        for r in st.reads:
+        for r in (r for r in st.reads if r.memory):
             reads = reads.union(isl.UnionMap.from_map(_access(st, r.addr, array_name(r.tensor))))
         if st.kind == "reduce":  # the update reads what it writes
             reads = reads.union(isl.UnionMap.from_map(w))

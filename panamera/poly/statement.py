@@ -22,8 +22,13 @@ from .expr import Expr
 
 @dataclass(frozen=True)
 class Read:
-    tensor: Tensor  # a placeholder or the result of another statement
+    tensor: Tensor  # a placeholder, the result of another statement, or an iota
     addr: isl.PwAff  # linear element offset as a function of the statement's domain
+
+    @property
+    def memory(self) -> bool:
+        """False for an iota: its "address" is the value itself, nothing is loaded."""
+        return self.tensor.op != "iota"
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,20 @@ class _Builder:
         self.reads.append(Read(t, addr))
         return len(self.reads) - 1
 
+    def read_index(self, t: Tensor, index: isl.PwAff) -> int:
+        self.reads.append(Read(t, index.coalesce()))
+        return len(self.reads) - 1
+
     def expr(self, t: Tensor, idx) -> Expr:
         key = (t.uid, tuple(str(i) for i in idx))
         if key in self.memo:
             return self.memo[key]
         if t.op == "const":
             e = Expr("const", (), t.dtype, value=t.attr("value"))
+        elif t.op == "iota":
+            axis = t.attr("axis")
+            index = linear(idx, t.shape, self.zero) if axis is None else idx[axis]
+            e = Expr("load", (), t.dtype, read=self.read_index(t, index))
         elif t.op == "placeholder" or t in self.materialized:
             e = Expr("load", (), t.dtype, read=self.read(t, idx))
         elif t.op == "reshape":

@@ -86,8 +86,9 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
             key = row_space(st)
             grp = open_groups.get(key)
             members = {m.result.uid: m for m in grp} if grp else {}
-            reads_members = any(r.tensor.uid in members for r in st.reads)
-            if grp and reads_members and row_local(st, members):
+            # A reduction over the same rows joins: after the ones it reads (row-locally), or
+            # beside them when it reads none (horizontal fusion, same pass).
+            if grp and row_local(st, members):
                 grp.append(st)
             else:
                 open_groups[key] = [st]

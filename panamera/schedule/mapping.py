@@ -91,7 +91,7 @@ def pow2ceil(n: int) -> int:
 def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> str:
     """'contig' when groups of `vec` consecutive values of `along` read consecutive, aligned
     elements; 'uniform' when they all read one element; 'gather' otherwise (isl decides)."""
-    if vec == 1:
+    if vec == 1 or not read.memory:
         return "gather"
     ctx = domain.get_ctx()
     v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
@@ -125,7 +125,7 @@ def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
         if extent % vec:
             continue
         kinds = [access_kind(r, along, vec, s.domain) for s in group.statements for r in s.reads]
-        widths = [r.tensor.dtype.itemsize for s in group.statements for r in s.reads]
+        widths = [r.tensor.dtype.itemsize for s in group.statements for r in s.reads if r.memory]
         if "contig" in kinds and all(vec * w <= 16 for w in widths):
             best = vec
             break
@@ -133,7 +133,7 @@ def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
 
 
 def bytes_per_iteration(group: KernelGroup) -> int:
-    return sum(r.tensor.dtype.itemsize for s in group.statements for r in s.reads)
+    return sum(r.tensor.dtype.itemsize for s in group.statements for r in s.reads if r.memory)
 
 
 def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None) -> Mapping:
@@ -202,7 +202,9 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
 
     M, N = group.M, group.N
     members = {s.result.uid for s in group.statements}
-    reads = {r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.tensor.uid not in members}
+    reads = {
+        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
+    }
     in_bytes = sum(t.size * t.dtype.itemsize for t in reads.values())
     out_bytes = sum(
         s.result.size * s.result.dtype.itemsize
