@@ -29,6 +29,7 @@ class Combiner:
     functor: str  # C++ functor in the reduction header (codegen/header.py)
     numpy: str  # numpy reduction used as reference
     has_identity: bool = True
+    struct: bool = False  # a multi-value accumulator: no atomic merges it, partials are combined
 
     def result_dtype(self, d: DType) -> DType:
         """numpy's result dtype: sum/prod of bool and int32 give int64; all/any give bool."""
@@ -49,6 +50,8 @@ class Combiner:
 
     def identity(self, acc: DType):
         """The neutral element in the accumulator dtype (the lowest value for max)."""
+        if self.struct:
+            return (0.0, 0.0, 0.0)
         if self.name == "sum" or self.name == "any":
             return 0 if not acc.is_float else 0.0
         if self.name == "prod" or self.name == "all":
@@ -59,7 +62,10 @@ class Combiner:
         return int(info.min) if self.name == "max" else int(info.max)
 
     def atomic(self, acc: DType) -> str:
-        """How block partials are merged in global memory: a native atomic or a CAS loop."""
+        """How block partials are merged in global memory: a native atomic, a CAS loop, or none
+        (struct accumulators: the last block combines the partials)."""
+        if self.struct:
+            return "none"
         native = {
             "sum": ("float32", "float64", "int32", "int64"),
             "max": ("int32", "int64"),
@@ -79,8 +85,10 @@ PROD = Combiner("prod", "pn_op_prod", "prod")
 MAX = Combiner("max", "pn_op_max", "max", has_identity=False)
 MIN = Combiner("min", "pn_op_min", "min", has_identity=False)
 ALL = Combiner("all", "pn_op_and", "all")
+# Welford / Chan et al.: (mean, M2, count) merged pairwise, one pass and numerically stable.
+WELFORD = Combiner("welford", "pn_op_welford", "var", struct=True)
 ANY = Combiner("any", "pn_op_or", "any")
-COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY)}
+COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD)}
 
 
 def check_input_dtype(c: Combiner, d: DType, tensor: str) -> None:

@@ -137,8 +137,11 @@ class Compiled:
         bufs = {f"in:{t.uid}": a for t, a in zip(self.inputs, inputs)}
         for key, spec in self.plan.buffers.items():
             if key not in bufs:
-                dt = spec.dtype.np if spec.dtype is not None else np.uint32
-                bufs[key] = alloc(max(spec.size, 1), dt)
+                dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
+                if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
+                    bufs[key] = alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
+                else:
+                    bufs[key] = alloc(max(spec.size, 1), dt)
         return bufs
 
     def _results(self, bufs, inputs):
@@ -351,7 +354,8 @@ def compile(  # noqa: A001
 
 def _empty_fill(s) -> Fill:
     res = s.result
-    value = math.nan if res.attr("mean") else s.combiner.identity(s.acc)  # numpy: mean of nothing is NaN
+    # numpy: the mean or variance of nothing is NaN
+    value = math.nan if res.attr("mean") or s.combiner.struct else s.combiner.identity(s.acc)
     arr = np.array(value).astype(res.dtype.np)
     if res.dtype.is_16bit_float:
         return Fill(f"out:{res.uid}", "unsigned short", int(arr.view(np.uint16)))

@@ -27,6 +27,11 @@ class DType:
         return self.name in ("float16", "bfloat16", "float32", "float64")
 
     @property
+    def is_struct(self) -> bool:
+        """An accumulator made of several values (Welford's mean, M2, count)."""
+        return self.np.names is not None
+
+    @property
     def is_16bit_float(self) -> bool:
         return self.name in ("float16", "bfloat16")
 
@@ -46,6 +51,14 @@ _TABLE = {
 SUPPORTED = tuple(_TABLE)
 
 float32, float64, float16, bfloat16 = (_TABLE[n] for n in ("float32", "float64", "float16", "bfloat16"))
+
+# Welford accumulators (mean, M2, count), never tensor dtypes: only reductions hold them.
+welford32 = DType(
+    "welford32", np.dtype([("mean", "f4"), ("m2", "f4"), ("n", "f4")]), "pn_welford<float>", "pn_welford<float>", 12
+)
+welford64 = DType(
+    "welford64", np.dtype([("mean", "f8"), ("m2", "f8"), ("n", "f8")]), "pn_welford<double>", "pn_welford<double>", 24
+)
 int32, int64, bool_ = _TABLE["int32"], _TABLE["int64"], _TABLE["bool"]
 
 

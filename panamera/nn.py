@@ -53,7 +53,8 @@ def _param(p, shape: tuple[int, ...], name: str, op: str, compute: dtypes.DType)
 
 
 def var(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
-    """numpy.var: two passes (the mean, then the mean of squared deviations), numerically stable.
+    """numpy.var in one pass: Welford accumulators merged pairwise (Chan et al.) across threads,
+    warps and blocks; numerically stable for data with a large mean.
 
     >>> import panamera as pn
     >>> pn.var(pn.placeholder((4, 5), "float32"), axis=1, ddof=1).shape
@@ -61,16 +62,7 @@ def var(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
     """
     if not isinstance(x, Tensor):
         raise DTypeError(f"var: expected a Tensor, got {type(x).__name__}")
-    axes = normalize_axes(axis, x.ndim, x.label)
-    n = math.prod(x.shape[a] for a in axes)
-    # numpy: integers give float64; 16-bit floats are computed in float32 and rounded at the end.
-    src = (
-        x.astype(dtypes.float64) if not x.dtype.is_float else x.astype(dtypes.float32) if x.dtype.is_16bit_float else x
-    )
-    d = src - ops.mean(src, axis=axes, keepdims=True)
-    v = ops.mean(d * d, axis=axes, keepdims=keepdims)
-    v = v if ddof == 0 else v * (n / (n - ddof) if n > ddof else math.inf)
-    return v.astype(x.dtype) if x.dtype.is_16bit_float else v
+    return ops.welford(x, axis=axis, keepdims=keepdims, field="var", ddof=ddof)
 
 
 def std(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
@@ -108,10 +100,14 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return (s - ops.log(ops.sum(ops.exp(s), axis=axis, keepdims=True))).astype(dt)
 
 
+def _moments(xc: Tensor, axes, keepdims: bool = True) -> tuple[Tensor, Tensor]:
+    """Mean and biased variance from one pass over xc (two Welford reductions, fused)."""
+    return ops.welford(xc, axes, keepdims, "mean"), ops.welford(xc, axes, keepdims, "var")
+
+
 def _normalize(xc: Tensor, axes, eps: float) -> Tensor:
-    mean = ops.mean(xc, axis=axes, keepdims=True)
-    d = xc - mean
-    return d * ops.rsqrt(ops.mean(d * d, axis=axes, keepdims=True) + eps)
+    mean, v = _moments(xc, axes)
+    return (xc - mean) * ops.rsqrt(v + eps)
 
 
 def layer_norm(x: Tensor, gamma=None, beta=None, axis=-1, eps: float = 1e-5) -> Tensor:
@@ -163,9 +159,8 @@ def batch_norm(
     b = _channel(beta, c, x.ndim, "beta", "batch_norm", xc.dtype)
     if training:
         _nonempty(x, axes, "batch_norm")
-        mean = ops.mean(xc, axis=axes, keepdims=True)
+        mean, v = _moments(xc, axes)
         d = xc - mean
-        v = ops.mean(d * d, axis=axes, keepdims=True)
     else:
         mean = _channel(running_mean, c, x.ndim, "running_mean", "batch_norm", xc.dtype)
         v = _channel(running_var, c, x.ndim, "running_var", "batch_norm", xc.dtype)

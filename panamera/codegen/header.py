@@ -60,6 +60,52 @@ struct pn_op_or {
   template <class T> static __device__ __forceinline__ T identity() { return (T)0; }
 };
 
+// Welford's accumulator and Chan et al.'s pairwise merge: one pass, numerically stable. The
+// conversion from T is the accumulation of one element; the default constructor stays trivial
+// so that the accumulator can live in __shared__ memory.
+template <class T> struct pn_welford {
+  T mean, m2, n;
+  pn_welford() = default;
+  __device__ __forceinline__ pn_welford(T x) : mean(x), m2((T)0), n((T)1) {}
+};
+struct pn_op_welford {
+  template <class W> static __device__ __forceinline__ W apply(W a, W b) {
+    const auto n = a.n + b.n;
+    if (n == 0) return a;
+    const auto d = b.mean - a.mean, f = b.n / n;
+    W r;
+    r.mean = a.mean + d * f;
+    r.m2 = a.m2 + b.m2 + d * d * a.n * f;
+    r.n = n;
+    return r;
+  }
+  template <class W> static __device__ __forceinline__ W identity() {
+    W r;
+    r.mean = 0;
+    r.m2 = 0;
+    r.n = 0;
+    return r;
+  }
+};
+template <class T> __device__ __forceinline__ T pn_welford_var(pn_welford<T> w, int ddof) { return w.m2 / (w.n - (T)ddof); }
+
+// Shuffles and cache-global loads of any accumulator (structs member by member).
+template <class T> __device__ __forceinline__ T pn_shfl_down(T v, int o, int w) { return __shfl_down_sync(0xffffffffu, v, o, w); }
+template <class T> __device__ __forceinline__ pn_welford<T> pn_shfl_down(pn_welford<T> v, int o, int w) {
+  v.mean = __shfl_down_sync(0xffffffffu, v.mean, o, w);
+  v.m2 = __shfl_down_sync(0xffffffffu, v.m2, o, w);
+  v.n = __shfl_down_sync(0xffffffffu, v.n, o, w);
+  return v;
+}
+template <class T> __device__ __forceinline__ T pn_ldcg(const T* p) { return __ldcg(p); }
+template <class T> __device__ __forceinline__ pn_welford<T> pn_ldcg(const pn_welford<T>* p) {
+  pn_welford<T> w;
+  w.mean = __ldcg(&p->mean);
+  w.m2 = __ldcg(&p->m2);
+  w.n = __ldcg(&p->n);
+  return w;
+}
+
 template <class T> __device__ __forceinline__ T pn_maximum(T a, T b) { return pn_op_max::apply(a, b); }
 template <class T> __device__ __forceinline__ T pn_minimum(T a, T b) { return pn_op_min::apply(a, b); }
 template <class T> __device__ __forceinline__ T pn_abs(T a) { return a < (T)0 ? -a : a; }
@@ -126,7 +172,7 @@ template <class OP, int TX, int TY, class T>
 __device__ __forceinline__ T pn_reduce_x(T v, T* smem) {
   if (TX == 1) return v;
   constexpr int W = TX < 32 ? TX : 32;
-  for (int o = W / 2; o > 0; o >>= 1) v = OP::apply(v, __shfl_down_sync(0xffffffffu, v, o, W));
+  for (int o = W / 2; o > 0; o >>= 1) v = OP::apply(v, pn_shfl_down(v, o, W));
   if (TX <= 32) return v;
   constexpr int NW = TX / 32;
   const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
@@ -135,7 +181,7 @@ __device__ __forceinline__ T pn_reduce_x(T v, T* smem) {
   __syncthreads();
   if (threadIdx.x < 32) {
     v = threadIdx.x < NW ? smem[threadIdx.y * NW + threadIdx.x] : OP::template identity<T>();
-    for (int o = 16; o > 0; o >>= 1) v = OP::apply(v, __shfl_down_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = OP::apply(v, pn_shfl_down(v, o, 32));
   }
   return v;
 }

@@ -8,11 +8,12 @@ shared memory, one atomic per block per output) follows from header.py.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import islpy as isl
 
-from ..dtypes import DType, bool_
+from ..dtypes import DType, bool_, float32, float64
 from ..poly.program import KernelGroup
 from ..poly.statement import Statement
 from ..schedule.mapping import Mapping, access_kind
@@ -54,11 +55,24 @@ class RenderedKernel:
 def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
     if m.split == 1 or st.kind == "map":
         return "store"
-    if deterministic:
+    if deterministic or st.combiner.struct:  # no atomic merges a struct accumulator
         return "partials"
     if st.mean_count or st.result.dtype != st.acc:
         return "atomic_ws"
     return "atomic"
+
+
+def c_ident(ctype: str) -> str:
+    """A C type as a piece of an identifier ("pn_welford<float>" -> "pn_welford_float_")."""
+    return re.sub(r"\W", "_", ctype)
+
+
+def post_dtype(s: Statement) -> DType:
+    """The dtype of a reduction's value before it is stored: the accumulator's, or for a struct
+    accumulator the dtype of its fields."""
+    if s.acc.is_struct:
+        return float32 if s.acc.itemsize == 12 else float64
+    return s.acc
 
 
 def index_type(group: KernelGroup) -> str:
@@ -278,7 +292,7 @@ class _Body:
         kinds = [[access_kind(r, "j", V, s.domain) for r in s.reads] for s in g.statements]
         out = [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
         for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == "reduce"):
-            safe = ct.replace(" ", "_")
+            safe = c_ident(ct)
             out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
             out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
         for lv in range(passes):
@@ -295,11 +309,11 @@ class _Body:
                 s = g.statements[k]
                 if s.kind != "reduce":
                     continue
-                safe = s.acc.compute.replace(" ", "_")
+                safe = c_ident(s.acc.compute)
                 tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
                 out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")
                 reg = f"r{k}"
-                final = convert(self._post(s, f"acc{k}"), s.acc, s.result.dtype)
+                final = convert(self._post(s, f"acc{k}"), post_dtype(s), s.result.dtype)
                 out.append(f"  const {s.result.dtype.compute} {reg} = {final};")
                 self.regs[s.result.uid] = reg
                 if s.result.uid in g.external:
@@ -357,10 +371,10 @@ class _Body:
             smem.setdefault(s.acc.compute, 0)
         size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32)
         for ct in smem:
-            safe = ct.replace(" ", "_")
+            safe = c_ident(ct)
             out.append(f"  __shared__ {ct} pn_smem_{safe}[{size}];")
         for k, s in enumerate(g.statements):
-            safe = s.acc.compute.replace(" ", "_")
+            safe = c_ident(s.acc.compute)
             fn = "pn_reduce_y" if col else "pn_reduce_x"
             tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
             if col and V > 1:
@@ -402,6 +416,9 @@ class _Body:
         return out
 
     def _post(self, s: Statement, a: str) -> str:
+        """The reduction's value from its accumulator, in the dtype `post_dtype(s)`."""
+        if s.post:
+            return f"({a}).mean" if s.post[0] == "mean" else f"pn_welford_var({a}, {int(s.post[1])})"
         if s.mean_count:
             return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
         return a
@@ -417,13 +434,13 @@ class _Body:
 
     def _final(self, k: int, s: Statement, o: str, mode: str) -> list[str]:
         if mode == "atomic_ws":
-            return [f"pn_st(&out{k}[{o}], {self._post(s, f'__ldcg(&ws{k}[{o}])')});"]
+            return [f"pn_st(&out{k}[{o}], {self._post(s, f'pn_ldcg(&ws{k}[{o}])')});"]
         if mode == "partials":  # a fixed order of the partials: bit-identical results
             ct = s.acc.compute
             return [
                 "{",
                 f"  {ct} a = {s.combiner.functor}::template identity<{ct}>();",
-                f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, __ldcg(&ws{k}[s * {s.M} + {o}]));",
+                f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, pn_ldcg(&ws{k}[s * {s.M} + {o}]));",
                 f"  pn_st(&out{k}[{o}], {self._post(s, 'a')});",
                 "}",
             ]

@@ -48,6 +48,7 @@ class Statement:
     combiner: Combiner | None = None
     acc: DType | None = None
     mean_count: int = 0  # the reduction's extent when the result is a mean, else 0
+    post: tuple = ()  # for struct accumulators: ("mean",) or ("var", ddof)
     form: str | None = None  # "ROW", "COLUMN", "ALL" or "MAP" once coalesced
     M: int = 0
     N: int = 0
@@ -159,7 +160,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
         write = linear(kept, [s for k, s in enumerate(shape) if k not in axes], zero)
         comb = t.attr("combiner")
         n = math.prod(shape[a] for a in axes)
-        extra = dict(combiner=comb, acc=t.attr("acc"), mean_count=n if t.attr("mean") else 0)
+        extra = dict(combiner=comb, acc=t.attr("acc"), mean_count=n if t.attr("mean") else 0, post=t.attr("post", ()))
     else:
         body = b.expr(src, idx) if src.op in ("placeholder", "const") else _map_body(b, src, idx)
         write = linear(idx, shape, zero)
