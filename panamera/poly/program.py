@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import islpy as isl
 import networkx as nx
@@ -47,11 +48,18 @@ class Program:
     statements: tuple[Statement, ...]
     groups: tuple[KernelGroup, ...]
     deps: Dependences
-    schedule: isl.Schedule
     graph: nx.DiGraph  # tensors, edges producer -> consumer
     fusions: tuple[Fusion, ...] = ()  # isl's verdict on fusing each statement's producers
     statement_graph: nx.DiGraph | None = None  # statement names, edges from isl flow dependences
     stitch_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal stitched groups
+
+    @cached_property
+    def schedule(self) -> isl.Schedule | None:
+        """isl's schedule of the whole program (validity: non-relaxed flow dependences). Only
+        informational, so computed on first use: on large element-wise statements with modulo
+        accesses isl's scheduler can take tens of seconds."""
+        live = [s for s in self.statements if s.M * s.N > 0]
+        return schedule(live, self.deps) if live else None
 
 
 def tensor_graph(outputs) -> nx.DiGraph:
@@ -85,15 +93,14 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
         if t in materialized:
             stmts.append(coalesce(build_statement(ctx, f"S{len(stmts)}", t, materialized)))
     if not stmts:
-        return Program(tuple(outputs), inputs, (), (), None, None, g)
+        return Program(tuple(outputs), inputs, (), (), None, g)
     live = [s for s in stmts if s.M * s.N > 0]
     deps = compute_dependences(live) if live else None
-    sched = schedule(live, deps) if live else None
     fusions = tuple(fuse_producers(s) for s in live)
     sg = statement_graph(stmts, deps)
     cands = tuple(tuple(c) for c in stitch_candidates(stmts, sg))
     groups = group_statements(stmts, sg, outputs)
-    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, sched, g, fusions, sg, cands)
+    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands)
 
 
 def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGraph:
