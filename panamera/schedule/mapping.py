@@ -215,21 +215,26 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
     passes = max(lv[s.name] for s in group.statements if not is_epilogue(s)) + 1
     vec = choose_vec(group, "j", N)
     G = N // vec
-    tx = min(512 if G >= 4096 else 256, pow2ceil(G))
-    ty = max(1, min(256 // tx, pow2ceil(M)))
-    gx = math.ceil(M / ty)
     row_bytes = in_bytes / max(M, 1)
-    resident = min(gx, gpu.sms * max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // (tx * ty)))) * ty
-    reread = (passes - 1) * in_bytes
-    in_l2 = resident * row_bytes <= gpu.l2_size / 2
-    cost = kernel_time(
-        gpu,
-        dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
-        l2_bytes=reread if in_l2 else 0,
-        blocks=gx,
-        threads=tx * ty,
-        bytes_in_flight_per_thread=max(1, bytes_per_iteration(group)) * vec,
-        epilogue_cycles=400 * passes,
-    )
+    best = None
+    # Threads per row: more threads keep fewer rows resident, so later passes hit in L2.
+    for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
+        ty = max(1, min(256 // tx, pow2ceil(M)))
+        gx = math.ceil(M / ty)
+        resident = min(gx, gpu.sms * max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // (tx * ty)))) * ty
+        reread = (passes - 1) * in_bytes
+        in_l2 = resident * row_bytes <= gpu.l2_size / 2
+        cost = kernel_time(
+            gpu,
+            dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
+            l2_bytes=reread if in_l2 else 0,
+            blocks=gx,
+            threads=tx * ty,
+            bytes_in_flight_per_thread=max(1, bytes_per_iteration(group)) * vec,
+            epilogue_cycles=400 * passes,
+        )
+        if best is None or cost.total_s < best[0].total_s * 0.97:
+            best = (cost, tx, ty, gx)
+    cost, tx, ty, gx = best
     chunk = math.ceil(G / tx) * tx
     return Mapping(group.form, M, N, vec, tx, ty, 1, chunk, (gx, 1), cost)
