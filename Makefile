@@ -18,7 +18,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 test: install lint
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 --doctest-modules panamera tests
 
 demo: install
 	$(BIN)/panamera demo

@@ -20,7 +20,6 @@ import numpy as np
 
 from . import dtypes
 from .dtypes import DType
-from .errors import DTypeError
 
 
 @dataclass(frozen=True)
@@ -75,10 +74,6 @@ class Combiner:
         }
         return "native" if acc.name in native.get(self.name, ()) else "cas"
 
-    def combine_py(self, a, b):
-        """Reference combine on Python/numpy scalars (used by tests of the algebra)."""
-        return getattr(np, self.numpy)(np.array([a, b]))
-
 
 SUM = Combiner("sum", "pn_op_sum", "sum")
 PROD = Combiner("prod", "pn_op_prod", "prod")
@@ -89,9 +84,3 @@ ALL = Combiner("all", "pn_op_and", "all")
 WELFORD = Combiner("welford", "pn_op_welford", "var", struct=True)
 ANY = Combiner("any", "pn_op_or", "any")
 COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD)}
-
-
-def check_input_dtype(c: Combiner, d: DType, tensor: str) -> None:
-    if c.name in ("sum", "prod", "max", "min", "all", "any") and d.name in dtypes.SUPPORTED:
-        return
-    raise DTypeError(f"{c.name} of tensor {tensor!r}: unsupported dtype {d}")

@@ -1,0 +1,1 @@
+"""The polyhedral stage: isl statements, loop coalescing, dependences, fusion and stitching."""
