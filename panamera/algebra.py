@@ -83,4 +83,6 @@ ALL = Combiner("all", "pn_op_and", "all")
 # Welford / Chan et al.: (mean, M2, count) merged pairwise, one pass and numerically stable.
 WELFORD = Combiner("welford", "pn_op_welford", "var", struct=True)
 ANY = Combiner("any", "pn_op_or", "any")
-COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD)}
+# Online softmax statistics: (max, sum of exp(x - max)), rescaled when the max grows.
+ONLINE_LSE = Combiner("online_lse", "pn_op_lse", "logsumexp", struct=True)
+COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD, ONLINE_LSE)}

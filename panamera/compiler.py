@@ -199,6 +199,7 @@ class Compiled:
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
         lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
         lines += [f"  planner: {c.describe()}" for c in self.considered]
+        lines += [f"  formulation: {t.attr('choice')}" for t in self.program.graph if t.attr("choice")]
         if self.program.deps is not None:
             lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
             lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")

@@ -32,6 +32,11 @@ class DType:
         return self.np.names is not None
 
     @property
+    def field(self) -> DType:
+        """The dtype of a struct accumulator's fields."""
+        return as_dtype(self.np[0].name)
+
+    @property
     def is_16bit_float(self) -> bool:
         return self.name in ("float16", "bfloat16")
 
@@ -93,3 +98,8 @@ def promote_with_scalar(d: DType, value) -> DType:
     if isinstance(value, float):
         return d if d.is_float else float64
     raise DTypeError(f"unsupported Python scalar {value!r} of type {type(value).__name__}")
+
+
+# Online softmax statistics (max, sum of exp(x - max)), likewise accumulators only.
+lse32 = DType("lse32", np.dtype([("m", "f4"), ("s", "f4")]), "pn_lse<float>", "pn_lse<float>", 8)
+lse64 = DType("lse64", np.dtype([("m", "f8"), ("s", "f8")]), "pn_lse<double>", "pn_lse<double>", 16)

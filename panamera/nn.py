@@ -70,12 +70,42 @@ def std(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
     return ops.sqrt(var(x, axis=axis, ddof=ddof, keepdims=keepdims))
 
 
-def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """exp(x - max) / sum(exp(x - max)) along `axis`."""
+def _stats(xc: Tensor, axis, method: str) -> tuple[Tensor, Tensor]:
+    """(max, sum of exp(x - max)): one online pass, or a max pass then a sum pass."""
+    if method == "online":
+        return ops.online_softmax_stats(xc, axis)
+    m = ops.max(xc, axis=axis, keepdims=True)
+    return m, ops.sum(ops.exp(xc - m), axis=axis, keepdims=True)
+
+
+def _choose(build, method: str, op: str) -> Tensor:
+    """Build the op with `method`, or with "auto" build both and keep the one whose plan the
+    performance model prefers; the decision travels with the result to `explain()`."""
+    if method in ("online", "multipass"):
+        return build(method)
+    if method != "auto":
+        raise ShapeError(f"{op}: unknown method {method!r} (auto, online or multipass)")
+    from .compiler import compile as plan  # planning only: nothing is built or run here
+
+    cands = {m: build(m) for m in ("online", "multipass")}
+    cost = {m: plan(t, target="emulator").plan.modeled_us for m, t in cands.items()}
+    best = min(cost, key=cost.get)
+    note = f"{op}: online {cost['online']:.1f} us vs multipass {cost['multipass']:.1f} us (modeled) -> {best}"
+    t = cands[best]
+    return Tensor(t.op, t.inputs, t.shape, t.dtype, t.attrs + (("choice", note),), t.name)
+
+
+def softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
+    """exp(x - max) / sum(exp(x - max)) along `axis`. method: "online" (max and sum from one pass,
+    rescaling), "multipass" (a max pass, then a sum pass) or "auto" (the model chooses)."""
     xc, dt = _float_input(x, "softmax")
     _nonempty(x, normalize_axes(axis, x.ndim, x.label), "softmax")
-    e = ops.exp(xc - ops.max(xc, axis=axis, keepdims=True))
-    return (e / ops.sum(e, axis=axis, keepdims=True)).astype(dt)
+
+    def build(method):
+        m, s = _stats(xc, axis, method)
+        return (ops.exp(xc - m) / s).astype(dt)
+
+    return _choose(build, method, "softmax")
 
 
 def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
@@ -91,13 +121,16 @@ def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
     return out.astype(dt)
 
 
-def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """x - logsumexp(x) along `axis`."""
+def log_softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
+    """x - logsumexp(x) along `axis`; `method` as for softmax."""
     xc, dt = _float_input(x, "log_softmax")
     _nonempty(x, normalize_axes(axis, x.ndim, x.label), "log_softmax")
-    m = ops.max(xc, axis=axis, keepdims=True)
-    s = xc - m
-    return (s - ops.log(ops.sum(ops.exp(s), axis=axis, keepdims=True))).astype(dt)
+
+    def build(method):
+        m, s = _stats(xc, axis, method)
+        return (xc - m - ops.log(s)).astype(dt)
+
+    return _choose(build, method, "log_softmax")
 
 
 def _moments(xc: Tensor, axes, keepdims: bool = True) -> tuple[Tensor, Tensor]:

@@ -218,3 +218,45 @@ def test_layer_norm_reads_each_row_twice():
     assert len(k.plan.kernels) == 1
     assert "// pass 1" in k.source and "// pass 2" not in k.source
     assert k.source.count("pn_op_welford, ") == 2  # two accumulators, all-reduced in pass 0
+
+
+@pytest.mark.parametrize("method", ["online", "multipass"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_formulations_match_numpy(op, method):
+    rng = np.random.default_rng(8)
+    a = (rng.standard_normal((24, 3000)) * 8).astype(np.float32)
+    a[3, :] = -np.inf
+    a[4, ::2] = -np.inf
+    a[5, 7] = 80.0  # exp overflows float32 without the max shift
+    x = pn.placeholder(a.shape, "float32", name="x")
+    k, out = run(getattr(pn.nn, op)(x, method=method), a)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ref = softmax(a.astype(np.float64))
+        ref = np.log(ref) if op == "log_softmax" else ref
+    assert np.isnan(out[3]).all() and np.isnan(ref[3]).all()
+    rows = [r for r in range(24) if r != 3]
+    np.testing.assert_allclose(out[rows], ref[rows], rtol=1e-5, atol=1e-6)
+    assert len(k.plan.kernels) == 1
+    assert k.source.count("// pass") == (2 if method == "online" else 3)
+
+
+def test_online_statistics_merge_across_blocks():
+    from panamera.frontend.ops import online_softmax_stats
+
+    a = (np.random.default_rng(9).standard_normal((3, 5000)) * 10).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    k = pn.compile(list(online_softmax_stats(x, -1, keepdims=False)), target="emulator", split=4)
+    m, s = k(a, order="shuffled", seed=4)
+    assert all(mode == "partials" for mode in k.plan.kernels[0].modes)
+    np.testing.assert_array_equal(m, a.max(1))
+    np.testing.assert_allclose(s, np.exp(a.astype(np.float64) - a.max(1, keepdims=True)).sum(1), rtol=1e-5)
+
+
+def test_the_model_chooses_the_softmax_formulation():
+    """Rows that stay in L2: the extra exps of online rescaling cost more than a third pass.
+    Rows too long for L2: one pass fewer over DRAM wins."""
+    short = pn.compile(pn.nn.softmax(pn.placeholder((64, 30522), name="x")), target="emulator").explain()
+    long_rows = pn.compile(pn.nn.softmax(pn.placeholder((16, 1_000_000), name="x")), target="emulator").explain()
+    assert "-> multipass" in short and "-> online" in long_rows
+    with pytest.raises(errors.ShapeError, match="unknown method"):
+        pn.nn.softmax(pn.placeholder((4, 4), name="x"), method="fast")

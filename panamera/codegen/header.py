@@ -89,6 +89,34 @@ struct pn_op_welford {
 };
 template <class T> __device__ __forceinline__ T pn_welford_var(pn_welford<T> w, int ddof) { return w.m2 / (w.n - (T)ddof); }
 
+// Online softmax statistics (m, s): s = sum of exp(x - m) over the elements seen, rescaled to a
+// larger m when one is merged in. Converting x is seeing one element: (x, 1).
+__device__ __forceinline__ float pn_exp(float v) { return expf(v); }
+__device__ __forceinline__ double pn_exp(double v) { return exp(v); }
+template <class T> struct pn_lse {
+  T m, s;
+  pn_lse() = default;
+  __device__ __forceinline__ pn_lse(T x) : m(x), s((T)1) {}
+};
+struct pn_op_lse {
+  template <class L> static __device__ __forceinline__ L apply(L a, L b) {
+    L r;
+    r.m = pn_op_max::apply(a.m, b.m);
+    if (r.m == pn_lim<decltype(r.m)>::lowest()) {  // nothing above -inf yet: no rescaling
+      r.s = a.s + b.s;
+      return r;
+    }
+    r.s = a.s * pn_exp(a.m - r.m) + b.s * pn_exp(b.m - r.m);
+    return r;
+  }
+  template <class L> static __device__ __forceinline__ L identity() {
+    L r;
+    r.m = pn_lim<decltype(r.m)>::lowest();
+    r.s = 0;
+    return r;
+  }
+};
+
 // Shuffles and cache-global loads of any accumulator (structs member by member).
 template <class T> __device__ __forceinline__ T pn_shfl_down(T v, int o, int w) { return __shfl_down_sync(0xffffffffu, v, o, w); }
 template <class T> __device__ __forceinline__ pn_welford<T> pn_shfl_down(pn_welford<T> v, int o, int w) {
@@ -97,7 +125,18 @@ template <class T> __device__ __forceinline__ pn_welford<T> pn_shfl_down(pn_welf
   v.n = __shfl_down_sync(0xffffffffu, v.n, o, w);
   return v;
 }
+template <class T> __device__ __forceinline__ pn_lse<T> pn_shfl_down(pn_lse<T> v, int o, int w) {
+  v.m = __shfl_down_sync(0xffffffffu, v.m, o, w);
+  v.s = __shfl_down_sync(0xffffffffu, v.s, o, w);
+  return v;
+}
 template <class T> __device__ __forceinline__ T pn_ldcg(const T* p) { return __ldcg(p); }
+template <class T> __device__ __forceinline__ pn_lse<T> pn_ldcg(const pn_lse<T>* p) {
+  pn_lse<T> v;
+  v.m = __ldcg(&p->m);
+  v.s = __ldcg(&p->s);
+  return v;
+}
 template <class T> __device__ __forceinline__ pn_welford<T> pn_ldcg(const pn_welford<T>* p) {
   pn_welford<T> w;
   w.mean = __ldcg(&p->mean);

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from ..dtypes import DType, bool_, float32, float64
+from ..dtypes import DType, bool_
 from ..poly.program import KernelGroup
 from ..poly.statement import Statement
 from ..schedule.mapping import Mapping, access_kind
@@ -70,9 +70,7 @@ def c_ident(ctype: str) -> str:
 def post_dtype(s: Statement) -> DType:
     """The dtype of a reduction's value before it is stored: the accumulator's, or for a struct
     accumulator the dtype of its fields."""
-    if s.acc.is_struct:
-        return float32 if s.acc.itemsize == 12 else float64
-    return s.acc
+    return s.acc.field if s.acc.is_struct else s.acc
 
 
 def index_type(group: KernelGroup) -> str:
@@ -418,7 +416,9 @@ class _Body:
     def _post(self, s: Statement, a: str) -> str:
         """The reduction's value from its accumulator, in the dtype `post_dtype(s)`."""
         if s.post:
-            return f"({a}).mean" if s.post[0] == "mean" else f"pn_welford_var({a}, {int(s.post[1])})"
+            if s.post[0] == "var":
+                return f"pn_welford_var({a}, {int(s.post[1])})"
+            return f"({a}).{s.post[0]}"  # a field: mean of Welford, m or s of online softmax
         if s.mean_count:
             return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
         return a

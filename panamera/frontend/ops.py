@@ -179,3 +179,18 @@ def welford(x: Tensor, axis=None, keepdims: bool = False, field: str = "var", dd
     attrs = (("combiner", algebra.WELFORD), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", False),
              ("acc", acc), ("post", post))  # fmt: skip
     return Tensor("reduce", (src,), out_shape, res, attrs=attrs)
+
+
+def online_softmax_stats(x: Tensor, axis=-1, keepdims: bool = True) -> tuple[Tensor, Tensor]:
+    """(max, sum of exp(x - max)) of x over `axis` from one pass (online rescaling)."""
+    axes = normalize_axes(axis, x.ndim, x.label)
+    acc = dtypes.lse64 if x.dtype.name == "float64" else dtypes.lse32
+    out_shape = tuple(1 if k in axes else s for k, s in enumerate(x.shape) if keepdims or k not in axes)
+    res = x.dtype
+
+    def stat(field):
+        attrs = (("combiner", algebra.ONLINE_LSE), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", False),
+                 ("acc", acc), ("post", (field,)))  # fmt: skip
+        return Tensor("reduce", (x,), out_shape, res, attrs=attrs)
+
+    return stat("m"), stat("s")

@@ -1,6 +1,6 @@
 """GPU figures (GPU_MODEL.md, with their sources there) and the per-kernel time model.
 
-    T = T_launch + max(T_dram, T_l2) + T_tail + T_atomic
+    T = T_launch + max(T_dram, T_l2, T_sfu) + T_tail + T_atomic
     T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
 
 `latency` in Little's law is the *loaded* latency [derived]: GPU_MODEL.md says to aim for 32 KB in
@@ -9,6 +9,8 @@ H100, four times the unloaded 350 ns: queueing under load). With the unloaded fi
 would call a quarter of that occupancy enough, which measurements of streaming kernels do not
 support.
     T_l2     = bytes re-read while resident in L2 / L2 bandwidth
+    T_sfu    = transcendental ops (exp, log, sqrt, rsqrt) / (SMs * 16 per clock * clock)  [spec: CUDA
+               Programming Guide throughput table, compute capability 8.x/9.0]
     T_atomic = same-address atomics / L2 clock + all atomics / distinct-address atomic throughput
 """
 
@@ -30,6 +32,7 @@ class GPUSpec:
     atomic_rate: float  # distinct-address atomics per second
     l2_clock_hz: float  # same-address atomics retire about one per L2 clock
     l2_bw: float = 10e12  # bytes/s for L2 hits
+    sfu_per_clock_sm: int = 16
     l2_size: int = 50 * 2**20
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
@@ -69,10 +72,11 @@ class KernelCost:
     tail_s: float
     atomic_s: float
     l2_s: float = 0.0
+    sfu_s: float = 0.0
 
     @property
     def total_s(self) -> float:
-        return self.launch_s + max(self.dram_s, self.l2_s) + self.tail_s + self.atomic_s
+        return self.launch_s + max(self.dram_s, self.l2_s, self.sfu_s) + self.tail_s + self.atomic_s
 
 
 def kernel_time(
@@ -86,6 +90,7 @@ def kernel_time(
     same_address: int = 0,
     epilogue_cycles: int = 400,
     l2_bytes: float = 0.0,
+    sfu_ops: float = 0.0,
 ) -> KernelCost:
     """Modeled time of one kernel launch."""
     if blocks <= 0:
@@ -99,4 +104,5 @@ def kernel_time(
     waves = math.ceil(blocks / (gpu.sms * resident))
     tail = waves * epilogue_cycles / gpu.clock_hz
     atomic = (same_address / gpu.l2_clock_hz + atomics / gpu.atomic_rate) if atomics else 0.0
-    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw)
+    sfu = sfu_ops / (gpu.sms * gpu.sfu_per_clock_sm * gpu.clock_hz)
+    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu)

@@ -132,6 +132,20 @@ def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
     return best
 
 
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt")
+
+
+def sfu_ops(group: KernelGroup) -> float:
+    """Transcendental operations of a kernel group: per iteration of each statement body, plus
+    the two exps of every online-softmax merge."""
+    total = 0.0
+    for s in group.statements:
+        per = sum(1 for e in s.body.walk() if e.op in TRANSCENDENTAL)
+        per += 2 if s.combiner is not None and s.combiner.name == "online_lse" else 0
+        total += per * s.M * s.N
+    return total
+
+
 def bytes_per_iteration(group: KernelGroup) -> int:
     return sum(r.tensor.dtype.itemsize for s in group.statements for r in s.reads if r.memory)
 
@@ -187,6 +201,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
             bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
             atomics=outputs * s_eff if s_eff > 1 else 0,
             same_address=s_eff if s_eff > 1 else 0,
+            sfu_ops=sfu_ops(group),
         )
         init = gpu.launch_s if s_eff > 1 else 0.0
         key = cost.total_s + init
@@ -232,6 +247,7 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
             threads=tx * ty,
             bytes_in_flight_per_thread=max(1, bytes_per_iteration(group)) * vec,
             epilogue_cycles=400 * passes,
+            sfu_ops=sfu_ops(group),
         )
         if best is None or cost.total_s < best[0].total_s * 0.97:
             best = (cost, tx, ty, gx)
