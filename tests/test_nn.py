@@ -62,7 +62,7 @@ def test_row_ops_match_numpy_in_one_kernel(name, dtype):
         assert any(c.chosen for c in k.considered)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", list(DT))
 def test_batch_norm_training_and_inference(dtype):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((4, 16, 7, 7)).astype(DT[dtype])
@@ -81,31 +81,33 @@ def test_batch_norm_training_and_inference(dtype):
     check(out, normalize(a64, (0, 2, 3), 1e-5) * gb[0] + gb[1], dtype, scale=4)
 
 
-def test_group_and_instance_norm():
+@pytest.mark.parametrize("dtype", list(DT))
+def test_group_and_instance_norm(dtype):
     rng = np.random.default_rng(2)
-    a = rng.standard_normal((4, 64, 8, 8)).astype(np.float32)
-    g, b = rng.random(64).astype(np.float32), rng.random(64).astype(np.float32)
-    x = pn.placeholder(a.shape, "float32", name="x")
-    G, B = pn.placeholder((64,), "float32", name="g"), pn.placeholder((64,), "float32", name="b")
-    a64 = a.astype(np.float64)
-    ref = normalize(a64.reshape(4, 8, -1), -1, 1e-5).reshape(a.shape) * g[:, None, None] + b[:, None, None]
-    check(run(pn.nn.group_norm(x, 8, G, B), a, g, b)[1], ref, "float32")
-    ref = normalize(a64, (2, 3), 1e-5) * g[:, None, None] + b[:, None, None]
+    a = rng.standard_normal((4, 64, 8, 8)).astype(DT[dtype])
+    g, b = rng.random(64).astype(DT[dtype]), rng.random(64).astype(DT[dtype])
+    x = pn.placeholder(a.shape, dtype, name="x")
+    G, B = pn.placeholder((64,), dtype, name="g"), pn.placeholder((64,), dtype, name="b")
+    a64, g64, b64 = a.astype(np.float64), g.astype(np.float64)[:, None, None], b.astype(np.float64)[:, None, None]
+    ref = normalize(a64.reshape(4, 8, -1), -1, 1e-5).reshape(a.shape) * g64 + b64
+    check(run(pn.nn.group_norm(x, 8, G, B), a, g, b)[1], ref, dtype)
+    ref = normalize(a64, (2, 3), 1e-5) * g64 + b64
     k, out = run(pn.nn.instance_norm(x, G, B), a, g, b)
-    check(out, ref, "float32")
+    check(out, ref, dtype)
     assert len(k.plan.kernels) == 1
 
 
 # WORKLOADS.md B at emulator sizes (the row counts scaled down, row lengths kept where cheap).
+@pytest.mark.parametrize("dtype", list(DT))
 @pytest.mark.parametrize(
     "name,shape",
     [("softmax", (96, 128)), ("softmax", (4, 30522)), ("layer_norm", (64, 768)), ("rms_norm", (16, 512)),
      ("l2_normalize", (256, 1000)), ("log_softmax", (4, 30522))],
 )  # fmt: skip
-def test_workloads_b_reduced(name, shape):
+def test_workloads_b_reduced(name, shape, dtype):
     rng = np.random.default_rng(3)
-    a = (rng.standard_normal(shape) * 3).astype(np.float32)
-    x = pn.placeholder(shape, "float32", name="x")
+    a = (rng.standard_normal(shape) * 3).astype(DT[dtype])
+    x = pn.placeholder(shape, dtype, name="x")
     y = getattr(pn.nn, name)(x)
     k, out = run(y, a)
     a64 = a.astype(np.float64)
@@ -116,7 +118,7 @@ def test_workloads_b_reduced(name, shape):
         "rms_norm": lambda: a64 / np.sqrt((a64**2).mean(-1, keepdims=True) + 1e-6),
         "l2_normalize": lambda: a64 / np.sqrt((a64**2).sum(-1, keepdims=True)),
     }[name]()
-    check(out, ref, "float32", scale=8)
+    check(out, ref, dtype, scale=8)
 
 
 def test_softmax_with_minus_inf_and_huge_inputs():
@@ -186,18 +188,19 @@ def test_argmax_bad_inputs():
         pn.argmin(pn.placeholder((3, 4), name="x"), axis=(0, 1))
 
 
+@pytest.mark.parametrize("dtype", list(DT))
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
-def test_cross_entropy(reduction):
+def test_cross_entropy(reduction, dtype):
     rng = np.random.default_rng(7)
-    a = (rng.standard_normal((16, 3001)) * 4).astype(np.float32)
+    a = (rng.standard_normal((16, 3001)) * 4).astype(DT[dtype])
     t = rng.integers(0, 3001, 16).astype(np.int32)
-    x, T = pn.placeholder(a.shape, "float32", name="logits"), pn.placeholder((16,), "int32", name="targets")
+    x, T = pn.placeholder(a.shape, dtype, name="logits"), pn.placeholder((16,), "int32", name="targets")
     k, out = run(pn.nn.cross_entropy(x, T, reduction=reduction), a, t)
     a64 = a.astype(np.float64)
     m = a64.max(1)
     loss = np.log(np.exp(a64 - m[:, None]).sum(1)) + m - a64[np.arange(16), t]
     ref = {"none": loss, "mean": loss.mean(), "sum": loss.sum()}[reduction]
-    check(out, ref, "float32", scale=4)
+    check(out, ref, dtype, scale=4)
     assert len(k.plan.kernels) == (1 if reduction == "none" else 2)
     with pytest.raises(errors.DTypeError, match="targets must be an int32 or int64"):
         pn.nn.cross_entropy(x, pn.placeholder((16,), "float32"))
