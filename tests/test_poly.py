@@ -177,3 +177,18 @@ def test_planner_keeps_unfused_kernels_when_the_model_says_so():
     k = pn.compile(e / pn.sum(e, axis=1, keepdims=True), target="emulator")
     assert [c.chosen for c in k.considered] == [False]
     assert len(k.plan.kernels) == 3 and "left unfused" in k.explain()
+
+
+def test_stitch_precondition_3_only_reductions_are_read_from_registers():
+    """Found in review: an output y = x - max(x) is materialized; sum(y * y) reads it in a later
+    pass, where no register holds it, so that reduction must not join y's group."""
+    import numpy as np
+
+    a = np.random.default_rng(0).random((8, 64)).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    y = x - pn.max(x, axis=1, keepdims=True)
+    k = pn.compile([y, pn.sum(y * y, axis=1)], target="emulator")
+    outs = k(a)
+    ref = a - a.max(1, keepdims=True)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-6)
+    np.testing.assert_allclose(outs[1], (ref.astype(np.float64) ** 2).sum(1), rtol=1e-5)

@@ -23,7 +23,9 @@ Preconditions for a statement to join a reduction's stitched group, each checked
      other member may read it);
   3. every read of a group member is row-local: at (i, j) it reads the member's element i
      (isl: the read's access relation equals the member's write, `i`). A block owns whole rows
-     (split = 1), so the value is final and on chip when read; there is no grid-wide barrier;
+     (split = 1), so the value is final and on chip when read; there is no grid-wide barrier.
+     Only reductions are read that way: an element-wise member or an epilogue exists in no
+     register of a later pass, so a statement reading one does not join;
   4. stitching keeps the kernel graph acyclic (no path leaves the group and comes back).
 Whether a legal candidate is actually stitched is the cost model's call (schedule/planner.py).
 """
@@ -72,6 +74,12 @@ def _writes_row(st: Statement) -> bool:
     return st.write.intersect_domain(st.domain.reset_tuple_id()).is_equal(_row_index(st))
 
 
+def _reads_unregistered(st: Statement, grp: list[Statement]) -> bool:
+    """Precondition 3: does st read an element-wise member or an epilogue of the group?"""
+    maps = {m.result.uid for m in grp if m.kind == "map"}
+    return any(r.tensor.uid in maps for r in st.reads)
+
+
 def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[Statement]]:
     """Groups of statements (in program order) that may run as one stitched ROW kernel.
 
@@ -88,7 +96,7 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
             members = {m.result.uid: m for m in grp} if grp else {}
             # A reduction over the same rows joins: after the ones it reads (row-locally), or
             # beside them when it reads none (horizontal fusion, same pass).
-            if grp and row_local(st, members):
+            if grp and row_local(st, members) and not _reads_unregistered(st, grp):
                 grp.append(st)
             else:
                 open_groups[key] = [st]
@@ -96,7 +104,7 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
         elif st.kind == "map":
             for (extents, reduced), grp in open_groups.items():
                 members = {m.result.uid: m for m in grp if not is_epilogue(m)}
-                if not any(r.tensor.uid in members for r in st.reads):
+                if not any(r.tensor.uid in members for r in st.reads) or _reads_unregistered(st, grp):
                     continue
                 if st.origin.extents == extents:  # precondition 2: the row space
                     placed = coalesce(st.origin, roles=reduced)
