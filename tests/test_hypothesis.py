@@ -116,3 +116,36 @@ def test_chains_of_reductions_and_broadcast_consumers(case):
     k = pn.compile(getattr(pn, op)(e, axis=axis), target="emulator")
     ref = getattr(np, op)(r, axis=axis)
     np.testing.assert_allclose(k(a, order="shuffled", seed=1), ref, rtol=5e-5, atol=5e-6)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(chains(), st.lists(st.integers(0, 4), max_size=3))
+def test_chains_with_intermediate_outputs(case, picks):
+    """The same chains, with intermediates (element-wise results and reductions) also returned:
+    materialized tensors inside fused groups must still be computed and stored correctly."""
+    shape, steps, (op, axis) = case
+    a = np.random.default_rng(6).random(shape).astype(np.float32)
+    x = pn.placeholder(shape, "float32", name="x")
+    e, r = x, a.astype(np.float64)
+    inter = []
+    for kind, ax in steps:
+        if kind in ("exp", "scale", "square"):
+            e, r = (
+                (pn.exp(e * 0.5), np.exp(r * 0.5))
+                if kind == "exp"
+                else ((e * e, r * r) if kind == "square" else (e * 1.5, r * 1.5))
+            )
+        elif kind == "center":
+            m, mr = pn.max(e, axis=ax, keepdims=True), r.max(axis=ax, keepdims=True)
+            inter.append((m, mr))
+            e, r = e - m, r - mr
+        else:
+            s, sr = pn.sum(abs(e), axis=ax, keepdims=True) + 1.0, np.abs(r).sum(axis=ax, keepdims=True) + 1.0
+            inter.append((s, sr))
+            e, r = e / s, r / sr
+        inter.append((e, r))
+    outs = [(getattr(pn, op)(e, axis=axis), getattr(np, op)(r, axis=axis))]
+    outs += [inter[p % len(inter)] for p in picks]
+    k = pn.compile([t for t, _ in outs], target="emulator")
+    for got, (_, ref) in zip(k(a, order="reverse"), outs):
+        np.testing.assert_allclose(got, ref, rtol=5e-5, atol=5e-6)
