@@ -67,6 +67,11 @@ def c_ident(ctype: str) -> str:
     return re.sub(r"\W", "_", ctype)
 
 
+def identity_expr(s: Statement) -> str:
+    """The combiner's identity in the accumulator's C type."""
+    return f"{s.combiner.functor}::template identity<{s.acc.compute}>()"
+
+
 def post_dtype(s: Statement) -> DType:
     """The dtype of a reduction's value before it is stored: the accumulator's, or for a struct
     accumulator the dtype of its fields."""
@@ -103,14 +108,13 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
             continue  # stays on chip
         params.append(BufferSpec(f"out:{out.uid}", out.dtype.c_type, out.dtype, out.size, "output"))
         ident = s.combiner.identity(s.acc) if s.combiner else None
-        c_ident = f"{s.combiner.functor}::template identity<{s.acc.compute}>()" if s.combiner else ""
         if mode == "atomic":
-            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident, c_ident))
+            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident, identity_expr(s)))
         if mode in ("atomic_ws", "partials"):
             size = s.M * (m.split if mode == "partials" else 1)
             params.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, "workspace"))
             if mode == "atomic_ws":
-                fills.append(Fill(f"ws:{name}:{k}", s.acc.c_type, ident, c_ident))
+                fills.append(Fill(f"ws:{name}:{k}", s.acc.c_type, ident, identity_expr(s)))
     needs_last = any(md in ("atomic_ws", "partials") for md in modes)
     if needs_last:
         params.append(BufferSpec(f"cnt:{name}", "unsigned", None, m.grid[0], "counter"))
@@ -238,43 +242,17 @@ class _Body:
     def reduce_kernel(self, modes) -> list[str]:
         g, m = self.g, self.m
         col = g.form == "COLUMN"
-        along = "i" if col else "j"
         V = m.vec
-        kinds = [[access_kind(r, along, V, s.domain) for r in s.reads] for s in g.statements]
+        kinds = [[access_kind(r, "i" if col else "j", V, s.domain) for r in s.reads] for s in g.statements]
         lines = []
         for k, s in enumerate(g.statements):
-            ident = f"{s.combiner.functor}::template identity<{s.acc.compute}>()"
             if col and V > 1:
                 lines.append(f"  {s.acc.compute} acc{k}[{V}];")
-                lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {ident};")
+                lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {identity_expr(s)};")
             else:
-                lines.append(f"  {s.acc.compute} acc{k} = {ident};")
-
-        def user(call: isl.AstExpr) -> list[str]:
-            a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
-            out = ["{"]
-            if col:
-                out.append(f"  const pn_idx j = {a1}; const pn_idx pn_first = ({a0}) * {V};")
-            else:
-                out.append(f"  const pn_idx i = {a0}; const pn_idx pn_first = ({a1}) * {V};")
-            first_var = "i" if col else "j"
-            if V > 1:  # registers for the contiguous reads, loaded as one vector each
-                for k, s in enumerate(g.statements):
-                    decl, loads = self._vector_loads(k, s, kinds[k])
-                    out += ["  " + ln for ln in decl]
-                    if loads:
-                        out += [f"  {{ const pn_idx {first_var} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
-            out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
-            out.append(f"    const pn_idx {first_var} = pn_first{' + v' if V > 1 else ''};")
-            for k, s in enumerate(g.statements):
-                body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
-                out += ["    " + ln for ln in body]
-                acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"
-                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {self._accumuland(s, val)});")
-            out.append("  }")
-            return out + ["}"]
-
-        lines += self.loops(user)
+                lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
+        everything = list(range(len(g.statements)))
+        lines += self.loops(lambda call: self._iteration(call, everything, kinds))
         lines += self._epilogue(modes)
         return lines
 
@@ -299,10 +277,8 @@ class _Body:
             for k in here:
                 s = g.statements[k]
                 if s.kind == "reduce":
-                    out.append(
-                        f"  {s.acc.compute} acc{k} = {s.combiner.functor}::template identity<{s.acc.compute}>();"
-                    )
-            out += self.loops(lambda call, here=here: self._stitched_iteration(call, here, kinds))
+                    out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
+            out += self.loops(lambda call, here=here: self._iteration(call, here, kinds))
             for k in here:
                 s = g.statements[k]
                 if s.kind != "reduce":
@@ -330,24 +306,30 @@ class _Body:
                 out.append("  }")
         return out
 
-    def _stitched_iteration(self, call: isl.AstExpr, here: list[int], kinds) -> list[str]:
+    def _iteration(self, call: isl.AstExpr, here: list[int], kinds) -> list[str]:
+        """One instance of the isl loop nest for the statements `here`: the contiguous reads
+        loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
         g, V = self.g, self.m.vec
+        col = g.form == "COLUMN"  # the vector runs along i (columns) instead of j
         a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
-        out = ["{", f"  const pn_idx i = {a0}; const pn_idx pn_first = ({a1}) * {V};"]
-        if V > 1:
+        first = "i" if col else "j"
+        fixed = f"const pn_idx j = {a1};" if col else f"const pn_idx i = {a0};"
+        out = ["{", f"  {fixed} const pn_idx pn_first = ({a0 if col else a1}) * {V};"]
+        if V > 1:  # registers for the contiguous reads, loaded as one vector each
             for k in here:
                 decl, loads = self._vector_loads(k, g.statements[k], kinds[k])
                 out += ["  " + ln for ln in decl]
                 if loads:
-                    out += ["  { const pn_idx j = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
+                    out += [f"  {{ const pn_idx {first} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
         out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
-        out.append(f"    const pn_idx j = pn_first{' + v' if V > 1 else ''};")
+        out.append(f"    const pn_idx {first} = pn_first{' + v' if V > 1 else ''};")
         for k in here:
             s = g.statements[k]
             body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
             out += ["    " + ln for ln in body]
             if s.kind == "reduce":
-                out.append(f"    acc{k} = {s.combiner.functor}::apply(acc{k}, {self._accumuland(s, val)});")
+                acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"
+                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {self._accumuland(s, val)});")
             else:
                 value = convert(val, s.body.dtype, s.result.dtype)
                 out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")
@@ -364,11 +346,9 @@ class _Body:
         g, m = self.g, self.m
         col = g.form == "COLUMN"
         V = m.vec if col else 1
-        out, smem = [], {}
-        for s in g.statements:
-            smem.setdefault(s.acc.compute, 0)
+        out = []
         size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32)
-        for ct in smem:
+        for ct in dict.fromkeys(s.acc.compute for s in g.statements):
             safe = c_ident(ct)
             out.append(f"  __shared__ {ct} pn_smem_{safe}[{size}];")
         for k, s in enumerate(g.statements):
@@ -436,10 +416,9 @@ class _Body:
         if mode == "atomic_ws":
             return [f"pn_st(&out{k}[{o}], {self._post(s, f'pn_ldcg(&ws{k}[{o}])')});"]
         if mode == "partials":  # a fixed order of the partials: bit-identical results
-            ct = s.acc.compute
             return [
                 "{",
-                f"  {ct} a = {s.combiner.functor}::template identity<{ct}>();",
+                f"  {s.acc.compute} a = {identity_expr(s)};",
                 f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, pn_ldcg(&ws{k}[s * {s.M} + {o}]));",
                 f"  pn_st(&out{k}[{o}], {self._post(s, 'a')});",
                 "}",
