@@ -19,7 +19,7 @@ import numpy as np
 
 from .codegen import islast
 from .codegen.header import PRELUDE
-from .codegen.kernel import BufferSpec, Fill, RenderedKernel, render_kernel
+from .codegen.kernel import BufferSpec, InitKernel, RenderedKernel, render_empty, render_kernel
 from .errors import BackendError, DTypeError, InputError, PanameraError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
@@ -29,34 +29,6 @@ from .runtime import emulator
 from .runtime.plan import Launch, LaunchPlan
 from .schedule.mapping import Mapping, map_group
 from .schedule.planner import Considered, plan_groups
-
-FILL_TYPES = {
-    "float": "pn_fill_float",
-    "double": "pn_fill_double",
-    "int": "pn_fill_int",
-    "long long": "pn_fill_longlong",
-    "unsigned": "pn_fill_unsigned",
-    "unsigned short": "pn_fill_ushort",
-    "bool": "pn_fill_bool",
-}
-_CTYPES = {
-    "float": ctypes.c_float,
-    "double": ctypes.c_double,
-    "int": ctypes.c_int,
-    "long long": ctypes.c_longlong,
-    "unsigned": ctypes.c_uint,
-    "unsigned short": ctypes.c_ushort,
-    "bool": ctypes.c_bool,
-}
-_NP = {
-    "float": np.float32,
-    "double": np.float64,
-    "int": np.int32,
-    "long long": np.int64,
-    "unsigned": np.uint32,
-    "unsigned short": np.uint16,
-    "bool": np.bool_,
-}
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -79,6 +51,7 @@ class Compiled:
     target: str
     deterministic: bool
     gpu: GPUSpec
+    signatures: tuple[tuple[str, tuple[str, ...]], ...]  # C parameter types of every kernel
     groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
     considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
 
@@ -155,10 +128,10 @@ class Compiled:
         return out
 
     def _run_emulator(self, inputs, order, seed):
-        lib = emulator.build(self.source, _signatures(self.kernels))
+        lib = emulator.build(self.source, self.signatures)
         bufs = self._buffers(lambda n, dt: _aligned_empty(n, dt), inputs)
         for ln in self.plan.launches:
-            args = [_ctype_arg(a, bufs) for a in ln.args]
+            args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
             emulator.launch(lib, ln.kernel, ln.grid, ln.block, args, order, seed)
         return self._results(bufs, inputs)
 
@@ -169,7 +142,7 @@ class Compiled:
         inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
         bufs = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs)
         for ln in self.plan.launches:
-            args = [bufs[a[1]] if a[0] == "buf" else _NP[a[1]](a[2]) for a in ln.args]
+            args = [bufs[key] for _, key in ln.args]
             mod.get_function(ln.kernel)(ln.grid, ln.block, tuple(args))
         return self._results(bufs, inputs)
 
@@ -219,54 +192,19 @@ def _aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ctype_arg(a, bufs):
-    if a[0] == "buf":
-        return ctypes.c_void_p(bufs[a[1]].ctypes.data)
-    return _CTYPES[a[1]](a[2])
-
-
-def _signatures(kernels) -> dict[str, list[str]]:
-    sig = {k.name: [f"{'const ' if p.role == 'input' else ''}{p.ctype}*" for p in k.params] for k in kernels}
-    by_key = {p.key: p for k in kernels for p in k.params}
-    sig.update({k.init_name: [f"{by_key[f.buffer].ctype}*" for f in k.fills] for k in kernels if k.init})
-    for ct, name in FILL_TYPES.items():
-        sig[name] = [f"{ct}*", ct, "long long"]
-    return sig
-
-
-def _fill_launch(fill: Fill, spec: BufferSpec, gpu: GPUSpec) -> Launch:
-    n = max(spec.size, 1)
-    threads = 256
-    blocks = min(math.ceil(n / threads), 1024)
-    itemsize = spec.dtype.itemsize if spec.dtype is not None else 4
-    cost = kernel_time(
-        gpu, dram_bytes=n * itemsize, blocks=blocks, threads=threads, bytes_in_flight_per_thread=itemsize
-    )
-    return Launch(
-        FILL_TYPES[fill.ctype],
-        (min(math.ceil(n / threads), 1024), 1, 1),
-        (threads, 1, 1),
-        (("buf", fill.buffer), ("scalar", fill.ctype, fill.value), ("scalar", "long long", n)),
-        role="init",
-        atomic_outputs=((fill.buffer, fill.value),),
-        bytes_written=n * itemsize,
-        modeled_us=cost.total_s * 1e6,
-    )
-
-
-def _init_launch(rk: RenderedKernel, buffers: dict, gpu: GPUSpec) -> Launch:
+def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec) -> Launch:
     """The one launch that initialises a kernel's atomic outputs, workspaces and counters."""
-    specs = [buffers[f.buffer] for f in rk.fills]
+    specs = [buffers[f.buffer] for f in init.fills]
     nbytes = sum(max(p.size, 1) * (p.dtype.itemsize if p.dtype is not None else 4) for p in specs)
     threads, blocks = 256, min(math.ceil(max(p.size for p in specs) / 256), 1024)
     cost = kernel_time(gpu, dram_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4)
     return Launch(
-        rk.init_name,
+        init.name,
         (blocks, 1, 1),
         (threads, 1, 1),
-        tuple(("buf", f.buffer) for f in rk.fills),
+        tuple(("buf", f.buffer) for f in init.fills),
         role="init",
-        atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills),
+        atomic_outputs=tuple((f.buffer, f.value) for f in init.fills),
         bytes_written=nbytes,
         modeled_us=cost.total_s * 1e6,
     )
@@ -294,14 +232,20 @@ def compile(  # noqa: A001
     prog = build_program(outs)
     groups, considered = plan_groups(prog, gpu, allow_stitch=split is None)
     mappings, kernels, launches, buffers, live_groups = [], [], [], {}, []
+    parts, signatures = [PRELUDE, islast.HELPERS], {}
+
+    def add_init(init: InitKernel):
+        launches.append(_init_launch(init, buffers, gpu))
+        parts.append(init.source)
+        signatures[init.name] = tuple(init.signature)
+
     for k, grp in enumerate(groups):
-        live = grp.M * grp.N > 0
         for s in grp.statements:
             res = s.result
             buffers[f"out:{res.uid}"] = BufferSpec(f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, "output")
-            if grp.M > 0 and grp.N == 0:  # an empty reduction: the output is the identity (mean: NaN)
-                launches.append(_fill_launch(_empty_fill(s), buffers[f"out:{res.uid}"], gpu))
-        if not live:
+        if grp.M > 0 and grp.N == 0:  # reductions over nothing
+            add_init(render_empty(f"pn_k{k}_empty", grp, buffers))
+        if grp.M * grp.N == 0:
             continue
         m = map_group(grp, gpu, split)
         label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)
@@ -312,7 +256,9 @@ def compile(  # noqa: A001
         for p in rk.params:
             buffers.setdefault(p.key, p)
         if rk.init:
-            launches.append(_init_launch(rk, buffers, gpu))
+            add_init(rk.init)
+        parts.append(rk.source)
+        signatures[rk.name] = tuple(rk.signature)
         bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")
         bytes_written = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "output")
         launches.append(
@@ -332,33 +278,18 @@ def compile(  # noqa: A001
                 modeled_us=m.cost.total_s * 1e6,
             )
         )
-    fills = "\n".join(f"PN_FILL({n}, {t})" for t, n in FILL_TYPES.items())
-    parts = [PRELUDE, islast.HELPERS, fills]
-    for rk in kernels:
-        parts += [rk.init, rk.source] if rk.init else [rk.source]
-    source = "\n".join(parts) + "\n"
     return Compiled(
         outs,
         single,
         prog,
         tuple(mappings),
         tuple(kernels),
-        source,
+        "\n".join(parts) + "\n",
         LaunchPlan(tuple(launches), buffers),
         target,
         deterministic,
         gpu,
+        tuple(signatures.items()),
         tuple(live_groups),
         considered,
     )
-
-
-def _empty_fill(s) -> Fill:
-    res = s.result
-    # numpy: the mean or variance of nothing is NaN
-    value = math.nan if res.attr("mean") or s.combiner.struct else s.combiner.identity(s.acc)
-    arr = np.array(value).astype(res.dtype.np)
-    if res.dtype.is_16bit_float:
-        return Fill(f"out:{res.uid}", "unsigned short", int(arr.view(np.uint16)))
-    ct = res.dtype.c_type
-    return Fill(f"out:{res.uid}", ct, arr.item())

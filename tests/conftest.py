@@ -74,22 +74,33 @@ from pathlib import Path  # noqa: E402
 import panamera.compiler as _compiler  # noqa: E402
 
 _LOG = "PANAMERA_TEST_KERNEL_LOG"
-_render = _compiler.render_kernel
+_render, _render_empty = _compiler.render_kernel, _compiler.render_empty
+
+
+def _record(kname: str, src: str) -> None:
+    log = os.environ.get(_LOG)
+    if log:
+        body = src.replace(f" {kname}(", " PN_KERNEL_NAME(", 1)
+        digest = hashlib.sha1(body.encode()).hexdigest()[:16]
+        Path(log, f"{digest}.cu").write_text(body)
 
 
 def _recording_render(name, *args, **kw):
     rk = _render(name, *args, **kw)
-    log = os.environ.get(_LOG)
-    if log:
-        for kname, src in ((name, rk.source), (rk.init_name, rk.init)):
-            if src:
-                body = src.replace(f" {kname}(", " PN_KERNEL_NAME(", 1)
-                digest = hashlib.sha1(body.encode()).hexdigest()[:16]
-                Path(log, f"{digest}.cu").write_text(body)
+    _record(name, rk.source)
+    if rk.init:
+        _record(rk.init.name, rk.init.source)
     return rk
 
 
+def _recording_render_empty(name, *args, **kw):
+    init = _render_empty(name, *args, **kw)
+    _record(name, init.source)
+    return init
+
+
 _compiler.render_kernel = _recording_render
+_compiler.render_empty = _recording_render_empty
 
 
 def pytest_configure(config):

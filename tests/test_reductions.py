@@ -83,6 +83,14 @@ def test_empty_reductions_take_the_identity():
     np.testing.assert_array_equal(pn.compile(pn.prod(x, axis=1), target="emulator")(a), np.ones(3))
     assert np.isnan(pn.compile(pn.mean(x, axis=1), target="emulator")(a)).all()
     assert pn.compile(pn.sum(x, axis=0), target="emulator")(a).shape == (0,)
+    # The other storage types of the generated fill: 16-bit floats, bool, integers.
+    h = pn.placeholder((3, 0), "float16", name="h")
+    out = pn.compile(pn.mean(h, axis=1), target="emulator")(np.zeros((3, 0), np.float16))
+    assert out.dtype == np.float16 and np.isnan(out).all()
+    out = pn.compile(pn.all(pn.placeholder((3, 0), "bool"), axis=1), target="emulator")(np.zeros((3, 0), bool))
+    np.testing.assert_array_equal(out, [True, True, True])
+    i = pn.placeholder((3, 0), "int32", name="i")
+    np.testing.assert_array_equal(pn.compile(pn.prod(i, axis=1), target="emulator")(np.zeros((3, 0), np.int32)), 1)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 5, 8])

@@ -302,12 +302,6 @@ __device__ __forceinline__ void pn_atomic(pn_op_min, long long* p, long long v) 
 __device__ __forceinline__ void pn_atomic(pn_op_and, int* p, int v) { atomicAnd(p, v); }
 __device__ __forceinline__ void pn_atomic(pn_op_or, int* p, int v) { atomicOr(p, v); }
 template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
-
-// Fill a buffer with a value: the initialisation launch of atomic outputs and counters.
-#define PN_FILL(NAME, T) \
-  extern "C" __global__ void NAME(T* __restrict__ p, T v, long long n) { \
-    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < n; k += (long long)gridDim.x * blockDim.x) p[k] = v; \
-  }
 """
 
 # Every identifier the generated code may call; tests/test_emulator.py checks each against both

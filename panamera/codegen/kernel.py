@@ -8,12 +8,14 @@ shared memory, one atomic per block per output) follows from header.py.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 import islpy as isl
+import numpy as np
 
-from ..dtypes import DType, bool_
+from ..dtypes import DType, bool_, float32
 from ..poly.program import KernelGroup
 from ..poly.statement import Statement
 from ..schedule.mapping import Mapping, access_kind
@@ -33,9 +35,23 @@ class BufferSpec:
 @dataclass(frozen=True)
 class Fill:
     buffer: str
-    ctype: str
-    value: object  # Python value in the buffer's C type ("bits" for 16-bit floats)
-    c_value: str = ""  # the value as a C expression (the combiner's identity)
+    ctype: str  # the buffer's C type
+    value: object  # the value, as a Python scalar (recorded in the plan)
+    c_value: str  # the value as a C expression
+
+
+@dataclass(frozen=True)
+class InitKernel:
+    """A kernel that fills buffers with values in one launch: the identities of atomic outputs
+    and workspaces, zeroed counters, or the result of an empty reduction."""
+
+    name: str
+    fills: tuple[Fill, ...]
+    source: str
+
+    @property
+    def signature(self) -> list[str]:
+        return [f"{f.ctype}*" for f in self.fills]
 
 
 @dataclass(frozen=True)
@@ -45,11 +61,11 @@ class RenderedKernel:
     params: tuple[BufferSpec, ...]
     fills: tuple[Fill, ...]  # initialisation the plan runs before this kernel
     modes: tuple[str, ...]  # per statement: store / atomic / atomic_ws / partials
-    init: str = ""  # source of the kernel that performs `fills` in one launch ("" if none)
+    init: InitKernel | None = None  # the kernel that performs `fills` in one launch
 
     @property
-    def init_name(self) -> str:
-        return f"{self.name}_init"
+    def signature(self) -> list[str]:
+        return [f"{'const ' if p.role == 'input' else ''}{p.ctype}*" for p in self.params]
 
 
 def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
@@ -136,12 +152,29 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
     else:
         lines += body.reduce_kernel(modes)
     lines.append("}")
-    init = render_init(f"{name}_init", fills, {p.key: p for p in params}) if fills else ""
+    init = render_init(f"{name}_init", fills, {p.key: p for p in params}) if fills else None
     return RenderedKernel(name, "\n".join(lines), tuple(params), tuple(fills), modes, init)
 
 
-def render_init(name: str, fills: list[Fill], specs: dict) -> str:
-    """One kernel that initialises every atomic output, workspace and counter of a kernel."""
+def render_empty(name: str, group: KernelGroup, specs: dict) -> InitKernel:
+    """The results of reductions over nothing: the identity (sum 0, prod 1, all True), NaN for a
+    mean or variance, as numpy."""
+    fills = []
+    for s in group.statements:
+        res = s.result
+        value = math.nan if res.attr("mean") or s.combiner.struct else s.combiner.identity(s.acc)
+        value = np.array(value).astype(res.dtype.np).item()
+        if res.dtype.is_16bit_float:  # a float value converted to 16 bits in the kernel
+            fn = "__float2half_rn" if res.dtype.name == "float16" else "__float2bfloat16_rn"
+            c_value = f"{fn}({literal(value, float32)})"
+        else:
+            c_value = literal(value, res.dtype)
+        fills.append(Fill(f"out:{res.uid}", res.dtype.c_type, value, c_value))
+    return render_init(name, fills, specs)
+
+
+def render_init(name: str, fills: list[Fill], specs: dict) -> InitKernel:
+    """One kernel that writes every fill's value over its whole buffer."""
     sig = ", ".join(f"{specs[f.buffer].ctype}* __restrict__ b{k}" for k, f in enumerate(fills))
     lines = [
         f'extern "C" __global__ void {name}({sig}) {{',
@@ -150,7 +183,7 @@ def render_init(name: str, fills: list[Fill], specs: dict) -> str:
     ]
     for k, f in enumerate(fills):
         lines.append(f"  for (long long e = t; e < {specs[f.buffer].size}LL; e += stride) b{k}[e] = {f.c_value};")
-    return "\n".join(lines + ["}"])
+    return InitKernel(name, tuple(fills), "\n".join(lines + ["}"]))
 
 
 def _param_name(p: BufferSpec, in_name, stmts) -> str:

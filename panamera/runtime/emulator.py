@@ -31,10 +31,11 @@ def cache_dir() -> Path:
     return d
 
 
-def glue(signatures: dict[str, list[str]]) -> str:
-    """Entry points that unpack an argument array and launch each kernel on the fibers."""
+def glue(signatures) -> str:
+    """Entry points that unpack an argument array and launch each kernel on the fibers.
+    signatures: (kernel name, C parameter types) pairs, or a dict of them."""
     out = []
-    for name, types in signatures.items():
+    for name, types in dict(signatures).items():
         args = ", ".join(f"*({t}*)a[{k}]" for k, t in enumerate(types))
         out.append(f"static void pn_call_{name}(void** a) {{ {name}({args}); }}")
         out.append(
@@ -78,7 +79,7 @@ def _explain(stderr: str, text: str, who: str) -> str:
 
 
 def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
-    """args: ctypes objects (c_void_p for pointers, c_float/c_longlong/... for scalars)."""
+    """args: ctypes objects, one per kernel parameter (c_void_p for pointers)."""
     fn = getattr(lib, f"pn_emu_launch_{kernel}")
     fn.restype = ctypes.c_char_p
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])

@@ -10,7 +10,7 @@ class Launch:
     kernel: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    args: tuple  # ("buf", key) or ("scalar", ctype, value)
+    args: tuple  # ("buf", key): the buffers passed, in order
     role: str  # "init", "reduce" or "map"
     dynamic_smem_bytes: int = 0
     form: str = ""
