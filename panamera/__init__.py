@@ -10,62 +10,9 @@
 from . import dtypes, errors, nn
 from .compiler import Compiled, compile
 from .errors import PanameraError
-from .frontend import (
-    Tensor,
-    abs,
-    all,
-    any,
-    arange,
-    argmax,
-    argmin,
-    exp,
-    log,
-    max,
-    maximum,
-    mean,
-    min,
-    minimum,
-    negative,
-    placeholder,
-    prod,
-    reshape,
-    rsqrt,
-    sqrt,
-    sum,
-    where,
-)
+from .frontend import *  # noqa: F403  (the numpy-like API, listed once in frontend.__all__)
+from .frontend import __all__ as _frontend_api
 from .nn import std, var
 
 __version__ = "0.1.0"
-__all__ = [
-    "Compiled",
-    "PanameraError",
-    "Tensor",
-    "abs",
-    "all",
-    "any",
-    "arange",
-    "argmax",
-    "argmin",
-    "compile",
-    "dtypes",
-    "errors",
-    "exp",
-    "log",
-    "max",
-    "maximum",
-    "mean",
-    "min",
-    "minimum",
-    "nn",
-    "std",
-    "var",
-    "negative",
-    "placeholder",
-    "prod",
-    "reshape",
-    "rsqrt",
-    "sqrt",
-    "sum",
-    "where",
-]
+__all__ = ["Compiled", "PanameraError", "compile", "dtypes", "errors", "nn", "std", "var", *_frontend_api]

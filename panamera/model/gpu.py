@@ -42,6 +42,10 @@ class GPUSpec:
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw
 
+    def resident_blocks(self, threads: int) -> int:
+        """Blocks of `threads` threads that one SM holds at once (thread and block limits)."""
+        return max(1, min(self.max_blocks_sm, self.max_threads_sm // max(threads, 1)))
+
     @property
     def loaded_latency_s(self) -> float:
         return max(self.dram_latency_s, self.sms * 32 * 1024 / self.achievable_bw)
@@ -95,7 +99,7 @@ def kernel_time(
     """Modeled time of one kernel launch."""
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0)
-    resident = max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // max(threads, 1)))
+    resident = gpu.resident_blocks(threads)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
     in_flight = active * per_sm_blocks * threads * bytes_in_flight_per_thread

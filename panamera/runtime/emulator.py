@@ -22,7 +22,8 @@ HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
 FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
-_loaded: dict[str, ctypes.CDLL] = {}
+_loaded: dict[str, ctypes.CDLL] = {}  # by content hash
+_by_source: dict[str, ctypes.CDLL] = {}  # by source text: the per-call fast path
 
 
 def cache_dir() -> Path:
@@ -46,16 +47,21 @@ def glue(signatures) -> str:
     return "\n".join(out) + "\n"
 
 
-def build(source: str, signatures: dict[str, list[str]]) -> ctypes.CDLL:
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
+def build(source: str, signatures) -> ctypes.CDLL:
+    """The shared library of `source` (its kernels' parameter types in `signatures`); a source
+    seen before in this process costs one dict lookup, a source built before one file check."""
+    if source in _by_source:  # the kernels, hence the signatures, are a function of the source
+        return _by_source[source]
     text = source + "\n" + glue(signatures)
     key = hashlib.sha256((text + HEADER.read_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
     if key in _loaded:
+        _by_source[source] = _loaded[key]
         return _loaded[key]
     lib = cache_dir() / f"emu_{key}.so"
     if not lib.exists():
+        cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+        if cxx is None:
+            raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(text)
@@ -64,7 +70,7 @@ def build(source: str, signatures: dict[str, list[str]]) -> ctypes.CDLL:
             if r.returncode:
                 raise CompileError(_explain(r.stderr, text, "g++ (emulator)"))
             shutil.move(str(out), lib)
-    _loaded[key] = ctypes.CDLL(str(lib))
+    _loaded[key] = _by_source[source] = ctypes.CDLL(str(lib))
     return _loaded[key]
 
 

@@ -188,7 +188,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         s *= 2
     if split is not None:
         candidates = [max(1, min(split, MAX_GRID_Y))]
-    best = None
+    best, transcendentals = None, sfu_ops(group)
     for s in candidates:
         chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
         s_eff = math.ceil(serial / chunk)
@@ -201,7 +201,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
             bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
             atomics=outputs * s_eff if s_eff > 1 else 0,
             same_address=s_eff if s_eff > 1 else 0,
-            sfu_ops=sfu_ops(group),
+            sfu_ops=transcendentals,
         )
         init = gpu.launch_s if s_eff > 1 else 0.0
         key = cost.total_s + init
@@ -231,12 +231,12 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
     vec = choose_vec(group, "j", N)
     G = N // vec
     row_bytes = in_bytes / max(M, 1)
-    best = None
+    best, transcendentals, elem_bytes = None, sfu_ops(group), max(1, bytes_per_iteration(group))
     # Threads per row: more threads keep fewer rows resident, so later passes hit in L2.
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
-        resident = min(gx, gpu.sms * max(1, min(gpu.max_blocks_sm, gpu.max_threads_sm // (tx * ty)))) * ty
+        resident = min(gx, gpu.sms * gpu.resident_blocks(tx * ty)) * ty
         reread = (passes - 1) * in_bytes
         in_l2 = resident * row_bytes <= gpu.l2_size / 2
         cost = kernel_time(
@@ -245,9 +245,9 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
             l2_bytes=reread if in_l2 else 0,
             blocks=gx,
             threads=tx * ty,
-            bytes_in_flight_per_thread=max(1, bytes_per_iteration(group)) * vec,
+            bytes_in_flight_per_thread=elem_bytes * vec,
             epilogue_cycles=400 * passes,
-            sfu_ops=sfu_ops(group),
+            sfu_ops=transcendentals,
         )
         if best is None or cost.total_s < best[0].total_s * 0.97:
             best = (cost, tx, ty, gx)
