@@ -1,16 +1,27 @@
-"""The `panamera` command. `panamera demo` compiles the paper's single-reduction suite (WORKLOADS.md
-A1) at emulator-friendly sizes, checks each result against numpy and prints the plans."""
+"""The `panamera` command.
+
+    panamera demo                           the single-reduction suite on the emulator
+    panamera optimize model.onnx --out DIR  partition, compile, write kernels and a report
+    panamera explain model.onnx --node NAME one subgraph in full
+    panamera run model.onnx --inputs in.npz run the whole model
+
+Errors are one line and a non-zero exit status; --debug shows the traceback.
+"""
 
 from __future__ import annotations
 
-import argparse
+import os
+import shutil
 import sys
 import time
 
+import click
 import numpy as np
 
 from . import compile as pn_compile
+from .errors import InputError, ModelError, PanameraError, ScheduleError
 from .frontend import ops, placeholder
+from .model.gpu import GPUS
 
 # (name, form, shape, axes): A1 shapes scaled down so that the emulator runs them in seconds.
 DEMO_SUITE = [
@@ -26,7 +37,7 @@ DEMO_SUITE = [
 ]
 
 
-def demo(args) -> int:
+def run_demo() -> int:
     rng = np.random.default_rng(0)
     rows = []
     failed = 0
@@ -82,14 +93,266 @@ def demo(args) -> int:
     return 1 if failed else 0
 
 
+# -- helpers ----------------------------------------------------------------------------------
+def _shapes(values) -> dict:
+    out = {}
+    for v in values:
+        name, sep, dims = v.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+        except ValueError:
+            shape = None
+        if not sep or not name or shape is None or any(d < 0 for d in shape):
+            raise InputError(f"--shape {v!r}: expected NAME=DIMS like x=2x128")
+        out[name] = shape
+    return out
+
+
+def _load_npz(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise InputError(f"--inputs {path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:
+        raise InputError(f"--inputs {path}: not a readable .npz file ({type(e).__name__})") from None
+
+
+def _console():
+    from rich.console import Console
+
+    c = Console(highlight=False)
+    return c if c.is_terminal else Console(highlight=False, width=200)  # piped: plain, unwrapped
+
+
+def _table(title, head, rows):
+    from rich.table import Table
+
+    t = Table(title=title, show_lines=False)
+    for h in head:
+        t.add_column(h)
+    for r in rows:
+        t.add_row(*[str(c) for c in r])
+    return t
+
+
+def _optimize(model, shapes, target, gpu, specialize=None, schedules=None):
+    from rich.progress import Progress
+
+    from .subgraph import optimize
+
+    console = _console()
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("compiling subgraphs", total=None)
+
+        def progress(k, n, what):
+            bar.update(task, total=n, completed=k, description=f"compiling {what[:40]}")
+
+        return optimize(model, shapes, specialize, target=target, gpu=GPUS[gpu], schedules=schedules, progress=progress)
+
+
+def _specialize_from(model, feeds: dict) -> dict:
+    from .subgraph.model import shape_inputs
+
+    return {k: feeds[k] for k in shape_inputs(model) if k in feeds}
+
+
+def _schedule_reader(directory: str, gpu_name: str):
+    from .schedule.saved import Schedule
+
+    if not os.path.isdir(directory):
+        raise ScheduleError(f"--schedules {directory}: no such directory")
+
+    def read(k: int, signature: str):
+        path = os.path.join(directory, f"sg{k}.{gpu_name}.json")
+        if not os.path.isfile(path):
+            raise ScheduleError(f"{path}: no saved schedule for subgraph {k} ({signature})")
+        with open(path) as f:
+            s = Schedule.from_json(f.read(), path)
+        if s.subgraph != signature:
+            raise ScheduleError(f"{path}: saved for subgraph {s.subgraph!r}, but subgraph {k} is now {signature!r}")
+        return s
+
+    return read
+
+
+def _verify_and_print(console, opt, feeds) -> bool:
+    checks = opt.verify(feeds)
+    bad = [c for c in checks if not c.ok]
+    for c in bad:
+        console.print(f"[red]MISMATCH[/red] {c.value!r}: {c.detail}")
+    console.print(
+        f"verify: {len(checks) - len(bad)}/{len(checks)} values match onnx's reference evaluator "
+        f"({opt.subgraphs[0].compiled.target if opt.subgraphs else 'no Panamera'} backend)"
+    )
+    return not bad
+
+
+# -- commands ---------------------------------------------------------------------------------
+shape_opt = click.option(
+    "--shape", "shape", multiple=True, metavar="NAME=DIMS", help="fix a symbolic input shape, e.g. x=2x128"
+)
+target_opt = click.option(
+    "--target", type=click.Choice(["auto", "cuda", "emulator"]), default="auto", show_default=True
+)
+gpu_opt = click.option(
+    "--gpu",
+    type=click.Choice(sorted(GPUS)),
+    default="h100",
+    show_default=True,
+    help="GPU the plans are made and modeled for",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="show tracebacks")
+@click.pass_context
+def cli(ctx, debug):
+    """Panamera: a polyhedral, reduction-parallelizing compiler for deep-learning operators."""
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+def demo():
+    """Compile, run and check the single-reduction suite; print the plans."""
+    sys.exit(run_demo())
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="write kernels, report.md and report.json here")
+@click.option("--force", is_flag=True, help="overwrite --out if it exists")
+@click.option("--verify", is_flag=True, help="run the model and compare with onnx's reference evaluator")
+@click.option("--inputs", type=click.Path(dir_okay=False), help=".npz of model inputs (for --verify; else random)")
+@click.option("--save-schedules", type=click.Path(file_okay=False), help="write one schedule file per subgraph here")
+@click.option("--schedules", type=click.Path(file_okay=False), help="replay the schedules saved here")
+@shape_opt
+@target_opt
+@gpu_opt
+def optimize(model, out, force, verify, inputs, save_schedules, schedules, shape, target, gpu):
+    """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
+    from .subgraph.report import build_report, write_outputs
+
+    console = _console()
+    if out and os.path.exists(out) and not force:
+        raise InputError(f"--out {out} exists; pass --force to overwrite it")
+    feeds = _load_npz(inputs) if inputs else None
+    spec = _specialize_from(model, feeds) if feeds else None
+    reader = _schedule_reader(schedules, GPUS[gpu].name) if schedules else None
+    opt = _optimize(model, _shapes(shape), target, gpu, spec, reader)
+    if out:
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.makedirs(out)
+        report = write_outputs(opt, out)
+    else:
+        report = build_report(opt)
+    rows = [
+        (s["label"], " ".join(n["op"] for n in s["nodes"]), s["launches"], f"{s['modeled_us']:.1f}",
+         f"{s['unfused_modeled_us']:.1f} ({s['unfused_launches']})",
+         f"{s['speedup_vs_unfused']:.2f}x" if s["speedup_vs_unfused"] else "-", f"{s['compile_s'] * 1e3:.0f}")
+        for s in report["subgraphs"]
+    ]  # fmt: skip
+    console.print(_table(f"{os.path.basename(model)}: subgraphs ({opt.gpu.name}, modeled)",
+                         ("subgraph", "ops", "launches", "us", "unfused us (launches)", "speedup", "compile ms"), rows))  # fmt: skip
+    for lib in report["library"]:
+        console.print(f"library: {lib['op']} {lib['name']!r}: {lib['reason']}", markup=False)
+    if save_schedules:
+        os.makedirs(save_schedules, exist_ok=True)
+        for sg in opt.subgraphs:
+            sched = sg.compiled.schedule
+            sched = type(sched)(sched.gpu, sched.stitched, sched.kernels, sg.signature)
+            with open(os.path.join(save_schedules, f"sg{sg.id}.{opt.gpu.name}.json"), "w") as f:
+                f.write(sched.to_json())
+        console.print(f"schedules: {len(opt.subgraphs)} file(s) in {save_schedules}")
+    if out:
+        console.print(f"wrote {out}/report.md, {out}/report.json and {len(opt.subgraphs)} kernel file(s)")
+    if verify and not _verify_and_print(console, opt, feeds):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--node", required=True, help="name of a node in the subgraph to explain")
+@shape_opt
+@target_opt
+@gpu_opt
+def explain(model, node, shape, target, gpu):
+    """Show the subgraph holding NODE: its ops, plan, isl schedule and CUDA."""
+    from .subgraph.optimizer import Subgraph
+
+    console = _console()
+    opt = _optimize(model, _shapes(shape), target, gpu)
+    unit = opt.subgraph_of(node)
+    if not isinstance(unit, Subgraph):
+        console.print(f"node {node!r} ({unit.node.op_type}) runs in the array library: {unit.reason}", markup=False)
+        return
+    console.print(f"{unit.label}: " + ", ".join(f"{n.label!r} ({n.op_type})" for n in unit.nodes), markup=False)
+    console.print(f"inputs {list(unit.inputs) + list(unit.weights)} -> outputs {list(unit.outputs)}", markup=False)
+    console.print(unit.compiled.explain(), markup=False)
+    console.print(unit.compiled.source, markup=False)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--inputs", required=True, type=click.Path(dir_okay=False), help=".npz with one array per model input")
+@click.option("--output", type=click.Path(dir_okay=False), help="write the outputs to this .npz")
+@click.option("--verify", is_flag=True, help="also compare with onnx's reference evaluator")
+@shape_opt
+@target_opt
+@gpu_opt
+def run(model, inputs, output, verify, shape, target, gpu):
+    """Run MODEL on INPUTS: Panamera kernels for the subgraphs, the array library for the rest."""
+    console = _console()
+    feeds = _load_npz(inputs)
+    opt = _optimize(model, _shapes(shape), target, gpu, _specialize_from(model, feeds))
+    t0 = time.perf_counter()
+    outs = opt.run(feeds)
+    dt = time.perf_counter() - t0
+    for name, a in outs.items():
+        a = a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
+        console.print(
+            f"{name}: {a.dtype}{list(a.shape)} mean {float(np.mean(a.astype(np.float64))) if a.size else float('nan'):.6g}",
+            markup=False,
+        )
+    console.print(
+        f"ran {len(opt.subgraphs)} Panamera subgraph(s) and {len(opt.library)} library node(s) in {dt:.3f} s ({opt.target})"
+    )
+    if output:
+        np.savez(output, **{k: (v.get() if type(v).__module__.startswith("cupy") else v) for k, v in outs.items()})
+    if verify and not _verify_and_print(console, opt, feeds):
+        sys.exit(1)
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="panamera", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("demo", help="compile, run and check the single-reduction suite; print the plans")
-    args = p.parse_args(argv)
-    if args.cmd == "demo":
-        return demo(args)
-    return 2
+    """Entry point: one-line errors with exit status 2 (1 for a failed check), tracebacks with --debug."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="panamera", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        print("panamera: aborted", file=sys.stderr)
+        return 130
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except (PanameraError, ModelError) as e:
+        if debug:
+            raise
+        print(f"panamera: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: say so briefly, the traceback is one flag away
+        if debug:
+            raise
+        print(
+            f"panamera: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr
+        )
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

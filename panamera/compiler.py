@@ -20,7 +20,7 @@ import numpy as np
 from .codegen import islast
 from .codegen.header import PRELUDE
 from .codegen.kernel import BufferSpec, InitKernel, RenderedKernel, render_empty, render_kernel
-from .errors import BackendError, DTypeError, InputError, PanameraError
+from .errors import BackendError, DTypeError, InputError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
 from .poly.program import KernelGroup, Program, build_program
@@ -29,6 +29,7 @@ from .runtime import emulator
 from .runtime.plan import Launch, LaunchPlan
 from .schedule.mapping import Mapping, map_group
 from .schedule.planner import Considered, plan_groups
+from .schedule.saved import KernelChoice, Schedule
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -58,6 +59,13 @@ class Compiled:
     @property
     def inputs(self) -> tuple[Tensor, ...]:
         return self.program.inputs
+
+    @property
+    def schedule(self) -> Schedule:
+        """The decisions made for this program, replayable with `pn.compile(..., schedule=)`."""
+        stitched = tuple(tuple(s.name for s in g.statements) for g in self.groups if g.stitched)
+        kernels = tuple(KernelChoice(g.form, g.M, g.N, m.split) for g, m in zip(self.groups, self.mappings))
+        return Schedule(self.gpu.name, stitched, kernels)
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
         arrays = self._bind(arrays, named)
@@ -211,7 +219,12 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec) -> Launch:
 
 
 def compile(  # noqa: A001
-    outputs, target: str = "auto", deterministic: bool = False, gpu: GPUSpec = H100, split: int | None = None
+    outputs,
+    target: str = "auto",
+    deterministic: bool = False,
+    gpu: GPUSpec = H100,
+    split: int | None = None,
+    schedule: Schedule | None = None,
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
@@ -220,6 +233,8 @@ def compile(  # noqa: A001
     on every run and every thread order, still in one launch.
     split: override the model's choice of blocks per reduction (a schedule override, used by
     tests and experiments; the mapper clamps it to what the extents allow).
+    schedule: replay saved decisions (`Compiled.schedule`) instead of asking the model; a
+    schedule that does not fit this program or GPU raises ScheduleError.
     """
     single = isinstance(outputs, Tensor)
     outs = (outputs,) if single else tuple(outputs)
@@ -230,7 +245,10 @@ def compile(  # noqa: A001
     if target not in ("cuda", "emulator"):
         raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
     prog = build_program(outs)
-    groups, considered = plan_groups(prog, gpu, allow_stitch=split is None)
+    if schedule is not None and schedule.gpu != gpu.name:
+        raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
+    replay = schedule.stitched if schedule is not None else None
+    groups, considered = plan_groups(prog, gpu, allow_stitch=split is None, replay=replay)
     mappings, kernels, launches, buffers, live_groups = [], [], [], {}, []
     parts, signatures = [PRELUDE, islast.HELPERS], {}
 
@@ -247,7 +265,10 @@ def compile(  # noqa: A001
             add_init(render_empty(f"pn_k{k}_empty", grp, buffers))
         if grp.M * grp.N == 0:
             continue
-        m = map_group(grp, gpu, split)
+        if schedule is not None:
+            m = map_group(grp, gpu, schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N).split)
+        else:
+            m = map_group(grp, gpu, split)
         label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)
         rk = render_kernel(f"pn_k{k}_{label}", grp, m, deterministic)
         mappings.append(m)
@@ -278,6 +299,8 @@ def compile(  # noqa: A001
                 modeled_us=m.cost.total_s * 1e6,
             )
         )
+    if schedule is not None and len(schedule.kernels) != len(mappings):
+        raise ScheduleError(f"schedule has {len(schedule.kernels)} kernel(s), the program {len(mappings)}")
     return Compiled(
         outs,
         single,

@@ -35,3 +35,11 @@ class BackendError(PanameraError, RuntimeError):
 
 class LegalityError(PanameraError, ValueError):
     """A transformation whose preconditions do not hold."""
+
+
+class ModelError(PanameraError, ValueError):
+    """A model file that is not ONNX, is truncated, fails onnx's checker or has symbolic shapes."""
+
+
+class ScheduleError(PanameraError, ValueError):
+    """A saved schedule that does not fit the subgraph or GPU it is loaded for."""

@@ -11,7 +11,8 @@ from ..poly.expr import Expr
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-_MATH = {"exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt"}
+_MATH = {op: op for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil")}
+_LOGICAL = {"and": "&", "or": "|", "xor": "^"}
 
 
 def literal(value, d: DType) -> str:
@@ -83,6 +84,12 @@ class ExprRenderer:
             if d.name == "bool":
                 return f"({x[0]} | {x[1]})" if n.op == "add" else f"({x[0]} & {x[1]})"
             return _round(f"({x[0]} {_ARITH[n.op]} {x[1]})", d)
+        if n.op in _LOGICAL:
+            return f"({x[0]} {_LOGICAL[n.op]} {x[1]})"
+        if n.op == "trunc_div":
+            return f"({x[1]} == 0 ? ({d.compute})0 : {x[0]} / {x[1]})"
+        if n.op == "pow":
+            return _round(f"pn_pow({x[0]}, {x[1]})", d)
         if n.op in ("maximum", "minimum"):
             return f"pn_{n.op}({x[0]}, {x[1]})"
         if n.op == "where":

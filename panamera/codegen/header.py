@@ -150,6 +150,17 @@ template <class T> __device__ __forceinline__ T pn_minimum(T a, T b) { return pn
 template <class T> __device__ __forceinline__ T pn_abs(T a) { return a < (T)0 ? -a : a; }
 __device__ __forceinline__ float pn_abs(float a) { return fabsf(a); }
 __device__ __forceinline__ double pn_abs(double a) { return fabs(a); }
+// numpy.power: pow() for floats; integers by exact repeated squaring (a negative exponent gives
+// 0 unless the base is 1 or -1, where numpy raises and C would divide by zero).
+__device__ __forceinline__ float pn_pow(float a, float b) { return powf(a, b); }
+__device__ __forceinline__ double pn_pow(double a, double b) { return pow(a, b); }
+template <class T> __device__ __forceinline__ T pn_pow(T a, T b) {
+  if (b < 0) return a == 1 ? (T)1 : (a == -1 ? ((b & 1) ? (T)-1 : (T)1) : (T)0);
+  T r = 1;
+  for (; b; b >>= 1, a *= a)
+    if (b & 1) r *= a;
+  return r;
+}
 __device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
 __device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
@@ -338,4 +349,14 @@ INTRINSICS = (
     "sqrt",
     "rsqrt",
     "fabs",
+    "tanhf",
+    "erff",
+    "floorf",
+    "ceilf",
+    "powf",
+    "tanh",
+    "erf",
+    "floor",
+    "ceil",
+    "pow",
 )

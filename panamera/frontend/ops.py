@@ -27,6 +27,44 @@ def rsqrt(x: Tensor) -> Tensor:
     return unary("rsqrt", x)
 
 
+def tanh(x: Tensor) -> Tensor:
+    return unary("tanh", x)
+
+
+def erf(x: Tensor) -> Tensor:
+    """The Gauss error function (scipy.special.erf)."""
+    return unary("erf", x)
+
+
+def floor(x: Tensor) -> Tensor:
+    return unary("floor", x)
+
+
+def ceil(x: Tensor) -> Tensor:
+    return unary("ceil", x)
+
+
+def power(a, b) -> Tensor:
+    """numpy.power: float operands use pow(); integer operands multiply exactly."""
+    return binary("pow", a, b)
+
+
+def logical_and(a: Tensor, b: Tensor) -> Tensor:
+    return binary("and", a, b)
+
+
+def logical_or(a: Tensor, b: Tensor) -> Tensor:
+    return binary("or", a, b)
+
+
+def logical_xor(a: Tensor, b: Tensor) -> Tensor:
+    return binary("xor", a, b)
+
+
+def logical_not(x: Tensor) -> Tensor:
+    return ~x
+
+
 def abs(x: Tensor) -> Tensor:  # noqa: A001 - numpy's name
     return unary("abs", x)
 
@@ -126,7 +164,7 @@ def arange(n: int) -> Tensor:
     return iota((int(n),), 0)
 
 
-def _arg(kind: str, x: Tensor, axis, keepdims: bool) -> Tensor:
+def _arg(kind: str, x: Tensor, axis, keepdims: bool, last: bool = False) -> Tensor:
     if not isinstance(x, Tensor):
         raise DTypeError(f"arg{kind}: expected a Tensor, got {type(x).__name__}")
     if x.dtype.itemsize == 8:
@@ -143,24 +181,27 @@ def _arg(kind: str, x: Tensor, axis, keepdims: bool) -> Tensor:
     if n >= 2**32:
         raise AxisError(f"arg{kind} of {x.label!r}: the reduced extent {n} does not fit a 32-bit index")
     idx = iota(x.shape, None if axis is None else axes[0])
+    if last:  # the first index of the reversed order is the last index
+        idx = (n - 1) - idx
     key = Tensor(f"argkey_{kind}", (x, idx), x.shape, dtypes.int64)
     r = _reduce(kind, key, axis, keepdims)
-    return Tensor(f"argindex_{kind}", (r,), r.shape, dtypes.int64)
+    out = Tensor(f"argindex_{kind}", (r,), r.shape, dtypes.int64)
+    return (n - 1) - out if last else out
 
 
-def argmax(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    """numpy.argmax: the first index of the maximum; a NaN wins, as in numpy.
+def argmax(x: Tensor, axis=None, keepdims: bool = False, last: bool = False) -> Tensor:
+    """numpy.argmax: the first index of the maximum (the last with last=True); a NaN wins.
 
     >>> import panamera as pn
     >>> pn.argmax(pn.placeholder((4, 10), "float32"), axis=1).dtype.name
     'int64'
     """
-    return _arg("max", x, axis, keepdims)
+    return _arg("max", x, axis, keepdims, last)
 
 
-def argmin(x: Tensor, axis=None, keepdims: bool = False) -> Tensor:
-    """numpy.argmin: the first index of the minimum; a NaN wins, as in numpy."""
-    return _arg("min", x, axis, keepdims)
+def argmin(x: Tensor, axis=None, keepdims: bool = False, last: bool = False) -> Tensor:
+    """numpy.argmin: the first index of the minimum (the last with last=True); a NaN wins."""
+    return _arg("min", x, axis, keepdims, last)
 
 
 def welford(x: Tensor, axis=None, keepdims: bool = False, field: str = "var", ddof: int = 0) -> Tensor:

@@ -21,9 +21,10 @@ from ..errors import DTypeError, ShapeError
 
 _ids = count()
 
-UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt")  # results are floating point, as in numpy
+UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil")  # float results, as in numpy
 UNARY = ("neg", "abs", "not") + UNARY_FLOAT
-BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum")
+BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "trunc_div")
+LOGICAL = ("and", "or", "xor")  # bool operands only (numpy.logical_*)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 # Internal element-wise ops of argmax/argmin: a (value, index) pair packed into one int64 key
 # whose integer order is "larger value first, then smaller index" (see codegen/header.py).
@@ -97,6 +98,21 @@ class Tensor:
         if self.dtype.name != "bool":
             raise DTypeError(f"~ of tensor {self.name or self.op!r}: only bool tensors are supported")
         return unary("not", self)
+
+    def __and__(self, o):
+        return binary("and", self, o)
+
+    def __or__(self, o):
+        return binary("or", self, o)
+
+    def __xor__(self, o):
+        return binary("xor", self, o)
+
+    def __pow__(self, o):
+        return binary("pow", self, o)
+
+    def __rpow__(self, o):
+        return binary("pow", o, self)
 
     def __lt__(self, o):
         return binary("lt", self, o)
@@ -186,14 +202,22 @@ def _as_tensor_pair(a, b, op: str):
 def binary(op: str, a, b) -> Tensor:
     a, b, d = _as_tensor_pair(a, b, op)
     shape = broadcast_shapes(a.shape, b.shape, what=f"{op} of {a.label!r} and {b.label!r}")
-    if op in COMPARE:
+    if op in LOGICAL and (a.dtype.name != "bool" or b.dtype.name != "bool"):
+        raise DTypeError(f"logical {op} of {a.label!r} and {b.label!r}: both operands must be bool")
+    if op in COMPARE or op in LOGICAL:
         out = dtypes.bool_
     elif op == "div":
         out = d if d.is_float else dtypes.float64
+    elif op == "trunc_div":  # C integer division (ONNX Div of integers), x / 0 gives 0
+        if d.is_float or d.name == "bool":
+            raise DTypeError(f"trunc_div of {a.label!r} and {b.label!r}: integer operands only")
+        out = d
     else:
         out = d
         if op == "sub" and d.name == "bool":
             raise DTypeError(f"sub of {a.label!r} and {b.label!r}: numpy does not subtract booleans")
+        if op == "pow" and d.name == "bool":
+            raise DTypeError(f"pow of {a.label!r} and {b.label!r}: booleans have no power")
     return Tensor(op, (a, b), shape, out)
 
 

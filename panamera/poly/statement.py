@@ -83,10 +83,11 @@ def linear(idx, shape, zero: isl.PwAff) -> isl.PwAff:
 
 
 def delinearize(lin: isl.PwAff, shape, ctx: isl.Context) -> list[isl.PwAff]:
-    """Subscripts of the element at linear offset `lin` in a C-order array of `shape`."""
+    """Subscripts of the element at linear offset `lin` in a C-order array of `shape`.
+    (A shape with a zero extent has stride 0 and an empty domain: any subscript will do.)"""
     out = []
     for s, st in zip(shape, strides(shape)):
-        q = lin.scale_down_val(isl.Val.int_from_si(ctx, st)).floor() if st != 1 else lin
+        q = lin.scale_down_val(isl.Val.int_from_si(ctx, st)).floor() if st > 1 else lin
         out.append(q.mod_val(isl.Val.int_from_si(ctx, s)) if s > 0 else q)
     return out
 

@@ -132,7 +132,7 @@ def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
     return best
 
 
-TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt")
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow")
 
 
 def sfu_ops(group: KernelGroup) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup, Program, external_results, group_statements
 from .mapping import map_group
@@ -31,11 +32,23 @@ class Considered:
         )
 
 
-def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True):
-    """Kernel groups for the program and the stitching decisions the model made."""
+def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=None):
+    """Kernel groups for the program and the stitching decisions the model made.
+
+    replay: stitched groups (tuples of statement names) to take instead of asking the model;
+    each must be a legal candidate (a saved schedule that no longer fits is refused)."""
     considered, chosen = [], []
     by_name = {s.name: s for s in prog.statements}
-    for cand in prog.stitch_candidates if allow_stitch else ():
+    if replay is not None:
+        legal = {tuple(s.name for s in cand): tuple(cand) for cand in prog.stitch_candidates}
+        for names in replay:
+            if tuple(names) not in legal:
+                raise ScheduleError(
+                    f"schedule stitches {'+'.join(names)}, which is not a legal stitched group of this program "
+                    f"(legal: {['+'.join(n) for n in legal] or 'none'})"
+                )
+            chosen.append(legal[tuple(names)])
+    for cand in prog.stitch_candidates if allow_stitch and replay is None else ():
         names = tuple(s.name for s in cand)
         stitched = KernelGroup(tuple(cand), True, external_results(cand, prog.statements, prog.outputs))
         fused = map_group(stitched, gpu).cost.total_s
