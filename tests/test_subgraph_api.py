@@ -124,7 +124,9 @@ def test_unreadable_schedule():
 # -- element-wise ops added for ONNX -----------------------------------------------------------
 def test_transcendental_and_rounding_ops():
     x = pn.placeholder((3, 70), "float32", name="x")
-    k = pn.compile([pn.tanh(x), pn.erf(x), pn.floor(x), pn.ceil(x), pn.sum(pn.erf(x) * pn.tanh(x), axis=1)], target="emulator")
+    k = pn.compile(
+        [pn.tanh(x), pn.erf(x), pn.floor(x), pn.ceil(x), pn.sum(pn.erf(x) * pn.tanh(x), axis=1)], target="emulator"
+    )
     a = (np.random.default_rng(1).standard_normal((3, 70)) * 3).astype(np.float32)
     erf = np.vectorize(math.erf)(a.astype(np.float64))
     got = k(a)
