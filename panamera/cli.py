@@ -324,6 +324,49 @@ def run(model, inputs, output, verify, shape, target, gpu):
         sys.exit(1)
 
 
+@cli.command()
+@click.option(
+    "--suite", type=click.Choice(["single", "subgraphs", "norms", "all", "tiny"]), default="all", show_default=True
+)
+@click.option(
+    "--gpu",
+    type=click.Choice(sorted(GPUS)),
+    default="h100",
+    show_default=True,
+    help="GPU the plans are made and modeled for",
+)
+@click.option("--out", type=click.Path(file_okay=False), help="write results.json and summary.md (and plots) here")
+@click.option("--plot", is_flag=True, help="write PNG bar charts to --out (needs matplotlib)")
+@click.option("--measure/--no-measure", default=None, help="time kernels on the GPU (default: when CuPy sees one)")
+@click.option("--repeat", default=20, show_default=True, help="timed runs per kernel (median) with --measure")
+def bench(suite, gpu, out, plot, measure, repeat):
+    """Reproduce the paper's experiments: every workload planned as Panamera, deterministic,
+    single-block and eager, modeled on the GPU (and timed where one is present)."""
+    from rich.progress import Progress
+
+    from .bench import run_bench
+    from .bench.suites import SUITES, tiny
+
+    if plot and not out:
+        raise InputError("--plot writes PNG files: give --out DIR")
+    console = _console()
+    suites = list(SUITES) if suite == "all" else [suite]
+    workloads = tiny() if suite == "tiny" else None
+    cmd = (
+        "panamera bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else f"panamera bench --suite {suite}"
+    )
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("benchmarking", total=None)
+
+        def progress(k, n, what):
+            bar.update(task, total=n, completed=k, description=what[:50])
+
+        _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, progress, cmd)
+    console.print(summary, markup=False)
+    if out:
+        console.print(f"wrote {out}/results.json and {out}/summary.md", markup=False)
+
+
 def main(argv=None) -> int:
     """Entry point: one-line errors with exit status 2 (1 for a failed check), tracebacks with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -215,6 +215,7 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec) -> Launch:
         atomic_outputs=tuple((f.buffer, f.value) for f in init.fills),
         bytes_written=nbytes,
         modeled_us=cost.total_s * 1e6,
+        cost_features=cost.features,
     )
 
 
@@ -297,6 +298,7 @@ def compile(  # noqa: A001
                 bytes_written=bytes_written,
                 mapping=m.describe(),
                 modeled_us=m.cost.total_s * 1e6,
+                cost_features=m.cost.features,
             )
         )
     if schedule is not None and len(schedule.kernels) != len(mappings):

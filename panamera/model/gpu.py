@@ -17,7 +17,7 @@ support.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class GPUSpec:
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
     smem_per_block: int = 227 * 1024
+    sources: tuple = ()  # (parameter, where the figure comes from), as in GPU_MODEL.md
 
     @property
     def achievable_bw(self) -> float:
@@ -51,7 +52,23 @@ class GPUSpec:
         return max(self.dram_latency_s, self.sms * 32 * 1024 / self.achievable_bw)
 
 
-H100 = GPUSpec("H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9)
+_COMMON = (
+    ("launch_s", "[measured] a two-kernel CUB reduce takes 4.9-5.4 us on tiny inputs (cccl PR #9722)"),
+    ("l2_clock_hz", "[measured] same-address atomics retire about one per L2 clock (gpgpu-sim PR #33, V100)"),
+    ("sfu_per_clock_sm", "[spec] CUDA Programming Guide throughput table"),
+    ("max_threads_sm/max_blocks_sm", "[spec] 2048 threads, 32 blocks per SM (cc 7.0-9.0)"),
+)
+H100 = GPUSpec(
+    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9,
+    sources=(
+        ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
+        ("eta", "[measured] CUB DeviceReduce reaches 90% of peak on H200 (cccl PR #9722)"),
+        ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
+        ("atomic_rate", "[measured] int32 distinct-address atomics at 73 G/s on GH200 (triton PR #10059)"),
+        ("l2_bw", "[measured] gpu-benches (H200)"),
+        *_COMMON,
+    ),
+)  # fmt: skip
 A100 = GPUSpec(
     "A100-SXM4-80GB",
     108,
@@ -62,11 +79,44 @@ A100 = GPUSpec(
     2.5e-6,
     40e9,
     1.41e9,
-    5e12,
-    40 * 2**20,
+    l2_bw=5e12,
+    l2_size=40 * 2**20,
     smem_per_block=163 * 1024,
+    sources=(
+        ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA A100 datasheet"),
+        ("eta/l2_bw", "[measured] te42kyfo/gpu-benches (A100)"),
+        ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
+        ("atomic_rate", "[assumed] two thirds of H100's, scaled by L2 clock (no published figure)"),
+        *_COMMON,
+    ),
 )
-GPUS = {"h100": H100, "a100": A100}
+# The paper's GPU (Tesla V100 SXM2). Figures not in GPU_MODEL.md are tagged as their source says.
+V100 = GPUSpec(
+    "V100-SXM2",
+    80,
+    1.53e9,
+    900e9,
+    0.85,
+    450e-9,
+    3.0e-6,
+    25e9,
+    1.53e9,
+    l2_bw=2.1e12,
+    l2_size=6 * 2**20,
+    sfu_per_clock_sm=16,
+    max_blocks_sm=32,
+    smem_per_block=96 * 1024,
+    sources=(
+        ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA Tesla V100 datasheet (SXM2)"),
+        ("eta", "[measured] about 790 GB/s streaming of 900 GB/s peak (Jia et al. 2018, 'Dissecting Volta')"),
+        ("l2_bw", "[measured] about 2.1 TB/s L2 load throughput (Jia et al. 2018)"),
+        ("dram_latency_s", "[derived] about 690 cycles at 1.53 GHz from Jia et al. 2018's pointer chase"),
+        ("launch_s", "[assumed] 3 us back to back with CUDA 10 (no measurement in our sources)"),
+        ("atomic_rate", "[assumed] scaled from H100's by L2 bandwidth (no published figure)"),
+        ("l2_clock_hz", "[assumed] L2 at the core clock"),
+    ),
+)
+GPUS = {"h100": H100, "a100": A100, "v100": V100}
 
 
 @dataclass(frozen=True)
@@ -77,6 +127,7 @@ class KernelCost:
     atomic_s: float
     l2_s: float = 0.0
     sfu_s: float = 0.0
+    features: tuple = field(default=(), compare=False)  # kernel_time's keyword arguments, to re-model
 
     @property
     def total_s(self) -> float:
@@ -97,8 +148,12 @@ def kernel_time(
     sfu_ops: float = 0.0,
 ) -> KernelCost:
     """Modeled time of one kernel launch."""
+    features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
+                ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
+                ("same_address", same_address), ("epilogue_cycles", epilogue_cycles), ("l2_bytes", l2_bytes),
+                ("sfu_ops", sfu_ops))  # fmt: skip
     if blocks <= 0:
-        return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0)
+        return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
@@ -109,4 +164,4 @@ def kernel_time(
     tail = waves * epilogue_cycles / gpu.clock_hz
     atomic = (same_address / gpu.l2_clock_hz + atomics / gpu.atomic_rate) if atomics else 0.0
     sfu = sfu_ops / (gpu.sms * gpu.sfu_per_clock_sm * gpu.clock_hz)
-    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu)
+    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, features)

@@ -21,6 +21,7 @@ class Launch:
     bytes_written: int = 0
     mapping: str = ""
     modeled_us: float = 0.0
+    cost_features: tuple = ()  # what the model was given (model/estimate.py re-models from it)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""The plans a workload is compared under, all planned by Panamera's own machinery with the
+choices another system makes, and all modeled by the same model:
+
+- **panamera**: fusion, stitching, the model-chosen multi-block split, one atomic per block.
+- **deterministic**: the same, with block partials merged in a fixed order (no float atomics).
+- **single-block**: producers fused, one block per output row / column tile, no split and no
+  stitching: what TVM, Hidet and the polyhedral generators do for reductions.
+- **eager**: one kernel per operator, each reading its inputs from and writing its output to
+  DRAM (views are free); reductions as a library does them: no atomics, and a scalar (ALL)
+  output in two passes (partials, then one more launch to combine them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from ..compiler import Compiled
+from ..compiler import compile as pn_compile
+from ..frontend.tensor import Tensor, _ids, placeholder
+from ..model.estimate import Estimate, estimate, limit_us
+from ..model.gpu import GPUSpec
+
+PLANS = ("panamera", "deterministic", "single-block", "eager")
+INLINE = ("const", "iota", "argkey_max", "argkey_min")  # computed where used, never a kernel
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    plan: str
+    estimate: Estimate
+    blocks: int
+    atomics: int
+    compile_s: float
+    compiled: tuple[Compiled, ...]
+
+    @property
+    def modeled_us(self) -> float:
+        return self.estimate.total_us
+
+
+def _counts(c: Compiled) -> tuple[int, int]:
+    """Blocks of the reduction/map kernels, and the atomics that merge block results (a
+    deterministic plan writes partials instead: none)."""
+    blocks = sum(ln.grid[0] * ln.grid[1] * ln.grid[2] for ln in c.plan.kernels)
+    atomics = sum(
+        int(dict(ln.cost_features).get("atomics", 0))
+        for ln in c.plan.kernels
+        if any(m.startswith("atomic") for m in ln.modes)
+    )
+    return blocks, atomics
+
+
+def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult:
+    kw = {"deterministic": plan == "deterministic", "split": 1 if plan == "single-block" else None}
+    t0 = time.perf_counter()
+    c = pn_compile(list(outs), target="emulator", gpu=gpu, **kw)
+    dt = time.perf_counter() - t0
+    blocks, atomics = _counts(c)
+    return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,))
+
+
+def _topo(outs) -> list[Tensor]:
+    seen, order = set(), []
+
+    def visit(t):
+        if t.uid in seen:
+            return
+        seen.add(t.uid)
+        for i in t.inputs:
+            visit(i)
+        order.append(t)
+
+    for o in outs:
+        visit(o)
+    return order
+
+
+def eager_ops(outs) -> list[Tensor]:
+    """Each kernel of the eager plan as a one-op graph whose inputs are fresh placeholders."""
+
+    def standin(t: Tensor) -> Tensor:
+        if t.op in INLINE:
+            return dataclasses.replace(t, inputs=tuple(standin(i) for i in t.inputs), uid=next(_ids))
+        return placeholder(t.shape, t.dtype, name=t.name or "x")
+
+    return [
+        dataclasses.replace(t, inputs=tuple(standin(i) for i in t.inputs), uid=next(_ids))
+        for t in _topo(outs)
+        if t.op not in INLINE + ("placeholder", "reshape")
+    ]
+
+
+def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
+    t0 = time.perf_counter()
+    compiled = [pn_compile(op, target="emulator", gpu=gpu, deterministic=True) for op in eager_ops(outs)]
+    dt = time.perf_counter() - t0
+    parts = [estimate(c.plan, gpu, 0) for c in compiled]
+    second_pass = sum(1 for c in compiled for ln in c.plan.kernels if ln.form == "ALL" and ln.blocks_per_reduction > 1)
+    extra = second_pass * gpu.launch_s * 1e6
+    fields = ("total_us", "launch_us", "dram_us", "l2_us", "sfu_us", "tail_us", "atomic_us")
+    sums = {f: sum(getattr(p, f) for p in parts) for f in fields}
+    sums["total_us"] += extra
+    sums["launch_us"] += extra
+    est = Estimate(
+        gpu.name, **sums, launches=sum(p.launches for p in parts) + second_pass,
+        dram_bytes=sum(p.dram_bytes for p in parts), compulsory_bytes=compulsory,
+        limit_us=limit_us(compulsory, gpu),
+    )  # fmt: skip
+    blocks = sum(_counts(c)[0] for c in compiled)
+    return PlanResult("eager", est, blocks, 0, dt, tuple(compiled))
+
+
+def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
+    """Every plan of one workload. `build()` returns fresh output tensors."""
+    outs = build()
+    first = _single("panamera", outs, gpu, None)
+    compulsory = first.estimate.compulsory_bytes
+    results = {"panamera": first}
+    for p in plans:
+        if p == "eager":
+            results[p] = _eager(build(), gpu, compulsory)
+        elif p != "panamera":
+            results[p] = _single(p, build(), gpu, compulsory)
+    return results

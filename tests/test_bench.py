@@ -1,0 +1,100 @@
+"""The performance model on hand-computed examples, the baselines' plans, and `panamera bench`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import panamera as pn
+from panamera.bench.baselines import eager_ops, plan_all
+from panamera.bench.runner import geomean, run_bench
+from panamera.bench.suites import SUITES, tiny
+from panamera.cli import main
+from panamera.model import A100, GPUS, H100, V100, estimate, limit_us
+
+
+def test_row_sum_4096_squared_on_h100_is_bandwidth_bound():
+    # 4096 x 4096 float32 = 64 MiB read once; at 0.9 x 3.35 TB/s that is 22.26 us, plus a launch.
+    x = pn.placeholder((4096, 4096), "float32", name="x")
+    e = estimate(pn.compile(pn.sum(x, axis=1), target="emulator").plan, H100)
+    bytes_in = 4096 * 4096 * 4
+    assert e.dram_us == pytest.approx(bytes_in / (0.9 * 3.35e12) * 1e6 * (1 + 4096 * 4 / bytes_in), rel=1e-3)
+    assert e.dram_us == pytest.approx(22.3, abs=0.1)
+    assert e.launches == 1 and e.launch_us == pytest.approx(2.5)
+    assert e.limit_us == pytest.approx(22.3 + 2.5, abs=0.1)
+    assert e.ratio_to_limit < 1.05
+
+
+def test_few_rows_with_one_block_each_cannot_fill_dram():
+    # GPU_MODEL.md: 8 rows, one block of 512 threads each, one 16-byte load in flight per thread:
+    # Little's law gives 8 * 512 * 16 B / 1.43 us (loaded latency) = 46 GB/s, far below 3 TB/s.
+    x = pn.placeholder((8, 2**20), "float32", name="x")
+    y = pn.sum(x, axis=1)
+    single = estimate(pn.compile(y, target="emulator", split=1).plan, H100)
+    latency = H100.sms * 32 * 1024 / (0.9 * 3.35e12)
+    bw = 8 * 512 * 16 / latency
+    assert single.dram_us == pytest.approx((8 * 2**20 * 4 + 8 * 4) / bw * 1e6, rel=1e-3)
+    multi = pn.compile(y, target="emulator")
+    assert multi.mappings[0].split > 1  # Panamera splits the rows across blocks
+    assert estimate(multi.plan, H100).ratio_to_limit < 1.25  # the init launch is the rest
+    assert single.total_us > 20 * estimate(multi.plan, H100).total_us
+
+
+def test_estimate_remodels_a_plan_on_another_gpu():
+    x = pn.placeholder((4096, 4096), "float32", name="x")
+    plan = pn.compile(pn.sum(x, axis=1), target="emulator").plan
+    h, a, v = (estimate(plan, g) for g in (H100, A100, V100))
+    assert h.total_us < a.total_us < v.total_us
+    assert v.dram_us == pytest.approx(4096 * 4100 * 4 / (0.85 * 900e9) * 1e6, rel=1e-3)
+    assert limit_us(0, V100) == pytest.approx(3.0)
+    for g in GPUS.values():
+        assert g.sources and all(src.startswith("[") for _, src in g.sources)
+
+
+def test_eager_plan_is_one_kernel_per_op_and_reads_dram_each_time():
+    x = pn.placeholder((256, 1024), "float32", name="x")
+    y = pn.sum(pn.exp(x * 2.0), axis=1)
+    assert [t.op for t in eager_ops([y])] == ["mul", "exp", "reduce"]
+    plans = plan_all(lambda: [pn.sum(pn.exp(pn.placeholder((256, 1024), "float32", name="x") * 2.0), axis=1)], H100)
+    eager, fused = plans["eager"].estimate, plans["panamera"].estimate
+    assert eager.launches == 3 and fused.launches == 1
+    assert eager.dram_bytes == pytest.approx(5 * 256 * 1024 * 4, rel=0.01)  # read, write, read, write, read
+    assert fused.dram_bytes == pytest.approx(256 * 1024 * 4, rel=0.01)
+    assert plans["single-block"].compiled[0].mappings[0].split == 1
+    assert plans["deterministic"].atomics == 0
+
+
+def test_eager_scalar_reduction_takes_two_passes():
+    plans = plan_all(lambda: [pn.sum(pn.placeholder((1 << 22,), "float32", name="x"))], H100)
+    det = plans["deterministic"].estimate
+    assert plans["eager"].estimate.launches == det.launches + 1
+    assert plans["eager"].estimate.total_us == pytest.approx(det.total_us + 2.5, rel=1e-6)
+
+
+def test_suites_cover_workloads_md():
+    assert len(SUITES["single"]()) == 70  # (10 shapes x 2 ops x 2 dtypes) + (10 x 2 f16) + (10 bool)
+    assert len(SUITES["subgraphs"]()) == 12
+    assert len(SUITES["norms"]()) == 21
+    assert geomean([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def test_run_bench_writes_results_summary_and_plots(tmp_path):
+    records, summary = run_bench([], H100, out=str(tmp_path), plot=True, measure=False, workloads=tiny())
+    assert {r["plan"] for r in records} == {"panamera", "deterministic", "single-block", "eager"}
+    need = {"workload", "suite", "dtype", "plan", "modeled_us", "limit_us", "ratio_to_limit", "dram_bytes",
+            "compulsory_bytes", "launches", "blocks", "atomics", "compile_s"}  # fmt: skip
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == records and all(need <= set(r) for r in saved)
+    assert all(r["modeled_us"] >= r["limit_us"] * 0.999 for r in saved)
+    assert "**All times are modeled**" in summary and "Geometric mean" in summary
+    pngs = sorted(p.name for p in tmp_path.glob("*.png"))
+    assert pngs == ["limit_tiny.png", "speedup_tiny.png"]
+    assert (tmp_path / "limit_tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_command(tmp_path, capsys):
+    assert main(["bench", "--suite", "tiny", "--gpu", "v100", "--out", str(tmp_path), "--no-measure"]) == 0
+    out = capsys.readouterr().out
+    assert "V100-SXM2" in out and (tmp_path / "summary.md").exists()
+    assert main(["bench", "--suite", "tiny", "--plot"]) == 2  # --plot needs --out
