@@ -66,7 +66,7 @@ def run_demo() -> int:
                     m.vec,
                     ln.blocks_per_reduction,
                     ",".join(ln.modes),
-                    len(k.plan.launches),
+                    len(k.plan.per_call),
                     f"{k.plan.modeled_us:.1f}",
                     f"{ct * 1e3:.0f}",
                     "ok" if ok else "WRONG",

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +56,11 @@ class Compiled:
     signatures: tuple[tuple[str, tuple[str, ...]], ...]  # C parameter types of every kernel
     groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
     considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
+    # Resident workspaces and counters per backend: initialised by the first call, left at the
+    # identity / zero by the last block of every call, so later calls launch no init kernel.
+    # Calls of one Compiled are serialized (the lock); on a GPU, keep them on one stream.
+    resident: dict = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
@@ -114,16 +120,35 @@ class Compiled:
         return a
 
     # -- execution --------------------------------------------------------------------------
-    def _buffers(self, alloc, inputs) -> dict:
+    def _buffers(self, alloc, inputs, backend: str) -> tuple[dict, bool]:
+        """Buffers of one call, and whether the resident ones are new (their init must run)."""
         bufs = {f"in:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        fresh = backend not in self.resident
+        resident = self.resident.setdefault(backend, {})
         for key, spec in self.plan.buffers.items():
-            if key not in bufs:
-                dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
-                if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
-                    bufs[key] = alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
-                else:
-                    bufs[key] = alloc(max(spec.size, 1), dt)
-        return bufs
+            if key.startswith(("ws:", "cnt:")):
+                if key not in resident:
+                    resident[key] = self._alloc(alloc, spec)
+                bufs[key] = resident[key]
+            elif key not in bufs:
+                bufs[key] = self._alloc(alloc, spec)
+        return bufs, fresh
+
+    @staticmethod
+    def _alloc(alloc, spec):
+        dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
+        if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
+            return alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
+        return alloc(max(spec.size, 1), dt)
+
+    def _launches(self, backend: str, fresh: bool, launch) -> None:
+        try:
+            for ln in self.plan.launches:
+                if ln.role != "init_once" or fresh:
+                    launch(ln)
+        except BaseException:  # a failed call may leave workspaces dirty: start over next time
+            self.resident.pop(backend, None)
+            raise
 
     def _results(self, bufs, inputs):
         out = []
@@ -137,28 +162,37 @@ class Compiled:
 
     def _run_emulator(self, inputs, order, seed):
         lib = emulator.build(self.source, self.signatures)
-        bufs = self._buffers(lambda n, dt: _aligned_empty(n, dt), inputs)
-        for ln in self.plan.launches:
-            args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
-            emulator.launch(lib, ln.kernel, ln.grid, ln.block, args, order, seed)
-        return self._results(bufs, inputs)
+        with self._lock:
+            bufs, fresh = self._buffers(lambda n, dt: _aligned_empty(n, dt), inputs, "emulator")
+
+            def launch(ln):
+                args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
+                emulator.launch(lib, ln.kernel, ln.grid, ln.block, args, order, seed)
+
+            self._launches("emulator", fresh, launch)
+            return self._results(bufs, inputs)
 
     def _run_cuda(self, arrays):
         mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
         import cupy
 
         inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
-        bufs = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs)
-        for ln in self.plan.launches:
-            args = [bufs[key] for _, key in ln.args]
-            mod.get_function(ln.kernel)(ln.grid, ln.block, tuple(args))
-        return self._results(bufs, inputs)
+        backend = f"cuda:{cupy.cuda.Device().id}"
+        with self._lock:
+            bufs, fresh = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs, backend)
+
+            def launch(ln):
+                mod.get_function(ln.kernel)(ln.grid, ln.block, tuple(bufs[key] for _, key in ln.args))
+
+            self._launches(backend, fresh, launch)
+            return self._results(bufs, inputs)
 
     # -- reporting --------------------------------------------------------------------------
     def explain(self) -> str:
         """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
         lines = [
-            f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.launches)} launch(es), "
+            f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.per_call)} launch(es) per call"
+            f"{f' (+{len(self.plan.launches) - len(self.plan.per_call)} on the first)' if len(self.plan.per_call) < len(self.plan.launches) else ''}, "
             f"{self.plan.modeled_us:.2f} us modeled on {self.gpu.name}, "
             f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
         ]
@@ -170,13 +204,18 @@ class Compiled:
             lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
         for ln in self.plan.launches:
             extra = ""
-            if ln.role != "init":
+            if not ln.role.startswith("init"):
                 extra = (
                     f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
                     f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({self.gpu.name}, modeled)"
                 )
             elif ln.atomic_outputs:
-                extra = " initialises " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
+                when = (
+                    "on the first call only (resident, reset by the last block)"
+                    if ln.role == "init_once"
+                    else "every call"
+                )
+                extra = f" initialises {when}: " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
         lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
         lines += [f"  planner: {c.describe()}" for c in self.considered]
@@ -200,7 +239,7 @@ def _aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec) -> Launch:
+def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: str = "init") -> Launch:
     """The one launch that initialises a kernel's atomic outputs, workspaces and counters."""
     specs = [buffers[f.buffer] for f in init.fills]
     nbytes = sum(max(p.size, 1) * (p.dtype.itemsize if p.dtype is not None else 4) for p in specs)
@@ -211,7 +250,7 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec) -> Launch:
         (blocks, 1, 1),
         (threads, 1, 1),
         tuple(("buf", f.buffer) for f in init.fills),
-        role="init",
+        role=role,
         atomic_outputs=tuple((f.buffer, f.value) for f in init.fills),
         bytes_written=nbytes,
         modeled_us=cost.total_s * 1e6,
@@ -253,8 +292,8 @@ def compile(  # noqa: A001
     mappings, kernels, launches, buffers, live_groups = [], [], [], {}, []
     parts, signatures = [PRELUDE, islast.HELPERS], {}
 
-    def add_init(init: InitKernel):
-        launches.append(_init_launch(init, buffers, gpu))
+    def add_init(init: InitKernel, role: str = "init"):
+        launches.append(_init_launch(init, buffers, gpu, role))
         parts.append(init.source)
         signatures[init.name] = tuple(init.signature)
 
@@ -278,7 +317,7 @@ def compile(  # noqa: A001
         for p in rk.params:
             buffers.setdefault(p.key, p)
         if rk.init:
-            add_init(rk.init)
+            add_init(rk.init, "init_once")
         parts.append(rk.source)
         signatures[rk.name] = tuple(rk.signature)
         bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")

@@ -25,7 +25,8 @@ def test_full_size_plans(shape, axis, form, multi_block):
     assert ln.form == form
     assert (ln.blocks_per_reduction > 1) == multi_block, k.explain()
     if multi_block:
-        assert ln.atomic_outputs and k.plan.launches[0].role == "init"
+        assert ln.modes == ("atomic_ws",) and k.plan.launches[0].role == "init_once"  # resident workspace
+        assert len(k.plan.per_call) == 1
         assert ln.grid[0] * ln.grid[1] >= 132  # the split fills the H100
     assert ln.bytes_read == int(np.prod(shape)) * 4
     assert ln.block[0] * ln.block[1] <= 1024

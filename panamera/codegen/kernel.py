@@ -59,9 +59,9 @@ class RenderedKernel:
     name: str
     source: str
     params: tuple[BufferSpec, ...]
-    fills: tuple[Fill, ...]  # initialisation the plan runs before this kernel
-    modes: tuple[str, ...]  # per statement: store / atomic / atomic_ws / partials
-    init: InitKernel | None = None  # the kernel that performs `fills` in one launch
+    fills: tuple[Fill, ...]  # the resident workspaces and counters, initialised once
+    modes: tuple[str, ...]  # per statement: store / atomic_ws / partials
+    init: InitKernel | None = None  # the kernel that performs `fills` in one launch (first call only)
 
     @property
     def signature(self) -> list[str]:
@@ -69,13 +69,14 @@ class RenderedKernel:
 
 
 def _mode(st: Statement, m: Mapping, deterministic: bool) -> str:
+    """store: one block per output. atomic_ws: blocks merge atomically into a resident workspace
+    that the last block turns into the output and resets to the identity. partials: blocks write
+    their partials, the last block combines them in a fixed order (deterministic)."""
     if m.split == 1 or st.kind == "map":
         return "store"
     if deterministic or st.combiner.struct:  # no atomic merges a struct accumulator
         return "partials"
-    if st.mean_count or st.result.dtype != st.acc:
-        return "atomic_ws"
-    return "atomic"
+    return "atomic_ws"
 
 
 def c_ident(ctype: str) -> str:
@@ -124,8 +125,6 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
             continue  # stays on chip
         params.append(BufferSpec(f"out:{out.uid}", out.dtype.c_type, out.dtype, out.size, "output"))
         ident = s.combiner.identity(s.acc) if s.combiner else None
-        if mode == "atomic":
-            fills.append(Fill(f"out:{out.uid}", s.acc.c_type, ident, identity_expr(s)))
         if mode in ("atomic_ws", "partials"):
             size = s.M * (m.split if mode == "partials" else 1)
             params.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, "workspace"))
@@ -404,6 +403,7 @@ class _Body:
                 "    __threadfence();",
             ]
             out += ["  " + ln for ln in self._per_output(lambda k, s, o, a: self._final(k, s, o, modes[k]))]
+            out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
             out.append("  }")
         return out
 
@@ -439,15 +439,16 @@ class _Body:
     def _write(self, k: int, s: Statement, o: str, a: str, mode: str) -> list[str]:
         if mode == "store":
             return [f"pn_st(&out{k}[{o}], {self._post(s, a)});"]
-        if mode == "atomic":
-            return [f"pn_atomic({s.combiner.functor}(), &out{k}[{o}], {a});"]
         if mode == "atomic_ws":
             return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
         return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
 
     def _final(self, k: int, s: Statement, o: str, mode: str) -> list[str]:
-        if mode == "atomic_ws":
-            return [f"pn_st(&out{k}[{o}], {self._post(s, f'pn_ldcg(&ws{k}[{o}])')});"]
+        if mode == "atomic_ws":  # the output, then the workspace back to the identity for the next call
+            return [
+                f"pn_st(&out{k}[{o}], {self._post(s, f'pn_ldcg(&ws{k}[{o}])')});",
+                f"ws{k}[{o}] = {identity_expr(s)};",
+            ]
         if mode == "partials":  # a fixed order of the partials: bit-identical results
             return [
                 "{",

@@ -59,7 +59,7 @@ def estimate(plan: LaunchPlan, gpu: GPUSpec, compulsory: int | None = None) -> E
     """Model every launch of `plan` on `gpu` and add them up (see model/gpu.py for the terms)."""
     parts = dict(launch=0.0, dram=0.0, l2=0.0, sfu=0.0, tail=0.0, atomic=0.0)
     total = 0.0
-    for ln in plan.launches:
+    for ln in plan.per_call:
         c = kernel_time(gpu, **dict(ln.cost_features))
         total += c.total_s
         parts["launch"] += c.launch_s
@@ -72,5 +72,5 @@ def estimate(plan: LaunchPlan, gpu: GPUSpec, compulsory: int | None = None) -> E
     us = {k: v * 1e6 for k, v in parts.items()}
     return Estimate(
         gpu.name, total * 1e6, us["launch"], us["dram"], us["l2"], us["sfu"], us["tail"], us["atomic"],
-        len(plan.launches), sum(ln.bytes_read + ln.bytes_written for ln in plan.launches), need, limit_us(need, gpu),
+        len(plan.per_call), sum(ln.bytes_read + ln.bytes_written for ln in plan.per_call), need, limit_us(need, gpu),
     )  # fmt: skip

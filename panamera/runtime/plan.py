@@ -11,7 +11,7 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple  # ("buf", key): the buffers passed, in order
-    role: str  # "init", "reduce" or "map"
+    role: str  # "init" (every call), "init_once" (first call: resident workspaces), "reduce" or "map"
     dynamic_smem_bytes: int = 0
     form: str = ""
     blocks_per_reduction: int = 1
@@ -33,10 +33,15 @@ class LaunchPlan:
         return [asdict(x) for x in self.launches]
 
     @property
+    def per_call(self) -> list[Launch]:
+        """The launches of every call (the first call also runs the init_once ones)."""
+        return [x for x in self.launches if x.role != "init_once"]
+
+    @property
     def modeled_us(self) -> float:
-        """Modeled time of the whole plan (every launch, initialisation included)."""
-        return sum(x.modeled_us for x in self.launches)
+        """Modeled time of one call (every launch but the first call's resident initialisation)."""
+        return sum(x.modeled_us for x in self.per_call)
 
     @property
     def kernels(self) -> list[Launch]:
-        return [x for x in self.launches if x.role != "init"]
+        return [x for x in self.launches if not x.role.startswith("init")]

@@ -193,18 +193,21 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
         s_eff = math.ceil(serial / chunk)
         blocks = par_tiles * s_eff
+        split = s_eff > 1
+        # A split merges into a resident workspace (one atomic per block per output, plus the
+        # block's arrival on the counter) that the last block reads, stores and resets.
+        ws_bytes = outputs * 2 * max(st.acc.itemsize for st in group.statements) if split else 0
         cost = kernel_time(
             gpu,
-            dram_bytes=total_bytes,
+            dram_bytes=total_bytes + ws_bytes,
             blocks=blocks,
             threads=tx * ty,
             bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
-            atomics=outputs * s_eff if s_eff > 1 else 0,
-            same_address=s_eff if s_eff > 1 else 0,
+            atomics=(outputs * s_eff + blocks) if split else 0,
+            same_address=s_eff if split else 0,
             sfu_ops=transcendentals,
         )
-        init = gpu.launch_s if s_eff > 1 else 0.0
-        key = cost.total_s + init
+        key = cost.total_s
         if best is None or key < best[0] * 0.97:  # prefer fewer blocks unless clearly faster
             best = (key, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (par_tiles, s_eff), cost))
     return best[1]

@@ -55,7 +55,7 @@ def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=N
         unfused, kernels = 0.0, 0
         for name in names:
             m = map_group(KernelGroup((by_name[name],)), gpu)
-            unfused += m.cost.total_s + (gpu.launch_s if m.split > 1 else 0.0)  # + its init launch
+            unfused += m.cost.total_s
             kernels += 1
         take = fused < unfused
         considered.append(Considered(names, fused * 1e6, unfused * 1e6, kernels, take))

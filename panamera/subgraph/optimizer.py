@@ -170,7 +170,7 @@ def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[floa
         _, tensors, _, _ = build_subgraph_tensors(model, (n,), outs)
         c = pn_compile(tensors, target="emulator", gpu=gpu)
         us += c.plan.modeled_us
-        launches += len(c.plan.launches)
+        launches += len(c.plan.per_call)
     return us, launches
 
 
@@ -193,7 +193,7 @@ def compare(name: str, got, want, rtol=None, atol=None) -> Check:
         g64, w64 = got.astype(np.float64), want.astype(np.float64)
         ok = bool(np.allclose(g64, w64, rtol=r, atol=a, equal_nan=True))
         fin = np.isfinite(g64) & np.isfinite(w64)
-        err = float(np.max(np.abs(g64 - w64)[fin], initial=0.0))
+        err = float(np.max(np.abs(g64[fin] - w64[fin]), initial=0.0))
     else:
         ok = bool(np.array_equal(got, want))
         err = 0.0 if ok else float(np.max(np.abs(got.astype(np.int64) - want.astype(np.int64)), initial=0))

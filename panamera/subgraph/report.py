@@ -29,10 +29,10 @@ def _subgraph_record(opt: OptimizedModel, sg: Subgraph, cu_path: str | None) -> 
                 "modes": list(ln.modes),
                 "modeled_us": round(ln.modeled_us, 3),
             }
-            for ln in plan.launches
+            for ln in plan.per_call
         ],
-        "launches": len(plan.launches),
-        "dram_bytes": sum(ln.bytes_read + ln.bytes_written for ln in plan.launches),
+        "launches": len(plan.per_call),
+        "dram_bytes": sum(ln.bytes_read + ln.bytes_written for ln in plan.per_call),
         "modeled_us": round(plan.modeled_us, 3),
         "unfused_modeled_us": round(unfused_us, 3),
         "unfused_launches": unfused_launches,
