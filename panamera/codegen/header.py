@@ -215,6 +215,26 @@ __device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[4]) { uint2 v
 __device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
 __device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[4]) { uint2 v = *reinterpret_cast<const uint2*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x >> 16))); r[2] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y & 0xffffu))); r[3] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y >> 16))); }
 __device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16))); }
+// 16-byte loads of 8 half-width values or 16 (8) bools: 2-byte and 1-byte inputs move as many
+// bytes per load as float4, so a thread keeps 16 bytes in flight whatever the dtype.
+template <class H, class CVT> __device__ __forceinline__ void pn_ldv16_halves(const H* p, float (&r)[8], CVT cvt) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 4; ++k) { r[2 * k] = cvt((unsigned short)(w[k] & 0xffffu)); r[2 * k + 1] = cvt((unsigned short)(w[k] >> 16)); }
+}
+__device__ __forceinline__ float pn_half_bits(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float pn_bf16_bits(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_half_bits); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_bf16_bits); }
+__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[16]) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 16; ++k) r[k] = (w[k / 4] >> (8 * (k % 4))) & 0xffu ? 1 : 0;
+}
+__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[8]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  for (int k = 0; k < 8; ++k) r[k] = ((k < 4 ? v.x : v.y) >> (8 * (k % 4))) & 0xffu ? 1 : 0;
+}
 
 // Reduce across threadIdx.x (TX lanes of each row of the block); valid at threadIdx.x == 0.
 // smem holds TY * max(1, TX / 32) values.

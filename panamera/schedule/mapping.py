@@ -118,10 +118,10 @@ def _shift(ctx, along: str) -> isl.MultiAff:
 
 
 def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
-    """The widest vector (16 bytes of the widest contiguous input, at most 4 lanes) that divides
-    the extent and keeps every contiguous read aligned."""
+    """The widest vector (at most 16 bytes of the widest input: 4 floats, 8 halves, 16 bools) that
+    divides the extent and keeps every contiguous read aligned."""
     best = 1
-    for vec in (4, 2):
+    for vec in (16, 8, 4, 2):
         if extent % vec:
             continue
         kinds = [access_kind(r, along, vec, s.domain) for s in group.statements for r in s.reads]
