@@ -163,53 +163,47 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         gx = min(math.ceil(M / tx), gpu.sms * 32)
         cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes)
         return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)  # chunk: serial steps
-    if form in ("ROW", "ALL"):
-        vec = choose_vec(group, "j", N)
-        G = N // vec
-        tx = min(256 if M >= 4 * gpu.sms or G < 4096 else 512, pow2ceil(G))
-        ty = max(1, min(256 // tx, pow2ceil(M)))
-        gx = math.ceil(M / ty)
-        per_split = tx  # every thread of a split block gets at least one group
-        par_tiles = gx
-    else:  # COLUMN
-        vec = choose_vec(group, "i", M)
-        G = M // vec
-        tx = min(32, pow2ceil(G))
-        ty = max(1, min(256 // tx, pow2ceil(N)))
-        gx = math.ceil(G / tx)
-        per_split = ty
-        par_tiles = gx
+    vec = choose_vec(group, "j", N) if form in ("ROW", "ALL") else choose_vec(group, "i", M)
+    G = N // vec if form in ("ROW", "ALL") else M // vec
     serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
-    candidates = []
-    max_split = min(MAX_GRID_Y, max(1, serial // per_split))  # at least one iteration per thread
-    s = 1
-    while s <= max_split:
-        candidates.append(s)
-        s *= 2
-    if split is not None:
-        candidates = [max(1, min(split, MAX_GRID_Y))]
     best, transcendentals = None, sfu_ops(group)
-    for s in candidates:
-        chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
-        s_eff = math.ceil(serial / chunk)
-        blocks = par_tiles * s_eff
-        split = s_eff > 1
-        # A split merges into a resident workspace (one atomic per block per output, plus the
-        # block's arrival on the counter) that the last block reads, stores and resets.
-        ws_bytes = outputs * 2 * max(st.acc.itemsize for st in group.statements) if split else 0
-        cost = kernel_time(
-            gpu,
-            dram_bytes=total_bytes + ws_bytes,
-            blocks=blocks,
-            threads=tx * ty,
-            bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
-            atomics=(outputs * s_eff + blocks) if split else 0,
-            same_address=s_eff if split else 0,
-            sfu_ops=transcendentals,
-        )
-        key = cost.total_s
-        if best is None or key < best[0] * 0.97:  # prefer fewer blocks unless clearly faster
-            best = (key, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (par_tiles, s_eff), cost))
+    # Threads per block: more threads keep more bytes in flight when there are few blocks; the
+    # model decides, preferring the smaller block unless the larger is clearly faster.
+    for threads in (256,) if split is not None else (256, 512, 1024):  # an override keeps the default block
+        if form in ("ROW", "ALL"):
+            tx = min(threads, pow2ceil(G))
+            ty = max(1, min(threads // tx, pow2ceil(M)))
+            gx, per_split = math.ceil(M / ty), tx  # every thread of a split block gets a group
+        else:  # COLUMN
+            tx = min(32, pow2ceil(G))
+            ty = max(1, min(threads // tx, pow2ceil(N)))
+            gx, per_split = math.ceil(G / tx), ty
+        if tx * ty < threads and threads > 256:
+            continue  # the extents do not fill a larger block
+        max_split = min(MAX_GRID_Y, max(1, serial // per_split))  # at least one iteration per thread
+        candidates = [1 << e for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        if split is not None:
+            candidates = [max(1, min(split, MAX_GRID_Y))]
+        for s in candidates:
+            chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
+            s_eff = math.ceil(serial / chunk)
+            blocks = gx * s_eff
+            is_split = s_eff > 1
+            # A split merges into a resident workspace (one atomic per block per output, plus the
+            # block's arrival on the counter) that the last block reads, stores and resets.
+            ws_bytes = outputs * 2 * max(st.acc.itemsize for st in group.statements) if is_split else 0
+            cost = kernel_time(
+                gpu,
+                dram_bytes=total_bytes + ws_bytes,
+                blocks=blocks,
+                threads=tx * ty,
+                bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
+                atomics=(outputs * s_eff + blocks) if is_split else 0,
+                same_address=s_eff if is_split else 0,
+                sfu_ops=transcendentals,
+            )
+            if best is None or cost.total_s < best[0] * 0.97:  # fewer blocks and threads unless clearly faster
+                best = (cost.total_s, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (gx, s_eff), cost))
     return best[1]
 
 
