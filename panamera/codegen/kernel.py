@@ -234,7 +234,9 @@ class _Body:
         return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
 
     # -- loads --------------------------------------------------------------------------------
-    def _body_lines(self, stmt_idx: int, s: Statement, vec_slot: str | None, kinds) -> tuple[list[str], str]:
+    def _body_lines(
+        self, stmt_idx: int, s: Statement, vec_slot: str | None, kinds, vregs: dict | None = None
+    ) -> tuple[list[str], str]:
         lines: list[str] = []
 
         def load(read: int) -> str:
@@ -244,19 +246,28 @@ class _Body:
             if not r.memory:  # iota: the index itself
                 return f"((long long)({self.address(r.addr)}))"
             if kinds[read] == "contig" and vec_slot is not None:
-                return f"pn_v{stmt_idx}_{read}[{vec_slot}]"
+                return f"{vregs[(stmt_idx, read)]}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
 
         value = ExprRenderer(lines, f"e{stmt_idx}_").render(s.body, load)
         return lines, value
 
-    def _vector_loads(self, k: int, s: Statement, kinds) -> tuple[list[str], list[str]]:
-        decl, loads = [], []
-        for ri, r in enumerate(s.reads):
-            if kinds[ri] == "contig":
-                decl.append(f"{r.tensor.dtype.compute} pn_v{k}_{ri}[{self.m.vec}];")
-                loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}], pn_v{k}_{ri});")
-        return decl, loads
+    def _vector_loads(self, here: list[int], kinds) -> tuple[list[str], list[str], dict]:
+        """One vector register per distinct contiguous read of the statements `here`: statements
+        fused horizontally over one input share its load. Returns (declarations, loads, the
+        register of each (statement, read))."""
+        decl, loads, vregs, by_access = [], [], {}, {}
+        for k in here:
+            for ri, r in enumerate(self.g.statements[k].reads):
+                if kinds[k][ri] != "contig":
+                    continue
+                key = (r.tensor.uid, self.address(r.addr))
+                if key not in by_access:
+                    by_access[key] = name = f"pn_v{k}_{ri}"
+                    decl.append(f"{r.tensor.dtype.compute} {name}[{self.m.vec}];")
+                    loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{key[1]}], {name});")
+                vregs[(k, ri)] = by_access[key]
+        return decl, loads, vregs
 
     # -- kernels ------------------------------------------------------------------------------
     def map_kernel(self) -> list[str]:
@@ -347,17 +358,17 @@ class _Body:
         first = "i" if col else "j"
         fixed = f"const pn_idx j = {a1};" if col else f"const pn_idx i = {a0};"
         out = ["{", f"  {fixed} const pn_idx pn_first = ({a0 if col else a1}) * {V};"]
+        vregs = {}
         if V > 1:  # registers for the contiguous reads, loaded as one vector each
-            for k in here:
-                decl, loads = self._vector_loads(k, g.statements[k], kinds[k])
-                out += ["  " + ln for ln in decl]
-                if loads:
-                    out += [f"  {{ const pn_idx {first} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
+            decl, loads, vregs = self._vector_loads(here, kinds)
+            out += ["  " + ln for ln in decl]
+            if loads:
+                out += [f"  {{ const pn_idx {first} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
         out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
         out.append(f"    const pn_idx {first} = pn_first{' + v' if V > 1 else ''};")
         for k in here:
             s = g.statements[k]
-            body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k])
+            body, val = self._body_lines(k, s, "v" if V > 1 else None, kinds[k], vregs)
             out += ["    " + ln for ln in body]
             if s.kind == "reduce":
                 acc = f"acc{k}[v]" if col and V > 1 else f"acc{k}"

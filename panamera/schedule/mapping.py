@@ -147,7 +147,10 @@ def sfu_ops(group: KernelGroup) -> float:
 
 
 def bytes_per_iteration(group: KernelGroup) -> int:
-    return sum(r.tensor.dtype.itemsize for s in group.statements for r in s.reads if r.memory)
+    """DRAM bytes per (i, j) iteration: each input tensor once, however many statements of the
+    group read it (they share its load)."""
+    tensors = {r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory}
+    return sum(t.dtype.itemsize for t in tensors.values())
 
 
 def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None) -> Mapping:
