@@ -208,7 +208,12 @@ class _Body:
         mappings give to (bx, by, tx, ty), with isl parameters for those indices."""
         m, g = self.m, self.g
         outer, inner = m.loops
-        ext = {"ROW": (g.M, g.N // m.vec), "ALL": (g.M, g.N // m.vec), "COLUMN": (g.M // m.vec, g.N), "MAP": (g.M, 1)}
+        ext = {
+            "ROW": (g.M, g.N // m.vec),
+            "ALL": (g.M, g.N // m.vec),
+            "COLUMN": (g.M // m.vec, g.N),
+            "MAP": (g.M // m.vec, 1),
+        }
         e0, e1 = ext[g.form]
         tasks = m.tasks
         serial_names = sorted({n for t in tasks.values() for n, _ in t.factors if n.startswith("k")})
@@ -271,16 +276,11 @@ class _Body:
 
     # -- kernels ------------------------------------------------------------------------------
     def map_kernel(self) -> list[str]:
-        def user(call: isl.AstExpr) -> list[str]:
-            i = islast.expr(call.get_op_arg(1))
-            out = ["{", f"  const pn_idx i = {i}; const pn_idx j = 0;"]
-            for k, s in enumerate(self.g.statements):
-                lines, val = self._body_lines(k, s, None, ["gather"] * len(s.reads))
-                out += ["  " + ln for ln in lines]
-                out.append(f"  pn_st(&out{k}[{self.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
-            return out + ["}"]
-
-        return self.loops(user)
+        """Element-wise statements: each thread takes `vec` consecutive elements per step (one
+        vector load per contiguous input), grid-stride over the rest."""
+        g, V = self.g, self.m.vec
+        kinds = [[access_kind(r, "i", V, s.domain) for r in s.reads] for s in g.statements]
+        return self.loops(lambda call: self._iteration(call, list(range(len(g.statements))), kinds))
 
     def reduce_kernel(self, modes) -> list[str]:
         g, m = self.g, self.m
@@ -353,7 +353,7 @@ class _Body:
         """One instance of the isl loop nest for the statements `here`: the contiguous reads
         loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
         g, V = self.g, self.m.vec
-        col = g.form == "COLUMN"  # the vector runs along i (columns) instead of j
+        col = g.form in ("COLUMN", "MAP")  # the vector runs along i instead of j
         a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
         first = "i" if col else "j"
         fixed = f"const pn_idx j = {a1};" if col else f"const pn_idx i = {a0};"

@@ -162,10 +162,14 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
     total_bytes = M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
     outputs = M * len(group.statements)
     if form == "MAP":
-        tx = min(256, pow2ceil(M))
-        gx = min(math.ceil(M / tx), gpu.sms * 32)
-        cost = kernel_time(gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes)
-        return Mapping(form, M, N, 1, tx, 1, 1, math.ceil(M / (gx * tx)), (gx, 1), cost)  # chunk: serial steps
+        vec = choose_vec(group, "i", M)
+        G = M // vec
+        tx = min(256, pow2ceil(G))
+        gx = min(math.ceil(G / tx), gpu.sms * 32)
+        cost = kernel_time(
+            gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes * vec
+        )
+        return Mapping(form, M, N, vec, tx, 1, 1, math.ceil(G / (gx * tx)), (gx, 1), cost)  # chunk: serial steps
     vec = choose_vec(group, "j", N) if form in ("ROW", "ALL") else choose_vec(group, "i", M)
     G = N // vec if form in ("ROW", "ALL") else M // vec
     serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
