@@ -37,3 +37,26 @@ def test_generated_kernels_compile_for_sm80_and_sm90_without_spills():
         assert all(kk.name in names for kk in k.kernels)
         seen += len(k.kernels)
     assert seen > 20
+
+
+@pytest.mark.parametrize(
+    "dtype,loads",
+    [("float32", 4), ("float16", 4), ("bool", 2)],  # 16-byte vectors; bool's 16 lanes unroll twice
+)
+def test_the_unrolled_loop_keeps_loads_in_flight_in_the_sass(dtype, loads):
+    """The model counts `unroll` vector loads in flight per thread; ptxas must issue them back to
+    back: the SASS of the streaming loop has `loads` LDG.E.128 before any other instruction that
+    uses their results or branches."""
+    import re
+
+    k = pn.compile(pn.sum(pn.placeholder((768, 65536), dtype, name="x"), axis=1), target="emulator")
+    assert k.mappings[0].unroll == loads
+    try:
+        text = nvcc.sass(k.source, k.plan.kernels[0].kernel)
+    except BackendError as e:
+        pytest.skip(str(e))
+    ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\d\s+)?([A-Z0-9_.]+)", text)]
+    runs = [
+        len(list(g)) for is_ld, g in __import__("itertools").groupby(ops, lambda o: o.startswith("LDG.E.128")) if is_ld
+    ]
+    assert max(runs) >= loads, ops[:60]

@@ -11,7 +11,9 @@ import panamera as pn
     [
         ((21128, 768), None, "ALL", True),
         ((1024, 1024), None, "ALL", True),
-        ((256, 256, 56, 56), (0, 2, 3), "ROW", True),
+        # 256 rows, one block each with 4 unrolled 16-byte loads per thread, keep DRAM busy
+        ((256, 256, 56, 56), (0, 2, 3), "ROW", False),
+        ((16, 64, 56, 56), (0, 2, 3), "ROW", True),  # 64 rows do not: split
         ((4096, 4096), 1, "ROW", False),  # rows alone fill the GPU
         ((768, 768), 1, "ROW", False),
         ((256, 56, 56, 256), (0, 1, 2), "COLUMN", True),

@@ -66,26 +66,79 @@ __device__ __forceinline__ long long pn_floordiv(long long a, long long b) { ret
 """
 
 
-def node(n: isl.AstNode, user: Callable[[isl.AstExpr], list[str]], idx_t: str, indent: int = 1) -> list[str]:
-    """C lines for an AST node; `user` renders a statement instance (a call expression)."""
+def _has_loop(n: isl.AstNode) -> bool:
+    t = n.get_type()
+    if t == isl.ast_node_type.for_:
+        return True
+    if t == isl.ast_node_type.block:
+        return any(_has_loop(c) for c in n.block_get_children())
+    if t == isl.ast_node_type.if_:
+        return _has_loop(n.if_get_then_node()) or (n.if_has_else_node() and _has_loop(n.if_get_else_node()))
+    if t == isl.ast_node_type.mark:
+        return _has_loop(n.mark_get_node())
+    return False
+
+
+def _unrolled(n: isl.AstNode, user, idx_t: str, indent: int, unroll: int) -> list[str] | None:
+    """An innermost loop `for (it = a; it <= b; it += s) body` as `unroll` unguarded copies of the
+    body per step, then the remainder. The copies have no branch between them, so the compiler
+    issues their loads back to back: `unroll` loads in flight per thread (checked in the SASS of
+    sm_90: four LDG.E.128 before the first add). None when the loop has another shape."""
+    cond = n.for_get_cond()
+    if cond.get_type() != isl.ast_expr_type.op or cond.get_op_type() not in (
+        isl.ast_expr_op_type.le,
+        isl.ast_expr_op_type.lt,
+    ):
+        return None
+    it = expr(n.for_get_iterator())
+    if expr(cond.get_op_arg(0)) != it:
+        return None
+    pad, cmp = "  " * indent, "<=" if cond.get_op_type() == isl.ast_expr_op_type.le else "<"
+    inc, end, u = expr(n.for_get_inc()), f"pn_end_{it}", f"pn_u_{it}"
+    body = node(n.for_get_body(), user, idx_t, indent + 2)
+    out = [
+        f"{pad}{{",
+        f"{pad}  const {idx_t} {end} = {expr(cond.get_op_arg(1))};",
+        f"{pad}  {idx_t} {u} = {expr(n.for_get_init())};",
+    ]
+    out.append(f"{pad}  for (; {u} + {unroll - 1} * ({inc}) {cmp} {end}; {u} += {unroll} * ({inc})) {{")
+    for k in range(unroll):
+        out += (
+            [f"{pad}    {{ const {idx_t} {it} = {u} + {k} * ({inc});"] + ["  " + ln for ln in body] + [f"{pad}    }}"]
+        )
+    out.append(f"{pad}  }}")
+    out.append(f"{pad}  for (; {u} {cmp} {end}; {u} += {inc}) {{ const {idx_t} {it} = {u};")
+    out += body + [f"{pad}  }}", f"{pad}}}"]
+    return out
+
+
+def node(
+    n: isl.AstNode, user: Callable[[isl.AstExpr], list[str]], idx_t: str, indent: int = 1, unroll: int = 1
+) -> list[str]:
+    """C lines for an AST node; `user` renders a statement instance (a call expression).
+    Innermost loops are unrolled `unroll` times (see _unrolled)."""
     pad = "  " * indent
     t = n.get_type()
     if t == isl.ast_node_type.block:
         out = []
         for c in n.block_get_children():
-            out += node(c, user, idx_t, indent)
+            out += node(c, user, idx_t, indent, unroll)
         return out
     if t == isl.ast_node_type.for_:
+        if unroll > 1 and not _has_loop(n.for_get_body()):
+            lines = _unrolled(n, user, idx_t, indent, unroll)
+            if lines is not None:
+                return lines
         it = expr(n.for_get_iterator())
         head = f"{pad}for ({idx_t} {it} = {expr(n.for_get_init())}; {expr(n.for_get_cond())}; {it} += {expr(n.for_get_inc())}) {{"
-        return [head] + node(n.for_get_body(), user, idx_t, indent + 1) + [f"{pad}}}"]
+        return [head] + node(n.for_get_body(), user, idx_t, indent + 1, unroll) + [f"{pad}}}"]
     if t == isl.ast_node_type.if_:
-        out = [f"{pad}if ({expr(n.if_get_cond())}) {{"] + node(n.if_get_then_node(), user, idx_t, indent + 1)
+        out = [f"{pad}if ({expr(n.if_get_cond())}) {{"] + node(n.if_get_then_node(), user, idx_t, indent + 1, unroll)
         if n.if_has_else_node():
-            out += [f"{pad}}} else {{"] + node(n.if_get_else_node(), user, idx_t, indent + 1)
+            out += [f"{pad}}} else {{"] + node(n.if_get_else_node(), user, idx_t, indent + 1, unroll)
         return out + [f"{pad}}}"]
     if t == isl.ast_node_type.user:
         return [pad + line for line in user(n.user_get_expr())]
     if t == isl.ast_node_type.mark:
-        return node(n.mark_get_node(), user, idx_t, indent)
+        return node(n.mark_get_node(), user, idx_t, indent, unroll)
     raise NotImplementedError(f"isl AST node {t}")

@@ -140,7 +140,10 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping, deterministic: bool
         pname = _param_name(p, in_name, stmts)
         const = "const " if p.role == "input" else ""
         sig.append(f"{const}{p.ctype}* __restrict__ {pname}")
-    lines = [f'extern "C" __global__ void __launch_bounds__({m.threads}) {name}({", ".join(sig)}) {{']
+    # At least 1024 resident threads per SM: ptxas may use 64 registers per thread (without a
+    # minimum it sometimes caps at 32 and spills the unrolled loop's vectors).
+    bounds = f"{m.threads}, {max(1, 1024 // m.threads)}"
+    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
     body = _Body(group, m, in_name, idx)
@@ -232,7 +235,7 @@ class _Body:
         s = s.set_tuple_name("S")
         sched = isl.Map.identity(s.space.map_from_set()).intersect_domain(s)
         ast = isl.AstBuild.from_context(context).node_from_schedule_map(isl.UnionMap.from_map(sched))
-        return islast.node(ast, user, self.idx, 1)
+        return islast.node(ast, user, self.idx, 1, self.m.unroll)
 
     def address(self, addr: isl.PwAff) -> str:
         dom = self.g.statements[0].domain.reset_tuple_id()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -54,6 +55,33 @@ def compile_cuda(source: str, archs=ARCHS) -> list[Resources]:
                 raise CompileError(_explain(r.stderr.replace(str(src), "k.cu"), source, f"nvcc {arch}"))
             out += parse_ptxas(r.stderr, arch)
     return out
+
+
+def sass(source: str, kernel: str, arch: str = "sm_90") -> str:
+    """The SASS of one kernel (nvcc, then cuobjdump, which needs nvdisasm: the pip packages
+    nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm). Used to check what the model assumes about
+    the generated code, such as how many loads a thread keeps in flight."""
+    nvcc = Path(find_nvcc())
+    tools = nvcc.parent
+    cuobjdump = tools / "cuobjdump"
+    if not cuobjdump.exists() or not (tools / "nvdisasm").exists():
+        raise BackendError(
+            "sass: cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.cu"
+        src.write_text(source)
+        r = subprocess.run([str(nvcc), "-cubin", f"-arch={arch}", "-std=c++17", str(src), "-o", f"{tmp}/k.cubin"],
+                           capture_output=True, text=True)  # fmt: skip
+        if r.returncode:
+            raise CompileError(_explain(r.stderr.replace(str(src), "k.cu"), source, f"nvcc {arch}"))
+        env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}
+        r = subprocess.run(
+            [str(cuobjdump), "-sass", "-fun", kernel, f"{tmp}/k.cubin"], capture_output=True, text=True, env=env
+        )
+        if r.returncode:
+            raise BackendError(f"cuobjdump failed: {r.stderr.strip()[:200]}")
+        return r.stdout
 
 
 def parse_ptxas(text: str, arch: str) -> list[Resources]:

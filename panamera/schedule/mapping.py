@@ -48,6 +48,7 @@ class Mapping:
     chunk: int  # serial-loop iterations per block, in units of the split dimension
     grid: tuple[int, int]
     cost: KernelCost
+    unroll: int = 1  # copies of the innermost loop body per step: loads in flight per thread
 
     @property
     def threads(self) -> int:
@@ -146,6 +147,12 @@ def sfu_ops(group: KernelGroup) -> float:
     return total
 
 
+def unroll_for(vec: int, iterations: int) -> int:
+    """Loop copies per step: 4 vector loads in flight per thread, fewer for wide vectors (at most
+    32 registers of lanes per input), never more than the thread's iterations."""
+    return max(1, min(4, 32 // vec, iterations))
+
+
 def bytes_per_iteration(group: KernelGroup) -> int:
     """DRAM bytes per (i, j) iteration: each input tensor once, however many statements of the
     group read it (they share its load)."""
@@ -166,10 +173,12 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
         G = M // vec
         tx = min(256, pow2ceil(G))
         gx = min(math.ceil(G / tx), gpu.sms * 32)
+        steps = math.ceil(G / (gx * tx))
+        u = unroll_for(vec, steps)
         cost = kernel_time(
-            gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes * vec
+            gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes * vec * u
         )
-        return Mapping(form, M, N, vec, tx, 1, 1, math.ceil(G / (gx * tx)), (gx, 1), cost)  # chunk: serial steps
+        return Mapping(form, M, N, vec, tx, 1, 1, steps, (gx, 1), cost, u)  # chunk: serial steps
     vec = choose_vec(group, "j", N) if form in ("ROW", "ALL") else choose_vec(group, "i", M)
     G = N // vec if form in ("ROW", "ALL") else M // vec
     serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
@@ -196,6 +205,7 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
             s_eff = math.ceil(serial / chunk)
             blocks = gx * s_eff
             is_split = s_eff > 1
+            u = unroll_for(vec, chunk // per_split)
             # A split merges into a resident workspace (one atomic per block per output, plus the
             # block's arrival on the counter) that the last block reads, stores and resets.
             ws_bytes = outputs * 2 * max(st.acc.itemsize for st in group.statements) if is_split else 0
@@ -204,13 +214,13 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
                 dram_bytes=total_bytes + ws_bytes,
                 blocks=blocks,
                 threads=tx * ty,
-                bytes_in_flight_per_thread=elem_bytes * vec,  # one load in flight: the loop is not unrolled
+                bytes_in_flight_per_thread=elem_bytes * vec * u,  # u unguarded loads per step
                 atomics=(outputs * s_eff + blocks) if is_split else 0,
                 same_address=s_eff if is_split else 0,
                 sfu_ops=transcendentals,
             )
             if best is None or cost.total_s < best[0] * 0.97:  # fewer blocks and threads unless clearly faster
-                best = (cost.total_s, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (gx, s_eff), cost))
+                best = (cost.total_s, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (gx, s_eff), cost, u))
     return best[1]
 
 
@@ -243,18 +253,19 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
         resident = min(gx, gpu.sms * gpu.resident_blocks(tx * ty)) * ty
         reread = (passes - 1) * in_bytes
         in_l2 = resident * row_bytes <= gpu.l2_size / 2
+        u = unroll_for(vec, math.ceil(G / tx))
         cost = kernel_time(
             gpu,
             dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
             l2_bytes=reread if in_l2 else 0,
             blocks=gx,
             threads=tx * ty,
-            bytes_in_flight_per_thread=elem_bytes * vec,
+            bytes_in_flight_per_thread=elem_bytes * vec * u,
             epilogue_cycles=400 * passes,
             sfu_ops=transcendentals,
         )
         if best is None or cost.total_s < best[0].total_s * 0.97:
-            best = (cost, tx, ty, gx)
-    cost, tx, ty, gx = best
+            best = (cost, tx, ty, gx, u)
+    cost, tx, ty, gx, u = best
     chunk = math.ceil(G / tx) * tx
-    return Mapping(group.form, M, N, vec, tx, ty, 1, chunk, (gx, 1), cost)
+    return Mapping(group.form, M, N, vec, tx, ty, 1, chunk, (gx, 1), cost, u)
