@@ -306,9 +306,9 @@ def compile(  # noqa: A001
         if grp.M * grp.N == 0:
             continue
         if schedule is not None:
-            m = map_group(grp, gpu, schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N).split)
+            m = map_group(grp, gpu, schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N).split, deterministic)
         else:
-            m = map_group(grp, gpu, split)
+            m = map_group(grp, gpu, split, deterministic)
         label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)
         rk = render_kernel(f"pn_k{k}_{label}", grp, m, deterministic)
         mappings.append(m)

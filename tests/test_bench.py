@@ -63,7 +63,8 @@ def test_eager_plan_is_one_kernel_per_op_and_reads_dram_each_time():
     assert eager.dram_bytes == pytest.approx(5 * 256 * 1024 * 4, rel=0.01)  # read, write, read, write, read
     assert fused.dram_bytes == pytest.approx(256 * 1024 * 4, rel=0.01)
     assert plans["single-block"].compiled[0].mappings[0].split == 1
-    assert plans["deterministic"].atomics == 0
+    det = plans["deterministic"]
+    assert det.atomics == (det.blocks if det.compiled[0].mappings[0].split > 1 else 0)  # counter arrivals only
 
 
 def test_eager_scalar_reduction_takes_two_passes():

@@ -41,14 +41,10 @@ class PlanResult:
 
 
 def _counts(c: Compiled) -> tuple[int, int]:
-    """Blocks of the reduction/map kernels, and the atomics that merge block results (a
-    deterministic plan writes partials instead: none)."""
+    """Blocks of the reduction/map kernels, and their atomics: merges into workspaces plus each
+    block's arrival on the last-block counter (a deterministic plan has only the arrivals)."""
     blocks = sum(ln.grid[0] * ln.grid[1] * ln.grid[2] for ln in c.plan.kernels)
-    atomics = sum(
-        int(dict(ln.cost_features).get("atomics", 0))
-        for ln in c.plan.kernels
-        if any(m.startswith("atomic") for m in ln.modes)
-    )
+    atomics = sum(int(dict(ln.cost_features).get("atomics", 0)) for ln in c.plan.kernels)
     return blocks, atomics
 
 
@@ -109,7 +105,7 @@ def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
         limit_us=limit_us(compulsory, gpu),
     )  # fmt: skip
     blocks = sum(_counts(c)[0] for c in compiled)
-    return PlanResult("eager", est, blocks, 0, dt, tuple(compiled))
+    return PlanResult("eager", est, blocks, sum(_counts(c)[1] for c in compiled), dt, tuple(compiled))
 
 
 def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:

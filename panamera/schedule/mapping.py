@@ -160,8 +160,11 @@ def bytes_per_iteration(group: KernelGroup) -> int:
     return sum(t.dtype.itemsize for t in tensors.values())
 
 
-def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None) -> Mapping:
-    """Choose block/thread binding, vector width and split for a kernel group."""
+def map_group(
+    group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None, deterministic: bool = False
+) -> Mapping:
+    """Choose block/thread binding, vector width and split for a kernel group. `deterministic`
+    plans for partials merged by the last block instead of atomics."""
     if group.stitched:
         return _map_stitched(group, gpu)
     form, M, N = group.form, group.M, group.N
@@ -183,6 +186,8 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
     G = N // vec if form in ("ROW", "ALL") else M // vec
     serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
     best, transcendentals = None, sfu_ops(group)
+    # Struct accumulators (Welford, online softmax) have no atomic: they always merge partials.
+    partials = deterministic or any(st.combiner is not None and st.combiner.struct for st in group.statements)
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.
     for threads in (256,) if split is not None else (256, 512, 1024):  # an override keeps the default block
@@ -207,15 +212,18 @@ def map_group(group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None)
             is_split = s_eff > 1
             u = unroll_for(vec, chunk // per_split)
             # A split merges into a resident workspace (one atomic per block per output, plus the
-            # block's arrival on the counter) that the last block reads, stores and resets.
-            ws_bytes = outputs * 2 * max(st.acc.itemsize for st in group.statements) if is_split else 0
+            # block's arrival on the counter) that the last block reads, stores and resets; or,
+            # deterministic, every block writes its partials and the last block reads them all.
+            acc_bytes = max(st.acc.itemsize for st in group.statements)
+            merges = s_eff if partials else 2
+            ws_bytes = outputs * merges * acc_bytes if is_split else 0
             cost = kernel_time(
                 gpu,
                 dram_bytes=total_bytes + ws_bytes,
                 blocks=blocks,
                 threads=tx * ty,
                 bytes_in_flight_per_thread=elem_bytes * vec * u,  # u unguarded loads per step
-                atomics=(outputs * s_eff + blocks) if is_split else 0,
+                atomics=(blocks + (0 if partials else outputs * s_eff)) if is_split else 0,
                 same_address=s_eff if is_split else 0,
                 sfu_ops=transcendentals,
             )
