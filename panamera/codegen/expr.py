@@ -102,8 +102,6 @@ class ExprRenderer:
             return f"({x[0]} ? 0 : 1)"
         if n.op.startswith("argkey_"):  # (value, index) packed into one ordered int64 key
             return f"pn_{n.op}({a[0]}, (long long)({a[1]}))"
-        if n.op.startswith("argindex_"):
-            return f"pn_{n.op}({a[0]})"
         if n.op in _MATH:
             fn = _MATH[n.op] + ("f" if d.compute == "float" else "")
             return _round(f"{fn}({x[0]})", d)

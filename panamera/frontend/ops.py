@@ -100,7 +100,7 @@ def normalize_axes(axis, ndim: int, tensor: str) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean: bool = False) -> Tensor:
+def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean: bool = False, post: tuple = ()) -> Tensor:
     if not isinstance(x, Tensor):
         raise DTypeError(f"{name}: expected a Tensor, got {type(x).__name__}")
     comb = algebra.COMBINERS[name]
@@ -120,6 +120,8 @@ def _reduce(name: str, x: Tensor, axis, keepdims: bool, mean: bool = False) -> T
         acc = comb.acc_dtype(x.dtype)
         src = x
     attrs = (("combiner", comb), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", mean), ("acc", acc))
+    if post:
+        attrs += (("post", post),)
     return Tensor("reduce", (src,), out_shape, res, attrs=attrs)
 
 
@@ -184,9 +186,9 @@ def _arg(kind: str, x: Tensor, axis, keepdims: bool, last: bool = False) -> Tens
     if last:  # the first index of the reversed order is the last index
         idx = (n - 1) - idx
     key = Tensor(f"argkey_{kind}", (x, idx), x.shape, dtypes.int64)
-    r = _reduce(kind, key, axis, keepdims)
-    out = Tensor(f"argindex_{kind}", (r,), r.shape, dtypes.int64)
-    return (n - 1) - out if last else out
+    # The index is taken from the merged key where the reduction stores its result (the last
+    # block of a split), so argmax is one kernel however it is mapped.
+    return _reduce(kind, key, axis, keepdims, post=("argindex", kind, n - 1 if last else -1))
 
 
 def argmax(x: Tensor, axis=None, keepdims: bool = False, last: bool = False) -> Tensor:

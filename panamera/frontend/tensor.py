@@ -28,7 +28,7 @@ LOGICAL = ("and", "or", "xor")  # bool operands only (numpy.logical_*)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 # Internal element-wise ops of argmax/argmin: a (value, index) pair packed into one int64 key
 # whose integer order is "larger value first, then smaller index" (see codegen/header.py).
-ARG_OPS = ("argkey_max", "argkey_min", "argindex_max", "argindex_min")
+ARG_OPS = ("argkey_max", "argkey_min")
 MAX_RANK = 8
 
 

@@ -48,7 +48,8 @@ class Statement:
     combiner: Combiner | None = None
     acc: DType | None = None
     mean_count: int = 0  # the reduction's extent when the result is a mean, else 0
-    post: tuple = ()  # for struct accumulators: ("mean",) or ("var", ddof)
+    post: tuple = ()  # the value stored from the accumulator: a struct field ("mean",), ("var", ddof),
+    # or ("argindex", "max"|"min", n - 1 for the last index else -1)
     form: str | None = None  # "ROW", "COLUMN", "ALL" or "MAP" once coalesced
     M: int = 0
     N: int = 0
