@@ -22,35 +22,30 @@ def plot_all(records: list[dict], out: str) -> list[str]:
         for r in records:
             if r["suite"] == suite:
                 rows.setdefault(f"{r['workload']} {r['dtype']}", {})[r["plan"]] = r
-        names = list(rows)
+        names, gpu = list(rows), records[0]["gpu"]
         fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(names)), 5))
         width = 0.27
         for k, base in enumerate(("eager", "single-block", "deterministic")):
             vals = [rows[n][base]["modeled_us"] / rows[n]["panamera"]["modeled_us"] for n in names]
             ax.bar([i + (k - 1) * width for i in range(len(names))], vals, width, label=f"over {base}")
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_yscale("log")
-        ax.set_ylabel("speedup of Panamera (modeled)")
-        ax.set_title(f"{suite}: modeled speedup on {records[0]['gpu']}")
-        ax.set_xticks(range(len(names)), names, rotation=75, ha="right", fontsize=7)
-        ax.legend()
-        fig.tight_layout()
-        path = os.path.join(out, f"speedup_{suite}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-
+        paths.append(_save(plt, fig, ax, names, "speedup of Panamera (modeled)",
+                           f"{suite}: modeled speedup on {gpu}", os.path.join(out, f"speedup_{suite}.png")))  # fmt: skip
         fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(names)), 5))
         ax.bar(range(len(names)), [rows[n]["panamera"]["modeled_us"] for n in names], label="Panamera (modeled)")
         ax.plot(range(len(names)), [rows[n]["panamera"]["limit_us"] for n in names], "k_", markersize=14, label="limit")
-        ax.set_yscale("log")
-        ax.set_ylabel("us")
-        ax.set_title(f"{suite}: modeled time against the limit on {records[0]['gpu']}")
-        ax.set_xticks(range(len(names)), names, rotation=75, ha="right", fontsize=7)
-        ax.legend()
-        fig.tight_layout()
-        path = os.path.join(out, f"limit_{suite}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(plt, fig, ax, names, "us", f"{suite}: modeled time against the limit on {gpu}",
+                           os.path.join(out, f"limit_{suite}.png")))  # fmt: skip
     return paths
+
+
+def _save(plt, fig, ax, names, ylabel: str, title: str, path: str) -> str:
+    ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.set_xticks(range(len(names)), names, rotation=75, ha="right", fontsize=7)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
