@@ -46,20 +46,30 @@ class Subgraph:
     outputs: tuple[str, ...]  # values used outside the subgraph or graph outputs
     compiled: Compiled
     compile_s: float
+    signature: str  # what it computes (ops, input dtypes and shapes): a saved schedule must match
 
     @property
     def label(self) -> str:
         ops = [n.op_type for n in self.nodes if n.op_type not in VIEWS] or [self.nodes[0].op_type]
         return f"sg{self.id}_" + "_".join(dict.fromkeys(ops))[:40]
 
-    @property
-    def signature(self) -> str:
-        """What the subgraph computes, for checking that a saved schedule still fits."""
-        return signature(self.nodes, {t.name: t for t in self.compiled.inputs})
+
+def _placeholders(tensors) -> list[Tensor]:
+    seen, found, stack = set(), [], list(tensors)
+    while stack:
+        t = stack.pop()
+        if t.uid in seen:
+            continue
+        seen.add(t.uid)
+        if t.op == "placeholder":
+            found.append(t)
+        stack += t.inputs
+    return found
 
 
-def signature(nodes, placeholders: dict) -> str:
-    ins = ",".join(f"{t.dtype}{list(t.shape)}" for _, t in sorted(placeholders.items()))
+def signature(nodes, tensors) -> str:
+    """Ops and the (name-sorted) input dtypes and shapes of a subgraph's Panamera program."""
+    ins = ",".join(f"{t.dtype}{list(t.shape)}" for t in sorted(tensors, key=lambda t: t.name))
     return f"{'+'.join(n.op_type for n in nodes)}({ins})"
 
 
@@ -151,11 +161,14 @@ def build_subgraph_tensors(model: OnnxModel, nodes, outputs=None):
     return tuple(outputs), [env[o] for o in outputs], tuple(live), weights
 
 
-def compile_subgraph(model, k, nodes, target, gpu, schedule: Schedule | None = None) -> Subgraph:
+def compile_subgraph(model, k, nodes, target, gpu, schedules=None) -> Subgraph:
+    """Convert and compile one group; `schedules(k, signature)` may return a saved Schedule."""
     t0 = time.perf_counter()
     outputs, tensors, live, weights = build_subgraph_tensors(model, nodes)
+    sig = signature(nodes, _placeholders(tensors))
+    schedule = schedules(k, sig) if schedules is not None else None
     compiled = pn_compile(tensors, target=target, gpu=gpu, schedule=schedule)
-    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, time.perf_counter() - t0)
+    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, time.perf_counter() - t0, sig)
 
 
 def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[float, int]:
@@ -275,7 +288,7 @@ class OptimizedModel:
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 env.update(zip(u.outputs, outs))
             else:
-                outs = u.run(self.model, [env[i] if i else None for i in u.node.inputs if i])
+                outs = u.run(self.model, [env[i] for i in u.node.inputs if i])
                 env.update(zip([o for o in u.node.outputs if o], outs))
         return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
 
@@ -315,12 +328,8 @@ def optimize(
     for k, nodes in enumerate(part.groups):
         if progress:
             progress(k, len(part.groups), "+".join(n.op_type for n in nodes))
-        sched = None
-        if schedules is not None:
-            _, tensors, _, _ = build_subgraph_tensors(model, nodes)
-            sched = schedules(k, signature(nodes, {t.name: t for t in _program_inputs(tensors)}))
         try:
-            sg = compile_subgraph(model, k, nodes, target, gpu, sched)
+            sg = compile_subgraph(model, k, nodes, target, gpu, schedules)
         except ScheduleError:
             raise
         except PanameraError as e:
@@ -338,9 +347,3 @@ def optimize(
     dag.add_edges_from((unit_of[a], unit_of[b]) for a, b in graph(model).edges if unit_of[a] != unit_of[b])
     order = nx.lexicographical_topological_sort(dag)
     return OptimizedModel(model, tuple(units[k] for k in order), target, gpu)
-
-
-def _program_inputs(tensors):
-    from ..poly.program import build_program
-
-    return build_program(tuple(tensors)).inputs
