@@ -197,6 +197,10 @@ def run_bench(
 ) -> tuple[list[dict], str]:
     """Run the suites (or the given workloads); returns (records, summary markdown)."""
     measure = _gpu_available() if measure is None else measure
+    if measure and not _gpu_available():
+        from ..errors import BackendError
+
+        raise BackendError("bench --measure: timing kernels needs CuPy and a CUDA GPU; none is available here")
     ws = workloads if workloads is not None else [w for s in suites for w in SUITES[s]()]
     records = []
     for k, w in enumerate(ws):
