@@ -183,3 +183,26 @@ def test_zero_size_output_reductions():
     assert pn.compile(pn.sum(x, axis=2), target="emulator")(a).shape == (2, 0)
     assert pn.compile(pn.max(x, axis=2), target="emulator")(a).shape == (2, 0)
     np.testing.assert_array_equal(pn.compile(pn.sum(x, axis=None), target="emulator")(a), 0.0)
+
+
+@pytest.mark.parametrize("trans_a,trans_b,with_c", [(0, 0, True), (1, 0, False), (0, 1, True), (1, 1, True)])
+def test_library_gemm_and_matmul_match_the_reference(trans_a, trans_b, with_c):
+    """MatMul and Gemm run through the array module (numpy here, CuPy on a GPU), with ONNX's
+    semantics; the reference evaluator checks them."""
+    rng = np.random.default_rng(3)
+    a_shape = (5, 4) if trans_a else (4, 5)
+    b_shape = (3, 5) if trans_b else (5, 3)
+    inits = [helper.make_tensor("b", F, b_shape, rng.standard_normal(b_shape).astype(np.float32).ravel())]
+    ins = ["h", "b"] + (["c"] if with_c else [])
+    if with_c:
+        inits.append(helper.make_tensor("c", F, [3], rng.standard_normal(3).astype(np.float32)))
+    m = model(
+        [helper.make_node("Exp", ["x"], ["h"]),
+         helper.make_node("Gemm", ins, ["g"], alpha=0.5, beta=2.0, transA=trans_a, transB=trans_b),
+         helper.make_node("MatMul", ["g", "w"], ["y"])],
+        [V("x", F, list(a_shape)), V("w", F, [3, 2])], [V("y", F, [4, 2])], inits,
+    )  # fmt: skip
+    opt = optimize(m, target="emulator")
+    assert {u.node.op_type for u in opt.library} == {"Gemm", "MatMul"}
+    checks = opt.verify()
+    assert checks and all(c.ok for c in checks), checks

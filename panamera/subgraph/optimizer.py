@@ -75,13 +75,18 @@ def signature(nodes, tensors) -> str:
 
 @dataclass(frozen=True, eq=False)
 class LibraryNode:
-    """A node the array library runs (onnx's reference evaluator on the CPU)."""
+    """A node the array library runs: MatMul and Gemm through the arrays' own module (CuPy's
+    cuBLAS on a GPU, numpy on the CPU), every other op through onnx's reference evaluator (on
+    the host)."""
 
     node: Node
     reason: str
     _session: list = field(default_factory=list, repr=False)
 
     def run(self, model: OnnxModel, args: list):
+        if self.node.op_type in ARRAY_OPS and self.node.domain in ("", "ai.onnx"):
+            xp = _array_module(args)
+            return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]
         if not self._session:
             n = self.node
             ins = [i for i in n.inputs if i]
@@ -94,6 +99,30 @@ class LibraryNode:
         sess, ins = self._session[0]
         host = [a.get() if type(a).__module__.startswith("cupy") else a for a in args]
         return sess.run(None, dict(zip(ins, host)))
+
+
+def _array_module(args):
+    if any(type(a).__module__.startswith("cupy") for a in args):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _gemm(xp, attrs, a, b, c=None):
+    a = a.T if attrs.get("transA", 0) else a
+    b = b.T if attrs.get("transB", 0) else b
+    y = attrs.get("alpha", 1.0) * xp.matmul(xp.asarray(a), xp.asarray(b))
+    if c is not None:
+        y = y + attrs.get("beta", 1.0) * xp.asarray(c)
+    return y.astype(a.dtype, copy=False)
+
+
+# The compute-bound ops the array library runs natively (ONNX semantics: numpy's matmul).
+ARRAY_OPS = {
+    "MatMul": lambda xp, attrs, a, b: xp.matmul(xp.asarray(a), xp.asarray(b)),
+    "Gemm": _gemm,
+}
 
 
 def _value_info(model: OnnxModel, name: str):
