@@ -183,7 +183,7 @@ def _verify_and_print(console, opt, feeds) -> bool:
         console.print(f"[red]MISMATCH[/red] {c.value!r}: {c.detail}")
     console.print(
         f"verify: {len(checks) - len(bad)}/{len(checks)} values match onnx's reference evaluator "
-        f"({opt.subgraphs[0].compiled.target if opt.subgraphs else 'no Panamera'} backend)"
+        f"({opt.backend} backend)"
     )
     return not bad
 

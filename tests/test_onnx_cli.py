@@ -213,3 +213,21 @@ def test_run_rejects_wrong_inputs(models, tmp_path):
 def test_main_returns_status_codes(models):
     assert main(["optimize", "/nonexistent.onnx"]) == 2
     assert main(["--help"]) == 0
+
+
+def test_run_specializes_axes_given_as_inputs(tmp_path):
+    v = helper.make_tensor_value_info
+    g = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)], "g",
+        [v("x", TensorProto.FLOAT, [3, 5]), v("axes", TensorProto.INT64, [1])], [v("y", TensorProto.FLOAT, [3])],
+    )  # fmt: skip
+    path = tmp_path / "axes.onnx"
+    path.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    np.savez(tmp_path / "in.npz", x=x, axes=np.array([1]))
+    r = panamera(
+        "run", str(path), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npz"), "--verify"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "1 Panamera subgraph(s)" in r.stdout and "emulator backend" in r.stdout
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npz")["y"], x.sum(1))

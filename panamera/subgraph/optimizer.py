@@ -271,6 +271,11 @@ class OptimizedModel:
         return tuple(u for u in self.units if isinstance(u, Subgraph))
 
     @property
+    def backend(self) -> str:
+        """Where the Panamera kernels run ("emulator" or "cuda"; "none" without subgraphs)."""
+        return self.subgraphs[0].compiled.target if self.subgraphs else "none"
+
+    @property
     def library(self) -> tuple[LibraryNode, ...]:
         return tuple(u for u in self.units if isinstance(u, LibraryNode))
 
