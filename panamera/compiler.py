@@ -56,6 +56,7 @@ class Compiled:
     signatures: tuple[tuple[str, tuple[str, ...]], ...]  # C parameter types of every kernel
     groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
     considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
+    sources: tuple[Tensor, ...] = ()  # per output, the tensor whose buffer holds it (reshapes are views)
     # Resident workspaces and counters per backend: initialised by the first call, left at the
     # identity / zero by the last block of every call, so later calls launch no init kernel.
     # Calls of one Compiled are serialized (the lock); on a GPU, keep them on one stream.
@@ -151,13 +152,15 @@ class Compiled:
             raise
 
     def _results(self, bufs, inputs):
-        out = []
+        out, used = [], set()
         pos = {t.uid: k for k, t in enumerate(self.inputs)}
-        for t in self.outputs:
-            if t.op == "placeholder":
-                out.append(inputs[pos[t.uid]].copy())
-            else:
-                out.append(bufs[f"out:{t.uid}"][: t.size].reshape(t.shape))
+        for t, src in zip(self.outputs, self.sources or self.outputs):
+            if src.op == "placeholder":
+                out.append(inputs[pos[src.uid]].copy().reshape(t.shape))
+                continue
+            a = bufs[f"out:{src.uid}"][: src.size].reshape(t.shape)
+            out.append(a.copy() if src.uid in used else a)  # two outputs never share memory
+            used.add(src.uid)
         return out
 
     def _run_emulator(self, inputs, order, seed):
@@ -226,6 +229,12 @@ class Compiled:
         return "\n".join(lines)
 
 
+def _view_source(t: Tensor) -> Tensor:
+    while t.op == "reshape":
+        t = t.inputs[0]
+    return t
+
+
 def _aligned_empty(n: int, dt) -> np.ndarray:
     dt = np.dtype(dt)
     raw = np.empty(n * dt.itemsize + 64, np.uint8)
@@ -284,7 +293,8 @@ def compile(  # noqa: A001
         target = "cuda" if cuda_backend.available() else "emulator"
     if target not in ("cuda", "emulator"):
         raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
-    prog = build_program(outs)
+    sources = tuple(_view_source(t) for t in outs)  # an output reshape is a view: no copy kernel
+    prog = build_program(sources)
     if schedule is not None and schedule.gpu != gpu.name:
         raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
     replay = schedule.stitched if schedule is not None else None
@@ -356,4 +366,5 @@ def compile(  # noqa: A001
         tuple(signatures.items()),
         tuple(live_groups),
         considered,
+        sources,
     )

@@ -221,18 +221,26 @@ def instance_norm(x: Tensor, gamma=None, beta=None, eps: float = 1e-5) -> Tensor
 
 
 def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5) -> Tensor:
-    """NCHW: normalize over (C / groups, H, W) for each (n, group)."""
+    """NCHW: normalize over (C / groups, H, W) for each (n, group).
+
+    Computed on the view (N, groups, C / groups, H*W), where the per-channel scale and shift are
+    (1, groups, C / groups, 1): the statistics and the normalized output share one iteration
+    space, so they stitch into one kernel, and the reshape back to NCHW is a view."""
     xc, dt = _float_input(x, "group_norm")
+    if x.ndim < 2:
+        raise ShapeError(f"group_norm of {x.label!r}: needs a channel axis (rank >= 2), got shape {x.shape}")
     n, c = x.shape[0], x.shape[1]
     if groups <= 0 or c % groups:
         raise ShapeError(f"group_norm of {x.label!r}: {c} channels do not split into {groups} groups")
-    grouped = xc.reshape((n, groups, -1))
-    _nonempty(grouped, (2,), "group_norm")
-    y = _normalize(grouped, (2,), eps).reshape(x.shape)
-    g = _channel(gamma, c, x.ndim, "gamma", "group_norm", xc.dtype)
-    b = _channel(beta, c, x.ndim, "beta", "group_norm", xc.dtype)
-    y = y * g if g is not None else y
-    return (y + b if b is not None else y).astype(dt)
+    grouped = xc.reshape((n, groups, c // groups, math.prod(x.shape[2:])))
+    _nonempty(grouped, (2, 3), "group_norm")
+    y = _normalize(grouped, (2, 3), eps)
+    per_channel = (1, groups, c // groups, 1)
+    g = _param(gamma, (c,), "gamma", "group_norm", xc.dtype)
+    b = _param(beta, (c,), "beta", "group_norm", xc.dtype)
+    y = y * g.reshape(per_channel) if g is not None else y
+    y = y + b.reshape(per_channel) if b is not None else y
+    return y.astype(dt).reshape(x.shape)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:

@@ -269,3 +269,29 @@ def test_the_model_chooses_the_softmax_formulation():
     assert "-> online" in long_rows and online < 0.8 * multi
     with pytest.raises(errors.ShapeError, match="unknown method"):
         pn.nn.softmax(pn.placeholder((4, 4), name="x"), method="fast")
+
+
+def test_group_norm_is_one_kernel_and_its_reshape_a_view(rng):
+    x = pn.placeholder((4, 64, 16, 16), "float32", name="x")
+    g, b = pn.placeholder((64,), "float32", name="g"), pn.placeholder((64,), "float32", name="b")
+    k = pn.compile(pn.nn.group_norm(x, 8, g, b), target="emulator")
+    assert len(k.plan.per_call) == 1 and k.plan.kernels[0].role == "reduce"
+    a = (rng.standard_normal((4, 64, 16, 16)) * 3 + 1).astype(np.float32)
+    ga, ba = rng.standard_normal(64).astype(np.float32), rng.standard_normal(64).astype(np.float32)
+    a64 = a.astype(np.float64).reshape(4, 8, -1)
+    ref = ((a64 - a64.mean(-1, keepdims=True)) / np.sqrt(a64.var(-1, keepdims=True) + 1e-5)).reshape(a.shape)
+    ref = ref * ga[None, :, None, None] + ba[None, :, None, None]
+    np.testing.assert_allclose(k(a, ga, ba), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_an_output_reshape_is_a_view_not_a_kernel(rng):
+    x = pn.placeholder((4, 8), "float32", name="x")
+    e = pn.exp(x)
+    k = pn.compile([e.reshape((8, 4)), e, x.reshape((32,))], target="emulator")
+    assert len(k.plan.per_call) == 1  # the exp; both reshapes are views
+    a = rng.standard_normal((4, 8)).astype(np.float32)
+    r0, r1, r2 = k(a)
+    np.testing.assert_allclose(r0, np.exp(a).reshape(8, 4), rtol=1e-6)
+    np.testing.assert_allclose(r1, np.exp(a), rtol=1e-6)
+    np.testing.assert_array_equal(r2, a.reshape(32))
+    assert not np.shares_memory(r0, r1)  # two outputs never share memory

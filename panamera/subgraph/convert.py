@@ -206,20 +206,19 @@ def _instance_norm(node: Node, args, ctx):
 
 
 def _group_norm(node: Node, args, ctx):
+    """On the view (N, G, C/G, spatial), like nn.group_norm, so that it stitches into one kernel."""
     x = ctx.tensor(args[0])
     g = int(node.attrs["num_groups"])
     eps = float(node.attrs.get("epsilon", 1e-5))
     n, c = x.shape[0], x.shape[1]
     if g <= 0 or c % g:
         raise ShapeError(f"GroupNormalization {node.label!r}: {c} channels do not split into {g} groups")
-    xg = _compute(x).reshape((n, g, -1))
-    mean, var = ops.welford(xg, (2,), True, "mean"), ops.welford(xg, (2,), True, "var")
-    yg = (xg - mean) * ops.rsqrt(var + eps)
+    x4 = _compute(x).reshape((n, g, c // g, math.prod(x.shape[2:])))
+    mean, var = ops.welford(x4, (2, 3), True, "mean"), ops.welford(x4, (2, 3), True, "var")
+    y = (x4 - mean) * ops.rsqrt(var + eps)
     scale, bias = (_compute(ctx.tensor(args[k], nm)) for k, nm in ((1, "scale"), (2, "bias")))
-    if scale.size == g and node.opset < 21:  # opset 18: one scale and bias per group
-        return [(yg * scale.reshape((g, 1)) + bias.reshape((g, 1))).reshape(x.shape)]
-    y = yg.reshape(x.shape)
-    return [y * _channel(ctx, scale, x, "scale") + _channel(ctx, bias, x, "bias")]
+    shape = (1, g, 1, 1) if scale.size == g and node.opset < 21 else (1, g, c // g, 1)  # opset 18: per group
+    return [(y * scale.reshape(shape) + bias.reshape(shape)).reshape(x.shape)]
 
 
 # -- element-wise ---------------------------------------------------------------------------
