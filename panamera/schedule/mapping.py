@@ -6,12 +6,15 @@ A `Mapping` binds the canonical loops of a kernel group (poly/program.py) to the
               g (j / vec)  -> blockIdx.y * chunk + k * tx + threadIdx.x      k: serial loop
   COLUMN      g (i / vec)  -> blockIdx.x * tx + threadIdx.x
               j (reduced)  -> blockIdx.y * chunk + k * ty + threadIdx.y
-  MAP         i            -> (k * gridDim.x + blockIdx.x) * tx + threadIdx.x
+  MAP         i / vec      -> (k * gridDim.x + blockIdx.x) * tx + threadIdx.x
 
 `split = gridDim.y` is the number of blocks that share one reduction (multi-block binding): each
 block reduces its `chunk` in registers, warps and shared memory, then merges one partial per
-output with one atomic (or, deterministic, through the last block). The split is chosen by the
-performance model (model/gpu.py), not by a constant: the candidate with the least modeled time.
+output with one atomic into a resident workspace that the last block stores and resets (or,
+deterministic, writes its partials for the last block to combine in order). The split, the
+threads per block and the vector width are chosen by the performance model (model/gpu.py), not
+by constants: the candidate with the least modeled time. The serial loop k is unrolled `unroll`
+times (codegen/islast.py), so each thread keeps that many vector loads in flight.
 """
 
 from __future__ import annotations
