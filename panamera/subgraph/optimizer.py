@@ -118,7 +118,8 @@ def _gemm(xp, attrs, a, b, c=None):
     return y.astype(a.dtype, copy=False)
 
 
-# The compute-bound ops the array library runs natively (ONNX semantics: numpy's matmul).
+# The compute-bound ops the array library runs natively (ONNX semantics: numpy's matmul);
+# partition.NATIVE names the same ops.
 ARRAY_OPS = {
     "MatMul": lambda xp, attrs, a, b: xp.matmul(xp.asarray(a), xp.asarray(b)),
     "Gemm": _gemm,

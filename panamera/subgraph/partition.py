@@ -28,6 +28,7 @@ from .model import Node, OnnxModel
 COMPUTE_BOUND = frozenset(
     {"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "QLinearMatMul", "Einsum", "Attention"}
 )
+NATIVE = frozenset({"MatMul", "Gemm"})  # run by the arrays' own module (optimizer.ARRAY_OPS)
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,10 @@ def why_library(node: Node, model: OnnxModel) -> str | None:
     """None when Panamera can take the node, else the reason it stays with the array library."""
     if node.domain not in ("", "ai.onnx"):
         return f"domain {node.domain!r} is not the ONNX standard domain"
+    if node.op_type in NATIVE:
+        return "compute-bound: the array library runs it (CuPy's cuBLAS on a GPU, numpy on the CPU)"
     if node.op_type in COMPUTE_BOUND:
-        return "compute-bound: left to the array library (cuBLAS/cuDNN through CuPy, numpy on the CPU)"
+        return "compute-bound: left to the library (onnx's reference evaluator, on the host)"
     if node.op_type not in CONVERTERS:
         return f"op {node.op_type} is not supported by Panamera"
     for name in node.inputs + node.outputs:
