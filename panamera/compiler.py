@@ -71,7 +71,7 @@ class Compiled:
     def schedule(self) -> Schedule:
         """The decisions made for this program, replayable with `pn.compile(..., schedule=)`."""
         stitched = tuple(tuple(s.name for s in g.statements) for g in self.groups if g.stitched)
-        kernels = tuple(KernelChoice(g.form, g.M, g.N, m.split) for g, m in zip(self.groups, self.mappings))
+        kernels = tuple(KernelChoice(g.form, g.M, g.N, m.split, m.threads) for g, m in zip(self.groups, self.mappings))
         return Schedule(self.gpu.name, stitched, kernels)
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
@@ -316,7 +316,8 @@ def compile(  # noqa: A001
         if grp.M * grp.N == 0:
             continue
         if schedule is not None:
-            m = map_group(grp, gpu, schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N).split, deterministic)
+            choice = schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N)
+            m = map_group(grp, gpu, choice.split, deterministic, choice.threads)
         else:
             m = map_group(grp, gpu, split, deterministic)
         label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)

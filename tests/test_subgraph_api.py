@@ -89,6 +89,20 @@ def test_schedule_replays_the_same_kernels():
     np.testing.assert_allclose(k(x), x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bool"])
+def test_schedule_replays_a_larger_block(dtype):
+    """The model gives COLUMN 768x768 more than 256 threads per block; the replay keeps them."""
+
+    def build():
+        return pn.sum(pn.placeholder((768, 768), dtype, name="x"), axis=0)
+
+    k = pn.compile(build(), target="emulator")
+    assert k.mappings[0].threads > 256
+    s = Schedule.from_json(k.schedule.to_json())
+    assert s.kernels[0].threads == k.mappings[0].threads
+    assert pn.compile(build(), target="emulator", schedule=s).source == k.source
+
+
 def test_schedule_for_another_gpu_is_refused():
     s = pn.compile(_softmax(), target="emulator").schedule
     with pytest.raises(ScheduleError, match="made for H100"):

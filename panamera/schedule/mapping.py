@@ -164,10 +164,15 @@ def bytes_per_iteration(group: KernelGroup) -> int:
 
 
 def map_group(
-    group: KernelGroup, gpu: GPUSpec = H100, split: int | None = None, deterministic: bool = False
+    group: KernelGroup,
+    gpu: GPUSpec = H100,
+    split: int | None = None,
+    deterministic: bool = False,
+    threads: int | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group. `deterministic`
-    plans for partials merged by the last block instead of atomics."""
+    plans for partials merged by the last block instead of atomics. `split` and `threads` force
+    those choices (a replayed schedule; an explicit split alone keeps 256 threads per block)."""
     if group.stitched:
         return _map_stitched(group, gpu)
     form, M, N = group.form, group.M, group.N
@@ -191,18 +196,23 @@ def map_group(
     best, transcendentals = None, sfu_ops(group)
     # Struct accumulators (Welford, online softmax) have no atomic: they always merge partials.
     partials = deterministic or any(st.combiner is not None and st.combiner.struct for st in group.statements)
+    acc_bytes = max(st.acc.itemsize for st in group.statements)
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.
-    for threads in (256,) if split is not None else (256, 512, 1024):  # an override keeps the default block
+    if threads is not None:
+        options = (threads,)
+    else:
+        options = (256,) if split is not None else (256, 512, 1024)
+    for block in options:
         if form in ("ROW", "ALL"):
-            tx = min(threads, pow2ceil(G))
-            ty = max(1, min(threads // tx, pow2ceil(M)))
+            tx = min(block, pow2ceil(G))
+            ty = max(1, min(block // tx, pow2ceil(M)))
             gx, per_split = math.ceil(M / ty), tx  # every thread of a split block gets a group
         else:  # COLUMN
             tx = min(32, pow2ceil(G))
-            ty = max(1, min(threads // tx, pow2ceil(N)))
+            ty = max(1, min(block // tx, pow2ceil(N)))
             gx, per_split = math.ceil(G / tx), ty
-        if tx * ty < threads and threads > 256:
+        if tx * ty < block and block > 256 and threads is None:
             continue  # the extents do not fill a larger block
         max_split = min(MAX_GRID_Y, max(1, serial // per_split))  # at least one iteration per thread
         candidates = [1 << e for e in range(max_split.bit_length()) if 1 << e <= max_split]
@@ -217,7 +227,6 @@ def map_group(
             # A split merges into a resident workspace (one atomic per block per output, plus the
             # block's arrival on the counter) that the last block reads, stores and resets; or,
             # deterministic, every block writes its partials and the last block reads them all.
-            acc_bytes = max(st.acc.itemsize for st in group.statements)
             merges = s_eff if partials else 2
             ws_bytes = outputs * merges * acc_bytes if is_split else 0
             cost = kernel_time(

@@ -22,12 +22,14 @@ FORMAT = "panamera-schedule/1"
 
 @dataclass(frozen=True)
 class KernelChoice:
-    """One kernel group: its canonical form and extents (to check the fit) and the split."""
+    """One kernel group: its canonical form and extents (to check the fit), the split and the
+    threads per block."""
 
     form: str
     M: int
     N: int
     split: int
+    threads: int = 256
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,9 @@ class Schedule:
             "subgraph": self.subgraph,
             "gpu": self.gpu,
             "stitched": ["+".join(g) for g in self.stitched],
-            "kernels": [{"form": k.form, "M": k.M, "N": k.N, "split": k.split} for k in self.kernels],
+            "kernels": [
+                {"form": k.form, "M": k.M, "N": k.N, "split": k.split, "threads": k.threads} for k in self.kernels
+            ],
         }
         return json.dumps(doc, indent=2) + "\n"
 
@@ -54,7 +58,8 @@ class Schedule:
             if doc.get("format") != FORMAT:
                 raise ScheduleError(f"{where}: format {doc.get('format')!r} is not {FORMAT!r}")
             kernels = tuple(
-                KernelChoice(str(k["form"]), int(k["M"]), int(k["N"]), int(k["split"])) for k in doc["kernels"]
+                KernelChoice(str(k["form"]), int(k["M"]), int(k["N"]), int(k["split"]), int(k["threads"]))
+                for k in doc["kernels"]
             )
             stitched = tuple(tuple(str(g).split("+")) for g in doc["stitched"])
             return Schedule(str(doc["gpu"]), stitched, kernels, str(doc.get("subgraph", "")))
