@@ -10,6 +10,7 @@ Errors are one line and a non-zero exit status; --debug shows the traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -260,8 +261,7 @@ def optimize(model, out, force, verify, inputs, save_schedules, schedules, shape
     if save_schedules:
         os.makedirs(save_schedules, exist_ok=True)
         for sg in opt.subgraphs:
-            sched = sg.compiled.schedule
-            sched = type(sched)(sched.gpu, sched.stitched, sched.kernels, sg.signature)
+            sched = dataclasses.replace(sg.compiled.schedule, subgraph=sg.signature)
             with open(os.path.join(save_schedules, f"sg{sg.id}.{opt.gpu.name}.json"), "w") as f:
                 f.write(sched.to_json())
         console.print(f"schedules: {len(opt.subgraphs)} file(s) in {save_schedules}")

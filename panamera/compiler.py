@@ -56,7 +56,6 @@ class Compiled:
     signatures: tuple[tuple[str, tuple[str, ...]], ...]  # C parameter types of every kernel
     groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
     considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
-    sources: tuple[Tensor, ...] = ()  # per output, the tensor whose buffer holds it (reshapes are views)
     # Resident workspaces and counters per backend: initialised by the first call, left at the
     # identity / zero by the last block of every call, so later calls launch no init kernel.
     # Calls of one Compiled are serialized (the lock); on a GPU, keep them on one stream.
@@ -66,6 +65,11 @@ class Compiled:
     @property
     def inputs(self) -> tuple[Tensor, ...]:
         return self.program.inputs
+
+    @property
+    def sources(self) -> tuple[Tensor, ...]:
+        """Per output, the tensor whose buffer holds it: an output reshape is a view."""
+        return tuple(_view_source(t) for t in self.outputs)
 
     @property
     def schedule(self) -> Schedule:
@@ -154,7 +158,7 @@ class Compiled:
     def _results(self, bufs, inputs):
         out, used = [], set()
         pos = {t.uid: k for k, t in enumerate(self.inputs)}
-        for t, src in zip(self.outputs, self.sources or self.outputs):
+        for t, src in zip(self.outputs, self.sources):
             if src.op == "placeholder":
                 out.append(inputs[pos[src.uid]].copy().reshape(t.shape))
                 continue
@@ -293,8 +297,7 @@ def compile(  # noqa: A001
         target = "cuda" if cuda_backend.available() else "emulator"
     if target not in ("cuda", "emulator"):
         raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
-    sources = tuple(_view_source(t) for t in outs)  # an output reshape is a view: no copy kernel
-    prog = build_program(sources)
+    prog = build_program(tuple(_view_source(t) for t in outs))  # an output reshape is a view: no kernel
     if schedule is not None and schedule.gpu != gpu.name:
         raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
     replay = schedule.stitched if schedule is not None else None
@@ -367,5 +370,4 @@ def compile(  # noqa: A001
         tuple(signatures.items()),
         tuple(live_groups),
         considered,
-        sources,
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..compiler import Compiled
 from ..compiler import compile as pn_compile
 from ..frontend.tensor import Tensor, _ids, placeholder
-from ..model.estimate import Estimate, estimate, limit_us
+from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 
 PLANS = ("panamera", "deterministic", "single-block", "eager")
@@ -92,18 +92,8 @@ def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
     t0 = time.perf_counter()
     compiled = [pn_compile(op, target="emulator", gpu=gpu, deterministic=True) for op in eager_ops(outs)]
     dt = time.perf_counter() - t0
-    parts = [estimate(c.plan, gpu, 0) for c in compiled]
     second_pass = sum(1 for c in compiled for ln in c.plan.kernels if ln.form == "ALL" and ln.blocks_per_reduction > 1)
-    extra = second_pass * gpu.launch_s * 1e6
-    fields = ("total_us", "launch_us", "dram_us", "l2_us", "sfu_us", "tail_us", "atomic_us")
-    sums = {f: sum(getattr(p, f) for p in parts) for f in fields}
-    sums["total_us"] += extra
-    sums["launch_us"] += extra
-    est = Estimate(
-        gpu.name, **sums, launches=sum(p.launches for p in parts) + second_pass,
-        dram_bytes=sum(p.dram_bytes for p in parts), compulsory_bytes=compulsory,
-        limit_us=limit_us(compulsory, gpu),
-    )  # fmt: skip
+    est = estimate([ln for c in compiled for ln in c.plan.per_call], gpu, compulsory, extra_launches=second_pass)
     blocks = sum(_counts(c)[0] for c in compiled)
     return PlanResult("eager", est, blocks, sum(_counts(c)[1] for c in compiled), dt, tuple(compiled))
 

@@ -55,22 +55,20 @@ def compulsory_bytes(plan: LaunchPlan) -> int:
     return total
 
 
-def estimate(plan: LaunchPlan, gpu: GPUSpec, compulsory: int | None = None) -> Estimate:
-    """Model every launch of `plan` on `gpu` and add them up (see model/gpu.py for the terms)."""
-    parts = dict(launch=0.0, dram=0.0, l2=0.0, sfu=0.0, tail=0.0, atomic=0.0)
-    total = 0.0
-    for ln in plan.per_call:
-        c = kernel_time(gpu, **dict(ln.cost_features))
-        total += c.total_s
-        parts["launch"] += c.launch_s
-        parts["dram"] += c.dram_s
-        parts["l2"] += c.l2_s
-        parts["sfu"] += c.sfu_s
-        parts["tail"] += c.tail_s
-        parts["atomic"] += c.atomic_s
+def estimate(plan, gpu: GPUSpec, compulsory: int | None = None, extra_launches: int = 0) -> Estimate:
+    """Model every launch of one call of `plan` (a LaunchPlan, or launches gathered from several
+    plans) on `gpu` and add them up; `extra_launches` empty launches are added (a library's second
+    pass). See model/gpu.py for the terms."""
+    launches = plan.per_call if isinstance(plan, LaunchPlan) else list(plan)
+    costs = [kernel_time(gpu, **dict(ln.cost_features)) for ln in launches]
+    part = {
+        k: sum(getattr(c, f"{k}_s") for c in costs) * 1e6 for k in ("launch", "dram", "l2", "sfu", "tail", "atomic")
+    }
+    extra = extra_launches * gpu.launch_s * 1e6
+    part["launch"] += extra
     need = compulsory_bytes(plan) if compulsory is None else compulsory
-    us = {k: v * 1e6 for k, v in parts.items()}
     return Estimate(
-        gpu.name, total * 1e6, us["launch"], us["dram"], us["l2"], us["sfu"], us["tail"], us["atomic"],
-        len(plan.per_call), sum(ln.bytes_read + ln.bytes_written for ln in plan.per_call), need, limit_us(need, gpu),
+        gpu.name, sum(c.total_s for c in costs) * 1e6 + extra, part["launch"], part["dram"], part["l2"], part["sfu"],
+        part["tail"], part["atomic"], len(launches) + extra_launches,
+        sum(ln.bytes_read + ln.bytes_written for ln in launches), need, limit_us(need, gpu),
     )  # fmt: skip

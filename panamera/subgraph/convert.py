@@ -31,10 +31,10 @@ class Unsupported(PanameraError):
 class Ctx:
     """What converters need from the subgraph being built: constants turned into tensors."""
 
-    def __init__(self, weight: Callable[[np.ndarray, str], Tensor]):
+    def __init__(self, weight: Callable[[np.ndarray], Tensor]):
         self._weight = weight
 
-    def tensor(self, v, name: str = "const") -> Tensor:
+    def tensor(self, v) -> Tensor:
         if isinstance(v, Tensor):
             return v
         a = np.asarray(v)
@@ -42,7 +42,7 @@ class Ctx:
         if a.size == 1:  # scalars are folded into the generated code
             c = constant(a.reshape(()).item(), d)
             return reshape(c, a.shape) if a.ndim else c
-        return self._weight(a, name)
+        return self._weight(a)
 
 
 def _const(node: Node, v, what: str) -> np.ndarray:
@@ -164,14 +164,14 @@ def _layer_norm(node: Node, args, ctx):
     inv = ops.rsqrt(var + eps)
     y = (xc - mean) * inv
     if len(args) > 1 and args[1] is not None:
-        y = y * _compute(ctx.tensor(args[1], "scale"))
+        y = y * _compute(ctx.tensor(args[1]))
     if len(args) > 2 and args[2] is not None:
-        y = y + _compute(ctx.tensor(args[2], "bias"))
+        y = y + _compute(ctx.tensor(args[2]))
     return [y, mean, inv]
 
 
-def _channel(ctx, v, x: Tensor, name: str) -> Tensor:
-    t = _compute(ctx.tensor(v, name))
+def _channel(ctx, v, x: Tensor) -> Tensor:
+    t = _compute(ctx.tensor(v))
     return t.reshape(t.shape + (1,) * (x.ndim - 2)) if t.ndim == 1 else t
 
 
@@ -181,8 +181,7 @@ def _batch_norm(node: Node, args, ctx):
         raise ShapeError(f"BatchNormalization {node.label!r}: needs rank >= 2, got {x.shape}")
     eps = float(node.attrs.get("epsilon", 1e-5))
     xc = _compute(x)
-    scale, bias = (_channel(ctx, args[k], x, n) for k, n in ((1, "scale"), (2, "bias")))
-    rmean, rvar = (_channel(ctx, args[k], x, n) for k, n in ((3, "mean"), (4, "var")))
+    scale, bias, rmean, rvar = (_channel(ctx, args[k], x) for k in (1, 2, 3, 4))
     if not node.attrs.get("training_mode", 0):
         return [(xc - rmean) * ops.rsqrt(rvar + eps) * scale + bias]
     momentum = float(node.attrs.get("momentum", 0.9))
@@ -202,7 +201,7 @@ def _instance_norm(node: Node, args, ctx):
     axes = tuple(range(2, x.ndim))
     mean, var = ops.welford(xc, axes, True, "mean"), ops.welford(xc, axes, True, "var")
     y = (xc - mean) * ops.rsqrt(var + eps)
-    return [y * _channel(ctx, args[1], x, "scale") + _channel(ctx, args[2], x, "bias")]
+    return [y * _channel(ctx, args[1], x) + _channel(ctx, args[2], x)]
 
 
 def _group_norm(node: Node, args, ctx):
@@ -216,7 +215,7 @@ def _group_norm(node: Node, args, ctx):
     x4 = _compute(x).reshape((n, g, c // g, math.prod(x.shape[2:])))
     mean, var = ops.welford(x4, (2, 3), True, "mean"), ops.welford(x4, (2, 3), True, "var")
     y = (x4 - mean) * ops.rsqrt(var + eps)
-    scale, bias = (_compute(ctx.tensor(args[k], nm)) for k, nm in ((1, "scale"), (2, "bias")))
+    scale, bias = (_compute(ctx.tensor(args[k])) for k in (1, 2))
     shape = (1, g, 1, 1) if scale.size == g and node.opset < 21 else (1, g, c // g, 1)  # opset 18: per group
     return [(y * scale.reshape(shape) + bias.reshape(shape)).reshape(x.shape)]
 

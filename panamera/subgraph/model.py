@@ -254,7 +254,7 @@ def _dry_run_shapes(proto: onnx.ModelProto, values: dict, names: list, consts: d
 
 def _infer(proto: onnx.ModelProto, consts: dict, live: list):
     """The model with constants as initializers and live nodes only, shape-inferred, and the
-    Value of everything onnx (or, failing that, a dry run) could infer."""
+    Value of everything onnx could infer."""
     used = {i for n in live for i in n.input} | {o.name for o in proto.graph.output}
     g = proto.graph
     folded = helper.make_graph(
@@ -277,9 +277,6 @@ def _infer(proto: onnx.ModelProto, consts: dict, live: list):
         old = values.get(vi.name)
         if old is None or old.shape is None:
             values[vi.name] = Value(vi.name, shape, tt.elem_type)
-    missing = [o for n in inferred.graph.node for o in n.output if o and (o not in values or values[o].shape is None)]
-    if missing:  # onnx could not infer them (function ops such as GroupNormalization): a dry run can
-        values.update(_dry_run_shapes(inferred, values, missing, consts))
     return inferred, values
 
 
@@ -299,10 +296,16 @@ def load_model(source, shapes: dict | None = None, specialize: dict | None = Non
         tt = vi.type.tensor_type
         if tt.HasField("shape") and not all(d.HasField("dim_value") for d in tt.shape.dim):
             tt.ClearField("shape")
-    known: dict = {}
+    known, dry = {}, None
     for _ in range(8):  # Shape of a value whose shape became known folds, and so on downstream
         consts, live = _fold(proto, path, known)
         inferred, values = _infer(proto, consts, live)
+        missing = [
+            o for n in inferred.graph.node for o in n.output if o and (o not in values or values[o].shape is None)
+        ]
+        if missing and dry is None:  # onnx could not infer them (function ops such as GroupNormalization)
+            dry = _dry_run_shapes(inferred, values, missing, consts)  # once: it runs the whole model
+        values.update({k: v for k, v in (dry or {}).items() if k in missing})
         more = {n.input[0]: values[n.input[0]].shape for n in live if n.op_type == "Shape"
                 and n.input[0] in values and values[n.input[0]].shape is not None}  # fmt: skip
         if not set(more) - set(known):

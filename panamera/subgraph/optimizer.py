@@ -148,14 +148,17 @@ def build_subgraph_tensors(model: OnnxModel, nodes, outputs=None):
     """Convert `nodes` into Panamera tensors. Returns (output names, output tensors, live input
     names, weights)."""
     env: dict = {}
-    live, weights, weight_tensors, names_by_id = [], {}, {}, {}
+    live, weights, by_id = [], {}, {}  # by_id: id of a constant array -> its placeholder
+    names_by_id: dict = {}  # id of a model constant -> its name
 
-    def weight(a: np.ndarray, name: str) -> Tensor:
-        name = names_by_id.get(id(a), name)
-        if name not in weight_tensors:
-            weight_tensors[name] = placeholder(a.shape, str(a.dtype), name=name)
+    def weight(a: np.ndarray) -> Tensor:
+        """A non-scalar constant becomes a kernel input, named after the model's constant (or
+        numbered, for an array a converter made)."""
+        if id(a) not in by_id:
+            name = names_by_id.get(id(a), f"const{len(weights)}")
+            by_id[id(a)] = placeholder(a.shape, str(a.dtype), name=name)
             weights[name] = a
-        return weight_tensors[name]
+        return by_id[id(a)]
 
     ctx = Ctx(weight)
     for n in nodes:
