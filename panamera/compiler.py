@@ -1,4 +1,12 @@
-"""`pn.compile`: graph → Program (poly) → Mappings (schedule) → CUDA (codegen) → Compiled.
+"""`pn.compile`: an ordered list of named stages over immutable values, then an executor.
+
+    graph ─formulations─► graph' ─program─► Program ─groups─► kernel groups ─mappings─► Mappings
+          ─kernels─► CUDA C per group ─plan─► LaunchPlan + source  ──►  Compiled (runtime/executor.py)
+
+Each stage takes the `Artifacts` so far and the `Options` and returns new Artifacts; each decision
+is made once, by the stage that owns it, and carried downstream as data. `lower(...,
+stop_after="mappings")` stops after any stage (as Triton's stage dictionary does); `explain()`
+is built from the artifacts.
 
 >>> import numpy as np, panamera as pn
 >>> x = pn.placeholder((4, 100), "float32", name="x")
@@ -6,31 +14,89 @@
 >>> a = np.ones((4, 100), np.float32)
 >>> k(a).tolist()
 [100.0, 100.0, 100.0, 100.0]
+>>> [stage.name for stage in STAGES]
+['formulations', 'program', 'groups', 'mappings', 'kernels', 'plan']
+>>> lower(pn.sum(x, axis=1), stop_after="mappings").mappings[0].describe()
+'ROW M=4 N=100 vec=4 block=(32,4) grid=(1,1) split=1'
 """
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 import math
 import re
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .codegen import islast
 from .codegen.header import PRELUDE
-from .codegen.kernel import BufferSpec, InitKernel, RenderedKernel, render_empty, render_kernel
-from .errors import BackendError, DTypeError, InputError, PanameraError, ScheduleError
+from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
+from .enums import StrEnum
+from .errors import OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
 from .poly.program import KernelGroup, Program, build_program
+from .poly.statement import Form
 from .runtime import cuda as cuda_backend
-from .runtime import emulator
-from .runtime.plan import Launch, LaunchPlan
-from .schedule.mapping import Mapping, map_group
+from .runtime.executor import Executor
+from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
+from .schedule.formulation import Formulation, choose_formulations
+from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, plan_groups
-from .schedule.saved import KernelChoice, Schedule
+from .schedule.saved import Schedule
+
+
+class Target(StrEnum):
+    AUTO = "auto"  # cuda with a GPU, else the emulator
+    CUDA = "cuda"
+    EMULATOR = "emulator"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything that steers a compile besides the graph; hashable (a cache key)."""
+
+    target: Target = Target.EMULATOR
+    deterministic: bool = False
+    gpu: GPUSpec = H100
+    split: int | None = None
+    schedule: Schedule | None = None
+
+    @staticmethod
+    def make(target="auto", deterministic=False, gpu=H100, split=None, schedule=None) -> Options:
+        """Checked options; `target="auto"` is resolved here."""
+        try:
+            target = Target(target)
+        except ValueError:
+            raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'") from None
+        if target == Target.AUTO:
+            target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
+        if not isinstance(gpu, GPUSpec):
+            raise OptionError(f"compile: gpu must be a GPUSpec (panamera.model.gpu.H100, A100, V100), got {gpu!r}")
+        if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
+            raise OptionError(f"compile: split must be a positive int (blocks per reduction), got {split!r}")
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise OptionError(f"compile: schedule must be a Schedule, got {type(schedule).__name__}")
+        if schedule is not None and schedule.gpu != gpu.name:
+            raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
+        return Options(target, bool(deterministic), gpu, split, schedule)
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What the stages have produced so far; each stage fills its own fields."""
+
+    outputs: tuple[Tensor, ...]  # as the user gave them
+    graph: tuple[Tensor, ...] = ()  # formulations: the outputs with every formulation chosen
+    formulations: tuple[Formulation, ...] = ()
+    program: Program | None = None  # program
+    groups: tuple[KernelGroup, ...] = ()  # groups: every kernel group, empty ones too
+    considered: tuple[Considered, ...] = ()
+    mappings: tuple[Mapping, ...] = ()  # mappings: one per group with iterations, in order
+    kernels: tuple[RenderedKernel | InitKernel, ...] = ()  # kernels: per group, in order
+    plan: LaunchPlan | None = None  # plan
+    source: str = ""
+    signatures: tuple[tuple[str, tuple[str, ...]], ...] = ()  # C parameter types of every kernel
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -39,223 +105,153 @@ def sanitize(name: str, limit: int = 24) -> str:
     return s or "t"
 
 
-@dataclass(frozen=True)
-class Compiled:
-    """A compiled computation: `k(*arrays)` runs it; `k.source`, `k.plan`, `k.explain()`."""
-
-    outputs: tuple[Tensor, ...]
-    single: bool
-    program: Program
-    mappings: tuple[Mapping, ...]
-    kernels: tuple[RenderedKernel, ...]
-    source: str
-    plan: LaunchPlan
-    target: str
-    deterministic: bool
-    gpu: GPUSpec
-    signatures: tuple[tuple[str, tuple[str, ...]], ...]  # C parameter types of every kernel
-    groups: tuple[KernelGroup, ...] = ()  # the kernel groups that run, one per mapping
-    considered: tuple[Considered, ...] = ()  # the planner's stitching decisions
-    # Resident workspaces and counters per backend: initialised by the first call, left at the
-    # identity / zero by the last block of every call, so later calls launch no init kernel.
-    # Calls of one Compiled are serialized (the lock); on a GPU, keep them on one stream.
-    resident: dict = field(default_factory=dict, compare=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
-
-    @property
-    def inputs(self) -> tuple[Tensor, ...]:
-        return self.program.inputs
-
-    @property
-    def sources(self) -> tuple[Tensor, ...]:
-        """Per output, the tensor whose buffer holds it: an output reshape is a view."""
-        return tuple(_view_source(t) for t in self.outputs)
-
-    @property
-    def schedule(self) -> Schedule:
-        """The decisions made for this program, replayable with `pn.compile(..., schedule=)`."""
-        stitched = tuple(tuple(s.name for s in g.statements) for g in self.groups if g.stitched)
-        kernels = tuple(KernelChoice(g.form, g.M, g.N, m.split, m.threads) for g, m in zip(self.groups, self.mappings))
-        return Schedule(self.gpu.name, stitched, kernels)
-
-    def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
-        arrays = self._bind(arrays, named)
-        is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
-        if self.target == "emulator":
-            host = [self._host_input(t, a) for t, a in zip(self.inputs, arrays)]
-            outs = self._run_emulator(host, order, seed)
-        else:
-            outs = self._run_cuda(arrays)
-        if not is_cupy and self.target == "cuda":
-            outs = [o.get() for o in outs]
-        return outs[0] if self.single else tuple(outs)
-
-    # -- argument checking ------------------------------------------------------------------
-    def _bind(self, arrays, named) -> list:
-        if named:
-            by_name = {t.name: t for t in self.inputs}
-            unknown = set(named) - set(by_name)
-            if unknown:
-                raise InputError(f"unknown input name(s) {sorted(unknown)}; inputs are {[t.name for t in self.inputs]}")
-            if arrays:
-                raise InputError("pass inputs either positionally or by name, not both")
-            missing = [t.name for t in self.inputs if t.name not in named]
-            if missing:
-                raise InputError(f"missing input(s) {missing}")
-            arrays = [named[t.name] for t in self.inputs]
-        if len(arrays) != len(self.inputs):
-            raise InputError(f"expected {len(self.inputs)} input(s) {[t.name for t in self.inputs]}, got {len(arrays)}")
-        for t, a in zip(self.inputs, arrays):
-            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-                raise InputError(f"input {t.name!r}: expected an array, got {type(a).__name__}")
-            if tuple(a.shape) != t.shape:
-                raise InputError(f"input {t.name!r}: expected shape {t.shape}, got {tuple(a.shape)}")
-            if np.dtype(a.dtype) != t.dtype.np:
-                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {np.dtype(a.dtype)}")
-        return list(arrays)
-
-    @staticmethod
-    def _host_input(t: Tensor, a) -> np.ndarray:
-        if type(a).__module__.startswith("cupy"):
-            a = a.get()
-        a = np.asarray(a)
-        # Non-contiguous or misaligned arrays are copied (vector loads need 16-byte alignment).
-        if not a.flags.c_contiguous or a.ctypes.data % 16:
-            a = _aligned_copy(a)
-        return a
-
-    # -- execution --------------------------------------------------------------------------
-    def _buffers(self, alloc, inputs, backend: str) -> tuple[dict, bool]:
-        """Buffers of one call, and whether the resident ones are new (their init must run)."""
-        bufs = {f"in:{t.uid}": a for t, a in zip(self.inputs, inputs)}
-        fresh = backend not in self.resident
-        resident = self.resident.setdefault(backend, {})
-        for key, spec in self.plan.buffers.items():
-            if key.startswith(("ws:", "cnt:")):
-                if key not in resident:
-                    resident[key] = self._alloc(alloc, spec)
-                bufs[key] = resident[key]
-            elif key not in bufs:
-                bufs[key] = self._alloc(alloc, spec)
-        return bufs, fresh
-
-    @staticmethod
-    def _alloc(alloc, spec):
-        dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
-        if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
-            return alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
-        return alloc(max(spec.size, 1), dt)
-
-    def _launches(self, backend: str, fresh: bool, launch) -> None:
-        try:
-            for ln in self.plan.launches:
-                if ln.role != "init_once" or fresh:
-                    launch(ln)
-        except BaseException:  # a failed call may leave workspaces dirty: start over next time
-            self.resident.pop(backend, None)
-            raise
-
-    def _results(self, bufs, inputs):
-        out, used = [], set()
-        pos = {t.uid: k for k, t in enumerate(self.inputs)}
-        for t, src in zip(self.outputs, self.sources):
-            if src.op == "placeholder":
-                out.append(inputs[pos[src.uid]].copy().reshape(t.shape))
-                continue
-            a = bufs[f"out:{src.uid}"][: src.size].reshape(t.shape)
-            out.append(a.copy() if src.uid in used else a)  # two outputs never share memory
-            used.add(src.uid)
-        return out
-
-    def _run_emulator(self, inputs, order, seed):
-        lib = emulator.build(self.source, self.signatures)
-        with self._lock:
-            bufs, fresh = self._buffers(lambda n, dt: _aligned_empty(n, dt), inputs, "emulator")
-
-            def launch(ln):
-                args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
-                emulator.launch(lib, ln.kernel, ln.grid, ln.block, args, order, seed)
-
-            self._launches("emulator", fresh, launch)
-            return self._results(bufs, inputs)
-
-    def _run_cuda(self, arrays):
-        mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
-        import cupy
-
-        inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
-        backend = f"cuda:{cupy.cuda.Device().id}"
-        with self._lock:
-            bufs, fresh = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs, backend)
-
-            def launch(ln):
-                mod.get_function(ln.kernel)(ln.grid, ln.block, tuple(bufs[key] for _, key in ln.args))
-
-            self._launches(backend, fresh, launch)
-            return self._results(bufs, inputs)
-
-    # -- reporting --------------------------------------------------------------------------
-    def explain(self) -> str:
-        """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
-        lines = [
-            f"Panamera plan: {len(self.plan.kernels)} kernel(s), {len(self.plan.per_call)} launch(es) per call"
-            f"{f' (+{len(self.plan.launches) - len(self.plan.per_call)} on the first)' if len(self.plan.per_call) < len(self.plan.launches) else ''}, "
-            f"{self.plan.modeled_us:.2f} us modeled on {self.gpu.name}, "
-            f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
-        ]
-        for g, m in zip(self.groups, self.mappings):
-            names = ", ".join(
-                f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
-            )
-            lines.append(f"  group {names}: {m.describe()}")
-            lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
-        for ln in self.plan.launches:
-            extra = ""
-            if not ln.role.startswith("init"):
-                extra = (
-                    f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
-                    f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({self.gpu.name}, modeled)"
-                )
-            elif ln.atomic_outputs:
-                when = (
-                    "on the first call only (resident, reset by the last block)"
-                    if ln.role == "init_once"
-                    else "every call"
-                )
-                extra = f" initialises {when}: " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
-            lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
-        lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
-        lines += [f"  planner: {c.describe()}" for c in self.considered]
-        lines += [f"  formulation: {t.attr('choice')}" for t in self.program.graph if t.attr("choice")]
-        if self.program.deps is not None:
-            lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
-            lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
-        return "\n".join(lines)
-
-
-def _view_source(t: Tensor) -> Tensor:
+def view_source(t: Tensor) -> Tensor:
+    """The tensor whose buffer holds `t`: an output reshape is a view, never a kernel."""
     while t.op == "reshape":
         t = t.inputs[0]
     return t
 
 
-def _aligned_empty(n: int, dt) -> np.ndarray:
-    dt = np.dtype(dt)
-    raw = np.empty(n * dt.itemsize + 64, np.uint8)
-    off = (-raw.ctypes.data) % 64
-    return raw[off : off + n * dt.itemsize].view(dt)
+def kernel_name(k: int, group: KernelGroup) -> str:
+    if group.M > 0 and group.N == 0:
+        return f"pn_k{k}_empty"
+    res = group.statements[0].result
+    return f"pn_k{k}_{sanitize(res.name or res.op)}"
 
 
-def _aligned_copy(a: np.ndarray) -> np.ndarray:
-    out = _aligned_empty(a.size, a.dtype).reshape(a.shape)
-    out[...] = a
+# -- the stages ---------------------------------------------------------------------------------
+def _formulations(a: Artifacts, o: Options) -> Artifacts:
+    def cost(outputs: tuple[Tensor, ...]) -> float:  # an alternative alone, planned freely on this GPU
+        alone = Options(Target.EMULATOR, False, o.gpu)
+        return run_stages(outputs, alone).plan.modeled_us
+
+    saved = o.schedule.formulations if o.schedule is not None else None
+    graph, chosen = choose_formulations(a.outputs, cost, saved)
+    return dataclasses.replace(a, graph=graph, formulations=chosen)
+
+
+def _program(a: Artifacts, o: Options) -> Artifacts:
+    return dataclasses.replace(a, program=build_program(tuple(view_source(t) for t in a.graph)))
+
+
+def _groups(a: Artifacts, o: Options) -> Artifacts:
+    replayed = o.schedule.stitched if o.schedule is not None else None
+    groups, considered = plan_groups(a.program, o.gpu, allow_stitch=o.split is None, replay=replayed)
+    return dataclasses.replace(a, groups=groups, considered=considered)
+
+
+def _mappings(a: Artifacts, o: Options) -> Artifacts:
+    mappings = []
+    for k, grp in enumerate(a.groups):
+        if grp.M * grp.N == 0:
+            continue
+        name = kernel_name(k, grp)
+        if o.schedule is not None:
+            saved = o.schedule.kernel(len(mappings), f"{grp.form} {grp.M}x{grp.N}")
+            mappings.append(replay(grp, saved, o.gpu, name, o.deterministic, f"schedule kernel {len(mappings)}: "))
+        else:
+            mappings.append(map_group(grp, o.gpu, o.split, o.deterministic, name=name))
+    if o.schedule is not None and len(o.schedule.kernels) != len(mappings):
+        raise ScheduleError(f"schedule has {len(o.schedule.kernels)} kernel(s), the program {len(mappings)}")
+    return dataclasses.replace(a, mappings=tuple(mappings))
+
+
+def _kernels(a: Artifacts, o: Options) -> Artifacts:
+    kernels, mappings = [], iter(a.mappings)
+    specs = _output_specs(a.groups)
+    for k, grp in enumerate(a.groups):
+        if grp.M > 0 and grp.N == 0:  # reductions over nothing
+            kernels.append(render_empty(kernel_name(k, grp), grp, specs))
+        elif grp.M * grp.N:
+            m = next(mappings)
+            kernels.append(render_kernel(m.name, grp, m))
+    return dataclasses.replace(a, kernels=tuple(kernels))
+
+
+def _plan(a: Artifacts, o: Options) -> Artifacts:
+    buffers = _output_specs(a.groups)
+    launches, parts, signatures = [], [PRELUDE, islast.HELPERS], {}
+    live = [g for g in a.groups if g.M * g.N]
+    by_name = {m.name: (g, m) for g, m in zip(live, a.mappings)}
+
+    def add_init(init: InitKernel, role: LaunchRole):
+        launches.append(_init_launch(init, buffers, o.gpu, role))
+        parts.append(init.source)
+        signatures[init.name] = tuple(init.signature)
+
+    for rk in a.kernels:
+        if isinstance(rk, InitKernel):
+            add_init(rk, LaunchRole.INIT)
+            continue
+        grp, m = by_name[rk.name]
+        for p in rk.params:
+            buffers.setdefault(p.key, p)
+        if rk.init:
+            add_init(rk.init, LaunchRole.INIT_ONCE)
+        parts.append(rk.source)
+        signatures[rk.name] = tuple(rk.signature)
+        launches.append(_kernel_launch(rk, grp, m))
+    inputs = a.program.inputs
+    plan = LaunchPlan(
+        tuple(launches),
+        buffers,
+        tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
+        tuple(_result_spec(t, inputs) for t in a.graph),
+    )
+    return dataclasses.replace(a, plan=plan, source="\n".join(parts) + "\n", signatures=tuple(signatures.items()))
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[Artifacts, Options], Artifacts]
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("formulations", _formulations),
+    Stage("program", _program),
+    Stage("groups", _groups),
+    Stage("mappings", _mappings),
+    Stage("kernels", _kernels),
+    Stage("plan", _plan),
+)
+
+
+def run_stages(outputs: tuple[Tensor, ...], options: Options, stop_after: str | None = None) -> Artifacts:
+    names = [s.name for s in STAGES]
+    if stop_after is not None and stop_after not in names:
+        raise OptionError(f"unknown stage {stop_after!r}; the stages are {names}")
+    a = Artifacts(outputs)
+    for stage in STAGES:
+        a = stage.run(a, options)
+        if stage.name == stop_after:
+            break
+    return a
+
+
+# -- pieces of the plan -------------------------------------------------------------------------
+def _output_specs(groups) -> dict[str, BufferSpec]:
+    out = {}
+    for grp in groups:
+        for s in grp.statements:
+            res = s.result
+            out[f"out:{res.uid}"] = BufferSpec(
+                f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT
+            )
     return out
 
 
-def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: str = "init") -> Launch:
+def _result_spec(t: Tensor, inputs: tuple[Tensor, ...]) -> ResultSpec:
+    src = view_source(t)
+    if src.op == "placeholder":
+        return ResultSpec(t.shape, src.size, input_index=[i.uid for i in inputs].index(src.uid))
+    return ResultSpec(t.shape, src.size, key=f"out:{src.uid}")
+
+
+def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: LaunchRole) -> Launch:
     """The one launch that initialises a kernel's atomic outputs, workspaces and counters."""
     specs = [buffers[f.buffer] for f in init.fills]
-    nbytes = sum(max(p.size, 1) * (p.dtype.itemsize if p.dtype is not None else 4) for p in specs)
+    nbytes = sum(p.nbytes for p in specs)
     threads, blocks = 256, min(math.ceil(max(p.size for p in specs) / 256), 1024)
     cost = kernel_time(gpu, dram_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4)
     return Launch(
@@ -269,6 +265,137 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: str = "ini
         modeled_us=cost.total_s * 1e6,
         cost_features=cost.features,
     )
+
+
+def _kernel_launch(rk: RenderedKernel, grp: KernelGroup, m: Mapping) -> Launch:
+    return Launch(
+        rk.name,
+        (m.grid[0], m.grid[1], 1),
+        (m.tx, m.ty, 1),
+        tuple(("buf", p.key) for p in rk.params),
+        role=LaunchRole.MAP if grp.form == Form.MAP else LaunchRole.REDUCE,
+        form=grp.form,
+        blocks_per_reduction=m.split,
+        atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills if f.buffer != f"cnt:{rk.name}"),
+        modes=rk.modes,
+        bytes_read=sum(p.size * p.dtype.itemsize for p in rk.params if p.role == BufferRole.INPUT),
+        bytes_written=sum(p.size * p.dtype.itemsize for p in rk.params if p.role == BufferRole.OUTPUT),
+        mapping=m.describe(),
+        modeled_us=m.cost.total_s * 1e6,
+        cost_features=m.cost.features,
+    )
+
+
+# -- the compiled computation -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled computation: `k(*arrays)` runs it; `k.source`, `k.plan`, `k.explain()`, and
+    every stage's artifacts in `k.stages`."""
+
+    stages: Artifacts
+    options: Options
+    single: bool
+    executor: Executor = field(compare=False, repr=False)
+
+    outputs = property(lambda self: self.stages.outputs)
+    program = property(lambda self: self.stages.program)
+    mappings = property(lambda self: self.stages.mappings)
+    source = property(lambda self: self.stages.source)
+    plan = property(lambda self: self.stages.plan)
+    signatures = property(lambda self: self.stages.signatures)
+    considered = property(lambda self: self.stages.considered)
+    formulations = property(lambda self: self.stages.formulations)
+    target = property(lambda self: str(self.options.target))
+    deterministic = property(lambda self: self.options.deterministic)
+    gpu = property(lambda self: self.options.gpu)
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.program.inputs
+
+    @property
+    def kernels(self) -> tuple[RenderedKernel, ...]:
+        """The rendered reduction and map kernels (init kernels are in `stages.kernels`)."""
+        return tuple(k for k in self.stages.kernels if isinstance(k, RenderedKernel))
+
+    @property
+    def groups(self) -> tuple[KernelGroup, ...]:
+        """The kernel groups that run, one per mapping."""
+        return tuple(g for g in self.stages.groups if g.M * g.N)
+
+    @property
+    def resident(self) -> dict:
+        """Resident workspaces and counters per backend (see runtime/executor.py)."""
+        return self.executor.resident
+
+    @property
+    def schedule(self) -> Schedule:
+        """Every decision made for this program, replayable with `pn.compile(..., schedule=)`."""
+        return Schedule(
+            self.gpu.name,
+            tuple(g.names for g in self.groups if g.stitched),
+            tuple(m.decision for m in self.mappings),
+            formulations=tuple(f.record for f in self.formulations),
+        )
+
+    def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
+        outs = self.executor(self.executor.bind(arrays, named), order, seed)
+        return outs[0] if self.single else tuple(outs)
+
+    def explain(self) -> str:
+        """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
+        plan, gpu = self.plan, self.gpu
+        first = len(plan.launches) - len(plan.per_call)
+        lines = [
+            f"Panamera plan: {len(plan.kernels)} kernel(s), {len(plan.per_call)} launch(es) per call"
+            f"{f' (+{first} on the first)' if first else ''}, "
+            f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
+            f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
+        ]
+        if self.options.schedule is not None:
+            lines.append("  schedule: replayed (nothing searched)")
+        for g, m in zip(self.groups, self.mappings):
+            names = ", ".join(
+                f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
+            )
+            lines.append(f"  group {names}: {m.describe()}")
+            lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
+        for ln in plan.launches:
+            extra = ""
+            if ln.role in (LaunchRole.REDUCE, LaunchRole.MAP):
+                extra = (
+                    f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
+                    f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({gpu.name}, modeled)"
+                )
+            elif ln.atomic_outputs:
+                when = (
+                    "on the first call only (resident, reset by the last block)"
+                    if ln.role == LaunchRole.INIT_ONCE
+                    else "every call"
+                )
+                extra = f" initialises {when}: " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
+            lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
+        lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
+        lines += [f"  planner: {c.describe()}" for c in self.considered]
+        lines += [f"  formulation: {f.describe()}" for f in self.formulations]
+        if self.program.deps is not None:
+            lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
+            lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
+        return "\n".join(lines)
+
+
+def _outputs(outputs) -> tuple[bool, tuple[Tensor, ...]]:
+    single = isinstance(outputs, Tensor)
+    outs = (outputs,) if single else tuple(outputs)
+    if not outs or not all(isinstance(t, Tensor) for t in outs):
+        raise PanameraError("compile: expected a Tensor or a non-empty list of Tensors")
+    return single, outs
+
+
+def lower(outputs, stop_after: str | None = None, **options) -> Artifacts:
+    """Run the stages up to and including `stop_after` (all of them by default); `options` as
+    for `compile`."""
+    return run_stages(_outputs(outputs)[1], Options.make(**options), stop_after)
 
 
 def compile(  # noqa: A001
@@ -289,85 +416,7 @@ def compile(  # noqa: A001
     schedule: replay saved decisions (`Compiled.schedule`) instead of asking the model; a
     schedule that does not fit this program or GPU raises ScheduleError.
     """
-    single = isinstance(outputs, Tensor)
-    outs = (outputs,) if single else tuple(outputs)
-    if not outs or not all(isinstance(t, Tensor) for t in outs):
-        raise PanameraError("compile: expected a Tensor or a non-empty list of Tensors")
-    if target == "auto":
-        target = "cuda" if cuda_backend.available() else "emulator"
-    if target not in ("cuda", "emulator"):
-        raise BackendError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'")
-    prog = build_program(tuple(_view_source(t) for t in outs))  # an output reshape is a view: no kernel
-    if schedule is not None and schedule.gpu != gpu.name:
-        raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
-    replay = schedule.stitched if schedule is not None else None
-    groups, considered = plan_groups(prog, gpu, allow_stitch=split is None, replay=replay)
-    mappings, kernels, launches, buffers, live_groups = [], [], [], {}, []
-    parts, signatures = [PRELUDE, islast.HELPERS], {}
-
-    def add_init(init: InitKernel, role: str = "init"):
-        launches.append(_init_launch(init, buffers, gpu, role))
-        parts.append(init.source)
-        signatures[init.name] = tuple(init.signature)
-
-    for k, grp in enumerate(groups):
-        for s in grp.statements:
-            res = s.result
-            buffers[f"out:{res.uid}"] = BufferSpec(f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, "output")
-        if grp.M > 0 and grp.N == 0:  # reductions over nothing
-            add_init(render_empty(f"pn_k{k}_empty", grp, buffers))
-        if grp.M * grp.N == 0:
-            continue
-        if schedule is not None:
-            choice = schedule.check_kernel(len(mappings), grp.form, grp.M, grp.N)
-            m = map_group(grp, gpu, choice.split, deterministic, choice.threads)
-        else:
-            m = map_group(grp, gpu, split, deterministic)
-        label = sanitize(grp.statements[0].result.name or grp.statements[0].result.op)
-        rk = render_kernel(f"pn_k{k}_{label}", grp, m, deterministic)
-        mappings.append(m)
-        kernels.append(rk)
-        live_groups.append(grp)
-        for p in rk.params:
-            buffers.setdefault(p.key, p)
-        if rk.init:
-            add_init(rk.init, "init_once")
-        parts.append(rk.source)
-        signatures[rk.name] = tuple(rk.signature)
-        bytes_read = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "input")
-        bytes_written = sum(p.size * p.dtype.itemsize for p in rk.params if p.role == "output")
-        launches.append(
-            Launch(
-                rk.name,
-                (m.grid[0], m.grid[1], 1),
-                (m.tx, m.ty, 1),
-                tuple(("buf", p.key) for p in rk.params),
-                role="map" if grp.form == "MAP" else "reduce",
-                form=grp.form,
-                blocks_per_reduction=m.split,
-                atomic_outputs=tuple((f.buffer, f.value) for f in rk.fills if not f.buffer.startswith("cnt:")),
-                modes=rk.modes,
-                bytes_read=bytes_read,
-                bytes_written=bytes_written,
-                mapping=m.describe(),
-                modeled_us=m.cost.total_s * 1e6,
-                cost_features=m.cost.features,
-            )
-        )
-    if schedule is not None and len(schedule.kernels) != len(mappings):
-        raise ScheduleError(f"schedule has {len(schedule.kernels)} kernel(s), the program {len(mappings)}")
-    return Compiled(
-        outs,
-        single,
-        prog,
-        tuple(mappings),
-        tuple(kernels),
-        "\n".join(parts) + "\n",
-        LaunchPlan(tuple(launches), buffers),
-        target,
-        deterministic,
-        gpu,
-        tuple(signatures.items()),
-        tuple(live_groups),
-        considered,
-    )
+    single, outs = _outputs(outputs)
+    options = Options.make(target, deterministic, gpu, split, schedule)
+    a = run_stages(outs, options)
+    return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)))

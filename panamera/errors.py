@@ -43,3 +43,7 @@ class ModelError(PanameraError, ValueError):
 
 class ScheduleError(PanameraError, ValueError):
     """A saved schedule that does not fit the subgraph or GPU it is loaded for."""
+
+
+class OptionError(PanameraError, ValueError):
+    """An option value the API does not know: a target, method, stage, split or order."""

@@ -81,7 +81,7 @@ def test_hostile_tensor_names_are_sanitized():
 
 
 def test_unknown_target():
-    with pytest.raises(errors.BackendError, match="unknown target"):
+    with pytest.raises(errors.OptionError, match="unknown target"):
         pn.compile(pn.sum(pn.placeholder((2,), name="x")), target="tpu")
 
 

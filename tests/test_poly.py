@@ -91,7 +91,7 @@ def test_task_mappings_compose_mixed_radix():
     ks = pn.compile(pn.sum(pn.placeholder((3, 5000), name="x"), axis=1), target="emulator", split=4)
     g = ks.mappings[0].tasks["g"]
     # The reduction loop of a multi-block ROW kernel: blocks outermost, threads innermost.
-    assert [n for n, _ in g.factors] == ["by", "k", "tx"] and g.extent >= 5000 // ks.mappings[0].vec
+    assert [f.index for f in g.factors] == ["by", "k", "tx"] and g.extent >= 5000 // ks.mappings[0].vec
 
 
 def test_isl_fuses_producers_into_the_reduction_band():

@@ -56,20 +56,20 @@ def test_a_failed_call_drops_the_resident_workspace(rng, monkeypatch):
     k(a)
     from panamera.runtime import emulator
 
-    real, seen = emulator.launch, []
+    real, seen = emulator.run, []
 
-    def broken(lib, name, grid, block, args, *rest, **kw):
+    def broken(fn, name, grid, block, args, *rest, **kw):
         seen.append(name)
         if not name.endswith("_init"):  # half of the blocks merged, then the call dies
             ws = k.resident["emulator"]
-            next(v for key, v in ws.items() if key.startswith("ws:"))[:] = 123.0
+            next(v for key, v in ws.items() if k.plan.buffers[key].role == "workspace")[:] = 123.0
             raise BackendError("interrupted")
-        real(lib, name, grid, block, args, *rest, **kw)
+        real(fn, name, grid, block, args, *rest, **kw)
 
-    monkeypatch.setattr(emulator, "launch", broken)
+    monkeypatch.setattr(emulator, "run", broken)
     with pytest.raises(BackendError):
         k(a)
     assert "emulator" not in k.resident and seen == ["pn_k0_reduce"]
-    monkeypatch.setattr(emulator, "launch", lambda lib, name, *r, **kw: (seen.append(name), real(lib, name, *r, **kw)))
+    monkeypatch.setattr(emulator, "run", lambda fn, name, *r, **kw: (seen.append(name), real(fn, name, *r, **kw)))
     np.testing.assert_allclose(k(a), a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
     assert seen[1:] == ["pn_k0_reduce_init", "pn_k0_reduce"]  # the next call initialises again

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from ..compiler import Compiled
+from ..compiler import Compiled, lower
 from ..compiler import compile as pn_compile
 from ..frontend.tensor import Tensor, _ids, placeholder
 from ..model.estimate import Estimate, estimate
@@ -90,6 +90,7 @@ def eager_ops(outs) -> list[Tensor]:
 
 def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
     t0 = time.perf_counter()
+    outs = lower(list(outs), "formulations", target="emulator", gpu=gpu).graph  # the formulations Panamera picks
     compiled = [pn_compile(op, target="emulator", gpu=gpu, deterministic=True) for op in eager_ops(outs)]
     dt = time.perf_counter() - t0
     second_pass = sum(1 for c in compiled for ln in c.plan.kernels if ln.form == "ALL" and ln.blocks_per_reduction > 1)

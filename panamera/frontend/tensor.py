@@ -257,3 +257,19 @@ def reshape(x: Tensor, shape) -> Tensor:
     if shape == x.shape:
         return x
     return Tensor("reshape", (x,), shape, x.dtype)
+
+
+def alternatives(op: str, names: tuple[str, ...], options: tuple[Tensor, ...]) -> Tensor:
+    """One value with several formulations (`names[k]` computes it as `options[k]`); the
+    compiler's planner keeps one of them (schedule/formulation.py). The frontend only builds.
+
+    >>> x = placeholder((4,), "float32", name="x")
+    >>> alternatives("double", ("add", "mul"), (x + x, x * 2.0)).op
+    'choose'
+    """
+    first = options[0]
+    if len(names) != len(options) or any((t.shape, t.dtype) != (first.shape, first.dtype) for t in options):
+        raise ShapeError(f"{op}: formulations must agree in number, shape and dtype")
+    return Tensor(
+        "choose", tuple(options), first.shape, first.dtype, (("formulation", op), ("names", tuple(names))), first.name
+    )

@@ -37,20 +37,20 @@ import islpy as isl
 
 from ..algebra import COMBINERS
 from ..errors import LegalityError
-from .statement import Statement, box, delinearize, linear
+from .statement import Form, Statement, StatementKind, box, delinearize, linear
 
 
-def classify(st: Statement, roles: frozenset[str] | None = None) -> str:
-    if st.kind == "map" and roles is None:
-        return "MAP"
+def classify(st: Statement, roles: frozenset[str] | None = None) -> Form:
+    if st.kind == StatementKind.MAP and roles is None:
+        return Form.MAP
     reduced = st.reduced if roles is None else roles
     live = [d for d, e in zip(st.dims, st.extents) if e != 1]
     par = [d for d in live if d not in reduced]
     if not par:
-        return "ALL"
+        return Form.ALL
     if not any(d in reduced for d in live):
-        return "ROW"  # nothing to reduce: one element per row
-    return "ROW" if live[-1] in reduced else "COLUMN"
+        return Form.ROW  # nothing to reduce: one element per row
+    return Form.ROW if live[-1] in reduced else Form.COLUMN
 
 
 def coalesce(st: Statement, roles: frozenset[str] | None = None) -> Statement:
@@ -59,7 +59,7 @@ def coalesce(st: Statement, roles: frozenset[str] | None = None) -> Statement:
     `roles` places an element-wise statement in the iteration space of a reduction over the same
     domain (the dimensions it names become j): that is how a consumer of a reduction joins the
     reduction's kernel (poly/stitch.py)."""
-    if st.kind == "reduce" and COMBINERS.get(st.combiner.name) is not st.combiner:
+    if st.kind == StatementKind.REDUCE and COMBINERS.get(st.combiner.name) is not st.combiner:
         raise LegalityError(
             f"coalesce {st.name}: combiner {st.combiner.name!r} is not a known associative and commutative one"
         )

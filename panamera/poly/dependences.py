@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from .statement import Statement
+from .statement import Statement, StatementKind
 
 
 def array_name(t) -> str:
@@ -55,7 +55,7 @@ def compute_dependences(stmts: list[Statement]) -> Dependences:
         writes = writes.union(isl.UnionMap.from_map(w))
         for r in (r for r in st.reads if r.memory):
             reads = reads.union(isl.UnionMap.from_map(_access(st, r.addr, array_name(r.tensor))))
-        if st.kind == "reduce":  # the update reads what it writes
+        if st.kind == StatementKind.REDUCE:  # the update reads what it writes
             reads = reads.union(isl.UnionMap.from_map(w))
         v = isl.make_zero_and_vars(list(st.dims), [], ctx=ctx)
         order = isl.Map.from_pw_aff(v[0] + k)
@@ -67,7 +67,7 @@ def compute_dependences(stmts: list[Statement]) -> Dependences:
     flow = info.compute_flow().get_must_dependence()
     relaxed = isl.UnionMap.empty(flow.get_space())
     for st in stmts:
-        if st.kind == "reduce":
+        if st.kind == StatementKind.REDUCE:
             dom = isl.UnionSet.from_set(st.domain)
             relaxed = relaxed.union(flow.intersect_domain(dom).intersect_range(dom))
     return Dependences(flow=flow, relaxed=relaxed, reads=reads, writes=writes)

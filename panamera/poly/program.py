@@ -15,7 +15,7 @@ from ..frontend.tensor import Tensor
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
 from .fusion import Fusion, fuse_producers
-from .statement import Statement, build_statement
+from .statement import Form, Statement, build_statement
 from .stitch import stitch_candidates
 
 
@@ -29,7 +29,7 @@ class KernelGroup:
     external: frozenset[int] = frozenset()  # uids of stitched results also stored to memory
 
     @property
-    def form(self) -> str:
+    def form(self) -> Form:
         return self.statements[0].form
 
     @property
@@ -39,6 +39,10 @@ class KernelGroup:
     @property
     def N(self) -> int:
         return self.statements[0].N
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.statements)
 
 
 @dataclass(frozen=True)

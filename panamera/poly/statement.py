@@ -16,8 +16,23 @@ import islpy as isl
 
 from ..algebra import Combiner
 from ..dtypes import DType
+from ..enums import StrEnum
 from ..frontend.tensor import Tensor
 from .expr import Expr
+
+
+class Form(StrEnum):
+    """The canonical form of a statement after loop coalescing (poly/coalesce.py)."""
+
+    ROW = "ROW"  # reduce the inner, contiguous extent j of each row i
+    COLUMN = "COLUMN"  # reduce the outer extent j; the kept extent i is contiguous
+    ALL = "ALL"  # reduce everything: M = 1
+    MAP = "MAP"  # element-wise: i is the flat index, N = 1
+
+
+class StatementKind(StrEnum):
+    REDUCE = "reduce"
+    MAP = "map"
 
 
 @dataclass(frozen=True)
@@ -37,7 +52,7 @@ class Statement:
 
     name: str
     result: Tensor  # the tensor this statement writes
-    kind: str  # "reduce" or "map"
+    kind: StatementKind
     dims: tuple[str, ...]  # names of the domain dimensions
     extents: tuple[int, ...]
     reduced: frozenset[str]  # names of the reduction dimensions
@@ -50,7 +65,7 @@ class Statement:
     mean_count: int = 0  # the reduction's extent when the result is a mean, else 0
     post: tuple = ()  # the value stored from the accumulator: a struct field ("mean",), ("var", ddof),
     # or ("argindex", "max"|"min", n - 1 for the last index else -1)
-    form: str | None = None  # "ROW", "COLUMN", "ALL" or "MAP" once coalesced
+    form: Form | None = None  # set by coalescing
     M: int = 0
     N: int = 0
     origin: Statement | None = None  # the statement before coalescing
@@ -170,7 +185,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
     return Statement(
         name=name,
         result=t,
-        kind="reduce" if t.op == "reduce" else "map",
+        kind=StatementKind.REDUCE if t.op == "reduce" else StatementKind.MAP,
         dims=dims,
         extents=tuple(shape),
         reduced=frozenset(dims[a] for a in axes),

@@ -36,7 +36,7 @@ import islpy as isl
 import networkx as nx
 
 from .coalesce import coalesce
-from .statement import Statement
+from .statement import Form, Statement, StatementKind
 
 
 def row_space(st: Statement):
@@ -56,7 +56,7 @@ def row_local(st: Statement, members: dict[int, Statement]) -> bool:
 
 def is_epilogue(st: Statement) -> bool:
     """A row epilogue: an element-wise statement of a stitched group over the result space."""
-    return st.kind == "map" and st.form == "MAP"
+    return st.kind == StatementKind.MAP and st.form == Form.MAP
 
 
 def _row_index(st: Statement):
@@ -76,7 +76,7 @@ def _writes_row(st: Statement) -> bool:
 
 def _reads_unregistered(st: Statement, grp: list[Statement]) -> bool:
     """Precondition 3: does st read an element-wise member or an epilogue of the group?"""
-    maps = {m.result.uid for m in grp if m.kind == "map"}
+    maps = {m.result.uid for m in grp if m.kind == StatementKind.MAP}
     return any(r.tensor.uid in maps for r in st.reads)
 
 
@@ -90,7 +90,7 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
     for st in stmts:
         if st.M * st.N == 0:
             continue
-        if st.kind == "reduce" and st.form in ("ROW", "ALL"):
+        if st.kind == StatementKind.REDUCE and st.form in (Form.ROW, Form.ALL):
             key = row_space(st)
             grp = open_groups.get(key)
             members = {m.result.uid: m for m in grp} if grp else {}
@@ -101,7 +101,7 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
             else:
                 open_groups[key] = [st]
                 groups.append(open_groups[key])
-        elif st.kind == "map":
+        elif st.kind == StatementKind.MAP:
             for (extents, reduced), grp in open_groups.items():
                 members = {m.result.uid: m for m in grp if not is_epilogue(m)}
                 if not any(r.tensor.uid in members for r in st.reads) or _reads_unregistered(st, grp):

@@ -84,13 +84,24 @@ def _explain(stderr: str, text: str, who: str) -> str:
     return f"{who} rejected generated code at line {line}: {m.group(2)}\n{ctx}"
 
 
-def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
-    """args: ctypes objects, one per kernel parameter (c_void_p for pointers)."""
+def function(lib: ctypes.CDLL, kernel: str):
+    """The launch entry point of one kernel of a built library (look it up once, run it often)."""
     fn = getattr(lib, f"pn_emu_launch_{kernel}")
     fn.restype = ctypes.c_char_p
+    return fn
+
+
+def run(fn, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+    """Launch `fn` (from `function`); args: ctypes objects, one per kernel parameter (c_void_p
+    for pointers)."""
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     err = fn(
         arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed)
     )
     if err:
         raise BackendError(f"emulator: kernel {kernel}: {err.decode()}")
+
+
+def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+    """Look up and launch one kernel (tests and one-off launches)."""
+    run(function(lib, kernel), kernel, grid, block, args, order, seed)

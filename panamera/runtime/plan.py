@@ -1,8 +1,68 @@
-"""The launch plan: a data object listing every launch of a compiled computation."""
+"""The launch plan: every launch of a compiled computation and every buffer it touches, as data.
+
+This is the contract between the compiler and the executor (runtime/executor.py): a buffer's
+role is an enum on its spec, never parsed from its key, and the executor needs nothing else.
+It is a leaf module (dtypes only), so the mapper can name buffers with the same records.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from ..dtypes import DType
+from ..enums import StrEnum
+
+
+class BufferRole(StrEnum):
+    """What a buffer is to one kernel, and so how long it lives."""
+
+    INPUT = "input"  # read: a caller's array, or the output of an earlier kernel
+    OUTPUT = "output"  # written by the kernel; a fresh buffer every call
+    WORKSPACE = "workspace"  # resident: filled with the identity once, reset by the last block
+    PARTIALS = "partials"  # resident: one partial per block, combined by the last block
+    COUNTER = "counter"  # resident: blocks arrived, per output tile; zeroed once, reset by the last block
+
+    @property
+    def resident(self) -> bool:
+        """Resident buffers outlive a call: allocated (and initialised) by the first call only."""
+        return self in (BufferRole.WORKSPACE, BufferRole.PARTIALS, BufferRole.COUNTER)
+
+
+class LaunchRole(StrEnum):
+    INIT = "init"  # every call: the results of empty reductions
+    INIT_ONCE = "init_once"  # the first call only: resident workspaces and counters
+    REDUCE = "reduce"
+    MAP = "map"
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One buffer: `key` names it in the plan ("in:<uid>", "out:<uid>", "ws:<kernel>:<k>",
+    "cnt:<kernel>"), `param` is its parameter name in the kernel, `statement` the index of the
+    statement of its kernel group it belongs to (-1: none), `uid` the tensor it holds."""
+
+    key: str
+    ctype: str  # C storage type
+    dtype: DType | None  # None for counters (uint32)
+    size: int
+    role: BufferRole
+    param: str = ""
+    statement: int = -1
+    uid: int = -1  # the tensor it holds (inputs and outputs)
+
+    @property
+    def nbytes(self) -> int:
+        return max(self.size, 1) * (self.dtype.itemsize if self.dtype is not None else 4)
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A value written over a whole buffer by an init kernel."""
+
+    buffer: str
+    ctype: str  # the buffer's C type
+    value: object  # the value, as a Python scalar (recorded in the plan)
+    c_value: str  # the value as a C expression
 
 
 @dataclass(frozen=True)
@@ -11,12 +71,12 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     args: tuple  # ("buf", key): the buffers passed, in order
-    role: str  # "init" (every call), "init_once" (first call: resident workspaces), "reduce" or "map"
+    role: LaunchRole
     dynamic_smem_bytes: int = 0
     form: str = ""
     blocks_per_reduction: int = 1
     atomic_outputs: tuple = ()  # (buffer key, initial value) combined by atomics
-    modes: tuple = ()  # per statement: store / atomic / atomic_ws / partials
+    modes: tuple = ()  # per statement: the MergeMode of its result
     bytes_read: int = 0
     bytes_written: int = 0
     mapping: str = ""
@@ -25,9 +85,32 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class ResultSpec:
+    """Where one output of the computation is found after a call: in a buffer (`key`), or, for
+    an output that is an input (or a reshape of one), in the caller's input `input_index`."""
+
+    shape: tuple[int, ...]
+    size: int
+    key: str = ""
+    input_index: int = -1
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input the caller passes: its placeholder's name, shape and dtype, and its buffer key."""
+
+    name: str
+    key: str
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
 class LaunchPlan:
     launches: tuple[Launch, ...]
     buffers: dict = field(default_factory=dict)  # key -> BufferSpec
+    inputs: tuple[InputSpec, ...] = ()
+    results: tuple[ResultSpec, ...] = ()
 
     def as_dicts(self) -> list[dict]:
         return [asdict(x) for x in self.launches]
@@ -35,7 +118,7 @@ class LaunchPlan:
     @property
     def per_call(self) -> list[Launch]:
         """The launches of every call (the first call also runs the init_once ones)."""
-        return [x for x in self.launches if x.role != "init_once"]
+        return [x for x in self.launches if x.role != LaunchRole.INIT_ONCE]
 
     @property
     def modeled_us(self) -> float:
@@ -44,4 +127,4 @@ class LaunchPlan:
 
     @property
     def kernels(self) -> list[Launch]:
-        return [x for x in self.launches if not x.role.startswith("init")]
+        return [x for x in self.launches if x.role in (LaunchRole.REDUCE, LaunchRole.MAP)]

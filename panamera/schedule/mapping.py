@@ -1,6 +1,7 @@
-"""Task mappings and the mapper: which block and thread own which iterations of a kernel group.
+"""The mapper: which block and thread own which iterations of a kernel group, as one value.
 
-A `Mapping` binds the canonical loops of a kernel group (poly/program.py) to the GPU:
+A `Mapping` is the complete decision for one kernel group: codegen and the executor read it and
+the program, nothing else. It binds the canonical loops (poly/program.py) to the GPU:
 
   ROW / ALL   i (rows)     -> blockIdx.x * ty + threadIdx.y
               g (j / vec)  -> blockIdx.y * chunk + k * tx + threadIdx.x      k: serial loop
@@ -10,48 +11,67 @@ A `Mapping` binds the canonical loops of a kernel group (poly/program.py) to the
 
 `split = gridDim.y` is the number of blocks that share one reduction (multi-block binding): each
 block reduces its `chunk` in registers, warps and shared memory, then merges one partial per
-output with one atomic into a resident workspace that the last block stores and resets (or,
-deterministic, writes its partials for the last block to combine in order). The split, the
-threads per block and the vector width are chosen by the performance model (model/gpu.py), not
-by constants: the candidate with the least modeled time. The serial loop k is unrolled `unroll`
-times (codegen/islast.py), so each thread keeps that many vector loads in flight.
+output as its `MergeMode` says. The split, the threads per block and the vector width are chosen
+by the performance model (model/gpu.py), not by constants: the candidate with the least modeled
+time. The serial loop k is unrolled `unroll` times (codegen/islast.py), so each thread keeps that
+many vector loads in flight.
+
+`map_group` searches; `replay` takes a saved `Decision` (schedule/saved.py), validates it
+against the program (rules in its docstring) and completes it without searching.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import islpy as isl
 
+from ..enums import StrEnum
+from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
+from ..poly.access import AccessKind, access_kinds, bytes_per_iteration, choose_vec, vec_fits
 from ..poly.program import KernelGroup
-from ..poly.statement import Read
+from ..poly.statement import Form, StatementKind
+from ..poly.stitch import is_epilogue, levels
+from ..runtime.plan import BufferRole, BufferSpec
 from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
 MAX_GRID_X = 2**31 - 1
+MAX_THREADS = 1024
+
+
+class MergeMode(StrEnum):
+    """How the blocks that share one reduction combine their partials into the output."""
+
+    STORE = "store"  # one block per output: it stores the result
+    ATOMIC_WS = "atomic_ws"  # one atomic per block into a resident workspace; the last block stores and resets it
+    PARTIALS = "partials"  # each block writes its partial; the last block combines them in a fixed order
 
 
 @dataclass(frozen=True)
-class Mapping:
-    """The binding of one kernel group: task mappings of its two canonical loops and the launch.
+class Decision:
+    """What the mapper decides for one kernel group: what a schedule saves and replays.
 
-    `outer`/`inner` name the canonical loops as the codegen scans them: ("i", "g") for ROW/ALL
-    (g = j / vec), ("g", "j") for COLUMN (g = i / vec), ("i", "g") for MAP (g = 0).
-    """
+    `access[k][r]` is how statement k loads its read r; `levels[k]` the pass of a stitched
+    group statement k runs in (poly/stitch.py; 0 outside stitched groups)."""
 
-    form: str
+    statements: tuple[str, ...]
+    form: Form
     M: int
     N: int
+    stitched: bool
     vec: int
     tx: int
     ty: int
     split: int
     chunk: int  # serial-loop iterations per block, in units of the split dimension
     grid: tuple[int, int]
-    cost: KernelCost
-    unroll: int = 1  # copies of the innermost loop body per step: loads in flight per thread
+    unroll: int  # copies of the innermost loop body per step: loads in flight per thread
+    merges: tuple[MergeMode, ...]
+    access: tuple[tuple[AccessKind, ...], ...]
+    levels: tuple[int, ...]
 
     @property
     def threads(self) -> int:
@@ -63,15 +83,22 @@ class Mapping:
 
     @property
     def loops(self) -> tuple[str, str]:
-        return ("g", "j") if self.form == "COLUMN" else ("i", "g")
+        """The canonical loops as the codegen scans them: ("i", "g") for ROW/ALL (g = j / vec),
+        ("g", "j") for COLUMN (g = i / vec), ("i", "g") for MAP (g = 0)."""
+        return ("g", "j") if self.form == Form.COLUMN else ("i", "g")
+
+    @property
+    def needs_last_block(self) -> bool:
+        """Blocks count their arrivals, and the last one finishes the merge."""
+        return any(m != MergeMode.STORE for m in self.merges)
 
     @property
     def tasks(self) -> dict[str, TaskMapping]:
         """Task mapping per canonical loop (see schedule/task.py)."""
         gx, s = self.grid
-        if self.form == "MAP":
+        if self.form == Form.MAP:
             return {"i": serial("k", self.chunk) * spatial("bx", gx) * spatial("tx", self.tx), "g": serial("k0", 1)}
-        if self.form == "COLUMN":
+        if self.form == Form.COLUMN:
             return {
                 "g": spatial("bx", gx) * spatial("tx", self.tx),
                 "j": spatial("by", s) * serial("k", self.chunk // self.ty) * spatial("ty", self.ty),
@@ -81,59 +108,83 @@ class Mapping:
             "g": spatial("by", s) * serial("k", self.chunk // self.tx) * spatial("tx", self.tx),
         }
 
+    @property
+    def extents(self) -> tuple[int, int]:
+        """Extents of the two scanned loops (`loops`)."""
+        return {
+            Form.ROW: (self.M, self.N // self.vec),
+            Form.ALL: (self.M, self.N // self.vec),
+            Form.COLUMN: (self.M // self.vec, self.N),
+            Form.MAP: (self.M // self.vec, 1),
+        }[self.form]
+
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
             f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
         )
 
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(Decision)}
+        d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
+        d["form"], d["access"], d["levels"] = (
+            str(self.form),
+            [[str(k) for k in a] for a in self.access],
+            list(self.levels),
+        )
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> Decision:
+        """Raises KeyError, TypeError or ValueError on a malformed dict (saved.py reports them)."""
+        return Decision(
+            statements=tuple(str(s) for s in d["statements"]),
+            form=Form(d["form"]),
+            M=int(d["M"]),
+            N=int(d["N"]),
+            stitched=bool(d["stitched"]),
+            vec=int(d["vec"]),
+            tx=int(d["tx"]),
+            ty=int(d["ty"]),
+            split=int(d["split"]),
+            chunk=int(d["chunk"]),
+            grid=(int(d["grid"][0]), int(d["grid"][1])),
+            unroll=int(d["unroll"]),
+            merges=tuple(MergeMode(m) for m in d["merges"]),
+            access=tuple(tuple(AccessKind(k) for k in a) for a in d["access"]),
+            levels=tuple(int(v) for v in d["levels"]),
+        )
+
+
+@dataclass(frozen=True)
+class Mapping(Decision):
+    """A `Decision` completed for codegen and the executor: the kernel's name, its buffers (its
+    parameters, in order, with their roles) and the model's cost of it."""
+
+    name: str = ""
+    buffers: tuple[BufferSpec, ...] = ()
+    cost: KernelCost | None = None
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(**{f.name: getattr(self, f.name) for f in fields(Decision)})
+
 
 def pow2ceil(n: int) -> int:
     return 1 << max(0, (max(n, 1) - 1).bit_length())
 
 
-def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> str:
-    """'contig' when groups of `vec` consecutive values of `along` read consecutive, aligned
-    elements; 'uniform' when they all read one element; 'gather' otherwise (isl decides)."""
-    if vec == 1 or not read.memory:
-        return "gather"
-    ctx = domain.get_ctx()
-    v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
-    dom = domain.reset_tuple_id()
-    a = read.addr
-    shifted = a.pullback_multi_aff(_shift(ctx, along))
-    diff = shifted - a
-    inner = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0] + (vec - 1)) & dom
-    if (diff.ne_set(v[0]) & inner).is_empty():
-        return "uniform"
-    first = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).eq_set(v[0]) & dom
-    aligned = (a.mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0]) & first).is_empty()
-    if aligned and (diff.ne_set(v[0] + 1) & inner).is_empty():
-        return "contig"
-    return "gather"
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
-def _shift(ctx, along: str) -> isl.MultiAff:
-    sp = isl.Space.create_from_names(ctx, in_=["i", "j"], out=["i", "j"])
-    ma = isl.MultiAff.identity(sp)
-    pos = 0 if along == "i" else 1
-    aff = ma.get_aff(pos).add_constant_val(isl.Val.one(ctx))
-    return ma.set_aff(pos, aff)
+def along(group: KernelGroup) -> str:
+    """The canonical loop vectors run along: the contiguous one."""
+    return "i" if group.form in (Form.COLUMN, Form.MAP) else "j"
 
 
-def choose_vec(group: KernelGroup, along: str, extent: int) -> int:
-    """The widest vector (at most 16 bytes of the widest input: 4 floats, 8 halves, 16 bools) that
-    divides the extent and keeps every contiguous read aligned."""
-    best = 1
-    for vec in (16, 8, 4, 2):
-        if extent % vec:
-            continue
-        kinds = [access_kind(r, along, vec, s.domain) for s in group.statements for r in s.reads]
-        widths = [r.tensor.dtype.itemsize for s in group.statements for r in s.reads if r.memory]
-        if "contig" in kinds and all(vec * w <= 16 for w in widths):
-            best = vec
-            break
-    return best
+def vector_extent(group: KernelGroup) -> int:
+    return group.M if along(group) == "i" else group.N
 
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow")
@@ -156,47 +207,202 @@ def unroll_for(vec: int, iterations: int) -> int:
     return max(1, min(4, 32 // vec, iterations))
 
 
-def bytes_per_iteration(group: KernelGroup) -> int:
-    """DRAM bytes per (i, j) iteration: each input tensor once, however many statements of the
-    group read it (they share its load)."""
-    tensors = {r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory}
-    return sum(t.dtype.itemsize for t in tensors.values())
+def _struct(group: KernelGroup) -> bool:
+    """Struct accumulators (Welford, online softmax) have no atomic: they always merge partials."""
+    return any(st.combiner is not None and st.combiner.struct for st in group.statements)
 
 
+def _merges(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
+    def one(st) -> MergeMode:
+        if split == 1 or st.kind == StatementKind.MAP:
+            return MergeMode.STORE
+        return MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
+
+    return tuple(one(st) for st in group.statements)
+
+
+def _access(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
+    kinds = access_kinds(group.statements, along(group), vec)
+    if not group.stitched:
+        return kinds
+    # A stitched group's row epilogue runs on the row's leader thread: one scalar load per read.
+    return tuple(tuple(AccessKind.GATHER for _ in k) if is_epilogue(s) else k for s, k in zip(group.statements, kinds))
+
+
+def passes(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Passes over the rows of a stitched group: one per level of its reductions and row-space
+    statements (a row epilogue runs after the pass of the values it reads, in no pass of its own)."""
+    return max((v for s, v in zip(group.statements, lv) if not is_epilogue(s)), default=0) + 1
+
+
+def _levels(group: KernelGroup) -> tuple[int, ...]:
+    if not group.stitched:
+        return tuple(0 for _ in group.statements)
+    lv = levels(group.statements)
+    return tuple(lv[s.name] for s in group.statements)
+
+
+def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
+    """The kernel's parameters: every tensor read, then per statement its output and workspace,
+    then the counter of block arrivals."""
+    stmts = group.statements
+    inputs = []
+    members = {s.result.uid for s in stmts} if group.stitched else set()
+    for s in stmts:
+        for r in s.reads:
+            if r.tensor.uid in members or not r.memory:  # registers (stitched) or an index (iota)
+                continue
+            if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
+                inputs.append(r.tensor)
+    # A result of an earlier kernel is read from that kernel's output buffer.
+    out = [
+        BufferSpec(
+            f"in:{t.uid}" if t.op == "placeholder" else f"out:{t.uid}",
+            t.dtype.c_type,
+            t.dtype,
+            t.size,
+            BufferRole.INPUT,
+            f"in{k}",
+            uid=t.uid,
+        )
+        for k, t in enumerate(inputs)
+    ]
+    for k, (s, mode) in enumerate(zip(stmts, merges)):
+        res = s.result
+        if group.stitched and s.kind == StatementKind.REDUCE and res.uid not in group.external:
+            continue  # stays on chip
+        out.append(
+            BufferSpec(
+                f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT, f"out{k}", k, res.uid
+            )
+        )
+        if mode != MergeMode.STORE:
+            partials = mode == MergeMode.PARTIALS
+            role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
+            size = s.M * (split if partials else 1)
+            out.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, role, f"ws{k}", k))
+    if any(m != MergeMode.STORE for m in merges):
+        out.append(BufferSpec(f"cnt:{name}", "unsigned", None, grid[0], BufferRole.COUNTER, "pn_counter"))
+    return tuple(out)
+
+
+# -- the model of one candidate ----------------------------------------------------------------
+def _traffic(group: KernelGroup) -> tuple[int, int]:
+    """(bytes per iteration of the inputs, total compulsory bytes of a plain kernel)."""
+    M, N = group.M, group.N
+    elem_bytes = max(1, bytes_per_iteration(group.statements))
+    return elem_bytes, M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
+
+
+def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> KernelCost:
+    """The model's time of one candidate decision: the same for the search and for a replay."""
+    if group.stitched:
+        return _stitched_cost(group, gpu, d)
+    elem_bytes, total_bytes = _traffic(group)
+    if d.form == Form.MAP:
+        return kernel_time(
+            gpu,
+            dram_bytes=total_bytes,
+            blocks=d.grid[0],
+            threads=d.tx,
+            bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,
+        )
+    s_eff = d.split
+    blocks = d.grid[0] * s_eff
+    is_split = s_eff > 1
+    outputs = group.M * len(group.statements)
+    acc_bytes = max(st.acc.itemsize for st in group.statements)
+    # A split merges into a resident workspace (one atomic per block per output, plus the
+    # block's arrival on the counter) that the last block reads, stores and resets; or,
+    # partials: every block writes its partials and the last block reads them all.
+    merges = s_eff if partials else 2
+    ws_bytes = outputs * merges * acc_bytes if is_split else 0
+    return kernel_time(
+        gpu,
+        dram_bytes=total_bytes + ws_bytes,
+        blocks=blocks,
+        threads=d.tx * d.ty,
+        bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,  # unroll unguarded loads per step
+        atomics=(blocks + (0 if partials else outputs * s_eff)) if is_split else 0,
+        same_address=s_eff if is_split else 0,
+        sfu_ops=sfu_ops(group),
+    )
+
+
+def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
+    """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
+    L2 when the rows in flight fit in half of it."""
+    M = group.M
+    members = {s.result.uid for s in group.statements}
+    reads = {
+        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
+    }
+    in_bytes = sum(t.size * t.dtype.itemsize for t in reads.values())
+    out_bytes = sum(
+        s.result.size * s.result.dtype.itemsize
+        for s in group.statements
+        if s.kind == StatementKind.MAP or s.result.uid in group.external
+    )
+    row_bytes = in_bytes / max(M, 1)
+    elem_bytes = max(1, bytes_per_iteration(group.statements))
+    gx = d.grid[0]
+    resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    n_passes = passes(group, d.levels)
+    reread = (n_passes - 1) * in_bytes
+    in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    return kernel_time(
+        gpu,
+        dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
+        l2_bytes=reread if in_l2 else 0,
+        blocks=gx,
+        threads=d.tx * d.ty,
+        bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,
+        epilogue_cycles=400 * n_passes,
+        sfu_ops=sfu_ops(group),
+    )
+
+
+def _complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
+    partials = any(m == MergeMode.PARTIALS for m in d.merges)
+    cost = cost if cost is not None else _cost(group, gpu, d, partials)
+    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid)
+    return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)
+
+
+# -- the search ---------------------------------------------------------------------------------
 def map_group(
     group: KernelGroup,
     gpu: GPUSpec = H100,
     split: int | None = None,
     deterministic: bool = False,
     threads: int | None = None,
+    name: str = "",
 ) -> Mapping:
-    """Choose block/thread binding, vector width and split for a kernel group. `deterministic`
-    plans for partials merged by the last block instead of atomics. `split` and `threads` force
-    those choices (a replayed schedule; an explicit split alone keeps 256 threads per block)."""
+    """Choose block/thread binding, vector width and split for a kernel group: the candidate
+    with the least modeled time. `deterministic` plans for partials merged by the last block
+    instead of atomics. `split` and `threads` force those choices (an explicit split alone
+    keeps 256 threads per block). `name` names the kernel and its workspaces."""
     if group.stitched:
-        return _map_stitched(group, gpu)
+        return _map_stitched(group, gpu, name)
     form, M, N = group.form, group.M, group.N
-    elem_bytes = max(1, bytes_per_iteration(group))
-    total_bytes = M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
-    outputs = M * len(group.statements)
-    if form == "MAP":
-        vec = choose_vec(group, "i", M)
+    base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
+    if form == Form.MAP:
+        vec = choose_vec(group.statements, "i", M)
         G = M // vec
         tx = min(256, pow2ceil(G))
         gx = min(math.ceil(G / tx), gpu.sms * 32)
         steps = math.ceil(G / (gx * tx))
-        u = unroll_for(vec, steps)
-        cost = kernel_time(
-            gpu, dram_bytes=total_bytes, blocks=gx, threads=tx, bytes_in_flight_per_thread=elem_bytes * vec * u
-        )
-        return Mapping(form, M, N, vec, tx, 1, 1, steps, (gx, 1), cost, u)  # chunk: serial steps
-    vec = choose_vec(group, "j", N) if form in ("ROW", "ALL") else choose_vec(group, "i", M)
-    G = N // vec if form in ("ROW", "ALL") else M // vec
-    serial = G if form != "COLUMN" else N  # iterations along the reduced split dimension
-    best, transcendentals = None, sfu_ops(group)
-    # Struct accumulators (Welford, online softmax) have no atomic: they always merge partials.
-    partials = deterministic or any(st.combiner is not None and st.combiner.struct for st in group.statements)
-    acc_bytes = max(st.acc.itemsize for st in group.statements)
+        d = Decision(
+            **base, vec=vec, tx=tx, ty=1, split=1, chunk=steps, grid=(gx, 1), unroll=unroll_for(vec, steps),
+            merges=_merges(group, 1, False), access=_access(group, vec),
+        )  # fmt: skip
+        return _complete(group, d, gpu, name)
+    vec = choose_vec(group.statements, along(group), vector_extent(group))
+    access = _access(group, vec)
+    G = N // vec if form in (Form.ROW, Form.ALL) else M // vec
+    serial_extent = G if form != Form.COLUMN else N  # iterations along the reduced split dimension
+    partials = deterministic or _struct(group)
+    best = None
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.
     if threads is not None:
@@ -204,7 +410,7 @@ def map_group(
     else:
         options = (256,) if split is not None else (256, 512, 1024)
     for block in options:
-        if form in ("ROW", "ALL"):
+        if form in (Form.ROW, Form.ALL):
             tx = min(block, pow2ceil(G))
             ty = max(1, min(block // tx, pow2ceil(M)))
             gx, per_split = math.ceil(M / ty), tx  # every thread of a split block gets a group
@@ -214,78 +420,126 @@ def map_group(
             gx, per_split = math.ceil(G / tx), ty
         if tx * ty < block and block > 256 and threads is None:
             continue  # the extents do not fill a larger block
-        max_split = min(MAX_GRID_Y, max(1, serial // per_split))  # at least one iteration per thread
+        max_split = min(MAX_GRID_Y, max(1, serial_extent // per_split))  # at least one iteration per thread
         candidates = [1 << e for e in range(max_split.bit_length()) if 1 << e <= max_split]
         if split is not None:
             candidates = [max(1, min(split, MAX_GRID_Y))]
         for s in candidates:
-            chunk = math.ceil(math.ceil(serial / s) / per_split) * per_split
-            s_eff = math.ceil(serial / chunk)
-            blocks = gx * s_eff
-            is_split = s_eff > 1
-            u = unroll_for(vec, chunk // per_split)
-            # A split merges into a resident workspace (one atomic per block per output, plus the
-            # block's arrival on the counter) that the last block reads, stores and resets; or,
-            # deterministic, every block writes its partials and the last block reads them all.
-            merges = s_eff if partials else 2
-            ws_bytes = outputs * merges * acc_bytes if is_split else 0
-            cost = kernel_time(
-                gpu,
-                dram_bytes=total_bytes + ws_bytes,
-                blocks=blocks,
-                threads=tx * ty,
-                bytes_in_flight_per_thread=elem_bytes * vec * u,  # u unguarded loads per step
-                atomics=(blocks + (0 if partials else outputs * s_eff)) if is_split else 0,
-                same_address=s_eff if is_split else 0,
-                sfu_ops=transcendentals,
-            )
-            if best is None or cost.total_s < best[0] * 0.97:  # fewer blocks and threads unless clearly faster
-                best = (cost.total_s, Mapping(form, M, N, vec, tx, ty, s_eff, chunk, (gx, s_eff), cost, u))
-    return best[1]
+            chunk = math.ceil(math.ceil(serial_extent / s) / per_split) * per_split
+            s_eff = math.ceil(serial_extent / chunk)
+            d = Decision(
+                **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
+                unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials), access=access,
+            )  # fmt: skip
+            cost = _cost(group, gpu, d, partials)
+            if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks and threads unless clearly faster
+                best = (cost, d)
+    return _complete(group, best[1], gpu, name, best[0])
 
 
-def _map_stitched(group: KernelGroup, gpu: GPUSpec) -> Mapping:
-    """A stitched group: blocks own whole rows (no split); one pass per level. Passes after the
-    first re-read the inputs, from L2 when the rows in flight fit in half of it."""
-    from ..poly.stitch import is_epilogue, levels
-
+def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str) -> Mapping:
+    """A stitched group: blocks own whole rows (no split); threads per row chosen by the model
+    (more threads keep fewer rows resident, so later passes hit in L2)."""
     M, N = group.M, group.N
-    members = {s.result.uid for s in group.statements}
-    reads = {
-        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
-    }
-    in_bytes = sum(t.size * t.dtype.itemsize for t in reads.values())
-    out_bytes = sum(
-        s.result.size * s.result.dtype.itemsize
-        for s in group.statements
-        if s.kind == "map" or s.result.uid in group.external
-    )
-    lv = levels(group.statements)
-    passes = max(lv[s.name] for s in group.statements if not is_epilogue(s)) + 1
-    vec = choose_vec(group, "j", N)
+    vec = choose_vec(group.statements, "j", N)
     G = N // vec
-    row_bytes = in_bytes / max(M, 1)
-    best, transcendentals, elem_bytes = None, sfu_ops(group), max(1, bytes_per_iteration(group))
-    # Threads per row: more threads keep fewer rows resident, so later passes hit in L2.
+    base = dict(
+        statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec, split=1,
+        merges=_merges(group, 1, False), access=_access(group, vec), levels=_levels(group),
+    )  # fmt: skip
+    best = None
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
-        resident = min(gx, gpu.sms * gpu.resident_blocks(tx * ty)) * ty
-        reread = (passes - 1) * in_bytes
-        in_l2 = resident * row_bytes <= gpu.l2_size / 2
-        u = unroll_for(vec, math.ceil(G / tx))
-        cost = kernel_time(
-            gpu,
-            dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
-            l2_bytes=reread if in_l2 else 0,
-            blocks=gx,
-            threads=tx * ty,
-            bytes_in_flight_per_thread=elem_bytes * vec * u,
-            epilogue_cycles=400 * passes,
-            sfu_ops=transcendentals,
+        d = Decision(
+            **base, tx=tx, ty=ty, chunk=math.ceil(G / tx) * tx, grid=(gx, 1), unroll=unroll_for(vec, math.ceil(G / tx))
         )
+        cost = _stitched_cost(group, gpu, d)
         if best is None or cost.total_s < best[0].total_s * 0.97:
-            best = (cost, tx, ty, gx, u)
-    cost, tx, ty, gx, u = best
-    chunk = math.ceil(G / tx) * tx
-    return Mapping(group.form, M, N, vec, tx, ty, 1, chunk, (gx, 1), cost, u)
+            best = (cost, d)
+    return _complete(group, best[1], gpu, name, best[0])
+
+
+# -- replay -------------------------------------------------------------------------------------
+def replay(
+    group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, deterministic: bool = False, where: str = ""
+) -> Mapping:
+    """Complete a saved decision for `group` without searching, after checking that it fits:
+
+    1. it maps the same statements, with the same canonical form and extents;
+    2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
+       CUDA's limits, split = gridDim.y, and a stitched group is not split;
+    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
+       every read has the access kind isl finds at that width (a read saved as contiguous must be
+       aligned for it);
+    4. the task mappings own every iteration of the canonical domain (isl checks the cover);
+    5. merge modes: store without a split, never store a split reduction, no atomic merge of a
+       struct accumulator or under `deterministic`;
+    6. the stitching levels are the ones the stitched group's dependences give;
+    7. the unroll factor is at least 1.
+    Anything else is a ScheduleError naming the kernel and the rule.
+    """
+    at = f"{where}kernel {name or '?'}"
+    if d.statements != group.names:
+        raise ScheduleError(
+            f"{at} computes {'+'.join(d.statements)}, the program's {'+'.join(group.names)}: "
+            "the subgraph changed since the schedule was saved"
+        )
+    if (d.form, d.M, d.N, d.stitched) != (group.form, group.M, group.N, group.stitched):
+        raise ScheduleError(
+            f"{at} is {d.form} {d.M}x{d.N}, the program's is {group.form} {group.M}x{group.N}: "
+            "the subgraph changed since the schedule was saved"
+        )
+    if not (is_pow2(d.tx) and is_pow2(d.ty) and d.threads <= MAX_THREADS):
+        raise ScheduleError(
+            f"{at}: block ({d.tx}, {d.ty}) is not a power-of-two block of at most {MAX_THREADS} threads"
+        )
+    if not (1 <= d.grid[0] <= MAX_GRID_X and 1 <= d.grid[1] <= MAX_GRID_Y) or d.split != d.grid[1]:
+        raise ScheduleError(
+            f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
+        )
+    if d.stitched and d.split != 1:
+        raise ScheduleError(f"{at}: a stitched group owns whole rows; it cannot be split ({d.split})")
+    if d.vec != 1 and not vec_fits(group.statements, along(group), vector_extent(group), d.vec):
+        raise ScheduleError(f"{at}: vector width {d.vec} does not divide the extent or align every contiguous read")
+    if d.access != _access(group, d.vec):
+        raise ScheduleError(
+            f"{at}: access kinds {d.to_dict()['access']} are not what isl finds at vector width {d.vec}"
+        )
+    if not covers(d):
+        raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
+    partials = deterministic or _struct(group)
+    want = _merges(group, d.split, partials)
+    if len(d.merges) != len(want) or any(
+        (w == MergeMode.STORE) != (m == MergeMode.STORE) or (partials and m == MergeMode.ATOMIC_WS)
+        for w, m in zip(want, d.merges)
+    ):
+        raise ScheduleError(
+            f"{at}: merge modes {[str(m) for m in d.merges]} are not legal here (legal: {[str(w) for w in want]})"
+        )
+    if d.levels != _levels(group):
+        raise ScheduleError(f"{at}: stitching levels {list(d.levels)} are not the group's {list(_levels(group))}")
+    if d.unroll < 1 or d.chunk < 1:
+        raise ScheduleError(f"{at}: unroll {d.unroll} and chunk {d.chunk} must be at least 1")
+    return _complete(group, d, gpu, name)
+
+
+def covers(d: Decision) -> bool:
+    """isl: every iteration of the canonical domain has an owner (block, thread, serial step)."""
+    ctx = isl.Context()
+    e0, e1 = d.extents
+    outer, inner = d.loops
+    tasks = d.tasks
+    serials = sorted({n for t in tasks.values() for n in t.serial_indices()})
+    hw = ["bx", "by", "tx", "ty"]
+    v = isl.make_zero_and_vars([outer, inner, *serials, *hw], [], ctx=ctx)
+    z = v[0]
+    owned = isl.Set.universe(z.domain().space)
+    for loop, t in tasks.items():
+        owned = owned & v[loop].eq_set(t.affine(v)) & t.bounds(v)
+    for name, bound in zip(hw, (d.grid[0], d.grid[1], d.tx, d.ty)):
+        owned = owned & v[name].ge_set(z) & v[name].lt_set(z + bound)
+    owned = owned.project_out(isl.dim_type.set, 2, len(serials) + len(hw))
+    dom = v[outer].ge_set(z) & v[outer].lt_set(z + e0) & v[inner].ge_set(z) & v[inner].lt_set(z + e1)
+    dom = dom.project_out(isl.dim_type.set, 2, len(serials) + len(hw))
+    return dom.is_subset(owned)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 
-from . import dtypes
-from .errors import DTypeError, EmptyReductionError, ShapeError
-from .frontend import ops
-from .frontend.ops import normalize_axes
-from .frontend.tensor import Tensor, iota, where
+from .. import dtypes
+from ..errors import DTypeError, EmptyReductionError, OptionError, ShapeError
+from . import ops
+from .ops import normalize_axes
+from .tensor import Tensor, alternatives, iota, where
 
 __all__ = [
     "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
@@ -78,21 +78,17 @@ def _stats(xc: Tensor, axis, method: str) -> tuple[Tensor, Tensor]:
     return m, ops.sum(ops.exp(xc - m), axis=axis, keepdims=True)
 
 
-def _choose(build, method: str, op: str) -> Tensor:
-    """Build the op with `method`, or with "auto" build both and keep the one whose plan the
-    performance model prefers; the decision travels with the result to `explain()`."""
-    if method in ("online", "multipass"):
+METHODS = ("online", "multipass")
+
+
+def _formulate(build, method: str, op: str) -> Tensor:
+    """The op built with `method`; with "auto", every formulation, for the planner to choose
+    from with the performance model (schedule/formulation.py) when the graph is compiled."""
+    if method in METHODS:
         return build(method)
     if method != "auto":
-        raise ShapeError(f"{op}: unknown method {method!r} (auto, online or multipass)")
-    from .compiler import compile as plan  # planning only: nothing is built or run here
-
-    cands = {m: build(m) for m in ("online", "multipass")}
-    cost = {m: plan(t, target="emulator").plan.modeled_us for m, t in cands.items()}
-    best = min(cost, key=cost.get)
-    note = f"{op}: online {cost['online']:.1f} us vs multipass {cost['multipass']:.1f} us (modeled) -> {best}"
-    t = cands[best]
-    return Tensor(t.op, t.inputs, t.shape, t.dtype, t.attrs + (("choice", note),), t.name)
+        raise OptionError(f"{op}: unknown method {method!r} (auto, online or multipass)")
+    return alternatives(op, METHODS, tuple(build(m) for m in METHODS))
 
 
 def softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
@@ -105,7 +101,7 @@ def softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
         m, s = _stats(xc, axis, method)
         return (ops.exp(xc - m) / s).astype(dt)
 
-    return _choose(build, method, "softmax")
+    return _formulate(build, method, "softmax")
 
 
 def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
@@ -130,7 +126,7 @@ def log_softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
         m, s = _stats(xc, axis, method)
         return (xc - m - ops.log(s)).astype(dt)
 
-    return _choose(build, method, "log_softmax")
+    return _formulate(build, method, "log_softmax")
 
 
 def _moments(xc: Tensor, axes, keepdims: bool = True) -> tuple[Tensor, Tensor]:

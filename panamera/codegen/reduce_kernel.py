@@ -1,0 +1,110 @@
+"""The reduction template: registers, then warp shuffles and shared memory, then the merge.
+
+Each thread accumulates its iterations in registers (`vec` accumulators per output for COLUMN,
+whose vector runs along the kept extent); the block combines them (pn_reduce_x across a row,
+pn_reduce_y down a column tile); then each output is stored, merged into its resident workspace
+with one atomic per block, or written as the block's partial, as its merge mode says. With a
+split, the last block to arrive (counter + __threadfence) finishes: it stores the workspace's
+value and resets it, or combines the partials in a fixed order, and resets the counter.
+"""
+
+from __future__ import annotations
+
+from ..poly.statement import Form, Statement
+from ..schedule.mapping import MergeMode
+from .thread_loop import ThreadLoop, c_ident, identity_expr, post
+
+
+def emit_reduce(loop: ThreadLoop) -> list[str]:
+    g, m = loop.g, loop.m
+    col = g.form == Form.COLUMN
+    V = m.vec
+    lines = []
+    for k, s in enumerate(g.statements):
+        if col and V > 1:
+            lines.append(f"  {s.acc.compute} acc{k}[{V}];")
+            lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {identity_expr(s)};")
+        else:
+            lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
+    everything = list(range(len(g.statements)))
+    lines += loop.loops(lambda call: loop.iteration(call, everything))
+    return lines + _epilogue(loop)
+
+
+def _epilogue(loop: ThreadLoop) -> list[str]:
+    g, m = loop.g, loop.m
+    col = g.form == Form.COLUMN
+    V = m.vec if col else 1
+    out = []
+    size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32)
+    for ct in dict.fromkeys(s.acc.compute for s in g.statements):
+        out.append(f"  __shared__ {ct} pn_smem_{c_ident(ct)}[{size}];")
+    for k, s in enumerate(g.statements):
+        safe = c_ident(s.acc.compute)
+        fn = "pn_reduce_y" if col else "pn_reduce_x"
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        if col and V > 1:
+            out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
+        else:
+            out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
+    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k]))
+    if m.needs_last_block:
+        out += [
+            "  __threadfence();",
+            "  __syncthreads();",
+            "  __shared__ int pn_is_last;",
+            "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
+            "  __syncthreads();",
+            "  if (pn_is_last) {",
+            "    __threadfence();",
+        ]
+        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(k, s, o, m.merges[k]))]
+        out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
+        out.append("  }")
+    return out
+
+
+def _per_output(loop: ThreadLoop, emit) -> list[str]:
+    """`emit(k, statement, output index, accumulator)` for every output the thread holds."""
+    g, m = loop.g, loop.m
+    out = []
+    if g.form == Form.COLUMN:
+        V = m.vec
+        out.append(f"  if (ty == 0) for (int v = 0; v < {V}; ++v) {{")
+        out.append(f"    const pn_idx o = (bx * {m.tx} + tx) * {V} + v;")
+        out.append(f"    if (o < {g.M}) {{")
+        for k, s in enumerate(g.statements):
+            out += ["      " + ln for ln in emit(k, s, "o", f"acc{k}[v]" if V > 1 else f"acc{k}")]
+        out += ["    }", "  }"]
+    else:
+        out.append(f"  const pn_idx o = bx * {m.ty} + ty;")
+        out.append(f"  if (tx == 0 && o < {g.M}) {{")
+        for k, s in enumerate(g.statements):
+            out += ["    " + ln for ln in emit(k, s, "o", f"acc{k}")]
+        out.append("  }")
+    return out
+
+
+def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode) -> list[str]:
+    if mode == MergeMode.STORE:
+        return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
+    if mode == MergeMode.ATOMIC_WS:
+        return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
+    return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
+
+
+def _final(k: int, s: Statement, o: str, mode: MergeMode) -> list[str]:
+    if mode == MergeMode.ATOMIC_WS:  # the output, then the workspace back to the identity for the next call
+        return [
+            f"pn_st(&out{k}[{o}], {post(s, f'pn_ldcg(&ws{k}[{o}])')});",
+            f"ws{k}[{o}] = {identity_expr(s)};",
+        ]
+    if mode == MergeMode.PARTIALS:  # a fixed order of the partials: bit-identical results
+        return [
+            "{",
+            f"  {s.acc.compute} a = {identity_expr(s)};",
+            f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, pn_ldcg(&ws{k}[s * {s.M} + {o}]));",
+            f"  pn_st(&out{k}[{o}], {post(s, 'a')});",
+            "}",
+        ]
+    return []

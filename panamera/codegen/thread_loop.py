@@ -1,0 +1,168 @@
+"""The thread loop every kernel template shares: one thread's iterations, their loads and bodies.
+
+The loop nest of each thread comes from isl's AST generator: the statement domain intersected
+with the thread's share of the iterations (block and thread ids are isl parameters; the task
+mappings of schedule/mapping.py say which) and isl scans what remains. Every read is loaded as
+the mapping's access kind says; the templates (map_kernel.py, reduce_kernel.py,
+stitched_kernel.py) put accumulators and epilogues around the loop.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import islpy as isl
+
+from ..dtypes import DType, bool_
+from ..poly.access import AccessKind
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, Statement, StatementKind
+from ..runtime.plan import BufferRole
+from ..schedule.mapping import Mapping
+from . import islast
+from .expr import ExprRenderer, convert, literal
+
+
+def c_ident(ctype: str) -> str:
+    """A C type as a piece of an identifier ("pn_welford<float>" -> "pn_welford_float_")."""
+    return re.sub(r"\W", "_", ctype)
+
+
+def identity_expr(s: Statement) -> str:
+    """The combiner's identity in the accumulator's C type."""
+    return f"{s.combiner.functor}::template identity<{s.acc.compute}>()"
+
+
+def post_dtype(s: Statement) -> DType:
+    """The dtype of a reduction's value before it is stored: the accumulator's, or for a struct
+    accumulator the dtype of its fields."""
+    return s.acc.field if s.acc.is_struct else s.acc
+
+
+def post(s: Statement, a: str) -> str:
+    """The reduction's value from its accumulator `a`, in the dtype `post_dtype(s)`."""
+    if s.post:
+        if s.post[0] == "var":
+            return f"pn_welford_var({a}, {int(s.post[1])})"
+        if s.post[0] == "argindex":  # the index packed in an argmax/argmin key
+            index = f"pn_argindex_{s.post[1]}({a})"
+            return f"({int(s.post[2])}LL - {index})" if s.post[2] >= 0 else index
+        return f"({a}).{s.post[0]}"  # a field: mean of Welford, m or s of online softmax
+    if s.mean_count:
+        return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
+    return a
+
+
+class ThreadLoop:
+    """One kernel group under its mapping: the thread's loop nest and the code of one iteration."""
+
+    def __init__(self, group: KernelGroup, m: Mapping, idx: str):
+        self.g, self.m, self.idx = group, m, idx
+        self.in_name = {b.uid: b.param for b in m.buffers if b.role == BufferRole.INPUT}
+        self.ctx = group.statements[0].domain.get_ctx()
+        self.regs: dict[int, str] = {}  # stitched results available in registers, by tensor uid
+
+    # -- isl: the loop nest of one thread ---------------------------------------------------
+    def loops(self, user: Callable[[isl.AstExpr], list[str]]) -> list[str]:
+        """The thread's loop nest: the canonical domain intersected with the iterations the task
+        mappings give to (bx, by, tx, ty), with isl parameters for those indices."""
+        m = self.m
+        outer, inner = m.loops
+        e0, e1 = m.extents
+        tasks = m.tasks
+        serial_names = sorted({n for t in tasks.values() for n in t.serial_indices()})
+        hw = ["bx", "by", "tx", "ty"]
+        v = isl.make_zero_and_vars([outer, inner, *serial_names], hw, ctx=self.ctx)
+        z = v[0]
+        s = v[outer].ge_set(z) & v[outer].lt_set(z + e0) & v[inner].ge_set(z) & v[inner].lt_set(z + e1)
+        for loop, t in tasks.items():
+            s = s & v[loop].eq_set(t.affine(v)) & t.bounds(v)
+        bounds = {"bx": m.grid[0], "by": m.grid[1], "tx": m.tx, "ty": m.ty}
+        context = s.params().universe(s.params().space)
+        for name in hw:
+            context = context & (v[name].ge_set(z) & v[name].lt_set(z + bounds[name])).params()
+        for name in serial_names:  # serial steps become isl's loops over the owned tasks
+            s = s.project_out(isl.dim_type.set, s.find_dim_by_name(isl.dim_type.set, name), 1)
+        s = s.set_tuple_name("S")
+        sched = isl.Map.identity(s.space.map_from_set()).intersect_domain(s)
+        ast = isl.AstBuild.from_context(context).node_from_schedule_map(isl.UnionMap.from_map(sched))
+        return islast.node(ast, user, self.idx, 1, m.unroll)
+
+    def address(self, addr: isl.PwAff) -> str:
+        dom = self.g.statements[0].domain.reset_tuple_id()
+        return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
+
+    # -- loads and bodies ---------------------------------------------------------------------
+    def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None) -> tuple[list[str], str]:
+        """The C lines of statement k's body at the current (i, j) and the name of its value."""
+        s, kinds = self.g.statements[k], self.m.access[k]
+        lines: list[str] = []
+
+        def load(read: int) -> str:
+            r = s.reads[read]
+            if r.tensor.uid in self.regs:
+                return self.regs[r.tensor.uid]
+            if not r.memory:  # iota: the index itself
+                return f"((long long)({self.address(r.addr)}))"
+            if kinds[read] == AccessKind.CONTIG and vec_slot is not None:
+                return f"{vregs[(k, read)]}[{vec_slot}]"
+            return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
+
+        value = ExprRenderer(lines, f"e{k}_").render(s.body, load)
+        return lines, value
+
+    def vector_loads(self, here: list[int]) -> tuple[list[str], list[str], dict]:
+        """One vector register per distinct contiguous read of the statements `here`: statements
+        fused horizontally over one input share its load. Returns (declarations, loads, the
+        register of each (statement, read))."""
+        decl, loads, vregs, by_access = [], [], {}, {}
+        for k in here:
+            for ri, r in enumerate(self.g.statements[k].reads):
+                if self.m.access[k][ri] != AccessKind.CONTIG:
+                    continue
+                key = (r.tensor.uid, self.address(r.addr))
+                if key not in by_access:
+                    by_access[key] = name = f"pn_v{k}_{ri}"
+                    decl.append(f"{r.tensor.dtype.compute} {name}[{self.m.vec}];")
+                    loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{key[1]}], {name});")
+                vregs[(k, ri)] = by_access[key]
+        return decl, loads, vregs
+
+    def iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
+        """One instance of the isl loop nest for the statements `here`: the contiguous reads
+        loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
+        g, V = self.g, self.m.vec
+        col = g.form in (Form.COLUMN, Form.MAP)  # the vector runs along i instead of j
+        a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
+        first = "i" if col else "j"
+        fixed = f"const pn_idx j = {a1};" if col else f"const pn_idx i = {a0};"
+        out = ["{", f"  {fixed} const pn_idx pn_first = ({a0 if col else a1}) * {V};"]
+        vregs = {}
+        if V > 1:  # registers for the contiguous reads, loaded as one vector each
+            decl, loads, vregs = self.vector_loads(here)
+            out += ["  " + ln for ln in decl]
+            if loads:
+                out += [f"  {{ const pn_idx {first} = pn_first;"] + ["    " + ln for ln in loads] + ["  }"]
+        out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
+        out.append(f"    const pn_idx {first} = pn_first{' + v' if V > 1 else ''};")
+        for k in here:
+            s = g.statements[k]
+            body, val = self.body_lines(k, "v" if V > 1 else None, vregs)
+            out += ["    " + ln for ln in body]
+            if s.kind == StatementKind.REDUCE:
+                acc = f"acc{k}[v]" if g.form == Form.COLUMN and V > 1 else f"acc{k}"
+                out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {accumuland(s, val)});")
+            else:
+                value = convert(val, s.body.dtype, s.result.dtype)
+                out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")
+        return out + ["  }", "}"]
+
+
+def accumuland(s: Statement, val: str) -> str:
+    """The value one iteration contributes to the accumulator, in the accumulator's type."""
+    if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
+        val = convert(val, s.body.dtype, bool_)
+    elif s.body.dtype != s.acc:
+        val = convert(val, s.body.dtype, s.acc)
+    return f"({s.acc.compute})({val})"

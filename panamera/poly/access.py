@@ -1,0 +1,86 @@
+"""Access analysis: how a read moves along a canonical loop, decided by isl.
+
+The mapper chooses the vector width from it and records the kind of every read in the mapping
+(schedule/mapping.py); the codegen loads each read as the mapping says and never asks again.
+
+>>> import islpy as isl
+>>> from panamera.poly.statement import box
+>>> dom, v = box(isl.Context(), ["i", "j"], [4, 8])
+>>> from panamera.frontend.tensor import placeholder
+>>> row = Read(placeholder((4, 8), "float32"), v["i"] * 8 + v["j"])
+>>> access_kind(row, "j", 4, dom), access_kind(row, "i", 4, dom)
+(<AccessKind.CONTIG: 'contig'>, <AccessKind.GATHER: 'gather'>)
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from ..enums import StrEnum
+from .statement import Read, Statement
+
+
+class AccessKind(StrEnum):
+    CONTIG = "contig"  # `vec` consecutive iterations read `vec` consecutive, aligned elements: one vector load
+    UNIFORM = "uniform"  # they all read one element (a broadcast)
+    GATHER = "gather"  # anything else: one scalar load per iteration
+
+
+def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> AccessKind:
+    """CONTIG when groups of `vec` consecutive values of `along` read consecutive, aligned
+    elements; UNIFORM when they all read one element; GATHER otherwise (isl decides)."""
+    if vec == 1 or not read.memory:
+        return AccessKind.GATHER
+    ctx = domain.get_ctx()
+    v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
+    dom = domain.reset_tuple_id()
+    a = read.addr
+    diff = a.pullback_multi_aff(_shift(ctx, along)) - a
+    inner = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0] + (vec - 1)) & dom
+    if (diff.ne_set(v[0]) & inner).is_empty():
+        return AccessKind.UNIFORM
+    first = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).eq_set(v[0]) & dom
+    aligned = (a.mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0]) & first).is_empty()
+    if aligned and (diff.ne_set(v[0] + 1) & inner).is_empty():
+        return AccessKind.CONTIG
+    return AccessKind.GATHER
+
+
+def _shift(ctx, along: str) -> isl.MultiAff:
+    """(i, j) -> (i + 1, j) or (i, j + 1)."""
+    sp = isl.Space.create_from_names(ctx, in_=["i", "j"], out=["i", "j"])
+    ma = isl.MultiAff.identity(sp)
+    pos = 0 if along == "i" else 1
+    return ma.set_aff(pos, ma.get_aff(pos).add_constant_val(isl.Val.one(ctx)))
+
+
+def access_kinds(statements, along: str, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
+    """The kind of every read of every statement, along one canonical loop."""
+    return tuple(tuple(access_kind(r, along, vec, s.domain) for r in s.reads) for s in statements)
+
+
+def choose_vec(statements: tuple[Statement, ...], along: str, extent: int) -> int:
+    """The widest vector (at most 16 bytes of the widest input: 4 floats, 8 halves, 16 bools) that
+    divides the extent and keeps every contiguous read aligned."""
+    for vec in (16, 8, 4, 2):
+        if vec_fits(statements, along, extent, vec):
+            return vec
+    return 1
+
+
+def vec_fits(statements, along: str, extent: int, vec: int) -> bool:
+    """`vec` divides the extent, every input keeps within 16 bytes per load, and at least one
+    read is contiguous at that width (else a vector gains nothing)."""
+    if extent % vec:
+        return False
+    widths = [r.tensor.dtype.itemsize for s in statements for r in s.reads if r.memory]
+    if not all(vec * w <= 16 for w in widths):
+        return False
+    return any(k == AccessKind.CONTIG for kinds in access_kinds(statements, along, vec) for k in kinds)
+
+
+def bytes_per_iteration(statements) -> int:
+    """DRAM bytes per (i, j) iteration: each input tensor once, however many statements read it
+    (they share its load)."""
+    tensors = {r.tensor.uid: r.tensor for s in statements for r in s.reads if r.memory}
+    return sum(t.dtype.itemsize for t in tensors.values())

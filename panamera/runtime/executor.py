@@ -1,0 +1,167 @@
+"""Running a launch plan: binding the caller's arrays, buffers, resident workspaces, launches.
+
+An `Executor` is made once per compiled computation from its `LaunchPlan` and source. Per call it
+checks and binds the inputs, allocates the outputs, keeps the resident buffers (workspaces,
+partials and counters: initialised by the first call's `init_once` launches, left at the identity
+/ zero by the last block of every call) and launches the plan on a backend: the emulator (the
+CUDA source compiled by g++, runs on the CPU) or CUDA (CuPy). Each backend's kernel functions are
+looked up once. Calls are serialized by a lock; on a GPU, keep them on one stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..errors import DTypeError, InputError
+from . import cuda as cuda_backend
+from . import emulator
+from .plan import BufferSpec, LaunchPlan, LaunchRole
+
+
+def aligned_empty(n: int, dt) -> np.ndarray:
+    """An uninitialised array of n elements whose data starts on a 64-byte boundary."""
+    dt = np.dtype(dt)
+    raw = np.empty(n * dt.itemsize + 64, np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off : off + n * dt.itemsize].view(dt)
+
+
+def aligned_copy(a: np.ndarray) -> np.ndarray:
+    out = aligned_empty(a.size, a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _alloc(alloc, spec: BufferSpec):
+    dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
+    if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
+        return alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
+    return alloc(max(spec.size, 1), dt)
+
+
+class Executor:
+    """Runs one launch plan. `target` is "emulator" or "cuda"."""
+
+    def __init__(self, plan: LaunchPlan, source: str, signatures: tuple, target: str):
+        self.plan, self.source, self.signatures, self.target = plan, source, signatures, target
+        # Resident buffers per backend ("emulator", "cuda:<device>"), by buffer key.
+        self.resident: dict[str, dict] = {}
+        self._functions: dict[str, dict] = {}  # per backend: kernel name -> launchable
+        self._lock = threading.Lock()
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind(self, arrays, named) -> list:
+        """The caller's arrays in placeholder order, checked against each input's shape and dtype."""
+        inputs = self.plan.inputs
+        if named:
+            by_name = {t.name: t for t in inputs}
+            unknown = set(named) - set(by_name)
+            if unknown:
+                raise InputError(f"unknown input name(s) {sorted(unknown)}; inputs are {[t.name for t in inputs]}")
+            if arrays:
+                raise InputError("pass inputs either positionally or by name, not both")
+            missing = [t.name for t in inputs if t.name not in named]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
+            arrays = [named[t.name] for t in inputs]
+        if len(arrays) != len(inputs):
+            raise InputError(f"expected {len(inputs)} input(s) {[t.name for t in inputs]}, got {len(arrays)}")
+        for t, a in zip(inputs, arrays):
+            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+                raise InputError(f"input {t.name!r}: expected an array, got {type(a).__name__}")
+            if tuple(a.shape) != t.shape:
+                raise InputError(f"input {t.name!r}: expected shape {t.shape}, got {tuple(a.shape)}")
+            if np.dtype(a.dtype) != t.dtype.np:
+                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {np.dtype(a.dtype)}")
+        return list(arrays)
+
+    def __call__(self, arrays: list, order: str = "forward", seed: int = 0) -> list:
+        is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
+        if self.target == "emulator":
+            outs = self._run_emulator([_host_input(a) for a in arrays], order, seed)
+        else:
+            outs = self._run_cuda(arrays)
+            if not is_cupy:
+                outs = [o.get() for o in outs]
+        return outs
+
+    # -- buffers and launches -------------------------------------------------------------------
+    def _buffers(self, alloc, inputs, backend: str) -> tuple[dict, bool]:
+        """Buffers of one call, and whether the resident ones are new (their init must run)."""
+        bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
+        fresh = backend not in self.resident
+        resident = self.resident.setdefault(backend, {})
+        for key, spec in self.plan.buffers.items():
+            if spec.role.resident:
+                if key not in resident:
+                    resident[key] = _alloc(alloc, spec)
+                bufs[key] = resident[key]
+            elif key not in bufs:
+                bufs[key] = _alloc(alloc, spec)
+        return bufs, fresh
+
+    def _launches(self, backend: str, fresh: bool, launch) -> None:
+        try:
+            for ln in self.plan.launches:
+                if ln.role != LaunchRole.INIT_ONCE or fresh:
+                    launch(ln)
+        except BaseException:  # a failed call may leave workspaces dirty: start over next time
+            self.resident.pop(backend, None)
+            raise
+
+    def _results(self, bufs, inputs) -> list:
+        out, used = [], set()
+        for r in self.plan.results:
+            if r.input_index >= 0:
+                out.append(inputs[r.input_index].copy().reshape(r.shape))
+                continue
+            a = bufs[r.key][: r.size].reshape(r.shape)
+            out.append(a.copy() if r.key in used else a)  # two outputs never share memory
+            used.add(r.key)
+        return out
+
+    def _run_emulator(self, inputs, order, seed):
+        fns = self._functions.get("emulator")
+        if fns is None:
+            lib = emulator.build(self.source, self.signatures)
+            fns = self._functions["emulator"] = {name: emulator.function(lib, name) for name, _ in self.signatures}
+        with self._lock:
+            bufs, fresh = self._buffers(aligned_empty, inputs, "emulator")
+
+            def launch(ln):
+                args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
+                emulator.run(fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed)
+
+            self._launches("emulator", fresh, launch)
+            return self._results(bufs, inputs)
+
+    def _run_cuda(self, arrays):
+        mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
+        import cupy
+
+        inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
+        backend = f"cuda:{cupy.cuda.Device().id}"
+        fns = self._functions.get(backend)
+        if fns is None:
+            fns = self._functions[backend] = {name: mod.get_function(name) for name, _ in self.signatures}
+        with self._lock:
+            bufs, fresh = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs, backend)
+
+            def launch(ln):
+                fns[ln.kernel](ln.grid, ln.block, tuple(bufs[key] for _, key in ln.args))
+
+            self._launches(backend, fresh, launch)
+            return self._results(bufs, inputs)
+
+
+def _host_input(a) -> np.ndarray:
+    if type(a).__module__.startswith("cupy"):
+        a = a.get()
+    a = np.asarray(a)
+    # Non-contiguous or misaligned arrays are copied (vector loads need 16-byte alignment).
+    if not a.flags.c_contiguous or a.ctypes.data % 16:
+        a = aligned_copy(a)
+    return a

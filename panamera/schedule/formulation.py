@@ -1,0 +1,104 @@
+"""Formulation choice is planning: where the frontend offers several formulations of one value
+(softmax's online statistics or separate max and sum passes), the planner picks one.
+
+The frontend only builds graphs: `frontend.tensor.alternatives` makes a "choose" node whose
+inputs are the formulations. This stage replaces every choose node, innermost first, by the
+formulation whose plan the performance model prefers (`cost`: the modeled µs of a formulation
+compiled alone), or by the one a replayed schedule names, and records what it chose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from ..frontend.tensor import Tensor, _ids
+
+
+@dataclass(frozen=True)
+class Formulation:
+    op: str  # what the choice is for ("softmax")
+    names: tuple[str, ...]  # the formulations offered
+    chosen: str
+    costs_us: tuple[float, ...] = ()  # modeled µs of each formulation; empty when replayed
+
+    @property
+    def record(self) -> str:
+        """How a schedule saves the choice."""
+        return f"{self.op}={self.chosen}"
+
+    def describe(self) -> str:
+        if not self.costs_us:
+            return f"{self.op}: {self.chosen} (from the schedule)"
+        vs = " vs ".join(f"{n} {c:.1f} us" for n, c in zip(self.names, self.costs_us))
+        return f"{self.op}: {vs} (modeled) -> {self.chosen}"
+
+
+def _choice_points(outputs) -> list[Tensor]:
+    """The choose nodes reachable from the outputs, innermost (inputs) first."""
+    seen, order = set(), []
+
+    def visit(t: Tensor):
+        if t.uid in seen:
+            return
+        seen.add(t.uid)
+        for i in t.inputs:
+            visit(i)
+        if t.op == "choose":
+            order.append(t)
+
+    for o in outputs:
+        visit(o)
+    return order
+
+
+def substitute(outputs: tuple[Tensor, ...], by: dict[int, Tensor]) -> tuple[Tensor, ...]:
+    """The graph with every tensor whose uid is in `by` replaced; tensors downstream of a
+    replacement are rebuilt (new uids), everything else is shared."""
+    memo: dict[int, Tensor] = {}
+
+    def rebuild(t: Tensor) -> Tensor:
+        if t.uid in memo:
+            return memo[t.uid]
+        if t.uid in by:
+            new = rebuild(by[t.uid])
+        else:
+            inputs = tuple(rebuild(i) for i in t.inputs)
+            same = all(a is b for a, b in zip(inputs, t.inputs))
+            new = t if same else dataclasses.replace(t, inputs=inputs, uid=next(_ids))
+        memo[t.uid] = new
+        return new
+
+    return tuple(rebuild(o) for o in outputs)
+
+
+def choose_formulations(
+    outputs: tuple[Tensor, ...],
+    cost: Callable[[tuple[Tensor, ...]], float],
+    saved: tuple[str, ...] | None = None,
+) -> tuple[tuple[Tensor, ...], tuple[Formulation, ...]]:
+    """The outputs with every choose node replaced, and the choices made (in graph order).
+    `saved`: the choices of a replayed schedule ("op=name" each), checked against the graph."""
+    points = _choice_points(outputs)
+    if saved is not None and len(saved) != len(points):
+        raise ScheduleError(f"schedule chooses {len(saved)} formulation(s), the program has {len(points)}")
+    chosen, by = [], {}
+    for k, t in enumerate(points):
+        op, names = t.attr("formulation"), t.attr("names")
+        # Formulations are graphs too: inner choices are made before the outer ones are costed.
+        alternatives = substitute(t.inputs, by)
+        if saved is not None:
+            want_op, _, name = saved[k].partition("=")
+            if want_op != op or name not in names:
+                raise ScheduleError(
+                    f"schedule formulation {k} is {saved[k]!r}, but the program chooses {op} among {list(names)}"
+                )
+            f = Formulation(op, names, name)
+        else:
+            costs = tuple(cost((alt,)) for alt in alternatives)
+            f = Formulation(op, names, names[costs.index(min(costs))], costs)
+        chosen.append(f)
+        by[t.uid] = alternatives[names.index(f.chosen)]
+    return (substitute(outputs, by) if by else outputs), tuple(chosen)
