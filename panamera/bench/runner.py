@@ -132,7 +132,7 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
         "# Panamera benchmark summary",
         "",
         f"Command: `{command}`. GPU model: {gpu.name}. **All times are modeled** from each plan with",
-        "shared/GPU_MODEL.md unless a `measured` column says otherwise; compile times are measured on this CPU.",
+        "docs/GPU_MODEL.md unless a `measured` column says otherwise; compile times are measured on this CPU.",
         "",
     ]
     for suite in dict.fromkeys(k[0] for k in by):

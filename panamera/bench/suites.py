@@ -1,4 +1,4 @@
-"""The workloads of shared/WORKLOADS.md: A1 (single reductions, every dtype, full sizes), A2
+"""The workloads of docs/WORKLOADS.md: A1 (single reductions, every dtype, full sizes), A2
 (the paper's Table 2 sub-graphs) and B (normalization subgraphs)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from .. import nn
 from ..frontend import ops
 from ..frontend.tensor import placeholder as P
 
-# The paper's mean speedups of Panamera (WORKLOADS.md), to stand next to ours.
+# The paper's mean speedups of Panamera (docs/WORKLOADS.md), to stand next to ours.
 PAPER_MEANS = {
     "single": "33.7x over cuDNN, 3.5x over CUB (2.1x without CUB's transpose), 5.4x over TVM, 9.6x over Ansor",
     "subgraphs": "9.5x over cuDNN, 2.6x over TVM, 2.7x over Ansor",
@@ -55,7 +55,7 @@ def single() -> list[Workload]:
 
 
 def subgraphs() -> list[Workload]:
-    """WORKLOADS.md A2. Where the paper does not give the reduced axis, the leading axes are reduced
+    """docs/WORKLOADS.md A2. Where the paper does not give the reduced axis, the leading axes are reduced
     down to the last one (the bias-gradient pattern of BERT training); 1-D inputs reduce fully."""
 
     def lead(t):

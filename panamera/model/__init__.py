@@ -1,4 +1,4 @@
-"""Performance model of a launch plan on a GPU (shared/GPU_MODEL.md). Every figure is *modeled*."""
+"""Performance model of a launch plan on a GPU (docs/GPU_MODEL.md). Every figure is *modeled*."""
 
 from .estimate import Estimate, estimate, limit_us
 from .gpu import A100, GPUS, H100, V100, GPUSpec, KernelCost, kernel_time

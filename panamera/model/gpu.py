@@ -1,9 +1,9 @@
-"""GPU figures (GPU_MODEL.md, with their sources there) and the per-kernel time model.
+"""GPU figures (docs/GPU_MODEL.md, with their sources there) and the per-kernel time model.
 
     T = T_launch + max(T_dram, T_l2, T_sfu) + T_tail + T_atomic
     T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
 
-`latency` in Little's law is the *loaded* latency [derived]: GPU_MODEL.md says to aim for 32 KB in
+`latency` in Little's law is the *loaded* latency [derived]: docs/GPU_MODEL.md says to aim for 32 KB in
 flight per SM to saturate DRAM, i.e. latency = SMs * 32 KB / (eta * BW_peak) (about 1.4 us on
 H100, four times the unloaded 350 ns: queueing under load). With the unloaded figure the model
 would call a quarter of that occupancy enough, which measurements of streaming kernels do not
@@ -37,7 +37,7 @@ class GPUSpec:
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
     smem_per_block: int = 227 * 1024
-    sources: tuple = ()  # (parameter, where the figure comes from), as in GPU_MODEL.md
+    sources: tuple = ()  # (parameter, where the figure comes from), as in docs/GPU_MODEL.md
 
     @property
     def achievable_bw(self) -> float:
@@ -90,7 +90,7 @@ A100 = GPUSpec(
         *_COMMON,
     ),
 )
-# The paper's GPU (Tesla V100 SXM2). Figures not in GPU_MODEL.md are tagged as their source says.
+# The paper's GPU (Tesla V100 SXM2). Figures not in docs/GPU_MODEL.md are tagged as their source says.
 V100 = GPUSpec(
     "V100-SXM2",
     80,
