@@ -28,6 +28,11 @@ clean:
 
 # Rerun the paper's experiments (modeled for an H100; timed too where CuPy sees a GPU) and refresh
 # the committed bench/results/: results.json, summary.md and the PNG charts that bench/README.md shows.
-.PHONY: bench
+.PHONY: bench schedules
 bench: install
 	$(BIN)/panamera bench --suite all --gpu h100 --out bench/results --plot
+
+# Refill the schedule database schedules/ (one JSON per workload and GPU) that pn.compile consults.
+schedules: install
+	rm -rf schedules
+	$(BIN)/panamera schedules --out schedules --gpu h100 --gpu a100

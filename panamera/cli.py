@@ -367,6 +367,20 @@ def bench(suite, gpu, out, plot, measure, repeat):
         console.print(f"wrote {out}/results.json and {out}/summary.md", markup=False)
 
 
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False), default="schedules", show_default=True)
+@click.option(
+    "--gpu", "gpus", multiple=True, type=click.Choice(sorted(GPUS)), default=("h100", "a100"), show_default=True
+)
+def schedules(out, gpus):
+    """Fill the schedule database: every workload of docs/WORKLOADS.md planned by the model for
+    each GPU, one JSON per workload and GPU (what `pn.compile` replays)."""
+    from .bench.schedules import write_database
+
+    written = write_database(out, [GPUS[g] for g in gpus])
+    _console().print(f"wrote {len(written)} schedules to {out}/", markup=False)
+
+
 def main(argv=None) -> int:
     """Entry point: one-line errors with exit status 2 (1 for a failed check), tracebacks with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from .poly.statement import Form
 from .runtime import cuda as cuda_backend
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
+from .schedule import database
 from .schedule.formulation import Formulation, choose_formulations
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, plan_groups
@@ -296,6 +298,7 @@ class Compiled:
     options: Options
     single: bool
     executor: Executor = field(compare=False, repr=False)
+    origin: str = "chosen by the model"  # or "from schedules/NAME", or "replayed from the given schedule"
 
     outputs = property(lambda self: self.stages.outputs)
     program = property(lambda self: self.stages.program)
@@ -352,8 +355,7 @@ class Compiled:
             f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
             f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
         ]
-        if self.options.schedule is not None:
-            lines.append("  schedule: replayed (nothing searched)")
+        lines.append(f"  schedule: {self.origin}")
         for g, m in zip(self.groups, self.mappings):
             names = ", ".join(
                 f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
@@ -405,6 +407,7 @@ def compile(  # noqa: A001
     gpu: GPUSpec = H100,
     split: int | None = None,
     schedule: Schedule | None = None,
+    use_database: bool = True,
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
@@ -415,8 +418,20 @@ def compile(  # noqa: A001
     tests and experiments; the mapper clamps it to what the extents allow).
     schedule: replay saved decisions (`Compiled.schedule`) instead of asking the model; a
     schedule that does not fit this program or GPU raises ScheduleError.
+    use_database: consult the schedule database (schedule/database.py) for a plain compile (no
+    split, not deterministic, no schedule); a stale entry is skipped with a warning.
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
-    a = run_stages(outs, options)
-    return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)))
+    a, origin = None, "chosen by the model" if schedule is None else "replayed from the given schedule"
+    if use_database and schedule is None and split is None and not deterministic:
+        entry = database.lookup(database.signature(outs), gpu.name)
+        if entry is not None:
+            try:
+                a = run_stages(outs, dataclasses.replace(options, schedule=entry.schedule))
+                origin = f"from schedules/{entry.name}"
+            except ScheduleError as e:
+                warnings.warn(f"schedules/{entry.name}: skipped ({e})", database.StaleScheduleWarning, stacklevel=2)
+    if a is None:
+        a = run_stages(outs, options)
+    return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)), origin)

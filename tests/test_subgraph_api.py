@@ -1,4 +1,4 @@
-"""The subgraph optimizer's Python API: partition convexity, specialization, schedules, and the
+"""The subgraph optimizer's Python API: partition convexity, specialization, and the
 element-wise ops ONNX brought into the frontend (tanh, erf, pow, logical ops, trunc_div)."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import panamera as pn
-from panamera.errors import DTypeError, InputError, ModelError, ScheduleError
-from panamera.model.gpu import A100
-from panamera.schedule.saved import KernelChoice, Schedule
+from panamera.errors import DTypeError, InputError, ModelError
 from panamera.subgraph import load_model, optimize
 from panamera.subgraph.partition import partition
 
@@ -72,70 +70,6 @@ def test_run_checks_feeds():
 
 
 # -- schedules on pn.compile: one negative test per check --------------------------------------
-def _softmax(rows=4):
-    return pn.nn.softmax(pn.placeholder((rows, 4096), "float32", name="x"))
-
-
-def test_schedule_replays_the_same_kernels():
-    k = pn.compile(_softmax(), target="emulator")
-    s = Schedule.from_json(k.schedule.to_json())
-    assert pn.compile(_softmax(), target="emulator", schedule=s).source == k.source
-    # A split chosen by hand is replayed exactly.
-    y = pn.sum(pn.placeholder((8, 65536), "float32", name="x"), axis=1)
-    s = Schedule("H100-SXM5", (), (KernelChoice("ROW", 8, 65536, 4),))
-    k = pn.compile(y, target="emulator", schedule=s)
-    assert k.mappings[0].split == 4
-    x = np.random.default_rng(0).standard_normal((8, 65536)).astype(np.float32)
-    np.testing.assert_allclose(k(x), x.astype(np.float64).sum(1), rtol=1e-4, atol=1e-3)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bool"])
-def test_schedule_replays_a_larger_block(dtype):
-    """The model gives COLUMN 768x768 more than 256 threads per block; the replay keeps them."""
-
-    def build():
-        return pn.sum(pn.placeholder((768, 768), dtype, name="x"), axis=0)
-
-    k = pn.compile(build(), target="emulator")
-    assert k.mappings[0].threads > 256
-    s = Schedule.from_json(k.schedule.to_json())
-    assert s.kernels[0].threads == k.mappings[0].threads
-    assert pn.compile(build(), target="emulator", schedule=s).source == k.source
-
-
-def test_schedule_for_another_gpu_is_refused():
-    s = pn.compile(_softmax(), target="emulator").schedule
-    with pytest.raises(ScheduleError, match="made for H100"):
-        pn.compile(_softmax(), target="emulator", gpu=A100, schedule=s)
-
-
-def test_schedule_with_illegal_stitching_is_refused():
-    s = Schedule("H100-SXM5", (("S0", "S7"),), ())
-    with pytest.raises(ScheduleError, match="not a legal stitched group"):
-        pn.compile(_softmax(), target="emulator", schedule=s)
-
-
-def test_schedule_with_other_extents_is_refused():
-    s = pn.compile(_softmax(4), target="emulator").schedule
-    with pytest.raises(ScheduleError, match="subgraph changed"):
-        pn.compile(_softmax(8), target="emulator", schedule=s)
-
-
-def test_schedule_with_too_many_kernels_is_refused():
-    s = pn.compile(_softmax(), target="emulator").schedule
-    s = Schedule(s.gpu, s.stitched, s.kernels + s.kernels)
-    with pytest.raises(ScheduleError, match="kernel"):
-        pn.compile(_softmax(), target="emulator", schedule=s)
-
-
-def test_unreadable_schedule():
-    with pytest.raises(ScheduleError, match="not a readable schedule"):
-        Schedule.from_json("[1, 2]")
-    with pytest.raises(ScheduleError, match="format"):
-        Schedule.from_json('{"format": "other"}')
-
-
-# -- element-wise ops added for ONNX -----------------------------------------------------------
 def test_transcendental_and_rounding_ops():
     x = pn.placeholder((3, 70), "float32", name="x")
     k = pn.compile(

@@ -32,15 +32,17 @@ class Schedule:
     formulations: tuple[str, ...] = ()  # "op=choice" per formulation choice, in graph order
 
     def to_json(self) -> str:
-        doc = {
+        """Readable JSON: one line per field, one line per kernel."""
+        head = {
             "format": FORMAT,
             "subgraph": self.subgraph,
             "gpu": self.gpu,
             "formulations": list(self.formulations),
             "stitched": ["+".join(g) for g in self.stitched],
-            "kernels": [k.to_dict() for k in self.kernels],
         }
-        return json.dumps(doc, indent=1) + "\n"
+        lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+        kernels = ",\n".join(f"    {json.dumps(k.to_dict())}" for k in self.kernels)
+        return "{\n" + "\n".join(lines) + '\n  "kernels": [\n' + kernels + ("\n" if kernels else "") + "  ]\n}\n"
 
     @staticmethod
     def from_json(text: str, where: str = "schedule") -> Schedule:

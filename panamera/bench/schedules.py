@@ -1,0 +1,36 @@
+"""Fill the schedule database (schedules/, see panamera/schedule/database.py) from the workloads.
+
+Every workload of docs/WORKLOADS.md (suites single = A1, subgraphs = A2, norms = B) is planned by
+the model for each GPU, and its schedule is written as `<root>/<gpu>/<suite>--<workload>.json`,
+its `subgraph` field the program's signature. `panamera schedules` (`make schedules`) runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..compiler import compile as pn_compile
+from ..model.gpu import GPUSpec
+from ..schedule.database import signature, slug
+from .suites import SUITES, Workload
+
+
+def entry_name(w: Workload, gpu: GPUSpec) -> str:
+    return f"{slug(gpu.name)}/{w.suite}--{slug(f'{w.name} {w.dtype}')}.json"
+
+
+def write_database(root: str | Path, gpus: list[GPUSpec], suites=tuple(SUITES)) -> list[Path]:
+    """Plan every workload of `suites` on every GPU with the model and write its entry."""
+    root, written = Path(root), []
+    for suite in suites:
+        for w in SUITES[suite]():
+            for gpu in gpus:
+                outs = tuple(w.build())
+                c = pn_compile(list(outs), target="emulator", gpu=gpu, use_database=False)
+                s = dataclasses.replace(c.schedule, subgraph=signature(outs))
+                path = root / entry_name(w, gpu)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(s.to_json())
+                written.append(path)
+    return written

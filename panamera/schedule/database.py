@@ -1,0 +1,124 @@
+"""The schedule database: `schedules/` at the top of the repository, consulted by `pn.compile`.
+
+One readable JSON file per workload and GPU (`schedules/<gpu>/<suite>--<workload>.json`): a saved
+`Schedule` (schedule/saved.py) whose `subgraph` field is the *signature* of the program it was
+made for. `pn.compile` (and so `panamera optimize`) computes the signature of what it is asked
+to compile, looks it up for its GPU, and replays the entry when it fits; `explain()` says "from
+schedules/NAME" or "chosen by the model". A stale entry (an old format, or decisions that no
+longer validate against the program) is never a wrong kernel: it is skipped with a one-line
+`StaleScheduleWarning` and the model plans instead.
+
+Entries are made by `panamera schedules` (`make schedules`): every workload of docs/WORKLOADS.md
+(A1, A2, B) planned by the model for each GPU. The database answers only plain compiles (no
+`split`, not `deterministic`, no explicit `schedule`); `PANAMERA_SCHEDULES` names another
+directory, or `off`.
+
+>>> import panamera as pn
+>>> x = pn.placeholder((4, 8), "float32", name="x")
+>>> signature((pn.sum(x, axis=1),)) == signature((pn.sum(pn.placeholder((4, 8), name="y"), axis=1),))
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..algebra import Combiner
+from ..dtypes import DType
+from ..errors import ScheduleError
+from ..frontend.tensor import Tensor
+from .saved import Schedule
+
+ENV = "PANAMERA_SCHEDULES"
+REPO_DIR = Path(__file__).resolve().parents[2] / "schedules"
+
+
+class StaleScheduleWarning(UserWarning):
+    """A database entry that was skipped: the model plans instead."""
+
+
+def _canonical(value):
+    """A JSON-able, process-independent form of a tensor attribute."""
+    if isinstance(value, Combiner):
+        return ["combiner", value.name]
+    if isinstance(value, DType):
+        return ["dtype", value.name]
+    if isinstance(value, np.ndarray | np.generic):
+        a = np.ascontiguousarray(value)
+        return ["array", str(a.dtype), list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()[:16]]
+    if isinstance(value, tuple | list):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return repr(value)
+    return repr(value)
+
+
+def signature(outputs: tuple[Tensor, ...]) -> str:
+    """What a program computes, independent of tensor names and of the process: ops, shapes,
+    dtypes, attributes and the edges between them, hashed. Two graphs with one signature get
+    the same statements, hence the same decisions."""
+    index: dict[int, int] = {}
+    nodes = []
+
+    def visit(t: Tensor) -> int:
+        if t.uid in index:
+            return index[t.uid]
+        inputs = [visit(i) for i in t.inputs]
+        attrs = [[k, _canonical(v)] for k, v in t.attrs]
+        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, inputs])
+        index[t.uid] = len(nodes) - 1
+        return index[t.uid]
+
+    roots = [visit(o) for o in outputs]
+    text = json.dumps([nodes, roots], separators=(",", ":"))
+    return "pn-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str  # relative to the database directory, e.g. "h100/single--sum-all-128-float32.json"
+    schedule: Schedule
+
+
+def directory() -> Path | None:
+    """The database in use: $PANAMERA_SCHEDULES, else the repository's schedules/ (None: off)."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "off", "0", "none") else Path(env)
+    return REPO_DIR if REPO_DIR.is_dir() else None
+
+
+@cache
+def _index(root: Path) -> dict[tuple[str, str], Entry]:
+    """(signature, GPU name) -> entry, for every readable entry under `root`; unreadable or
+    stale-format files are skipped with a notice."""
+    out = {}
+    for path in sorted(root.rglob("*.json")):
+        name = path.relative_to(root).as_posix()
+        try:
+            s = Schedule.from_json(path.read_text(), f"schedules/{name}")
+        except (OSError, ScheduleError) as e:
+            warnings.warn(f"schedule database: skipped ({e})", StaleScheduleWarning, stacklevel=2)
+            continue
+        out[(s.subgraph, s.gpu)] = Entry(name, s)
+    return out
+
+
+def lookup(sig: str, gpu: str) -> Entry | None:
+    root = directory()
+    return None if root is None else _index(root.resolve()).get((sig, gpu))
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
