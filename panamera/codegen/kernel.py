@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import float32
+from ..enums import StrEnum
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from ..runtime.plan import BufferRole, BufferSpec, Fill
@@ -71,13 +72,21 @@ def resident_fills(group: KernelGroup, m: Mapping) -> tuple[Fill, ...]:
     return tuple(fills)
 
 
-TEMPLATES = {"map": emit_map, "reduce": emit_reduce, "stitched": emit_stitched}
+class Template(StrEnum):
+    """The kernel templates: one emitter each, over the shared thread loop."""
+
+    MAP = "map"
+    REDUCE = "reduce"
+    STITCHED = "stitched"
 
 
-def template(group: KernelGroup) -> str:
+EMITTERS = {Template.MAP: emit_map, Template.REDUCE: emit_reduce, Template.STITCHED: emit_stitched}
+
+
+def template(group: KernelGroup) -> Template:
     if group.form == Form.MAP:
-        return "map"
-    return "stitched" if group.stitched else "reduce"
+        return Template.MAP
+    return Template.STITCHED if group.stitched else Template.REDUCE
 
 
 def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
@@ -93,7 +102,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
-    lines += TEMPLATES[template(group)](ThreadLoop(group, m, idx))
+    lines += EMITTERS[template(group)](ThreadLoop(group, m, idx))
     lines.append("}")
     fills = resident_fills(group, m)
     init = render_init(f"{name}_init", fills, {p.key: p for p in m.buffers}) if fills else None

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from ..errors import DTypeError, InputError
+from ..errors import DTypeError, InputError, OptionError
 from . import cuda as cuda_backend
 from . import emulator
 from .plan import BufferSpec, LaunchPlan, LaunchRole
@@ -79,6 +79,10 @@ class Executor:
         return list(arrays)
 
     def __call__(self, arrays: list, order: str = "forward", seed: int = 0) -> list:
+        if order not in emulator.ORDERS:
+            raise OptionError(f"unknown thread order {order!r}; use one of {sorted(emulator.ORDERS)}")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
+            raise OptionError(f"seed must be an int in [0, 2**32), got {seed!r}")
         is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
         if self.target == "emulator":
             outs = self._run_emulator([_host_input(a) for a in arrays], order, seed)
