@@ -153,7 +153,7 @@ def _optimize(model, shapes, target, gpu, specialize=None, schedules=None):
 
 
 def _specialize_from(model, feeds: dict) -> dict:
-    from .subgraph.model import shape_inputs
+    from .subgraph.convert import shape_inputs
 
     return {k: feeds[k] for k in shape_inputs(model) if k in feeds}
 

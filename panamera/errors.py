@@ -41,6 +41,10 @@ class ModelError(PanameraError, ValueError):
     """A model file that is not ONNX, is truncated, fails onnx's checker or has symbolic shapes."""
 
 
+class Unsupported(PanameraError):
+    """An ONNX node Panamera leaves to the array library (the message says why)."""
+
+
 class ScheduleError(PanameraError, ValueError):
     """A saved schedule that does not fit the subgraph or GPU it is loaded for."""
 

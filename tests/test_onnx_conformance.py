@@ -17,9 +17,9 @@ from onnx import numpy_helper
 
 from panamera.errors import ModelError
 from panamera.subgraph import optimize
-from panamera.subgraph.convert import CONVERTERS
-from panamera.subgraph.model import shape_inputs
-from panamera.subgraph.optimizer import ARRAY_OPS, compare
+from panamera.subgraph.convert import CONVERTERS, shape_inputs
+from panamera.subgraph.library import ARRAY_OPS
+from panamera.subgraph.verify import compare
 
 FOLDABLE = {"Constant", "Shape", "Slice", "Gather", "Concat", "ConstantOfShape"}
 

@@ -42,7 +42,7 @@ def test_specialized_axes_input():
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
         [V("x", F, [3, 5]), V("axes", TensorProto.INT64, [1])], [V("y", F, [3])], opset=13,
     )  # fmt: skip
-    from panamera.subgraph.model import shape_inputs
+    from panamera.subgraph.convert import shape_inputs
 
     assert shape_inputs(m) == ("axes",)
     opt = optimize(m, target="emulator")

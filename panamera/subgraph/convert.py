@@ -6,26 +6,26 @@ caller casts each to the ONNX output type, so converters may compute in numpy's 
 Attributes follow the ONNX spec of the model's opset (axes moved from attributes to inputs in
 opset 13 for ReduceSum and Squeeze/Unsqueeze and in 18 for the other reductions).
 
->>> CONVERTERS["Relu"].__name__
-'_relu'
+`CONVERTERS` is the one table of the ops Panamera compiles: every other list of ops (views,
+inputs needed as constants, what the partitioner takes) is derived from it.
+
+>>> CONVERTERS["Relu"].convert.__name__, CONVERTERS["Reshape"].constant_inputs, "Reshape" in VIEWS
+('_relu', (1,), True)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import dtypes, nn
-from ..errors import DTypeError, PanameraError, ShapeError
+from ..errors import DTypeError, ShapeError, Unsupported
 from ..frontend import ops
 from ..frontend.tensor import Tensor, binary, constant, iota, reshape, unary, where
-from .model import Node
-
-
-class Unsupported(PanameraError):
-    """A node Panamera leaves to the array library (the message says why)."""
+from .model import DEFAULT_DOMAINS, SUPPORTED_ELEM, ModelSource, Node, decode
 
 
 class Ctx:
@@ -291,8 +291,6 @@ def _clip(node, args, ctx):
 
 
 def _cast(node, args, ctx):
-    from .model import SUPPORTED_ELEM
-
     to = node.attrs["to"]
     if to not in SUPPORTED_ELEM:
         raise Unsupported(f"Cast {node.label!r}: target type {to} is not a Panamera dtype")
@@ -364,48 +362,73 @@ _SIMPLE_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal
 _SIMPLE_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Tanh": "tanh",
                  "Erf": "erf", "Floor": "floor", "Ceil": "ceil"}  # fmt: skip
 
-CONVERTERS: dict[str, Callable] = {
-    **{op: _reduce for op in _BASE},
-    "ArgMax": _arg,
-    "ArgMin": _arg,
-    "Softmax": _softmax,
-    "LogSoftmax": _softmax,
-    "LayerNormalization": _layer_norm,
-    "BatchNormalization": _batch_norm,
-    "InstanceNormalization": _instance_norm,
-    "GroupNormalization": _group_norm,
-    **{op: _binary(p) for op, p in _SIMPLE_BINARY.items()},
-    **{op: _unary(p) for op, p in _SIMPLE_UNARY.items()},
-    "Max": _variadic("maximum"),
-    "Min": _variadic("minimum"),
-    "Relu": _relu,
-    "Sigmoid": _sigmoid,
-    "Reciprocal": _reciprocal,
-    "Pow": _pow,
-    "Clip": _clip,
-    "Cast": _cast,
-    "Where": _where,
-    "Not": _not,
-    "Identity": _identity,
-    "Reshape": _reshape,
-    "Flatten": _flatten,
-    "Squeeze": _squeeze,
-    "Unsqueeze": _unsqueeze,
-    "Expand": _expand,
+ConvertFn = Callable[[Node, list, Ctx], list[Tensor]]
+
+
+@dataclass(frozen=True)
+class OpConverter:
+    """How one ONNX op becomes Panamera tensors, and what the rest of the wing needs to know of it."""
+
+    convert: ConvertFn
+    constant_inputs: tuple[int, ...] = ()  # inputs the converter needs as constants (axes, target shapes)
+    view: bool = False  # moves no data: a subgraph made only of views needs no kernel
+
+
+_AXES = OpConverter(_reduce, constant_inputs=(1,))  # the reductions: axes are input 1 from opset 13 or 18
+
+CONVERTERS: dict[str, OpConverter] = {
+    **{op: _AXES for op in _BASE},
+    "ArgMax": OpConverter(_arg),
+    "ArgMin": OpConverter(_arg),
+    "Softmax": OpConverter(_softmax),
+    "LogSoftmax": OpConverter(_softmax),
+    "LayerNormalization": OpConverter(_layer_norm),
+    "BatchNormalization": OpConverter(_batch_norm),
+    "InstanceNormalization": OpConverter(_instance_norm),
+    "GroupNormalization": OpConverter(_group_norm),
+    **{op: OpConverter(_binary(p)) for op, p in _SIMPLE_BINARY.items()},
+    **{op: OpConverter(_unary(p)) for op, p in _SIMPLE_UNARY.items()},
+    "Max": OpConverter(_variadic("maximum")),
+    "Min": OpConverter(_variadic("minimum")),
+    "Relu": OpConverter(_relu),
+    "Sigmoid": OpConverter(_sigmoid),
+    "Reciprocal": OpConverter(_reciprocal),
+    "Pow": OpConverter(_pow),
+    "Clip": OpConverter(_clip),
+    "Cast": OpConverter(_cast),
+    "Where": OpConverter(_where),
+    "Not": OpConverter(_not),
+    "Identity": OpConverter(_identity, view=True),
+    "Reshape": OpConverter(_reshape, constant_inputs=(1,), view=True),
+    "Flatten": OpConverter(_flatten, view=True),
+    "Squeeze": OpConverter(_squeeze, constant_inputs=(1,), view=True),
+    "Unsqueeze": OpConverter(_unsqueeze, constant_inputs=(1,), view=True),
+    "Expand": OpConverter(_expand, constant_inputs=(1,)),
 }
 
 # Inputs a converter needs as constants (axes, target shapes), by op.
-CONSTANT_INPUTS = {**{op: (1,) for op in _BASE}, "Reshape": (1,), "Expand": (1,), "Squeeze": (1,), "Unsqueeze": (1,)}
+CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
+    op: c.constant_inputs for op, c in CONVERTERS.items() if c.constant_inputs
+}
 
 # Ops that move no data: a subgraph made only of them needs no kernel.
-VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+VIEWS = frozenset(op for op, c in CONVERTERS.items() if c.view)
 
 
 def convert_node(node: Node, args: list, ctx: Ctx) -> list[Tensor]:
     """The Panamera tensors of `node`'s outputs (Unsupported or a PanameraError if it cannot)."""
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in DEFAULT_DOMAINS:
         raise Unsupported(f"{node.op_type} {node.label!r}: domain {node.domain!r} is not the ONNX standard domain")
     conv = CONVERTERS.get(node.op_type)
     if conv is None:
         raise Unsupported(f"{node.op_type} {node.label!r}: not a Panamera op")
-    return conv(node, args, ctx)
+    return conv.convert(node, args, ctx)
+
+
+def shape_inputs(source: ModelSource) -> tuple[str, ...]:
+    """Graph inputs that feed an input Panamera needs as a constant (axes, target shapes):
+    pass their values to `load_model(specialize=)` to compile for them."""
+    _, proto = decode(source)
+    inputs = {i.name for i in proto.graph.input} - {i.name for i in proto.graph.initializer}
+    found = [n.input[k] for n in proto.graph.node for k in CONSTANT_INPUTS.get(n.op_type, ()) if k < len(n.input)]
+    return tuple(dict.fromkeys(i for i in found if i in inputs))

@@ -27,6 +27,9 @@ from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError
 
+# The names of ONNX's standard operator domain: Panamera converts (and folds) only its ops.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
+
 # ONNX element types Panamera compiles; every other one stays with the array library.
 SUPPORTED_ELEM = {
     onnx.TensorProto.FLOAT: "float32",
@@ -75,8 +78,14 @@ class Node:
         return self.name or f"{self.op_type}_{self.index}"
 
 
+# What a model can be loaded from: a path, the serialized bytes or a ModelProto.
+ModelSource = str | os.PathLike | bytes | onnx.ModelProto
+
+
 @dataclass(frozen=True, eq=False)
 class OnnxModel:
+    """A loaded model: its live nodes, folded constants and the static shape of every value."""
+
     path: str
     proto: onnx.ModelProto  # the folded model: constants as initializers, live nodes only
     nodes: tuple[Node, ...]
@@ -94,7 +103,8 @@ class OnnxModel:
         raise ModelError(f"{self.path}: no live node named {name!r}; nodes are {[n.label for n in self.nodes][:20]}")
 
 
-def _decode(source) -> tuple[str, onnx.ModelProto]:
+def decode(source: ModelSource) -> tuple[str, onnx.ModelProto]:
+    """(a name for messages, the ModelProto) of a path, bytes or ModelProto, unchecked."""
     if isinstance(source, onnx.ModelProto):
         return "<model>", source
     if isinstance(source, bytes):
@@ -184,12 +194,12 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
     opsets = list(proto.opset_import)
     for n in proto.graph.node:
         ins = [i for i in n.input if i]
-        if n.op_type == "Shape" and n.input[0] in shapes and n.domain in ("", "ai.onnx"):
+        if n.op_type == "Shape" and n.input[0] in shapes and n.domain in DEFAULT_DOMAINS:
             a = _node_attrs(n)
             dims = np.array(shapes[n.input[0]], np.int64)
             consts[n.output[0]] = dims[a.get("start", 0) : a.get("end", len(dims))]
             continue
-        if n.op_type == "Constant" or (ins and all(i in consts for i in ins) and n.domain in ("", "ai.onnx")):
+        if n.op_type == "Constant" or (ins and all(i in consts for i in ins) and n.domain in DEFAULT_DOMAINS):
             g = helper.make_graph(
                 [n], "fold", [helper.make_tensor_value_info(i, onnx.TensorProto.UNDEFINED, None) for i in ins],
                 [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output if o],
@@ -204,17 +214,6 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
         else:
             live.append(n)
     return consts, live
-
-
-def shape_inputs(source) -> tuple[str, ...]:
-    """Graph inputs that feed an input Panamera needs as a constant (axes, target shapes):
-    pass their values to `load_model(specialize=)` to compile for them."""
-    from .convert import CONSTANT_INPUTS
-
-    _, proto = _decode(source)
-    inputs = {i.name for i in proto.graph.input} - {i.name for i in proto.graph.initializer}
-    found = [n.input[k] for n in proto.graph.node for k in CONSTANT_INPUTS.get(n.op_type, ()) if k < len(n.input)]
-    return tuple(dict.fromkeys(i for i in found if i in inputs))
 
 
 def _specialize(proto: onnx.ModelProto, values: dict, path: str) -> None:
@@ -280,11 +279,11 @@ def _infer(proto: onnx.ModelProto, consts: dict, live: list):
     return inferred, values
 
 
-def load_model(source, shapes: dict | None = None, specialize: dict | None = None) -> OnnxModel:
+def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict | None = None) -> OnnxModel:
     """Load an ONNX model (a path, bytes or ModelProto), fix the input shapes given in `shapes`
     (input name or dim_param name -> shape), fold constants and infer every shape.
-    `specialize` maps graph inputs to values compiled in as constants (see shape_inputs)."""
-    path, proto = _decode(source)
+    `specialize` maps graph inputs to values compiled in as constants (see convert.shape_inputs)."""
+    path, proto = decode(source)
     proto = onnx.ModelProto.FromString(proto.SerializeToString())  # never mutate the caller's
     try:
         onnx.checker.check_model(proto)
@@ -314,7 +313,7 @@ def load_model(source, shapes: dict | None = None, specialize: dict | None = Non
     g = proto.graph
     for k, v in consts.items():
         values[k] = Value(k, tuple(v.shape), onnx.helper.np_dtype_to_tensor_dtype(v.dtype) if v.dtype != object else 0)
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = next((o.version for o in proto.opset_import if o.domain in DEFAULT_DOMAINS), 0)
     nodes = tuple(
         Node(k, n.name, n.op_type, n.domain, tuple(n.input), tuple(n.output), _node_attrs(n), opset)
         for k, n in enumerate(inferred.graph.node)

@@ -1,11 +1,12 @@
-"""Compile the partitioned subgraphs of an ONNX model, run the whole model, verify it.
+"""The optimizer: compile the partitioned subgraphs of an ONNX model, run the whole model
+(Panamera kernels and library nodes in a topological order) and verify it.
 
 >>> from onnx import helper, TensorProto
 >>> v = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
 >>> g = helper.make_graph([helper.make_node("Exp", ["x"], ["e"]),
 ...     helper.make_node("ReduceSum", ["e"], ["y"], keepdims=0)], "g", [v("x", [4, 8])], [v("y", [])])
 >>> opt = optimize(helper.make_model(g).SerializeToString(), target="emulator")
->>> [len(sg.nodes) for sg in opt.subgraphs], opt.subgraphs[0].compiled.plan.kernels[0].form
+>>> [len(sg.nodes) for sg in opt.subgraphs], str(opt.subgraphs[0].compiled.plan.kernels[0].form)
 ([2], 'ALL')
 >>> all(r.ok for r in opt.verify())
 True
@@ -14,25 +15,26 @@ True
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 
 import networkx as nx
 import numpy as np
-import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from .. import compile as pn_compile
 from ..compiler import Compiled
-from ..errors import DTypeError, InputError, PanameraError, ShapeError
+from ..errors import DTypeError, InputError, PanameraError, ScheduleError, ShapeError
 from ..frontend.tensor import Tensor, placeholder
 from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
 from .convert import VIEWS, Ctx, convert_node
-from .model import Node, OnnxModel, load_model
+from .library import LibraryNode
+from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import graph, partition
+from .verify import Check, compare, random_inputs
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,76 +69,10 @@ def _placeholders(tensors) -> list[Tensor]:
     return found
 
 
-def signature(nodes, tensors) -> str:
+def signature(nodes: Sequence[Node], tensors: Sequence[Tensor]) -> str:
     """Ops and the (name-sorted) input dtypes and shapes of a subgraph's Panamera program."""
     ins = ",".join(f"{t.dtype}{list(t.shape)}" for t in sorted(tensors, key=lambda t: t.name))
     return f"{'+'.join(n.op_type for n in nodes)}({ins})"
-
-
-@dataclass(frozen=True, eq=False)
-class LibraryNode:
-    """A node the array library runs: MatMul and Gemm through the arrays' own module (CuPy's
-    cuBLAS on a GPU, numpy on the CPU), every other op through onnx's reference evaluator (on
-    the host)."""
-
-    node: Node
-    reason: str
-    _session: list = field(default_factory=list, repr=False)
-
-    def run(self, model: OnnxModel, args: list):
-        if self.node.op_type in ARRAY_OPS and self.node.domain in ("", "ai.onnx"):
-            xp = _array_module(args)
-            return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]
-        if not self._session:
-            n = self.node
-            ins = [i for i in n.inputs if i]
-            g = helper.make_graph(
-                [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **n.attrs)],
-                "library", [_value_info(model, i) for i in ins], [_value_info(model, o) for o in n.outputs if o],
-            )  # fmt: skip
-            m = helper.make_model(g, opset_imports=list(model.proto.opset_import), ir_version=model.proto.ir_version)
-            self._session.append((ReferenceEvaluator(m), ins))
-        sess, ins = self._session[0]
-        host = [a.get() if type(a).__module__.startswith("cupy") else a for a in args]
-        return sess.run(None, dict(zip(ins, host)))
-
-
-def _array_module(args):
-    if any(type(a).__module__.startswith("cupy") for a in args):
-        import cupy
-
-        return cupy
-    return np
-
-
-def _gemm(xp, attrs, a, b, c=None):
-    a = a.T if attrs.get("transA", 0) else a
-    b = b.T if attrs.get("transB", 0) else b
-    y = attrs.get("alpha", 1.0) * xp.matmul(xp.asarray(a), xp.asarray(b))
-    if c is not None:
-        y = y + attrs.get("beta", 1.0) * xp.asarray(c)
-    return y.astype(a.dtype, copy=False)
-
-
-# The compute-bound ops the array library runs natively (ONNX semantics: numpy's matmul);
-# partition.NATIVE names the same ops.
-ARRAY_OPS = {
-    "MatMul": lambda xp, attrs, a, b: xp.matmul(xp.asarray(a), xp.asarray(b)),
-    "Gemm": _gemm,
-}
-
-
-def _value_info(model: OnnxModel, name: str):
-    v = model.values.get(name)
-    return helper.make_tensor_value_info(name, v.elem if v else onnx.TensorProto.UNDEFINED, v.shape if v else None)
-
-
-@dataclass(frozen=True)
-class Check:
-    value: str
-    ok: bool
-    max_abs_err: float
-    detail: str = ""
 
 
 def _placeholder_for(model: OnnxModel, name: str) -> Tensor:
@@ -144,7 +80,9 @@ def _placeholder_for(model: OnnxModel, name: str) -> Tensor:
     return placeholder(v.shape, v.dtype, name=name)
 
 
-def build_subgraph_tensors(model: OnnxModel, nodes, outputs=None):
+def build_subgraph_tensors(
+    model: OnnxModel, nodes: Sequence[Node], outputs: tuple[str, ...] | None = None
+) -> tuple[tuple[str, ...], list[Tensor], tuple[str, ...], dict[str, np.ndarray]]:
     """Convert `nodes` into Panamera tensors. Returns (output names, output tensors, live input
     names, weights)."""
     env: dict = {}
@@ -194,7 +132,18 @@ def build_subgraph_tensors(model: OnnxModel, nodes, outputs=None):
     return tuple(outputs), [env[o] for o in outputs], tuple(live), weights
 
 
-def compile_subgraph(model, k, nodes, target, gpu, schedules=None) -> Subgraph:
+# Where saved schedules come from: (subgraph number, signature) -> the Schedule to replay, or None.
+ScheduleSource = Callable[[int, str], Schedule | None]
+
+
+def compile_subgraph(
+    model: OnnxModel,
+    k: int,
+    nodes: Sequence[Node],
+    target: str,
+    gpu: GPUSpec,
+    schedules: ScheduleSource | None = None,
+) -> Subgraph:
     """Convert and compile one group; `schedules(k, signature)` may return a saved Schedule."""
     t0 = time.perf_counter()
     outputs, tensors, live, weights = build_subgraph_tensors(model, nodes)
@@ -220,53 +169,12 @@ def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[floa
     return us, launches
 
 
-def tolerance(dtype: np.dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing a Panamera result with onnx's reference evaluator."""
-    name = np.dtype(dtype).name
-    return {"float64": (1e-9, 1e-12), "float32": (2e-4, 1e-5), "float16": (1e-2, 1e-3), "bfloat16": (5e-2, 1e-2)}.get(
-        name, (0.0, 0.0)
-    )
-
-
-def compare(name: str, got, want, rtol=None, atol=None) -> Check:
-    got = got.get() if type(got).__module__.startswith("cupy") else np.asarray(got)
-    want = np.asarray(want)
-    if got.shape != want.shape:
-        return Check(name, False, float("inf"), f"shape {got.shape} != reference {want.shape}")
-    r, a = tolerance(want.dtype)
-    r, a = max(r, rtol or 0.0), max(a, atol or 0.0)
-    if want.dtype.kind not in "biu":  # floats, including ml_dtypes' bfloat16 and float8 types
-        g64, w64 = got.astype(np.float64), want.astype(np.float64)
-        ok = bool(np.allclose(g64, w64, rtol=r, atol=a, equal_nan=True))
-        fin = np.isfinite(g64) & np.isfinite(w64)
-        err = float(np.max(np.abs(g64[fin] - w64[fin]), initial=0.0))
-    else:
-        ok = bool(np.array_equal(got, want))
-        err = 0.0 if ok else float(np.max(np.abs(got.astype(np.int64) - want.astype(np.int64)), initial=0))
-    return Check(name, ok, err, "" if ok else f"max |error| {err:.3g} (rtol {r:g}, atol {a:g})")
-
-
-def random_inputs(model: OnnxModel, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name in model.inputs:
-        v = model.values[name]
-        dt = helper.tensor_dtype_to_np_dtype(v.elem)
-        if dt == np.bool_:
-            feeds[name] = rng.random(v.shape) < 0.5
-        elif np.issubdtype(dt, np.integer):
-            feeds[name] = rng.integers(-10, 10, v.shape).astype(dt)
-        else:
-            feeds[name] = rng.standard_normal(v.shape).astype(dt)
-    return feeds
-
-
 @dataclass(frozen=True, eq=False)
 class OptimizedModel:
     """A model split into compiled Panamera subgraphs and library nodes, in run order."""
 
     model: OnnxModel
-    units: tuple  # Subgraph | LibraryNode
+    units: tuple[Subgraph | LibraryNode, ...]
     target: str
     gpu: GPUSpec
 
@@ -334,7 +242,9 @@ class OptimizedModel:
     def _reference(self) -> ReferenceEvaluator:
         return ReferenceEvaluator(self.model.proto)
 
-    def verify(self, feeds: dict | None = None, seed: int = 0, rtol=None, atol=None) -> list[Check]:
+    def verify(
+        self, feeds: dict | None = None, seed: int = 0, rtol: float | None = None, atol: float | None = None
+    ) -> list[Check]:
         """Run the model and onnx's reference evaluator on the same inputs; compare every graph
         output and every subgraph output."""
         feeds = random_inputs(self.model, seed) if feeds is None else feeds
@@ -346,23 +256,21 @@ class OptimizedModel:
 
 
 def optimize(
-    source,
+    source: ModelSource | OnnxModel,
     shapes: dict | None = None,
     specialize: dict | None = None,
     target: str = "auto",
     gpu: GPUSpec = H100,
-    schedules: Callable[[int, str], Schedule | None] | None = None,
+    schedules: ScheduleSource | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     compile_views: bool = False,
 ) -> OptimizedModel:
     """Load, partition and compile an ONNX model. `schedules(k, signature)` may return a saved
     Schedule for subgraph k; a subgraph Panamera cannot compile falls back to the library with
     the reason (a ScheduleError is raised, never swallowed: a saved schedule must fit)."""
-    from ..errors import ScheduleError
-
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
     part = partition(model, compile_views)
-    units: dict[int, object] = {n.index: LibraryNode(n, why) for n, why in part.library}
+    units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
     for k, nodes in enumerate(part.groups):
         if progress:
             progress(k, len(part.groups), "+".join(n.op_type for n in nodes))

@@ -23,29 +23,34 @@ from dataclasses import dataclass
 import networkx as nx
 
 from .convert import CONVERTERS, VIEWS
-from .model import Node, OnnxModel
+from .library import ARRAY_OPS
+from .model import DEFAULT_DOMAINS, Node, OnnxModel
 
-COMPUTE_BOUND = frozenset(
-    {"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "QLinearMatMul", "Einsum", "Attention"}
-)
-NATIVE = frozenset({"MatMul", "Gemm"})  # run by the arrays' own module (optimizer.ARRAY_OPS)
+# The ops Panamera takes: those it has a converter for (when their values fit, see why_library).
+SUPPORTED = frozenset(CONVERTERS)
+# Compute-bound ops the arrays' own module runs (cuBLAS through CuPy, numpy on the CPU).
+NATIVE = frozenset(ARRAY_OPS)
+# Compute-bound ops: never Panamera's (it parallelizes reductions, not GEMMs and convolutions).
+COMPUTE_BOUND = NATIVE | {"Conv", "ConvTranspose", "MatMulInteger", "QLinearMatMul", "Einsum", "Attention"}
 
 
 @dataclass(frozen=True)
 class Partition:
+    """The live nodes split into Panamera's groups and the array library's nodes."""
+
     groups: tuple[tuple[Node, ...], ...]  # Panamera subgraphs, each in graph order
     library: tuple[tuple[Node, str], ...]  # nodes left to the array library, with the reason
 
 
 def why_library(node: Node, model: OnnxModel) -> str | None:
     """None when Panamera can take the node, else the reason it stays with the array library."""
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in DEFAULT_DOMAINS:
         return f"domain {node.domain!r} is not the ONNX standard domain"
     if node.op_type in NATIVE:
         return "compute-bound: the array library runs it (CuPy's cuBLAS on a GPU, numpy on the CPU)"
     if node.op_type in COMPUTE_BOUND:
         return "compute-bound: left to the library (onnx's reference evaluator, on the host)"
-    if node.op_type not in CONVERTERS:
+    if node.op_type not in SUPPORTED:
         return f"op {node.op_type} is not supported by Panamera"
     for name in node.inputs + node.outputs:
         if not name:

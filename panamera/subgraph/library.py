@@ -1,0 +1,92 @@
+"""The array library: how the nodes Panamera does not compile run.
+
+MatMul and Gemm run through the arrays' own module (CuPy's cuBLAS on a GPU, numpy on the CPU);
+every other node runs through onnx's reference evaluator, on the host.
+
+>>> import numpy as np
+>>> ARRAY_OPS["Gemm"](np, {"transB": 1, "alpha": 2.0}, np.ones((2, 3), np.float32), np.ones((4, 3), np.float32))
+array([[6., 6., 6., 6.],
+       [6., 6., 6., 6.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from .model import DEFAULT_DOMAINS, Node, OnnxModel
+
+
+def is_device_array(a) -> bool:
+    """Whether `a` is a CuPy array (checked by module name: CuPy need not be installed)."""
+    return type(a).__module__.startswith("cupy")
+
+
+def to_host(a) -> np.ndarray:
+    """`a` as a numpy array, copied from the GPU if it is a CuPy array."""
+    return a.get() if is_device_array(a) else np.asarray(a)
+
+
+def _array_module(args) -> ModuleType:
+    if any(is_device_array(a) for a in args):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _gemm(xp, attrs, a, b, c=None):
+    a = a.T if attrs.get("transA", 0) else a
+    b = b.T if attrs.get("transB", 0) else b
+    y = attrs.get("alpha", 1.0) * xp.matmul(xp.asarray(a), xp.asarray(b))
+    if c is not None:
+        y = y + attrs.get("beta", 1.0) * xp.asarray(c)
+    return y.astype(a.dtype, copy=False)
+
+
+# The compute-bound ops the array library runs natively (ONNX semantics: numpy's matmul), as
+# f(array module, node attributes, *inputs) -> output. The partitioner derives its NATIVE set from it.
+ARRAY_OPS: dict[str, Callable] = {
+    "MatMul": lambda xp, attrs, a, b: xp.matmul(xp.asarray(a), xp.asarray(b)),
+    "Gemm": _gemm,
+}
+
+
+def _value_info(model: OnnxModel, name: str) -> onnx.ValueInfoProto:
+    v = model.values.get(name)
+    return helper.make_tensor_value_info(name, v.elem if v else onnx.TensorProto.UNDEFINED, v.shape if v else None)
+
+
+@dataclass(frozen=True, eq=False)
+class LibraryNode:
+    """A node the array library runs: MatMul and Gemm through the arrays' own module (CuPy's
+    cuBLAS on a GPU, numpy on the CPU), every other op through onnx's reference evaluator (on
+    the host)."""
+
+    node: Node
+    reason: str
+    _session: list = field(default_factory=list, repr=False)  # the reference evaluator, made on first run
+
+    def run(self, model: OnnxModel, args: list) -> list:
+        """The node's outputs (its present ones, in order) for its present inputs `args`."""
+        if self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS:
+            xp = _array_module(args)
+            return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]
+        if not self._session:
+            n = self.node
+            ins = [i for i in n.inputs if i]
+            g = helper.make_graph(
+                [helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain, **n.attrs)],
+                "library", [_value_info(model, i) for i in ins], [_value_info(model, o) for o in n.outputs if o],
+            )  # fmt: skip
+            m = helper.make_model(g, opset_imports=list(model.proto.opset_import), ir_version=model.proto.ir_version)
+            self._session.append((ReferenceEvaluator(m), ins))
+        sess, ins = self._session[0]
+        host = [a.get() if is_device_array(a) else a for a in args]
+        return sess.run(None, dict(zip(ins, host)))
