@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .codegen import islast
-from .codegen.header import PRELUDE
+from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
 from .enums import StrEnum
 from .errors import OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
+from .poly.access import AccessKind
 from .poly.program import KernelGroup, Program, build_program
 from .poly.statement import Form
 from .runtime import cuda as cuda_backend
@@ -172,7 +173,7 @@ def _kernels(a: Artifacts, o: Options) -> Artifacts:
 
 def _plan(a: Artifacts, o: Options) -> Artifacts:
     buffers = _output_specs(a.groups)
-    launches, parts, signatures = [], [PRELUDE, islast.HELPERS], {}
+    launches, parts, signatures = [], [islast.HELPERS], {}
     live = [g for g in a.groups if g.M * g.N]
     by_name = {m.name: (g, m) for g, m in zip(live, a.mappings)}
 
@@ -194,13 +195,16 @@ def _plan(a: Artifacts, o: Options) -> Artifacts:
         signatures[rk.name] = tuple(rk.signature)
         launches.append(_kernel_launch(rk, grp, m))
     inputs = a.program.inputs
+    aligns = vector_alignments(live, a.mappings)
     plan = LaunchPlan(
         tuple(launches),
         buffers,
-        tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
+        tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, aligns.get(t.uid, 1)) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
-    return dataclasses.replace(a, plan=plan, source="\n".join(parts) + "\n", signatures=tuple(signatures.items()))
+    body = "\n".join(parts) + "\n"
+    source = prelude(body) + body  # the 16-bit headers only where a 16-bit type occurs
+    return dataclasses.replace(a, plan=plan, source=source, signatures=tuple(signatures.items()))
 
 
 @dataclass(frozen=True)
@@ -240,6 +244,20 @@ def _output_specs(groups) -> dict[str, BufferSpec]:
             out[f"out:{res.uid}"] = BufferSpec(
                 f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT
             )
+    return out
+
+
+def vector_alignments(groups, mappings) -> dict[int, int]:
+    """Per tensor uid, the alignment in bytes its buffer needs: the widest vector load any kernel
+    makes of it (vector width x item size; a contiguous read at width `vec` starts at a multiple
+    of `vec` elements, which isl checked when it classified the read)."""
+    out: dict[int, int] = {}
+    for grp, m in zip(groups, mappings):
+        for s, kinds in zip(grp.statements, m.access):
+            for r, kind in zip(s.reads, kinds):
+                if kind == AccessKind.CONTIG and m.vec > 1:
+                    uid = r.tensor.uid
+                    out[uid] = max(out.get(uid, 1), m.vec * r.tensor.dtype.itemsize)
     return out
 
 

@@ -3,14 +3,18 @@
 The functors (pn_op_*) are algebra.Combiner's `functor`; the block routines implement the three
 levels of a Panamera reduction: registers (in the kernel's loop), warp shuffles, shared memory;
 the atomics merge one partial per block per output. NaN propagates through max/min as in numpy.
+The prelude comes in two parts: PRELUDE_BASE, and PRELUDE_16BIT for kernels with a 16-bit type.
 """
 
-PRELUDE = r"""
+import re
+
+PRELUDE_BASE = r"""
 #ifdef PANAMERA_EMULATOR
 #include "cuda_emulation.h"
 #else
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+// A vector load of sizeof(V) bytes from an address aligned to sizeof(V): a misaligned one is the
+// sticky cudaErrorMisalignedAddress (the emulator's pn_vload fails the launch instead).
+template <class V, class T> __device__ __forceinline__ V pn_vload(const T* p) { return *reinterpret_cast<const V*>(p); }
 #endif
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
@@ -161,8 +165,6 @@ template <class T> __device__ __forceinline__ T pn_pow(T a, T b) {
     if (b & 1) r *= a;
   return r;
 }
-__device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
-__device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 // argmax/argmin: a (value, index) pair as one int64 key whose signed order is the order of
 // (value, then first index): max of keys = argmax, min of keys = argmin. Values are mapped to
@@ -192,47 +194,29 @@ __device__ __forceinline__ double pn_ld(const double* p) { return *p; }
 __device__ __forceinline__ int pn_ld(const int* p) { return *p; }
 __device__ __forceinline__ long long pn_ld(const long long* p) { return *p; }
 __device__ __forceinline__ int pn_ld(const bool* p) { return *p ? 1 : 0; }
-__device__ __forceinline__ float pn_ld(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float pn_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
 __device__ __forceinline__ void pn_st(float* p, float v) { *p = v; }
 __device__ __forceinline__ void pn_st(double* p, double v) { *p = v; }
 __device__ __forceinline__ void pn_st(int* p, int v) { *p = v; }
 __device__ __forceinline__ void pn_st(long long* p, long long v) { *p = v; }
 __device__ __forceinline__ void pn_st(bool* p, int v) { *p = v != 0; }
-__device__ __forceinline__ void pn_st(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void pn_st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
 // Vector loads of 4 (or 2) consecutive, aligned elements into registers.
-__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[4]) { float4 v = *reinterpret_cast<const float4*>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
-__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[2]) { float2 v = *reinterpret_cast<const float2*>(p); r[0] = v.x; r[1] = v.y; }
-__device__ __forceinline__ void pn_ldv(const double* p, double (&r)[2]) { double2 v = *reinterpret_cast<const double2*>(p); r[0] = v.x; r[1] = v.y; }
-__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[4]) { int4 v = *reinterpret_cast<const int4*>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
-__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[2]) { int2 v = *reinterpret_cast<const int2*>(p); r[0] = v.x; r[1] = v.y; }
-__device__ __forceinline__ void pn_ldv(const long long* p, long long (&r)[2]) { longlong2 v = *reinterpret_cast<const longlong2*>(p); r[0] = v.x; r[1] = v.y; }
-__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[4]) { unsigned v = *reinterpret_cast<const unsigned*>(p); for (int k = 0; k < 4; ++k) r[k] = (v >> (8 * k)) & 0xff ? 1 : 0; }
+__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[4]) { float4 v = pn_vload<float4>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
+__device__ __forceinline__ void pn_ldv(const float* p, float (&r)[2]) { float2 v = pn_vload<float2>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const double* p, double (&r)[2]) { double2 v = pn_vload<double2>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[4]) { int4 v = pn_vload<int4>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
+__device__ __forceinline__ void pn_ldv(const int* p, int (&r)[2]) { int2 v = pn_vload<int2>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const long long* p, long long (&r)[2]) { longlong2 v = pn_vload<longlong2>(p); r[0] = v.x; r[1] = v.y; }
+__device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[4]) { unsigned v = pn_vload<unsigned>(p); for (int k = 0; k < 4; ++k) r[k] = (v >> (8 * k)) & 0xff ? 1 : 0; }
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[2]) { r[0] = p[0] ? 1 : 0; r[1] = p[1] ? 1 : 0; }
-__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[4]) { uint2 v = *reinterpret_cast<const uint2*>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v.x & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v.x >> 16))); r[2] = __half2float(__ushort_as_half((unsigned short)(v.y & 0xffffu))); r[3] = __half2float(__ushort_as_half((unsigned short)(v.y >> 16))); }
-__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
-__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[4]) { uint2 v = *reinterpret_cast<const uint2*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x >> 16))); r[2] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y & 0xffffu))); r[3] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y >> 16))); }
-__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[2]) { unsigned v = *reinterpret_cast<const unsigned*>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16))); }
-// 16-byte loads of 8 half-width values or 16 (8) bools: 2-byte and 1-byte inputs move as many
-// bytes per load as float4, so a thread keeps 16 bytes in flight whatever the dtype.
-template <class H, class CVT> __device__ __forceinline__ void pn_ldv16_halves(const H* p, float (&r)[8], CVT cvt) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
-  const unsigned w[4] = {v.x, v.y, v.z, v.w};
-  for (int k = 0; k < 4; ++k) { r[2 * k] = cvt((unsigned short)(w[k] & 0xffffu)); r[2 * k + 1] = cvt((unsigned short)(w[k] >> 16)); }
-}
-__device__ __forceinline__ float pn_half_bits(unsigned short b) { return __half2float(__ushort_as_half(b)); }
-__device__ __forceinline__ float pn_bf16_bits(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
-__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_half_bits); }
-__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_bf16_bits); }
+// 16-byte loads of 16 (8) bools: a thread keeps 16 bytes in flight whatever the dtype.
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[16]) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const uint4 v = pn_vload<uint4>(p);
   const unsigned w[4] = {v.x, v.y, v.z, v.w};
   for (int k = 0; k < 16; ++k) r[k] = (w[k / 4] >> (8 * (k % 4))) & 0xffu ? 1 : 0;
 }
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[8]) {
-  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const uint2 v = pn_vload<uint2>(p);
   for (int k = 0; k < 8; ++k) r[k] = ((k < 4 ? v.x : v.y) >> (8 * (k % 4))) & 0xffu ? 1 : 0;
 }
 
@@ -285,7 +269,7 @@ __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {
 // One atomic per block per output: native where the hardware has it, a CAS loop otherwise.
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(float* p, float v) {
   unsigned* q = reinterpret_cast<unsigned*>(p);
-  unsigned old = *q, assumed;
+  unsigned old = __ldcg(q), assumed;  // L2, not a stale L1 line
   do {
     assumed = old;
     unsigned want = __float_as_uint(OP::apply(__uint_as_float(assumed), v));
@@ -295,7 +279,7 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(float* p, floa
 }
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(double* p, double v) {
   unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
-  unsigned long long old = *q, assumed;
+  unsigned long long old = __ldcg(q), assumed;
   do {
     assumed = old;
     unsigned long long want = (unsigned long long)__double_as_longlong(OP::apply(__longlong_as_double((long long)assumed), v));
@@ -304,7 +288,7 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(double* p, dou
   } while (old != assumed);
 }
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(int* p, int v) {
-  int old = *p, assumed;
+  int old = __ldcg(p), assumed;
   do {
     assumed = old;
     int want = OP::apply(assumed, v);
@@ -314,7 +298,7 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(int* p, int v)
 }
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(long long* p, long long v) {
   unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
-  unsigned long long old = *q, assumed;
+  unsigned long long old = __ldcg(q), assumed;
   do {
     assumed = old;
     unsigned long long want = (unsigned long long)OP::apply((long long)assumed, v);
@@ -334,6 +318,60 @@ __device__ __forceinline__ void pn_atomic(pn_op_and, int* p, int v) { atomicAnd(
 __device__ __forceinline__ void pn_atomic(pn_op_or, int* p, int v) { atomicOr(p, v); }
 template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
 """
+
+# What only kernels with a 16-bit type need: NVRTC has no built-in cuda_fp16.h / cuda_bf16.h and
+# rejects any source including them when the CUDA headers are not on its path (a pip-only
+# install), so a float32 kernel must not include them.
+PRELUDE_16BIT = r"""
+#ifndef PANAMERA_EMULATOR
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+__device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
+__device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+__device__ __forceinline__ float pn_ld(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float pn_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void pn_st(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void pn_st(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[4]) { uint2 v = pn_vload<uint2>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v.x & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v.x >> 16))); r[2] = __half2float(__ushort_as_half((unsigned short)(v.y & 0xffffu))); r[3] = __half2float(__ushort_as_half((unsigned short)(v.y >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[2]) { unsigned v = pn_vload<unsigned>(p); r[0] = __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); r[1] = __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[4]) { uint2 v = pn_vload<uint2>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.x >> 16))); r[2] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y & 0xffffu))); r[3] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v.y >> 16))); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[2]) { unsigned v = pn_vload<unsigned>(p); r[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xffffu))); r[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16))); }
+// 16-byte loads of 8 half-width values: 2-byte inputs move as many bytes per load as float4.
+template <class H, class CVT> __device__ __forceinline__ void pn_ldv16_halves(const H* p, float (&r)[8], CVT cvt) {
+  const uint4 v = pn_vload<uint4>(p);
+  const unsigned w[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 4; ++k) { r[2 * k] = cvt((unsigned short)(w[k] & 0xffffu)); r[2 * k + 1] = cvt((unsigned short)(w[k] >> 16)); }
+}
+__device__ __forceinline__ float pn_half_bits(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float pn_bf16_bits(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+__device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_half_bits); }
+__device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_bf16_bits); }
+"""
+
+PRELUDE = PRELUDE_BASE + PRELUDE_16BIT  # everything: for tests that compile arbitrary kernels
+
+# The identifiers that make a kernel need PRELUDE_16BIT.
+_16BIT = re.compile(r"__half|__nv_bfloat16|pn_round_(half|bf16)|__float2half|__float2bfloat16")
+
+
+def uses_16bit(source: str) -> bool:
+    """Whether generated code names a 16-bit float type or conversion.
+
+    >>> uses_16bit("pn_st(&out0[i], pn_round_half(x));"), uses_16bit("float x = 1.0f;")
+    (True, False)
+    """
+    return _16BIT.search(source) is not None
+
+
+def prelude(source: str) -> str:
+    """The prelude the kernels in `source` need: the 16-bit part only where a 16-bit type occurs.
+
+    >>> "cuda_fp16.h" in prelude("float x;"), "cuda_fp16.h" in prelude("__half x;")
+    (False, True)
+    """
+    return PRELUDE_BASE + (PRELUDE_16BIT if uses_16bit(source) else "")
+
 
 # Every identifier the generated code may call; tests/test_emulator.py checks each against both
 # the emulator and nvcc.

@@ -54,10 +54,36 @@ class RenderedKernel:
         return [f"{'const ' if p.role == BufferRole.INPUT else ''}{p.ctype}*" for p in self.params]
 
 
-def index_type(group: KernelGroup) -> str:
-    sizes = [group.M * group.N] + [r.tensor.size for s in group.statements for r in s.reads if r.memory]
-    sizes += [s.result.size for s in group.statements]
-    return "int" if max(sizes) < 2**31 - 1 else "long long"
+def index_bound(group: KernelGroup, m: Mapping) -> int:
+    """An upper bound of every value a generated index expression can take, from the mapping.
+
+    Tensor sizes alone are not enough: the task mappings cover each loop with whole blocks,
+    threads and serial steps, so a loop counter runs up to its task extent (an element-wise op
+    over 2**31 - 3 floats scans i up to 2146467840 + 256 * bx + tx > 2**31). On top of that, a
+    loop's counter is tested one step past its end, and an unrolled loop tests `unroll` steps
+    ahead (codegen/islast.py: u + (unroll - 1) * inc after u += unroll * inc), and a strided
+    counter's step is at most its task extent: counters stay below extent * (unroll + 1);
+    element indices (counter * vec + lane) below (extent + 1) * vec; partials below split * M;
+    addresses below the tensors' sizes. The factor 2 absorbs isl's intermediate sums (guards
+    such as `256*bx + tx + c` are values of a counter too, but leave some room).
+    """
+    extent = max(t.extent for t in m.tasks.values())
+    sizes = [group.M * group.N, m.split * group.M] + [s.result.size for s in group.statements]
+    sizes += [r.tensor.size for s in group.statements for r in s.reads if r.memory]
+    return max(2 * extent * (m.unroll + 1), (extent + 1) * m.vec, *sizes)
+
+
+def index_type(group: KernelGroup, m: Mapping) -> str:
+    """The C type of the kernel's indices: int while every index expression fits, else long long
+    (64-bit index arithmetic costs registers and issue slots, so only where needed).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> a = lower(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), stop_after="mappings")
+    >>> index_type(a.groups[0], a.mappings[0])
+    'int'
+    """
+    return "int" if index_bound(group, m) < 2**31 - 1 else "long long"
 
 
 def resident_fills(group: KernelGroup, m: Mapping) -> tuple[Fill, ...]:
@@ -91,7 +117,7 @@ def template(group: KernelGroup) -> Template:
 
 def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     """The CUDA C of one kernel group under its mapping (`m.name` is the kernel's name)."""
-    idx = index_type(group)
+    idx = index_type(group, m)
     sig = []
     for p in m.buffers:
         const = "const " if p.role == BufferRole.INPUT else ""

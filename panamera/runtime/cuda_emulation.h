@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <csetjmp>
+#include <cstdio>
 #include <cstdlib>
 #include <ucontext.h>
 
@@ -165,6 +166,16 @@ static unsigned long long warp_slot[kMaxThreads];
 static void (*entry)(void**) = nullptr;
 static void** entry_args = nullptr;
 static const char* error = nullptr;
+static char error_text[192];
+
+// Records the launch's first fault (the launcher returns it once the block finishes): what a
+// GPU reports as a sticky launch error must fail the emulated launch too.
+static inline void check_aligned(const void* p, unsigned bytes) {
+  if ((uintptr_t)p % bytes == 0 || error) return;
+  std::snprintf(error_text, sizeof error_text,
+                "misaligned address: a %u-byte vector load from %p (a GPU raises cudaErrorMisalignedAddress)", bytes, p);
+  error = error_text;
+}
 
 static inline void yield() {
   if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
@@ -266,10 +277,20 @@ static const char* launch(void (*fn)(void**), void** args, dim3 grid, dim3 block
       }
       if (!progressed && live > 0) return "deadlock: threads of a block wait at different barriers (divergent __syncthreads or warp collective)";
     }
+    if (error) return error;
   }
-  return nullptr;
+  return error;
 }
 }  // namespace pn_emu
+
+// A vector load of sizeof(V) bytes (pn_ldv): checked for the alignment the GPU requires, then
+// read byte-wise, so that a misaligned address is a launch error here rather than undefined.
+template <class V, class T> static inline V pn_vload(const T* p) {
+  pn_emu::check_aligned(p, sizeof(V));
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
 
 #define threadIdx (pn_emu::cur->tidx)
 #define blockIdx (pn_emu::block_idx)

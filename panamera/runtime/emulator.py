@@ -3,6 +3,10 @@
 Compiled libraries are cached by the hash of what is compiled (source, header, flags) under
 $PANAMERA_CACHE (default ~/.cache/panamera). Launches run block by block; `order` picks the
 thread and block order (forward, reverse, shuffled), so that a missing barrier is caught.
+
+A loaded library keeps its scheduler state (fibers, the current block) in statics, and ctypes
+releases the GIL during a launch: every launch holds its library's lock, so that two threads
+(or two Compiled objects with the same source, which share the library) never interleave.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendError, CompileError
@@ -24,6 +30,8 @@ FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash
 _by_source: dict[str, ctypes.CDLL] = {}  # by source text: the per-call fast path
+_locks: dict[int, threading.Lock] = {}  # by library handle: one launch at a time per library
+_locks_guard = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -84,22 +92,39 @@ def _explain(stderr: str, text: str, who: str) -> str:
     return f"{who} rejected generated code at line {line}: {m.group(2)}\n{ctx}"
 
 
-def function(lib: ctypes.CDLL, kernel: str):
+def library_lock(lib: ctypes.CDLL) -> threading.Lock:
+    """The lock every launch of `lib` holds (its scheduler state is static)."""
+    with _locks_guard:
+        return _locks.setdefault(lib._handle, threading.Lock())
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One kernel's launch entry point in a built library, and that library's lock."""
+
+    fn: object  # the ctypes function pn_emu_launch_<kernel>
+    lock: threading.Lock
+
+
+def function(lib: ctypes.CDLL, kernel: str) -> Entry:
     """The launch entry point of one kernel of a built library (look it up once, run it often)."""
     fn = getattr(lib, f"pn_emu_launch_{kernel}")
     fn.restype = ctypes.c_char_p
-    return fn
+    return Entry(fn, library_lock(lib))
 
 
-def run(fn, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
-    """Launch `fn` (from `function`); args: ctypes objects, one per kernel parameter (c_void_p
-    for pointers)."""
+def run(entry: Entry, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+    """Launch `entry` (from `function`) under its library's lock; args: ctypes objects, one per
+    kernel parameter (c_void_p for pointers). A fault the emulator detects (a deadlock, a
+    misaligned vector load) is a BackendError."""
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
-    err = fn(
-        arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed)
-    )
+    with entry.lock:
+        err = entry.fn(
+            arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed)
+        )
+        err = err.decode() if err else None  # the message lives in the library's static buffer
     if err:
-        raise BackendError(f"emulator: kernel {kernel}: {err.decode()}")
+        raise BackendError(f"emulator: kernel {kernel}: {err}")
 
 
 def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:

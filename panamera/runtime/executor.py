@@ -5,7 +5,17 @@ checks and binds the inputs, allocates the outputs, keeps the resident buffers (
 partials and counters: initialised by the first call's `init_once` launches, left at the identity
 / zero by the last block of every call) and launches the plan on a backend: the emulator (the
 CUDA source compiled by g++, runs on the CPU) or CUDA (CuPy). Each backend's kernel functions are
-looked up once. Calls are serialized by a lock; on a GPU, keep them on one stream.
+looked up once. Calls are serialized by a lock.
+
+Resident buffers are kept per (device, stream) on a GPU (`cuda_resident_key`): calls on one
+stream are ordered by the stream, and two streams never share a counter or a workspace, so they
+may call one computation concurrently (each stream's first call pays the initialisation, and
+holds its own copy of the residents). The emulator has one resident set.
+
+Inputs are passed as they are when they are C-contiguous and aligned for the widest vector load
+any kernel makes of them (`InputSpec.align`: vector width x item size); otherwise they are copied
+into a fresh, aligned buffer. An offset view (x[1:], a split chunk, a storage offset) would else
+fault on a GPU (cudaErrorMisalignedAddress), and fails the launch on the emulator.
 """
 
 from __future__ import annotations
@@ -35,6 +45,34 @@ def aligned_copy(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def needs_copy(address: int, contiguous: bool, align: int) -> bool:
+    """Whether an input at `address` must be copied before kernels read it with vector loads of
+    `align` bytes (or as a flat array).
+
+    >>> needs_copy(0x1000, True, 16), needs_copy(0x1004, True, 16), needs_copy(0x1004, True, 4)
+    (False, True, False)
+    """
+    return not contiguous or address % max(align, 1) != 0
+
+
+EMULATOR = "emulator"  # the emulator's resident set: one per computation
+
+
+def cuda_resident_key(device: int, stream: int) -> str:
+    """The resident set of a call on a GPU: one per (device, stream handle), so that calls on two
+    streams never mix their arrivals at a counter.
+
+    >>> cuda_resident_key(0, 0), cuda_resident_key(1, 0x5a0)
+    ('cuda:0:stream:0x0', 'cuda:1:stream:0x5a0')
+    """
+    return f"cuda:{device}:stream:{stream:#x}"
+
+
+def current_cuda_key(cupy) -> str:
+    """The resident key of the current device and CuPy's current stream."""
+    return cuda_resident_key(cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr)
+
+
 def _alloc(alloc, spec: BufferSpec):
     dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
     if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
@@ -47,7 +85,7 @@ class Executor:
 
     def __init__(self, plan: LaunchPlan, source: str, signatures: tuple, target: str):
         self.plan, self.source, self.signatures, self.target = plan, source, signatures, target
-        # Resident buffers per backend ("emulator", "cuda:<device>"), by buffer key.
+        # Resident buffers per backend (EMULATOR, or cuda_resident_key(device, stream)), by buffer key.
         self.resident: dict[str, dict] = {}
         self._functions: dict[str, dict] = {}  # per backend: kernel name -> launchable
         self._lock = threading.Lock()
@@ -85,7 +123,8 @@ class Executor:
             raise OptionError(f"seed must be an int in [0, 2**32), got {seed!r}")
         is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
         if self.target == "emulator":
-            outs = self._run_emulator([_host_input(a) for a in arrays], order, seed)
+            aligns = [t.align for t in self.plan.inputs]
+            outs = self._run_emulator([_host_input(a, n) for a, n in zip(arrays, aligns)], order, seed)
         else:
             outs = self._run_cuda(arrays)
             if not is_cupy:
@@ -128,29 +167,30 @@ class Executor:
         return out
 
     def _run_emulator(self, inputs, order, seed):
-        fns = self._functions.get("emulator")
+        fns = self._functions.get(EMULATOR)
         if fns is None:
             lib = emulator.build(self.source, self.signatures)
-            fns = self._functions["emulator"] = {name: emulator.function(lib, name) for name, _ in self.signatures}
+            fns = self._functions[EMULATOR] = {name: emulator.function(lib, name) for name, _ in self.signatures}
         with self._lock:
-            bufs, fresh = self._buffers(aligned_empty, inputs, "emulator")
+            bufs, fresh = self._buffers(aligned_empty, inputs, EMULATOR)
 
             def launch(ln):
                 args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
                 emulator.run(fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed)
 
-            self._launches("emulator", fresh, launch)
+            self._launches(EMULATOR, fresh, launch)
             return self._results(bufs, inputs)
 
     def _run_cuda(self, arrays):
         mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
         import cupy
 
-        inputs = [cupy.ascontiguousarray(cupy.asarray(a)) for a in arrays]
-        backend = f"cuda:{cupy.cuda.Device().id}"
-        fns = self._functions.get(backend)
+        inputs = [_device_input(cupy, a, t.align) for a, t in zip(arrays, self.plan.inputs)]
+        backend = current_cuda_key(cupy)
+        device = f"cuda:{cupy.cuda.Device().id}"  # functions are per device, residents per stream
+        fns = self._functions.get(device)
         if fns is None:
-            fns = self._functions[backend] = {name: mod.get_function(name) for name, _ in self.signatures}
+            fns = self._functions[device] = {name: mod.get_function(name) for name, _ in self.signatures}
         with self._lock:
             bufs, fresh = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs, backend)
 
@@ -161,11 +201,19 @@ class Executor:
             return self._results(bufs, inputs)
 
 
-def _host_input(a) -> np.ndarray:
+def _host_input(a, align: int) -> np.ndarray:
     if type(a).__module__.startswith("cupy"):
         a = a.get()
     a = np.asarray(a)
-    # Non-contiguous or misaligned arrays are copied (vector loads need 16-byte alignment).
-    if not a.flags.c_contiguous or a.ctypes.data % 16:
+    if needs_copy(a.ctypes.data, a.flags.c_contiguous, align):
         a = aligned_copy(a)
+    return a
+
+
+def _device_input(cupy, a, align: int):
+    a = cupy.asarray(a)
+    # cupy.ascontiguousarray keeps a contiguous view's offset pointer: copy instead (a fresh
+    # allocation from CuPy's pool is 256-byte aligned).
+    if needs_copy(a.data.ptr, a.flags.c_contiguous, align):
+        a = a.copy(order="C")
     return a

@@ -97,12 +97,15 @@ class ResultSpec:
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input the caller passes: its placeholder's name, shape and dtype, and its buffer key."""
+    """One input the caller passes: its placeholder's name, shape and dtype, its buffer key, and
+    the alignment in bytes its address needs: the widest vector load of it (vector width x item
+    size) any kernel makes; 1 when it is only read element by element."""
 
     name: str
     key: str
     shape: tuple[int, ...]
     dtype: DType
+    align: int = 1
 
 
 @dataclass(frozen=True)
