@@ -7,7 +7,6 @@ import islpy as isl
 import pytest
 
 import panamera as pn
-from panamera.algebra import Combiner
 from panamera.errors import LegalityError
 from panamera.poly.coalesce import coalesce
 from panamera.poly.program import build_program
@@ -47,7 +46,7 @@ def test_fig4_subscripts_are_quasi_affine_div_mod():
 def test_precondition_1_combiner_must_be_associative_commutative():
     s = stmt(pn.sum(pn.placeholder((4, 4), name="x"), axis=1))
     with pytest.raises(LegalityError, match="associative and commutative"):
-        coalesce(replace(s, combiner=Combiner("concat", "pn_op_concat", "concatenate")))
+        coalesce(replace(s, combiner=replace(s.combiner, name="concat", functor="pn_op_concat")))
 
 
 def test_precondition_2_domain_must_be_a_box():

@@ -1,14 +1,26 @@
 """Device functions every generated kernel includes: the lowering of the reduction algebra.
 
-The functors (pn_op_*) are algebra.Combiner's `functor`; the block routines implement the three
-levels of a Panamera reduction: registers (in the kernel's loop), warp shuffles, shared memory;
-the atomics merge one partial per block per output. NaN propagates through max/min as in numpy.
-The prelude comes in two parts: PRELUDE_BASE, and PRELUDE_16BIT for kernels with a 16-bit type.
+The functors (pn_op_*) and the native atomic merges are generated from `algebra.COMBINERS`, the
+one definition of each reduction; the block routines implement the three levels of a Panamera
+reduction: registers (in the kernel's loop), warp shuffles, shared memory; the atomics merge one
+partial per block per output. NaN propagates through max/min as in numpy.
+
+>>> print(functor_source(algebra.SUM))
+struct pn_op_sum {
+  template <class T> static __device__ __forceinline__ T apply(T a, T b) {
+    return a + b;
+  }
+  template <class T> static __device__ __forceinline__ T identity() {
+    return (T)0;
+  }
+};
 """
 
 import re
 
-PRELUDE_BASE = r"""
+from .. import algebra, dtypes
+
+_TEMPLATE = r"""
 #ifdef PANAMERA_EMULATOR
 #include "cuda_emulation.h"
 #else
@@ -39,31 +51,6 @@ template <> struct pn_lim<long long> {
   static __device__ __forceinline__ long long highest() { return 0x7fffffffffffffffLL; }
 };
 
-struct pn_op_sum {
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a + b; }
-  template <class T> static __device__ __forceinline__ T identity() { return (T)0; }
-};
-struct pn_op_prod {
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a * b; }
-  template <class T> static __device__ __forceinline__ T identity() { return (T)1; }
-};
-struct pn_op_max {  // (a != a): a NaN in a wins; a NaN in b fails a > b and wins too
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return (a != a || a > b) ? a : b; }
-  template <class T> static __device__ __forceinline__ T identity() { return pn_lim<T>::lowest(); }
-};
-struct pn_op_min {
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return (a != a || a < b) ? a : b; }
-  template <class T> static __device__ __forceinline__ T identity() { return pn_lim<T>::highest(); }
-};
-struct pn_op_and {
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a & b; }
-  template <class T> static __device__ __forceinline__ T identity() { return (T)1; }
-};
-struct pn_op_or {
-  template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a | b; }
-  template <class T> static __device__ __forceinline__ T identity() { return (T)0; }
-};
-
 // Welford's accumulator and Chan et al.'s pairwise merge: one pass, numerically stable. The
 // conversion from T is the accumulation of one element; the default constructor stays trivial
 // so that the accumulator can live in __shared__ memory.
@@ -71,25 +58,6 @@ template <class T> struct pn_welford {
   T mean, m2, n;
   pn_welford() = default;
   __device__ __forceinline__ pn_welford(T x) : mean(x), m2((T)0), n((T)1) {}
-};
-struct pn_op_welford {
-  template <class W> static __device__ __forceinline__ W apply(W a, W b) {
-    const auto n = a.n + b.n;
-    if (n == 0) return a;
-    const auto d = b.mean - a.mean, f = b.n / n;
-    W r;
-    r.mean = a.mean + d * f;
-    r.m2 = a.m2 + b.m2 + d * d * a.n * f;
-    r.n = n;
-    return r;
-  }
-  template <class W> static __device__ __forceinline__ W identity() {
-    W r;
-    r.mean = 0;
-    r.m2 = 0;
-    r.n = 0;
-    return r;
-  }
 };
 template <class T> __device__ __forceinline__ T pn_welford_var(pn_welford<T> w, int ddof) { return w.m2 / (w.n - (T)ddof); }
 
@@ -102,24 +70,7 @@ template <class T> struct pn_lse {
   pn_lse() = default;
   __device__ __forceinline__ pn_lse(T x) : m(x), s((T)1) {}
 };
-struct pn_op_lse {
-  template <class L> static __device__ __forceinline__ L apply(L a, L b) {
-    L r;
-    r.m = pn_op_max::apply(a.m, b.m);
-    if (r.m == pn_lim<decltype(r.m)>::lowest()) {  // nothing above -inf yet: no rescaling
-      r.s = a.s + b.s;
-      return r;
-    }
-    r.s = a.s * pn_exp(a.m - r.m) + b.s * pn_exp(b.m - r.m);
-    return r;
-  }
-  template <class L> static __device__ __forceinline__ L identity() {
-    L r;
-    r.m = pn_lim<decltype(r.m)>::lowest();
-    r.s = 0;
-    return r;
-  }
-};
+@FUNCTORS@
 
 // Shuffles and cache-global loads of any accumulator (structs member by member).
 template <class T> __device__ __forceinline__ T pn_shfl_down(T v, int o, int w) { return __shfl_down_sync(0xffffffffu, v, o, w); }
@@ -306,18 +257,41 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(long long* p, 
     old = atomicCAS(q, assumed, want);
   } while (old != assumed);
 }
-__device__ __forceinline__ void pn_atomic(pn_op_sum, float* p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_sum, double* p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_sum, int* p, int v) { atomicAdd(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_sum, long long* p, long long v) { atomicAdd(reinterpret_cast<unsigned long long*>(p), (unsigned long long)v); }
-__device__ __forceinline__ void pn_atomic(pn_op_max, int* p, int v) { atomicMax(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_max, long long* p, long long v) { atomicMax(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_min, int* p, int v) { atomicMin(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_min, long long* p, long long v) { atomicMin(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_and, int* p, int v) { atomicAnd(p, v); }
-__device__ __forceinline__ void pn_atomic(pn_op_or, int* p, int v) { atomicOr(p, v); }
+@ATOMICS@
 template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
 """
+
+
+def functor_source(c: algebra.Combiner) -> str:
+    """The C++ functor struct of one combiner, from its `cpp_apply` and `cpp_identity` bodies."""
+
+    def body(text: str) -> str:
+        return "\n".join("    " + ln for ln in text.splitlines())
+
+    return (
+        f"struct {c.functor} {{\n"
+        f"  template <class T> static __device__ __forceinline__ T apply(T a, T b) {{\n{body(c.cpp_apply)}\n  }}\n"
+        f"  template <class T> static __device__ __forceinline__ T identity() {{\n{body(c.cpp_identity)}\n  }}\n"
+        "};"
+    )
+
+
+def native_atomic_source(c: algebra.Combiner) -> str:
+    """`pn_atomic` overloads for the accumulator dtypes the hardware merges natively (64-bit
+    integer adds go through unsigned long long, the type CUDA's atomicAdd takes)."""
+    out = []
+    for name in sorted(c.native_dtypes):
+        t = dtypes.as_dtype(name).compute
+        call = f"{c.native_atomic}(p, v)"
+        if name == "int64" and c.native_atomic == "atomicAdd":
+            call = "atomicAdd(reinterpret_cast<unsigned long long*>(p), (unsigned long long)v)"
+        out.append(f"__device__ __forceinline__ void pn_atomic({c.functor}, {t}* p, {t} v) {{ {call}; }}")
+    return "\n".join(out)
+
+
+PRELUDE_BASE = _TEMPLATE.replace(
+    "@FUNCTORS@", "\n".join(functor_source(c) for c in algebra.COMBINERS.values())
+).replace("@ATOMICS@", "\n".join(native_atomic_source(c) for c in algebra.COMBINERS.values() if c.native_dtypes))
 
 # What only kernels with a 16-bit type need: NVRTC has no built-in cuda_fp16.h / cuda_bf16.h and
 # rejects any source including them when the CUDA headers are not on its path (a pip-only

@@ -161,7 +161,7 @@ class ThreadLoop:
 
 def accumuland(s: Statement, val: str) -> str:
     """The value one iteration contributes to the accumulator, in the accumulator's type."""
-    if s.combiner.name in ("all", "any"):  # truthiness, as numpy.all/any
+    if s.combiner.truthiness:  # numpy.all/any fold bool(x)
         val = convert(val, s.body.dtype, bool_)
     elif s.body.dtype != s.acc:
         val = convert(val, s.body.dtype, s.acc)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from ..algebra import AtomicStrategy
 from ..enums import StrEnum
 from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
@@ -190,11 +191,11 @@ TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow")
 
 def sfu_ops(group: KernelGroup) -> float:
     """Transcendental operations of a kernel group: per iteration of each statement body, plus
-    the two exps of every online-softmax merge."""
+    the exps of every merge (the combiner's `merge_transcendentals`: 2 for online softmax)."""
     total = 0.0
     for s in group.statements:
         per = sum(1 for e in s.body.walk() if e.op in TRANSCENDENTAL)
-        per += 2 if s.combiner is not None and s.combiner.name == "online_lse" else 0
+        per += s.combiner.merge_transcendentals if s.combiner is not None else 0
         total += per * s.M * s.N
     return total
 
@@ -206,8 +207,9 @@ def unroll_for(vec: int, iterations: int) -> int:
 
 
 def _struct(group: KernelGroup) -> bool:
-    """Struct accumulators (Welford, online softmax) have no atomic: they always merge partials."""
-    return any(st.combiner is not None and st.combiner.struct for st in group.statements)
+    """A reduction no atomic merges (struct accumulators: Welford, online softmax) always merges
+    its block partials through the last block."""
+    return any(st.combiner is not None and st.combiner.atomic(st.acc) == AtomicStrategy.NONE for st in group.statements)
 
 
 def _merges(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
