@@ -1,8 +1,8 @@
 """Loading an ONNX model: decode, check, fix symbolic input shapes, fold constants, infer shapes.
 
 The result is an `OnnxModel`: the live nodes (those that depend on a graph input), the folded
-constants (initializers, Constant nodes and every node computable from them, evaluated by
-onnx's reference evaluator) and the static shape and dtype of every value.
+constants (initializers, Constant nodes and every node computable from them, evaluated with
+numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise) and the static shape and dtype of every value.
 
 >>> import onnx
 >>> from onnx import helper, TensorProto
@@ -26,6 +26,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError
+from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
 # The names of ONNX's standard operator domain: Panamera converts (and folds) only its ops.
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
@@ -183,6 +184,19 @@ def _node_attrs(n: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in n.attribute}
 
 
+def _fold_numpy(n: onnx.NodeProto, consts: dict, path: str) -> list | None:
+    """The outputs of a constant node folded with numpy (numpy_ops.py), or None where numpy_ops
+    does not cover it and onnx's reference evaluator must."""
+    if n.op_type not in NUMPY_OPS or n.domain not in DEFAULT_DOMAINS:
+        return None
+    try:
+        return evaluate(n.op_type, _node_attrs(n), [consts[i] if i else None for i in n.input])
+    except NotHere:
+        return None
+    except Exception as e:
+        raise ModelError(f"{path}: folding constant node {n.name or n.op_type!r} ({n.op_type}) failed: {e}") from None
+
+
 def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tuple[dict, list]:
     """Evaluate every node whose inputs are all constant, and every Shape of a value whose
     shape is known (`shapes`). Returns (constants, live node protos)."""
@@ -200,13 +214,17 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
             consts[n.output[0]] = dims[a.get("start", 0) : a.get("end", len(dims))]
             continue
         if n.op_type == "Constant" or (ins and all(i in consts for i in ins) and n.domain in DEFAULT_DOMAINS):
+            outs = _fold_numpy(n, consts, path)
+            if outs is not None:
+                consts.update(zip([o for o in n.output if o], outs))
+                continue
             g = helper.make_graph(
                 [n], "fold", [helper.make_tensor_value_info(i, onnx.TensorProto.UNDEFINED, None) for i in ins],
                 [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in n.output if o],
             )  # fmt: skip
             m = helper.make_model(g, opset_imports=opsets, ir_version=proto.ir_version)
             try:
-                outs = ReferenceEvaluator(m).run(None, {i: consts[i] for i in ins})
+                outs = ReferenceEvaluator(m, new_ops=REFERENCE_FIXES).run(None, {i: consts[i] for i in ins})
             except Exception as e:
                 raise ModelError(f"{path}: folding constant node {n.name or n.op_type!r} failed: {e}") from None
             for o, v in zip([o for o in n.output if o], outs):
@@ -240,7 +258,7 @@ def _dry_run_shapes(proto: onnx.ModelProto, values: dict, names: list, consts: d
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            outs = ReferenceEvaluator(proto).run(names, feeds)
+            outs = ReferenceEvaluator(proto, new_ops=REFERENCE_FIXES).run(names, feeds)
     except Exception:  # the shapes stay unknown and those nodes stay with the array library
         return {}
     found = {}
