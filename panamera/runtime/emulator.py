@@ -1,8 +1,9 @@
 """The emulator backend: the exact CUDA source, compiled by g++ against cuda_emulation.h.
 
 Compiled libraries are cached by the hash of what is compiled (source, header, flags) under
-$PANAMERA_CACHE (default ~/.cache/panamera). Launches run block by block; `order` picks the
-thread and block order (forward, reverse, shuffled), so that a missing barrier is caught.
+$PANAMERA_CACHE (default ~/.cache/panamera; `off`: a temporary directory per process).
+Launches run block by block; `order` picks the thread and block order (forward, reverse,
+shuffled), so that a missing barrier is caught.
 
 A loaded library keeps its scheduler state (fibers, the current block) in statics, and ctypes
 releases the GIL during a launch: every launch holds its library's lock, so that two threads
@@ -11,6 +12,7 @@ releases the GIL during a launch: every launch holds its library's lock, so that
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
@@ -34,8 +36,26 @@ _locks: dict[int, threading.Lock] = {}  # by library handle: one launch at a tim
 _locks_guard = threading.Lock()
 
 
+CACHE_ENV = "PANAMERA_CACHE"  # a directory for the built libraries, or "off"
+_private: list[str] = []  # with the cache off: this process's own directory
+
+
+def cache_location() -> Path | None:
+    """Where built libraries are kept: $PANAMERA_CACHE, default ~/.cache/panamera; None if off."""
+    env = os.environ.get(CACHE_ENV, "")
+    if env.lower() == "off":
+        return None
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "panamera"
+
+
 def cache_dir() -> Path:
-    d = Path(os.environ.get("PANAMERA_CACHE", Path.home() / ".cache" / "panamera"))
+    """The directory libraries are built into: the cache, or a temporary one when it is off."""
+    d = cache_location()
+    if d is None:
+        if not _private:
+            _private.append(tempfile.mkdtemp(prefix="panamera-"))
+            atexit.register(shutil.rmtree, _private[0], True)
+        return Path(_private[0])
     d.mkdir(parents=True, exist_ok=True)
     return d
 
