@@ -36,3 +36,10 @@ bench: install
 schedules: install
 	rm -rf schedules
 	$(BIN)/panamera schedules --out schedules --gpu h100 --gpu a100
+
+# On a machine with an NVIDIA GPU, in one command: tests/test_cuda.py, compute-sanitizer on every
+# kernel template, the measured bench and the ONNX examples, into bench/gpu-check-<date>-<device>/.
+# Needs no package registry when wheels/ is there (scripts/fetch_wheels.sh); README "On a GPU".
+.PHONY: gpu-check
+gpu-check:
+	$(PY) scripts/gpu_check.py

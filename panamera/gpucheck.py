@@ -1,0 +1,355 @@
+"""The steps of `make gpu-check` (scripts/gpu_check.py finds the GPU and installs what is missing,
+then runs `python -m panamera.gpucheck --out DIR --device NAME`):
+
+1. correctness: tests/test_cuda.py and tests/test_first_contact.py under pytest (junit.xml);
+2. compute-sanitizer memcheck, racecheck and synccheck on one kernel of each template
+   (`template_cases`, run by `python -m panamera.gpucheck --driver`), skipped with a note
+   when compute-sanitizer is absent;
+3. `panamera bench --suite all --measure` (CUDA events, L2 flushed, median of repeats);
+4. the ONNX examples (examples/onnx_models.py) through `panamera run --verify`.
+
+Everything lands in one folder: measurements.json (every step and measurement),
+modeled_vs_measured.md (per workload, with the ratio), summary.md, junit.xml and pytest.txt,
+sanitizer-<tool>.txt, onnx.txt and bench/ (results.json, summary.md).
+
+>>> print(modeled_vs_measured([{"plan": "panamera", "suite": "single", "workload": "w",
+...     "dtype": "float32", "modeled_us": 10.0, "measured_us": 12.5}]).splitlines()[-1])
+| single | w | float32 | 10.0 | 12.5 | 1.25 | - | - |
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .enums import StrEnum
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = ("tests/test_cuda.py", "tests/test_first_contact.py")
+KEEP_LINES = 200  # of each tool's output: the folder stays a few files and a few hundred KB
+
+
+class Outcome(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class SanitizerTool(StrEnum):
+    MEMCHECK = "memcheck"  # out-of-bounds and misaligned accesses
+    RACECHECK = "racecheck"  # shared-memory hazards (a missing __syncthreads)
+    SYNCCHECK = "synccheck"  # barriers in divergent code
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's outcome, its wall time, one line of detail, and the files it wrote."""
+
+    name: str
+    outcome: Outcome
+    seconds: float
+    detail: str
+    files: tuple[str, ...] = ()
+
+
+def _tail(text: str, n: int = KEEP_LINES) -> str:
+    lines = text.splitlines()
+    return "\n".join(([f"[... {len(lines) - n} lines cut ...]"] if len(lines) > n else []) + lines[-n:]) + "\n"
+
+
+def _run(cmd: list[str], log: Path, timeout: float) -> tuple[int, str, float]:
+    """Run `cmd`, keep the tail of its output in `log`; (exit status, output, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+        rc, text = r.returncode, r.stdout + r.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = 124, f"{e.stdout or ''}{e.stderr or ''}\n[timed out after {timeout:.0f} s]"
+    except OSError as e:
+        rc, text = 127, str(e)
+    log.write_text(f"$ {' '.join(cmd)}\n" + _tail(text if isinstance(text, str) else str(text)))
+    return rc, text, time.perf_counter() - t0
+
+
+# -- one kernel of each template: what the sanitizers run ---------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """A small computation that exercises one kernel template; `shows(k)` says it does."""
+
+    name: str
+    build: Callable[[np.random.Generator], tuple]  # -> (outputs, input arrays, numpy reference)
+    options: dict
+    shows: Callable[[object], bool]
+
+
+def _x(shape, dtype="float32"):
+    from . import frontend
+
+    return frontend.placeholder(shape, dtype, name="x")
+
+
+def _kernel_text(k) -> str:
+    return "\n".join(rk.source for rk in k.kernels)
+
+
+def template_cases() -> list[Case]:
+    """Map, reduce, split reduce, deterministic, stitched, Welford and argmax, at sizes the
+    sanitizers (10-100x slower) run in seconds."""
+    import panamera as pn
+
+    def modes(k) -> set[str]:
+        return {str(m) for ln in k.plan.kernels for m in ln.modes}
+
+    def row(shape, fn, ref):
+        return lambda rng: (lambda a: (fn(_x(shape)), [a], ref(a.astype(np.float64))))(
+            rng.standard_normal(shape).astype(np.float32)
+        )
+
+    def softmax(a):
+        e = np.exp(a - a.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    return [
+        Case("map", row((1 << 16,), lambda x: x * 2.0 + 1.0, lambda a: a * 2 + 1), {}, lambda k: modes(k) <= {"store"}),
+        Case("reduce", row((64, 1024), lambda x: pn.sum(x, axis=1), lambda a: a.sum(1)), {"split": 1},
+             lambda k: modes(k) == {"store"}),
+        Case("split_reduce", row((2, 1 << 17), lambda x: pn.sum(x, axis=1), lambda a: a.sum(1)), {"split": 8},
+             lambda k: "atomic_ws" in modes(k)),
+        Case("deterministic", row((2, 1 << 17), lambda x: pn.sum(x, axis=1), lambda a: a.sum(1)),
+             {"split": 8, "deterministic": True}, lambda k: "partials" in modes(k)),
+        Case("stitched", row((64, 1024), lambda x: pn.nn.softmax(x), softmax), {},
+             lambda k: any(g.stitched for g in k.groups)),
+        Case("welford", row((64, 4096), lambda x: pn.var(x, axis=1), lambda a: a.var(1)), {},
+             lambda k: "pn_welford<" in _kernel_text(k)),
+        Case("argmax", row((64, 4096), lambda x: pn.argmax(x, axis=1), lambda a: a.argmax(1)), {},
+             lambda k: "pn_argkey_max" in _kernel_text(k)),
+    ]  # fmt: skip
+
+
+def run_case(case: Case, target: str) -> float:
+    """Compile and run one case on `target`; the largest error against numpy (AssertionError
+    when the case does not exercise its template or the result is wrong)."""
+    import panamera as pn
+
+    outputs, arrays, ref = case.build(np.random.default_rng(0))
+    k = pn.compile(outputs, target=target, use_database=False, **case.options)
+    assert case.shows(k), f"{case.name}: the plan does not use the {case.name} template:\n{k.explain()}"
+    out = k(*arrays)
+    out = out.get() if type(out).__module__.startswith("cupy") else np.asarray(out)
+    err = float(np.max(np.abs(out.astype(np.float64) - ref) / (1 + np.abs(ref))))
+    assert err < 1e-4, f"{case.name}: error {err:.3g} against numpy"
+    return err
+
+
+def driver(target: str = "cuda") -> int:
+    """Run every template case once (what compute-sanitizer watches); 0 when all match numpy."""
+    failed = 0
+    for case in template_cases():
+        try:
+            print(f"{case.name}: ok (max error {run_case(case, target):.2g})")
+        except AssertionError as e:
+            failed += 1
+            print(f"{case.name}: FAILED {e}")
+    return 1 if failed else 0
+
+
+# -- the steps ----------------------------------------------------------------------------------
+def run_pytest(out: Path, python: str = sys.executable) -> StepResult:
+    junit = out / "junit.xml"
+    cmd = [python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", *TESTS]
+    rc, text, dt = _run(cmd, out / "pytest.txt", timeout=300)
+    last = next((ln for ln in reversed(text.splitlines()) if " in " in ln and ("passed" in ln or "failed" in ln)), "")
+    outcome = Outcome.PASSED if rc == 0 else Outcome.FAILED
+    return StepResult("pytest", outcome, dt, last.strip("= ") or f"exit {rc}", ("junit.xml", "pytest.txt"))
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, or in the CUDA toolkit ($CUDA_HOME, /usr/local/cuda)."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and Path(root, "bin", "compute-sanitizer").is_file():
+            return str(Path(root, "bin", "compute-sanitizer"))
+    return None
+
+
+def run_sanitizers(out: Path, python: str = sys.executable, sanitizer: str | None = None) -> list[StepResult]:
+    """Each tool over the template driver; skipped (one result saying why) without the tool."""
+    if sanitizer is None:
+        note = "compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): install the CUDA toolkit"
+        return [StepResult("compute-sanitizer", Outcome.SKIPPED, 0.0, note)]
+    results = []
+    for tool in SanitizerTool:
+        log = out / f"sanitizer-{tool}.txt"
+        cmd = [sanitizer, "--tool", str(tool), "--error-exitcode", "99", python, "-m", "panamera.gpucheck", "--driver"]
+        rc, text, dt = _run(cmd, log, timeout=300)
+        summary = next((ln for ln in reversed(text.splitlines()) if "ERROR SUMMARY" in ln), f"exit {rc}")
+        outcome = Outcome.PASSED if rc == 0 else Outcome.FAILED
+        results.append(StepResult(f"sanitizer {tool}", outcome, dt, summary.strip("= "), (log.name,)))
+    return results
+
+
+def gpu_key(device: str) -> str:
+    """The model's GPU for a device name (H100 when the device is none of them).
+
+    >>> gpu_key("NVIDIA A100-SXM4-80GB"), gpu_key("NVIDIA H100 80GB HBM3"), gpu_key("NVIDIA L4")
+    ('a100', 'h100', 'h100')
+    """
+    name = device.lower()
+    return next((k for k in ("h100", "a100", "v100") if k in name), "h100")
+
+
+def run_bench_step(out: Path, device: str) -> tuple[StepResult, list[dict]]:
+    from .bench.runner import run_bench
+    from .bench.suites import SUITES
+    from .model.gpu import GPUS
+
+    t0 = time.perf_counter()
+    key = gpu_key(device)
+    command = f"panamera bench --suite all --measure --gpu {key}"
+    try:
+        records, _ = run_bench(list(SUITES), GPUS[key], out=str(out / "bench"), measure=True, command=command)
+    except Exception as e:  # one failed workload must not lose the other steps' results
+        return StepResult("bench", Outcome.FAILED, time.perf_counter() - t0, f"{type(e).__name__}: {e}"), []
+    n = sum(1 for r in records if "measured_us" in r)
+    detail = f"{n} workloads measured, modeled for {key}"
+    return StepResult("bench", Outcome.PASSED, time.perf_counter() - t0, detail, ("bench/results.json",)), records
+
+
+def onnx_feeds(model_bytes: bytes, symbolic: int = 2) -> tuple[dict, dict]:
+    """Random inputs for a model (every symbolic dimension = `symbolic`) and their shapes."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load_from_string(model_bytes)
+    init = {t.name for t in model.graph.initializer}
+    rng, feeds, shapes = np.random.default_rng(0), {}, {}
+    for v in model.graph.input:
+        if v.name in init:
+            continue
+        tt = v.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else symbolic for d in tt.shape.dim)
+        dt = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        feeds[v.name] = rng.standard_normal(shape).astype(dt) if dt.kind == "f" else np.zeros(shape, dt)
+        if any(not d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[v.name] = shape
+    return feeds, shapes
+
+
+def run_onnx(out: Path, python: str = sys.executable, target: str = "cuda") -> StepResult:
+    sys.path.insert(0, str(REPO / "examples"))
+    import onnx_models
+
+    t0, lines, ok = time.perf_counter(), [], True
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in (("encoder", onnx_models.encoder()), ("convnet", onnx_models.convnet())):
+            path, npz = Path(tmp, f"{name}.onnx"), Path(tmp, f"{name}.npz")
+            path.write_bytes(data)
+            feeds, shapes = onnx_feeds(data)
+            np.savez(npz, **feeds)
+            cmd = [python, "-m", "panamera.cli", "run", str(path), "--inputs", str(npz), "--verify"]
+            cmd += ["--target", target]
+            for k, s in shapes.items():
+                cmd += ["--shape", f"{k}={'x'.join(map(str, s))}"]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+            ok &= r.returncode == 0
+            lines += [
+                f"$ panamera run {name}.onnx --verify --target {target} (exit {r.returncode})",
+                r.stdout,
+                r.stderr,
+            ]
+    (out / "onnx.txt").write_text(_tail("\n".join(lines)))
+    outcome = Outcome.PASSED if ok else Outcome.FAILED
+    return StepResult("onnx examples", outcome, time.perf_counter() - t0, "encoder, convnet", ("onnx.txt",))
+
+
+# -- the report ---------------------------------------------------------------------------------
+def modeled_vs_measured(records: list[dict]) -> str:
+    """Markdown: per workload Panamera's modeled and measured µs and their ratio (measured /
+    modeled), with CuPy's and PyTorch's measured µs where present."""
+    rows = [r for r in records if r.get("plan") == "panamera" and "measured_us" in r]
+    lines = [
+        "| suite | workload | dtype | modeled us | measured us | measured / modeled | CuPy us | PyTorch us |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = r["measured_us"] / r["modeled_us"] if r["modeled_us"] else math.nan
+        lines.append(
+            f"| {r['suite']} | {r['workload']} | {r['dtype']} | {r['modeled_us']:.1f} | {r['measured_us']:.1f} | "
+            f"{ratio:.2f} | {r.get('measured_cupy_us', '-')} | {r.get('measured_torch_us', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def geomean_ratio(records: list[dict]) -> float:
+    """Geometric mean of measured / modeled over the measured workloads (nan without any)."""
+    xs = [r["measured_us"] / r["modeled_us"] for r in records if r.get("plan") == "panamera" and r.get("measured_us")]
+    xs = [x for x in xs if x > 0 and math.isfinite(x)]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
+
+
+def write_report(out: Path, device: str, steps: list[StepResult], records: list[dict]) -> list[Path]:
+    """measurements.json, modeled_vs_measured.md and summary.md in `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    data = {"device": device, "date": stamp, "steps": [asdict(s) for s in steps], "records": records}
+    paths = [out / "measurements.json", out / "modeled_vs_measured.md", out / "summary.md"]
+    paths[0].write_text(json.dumps(data, indent=1, default=str))
+    g = geomean_ratio(records)
+    paths[1].write_text(
+        f"# Modeled vs measured on {device} ({stamp})\n\nGeometric mean of measured / modeled: {g:.2f}.\n\n"
+        + modeled_vs_measured(records)
+        + "\n"
+    )
+    table = ["| step | outcome | seconds | detail |", "|---|---|---|---|"]
+    table += [f"| {s.name} | {s.outcome} | {s.seconds:.0f} | {s.detail} |" for s in steps]
+    paths[2].write_text(
+        f"# gpu-check on {device} ({stamp})\n\n" + "\n".join(table) + "\n\nFiles: "
+        + ", ".join(sorted({f for s in steps for f in s.files} | {p.name for p in paths})) + "\n"
+    )  # fmt: skip
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m panamera.gpucheck", description="the steps of make gpu-check")
+    ap.add_argument("--out", type=Path, help="the results folder")
+    ap.add_argument("--device", default="GPU", help="the device name, for the report")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--driver", action="store_true", help="run one kernel per template (under compute-sanitizer)")
+    ap.add_argument("--target", default="cuda", choices=["cuda", "emulator"], help="the driver's target")
+    args = ap.parse_args(argv)
+    if args.driver:
+        return driver(args.target)
+    if args.out is None:
+        ap.error("--out is required")
+    args.out.mkdir(parents=True, exist_ok=True)
+    steps = [run_pytest(args.out)]
+    steps += run_sanitizers(args.out, sanitizer=find_sanitizer())
+    records: list[dict] = []
+    if not args.skip_bench:
+        step, records = run_bench_step(args.out, args.device)
+        steps.append(step)
+    steps.append(run_onnx(args.out))
+    write_report(args.out, args.device, steps, records)
+    for s in steps:
+        print(f"gpu-check: {s.name}: {s.outcome} ({s.seconds:.0f} s) {s.detail}")
+    print(f"gpu-check: results in {args.out}")
+    return 0 if all(s.outcome != Outcome.FAILED for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
