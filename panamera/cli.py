@@ -3,7 +3,7 @@
     panamera demo                           the single-reduction suite on the emulator
     panamera optimize model.onnx --out DIR  partition, compile, write kernels and a report
     panamera explain model.onnx --node NAME one subgraph in full
-    panamera run model.onnx --inputs in.npz run the whole model
+    panamera run model.onnx --inputs in.npz run the whole model (or `run DIR`, an optimized one)
 
 Errors are one line and a non-zero exit status; --debug shows the traceback.
 """
@@ -177,14 +177,16 @@ def _schedule_reader(directory: str, gpu_name: str):
     return read
 
 
-def _verify_and_print(console, opt, feeds) -> bool:
-    checks = opt.verify(feeds)
+def _verify_and_print(console, opt, feeds, seed=0, rtol=None, atol=None, against="reference") -> bool:
+    checks = opt.verify(feeds, seed=seed, rtol=rtol, atol=atol, against=against)
     bad = [c for c in checks if not c.ok]
     for c in bad:
-        console.print(f"[red]MISMATCH[/red] {c.value!r}: {c.detail}")
+        console.print(f"[red]MISMATCH[/red] {c.value!r} vs {c.reference}: {c.detail}")
+    refs = ", ".join(dict.fromkeys(c.reference for c in checks))
+    given = "given inputs" if feeds is not None else f"random inputs, seed {seed}"
     console.print(
-        f"verify: {len(checks) - len(bad)}/{len(checks)} values match onnx's reference evaluator "
-        f"({opt.backend} backend)"
+        f"verify: {len(checks) - len(bad)}/{len(checks)} values match ({refs}; {given}; {opt.backend} backend)",
+        markup=False,
     )
     return not bad
 
@@ -196,6 +198,17 @@ shape_opt = click.option(
 target_opt = click.option(
     "--target", type=click.Choice(["auto", "cuda", "emulator"]), default="auto", show_default=True
 )
+verify_opt = click.option(
+    "--verify",
+    type=click.Choice(["reference", "onnxruntime"]),
+    is_flag=False,
+    flag_value="reference",
+    default=None,
+    help="compare every output with a float64 reference (--verify=onnxruntime: with onnxruntime too)",
+)
+seed_opt = click.option("--seed", type=int, default=0, show_default=True, help="seed of the random verification inputs")
+rtol_opt = click.option("--rtol", type=click.FloatRange(min=0), help="widen --verify's relative tolerance to this")
+atol_opt = click.option("--atol", type=click.FloatRange(min=0), help="widen --verify's absolute tolerance to this")
 gpu_opt = click.option(
     "--gpu",
     type=click.Choice(sorted(GPUS)),
@@ -223,16 +236,19 @@ def demo():
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), help="write kernels, report.md and report.json here")
 @click.option("--force", is_flag=True, help="overwrite --out if it exists")
-@click.option("--verify", is_flag=True, help="run the model and compare with onnx's reference evaluator")
+@verify_opt
 @click.option("--inputs", type=click.Path(dir_okay=False), help=".npz of model inputs (for --verify; else random)")
+@seed_opt
+@rtol_opt
+@atol_opt
 @click.option("--save-schedules", type=click.Path(file_okay=False), help="write one schedule file per subgraph here")
 @click.option("--schedules", type=click.Path(file_okay=False), help="replay the schedules saved here")
 @shape_opt
 @target_opt
 @gpu_opt
-def optimize(model, out, force, verify, inputs, save_schedules, schedules, shape, target, gpu):
+def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules, schedules, shape, target, gpu):
     """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
-    from .subgraph.report import build_report, write_outputs
+    from .subgraph.report import build_report, whole_model_line, write_outputs
 
     console = _console()
     if out and os.path.exists(out) and not force:
@@ -258,6 +274,7 @@ def optimize(model, out, force, verify, inputs, save_schedules, schedules, shape
                          ("subgraph", "ops", "launches", "us", "unfused us (launches)", "speedup", "compile ms"), rows))  # fmt: skip
     for lib in report["library"]:
         console.print(f"library: {lib['op']} {lib['name']!r}: {lib['reason']}", markup=False)
+    console.print(whole_model_line(report["whole_model"]) + f" ({opt.gpu.name}, modeled)", markup=False)
     if save_schedules:
         os.makedirs(save_schedules, exist_ok=True)
         for sg in opt.subgraphs:
@@ -266,8 +283,12 @@ def optimize(model, out, force, verify, inputs, save_schedules, schedules, shape
                 f.write(sched.to_json())
         console.print(f"schedules: {len(opt.subgraphs)} file(s) in {save_schedules}")
     if out:
-        console.print(f"wrote {out}/report.md, {out}/report.json and {len(opt.subgraphs)} kernel file(s)")
-    if verify and not _verify_and_print(console, opt, feeds):
+        console.print(
+            f"wrote {out}/report.md, {out}/report.json, {len(opt.subgraphs)} kernel file(s) and the deployable "
+            f"model ({out}/manifest.json; run it with `panamera run {out}`)",
+            markup=False,
+        )
+    if verify and not _verify_and_print(console, opt, feeds, seed, rtol, atol, verify):
         sys.exit(1)
 
 
@@ -294,18 +315,35 @@ def explain(model, node, shape, target, gpu):
 
 
 @cli.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--inputs", required=True, type=click.Path(dir_okay=False), help=".npz with one array per model input")
+@click.argument("model", type=click.Path())
+@click.option("--inputs", type=click.Path(dir_okay=False), help=".npz with one array per model input (else random)")
 @click.option("--output", type=click.Path(dir_okay=False), help="write the outputs to this .npz")
-@click.option("--verify", is_flag=True, help="also compare with onnx's reference evaluator")
+@verify_opt
+@seed_opt
+@rtol_opt
+@atol_opt
+@click.option(
+    "--repeat", type=click.IntRange(min=0), default=0, help="time N runs of the whole model on the backend in use"
+)
 @shape_opt
 @target_opt
 @gpu_opt
-def run(model, inputs, output, verify, shape, target, gpu):
-    """Run MODEL on INPUTS: Panamera kernels for the subgraphs, the array library for the rest."""
+def run(model, inputs, output, verify, seed, rtol, atol, repeat, shape, target, gpu):
+    """Run MODEL (an .onnx file, or a directory written by `optimize --out`, which runs without
+    optimizing again) on INPUTS: Panamera kernels for the subgraphs, the array library for the rest."""
+    from .subgraph import load_optimized
+    from .subgraph.verify import random_inputs
+
     console = _console()
-    feeds = _load_npz(inputs)
-    opt = _optimize(model, _shapes(shape), target, gpu, _specialize_from(model, feeds))
+    feeds = _load_npz(inputs) if inputs else None
+    if os.path.isdir(model):
+        if shape:
+            raise InputError(f"--shape: {model} is an optimized directory; its shapes were fixed by `optimize`")
+        opt = load_optimized(model, target)
+    else:
+        opt = _optimize(model, _shapes(shape), target, gpu, _specialize_from(model, feeds) if feeds else None)
+    if feeds is None:
+        feeds = {**random_inputs(opt.model, seed), **opt.model.specialized}
     t0 = time.perf_counter()
     outs = opt.run(feeds)
     dt = time.perf_counter() - t0
@@ -318,9 +356,11 @@ def run(model, inputs, output, verify, shape, target, gpu):
     console.print(
         f"ran {len(opt.subgraphs)} Panamera subgraph(s) and {len(opt.library)} library node(s) in {dt:.3f} s ({opt.target})"
     )
+    if repeat:
+        console.print(opt.measure(feeds, repeat).describe(), markup=False)
     if output:
         np.savez(output, **{k: (v.get() if type(v).__module__.startswith("cupy") else v) for k, v in outs.items()})
-    if verify and not _verify_and_print(console, opt, feeds):
+    if verify and not _verify_and_print(console, opt, feeds if inputs else None, seed, rtol, atol, verify):
         sys.exit(1)
 
 

@@ -17,24 +17,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 
 import networkx as nx
 import numpy as np
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from .. import compile as pn_compile
 from ..compiler import Compiled
-from ..errors import DTypeError, InputError, PanameraError, ScheduleError, ShapeError
+from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError, ShapeError
 from ..frontend.tensor import Tensor, placeholder
 from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
 from .convert import VIEWS, Ctx, convert_node
-from .library import LibraryNode
+from .library import LibraryNode, to_host
 from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import graph, partition
-from .verify import Check, compare, random_inputs
+from .verify import Check, Reference, random_inputs, verify_values
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,6 +167,24 @@ def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[floa
     return us, launches
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Wall-clock times of whole-model runs on one backend (measured, not modeled)."""
+
+    backend: str  # "emulator" (the CPU), "cuda" (the GPU) or "none" (no Panamera subgraph)
+    repeat: int
+    median_s: float
+    min_s: float
+
+    def describe(self) -> str:
+        """One line: the backend and the median."""
+        where = {"emulator": "the CPU emulator", "cuda": "the GPU (CUDA)"}.get(self.backend, "the array library")
+        return (
+            f"measured on {where} ({self.backend} backend): median {self.median_s * 1e3:.3f} ms, "
+            f"min {self.min_s * 1e3:.3f} ms over {self.repeat} run(s), wall clock"
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class OptimizedModel:
     """A model split into compiled Panamera subgraphs and library nodes, in run order."""
@@ -238,21 +254,38 @@ class OptimizedModel:
                 env.update(zip([o for o in u.node.outputs if o], outs))
         return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
 
-    @cached_property
-    def _reference(self) -> ReferenceEvaluator:
-        return ReferenceEvaluator(self.model.proto)
+    def measure(self, feeds: dict, repeat: int = 10) -> Measured:
+        """Time `repeat` runs of the whole model on `feeds` (after one warm-up run), wall clock,
+        outputs copied to the host (so a GPU run is complete). The backend is part of the result:
+        an emulator time says nothing about a GPU's."""
+        if repeat < 1:
+            raise OptionError(f"repeat must be at least 1, got {repeat}")
+        self.run(feeds)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            outs = self.run(feeds)
+            for a in outs.values():
+                to_host(a)
+            times.append(time.perf_counter() - t0)
+        return Measured(self.backend, repeat, float(np.median(times)), float(min(times)))
 
     def verify(
-        self, feeds: dict | None = None, seed: int = 0, rtol: float | None = None, atol: float | None = None
+        self,
+        feeds: dict | None = None,
+        seed: int = 0,
+        rtol: float | None = None,
+        atol: float | None = None,
+        against: Reference | str = Reference.REFERENCE,
     ) -> list[Check]:
-        """Run the model and onnx's reference evaluator on the same inputs; compare every graph
-        output and every subgraph output."""
+        """Run the model on `feeds` (else `random_inputs(model, seed)`) and compare every graph
+        output and every subgraph output with the float64 reference (verify.py derives each
+        tolerance; `rtol`/`atol` widen it), and with onnxruntime too for `against="onnxruntime"`."""
         feeds = random_inputs(self.model, seed) if feeds is None else feeds
         inner = tuple(o for sg in self.subgraphs for o in sg.outputs if o not in self.model.outputs)
         ours = self.run(feeds, keep=inner)
-        names = tuple(self.model.outputs) + inner
-        ref = dict(zip(names, self._reference.run(list(names), feeds)))
-        return [compare(n, ours[n], ref[n], rtol, atol) for n in names]
+        feeds = {k: v for k, v in feeds.items() if k not in self.model.specialized}
+        return verify_values(self.model, feeds, ours, rtol, atol, against)
 
 
 def optimize(
