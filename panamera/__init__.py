@@ -5,15 +5,24 @@
 >>> k = pn.compile(pn.max(x, axis=0), target="emulator")
 >>> k(np.arange(15, dtype=np.float32).reshape(3, 5)).tolist()
 [10.0, 11.0, 12.0, 13.0, 14.0]
+>>> issubclass(pn.ScheduleError, pn.PanameraError)
+True
 """
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from . import dtypes, errors
 from .compiler import Compiled, compile
-from .errors import PanameraError
+from .errors import *  # noqa: F403  (every public error and warning, listed once in errors.__all__)
+from .errors import __all__ as _errors_api
 from .frontend import *  # noqa: F403  (the numpy-like API, listed once in frontend.__all__)
 from .frontend import __all__ as _frontend_api
 from .frontend import nn
 from .frontend.nn import std, var
 
-__version__ = "0.1.0"
-__all__ = ["Compiled", "PanameraError", "compile", "dtypes", "errors", "nn", "std", "var", *_frontend_api]
+try:
+    __version__ = _version("panamera")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0.1.0"
+__all__ = ["Compiled", "compile", "dtypes", "errors", "nn", "std", "var", *_errors_api, *_frontend_api]

@@ -29,11 +29,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from . import cache as compile_cache
 from .codegen import islast
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
 from .enums import StrEnum
-from .errors import OptionError, PanameraError, ScheduleError
+from .errors import DTypeError, EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
 from .poly.access import AccessKind
@@ -74,8 +77,12 @@ class Options:
             raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'") from None
         if target == Target.AUTO:
             target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
+            if target == Target.EMULATOR:
+                _warn_emulator_once()
         if not isinstance(gpu, GPUSpec):
             raise OptionError(f"compile: gpu must be a GPUSpec (panamera.model.gpu.H100, A100, V100), got {gpu!r}")
+        if isinstance(split, np.integer):
+            split = int(split)
         if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
             raise OptionError(f"compile: split must be a positive int (blocks per reduction), got {split!r}")
         if schedule is not None and not isinstance(schedule, Schedule):
@@ -83,6 +90,22 @@ class Options:
         if schedule is not None and schedule.gpu != gpu.name:
             raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
         return Options(target, bool(deterministic), gpu, split, schedule)
+
+
+_warned: list[bool] = []
+
+
+def _warn_emulator_once() -> None:
+    """target="auto" on a machine without a GPU: say once per process what the emulator is."""
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(
+            'target="auto" found no GPU and uses the emulator: the CUDA C runs on the CPU, one fiber per '
+            'thread, to check results, not to be fast (numpy is far faster here); pass target="emulator" to '
+            "say so and silence this",
+            EmulatorWarning,
+            stacklevel=4,
+        )
 
 
 @dataclass(frozen=True)
@@ -360,7 +383,29 @@ class Compiled:
         )
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
+        """Run on numpy (or CuPy) arrays, positionally in placeholder order or by name; returns
+        new arrays, or writes them into `out=` (an array, or a tuple of them for several
+        outputs, of the results' shapes and dtypes) and returns that, as numpy's `out=` does.
+        `out` is taken as an input's name if an input is called so.
+
+        >>> import numpy as np, panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder((2, 3), name="a"), axis=1), target="emulator")
+        >>> buf = np.zeros(2, np.float32)
+        >>> k(a=np.ones((2, 3), np.float32), out=buf) is buf, buf.tolist()
+        (True, [3.0, 3.0])
+        """
+        names = [t.name for t in self.plan.inputs]
+        out = named.pop("out", None) if "out" not in names else None
+        if named:
+            shared = sorted({n for n in names if names.count(n) > 1} & set(named))
+            if shared:
+                raise InputError(
+                    f"input name(s) {shared} are shared by several placeholders: pass the arrays positionally "
+                    f"(in placeholder order: {names}), or give the placeholders distinct names"
+                )
         outs = self.executor(self.executor.bind(arrays, named), order, seed)
+        if out is not None:
+            return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
     def explain(self) -> str:
@@ -404,6 +449,22 @@ class Compiled:
         return "\n".join(lines)
 
 
+def write_out(out, results: list, single: bool):
+    """numpy's `out=`: each result copied into the caller's array of the same shape and dtype."""
+    bufs = tuple(out) if isinstance(out, tuple | list) else (out,)
+    if len(bufs) != len(results):
+        raise InputError(f"out=: expected {len(results)} array(s), one per output, got {len(bufs)}")
+    for k, (b, r) in enumerate(zip(bufs, results)):
+        if not hasattr(b, "shape") or not hasattr(b, "dtype"):
+            raise InputError(f"out= output {k}: expected an array, got {type(b).__name__}")
+        if tuple(b.shape) != tuple(r.shape):
+            raise InputError(f"out= output {k}: expected shape {tuple(r.shape)}, got {tuple(b.shape)}")
+        if np.dtype(b.dtype) != np.dtype(r.dtype):
+            raise DTypeError(f"out= output {k}: expected dtype {np.dtype(r.dtype)}, got {np.dtype(b.dtype)}")
+        b[...] = r
+    return bufs[0] if single else bufs
+
+
 def _outputs(outputs) -> tuple[bool, tuple[Tensor, ...]]:
     single = isinstance(outputs, Tensor)
     outs = (outputs,) if single else tuple(outputs)
@@ -426,6 +487,7 @@ def compile(  # noqa: A001
     split: int | None = None,
     schedule: Schedule | None = None,
     use_database: bool = True,
+    cache: bool = True,
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
@@ -438,9 +500,15 @@ def compile(  # noqa: A001
     schedule that does not fit this program or GPU raises ScheduleError.
     use_database: consult the schedule database (schedule/database.py) for a plain compile (no
     split, not deterministic, no schedule); a stale entry is skipped with a warning.
+    cache: look the program up in the in-memory compile cache (panamera/cache.py) first; a
+    program compiled before costs well under a millisecond.
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
+    key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
+    hit = compile_cache.COMPILED.get(key) if cache else None
+    if hit is not None:
+        return _from_cache(hit, outs, options, single)
     a, origin = None, "chosen by the model" if schedule is None else "replayed from the given schedule"
     if use_database and schedule is None and split is None and not deterministic:
         entry = database.lookup(database.signature(outs), gpu.name)
@@ -452,4 +520,17 @@ def compile(  # noqa: A001
                 warnings.warn(f"schedules/{entry.name}: skipped ({e})", database.StaleScheduleWarning, stacklevel=2)
     if a is None:
         a = run_stages(outs, options)
+    if cache:
+        compile_cache.COMPILED.put(key, (a, origin))
     return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)), origin)
+
+
+def _from_cache(hit: tuple[Artifacts, str], outs: tuple[Tensor, ...], options: Options, single: bool) -> Compiled:
+    """A new Compiled of a program compiled before: the stored stages with this graph's
+    outputs and placeholders (their names bind the inputs), and its own executor."""
+    a, origin = hit
+    holders = compile_cache.placeholders(outs)
+    specs = tuple(dataclasses.replace(s, name=t.name) for s, t in zip(a.plan.inputs, holders))
+    plan = dataclasses.replace(a.plan, inputs=specs)
+    a = dataclasses.replace(a, outputs=outs, plan=plan, program=dataclasses.replace(a.program, inputs=holders))
+    return Compiled(a, options, single, Executor(plan, a.source, a.signatures, str(options.target)), origin)

@@ -84,9 +84,20 @@ def as_dtype(d, *, what: str = "dtype") -> DType:
     return _TABLE[name]
 
 
-def promote(*dtypes: DType) -> DType:
-    """numpy's result_type of the given dtypes (bfloat16 follows ml_dtypes' rules)."""
-    return as_dtype(np.result_type(*(d.np for d in dtypes)))
+def promote(*dtypes: DType, what: str = "promotion") -> DType:
+    """numpy's result_type of the given dtypes (bfloat16 follows ml_dtypes' rules, which define
+    no common type of bfloat16 with float16 or an integer: that is a DTypeError naming `what`).
+
+    >>> promote(float16, float32).name
+    'float32'
+    """
+    try:
+        return as_dtype(np.result_type(*(d.np for d in dtypes)))
+    except TypeError:  # numpy's DTypePromotionError
+        names = " and ".join(d.name for d in dtypes)
+        raise DTypeError(
+            f"{what}: no common dtype of {names} (numpy and ml_dtypes define none); cast one operand with .astype()"
+        ) from None
 
 
 def promote_with_scalar(d: DType, value) -> DType:

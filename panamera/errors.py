@@ -51,3 +51,22 @@ class ScheduleError(PanameraError, ValueError):
 
 class OptionError(PanameraError, ValueError):
     """An option value the API does not know: a target, method, stage, split or order."""
+
+
+class PanameraWarning(UserWarning):
+    """Base class of every warning Panamera issues."""
+
+
+class StaleScheduleWarning(PanameraWarning):
+    """A schedule database entry that was skipped: the model plans instead."""
+
+
+class EmulatorWarning(PanameraWarning):
+    """`target="auto"` chose the CPU emulator: a correctness tool, not a fast CPU path."""
+
+
+__all__ = [
+    "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
+    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "PanameraWarning",
+    "EmulatorWarning", "StaleScheduleWarning",
+]  # fmt: skip

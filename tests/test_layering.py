@@ -22,7 +22,8 @@ ALLOWED = {
     "schedule": {"frontend", "poly"},
     "codegen": {"frontend", "poly", "schedule"},
     "runtime": set(),
-    "compiler": {"frontend", "poly", "schedule", "codegen", "runtime"},
+    "cache": {"frontend", "schedule", "runtime"},
+    "compiler": {"frontend", "poly", "schedule", "codegen", "runtime", "cache"},
 }
 
 

@@ -13,12 +13,19 @@ inputs are computed in float32 and the result is cast back, as frameworks do.
 from __future__ import annotations
 
 import math
+import warnings
+
+import numpy as np
 
 from .. import dtypes
 from ..errors import DTypeError, EmptyReductionError, OptionError, ShapeError
 from . import ops
-from .ops import normalize_axes
+from .reduce import check_ddof, mask_of, masked_var, normalize_axes, refuse_out
 from .tensor import Tensor, alternatives, iota, where
+from .torch_names import torch_names
+
+AXIS = {"input": "x", "dim": "axis", "keepdim": "keepdims"}  # torch.nn.functional's names
+NORM = {"input": "x", "weight": "gamma", "bias": "beta"}
 
 __all__ = [
     "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
@@ -52,9 +59,16 @@ def _param(p, shape: tuple[int, ...], name: str, op: str, compute: dtypes.DType)
     return p.astype(compute)
 
 
-def var(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
+@torch_names(**AXIS)
+def var(
+    x: Tensor, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=True, correction=None
+) -> Tensor:
     """numpy.var in one pass: Welford accumulators merged pairwise (Chan et al.) across threads,
-    warps and blocks; numerically stable for data with a large mean.
+    warps and blocks; numerically stable for data with a large mean. `dtype=` (a float dtype)
+    is the dtype computed in and returned; `correction=` is numpy 2's name of `ddof`. With
+    ddof >= the number of reduced elements the divisor is 0, as in numpy: inf, or nan where all
+    the values are equal (a RuntimeWarning says so). `where=` masks elements (numpy's two-pass
+    masked variance).
 
     >>> import panamera as pn
     >>> pn.var(pn.placeholder((4, 5), "float32"), axis=1, ddof=1).shape
@@ -62,12 +76,33 @@ def var(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
     """
     if not isinstance(x, Tensor):
         raise DTypeError(f"var: expected a Tensor, got {type(x).__name__}")
-    return ops.welford(x, axis=axis, keepdims=keepdims, field="var", ddof=ddof)
+    refuse_out(out, "var", x)
+    ddof = check_ddof(ddof, correction, "var", x)
+    if dtype is not None:
+        d = dtypes.as_dtype(dtype, what=f"var of {x.label!r}: dtype=")
+        if not d.is_float:
+            raise DTypeError(f"var of {x.label!r}: dtype= must be a float dtype, got {d}")
+        x = x.astype(d)
+    axes = normalize_axes(axis, x.ndim, x.label)
+    mask = mask_of(where, x, "var")
+    if mask is not None:
+        return masked_var(x, axes, keepdims, ddof, mask, x.dtype if x.dtype.is_float else dtypes.float64)
+    if math.prod(x.shape[a] for a in axes) - ddof <= 0:
+        warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
+    return ops.welford(x, axis=axes, keepdims=keepdims, field="var", ddof=ddof)
 
 
-def std(x: Tensor, axis=None, ddof: int = 0, keepdims: bool = False) -> Tensor:
-    """numpy.std."""
-    return ops.sqrt(var(x, axis=axis, ddof=ddof, keepdims=keepdims))
+@torch_names(**AXIS)
+def std(
+    x: Tensor, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=True, correction=None
+) -> Tensor:
+    """numpy.std: the square root of `var` (same keywords).
+
+    >>> import panamera as pn
+    >>> pn.std(pn.placeholder((4, 5), "float16"), axis=0).dtype.name
+    'float16'
+    """
+    return ops.sqrt(var(x, axis, dtype, out, ddof, keepdims, where=where, correction=correction))
 
 
 def _stats(xc: Tensor, axis, method: str) -> tuple[Tensor, Tensor]:
@@ -91,9 +126,24 @@ def _formulate(build, method: str, op: str) -> Tensor:
     return alternatives(op, METHODS, tuple(build(m) for m in METHODS))
 
 
-def softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
+def _cast(x, dtype, op: str):
+    """torch's `dtype=` of softmax: the input is cast to it first."""
+    if dtype is None or not isinstance(x, Tensor):
+        return x
+    return x.astype(dtypes.as_dtype(dtype, what=f"{op}: dtype="))
+
+
+@torch_names(**AXIS)
+def softmax(x: Tensor, axis: int = -1, method: str = "auto", dtype=None) -> Tensor:
     """exp(x - max) / sum(exp(x - max)) along `axis`. method: "online" (max and sum from one pass,
-    rescaling), "multipass" (a max pass, then a sum pass) or "auto" (the model chooses)."""
+    rescaling), "multipass" (a max pass, then a sum pass) or "auto" (the model chooses);
+    `dtype=` casts the input first, as torch does.
+
+    >>> import panamera as pn
+    >>> pn.nn.softmax(pn.placeholder((2, 8)), dim=-1).shape
+    (2, 8)
+    """
+    x = _cast(x, dtype, "softmax")
     xc, dt = _float_input(x, "softmax")
     _nonempty(x, normalize_axes(axis, x.ndim, x.label), "softmax")
 
@@ -104,6 +154,7 @@ def softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
     return _formulate(build, method, "softmax")
 
 
+@torch_names(**AXIS)
 def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x))) computed as m + log(sum(exp(x - m))), m = max (0 where it is infinite)."""
     xc, dt = _float_input(x, "logsumexp")
@@ -117,8 +168,10 @@ def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
     return out.astype(dt)
 
 
-def log_softmax(x: Tensor, axis: int = -1, method: str = "auto") -> Tensor:
-    """x - logsumexp(x) along `axis`; `method` as for softmax."""
+@torch_names(**AXIS)
+def log_softmax(x: Tensor, axis: int = -1, method: str = "auto", dtype=None) -> Tensor:
+    """x - logsumexp(x) along `axis`; `method` and `dtype` as for softmax."""
+    x = _cast(x, dtype, "log_softmax")
     xc, dt = _float_input(x, "log_softmax")
     _nonempty(x, normalize_axes(axis, x.ndim, x.label), "log_softmax")
 
@@ -139,8 +192,27 @@ def _normalize(xc: Tensor, axes, eps: float) -> Tensor:
     return (xc - mean) * ops.rsqrt(v + eps)
 
 
-def layer_norm(x: Tensor, gamma=None, beta=None, axis=-1, eps: float = 1e-5) -> Tensor:
-    """(x - mean) / sqrt(var + eps) * gamma + beta over the trailing `axis` dims."""
+def _normalized_axes(x, axis, normalized_shape, op: str):
+    """torch's `normalized_shape` (the trailing extents normalized over) as numpy axes."""
+    if normalized_shape is None:
+        return axis
+    ns = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not isinstance(x, Tensor) or tuple(x.shape[len(x.shape) - len(ns) :]) != ns or len(ns) > x.ndim:
+        raise ShapeError(f"{op}: normalized_shape {ns} is not the trailing shape of {getattr(x, 'shape', x)}")
+    return tuple(range(x.ndim - len(ns), x.ndim))
+
+
+@torch_names(**NORM)
+def layer_norm(x: Tensor, gamma=None, beta=None, axis=-1, eps: float = 1e-5, normalized_shape=None) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * gamma + beta over the trailing `axis` dims (or torch's
+    `normalized_shape`).
+
+    >>> import panamera as pn
+    >>> x, w = pn.placeholder((2, 8)), pn.placeholder((8,))
+    >>> pn.nn.layer_norm(input=x, normalized_shape=(8,), weight=w).shape
+    (2, 8)
+    """
+    axis = _normalized_axes(x, axis, normalized_shape, "layer_norm")
     xc, dt = _float_input(x, "layer_norm")
     axes = normalize_axes(axis, x.ndim, x.label)
     _nonempty(x, axes, "layer_norm")
@@ -152,9 +224,12 @@ def layer_norm(x: Tensor, gamma=None, beta=None, axis=-1, eps: float = 1e-5) -> 
     return y.astype(dt)
 
 
-def rms_norm(x: Tensor, gamma=None, axis=-1, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(mean(x^2) + eps) * gamma."""
+@torch_names(**NORM)
+def rms_norm(x: Tensor, gamma=None, axis=-1, eps: float | None = 1e-6, normalized_shape=None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * gamma; eps=None is torch's default, the dtype's epsilon."""
+    axis = _normalized_axes(x, axis, normalized_shape, "rms_norm")
     xc, dt = _float_input(x, "rms_norm")
+    eps = float(np.finfo(dt.np).eps) if eps is None else eps
     axes = normalize_axes(axis, x.ndim, x.label)
     _nonempty(x, axes, "rms_norm")
     y = xc * ops.rsqrt(ops.mean(xc * xc, axis=axes, keepdims=True) + eps)
@@ -162,8 +237,12 @@ def rms_norm(x: Tensor, gamma=None, axis=-1, eps: float = 1e-6) -> Tensor:
     return (y * g if g is not None else y).astype(dt)
 
 
-def l2_normalize(x: Tensor, axis=-1, eps: float = 1e-12) -> Tensor:
-    """x / sqrt(max(sum(x^2), eps)), as TensorFlow's l2_normalize."""
+@torch_names(input="x", dim="axis")
+def l2_normalize(x: Tensor, axis=-1, eps: float = 1e-12, p: float = 2.0) -> Tensor:
+    """x / sqrt(max(sum(x^2), eps)), as TensorFlow's l2_normalize (torch's F.normalize with p=2;
+    note torch's default dim is 1)."""
+    if p != 2:
+        raise OptionError(f"l2_normalize: only p=2 is supported, got p={p!r}")
     xc, dt = _float_input(x, "l2_normalize")
     _nonempty(x, normalize_axes(axis, x.ndim, x.label), "l2_normalize")
     return (xc * ops.rsqrt(ops.maximum(ops.sum(xc * xc, axis=axis, keepdims=True), eps))).astype(dt)
@@ -174,11 +253,21 @@ def _channel(p, c: int, ndim: int, name: str, op: str, compute) -> Tensor | None
     return None if p is None else p.reshape((c,) + (1,) * (ndim - 2))
 
 
+@torch_names(**NORM)
 def batch_norm(
-    x: Tensor, gamma=None, beta=None, running_mean=None, running_var=None, training: bool = True, eps: float = 1e-5
+    x: Tensor,
+    gamma=None,
+    beta=None,
+    running_mean=None,
+    running_var=None,
+    training: bool = True,
+    eps: float = 1e-5,
+    momentum: float | None = None,
 ):
     """NCHW batch norm over N, H, W. Training returns (y, batch mean, biased batch variance);
-    inference (training=False) normalizes with running_mean and running_var."""
+    inference (training=False) normalizes with running_mean and running_var. Unlike torch's
+    F.batch_norm (whose positional order differs: pass them by name) nothing is updated in
+    place: `momentum` is accepted and unused, the batch statistics are returned instead."""
     xc, dt = _float_input(x, "batch_norm")
     if x.ndim < 2:
         raise ShapeError(f"batch_norm of {x.label!r}: needs a channel axis (rank >= 2), got shape {x.shape}")
@@ -204,6 +293,7 @@ def batch_norm(
     return y, mean.reshape((c,)).astype(dt), v.reshape((c,)).astype(dt)
 
 
+@torch_names(**NORM)
 def instance_norm(x: Tensor, gamma=None, beta=None, eps: float = 1e-5) -> Tensor:
     """NCHW: normalize over H, W for each (n, c)."""
     xc, dt = _float_input(x, "instance_norm")
@@ -216,6 +306,7 @@ def instance_norm(x: Tensor, gamma=None, beta=None, eps: float = 1e-5) -> Tensor
     return (y + b if b is not None else y).astype(dt)
 
 
+@torch_names(num_groups="groups", **NORM)
 def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5) -> Tensor:
     """NCHW: normalize over (C / groups, H, W) for each (n, group).
 
@@ -239,6 +330,7 @@ def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5)
     return y.astype(dt).reshape(x.shape)
 
 
+@torch_names(input="logits", target="targets")
 def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy of (N, C) logits with integer class targets of shape (N,):
     logsumexp(logits[n]) - logits[n, targets[n]]; reduction "mean", "sum" or "none".
@@ -252,7 +344,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> T
     if targets.shape != (n,):
         raise ShapeError(f"cross_entropy: targets {targets.label!r} have shape {targets.shape}, expected ({n},)")
     if reduction not in ("mean", "sum", "none"):
-        raise ShapeError(f"cross_entropy: unknown reduction {reduction!r} (mean, sum or none)")
+        raise OptionError(f"cross_entropy: unknown reduction {reduction!r} (mean, sum or none)")
     _nonempty(logits, (1,), "cross_entropy")
     m = ops.max(xc, axis=1, keepdims=True)
     lse = ops.log(ops.sum(ops.exp(xc - m), axis=1)) + m.reshape((n,))

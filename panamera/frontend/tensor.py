@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from itertools import count
 
@@ -17,9 +18,10 @@ import numpy as np
 
 from .. import dtypes
 from ..dtypes import DType, as_dtype, promote, promote_with_scalar
-from ..errors import DTypeError, ShapeError
+from ..errors import AxisError, DTypeError, ShapeError
 
 _ids = count()
+_unnamed = count()  # placeholders created without a name are x0, x1, ...
 
 UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil")  # float results, as in numpy
 UNARY = ("neg", "abs", "not") + UNARY_FLOAT
@@ -135,13 +137,103 @@ class Tensor:
     __hash__ = object.__hash__
 
     def astype(self, dtype) -> Tensor:
+        """numpy's astype: a cast (a no-op for the same dtype).
+
+        >>> placeholder((2,), "int32", name="i").astype("float32").dtype.name
+        'float32'
+        """
         d = as_dtype(dtype, what=f"astype of tensor {self.label!r}")
         if d == self.dtype:
             return self
         return Tensor("cast", (self,), self.shape, d)
 
     def reshape(self, *shape) -> Tensor:
+        """numpy's reshape, as `x.reshape(2, 3)` or `x.reshape((2, 3))`."""
         return reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    def transpose(self, *axes) -> Tensor:
+        """numpy's transpose: axes reversed, or permuted as given."""
+        return transpose(self, axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes or None)
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802 - numpy's name
+        """The axes reversed (numpy's `.T`).
+
+        >>> placeholder((2, 3), name="m").T.shape
+        (3, 2)
+        """
+        return transpose(self)
+
+    # numpy's reduction methods: the functions of frontend/ops.py and frontend/nn.py ----------
+    def sum(self, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None, where=True) -> Tensor:
+        """`pn.sum(self, ...)`.
+
+        >>> placeholder((2, 3), "int32", name="i").sum(axis=1).dtype.name
+        'int64'
+        """
+        from . import ops
+
+        return ops.sum(self, axis, dtype, out, keepdims, initial, where)
+
+    def mean(self, axis=None, dtype=None, out=None, keepdims: bool = False, *, where=True) -> Tensor:
+        """`pn.mean(self, ...)`."""
+        from . import ops
+
+        return ops.mean(self, axis, dtype, out, keepdims, where=where)
+
+    def max(self, axis=None, out=None, keepdims: bool = False, initial=None, where=True) -> Tensor:
+        """`pn.max(self, ...)`."""
+        from . import ops
+
+        return ops.max(self, axis, out, keepdims, initial, where)
+
+    def min(self, axis=None, out=None, keepdims: bool = False, initial=None, where=True) -> Tensor:
+        """`pn.min(self, ...)`."""
+        from . import ops
+
+        return ops.min(self, axis, out, keepdims, initial, where)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims: bool = False, initial=None, where=True) -> Tensor:
+        """`pn.prod(self, ...)`."""
+        from . import ops
+
+        return ops.prod(self, axis, dtype, out, keepdims, initial, where)
+
+    def all(self, axis=None, out=None, keepdims: bool = False, *, where=True) -> Tensor:
+        """`pn.all(self, ...)`."""
+        from . import ops
+
+        return ops.all(self, axis, out, keepdims, where=where)
+
+    def any(self, axis=None, out=None, keepdims: bool = False, *, where=True) -> Tensor:
+        """`pn.any(self, ...)`."""
+        from . import ops
+
+        return ops.any(self, axis, out, keepdims, where=where)
+
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=True) -> Tensor:
+        """`pn.var(self, ...)`."""
+        from . import nn
+
+        return nn.var(self, axis, dtype, out, ddof, keepdims, where=where)
+
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims: bool = False, *, where=True) -> Tensor:
+        """`pn.std(self, ...)`."""
+        from . import nn
+
+        return nn.std(self, axis, dtype, out, ddof, keepdims, where=where)
+
+    def argmax(self, axis=None, out=None, *, keepdims: bool = False) -> Tensor:
+        """`pn.argmax(self, ...)`."""
+        from . import ops
+
+        return ops.argmax(self, axis, out, keepdims=keepdims)
+
+    def argmin(self, axis=None, out=None, *, keepdims: bool = False) -> Tensor:
+        """`pn.argmin(self, ...)`."""
+        from . import ops
+
+        return ops.argmin(self, axis, out, keepdims=keepdims)
 
     @property
     def label(self) -> str:
@@ -149,8 +241,12 @@ class Tensor:
 
 
 def _check_shape(shape, what: str) -> tuple[int, ...]:
+    """A shape as a tuple of ints: a sequence of integers (numpy integers too) or one integer;
+    strings, floats and nested sequences are refused."""
+    if isinstance(shape, (str, bytes)):
+        raise ShapeError(f"{what}: shape {shape!r} is a string, not a sequence of integers")
     try:
-        shape = tuple(int(s) for s in shape)
+        shape = (operator.index(shape),) if not hasattr(shape, "__iter__") else tuple(map(operator.index, shape))
     except TypeError as e:
         raise ShapeError(f"{what}: shape {shape!r} is not a sequence of integers") from e
     if len(shape) > MAX_RANK:
@@ -160,14 +256,18 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
     return shape
 
 
-def placeholder(shape, dtype="float32", name: str = "x") -> Tensor:
+def placeholder(shape, dtype="float32", name: str | None = None) -> Tensor:
     """An input of the computation; `name` may be any string (it is sanitized for code).
+    Unnamed placeholders are called x0, x1, ... in creation order, so no two share a name.
 
     >>> placeholder((2, 3), "float16", name="onnx::ReduceMean_0").dtype.name
     'float16'
+    >>> placeholder((2,)).name != placeholder((2,)).name
+    True
     """
+    name = f"x{next(_unnamed)}" if name is None else str(name)
     what = f"placeholder {name!r}"
-    return Tensor("placeholder", (), _check_shape(shape, what), as_dtype(dtype, what=what), name=str(name))
+    return Tensor("placeholder", (), _check_shape(shape, what), as_dtype(dtype, what=what), name=name)
 
 
 def iota(shape, axis: int | None = None) -> Tensor:
@@ -180,6 +280,24 @@ def constant(value, dtype: DType) -> Tensor:
     return Tensor("const", (), (), dtype, attrs=(("value", value),))
 
 
+def broadcast_to(x: Tensor, shape) -> Tensor:
+    """numpy.broadcast_to: `x` read at the broadcast index (computed, never stored).
+
+    >>> broadcast_to(placeholder((3, 1), name="c"), (3, 4)).shape
+    (3, 4)
+    """
+    shape = broadcast_shapes(x.shape, _check_shape(shape, f"broadcast_to of {x.label!r}"), what="broadcast_to")
+    if shape == x.shape:
+        return x
+    return where(iota(shape) >= 0, x, x)
+
+
+def full(shape, value, dtype) -> Tensor:
+    """numpy.full: `shape` filled with `value` (computed in the kernel, never read from memory)."""
+    c = constant(value, as_dtype(dtype, what="full"))
+    return broadcast_to(c, shape)
+
+
 def broadcast_shapes(*shapes: tuple[int, ...], what: str = "operands") -> tuple[int, ...]:
     try:
         return tuple(np.broadcast_shapes(*shapes))
@@ -189,7 +307,7 @@ def broadcast_shapes(*shapes: tuple[int, ...], what: str = "operands") -> tuple[
 
 def _as_tensor_pair(a, b, op: str):
     if isinstance(a, Tensor) and isinstance(b, Tensor):
-        return a, b, promote(a.dtype, b.dtype)
+        return a, b, promote(a.dtype, b.dtype, what=f"{op} of {a.label!r} and {b.label!r}")
     if isinstance(a, Tensor):
         d = promote_with_scalar(a.dtype, b)
         return a, constant(b, d), d
@@ -257,6 +375,29 @@ def reshape(x: Tensor, shape) -> Tensor:
     if shape == x.shape:
         return x
     return Tensor("reshape", (x,), shape, x.dtype)
+
+
+def transpose(x: Tensor, axes=None) -> Tensor:
+    """numpy.transpose: the axes reversed (None) or permuted; an access relation, fused into
+    its consumer like a broadcast.
+
+    >>> transpose(placeholder((2, 3, 4), name="t"), (1, 0, 2)).shape
+    (3, 2, 4)
+    """
+    if not isinstance(x, Tensor):
+        raise DTypeError(f"transpose: expected a Tensor, got {type(x).__name__}")
+    if axes is None:
+        perm = tuple(reversed(range(x.ndim)))
+    else:
+        try:
+            perm = tuple(operator.index(a) % x.ndim if -x.ndim <= operator.index(a) < x.ndim else -1 for a in axes)
+        except TypeError:
+            raise AxisError(f"transpose of {x.label!r}: axes {axes!r} are not integers") from None
+        if sorted(perm) != list(range(x.ndim)):
+            raise AxisError(f"transpose of {x.label!r}: axes {tuple(axes)} are not a permutation of {x.ndim} axes")
+    if perm == tuple(range(x.ndim)):
+        return x
+    return Tensor("transpose", (x,), tuple(x.shape[a] for a in perm), x.dtype, attrs=(("perm", perm),))
 
 
 def alternatives(op: str, names: tuple[str, ...], options: tuple[Tensor, ...]) -> Tensor:

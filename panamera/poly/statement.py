@@ -140,15 +140,26 @@ class _Builder:
             e = Expr("load", (), t.dtype, read=self.read_index(t, index))
         elif t.op == "placeholder" or t in self.materialized:
             e = Expr("load", (), t.dtype, read=self.read(t, idx))
-        elif t.op == "reshape":
-            src = t.inputs[0]
-            lin = linear(idx, t.shape, self.zero)
-            e = self.expr(src, delinearize(lin, src.shape, self.ctx))
+        elif t.op in VIEWS:
+            e = self.expr(t.inputs[0], view_index(t, idx, self))
         else:
             args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
             e = Expr(t.op, args, t.dtype)
         self.memo[key] = e
         return e
+
+
+VIEWS = ("reshape", "transpose")  # a new index of the same elements: an access, never a statement
+
+
+def view_index(t: Tensor, idx, b: _Builder) -> list:
+    """The subscripts of `t.inputs[0]` that view `t` reads at `idx`: reshape delinearizes the
+    linear index, transpose permutes the subscripts (numpy's `perm`: t's axis k is axis perm[k])."""
+    src = t.inputs[0]
+    if t.op == "reshape":
+        return delinearize(linear(idx, t.shape, b.zero), src.shape, b.ctx)
+    perm = t.attr("perm")
+    return [idx[perm.index(k)] for k in range(src.ndim)]
 
 
 def broadcast_index(idx, shape, arg_shape, zero):
@@ -199,8 +210,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
 
 def _map_body(b: _Builder, t: Tensor, idx) -> Expr:
     # The root of a map statement is computed, never loaded, even though it is materialized.
-    if t.op == "reshape":
-        src = t.inputs[0]
-        return b.expr(src, delinearize(linear(idx, t.shape, b.zero), src.shape, b.ctx))
+    if t.op in VIEWS:
+        return b.expr(t.inputs[0], view_index(t, idx, b))
     args = tuple(b.expr(a, broadcast_index(idx, t.shape, a.shape, b.zero)) for a in t.inputs)
     return Expr(t.op, args, t.dtype)

@@ -34,16 +34,12 @@ import numpy as np
 
 from ..algebra import Combiner
 from ..dtypes import DType
-from ..errors import ScheduleError
+from ..errors import ScheduleError, StaleScheduleWarning
 from ..frontend.tensor import Tensor
 from .saved import Schedule
 
 ENV = "PANAMERA_SCHEDULES"
 REPO_DIR = Path(__file__).resolve().parents[2] / "schedules"
-
-
-class StaleScheduleWarning(UserWarning):
-    """A database entry that was skipped: the model plans instead."""
 
 
 def _canonical(value):
