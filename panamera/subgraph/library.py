@@ -21,6 +21,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
+from ..errors import ModelError
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
@@ -96,6 +97,12 @@ class LibraryNode:
                 "library", [_value_info(model, i) for i in ins], [_value_info(model, o) for o in n.outputs if o],
             )  # fmt: skip
             m = helper.make_model(g, opset_imports=list(model.proto.opset_import), ir_version=model.proto.ir_version)
-            self._session.append((ReferenceEvaluator(m, new_ops=REFERENCE_FIXES), ins))
+            try:
+                self._session.append((ReferenceEvaluator(m, new_ops=REFERENCE_FIXES), ins))
+            except NotImplementedError:  # a custom domain's op, or one the evaluator lacks
+                raise ModelError(
+                    f"node {n.label!r} ({n.domain or 'ai.onnx'}::{n.op_type}): nothing here can run it "
+                    "(Panamera has no such op and onnx's reference evaluator does not know it)"
+                ) from None
         sess, ins = self._session[0]
         return sess.run(None, dict(zip(ins, host)))

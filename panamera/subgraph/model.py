@@ -303,6 +303,13 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
     `specialize` maps graph inputs to values compiled in as constants (see convert.shape_inputs)."""
     path, proto = decode(source)
     proto = onnx.ModelProto.FromString(proto.SerializeToString())  # never mutate the caller's
+    newest = onnx.defs.onnx_opset_version()
+    for o in proto.opset_import:
+        if o.domain in DEFAULT_DOMAINS and o.version > newest:
+            raise ModelError(
+                f"{path}: the model declares opset {o.version}; the installed onnx {onnx.__version__} supports "
+                f"opsets up to {newest}"
+            )
     try:
         onnx.checker.check_model(proto)
     except Exception as e:
