@@ -7,7 +7,7 @@ import json
 import pytest
 
 import panamera as pn
-from panamera.bench.baselines import eager_ops, plan_all
+from panamera.bench.baselines import DETERMINISTIC, PLANS, SINGLE, UNFUSED, eager_ops, plan_all
 from panamera.bench.runner import geomean, run_bench
 from panamera.bench.suites import SUITES, tiny
 from panamera.cli import main
@@ -53,25 +53,25 @@ def test_estimate_remodels_a_plan_on_another_gpu():
         assert g.sources and all(src.startswith("[") for _, src in g.sources)
 
 
-def test_eager_plan_is_one_kernel_per_op_and_reads_dram_each_time():
+def test_unfused_standin_is_one_kernel_per_op_and_reads_dram_each_time():
     x = pn.placeholder((256, 1024), "float32", name="x")
     y = pn.sum(pn.exp(x * 2.0), axis=1)
     assert [t.op for t in eager_ops([y])] == ["mul", "exp", "reduce"]
     plans = plan_all(lambda: [pn.sum(pn.exp(pn.placeholder((256, 1024), "float32", name="x") * 2.0), axis=1)], H100)
-    eager, fused = plans["eager"].estimate, plans["panamera"].estimate
+    eager, fused = plans[UNFUSED].estimate, plans["panamera"].estimate
     assert eager.launches == 3 and fused.launches == 1
     assert eager.dram_bytes == pytest.approx(5 * 256 * 1024 * 4, rel=0.01)  # read, write, read, write, read
     assert fused.dram_bytes == pytest.approx(256 * 1024 * 4, rel=0.01)
-    assert plans["single-block"].compiled[0].mappings[0].split == 1
-    det = plans["deterministic"]
+    assert plans[SINGLE].compiled[0].mappings[0].split == 1
+    det = plans[DETERMINISTIC]
     assert det.atomics == (det.blocks if det.compiled[0].mappings[0].split > 1 else 0)  # counter arrivals only
 
 
-def test_eager_scalar_reduction_takes_two_passes():
+def test_unfused_standin_scalar_reduction_takes_two_passes():
     plans = plan_all(lambda: [pn.sum(pn.placeholder((1 << 22,), "float32", name="x"))], H100)
-    det = plans["deterministic"].estimate
-    assert plans["eager"].estimate.launches == det.launches + 1
-    assert plans["eager"].estimate.total_us == pytest.approx(det.total_us + 2.5, rel=1e-6)
+    det = plans[DETERMINISTIC].estimate
+    assert plans[UNFUSED].estimate.launches == det.launches + 1
+    assert plans[UNFUSED].estimate.total_us == pytest.approx(det.total_us + H100.launch_s * 1e6, rel=1e-6)
 
 
 def test_suites_cover_workloads_md():
@@ -83,7 +83,11 @@ def test_suites_cover_workloads_md():
 
 def test_run_bench_writes_results_summary_and_plots(tmp_path):
     records, summary = run_bench([], H100, out=str(tmp_path), plot=True, measure=False, workloads=tiny())
-    assert {r["plan"] for r in records} == {"panamera", "deterministic", "single-block", "eager"}
+    assert {r["plan"] for r in records} == set(PLANS)
+    pan = [r for r in records if r["plan"] == "panamera"]
+    assert all(r["best_peer"] in r["peers"] and r["speedup_over_best_peer"] > 0 for r in pan)
+    assert all({"modeled_us", "ratio_to_limit", "plan"} <= set(v) for r in pan for v in r["peers"].values())
+    assert "speedup over best peer" in summary
     need = {"workload", "suite", "dtype", "plan", "modeled_us", "limit_us", "ratio_to_limit", "dram_bytes",
             "compulsory_bytes", "launches", "blocks", "atomics", "compile_s"}  # fmt: skip
     saved = json.loads((tmp_path / "results.json").read_text())

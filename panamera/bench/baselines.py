@@ -1,13 +1,15 @@
-"""The plans a workload is compared under, all planned by Panamera's own machinery with the
-choices another system makes, and all modeled by the same model:
+"""The plans a workload is compared under, all modeled by the same model:
 
 - **panamera**: fusion, stitching, the model-chosen multi-block split, one atomic per block.
-- **deterministic**: the same, with block partials merged in a fixed order (no float atomics).
-- **single-block**: producers fused, one block per output row / column tile, no split and no
-  stitching: what TVM, Hidet and the polyhedral generators do for reductions.
-- **eager**: one kernel per operator, each reading its inputs from and writing its output to
-  DRAM (views are free); reductions as a library does them: no atomics, and a scalar (ALL)
-  output in two passes (partials, then one more launch to combine them).
+- **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
+- The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
+  **inductor**, **triton-tutorial**, **tvm-default** (absent where the peer has no kernel).
+- Two stand-ins, planned by *Panamera's* machinery and named for what they are:
+  - **panamera-single-block (stand-in)**: Panamera with `split=1` (producers fused, one block per
+    output row / column tile, no split);
+  - **panamera-unfused (stand-in)**: one Panamera kernel per operator, each reading its inputs from
+    and writing its output to DRAM (views are free), no atomics, and a scalar (ALL) output in two
+    passes (partials, then one more launch).
 """
 
 from __future__ import annotations
@@ -21,8 +23,16 @@ from ..compiler import compile as pn_compile
 from ..frontend.tensor import Tensor, _ids, placeholder
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
+from .peers import PEERS, PeerPlan, plan_peers
 
-PLANS = ("panamera", "deterministic", "single-block", "eager")
+DETERMINISTIC, SINGLE, UNFUSED = (
+    "panamera-deterministic",
+    "panamera-single-block (stand-in)",
+    "panamera-unfused (stand-in)",
+)
+STANDINS = (DETERMINISTIC, SINGLE, UNFUSED)
+PEER_NAMES = tuple(PEERS)
+PLANS = ("panamera", *PEER_NAMES, *STANDINS)
 INLINE = ("const", "iota", "argkey_max", "argkey_min")  # computed where used, never a kernel
 
 
@@ -34,6 +44,8 @@ class PlanResult:
     atomics: int
     compile_s: float
     compiled: tuple[Compiled, ...]
+    description: str = ""
+    launches_of: int = 0
 
     @property
     def modeled_us(self) -> float:
@@ -49,7 +61,7 @@ def _counts(c: Compiled) -> tuple[int, int]:
 
 
 def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult:
-    kw = {"deterministic": plan == "deterministic", "split": 1 if plan == "single-block" else None}
+    kw = {"deterministic": plan == DETERMINISTIC, "split": 1 if plan == SINGLE else None}
     t0 = time.perf_counter()
     c = pn_compile(list(outs), target="emulator", gpu=gpu, **kw)
     dt = time.perf_counter() - t0
@@ -96,18 +108,29 @@ def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
     second_pass = sum(1 for c in compiled for ln in c.plan.kernels if ln.form == "ALL" and ln.blocks_per_reduction > 1)
     est = estimate([ln for c in compiled for ln in c.plan.per_call], gpu, compulsory, extra_launches=second_pass)
     blocks = sum(_counts(c)[0] for c in compiled)
-    return PlanResult("eager", est, blocks, sum(_counts(c)[1] for c in compiled), dt, tuple(compiled))
+    return PlanResult(UNFUSED, est, blocks, sum(_counts(c)[1] for c in compiled), dt, tuple(compiled))
+
+
+def _peer(p: PeerPlan, gpu: GPUSpec, compulsory: int, dt: float) -> PlanResult:
+    return PlanResult(p.peer, p.estimate(gpu, compulsory), p.blocks, p.atomics, dt, (), p.description)
 
 
 def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
-    """Every plan of one workload. `build()` returns fresh output tensors."""
+    """Every plan of one workload (a peer without a kernel for it is left out). `build()` returns
+    fresh output tensors."""
     outs = build()
     first = _single("panamera", outs, gpu, None)
     compulsory = first.estimate.compulsory_bytes
     results = {"panamera": first}
+    t0 = time.perf_counter()
+    peers = plan_peers(build(), gpu)
+    dt = time.perf_counter() - t0
     for p in plans:
-        if p == "eager":
+        if p == UNFUSED:
             results[p] = _eager(build(), gpu, compulsory)
+        elif p in PEER_NAMES:
+            if peers[p] is not None:
+                results[p] = _peer(peers[p], gpu, compulsory, dt)
         elif p != "panamera":
             results[p] = _single(p, build(), gpu, compulsory)
     return results
