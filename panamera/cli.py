@@ -4,8 +4,11 @@
     panamera optimize model.onnx --out DIR  partition, compile, write kernels and a report
     panamera explain model.onnx --node NAME one subgraph in full
     panamera run model.onnx --inputs in.npz run the whole model (or `run DIR`, an optimized one)
+    panamera cache info|clear               the on-disk kernel cache
+    panamera --version
 
-Errors are one line and a non-zero exit status; --debug shows the traceback.
+Errors (usage errors too) and warnings are one line each; an error exits with status 2 (1 for a
+failed check, 3 for a bug); --debug shows the traceback.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import os
 import shutil
 import sys
 import time
+import warnings
 
 import click
 import numpy as np
 
+from . import __version__
 from . import compile as pn_compile
 from .errors import InputError, ModelError, PanameraError, ScheduleError
 from .frontend import ops, placeholder
@@ -219,6 +224,7 @@ gpu_opt = click.option(
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", "-V", prog_name="panamera", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="show tracebacks")
 @click.pass_context
 def cli(ctx, debug):
@@ -421,16 +427,56 @@ def schedules(out, gpus):
     _console().print(f"wrote {len(written)} schedules to {out}/", markup=False)
 
 
+@cli.group()
+def cache():
+    """The on-disk kernel cache ($PANAMERA_CACHE, default ~/.cache/panamera; =off disables it)."""
+
+
+@cache.command("info")
+def cache_info():
+    """Where the kernel cache is, how many libraries it holds and their size."""
+    from .cache import disk_info
+
+    print(disk_info().describe())
+
+
+@cache.command("clear")
+def cache_clear():
+    """Delete every cached kernel library (they are rebuilt when needed)."""
+    from .cache import disk_clear, disk_info
+
+    n, where = disk_clear(), disk_info().path
+    print(f"kernel cache: removed {n} file(s) from {where}" if where else "kernel cache: disabled, nothing to clear")
+
+
+def _usage_line(e: click.ClickException) -> str:
+    """A click error as one line, with the help command to run."""
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"panamera: error: {e.format_message()}{hint}"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"panamera: warning: {str(message).splitlines()[0]}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
-    """Entry point: one-line errors with exit status 2 (1 for a failed check), tracebacks with --debug."""
+    """Entry point: one-line errors with exit status 2 (1 for a failed check, 3 for a bug),
+    one-line warnings, tracebacks with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
-        cli.main(args=args, prog_name="panamera", standalone_mode=False)
+        with warnings.catch_warnings():
+            if not debug:
+                warnings.showwarning = _one_line_warning
+            cli.main(args=args, prog_name="panamera", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:  # `panamera` or `panamera cache` alone: the help
+        print(e.format_message())
+        return 0
     except click.ClickException as e:
-        e.show()
+        print(_usage_line(e), file=sys.stderr)
         return e.exit_code
     except click.exceptions.Abort:
         print("panamera: aborted", file=sys.stderr)
