@@ -1,7 +1,8 @@
 """Small ONNX models built with onnx.helper: a transformer block's memory-intensive tail and a
 conv net's normalization. Used by the CLI tests and as examples:
 
-    python examples/onnx_models.py build/models    # writes encoder.onnx and convnet.onnx
+    python examples/onnx_models.py build/models    # writes encoder.onnx and convnet.onnx, and a
+                                                   # random batch of inputs for each (NAME.in.npz)
     panamera optimize build/models/encoder.onnx --verify
 """
 
@@ -98,10 +99,22 @@ def convnet(n=2, c=32, hw=28, groups=8) -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]).SerializeToString()
 
 
+def inputs(name: str, batch: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for `panamera run --inputs` (the default sizes of the models above)."""
+    r = np.random.default_rng(seed)
+    if name == "convnet":
+        return {"img": r.standard_normal((batch, 3, 28, 28), np.float32)}
+    shapes = {"q": (batch, 4, 128, 64), "kT": (batch, 4, 64, 128), "v": (batch, 4, 128, 64), "x": (batch, 128, 256)}
+    feeds = {k: r.standard_normal(s, np.float32) for k, s in shapes.items()}
+    feeds["mask"] = np.where(r.random((batch, 1, 1, 128)) < 0.1, -1e4, 0.0).astype(np.float32)
+    return feeds
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "build/models"
     os.makedirs(out, exist_ok=True)
     for name, data in (("encoder", encoder()), ("convnet", convnet())):
         with open(os.path.join(out, f"{name}.onnx"), "wb") as fh:
             fh.write(data)
-        print(os.path.join(out, f"{name}.onnx"))
+        np.savez(os.path.join(out, f"{name}.in.npz"), **inputs(name))  # batch 2, for `panamera run --inputs`
+        print(os.path.join(out, f"{name}.onnx"), os.path.join(out, f"{name}.in.npz"))

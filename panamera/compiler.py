@@ -100,9 +100,8 @@ def _warn_emulator_once() -> None:
     if not _warned:
         _warned.append(True)
         warnings.warn(
-            'target="auto" found no GPU and uses the emulator: the CUDA C runs on the CPU, one fiber per '
-            'thread, to check results, not to be fast (numpy is far faster here); pass target="emulator" to '
-            "say so and silence this",
+            'target="auto" found no GPU: running on the CPU emulator, a correctness tool, not a fast CPU '
+            'path (numpy is far faster there); target="emulator" says so and silences this',
             EmulatorWarning,
             stacklevel=4,
         )

@@ -29,12 +29,15 @@ from .ops import (
     sum,
     tanh,
 )
-from .tensor import Tensor, placeholder, reshape, where
+from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
 
 __all__ = [
     "Tensor",
+    "broadcast_to",
+    "full",
     "placeholder",
     "reshape",
+    "transpose",
     "where",
     "abs",
     "all",
