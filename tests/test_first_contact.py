@@ -37,6 +37,7 @@ def test_offset_views_give_correct_results(dtype, rng):
 
 def test_inputs_are_copied_only_when_a_vector_load_needs_it():
     raw = executor.aligned_empty(64, np.float32)  # 64-byte aligned
+    raw[:] = np.arange(64)
     assert executor._host_input(raw[4:], 16).ctypes.data == raw[4:].ctypes.data  # 16-byte aligned: no copy
     copied = executor._host_input(raw[1:], 16)
     assert copied.ctypes.data % 16 == 0 and np.array_equal(copied, raw[1:])
