@@ -186,18 +186,20 @@ def test_cas_merges_seed_from_ldcg(rng):
     cas = header.PRELUDE[header.PRELUDE.index("pn_atomic_cas(float*") :]
     cas = cas[: cas.index("pn_atomic(OP, T* p")]
     assert "old = *" not in cas and cas.count("old = __ldcg(") == 4
-    k = pn.compile(pn.prod(pn.placeholder((2, 60000), "float32", name="x"), axis=1), target="emulator", split=8)
-    assert "atomic_ws" in k.plan.kernels[0].modes
-    a = (1.0 + 1e-5 * rng.standard_normal((2, 60000))).astype(np.float32)
-    # float32 products of 60000 factors drift ~1e-3 from float64; the merge of the 8 block
-    # partials must agree with the fixed-order (deterministic) merge of the same partials.
-    fixed = pn.compile(
-        pn.prod(pn.placeholder((2, 60000), "float32"), axis=1), target="emulator", split=8, deterministic=True
+    # every overload merges 256 values from 4 blocks, in a shuffled block and thread order
+    src = header.PRELUDE + (
+        'extern "C" __global__ void merge(const float* x, float* p, double* d, int* i, long long* l) {\n'
+        "  const int t = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "  pn_atomic_cas<pn_op_prod>(p, x[t]); pn_atomic_cas<pn_op_max>(d, (double)x[t]);\n"
+        "  pn_atomic_cas<pn_op_max>(i, t); pn_atomic_cas<pn_op_min>(l, -(long long)t);\n}\n"
     )
-    for order in ("forward", "shuffled"):
-        out = k(a, order=order, seed=3)
-        np.testing.assert_allclose(out, fixed(a), rtol=1e-6)
-        np.testing.assert_allclose(out, a.astype(np.float64).prod(1), rtol=2e-3)
+    lib = emulator.build(src, {"merge": ["const float*", "float*", "double*", "int*", "long long*"]})
+    x = (1.0 + 0.01 * rng.standard_normal(256)).astype(np.float32)
+    p, d, i, ll = np.ones(1, np.float32), np.full(1, -np.inf), np.full(1, -1, np.int32), np.zeros(1, np.int64)
+    args = [ctypes.c_void_p(v.ctypes.data) for v in (x, p, d, i, ll)]
+    emulator.launch(lib, "merge", (4, 1, 1), (64, 1, 1), args, order="shuffled", seed=5)
+    np.testing.assert_allclose(p[0], x.astype(np.float64).prod(), rtol=1e-5)
+    assert d[0] == x.max() and i[0] == 255 and ll[0] == -255
 
 
 def test_ldcg_of_the_cas_types_runs_on_the_emulator_and_compiles_with_nvcc():
