@@ -70,7 +70,7 @@ def test_16bit_headers_only_in_kernels_with_a_16bit_type():
     assert "cuda_fp16.h" not in f32 and "cuda_bf16.h" not in f32 and "__half" not in f32
     for dt in ("float16", "bfloat16"):
         assert "#include <cuda_fp16.h>" in _row_sum(dt).source
-    mixed = lower(pn.sum(pn.placeholder((4, 64), "float32"), axis=1).astype("float16")).source
+    mixed = lower(pn.sum(pn.placeholder((4, 64), "float32"), axis=1).astype("float16"), target="emulator").source
     assert "#include <cuda_bf16.h>" in mixed  # a float32 input with a float16 result
     try:
         nvcc.find_nvcc()
@@ -143,7 +143,7 @@ def test_two_streams_get_distinct_resident_sets(rng):
 # -- 4. index width from the mapping ---------------------------------------------------------
 def test_an_elementwise_op_just_below_2_31_uses_64_bit_indices():
     n = 2**31 - 3
-    a = lower(pn.placeholder((n,), "float32", name="x") * 2.0)
+    a = lower(pn.placeholder((n,), "float32", name="x") * 2.0, target="emulator")
     kernel = a.source[a.source.index("pn_k0") :]
     assert "typedef long long pn_idx;" in kernel
     # every literal isl put in the kernel (e.g. 2146467840 + 256*bx + tx) is within the bound

@@ -79,7 +79,7 @@ def index_type(group: KernelGroup, m: Mapping) -> str:
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
-    >>> a = lower(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), stop_after="mappings")
+    >>> a = lower(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), stop_after="mappings", target="emulator")
     >>> index_type(a.groups[0], a.mappings[0])
     'int'
     """
