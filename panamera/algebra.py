@@ -14,7 +14,7 @@ side, the two renderings of the same algebra and the facts every stage asks of i
   last block combines);
 - `reference`: the numpy reduction results are checked against;
 - `result_dtype` / `acc_dtype` (numpy's rules), `truthiness` (all/any fold bool(x)) and
-  `merge_transcendentals` (the model's special-function count per merge).
+  `merge_transcendentals` / `merge_instructions` (what the model's issue term counts per merge).
 
 `tests/test_algebra.py` runs the generated C++ on the emulator for every combiner and dtype and
 checks it against the numpy definition here, the atomics included. Every combiner is associative
@@ -70,6 +70,7 @@ class Combiner:
     widens_small_ints: bool = False  # numpy: sum/prod of bool and int32 give int64
     truthiness: bool = False  # all/any: each element contributes bool(x); the result is bool
     merge_transcendentals: int = 0  # exps per merge of two accumulators (the model's SFU term)
+    merge_instructions: int = 1  # arithmetic instructions per merge, in the accumulator's precision
 
     def result_dtype(self, d: DType) -> DType:
         """numpy's result dtype: sum/prod of bool and int32 give int64; all/any give bool."""
@@ -160,7 +161,7 @@ MAX = Combiner(
     identity_of=lambda acc: _extreme(acc, top=False),
     reference=np.max,
     native_atomic="atomicMax", native_dtypes=frozenset({"int32", "int64"}),
-    has_identity=False,
+    has_identity=False, merge_instructions=2,
 )  # fmt: skip
 MIN = Combiner(
     "min", "pn_op_min", _MIN_APPLY, "return pn_lim<T>::highest();",
@@ -168,7 +169,7 @@ MIN = Combiner(
     identity_of=lambda acc: _extreme(acc, top=True),
     reference=np.min,
     native_atomic="atomicMin", native_dtypes=frozenset({"int32", "int64"}),
-    has_identity=False,
+    has_identity=False, merge_instructions=2,
 )  # fmt: skip
 ALL = Combiner(
     "all", "pn_op_and", "return a & b;", "return (T)1;",
@@ -203,6 +204,7 @@ return r;""",
     reference=np.var,
     lift=lambda x: (x, np.zeros_like(x), np.ones_like(x)),
     struct=True,
+    merge_instructions=16,  # add, compare, sub, a division (~8: reciprocal and Newton steps), 5 for mean and M2
 )  # fmt: skip
 # Online softmax statistics: (max, sum of exp(x - max)), rescaled when the max grows.
 ONLINE_LSE = Combiner(
@@ -222,6 +224,7 @@ return r;""",
     lift=lambda x: (x, np.ones_like(x)),
     struct=True,
     merge_transcendentals=2,
+    merge_instructions=8,  # max (2), compare, two subtractions, two multiply-adds around the exps
 )  # fmt: skip
 COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD, ONLINE_LSE)}
 

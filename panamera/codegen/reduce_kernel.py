@@ -5,7 +5,14 @@ whose vector runs along the kept extent); the block combines them (pn_reduce_x a
 pn_reduce_y down a column tile); then each output is stored, merged into its resident workspace
 with one atomic per block, or written as the block's partial, as its merge mode says. With a
 split, the last block to arrive (counter + __threadfence) finishes: it stores the workspace's
-value and resets it, or combines the partials in a fixed order, and resets the counter.
+value and resets it, or combines the partials, and resets the counter.
+
+The last block combines partials with every one of its threads, as the main loop reduces: a
+ROW/ALL output's partials lie contiguous (`ws[o * split + b]`), and the tx threads of its row
+stride over them and reduce across the row; a COLUMN tile's partials lie split-major
+(`ws[b * M + o]`), and the ty threads of each column stride over them and reduce down the
+column. Loads are coalesced and the order is fixed by the code, not by block arrival, so
+partials stay bit-identical run to run (`deterministic=True`).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             "    __threadfence();",
         ]
         out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(k, s, o, m.merges[k]))]
+        out += ["  " + ln for ln in _combine_partials(loop)]
         out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
@@ -90,7 +98,9 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode) -> list[str]:
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
     if mode == MergeMode.ATOMIC_WS:
         return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
-    return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
+    if s.form == Form.COLUMN:
+        return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
+    return [f"ws{k}[{o} * (pn_idx)gridDim.y + by] = {a};"]
 
 
 def _final(k: int, s: Statement, o: str, mode: MergeMode) -> list[str]:
@@ -99,12 +109,40 @@ def _final(k: int, s: Statement, o: str, mode: MergeMode) -> list[str]:
             f"pn_st(&out{k}[{o}], {post(s, f'pn_ldcg(&ws{k}[{o}])')});",
             f"ws{k}[{o}] = {identity_expr(s)};",
         ]
-    if mode == MergeMode.PARTIALS:  # a fixed order of the partials: bit-identical results
-        return [
-            "{",
-            f"  {s.acc.compute} a = {identity_expr(s)};",
-            f"  for (pn_idx s = 0; s < (pn_idx)gridDim.y; ++s) a = {s.combiner.functor}::apply(a, pn_ldcg(&ws{k}[s * {s.M} + {o}]));",
-            f"  pn_st(&out{k}[{o}], {post(s, 'a')});",
-            "}",
-        ]
     return []
+
+
+def _combine_partials(loop: ThreadLoop) -> list[str]:
+    """The last block's combine of every PARTIALS output: all threads load, then reduce."""
+    g, m = loop.g, loop.m
+    col = g.form == Form.COLUMN
+    out = []
+    for k, s in enumerate(g.statements):
+        if m.merges[k] != MergeMode.PARTIALS:
+            continue
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        smem = f"pn_smem_{c_ident(s.acc.compute)}"
+        a = f"pn_p{k}"
+        if col:
+            out += [
+                f"for (int v = 0; v < {m.vec}; ++v) {{",
+                f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;",
+                f"  {s.acc.compute} {a} = {identity_expr(s)};",
+                f"  if (o < {g.M}) for (pn_idx b = ty; b < (pn_idx)gridDim.y; b += {m.ty}) "
+                f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[b * {s.M} + o]));",
+                f"  {a} = pn_reduce_y{tmpl}({a}, {smem});",
+                f"  if (ty == 0 && o < {g.M}) pn_st(&out{k}[o], {post(s, a)});",
+                "}",
+            ]
+        else:
+            out += [
+                "{",
+                f"  const pn_idx o = bx * {m.ty} + ty;",
+                f"  {s.acc.compute} {a} = {identity_expr(s)};",
+                f"  if (o < {g.M}) for (pn_idx b = tx; b < (pn_idx)gridDim.y; b += {m.tx}) "
+                f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[o * (pn_idx)gridDim.y + b]));",
+                f"  {a} = pn_reduce_x{tmpl}({a}, {smem});",
+                f"  if (tx == 0 && o < {g.M}) pn_st(&out{k}[o], {post(s, a)});",
+                "}",
+            ]
+    return out

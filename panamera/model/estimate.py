@@ -27,13 +27,14 @@ class Estimate:
     launch_us: float
     dram_us: float
     l2_us: float
-    sfu_us: float
+    sfu_us: float  # the special-function part of issue_us
     tail_us: float
     atomic_us: float
     launches: int
     dram_bytes: int
     compulsory_bytes: int
-    limit_us: float  # compulsory bytes at the achievable bandwidth, plus one launch
+    limit_us: float  # one launch + one unloaded DRAM round trip + compulsory bytes at eta * peak
+    issue_us: float = 0.0  # arithmetic issue time (FP32, FP64, SFU)
 
     @property
     def ratio_to_limit(self) -> float:
@@ -41,9 +42,10 @@ class Estimate:
 
 
 def limit_us(compulsory_bytes: int, gpu: GPUSpec) -> float:
-    """The floor for any implementation: every input read once and every output written once at
-    the achievable DRAM bandwidth, plus one kernel launch."""
-    return (compulsory_bytes / gpu.achievable_bw + gpu.launch_s) * 1e6
+    """The floor for any implementation (docs/GPU_MODEL.md): one launch, one unloaded DRAM round
+    trip (the first bytes must arrive before anything can be combined), and every input read
+    once and every output written once at the achievable DRAM bandwidth."""
+    return (gpu.launch_s + gpu.dram_latency_s + compulsory_bytes / gpu.achievable_bw) * 1e6
 
 
 def compulsory_bytes(plan: LaunchPlan) -> int:
@@ -62,7 +64,8 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | None = None, extra_launches: 
     launches = plan.per_call if isinstance(plan, LaunchPlan) else list(plan)
     costs = [kernel_time(gpu, **dict(ln.cost_features)) for ln in launches]
     part = {
-        k: sum(getattr(c, f"{k}_s") for c in costs) * 1e6 for k in ("launch", "dram", "l2", "sfu", "tail", "atomic")
+        k: sum(getattr(c, f"{k}_s") for c in costs) * 1e6
+        for k in ("launch", "dram", "l2", "sfu", "issue", "tail", "atomic")
     }
     extra = extra_launches * gpu.launch_s * 1e6
     part["launch"] += extra
@@ -70,5 +73,5 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | None = None, extra_launches: 
     return Estimate(
         gpu.name, sum(c.total_s for c in costs) * 1e6 + extra, part["launch"], part["dram"], part["l2"], part["sfu"],
         part["tail"], part["atomic"], len(launches) + extra_launches,
-        sum(ln.bytes_read + ln.bytes_written for ln in launches), need, limit_us(need, gpu),
+        sum(ln.bytes_read + ln.bytes_written for ln in launches), need, limit_us(need, gpu), part["issue"],
     )  # fmt: skip

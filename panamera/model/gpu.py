@@ -1,17 +1,33 @@
 """GPU figures (docs/GPU_MODEL.md, with their sources there) and the per-kernel time model.
 
-    T = T_launch + max(T_dram, T_l2, T_sfu) + T_tail + T_atomic
-    T_dram   = bytes / BW_eff,  BW_eff = min(eta * BW_peak, active SMs * bytes in flight per SM / latency)
+    T = T_launch + max(T_dram, T_l2, T_issue) + T_tail + T_atomic
 
-`latency` in Little's law is the *loaded* latency [derived]: docs/GPU_MODEL.md says to aim for 32 KB in
-flight per SM to saturate DRAM, i.e. latency = SMs * 32 KB / (eta * BW_peak) (about 1.4 us on
-H100, four times the unloaded 350 ns: queueing under load). With the unloaded figure the model
-would call a quarter of that occupancy enough, which measurements of streaming kernels do not
-support.
+    T_launch = the launch alone [derived]: the measured 2.5 us per kernel of a two-kernel CUB
+               reduce of a tiny input holds each kernel's own DRAM round trip and epilogue, so the
+               launch is about 2.1 us (docs/GPU_MODEL.md, "The launch figure contains work").
+    T_dram   = max(bytes / BW, L0 + bytes / (eta * BW_peak)): the first round trip, then the stream;
+               BW from Little's law with a latency that rises with load:
+               BW = min(eta * BW_peak, F / L(BW)),  L(BW) = L0 + (L1 - L0) * BW / (eta * BW_peak)
+               F: bytes in flight chip-wide (streamed input bytes only, never more than the kernel
+               moves); L0 the unloaded latency [measured]; L1 the loaded latency at saturation
+               [derived: SMs * 32 KB / (eta * BW_peak), the "aim for 32 KB per SM" rule, ~1.4 us on
+               H100]. A 512-byte sum pays one unloaded round trip, a saturating stream L1.
     T_l2     = bytes re-read while resident in L2 / L2 bandwidth
-    T_sfu    = transcendental ops (exp, log, sqrt, rsqrt) / (SMs * 16 per clock * clock)  [spec: CUDA
-               Programming Guide throughput table, compute capability 8.x/9.0]
-    T_atomic = same-address atomics / L2 clock + all atomics / distinct-address atomic throughput
+    T_issue  = max(all FP and SFU instructions / 128, FP64 / 64, SFU / 16) per SM per clock, over
+               the SMs the kernel occupies [spec: 4 schedulers x 32 lanes; H100 SXM FP64 64 and
+               SFU 16 lanes per SM per clock]: arithmetic that outlasts the DRAM time binds.
+    T_tail   = the last wave's block epilogue (earlier waves' epilogues hide under streaming)
+    T_atomic = the merges left exposed: those of the last wave, plus what earlier waves issue
+               beyond the streaming time they overlap. Native atomics cost 1 / atomic rate each
+               and serialize on one address at one per L2 clock; compare-and-swap merges
+               serialize on one address at one L2 round trip each (a CAS needs the previous
+               value back) [derived].
+
+`estimate.limit_us` is docs/GPU_MODEL.md's limit: one launch + one unloaded DRAM round trip +
+compulsory bytes at eta * BW_peak.
+
+>>> round(kernel_time(H100, dram_bytes=512, blocks=1, threads=32, bytes_in_flight_per_thread=16).dram_s * 1e6, 2)
+0.35
 """
 
 from __future__ import annotations
@@ -33,6 +49,9 @@ class GPUSpec:
     l2_clock_hz: float  # same-address atomics retire about one per L2 clock
     l2_bw: float = 10e12  # bytes/s for L2 hits
     sfu_per_clock_sm: int = 16
+    fp32_per_clock_sm: int = 128  # also the issue width: 4 schedulers x 32 lanes
+    fp64_per_clock_sm: int = 64
+    l2_latency_cycles: int = 270  # an L2 hit's round trip, in core clocks: one CAS merge on a contended word
     l2_size: int = 50 * 2**20
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
@@ -49,17 +68,40 @@ class GPUSpec:
 
     @property
     def loaded_latency_s(self) -> float:
+        """DRAM latency at saturation [derived]: 32 KB in flight per SM saturate the achievable
+        bandwidth, so by Little's law the latency under that load is SMs * 32 KB / BW."""
         return max(self.dram_latency_s, self.sms * 32 * 1024 / self.achievable_bw)
+
+    def bandwidth(self, in_flight: float) -> float:
+        """The DRAM bandwidth `in_flight` bytes sustain: Little's law, BW = F / L(BW), with the
+        latency rising linearly from unloaded to loaded as BW approaches eta * peak; solved
+        for BW (the positive root of k BW^2 + L0 BW - F = 0) and capped at eta * peak."""
+        if in_flight <= 0:
+            return 0.0
+        bmax, l0 = self.achievable_bw, self.dram_latency_s
+        k = (self.loaded_latency_s - l0) / bmax
+        bw = in_flight / l0 if k <= 0 else (-l0 + math.sqrt(l0 * l0 + 4 * k * in_flight)) / (2 * k)
+        return min(bmax, bw)
 
 
 _COMMON = (
-    ("launch_s", "[measured] a two-kernel CUB reduce takes 4.9-5.4 us on tiny inputs (cccl PR #9722)"),
+    (
+        "launch_s",
+        "[derived] 2.5 us per kernel of a two-kernel CUB reduce of a tiny input (4.9-5.4 us, cccl PR "
+        "#9722) less the kernel's own DRAM round trip and epilogue it contains: about 2.1 us (docs/GPU_MODEL.md)",
+    ),
+    ("fp32/fp64_per_clock_sm", "[spec] NVIDIA H100/A100 whitepapers: 128 FP32 and 64 FP64 lanes per SM (SXM)"),
+    (
+        "l2_latency_cycles",
+        "[measured] L2 hits take 222-339 cycles on an L40 (arXiv 2606.22588), about 270 on "
+        "H100 (chipsandcheese, 'Nvidia's H100: Funny L2')",
+    ),
     ("l2_clock_hz", "[measured] same-address atomics retire about one per L2 clock (gpgpu-sim PR #33, V100)"),
     ("sfu_per_clock_sm", "[spec] CUDA Programming Guide throughput table"),
     ("max_threads_sm/max_blocks_sm", "[spec] 2048 threads, 32 blocks per SM (cc 7.0-9.0)"),
 )
 H100 = GPUSpec(
-    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.5e-6, 60e9, 1.75e9,
+    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.1e-6, 60e9, 1.75e9,
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
         ("eta", "[measured] CUB DeviceReduce reaches 90% of peak on H200 (cccl PR #9722)"),
@@ -76,7 +118,7 @@ A100 = GPUSpec(
     2.04e12,
     0.87,
     405e-9,
-    2.5e-6,
+    2.1e-6,
     40e9,
     1.41e9,
     l2_bw=5e12,
@@ -98,12 +140,14 @@ V100 = GPUSpec(
     900e9,
     0.85,
     450e-9,
-    3.0e-6,
+    2.5e-6,
     25e9,
     1.53e9,
     l2_bw=2.1e12,
     l2_size=6 * 2**20,
     sfu_per_clock_sm=16,
+    fp32_per_clock_sm=64,
+    fp64_per_clock_sm=32,
     max_blocks_sm=32,
     smem_per_block=96 * 1024,
     sources=(
@@ -111,7 +155,12 @@ V100 = GPUSpec(
         ("eta", "[measured] about 790 GB/s streaming of 900 GB/s peak (Jia et al. 2018, 'Dissecting Volta')"),
         ("l2_bw", "[measured] about 2.1 TB/s L2 load throughput (Jia et al. 2018)"),
         ("dram_latency_s", "[derived] about 690 cycles at 1.53 GHz from Jia et al. 2018's pointer chase"),
-        ("launch_s", "[assumed] 3 us back to back with CUDA 10 (no measurement in our sources)"),
+        (
+            "launch_s",
+            "[assumed] 3 us back to back with CUDA 10 (no measurement in our sources), less a round "
+            "trip and an epilogue as for H100: 2.5 us",
+        ),
+        ("fp64_per_clock_sm", "[spec] V100 whitepaper: 32 FP64 lanes per SM"),
         ("atomic_rate", "[assumed] scaled from H100's by L2 bandwidth (no published figure)"),
         ("l2_clock_hz", "[assumed] L2 at the core clock"),
     ),
@@ -126,12 +175,13 @@ class KernelCost:
     tail_s: float
     atomic_s: float
     l2_s: float = 0.0
-    sfu_s: float = 0.0
+    sfu_s: float = 0.0  # the special-function part of issue_s (shown apart, not added again)
+    issue_s: float = 0.0
     features: tuple = field(default=(), compare=False)  # kernel_time's keyword arguments, to re-model
 
     @property
     def total_s(self) -> float:
-        return self.launch_s + max(self.dram_s, self.l2_s, self.sfu_s) + self.tail_s + self.atomic_s
+        return self.launch_s + max(self.dram_s, self.l2_s, self.issue_s) + self.tail_s + self.atomic_s
 
 
 def kernel_time(
@@ -143,25 +193,54 @@ def kernel_time(
     bytes_in_flight_per_thread: float,
     atomics: int = 0,
     same_address: int = 0,
+    cas_atomics: int = 0,
     epilogue_cycles: int = 400,
     l2_bytes: float = 0.0,
     sfu_ops: float = 0.0,
+    fp32_ops: float = 0.0,
+    fp64_ops: float = 0.0,
 ) -> KernelCost:
-    """Modeled time of one kernel launch."""
+    """Modeled time of one kernel launch (the terms are in the module docstring).
+
+    `bytes_in_flight_per_thread`: streamed input bytes each thread has requested and not yet
+    received (vector width x loads in flight); `atomics`: every atomic the kernel issues (merges
+    and counter arrivals), of which `cas_atomics` are compare-and-swap merges; `same_address`:
+    merges into one word (the blocks that share an output); `*_ops`: thread instructions."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
-                ("same_address", same_address), ("epilogue_cycles", epilogue_cycles), ("l2_bytes", l2_bytes),
-                ("sfu_ops", sfu_ops))  # fmt: skip
+                ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
+                ("l2_bytes", l2_bytes), ("sfu_ops", sfu_ops), ("fp32_ops", fp32_ops), ("fp64_ops", fp64_ops))  # fmt: skip
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
-    in_flight = active * per_sm_blocks * threads * bytes_in_flight_per_thread
-    bw = min(gpu.achievable_bw, in_flight / gpu.loaded_latency_s)
-    dram = dram_bytes / bw if dram_bytes else 0.0
+    in_flight = min(active * per_sm_blocks * threads * bytes_in_flight_per_thread, dram_bytes)
+    # Little's law, but never faster than the first round trip plus the stream at full bandwidth.
+    dram = (
+        max(dram_bytes / gpu.bandwidth(in_flight), gpu.dram_latency_s + dram_bytes / gpu.achievable_bw)
+        if dram_bytes
+        else 0.0
+    )
     waves = math.ceil(blocks / (gpu.sms * resident))
-    tail = waves * epilogue_cycles / gpu.clock_hz
-    atomic = (same_address / gpu.l2_clock_hz + atomics / gpu.atomic_rate) if atomics else 0.0
-    sfu = sfu_ops / (gpu.sms * gpu.sfu_per_clock_sm * gpu.clock_hz)
-    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, features)
+    tail = epilogue_cycles / gpu.clock_hz
+    rate = active * gpu.clock_hz  # per-SM-clock throughputs, on the SMs the kernel occupies
+    sfu = sfu_ops / (gpu.sfu_per_clock_sm * rate)
+    issue = max(
+        (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
+    )
+    atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram)
+    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features)
+
+
+def _exposed_atomics(gpu: GPUSpec, atomics: int, same_address: int, cas: int, waves: int, streaming_s: float) -> float:
+    """The atomics' time not hidden under streaming: merges issued by earlier waves overlap the
+    later waves' loads; the last wave's, and any excess beyond the streaming time, are exposed."""
+    if not atomics:
+        return 0.0
+    serial_native = same_address / gpu.l2_clock_hz
+    serial_cas = same_address * gpu.l2_latency_cycles / gpu.clock_hz
+    serial = serial_cas if cas else serial_native
+    total = atomics / gpu.atomic_rate + serial
+    last = total / waves
+    return last + max(0.0, total - last - streaming_s)

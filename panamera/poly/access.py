@@ -77,10 +77,3 @@ def vec_fits(statements, along: str, extent: int, vec: int) -> bool:
     if not all(vec * w <= 16 for w in widths):
         return False
     return any(k == AccessKind.CONTIG for kinds in access_kinds(statements, along, vec) for k in kinds)
-
-
-def bytes_per_iteration(statements) -> int:
-    """DRAM bytes per (i, j) iteration: each input tensor once, however many statements read it
-    (they share its load)."""
-    tensors = {r.tensor.uid: r.tensor for s in statements for r in s.reads if r.memory}
-    return sum(t.dtype.itemsize for t in tensors.values())

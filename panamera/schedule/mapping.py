@@ -29,7 +29,7 @@ from ..algebra import AtomicStrategy
 from ..enums import StrEnum
 from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
-from ..poly.access import AccessKind, access_kinds, bytes_per_iteration, choose_vec
+from ..poly.access import AccessKind, access_kinds, choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
@@ -189,15 +189,58 @@ def vector_extent(group: KernelGroup) -> int:
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow")
 
 
-def sfu_ops(group: KernelGroup) -> float:
-    """Transcendental operations of a kernel group: per iteration of each statement body, plus
-    the exps of every merge (the combiner's `merge_transcendentals`: 2 for online softmax)."""
-    total = 0.0
+@dataclass(frozen=True)
+class Arithmetic:
+    """Thread instructions of a kernel group, by the pipe that issues them (the model's issue term)."""
+
+    fp32: float = 0.0
+    fp64: float = 0.0
+    sfu: float = 0.0
+
+    def features(self) -> dict[str, float]:
+        return {"fp32_ops": self.fp32, "fp64_ops": self.fp64, "sfu_ops": self.sfu}
+
+
+def arithmetic(group: KernelGroup) -> Arithmetic:
+    """Per iteration of each statement: one instruction per operation of its body (in its
+    dtype's register precision; a transcendental also occupies the SFU), and one merge into the
+    accumulator (the combiner's `merge_instructions` and `merge_transcendentals`, in the
+    accumulator's precision: Welford in double costs FP64 issue slots)."""
+    fp32 = fp64 = sfu = 0.0
     for s in group.statements:
-        per = sum(1 for e in s.body.walk() if e.op in TRANSCENDENTAL)
-        per += s.combiner.merge_transcendentals if s.combiner is not None else 0
-        total += per * s.M * s.N
-    return total
+        n = s.M * s.N
+        for e in s.body.walk():
+            if e.op in ("load", "const"):
+                continue
+            if e.dtype.compute == "double":
+                fp64 += n
+            else:
+                fp32 += n
+            sfu += n if e.op in TRANSCENDENTAL else 0
+        if s.combiner is not None:
+            acc = s.acc.field if s.acc.is_struct else s.acc
+            merge = n * s.combiner.merge_instructions
+            if acc.compute == "double":
+                fp64 += merge
+            else:
+                fp32 += merge
+            sfu += n * s.combiner.merge_transcendentals
+    return Arithmetic(fp32, fp64, sfu)
+
+
+def streamed_bytes_per_iteration(group: KernelGroup) -> int:
+    """Input bytes each (i, j) iteration streams from DRAM: the tensors that span the whole
+    iteration space. Broadcast parameters (a LayerNorm's gamma) are re-read from cache, and
+    values a stitched group keeps in registers are not memory reads at all: neither is a DRAM
+    request in flight."""
+    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    tensors = {
+        r.tensor.uid: r.tensor
+        for s in group.statements
+        for r in s.reads
+        if r.memory and r.tensor.uid not in members and r.tensor.size >= group.M * group.N
+    }
+    return sum(t.dtype.itemsize for t in tensors.values())
 
 
 def unroll_for(vec: int, iterations: int) -> int:
@@ -287,25 +330,35 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
 
 
 # -- the model of one candidate ----------------------------------------------------------------
-def _traffic(group: KernelGroup) -> tuple[int, int]:
-    """(bytes per iteration of the inputs, total compulsory bytes of a plain kernel)."""
-    M, N = group.M, group.N
-    elem_bytes = max(1, bytes_per_iteration(group.statements))
-    return elem_bytes, M * N * elem_bytes + M * sum(s.result.dtype.itemsize for s in group.statements)
+def _input_bytes(group: KernelGroup) -> int:
+    """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
+    broadcast parameter re-read by every row hits the cache after its first read)."""
+    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    reads = {
+        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
+    }
+    return sum(t.size * t.dtype.itemsize for t in reads.values())
+
+
+def _in_flight(group: KernelGroup, d: Decision) -> int:
+    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads."""
+    return max(1, streamed_bytes_per_iteration(group)) * d.vec * d.unroll
 
 
 def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> KernelCost:
     """The model's time of one candidate decision: the same for the search and for a replay."""
     if group.stitched:
         return _stitched_cost(group, gpu, d)
-    elem_bytes, total_bytes = _traffic(group)
+    out_bytes = group.M * sum(s.result.dtype.itemsize for s in group.statements)
+    work = arithmetic(group).features()
     if d.form == Form.MAP:
         return kernel_time(
             gpu,
-            dram_bytes=total_bytes,
+            dram_bytes=_input_bytes(group) + out_bytes,
             blocks=d.grid[0],
             threads=d.tx,
-            bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,
+            bytes_in_flight_per_thread=_in_flight(group, d),
+            **work,
         )
     s_eff = d.split
     blocks = d.grid[0] * s_eff
@@ -317,34 +370,45 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     # partials: every block writes its partials and the last block reads them all.
     merges = s_eff if partials else 2
     ws_bytes = outputs * merges * acc_bytes if is_split else 0
+    cas = 0
+    if is_split and not partials:
+        cas = sum(group.M * s_eff for st in group.statements if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
     return kernel_time(
         gpu,
-        dram_bytes=total_bytes + ws_bytes,
+        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
         blocks=blocks,
         threads=d.tx * d.ty,
-        bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,  # unroll unguarded loads per step
+        bytes_in_flight_per_thread=_in_flight(group, d),  # unroll unguarded loads per step
         atomics=(blocks + (0 if partials else outputs * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
-        sfu_ops=sfu_ops(group),
+        cas_atomics=cas,
+        epilogue_cycles=400 + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        **work,
     )
+
+
+def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
+    """The last block's combine of the partials (codegen/reduce_kernel.py): the threads of each
+    output stride over its `split` partials, coalesced, one L2 round trip per step (the loop
+    carries its accumulator), then reduce across the block as the main loop does."""
+    if group.form == Form.COLUMN:
+        steps = math.ceil(d.split / d.ty) * d.vec
+    else:
+        steps = math.ceil(d.split / d.tx)
+    return steps * gpu.l2_latency_cycles * len(group.statements)
 
 
 def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
     L2 when the rows in flight fit in half of it."""
     M = group.M
-    members = {s.result.uid for s in group.statements}
-    reads = {
-        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
-    }
-    in_bytes = sum(t.size * t.dtype.itemsize for t in reads.values())
+    in_bytes = _input_bytes(group)
     out_bytes = sum(
         s.result.size * s.result.dtype.itemsize
         for s in group.statements
         if s.kind == StatementKind.MAP or s.result.uid in group.external
     )
     row_bytes = in_bytes / max(M, 1)
-    elem_bytes = max(1, bytes_per_iteration(group.statements))
     gx = d.grid[0]
     resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
     n_passes = passes(group, d.levels)
@@ -356,9 +420,9 @@ def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         l2_bytes=reread if in_l2 else 0,
         blocks=gx,
         threads=d.tx * d.ty,
-        bytes_in_flight_per_thread=elem_bytes * d.vec * d.unroll,
+        bytes_in_flight_per_thread=_in_flight(group, d),
         epilogue_cycles=400 * n_passes,
-        sfu_ops=sfu_ops(group),
+        **arithmetic(group).features(),
     )
 
 
@@ -379,8 +443,8 @@ def map_group(
     name: str = "",
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
-    with the least modeled time. `deterministic` plans for partials merged by the last block
-    instead of atomics. `split` and `threads` force those choices (an explicit split alone
+    with the least modeled time, merging a split by atomics or by partials the last block
+    combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
     keeps 256 threads per block). `name` names the kernel and its workspaces."""
     if group.stitched:
         return _map_stitched(group, gpu, name)
@@ -401,7 +465,8 @@ def map_group(
     access = _access(group, vec)
     G = N // vec if form in (Form.ROW, Form.ALL) else M // vec
     serial_extent = G if form != Form.COLUMN else N  # iterations along the reduced split dimension
-    partials = deterministic or _struct(group)
+    # Partials or atomics: forced by `deterministic` and struct accumulators, else the model's.
+    merge_options = (True,) if deterministic or _struct(group) else (False, True)
     best = None
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.
@@ -427,13 +492,16 @@ def map_group(
         for s in candidates:
             chunk = math.ceil(math.ceil(serial_extent / s) / per_split) * per_split
             s_eff = math.ceil(serial_extent / chunk)
-            d = Decision(
-                **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials), access=access,
-            )  # fmt: skip
-            cost = _cost(group, gpu, d, partials)
-            if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks and threads unless clearly faster
-                best = (cost, d)
+            for partials in merge_options if s_eff > 1 else merge_options[:1]:
+                d = Decision(
+                    **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
+                    unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials),
+                    access=access,
+                )  # fmt: skip
+                cost = _cost(group, gpu, d, partials)
+                # fewer blocks and threads, and atomics before partials, unless clearly faster
+                if best is None or cost.total_s < best[0].total_s * 0.97:
+                    best = (cost, d)
     return _complete(group, best[1], gpu, name, best[0])
 
 

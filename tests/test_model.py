@@ -1,0 +1,116 @@
+"""Each term of the performance model (panamera/model/gpu.py) pinned on a hand-computed example."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import panamera as pn
+from panamera.compiler import lower
+from panamera.model import H100, estimate, kernel_time, limit_us
+from panamera.schedule.mapping import arithmetic, streamed_bytes_per_iteration
+
+BMAX = 0.9 * 3.35e12  # achievable bytes/s on H100
+L0 = 350e-9  # unloaded DRAM latency
+L1 = 132 * 32 * 1024 / BMAX  # loaded latency: 32 KB per SM in flight saturate BMAX
+
+
+def test_the_launch_is_net_of_the_work_its_measurement_contains():
+    # 2.5 us per kernel of a two-kernel CUB reduce, less its own round trip and epilogue.
+    assert H100.launch_s == pytest.approx(2.1e-6)
+    assert kernel_time(H100, dram_bytes=0, blocks=0, threads=1, bytes_in_flight_per_thread=0).total_s == 2.1e-6
+
+
+def test_the_limit_is_a_launch_a_round_trip_and_the_compulsory_bytes():
+    assert limit_us(3_000_000, H100) == pytest.approx(2.1 + 0.35 + 3e6 / BMAX * 1e6)
+
+
+def test_latency_rises_with_the_bandwidth_in_use():
+    # BW * L(BW) = F with L linear from L0 (idle) to L1 (at BMAX).
+    for f in (4096, 1 << 20):
+        bw = H100.bandwidth(f)
+        assert bw * (L0 + (L1 - L0) * bw / BMAX) == pytest.approx(f)
+    assert H100.bandwidth(4096) == pytest.approx(4096 / L0, rel=0.02)  # a trickle sees the idle latency
+    assert H100.bandwidth(BMAX * L1) == pytest.approx(BMAX)  # the 32 KB-per-SM rule saturates
+    assert H100.bandwidth(10 * BMAX * L1) == BMAX
+
+
+def test_a_tiny_kernel_pays_one_unloaded_round_trip():
+    k = kernel_time(H100, dram_bytes=512, blocks=1, threads=32, bytes_in_flight_per_thread=16)
+    assert k.dram_s == pytest.approx(L0, rel=0.01)  # not the 1.43 us loaded latency
+
+
+def test_a_stream_pays_the_first_round_trip_then_the_bandwidth():
+    k = kernel_time(H100, dram_bytes=64e6, blocks=132 * 8, threads=256, bytes_in_flight_per_thread=64)
+    assert k.dram_s == pytest.approx(L0 + 64e6 / BMAX)
+
+
+def test_bytes_in_flight_never_exceed_what_the_kernel_moves():
+    small = kernel_time(H100, dram_bytes=8192, blocks=132, threads=1024, bytes_in_flight_per_thread=64)
+    assert small.dram_s == pytest.approx(8192 / H100.bandwidth(8192))
+
+
+def test_atomics_of_earlier_waves_hide_under_streaming():
+    kw = dict(dram_bytes=256e6, threads=256, bytes_in_flight_per_thread=64, atomics=1_000_000)
+    one_wave = kernel_time(H100, blocks=132 * 8, **kw)  # 8 blocks of 256 threads per SM: one wave
+    four_waves = kernel_time(H100, blocks=132 * 8 * 4, **kw)
+    total = 1_000_000 / H100.atomic_rate
+    assert one_wave.atomic_s == pytest.approx(total)  # everything merges after the stream
+    assert four_waves.atomic_s == pytest.approx(total / 4)  # only the last wave's merges are exposed
+
+
+def test_compare_and_swap_merges_serialize_at_an_l2_round_trip():
+    kw = dict(dram_bytes=1e6, blocks=64, threads=256, bytes_in_flight_per_thread=16, atomics=128, same_address=64)
+    native = kernel_time(H100, **kw)
+    cas = kernel_time(H100, cas_atomics=64, **kw)
+    assert native.atomic_s == pytest.approx(128 / H100.atomic_rate + 64 / H100.l2_clock_hz)
+    assert cas.atomic_s == pytest.approx(128 / H100.atomic_rate + 64 * 270 / H100.clock_hz)
+
+
+def test_arithmetic_binds_when_it_outlasts_the_stream():
+    # 132 SMs x 64 FP64 lanes x 1.98 GHz: 1.67e13 FP64 instructions per second.
+    k = kernel_time(H100, dram_bytes=1e6, blocks=132, threads=256, bytes_in_flight_per_thread=64, fp64_ops=1.67e9)
+    assert k.issue_s == pytest.approx(1.67e9 / (132 * 64 * 1.98e9))
+    assert k.total_s == pytest.approx(k.launch_s + k.issue_s + k.tail_s)
+    few = kernel_time(H100, dram_bytes=1e6, blocks=2, threads=256, bytes_in_flight_per_thread=64, fp32_ops=1e6)
+    assert few.issue_s == pytest.approx(1e6 / (2 * 128 * 1.98e9))  # only the SMs it occupies issue
+    sfu = kernel_time(H100, dram_bytes=1e6, blocks=132, threads=256, bytes_in_flight_per_thread=64, sfu_ops=1e9)
+    assert sfu.issue_s == pytest.approx(1e9 / (132 * 16 * 1.98e9))
+
+
+def test_only_the_last_waves_epilogue_is_exposed():
+    k = kernel_time(H100, dram_bytes=1e9, blocks=132 * 8 * 10, threads=256, bytes_in_flight_per_thread=64)
+    assert k.tail_s == pytest.approx(400 / 1.98e9)
+
+
+def _group(outs):
+    return lower(outs, stop_after="groups", target="emulator").groups
+
+
+def test_bytes_in_flight_count_streamed_inputs_only():
+    # layer_norm: x streams (4 B per iteration); gamma and beta are broadcast parameters.
+    x = pn.placeholder((64, 1024), "float32", name="x")
+    g, b = pn.placeholder((1024,), "float32", name="g"), pn.placeholder((1024,), "float32", name="b")
+    groups = _group([pn.nn.layer_norm(x, g, b)])
+    assert [streamed_bytes_per_iteration(gr) for gr in groups] == [4]
+
+
+def test_welford_in_double_counts_fp64_issue_slots():
+    x = pn.placeholder((256, 1024), "float32", name="x")
+    (group,) = _group([pn.var(x, axis=1)])
+    work = arithmetic(group)
+    welford = 16 * 256 * 1024  # merge_instructions per element, in the accumulator's precision
+    acc = group.statements[0].acc
+    assert (work.fp64 if acc.field.compute == "double" else work.fp32) >= welford
+
+
+def test_a_split_max_is_merged_by_partials_not_compare_and_swap_loops():
+    # float max has no native atomic: 512 blocks serializing on one word at an L2 round trip each
+    # would cost 70 us; the last block reads 512 partials with all its threads instead.
+    x = pn.placeholder((1024, 1024), "float32", name="x")
+    k = pn.compile(pn.max(x), target="emulator", use_database=False)
+    m = k.mappings[0]
+    assert m.split > 32 and set(map(str, m.merges)) == {"partials"}
+    assert estimate(k.plan, H100).ratio_to_limit < 1.15
+    assert math.isclose(k(x_np := __import__("numpy").random.default_rng(0).random((1024, 1024), "f4")), x_np.max())
