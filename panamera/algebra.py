@@ -23,7 +23,7 @@ and commutative, which is what lets Panamera reorder partials across threads and
 >>> SUM.identity(dtypes.float32), MAX.result_dtype(dtypes.int32).name, str(MAX.atomic(dtypes.float32))
 (0.0, 'int32', 'cas')
 >>> [float(v) for v in WELFORD.combine(WELFORD.lift(np.float64(1.0)), WELFORD.lift(np.float64(3.0)))]
-[2.0, 2.0, 2.0]
+[1.0, 1.0, 2.0, 2.0]
 """
 
 from __future__ import annotations
@@ -108,16 +108,19 @@ def _extreme(acc: DType, top: bool):
 
 
 def _welford_combine(a: Acc, b: Acc) -> Acc:
-    """Chan et al.'s pairwise merge of (mean, M2, count), in the order the C++ body computes it."""
-    (ma, qa, na), (mb, qb, nb) = a, b
+    """Chan et al.'s pairwise merge of shifted (shift, mean, M2, count), in the order the C++
+    body computes it: b's mean is moved to a's shift, so every quantity stays a deviation."""
+    (sa, ma, qa, na), (sb, mb, qb, nb) = a, b
     n = na + nb
-    with np.errstate(invalid="ignore", divide="ignore"):
-        d = mb - ma
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        mb_in_a = (sb - sa) + mb
+        d = mb_in_a - ma
         f = nb / n
         mean = ma + d * f
         m2 = qa + qb + d * d * na * f
-    empty = n == 0
-    return tuple(np.where(empty, x, y)[()] for x, y in ((ma, mean), (qa, m2), (na, n)))
+    merged = (sa, mean, m2, n)
+    out = tuple(np.where(nb == 0, x, np.where(na == 0, y, z)) for x, y, z in zip(a, b, merged))
+    return tuple(v[()] for v in out)
 
 
 def _lse_combine(a: Acc, b: Acc) -> Acc:
@@ -187,24 +190,29 @@ ANY = Combiner(
     native_atomic="atomicOr", native_dtypes=frozenset({"int32"}),
     truthiness=True,
 )  # fmt: skip
-# Welford / Chan et al.: (mean, M2, count), one pass and numerically stable.
+# Welford / Chan et al., shifted: (shift, mean of x - shift, M2, count), one pass. The shift is
+# the first element an accumulator saw, so the mean and M2 are accumulated as deviations and
+# float32 keeps their precision on data with a large mean (a float32 running mean of values near
+# 1e4 would drift by ~n ulps of 1e4).
 WELFORD = Combiner(
     "welford", "pn_op_welford",
-    """const auto n = a.n + b.n;
-if (n == 0) return a;
-const auto d = b.mean - a.mean, f = b.n / n;
+    """if (b.n == 0) return a;
+if (a.n == 0) return b;
+const auto n = a.n + b.n;
+const auto d = ((b.shift - a.shift) + b.mean) - a.mean, f = b.n / n;
 T r;
+r.shift = a.shift;
 r.mean = a.mean + d * f;
 r.m2 = a.m2 + b.m2 + d * d * a.n * f;
 r.n = n;
 return r;""",
-    "T r;\nr.mean = 0;\nr.m2 = 0;\nr.n = 0;\nreturn r;",
+    "T r;\nr.shift = 0;\nr.mean = 0;\nr.m2 = 0;\nr.n = 0;\nreturn r;",
     combine=_welford_combine,
-    identity_of=lambda acc: (0.0, 0.0, 0.0),
+    identity_of=lambda acc: (0.0, 0.0, 0.0, 0.0),
     reference=np.var,
-    lift=lambda x: (x, np.zeros_like(x), np.ones_like(x)),
+    lift=lambda x: (x, np.zeros_like(x), np.zeros_like(x), np.ones_like(x)),
     struct=True,
-    merge_instructions=16,  # add, compare, sub, a division (~8: reciprocal and Newton steps), 5 for mean and M2
+    merge_instructions=18,  # 2 compares, 4 add/sub, a division (~8: reciprocal, Newton), 4 for mean and M2
 )  # fmt: skip
 # Online softmax statistics: (max, sum of exp(x - max)), rescaled when the max grows.
 ONLINE_LSE = Combiner(

@@ -58,11 +58,12 @@ SUPPORTED = tuple(_TABLE)
 float32, float64, float16, bfloat16 = (_TABLE[n] for n in ("float32", "float64", "float16", "bfloat16"))
 
 # Welford accumulators (mean, M2, count), never tensor dtypes: only reductions hold them.
+_WELFORD_FIELDS = ("shift", "mean", "m2", "n")  # algebra.WELFORD: the mean is of x - shift
 welford32 = DType(
-    "welford32", np.dtype([("mean", "f4"), ("m2", "f4"), ("n", "f4")]), "pn_welford<float>", "pn_welford<float>", 12
+    "welford32", np.dtype([(f, "f4") for f in _WELFORD_FIELDS]), "pn_welford<float>", "pn_welford<float>", 16
 )
 welford64 = DType(
-    "welford64", np.dtype([("mean", "f8"), ("m2", "f8"), ("n", "f8")]), "pn_welford<double>", "pn_welford<double>", 24
+    "welford64", np.dtype([(f, "f8") for f in _WELFORD_FIELDS]), "pn_welford<double>", "pn_welford<double>", 32
 )
 int32, int64, bool_ = _TABLE["int32"], _TABLE["int64"], _TABLE["bool"]
 

@@ -55,10 +55,11 @@ template <> struct pn_lim<long long> {
 // conversion from T is the accumulation of one element; the default constructor stays trivial
 // so that the accumulator can live in __shared__ memory.
 template <class T> struct pn_welford {
-  T mean, m2, n;
+  T shift, mean, m2, n;  // mean: of x - shift; shift: the first element seen (algebra.WELFORD)
   pn_welford() = default;
-  __device__ __forceinline__ pn_welford(T x) : mean(x), m2((T)0), n((T)1) {}
+  __device__ __forceinline__ pn_welford(T x) : shift(x), mean((T)0), m2((T)0), n((T)1) {}
 };
+template <class T> __device__ __forceinline__ T pn_welford_mean(pn_welford<T> w) { return w.shift + w.mean; }
 template <class T> __device__ __forceinline__ T pn_welford_var(pn_welford<T> w, int ddof) { return w.m2 / (w.n - (T)ddof); }
 
 // Online softmax statistics (m, s): s = sum of exp(x - m) over the elements seen, rescaled to a
@@ -75,6 +76,7 @@ template <class T> struct pn_lse {
 // Shuffles and cache-global loads of any accumulator (structs member by member).
 template <class T> __device__ __forceinline__ T pn_shfl_down(T v, int o, int w) { return __shfl_down_sync(0xffffffffu, v, o, w); }
 template <class T> __device__ __forceinline__ pn_welford<T> pn_shfl_down(pn_welford<T> v, int o, int w) {
+  v.shift = __shfl_down_sync(0xffffffffu, v.shift, o, w);
   v.mean = __shfl_down_sync(0xffffffffu, v.mean, o, w);
   v.m2 = __shfl_down_sync(0xffffffffu, v.m2, o, w);
   v.n = __shfl_down_sync(0xffffffffu, v.n, o, w);
@@ -94,6 +96,7 @@ template <class T> __device__ __forceinline__ pn_lse<T> pn_ldcg(const pn_lse<T>*
 }
 template <class T> __device__ __forceinline__ pn_welford<T> pn_ldcg(const pn_welford<T>* p) {
   pn_welford<T> w;
+  w.shift = __ldcg(&p->shift);
   w.mean = __ldcg(&p->mean);
   w.m2 = __ldcg(&p->m2);
   w.n = __ldcg(&p->n);

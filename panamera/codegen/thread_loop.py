@@ -48,7 +48,9 @@ def post(s: Statement, a: str) -> str:
         if s.post[0] == "argindex":  # the index packed in an argmax/argmin key
             index = f"pn_argindex_{s.post[1]}({a})"
             return f"({int(s.post[2])}LL - {index})" if s.post[2] >= 0 else index
-        return f"({a}).{s.post[0]}"  # a field: mean of Welford, m or s of online softmax
+        if s.post[0] == "mean":  # Welford's mean is kept relative to its shift
+            return f"pn_welford_mean({a})"
+        return f"({a}).{s.post[0]}"  # a field: m or s of online softmax
     if s.mean_count:
         return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
     return a

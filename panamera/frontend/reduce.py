@@ -213,9 +213,10 @@ def welford(x: Tensor, axis=None, keepdims: bool = False, field: str = "var", dd
     x = _tensor(x, "welford")
     axes = normalize_axes(axis, x.ndim, x.label)
     res = x.dtype if x.dtype.is_float else dtypes.float64
-    # float64 accumulators: Welford's running mean in float32 drifts by ~n ulps on data with a
-    # large mean (5e-5 relative error at mean 1e4); in float64 the result keeps float32 precision.
-    acc = dtypes.welford64
+    # float32 accumulators for 16- and 32-bit floats, float64 for float64 and integers: the
+    # shifted merge (algebra.WELFORD) accumulates deviations, so float32 keeps float32 precision
+    # on data with a large mean, and the kernel issues no FP64 work for float32 inputs.
+    acc = dtypes.welford64 if res.name == "float64" else dtypes.welford32
     src = x if x.dtype.is_float else x.astype(dtypes.float64)
     n = math.prod(x.shape[a] for a in axes)
     post = ("mean",) if field == "mean" else ("var", min(int(ddof), n))  # numpy: max(n - ddof, 0)
