@@ -237,6 +237,31 @@ return r;""",
 COMBINERS = {c.name: c for c in (SUM, PROD, MAX, MIN, ALL, ANY, WELFORD, ONLINE_LSE)}
 
 
+class FinishKind(StrEnum):
+    """What a reduction stores from its accumulator, when it is not the accumulator itself."""
+
+    WELFORD_MEAN = "welford_mean"  # shift + mean of a Welford accumulator
+    WELFORD_VAR = "welford_var"  # M2 / (n - ddof)
+    LSE_MAX = "lse_max"  # the running max of online-softmax statistics
+    LSE_SUM = "lse_sum"  # the rescaled sum of exp(x - max)
+    ARGMAX_INDEX = "argmax_index"  # the index packed in an argmax key
+    ARGMIN_INDEX = "argmin_index"
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The value a reduction stores from its accumulator: `kind`, with the variance's `ddof`, or
+    for an index the extent - 1 it counts back from (`last_index >= 0`: numpy's last occurrence).
+
+    >>> Finish(FinishKind.WELFORD_VAR, ddof=1)
+    Finish(kind=<FinishKind.WELFORD_VAR: 'welford_var'>, ddof=1, last_index=-1)
+    """
+
+    kind: FinishKind
+    ddof: int = 0
+    last_index: int = -1
+
+
 # argmax/argmin keys: (value, index) packed into one int64 whose signed order is the order of
 # (value, then first index), so that argmax is MAX over keys and argmin MIN. This is the numpy
 # definition of codegen/header.py's pn_argkey_max/min (tests/test_algebra.py checks the pair).

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import islpy as isl
 
+from ..algebra import FinishKind
 from ..dtypes import DType, bool_
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
@@ -42,15 +43,17 @@ def post_dtype(s: Statement) -> DType:
 
 def post(s: Statement, a: str) -> str:
     """The reduction's value from its accumulator `a`, in the dtype `post_dtype(s)`."""
-    if s.post:
-        if s.post[0] == "var":
-            return f"pn_welford_var({a}, {int(s.post[1])})"
-        if s.post[0] == "argindex":  # the index packed in an argmax/argmin key
-            index = f"pn_argindex_{s.post[1]}({a})"
-            return f"({int(s.post[2])}LL - {index})" if s.post[2] >= 0 else index
-        if s.post[0] == "mean":  # Welford's mean is kept relative to its shift
-            return f"pn_welford_mean({a})"
-        return f"({a}).{s.post[0]}"  # a field: m or s of online softmax
+    f = s.post
+    if f is not None:
+        if f.kind in (FinishKind.ARGMAX_INDEX, FinishKind.ARGMIN_INDEX):  # the index packed in the key
+            index = f"pn_argindex_{'max' if f.kind == FinishKind.ARGMAX_INDEX else 'min'}({a})"
+            return f"({int(f.last_index)}LL - {index})" if f.last_index >= 0 else index
+        return {
+            FinishKind.WELFORD_MEAN: f"pn_welford_mean({a})",  # kept relative to its shift
+            FinishKind.WELFORD_VAR: f"pn_welford_var({a}, {int(f.ddof)})",
+            FinishKind.LSE_MAX: f"({a}).m",
+            FinishKind.LSE_SUM: f"({a}).s",
+        }[f.kind]
     if s.mean_count:
         return f"({a} / ({s.acc.compute}){literal(s.mean_count, s.acc)})"
     return a

@@ -162,9 +162,9 @@ def online_softmax_stats(x: Tensor, axis=-1, keepdims: bool = True) -> tuple[Ten
     out_shape = reduced_shape(x.shape, axes, keepdims)
     res = x.dtype
 
-    def stat(field):
+    def stat(field: algebra.FinishKind) -> Tensor:
         attrs = (("combiner", algebra.ONLINE_LSE), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", False),
-                 ("acc", acc), ("post", (field,)))  # fmt: skip
+                 ("acc", acc), ("post", algebra.Finish(field)))  # fmt: skip
         return Tensor("reduce", (x,), out_shape, res, attrs=attrs)
 
-    return stat("m"), stat("s")
+    return stat(algebra.FinishKind.LSE_MAX), stat(algebra.FinishKind.LSE_SUM)

@@ -64,7 +64,13 @@ def _tensor(x, op: str) -> Tensor:
 
 
 def reduction(
-    name: str, x: Tensor, axis, keepdims: bool, mean: bool = False, post: tuple = (), res: DType | None = None
+    name: str,
+    x: Tensor,
+    axis,
+    keepdims: bool,
+    mean: bool = False,
+    post: algebra.Finish | None = None,
+    res: DType | None = None,
 ) -> Tensor:
     """One reduce node: `name` is a combiner of algebra.COMBINERS. `res` is numpy's `dtype=`:
     the input is cast to it and the reduction accumulates (16-bit floats in float32) and returns
@@ -88,7 +94,7 @@ def reduction(
     else:
         src, res, acc = x, comb.result_dtype(x.dtype), comb.acc_dtype(x.dtype)
     attrs = (("combiner", comb), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", mean), ("acc", acc))
-    if post:
+    if post is not None:
         attrs += (("post", post),)
     return Tensor("reduce", (src,), out_shape, res, attrs=attrs)
 
@@ -219,7 +225,10 @@ def welford(x: Tensor, axis=None, keepdims: bool = False, field: str = "var", dd
     acc = dtypes.welford64 if res.name == "float64" else dtypes.welford32
     src = x if x.dtype.is_float else x.astype(dtypes.float64)
     n = math.prod(x.shape[a] for a in axes)
-    post = ("mean",) if field == "mean" else ("var", min(int(ddof), n))  # numpy: max(n - ddof, 0)
+    if field == "mean":
+        post = algebra.Finish(algebra.FinishKind.WELFORD_MEAN)
+    else:  # numpy: max(n - ddof, 0)
+        post = algebra.Finish(algebra.FinishKind.WELFORD_VAR, ddof=min(int(ddof), n))
     attrs = (("combiner", algebra.WELFORD), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", False),
              ("acc", acc), ("post", post))  # fmt: skip
     return Tensor("reduce", (src,), reduced_shape(x.shape, axes, keepdims), res, attrs=attrs)
@@ -259,4 +268,13 @@ def arg_index(kind: str, x, axis, out, keepdims: bool, last: bool) -> Tensor:
     key = Tensor(f"argkey_{kind}", (x, idx), x.shape, dtypes.int64)
     # The index is taken from the merged key where the reduction stores its result (the last
     # block of a split), so argmax is one kernel however it is mapped.
-    return reduction(kind, key, axis, keepdims, post=("argindex", kind, n - 1 if last else -1))
+    return reduction(
+        kind,
+        key,
+        axis,
+        keepdims,
+        post=algebra.Finish(
+            algebra.FinishKind.ARGMAX_INDEX if kind == "max" else algebra.FinishKind.ARGMIN_INDEX,
+            last_index=n - 1 if last else -1,
+        ),
+    )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from ..algebra import Combiner
+from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..enums import StrEnum
 from ..frontend.tensor import Tensor
@@ -63,8 +63,7 @@ class Statement:
     combiner: Combiner | None = None
     acc: DType | None = None
     mean_count: int = 0  # the reduction's extent when the result is a mean, else 0
-    post: tuple = ()  # the value stored from the accumulator: a struct field ("mean",), ("var", ddof),
-    # or ("argindex", "max"|"min", n - 1 for the last index else -1)
+    post: Finish | None = None  # what is stored from the accumulator (None: the accumulator itself)
     form: Form | None = None  # set by coalescing
     M: int = 0
     N: int = 0
@@ -188,7 +187,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
         write = linear(kept, [s for k, s in enumerate(shape) if k not in axes], zero)
         comb = t.attr("combiner")
         n = math.prod(shape[a] for a in axes)
-        extra = dict(combiner=comb, acc=t.attr("acc"), mean_count=n if t.attr("mean") else 0, post=t.attr("post", ()))
+        extra = dict(combiner=comb, acc=t.attr("acc"), mean_count=n if t.attr("mean") else 0, post=t.attr("post"))
     else:
         body = b.expr(src, idx) if src.op in ("placeholder", "const") else _map_body(b, src, idx)
         write = linear(idx, shape, zero)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..algebra import Combiner
+from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..errors import ScheduleError, StaleScheduleWarning
 from ..frontend.tensor import Tensor
@@ -46,6 +46,8 @@ def _canonical(value):
     """A JSON-able, process-independent form of a tensor attribute."""
     if isinstance(value, Combiner):
         return ["combiner", value.name]
+    if isinstance(value, Finish):
+        return ["finish", str(value.kind), value.ddof, value.last_index]
     if isinstance(value, DType):
         return ["dtype", value.name]
     if isinstance(value, np.ndarray | np.generic):
