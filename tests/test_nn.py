@@ -220,7 +220,7 @@ def test_layer_norm_reads_each_row_twice():
     k = pn.compile(pn.nn.layer_norm(x, g, b), target="emulator")
     assert len(k.plan.kernels) == 1
     assert "// pass 1" in k.source and "// pass 2" not in k.source
-    assert k.source.count("pn_op_welford, ") == 2  # two accumulators, all-reduced in pass 0
+    assert k.source.count("pn_op_welford, ") == 1  # one accumulator for both, all-reduced in pass 0
 
 
 @pytest.mark.parametrize("method", ["online", "multipass"])
@@ -296,3 +296,30 @@ def test_an_output_reshape_is_a_view_not_a_kernel(rng):
     np.testing.assert_allclose(r1, np.exp(a), rtol=1e-6)
     np.testing.assert_array_equal(r2, a.reshape(32))
     assert not np.shares_memory(r0, r1)  # two outputs never share memory
+
+
+def test_mean_and_variance_share_one_welford_accumulator(rng):
+    """LayerNorm's mean and variance fold the same values with the same combiner: one
+    accumulator, one block reduction, two finishes (KernelGroup.accumulator_of)."""
+    x = pn.placeholder((64, 1024), "float32", name="x")
+    k = pn.compile(pn.nn.layer_norm(x), target="emulator", use_database=False)
+    assert k.source.count("pn_allreduce_x<pn_op_welford") == 1
+    a = rng.standard_normal((64, 1024)).astype(np.float32) * 3 + 100
+    a64 = a.astype(np.float64)
+    want = (a64 - a64.mean(1, keepdims=True)) / np.sqrt(a64.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(k(a), want, rtol=0, atol=64 * np.finfo(np.float32).eps * np.abs(want).max())
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_split_sum_and_mean_of_the_same_values_merge_once(rng, deterministic):
+    x = pn.placeholder((1 << 18,), "float32", name="x")
+    k = pn.compile([pn.sum(x), pn.mean(x)], target="emulator", deterministic=deterministic, use_database=False)
+    assert k.mappings[0].split > 1
+    ws = [b for b in k.mappings[0].buffers if str(b.role) in ("workspace", "partials")]
+    assert len(ws) == 1  # one merge for both outputs
+    a = rng.standard_normal(1 << 18).astype(np.float32)
+    for _ in range(3):  # the resident workspace is reset for the next call
+        s, m = k(a)
+        tol = 4 * np.finfo(np.float32).eps * np.sqrt(a.size) * np.abs(a).max()
+        np.testing.assert_allclose(s, a.astype(np.float64).sum(), rtol=0, atol=tol)
+        np.testing.assert_allclose(m, a.astype(np.float64).mean(), rtol=0, atol=tol / a.size)

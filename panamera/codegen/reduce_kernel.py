@@ -13,6 +13,10 @@ stride over them and reduce across the row; a COLUMN tile's partials lie split-m
 (`ws[b * M + o]`), and the ty threads of each column stride over them and reduce down the
 column. Loads are coalesced and the order is fixed by the code, not by block arrival, so
 partials stay bit-identical run to run (`deterministic=True`).
+
+A statement whose accumulator is another's (`KernelGroup.accumulator_of`: LayerNorm's mean and
+variance) has no accumulator, reduction or merge of its own: it stores its finish of the
+owner's value wherever the owner stores.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
     V = m.vec
     lines = []
     for k, s in enumerate(g.statements):
+        if g.accumulator_of[k] != k:
+            continue
         if col and V > 1:
             lines.append(f"  {s.acc.compute} acc{k}[{V}];")
             lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {identity_expr(s)};")
@@ -47,6 +53,8 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
     for ct in dict.fromkeys(s.acc.compute for s in g.statements):
         out.append(f"  __shared__ {ct} pn_smem_{c_ident(ct)}[{size}];")
     for k, s in enumerate(g.statements):
+        if g.accumulator_of[k] != k:
+            continue
         safe = c_ident(s.acc.compute)
         fn = "pn_reduce_y" if col else "pn_reduce_x"
         tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
@@ -54,7 +62,7 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
-    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k]))
+    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k], g.accumulator_of[k]))
     if m.needs_last_block:
         out += [
             "  __threadfence();",
@@ -65,7 +73,9 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             "  if (pn_is_last) {",
             "    __threadfence();",
         ]
-        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(k, s, o, m.merges[k]))]
+        own = g.accumulator_of
+        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(k, s, o, m.merges[k], own[k]))]
+        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _reset(k, s, o, m.merges[k], own[k]))]
         out += ["  " + ln for ln in _combine_partials(loop)]
         out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
@@ -82,20 +92,23 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
         out.append(f"    const pn_idx o = (bx * {m.tx} + tx) * {V} + v;")
         out.append(f"    if (o < {g.M}) {{")
         for k, s in enumerate(g.statements):
-            out += ["      " + ln for ln in emit(k, s, "o", f"acc{k}[v]" if V > 1 else f"acc{k}")]
+            j = g.accumulator_of[k]
+            out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
         out += ["    }", "  }"]
     else:
-        out.append(f"  const pn_idx o = bx * {m.ty} + ty;")
+        out.append(f"  {{ const pn_idx o = bx * {m.ty} + ty;")
         out.append(f"  if (tx == 0 && o < {g.M}) {{")
         for k, s in enumerate(g.statements):
-            out += ["    " + ln for ln in emit(k, s, "o", f"acc{k}")]
-        out.append("  }")
+            out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}")]
+        out.append("  } }")
     return out
 
 
-def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode) -> list[str]:
+def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int) -> list[str]:
     if mode == MergeMode.STORE:
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
+    if owner != k:
+        return []  # the owner merges the shared accumulator
     if mode == MergeMode.ATOMIC_WS:
         return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
     if s.form == Form.COLUMN:
@@ -103,46 +116,45 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode) -> list[str]:
     return [f"ws{k}[{o} * (pn_idx)gridDim.y + by] = {a};"]
 
 
-def _final(k: int, s: Statement, o: str, mode: MergeMode) -> list[str]:
-    if mode == MergeMode.ATOMIC_WS:  # the output, then the workspace back to the identity for the next call
-        return [
-            f"pn_st(&out{k}[{o}], {post(s, f'pn_ldcg(&ws{k}[{o}])')});",
-            f"ws{k}[{o}] = {identity_expr(s)};",
-        ]
+def _final(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
+    if mode == MergeMode.ATOMIC_WS:  # the output from the merged workspace (the owner's)
+        return [f"pn_st(&out{k}[{o}], {post(s, f'pn_ldcg(&ws{owner}[{o}])')});"]
+    return []
+
+
+def _reset(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
+    if mode == MergeMode.ATOMIC_WS and owner == k:  # back to the identity for the next call
+        return [f"ws{k}[{o}] = {identity_expr(s)};"]
     return []
 
 
 def _combine_partials(loop: ThreadLoop) -> list[str]:
-    """The last block's combine of every PARTIALS output: all threads load, then reduce."""
+    """The last block's combine of every PARTIALS output: all threads load, then reduce; the
+    outputs that share the accumulator store their finishes of the same combined value."""
     g, m = loop.g, loop.m
     col = g.form == Form.COLUMN
     out = []
     for k, s in enumerate(g.statements):
-        if m.merges[k] != MergeMode.PARTIALS:
+        if m.merges[k] != MergeMode.PARTIALS or g.accumulator_of[k] != k:
             continue
         tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
         smem = f"pn_smem_{c_ident(s.acc.compute)}"
         a = f"pn_p{k}"
+        sharing = [j for j, o in enumerate(g.accumulator_of) if o == k]
         if col:
-            out += [
-                f"for (int v = 0; v < {m.vec}; ++v) {{",
-                f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;",
-                f"  {s.acc.compute} {a} = {identity_expr(s)};",
-                f"  if (o < {g.M}) for (pn_idx b = ty; b < (pn_idx)gridDim.y; b += {m.ty}) "
-                f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[b * {s.M} + o]));",
-                f"  {a} = pn_reduce_y{tmpl}({a}, {smem});",
-                f"  if (ty == 0 && o < {g.M}) pn_st(&out{k}[o], {post(s, a)});",
-                "}",
-            ]
+            leader, step, index, reduce = "ty == 0", f"b += {m.ty}", f"b * {s.M} + o", "pn_reduce_y"
+            out += [f"for (int v = 0; v < {m.vec}; ++v) {{", f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;"]
+            first = "ty"
         else:
-            out += [
-                "{",
-                f"  const pn_idx o = bx * {m.ty} + ty;",
-                f"  {s.acc.compute} {a} = {identity_expr(s)};",
-                f"  if (o < {g.M}) for (pn_idx b = tx; b < (pn_idx)gridDim.y; b += {m.tx}) "
-                f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[o * (pn_idx)gridDim.y + b]));",
-                f"  {a} = pn_reduce_x{tmpl}({a}, {smem});",
-                f"  if (tx == 0 && o < {g.M}) pn_st(&out{k}[o], {post(s, a)});",
-                "}",
-            ]
+            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
+            out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
+            first = "tx"
+        out += [
+            f"  {s.acc.compute} {a} = {identity_expr(s)};",
+            f"  if (o < {g.M}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
+            f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
+            f"  {a} = {reduce}{tmpl}({a}, {smem});",
+        ]
+        out += [f"  if ({leader} && o < {g.M}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
+        out.append("}")
     return out

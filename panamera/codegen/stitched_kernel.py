@@ -27,20 +27,22 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
         out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
+        own = g.accumulator_of  # a statement that shares an accumulator reads its owner's
         for k in here:
             s = g.statements[k]
-            if s.kind == StatementKind.REDUCE:
+            if s.kind == StatementKind.REDUCE and own[k] == k:
                 out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
         out += loop.loops(lambda call, here=here: loop.iteration(call, here))
         for k in here:
             s = g.statements[k]
             if s.kind != StatementKind.REDUCE:
                 continue
-            safe = c_ident(s.acc.compute)
-            tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-            out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")
+            if own[k] == k:
+                safe = c_ident(s.acc.compute)
+                tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+                out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")
             reg = f"r{k}"
-            final = convert(post(s, f"acc{k}"), post_dtype(s), s.result.dtype)
+            final = convert(post(s, f"acc{own[k]}"), post_dtype(s), s.result.dtype)
             out.append(f"  const {s.result.dtype.compute} {reg} = {final};")
             loop.regs[s.result.uid] = reg
             if s.result.uid in g.external:

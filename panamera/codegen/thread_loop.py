@@ -153,6 +153,8 @@ class ThreadLoop:
         out.append(f"    const pn_idx {first} = pn_first{' + v' if V > 1 else ''};")
         for k in here:
             s = g.statements[k]
+            if g.accumulator_of[k] != k:
+                continue  # its owner accumulates the same values
             body, val = self.body_lines(k, "v" if V > 1 else None, vregs)
             out += ["    " + ln for ln in body]
             if s.kind == StatementKind.REDUCE:

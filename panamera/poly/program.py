@@ -14,8 +14,9 @@ import networkx as nx
 from ..frontend.tensor import Tensor
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
+from .expr import Expr
 from .fusion import Fusion, fuse_producers
-from .statement import Form, Statement, build_statement
+from .statement import Form, Statement, StatementKind, build_statement
 from .stitch import stitch_candidates
 
 
@@ -43,6 +44,32 @@ class KernelGroup:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.statements)
+
+    @cached_property
+    def accumulator_of(self) -> tuple[int, ...]:
+        """Per statement, the statement whose accumulator it finishes: itself, or an earlier
+        reduction of the group that folds the same values (same reduced dims, body and reads)
+        with the same combiner into the same accumulator dtype. LayerNorm's mean and variance
+        are then one Welford accumulator with two finishes, and a sum and a mean of the same
+        values one sum: the kernel accumulates, reduces and merges it once."""
+        owners: dict[tuple, int] = {}
+        out = []
+        for k, s in enumerate(self.statements):
+            if s.kind != StatementKind.REDUCE:
+                out.append(k)
+                continue
+            key = (s.combiner.name, s.acc.name, s.reduced, _body_key(s.body, s.reads))
+            out.append(owners.setdefault(key, k))
+        return tuple(out)
+
+
+def _body_key(e: Expr, reads) -> tuple:
+    """A structural key of a statement body: equal keys compute equal values per iteration."""
+    if e.op == "load":
+        r = reads[e.read]
+        return ("load", r.tensor.uid, str(r.addr))  # the domains are anonymous [i, j]: comparable
+    args = tuple(_body_key(a, reads) for a in e.args)
+    return (e.op, e.dtype.name, repr(e.value), args)
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,9 @@ def arithmetic(group: KernelGroup) -> Arithmetic:
     accumulator (the combiner's `merge_instructions` and `merge_transcendentals`, in the
     accumulator's precision: Welford in double costs FP64 issue slots)."""
     fp32 = fp64 = sfu = 0.0
-    for s in group.statements:
+    for k, s in enumerate(group.statements):
+        if group.accumulator_of[k] != k:
+            continue  # its owner's accumulation is the same work
         n = s.M * s.N
         for e in s.body.walk():
             if e.op in ("load", "const"):
@@ -319,7 +321,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
                 f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT, f"out{k}", k, res.uid
             )
         )
-        if mode != MergeMode.STORE:
+        if mode != MergeMode.STORE and group.accumulator_of[k] == k:  # a shared accumulator merges once
             partials = mode == MergeMode.PARTIALS
             role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
             size = s.M * (split if partials else 1)
@@ -363,7 +365,8 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     s_eff = d.split
     blocks = d.grid[0] * s_eff
     is_split = s_eff > 1
-    outputs = group.M * len(group.statements)
+    owners = [st for k, st in enumerate(group.statements) if group.accumulator_of[k] == k]
+    outputs = group.M * len(owners)
     acc_bytes = max(st.acc.itemsize for st in group.statements)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
@@ -372,7 +375,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     ws_bytes = outputs * merges * acc_bytes if is_split else 0
     cas = 0
     if is_split and not partials:
-        cas = sum(group.M * s_eff for st in group.statements if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
+        cas = sum(group.M * s_eff for st in owners if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
     return kernel_time(
         gpu,
         dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
@@ -395,7 +398,7 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
         steps = math.ceil(d.split / d.ty) * d.vec
     else:
         steps = math.ceil(d.split / d.tx)
-    return steps * gpu.l2_latency_cycles * len(group.statements)
+    return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
 def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
