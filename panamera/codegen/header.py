@@ -262,6 +262,22 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(long long* p, 
 }
 @ATOMICS@
 template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
+// float32 sums of 2 or 4 adjacent outputs: one 8- or 16-byte reduction on sm_90 (ATOMG.E.ADD.F32x4),
+// one atomic per lane before it. p is aligned to the width (mapping.py's atomic_vec).
+__device__ __forceinline__ void pn_atomic_v(float* p, const float (&v)[4]) {
+#if defined(PANAMERA_EMULATOR) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+  atomicAdd(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
+#else
+  for (int k = 0; k < 4; ++k) atomicAdd(p + k, v[k]);
+#endif
+}
+__device__ __forceinline__ void pn_atomic_v(float* p, const float (&v)[2]) {
+#if defined(PANAMERA_EMULATOR) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(v[0], v[1]));
+#else
+  for (int k = 0; k < 2; ++k) atomicAdd(p + k, v[k]);
+#endif
+}
 """
 
 

@@ -62,7 +62,8 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
-    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k], g.accumulator_of[k]))
+    out += _vector_atomics(loop)
+    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k], g.accumulator_of[k], m.atomic_vec[k]))
     if m.needs_last_block:
         out += [
             "  __threadfence();",
@@ -104,11 +105,23 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
     return out
 
 
-def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int) -> list[str]:
+def _vector_atomics(loop: ThreadLoop) -> list[str]:
+    """A COLUMN thread's adjacent outputs merged by one float2/float4 atomicAdd (mapping's
+    `atomic_vec`): its outputs are all in range or all out, since the width divides M."""
+    g, m = loop.g, loop.m
+    out = []
+    for k, width in enumerate(m.atomic_vec):
+        if width > 1:
+            out.append(f"  {{ const pn_idx o = (bx * {m.tx} + tx) * {width};")
+            out.append(f"    if (ty == 0 && o < {g.M}) pn_atomic_v(&ws{k}[o], acc{k}); }}")
+    return out
+
+
+def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, width: int = 1) -> list[str]:
     if mode == MergeMode.STORE:
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
-    if owner != k:
-        return []  # the owner merges the shared accumulator
+    if owner != k or width > 1:
+        return []  # the owner merges the shared accumulator; vector atomics merged already
     if mode == MergeMode.ATOMIC_WS:
         return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
     if s.form == Form.COLUMN:

@@ -52,6 +52,7 @@ class GPUSpec:
     fp32_per_clock_sm: int = 128  # also the issue width: 4 schedulers x 32 lanes
     fp64_per_clock_sm: int = 64
     l2_latency_cycles: int = 270  # an L2 hit's round trip, in core clocks: one CAS merge on a contended word
+    vector_atomics: bool = False  # atomicAdd of float2/float4 as one 8/16-byte reduction (sm_90)
     l2_size: int = 50 * 2**20
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
@@ -101,13 +102,15 @@ _COMMON = (
     ("max_threads_sm/max_blocks_sm", "[spec] 2048 threads, 32 blocks per SM (cc 7.0-9.0)"),
 )
 H100 = GPUSpec(
-    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.1e-6, 60e9, 1.75e9,
+    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.1e-6, 60e9, 1.75e9, vector_atomics=True,
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
         ("eta", "[measured] CUB DeviceReduce reaches 90% of peak on H200 (cccl PR #9722)"),
         ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
         ("atomic_rate", "[measured] int32 distinct-address atomics at 73 G/s on GH200 (triton PR #10059)"),
         ("l2_bw", "[measured] gpu-benches (H200)"),
+        ("vector_atomics", "[spec] CUDA Programming Guide, atomicAdd(float2*/float4*) on compute capability 9.x; "
+         "SASS ATOMG/REDG.E.ADD.F32x4 (tests/test_vector_atomics.py)"),
         *_COMMON,
     ),
 )  # fmt: skip

@@ -137,6 +137,21 @@ static inline long long atomicMax(long long* p, long long v) { return pn_emu_fet
 static inline int atomicMin(int* p, int v) { return pn_emu_fetch_min(p, v); }
 static inline unsigned atomicMin(unsigned* p, unsigned v) { return pn_emu_fetch_min(p, v); }
 static inline long long atomicMin(long long* p, long long v) { return pn_emu_fetch_min(p, v); }
+static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+namespace pn_emu { static inline void check_aligned(const void* p, unsigned bytes); }
+// sm_90's vector atomics: each lane an atomic add (the GPU's one 16-byte reduction is atomic per
+// lane too); the address must be aligned to the vector, as on the GPU.
+static inline float4 atomicAdd(float4* p, float4 v) {
+  pn_emu::check_aligned(p, 16);
+  float* q = reinterpret_cast<float*>(p);
+  return float4{atomicAdd(q, v.x), atomicAdd(q + 1, v.y), atomicAdd(q + 2, v.z), atomicAdd(q + 3, v.w)};
+}
+static inline float2 atomicAdd(float2* p, float2 v) {
+  pn_emu::check_aligned(p, 8);
+  float* q = reinterpret_cast<float*>(p);
+  return float2{atomicAdd(q, v.x), atomicAdd(q + 1, v.y)};
+}
 static inline int atomicAnd(int* p, int v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); }
 static inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
 static inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }

@@ -71,6 +71,7 @@ class Decision:
     merges: tuple[MergeMode, ...]
     access: tuple[tuple[AccessKind, ...], ...]
     levels: tuple[int, ...]
+    atomic_vec: tuple[int, ...] = ()  # per statement: outputs per atomic (2 or 4: one float2/float4 add)
 
     @property
     def threads(self) -> int:
@@ -126,6 +127,7 @@ class Decision:
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(Decision)}
         d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
+        d["atomic_vec"] = list(self.atomic_vec)
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -152,6 +154,7 @@ class Decision:
             merges=tuple(MergeMode(m) for m in d["merges"]),
             access=tuple(tuple(AccessKind(k) for k in a) for a in d["access"]),
             levels=tuple(int(v) for v in d["levels"]),
+            atomic_vec=tuple(int(v) for v in d.get("atomic_vec", [1] * len(d["statements"]))),
         )
 
 
@@ -266,6 +269,28 @@ def _merges(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, 
     return tuple(one(st) for st in group.statements)
 
 
+def _atomic_vec(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeMode, ...]) -> tuple[int, ...]:
+    """Outputs per atomic merge of each statement: a COLUMN thread's `vec` adjacent float32 sums
+    merge as one float2/float4 atomicAdd where the GPU has them (sm_90) and every thread's
+    outputs are all in range (vec divides M); everything else merges one output per atomic."""
+
+    def one(k: int, st) -> int:
+        ok = (
+            gpu.vector_atomics
+            and group.form == Form.COLUMN
+            and vec in (2, 4)
+            and group.M % vec == 0
+            and merges[k] == MergeMode.ATOMIC_WS
+            and group.accumulator_of[k] == k
+            and st.combiner is not None
+            and st.combiner.name == "sum"
+            and st.acc.name == "float32"
+        )
+        return vec if ok else 1
+
+    return tuple(one(k, st) for k, st in enumerate(group.statements))
+
+
 def _access(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
     kinds = access_kinds(group.statements, along(group), vec)
     if not group.stitched:
@@ -367,6 +392,8 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     is_split = s_eff > 1
     owners = [st for k, st in enumerate(group.statements) if group.accumulator_of[k] == k]
     outputs = group.M * len(owners)
+    widths = d.atomic_vec or (1,) * len(group.statements)
+    merge_atomics = sum(group.M // widths[k] for k in range(len(group.statements)) if group.accumulator_of[k] == k)
     acc_bytes = max(st.acc.itemsize for st in group.statements)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
@@ -382,7 +409,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         blocks=blocks,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=_in_flight(group, d),  # unroll unguarded loads per step
-        atomics=(blocks + (0 if partials else outputs * s_eff)) if is_split else 0,
+        atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
         epilogue_cycles=400 + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
@@ -461,7 +488,7 @@ def map_group(
         steps = math.ceil(G / (gx * tx))
         d = Decision(
             **base, vec=vec, tx=tx, ty=1, split=1, chunk=steps, grid=(gx, 1), unroll=unroll_for(vec, steps),
-            merges=_merges(group, 1, False), access=_access(group, vec),
+            merges=_merges(group, 1, False), access=_access(group, vec), atomic_vec=(1,) * len(group.statements),
         )  # fmt: skip
         return _complete(group, d, gpu, name)
     vec = choose_vec(group.statements, along(group), vector_extent(group))
@@ -500,6 +527,7 @@ def map_group(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
                     unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials),
                     access=access,
+                    atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
                 )  # fmt: skip
                 cost = _cost(group, gpu, d, partials)
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
@@ -517,6 +545,7 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str) -> Mapping:
     base = dict(
         statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec, split=1,
         merges=_merges(group, 1, False), access=_access(group, vec), levels=_levels(group),
+        atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
     best = None
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
@@ -547,7 +576,9 @@ def replay(
     5. merge modes: store without a split, never store a split reduction, no atomic merge of a
        struct accumulator or under `deterministic`;
     6. the stitching levels are the ones the stitched group's dependences give;
-    7. the unroll factor is at least 1.
+    7. the unroll factor is at least 1;
+    8. vector atomics only where `_atomic_vec` allows them on this GPU (float32 sums of a COLUMN
+       tile, vec dividing M, sm_90).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -594,6 +625,11 @@ def replay(
         raise ScheduleError(f"{at}: stitching levels {list(d.levels)} are not the group's {list(_levels(group))}")
     if d.unroll < 1 or d.chunk < 1:
         raise ScheduleError(f"{at}: unroll {d.unroll} and chunk {d.chunk} must be at least 1")
+    legal_vec = _atomic_vec(group, gpu, d.vec, d.merges)
+    if len(d.atomic_vec) != len(legal_vec) or any(v not in (1, w) for v, w in zip(d.atomic_vec, legal_vec)):
+        raise ScheduleError(
+            f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
+        )
     return _complete(group, d, gpu, name)
 
 
