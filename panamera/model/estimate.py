@@ -9,7 +9,7 @@ on the other GPU, not of the plan Panamera would make for it.
 >>> x = pn.placeholder((4096, 4096), "float32", name="x")
 >>> e = estimate(pn.compile(pn.sum(x, axis=1), target="emulator").plan, H100)
 >>> round(e.dram_us), e.launches
-(22, 1)
+(23, 1)
 """
 
 from __future__ import annotations
