@@ -134,6 +134,16 @@ class Tensor:
     def __rlshift__(self, o):
         return bitwise("shl", o, self)
 
+    def __matmul__(self, o):
+        from .contract import matmul
+
+        return matmul(self, o)
+
+    def __rmatmul__(self, o):
+        from .contract import matmul
+
+        return matmul(o, self)
+
     def __pow__(self, o):
         return binary("pow", self, o)
 
