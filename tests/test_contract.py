@@ -272,3 +272,39 @@ def test_bit_operations_need_integers():
         pn.placeholder((2,), "float32", name="f") >> 1
     with pytest.raises(pn.DTypeError, match="uint64"):
         pn.sum(pn.placeholder((2,), "uint8"))
+
+
+# -- full-size plans: modeled, never run -------------------------------------------------------
+def plan(y, **kw):
+    a = pn.compiler.lower(y, stop_after="mappings", target="emulator", **kw)
+    return a.groups[0], a.mappings[0]
+
+
+def test_few_outputs_split_k_across_blocks():
+    """8 outputs cannot fill 132 SMs: K = 131072 is split, merged by one atomic per block per
+    output, or by partials and the last block when deterministic."""
+    x, w = pn.placeholder((1, 131072), name="x"), pn.placeholder((8, 131072), name="w")
+    _, m = plan(x @ w.T)
+    assert m.split >= 16 and all(mode == "atomic_ws" for mode in m.merges)
+    _, m = plan(x @ w.T, deterministic=True)
+    assert m.split >= 16 and all(mode == "partials" for mode in m.merges)
+
+
+def test_gemv_plan_streams_the_weights_near_the_limit():
+    from panamera.model import estimate
+
+    x, w = pn.placeholder((1, 4096), "float16", name="x"), pn.placeholder((4096, 4096), "float16", name="w")
+    k = pn.compile(x @ w.T, target="emulator", use_database=False)
+    e = estimate(k.plan, pn.compiler.H100)
+    assert e.ratio_to_limit <= 1.15 and k.mappings[0].vec == 8  # 16-byte loads of the weights
+
+
+def test_explain_gives_both_figures_and_the_verdict():
+    from panamera.compiler import contraction_lines
+
+    big = pn.placeholder((4096, 4096), "float16") @ pn.placeholder((4096, 4096), "float16")
+    line = contraction_lines(*plan(big), pn.compiler.H100)[0]
+    assert "compute-bound" in line and "the library is modeled faster" in line and "cuBLAS roofline" in line
+    gemv = pn.placeholder((1, 4096), "float16") @ pn.placeholder((4096, 4096), "float16", name="w").T
+    line = contraction_lines(*plan(gemv), pn.compiler.H100)[0]
+    assert "memory-bound" in line and "Panamera is modeled faster" in line
