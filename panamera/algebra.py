@@ -38,6 +38,7 @@ import numpy as np
 from . import dtypes
 from .dtypes import DType
 from .enums import StrEnum
+from .errors import DTypeError
 
 
 class AtomicStrategy(StrEnum):
@@ -76,8 +77,13 @@ class Combiner:
         """numpy's result dtype: sum/prod of bool and int32 give int64; all/any give bool."""
         if self.truthiness:
             return dtypes.bool_
-        if self.widens_small_ints and d.name in ("bool", "int32"):
+        if self.widens_small_ints and d.name in ("bool", "int32", "int8"):
             return dtypes.int64
+        if self.widens_small_ints and d.name == "uint8":
+            raise DTypeError(
+                f"{self.name} of uint8: numpy's result is uint64, which Panamera does not support; "
+                "pass dtype='int64' (or cast with .astype)"
+            )
         return d
 
     def acc_dtype(self, d: DType) -> DType:
@@ -85,7 +91,7 @@ class Combiner:
         r = self.result_dtype(d)
         if r.is_16bit_float:
             return dtypes.float32
-        if r.name == "bool":
+        if r.name in ("bool", "int8", "uint8"):  # no 8-bit atomics or shuffles: merged as int
             return dtypes.int32
         return r
 

@@ -39,6 +39,7 @@ from .enums import StrEnum
 from .errors import DTypeError, EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
+from .model.library import library_matmul
 from .poly.access import AccessKind
 from .poly.program import KernelGroup, Program, build_program
 from .poly.statement import Form
@@ -46,6 +47,7 @@ from .runtime import cuda as cuda_backend
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule import database
+from .schedule.contraction import contraction_info
 from .schedule.formulation import Formulation, choose_formulations
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, plan_groups
@@ -424,6 +426,7 @@ class Compiled:
             )
             lines.append(f"  group {names}: {m.describe()}")
             lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
+            lines += contraction_lines(g, m, gpu)
         for ln in plan.launches:
             extra = ""
             if ln.role in (LaunchRole.REDUCE, LaunchRole.MAP):
@@ -446,6 +449,25 @@ class Compiled:
             lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
             lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
         return "\n".join(lines)
+
+
+def contraction_lines(g, m, gpu) -> list[str]:
+    """explain()'s figures of a contraction: Panamera's modeled time and what binds it, against
+    the library's (cuBLAS on a tensor-core roofline, model/library.py)."""
+    info = contraction_info(g)
+    if info is None or m.cost is None:
+        return []
+    c = m.cost
+    parts = {"DRAM": c.dram_s, "L2 (re-read operands)": c.l2_s, "arithmetic issue": c.issue_s}
+    binds = max(parts, key=parts.get)
+    lib = library_matmul(gpu, info.M, info.N, info.K, 1, info.dtype, info.out_itemsize)
+    verdict = "compute-bound" if binds == "arithmetic issue" or lib.compute_bound else "memory-bound"
+    faster = "Panamera" if c.total_s < lib.total_s else "the library"
+    return [
+        f"    contraction {info.subscripts}: M={info.M} N={info.N} K={info.K}, {info.flops / 1e6:.1f} MFLOP, "
+        f"{verdict}; Panamera {c.total_s * 1e6:.2f} us (bound by {binds}) vs {lib.describe()}: "
+        f"{faster} is modeled faster"
+    ]
 
 
 def write_out(out, results: list, single: bool):

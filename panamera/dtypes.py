@@ -52,6 +52,9 @@ _TABLE = {
     "int32": DType("int32", np.dtype(np.int32), "int", "int", 4),
     "int64": DType("int64", np.dtype(np.int64), "long long", "long long", 8),
     "bool": DType("bool", np.dtype(np.bool_), "bool", "int", 1),
+    # 8-bit integers, for quantized weights (computed as int, as C promotes them)
+    "int8": DType("int8", np.dtype(np.int8), "signed char", "int", 1),
+    "uint8": DType("uint8", np.dtype(np.uint8), "unsigned char", "int", 1),
 }
 SUPPORTED = tuple(_TABLE)
 
@@ -66,6 +69,7 @@ welford64 = DType(
     "welford64", np.dtype([(f, "f8") for f in _WELFORD_FIELDS]), "pn_welford<double>", "pn_welford<double>", 32
 )
 int32, int64, bool_ = _TABLE["int32"], _TABLE["int64"], _TABLE["bool"]
+int8, uint8 = _TABLE["int8"], _TABLE["uint8"]
 
 
 def as_dtype(d, *, what: str = "dtype") -> DType:

@@ -105,9 +105,12 @@ def test_logical_ops_and_trunc_div():
     av, bv = np.array([0, 1, 0, 1, 1, 0, 1, 0], bool), np.array([0, 0, 1, 1, 1, 1, 0, 0], bool)
     for got, want in zip(k(av, bv), (av & bv, av | bv, av ^ bv, ~av)):
         np.testing.assert_array_equal(got, want)
-    with pytest.raises(DTypeError, match="both operands must be bool"):
-        pn.placeholder((2,), "int32") & pn.placeholder((2,), "int32")
     from panamera.frontend.tensor import binary
+
+    with pytest.raises(DTypeError, match="both operands must be bool"):  # logical and of integers
+        binary("and", pn.placeholder((2,), "int32"), pn.placeholder((2,), "int32"))
+    with pytest.raises(DTypeError, match="integer operands"):  # & of integers is numpy's bitwise and
+        pn.placeholder((2,), "float32") & pn.placeholder((2,), "float32")
 
     i, j = pn.placeholder((6,), "int32", name="i"), pn.placeholder((6,), "int32", name="j")
     got = pn.compile(binary("trunc_div", i, j), target="emulator")(

@@ -126,3 +126,76 @@ def tiny() -> list[Workload]:
         Workload("sum all 4096", "tiny", "float32", _reduce("sum", (4096,), "float32", None)),
         Workload("softmax [8x512]", "tiny", "float32", lambda: [nn.softmax(P((8, 512), "float32", name="x"))]),
     ]
+
+
+# -- contractions (issue 13): modeled against the limit and the library's tensor-core roofline ----
+TABLE1 = ((128, 32, 64), (128, 32, 1024), (1024, 512, 1024))  # the paper's Table 1, M x N x K
+GEMV_WEIGHTS = ((4096, 4096), (4096, 14336), (14336, 4096))  # (N out, K in), stored N x K (torch Linear)
+GEMV_ROWS = (1, 4, 16)
+
+
+def _linear(M: int, N: int, K: int, weights: str, act: str = "float16"):
+    """x[M, K] @ W.T with W stored N x K: fp16/bf16, int8 with per-channel fp16 scales, or int4
+    (two per uint8, zero point 8) with fp16 scales per group of 128, dequantized in registers."""
+    from ..frontend.contract import matmul
+
+    def build():
+        x = P((M, K), act, name="x")
+        if weights in ("float16", "bfloat16"):
+            return [matmul(x, P((N, K), weights, name="w").T)]
+        if weights == "int8":
+            w, s = P((N, K), "int8", name="w"), P((N, 1), "float16", name="scale")
+            return [matmul(x, (w.astype("float32") * s.astype("float32")).T)]
+        g = 128
+        packed, s = P((N, K // 2), "uint8", name="w4"), P((N, K // g, 1), "float16", name="scale")
+        lo = (packed & 0xF).astype("float32") - 8.0
+        hi = ((packed >> 4) & 0xF).astype("float32") - 8.0
+        both = ops.arange(2).reshape((1, 1, 2)) == 0
+        from ..frontend.tensor import where
+
+        nib = where(both, lo.reshape((N, K // 2, 1)), hi.reshape((N, K // 2, 1))).reshape((N, K // g, g))
+        return [matmul(x, (nib * s.astype("float32")).reshape((N, K)).T)]
+
+    return build
+
+
+def contractions() -> list[Workload]:
+    """docs/WORKLOADS.md C: the paper's Table 1 and the GEMV / skinny GEMMs of LLM decoding."""
+    out = [Workload(f"table1 {M}x{N}x{K}", "contractions", "float16", _linear(M, N, K, "float16"))
+           for M, N, K in TABLE1]  # fmt: skip
+    for wt in ("float16", "bfloat16", "int8", "int4"):
+        act = "bfloat16" if wt == "bfloat16" else "float16"
+        for N, K in GEMV_WEIGHTS:
+            for M in GEMV_ROWS:
+                out.append(Workload(f"linear {M}x{N}x{K} w={wt}", "contractions", wt, _linear(M, N, K, wt, act)))
+    return out
+
+
+def model_contraction(w: Workload, gpu=None) -> dict:
+    """Panamera's modeled plan of one contraction workload (planned, not run) against the limit
+    and the library's tensor-core roofline (model/library.py)."""
+    from ..compiler import compile as pn_compile
+    from ..model import H100, estimate
+    from ..model.library import library_matmul
+    from ..schedule.contraction import contraction_info
+
+    gpu = gpu or H100
+    k = pn_compile(w.build(), target="emulator", gpu=gpu, use_database=False, cache=False)
+    e = estimate(k.plan, gpu)
+    info = next(i for i in (contraction_info(g) for g in k.groups) if i is not None)
+    lib = library_matmul(gpu, info.M, info.N, info.K, 1, "float16" if w.dtype in ("int8", "int4") else w.dtype)
+    m = next(m for g, m in zip(k.groups, k.mappings) if contraction_info(g) is not None)
+    return {
+        "workload": w.name,
+        "dtype": w.dtype,
+        "modeled_us": round(e.total_us, 2),
+        "limit_us": round(e.limit_us, 2),
+        "ratio_to_limit": round(e.ratio_to_limit, 2),
+        "library_us": round(lib.total_s * 1e6, 2),
+        "library_over_panamera": round(lib.total_s * 1e6 / e.total_us, 2),
+        "compute_bound": lib.compute_bound,
+        "kernels": len(k.plan.kernels),
+        "split": m.split,
+        "merge": str(m.merges[0]),
+        "plan": m.describe(),
+    }

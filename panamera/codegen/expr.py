@@ -13,6 +13,8 @@ _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _MATH = {op: op for op in ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil")}
 _LOGICAL = {"and": "&", "or": "|", "xor": "^"}
+_BITWISE = {"bitand": "&", "bitor": "|", "bitxor": "^", "shr": ">>", "shl": "<<"}
+_WRAP8 = {"int8": "signed char", "uint8": "unsigned char"}  # 8-bit values wrap as numpy's
 
 
 def literal(value, d: DType) -> str:
@@ -41,6 +43,8 @@ def convert(x: str, src: DType, dst: DType) -> str:
         return f"pn_round_half((float)({x}))"
     if dst.name == "bfloat16":
         return f"pn_round_bf16((float)({x}))"
+    if dst.name in _WRAP8:
+        return f"((int)({_WRAP8[dst.name]})({x}))"
     return f"(({dst.compute})({x}))"
 
 
@@ -49,6 +53,8 @@ def _round(x: str, d: DType) -> str:
         return f"pn_round_half({x})"
     if d.name == "bfloat16":
         return f"pn_round_bf16({x})"
+    if d.name in _WRAP8:
+        return f"((int)({_WRAP8[d.name]})({x}))"
     return x
 
 
@@ -84,6 +90,8 @@ class ExprRenderer:
             if d.name == "bool":
                 return f"({x[0]} | {x[1]})" if n.op == "add" else f"({x[0]} & {x[1]})"
             return _round(f"({x[0]} {_ARITH[n.op]} {x[1]})", d)
+        if n.op in _BITWISE:
+            return _round(f"({x[0]} {_BITWISE[n.op]} {x[1]})", d)
         if n.op in _LOGICAL:
             return f"({x[0]} {_LOGICAL[n.op]} {x[1]})"
         if n.op == "trunc_div":

@@ -153,6 +153,11 @@ __device__ __forceinline__ void pn_st(double* p, double v) { *p = v; }
 __device__ __forceinline__ void pn_st(int* p, int v) { *p = v; }
 __device__ __forceinline__ void pn_st(long long* p, long long v) { *p = v; }
 __device__ __forceinline__ void pn_st(bool* p, int v) { *p = v != 0; }
+// 8-bit integers (quantized weights): int registers, stores wrap modulo 256 as numpy's astype.
+__device__ __forceinline__ int pn_ld(const signed char* p) { return *p; }
+__device__ __forceinline__ int pn_ld(const unsigned char* p) { return *p; }
+__device__ __forceinline__ void pn_st(signed char* p, int v) { *p = (signed char)v; }
+__device__ __forceinline__ void pn_st(unsigned char* p, int v) { *p = (unsigned char)v; }
 
 // Vector loads of 4 (or 2) consecutive, aligned elements into registers.
 __device__ __forceinline__ void pn_ldv(const float* p, float (&r)[4]) { float4 v = pn_vload<float4>(p); r[0] = v.x; r[1] = v.y; r[2] = v.z; r[3] = v.w; }
@@ -163,6 +168,23 @@ __device__ __forceinline__ void pn_ldv(const int* p, int (&r)[2]) { int2 v = pn_
 __device__ __forceinline__ void pn_ldv(const long long* p, long long (&r)[2]) { longlong2 v = pn_vload<longlong2>(p); r[0] = v.x; r[1] = v.y; }
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[4]) { unsigned v = pn_vload<unsigned>(p); for (int k = 0; k < 4; ++k) r[k] = (v >> (8 * k)) & 0xff ? 1 : 0; }
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[2]) { r[0] = p[0] ? 1 : 0; r[1] = p[1] ? 1 : 0; }
+// 4 to 16 consecutive 8-bit integers in one load of 4, 8 or 16 bytes.
+template <class Q, int V> __device__ __forceinline__ void pn_ldv_bytes(const Q* p, int (&r)[V]) {
+  unsigned w[4];
+  if (V == 16) { const uint4 v = pn_vload<uint4>(p); w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w; }
+  else if (V == 8) { const uint2 v = pn_vload<uint2>(p); w[0] = v.x; w[1] = v.y; }
+  else if (V == 4) { w[0] = pn_vload<unsigned>(p); }
+  else { r[0] = p[0]; r[1] = p[1]; return; }
+  for (int k = 0; k < V; ++k) r[k] = (int)(Q)((w[k / 4] >> (8 * (k % 4))) & 0xffu);
+}
+__device__ __forceinline__ void pn_ldv(const signed char* p, int (&r)[16]) { pn_ldv_bytes<signed char, 16>(p, r); }
+__device__ __forceinline__ void pn_ldv(const signed char* p, int (&r)[8]) { pn_ldv_bytes<signed char, 8>(p, r); }
+__device__ __forceinline__ void pn_ldv(const signed char* p, int (&r)[4]) { pn_ldv_bytes<signed char, 4>(p, r); }
+__device__ __forceinline__ void pn_ldv(const signed char* p, int (&r)[2]) { pn_ldv_bytes<signed char, 2>(p, r); }
+__device__ __forceinline__ void pn_ldv(const unsigned char* p, int (&r)[16]) { pn_ldv_bytes<unsigned char, 16>(p, r); }
+__device__ __forceinline__ void pn_ldv(const unsigned char* p, int (&r)[8]) { pn_ldv_bytes<unsigned char, 8>(p, r); }
+__device__ __forceinline__ void pn_ldv(const unsigned char* p, int (&r)[4]) { pn_ldv_bytes<unsigned char, 4>(p, r); }
+__device__ __forceinline__ void pn_ldv(const unsigned char* p, int (&r)[2]) { pn_ldv_bytes<unsigned char, 2>(p, r); }
 // 16-byte loads of 16 (8) bools: a thread keeps 16 bytes in flight whatever the dtype.
 __device__ __forceinline__ void pn_ldv(const bool* p, int (&r)[16]) {
   const uint4 v = pn_vload<uint4>(p);

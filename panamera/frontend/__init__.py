@@ -1,5 +1,6 @@
 """The numpy-like frontend: tensors and the ops users compose."""
 
+from .contract import einsum, matmul
 from .ops import (
     abs,
     all,
@@ -45,6 +46,8 @@ __all__ = [
     "arange",
     "argmax",
     "argmin",
+    "einsum",
+    "matmul",
     "ceil",
     "erf",
     "exp",

@@ -31,6 +31,9 @@ COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 # Internal element-wise ops of argmax/argmin: a (value, index) pair packed into one int64 key
 # whose integer order is "larger value first, then smaller index" (see codegen/header.py).
 ARG_OPS = ("argkey_max", "argkey_min")
+# Integer bit operations (numpy's &, |, ^ of integers, >> and <<): quantized weights unpacked in
+# registers, e.g. int4 nibbles `(w >> 4) & 0xF`.
+BITWISE = ("bitand", "bitor", "bitxor", "shr", "shl")
 MAX_RANK = 8
 
 
@@ -102,13 +105,44 @@ class Tensor:
         return unary("not", self)
 
     def __and__(self, o):
-        return binary("and", self, o)
+        return logical_or_bitwise("and", self, o)
+
+    def __rand__(self, o):
+        return logical_or_bitwise("and", o, self)
 
     def __or__(self, o):
-        return binary("or", self, o)
+        return logical_or_bitwise("or", self, o)
+
+    def __ror__(self, o):
+        return logical_or_bitwise("or", o, self)
 
     def __xor__(self, o):
-        return binary("xor", self, o)
+        return logical_or_bitwise("xor", self, o)
+
+    def __rxor__(self, o):
+        return logical_or_bitwise("xor", o, self)
+
+    def __rshift__(self, o):
+        return bitwise("shr", self, o)
+
+    def __rrshift__(self, o):
+        return bitwise("shr", o, self)
+
+    def __lshift__(self, o):
+        return bitwise("shl", self, o)
+
+    def __rlshift__(self, o):
+        return bitwise("shl", o, self)
+
+    def __matmul__(self, o):
+        from .contract import matmul
+
+        return matmul(self, o)
+
+    def __rmatmul__(self, o):
+        from .contract import matmul
+
+        return matmul(o, self)
 
     def __pow__(self, o):
         return binary("pow", self, o)
@@ -337,6 +371,33 @@ def binary(op: str, a, b) -> Tensor:
         if op == "pow" and d.name == "bool":
             raise DTypeError(f"pow of {a.label!r} and {b.label!r}: booleans have no power")
     return Tensor(op, (a, b), shape, out)
+
+
+def logical_or_bitwise(op: str, a, b) -> Tensor:
+    """numpy's `&`, `|`, `^`: logical for bool operands, bitwise for integers.
+
+    >>> w = placeholder((4,), "uint8", name="w")
+    >>> ((w >> 4) & 0xF).op, ((w >> 4) & 0xF).dtype.name
+    ('bitand', 'uint8')
+    """
+    ints = [t.dtype for t in (a, b) if isinstance(t, Tensor)]
+    if all(d.name == "bool" for d in ints) and not any(isinstance(v, int) and not isinstance(v, bool) for v in (a, b)):
+        return binary(op, a, b)
+    return bitwise({"and": "bitand", "or": "bitor", "xor": "bitxor"}[op], a, b)
+
+
+def bitwise(op: str, a, b) -> Tensor:
+    """An integer bit operation of BITWISE (numpy's promotion; a shift keeps the left dtype's
+    kind). Float operands are a DTypeError naming the tensors.
+
+    >>> (placeholder((2,), "int8", name="q") >> 4).dtype.name
+    'int8'
+    """
+    a, b, d = _as_tensor_pair(a, b, op)
+    if d.is_float or d.name == "bool" or not d.name.startswith(("int", "uint")):
+        raise DTypeError(f"{op} of {a.label!r} and {b.label!r}: bit operations need integer operands, got {d}")
+    shape = broadcast_shapes(a.shape, b.shape, what=f"{op} of {a.label!r} and {b.label!r}")
+    return Tensor(op, (a, b), shape, d)
 
 
 def unary(op: str, x: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..errors import LegalityError
-from ..frontend.tensor import ARG_OPS, BINARY_ARITH, COMPARE, LOGICAL, UNARY
+from ..frontend.tensor import ARG_OPS, BINARY_ARITH, BITWISE, COMPARE, LOGICAL, UNARY
 from .statement import Statement
 
 
@@ -51,7 +51,7 @@ def _identity(dom: isl.Set, src: str, dst: str) -> isl.Map:
     )
 
 
-ELEMENTWISE = frozenset(UNARY + BINARY_ARITH + COMPARE + LOGICAL + ARG_OPS + ("where", "cast"))
+ELEMENTWISE = frozenset(UNARY + BINARY_ARITH + COMPARE + LOGICAL + BITWISE + ARG_OPS + ("where", "cast"))
 
 
 def _isl_scheduler(sc: isl.ScheduleConstraints) -> isl.Schedule:

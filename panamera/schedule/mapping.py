@@ -34,6 +34,7 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
+from .contraction import l2_bytes as contraction_l2_bytes
 from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
@@ -413,6 +414,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
         epilogue_cycles=400 + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
 
@@ -447,7 +449,7 @@ def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     return kernel_time(
         gpu,
         dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
-        l2_bytes=reread if in_l2 else 0,
+        l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
         blocks=gx,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=_in_flight(group, d),
