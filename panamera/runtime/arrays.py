@@ -254,7 +254,8 @@ def _as_torch(r, device: Device):
 
     if isinstance(r, np.ndarray):
         bf16 = r.dtype == np.dtype(ml_dtypes.bfloat16)
-        t = torch.from_numpy(np.ascontiguousarray(r.view(np.uint16) if bf16 else r))
+        r = r if r.flags.c_contiguous else r.copy()  # (np.ascontiguousarray would make a 0-d array 1-d)
+        t = torch.from_numpy(r.view(np.uint16) if bf16 else r)
         t = t.view(torch.bfloat16) if bf16 else t
         return t if device.type == DeviceType.CPU else t.to(str(device))
     bf16 = r.dtype == np.dtype(ml_dtypes.bfloat16)
