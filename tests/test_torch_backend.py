@@ -7,12 +7,12 @@ float64) as eager PyTorch's own result in the module's dtype, plus the tolerance
 reduction of `n` values of that dtype (tests/conftest.py), relative to the largest value.
 """
 
+import importlib
 import math
 import warnings
 from pathlib import Path
 
 import pytest
-import tomllib
 from conftest import tolerance
 
 torch = pytest.importorskip("torch")
@@ -232,11 +232,42 @@ def test_the_backend_is_registered_and_has_an_entry_point():
     from torch._dynamo.backends.registry import lookup_backend
 
     assert lookup_backend("panamera") is tb.backend
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["torch_dynamo_backends"] == {"panamera": "panamera.torch_backend:backend"}
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()  # (tomllib: Python 3.11+)
+    group = text.split('[project.entry-points."torch_dynamo_backends"]\n', 1)[1].split("\n\n", 1)[0]
+    assert group.strip() == 'panamera = "panamera.torch_backend:backend"'
+    module, attr = group.split('"')[1].split(":")
+    assert getattr(importlib.import_module(module), attr) is tb.backend
 
 
 def test_unsupported_options_are_clear():
     with pytest.raises(Exception, match="unknown target 'tpu'"):
         with torch.no_grad():
             torch.compile(MLP().eval(), backend="panamera", options={"target": "tpu"})(torch.randn(2, 32))
+
+
+def test_a_subgraph_panamera_cannot_express_stays_eager(monkeypatch):
+    from panamera.torch_backend import aten
+
+    def refuse(node, *args, **kwargs):
+        raise pn.ShapeError("refused for the test")
+
+    op = torch.ops.aten._softmax.default
+    monkeypatch.setitem(aten.TABLE, op, aten.Entry(aten.OpKind.ANCHOR, refuse))
+    f = torch.compile(lambda x: torch.softmax(x, -1) * 2, backend="panamera", options=OPTIONS)
+    x = torch.randn(3, 16)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        torch.testing.assert_close(f(x), torch.softmax(x, -1) * 2)
+    assert any("refused for the test" in str(w.message) for w in caught if w.category is pn.EagerFallbackWarning)
+    (sub,) = report().subgraphs
+    assert sub.kernels == 0 and "refused for the test" in sub.eager_reason
+    assert "aten._softmax.default" in report().eager_ops
+
+
+def test_inference_mode_and_reductions_of_a_function():
+    f = torch.compile(lambda x: (x.sum(1), x.mean(0), x.amax(-1)), backend="panamera", options=OPTIONS)
+    x = torch.randn(5, 40)
+    with torch.inference_mode():
+        for got, want in zip(f(x), (x.sum(1), x.mean(0), x.amax(-1))):
+            torch.testing.assert_close(got, want, rtol=tolerance("float32", 40), atol=tolerance("float32", 40))
+    assert report().kernels >= 1 and not report().eager_ops

@@ -192,8 +192,9 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         try:
             outputs, single, holders = translate(sub, _values(fused, node))
             k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
-        except PanameraError as e:
-            reports.append(SubgraphReport(node.target, ops, 0, str(e)))
+        except Exception as e:  # noqa: BLE001 - a subgraph Panamera cannot take stays eager: never break the model
+            reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
+            reports.append(SubgraphReport(node.target, ops, 0, reason))
             continue
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
