@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from ..dtypes import SUPPORTED
 from ..enums import StrEnum
 from ..errors import DTypeError, InputError
 
@@ -115,10 +116,7 @@ def torch_to_numpy_dtype(dtype, what: str = "tensor") -> np.dtype:
         torch.int8: np.int8, torch.int16: np.int16, torch.uint8: np.uint8,
     }  # fmt: skip
     if dtype not in table:
-        raise DTypeError(
-            f"{what}: {dtype} has no numpy equivalent Panamera supports "
-            "(float32, float64, float16, bfloat16, int32, int64, bool)"
-        )
+        raise DTypeError(f"{what}: {dtype} has no numpy equivalent Panamera supports ({', '.join(SUPPORTED)})")
     return np.dtype(table[dtype])
 
 
