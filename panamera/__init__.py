@@ -9,6 +9,7 @@
 True
 """
 
+import sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
@@ -25,4 +26,9 @@ try:
     __version__ = _version("panamera")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0.1.0"
+if "torch" in sys.modules:  # torch.compile(backend="panamera"); else torch finds the entry point
+    from .torch_backend import register as _register_torch_backend
+
+    _register_torch_backend()
+
 __all__ = ["Compiled", "compile", "dtypes", "errors", "nn", "std", "var", *_errors_api, *_frontend_api]

@@ -36,13 +36,14 @@ from .codegen import islast
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
 from .enums import StrEnum
-from .errors import DTypeError, EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
+from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
 from .model.library import library_matmul
 from .poly.access import AccessKind
 from .poly.program import KernelGroup, Program, build_program
 from .poly.statement import Form
+from .runtime import arrays
 from .runtime import cuda as cuda_backend
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
@@ -384,8 +385,9 @@ class Compiled:
         )
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
-        """Run on numpy (or CuPy) arrays, positionally in placeholder order or by name; returns
-        new arrays, or writes them into `out=` (an array, or a tuple of them for several
+        """Run on arrays of any kind (numpy, CuPy, torch on the CPU or a GPU, or any object with
+        `__dlpack__` or `__array__`; runtime/arrays.py), positionally in placeholder order or by
+        name; returns new arrays of the caller's kind on the caller's device, or writes them into `out=` (an array, or a tuple of them for several
         outputs, of the results' shapes and dtypes) and returns that, as numpy's `out=` does.
         `out` is taken as an input's name if an input is called so.
 
@@ -471,18 +473,13 @@ def contraction_lines(g, m, gpu) -> list[str]:
 
 
 def write_out(out, results: list, single: bool):
-    """numpy's `out=`: each result copied into the caller's array of the same shape and dtype."""
+    """numpy's `out=`: each result copied into the caller's array (numpy, CuPy or torch) of the same
+    shape and dtype."""
     bufs = tuple(out) if isinstance(out, tuple | list) else (out,)
     if len(bufs) != len(results):
         raise InputError(f"out=: expected {len(results)} array(s), one per output, got {len(bufs)}")
     for k, (b, r) in enumerate(zip(bufs, results)):
-        if not hasattr(b, "shape") or not hasattr(b, "dtype"):
-            raise InputError(f"out= output {k}: expected an array, got {type(b).__name__}")
-        if tuple(b.shape) != tuple(r.shape):
-            raise InputError(f"out= output {k}: expected shape {tuple(r.shape)}, got {tuple(b.shape)}")
-        if np.dtype(b.dtype) != np.dtype(r.dtype):
-            raise DTypeError(f"out= output {k}: expected dtype {np.dtype(r.dtype)}, got {np.dtype(b.dtype)}")
-        b[...] = r
+        arrays.assign(b, r, f"out= output {k}")  # numpy, CuPy or torch, of the result's shape and dtype
     return bufs[0] if single else bufs
 
 

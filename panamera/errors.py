@@ -61,6 +61,11 @@ class StaleScheduleWarning(PanameraWarning):
     """A schedule database entry that was skipped: the model plans instead."""
 
 
+class EagerFallbackWarning(PanameraWarning):
+    """`torch.compile(backend="panamera")` runs a graph or a subgraph in eager PyTorch; the message
+    gives the reason (a graph that needs autograd, an op Panamera cannot express)."""
+
+
 class EmulatorWarning(PanameraWarning):
     """`target="auto"` chose the CPU emulator: a correctness tool, not a fast CPU path."""
 
@@ -68,5 +73,5 @@ class EmulatorWarning(PanameraWarning):
 __all__ = [
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "PanameraWarning",
-    "EmulatorWarning", "StaleScheduleWarning",
+    "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning",
 ]  # fmt: skip

@@ -221,3 +221,23 @@ def test_every_nn_op_at_a_real_size(name):
         "std": (pn.std(x, axis=-1), [a], a64.std(-1)),
     }[name]
     close(pn.compile(y, target="cuda")(*ins), ref, "float32", n, scale=4 if "log" in name else 1)
+
+
+def test_torch_cuda_tensors_on_torchs_current_stream():
+    """torch CUDA tensors in (DLPack, zero-copy), torch CUDA tensors out, the work ordered on
+    torch's current stream: the resident workspaces are that stream's."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA build here")
+    k = pn.compile(pn.sum(pn.placeholder((2, 80000), "float32", name="x"), axis=1), target="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t = torch.rand(2, 80000, device="cuda")
+        out = k(t)
+        out2 = k(t)
+    side.synchronize()
+    assert isinstance(out, torch.Tensor) and out.is_cuda and out.dtype == torch.float32
+    close(out.cpu().numpy(), t.cpu().double().sum(1).numpy(), "float32", 80000)
+    close(out2.cpu().numpy(), t.cpu().double().sum(1).numpy(), "float32", 80000)
+    key = f"cuda:{torch.cuda.current_device()}:stream:{side.cuda_stream:#x}"
+    assert key in k.resident and counters_are_zero(k)

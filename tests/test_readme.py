@@ -3,12 +3,14 @@ reader pastes them) and every command of its shell blocks (in a fresh directory,
 `panamera` from this environment). A block that cannot run here says so just above its fence:
 
     <!-- readme-test: gpu -->              needs an NVIDIA GPU
+    <!-- readme-test: torch -->            needs PyTorch (the dev extra installs it): run where it is
     <!-- readme-test: skip: REASON -->     not run, for the reason given
 
 bench/README.md has no code blocks; its one command, `make bench`, is README.md's."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -40,14 +42,15 @@ def test_every_block_is_run_or_marked_with_a_reason():
     for path in (ROOT / "README.md", ROOT / "bench" / "README.md"):
         for mark, lang, _body in blocks(path):
             assert lang in ("", "python", "sh", "bash"), f"{path.name}: unknown block language {lang!r}"
-            assert mark in ("", "gpu") or re.fullmatch(r"skip: .{10,}", mark), f"{path.name}: marker {mark!r}"
+            assert mark in ("", "gpu", "torch") or re.fullmatch(r"skip: .{10,}", mark), f"{path.name}: marker {mark!r}"
     assert not blocks(ROOT / "bench" / "README.md")  # if it grows blocks, run them here
 
 
 def test_python_blocks_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
-    code = [body for mark, lang, body in blocks(ROOT / "README.md") if lang == "python" and not mark]
+    runs = {""} | ({"torch"} if importlib.util.find_spec("torch") else set())
+    code = [body for mark, lang, body in blocks(ROOT / "README.md") if lang == "python" and mark in runs]
     assert len(code) >= 3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # target="auto" warns once here: no GPU

@@ -16,6 +16,9 @@ Inputs are passed as they are when they are C-contiguous and aligned for the wid
 any kernel makes of them (`InputSpec.align`: vector width x item size); otherwise they are copied
 into a fresh, aligned buffer. An offset view (x[1:], a split chunk, a storage offset) would else
 fault on a GPU (cudaErrorMisalignedAddress), and fails the launch on the emulator.
+
+The caller's arrays (numpy, CuPy, torch, DLPack or `__array__` objects) cross into numpy and
+CuPy, and the results back into the caller's kind, through runtime/arrays.py.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 import numpy as np
 
 from ..errors import DTypeError, InputError, OptionError
+from . import arrays as arrays_mod
 from . import cuda as cuda_backend
 from . import emulator
 from .plan import BufferSpec, LaunchPlan, LaunchRole
@@ -91,8 +95,9 @@ class Executor:
         self._lock = threading.Lock()
 
     # -- binding -------------------------------------------------------------------------------
-    def bind(self, arrays, named) -> list:
-        """The caller's arrays in placeholder order, checked against each input's shape and dtype."""
+    def bind(self, arrays, named) -> list[arrays_mod.Arg]:
+        """The caller's arrays in placeholder order, classified (runtime/arrays.py) and checked
+        against each input's shape and dtype."""
         inputs = self.plan.inputs
         if named:
             by_name = {t.name: t for t in inputs}
@@ -107,29 +112,33 @@ class Executor:
             arrays = [named[t.name] for t in inputs]
         if len(arrays) != len(inputs):
             raise InputError(f"expected {len(inputs)} input(s) {[t.name for t in inputs]}, got {len(arrays)}")
-        for t, a in zip(inputs, arrays):
-            if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-                raise InputError(f"input {t.name!r}: expected an array, got {type(a).__name__}")
+        args = [arrays_mod.adopt(a, t.name) for t, a in zip(inputs, arrays)]
+        for t, a in zip(inputs, args):
             if tuple(a.shape) != t.shape:
                 raise InputError(f"input {t.name!r}: expected shape {t.shape}, got {tuple(a.shape)}")
-            if np.dtype(a.dtype) != t.dtype.np:
-                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {np.dtype(a.dtype)}")
-        return list(arrays)
+            if a.dtype != t.dtype.np:
+                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
+        return args
 
-    def __call__(self, arrays: list, order: str = "forward", seed: int = 0) -> list:
+    def __call__(self, args: list, order: str = "forward", seed: int = 0) -> list:
+        """Run on bound inputs (`bind`); the results come back as the caller's kind."""
         if order not in emulator.ORDERS:
             raise OptionError(f"unknown thread order {order!r}; use one of {sorted(emulator.ORDERS)}")
         if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
             raise OptionError(f"seed must be an int in [0, 2**32), got {seed!r}")
-        is_cupy = any(type(a).__module__.startswith("cupy") for a in arrays)
+        args = [
+            a if isinstance(a, arrays_mod.Arg) else arrays_mod.adopt(a, t.name) for a, t in zip(args, self.plan.inputs)
+        ]
+        caller = arrays_mod.caller_of(args)
         if self.target == "emulator":
             aligns = [t.align for t in self.plan.inputs]
-            outs = self._run_emulator([_host_input(a, n) for a, n in zip(arrays, aligns)], order, seed)
-        else:
-            outs = self._run_cuda(arrays)
-            if not is_cupy:
-                outs = [o.get() for o in outs]
-        return outs
+            hosted = [_host_input(arrays_mod.to_host(a), n) for a, n in zip(args, aligns)]
+            return arrays_mod.deliver(self._run_emulator(hosted, order, seed), caller)
+        cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
+        import cupy
+
+        with arrays_mod.cuda_context(caller, cupy):  # the caller's device and current stream
+            return arrays_mod.deliver(self._run_cuda(args), caller)
 
     # -- buffers and launches -------------------------------------------------------------------
     def _buffers(self, alloc, inputs, backend: str) -> tuple[dict, bool]:
@@ -181,11 +190,11 @@ class Executor:
             self._launches(EMULATOR, fresh, launch)
             return self._results(bufs, inputs)
 
-    def _run_cuda(self, arrays):
+    def _run_cuda(self, args):
         mod = cuda_backend.module(self.source)  # a clear BackendError without CuPy or a GPU
         import cupy
 
-        inputs = [_device_input(cupy, a, t.align) for a, t in zip(arrays, self.plan.inputs)]
+        inputs = [_device_input(cupy, arrays_mod.to_device(a, cupy), t.align) for a, t in zip(args, self.plan.inputs)]
         backend = current_cuda_key(cupy)
         device = f"cuda:{cupy.cuda.Device().id}"  # functions are per device, residents per stream
         fns = self._functions.get(device)

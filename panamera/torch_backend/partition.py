@@ -1,0 +1,211 @@
+"""Partitioning an ATen graph: Panamera's subgraphs, and the rest left to eager PyTorch.
+
+`SUPPORT` says which nodes Panamera can compute (an op of aten.TABLE, on dtypes Panamera has,
+with static, non-empty shapes on one device); torch's `CapabilityBasedPartitioner` groups them
+into acyclic partitions; a partition becomes a Panamera subgraph only if it holds an ANCHOR (a
+reduction, normalization, softmax-family op or loss): element-wise chains and views alone stay
+in eager PyTorch, where they cost the same. Each subgraph is translated into Panamera ops
+(`translate`), compiled with `pn.compile` (its in-memory cache makes a subgraph seen before cost
+well under a millisecond) and called through `PanameraSubgraph`, which takes and returns torch
+tensors (runtime/arrays.py). A subgraph Panamera cannot express stays eager, with its reason.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import torch
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+import panamera as pn
+
+from ..errors import PanameraError
+from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
+
+PREFIX = "panamera_"
+
+
+def _tensor_vals(v) -> list:
+    if isinstance(v, (tuple, list)):
+        return [x for item in v for x in _tensor_vals(item)]
+    return [v] if isinstance(v, torch.Tensor) else []
+
+
+def why_unsupported(node: torch.fx.Node) -> str | None:
+    """Why Panamera cannot compute `node`, or None when it can."""
+    if node.op != "call_function":
+        return f"a {node.op} node"
+    if node.target is operator.getitem:
+        return why_unsupported(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else "getitem of a value"
+    entry = TABLE.get(node.target)
+    if entry is None:
+        return f"{node.target} is not a Panamera op"
+    out = meta(node)
+    if out is None:
+        return "no shape information"
+    vals = [v for v in _tensor_vals(out) if v.numel() or not isinstance(out, (tuple, list))]  # batch norm's (0,)
+    for a in node.all_input_nodes:
+        v = meta(a)
+        if not isinstance(v, torch.Tensor):
+            return f"input {a.name} is not a tensor"
+        vals.append(v)
+    for v in vals:
+        if v.dtype not in DTYPES:
+            return f"dtype {v.dtype}"
+        if not all(isinstance(s, int) for s in v.shape):
+            return "symbolic shape"
+        if v.numel() == 0:
+            return "an empty tensor"
+        if v.device != vals[0].device:
+            return "tensors on several devices"
+    return entry.check(node) if entry.check is not None else None
+
+
+class Support(OperatorSupportBase):
+    """torch's operator-support interface over `why_unsupported`."""
+
+    def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        return why_unsupported(node) is None
+
+
+def kind_of(node: torch.fx.Node) -> OpKind | None:
+    entry = TABLE.get(node.target) if node.op == "call_function" else None
+    return entry.kind if entry is not None else None
+
+
+def anchored(nodes) -> set:
+    """The nodes of a partition connected (by data edges inside it, either way) to an anchor op.
+    torch's partitioner also merges independent nodes (a weight's transpose beside a layer norm);
+    they stay eager, where a view is free. Dropping a component keeps the partition acyclic:
+    nothing outside it lay on a path between two of its nodes."""
+    nodes = set(nodes)
+    seen = {n for n in nodes if kind_of(n) == OpKind.ANCHOR}
+    stack = list(seen)
+    while stack:
+        n = stack.pop()
+        for m in (*n.all_input_nodes, *n.users):
+            if m in nodes and m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen
+
+
+def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]:
+    """The partitions worth a Panamera subgraph: those with an anchor op, less the nodes not
+    connected to one."""
+    partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+    parts = []
+    for p in partitioner.propose_partitions():
+        keep = anchored(p.nodes)
+        for n in [n for n in p.nodes if n not in keep]:
+            p.remove_node(n)
+        if p.nodes:
+            parts.append(p)
+    return partitioner, parts
+
+
+def translate(sub: torch.fx.GraphModule, vals: list) -> tuple[list, bool, list[int]]:
+    """Panamera tensors of a fused partition: (outputs, whether it returns one value, the indices
+    of the submodule's arguments the compiled program reads). `vals` are torch's values of the
+    arguments (FakeTensors or real tensors)."""
+    env: dict = {}
+    holders = []
+    outputs, single = [], True
+    for node in sub.graph.nodes:
+        if node.op == "placeholder":
+            v = vals[len(holders)]
+            if not isinstance(v, torch.Tensor) or v.dtype not in DTYPES:
+                raise TranslationError(f"argument {node.name} is not a tensor Panamera supports")
+            env[node] = pn.placeholder(tuple(v.shape), DTYPES[v.dtype], name=node.name)
+            holders.append(env[node])
+        elif node.op == "call_function" and node.target is operator.getitem:
+            src = env[node.args[0]]
+            env[node] = src[node.args[1]]
+            if env[node] is None:
+                raise TranslationError(f"{node.name}: output {node.args[1]} of {node.args[0].name} is not computed")
+        elif node.op == "call_function":
+            args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+            kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+            try:
+                built = TABLE[node.target].build(node, *args, **kwargs)
+            except PanameraError as e:
+                raise TranslationError(f"{node.name} ({node.target}): {e}") from None
+            env[node] = fit(built, meta(node), f"{node.name} ({node.target})")
+        elif node.op == "output":
+            result = node.args[0]
+            single = not isinstance(result, (tuple, list))
+            outputs = [env[n] for n in ((result,) if single else result)]
+        else:
+            raise TranslationError(f"a {node.op} node ({node.name}) inside a partition")
+    return outputs, single, holders
+
+
+@dataclass(frozen=True)
+class SubgraphReport:
+    """One partition: its ATen ops, and what became of it."""
+
+    name: str
+    ops: tuple[str, ...]
+    kernels: int  # Panamera kernels per call; 0 if it stayed eager
+    eager_reason: str = ""  # why it stayed eager, if it did
+
+
+class PanameraSubgraph(torch.nn.Module):
+    """A compiled partition in the eager graph: torch tensors in, torch tensors out."""
+
+    def __init__(self, compiled: pn.Compiled, used: tuple[int, ...]):
+        super().__init__()
+        self.compiled, self.used = compiled, used
+
+    def forward(self, *args):
+        return self.compiled(*(args[k] for k in self.used))
+
+
+def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
+    """torch's values of a call_module node's arguments (get_attr constants read from `gm`)."""
+    out = []
+    for a in node.args:
+        v = meta(a) if isinstance(a, torch.fx.Node) else a
+        if v is None and isinstance(a, torch.fx.Node) and a.op == "get_attr":
+            v = getattr(gm, a.target)
+        out.append(v)
+    return out
+
+
+def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False):
+    """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
+    graph module and a report per partition."""
+    partitioner, parts = propose(gm)
+    if not parts:
+        return gm, []
+    fused = partitioner.fuse_partitions(parts, prefix=PREFIX)
+    reports = []
+    for node in list(fused.graph.nodes):
+        if node.op != "call_module" or not str(node.target).startswith(PREFIX):
+            continue
+        sub = fused.get_submodule(node.target)
+        ops = tuple(
+            str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+        )
+        try:
+            outputs, single, holders = translate(sub, _values(fused, node))
+            k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
+        except Exception as e:  # noqa: BLE001 - a subgraph Panamera cannot take stays eager: never break the model
+            reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
+            reports.append(SubgraphReport(node.target, ops, 0, reason))
+            continue
+        used_uids = {t.uid for t in k.inputs}
+        used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
+        setattr(fused, node.target, PanameraSubgraph(k, used))
+        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels)))
+    fused.recompile()
+    return fused, reports
+
+
+def eager_ops(gm: torch.fx.GraphModule, reports) -> tuple[str, ...]:
+    """The ATen ops left to eager PyTorch: those outside every partition, and those of the
+    partitions that stayed eager."""
+    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    return tuple(ops) + tuple(op for r in reports if r.kernels == 0 for op in r.ops)
