@@ -291,14 +291,17 @@ def depth_to_space(x: Tensor, block: int, mode: str = "DCR") -> Tensor:
     return reshape(y, (n, cc, h * b, w * b))
 
 
-def space_to_depth(x: Tensor, block: int) -> Tensor:
-    """ONNX SpaceToDepth on NCHW: reshape, transpose, reshape."""
+def space_to_depth(x: Tensor, block: int, mode: str = "DCR") -> Tensor:
+    """ONNX SpaceToDepth on NCHW (the inverse of depth_to_space): reshape, transpose, reshape."""
     x = _x(x, "space_to_depth")
     if x.ndim != 4 or block <= 0 or x.shape[2] % block or x.shape[3] % block:
         raise ShapeError(f"space_to_depth of {x.label!r}: needs NCHW with H, W divisible by {block}, got {x.shape}")
+    if mode not in ("DCR", "CRD"):
+        raise OptionError(f"space_to_depth of {x.label!r}: mode {mode!r} is not 'DCR' or 'CRD'")
     n, c, h, w = x.shape
     b = block
-    y = transpose(reshape(x, (n, c, h // b, b, w // b, b)), (0, 3, 5, 1, 2, 4))
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = transpose(reshape(x, (n, c, h // b, b, w // b, b)), perm)
     return reshape(y, (n, c * b * b, h // b, w // b))
 
 
