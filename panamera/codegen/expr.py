@@ -57,6 +57,7 @@ def _round(x: str, d: DType) -> str:
         return f"((int)({_WRAP8[d.name]})({x}))"
     return x
 
+
 # sin and cos (ONNX Sin/Cos); fmod (C's, the sign of the dividend) and mod (numpy's, the sign of the divisor).
 _MATH.update(sin="sin", cos="cos")
 

@@ -320,9 +320,7 @@ class NearestMode(StrEnum):
     CEIL = "ceil"
 
 
-def resize_nearest(
-    x: Tensor, shape, scales, coord: str = "half_pixel", nearest: str = "round_prefer_floor"
-) -> Tensor:
+def resize_nearest(x: Tensor, shape, scales, coord: str = "half_pixel", nearest: str = "round_prefer_floor") -> Tensor:
     """ONNX Resize, nearest mode: each output subscript is the nearest input coordinate of a
     rational affine map, floor((a * out + b) / d) clamped to the input: quasi-affine.
     `scales` are exact rationals (Fractions or ints), one per axis.

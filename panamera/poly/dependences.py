@@ -26,9 +26,7 @@ def _access(st: Statement, addr: isl.PwAff, array: str, indirect=None) -> isl.Ma
     whole gathered axis (poly/movement.py)."""
     m = isl.Map.from_pw_aff(addr) if indirect is None else indirect_access(addr, indirect)
     return (
-        m.set_tuple_name(isl.dim_type.in_, st.name)
-        .set_tuple_name(isl.dim_type.out, array)
-        .intersect_domain(st.domain)
+        m.set_tuple_name(isl.dim_type.in_, st.name).set_tuple_name(isl.dim_type.out, array).intersect_domain(st.domain)
     )
 
 

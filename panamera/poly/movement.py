@@ -1,20 +1,37 @@
-"""Data movement in the polyhedral model: remaps as piecewise quasi-affine subscripts, gathers as
-non-affine reads.
+"""Data movement in the polyhedral model: remaps inlined as piecewise quasi-affine subscripts,
+gathers as non-affine reads.
 
-A remap (frontend/movement.py) is never a statement: the statement that reads it reads its input
-through the composed access, built here with isl from the output subscripts (PwAffs over the
-reader's named domain dims)::
+Before (what a framework runs: the layout change is a kernel and a tensor of its own)::
+
+    for b, h, s, d: T[b, h, s, d] = x[b, s, h, d]                       # Transpose: copy
+    for b, h, s, d: P[b, h, s, d] = T[b, h, s, d] * cos[s, d]
+                                  + cat(-T[.., D/2:], T[.., :D/2])[b, h, s, d] * sin[s, d]
+
+After (`remap_index`: a remap is never a statement; its reader reads the remap's input through
+the composed access, built with isl from the reader's named domain dims)::
+
+    for b, h, s, d: P[b, h, s, d] = x[b, s, h, d] * cos[s, d]
+                                  + (d < D/2 ? -x[b, s, h, min(d + D/2, D-1)]
+                                             :  x[b, s, h, max(d - D/2, 0)]) * sin[s, d]
+
+The subscripts per input axis (frontend AxisMap: floor((sum c*o + offset) / den), then a
+boundary)::
 
     slice x[1:9:2]        ->  x[2*o + 1]
     pad reflect (lo = 2)  ->  x[(n-1) - |(n-1) - ((o - 2) mod 2(n-1))|]      (piecewise)
     tile                  ->  x[o mod n]
     resize nearest (x2)   ->  x[min(max(floor((2*o + 0) / 4), 0), n-1)]    (quasi-affine)
 
-A gather's subscript along its axis is a loaded value. `gather_read` keeps the affine part of
-the address and the axis' stride; the codegen adds `index * stride` to it at run time, and
-dependences (poly/dependences.py) over-approximate the read as the whole axis
-(`indirect_access`): isl then never proves such a read row-local, so nothing is stitched across
-it, and the gathered tensor is materialized before the gathering statement (`must_materialize`).
+Preconditions, each checked (negative tests in tests/test_movement.py):
+  1. every composed subscript stays inside its input on the reader's domain (isl: the set of
+     iterations where it leaves [0, n) is empty; `LegalityError` otherwise), so inlining never
+     reads outside a buffer, whatever select later discards the value;
+  2. a gather is never inlined: its subscript along the axis is a loaded value, so the tensor it
+     gathers from is materialized by an earlier statement (`must_materialize`) and read through
+     a non-affine access (`Indirect`: the codegen adds `index * stride` at run time);
+  3. isl cannot prove which element a gather reads, so dependences over-approximate it by the
+     whole axis (`indirect_access`) and stitching never treats it as row-local
+     (poly/stitch.py, precondition 3): no kernel is fused across a gather's dependence.
 
 >>> import islpy as isl
 >>> from panamera.frontend.movement import AxisMap, Boundary
@@ -30,6 +47,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from ..errors import LegalityError
 from ..frontend.movement import AxisMap, Boundary
 from ..frontend.tensor import Tensor
 
@@ -68,10 +86,20 @@ def axis_subscript(m: AxisMap, idx: list[isl.PwAff], zero: isl.PwAff, n: int) ->
     return v.max(zero).min(zero + (n - 1))  # CLAMP (and a reflection of one element)
 
 
-def remap_index(t: Tensor, idx: list[isl.PwAff], zero: isl.PwAff) -> list[isl.PwAff]:
-    """The subscripts of `t.inputs[0]` that the remap `t` reads at `idx`."""
+def remap_index(t: Tensor, idx: list[isl.PwAff], zero: isl.PwAff, domain: isl.Set | None = None) -> list[isl.PwAff]:
+    """The subscripts of `t.inputs[0]` that the remap `t` reads at `idx`, checked by isl to stay
+    inside the input on `domain` (precondition 1 of the module docstring)."""
     src = t.inputs[0]
-    return [axis_subscript(m, idx, zero, n) for m, n in zip(t.attr("index"), src.shape)]
+    subs = [axis_subscript(m, idx, zero, n) for m, n in zip(t.attr("index"), src.shape)]
+    if domain is not None:
+        for a, (sub, n) in enumerate(zip(subs, src.shape)):
+            outside = (sub.lt_set(zero) | sub.ge_set(zero + n)) & domain
+            if not outside.is_empty():
+                raise LegalityError(
+                    f"remap {t.label!r}: subscript {a} of {src.label!r} leaves [0, {n}) "
+                    f"(at {outside.sample_point()}); give its AxisMap a boundary"
+                )
+    return subs
 
 
 def gather_subscripts(t: Tensor, idx: list[isl.PwAff], zero: isl.PwAff) -> tuple[list, list, int]:

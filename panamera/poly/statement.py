@@ -112,8 +112,9 @@ def delinearize(lin: isl.PwAff, shape, ctx: isl.Context) -> list[isl.PwAff]:
 class _Builder:
     """Walks the elementwise cone of a statement, composing access relations on the way down."""
 
-    def __init__(self, ctx, zero, materialized):
+    def __init__(self, ctx, zero, materialized, domain: isl.Set | None = None):
         self.ctx, self.zero, self.materialized = ctx, zero, materialized
+        self.domain = domain  # the statement's box: remaps are checked to stay inside their input
         self.reads: list[Read] = []
         self.memo: dict = {}
 
@@ -152,7 +153,7 @@ class _Builder:
         if t.op in VIEWS:
             return self.expr(t.inputs[0], view_index(t, idx, self))
         if t.op == "movement":
-            return self.expr(t.inputs[0], remap_index(t, idx, self.zero))
+            return self.expr(t.inputs[0], remap_index(t, idx, self.zero, self.domain))
         if t.op == "gather":
             return self.gather(t, idx)
         args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
@@ -200,7 +201,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
     domain, v = box(ctx, dims, shape)
     domain = domain.set_tuple_name(name)
     zero = v[0]
-    b = _Builder(ctx, zero, materialized - {t})
+    b = _Builder(ctx, zero, materialized - {t}, domain.reset_tuple_id())
     idx = [v[d] for d in dims]
     if t.op == "reduce":
         body = b.expr(src, idx)

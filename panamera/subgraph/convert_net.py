@@ -206,7 +206,9 @@ def _pool(node: Node, args, ctx):
 # -- activations and math ---------------------------------------------------------------------
 def _act(fn, **defaults):
     def conv(node: Node, args, ctx):
-        kw = {k: (_s(node.attrs.get(k), v) if isinstance(v, str) else node.attrs.get(k, v)) for k, v in defaults.items()}
+        kw = {
+            k: (_s(node.attrs.get(k), v) if isinstance(v, str) else node.attrs.get(k, v)) for k, v in defaults.items()
+        }
         return [fn(ctx.tensor(args[0]), **kw)]
 
     conv.__name__ = f"_{fn.__name__}"
