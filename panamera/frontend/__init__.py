@@ -1,6 +1,37 @@
 """The numpy-like frontend: tensors and the ops users compose."""
 
+from .activations import (
+    cos,
+    elu,
+    fmod,
+    gelu,
+    hard_sigmoid,
+    hard_swish,
+    isinf,
+    isnan,
+    leaky_relu,
+    mod,
+    selu,
+    sign,
+    sin,
+    softplus,
+)
 from .contract import einsum, matmul
+from .movement import (
+    concatenate,
+    depth_to_space,
+    pad,
+    remap,
+    resize_nearest,
+    slice,
+    space_to_depth,
+    split,
+    take,
+    take_along_axis,
+    tile,
+    tril,
+    triu,
+)
 from .ops import (
     abs,
     all,
@@ -29,37 +60,6 @@ from .ops import (
     sqrt,
     sum,
     tanh,
-)
-from .activations import (
-    cos,
-    elu,
-    fmod,
-    gelu,
-    hard_sigmoid,
-    hard_swish,
-    isinf,
-    isnan,
-    leaky_relu,
-    mod,
-    selu,
-    sign,
-    sin,
-    softplus,
-)
-from .movement import (
-    concatenate,
-    depth_to_space,
-    pad,
-    remap,
-    resize_nearest,
-    slice,
-    space_to_depth,
-    split,
-    take,
-    take_along_axis,
-    tile,
-    tril,
-    triu,
 )
 from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool
 from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
