@@ -157,6 +157,20 @@ def test_gather_is_a_non_affine_read(rng):
     assert len(k.plan.kernels) == 1
 
 
+def test_embedding_gather_then_softmax_is_one_kernel(rng):
+    """The gathered rows feed a reduction: the index's producers (a cast) and the gather fuse
+    into the reduction's statement like any element-wise producer."""
+    emb = rng.standard_normal((5, 16)).astype(np.float32)
+    ids = rng.integers(0, 5, (3, 4))
+    e, i = pn.placeholder(emb.shape, name="emb"), pn.placeholder(ids.shape, "int64", name="ids")
+    k, got = run(pn.nn.softmax(pn.take(e, i.astype("int32")), axis=-1), emb, ids)
+    t = emb.astype(np.float64)[ids]
+    want = np.exp(t - t.max(-1, keepdims=True))
+    tol = 4 * 2**-23 * 16**0.5
+    np.testing.assert_allclose(got, want / want.sum(-1, keepdims=True), rtol=tol, atol=tol)
+    assert len(k.plan.kernels) == 1
+
+
 def test_gather_elements(rng):
     a = rng.standard_normal((4, 5)).astype(np.float32)
     ind = rng.integers(-5, 5, (4, 3))
