@@ -126,4 +126,10 @@ def test_bad_pool_arguments_name_op_and_attribute():
     with pytest.raises(pn.ShapeError, match="exceeds the padded extent"):
         pn.max_pool(x, (6, 2))
     with pytest.raises(pn.DTypeError, match="floating-point"):
-        pn.max_pool(pn.placeholder((1, 1, 4, 4), "int32", name="i"), (2, 2))
+        pn.avg_pool(pn.placeholder((1, 1, 4, 4), "int32", name="i"), (2, 2))
+
+
+def test_integer_max_pool_pads_with_the_dtype_minimum():
+    a = np.random.default_rng(1).integers(-100, 100, (1, 2, 5, 5)).astype(np.int32)
+    k = pn.compile(pn.max_pool(pn.placeholder(a.shape, "int32"), (3, 3), pads=(1, 1, 1, 1)), target="emulator")
+    np.testing.assert_array_equal(k(a), ref_pool(a, "max", (3, 3), pads=(1, 1, 1, 1)).astype(np.int32))

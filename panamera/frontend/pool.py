@@ -133,23 +133,26 @@ def _window_view(x: Tensor, w: Window) -> tuple[Tensor, Tensor | None]:
     return remap(x, shape, maps), mask
 
 
-def _float(x: Tensor, op: str) -> Tensor:
+def _float(x: Tensor, op: str, ints: bool = False) -> Tensor:
     if not isinstance(x, Tensor):
         raise DTypeError(f"{op}: expected a Tensor, got {type(x).__name__}")
-    if not x.dtype.is_float:
-        raise DTypeError(f"{op} of {x.label!r}: pooling needs a floating-point tensor, got {x.dtype}")
+    if not (x.dtype.is_float or ints and x.dtype.name != "bool"):
+        kind = "a numeric" if ints else "a floating-point"
+        raise DTypeError(f"{op} of {x.label!r}: pooling needs {kind} tensor, got {x.dtype}")
     if x.ndim < 3:
         raise ShapeError(f"{op} of {x.label!r}: needs (N, C, spatial...), got shape {x.shape}")
     return x
 
 
 def max_pool(x: Tensor, kernel, strides=None, pads=None, dilations=None, ceil_mode: bool = False) -> Tensor:
-    """ONNX MaxPool (torch's max_pool{1,2,3}d): the max over each window; padding never wins."""
-    x = _float(x, "max_pool")
+    """ONNX MaxPool (torch's max_pool{1,2,3}d): the max over each window; padding never wins
+    (floats and integers)."""
+    x = _float(x, "max_pool", ints=True)
     w = window(x, kernel, strides, pads, dilations, ceil_mode, "max_pool")
     view, mask = _window_view(x, w)
-    if mask is not None:
-        view = where(mask, view, constant(-math.inf, x.dtype))
+    if mask is not None:  # padding reads max's identity
+        low = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+        view = where(mask, view, constant(low, x.dtype))
     d = len(w.kernel)
     return ops.max(view, axis=tuple(range(view.ndim - d, view.ndim)))
 
