@@ -31,6 +31,8 @@ extern "C" __global__ void probe(float* f, double* d, int* i, long long* l, unsi
     d[1] = exp(0.0) + log(1.0) + sqrt(4.0) + rsqrt(4.0) + fabs(-1.0);
     f[7] = tanhf(0.f) + erff(0.f) + floorf(1.5f) + ceilf(0.5f) + powf(2.f, 3.f);
     d[2] = tanh(0.0) + erf(0.0) + floor(1.5) + ceil(0.5) + pow(2.0, 3.0);
+    f[8] = sinf(0.f) + cosf(0.f) + fmodf(-5.f, 3.f);
+    d[3] = sin(0.0) + cos(0.0) + fmod(-5.0, 3.0);
     f[5] = __ldcg(&f[1]);
     f[6] = v;
   }
@@ -45,7 +47,7 @@ def test_every_intrinsic_runs_on_the_emulator_and_compiles_with_nvcc():
     lib = emulator.build(
         src, {"probe": ["float*", "double*", "int*", "long long*", "unsigned*", "unsigned long long*"]}
     )
-    f, d = np.zeros(8, np.float32), np.zeros(3)
+    f, d = np.zeros(9, np.float32), np.zeros(4)
     i = np.array([0, -1, 99, -1, 0], np.int32)
     ll, u, q = np.array([-5, 99], np.int64), np.zeros(1, np.uint32), np.zeros(1, np.uint64)
     args = [ctypes.c_void_p(a.ctypes.data) for a in (f, d, i, ll, u, q)]
@@ -57,6 +59,7 @@ def test_every_intrinsic_runs_on_the_emulator_and_compiles_with_nvcc():
     assert f[4] == 1 + 0 + 2 + 0.5 + 1 and d[1] == 4.5 and f[5] == f[1]
     assert f[6] == 62.0  # thread 0 reads lane 1's value s[63 - 1]
     assert f[7] == 10.0 and d[2] == 10.0
+    assert f[8] == -1.0 and d[3] == -1.0  # sin 0 + cos 0 + fmod(-5, 3) (the dividend's sign)
     try:
         nvcc.find_nvcc()
     except BackendError:

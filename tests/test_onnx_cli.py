@@ -56,7 +56,7 @@ def test_optimize_writes_report_kernels_and_verifies(models, tmp_path):
         assert s["unfused_launches"] >= s["launches"] >= 1
         assert s["modeled_us"] > 0
     lib = {n["op"] for n in rep["library"]}
-    assert {"MatMul", "Transpose"} <= lib
+    assert "MatMul" in lib and "Transpose" not in lib  # a layout change is an access of Panamera's kernels
     assert "Transpose" in (out / "report.md").read_text()
 
 

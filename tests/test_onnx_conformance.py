@@ -41,6 +41,9 @@ def _cases():
 
 CASES = _cases()
 NOT_TENSORS = {"test_identity_sequence", "test_identity_opt"}  # sequence / optional inputs
+# Nodes of a supported op that the partitioner still leaves to the library, each with its reason
+# (the converters' `refuse`): interpolating Resize, MaxPool's argmax Indices output.
+REFUSED = ("is not a Panamera dtype", "only nearest is a data-movement", "is not an affine map", "Indices output")
 
 
 def _arrays(values):
@@ -68,7 +71,7 @@ def test_node(case):
         # may stay with the library, which must still give the right answer; everything else is
         # compiled by Panamera.
         lib = [u.reason for u in opt.library if u.node.op_type not in ARRAY_OPS]
-        assert all("is not a Panamera dtype" in r for r in lib), f"not compiled by Panamera: {lib}"
+        assert all(any(why in r for why in REFUSED) for r in lib), f"not compiled by Panamera: {lib}"
         assert opt.subgraphs or opt.library
         got = opt.run(feeds)
         for name, want in zip(out_names, _arrays(outputs)):

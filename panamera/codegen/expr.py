@@ -58,6 +58,25 @@ def _round(x: str, d: DType) -> str:
     return x
 
 
+# sin and cos (ONNX Sin/Cos); fmod (C's, the sign of the dividend) and mod (numpy's, the sign of the divisor).
+_MATH.update(sin="sin", cos="cos")
+
+
+def _mod(x: list[str], d: DType, c_fmod: bool) -> str:
+    """numpy.fmod (C's) or numpy.mod (Python's: the result takes the divisor's sign); an integer
+    divisor 0 gives 0, as numpy."""
+    if d.is_float:
+        f = f"fmod{'f' if d.compute == 'float' else ''}"
+        r = f"{f}({x[0]}, {x[1]})"
+        if c_fmod:
+            return _round(r, d)
+        return _round(f"pn_mod_fix({r}, {x[1]})", d)
+    if d.name == "bool":
+        return f"({x[0]} & 0)"
+    r = f"({x[1]} == 0 ? ({d.compute})0 : {x[0]} % {x[1]})"
+    return r if c_fmod else f"pn_mod_fix({r}, {x[1]})"
+
+
 class ExprRenderer:
     """Emits one `const` register per expression node (SSA), each node once."""
 
@@ -77,8 +96,8 @@ class ExprRenderer:
         d = n.dtype
         if n.op == "const":
             return literal(n.value, d)
-        if n.op == "load":
-            return load(n.read)
+        if n.op == "load":  # a gather's load has one argument: the index it loaded
+            return load(n.read, *a)
         if n.op == "cast":
             return convert(a[0], n.args[0].dtype, d)
         if n.op in _CMP:
@@ -98,6 +117,8 @@ class ExprRenderer:
             return f"({x[1]} == 0 ? ({d.compute})0 : {x[0]} / {x[1]})"
         if n.op == "pow":
             return _round(f"pn_pow({x[0]}, {x[1]})", d)
+        if n.op in ("fmod", "mod"):
+            return _mod(x, d, n.op == "fmod")
         if n.op in ("maximum", "minimum"):
             return f"pn_{n.op}({x[0]}, {x[1]})"
         if n.op == "where":

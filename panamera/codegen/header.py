@@ -119,6 +119,10 @@ template <class T> __device__ __forceinline__ T pn_pow(T a, T b) {
     if (b & 1) r *= a;
   return r;
 }
+// numpy.mod from C's remainder r = fmod(a, b) or a % b: the result takes the divisor's sign.
+template <class T> __device__ __forceinline__ T pn_mod_fix(T r, T b) {
+  return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? (T)(r + b) : r;
+}
 
 // argmax/argmin: a (value, index) pair as one int64 key whose signed order is the order of
 // (value, then first index): max of keys = argmax, min of keys = argmin. Values are mapped to
@@ -432,4 +436,10 @@ INTRINSICS = (
     "floor",
     "ceil",
     "pow",
+    "sinf",
+    "cosf",
+    "fmodf",
+    "sin",
+    "cos",
+    "fmod",
 )

@@ -104,8 +104,13 @@ class ThreadLoop:
         s, kinds = self.g.statements[k], self.m.access[k]
         lines: list[str] = []
 
-        def load(read: int) -> str:
+        def load(read: int, index: str | None = None) -> str:
             r = s.reads[read]
+            if r.indirect is not None:  # a gather: the loaded index, wrapped if negative, clamped
+                n = r.indirect.extent
+                q = f"((long long)({index}) + ((long long)({index}) < 0 ? {n}LL : 0LL))"
+                q = f"({q} < 0LL ? 0LL : ({q} >= {n}LL ? {n - 1}LL : {q}))"
+                return f"pn_ld(&{self.in_name[r.tensor.uid]}[({self.address(r.addr)}) + {q} * {r.indirect.stride}LL])"
             if r.tensor.uid in self.regs:
                 return self.regs[r.tensor.uid]
             if not r.memory:  # iota: the index itself

@@ -1,6 +1,37 @@
 """The numpy-like frontend: tensors and the ops users compose."""
 
+from .activations import (
+    cos,
+    elu,
+    fmod,
+    gelu,
+    hard_sigmoid,
+    hard_swish,
+    isinf,
+    isnan,
+    leaky_relu,
+    mod,
+    selu,
+    sign,
+    sin,
+    softplus,
+)
 from .contract import einsum, matmul
+from .movement import (
+    concatenate,
+    depth_to_space,
+    pad,
+    remap,
+    resize_nearest,
+    slice,
+    space_to_depth,
+    split,
+    take,
+    take_along_axis,
+    tile,
+    tril,
+    triu,
+)
 from .ops import (
     abs,
     all,
@@ -30,6 +61,7 @@ from .ops import (
     sum,
     tanh,
 )
+from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool
 from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
 
 __all__ = [
@@ -69,4 +101,38 @@ __all__ = [
     "sqrt",
     "sum",
     "tanh",
+    # activations and math (activations.py)
+    "cos",
+    "elu",
+    "fmod",
+    "gelu",
+    "hard_sigmoid",
+    "hard_swish",
+    "isinf",
+    "isnan",
+    "leaky_relu",
+    "mod",
+    "selu",
+    "sign",
+    "sin",
+    "softplus",
+    # data movement (movement.py)
+    "concatenate",
+    "depth_to_space",
+    "pad",
+    "remap",
+    "resize_nearest",
+    "slice",
+    "space_to_depth",
+    "split",
+    "take",
+    "take_along_axis",
+    "tile",
+    "tril",
+    "triu",
+    # pooling (pool.py)
+    "avg_pool",
+    "global_avg_pool",
+    "global_max_pool",
+    "max_pool",
 ]

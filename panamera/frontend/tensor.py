@@ -23,9 +23,9 @@ from ..errors import AxisError, DTypeError, ShapeError
 _ids = count()
 _unnamed = count()  # placeholders created without a name are x0, x1, ...
 
-UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil")  # float results, as in numpy
+UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil", "sin", "cos")  # float results, as numpy
 UNARY = ("neg", "abs", "not") + UNARY_FLOAT
-BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "trunc_div")
+BINARY_ARITH = ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "trunc_div", "fmod", "mod")
 LOGICAL = ("and", "or", "xor")  # bool operands only (numpy.logical_*)
 COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 # Internal element-wise ops of argmax/argmin: a (value, index) pair packed into one int64 key

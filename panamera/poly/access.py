@@ -29,7 +29,7 @@ class AccessKind(StrEnum):
 def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> AccessKind:
     """CONTIG when groups of `vec` consecutive values of `along` read consecutive, aligned
     elements; UNIFORM when they all read one element; GATHER otherwise (isl decides)."""
-    if vec == 1 or not read.memory:
+    if vec == 1 or not read.memory or read.indirect is not None:  # a gather's address is loaded
         return AccessKind.GATHER
     ctx = domain.get_ctx()
     v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from .movement import indirect_access
 from .statement import Statement, StatementKind
 
 
@@ -20,12 +21,12 @@ def array_name(t) -> str:
     return f"T{t.uid}"
 
 
-def _access(st: Statement, addr: isl.PwAff, array: str) -> isl.Map:
+def _access(st: Statement, addr: isl.PwAff, array: str, indirect=None) -> isl.Map:
+    """The access relation of a read or write; a gather's (`indirect`) over-approximated by the
+    whole gathered axis (poly/movement.py)."""
+    m = isl.Map.from_pw_aff(addr) if indirect is None else indirect_access(addr, indirect)
     return (
-        isl.Map.from_pw_aff(addr)
-        .set_tuple_name(isl.dim_type.in_, st.name)
-        .set_tuple_name(isl.dim_type.out, array)
-        .intersect_domain(st.domain)
+        m.set_tuple_name(isl.dim_type.in_, st.name).set_tuple_name(isl.dim_type.out, array).intersect_domain(st.domain)
     )
 
 
@@ -54,7 +55,7 @@ def compute_dependences(stmts: list[Statement]) -> Dependences:
         w = _access(st, st.write, array_name(st.result))
         writes = writes.union(isl.UnionMap.from_map(w))
         for r in (r for r in st.reads if r.memory):
-            reads = reads.union(isl.UnionMap.from_map(_access(st, r.addr, array_name(r.tensor))))
+            reads = reads.union(isl.UnionMap.from_map(_access(st, r.addr, array_name(r.tensor), r.indirect)))
         if st.kind == StatementKind.REDUCE:  # the update reads what it writes
             reads = reads.union(isl.UnionMap.from_map(w))
         v = isl.make_zero_and_vars(list(st.dims), [], ctx=ctx)

@@ -76,13 +76,12 @@ def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
         pd = dom.set_tuple_name(name[id(e)])
         domains = domains.union(isl.UnionSet.from_set(pd))
         writes = writes.union(isl.UnionMap.from_map(_identity(dom, name[id(e)], value_array(e))))
-        for a in e.args:
-            if id(a) in name:
-                reads = reads.union(isl.UnionMap.from_map(_identity(dom, name[id(e)], value_array(a))))
+        for a in _operands(e, name):
+            reads = reads.union(isl.UnionMap.from_map(_identity(dom, name[id(e)], value_array(a))))
         order.append(name[id(e)])
     root = st.body
-    if id(root) in name:
-        reads = reads.union(isl.UnionMap.from_map(_identity(dom, st.name, value_array(root))))
+    for a in [root] if id(root) in name else _operands(root, name):
+        reads = reads.union(isl.UnionMap.from_map(_identity(dom, st.name, value_array(a))))
     order.append(st.name)
     # The unfused program order: one loop nest per statement, in producer order.
     sched = isl.UnionMap.empty(reads.get_space())
@@ -108,6 +107,18 @@ def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
     elif nodes and st.M * st.N > 1:  # a single iteration needs no loop: nothing to fuse across
         raise LegalityError(f"fuse {st.name}: isl's schedule has no common band for producers and reduction")
     return Fusion(st.name, len(nodes), schedule, depth)
+
+
+def _operands(e, name: dict) -> list:
+    """The producer values `e` reads; through a gather's load (a load with an argument), the
+    index it loaded at the same point (poly/movement.py)."""
+    out = []
+    for a in e.args:
+        if id(a) in name:
+            out.append(a)
+        elif a.op == "load" and a.args:
+            out += _operands(a, name)
+    return out
 
 
 def _outer_band_depth(schedule: isl.Schedule) -> int:

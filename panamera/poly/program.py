@@ -16,6 +16,7 @@ from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
 from .expr import Expr
 from .fusion import Fusion, fuse_producers
+from .movement import must_materialize
 from .statement import Form, Statement, StatementKind, build_statement
 from .stitch import stitch_candidates
 
@@ -117,6 +118,7 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     g = tensor_graph(outputs)
     order = list(nx.topological_sort(g))
     materialized = {t for t in order if t.op == "reduce"} | {t for t in outputs if t.op != "placeholder"}
+    materialized |= must_materialize(order)  # what a gather reads exists in memory first
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     ctx = isl.Context()
     stmts = []

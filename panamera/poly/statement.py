@@ -19,6 +19,7 @@ from ..dtypes import DType
 from ..enums import StrEnum
 from ..frontend.tensor import Tensor
 from .expr import Expr
+from .movement import Indirect, gather_subscripts, remap_index
 
 
 class Form(StrEnum):
@@ -39,6 +40,7 @@ class StatementKind(StrEnum):
 class Read:
     tensor: Tensor  # a placeholder, the result of another statement, or an iota
     addr: isl.PwAff  # linear element offset as a function of the statement's domain
+    indirect: Indirect | None = None  # a gather: `index * stride` added at run time (non-affine)
 
     @property
     def memory(self) -> bool:
@@ -110,8 +112,9 @@ def delinearize(lin: isl.PwAff, shape, ctx: isl.Context) -> list[isl.PwAff]:
 class _Builder:
     """Walks the elementwise cone of a statement, composing access relations on the way down."""
 
-    def __init__(self, ctx, zero, materialized):
+    def __init__(self, ctx, zero, materialized, domain: isl.Set | None = None):
         self.ctx, self.zero, self.materialized = ctx, zero, materialized
+        self.domain = domain  # the statement's box: remaps are checked to stay inside their input
         self.reads: list[Read] = []
         self.memo: dict = {}
 
@@ -139,13 +142,32 @@ class _Builder:
             e = Expr("load", (), t.dtype, read=self.read_index(t, index))
         elif t.op == "placeholder" or t in self.materialized:
             e = Expr("load", (), t.dtype, read=self.read(t, idx))
-        elif t.op in VIEWS:
-            e = self.expr(t.inputs[0], view_index(t, idx, self))
         else:
-            args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
-            e = Expr(t.op, args, t.dtype)
+            e = self.compute(t, idx)
         self.memo[key] = e
         return e
+
+    def compute(self, t: Tensor, idx) -> Expr:
+        """The value of a non-leaf `t` at `idx`: through a view's or a remap's access, a gather's
+        non-affine read, or the element-wise op of its arguments."""
+        if t.op in VIEWS:
+            return self.expr(t.inputs[0], view_index(t, idx, self))
+        if t.op == "movement":
+            return self.expr(t.inputs[0], remap_index(t, idx, self.zero, self.domain))
+        if t.op == "gather":
+            return self.gather(t, idx)
+        args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
+        return Expr(t.op, args, t.dtype)
+
+    def gather(self, t: Tensor, idx) -> Expr:
+        """A load of the gathered tensor (a placeholder or a statement's result) whose address is
+        affine plus a loaded index times the axis' stride: a non-affine read of its own."""
+        data, ind = t.inputs
+        isub, dsub, a = gather_subscripts(t, list(idx), self.zero)
+        index = self.expr(ind, isub)
+        addr = linear(dsub, data.shape, self.zero).coalesce()
+        self.reads.append(Read(data, addr, Indirect(strides(data.shape)[a], data.shape[a])))
+        return Expr("load", (index,), data.dtype, read=len(self.reads) - 1)
 
 
 VIEWS = ("reshape", "transpose")  # a new index of the same elements: an access, never a statement
@@ -179,7 +201,7 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
     domain, v = box(ctx, dims, shape)
     domain = domain.set_tuple_name(name)
     zero = v[0]
-    b = _Builder(ctx, zero, materialized - {t})
+    b = _Builder(ctx, zero, materialized - {t}, domain.reset_tuple_id())
     idx = [v[d] for d in dims]
     if t.op == "reduce":
         body = b.expr(src, idx)
@@ -209,7 +231,4 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
 
 def _map_body(b: _Builder, t: Tensor, idx) -> Expr:
     # The root of a map statement is computed, never loaded, even though it is materialized.
-    if t.op in VIEWS:
-        return b.expr(t.inputs[0], view_index(t, idx, b))
-    args = tuple(b.expr(a, broadcast_index(idx, t.shape, a.shape, b.zero)) for a in t.inputs)
-    return Expr(t.op, args, t.dtype)
+    return b.compute(t, idx)

@@ -49,8 +49,8 @@ def row_local(st: Statement, members: dict[int, Statement]) -> bool:
     """Precondition 3: every read of a member at (i, j) is the member's element i."""
     for r in st.reads:
         m = members.get(r.tensor.uid)
-        if m is not None and not r.addr.is_equal(m.write):
-            return False
+        if m is not None and (r.indirect is not None or not r.addr.is_equal(m.write)):
+            return False  # a gather's element is known at run time only: never proven row-local
     return True
 
 
@@ -67,7 +67,8 @@ def _row_index(st: Statement):
 def reads_row(st: Statement, members: dict[int, Statement]) -> bool:
     """An epilogue at row i reads element i of every member it reads."""
     i, dom = _row_index(st), st.domain.reset_tuple_id()
-    return all(r.addr.intersect_domain(dom).is_equal(i) for r in st.reads if r.tensor.uid in members)
+    mine = [r for r in st.reads if r.tensor.uid in members]
+    return all(r.indirect is None and r.addr.intersect_domain(dom).is_equal(i) for r in mine)
 
 
 def _writes_row(st: Statement) -> bool:

@@ -190,7 +190,7 @@ def vector_extent(group: KernelGroup) -> int:
     return group.M if along(group) == "i" else group.N
 
 
-TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow")
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
 
 
 @dataclass(frozen=True)

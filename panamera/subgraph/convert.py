@@ -372,6 +372,7 @@ class OpConverter:
     convert: ConvertFn
     constant_inputs: tuple[int, ...] = ()  # inputs the converter needs as constants (axes, target shapes)
     view: bool = False  # moves no data: a subgraph made only of views needs no kernel
+    refuse: Callable[[Node], str | None] | None = None  # why a node of this op stays with the library
 
 
 _AXES = OpConverter(_reduce, constant_inputs=(1,))  # the reductions: axes are input 1 from opset 13 or 18
@@ -406,6 +407,16 @@ CONVERTERS: dict[str, OpConverter] = {
     "Expand": OpConverter(_expand, constant_inputs=(1,)),
 }
 
+
+def _net_converters() -> dict[str, OpConverter]:
+    """Data movement, pooling and activations (convert_net.py)."""
+    from .convert_net import NET_CONVERTERS
+
+    return {op: OpConverter(f, constant_inputs=c, refuse=r) for op, (f, c, r) in NET_CONVERTERS.items()}
+
+
+CONVERTERS.update(_net_converters())
+
 # Inputs a converter needs as constants (axes, target shapes), by op.
 CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {
     op: c.constant_inputs for op, c in CONVERTERS.items() if c.constant_inputs
@@ -430,5 +441,17 @@ def shape_inputs(source: ModelSource) -> tuple[str, ...]:
     pass their values to `load_model(specialize=)` to compile for them."""
     _, proto = decode(source)
     inputs = {i.name for i in proto.graph.input} - {i.name for i in proto.graph.initializer}
+    producer = {o: n for n in proto.graph.node for o in n.output}
     found = [n.input[k] for n in proto.graph.node for k in CONSTANT_INPUTS.get(n.op_type, ()) if k < len(n.input)]
-    return tuple(dict.fromkeys(i for i in found if i in inputs))
+    # Back through the nodes that compute them (pads from Max/Sub/Concat of a `shape` input), but
+    # not through Shape: a shape is known without the values.
+    stack, seen = [v for v in found if v], set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        n = producer.get(v)
+        if n is not None and n.op_type != "Shape":
+            stack += [i for i in n.input if i]
+    return tuple(dict.fromkeys(i for i in [*found, *sorted(seen)] if i in inputs))

@@ -1,6 +1,7 @@
 """The array library: how the nodes Panamera does not compile run.
 
-MatMul and Gemm run through the arrays' own module (CuPy's cuBLAS on a GPU, numpy on the CPU);
+MatMul and Gemm run through the arrays' own module (CuPy's cuBLAS on a GPU, numpy on the CPU),
+Conv through CuPy's cuDNN or an im2col Panamera kernel feeding that matmul (conv.py);
 the data-movement and shape ops of numpy_ops.py run with numpy, on the host; every other node
 runs through onnx's reference evaluator (with numpy_ops' corrections), on the host.
 
@@ -22,6 +23,7 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError
+from .conv import conv
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
@@ -58,6 +60,8 @@ def _gemm(xp, attrs, a, b, c=None):
 ARRAY_OPS: dict[str, Callable] = {
     "MatMul": lambda xp, attrs, a, b: xp.matmul(xp.asarray(a), xp.asarray(b)),
     "Gemm": _gemm,
+    # cuDNN through CuPy when present, else an im2col Panamera kernel feeding xp.matmul (conv.py)
+    "Conv": conv,
 }
 
 

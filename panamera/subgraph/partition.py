@@ -52,6 +52,10 @@ def why_library(node: Node, model: OnnxModel) -> str | None:
         return "compute-bound: left to the library (onnx's reference evaluator, on the host)"
     if node.op_type not in SUPPORTED:
         return f"op {node.op_type} is not supported by Panamera"
+    refuse = CONVERTERS[node.op_type].refuse
+    why = refuse(node) if refuse is not None else None
+    if why:
+        return why
     for name in node.inputs + node.outputs:
         if not name:
             continue

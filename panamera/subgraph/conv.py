@@ -1,0 +1,108 @@
+"""Convolution on the device: the array library's own convolution when it has one (cuDNN through
+CuPy), otherwise an im2col Panamera kernel feeding the library's matmul (cuBLAS or numpy).
+
+im2col is a data-movement statement: the column tensor
+cols[n, g, c, k1.., o1..] = x[n, g*Cg + c, o1*s1 + k1*d1 - p1, ...] (0 in the padding) is a remap of
+x (frontend/movement.py) compiled like any Panamera kernel, laid out (N, G, Cg*K, O) so that
+the grouped product W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O) lands directly in NCHW order:
+
+>>> import numpy as np
+>>> x, w = np.ones((1, 2, 4, 4), np.float32), np.ones((3, 2, 3, 3), np.float32)
+>>> conv(np, {"pads": [1, 1, 1, 1]}, x, w).shape
+(1, 3, 4, 4)
+"""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+
+import numpy as np
+
+from .. import compile as pn_compile
+from ..errors import ShapeError
+from ..frontend import pool
+from ..frontend.movement import AxisMap, remap
+from ..frontend.tensor import Tensor, constant, iota, placeholder, reshape, where
+
+
+def _s(v, default: str) -> str:
+    return default if v is None else v.decode() if isinstance(v, bytes) else str(v)
+
+
+def geometry(x_shape, w_shape, attrs: dict) -> tuple[pool.Window, int]:
+    """The window of a Conv (kernel from W, strides, pads or auto_pad, dilations) and its groups."""
+    x = placeholder(x_shape, "float32", name="X")
+    group = int(attrs.get("group", 1))
+    kernel = tuple(attrs.get("kernel_shape") or w_shape[2:])
+    d = len(kernel)
+    if len(w_shape) != len(x_shape) or tuple(w_shape[2:]) != kernel:
+        raise ShapeError(
+            f"Conv: weight shape {tuple(w_shape)} does not match kernel_shape {kernel} for input {x_shape}"
+        )
+    if group <= 0 or x_shape[1] % group or w_shape[0] % group or w_shape[1] * group != x_shape[1]:
+        raise ShapeError(f"Conv: group {group} does not divide input channels {x_shape[1]} into weight's {w_shape[1]}")
+    strides = tuple(attrs.get("strides") or (1,) * d)
+    dil = tuple(attrs.get("dilations") or (1,) * d)
+    pads = pool.auto_pads(x, kernel, strides, dil, _s(attrs.get("auto_pad"), "NOTSET"), "Conv") or attrs.get("pads")
+    return pool.window(x, kernel, strides, pads, dil, False, "Conv"), group
+
+
+def im2col(x: Tensor, w: pool.Window, group: int) -> Tensor:
+    """The column tensor (N, G, Cg * prod(kernel), prod(out)) of x: a remap with a zero select
+    in the padding; one Panamera kernel.
+
+    >>> c = im2col(placeholder((2, 4, 5, 5), name="x"), geometry((2, 4, 5, 5), (6, 2, 3, 3), {"group": 2})[0], 2)
+    >>> c.shape
+    (2, 2, 18, 9)
+    """
+    d = len(w.kernel)
+    n, c = x.shape[:2]
+    cg = c // group
+    shape = (n, group, cg, *w.kernel, *w.out)
+    maps = [AxisMap(((0, 1),)), AxisMap(((1, cg), (2, 1)))]
+    mask = None
+    for a, (size, s, (pb, _), dl) in enumerate(zip(x.shape[2:], w.strides, w.pads, w.dilations)):
+        maps.append(AxisMap(((3 + d + a, s), (3 + a, dl)), offset=-pb))
+        pos = iota(shape, 3 + d + a) * s + iota(shape, 3 + a) * dl - pb
+        inside = (pos >= 0) & (pos < size)
+        mask = inside if mask is None else mask & inside
+    cols = where(mask, remap(x, shape, maps), constant(0, x.dtype))
+    return reshape(cols, (n, group, cg * math.prod(w.kernel), math.prod(w.out)))
+
+
+def _library_conv(xp: ModuleType):
+    """CuPy's cuDNN convolution when it is there, else None."""
+    if xp is np:
+        return None
+    try:
+        from cupy import cudnn  # noqa: F401
+        from cupy.cuda import cudnn as libcudnn  # noqa: F401
+    except Exception:  # noqa: BLE001 - no cuDNN: the im2col path
+        return None
+    return cudnn
+
+
+def conv(xp: ModuleType, attrs: dict, x, w, b=None):
+    """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations."""
+    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
+    cudnn = _library_conv(xp)
+    if cudnn is not None and len(win.kernel) >= 2:
+        pads = tuple(p for p, _ in win.pads)
+        if all(p == e for p, e in win.pads):
+            out_shape = (x.shape[0], w.shape[0], *win.out)
+            y = xp.empty(out_shape, dtype=x.dtype)
+            cudnn.convolution_forward(
+                xp.ascontiguousarray(x), xp.ascontiguousarray(w), None if b is None else xp.asarray(b), y,
+                pads, win.strides, win.dilations, group, auto_tune=False, tensor_core="auto",
+            )  # fmt: skip
+            return y
+    xt = placeholder(tuple(x.shape), str(x.dtype), name="X")
+    k = pn_compile(im2col(xt, win, group), target="cuda" if xp is not np else "emulator")
+    cols = k(x)  # (N, G, Cg*K, O), on the device that holds x
+    m = w.shape[0]
+    wg = xp.asarray(w).reshape(1, group, m // group, -1)
+    y = xp.matmul(wg, cols).reshape(x.shape[0], m, *win.out)
+    if b is not None:
+        y = y + xp.asarray(b).reshape((1, m) + (1,) * len(win.out))
+    return y.astype(x.dtype, copy=False)

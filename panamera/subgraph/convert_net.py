@@ -1,0 +1,259 @@
+"""ONNX converters of whole networks' memory-bound ops: data movement, pooling and activations.
+
+They join convert.py's one table CONVERTERS (convert.py imports `NET_CONVERTERS`). Each maps its
+node onto the frontend's access-relation ops (frontend/movement.py), windowed reductions
+(frontend/pool.py) or element-wise activations (frontend/activations.py); `refuse` says why a
+node of a supported op still stays with the library (Resize other than nearest, MaxPool's
+Indices output), so the partitioner never sends Panamera a node it cannot take.
+
+>>> sorted(op for op in NET_CONVERTERS if "Pool" in op)
+['AveragePool', 'GlobalAveragePool', 'GlobalMaxPool', 'MaxPool']
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import ShapeError, Unsupported
+from ..frontend import activations as act
+from ..frontend import movement as mv
+from ..frontend import pool
+from ..frontend.tensor import Tensor, transpose
+from .model import Node
+
+
+def _s(v, default: str) -> str:
+    if v is None:
+        return default
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _arr(node: Node, v, what: str):
+    if v is None:
+        return None
+    if isinstance(v, Tensor):
+        raise Unsupported(
+            f"{node.op_type} {node.label!r}: {what} must be a constant, it is computed at run time "
+            "(a graph input? pass its value to specialize on it: --inputs, or load_model(specialize=))"
+        )
+    return np.asarray(v)
+
+
+def _ints(node: Node, v, what: str):
+    a = _arr(node, v, what)
+    return None if a is None else tuple(int(x) for x in a.reshape(-1))
+
+
+def _arg(args, k):
+    return args[k] if len(args) > k else None
+
+
+# -- data movement ----------------------------------------------------------------------------
+def _transpose(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    perm = node.attrs.get("perm")
+    return [transpose(x, tuple(perm) if perm is not None else None)]
+
+
+def _slice(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    if node.opset < 10:
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        starts, ends = _ints(node, args[1], "starts"), _ints(node, args[2], "ends")
+        axes, steps = _ints(node, _arg(args, 3), "axes"), _ints(node, _arg(args, 4), "steps")
+    return [mv.slice(x, starts, ends, axes, steps)]
+
+
+def _concat(node: Node, args, ctx):
+    return [mv.concatenate([ctx.tensor(a) for a in args if a is not None], axis=node.attrs["axis"])]
+
+
+def _split(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    axis = node.attrs.get("axis", 0)
+    sizes = _ints(node, _arg(args, 1), "split") if node.opset >= 13 else node.attrs.get("split")
+    if sizes is None:
+        sizes = node.attrs.get("num_outputs", len(node.outputs))
+    return list(mv.split(x, sizes, axis))
+
+
+def _pad(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    mode = _s(node.attrs.get("mode"), "constant")
+    if node.opset < 11:
+        pads, value, axes = node.attrs["pads"], node.attrs.get("value", 0.0), None
+    else:
+        pads = _ints(node, args[1], "pads")
+        v = _arr(node, _arg(args, 2), "constant_value")
+        value = 0 if v is None or v.size == 0 else v.reshape(-1)[0].item()
+        axes = _ints(node, _arg(args, 3), "axes")
+    axes = tuple(range(x.ndim)) if axes is None else tuple(a % x.ndim for a in axes)
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"Pad {node.label!r}: {len(pads)} pads for {len(axes)} axes (need begins then ends)")
+    pairs = [(0, 0)] * x.ndim
+    for k, a in enumerate(axes):
+        pairs[a] = (pads[k], pads[k + len(axes)])
+    return [mv.pad(x, pairs, mode, value)]
+
+
+def _tile(node: Node, args, ctx):
+    return [mv.tile(ctx.tensor(args[0]), _ints(node, args[1], "repeats"))]
+
+
+def _trilu(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    k = _ints(node, _arg(args, 1), "k")
+    k = k[0] if k else 0
+    return [mv.triu(x, k) if node.attrs.get("upper", 1) else mv.tril(x, k)]
+
+
+def _depth_to_space(node: Node, args, ctx):
+    return [mv.depth_to_space(ctx.tensor(args[0]), node.attrs["blocksize"], _s(node.attrs.get("mode"), "DCR"))]
+
+
+def _space_to_depth(node: Node, args, ctx):
+    return [mv.space_to_depth(ctx.tensor(args[0]), node.attrs["blocksize"], _s(node.attrs.get("mode"), "DCR"))]
+
+
+_RESIZE_COORDS = {m.value for m in mv.CoordMode}
+
+
+def _resize_refuse(node: Node) -> str | None:
+    mode = _s(node.attrs.get("mode"), "nearest")
+    coord = _s(node.attrs.get("coordinate_transformation_mode"), "half_pixel" if node.opset >= 11 else "asymmetric")
+    if mode != "nearest":
+        return f"Resize mode {mode!r}: only nearest is a data-movement statement (interpolation stays in the library)"
+    if coord not in _RESIZE_COORDS:
+        return f"Resize coordinate_transformation_mode {coord!r} is not an affine map of the output index"
+    return None
+
+
+def _resize(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    why = _resize_refuse(node)
+    if why:
+        raise Unsupported(f"Resize {node.label!r}: {why}")
+    if node.opset < 11:
+        scales, sizes = _arr(node, args[1], "scales"), None
+        coord, nearest = "asymmetric", "floor"
+    else:
+        scales, sizes = _arr(node, _arg(args, 2), "scales"), _ints(node, _arg(args, 3), "sizes")
+        coord = _s(node.attrs.get("coordinate_transformation_mode"), "half_pixel")
+        nearest = _s(node.attrs.get("nearest_mode"), "round_prefer_floor")
+    axes = node.attrs.get("axes")
+    axes = tuple(range(x.ndim)) if axes is None else tuple(a % x.ndim for a in axes)
+    if scales is not None and scales.size:
+        sc = [Fraction(1)] * x.ndim
+        for a, s in zip(axes, scales.reshape(-1)):
+            sc[a] = Fraction(float(np.float32(s)))
+        shape = tuple(int(s * n) for s, n in zip(sc, x.shape))
+    elif sizes:
+        want = list(x.shape)
+        for a, s in zip(axes, sizes):
+            want[a] = s
+        sc = [Fraction(w, n) for w, n in zip(want, x.shape)]
+        policy = _s(node.attrs.get("keep_aspect_ratio_policy"), "stretch")
+        if policy != "stretch":
+            s = (min if policy == "not_larger" else max)(sc[a] for a in axes)
+            sc = [s if a in axes else Fraction(1) for a in range(x.ndim)]
+            want = [int(s * x.shape[a] + Fraction(1, 2)) if a in axes else x.shape[a] for a in range(x.ndim)]
+        shape = tuple(want)
+    else:
+        raise ShapeError(f"Resize {node.label!r}: neither scales nor sizes is given")
+    return [mv.resize_nearest(x, shape, sc, coord, nearest)]
+
+
+def _gather(node: Node, args, ctx):
+    x, ind = ctx.tensor(args[0]), ctx.tensor(args[1])
+    axis = node.attrs.get("axis", 0)
+    if node.op_type == "GatherElements":
+        return [mv.take_along_axis(x, ind, axis)]
+    return [mv.take(x, ind, axis)]
+
+
+# -- pooling ----------------------------------------------------------------------------------
+def _pool_refuse(node: Node) -> str | None:
+    if node.op_type == "MaxPool" and len([o for o in node.outputs if o]) > 1:
+        return "MaxPool with its Indices output: the argmax positions stay with the library"
+    return None
+
+
+def _pool(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    if node.op_type == "GlobalAveragePool":
+        return [pool.global_avg_pool(x)]
+    if node.op_type == "GlobalMaxPool":
+        return [pool.global_max_pool(x)]
+    why = _pool_refuse(node)
+    if why:
+        raise Unsupported(f"{node.op_type} {node.label!r}: {why}")
+    kernel = tuple(node.attrs["kernel_shape"])
+    strides = tuple(node.attrs.get("strides") or (1,) * len(kernel))
+    dil = tuple(node.attrs.get("dilations") or (1,) * len(kernel))
+    auto = _s(node.attrs.get("auto_pad"), "NOTSET")
+    pads = pool.auto_pads(x, kernel, strides, dil, auto, node.op_type) or node.attrs.get("pads")
+    ceil = bool(node.attrs.get("ceil_mode", 0))
+    if node.op_type == "MaxPool":
+        return [pool.max_pool(x, kernel, strides, pads, dil, ceil)]
+    include = bool(node.attrs.get("count_include_pad", 0))
+    return [pool.avg_pool(x, kernel, strides, pads, dil, ceil, include)]
+
+
+# -- activations and math ---------------------------------------------------------------------
+def _act(fn, **defaults):
+    def conv(node: Node, args, ctx):
+        kw = {
+            k: (_s(node.attrs.get(k), v) if isinstance(v, str) else node.attrs.get(k, v)) for k, v in defaults.items()
+        }
+        return [fn(ctx.tensor(args[0]), **kw)]
+
+    conv.__name__ = f"_{fn.__name__}"
+    return conv
+
+
+def _mod(node: Node, args, ctx):
+    a, b = ctx.tensor(args[0]), ctx.tensor(args[1])
+    return [act.fmod(a, b) if node.attrs.get("fmod", 0) else act.mod(a, b)]
+
+
+def _isinf(node: Node, args, ctx):
+    x = ctx.tensor(args[0])
+    return [act.isinf(x, bool(node.attrs.get("detect_positive", 1)), bool(node.attrs.get("detect_negative", 1)))]
+
+
+# op -> (convert, constant inputs, refuse)
+NET_CONVERTERS: dict = {
+    "Transpose": (_transpose, (), None),
+    "Slice": (_slice, (1, 2, 3, 4), None),
+    "Concat": (_concat, (), None),
+    "Split": (_split, (1,), None),
+    "Pad": (_pad, (1, 2, 3), None),
+    "Tile": (_tile, (1,), None),
+    "Trilu": (_trilu, (1,), None),
+    "DepthToSpace": (_depth_to_space, (), None),
+    "SpaceToDepth": (_space_to_depth, (), None),
+    "Resize": (_resize, (1, 2, 3), _resize_refuse),
+    "Gather": (_gather, (), None),
+    "GatherElements": (_gather, (), None),
+    "GlobalAveragePool": (_pool, (), None),
+    "GlobalMaxPool": (_pool, (), None),
+    "AveragePool": (_pool, (), None),
+    "MaxPool": (_pool, (), _pool_refuse),
+    "Gelu": (_act(act.gelu, approximate="none"), (), None),
+    "Softplus": (_act(act.softplus), (), None),
+    "HardSigmoid": (_act(act.hard_sigmoid, alpha=0.2, beta=0.5), (), None),
+    "HardSwish": (_act(act.hard_swish), (), None),
+    "LeakyRelu": (_act(act.leaky_relu, alpha=0.01), (), None),
+    "Elu": (_act(act.elu, alpha=1.0), (), None),
+    "Selu": (_act(act.selu, alpha=act.SELU_ALPHA, gamma=act.SELU_GAMMA), (), None),
+    "Sign": (_act(act.sign), (), None),
+    "IsNaN": (_act(act.isnan), (), None),
+    "IsInf": (_isinf, (), None),
+    "Mod": (_mod, (), None),
+    "Sin": (_act(act.sin), (), None),
+    "Cos": (_act(act.cos), (), None),
+}
