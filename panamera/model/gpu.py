@@ -192,7 +192,9 @@ class KernelCost:
 
     @property
     def total_s(self) -> float:
-        stream = max(self.dram_s + self.l2_s, self.issue_s) if self.phased else max(self.dram_s, self.l2_s, self.issue_s)
+        stream = (
+            max(self.dram_s + self.l2_s, self.issue_s) if self.phased else max(self.dram_s, self.l2_s, self.issue_s)
+        )
         return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s
 
 
