@@ -189,7 +189,7 @@ struct Block {
   unsigned long long warp_slot[kMaxThreads];
 };
 static const int kStack = 64 * 1024;
-static const long long kMaxCooperativeThreads = 1 << 16;  // fibers of one cooperative launch
+static const long long kMaxCooperativeThreads = 1 << 18;  // fibers of one cooperative launch (a GPU holds at most SMs x 2048 threads)
 static Fiber fibers[kMaxThreads];
 static Block single;  // the block of a plain launch
 static char* stacks = nullptr;
@@ -354,7 +354,7 @@ static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid
   if (nthreads <= 0 || nthreads > kMaxThreads) return "invalid block size";
   long long nblocks = (long long)grid.x * grid.y * grid.z;
   if (nblocks * nthreads > kMaxCooperativeThreads)
-    return "a cooperative launch of more than 65536 threads is too large for the emulator";
+    return "a cooperative launch of more than 262144 threads is too large for the emulator";
   entry = fn; entry_args = args; error = nullptr;
   grid_dim = {grid.x, grid.y, grid.z};
   block_dim = {block.x, block.y, block.z};
