@@ -239,3 +239,17 @@ def test_many_rows_keep_whole_rows_per_block():
     k = pn.compile(pn.nn.softmax(pn.placeholder((4096, 4096), "float32")), target="emulator", use_database=False)
     (m,) = k.mappings
     assert m.stitched and m.split == 1 and not k.plan.per_call[0].cooperative
+
+
+def test_the_model_charges_grid_wide_waits():
+    """T_sync, worked by hand: two waits at two L2 round trips (270 cycles) each, plus 1000 cycles
+    of the kernel's own, at 1.98 GHz; and the passes add DRAM and L2 times instead of overlapping."""
+    from panamera.model.gpu import kernel_time
+
+    base = dict(dram_bytes=64 << 20, blocks=264, threads=256, bytes_in_flight_per_thread=64, l2_bytes=32 << 20)
+    plain = kernel_time(H100, **base)
+    waits = kernel_time(H100, **base, grid_syncs=2, sync_cycles=1000)
+    assert waits.sync_s == pytest.approx((2 * 2 * 270 + 1000) / 1.98e9)
+    assert plain.total_s == pytest.approx(plain.launch_s + max(plain.dram_s, plain.l2_s) + plain.tail_s)
+    assert waits.total_s == pytest.approx(waits.launch_s + waits.dram_s + waits.l2_s + waits.tail_s + waits.sync_s)
+    assert dict(waits.features)["grid_syncs"] == 2 and "grid_syncs" not in dict(plain.features)
