@@ -42,8 +42,10 @@ class Considered:
         )
 
 
-def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=None):
+def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=None, stitch_split: bool = True):
     """Kernel groups for the program and the stitching decisions the model made.
+
+    stitch_split: let a stitched kernel split rows across blocks (False: whole rows per block).
 
     replay: stitched groups (tuples of statement names) to take instead of asking the model;
     each must be a legal candidate (a saved schedule that no longer fits is refused)."""
@@ -61,7 +63,7 @@ def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=N
     for cand in prog.stitch_candidates if allow_stitch and replay is None else ():
         names = tuple(s.name for s in cand)
         stitched = KernelGroup(tuple(cand), True, external_results(cand, prog.statements, prog.outputs))
-        best = map_group(stitched, gpu)
+        best = map_group(stitched, gpu, split=None if stitch_split else 1)
         fused = best.cost.total_s
         whole = map_group(stitched, gpu, split=1).cost.total_s if best.split > 1 else fused
         unfused, kernels = 0.0, 0
