@@ -328,6 +328,7 @@ def _kernel_launch(rk: RenderedKernel, grp: KernelGroup, m: Mapping) -> Launch:
         mapping=m.describe(),
         modeled_us=m.cost.total_s * 1e6,
         cost_features=m.cost.features,
+        cooperative=m.cooperative,
     )
 
 
@@ -443,6 +444,8 @@ class Compiled:
                     else "every call"
                 )
                 extra = f" initialises {when}: " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
+            if ln.cooperative:
+                extra += " cooperative (all blocks resident: split rows exchange partials)"
             lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
         lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
         lines += [f"  planner: {c.describe()}" for c in self.considered]

@@ -241,3 +241,19 @@ def test_torch_cuda_tensors_on_torchs_current_stream():
     close(out2.cpu().numpy(), t.cpu().double().sum(1).numpy(), "float32", 80000)
     key = f"cuda:{torch.cuda.current_device()}:stream:{side.cuda_stream:#x}"
     assert key in k.resident and counters_are_zero(k)
+
+
+@pytest.mark.parametrize("shape", [(1, 131072), (8, 128256)])
+def test_split_stitched_rows_run_cooperatively(shape):
+    """Few long rows: one cooperative launch whose blocks exchange partials (tests/
+    test_stitched_split.py checks the protocol on the emulator); repeated calls leave the
+    counters at zero."""
+    a = (np.random.default_rng(0).standard_normal(shape) * 3).astype(np.float32)
+    k = pn.compile(pn.nn.softmax(pn.placeholder(shape, "float32", name="x")), target="cuda")
+    assert any(ln.cooperative for ln in k.plan.per_call), k.explain()
+    e = np.exp(a.astype(np.float64) - a.max(1, keepdims=True))
+    ref = e / e.sum(1, keepdims=True)
+    for _ in range(5):
+        out = host(k(a))
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * ref.max())
+        assert counters_are_zero(k)

@@ -171,11 +171,20 @@ def test_stitch_precondition_4_no_cycle_through_another_kernel():
 
 
 def test_planner_keeps_unfused_kernels_when_the_model_says_so():
-    x = pn.placeholder((2, 4_000_000), name="x")  # two rows: a stitched kernel has only 2 blocks
+    """Two rows: a stitched kernel with whole rows per block has only 2 blocks, and the model
+    prefers the unfused kernels to it; split across co-resident blocks, it beats both."""
+    from panamera.compiler import lower
+    from panamera.model.gpu import H100
+    from panamera.schedule.planner import plan_groups
+
+    x = pn.placeholder((2, 4_000_000), name="x")
     e = pn.exp(x - pn.max(x, axis=1, keepdims=True))
-    k = pn.compile(e / pn.sum(e, axis=1, keepdims=True), target="emulator")
-    assert [c.chosen for c in k.considered] == [False]
-    assert len(k.plan.kernels) == 3 and "left unfused" in k.explain()
+    y = e / pn.sum(e, axis=1, keepdims=True)
+    (c,) = pn.compile(y, target="emulator").considered
+    assert c.chosen and c.split > 1 and c.stitched_us < c.unfused_us < c.whole_rows_us
+    prog = lower(y, stop_after="program", target="emulator").program
+    groups, (c,) = plan_groups(prog, H100, stitch_split=False)
+    assert not c.chosen and len([g for g in groups if g.M * g.N]) == 3 and "left unfused" in c.describe()
 
 
 def test_stitch_precondition_3_only_reductions_are_read_from_registers():

@@ -177,7 +177,8 @@ def test_rule_launch_limits():
     _refused(_sum_split, _kernel(tx=2048), "power-of-two")
     _refused(_sum_split, lambda s: _kernel(grid=(s.kernels[0].grid[0], 70000))(s), "CUDA's limits")
     _refused(_sum_split, lambda s: _kernel(split=s.kernels[0].split + 1)(s), "disagrees")
-    _refused(_softmax, lambda s: _kernel(split=2, grid=(s.kernels[0].grid[0], 2))(s), "cannot be split")
+    # A split stitched group's blocks wait for each other: all of them must be co-resident.
+    _refused(_softmax, lambda s: _kernel(split=4096, grid=(s.kernels[0].grid[0], 4096))(s), "co-resident")
 
 
 def test_rule_vector_width():

@@ -113,6 +113,15 @@ def norms() -> list[Workload]:
         add(f"argmax [{_shape(shape)}]", "float32", lambda s=shape: [ops.argmax(P(s, "float32", name="x"), axis=1)])
     for shape in ((65536, 64), (802816, 256)):
         add(f"bias_grad [{_shape(shape)}]", "float32", lambda s=shape: [ops.sum(P(s, "float32", name="x"), axis=0)])
+    # Long rows (LLM sampling: batch 1-64 over a 32k-256k vocabulary): too few rows to fill the GPU.
+    for dt in ("float32", "bfloat16"):
+        for shape in ((1, 131072), (8, 128256), (64, 256000)):
+            add(f"softmax [{_shape(shape)}]", dt, lambda s=shape, d=dt: [nn.softmax(P(s, d, name="x"))])
+    add("log_softmax [8x128256]", "float32", lambda: [nn.log_softmax(P((8, 128256), "float32", name="x"))])
+    add("logsumexp [8x128256]", "float32", lambda: [nn.logsumexp(P((8, 128256), "float32", name="x"), axis=1)])
+    for shape in ((1, 131072), (64, 256000)):
+        add(f"cross_entropy [{_shape(shape)}]", "float32",
+            lambda s=shape: [nn.cross_entropy(P(s, "float32", name="x"), P(s[:1], "int64", name="t"), reduction="none")])  # fmt: skip
     return out
 
 

@@ -27,6 +27,11 @@ _TEMPLATE = r"""
 // A vector load of sizeof(V) bytes from an address aligned to sizeof(V): a misaligned one is the
 // sticky cudaErrorMisalignedAddress (the emulator's pn_vload fails the launch instead).
 template <class V, class T> __device__ __forceinline__ V pn_vload(const T* p) { return *reinterpret_cast<const V*>(p); }
+// Polls a counter other blocks raise until it reaches `target`: a volatile load (L2, never a
+// stale L1 line nor a value hoisted out of the loop), backing off between polls.
+__device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
+  while (*reinterpret_cast<const volatile unsigned*>(counter) < target) __nanosleep(64);
+}
 #endif
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
@@ -231,6 +236,23 @@ __device__ __forceinline__ T pn_allreduce_x(T v, T* smem, T* bcast) {
   return bcast[threadIdx.y];
 }
 
+// The blocks that share a split row meet (a stitched kernel split across blocks, launched
+// cooperatively so that every block is resident): each block has written its partials; thread 0
+// publishes them (fence), arrives on the row's counter and waits until `target` arrivals (every
+// block of the row, this exchange and the earlier ones), then the whole block reads them. As in
+// cooperative groups' grid sync. Shared memory carries no value across this call (the emulator
+// switches blocks here and keeps one __shared__ instance).
+__device__ __forceinline__ void pn_grid_sync(unsigned* arrivals, unsigned target) {
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) {
+    __threadfence();
+    atomicAdd(arrivals, 1u);
+    pn_grid_wait(arrivals, target);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 // Reduce across threadIdx.y (TY rows, TY a power of two); valid at threadIdx.y == 0.
 template <class OP, int TX, int TY, class T>
 __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {
@@ -399,6 +421,8 @@ INTRINSICS = (
     "__shfl_down_sync",
     "__threadfence",
     "__ldcg",
+    "__nanosleep",
+    "pn_grid_wait",
     "atomicAdd",
     "atomicCAS",
     "atomicMax",

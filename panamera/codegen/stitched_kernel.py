@@ -4,6 +4,22 @@ A block owns whole rows and makes one pass over each row per level of the mappin
 the pass's reductions are all-reduced across the row and broadcast through shared memory, so the
 next pass reads them from registers; a row epilogue runs on the row's leader thread once the
 values it reads are final.
+
+Split rows (`split` = gridDim.y > 1, a cooperative launch: every block resident). The S blocks
+of a row group (same blockIdx.x) each own a chunk of the rows. After each pass with reductions,
+a grid-wide exchange (`pn_grid_sync`, codegen/header.py):
+
+    each block reduces its chunk; the row's leader writes the partial ws_k[row * S + by]
+    arrival: thread 0 fences, adds 1 to pn_counter[bx], waits until it reaches S * (e + 1)
+    every thread strides over the row's S partials in one fixed order, combines, all-reduces
+
+so every block of a row holds the bit-identical row value, and the next pass reads it from
+registers. Only the blocks with by == 0 store row results and run row epilogues. After the last
+pass each block adds 1 to its departure counter pn_counter[gridDim.x + bx]; the last of the S to
+depart resets both counters to zero (resident: the next call starts from zero; every block has
+passed its last wait, so no block reads them any more). The contract the emulator relies on:
+shared memory carries no value across an exchange (every use of pn_smem / pn_bcast is written
+and read between two of them).
 """
 
 from __future__ import annotations
@@ -18,12 +34,15 @@ from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 def emit_stitched(loop: ThreadLoop) -> list[str]:
     g, m = loop.g, loop.m
     level = m.levels
+    split = m.split > 1
+    leader = "by == 0 && tx == 0" if split else "tx == 0"  # who stores a row's values
     epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
     out = [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
     for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == StatementKind.REDUCE):
         safe = c_ident(ct)
         out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
         out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+    exchange = 0
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
         out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
@@ -33,10 +52,13 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             if s.kind == StatementKind.REDUCE and own[k] == k:
                 out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
         out += loop.loops(lambda call, here=here: loop.iteration(call, here))
-        for k in here:
+        reduces = [k for k in here if g.statements[k].kind == StatementKind.REDUCE]
+        owners = [k for k in reduces if own[k] == k]
+        if split and owners:
+            exchange += 1
+            out += _exchange(loop, owners, exchange)
+        for k in reduces:
             s = g.statements[k]
-            if s.kind != StatementKind.REDUCE:
-                continue
             if own[k] == k:
                 safe = c_ident(s.acc.compute)
                 tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
@@ -46,15 +68,46 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out.append(f"  const {s.result.dtype.compute} {reg} = {final};")
             loop.regs[s.result.uid] = reg
             if s.result.uid in g.external:
-                out.append(f"  if (tx == 0 && o < {g.M}) pn_st(&out{k}[o], {reg});")
+                out.append(f"  if ({leader} && o < {g.M}) pn_st(&out{k}[o], {reg});")
         for k in epilogues:  # the row's leader, once every value the epilogue reads is final
             s = g.statements[k]
             if level[k] != lv + 1:
                 continue
             body, val = loop.body_lines(k, None)
-            out.append(f"  if (tx == 0 && o < {g.M}) {{")
+            out.append(f"  if ({leader} && o < {g.M}) {{")
             out.append("    const pn_idx i = o; const pn_idx j = 0;")
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
+    if split:
+        out += [
+            "  // departure: the last block of the row group resets its counters for the next call",
+            "  __syncthreads();",
+            f"  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[gridDim.x + bx], 1u) == {m.split}u - 1u) {{",
+            "    pn_counter[bx] = 0u;",
+            "    pn_counter[gridDim.x + bx] = 0u;",
+            "  }",
+        ]
+    return out
+
+
+def _exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
+    """Exchange number e (from 1) of split rows: this block's partials out, every block's in
+    (`reduces`: the accumulators of the pass, each once)."""
+    g, m = loop.g, loop.m
+    S = m.split
+    out = [f"  // exchange {e}: the {S} blocks of each row combine their partials"]
+    for k in reduces:
+        s = g.statements[k]
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        out.append(f"  acc{k} = pn_reduce_x{tmpl}(acc{k}, pn_smem_{c_ident(s.acc.compute)});")
+        out.append(f"  if (tx == 0 && o < {g.M}) ws{k}[o * {S} + by] = acc{k};")
+    out.append(f"  pn_grid_sync(&pn_counter[bx], {S * e}u);")
+    for k in reduces:
+        s = g.statements[k]
+        out.append(f"  acc{k} = {identity_expr(s)};")
+        out.append(
+            f"  if (o < {g.M}) for (pn_idx b = tx; b < {S}; b += {m.tx}) "
+            f"acc{k} = {s.combiner.functor}::apply(acc{k}, pn_ldcg(&ws{k}[o * {S} + b]));"
+        )
     return out

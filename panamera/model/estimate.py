@@ -35,6 +35,7 @@ class Estimate:
     compulsory_bytes: int
     limit_us: float  # one launch + one unloaded DRAM round trip + compulsory bytes at eta * peak
     issue_us: float = 0.0  # arithmetic issue time (FP32, FP64, SFU)
+    sync_us: float = 0.0  # grid-wide waits of split stitched rows
 
     @property
     def ratio_to_limit(self) -> float:
@@ -65,7 +66,7 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | None = None, extra_launches: 
     costs = [kernel_time(gpu, **dict(ln.cost_features)) for ln in launches]
     part = {
         k: sum(getattr(c, f"{k}_s") for c in costs) * 1e6
-        for k in ("launch", "dram", "l2", "sfu", "issue", "tail", "atomic")
+        for k in ("launch", "dram", "l2", "sfu", "issue", "tail", "atomic", "sync")
     }
     extra = extra_launches * gpu.launch_s * 1e6
     part["launch"] += extra
@@ -74,4 +75,5 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | None = None, extra_launches: 
         gpu.name, sum(c.total_s for c in costs) * 1e6 + extra, part["launch"], part["dram"], part["l2"], part["sfu"],
         part["tail"], part["atomic"], len(launches) + extra_launches,
         sum(ln.bytes_read + ln.bytes_written for ln in launches), need, limit_us(need, gpu), part["issue"],
+        part["sync"],
     )  # fmt: skip

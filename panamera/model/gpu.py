@@ -1,6 +1,7 @@
 """GPU figures (docs/GPU_MODEL.md, with their sources there) and the per-kernel time model.
 
     T = T_launch + max(T_dram, T_l2, T_issue) + T_tail + T_atomic
+    T = T_launch + max(T_dram + T_l2, T_issue) + T_tail + T_atomic + T_sync    (grid-wide waits)
 
     T_launch = the launch alone [derived]: the measured 2.5 us per kernel of a two-kernel CUB
                reduce of a tiny input holds each kernel's own DRAM round trip and epilogue, so the
@@ -22,6 +23,11 @@
                and serialize on one address at one per L2 clock; compare-and-swap merges
                serialize on one address at one L2 round trip each (a CAS needs the previous
                value back) [derived].
+    T_sync   = a kernel whose blocks wait for each other `grid_syncs` times (a split stitched
+               row, all blocks resident): each wait costs two L2 round trips (the arrival's
+               atomic, then the poll that sees the last one) plus the kernel's own `sync_cycles`
+               (what it does around the waits) [derived]. Its passes no longer overlap across
+               blocks, so the L2 re-reads add to the DRAM stream instead of hiding under it.
 
 `estimate.limit_us` is docs/GPU_MODEL.md's limit: one launch + one unloaded DRAM round trip +
 compulsory bytes at eta * BW_peak.
@@ -181,10 +187,15 @@ class KernelCost:
     sfu_s: float = 0.0  # the special-function part of issue_s (shown apart, not added again)
     issue_s: float = 0.0
     features: tuple = field(default=(), compare=False)  # kernel_time's keyword arguments, to re-model
+    sync_s: float = 0.0  # grid-wide waits (T_sync)
+    phased: bool = False  # passes separated by grid-wide waits: DRAM and L2 times add up
 
     @property
     def total_s(self) -> float:
-        return self.launch_s + max(self.dram_s, self.l2_s, self.issue_s) + self.tail_s + self.atomic_s
+        stream = (
+            max(self.dram_s + self.l2_s, self.issue_s) if self.phased else max(self.dram_s, self.l2_s, self.issue_s)
+        )
+        return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s
 
 
 def kernel_time(
@@ -202,17 +213,23 @@ def kernel_time(
     sfu_ops: float = 0.0,
     fp32_ops: float = 0.0,
     fp64_ops: float = 0.0,
+    grid_syncs: int = 0,
+    sync_cycles: int = 0,
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
     `bytes_in_flight_per_thread`: streamed input bytes each thread has requested and not yet
     received (vector width x loads in flight); `atomics`: every atomic the kernel issues (merges
     and counter arrivals), of which `cas_atomics` are compare-and-swap merges; `same_address`:
-    merges into one word (the blocks that share an output); `*_ops`: thread instructions."""
+    merges into one word (the blocks that share an output); `*_ops`: thread instructions;
+    `grid_syncs`: grid-wide waits every block passes, `sync_cycles` the cycles of the work
+    around them (T_sync)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
                 ("l2_bytes", l2_bytes), ("sfu_ops", sfu_ops), ("fp32_ops", fp32_ops), ("fp64_ops", fp64_ops))  # fmt: skip
+    if grid_syncs or sync_cycles:  # recorded only where used: every other plan's features stay as they were
+        features += (("grid_syncs", grid_syncs), ("sync_cycles", sync_cycles))
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
@@ -233,7 +250,10 @@ def kernel_time(
         (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
     )
     atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram)
-    return KernelCost(gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features)
+    sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
+    return KernelCost(
+        gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features, sync, grid_syncs > 0
+    )
 
 
 def _exposed_atomics(gpu: GPUSpec, atomics: int, same_address: int, cas: int, waves: int, streaming_s: float) -> float:

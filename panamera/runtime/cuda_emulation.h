@@ -5,6 +5,14 @@
 // order chosen by the launcher (forward, reverse or shuffled), and so do the fibers of a block,
 // so that a missing barrier shows up as a wrong result rather than passing by luck.
 // __shared__ becomes `static`: one instance per kernel, correct because blocks never overlap.
+//
+// A cooperative launch (every block resident at once, as cudaLaunchCooperativeKernel guarantees)
+// gives every thread of every block its own fiber: a block runs until all its live threads wait
+// (at a barrier, or at a grid-wide wait, pn_grid_wait), then the next block in the launch order
+// runs; a thread waiting at pn_grid_wait resumes once its counter reaches the target. Blocks
+// interleave only at grid-wide waits, so the static __shared__ stays correct under one contract
+// the generated code keeps: shared memory never carries a value across a grid-wide wait. When no
+// block can move, the launch fails with a deadlock report instead of hanging.
 // Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
 // though one host thread runs everything.
 #pragma once
@@ -16,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ucontext.h>
+#include <sys/mman.h>
 
 #define __global__
 #define __device__
@@ -159,7 +168,8 @@ static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exc
 
 // ---------------------------------------------------------------- fibers and the block scheduler
 namespace pn_emu {
-enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3 };
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4 };
+static const int kMaxThreads = 1024;
 struct Fiber {
   jmp_buf jb;
   ucontext_t uc;
@@ -167,17 +177,27 @@ struct Fiber {
   int tid;
   int state;
   int started;
+  const unsigned* wait_at;  // AT_GRID: the counter awaited ...
+  unsigned wait_for;        // ... and the value it must reach
+};
+// One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
+struct Block {
+  uint3 idx;
+  Fiber* fibers;
+  int live, barrier_count;
+  int warp_count[kMaxThreads / 32];
+  unsigned long long warp_slot[kMaxThreads];
 };
 static const int kStack = 64 * 1024;
-static const int kMaxThreads = 1024;
+static const long long kMaxCooperativeThreads = 1 << 18;  // fibers of one cooperative launch (a GPU holds at most SMs x 2048 threads)
 static Fiber fibers[kMaxThreads];
+static Block single;  // the block of a plain launch
 static char* stacks = nullptr;
 static Fiber* cur = nullptr;
+static Block* blk = &single;  // the block whose fibers run now
 static jmp_buf sched_jb;
-static uint3 block_idx, block_dim, grid_dim;
-static int nthreads = 0, live = 0, barrier_count = 0;
-static int warp_count[kMaxThreads / 32];
-static unsigned long long warp_slot[kMaxThreads];
+static uint3 block_dim, grid_dim;
+static int nthreads = 0;
 static void (*entry)(void**) = nullptr;
 static void** entry_args = nullptr;
 static const char* error = nullptr;
@@ -195,27 +215,24 @@ static inline void check_aligned(const void* p, unsigned bytes) {
 static inline void yield() {
   if (!_setjmp(cur->jb)) _longjmp(sched_jb, 1);
 }
+static inline void release_barrier(Block* b) {
+  b->barrier_count = 0;
+  for (int t = 0; t < nthreads; ++t)
+    if (b->fibers[t].state == AT_BARRIER) b->fibers[t].state = RUNNABLE;
+}
 static void fiber_main() {
-  for (;;) {  // a fiber is reused for the same thread index of every block of a launch
+  for (;;) {  // a plain launch reuses a fiber for the same thread index of every block
     entry(entry_args);
     cur->state = DONE;
-    live--;
+    blk->live--;
     // An exited thread no longer takes part in barriers: release them if it was the last awaited.
-    if (barrier_count > 0 && barrier_count == live) {
-      barrier_count = 0;
-      for (int t = 0; t < nthreads; ++t)
-        if (fibers[t].state == AT_BARRIER) fibers[t].state = RUNNABLE;
-    }
+    if (blk->barrier_count > 0 && blk->barrier_count == blk->live) release_barrier(blk);
     yield();
   }
 }
 static inline void syncthreads() {
   cur->state = AT_BARRIER;
-  if (++barrier_count == live) {  // the last to arrive releases everybody, then yields too
-    barrier_count = 0;
-    for (int t = 0; t < nthreads; ++t)
-      if (fibers[t].state == AT_BARRIER) fibers[t].state = RUNNABLE;
-  }
+  if (++blk->barrier_count == blk->live) release_barrier(blk);  // the last to arrive releases everybody, then yields too
   yield();
 }
 static inline int warp_members(int w) {
@@ -226,10 +243,10 @@ static inline int warp_members(int w) {
 static inline void warp_barrier() {
   int w = cur->tid / 32;
   cur->state = AT_WARP;
-  if (++warp_count[w] == warp_members(w)) {
-    warp_count[w] = 0;
+  if (++blk->warp_count[w] == warp_members(w)) {
+    blk->warp_count[w] = 0;
     for (int t = w * 32; t < w * 32 + warp_members(w); ++t)
-      if (fibers[t].state == AT_WARP) fibers[t].state = RUNNABLE;
+      if (blk->fibers[t].state == AT_WARP) blk->fibers[t].state = RUNNABLE;
   }
   yield();
 }
@@ -237,12 +254,64 @@ template <class T> static inline T shfl(T v, int src_lane, bool valid) {
   static_assert(sizeof(T) <= 8, "shuffle of a type wider than 8 bytes");
   unsigned long long bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  warp_slot[cur->tid] = bits;
+  blk->warp_slot[cur->tid] = bits;
   warp_barrier();
   int src = (cur->tid / 32) * 32 + src_lane;
-  if (valid && src < nthreads) std::memcpy(&v, &warp_slot[src], sizeof(T));
+  if (valid && src < nthreads) std::memcpy(&v, &blk->warp_slot[src], sizeof(T));
   warp_barrier();
   return v;
+}
+// A grid-wide wait: the thread sleeps until *counter >= target (another block's arrival).
+static inline void grid_wait(const unsigned* counter, unsigned target) {
+  while (__atomic_load_n(counter, __ATOMIC_ACQUIRE) < target) {
+    cur->state = AT_GRID;
+    cur->wait_at = counter;
+    cur->wait_for = target;
+    yield();
+  }
+}
+static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
+  f.tid = t;
+  f.tidx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
+  f.started = 0;
+  f.state = RUNNABLE;
+  getcontext(&f.uc);
+  f.uc.uc_stack.ss_sp = stack;
+  f.uc.uc_stack.ss_size = kStack;
+  f.uc.uc_link = nullptr;
+  makecontext(&f.uc, fiber_main, 0);
+}
+static inline void reset_block(Block& b, Fiber* fs, uint3 idx) {
+  b.idx = idx;
+  b.fibers = fs;
+  b.live = nthreads;
+  b.barrier_count = 0;
+  for (int w = 0; w < kMaxThreads / 32; ++w) b.warp_count[w] = 0;
+}
+// Runs the runnable fibers of the current block (in the order perm) until none is; whether any ran.
+static inline bool run_block(const int* perm) {
+  bool ran = false, again = true;
+  while (again && blk->live > 0) {
+    again = false;
+    for (int k = 0; k < nthreads; ++k) {
+      Fiber& f = blk->fibers[perm[k]];
+      if (f.state != RUNNABLE) continue;
+      ran = again = true;
+      cur = &f;
+      if (!_setjmp(sched_jb)) {
+        if (!f.started) { f.started = 1; setcontext(&f.uc); }
+        else _longjmp(f.jb, 1);
+      }
+    }
+  }
+  return ran;
+}
+static const char* kDivergent = "deadlock: threads of a block wait at different barriers (divergent __syncthreads or warp collective)";
+static const char* kGridDeadlock =
+    "deadlock: every block waits at a grid-wide wait (pn_grid_wait) that no block can release "
+    "(a missing arrival, a wrong target, or a grid-wide wait in a launch that is not cooperative)";
+static inline uint3 block_index(long long b, dim3 grid) {
+  return {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y), (unsigned)(b / ((long long)grid.x * grid.y))};
 }
 // Runs one launch. order: 0 forward, 1 reverse, 2 shuffled (by seed). Returns nullptr or an error.
 static const char* launch(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed) {
@@ -254,47 +323,88 @@ static const char* launch(void (*fn)(void**), void** args, dim3 grid, dim3 block
   block_dim = {block.x, block.y, block.z};
   long long nblocks = (long long)grid.x * grid.y * grid.z;
   int perm[kMaxThreads];
-  for (int t = 0; t < nthreads; ++t) {
-    Fiber& f = fibers[t];
-    f.tid = t;
-    f.tidx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
-    f.started = 0;
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = stacks + (size_t)t * kStack;
-    f.uc.uc_stack.ss_size = kStack;
-    f.uc.uc_link = nullptr;
-    makecontext(&f.uc, fiber_main, 0);
-  }
+  blk = &single;
+  for (int t = 0; t < nthreads; ++t) init_fiber(fibers[t], t, block, stacks + (size_t)t * kStack);
   unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
   auto next = [&rng]() { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (unsigned)(rng >> 33); };
   for (long long bb = 0; bb < nblocks; ++bb) {
     long long b = order == 1 ? nblocks - 1 - bb : bb;
     if (order == 2) b = (long long)((bb * 2654435761ull + seed) % (unsigned long long)nblocks);  // a bijection only when coprime
     if (order == 2 && nblocks % 2654435761ull == 0) b = bb;
-    block_idx = {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y), (unsigned)(b / ((long long)grid.x * grid.y))};
+    reset_block(single, fibers, block_index(b, grid));
     for (int t = 0; t < nthreads; ++t) perm[t] = order == 1 ? nthreads - 1 - t : t;
     if (order == 2)
       for (int t = nthreads - 1; t > 0; --t) { int r = (int)(next() % (unsigned)(t + 1)); int s = perm[t]; perm[t] = perm[r]; perm[r] = s; }
-    live = nthreads; barrier_count = 0;
-    for (int w = 0; w < kMaxThreads / 32; ++w) warp_count[w] = 0;
     for (int t = 0; t < nthreads; ++t) fibers[t].state = RUNNABLE;
-    while (live > 0) {
-      bool progressed = false;
-      for (int k = 0; k < nthreads; ++k) {
-        Fiber& f = fibers[perm[k]];
-        if (f.state != RUNNABLE) continue;
-        progressed = true;
-        cur = &f;
-        if (!_setjmp(sched_jb)) {
-          if (!f.started) { f.started = 1; setcontext(&f.uc); }
-          else _longjmp(f.jb, 1);
-        }
-      }
-      if (!progressed && live > 0) return "deadlock: threads of a block wait at different barriers (divergent __syncthreads or warp collective)";
+    run_block(perm);
+    if (single.live > 0) {
+      for (int t = 0; t < nthreads; ++t)
+        if (fibers[t].state == AT_GRID) return kGridDeadlock;
+      return kDivergent;
     }
     if (error) return error;
   }
   return error;
+}
+// Runs one cooperative launch: every thread of every block on its own fiber, a block switched
+// out when all its live threads wait, the blocks visited in the launch order (forward, reverse,
+// or shuffled by seed), the threads of each block in one order of the same kind.
+static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed) {
+  nthreads = (int)(block.x * block.y * block.z);
+  if (nthreads <= 0 || nthreads > kMaxThreads) return "invalid block size";
+  long long nblocks = (long long)grid.x * grid.y * grid.z;
+  if (nblocks * nthreads > kMaxCooperativeThreads)
+    return "a cooperative launch of more than 262144 threads is too large for the emulator";
+  entry = fn; entry_args = args; error = nullptr;
+  grid_dim = {grid.x, grid.y, grid.z};
+  block_dim = {block.x, block.y, block.z};
+  size_t total = (size_t)nblocks * nthreads;
+  size_t stack_bytes = total * kStack;  // pages are touched lazily: a fiber uses a few KB of its stack
+  char* st = (char*)mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (st == MAP_FAILED) return "cooperative launch: cannot map the fibers' stacks";
+  Fiber* fs = new Fiber[total];
+  Block* bs = new Block[nblocks];
+  long long* border = new long long[nblocks];
+  int perm[kMaxThreads];
+  unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
+  auto next = [&rng]() { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (unsigned)(rng >> 33); };
+  for (long long b = 0; b < nblocks; ++b) {
+    reset_block(bs[b], fs + b * nthreads, block_index(b, grid));
+    for (int t = 0; t < nthreads; ++t) init_fiber(bs[b].fibers[t], t, block, st + ((size_t)b * nthreads + t) * kStack);
+    border[b] = order == 1 ? nblocks - 1 - b : b;
+  }
+  for (int t = 0; t < nthreads; ++t) perm[t] = order == 1 ? nthreads - 1 - t : t;
+  if (order == 2) {
+    for (long long b = nblocks - 1; b > 0; --b) { long long r = (long long)(next() % (unsigned long long)(b + 1)); long long s = border[b]; border[b] = border[r]; border[r] = s; }
+    for (int t = nthreads - 1; t > 0; --t) { int r = (int)(next() % (unsigned)(t + 1)); int s = perm[t]; perm[t] = perm[r]; perm[r] = s; }
+  }
+  const char* result = nullptr;
+  for (long long left = nblocks; left > 0 && !result;) {
+    bool progressed = false;
+    for (long long k = 0; k < nblocks && !result; ++k) {
+      Block& b = bs[border[k]];
+      if (b.live == 0) continue;
+      for (int t = 0; t < nthreads; ++t) {  // a grid-wide wait whose counter has arrived resumes
+        Fiber& f = b.fibers[t];
+        if (f.state == AT_GRID && __atomic_load_n(f.wait_at, __ATOMIC_ACQUIRE) >= f.wait_for) f.state = RUNNABLE;
+      }
+      blk = &b;
+      progressed |= run_block(perm);
+      if (b.live == 0) left--;
+      if (error) result = error;
+    }
+    if (!progressed && left > 0 && !result) {
+      bool at_grid = false;
+      for (size_t t = 0; t < total; ++t) at_grid |= fs[t].state == AT_GRID;
+      result = at_grid ? kGridDeadlock : kDivergent;
+    }
+  }
+  blk = &single;
+  delete[] border;
+  delete[] bs;
+  delete[] fs;
+  munmap(st, stack_bytes);
+  return result ? result : error;
 }
 }  // namespace pn_emu
 
@@ -308,12 +418,15 @@ template <class V, class T> static inline V pn_vload(const T* p) {
 }
 
 #define threadIdx (pn_emu::cur->tidx)
-#define blockIdx (pn_emu::block_idx)
+#define blockIdx (pn_emu::blk->idx)
 #define blockDim (pn_emu::block_dim)
 #define gridDim (pn_emu::grid_dim)
 static const int warpSize = 32;
 static inline void __syncthreads() { pn_emu::syncthreads(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { pn_emu::warp_barrier(); }
+// A GPU thread backs off while it polls; here a poll that fails suspends the fiber (pn_grid_wait).
+static inline void __nanosleep(unsigned) {}
+static inline void pn_grid_wait(const unsigned* counter, unsigned target) { pn_emu::grid_wait(counter, target); }
 template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
   int lane = pn_emu::cur->tid % 32, seg = lane % width;
   return pn_emu::shfl(v, lane + (int)delta, seg + (int)delta < width);

@@ -3,7 +3,8 @@
 Compiled libraries are cached by the hash of what is compiled (source, header, flags) under
 $PANAMERA_CACHE (default ~/.cache/panamera; `off`: a temporary directory per process).
 Launches run block by block; `order` picks the thread and block order (forward, reverse,
-shuffled), so that a missing barrier is caught.
+shuffled), so that a missing barrier is caught. A cooperative launch runs every block at once
+(one fiber per thread of the grid, blocks switched at grid-wide waits; cuda_emulation.h).
 
 A loaded library keeps its scheduler state (fibers, the current block) in statics, and ctypes
 releases the GIL during a launch: every launch holds its library's lock, so that two threads
@@ -69,7 +70,8 @@ def glue(signatures) -> str:
         out.append(f"static void pn_call_{name}(void** a) {{ {name}({args}); }}")
         out.append(
             f'extern "C" const char* pn_emu_launch_{name}(void** a, unsigned gx, unsigned gy, unsigned gz, '
-            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed) {{ return pn_emu::launch("
+            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed, int cooperative) {{ return "
+            f"(cooperative ? pn_emu::launch_cooperative : pn_emu::launch)("
             f"&pn_call_{name}, a, dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, order, seed); }}"
         )
     return "\n".join(out) + "\n"
@@ -133,20 +135,29 @@ def function(lib: ctypes.CDLL, kernel: str) -> Entry:
     return Entry(fn, library_lock(lib))
 
 
-def run(entry: Entry, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+def run(
+    entry: Entry, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0, cooperative: bool = False
+) -> None:
     """Launch `entry` (from `function`) under its library's lock; args: ctypes objects, one per
-    kernel parameter (c_void_p for pointers). A fault the emulator detects (a deadlock, a
-    misaligned vector load) is a BackendError."""
+    kernel parameter (c_void_p for pointers); `cooperative`: every block resident at once. A
+    fault the emulator detects (a deadlock, a misaligned vector load) is a BackendError."""
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     with entry.lock:
         err = entry.fn(
-            arr, *map(ctypes.c_uint, grid), *map(ctypes.c_uint, block), ctypes.c_int(ORDERS[order]), ctypes.c_uint(seed)
+            arr,
+            *map(ctypes.c_uint, grid),
+            *map(ctypes.c_uint, block),
+            ctypes.c_int(ORDERS[order]),
+            ctypes.c_uint(seed),
+            ctypes.c_int(int(cooperative)),
         )
         err = err.decode() if err else None  # the message lives in the library's static buffer
     if err:
         raise BackendError(f"emulator: kernel {kernel}: {err}")
 
 
-def launch(lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0) -> None:
+def launch(
+    lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0, cooperative=False
+) -> None:
     """Look up and launch one kernel (tests and one-off launches)."""
-    run(function(lib, kernel), kernel, grid, block, args, order, seed)
+    run(function(lib, kernel), kernel, grid, block, args, order, seed, cooperative)

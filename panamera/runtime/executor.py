@@ -185,7 +185,7 @@ class Executor:
 
             def launch(ln):
                 args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
-                emulator.run(fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed)
+                emulator.run(fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed, ln.cooperative)
 
             self._launches(EMULATOR, fresh, launch)
             return self._results(bufs, inputs)
@@ -204,7 +204,11 @@ class Executor:
             bufs, fresh = self._buffers(lambda n, dt: cupy.empty(n, dt), inputs, backend)
 
             def launch(ln):
-                fns[ln.kernel](ln.grid, ln.block, tuple(bufs[key] for _, key in ln.args))
+                args = tuple(bufs[key] for _, key in ln.args)
+                if ln.cooperative:  # cuLaunchCooperativeKernel: all blocks resident, or a launch error
+                    fns[ln.kernel].kernel(ln.grid, ln.block, args, enable_cooperative_groups=True)
+                else:
+                    fns[ln.kernel](ln.grid, ln.block, args)
 
             self._launches(backend, fresh, launch)
             return self._results(bufs, inputs)

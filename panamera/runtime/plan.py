@@ -82,6 +82,7 @@ class Launch:
     mapping: str = ""
     modeled_us: float = 0.0
     cost_features: tuple = ()  # what the model was given (model/estimate.py re-models from it)
+    cooperative: bool = False  # every block resident at once (its blocks wait for each other)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ the program, nothing else. It binds the canonical loops (poly/program.py) to the
 
 `split = gridDim.y` is the number of blocks that share one reduction (multi-block binding): each
 block reduces its `chunk` in registers, warps and shared memory, then merges one partial per
-output as its `MergeMode` says. The split, the threads per block and the vector width are chosen
+output as its `MergeMode` says. A stitched group split across blocks (rows too few to fill the
+GPU) is a cooperative launch: every block is resident at once (`co_resident`), and the blocks
+of a row exchange their partials after each pass through a grid-wide wait
+(codegen/stitched_kernel.py). The split, the threads per block and the vector width are chosen
 by the performance model (model/gpu.py), not by constants: the candidate with the least modeled
 time. The serial loop k is unrolled `unroll` times (codegen/islast.py), so each thread keeps that
 many vector loads in flight.
@@ -89,6 +92,12 @@ class Decision:
         return ("g", "j") if self.form == Form.COLUMN else ("i", "g")
 
     @property
+    def cooperative(self) -> bool:
+        """A stitched group split across blocks: its blocks wait for each other, so all of them
+        must be resident at once (a cooperative launch)."""
+        return self.stitched and self.split > 1
+
+    @property
     def needs_last_block(self) -> bool:
         """Blocks count their arrivals, and the last one finishes the merge."""
         return any(m != MergeMode.STORE for m in self.merges)
@@ -122,7 +131,7 @@ class Decision:
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
-            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
+            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}" + (" cooperative" if self.cooperative else "")
         )
 
     def to_dict(self) -> dict:
@@ -262,6 +271,10 @@ def _struct(group: KernelGroup) -> bool:
 
 
 def _merges(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
+    """Per statement: STORE without a split; a split reduction merges by atomics or partials (a
+    stitched group's split rows always exchange partials, combined by every block in one order)."""
+    partials = partials or group.stitched
+
     def one(st) -> MergeMode:
         if split == 1 or st.kind == StatementKind.MAP:
             return MergeMode.STORE
@@ -315,7 +328,8 @@ def _levels(group: KernelGroup) -> tuple[int, ...]:
 
 def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
-    then the counter of block arrivals."""
+    then the counter of block arrivals (a split stitched group: per row group its arrivals at
+    the exchanges, then its departures, 2 x gridDim.x counters)."""
     stmts = group.statements
     inputs = []
     members = {s.result.uid for s in stmts} if group.stitched else set()
@@ -340,21 +354,34 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     ]
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
-        if group.stitched and s.kind == StatementKind.REDUCE and res.uid not in group.external:
-            continue  # stays on chip
-        out.append(
-            BufferSpec(
-                f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT, f"out{k}", k, res.uid
+        on_chip = group.stitched and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        if not on_chip:
+            out.append(
+                BufferSpec(
+                    f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT, f"out{k}", k, res.uid
+                )
             )
-        )
         if mode != MergeMode.STORE and group.accumulator_of[k] == k:  # a shared accumulator merges once
             partials = mode == MergeMode.PARTIALS
             role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
             size = s.M * (split if partials else 1)
             out.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, role, f"ws{k}", k))
     if any(m != MergeMode.STORE for m in merges):
-        out.append(BufferSpec(f"cnt:{name}", "unsigned", None, grid[0], BufferRole.COUNTER, "pn_counter"))
+        n = grid[0] * (2 if group.stitched else 1)
+        out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
     return tuple(out)
+
+
+def co_resident(gpu: GPUSpec, threads: int) -> int:
+    """Blocks of `threads` threads that are surely resident at once: the kernels carry
+    __launch_bounds__(threads, 1024 / threads) (codegen/kernel.py), so ptxas leaves room for that
+    many per SM, within the SM's thread and block limits. A cooperative launch of more fails."""
+    return gpu.sms * min(gpu.resident_blocks(threads), max(1, 1024 // max(threads, 1)))
+
+
+def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Grid-wide exchanges of a split stitched group: one after each pass that has reductions."""
+    return len({v for s, v in zip(group.statements, lv) if s.kind == StatementKind.REDUCE})
 
 
 # -- the model of one candidate ----------------------------------------------------------------
@@ -432,7 +459,14 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
 
 def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
-    L2 when the rows in flight fit in half of it."""
+    L2 when the rows in flight fit in half of it.
+
+    Split rows (d.split > 1, all blocks resident): every block streams its chunk of the row, and
+    after each pass with reductions the row's blocks exchange partials through a grid-wide wait.
+    The passes no longer overlap (a pass starts when every block has finished the one before),
+    so the L2 re-reads add to the DRAM time (kernel_time's `grid_syncs`), and each exchange costs
+    two L2 round trips (the arrival, seen by the poll) plus `_exchange_cycles`. Every row is in
+    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it."""
     M = group.M
     in_bytes = _input_bytes(group)
     out_bytes = sum(
@@ -441,21 +475,37 @@ def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         if s.kind == StatementKind.MAP or s.result.uid in group.external
     )
     row_bytes = in_bytes / max(M, 1)
-    gx = d.grid[0]
-    resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    gx, S = d.grid
+    if S > 1:
+        resident = gx * d.ty
+    else:
+        resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
     n_passes = passes(group, d.levels)
     reread = (n_passes - 1) * in_bytes
     in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
         gpu,
         dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
         l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
-        blocks=gx,
+        blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=_in_flight(group, d),
-        epilogue_cycles=400 * n_passes,
+        epilogue_cycles=400 * (1 if S > 1 else n_passes),
+        grid_syncs=n_ex,
+        sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
         **arithmetic(group).features(),
     )
+
+
+def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
+    """One exchange of a split row beyond the two L2 round trips kernel_time charges for it: the
+    block reductions before it and after it (400 cycles, as a pass of an unsplit row), the S
+    arrivals on the row's counter serialized at one per L2 clock, the combine of the S partials
+    (ceil(S / tx) loop-carried L2 loads per thread), and the next pass's first load (an L2 hit)."""
+    S = d.split
+    arrivals = S * gpu.clock_hz / gpu.l2_clock_hz
+    return int(400 + arrivals + (math.ceil(S / d.tx) + 1) * gpu.l2_latency_cycles)
 
 
 def _complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
@@ -479,7 +529,7 @@ def map_group(
     combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
     keeps 256 threads per block). `name` names the kernel and its workspaces."""
     if group.stitched:
-        return _map_stitched(group, gpu, name)
+        return _map_stitched(group, gpu, name, split)
     form, M, N = group.form, group.M, group.N
     base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
     if form == Form.MAP:
@@ -538,25 +588,39 @@ def map_group(
     return _complete(group, best[1], gpu, name, best[0])
 
 
-def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str) -> Mapping:
-    """A stitched group: blocks own whole rows (no split); threads per row chosen by the model
-    (more threads keep fewer rows resident, so later passes hit in L2)."""
+def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None = None) -> Mapping:
+    """A stitched group: threads per row and blocks per row (split) chosen by the model. More
+    threads keep fewer rows resident, so later passes hit in L2; a split spreads rows too few to
+    fill the GPU over more blocks, at the price of a grid-wide exchange per pass with
+    reductions, and only while every block of the grid is co-resident (`co_resident`: the
+    blocks wait for each other). Splits are powers of two with at least one step per thread;
+    `split` forces one (1: whole rows)."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
     base = dict(
-        statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec, split=1,
-        merges=_merges(group, 1, False), access=_access(group, vec), levels=_levels(group),
+        statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec,
+        access=_access(group, vec), levels=_levels(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    best = None
+    candidates = []  # (tx, ty, gx, split), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
+        max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
+        candidates += [(tx, ty, gx, 1 << e) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+    if split is not None:
+        candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
+    best = None
+    for tx, ty, gx, s in candidates:
+        chunk = math.ceil(math.ceil(G / s) / tx) * tx
+        s_eff = math.ceil(G / chunk)
         d = Decision(
-            **base, tx=tx, ty=ty, chunk=math.ceil(G / tx) * tx, grid=(gx, 1), unroll=unroll_for(vec, math.ceil(G / tx))
-        )
+            **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
+            unroll=unroll_for(vec, chunk // tx), merges=_merges(group, s_eff, True),
+        )  # fmt: skip
         cost = _stitched_cost(group, gpu, d)
+        # fewer blocks and threads unless clearly faster
         if best is None or cost.total_s < best[0].total_s * 0.97:
             best = (cost, d)
     return _complete(group, best[1], gpu, name, best[0])
@@ -570,7 +634,7 @@ def replay(
 
     1. it maps the same statements, with the same canonical form and extents;
     2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
-       CUDA's limits, split = gridDim.y, and a stitched group is not split;
+       CUDA's limits, split = gridDim.y, and a split stitched group's blocks all co-resident;
     3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
        every read has the access kind isl finds at that width (a read saved as contiguous must be
        aligned for it);
@@ -602,8 +666,11 @@ def replay(
         raise ScheduleError(
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
-    if d.stitched and d.split != 1:
-        raise ScheduleError(f"{at}: a stitched group owns whole rows; it cannot be split ({d.split})")
+    if d.stitched and d.split > 1 and d.blocks > co_resident(gpu, d.threads):
+        raise ScheduleError(
+            f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
+            f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
+        )
     if d.vec not in (1, 2, 4, 8, 16) or vector_extent(group) % d.vec:
         raise ScheduleError(f"{at}: vector width {d.vec} does not divide the contiguous extent {vector_extent(group)}")
     if any(d.vec * r.tensor.dtype.itemsize > 16 for s in group.statements for r in s.reads if r.memory and d.vec > 1):
@@ -614,7 +681,7 @@ def replay(
         )
     if not covers(d):
         raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
-    partials = deterministic or _struct(group)
+    partials = deterministic or _struct(group) or group.stitched
     want = _merges(group, d.split, partials)
     if len(d.merges) != len(want) or any(
         (w == MergeMode.STORE) != (m == MergeMode.STORE) or (partials and m == MergeMode.ATOMIC_WS)
