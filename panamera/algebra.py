@@ -20,7 +20,7 @@ side, the two renderings of the same algebra and the facts every stage asks of i
 checks it against the numpy definition here, the atomics included. Every combiner is associative
 and commutative, which is what lets Panamera reorder partials across threads and blocks.
 
->>> SUM.identity(dtypes.float32), MAX.result_dtype(dtypes.int32).name, str(MAX.atomic(dtypes.float32))
+>>> SUM.identity(dtypes.float32), MAX.result_dtype(dtypes.int32).name, str(PROD.atomic(dtypes.float32))
 (0.0, 'int32', 'cas')
 >>> [float(v) for v in WELFORD.combine(WELFORD.lift(np.float64(1.0)), WELFORD.lift(np.float64(3.0)))]
 [1.0, 1.0, 2.0, 2.0]
@@ -45,6 +45,7 @@ class AtomicStrategy(StrEnum):
     """How a block's partial merges into global memory."""
 
     NATIVE = "native"  # one hardware atomic (atomicAdd, atomicMax, ...)
+    ORDERED = "ordered"  # a native integer atomicMax/Min on an order-preserving integer image of a float
     CAS = "cas"  # a compare-and-swap loop around `apply`
     NONE = "none"  # no atomic merges it (struct accumulators): partials, combined by the last block
 
@@ -66,6 +67,7 @@ class Combiner:
     lift: Callable[[Any], Acc] = staticmethod(lambda x: x)
     native_atomic: str = ""  # the CUDA atomic that merges a partial natively...
     native_dtypes: frozenset[str] = frozenset()  # ...for these accumulator dtypes
+    ordered_dtypes: frozenset[str] = frozenset()  # ...and through `ordered` integer images for these
     struct: bool = False  # a multi-value accumulator (Welford, online softmax)
     has_identity: bool = True  # False: an empty reduction is an error (numpy: max of nothing)
     widens_small_ints: bool = False  # numpy: sum/prod of bool and int32 give int64
@@ -103,7 +105,9 @@ class Combiner:
         """How block partials are merged in global memory for accumulator dtype `acc`."""
         if self.struct:
             return AtomicStrategy.NONE
-        return AtomicStrategy.NATIVE if acc.name in self.native_dtypes else AtomicStrategy.CAS
+        if acc.name in self.native_dtypes:
+            return AtomicStrategy.NATIVE
+        return AtomicStrategy.ORDERED if acc.name in self.ordered_dtypes else AtomicStrategy.CAS
 
 
 def _extreme(acc: DType, top: bool):
@@ -170,7 +174,7 @@ MAX = Combiner(
     identity_of=lambda acc: _extreme(acc, top=False),
     reference=np.max,
     native_atomic="atomicMax", native_dtypes=frozenset({"int32", "int64"}),
-    has_identity=False, merge_instructions=2,
+    ordered_dtypes=frozenset({"float32", "float64"}), has_identity=False, merge_instructions=2,
 )  # fmt: skip
 MIN = Combiner(
     "min", "pn_op_min", _MIN_APPLY, "return pn_lim<T>::highest();",
@@ -178,7 +182,7 @@ MIN = Combiner(
     identity_of=lambda acc: _extreme(acc, top=True),
     reference=np.min,
     native_atomic="atomicMin", native_dtypes=frozenset({"int32", "int64"}),
-    has_identity=False, merge_instructions=2,
+    ordered_dtypes=frozenset({"float32", "float64"}), has_identity=False, merge_instructions=2,
 )  # fmt: skip
 ALL = Combiner(
     "all", "pn_op_and", "return a & b;", "return (T)1;",
@@ -291,3 +295,29 @@ def argkey(values: np.ndarray, index: np.ndarray, kind: str) -> np.ndarray:
     idx = np.asarray(index).astype(np.uint64)
     low = (0xFFFFFFFF - idx) if kind == "max" else idx
     return (((bits << np.uint64(32)) | low) ^ np.uint64(1 << 63)).view(np.int64)
+
+
+# Float max/min merged by integer atomics: a signed-integer image whose order is the float order
+# (non-negative floats keep their bits, negative ones flip all but the sign), NaN at the top for
+# max and at the bottom for min so that it wins as in numpy; both NaN images map back to a NaN.
+# The numpy definition of codegen/header.py's pn_ordered/pn_unordered (tests/test_algebra.py).
+def ordered(values: np.ndarray, top: bool) -> np.ndarray:
+    """The integer images (int32 of float32, int64 of float64) of `values` for max (`top`) or min.
+
+    >>> ordered(np.array([-1.0, 0.0, 2.0, np.nan], np.float32), top=True).argsort().tolist()
+    [0, 1, 2, 3]
+    """
+    v = np.asarray(values)
+    it = np.int32 if v.dtype == np.float32 else np.int64
+    bits = v.view(it)
+    flip = it(np.iinfo(it).max)
+    img = np.where(bits >= 0, bits, bits ^ flip)
+    nan = np.iinfo(it).max if top else np.iinfo(it).min
+    return np.where(np.isnan(v), it(nan), img).astype(it)
+
+
+def unordered(images: np.ndarray) -> np.ndarray:
+    """The floats of integer images made by `ordered`."""
+    x = np.asarray(images)
+    flip = x.dtype.type(np.iinfo(x.dtype).max)
+    return np.where(x >= 0, x, x ^ flip).view(np.float32 if x.dtype == np.int32 else np.float64)

@@ -204,3 +204,50 @@ def test_every_combiner_is_rendered_once_in_the_prelude():
         assert PRELUDE.count(f"struct {comb.functor} {{") == 1
         for dt in comb.native_dtypes:
             assert f"pn_atomic({comb.functor}, {dtypes.as_dtype(dt).compute}*" in PRELUDE
+
+
+def test_ordered_images_match_their_cpp_rendering_and_merge_float_extrema():
+    """Float max/min merge through integer atomicMax/Min on algebra.ordered images: the images
+    order as the floats, NaN wins both ways, and every image reads back as its float."""
+    src = """
+__global__ void k_ord(const float* f, const double* d, int* fi, long long* di, float* fb, double* db,
+                      int* fmax, int* fmin, long long* dmax, long long* dmin, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    fi[2 * i] = pn_ordered(f[i], true); fi[2 * i + 1] = pn_ordered(f[i], false);
+    di[2 * i] = pn_ordered(d[i], true); di[2 * i + 1] = pn_ordered(d[i], false);
+    fb[i] = pn_unordered(pn_ordered(f[i], true)); db[i] = pn_unordered(pn_ordered(d[i], false));
+    pn_atomic_ordered(pn_op_max(), fmax, f[i]); pn_atomic_ordered(pn_op_min(), fmin, f[i]);
+    pn_atomic_ordered(pn_op_max(), dmax, d[i]); pn_atomic_ordered(pn_op_min(), dmin, d[i]);
+  }
+}"""
+    sig = ("const float*", "const double*", "int*", "long long*", "float*", "double*", "int*", "int*",
+           "long long*", "long long*", "int")  # fmt: skip
+    lib = emulator.build(PRELUDE + src, {"k_ord": sig})
+    rng = np.random.default_rng(5)
+    for with_nan in (False, True):
+        f = np.concatenate([rng.standard_normal(60) * 1e3, [0.0, -0.0, np.inf, -np.inf]]).astype(np.float32)
+        if with_nan:
+            f[7] = np.nan
+        d = f.astype(np.float64)
+        n = len(f)
+        fi, di = np.zeros(2 * n, np.int32), np.zeros(2 * n, np.int64)
+        fb, db = np.zeros(n, np.float32), np.zeros(n, np.float64)
+        fmax, fmin = (
+            algebra.ordered(np.array([-np.inf], np.float32), True),
+            algebra.ordered(np.array([np.inf], np.float32), False),
+        )
+        dmax, dmin = algebra.ordered(np.array([-np.inf]), True), algebra.ordered(np.array([np.inf]), False)
+        arrays = (f, d, fi, di, fb, db, fmax, fmin, dmax, dmin)
+        args = [ctypes.c_void_p(a.ctypes.data) for a in arrays] + [ctypes.c_int(n)]
+        emulator.launch(lib, "k_ord", (2, 1, 1), (32, 1, 1), args, order="shuffled", seed=1)
+        np.testing.assert_array_equal(fi[0::2], algebra.ordered(f, True))
+        np.testing.assert_array_equal(fi[1::2], algebra.ordered(f, False))
+        np.testing.assert_array_equal(di[0::2], algebra.ordered(d, True))
+        np.testing.assert_array_equal(di[1::2], algebra.ordered(d, False))
+        np.testing.assert_array_equal(fb, f)  # NaN reads back as NaN
+        np.testing.assert_array_equal(db, d)
+        for img, want in ((fmax, np.max(f)), (fmin, np.min(f)), (dmax, np.max(d)), (dmin, np.min(d))):
+            np.testing.assert_array_equal(algebra.unordered(img)[0], want)  # numpy: NaN wins
+    finite = f[np.isfinite(f)]
+    assert np.all(np.diff(finite[np.argsort(algebra.ordered(finite, True))]) >= 0)  # image order = float order

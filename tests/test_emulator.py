@@ -28,7 +28,7 @@ extern "C" __global__ void probe(float* f, double* d, int* i, long long* l, unsi
   if (t == 0) {
     f[1] = __half2float(__float2half_rn(1.0009765625f)) + __bfloat162float(__float2bfloat16_rn(3.0f));
     f[2] = __half2float(__ushort_as_half((unsigned short)0x3c00)) + __bfloat162float(__ushort_as_bfloat16((unsigned short)0x4000));
-    f[3] = __uint_as_float(__float_as_uint(2.5f)) + __int_as_float(0) + (float)__longlong_as_double(__double_as_longlong(1.0));
+    f[3] = __uint_as_float(__float_as_uint(2.5f)) + __int_as_float(__float_as_int(0.f)) + (float)__longlong_as_double(__double_as_longlong(1.0));
     f[4] = expf(0.f) + logf(1.f) + sqrtf(4.f) + rsqrtf(4.f) + fabsf(-1.f);
     d[1] = exp(0.0) + log(1.0) + sqrt(4.0) + rsqrt(4.0) + fabs(-1.0);
     f[7] = tanhf(0.f) + erff(0.f) + floorf(1.5f) + ceilf(0.5f) + powf(2.f, 3.f);

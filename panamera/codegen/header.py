@@ -310,6 +310,23 @@ template <class OP> __device__ __forceinline__ void pn_atomic_cas(long long* p, 
 }
 @ATOMICS@
 template <class OP, class T> __device__ __forceinline__ void pn_atomic(OP, T* p, T v) { pn_atomic_cas<OP>(p, v); }
+// Float max/min merged by native integer atomics on an order-preserving image (algebra.ordered):
+// non-negative floats keep their bits, negative ones flip all but the sign; NaN goes to the top
+// for max and the bottom for min, so it wins, and both images read back as a NaN.
+__device__ __forceinline__ int pn_ordered(float v, bool top) {
+  const int b = __float_as_int(v);
+  return v != v ? (top ? 0x7fffffff : (int)0x80000000) : (b >= 0 ? b : b ^ 0x7fffffff);
+}
+__device__ __forceinline__ long long pn_ordered(double v, bool top) {
+  const long long b = __double_as_longlong(v);
+  return v != v ? (top ? 0x7fffffffffffffffLL : (long long)0x8000000000000000ULL) : (b >= 0 ? b : b ^ 0x7fffffffffffffffLL);
+}
+__device__ __forceinline__ float pn_unordered(int x) { return __int_as_float(x >= 0 ? x : x ^ 0x7fffffff); }
+__device__ __forceinline__ double pn_unordered(long long x) { return __longlong_as_double(x >= 0 ? x : x ^ 0x7fffffffffffffffLL); }
+__device__ __forceinline__ void pn_atomic_ordered(pn_op_max, int* p, float v) { atomicMax(p, pn_ordered(v, true)); }
+__device__ __forceinline__ void pn_atomic_ordered(pn_op_min, int* p, float v) { atomicMin(p, pn_ordered(v, false)); }
+__device__ __forceinline__ void pn_atomic_ordered(pn_op_max, long long* p, double v) { atomicMax(p, pn_ordered(v, true)); }
+__device__ __forceinline__ void pn_atomic_ordered(pn_op_min, long long* p, double v) { atomicMin(p, pn_ordered(v, false)); }
 // float32 sums of 2 or 4 adjacent outputs: one 8- or 16-byte reduction on sm_90 (ATOMG.E.ADD.F32x4),
 // one atomic per lane before it. p is aligned to the width (mapping.py's atomic_vec).
 __device__ __forceinline__ void pn_atomic_v(float* p, const float (&v)[4]) {
@@ -440,6 +457,7 @@ INTRINSICS = (
     "__double_as_longlong",
     "__longlong_as_double",
     "__int_as_float",
+    "__float_as_int",
     "expf",
     "logf",
     "sqrtf",

@@ -21,9 +21,9 @@ from ..runtime.plan import BufferRole, BufferSpec, Fill
 from ..schedule.mapping import Mapping, MergeMode
 from .expr import literal
 from .map_kernel import emit_map
-from .reduce_kernel import emit_reduce
+from .reduce_kernel import emit_reduce, workspace_identity
 from .stitched_kernel import emit_stitched
-from .thread_loop import ThreadLoop, identity_expr
+from .thread_loop import ThreadLoop
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def resident_fills(group: KernelGroup, m: Mapping) -> tuple[Fill, ...]:
     for b in m.buffers:
         if b.role == BufferRole.WORKSPACE:
             s = group.statements[b.statement]
-            fills.append(Fill(b.key, b.ctype, s.combiner.identity(s.acc), identity_expr(s)))
+            fills.append(Fill(b.key, b.ctype, s.combiner.identity(s.acc), workspace_identity(s)))
     fills += [Fill(b.key, b.ctype, 0, "0u") for b in m.buffers if b.role == BufferRole.COUNTER]
     return tuple(fills)
 

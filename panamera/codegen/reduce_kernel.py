@@ -21,6 +21,7 @@ owner's value wherever the owner stores.
 
 from __future__ import annotations
 
+from ..algebra import AtomicStrategy
 from ..poly.statement import Form, Statement
 from ..schedule.mapping import MergeMode
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post
@@ -122,6 +123,8 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, wi
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
     if owner != k or width > 1:
         return []  # the owner merges the shared accumulator; vector atomics merged already
+    if mode == MergeMode.ATOMIC_WS and _ordered(s):
+        return [f"pn_atomic_ordered({s.combiner.functor}(), &ws{k}[{o}], {a});"]
     if mode == MergeMode.ATOMIC_WS:
         return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
     if s.form == Form.COLUMN:
@@ -131,13 +134,26 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, wi
 
 def _final(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
     if mode == MergeMode.ATOMIC_WS:  # the output from the merged workspace (the owner's)
-        return [f"pn_st(&out{k}[{o}], {post(s, f'pn_ldcg(&ws{owner}[{o}])')});"]
+        merged = f"pn_ldcg(&ws{owner}[{o}])"
+        return [f"pn_st(&out{k}[{o}], {post(s, f'pn_unordered({merged})' if _ordered(s) else merged)});"]
     return []
+
+
+def _ordered(s: Statement) -> bool:
+    """Float max/min merge through integer images (algebra.AtomicStrategy.ORDERED)."""
+    return s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED
+
+
+def workspace_identity(s: Statement) -> str:
+    """The identity a merge workspace holds: the combiner's, or its integer image."""
+    if _ordered(s):
+        return f"pn_ordered({identity_expr(s)}, {'true' if s.combiner.name == 'max' else 'false'})"
+    return identity_expr(s)
 
 
 def _reset(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
     if mode == MergeMode.ATOMIC_WS and owner == k:  # back to the identity for the next call
-        return [f"ws{k}[{o}] = {identity_expr(s)};"]
+        return [f"ws{k}[{o}] = {workspace_identity(s)};"]
     return []
 
 

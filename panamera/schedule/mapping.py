@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from .. import dtypes
 from ..algebra import AtomicStrategy
 from ..enums import StrEnum
 from ..errors import ScheduleError
@@ -365,7 +366,10 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
             partials = mode == MergeMode.PARTIALS
             role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
             size = s.M * (split if partials else 1)
-            out.append(BufferSpec(f"ws:{name}:{k}", s.acc.c_type, s.acc, size, role, f"ws{k}", k))
+            ws = s.acc
+            if not partials and s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:  # integer images
+                ws = dtypes.int32 if s.acc.itemsize == 4 else dtypes.int64
+            out.append(BufferSpec(f"ws:{name}:{k}", ws.c_type, ws, size, role, f"ws{k}", k))
     if any(m != MergeMode.STORE for m in merges):
         n = grid[0] * (2 if group.stitched else 1)
         out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
