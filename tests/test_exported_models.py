@@ -1,0 +1,80 @@
+"""Real exported networks (issue 11): each model in tests/data/models, exported by PyTorch's two
+exporters from tiny configs with random weights (scripts/export_models.py regenerates them; these
+tests need no PyTorch), passes `panamera optimize --verify`, and `panamera run` matches onnxruntime."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from panamera.cli import cli
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "models")
+MODELS = sorted(os.path.basename(p)[: -len(".onnx")] for p in glob.glob(os.path.join(DATA, "*.onnx")))
+# name -> exact reason, for a model that is known to fail; xfail(strict=True) so that a fix shows up.
+KNOWN_FAILURES: dict[str, str] = {}
+# target "auto": the emulator here, CUDA where there is a GPU
+pytestmark = pytest.mark.filterwarnings("ignore::panamera.EmulatorWarning")
+
+
+def cases():
+    for name in MODELS:
+        marks = [pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[name])] if name in KNOWN_FAILURES else []
+        yield pytest.param(name, marks=marks, id=name)
+
+
+def invoke(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def feeds_for(path):
+    """Inputs within what the models expect: token ids within the vocabulary, all-ones masks."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for inp in onnx.load(path, load_external_data=False).graph.input:
+        t = inp.type.tensor_type
+        shape = [d.dim_value for d in t.shape.dim]
+        if t.elem_type == onnx.TensorProto.INT64:
+            feeds[inp.name] = (
+                np.ones(shape, np.int64) if "mask" in inp.name else rng.integers(0, 128, shape).astype(np.int64)
+            )
+        else:
+            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def test_models_are_committed():
+    kinds = {n.split("-")[0] for n in MODELS}
+    assert {"resnet", "bert", "gpt2", "llama", "vit", "unet"} <= kinds, MODELS
+    assert sum(os.path.getsize(os.path.join(DATA, f"{n}.onnx")) for n in MODELS) < 5 * 2**20
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_optimize_verify(name):
+    r = invoke("optimize", os.path.join(DATA, f"{name}.onnx"), "--verify")
+    assert r.exit_code == 0, r.output
+    assert "values match" in r.output, r.output
+
+
+@pytest.mark.parametrize("name", list(cases()))
+def test_run_matches_onnxruntime(name, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    path = os.path.join(DATA, f"{name}.onnx")
+    feeds = feeds_for(path)
+    np.savez(tmp_path / "in.npz", **feeds)
+    r = invoke("run", path, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "out.npz")
+    assert r.exit_code == 0, r.output
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    got = np.load(tmp_path / "out.npz")
+    assert set(got.files) == set(expected)
+    for k, want in expected.items():
+        np.testing.assert_allclose(got[k], want, rtol=1e-3, atol=1e-3, err_msg=f"{name}: output {k}")
