@@ -68,6 +68,8 @@ class Combiner:
     native_atomic: str = ""  # the CUDA atomic that merges a partial natively...
     native_dtypes: frozenset[str] = frozenset()  # ...for these accumulator dtypes
     ordered_dtypes: frozenset[str] = frozenset()  # ...and through `ordered` integer images for these
+    ordered_top: bool = True  # NaN's image: the top (max) or the bottom (min) of the integer order
+    vector_atomic: bool = False  # float2/float4 atomics merge adjacent outputs (atomicAdd on sm_90)
     struct: bool = False  # a multi-value accumulator (Welford, online softmax)
     has_identity: bool = True  # False: an empty reduction is an error (numpy: max of nothing)
     widens_small_ints: bool = False  # numpy: sum/prod of bool and int32 give int64
@@ -159,7 +161,7 @@ SUM = Combiner(
     identity_of=lambda acc: 0.0 if acc.is_float else 0,
     reference=np.sum,
     native_atomic="atomicAdd", native_dtypes=frozenset({"float32", "float64", "int32", "int64"}),
-    widens_small_ints=True,
+    widens_small_ints=True, vector_atomic=True,
 )  # fmt: skip
 PROD = Combiner(
     "prod", "pn_op_prod", "return a * b;", "return (T)1;",
@@ -182,7 +184,7 @@ MIN = Combiner(
     identity_of=lambda acc: _extreme(acc, top=True),
     reference=np.min,
     native_atomic="atomicMin", native_dtypes=frozenset({"int32", "int64"}),
-    ordered_dtypes=frozenset({"float32", "float64"}), has_identity=False, merge_instructions=2,
+    ordered_dtypes=frozenset({"float32", "float64"}), ordered_top=False, has_identity=False, merge_instructions=2,
 )  # fmt: skip
 ALL = Combiner(
     "all", "pn_op_and", "return a & b;", "return (T)1;",

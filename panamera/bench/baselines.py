@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..compiler import Compiled, lower
 from ..compiler import compile as pn_compile
-from ..frontend.tensor import Tensor, _ids, placeholder
+from ..frontend.tensor import Tensor, _ids, placeholder, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 from .peers import PEERS, PeerPlan, plan_peers
@@ -69,22 +69,6 @@ def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult
     return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,))
 
 
-def _topo(outs) -> list[Tensor]:
-    seen, order = set(), []
-
-    def visit(t):
-        if t.uid in seen:
-            return
-        seen.add(t.uid)
-        for i in t.inputs:
-            visit(i)
-        order.append(t)
-
-    for o in outs:
-        visit(o)
-    return order
-
-
 def eager_ops(outs) -> list[Tensor]:
     """Each kernel of the eager plan as a one-op graph whose inputs are fresh placeholders."""
 
@@ -95,7 +79,7 @@ def eager_ops(outs) -> list[Tensor]:
 
     return [
         dataclasses.replace(t, inputs=tuple(standin(i) for i in t.inputs), uid=next(_ids))
-        for t in _topo(outs)
+        for t in topological(outs)
         if t.op not in INLINE + ("placeholder", "reshape")
     ]
 

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..frontend.tensor import Tensor
+from ..frontend.tensor import Tensor, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
 
@@ -142,22 +142,6 @@ class Work:
     pointwise: int  # element-wise ops fused before the reductions
 
 
-def _topo(outs) -> list[Tensor]:
-    seen, order = set(), []
-
-    def visit(t):
-        if t.uid in seen:
-            return
-        seen.add(t.uid)
-        for i in t.inputs:
-            visit(i)
-        order.append(t)
-
-    for o in outs:
-        visit(o)
-    return order
-
-
 def _root(t: Tensor) -> Tensor:
     """The graph input an element-wise chain streams (through casts, views, scalars)."""
     while t.op not in ("placeholder",) and t.inputs:
@@ -190,7 +174,7 @@ def canonical(shape, axes) -> tuple[str, int, int, bool]:
 
 def describe(outs) -> Work:
     """The workload as the peers see it, from Panamera's front-end graph."""
-    order = _topo(outs)
+    order = topological(outs)
     ops = {t.op for t in order}
     reduces = [t for t in order if t.op == "reduce"]
     choose = next((t for t in order if t.op == "choose"), None)

@@ -147,7 +147,7 @@ def _ordered(s: Statement) -> bool:
 def workspace_identity(s: Statement) -> str:
     """The identity a merge workspace holds: the combiner's, or its integer image."""
     if _ordered(s):
-        return f"pn_ordered({identity_expr(s)}, {'true' if s.combiner.name == 'max' else 'false'})"
+        return f"pn_ordered({identity_expr(s)}, {'true' if s.combiner.ordered_top else 'false'})"
     return identity_expr(s)
 
 

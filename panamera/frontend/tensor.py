@@ -475,3 +475,20 @@ def alternatives(op: str, names: tuple[str, ...], options: tuple[Tensor, ...]) -
     return Tensor(
         "choose", tuple(options), first.shape, first.dtype, (("formulation", op), ("names", tuple(names))), first.name
     )
+
+
+def topological(outputs) -> list[Tensor]:
+    """Every tensor `outputs` depend on, each once, producers before consumers."""
+    seen, order = set(), []
+
+    def visit(t: Tensor) -> None:
+        if t.uid in seen:
+            return
+        seen.add(t.uid)
+        for i in t.inputs:
+            visit(i)
+        order.append(t)
+
+    for o in outputs:
+        visit(o)
+    return order

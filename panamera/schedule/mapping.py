@@ -298,7 +298,7 @@ def _atomic_vec(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeM
             and merges[k] == MergeMode.ATOMIC_WS
             and group.accumulator_of[k] == k
             and st.combiner is not None
-            and st.combiner.name == "sum"
+            and st.combiner.vector_atomic
             and st.acc.name == "float32"
         )
         return vec if ok else 1

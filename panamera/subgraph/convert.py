@@ -25,6 +25,7 @@ from .. import dtypes, nn
 from ..errors import DTypeError, ShapeError, Unsupported
 from ..frontend import ops
 from ..frontend.tensor import Tensor, binary, constant, iota, reshape, unary, where
+from .constants import int_tuple
 from .model import DEFAULT_DOMAINS, SUPPORTED_ELEM, ModelSource, Node, decode
 
 
@@ -45,22 +46,6 @@ class Ctx:
         return self._weight(a)
 
 
-def _const(node: Node, v, what: str) -> np.ndarray:
-    if v is None:
-        return None
-    if isinstance(v, Tensor):
-        raise Unsupported(
-            f"{node.op_type} {node.label!r}: {what} must be a constant, it is computed at run time "
-            "(a graph input? pass its value to specialize on it: --inputs, or load_model(specialize=))"
-        )
-    return np.asarray(v)
-
-
-def _ints(node: Node, v, what: str):
-    a = _const(node, v, what)
-    return None if a is None else tuple(int(x) for x in a.reshape(-1))
-
-
 def _full(shape, value, d) -> Tensor:
     """A tensor of `shape` filled with `value` (no memory: iota is computed, never loaded)."""
     c = constant(value, d)
@@ -79,7 +64,7 @@ def _broadcast_to(x: Tensor, shape) -> Tensor:
 # -- reductions -----------------------------------------------------------------------------
 def _reduce_axes(node: Node, args, ctx):
     if node.op_type == "ReduceSum" and node.opset >= 13 or node.op_type != "ReduceSum" and node.opset >= 18:
-        axes = _ints(node, args[1], "axes") if len(args) > 1 else None
+        axes = int_tuple(node, args[1], "axes") if len(args) > 1 else None
     else:
         axes = node.attrs.get("axes")
     if not axes:
@@ -312,7 +297,7 @@ def _identity(node, args, ctx):
 # -- views ----------------------------------------------------------------------------------
 def _reshape(node, args, ctx):
     x = ctx.tensor(args[0])
-    shape = list(_ints(node, args[1], "shape"))
+    shape = list(int_tuple(node, args[1], "shape"))
     if not node.attrs.get("allowzero", 0):
         shape = [x.shape[k] if s == 0 else s for k, s in enumerate(shape)]
     return [reshape(x, shape)]
@@ -327,7 +312,7 @@ def _flatten(node, args, ctx):
 
 def _squeeze_axes(node, args):
     if node.opset >= 13:
-        return _ints(node, args[1], "axes") if len(args) > 1 and args[1] is not None else None
+        return int_tuple(node, args[1], "axes") if len(args) > 1 and args[1] is not None else None
     return node.attrs.get("axes")
 
 
@@ -354,7 +339,7 @@ def _unsqueeze(node, args, ctx):
 
 def _expand(node, args, ctx):
     x = ctx.tensor(args[0])
-    return [_broadcast_to(x, _ints(node, args[1], "shape"))]
+    return [_broadcast_to(x, int_tuple(node, args[1], "shape"))]
 
 
 _SIMPLE_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div", "Equal": "eq", "Greater": "gt",

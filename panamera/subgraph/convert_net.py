@@ -20,7 +20,8 @@ from ..errors import ShapeError, Unsupported
 from ..frontend import activations as act
 from ..frontend import movement as mv
 from ..frontend import pool
-from ..frontend.tensor import Tensor, transpose
+from ..frontend.tensor import transpose
+from .constants import const_input, int_tuple
 from .model import Node
 
 
@@ -28,22 +29,6 @@ def _s(v, default: str) -> str:
     if v is None:
         return default
     return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _arr(node: Node, v, what: str):
-    if v is None:
-        return None
-    if isinstance(v, Tensor):
-        raise Unsupported(
-            f"{node.op_type} {node.label!r}: {what} must be a constant, it is computed at run time "
-            "(a graph input? pass its value to specialize on it: --inputs, or load_model(specialize=))"
-        )
-    return np.asarray(v)
-
-
-def _ints(node: Node, v, what: str):
-    a = _arr(node, v, what)
-    return None if a is None else tuple(int(x) for x in a.reshape(-1))
 
 
 def _arg(args, k):
@@ -63,8 +48,8 @@ def _slice(node: Node, args, ctx):
         starts, ends = node.attrs["starts"], node.attrs["ends"]
         axes, steps = node.attrs.get("axes"), None
     else:
-        starts, ends = _ints(node, args[1], "starts"), _ints(node, args[2], "ends")
-        axes, steps = _ints(node, _arg(args, 3), "axes"), _ints(node, _arg(args, 4), "steps")
+        starts, ends = int_tuple(node, args[1], "starts"), int_tuple(node, args[2], "ends")
+        axes, steps = int_tuple(node, _arg(args, 3), "axes"), int_tuple(node, _arg(args, 4), "steps")
     return [mv.slice(x, starts, ends, axes, steps)]
 
 
@@ -75,7 +60,7 @@ def _concat(node: Node, args, ctx):
 def _split(node: Node, args, ctx):
     x = ctx.tensor(args[0])
     axis = node.attrs.get("axis", 0)
-    sizes = _ints(node, _arg(args, 1), "split") if node.opset >= 13 else node.attrs.get("split")
+    sizes = int_tuple(node, _arg(args, 1), "split") if node.opset >= 13 else node.attrs.get("split")
     if sizes is None:
         sizes = node.attrs.get("num_outputs", len(node.outputs))
     return list(mv.split(x, sizes, axis))
@@ -87,10 +72,10 @@ def _pad(node: Node, args, ctx):
     if node.opset < 11:
         pads, value, axes = node.attrs["pads"], node.attrs.get("value", 0.0), None
     else:
-        pads = _ints(node, args[1], "pads")
-        v = _arr(node, _arg(args, 2), "constant_value")
+        pads = int_tuple(node, args[1], "pads")
+        v = const_input(node, _arg(args, 2), "constant_value")
         value = 0 if v is None or v.size == 0 else v.reshape(-1)[0].item()
-        axes = _ints(node, _arg(args, 3), "axes")
+        axes = int_tuple(node, _arg(args, 3), "axes")
     axes = tuple(range(x.ndim)) if axes is None else tuple(a % x.ndim for a in axes)
     if len(pads) != 2 * len(axes):
         raise ShapeError(f"Pad {node.label!r}: {len(pads)} pads for {len(axes)} axes (need begins then ends)")
@@ -101,12 +86,12 @@ def _pad(node: Node, args, ctx):
 
 
 def _tile(node: Node, args, ctx):
-    return [mv.tile(ctx.tensor(args[0]), _ints(node, args[1], "repeats"))]
+    return [mv.tile(ctx.tensor(args[0]), int_tuple(node, args[1], "repeats"))]
 
 
 def _trilu(node: Node, args, ctx):
     x = ctx.tensor(args[0])
-    k = _ints(node, _arg(args, 1), "k")
+    k = int_tuple(node, _arg(args, 1), "k")
     k = k[0] if k else 0
     return [mv.triu(x, k) if node.attrs.get("upper", 1) else mv.tril(x, k)]
 
@@ -138,10 +123,10 @@ def _resize(node: Node, args, ctx):
     if why:
         raise Unsupported(f"Resize {node.label!r}: {why}")
     if node.opset < 11:
-        scales, sizes = _arr(node, args[1], "scales"), None
+        scales, sizes = const_input(node, args[1], "scales"), None
         coord, nearest = "asymmetric", "floor"
     else:
-        scales, sizes = _arr(node, _arg(args, 2), "scales"), _ints(node, _arg(args, 3), "sizes")
+        scales, sizes = const_input(node, _arg(args, 2), "scales"), int_tuple(node, _arg(args, 3), "sizes")
         coord = _s(node.attrs.get("coordinate_transformation_mode"), "half_pixel")
         nearest = _s(node.attrs.get("nearest_mode"), "round_prefer_floor")
     axes = node.attrs.get("axes")

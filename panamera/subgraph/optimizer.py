@@ -23,6 +23,7 @@ import numpy as np
 from onnx import helper
 
 from .. import compile as pn_compile
+from ..cache import placeholders
 from ..compiler import Compiled
 from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError, ShapeError
 from ..frontend.tensor import Tensor, placeholder
@@ -52,19 +53,6 @@ class Subgraph:
     def label(self) -> str:
         ops = [n.op_type for n in self.nodes if n.op_type not in VIEWS] or [self.nodes[0].op_type]
         return f"sg{self.id}_" + "_".join(dict.fromkeys(ops))[:40]
-
-
-def _placeholders(tensors) -> list[Tensor]:
-    seen, found, stack = set(), [], list(tensors)
-    while stack:
-        t = stack.pop()
-        if t.uid in seen:
-            continue
-        seen.add(t.uid)
-        if t.op == "placeholder":
-            found.append(t)
-        stack += t.inputs
-    return found
 
 
 def signature(nodes: Sequence[Node], tensors: Sequence[Tensor]) -> str:
@@ -145,7 +133,7 @@ def compile_subgraph(
     """Convert and compile one group; `schedules(k, signature)` may return a saved Schedule."""
     t0 = time.perf_counter()
     outputs, tensors, live, weights = build_subgraph_tensors(model, nodes)
-    sig = signature(nodes, _placeholders(tensors))
+    sig = signature(nodes, placeholders(tuple(tensors)))
     schedule = schedules(k, sig) if schedules is not None else None
     compiled = pn_compile(tensors, target=target, gpu=gpu, schedule=schedule)
     return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, time.perf_counter() - t0, sig)
