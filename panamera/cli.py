@@ -372,7 +372,10 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, shape, target, 
 
 @cli.command()
 @click.option(
-    "--suite", type=click.Choice(["single", "subgraphs", "norms", "all", "tiny"]), default="all", show_default=True
+    "--suite",
+    type=click.Choice(["single", "subgraphs", "norms", "contractions", "all", "tiny"]),
+    default="all",
+    show_default=True,
 )
 @click.option(
     "--gpu",

@@ -8,6 +8,7 @@ import pytest
 
 import panamera as pn
 from panamera.bench.baselines import DETERMINISTIC, PLANS, SINGLE, UNFUSED, eager_ops, plan_all
+from panamera.bench.contraction_peers import CONTRACTION_PEERS
 from panamera.bench.runner import geomean, run_bench
 from panamera.bench.suites import SUITES, tiny
 from panamera.cli import main
@@ -82,12 +83,14 @@ def test_suites_cover_workloads_md():
     assert len(SUITES["single"]()) == 70  # (10 shapes x 2 ops x 2 dtypes) + (10 x 2 f16) + (10 bool)
     assert len(SUITES["subgraphs"]()) == 12
     assert len(SUITES["norms"]()) == 31  # 21 + the long rows of LLM sampling (WORKLOADS.md B)
+    # C: Table 1 (3) + 3 rows x 3 weight shapes x 4 weight kinds (36) + 3 batches x 3 key lengths x 2 dtypes (18)
+    assert len(SUITES["contractions"]()) == 57
     assert geomean([1.0, 4.0]) == pytest.approx(2.0)
 
 
 def test_run_bench_writes_results_summary_and_plots(tmp_path):
     records, summary = run_bench([], H100, out=str(tmp_path), plot=True, measure=False, workloads=tiny())
-    assert {r["plan"] for r in records} == set(PLANS)
+    assert {r["plan"] for r in records} == set(PLANS) - set(CONTRACTION_PEERS) | {"pytorch-eager"}
     pan = [r for r in records if r["plan"] == "panamera"]
     assert all(r["best_peer"] in r["peers"] and r["speedup_over_best_peer"] > 0 for r in pan)
     assert all({"modeled_us", "ratio_to_limit", "plan"} <= set(v) for r in pan for v in r["peers"].values())
@@ -101,6 +104,26 @@ def test_run_bench_writes_results_summary_and_plots(tmp_path):
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert pngs == ["limit_tiny.png", "speedup_tiny.png"]
     assert (tmp_path / "limit_tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_contraction_workloads_are_benched_against_their_peers(tmp_path):
+    # Plans only (never run): a skinny fp16 linear, an int4 one and a decode attention, small sizes.
+    from panamera.bench.suites import Workload, _decode_attention, _linear
+
+    ws = [Workload("linear 4x512x1024 w=float16", "contractions", "float16", _linear(4, 512, 1024, "float16")),
+          Workload("linear 1x256x512 w=int4", "contractions", "int4", _linear(1, 256, 512, "int4")),
+          Workload("decode_attention b1 L2048", "contractions", "float16", _decode_attention(1, 2048, "float16"))]  # fmt: skip
+    records, summary = run_bench([], H100, out=str(tmp_path), measure=False, workloads=ws, nvrtc_times=False)
+    pan = {r["workload"]: r for r in records if r["plan"] == "panamera"}
+    assert set(pan["linear 4x512x1024 w=float16"]["peers"]) == {"pytorch-eager", "cublas", "triton-splitk"}
+    assert set(pan["linear 1x256x512 w=int4"]["peers"]) == {"pytorch-eager"}
+    assert set(pan["decode_attention b1 L2048"]["peers"]) == {"pytorch-eager", "flash-decoding"}
+    # the limit: q, K, V read once and the output written once (not the scores between kernels)
+    kv = 2 * 8 * 2048 * 128 * 2
+    assert pan["decode_attention b1 L2048"]["compulsory_bytes"] == kv + 2 * 32 * 128 * 2
+    assert all(r["modeled_us"] >= r["limit_us"] * 0.999 for r in records)
+    assert all(r["splits"] and "split=" in r["plan_description"] for r in pan.values())
+    assert "cublas us" in summary and "flash-dec. us" in summary and "cub us" not in summary
 
 
 def test_bench_command(tmp_path, capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import panamera as pn
 from panamera.bench.peers import aten_reduce_config, cub_policy, inductor_num_splits, plan_peers
 from panamera.model import H100
@@ -87,3 +89,109 @@ def test_every_peer_is_modeled_by_the_same_model():
         e = p.estimate(H100, 1024 * 1024 * 4 + 4)
         assert e.total_us > 0 and e.launches == p.kernels, name
         assert p.description
+
+
+# --- contraction peers (panamera/bench/contraction_peers.py) ------------------------------------------
+def test_contractions_go_to_the_contraction_peers():
+    from panamera.bench.suites import _decode_attention, _linear
+
+    lin = _peers(_linear(4, 256, 512, "int4")())
+    assert lin["pytorch-eager"] is not None and lin["cublas"] is None and lin["triton-splitk"] is None
+    assert "cub" not in lin  # the reductions' peers do not see a contraction
+    att = _peers(_decode_attention(2, 1024, "float16")())
+    assert att["flash-decoding"] is not None and att["cublas"] is None
+
+
+def test_describe_contraction_reads_the_workload():
+    from panamera.bench.contraction_peers import DecodeAttention, Linear, describe_contraction
+    from panamera.bench.suites import _decode_attention, _linear
+
+    assert describe_contraction(_linear(4, 256, 512, "int4")()) == Linear(4, 256, 512, "int4", "float16", 128)
+    assert describe_contraction(_linear(1, 64, 128, "int8")()) == Linear(1, 64, 128, "int8", "float16", 128)
+    assert describe_contraction(_linear(2, 64, 128, "bfloat16", "bfloat16")()).weights == "bfloat16"
+    assert describe_contraction(_decode_attention(2, 1024, "bfloat16")()) == DecodeAttention(
+        2, 32, 8, 1, 1024, 128, "bfloat16"
+    )
+    assert describe_contraction([pn.sum(pn.placeholder((8, 8), name="x"))]) is None
+
+
+def test_cublas_is_the_library_roofline_where_its_tiles_fill_the_gpu():
+    # model/library.py: 4096^3 fp16 on 128x128 tiles is compute-bound (141 us); the peer's launch
+    # carries the same bytes, grid and tensor-core FLOPs, so the same model gives the same time.
+    from panamera.bench.contraction_peers import Linear, cublas
+    from panamera.model.library import library_matmul
+
+    for M, N, K in ((4096, 4096, 4096), (1024, 512, 1024)):
+        p = cublas(Linear(M, N, K, "float16"), H100)
+        lib = library_matmul(H100, M, N, K, 1, "float16")
+        assert p.kernels == 1 and p.estimate(H100, 0).total_us == pytest.approx(lib.total_s * 1e6, rel=1e-9)
+
+
+def test_cublas_skinny_gemm_uses_64x8_tiles_and_splits_k_when_few_tiles():
+    # Observed nvjet_tst_64x8_..._splitK + splitKreduce_kernel: 16 x 64 outputs give 2 tiles of 8x64;
+    # 66 splits fill the 132 SMs (K = 65536 allows up to 256 of 4 slabs): two kernels.
+    from panamera.bench.contraction_peers import Linear, cublas
+
+    p = cublas(Linear(16, 64, 65536, "float16"), H100)
+    assert p.facts == {"tile": (8, 64), "split": 66, "kernels": 2}
+    assert [ln.name for ln in p.launches] == ["nvjet_splitK", "splitKreduce_kernel"]
+    g = cublas(Linear(1, 4096, 4096, "float16"), H100)  # 64 tiles with 16 stages in flight stream the weights
+    assert g.facts["tile"] == (8, 64) and g.estimate(H100, 0).total_us < 1.05 * 13.6
+
+
+def test_triton_splitk_autotunes_over_the_matmul_configs():
+    # triton.ops.matmul: 9 compute-bound configs + get_configs_io_bound's 5 x 2 x 2 x 4 x 5 = 400;
+    # early_config_prune drops what overflows shared memory (V100: 96 KB per block).
+    from panamera.bench.contraction_peers import Linear, triton_configs, triton_splitk
+    from panamera.model import V100
+
+    assert len(triton_configs(2, H100)) == 409 and len(triton_configs(2, V100)) < 409
+    p = triton_splitk(Linear(16, 64, 65536, "float16"), H100)  # 1 output tile, K huge: split K
+    assert p.facts["split"] == 16 and p.facts["block"][0] == 16
+    assert p.launches[0].name == "zero_" and p.launches[1].features["atomics"] == 16 * 64 * 16
+    assert triton_splitk(Linear(1024, 512, 1024, "float16"), H100).facts["split"] == 1  # tiles fill the GPU
+
+
+def test_flash_decoding_split_rule():
+    # flash_api.cpp: the comment's own example, 48 heads on 108 SMs -> 2 splits (efficiency 0.89);
+    # decode with 32/8 grouped heads folds the 4 query heads into seqlen_q (8 "heads", 1 m-block);
+    # 4096 keys are 32 blocks of 128: eligible splits 1-8, 11, 16, 32 -> 32 fill 256 of 264 slots.
+    from panamera.bench.contraction_peers import DecodeAttention, flash_decoding, num_splits_heuristic
+
+    assert num_splits_heuristic(48, 108, 64, 128) == 2
+    assert num_splits_heuristic(212, 264, 64, 128) == 1  # >= 80 % of the SMs: no split
+    p = flash_decoding(DecodeAttention(1, 32, 8, 1, 4096, 128, "float16"), H100)
+    assert p.facts["swapped"] and p.facts["heads"] == 8 and p.facts["seqlen_q"] == 4 and p.facts["splits"] == 32
+    assert [ln.name for ln in p.launches] == ["flash_fwd_splitkv_kernel", "flash_fwd_splitkv_combine_kernel"]
+    assert p.launches[0].features["blocks"] == 256
+    big = flash_decoding(DecodeAttention(16, 32, 8, 1, 131072, 128, "float16"), H100)
+    kv = 2 * 16 * 8 * 131072 * 128 * 2
+    assert big.facts["splits"] == 2 and big.launches[0].bytes_read == kv + 16 * 32 * 128 * 2  # K, V read once
+
+
+def test_pytorch_eager_sdpa_math_and_dequantize_then_cublas():
+    # attention.cpp _scaled_dot_product_attention_math: scale q, repeat_interleave K and V to 32 heads,
+    # scale k^T, bmm, softmax over the key length, bmm: the scores go through DRAM.
+    from panamera.bench.contraction_peers import DecodeAttention, Linear, pytorch_eager
+
+    p = pytorch_eager(DecodeAttention(4, 32, 8, 1, 4096, 128, "float16"), H100)
+    names = [ln.name for ln in p.launches]
+    assert names[:4] == ["mul(q, sqrt(scale))", "repeat_interleave(k)", "repeat_interleave(v)", "mul(k^T, sqrt(scale))"]
+    assert p.launches[1].bytes_written == 4 * 32 * 4096 * 128 * 2  # K copied for every query head
+    assert "cunn_SoftMax" in p.launches[5].name and p.launches[5].bytes_read == 4 * 32 * 4096 * 2
+    # torchao int8 weight-only: w.to(fp16) (reads 1 byte, writes 2 per weight), torch.mm, * scale
+    q = pytorch_eager(Linear(1, 4096, 4096, "int8", group=4096), H100)
+    assert q.launches[0].name == "to(fp16)" and q.launches[0].bytes_written == 4096 * 4096 * 2
+    assert q.launches[-1].name == "mul(scale)"
+    q4 = pytorch_eager(Linear(1, 4096, 4096, "int4", group=128), H100)
+    assert q4.launches[0].bytes_read == 4096 * 2048 + 4096 * 32 * 2  # packed nibbles and group scales
+
+
+def test_tensor_core_work_binds_a_compute_bound_peer():
+    # 4096^3 fp16: 137 GFLOP at 989 TFLOP/s on all 132 SMs = 139 us, far above its 100 MB stream.
+    from panamera.bench.contraction_peers import Linear, cublas, tensor_core_s
+
+    p = cublas(Linear(4096, 4096, 4096, "float16"), H100)
+    assert tensor_core_s(p.launches[0], H100) == pytest.approx(2 * 4096**3 / 989e12, rel=1e-9)
+    e = p.estimate(H100, 0)
+    assert e.issue_us == pytest.approx(e.total_us - e.launch_us - e.dram_us - e.tail_us, rel=1e-6)

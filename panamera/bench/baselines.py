@@ -3,7 +3,8 @@
 - **panamera**: fusion, stitching, the model-chosen multi-block split, one atomic per block.
 - **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
 - The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
-  **inductor**, **triton-tutorial**, **tvm-default** (absent where the peer has no kernel).
+  **inductor**, **triton-tutorial**, **tvm-default**; for contractions those of contraction_peers.py:
+  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager** (absent where the peer has no kernel).
 - Two stand-ins, planned by *Panamera's* machinery and named for what they are:
   - **panamera-single-block (stand-in)**: Panamera with `split=1` (producers fused, one block per
     output row / column tile, no split);
@@ -23,6 +24,7 @@ from ..compiler import compile as pn_compile
 from ..frontend.tensor import Tensor, _ids, placeholder, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
+from .contraction_peers import CONTRACTION_PEERS
 from .peers import PEERS, PeerPlan, plan_peers
 
 DETERMINISTIC, SINGLE, UNFUSED = (
@@ -31,7 +33,7 @@ DETERMINISTIC, SINGLE, UNFUSED = (
     "panamera-unfused (stand-in)",
 )
 STANDINS = (DETERMINISTIC, SINGLE, UNFUSED)
-PEER_NAMES = tuple(PEERS)
+PEER_NAMES = tuple(dict.fromkeys((*PEERS, *CONTRACTION_PEERS)))
 PLANS = ("panamera", *PEER_NAMES, *STANDINS)
 INLINE = ("const", "iota", "argkey_max", "argkey_min")  # computed where used, never a kernel
 
@@ -46,6 +48,7 @@ class PlanResult:
     compiled: tuple[Compiled, ...]
     description: str = ""
     launches_of: int = 0
+    splits: tuple[int, ...] = ()  # each kernel group's split across blocks (Panamera's plans)
 
     @property
     def modeled_us(self) -> float:
@@ -66,7 +69,9 @@ def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult
     c = pn_compile(list(outs), target="emulator", gpu=gpu, **kw)
     dt = time.perf_counter() - t0
     blocks, atomics = _counts(c)
-    return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,))
+    what = "; ".join(m.describe() for m in c.mappings)
+    splits = tuple(m.split for m in c.mappings)
+    return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,), what, splits=splits)
 
 
 def eager_ops(outs) -> list[Tensor]:
@@ -99,13 +104,25 @@ def _peer(p: PeerPlan, gpu: GPUSpec, compulsory: int, dt: float) -> PlanResult:
     return PlanResult(p.peer, p.estimate(gpu, compulsory), p.blocks, p.atomics, dt, (), p.description)
 
 
+def compulsory_bytes(outs) -> int:
+    """The limit's bytes (docs/GPU_MODEL.md): every graph input read once and every output written
+    once. A plan's in/out buffers can also hold intermediates passed between its kernels (decode
+    attention's scores), which no implementation is obliged to move.
+
+    >>> import panamera as pn
+    >>> compulsory_bytes([pn.sum(pn.placeholder((4, 8), "float16", name="x"), axis=1)])
+    72
+    """
+    order = topological(list(outs))
+    return sum(t.size * t.dtype.itemsize for t in (*(t for t in order if t.op == "placeholder"), *outs))
+
+
 def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
     """Every plan of one workload (a peer without a kernel for it is left out). `build()` returns
     fresh output tensors."""
     outs = build()
-    first = _single("panamera", outs, gpu, None)
-    compulsory = first.estimate.compulsory_bytes
-    results = {"panamera": first}
+    compulsory = compulsory_bytes(outs)
+    results = {"panamera": _single("panamera", outs, gpu, compulsory)}
     t0 = time.perf_counter()
     peers = plan_peers(build(), gpu)
     dt = time.perf_counter() - t0
@@ -113,7 +130,7 @@ def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
         if p == UNFUSED:
             results[p] = _eager(build(), gpu, compulsory)
         elif p in PEER_NAMES:
-            if peers[p] is not None:
+            if peers.get(p) is not None:
                 results[p] = _peer(peers[p], gpu, compulsory, dt)
         elif p != "panamera":
             results[p] = _single(p, build(), gpu, compulsory)

@@ -640,6 +640,12 @@ PEERS: dict[str, Callable[[Work, GPUSpec], PeerPlan | None]] = {
 
 
 def plan_peers(outs, gpu: GPUSpec) -> dict[str, PeerPlan | None]:
-    """Every peer's plan of one workload (None where the peer has no kernel for it)."""
+    """Every peer's plan of one workload (None where the peer has no kernel for it): a contraction
+    goes to the contraction peers (contraction_peers.py), anything else to the reductions' peers."""
+    from .contraction_peers import describe_contraction, plan_contraction_peers
+
+    c = describe_contraction(outs)
+    if c is not None:
+        return plan_contraction_peers(c, gpu)
     w = describe(outs)
     return {name: f(w, gpu) for name, f in PEERS.items()}

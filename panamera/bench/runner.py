@@ -131,6 +131,8 @@ def run_workload(
         }
         if name == "panamera" and bt is not None:
             rec["nvrtc_s"] = round(bt, 5)
+        if r.splits:
+            rec["splits"] = list(r.splits)
         if r.description:
             rec["plan_description"] = r.description
         if name == "panamera":
@@ -159,7 +161,8 @@ def geomean(xs) -> float:
 
 
 SHORT = {"pytorch-eager": "torch", "cub": "cub", "inductor": "inductor", "triton-tutorial": "triton",
-         "tvm-default": "tvm", DETERMINISTIC: "det.", SINGLE: "1-block*", UNFUSED: "unfused*"}  # fmt: skip
+         "tvm-default": "tvm", "cublas": "cublas", "triton-splitk": "triton split-K", "flash-decoding": "flash-dec.",
+         DETERMINISTIC: "det.", SINGLE: "1-block*", UNFUSED: "unfused*"}  # fmt: skip
 
 
 def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
@@ -175,15 +178,16 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
         "stand-in planned by Panamera's machinery; `-` where a peer has no kernel for the workload.",
         "",
     ]
-    cols = [*PEER_NAMES, *STANDINS]
     for suite in dict.fromkeys(k[0] for k in by):
         rows = [(k, v) for k, v in by.items() if k[0] == suite]
+        cols = [c for c in (*PEER_NAMES, *STANDINS) if any(c in p for _, p in rows)]  # the plans this suite has
+        peer_cols = [c for c in cols if c in PEER_NAMES]
         head = " | ".join(f"{SHORT[c]} us" for c in cols)
         lines += [
             f"## {suite}",
             "",
-            f"| workload | dtype | panamera us | limit us | ratio | {head} | best peer | speedup over best peer | launches | compile ms |",
-            "|---|---|---|---|---|" + "---|" * len(cols) + "---|---|---|---|",
+            f"| workload | dtype | panamera us | limit us | ratio | {head} | best peer | speedup over best peer | launches | split | compile ms |",
+            "|---|---|---|---|---|" + "---|" * len(cols) + "---|---|---|---|---|",
         ]
         for (_, name, dt), p in rows:
             pa = p["panamera"]
@@ -192,7 +196,8 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
             sp = f"{pa['speedup_over_best_peer']:.2f}x" if "speedup_over_best_peer" in pa else "-"
             lines.append(
                 f"| {name} | {dt} | {pa['modeled_us']:.1f} | {pa['limit_us']:.1f} | {pa['ratio_to_limit']:.2f} | "
-                f"{cells} | {SHORT.get(best, best)} | {sp} | {pa['launches']} | {pa['compile_s'] * 1e3:.1f} |"
+                f"{cells} | {SHORT.get(best, best)} | {sp} | {pa['launches']} | "
+                f"{'/'.join(map(str, pa.get('splits', []))) or '-'} | {pa['compile_s'] * 1e3:.1f} |"
             )
         pan = [p["panamera"] for _, p in rows]
         sps = [r["speedup_over_best_peer"] for r in pan if "speedup_over_best_peer" in r]
@@ -200,7 +205,7 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
                          if r.get("speedup_over_best_peer", 2) < 1.0)  # fmt: skip
         g = {c: geomean(p[c]["modeled_us"] / p["panamera"]["modeled_us"] for _, p in rows if c in p) for c in cols}
         within = sum(1 for r in pan if r["ratio_to_limit"] <= 1.10)
-        peer_ratio = {c: geomean(p[c]["ratio_to_limit"] for _, p in rows if c in p) for c in PEER_NAMES}
+        peer_ratio = {c: geomean(p[c]["ratio_to_limit"] for _, p in rows if c in p) for c in peer_cols}
         lines += [
             "",
             f"Geometric mean speedup of Panamera over the best peer per workload (modeled): **{geomean(sps):.2f}x**; "
@@ -210,7 +215,7 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
             "Over each plan: " + ", ".join(f"{c} {g[c]:.2f}x" for c in cols if math.isfinite(g[c])) + ". "
             f"Ratio to the limit: Panamera geomean {geomean(r['ratio_to_limit'] for r in pan):.2f}, worst "
             f"{max(r['ratio_to_limit'] for r in pan):.2f}, {within}/{len(pan)} within 1.10x; peers' geomean "
-            + ", ".join(f"{SHORT[c]} {peer_ratio[c]:.2f}" for c in PEER_NAMES if math.isfinite(peer_ratio[c]))
+            + ", ".join(f"{SHORT[c]} {peer_ratio[c]:.2f}" for c in peer_cols if math.isfinite(peer_ratio[c]))
             + ". "
             f"Compile time (graph, plan and source, no cache or database; this machine's CPU): median "
             f"{statistics.median(r['compile_s'] for r in pan) * 1e3:.1f} ms, max "

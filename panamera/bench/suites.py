@@ -1,13 +1,16 @@
 """The workloads of docs/WORKLOADS.md: A1 (single reductions, every dtype, full sizes), A2
-(the paper's Table 2 sub-graphs) and B (normalization subgraphs)."""
+(the paper's Table 2 sub-graphs), B (normalization subgraphs) and C (contractions: the paper's
+Table 1, GEMV / skinny GEMMs with 16-bit, int8 and int4 weights, decode attention)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import nn
 from ..frontend import ops
+from ..frontend.contract import einsum
 from ..frontend.tensor import placeholder as P
 
 # The paper's mean speedups of Panamera (docs/WORKLOADS.md), to stand next to ours.
@@ -15,6 +18,7 @@ PAPER_MEANS = {
     "single": "33.7x over cuDNN, 3.5x over CUB (2.1x without CUB's transpose), 5.4x over TVM, 9.6x over Ansor",
     "subgraphs": "9.5x over cuDNN, 2.6x over TVM, 2.7x over Ansor",
     "norms": "(beyond the paper)",
+    "contractions": "Table 1: 2.7x over the vendor tensor-core path on 128x32x1024 (GEMV and decode attention are beyond the paper)",
 }
 
 
@@ -125,9 +129,6 @@ def norms() -> list[Workload]:
     return out
 
 
-SUITES = {"single": single, "subgraphs": subgraphs, "norms": norms}
-
-
 def tiny() -> list[Workload]:
     """A three-workload suite for tests and smoke runs."""
     return [
@@ -168,8 +169,33 @@ def _linear(M: int, N: int, K: int, weights: str, act: str = "float16"):
     return build
 
 
+ATTENTION_BATCH = (1, 4, 16)
+ATTENTION_KEYS = (4096, 32768, 131072)
+
+
+def _decode_attention(B: int, L: int, dtype: str, Hq: int = 32, Hkv: int = 8, D: int = 128):
+    """One decoding step's attention: q (B, Hq, 1, D) against the cached K, V (B, Hkv, L, D), the
+    Hq / Hkv query heads of a group sharing one KV head; `nn.attention` where it exists, else
+    the einsum -> softmax -> einsum chain (float32 scores and probabilities)."""
+
+    def build():
+        q, k, v = (
+            P((B, Hq, 1, D), dtype, name="q"),
+            P((B, Hkv, L, D), dtype, name="k"),
+            P((B, Hkv, L, D), dtype, name="v"),
+        )
+        if hasattr(nn, "attention"):
+            return [nn.attention(q, k, v)]
+        s = einsum("bhgd,bhld->bhgl", q.reshape((B, Hkv, Hq // Hkv, D)), k) * (1.0 / math.sqrt(D))
+        o = einsum("bhgl,bhld->bhgd", nn.softmax(s, axis=-1), v)
+        return [o.astype(dtype).reshape((B, Hq, 1, D))]
+
+    return build
+
+
 def contractions() -> list[Workload]:
-    """docs/WORKLOADS.md C: the paper's Table 1 and the GEMV / skinny GEMMs of LLM decoding."""
+    """docs/WORKLOADS.md C: the paper's Table 1, the GEMV / skinny GEMMs of LLM decoding (16-bit,
+    int8 and int4 weights) and decode attention."""
     out = [Workload(f"table1 {M}x{N}x{K}", "contractions", "float16", _linear(M, N, K, "float16"))
            for M, N, K in TABLE1]  # fmt: skip
     for wt in ("float16", "bfloat16", "int8", "int4"):
@@ -177,7 +203,16 @@ def contractions() -> list[Workload]:
         for N, K in GEMV_WEIGHTS:
             for M in GEMV_ROWS:
                 out.append(Workload(f"linear {M}x{N}x{K} w={wt}", "contractions", wt, _linear(M, N, K, wt, act)))
+    for dt in ("float16", "bfloat16"):
+        for B in ATTENTION_BATCH:
+            for L in ATTENTION_KEYS:
+                out.append(
+                    Workload(f"decode_attention b{B} 32/8 heads L{L}", "contractions", dt, _decode_attention(B, L, dt))
+                )
     return out
+
+
+SUITES = {"single": single, "subgraphs": subgraphs, "norms": norms, "contractions": contractions}
 
 
 def model_contraction(w: Workload, gpu=None) -> dict:
