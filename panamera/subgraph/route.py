@@ -159,7 +159,7 @@ def neighbours(
     return tuple(sorted(pro, key=lambda n: n.index)), tuple(epi)
 
 
-def _plan_us(model: OnnxModel, nodes: tuple[Node, ...], gpu: GPUSpec, outputs: tuple[str, ...]):
+def _plan(model: OnnxModel, nodes: tuple[Node, ...], gpu: GPUSpec, outputs: tuple[str, ...]):
     """The modeled plan of `nodes` as one Panamera program with `outputs`."""
     _, tensors, _, _ = build_subgraph_tensors(model, nodes, outputs)
     return pn_compile(tensors, target="emulator", gpu=gpu).plan
@@ -185,17 +185,13 @@ def route_contraction(
     outs = tuple(o for o in last.outputs if o)
     names = tuple(f"{x.op_type} {x.label}" for x in pro + epi)
     try:
-        plan = _plan_us(model, (*pro, node, *epi), gpu, outs)
+        plan = _plan(model, (*pro, node, *epi), gpu, outs)
         alone = 0.0
-        if pro:
-            alone += _plan_us(
-                model,
-                pro,
-                gpu,
-                tuple(i for i in node.inputs if i and i not in model.constants and any(i in p.outputs for p in pro)),
-            ).modeled_us
+        if pro:  # the prologue alone writes the operands the library reads
+            fed = tuple(i for i in node.inputs if any(i in p.outputs for p in pro))
+            alone += _plan(model, pro, gpu, fed).modeled_us
         if epi:
-            alone += _plan_us(model, epi, gpu, outs).modeled_us
+            alone += _plan(model, epi, gpu, outs).modeled_us
     except PanameraError as e:
         return Route(Runner.LIBRARY, shape, lib, None, compute_bound=bound, note=str(e))
     split = max((ln.blocks_per_reduction for ln in plan.per_call), default=1)
