@@ -101,6 +101,18 @@ def test_explain_one_node(models):
     assert "runs in the array library" in r.output
 
 
+def test_optimize_and_explain_say_how_matmuls_were_routed(models):
+    r = run_cli("optimize", models["encoder"], "--shape", "batch=2", "--target", "emulator")
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.output.split())  # rich wraps long lines
+    assert "routed to Panamera: memory-bound" in out and "us modeled (tensor cores)" in out
+    r = run_cli("explain", models["encoder"], "--shape", "batch=2", "--node", "fc1", "--target", "emulator")
+    assert r.exit_code == 0, r.output
+    assert "routed: MatMul 'fc1': memory-bound" in " ".join(r.output.split())
+    r = run_cli("explain", models["encoder"], "--shape", "batch=2", "--node", "qk", "--target", "emulator")
+    assert "runs in the array library: memory-bound" in " ".join(r.output.split()) and "Panamera: " in r.output
+
+
 def test_schedules_round_trip_and_refusal(models, tmp_path):
     sd = tmp_path / "sched"
     r = panamera("optimize", models["convnet"], "--save-schedules", str(sd))
