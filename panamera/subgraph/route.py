@@ -12,7 +12,11 @@ its reason, in the report and `panamera explain`:
 
 The neighbours are the chains of element-wise nodes (or views) Panamera takes that feed the
 operands (a dequantizing Cast -> Sub -> Mul, DequantizeLinear) or consume the result (bias,
-activation, residual add), each link the only consumer of what it reads from the chain.
+activation, residual add), each link the only consumer of what it reads from the chain, and no
+epilogue link reading what a library node writes (the partitioner's levels would cut there).
+An approximation: the levels are the partitioner's, decided after every route, so a chain can
+still be cut by a library node further upstream; the route then counted a fusion that the
+partition does not make.
 A compute-bound GEMM (large M, N and K) keeps the library; a GEMV or a skinny product, which
 streams its weights once, goes to Panamera and fuses with those neighbours.
 
@@ -153,6 +157,11 @@ def neighbours(
     while len(last.outputs) == 1 and last.outputs[0] not in model.outputs:
         nxt = users.get(last.outputs[0], [])
         if len(nxt) != 1 or not fits(nxt[0]):
+            break
+        # a link that also reads what a library node writes (a residual after a Conv) would sit
+        # beyond that node: the partitioner would not put it in the contraction's group
+        others = [producer.get(i) for i in nxt[0].inputs if i and i != last.outputs[0]]
+        if any(p is not None and not takes(p) for p in others):
             break
         last = nxt[0]
         epi.append(last)
