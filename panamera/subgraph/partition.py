@@ -6,6 +6,12 @@ library nodes on the longest path from the graph inputs. A path that leaves a gr
 library node comes back (if ever) at a higher level, so every group is convex: it can run as one
 unit with all its inputs ready, and the units form a DAG.
 
+Two decisions are made here, once, and carried as data on the `Partition`: the route of every
+contraction (route.py: Panamera or the library, both modeled figures in the reason), and, for a
+group holding a single data-moving node, why it is alone (`why_alone`: its library neighbours,
+and the library nodes a fusion with another group would wait on); the report and `panamera
+explain` print them.
+
 >>> from onnx import helper, TensorProto
 >>> from panamera.subgraph.model import load_model
 >>> v = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
@@ -16,6 +22,8 @@ unit with all its inputs ready, and the units form a DAG.
 >>> p = mm(1024)  # a compute-bound GEMM keeps the library (route.py: both figures in the reason)
 >>> [[n.op_type for n in grp] for grp in p.groups], [(n.op_type, why[:13]) for n, why in p.library]
 ([['Softmax']], [('MatMul', 'compute-bound')])
+>>> p.alone  # the softmax is alone: why
+('its producer(s) MatMul MatMul_0 run in the library',)
 >>> [[n.op_type for n in grp] for grp in mm(1).groups]  # a GEMV is Panamera's, fused with its consumer
 [['MatMul', 'Softmax']]
 """
