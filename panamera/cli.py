@@ -280,6 +280,11 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
                          ("subgraph", "ops", "launches", "us", "unfused us (launches)", "speedup", "compile ms"), rows))  # fmt: skip
     for lib in report["library"]:
         console.print(f"library: {lib['op']} {lib['name']!r}: {lib['reason']}", markup=False)
+    for s in report["subgraphs"]:
+        for r in s["routed"]:
+            console.print(f"{s['label']}: {r['op']} {r['name']!r} routed to Panamera: {r['reason']}", markup=False)
+        if s["alone"]:
+            console.print(f"{s['label']} is alone: {s['alone']}", markup=False)
     console.print(whole_model_line(report["whole_model"]) + f" ({opt.gpu.name}, modeled)", markup=False)
     if save_schedules:
         os.makedirs(save_schedules, exist_ok=True)
@@ -316,6 +321,14 @@ def explain(model, node, shape, target, gpu):
         return
     console.print(f"{unit.label}: " + ", ".join(f"{n.label!r} ({n.op_type})" for n in unit.nodes), markup=False)
     console.print(f"inputs {list(unit.inputs) + list(unit.weights)} -> outputs {list(unit.outputs)}", markup=False)
+    from .subgraph.report import why_alone
+
+    for n in unit.nodes:
+        route = opt.partition.route(n) if opt.partition else None
+        if route is not None:
+            console.print(f"routed: {n.op_type} {n.label!r}: {route.reason}", markup=False)
+    if why_alone(opt, unit):
+        console.print(f"alone: {why_alone(opt, unit)}", markup=False)
     console.print(unit.compiled.explain(), markup=False)
     console.print(unit.compiled.source, markup=False)
 

@@ -400,7 +400,15 @@ def _net_converters() -> dict[str, OpConverter]:
     return {op: OpConverter(f, constant_inputs=c, refuse=r) for op, (f, c, r) in NET_CONVERTERS.items()}
 
 
+def _contract_converters() -> dict[str, OpConverter]:
+    """MatMul, Gemm, MatMulInteger and DequantizeLinear (convert_contract.py)."""
+    from .convert_contract import CONTRACT_CONVERTERS
+
+    return {op: OpConverter(f, constant_inputs=c, refuse=r) for op, (f, c, r) in CONTRACT_CONVERTERS.items()}
+
+
 CONVERTERS.update(_net_converters())
+CONVERTERS.update(_contract_converters())
 
 # Inputs a converter needs as constants (axes, target shapes), by op.
 CONSTANT_INPUTS: dict[str, tuple[int, ...]] = {

@@ -3,6 +3,9 @@
 The result is an `OnnxModel`: the live nodes (those that depend on a graph input), the folded
 constants (initializers, Constant nodes and every node computable from them, evaluated with
 numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise) and the static shape and dtype of every value.
+A dequantization of an 8-bit weight (DequantizeLinear, or a Cast of an int8 / uint8 constant) is
+not folded: it stays a live node, so that the kernel that reads the weight reads its bytes and
+widens them in registers (folding it would make every reader stream 2 to 4 times the bytes).
 
 >>> import onnx
 >>> from onnx import helper, TensorProto
@@ -197,6 +200,16 @@ def _fold_numpy(n: onnx.NodeProto, consts: dict, path: str) -> list | None:
         raise ModelError(f"{path}: folding constant node {n.name or n.op_type!r} ({n.op_type}) failed: {e}") from None
 
 
+# The ops that widen an 8-bit weight: kept live (not folded) when they read an int8 / uint8 constant.
+DEQUANTIZING = frozenset({"DequantizeLinear", "Cast"})
+
+
+def _dequantizes(n: onnx.NodeProto, consts: dict) -> bool:
+    """Whether `n` widens an int8 / uint8 constant of more than one element (a weight)."""
+    a = consts.get(n.input[0]) if n.input else None
+    return n.op_type in DEQUANTIZING and a is not None and a.dtype in (np.int8, np.uint8) and a.size > 1
+
+
 def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tuple[dict, list]:
     """Evaluate every node whose inputs are all constant, and every Shape of a value whose
     shape is known (`shapes`). Returns (constants, live node protos)."""
@@ -213,7 +226,9 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
             dims = np.array(shapes[n.input[0]], np.int64)
             consts[n.output[0]] = dims[a.get("start", 0) : a.get("end", len(dims))]
             continue
-        if n.op_type == "Constant" or (ins and all(i in consts for i in ins) and n.domain in DEFAULT_DOMAINS):
+        if n.op_type == "Constant" or (
+            ins and all(i in consts for i in ins) and n.domain in DEFAULT_DOMAINS and not _dequantizes(n, consts)
+        ):
             outs = _fold_numpy(n, consts, path)
             if outs is not None:
                 consts.update(zip([o for o in n.output if o], outs))

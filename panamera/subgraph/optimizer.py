@@ -25,14 +25,16 @@ from onnx import helper
 from .. import compile as pn_compile
 from ..cache import placeholders
 from ..compiler import Compiled
-from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError, ShapeError
-from ..frontend.tensor import Tensor, placeholder
+from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError
+from ..frontend.tensor import Tensor
 from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
-from .convert import VIEWS, Ctx, convert_node
+from .build import build_subgraph_tensors
+from .convert import VIEWS
 from .library import LibraryNode, to_host
 from .model import ModelSource, Node, OnnxModel, load_model
-from .partition import graph, partition
+from .partition import Partition, graph, partition
+from .route import Routing
 from .verify import Check, Reference, random_inputs, verify_values
 
 
@@ -59,63 +61,6 @@ def signature(nodes: Sequence[Node], tensors: Sequence[Tensor]) -> str:
     """Ops and the (name-sorted) input dtypes and shapes of a subgraph's Panamera program."""
     ins = ",".join(f"{t.dtype}{list(t.shape)}" for t in sorted(tensors, key=lambda t: t.name))
     return f"{'+'.join(n.op_type for n in nodes)}({ins})"
-
-
-def _placeholder_for(model: OnnxModel, name: str) -> Tensor:
-    v = model.values[name]
-    return placeholder(v.shape, v.dtype, name=name)
-
-
-def build_subgraph_tensors(
-    model: OnnxModel, nodes: Sequence[Node], outputs: tuple[str, ...] | None = None
-) -> tuple[tuple[str, ...], list[Tensor], tuple[str, ...], dict[str, np.ndarray]]:
-    """Convert `nodes` into Panamera tensors. Returns (output names, output tensors, live input
-    names, weights)."""
-    env: dict = {}
-    live, weights, by_id = [], {}, {}  # by_id: id of a constant array -> its placeholder
-    names_by_id: dict = {}  # id of a model constant -> its name
-
-    def weight(a: np.ndarray) -> Tensor:
-        """A non-scalar constant becomes a kernel input, named after the model's constant (or
-        numbered, for an array a converter made)."""
-        if id(a) not in by_id:
-            name = names_by_id.get(id(a), f"const{len(weights)}")
-            by_id[id(a)] = placeholder(a.shape, str(a.dtype), name=name)
-            weights[name] = a
-        return by_id[id(a)]
-
-    ctx = Ctx(weight)
-    for n in nodes:
-        args = []
-        for i in n.inputs:
-            if not i:
-                args.append(None)
-            elif i in env:
-                args.append(env[i])
-            elif i in model.constants:
-                a = model.constants[i]
-                names_by_id[id(a)] = i
-                args.append(a)
-            else:
-                env[i] = _placeholder_for(model, i)
-                live.append(i)
-                args.append(env[i])
-        outs = convert_node(n, args, ctx)
-        for name, t in zip(n.outputs, outs):
-            if not name:
-                continue
-            v = model.values.get(name)
-            if v is not None and v.dtype is not None and t.dtype.name != v.dtype:
-                t = t.astype(v.dtype)
-            if v is not None and v.shape is not None and t.shape != v.shape:
-                raise ShapeError(f"{n.op_type} {n.label!r}: output {name!r} has shape {t.shape}, onnx infers {v.shape}")
-            env[name] = t
-    if outputs is None:
-        users = {i for m in model.nodes if m not in nodes for i in m.inputs}
-        outputs = tuple(
-            o for o in dict.fromkeys(o for n in nodes for o in n.outputs) if o and (o in users or o in model.outputs)
-        )
-    return tuple(outputs), [env[o] for o in outputs], tuple(live), weights
 
 
 # Where saved schedules come from: (subgraph number, signature) -> the Schedule to replay, or None.
@@ -181,6 +126,7 @@ class OptimizedModel:
     units: tuple[Subgraph | LibraryNode, ...]
     target: str
     gpu: GPUSpec
+    partition: Partition | None = None  # the partitioner's decisions (routes, why a group is alone)
 
     @property
     def subgraphs(self) -> tuple[Subgraph, ...]:
@@ -276,6 +222,13 @@ class OptimizedModel:
         return verify_values(self.model, feeds, ours, rtol, atol, against)
 
 
+def _routing(routing: Routing | str) -> Routing:
+    try:
+        return Routing(routing)
+    except ValueError:
+        raise OptionError(f"routing must be one of {[r.value for r in Routing]}, got {routing!r}") from None
+
+
 def optimize(
     source: ModelSource | OnnxModel,
     shapes: dict | None = None,
@@ -285,12 +238,15 @@ def optimize(
     schedules: ScheduleSource | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     compile_views: bool = False,
+    routing: Routing | str = Routing.MODEL,
 ) -> OptimizedModel:
     """Load, partition and compile an ONNX model. `schedules(k, signature)` may return a saved
     Schedule for subgraph k; a subgraph Panamera cannot compile falls back to the library with
-    the reason (a ScheduleError is raised, never swallowed: a saved schedule must fit)."""
+    the reason (a ScheduleError is raised, never swallowed: a saved schedule must fit).
+    `routing`: who runs each MatMul / Gemm Panamera can plan: "model" (the faster, modeled on
+    `gpu`: route.py), or "panamera" / "library" to pin it."""
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
-    part = partition(model, compile_views)
+    part = partition(model, compile_views, gpu, _routing(routing))
     units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
     for k, nodes in enumerate(part.groups):
         if progress:
@@ -313,4 +269,4 @@ def optimize(
     dag.add_nodes_from(units)
     dag.add_edges_from((unit_of[a], unit_of[b]) for a, b in graph(model).edges if unit_of[a] != unit_of[b])
     order = nx.lexicographical_topological_sort(dag)
-    return OptimizedModel(model, tuple(units[k] for k in order), target, gpu)
+    return OptimizedModel(model, tuple(units[k] for k in order), target, gpu, part)

@@ -52,6 +52,15 @@ def _size(model: OnnxModel, name: str) -> tuple[int, int]:
     return n, n * item
 
 
+def library_us(opt: OptimizedModel, node: Node) -> tuple[float, int]:
+    """(modeled us, launches) of one library node: a routed contraction at the figure its route
+    was decided on (cuBLAS's tensor-core roofline, route.py), any other on `roofline_us`."""
+    route = opt.partition.route(node) if opt.partition else None
+    if route is not None:
+        return route.library_us, 1
+    return roofline_us(opt.model, node, opt.gpu)
+
+
 def roofline_us(model: OnnxModel, node: Node, gpu: GPUSpec) -> tuple[float, int]:
     """(modeled us, launches) of one library node on `gpu`'s roofline; a view is free."""
     if node.op_type in VIEWS:
@@ -84,7 +93,7 @@ def whole_model(opt: OptimizedModel, unfused: dict | None = None) -> dict:
             base_us += us
             base_launches += n
         elif isinstance(u, LibraryNode):
-            us, n = roofline_us(opt.model, u.node, opt.gpu)
+            us, n = library_us(opt, u.node)
             lib_us += us
             fused_us += us
             base_us += us
@@ -100,9 +109,19 @@ def whole_model(opt: OptimizedModel, unfused: dict | None = None) -> dict:
     }
 
 
+def why_alone(opt: OptimizedModel, sg: Subgraph) -> str:
+    """Why a subgraph that is one kernel holding one data-moving ONNX node is alone, as the
+    partitioner decided it ("" for any other subgraph)."""
+    part = opt.partition
+    if part is None or len(sg.compiled.plan.kernels) != 1 or sg.id >= len(part.alone):
+        return ""
+    return part.alone[sg.id]
+
+
 def _subgraph_record(opt: OptimizedModel, sg: Subgraph, cu_path: str | None, unfused: tuple[float, int]) -> dict:
     plan = sg.compiled.plan
     unfused_us, unfused_launches = unfused
+    routes = [(n, opt.partition.route(n)) for n in sg.nodes] if opt.partition else []
     return {
         "id": sg.id,
         "label": sg.label,
@@ -130,6 +149,8 @@ def _subgraph_record(opt: OptimizedModel, sg: Subgraph, cu_path: str | None, unf
         "speedup_vs_unfused": round(unfused_us / plan.modeled_us, 3) if plan.modeled_us else None,
         "compile_s": round(sg.compile_s, 4),
         "cuda_file": cu_path,
+        "alone": why_alone(opt, sg),
+        "routed": [{"name": n.label, "op": n.op_type, "reason": r.reason} for n, r in routes if r is not None],
     }
 
 
@@ -149,7 +170,7 @@ def build_report(opt: OptimizedModel, cu_paths: dict | None = None) -> dict:
                 "name": u.node.label,
                 "op": u.node.op_type,
                 "reason": u.reason,
-                "modeled_us": round(roofline_us(opt.model, u.node, opt.gpu)[0], 3),
+                "modeled_us": round(library_us(opt, u.node)[0], 3),
             }
             for u in opt.library
         ],
@@ -197,6 +218,15 @@ def markdown(report: dict) -> str:
             f"{s['unfused_modeled_us']:.1f} ({s['unfused_launches']}) | {sp} | {s['compile_s'] * 1e3:.0f} | "
             f"{_md_cell(s['cuda_file'] or '-')} |"
         )
+    notes = [(s["label"], f"alone: {s['alone']}") for s in report["subgraphs"] if s.get("alone")]
+    notes += [
+        (s["label"], f"{r['op']} {r['name']} routed to Panamera: {r['reason']}")
+        for s in report["subgraphs"]
+        for r in s.get("routed", ())
+    ]
+    if notes:
+        lines += ["", "| subgraph | why |", "|---|---|"]
+        lines += [f"| {label} | {_md_cell(why)} |" for label, why in notes]
     lines += [
         "",
         f"Total: {t['subgraphs']} subgraphs, {t['launches']} launches, {t['modeled_us']:.1f} us modeled "
