@@ -20,6 +20,7 @@ from .contract import einsum, matmul
 from .movement import (
     concatenate,
     depth_to_space,
+    gather_nd,
     pad,
     remap,
     resize_nearest,
@@ -126,6 +127,7 @@ __all__ = [
     "space_to_depth",
     "split",
     "take",
+    "gather_nd",
     "take_along_axis",
     "tile",
     "tril",

@@ -157,6 +157,8 @@ def _gather(node: Node, args, ctx):
     axis = node.attrs.get("axis", 0)
     if node.op_type == "GatherElements":
         return [mv.take_along_axis(x, ind, axis)]
+    if node.op_type == "GatherND":
+        return [mv.gather_nd(x, ind, node.attrs.get("batch_dims", 0))]
     return [mv.take(x, ind, axis)]
 
 
@@ -224,6 +226,7 @@ NET_CONVERTERS: dict = {
     "Resize": (_resize, (1, 2, 3), _resize_refuse),
     "Gather": (_gather, (), None),
     "GatherElements": (_gather, (), None),
+    "GatherND": (_gather, (), None),
     "GlobalAveragePool": (_pool, (), None),
     "GlobalMaxPool": (_pool, (), None),
     "AveragePool": (_pool, (), None),
