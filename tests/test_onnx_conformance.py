@@ -43,8 +43,8 @@ def _cases():
 CASES = _cases()
 NOT_TENSORS = {"test_identity_sequence", "test_identity_opt"}  # sequence / optional inputs
 # Nodes of a supported op that the partitioner still leaves to the library, each with its reason
-# (the converters' `refuse`): interpolating Resize, MaxPool's argmax Indices output.
-REFUSED = ("is not a Panamera dtype", "only nearest is a data-movement", "is not an affine map", "Indices output")
+# (the converters' `refuse`): MaxPool's argmax Indices output.
+REFUSED = ("is not a Panamera dtype", "Indices output")
 
 
 def _arrays(values):

@@ -338,18 +338,21 @@ def resize_nearest(x: Tensor, shape, scales, coord: str = "half_pixel", nearest:
     if len(shape) != x.ndim or len(scales) != x.ndim:
         raise ShapeError(f"resize of {x.label!r}: {len(shape)} sizes and {len(scales)} scales for rank {x.ndim}")
     maps = []
-    for k, (n, m, s) in enumerate(zip(x.shape, shape, scales)):
+    for k, (n, s) in enumerate(zip(x.shape, scales)):
         s = Fraction(s)
         if s <= 0:
             raise ShapeError(f"resize of {x.label!r}: scale {s} on axis {k} is not positive")
-        # x_original = (a * out + b) / d for each coordinate transformation
+        # x_original = (a * out + b) / d for each coordinate transformation; as ONNX's reference,
+        # align_corners and pytorch_half_pixel use the unrounded output extent s * n
+        w = s * n
         if coord == CoordMode.ALIGN_CORNERS:
-            a, b, d = (n - 1, 0, m - 1) if m > 1 else (0, 0, 1)
+            r = Fraction(n - 1) / (w - 1) if w != 1 else Fraction(0)
+            a, b, d = r.numerator, 0, r.denominator
         elif coord == CoordMode.ASYMMETRIC:
             a, b, d = s.denominator, 0, s.numerator
         elif coord == CoordMode.TF_HALF_PIXEL_FOR_NN:  # (out + 1/2) / s
             a, b, d = 2 * s.denominator, s.denominator, 2 * s.numerator
-        elif coord == CoordMode.PYTORCH_HALF_PIXEL and m <= 1:
+        elif coord == CoordMode.PYTORCH_HALF_PIXEL and w == 1:
             a, b, d = 0, -1, 2
         else:  # half_pixel: (out + 1/2) / s - 1/2
             a, b, d = 2 * s.denominator, s.denominator - s.numerator, 2 * s.numerator
