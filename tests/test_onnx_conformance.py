@@ -42,9 +42,9 @@ def _cases():
 
 CASES = _cases()
 NOT_TENSORS = {"test_identity_sequence", "test_identity_opt"}  # sequence / optional inputs
-# Nodes of a supported op that the partitioner still leaves to the library, each with its reason
-# (the converters' `refuse`): MaxPool's argmax Indices output.
-REFUSED = ("is not a Panamera dtype", "Indices output")
+# Why a node of a supported op may still be left to the library: a dtype Panamera does not have
+# (no converter refuses a node any more: interpolating Resize and MaxPool's Indices run too).
+REFUSED = ("is not a Panamera dtype",)
 
 
 def _arrays(values):

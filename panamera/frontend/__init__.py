@@ -62,7 +62,7 @@ from .ops import (
     sum,
     tanh,
 )
-from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool
+from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool, max_pool_indices
 from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
 
 __all__ = [
@@ -137,4 +137,5 @@ __all__ = [
     "global_avg_pool",
     "global_max_pool",
     "max_pool",
+    "max_pool_indices",
 ]

@@ -2,10 +2,10 @@
 
 They join convert.py's one table CONVERTERS (convert.py imports `NET_CONVERTERS`). Each maps its
 node onto the frontend's access-relation ops (frontend/movement.py), windowed reductions
-(frontend/pool.py) or element-wise activations (frontend/activations.py); `refuse` says why a
-node of a supported op still stays with the library (MaxPool's Indices output), so the
-partitioner never sends Panamera a node it cannot take. Resize in every mode is here too: its
-per-axis tap tables are computed on the host (subgraph/resize.py).
+(frontend/pool.py) or element-wise activations (frontend/activations.py); no node of these
+ops is refused (`refuse` is None for each): Resize in every mode has its per-axis tap tables
+computed here on the host (subgraph/resize.py), MaxPool's Indices output is an argmax over the
+window (frontend/pool.max_pool_indices).
 
 >>> sorted(op for op in NET_CONVERTERS if "Pool" in op)
 ['AveragePool', 'GlobalAveragePool', 'GlobalMaxPool', 'MaxPool']
@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import OptionError, ShapeError, Unsupported
+from ..errors import OptionError, ShapeError
 from ..frontend import activations as act
 from ..frontend import movement as mv
 from ..frontend import pool
@@ -173,21 +173,12 @@ def _gather(node: Node, args, ctx):
 
 
 # -- pooling ----------------------------------------------------------------------------------
-def _pool_refuse(node: Node) -> str | None:
-    if node.op_type == "MaxPool" and len([o for o in node.outputs if o]) > 1:
-        return "MaxPool with its Indices output: the argmax positions stay with the library"
-    return None
-
-
 def _pool(node: Node, args, ctx):
     x = ctx.tensor(args[0])
     if node.op_type == "GlobalAveragePool":
         return [pool.global_avg_pool(x)]
     if node.op_type == "GlobalMaxPool":
         return [pool.global_max_pool(x)]
-    why = _pool_refuse(node)
-    if why:
-        raise Unsupported(f"{node.op_type} {node.label!r}: {why}")
     kernel = tuple(node.attrs["kernel_shape"])
     strides = tuple(node.attrs.get("strides") or (1,) * len(kernel))
     dil = tuple(node.attrs.get("dilations") or (1,) * len(kernel))
@@ -195,7 +186,11 @@ def _pool(node: Node, args, ctx):
     pads = pool.auto_pads(x, kernel, strides, dil, auto, node.op_type) or node.attrs.get("pads")
     ceil = bool(node.attrs.get("ceil_mode", 0))
     if node.op_type == "MaxPool":
-        return [pool.max_pool(x, kernel, strides, pads, dil, ceil)]
+        out = [pool.max_pool(x, kernel, strides, pads, dil, ceil)]
+        if len(node.outputs) > 1 and node.outputs[1]:  # the argmax positions, on the device too
+            order = int(node.attrs.get("storage_order", 0))
+            out.append(pool.max_pool_indices(x, kernel, strides, pads, dil, ceil, order))
+        return out
     include = bool(node.attrs.get("count_include_pad", 0))
     return [pool.avg_pool(x, kernel, strides, pads, dil, ceil, include)]
 
@@ -240,7 +235,7 @@ NET_CONVERTERS: dict = {
     "GlobalAveragePool": (_pool, (), None),
     "GlobalMaxPool": (_pool, (), None),
     "AveragePool": (_pool, (), None),
-    "MaxPool": (_pool, (), _pool_refuse),
+    "MaxPool": (_pool, (), None),
     "Gelu": (_act(act.gelu, approximate="none"), (), None),
     "Softplus": (_act(act.softplus), (), None),
     "HardSigmoid": (_act(act.hard_sigmoid, alpha=0.2, beta=0.5), (), None),
