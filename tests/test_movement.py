@@ -232,6 +232,23 @@ def test_precondition_2_a_gathered_producer_is_materialized_first(rng):
     assert len(k.plan.kernels) == 2  # exp first, then the gather: never inlined at a loaded index
 
 
+def test_precondition_2_gather_nd_materializes_its_producer_not_the_reshape(rng):
+    """GatherND reads x through a reshape (frontend/movement.gather_nd): the reshape is looked
+    through (gather_source), so a computed x is materialized itself, and a placeholder is read
+    in place (no copy kernel)."""
+    a = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    ind = np.array([[2, -1], [0, 3]], np.int64)
+    x, i = pn.placeholder(a.shape, name="x"), pn.placeholder(ind.shape, "int64", name="i")
+    produced = pn.exp(x)
+    y = pn.gather_nd(produced, i)
+    assert must_materialize([y]) == {produced}
+    k, got = run(y, a, ind)
+    tol = 4 * 2**-23
+    np.testing.assert_allclose(got, np.exp(a.astype(np.float64))[[2, 0], [3, 3]], rtol=tol, atol=tol)
+    assert len(k.plan.kernels) == 2  # exp first, then the gather
+    assert len(run(pn.gather_nd(x, i), a, ind)[0].plan.kernels) == 1
+
+
 def test_precondition_3_a_gather_of_a_reduction_is_never_row_local(rng):
     a = rng.standard_normal((6, 32)).astype(np.float32)
     ids = np.array([5, 0, 0, 2, 1, 3], np.int64)
