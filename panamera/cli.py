@@ -317,7 +317,10 @@ def explain(model, node, shape, target, gpu):
     opt = _optimize(model, _shapes(shape), target, gpu)
     unit = opt.subgraph_of(node)
     if not isinstance(unit, Subgraph):
-        console.print(f"node {node!r} ({unit.node.op_type}) runs in the array library: {unit.reason}", markup=False)
+        where = "on the host, even with a GPU" if unit.host else "on the device with a GPU"
+        console.print(
+            f"node {node!r} ({unit.node.op_type}) runs in the array library ({where}): {unit.reason}", markup=False
+        )
         return
     console.print(f"{unit.label}: " + ", ".join(f"{n.label!r} ({n.op_type})" for n in unit.nodes), markup=False)
     console.print(f"inputs {list(unit.inputs) + list(unit.weights)} -> outputs {list(unit.outputs)}", markup=False)

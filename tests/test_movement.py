@@ -178,6 +178,39 @@ def test_gather_elements(rng):
     np.testing.assert_array_equal(got, np.take_along_axis(a, ind % 5, axis=1))
 
 
+@pytest.mark.parametrize(
+    ("xshape", "ishape", "batch_dims"),
+    [((3, 4, 5), (6, 2), 0), ((3, 4), (2, 2), 0), ((2, 3, 4), (2, 5, 1), 1), ((2, 3, 4, 5), (2, 3, 7, 2), 2)],
+)
+def test_gather_nd_every_batch_dims_and_negative_indices(rng, xshape, ishape, batch_dims):
+    """GatherND is one non-affine read of x itself (the reshape of x into (prod(leading), rest)
+    is looked through): its flat subscript is an int64 expression of the index tensor, fused."""
+    from panamera.subgraph.numpy_ops import gather_nd
+
+    a = rng.standard_normal(xshape).astype(np.float32)
+    depth = [xshape[batch_dims + j] for j in range(ishape[-1])]
+    ind = np.stack([rng.integers(-n, n, ishape[:-1]) for n in depth], -1)
+    x, i = pn.placeholder(xshape, name="x"), pn.placeholder(ishape, "int64", name="i")
+    y = pn.gather_nd(x, i, batch_dims)
+    (st,) = lower(y, stop_after="program", target="emulator").program.statements
+    assert [r.tensor for r in st.reads if r.indirect is not None] == [x]
+    k, got = run(y, a, ind)
+    np.testing.assert_array_equal(got, gather_nd(a, ind, batch_dims))
+    assert len(k.plan.kernels) == 1
+
+
+def test_gather_nd_bad_arguments_name_the_op():
+    x = pn.placeholder((2, 3, 4), name="x")
+    with pytest.raises(pn.ShapeError, match="gather_nd of 'x'.*batch_dims 1"):
+        pn.gather_nd(x, pn.placeholder((3, 5, 1), "int64"), 1)
+    with pytest.raises(pn.ShapeError, match="gather_nd of 'x'"):
+        pn.gather_nd(x, pn.placeholder((5, 4), "int64"))
+    with pytest.raises(pn.AxisError, match="gather_nd of 'x': batch_dims 2"):
+        pn.gather_nd(x, pn.placeholder((2, 3), "int64"), 2)
+    with pytest.raises(pn.DTypeError, match="gather_nd of 'x'.*integers"):
+        pn.gather_nd(x, pn.placeholder((2, 1), "float32"))
+
+
 # -- one negative test per precondition of poly/movement.py ------------------------------------
 def test_precondition_1_a_remap_leaving_its_input_is_refused():
     x = pn.placeholder((4,), name="x")
@@ -197,6 +230,23 @@ def test_precondition_2_a_gathered_producer_is_materialized_first(rng):
     tol = 4 * 2**-23
     np.testing.assert_allclose(got, np.exp(emb.astype(np.float64))[ids], rtol=tol, atol=tol)
     assert len(k.plan.kernels) == 2  # exp first, then the gather: never inlined at a loaded index
+
+
+def test_precondition_2_gather_nd_materializes_its_producer_not_the_reshape(rng):
+    """GatherND reads x through a reshape (frontend/movement.gather_nd): the reshape is looked
+    through (gather_source), so a computed x is materialized itself, and a placeholder is read
+    in place (no copy kernel)."""
+    a = rng.standard_normal((3, 4, 2)).astype(np.float32)
+    ind = np.array([[2, -1], [0, 3]], np.int64)
+    x, i = pn.placeholder(a.shape, name="x"), pn.placeholder(ind.shape, "int64", name="i")
+    produced = pn.exp(x)
+    y = pn.gather_nd(produced, i)
+    assert must_materialize([y]) == {produced}
+    k, got = run(y, a, ind)
+    tol = 4 * 2**-23
+    np.testing.assert_allclose(got, np.exp(a.astype(np.float64))[[2, 0], [3, 3]], rtol=tol, atol=tol)
+    assert len(k.plan.kernels) == 2  # exp first, then the gather
+    assert len(run(pn.gather_nd(x, i), a, ind)[0].plan.kernels) == 1
 
 
 def test_precondition_3_a_gather_of_a_reduction_is_never_row_local(rng):

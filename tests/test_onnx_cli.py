@@ -98,7 +98,7 @@ def test_explain_one_node(models):
     assert r.exit_code == 0, r.output
     assert "GroupNormalization" in r.output and "Panamera plan" in r.output and "__global__" in r.output
     r = run_cli("explain", models["convnet"], "--node", "conv", "--target", "emulator")
-    assert "runs in the array library" in r.output
+    assert "runs in the array library (on the device with a GPU)" in r.output
 
 
 def test_optimize_and_explain_say_how_matmuls_were_routed(models):

@@ -19,7 +19,6 @@ from panamera.errors import ModelError
 from panamera.subgraph import optimize
 from panamera.subgraph.convert import CONVERTERS, shape_inputs
 from panamera.subgraph.library import ARRAY_OPS
-from panamera.subgraph.partition import NATIVE
 from panamera.subgraph.verify import compare
 
 FOLDABLE = {"Constant", "Shape", "Slice", "Gather", "Concat", "ConstantOfShape"}
@@ -42,9 +41,9 @@ def _cases():
 
 CASES = _cases()
 NOT_TENSORS = {"test_identity_sequence", "test_identity_opt"}  # sequence / optional inputs
-# Nodes of a supported op that the partitioner still leaves to the library, each with its reason
-# (the converters' `refuse`): interpolating Resize, MaxPool's argmax Indices output.
-REFUSED = ("is not a Panamera dtype", "only nearest is a data-movement", "is not an affine map", "Indices output")
+# Why a node of a supported op may still be left to the library: a dtype Panamera does not have
+# (no converter refuses a node any more: interpolating Resize and MaxPool's Indices run too).
+REFUSED = ("is not a Panamera dtype",)
 
 
 def _arrays(values):
@@ -69,10 +68,10 @@ def test_node(case):
         # routing="panamera": the contractions (MatMul, Gemm, MatMulInteger) are Panamera's whatever
         # the model would choose at these sizes, so that their converters are what is tested
         opt = optimize(case.model, target="emulator", specialize=spec, compile_views=True, routing="panamera")
-        # Only Conv (the array library's) and nodes with a dtype Panamera does not support may stay
-        # with the library, which must still give the right answer; everything else is compiled by
-        # Panamera.
-        lib = [u.reason for u in opt.library if u.node.op_type not in NATIVE]
+        # Only Conv (the array library's, on the device with a GPU) and nodes with a dtype Panamera
+        # does not support (on the host) may stay with the library, which must still give the
+        # right answer; everything else is compiled by Panamera.
+        lib = [u.reason for u in opt.library if u.host]
         assert all(any(why in r for why in REFUSED) for r in lib), f"not compiled by Panamera: {lib}"
         assert opt.subgraphs or opt.library
         got = opt.run(feeds)

@@ -133,3 +133,106 @@ def test_integer_max_pool_pads_with_the_dtype_minimum():
     a = np.random.default_rng(1).integers(-100, 100, (1, 2, 5, 5)).astype(np.int32)
     k = pn.compile(pn.max_pool(pn.placeholder(a.shape, "int32"), (3, 3), pads=(1, 1, 1, 1)), target="emulator")
     np.testing.assert_array_equal(k(a), ref_pool(a, "max", (3, 3), pads=(1, 1, 1, 1)).astype(np.int32))
+
+
+# -- MaxPool's Indices output (frontend/pool.max_pool_indices) ----------------------------------
+def ref_indices(a, kernel, strides=None, pads=None, dilations=None, ceil_mode=False, storage_order=0):
+    """ONNX's definition: the flat position in x (N and C included; spatial axes row-major, or
+    column-major with storage_order 1) of the first maximum in window order, padding skipped."""
+    d = len(kernel)
+    strides, dilations = strides or (1,) * d, dilations or (1,) * d
+    pads = pads or (0,) * (2 * d)
+    w = pn.frontend.pool.window(pn.placeholder(a.shape), kernel, strides, pads, dilations, ceil_mode)
+    spatial, lead = a.shape[2:], a.shape[:2]
+    out = np.zeros(lead + w.out, np.int64)
+    for n, c, *o in itertools.product(*(range(e) for e in lead + w.out)):
+        best, at = None, None
+        for k in itertools.product(*(range(e) for e in kernel)):
+            pos = tuple(o[i] * strides[i] + k[i] * dilations[i] - pads[i] for i in range(d))
+            if all(0 <= p < e for p, e in zip(pos, spatial)) and (best is None or a[(n, c, *pos)] > best):
+                best, at = a[(n, c, *pos)], pos
+        inner = np.ravel_multi_index(at, spatial, order="F" if storage_order else "C")
+        out[(n, c, *o)] = (n * lead[1] + c) * math.prod(spatial) + inner
+    return out
+
+
+def check_indices(shape, dtype="float32", **kw):
+    """Exact equality: integer inputs from a small range, so windows hold ties (the first wins)."""
+    a = np.random.default_rng(3).integers(-3, 3, shape).astype(dtype)
+    x = pn.placeholder(shape, dtype, name="x")
+    k = pn.compile([pn.max_pool(x, **{k: v for k, v in kw.items() if k != "storage_order"}),
+                    pn.max_pool_indices(x, **kw)], target="emulator")  # fmt: skip
+    values, got = k(a)
+    np.testing.assert_array_equal(got, ref_indices(a, **kw))
+    np.testing.assert_array_equal(values, ref_pool(a, "max", **{k: v for k, v in kw.items() if k != "storage_order"}))
+    assert len(k.plan.kernels) == 1  # the max and its argmax over the same windows: one kernel
+    return got
+
+
+def test_indices_ceil_mode():
+    check_indices((2, 3, 7, 6), kernel=(2, 2), strides=(2, 2), ceil_mode=True)
+
+
+def test_indices_pads():
+    check_indices((1, 2, 5, 6), kernel=(3, 3), pads=(1, 2, 2, 1))
+
+
+def test_indices_dilations():
+    check_indices((1, 2, 8, 7), kernel=(2, 3), dilations=(3, 2))
+
+
+def test_indices_strides():
+    check_indices((2, 2, 9, 8), kernel=(3, 2), strides=(3, 2))
+
+
+@pytest.mark.parametrize("order", [0, 1])
+def test_indices_storage_order(order):
+    got = check_indices((1, 3, 6, 5), kernel=(2, 2), strides=(2, 1), storage_order=order)
+    other = check_indices((1, 3, 6, 5), kernel=(2, 2), strides=(2, 1), storage_order=1 - order)
+    assert not np.array_equal(got, other)  # column-major positions are not row-major ones
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32", "float64", "int64"])
+def test_indices_dtypes_and_1d_3d(dtype):
+    """Keys pack a 32-bit image of the value: 8-byte values take the max-then-first-position path."""
+    check_indices((1, 2, 9), dtype, kernel=(3,), strides=(2,), pads=(1, 1))
+    check_indices((1, 1, 4, 5, 3), dtype, kernel=(2, 2, 2), pads=(1, 0, 1, 0, 1, 0), storage_order=1)
+
+
+def test_indices_padding_never_wins_against_minus_infinity():
+    a = np.full((1, 1, 3, 3), -np.inf, np.float32)
+    x = pn.placeholder(a.shape, name="x")
+    got = pn.compile(pn.max_pool_indices(x, (3, 3), pads=1), target="emulator")(a)
+    np.testing.assert_array_equal(got, ref_indices(a, (3, 3), pads=(1, 1, 1, 1)))
+
+
+def test_indices_bad_storage_order_is_named():
+    with pytest.raises(pn.OptionError, match="storage_order 2"):
+        pn.max_pool_indices(pn.placeholder((1, 1, 4, 4), name="x"), (2, 2), storage_order=2)
+
+
+def test_maxpool_node_with_indices_matches_onnx_reference():
+    """The ONNX node, both outputs on the device, against onnx's reference (its indexing path
+    runs when a stride or dilation is not 1)."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    from panamera.subgraph import optimize
+
+    node = helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3, 2], strides=[2, 2], pads=[1, 0, 1, 1],
+                            dilations=[1, 2], ceil_mode=1, storage_order=1)  # fmt: skip
+    g = helper.make_graph(
+        [node],
+        "mp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 7, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 4]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3, 4, 4])],
+    )  # fmt: skip
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)])
+    a = np.random.default_rng(5).integers(-4, 4, (2, 3, 7, 8)).astype(np.float32)
+    opt = optimize(m, target="emulator")
+    assert not opt.library
+    got = opt.run({"x": a})
+    y, i = ReferenceEvaluator(m).run(None, {"x": a})
+    np.testing.assert_array_equal(got["y"], y)
+    np.testing.assert_array_equal(got["i"], i)

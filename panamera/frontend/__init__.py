@@ -20,6 +20,7 @@ from .contract import einsum, matmul
 from .movement import (
     concatenate,
     depth_to_space,
+    gather_nd,
     pad,
     remap,
     resize_nearest,
@@ -61,7 +62,7 @@ from .ops import (
     sum,
     tanh,
 )
-from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool
+from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool, max_pool_indices
 from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
 
 __all__ = [
@@ -126,6 +127,7 @@ __all__ = [
     "space_to_depth",
     "split",
     "take",
+    "gather_nd",
     "take_along_axis",
     "tile",
     "tril",
@@ -135,4 +137,5 @@ __all__ = [
     "global_avg_pool",
     "global_max_pool",
     "max_pool",
+    "max_pool_indices",
 ]

@@ -338,18 +338,21 @@ def resize_nearest(x: Tensor, shape, scales, coord: str = "half_pixel", nearest:
     if len(shape) != x.ndim or len(scales) != x.ndim:
         raise ShapeError(f"resize of {x.label!r}: {len(shape)} sizes and {len(scales)} scales for rank {x.ndim}")
     maps = []
-    for k, (n, m, s) in enumerate(zip(x.shape, shape, scales)):
+    for k, (n, s) in enumerate(zip(x.shape, scales)):
         s = Fraction(s)
         if s <= 0:
             raise ShapeError(f"resize of {x.label!r}: scale {s} on axis {k} is not positive")
-        # x_original = (a * out + b) / d for each coordinate transformation
+        # x_original = (a * out + b) / d for each coordinate transformation; as ONNX's reference,
+        # align_corners and pytorch_half_pixel use the unrounded output extent s * n
+        w = s * n
         if coord == CoordMode.ALIGN_CORNERS:
-            a, b, d = (n - 1, 0, m - 1) if m > 1 else (0, 0, 1)
+            r = Fraction(n - 1) / (w - 1) if w != 1 else Fraction(0)
+            a, b, d = r.numerator, 0, r.denominator
         elif coord == CoordMode.ASYMMETRIC:
             a, b, d = s.denominator, 0, s.numerator
         elif coord == CoordMode.TF_HALF_PIXEL_FOR_NN:  # (out + 1/2) / s
             a, b, d = 2 * s.denominator, s.denominator, 2 * s.numerator
-        elif coord == CoordMode.PYTORCH_HALF_PIXEL and m <= 1:
+        elif coord == CoordMode.PYTORCH_HALF_PIXEL and w == 1:
             a, b, d = 0, -1, 2
         else:  # half_pixel: (out + 1/2) / s - 1/2
             a, b, d = 2 * s.denominator, s.denominator - s.numerator, 2 * s.numerator
@@ -395,3 +398,46 @@ def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
     if indices.ndim != x.ndim or any(i > n for k, (i, n) in enumerate(zip(indices.shape, x.shape)) if k != a):
         raise ShapeError(f"take_along_axis of {x.label!r}: indices of shape {indices.shape} do not fit {x.shape}")
     return Tensor("gather", (x, indices), indices.shape, x.dtype, attrs=(("axis", a), ("elements", True)))
+
+
+def gather_nd(x: Tensor, indices: Tensor, batch_dims: int = 0) -> Tensor:
+    """ONNX GatherND: the last axis of `indices` (depth k) addresses axes b..b+k-1 of x, batch
+    by batch over the first `batch_dims` = b axes. The k loaded subscripts (negative ones count
+    from the end) and the batch position fold into one flat subscript of x's leading b+k axes,
+    an element-wise int64 expression of the index tensor and iotas; the read is then one `take`
+    of x viewed as (prod(leading), rest...): a single non-affine read, like Gather.
+
+    >>> import panamera as pn
+    >>> gather_nd(pn.placeholder((2, 3, 4), name="d"), pn.placeholder((2, 5, 1), "int64", name="i"), 1).shape
+    (2, 5, 4)
+    """
+    x, indices = _x(x, "gather_nd"), _x(indices, "gather_nd")
+    if indices.dtype.is_float or indices.dtype.name == "bool":
+        raise DTypeError(f"gather_nd of {x.label!r}: indices {indices.label!r} must be integers, got {indices.dtype}")
+    b = operator.index(batch_dims)
+    if indices.ndim < 1 or not 0 <= b < min(indices.ndim, x.ndim + 1):
+        raise AxisError(f"gather_nd of {x.label!r}: batch_dims {b} out of range for indices of rank {indices.ndim}")
+    k = indices.shape[-1]
+    if indices.shape[:b] != x.shape[:b] or b + k > x.ndim:
+        raise ShapeError(
+            f"gather_nd of {x.label!r}: indices {indices.label!r} of shape {indices.shape} do not address "
+            f"x of shape {x.shape} with batch_dims {b} (batch extents must match, depth <= rank - batch_dims)"
+        )
+    ishape, lead, rest = indices.shape[:-1], x.shape[: b + k], x.shape[b + k :]
+    flat = None
+    for j, st in enumerate(_c_strides(lead)):
+        if j < b:
+            sub = iota(ishape, j)
+        else:
+            n = x.shape[j]
+            sub = reshape(slice(indices, (j - b,), (j - b + 1,), (indices.ndim - 1,)), ishape).astype("int64")
+            sub = where(sub < 0, sub + n, sub)
+        term = sub * st if st != 1 else sub
+        flat = term if flat is None else flat + term
+    if flat is None:  # depth 0, no batch: every index tuple reads all of x
+        flat = iota(ishape, None) * 0
+    return take(reshape(x, (math.prod(lead),) + rest), flat, axis=0)
+
+
+def _c_strides(shape) -> list[int]:
+    return [math.prod(shape[k + 1 :]) for k in range(len(shape))]

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtypes
+from .. import algebra, dtypes
 from ..errors import DTypeError, OptionError, ShapeError
 from . import ops
 from .movement import AxisMap, remap
-from .tensor import Tensor, constant, iota, where
+from .reduce import reduction
+from .tensor import Tensor, binary, constant, iota, where
 
 
 @dataclass(frozen=True)
@@ -149,12 +150,72 @@ def max_pool(x: Tensor, kernel, strides=None, pads=None, dilations=None, ceil_mo
     (floats and integers)."""
     x = _float(x, "max_pool", ints=True)
     w = window(x, kernel, strides, pads, dilations, ceil_mode, "max_pool")
-    view, mask = _window_view(x, w)
-    if mask is not None:  # padding reads max's identity
-        low = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
-        view = where(mask, view, constant(low, x.dtype))
+    view, _ = _padded_max_view(x, w)  # padding reads max's identity
     d = len(w.kernel)
     return ops.max(view, axis=tuple(range(view.ndim - d, view.ndim)))
+
+
+def _padded_max_view(x: Tensor, w: Window) -> tuple[Tensor, Tensor | None]:
+    """The window view with padding read as max's identity, and the inside mask."""
+    view, mask = _window_view(x, w)
+    if mask is not None:
+        low = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.np).min)
+        view = where(mask, view, constant(low, x.dtype))
+    return view, mask
+
+
+def max_pool_indices(
+    x: Tensor, kernel, strides=None, pads=None, dilations=None, ceil_mode: bool = False, storage_order: int = 0
+) -> Tensor:
+    """ONNX MaxPool's Indices output: where each window's max is, as the flat position in x
+    (N and C included; the spatial axes row-major, or column-major with `storage_order` 1);
+    ties keep the first position in window order, and padding never wins.
+
+    The argmax over the window is one reduction of (value, window position) keys, argmax's
+    machinery (algebra.argkey): a padded position carries the position + K (K the window's size),
+    so a real -inf still beats it. The winner's window position, decoded element-wise, gives the
+    input position. 8-byte values do not fit a key: their max is reduced first, then the first
+    window position holding it (a min over the window).
+
+    >>> import panamera as pn
+    >>> max_pool_indices(pn.placeholder((1, 2, 5, 5), name="x"), (2, 2), strides=(2, 2), ceil_mode=True).shape
+    (1, 2, 3, 3)
+    """
+    x = _float(x, "max_pool", ints=True)
+    if storage_order not in (0, 1):
+        raise OptionError(f"max_pool of {x.label!r}: storage_order {storage_order!r} is not 0 or 1")
+    w = window(x, kernel, strides, pads, dilations, ceil_mode, "max_pool")
+    view, mask = _padded_max_view(x, w)
+    d, size = len(w.kernel), math.prod(w.kernel)
+    lead = x.ndim - d
+    axes = tuple(range(view.ndim - d, view.ndim))
+    kstride = [math.prod(w.kernel[j + 1 :]) for j in range(d)]
+    pos = None
+    for j, st in enumerate(kstride):
+        t = iota(view.shape, lead + d + j) * st if st != 1 else iota(view.shape, lead + d + j)
+        pos = t if pos is None else pos + t
+    if mask is not None:
+        pos = where(mask, pos, pos + size)
+    if x.dtype.itemsize <= 4:
+        key = Tensor("argkey_max", (view, pos), view.shape, dtypes.int64)
+        k = reduction("max", key, axes, False, post=algebra.Finish(algebra.FinishKind.ARGMAX_INDEX, last_index=-1))
+    else:
+        top = ops.max(view, axis=axes, keepdims=True)
+        k = ops.min(where(view == top, pos, constant(2 * size, dtypes.int64)), axis=axes)
+    out = k.shape
+    spatial = x.shape[lead:]
+    sstride = [
+        math.prod(spatial[j + 1 :]) if storage_order == 0 or d == 1 else math.prod(spatial[:j]) for j in range(d)
+    ]
+    flat = None
+    for a in range(lead):
+        t = iota(out, a) * (math.prod(x.shape[a + 1 :]))
+        flat = t if flat is None else flat + t
+    for j, (kn, st, s, (pb, _), dl) in enumerate(zip(w.kernel, kstride, w.strides, w.pads, w.dilations)):
+        kj = binary("mod", binary("trunc_div", k, st) if st != 1 else k, kn)
+        h = iota(out, lead + j) * s + kj * dl - pb
+        flat = flat + h * sstride[j]
+    return flat
 
 
 def avg_pool(

@@ -113,10 +113,20 @@ def gather_subscripts(t: Tensor, idx: list[isl.PwAff], zero: isl.PwAff) -> tuple
     return idx[a : a + r], idx[:a] + [zero] + idx[a + r :], a
 
 
+def gather_source(t: Tensor) -> Tensor:
+    """The tensor whose memory gather `t` reads: its data input with reshapes looked through (a
+    reshape keeps every element's C-order linear offset, so a gather from a reshaped placeholder
+    reads the placeholder itself, not a copy; GatherND gathers from such a view)."""
+    data = t.inputs[0]
+    while data.op == "reshape":
+        data = data.inputs[0]
+    return data
+
+
 def must_materialize(order) -> set[Tensor]:
     """Tensors gathered from that are computed (not placeholders): they become statements, so a
     gather never inlines a producer at a data-dependent point."""
-    return {t.inputs[0] for t in order if t.op == "gather" and t.inputs[0].op != "placeholder"}
+    return {gather_source(t) for t in order if t.op == "gather" and gather_source(t).op != "placeholder"}
 
 
 def indirect_access(addr: isl.PwAff, ind: Indirect) -> isl.Map:

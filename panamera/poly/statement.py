@@ -19,7 +19,7 @@ from ..dtypes import DType
 from ..enums import StrEnum
 from ..frontend.tensor import Tensor
 from .expr import Expr
-from .movement import Indirect, gather_subscripts, remap_index
+from .movement import Indirect, gather_source, gather_subscripts, remap_index
 
 
 class Form(StrEnum):
@@ -165,8 +165,8 @@ class _Builder:
         data, ind = t.inputs
         isub, dsub, a = gather_subscripts(t, list(idx), self.zero)
         index = self.expr(ind, isub)
-        addr = linear(dsub, data.shape, self.zero).coalesce()
-        self.reads.append(Read(data, addr, Indirect(strides(data.shape)[a], data.shape[a])))
+        addr = linear(dsub, data.shape, self.zero).coalesce()  # the source's offset too (reshapes)
+        self.reads.append(Read(gather_source(t), addr, Indirect(strides(data.shape)[a], data.shape[a])))
         return Expr("load", (index,), data.dtype, read=len(self.reads) - 1)
 
 

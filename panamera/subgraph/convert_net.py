@@ -2,9 +2,10 @@
 
 They join convert.py's one table CONVERTERS (convert.py imports `NET_CONVERTERS`). Each maps its
 node onto the frontend's access-relation ops (frontend/movement.py), windowed reductions
-(frontend/pool.py) or element-wise activations (frontend/activations.py); `refuse` says why a
-node of a supported op still stays with the library (Resize other than nearest, MaxPool's
-Indices output), so the partitioner never sends Panamera a node it cannot take.
+(frontend/pool.py) or element-wise activations (frontend/activations.py); no node of these
+ops is refused (`refuse` is None for each): Resize in every mode has its per-axis tap tables
+computed here on the host (subgraph/resize.py), MaxPool's Indices output is an argmax over the
+window (frontend/pool.max_pool_indices).
 
 >>> sorted(op for op in NET_CONVERTERS if "Pool" in op)
 ['AveragePool', 'GlobalAveragePool', 'GlobalMaxPool', 'MaxPool']
@@ -16,11 +17,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..errors import ShapeError, Unsupported
+from ..errors import OptionError, ShapeError
 from ..frontend import activations as act
 from ..frontend import movement as mv
 from ..frontend import pool
+from ..frontend.interpolate import Taps, compute_dtype, interpolate
 from ..frontend.tensor import transpose
+from . import resize as rs
 from .constants import const_input, int_tuple
 from .model import Node
 
@@ -104,52 +107,59 @@ def _space_to_depth(node: Node, args, ctx):
     return [mv.space_to_depth(ctx.tensor(args[0]), node.attrs["blocksize"], _s(node.attrs.get("mode"), "DCR"))]
 
 
-_RESIZE_COORDS = {m.value for m in mv.CoordMode}
-
-
-def _resize_refuse(node: Node) -> str | None:
-    mode = _s(node.attrs.get("mode"), "nearest")
-    coord = _s(node.attrs.get("coordinate_transformation_mode"), "half_pixel" if node.opset >= 11 else "asymmetric")
-    if mode != "nearest":
-        return f"Resize mode {mode!r}: only nearest is a data-movement statement (interpolation stays in the library)"
-    if coord not in _RESIZE_COORDS:
-        return f"Resize coordinate_transformation_mode {coord!r} is not an affine map of the output index"
-    return None
+_AFFINE_NEAREST = {m.value for m in mv.CoordMode}
 
 
 def _resize(node: Node, args, ctx):
+    """Nearest with an affine coordinate map: a quasi-affine access; everything else: per-axis
+    tap tables computed here (subgraph/resize.py) and a weighted sum of gathers on the device."""
     x = ctx.tensor(args[0])
-    why = _resize_refuse(node)
-    if why:
-        raise Unsupported(f"Resize {node.label!r}: {why}")
-    if node.opset < 11:
-        scales, sizes = const_input(node, args[1], "scales"), None
-        coord, nearest = "asymmetric", "floor"
+    a = node.attrs
+    old = node.opset < 11
+    try:
+        spec = rs.ResizeSpec(
+            mode=rs.Mode(_s(a.get("mode"), "nearest")),
+            coord=rs.Coord("asymmetric" if old else _s(a.get("coordinate_transformation_mode"), "half_pixel")),
+            nearest=rs.Nearest("floor" if old else _s(a.get("nearest_mode"), "round_prefer_floor")),
+            cubic_a=float(a.get("cubic_coeff_a", -0.75)),
+            exclude_outside=bool(a.get("exclude_outside", 0)),
+            antialias=bool(a.get("antialias", 0)),
+            extrapolation=float(a.get("extrapolation_value", 0.0)),
+        )
+    except ValueError as e:
+        raise OptionError(f"Resize {node.label!r}: {e}") from None
+    if old:
+        scales, sizes, roi = const_input(node, args[1], "scales"), None, None
     else:
         scales, sizes = const_input(node, _arg(args, 2), "scales"), int_tuple(node, _arg(args, 3), "sizes")
-        coord = _s(node.attrs.get("coordinate_transformation_mode"), "half_pixel")
-        nearest = _s(node.attrs.get("nearest_mode"), "round_prefer_floor")
-    axes = node.attrs.get("axes")
-    axes = tuple(range(x.ndim)) if axes is None else tuple(a % x.ndim for a in axes)
-    if scales is not None and scales.size:
-        sc = [Fraction(1)] * x.ndim
-        for a, s in zip(axes, scales.reshape(-1)):
-            sc[a] = Fraction(float(np.float32(s)))
-        shape = tuple(int(s * n) for s, n in zip(sc, x.shape))
-    elif sizes:
-        want = list(x.shape)
-        for a, s in zip(axes, sizes):
-            want[a] = s
-        sc = [Fraction(w, n) for w, n in zip(want, x.shape)]
-        policy = _s(node.attrs.get("keep_aspect_ratio_policy"), "stretch")
-        if policy != "stretch":
-            s = (min if policy == "not_larger" else max)(sc[a] for a in axes)
-            sc = [s if a in axes else Fraction(1) for a in range(x.ndim)]
-            want = [int(s * x.shape[a] + Fraction(1, 2)) if a in axes else x.shape[a] for a in range(x.ndim)]
-        shape = tuple(want)
-    else:
-        raise ShapeError(f"Resize {node.label!r}: neither scales nor sizes is given")
-    return [mv.resize_nearest(x, shape, sc, coord, nearest)]
+        roi = const_input(node, _arg(args, 1), "roi") if spec.coord == rs.Coord.TF_CROP_AND_RESIZE else None
+    axes = a.get("axes")
+    axes = tuple(range(x.ndim)) if axes is None else tuple(k % x.ndim for k in axes)
+    try:
+        shape, scale = rs.output_shape(x.shape, scales, sizes, axes, _s(a.get("keep_aspect_ratio_policy"), "stretch"))
+    except ShapeError as e:
+        raise ShapeError(f"Resize {node.label!r}: {e}") from None
+    if spec.mode == rs.Mode.NEAREST and spec.coord.value in _AFFINE_NEAREST:
+        return [mv.resize_nearest(x, shape, [Fraction(s) for s in scale], spec.coord.value, spec.nearest.value)]
+    if roi is not None:
+        roi = roi.reshape(-1).astype(np.float64)
+        if roi.size != 2 * len(axes):
+            raise ShapeError(f"Resize {node.label!r}: roi has {roi.size} values for {len(axes)} axes")
+        full = [0.0] * x.ndim + [1.0] * x.ndim
+        for k, ax in enumerate(axes):
+            full[ax], full[ax + x.ndim] = roi[k], roi[k + len(axes)]
+        roi = full
+    cd = compute_dtype(x.dtype).np
+    taps = [
+        Taps(
+            t.axis,
+            ctx.tensor(t.index.astype(np.int32 if x.shape[t.axis] < 2**31 else np.int64)),
+            None if t.weight is None else ctx.tensor(t.weight.astype(cd)),
+            None if t.outside is None else ctx.tensor(t.outside),
+        )
+        for t in rs.tables(x.shape, shape, scale, spec, roi)
+    ]
+    return [interpolate(x, shape, taps, spec.extrapolation)]
 
 
 def _gather(node: Node, args, ctx):
@@ -157,25 +167,18 @@ def _gather(node: Node, args, ctx):
     axis = node.attrs.get("axis", 0)
     if node.op_type == "GatherElements":
         return [mv.take_along_axis(x, ind, axis)]
+    if node.op_type == "GatherND":
+        return [mv.gather_nd(x, ind, node.attrs.get("batch_dims", 0))]
     return [mv.take(x, ind, axis)]
 
 
 # -- pooling ----------------------------------------------------------------------------------
-def _pool_refuse(node: Node) -> str | None:
-    if node.op_type == "MaxPool" and len([o for o in node.outputs if o]) > 1:
-        return "MaxPool with its Indices output: the argmax positions stay with the library"
-    return None
-
-
 def _pool(node: Node, args, ctx):
     x = ctx.tensor(args[0])
     if node.op_type == "GlobalAveragePool":
         return [pool.global_avg_pool(x)]
     if node.op_type == "GlobalMaxPool":
         return [pool.global_max_pool(x)]
-    why = _pool_refuse(node)
-    if why:
-        raise Unsupported(f"{node.op_type} {node.label!r}: {why}")
     kernel = tuple(node.attrs["kernel_shape"])
     strides = tuple(node.attrs.get("strides") or (1,) * len(kernel))
     dil = tuple(node.attrs.get("dilations") or (1,) * len(kernel))
@@ -183,7 +186,11 @@ def _pool(node: Node, args, ctx):
     pads = pool.auto_pads(x, kernel, strides, dil, auto, node.op_type) or node.attrs.get("pads")
     ceil = bool(node.attrs.get("ceil_mode", 0))
     if node.op_type == "MaxPool":
-        return [pool.max_pool(x, kernel, strides, pads, dil, ceil)]
+        out = [pool.max_pool(x, kernel, strides, pads, dil, ceil)]
+        if len(node.outputs) > 1 and node.outputs[1]:  # the argmax positions, on the device too
+            order = int(node.attrs.get("storage_order", 0))
+            out.append(pool.max_pool_indices(x, kernel, strides, pads, dil, ceil, order))
+        return out
     include = bool(node.attrs.get("count_include_pad", 0))
     return [pool.avg_pool(x, kernel, strides, pads, dil, ceil, include)]
 
@@ -221,13 +228,14 @@ NET_CONVERTERS: dict = {
     "Trilu": (_trilu, (1,), None),
     "DepthToSpace": (_depth_to_space, (), None),
     "SpaceToDepth": (_space_to_depth, (), None),
-    "Resize": (_resize, (1, 2, 3), _resize_refuse),
+    "Resize": (_resize, (1, 2, 3), None),
     "Gather": (_gather, (), None),
     "GatherElements": (_gather, (), None),
+    "GatherND": (_gather, (), None),
     "GlobalAveragePool": (_pool, (), None),
     "GlobalMaxPool": (_pool, (), None),
     "AveragePool": (_pool, (), None),
-    "MaxPool": (_pool, (), _pool_refuse),
+    "MaxPool": (_pool, (), None),
     "Gelu": (_act(act.gelu, approximate="none"), (), None),
     "Softplus": (_act(act.softplus), (), None),
     "HardSigmoid": (_act(act.hard_sigmoid, alpha=0.2, beta=0.5), (), None),

@@ -80,6 +80,12 @@ class LibraryNode:
     reason: str
     _session: list = field(default_factory=list, repr=False)  # the reference evaluator, made on first run
 
+    @property
+    def host(self) -> bool:
+        """True when the node runs on the host (numpy or onnx's reference evaluator) even with a
+        GPU: every op but the arrays' own (MatMul, Gemm, Conv: CuPy on a GPU)."""
+        return not (self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS)
+
     def run(self, model: OnnxModel, args: list) -> list:
         """The node's outputs (its present ones, in order) for its present inputs `args`."""
         if self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS:

@@ -179,7 +179,8 @@ class OptimizedModel:
         env.update(self._check_feeds(feeds))
         for u in self.units:
             if isinstance(u, Subgraph):
-                named = {t.name: env[t.name] for t in u.compiled.inputs}
+                # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
+                named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.compiled.inputs}
                 outs = u.compiled(**named)
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 env.update(zip(u.outputs, outs))
