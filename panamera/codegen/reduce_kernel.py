@@ -35,9 +35,10 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
     for k, s in enumerate(g.statements):
         if g.accumulator_of[k] != k:
             continue
-        if col and V > 1:
-            lines.append(f"  {s.acc.compute} acc{k}[{V}];")
-            lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {identity_expr(s)};")
+        if col and V > 1 or m.rtile > 1:
+            n = m.rtile if m.rtile > 1 else V  # a register tile's rows (ROW/ALL) or a COLUMN thread's lanes
+            lines.append(f"  {s.acc.compute} acc{k}[{n}];")
+            lines.append(f"  for (int v = 0; v < {n}; ++v) acc{k}[v] = {identity_expr(s)};")
         else:
             lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
     everything = list(range(len(g.statements)))
@@ -59,8 +60,9 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
         safe = c_ident(s.acc.compute)
         fn = "pn_reduce_y" if col else "pn_reduce_x"
         tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-        if col and V > 1:
-            out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
+        if col and V > 1 or m.rtile > 1:
+            n = m.rtile if m.rtile > 1 else V
+            out.append(f"  for (int v = 0; v < {n}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
     out += _vector_atomics(loop)
@@ -97,6 +99,14 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
             j = g.accumulator_of[k]
             out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
         out += ["    }", "  }"]
+    elif m.rtile > 1:  # every row of the thread's register tile
+        row, valid = loop.tile_row("pn_t", "v")
+        out.append(f"  for (int v = 0; v < {m.rtile}; ++v) {{ const pn_idx pn_t = bx * {m.ty} + ty;")
+        out.append(f"  const pn_idx o = {row};")
+        out.append(f"  if (tx == 0 && {valid}) {{")
+        for k, s in enumerate(g.statements):
+            out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}[v]")]
+        out.append("  } }")
     else:
         out.append(f"  {{ const pn_idx o = bx * {m.ty} + ty;")
         out.append(f"  if (tx == 0 && o < {g.M}) {{")
@@ -170,20 +180,29 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
         smem = f"pn_smem_{c_ident(s.acc.compute)}"
         a = f"pn_p{k}"
         sharing = [j for j, o in enumerate(g.accumulator_of) if o == k]
+        inside = f"o < {g.M}"
         if col:
             leader, step, index, reduce = "ty == 0", f"b += {m.ty}", f"b * {s.M} + o", "pn_reduce_y"
             out += [f"for (int v = 0; v < {m.vec}; ++v) {{", f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;"]
             first = "ty"
+        elif m.rtile > 1:  # per row of the register tile
+            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
+            row, inside = loop.tile_row("pn_t", "pn_r")
+            out += [
+                f"for (int pn_r = 0; pn_r < {m.rtile}; ++pn_r) {{",
+                f"  const pn_idx pn_t = bx * {m.ty} + ty; const pn_idx o = {row};",
+            ]
+            first = "tx"
         else:
             leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
             out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
             first = "tx"
         out += [
             f"  {s.acc.compute} {a} = {identity_expr(s)};",
-            f"  if (o < {g.M}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
+            f"  if ({inside}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
             f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
             f"  {a} = {reduce}{tmpl}({a}, {smem});",
         ]
-        out += [f"  if ({leader} && o < {g.M}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
+        out += [f"  if ({leader} && {inside}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
         out.append("}")
     return out

@@ -98,6 +98,20 @@ class ThreadLoop:
         dom = self.g.statements[0].domain.reset_tuple_id()
         return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
 
+    # -- register tiles -----------------------------------------------------------------------
+    def tile_row(self, t: str, r: str) -> tuple[str, str]:
+        """Row r of the register tile scanned as row t of the i loop, and whether it exists:
+        i = (q * rtile + r) * rstride + p for t = q * rstride + p (schedule/mapping.py)."""
+        m = self.m
+        S, R = m.rstride, m.rtile
+        first = f"(({t}) / {S} * {R} + {r})"
+        return f"({first} * {S} + ({t}) % {S})", f"({t} < {m.tile_rows} && {first} < {m.M // S})"
+
+    def shared(self, k: int, read: int) -> bool:
+        """Read `read` of statement k is loaded once per register tile (the mapping's rshared)."""
+        r = self.g.statements[k].reads[read]
+        return self.m.rtile > 1 and bool(self.m.rshared) and self.m.rshared[k][read] and r.memory
+
     # -- loads and bodies ---------------------------------------------------------------------
     def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None) -> tuple[list[str], str]:
         """The C lines of statement k's body at the current (i, j) and the name of its value."""
@@ -117,19 +131,24 @@ class ThreadLoop:
                 return f"((long long)({self.address(r.addr)}))"
             if kinds[read] == AccessKind.CONTIG and vec_slot is not None:
                 return f"{vregs[(k, read)]}[{vec_slot}]"
+            if vregs is not None and (k, read) in vregs:  # a tile's shared scalar read, loaded before
+                return f"{vregs[(k, read)]}[{vec_slot or 0}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
 
         value = ExprRenderer(lines, f"e{k}_").render(s.body, load)
         return lines, value
 
-    def vector_loads(self, here: list[int]) -> tuple[list[str], list[str], dict]:
+    def vector_loads(self, here: list[int], shared: bool | None = None) -> tuple[list[str], list[str], dict]:
         """One vector register per distinct contiguous read of the statements `here`: statements
         fused horizontally over one input share its load. Returns (declarations, loads, the
-        register of each (statement, read))."""
+        register of each (statement, read)). `shared`: only the reads a register tile shares
+        (True) or only the others (False)."""
         decl, loads, vregs, by_access = [], [], {}, {}
         for k in here:
             for ri, r in enumerate(self.g.statements[k].reads):
                 if self.m.access[k][ri] != AccessKind.CONTIG:
+                    continue
+                if shared is not None and self.shared(k, ri) != shared:
                     continue
                 key = (r.tensor.uid, self.address(r.addr))
                 if key not in by_access:
@@ -142,6 +161,8 @@ class ThreadLoop:
     def iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
         """One instance of the isl loop nest for the statements `here`: the contiguous reads
         loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
+        if self.m.rtile > 1:
+            return self.tile_iteration(call, here)
         g, V = self.g, self.m.vec
         col = g.form in (Form.COLUMN, Form.MAP)  # the vector runs along i instead of j
         a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
@@ -169,6 +190,61 @@ class ThreadLoop:
                 value = convert(val, s.body.dtype, s.result.dtype)
                 out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")
         return out + ["  }", "}"]
+
+    def tile_iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
+        """One step of a register tile (ROW/ALL): the reads its rows share are loaded once, at its
+        first row (the same address at every row: isl's `shared_along_rows`), vectors for the
+        contiguous ones and per lane for the others; then per row of the tile (unrolled, its
+        accumulators in registers) the other reads and the bodies."""
+        g, V = self.g, self.m.vec
+        t, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
+        row0, _ = self.tile_row("pn_t", "0")
+        out = ["{", f"  const pn_idx pn_t = {t}; const pn_idx pn_first = ({a1}) * {V};"]
+        decl, loads, vregs = self.vector_loads(here, shared=True) if V > 1 else ([], [], {})
+        scalar = [
+            (k, ri)
+            for k in here
+            for ri in range(len(g.statements[k].reads))
+            if self.shared(k, ri) and (k, ri) not in vregs and g.accumulator_of[k] == k
+        ]
+        out += ["  " + ln for ln in decl]
+        for k, ri in scalar:
+            r = g.statements[k].reads[ri]
+            vregs[(k, ri)] = f"pn_s{k}_{ri}"
+            out.append(f"  {r.tensor.dtype.compute} pn_s{k}_{ri}[{V}];")
+        out.append(f"  {{ const pn_idx i = {row0};")
+        if loads:
+            out += ["    { const pn_idx j = pn_first;"] + ["      " + ln for ln in loads] + ["    }"]
+        if scalar:
+            out.append(f"    for (int v = 0; v < {V}; ++v) {{ const pn_idx j = pn_first + v;")
+            for k, ri in scalar:
+                r = g.statements[k].reads[ri]
+                out.append(f"      pn_s{k}_{ri}[v] = pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}]);")
+            out.append("    }")
+        out.append("  }")
+        row, valid = self.tile_row("pn_t", "pn_r")
+        out += ["#pragma unroll", f"  for (int pn_r = 0; pn_r < {self.m.rtile}; ++pn_r) if ({valid}) {{"]
+        out.append(f"    const pn_idx i = {row};")
+        if V > 1:
+            d2, l2, own = self.vector_loads(here, shared=False)
+            vregs.update(own)
+            out += ["    " + ln for ln in d2]
+            if l2:
+                out += ["    { const pn_idx j = pn_first;"] + ["      " + ln for ln in l2] + ["    }"]
+        out.append(f"    for (int v = 0; v < {V}; ++v) {{" if V > 1 else "    {")
+        out.append(f"      const pn_idx j = pn_first{' + v' if V > 1 else ''};")
+        for k in here:
+            s = g.statements[k]
+            if g.accumulator_of[k] != k:
+                continue
+            body, val = self.body_lines(k, "v" if V > 1 else None, vregs)
+            out += ["      " + ln for ln in body]
+            if s.kind == StatementKind.REDUCE:
+                out.append(f"      acc{k}[pn_r] = {s.combiner.functor}::apply(acc{k}[pn_r], {accumuland(s, val)});")
+            else:
+                value = convert(val, s.body.dtype, s.result.dtype)
+                out.append(f"      pn_st(&out{k}[{self.address(s.write)}], {value});")
+        return out + ["    }", "  }", "}"]
 
 
 def accumuland(s: Statement, val: str) -> str:

@@ -39,6 +39,7 @@ from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
 from .contraction import l2_bytes as contraction_l2_bytes
+from .contraction import row_strides, shared_along_rows
 from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
@@ -77,6 +78,25 @@ class Decision:
     access: tuple[tuple[AccessKind, ...], ...]
     levels: tuple[int, ...]
     atomic_vec: tuple[int, ...] = ()  # per statement: outputs per atomic (2 or 4: one float2/float4 add)
+    rtile: int = 1  # register tile: rows per thread, i, i + rstride, ..., i + (rtile - 1) rstride
+    rstride: int = 1  # distance between the rows of a register tile (divides M)
+    rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k loaded once per tile
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the i loop the threads scan: M, or with a register tile one per tile, the
+        tiles of each residue p = i mod rstride (i = (q * rtile + r) * rstride + p, r < rtile)."""
+        if self.rtile == 1:
+            return self.M
+        return math.ceil(self.M // self.rstride / self.rtile) * self.rstride
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
+        threads' worth (64 registers each), halved per doubling of a register tile beyond 2
+        (its accumulators and per-row loads need the registers)."""
+        base = max(1, 1024 // self.threads)
+        return max(1, base // max(1, self.rtile // 2))
 
     @property
     def threads(self) -> int:
@@ -123,8 +143,8 @@ class Decision:
     def extents(self) -> tuple[int, int]:
         """Extents of the two scanned loops (`loops`)."""
         return {
-            Form.ROW: (self.M, self.N // self.vec),
-            Form.ALL: (self.M, self.N // self.vec),
+            Form.ROW: (self.tile_rows, self.N // self.vec),
+            Form.ALL: (self.tile_rows, self.N // self.vec),
             Form.COLUMN: (self.M // self.vec, self.N),
             Form.MAP: (self.M // self.vec, 1),
         }[self.form]
@@ -132,13 +152,16 @@ class Decision:
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
-            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}" + (" cooperative" if self.cooperative else "")
+            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
+            + (f" rtile={self.rtile}x{self.rstride}" if self.rtile > 1 else "")
+            + (" cooperative" if self.cooperative else "")
         )
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(Decision)}
         d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
         d["atomic_vec"] = list(self.atomic_vec)
+        d["rshared"] = [[int(b) for b in a] for a in self.rshared]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -166,6 +189,9 @@ class Decision:
             access=tuple(tuple(AccessKind(k) for k in a) for a in d["access"]),
             levels=tuple(int(v) for v in d["levels"]),
             atomic_vec=tuple(int(v) for v in d.get("atomic_vec", [1] * len(d["statements"]))),
+            rtile=int(d.get("rtile", 1)),  # absent in schedules before register tiles: none
+            rstride=int(d.get("rstride", 1)),
+            rshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("rshared", ())),
         )
 
 
@@ -215,33 +241,56 @@ class Arithmetic:
         return {"fp32_ops": self.fp32, "fp64_ops": self.fp64, "sfu_ops": self.sfu}
 
 
-def arithmetic(group: KernelGroup) -> Arithmetic:
+def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
     """Per iteration of each statement: one instruction per operation of its body (in its
     dtype's register precision; a transcendental also occupies the SFU), and one merge into the
     accumulator (the combiner's `merge_instructions` and `merge_transcendentals`, in the
-    accumulator's precision: Welford in double costs FP64 issue slots)."""
+    accumulator's precision: Welford in double costs FP64 issue slots; a sum of products merges
+    in the product's multiply-add). Under a register tile
+    (`d.rtile`), an operation whose loads are all shared along the tile (a dequantized weight)
+    runs once per tile."""
     fp32 = fp64 = sfu = 0.0
     for k, s in enumerate(group.statements):
         if group.accumulator_of[k] != k:
             continue  # its owner's accumulation is the same work
         n = s.M * s.N
+        shared = _tile_shared_nodes(s, d.rshared[k]) if d is not None and d.rtile > 1 and d.rshared else set()
         for e in s.body.walk():
             if e.op in ("load", "const"):
                 continue
+            w = n / d.rtile if id(e) in shared else n
             if e.dtype.compute == "double":
-                fp64 += n
+                fp64 += w
             else:
-                fp32 += n
-            sfu += n if e.op in TRANSCENDENTAL else 0
+                fp32 += w
+            sfu += w if e.op in TRANSCENDENTAL else 0
         if s.combiner is not None:
             acc = s.acc.field if s.acc.is_struct else s.acc
-            merge = n * s.combiner.merge_instructions
+            # a product summed is one fused multiply-add (nvcc contracts acc + a * b by default)
+            fma = s.combiner.name == "sum" and s.body.op == "mul" and not acc.is_struct
+            merge = 0 if fma else n * s.combiner.merge_instructions
             if acc.compute == "double":
                 fp64 += merge
             else:
                 fp32 += merge
             sfu += n * s.combiner.merge_transcendentals
     return Arithmetic(fp32, fp64, sfu)
+
+
+def _tile_shared_nodes(s, shared: tuple[bool, ...]) -> set[int]:
+    """ids of the body's nodes that depend on no per-row value: every load under them is
+    shared along the register tile (constants too)."""
+    out: set[int] = set()
+    for e in s.body.walk():
+        if e.op == "load":
+            ok = shared[e.read]
+        elif e.op == "const":
+            ok = True
+        else:
+            ok = all(id(a) in out for a in e.args)
+        if ok:
+            out.add(id(e))
+    return out
 
 
 def streamed_bytes_per_iteration(group: KernelGroup) -> int:
@@ -400,7 +449,16 @@ def _input_bytes(group: KernelGroup) -> int:
 
 
 def _in_flight(group: KernelGroup, d: Decision) -> int:
-    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads."""
+    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads. Under
+    a register tile the stream is the operand its rows share (loaded once per tile)."""
+    if d.rtile > 1:
+        tensors = {
+            r.tensor.uid: r.tensor
+            for s, sh in zip(group.statements, d.rshared)
+            for r, b in zip(s.reads, sh)
+            if b and r.memory
+        }
+        return max(1, sum(t.dtype.itemsize for t in tensors.values())) * d.vec * d.unroll
     return max(1, streamed_bytes_per_iteration(group)) * d.vec * d.unroll
 
 
@@ -409,7 +467,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     if group.stitched:
         return _stitched_cost(group, gpu, d)
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in group.statements)
-    work = arithmetic(group).features()
+    work = arithmetic(group, d).features()
     if d.form == Form.MAP:
         return kernel_time(
             gpu,
@@ -444,7 +502,8 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
-        epilogue_cycles=400 + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        # one block reduction per row of the register tile
+        epilogue_cycles=400 * d.rtile + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
@@ -457,7 +516,7 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     if group.form == Form.COLUMN:
         steps = math.ceil(d.split / d.ty) * d.vec
     else:
-        steps = math.ceil(d.split / d.tx)
+        steps = math.ceil(d.split / d.tx) * d.rtile
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
@@ -527,11 +586,13 @@ def map_group(
     deterministic: bool = False,
     threads: int | None = None,
     name: str = "",
+    rtile: int | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
     combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
-    keeps 256 threads per block). `name` names the kernel and its workspaces."""
+    keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` forces
+    the rows of a register tile (1: none; ignored where the group has no tile to share)."""
     if group.stitched:
         return _map_stitched(group, gpu, name, split)
     form, M, N = group.form, group.M, group.N
@@ -560,11 +621,17 @@ def map_group(
         options = (threads,)
     else:
         options = (256,) if split is not None else (256, 512, 1024)
-    for block in options:
+    tilings = _tilings(group) if form in (Form.ROW, Form.ALL) else [_NO_TILE]
+    if rtile is not None:
+        tilings = [t for t in tilings if t[0] == rtile] or [_NO_TILE]
+    # A register tile also tries blocks of more rows (rows of one block share their other reads).
+    shapes = [(b, t, ty) for b in options for t in tilings for ty in ((1, 4, 8) if t[0] > 1 else (1,))]
+    for block, (R, stride, shared), tile_ty in shapes:
         if form in (Form.ROW, Form.ALL):
-            tx = min(block, pow2ceil(G))
-            ty = max(1, min(block // tx, pow2ceil(M)))
-            gx, per_split = math.ceil(M / ty), tx  # every thread of a split block gets a group
+            rows = Decision(**base, **_dummy, rtile=R, rstride=stride).tile_rows
+            tx = min(block // tile_ty, pow2ceil(G))
+            ty = max(1, min(block // tx, pow2ceil(rows)))
+            gx, per_split = math.ceil(rows / ty), tx  # every thread of a split block gets a group
         else:  # COLUMN
             tx = min(32, pow2ceil(G))
             ty = max(1, min(block // tx, pow2ceil(N)))
@@ -581,15 +648,64 @@ def map_group(
             for partials in merge_options if s_eff > 1 else merge_options[:1]:
                 d = Decision(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                    unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials),
+                    unroll=max(1, unroll_for(vec, chunk // per_split) // R), merges=_merges(group, s_eff, partials),
                     access=access,
                     atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
+                    rtile=R, rstride=stride, rshared=shared,
                 )  # fmt: skip
+                if R > 1 and rtile is None and registers(group, d) > register_budget(d):
+                    continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
                 if best is None or cost.total_s < best[0].total_s * 0.97:
                     best = (cost, d)
     return _complete(group, best[1], gpu, name, best[0])
+
+
+_NO_TILE: tuple[int, int, tuple] = (1, 1, ())
+_dummy = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
+MAX_RTILE = 16
+
+
+def _tilings(group: KernelGroup) -> list[tuple[int, int, tuple[tuple[bool, ...], ...]]]:
+    """Register tiles to try, (rows per thread, row stride, shared reads), no tile first: the
+    smallest stride of `contraction.row_strides` at which some read of the group is shared along
+    the tile (isl: `shared_along_rows`), with power-of-two tiles up to the tile rows' count
+    rounded up (a tile may overhang M: its missing rows are guarded), at most MAX_RTILE."""
+    M = group.M
+    strides = sorted({p for st in group.statements for p in row_strides(st) if M % p == 0})
+    for stride in strides:
+        shared = tuple(
+            tuple(shared_along_rows(st, k, stride) if st.M == M else False for k in range(len(st.reads)))
+            for st in group.statements
+        )
+        if any(any(a) for a in shared):
+            rows = M // stride
+            tiles = [1 << e for e in range(1, 5) if 1 << e <= min(MAX_RTILE, pow2ceil(rows))]
+            return [_NO_TILE] + [(R, stride, shared) for R in tiles]
+    return [_NO_TILE]
+
+
+def registers(group: KernelGroup, d: Decision) -> int:
+    """Registers a thread needs at most, estimated: 32 for indices and addresses, the tile's
+    accumulators, and per unrolled step the bytes of each contiguous vector load in flight (a
+    shared read once, a per-row read once per row of the tile), in 4-byte registers."""
+
+    acc = sum(max(1, s.acc.itemsize // 4) for k, s in enumerate(group.statements) if group.accumulator_of[k] == k)
+    loads = 0
+    seen = set()
+    for k, s in enumerate(group.statements):
+        for ri, r in enumerate(s.reads):
+            if d.access and d.access[k][ri] == AccessKind.CONTIG and (r.tensor.uid, str(r.addr)) not in seen:
+                seen.add((r.tensor.uid, str(r.addr)))
+                shared = d.rtile > 1 and d.rshared and d.rshared[k][ri]
+                loads += math.ceil(d.vec * r.tensor.dtype.itemsize / 4) * (1 if shared else d.rtile)
+    return 32 + acc * d.rtile + d.unroll * loads
+
+
+def register_budget(d: Decision) -> int:
+    """Registers per thread ptxas may use under the kernel's launch bounds (`min_blocks`)."""
+    return min(255, 65536 // (d.threads * d.min_blocks))
 
 
 def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None = None) -> Mapping:
@@ -648,7 +764,10 @@ def replay(
     6. the stitching levels are the ones the stitched group's dependences give;
     7. the unroll factor is at least 1;
     8. vector atomics only where `_atomic_vec` allows them on this GPU (float32 sums of a COLUMN
-       tile, vec dividing M, sm_90).
+       tile, vec dividing M, sm_90);
+    9. a register tile (rtile > 1) only in a ROW/ALL group that is not stitched, of a power of
+       two rows up to MAX_RTILE, at a row stride of `contraction.row_strides` dividing M, with
+       exactly the shared reads isl finds at that stride (a read saved as shared must be).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -703,7 +822,35 @@ def replay(
         raise ScheduleError(
             f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
         )
+    if d.rtile != 1 or d.rstride != 1 or d.rshared:
+        _check_tile(group, d, at)
     return _complete(group, d, gpu, name)
+
+
+def _check_tile(group: KernelGroup, d: Decision, at: str) -> None:
+    """Rule 9 of `replay`."""
+    if d.rtile == 1 and d.rstride == 1 and not d.rshared:
+        return
+    if group.stitched or group.form not in (Form.ROW, Form.ALL):
+        raise ScheduleError(
+            f"{at}: a register tile of {d.rtile} rows in a {group.form} group (only ROW/ALL, unstitched)"
+        )
+    if not (is_pow2(d.rtile) and 2 <= d.rtile <= MAX_RTILE):
+        raise ScheduleError(f"{at}: register tile of {d.rtile} rows is not a power of two from 2 to {MAX_RTILE}")
+    strides = {p for st in group.statements for p in row_strides(st)}
+    if d.rstride not in strides or group.M % d.rstride:
+        raise ScheduleError(
+            f"{at}: register tile stride {d.rstride} is not one of the group's row strides {sorted(strides)}"
+        )
+    want = tuple(
+        tuple(shared_along_rows(st, k, d.rstride) if st.M == group.M else False for k in range(len(st.reads)))
+        for st in group.statements
+    )
+    if d.rshared != want:
+        raise ScheduleError(
+            f"{at}: reads shared along the register tile {d.to_dict()['rshared']} are not what isl finds "
+            f"at stride {d.rstride}"
+        )
 
 
 def covers(d: Decision) -> bool:
