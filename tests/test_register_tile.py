@@ -20,13 +20,13 @@ from panamera.schedule.mapping import map_group
 from panamera.schedule.saved import Schedule
 
 
-def tiled(y, R, split=None, deterministic=False):
-    """The program of `y` compiled with a register tile of R rows (and the given split)."""
+def tiled(y, R, split=None, deterministic=False, C=1):
+    """The program of `y` compiled with a register tile of R x C rows (and the given split)."""
     base = pn.compile(y, target="emulator", use_database=False, cache=False, deterministic=deterministic)
-    d = map_group(base.groups[0], H100, split=split, deterministic=deterministic, rtile=R).decision
+    d = map_group(base.groups[0], H100, split=split, deterministic=deterministic, rtile=R, ctile=C).decision
     k = pn.compile(y, target="emulator", schedule=dataclasses.replace(base.schedule, kernels=(d,)),
                    deterministic=deterministic)  # fmt: skip
-    assert k.mappings[0].rtile == R
+    assert (k.mappings[0].rtile, k.mappings[0].ctile) == (R, C)
     return k
 
 
@@ -35,17 +35,17 @@ def check(out, X, Wd):
     assert (np.abs(out - ref) <= bound(X, Wd.T, "mk,kn->mn", "float32", "float32")).all()
 
 
-@pytest.mark.parametrize("M,R", [(4, 2), (5, 2), (5, 4), (17, 16)])
-def test_tile_rows_share_the_weight_load(M, R, rng):
-    """M not a multiple of R: the tile's missing rows are guarded. The weights are one load per
-    tile (one vector load before the tile's rows), the activations one per row."""
+@pytest.mark.parametrize("M,R,C", [(4, 2, 1), (5, 2, 2), (5, 4, 1), (17, 16, 1), (6, 4, 4)])
+def test_tile_rows_share_the_weight_load(M, R, C, rng):
+    """M not a multiple of R: the tile's missing rows are guarded. The weights are loaded once
+    per column c of the tile, the activations once per row r."""
     N, K = 48, 256
     x, w = pn.placeholder((M, K), "float32", name="x"), pn.placeholder((N, K), "float32", name="w")
-    k = tiled(x @ w.T, R)
+    k = tiled(x @ w.T, R, C=C)
     m = k.mappings[0]
-    assert m.rstride == N and m.rshared == ((False, True),)
+    assert m.rstride == N and m.rshared == ((False, True),) and m.cshared == (((True, False),) if C > 1 else ())
     src = k.source
-    assert src.count("pn_ldv(&in1[") == 1 and f"pn_r < {R}" in src
+    assert src.count("pn_ldv(&in1[") == 1 and src.count("pn_ldv(&in0[") == 1 and f"pn_r < {R}" in src
     X, W = array((M, K), "float32", rng), array((N, K), "float32", rng)
     check(k(X, W), X, W)
 
@@ -56,7 +56,7 @@ def test_tile_with_split_k(deterministic, rng):
     its partial for the last block (bit-identical in any thread order)."""
     M, N, K = 6, 8, 8192
     x, w = pn.placeholder((M, K), "float32", name="x"), pn.placeholder((N, K), "float32", name="w")
-    k = tiled(x @ w.T, 4, split=8, deterministic=deterministic)
+    k = tiled(x @ w.T, 4, split=8, deterministic=deterministic, C=2)
     assert k.mappings[0].split >= 2
     X, W = array((M, K), "float32", rng), array((N, K), "float32", rng)
     outs = [k(X, W, order=o) for o in ("forward", "shuffled")]
@@ -72,7 +72,7 @@ def test_tile_with_int8_weights_and_scales(rng):
     M, N, K = 5, 32, 256
     x = pn.placeholder((M, K), "float16", name="x")
     w, sc = pn.placeholder((N, K), "int8", name="w"), pn.placeholder((N,), "float16", name="scale")
-    k = tiled(x @ (w.astype("float32") * sc.reshape(N, 1)).T, 4)
+    k = tiled(x @ (w.astype("float32") * sc.reshape(N, 1)).T, 4, C=2)
     assert sum(map(sum, k.mappings[0].rshared)) == 2  # the weights and the scales
     X, Q = array((M, K), "float16", rng), array((N, K), "int8", rng)
     S = (rng.random(N) * 0.01).astype(np.float16)
@@ -96,17 +96,20 @@ def test_tile_with_int4_nibbles(rng):
     check(k(X, P, S), X, dequant_reference(q, S, G))
 
 
-@pytest.mark.parametrize("M", [4, 16])
-def test_full_size_plans_tile_the_rows(M):
-    """Planned, not run: LLM decoding's skinny fp16 linear at 4096 x 4096 takes a register tile;
-    M = 4 streams the weights within 1.15x of the limit (modeled)."""
+@pytest.mark.parametrize("M,N,K", [(4, 4096, 4096), (16, 4096, 4096), (16, 14336, 4096)])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+def test_full_size_plans_tile_the_rows(M, N, K, dtype):
+    """Planned, not run: LLM decoding's skinny linears take a register tile whose rows share the
+    weight row (stride N), unsplit; fp16/bf16 stream the weights within 1.15x of the limit, and
+    int8 with per-channel scales at M = 4 too (modeled; docs/WORKLOADS.md C)."""
+    from panamera.bench.suites import _linear
     from panamera.model import estimate
 
-    x, w = pn.placeholder((M, 4096), "float16", name="x"), pn.placeholder((4096, 4096), "float16", name="w")
-    k = pn.compile(x @ w.T, target="emulator", use_database=False, cache=False)
+    k = pn.compile(_linear(M, N, K, dtype, "bfloat16" if dtype == "bfloat16" else "float16")(),
+                   target="emulator", use_database=False, cache=False)  # fmt: skip
     m = k.mappings[0]
-    assert m.rtile >= 2 and m.rstride == 4096 and m.split == 1
-    if M == 4:
+    assert m.rtile >= 2 and m.rstride == N and m.split == 1
+    if dtype != "int8" or M == 4:
         assert estimate(k.plan, H100).ratio_to_limit <= 1.15
 
 
@@ -121,8 +124,10 @@ def _decision(M=4):
     "change,message",
     [
         (dict(rtile=3), "not a power of two"),
+        (dict(ctile=3), "not a power of two"),
         (dict(rstride=16), "not one of the group's row strides"),
         (dict(rshared=((True, True),)), "not what isl finds"),
+        (dict(ctile=2), "not what isl finds"),  # cshared left empty
     ],
 )
 def test_replay_refuses_a_bad_tile(change, message):
@@ -149,7 +154,7 @@ def test_schedules_before_register_tiles_still_load():
     s = Schedule("H100-SXM5", (), (d,))
     assert Schedule.from_json(s.to_json()) == s
     old = s.to_json().replace("panamera-schedule/3", "panamera-schedule/2")
-    old = old.replace(', "rtile": 2, "rstride": 32, "rshared": [[0, 1]]', "")
+    old = old.replace(', "rtile": 2, "rstride": 32, "rshared": [[0, 1]], "ctile": 1, "cshared": []', "")
     assert Schedule.from_json(old).kernels[0].rtile == 1
     with pytest.raises(ScheduleError, match="not one of"):
         Schedule.from_json(s.to_json().replace("panamera-schedule/3", "panamera-schedule/9"))

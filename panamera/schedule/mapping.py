@@ -39,7 +39,8 @@ from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
 from .contraction import l2_bytes as contraction_l2_bytes
-from .contraction import row_strides, shared_along_rows
+from .rtile import NO_TILE, op_divisors, register_budget, registers, tilings
+from .rtile import check as check_tile
 from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
@@ -80,15 +81,18 @@ class Decision:
     atomic_vec: tuple[int, ...] = ()  # per statement: outputs per atomic (2 or 4: one float2/float4 add)
     rtile: int = 1  # register tile: rows per thread, i, i + rstride, ..., i + (rtile - 1) rstride
     rstride: int = 1  # distance between the rows of a register tile (divides M)
-    rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k loaded once per tile
+    rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k shared along the rtile rows
+    ctile: int = 1  # and ctile consecutive rows per thread (schedule/rtile.py)
+    cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
 
     @property
     def tile_rows(self) -> int:
-        """Rows of the i loop the threads scan: M, or with a register tile one per tile, the
-        tiles of each residue p = i mod rstride (i = (q * rtile + r) * rstride + p, r < rtile)."""
-        if self.rtile == 1:
+        """Rows of the i loop the threads scan: M, or with a register tile one per tile
+        (schedule/rtile.py: t = q * (rstride / ctile) + p owns the rows
+        (q * rtile + r) * rstride + p * ctile + c)."""
+        if self.rtile == 1 and self.ctile == 1:
             return self.M
-        return math.ceil(self.M // self.rstride / self.rtile) * self.rstride
+        return math.ceil(self.M // self.rstride / self.rtile) * (self.rstride // self.ctile)
 
     @property
     def min_blocks(self) -> int:
@@ -96,7 +100,7 @@ class Decision:
         threads' worth (64 registers each), halved per doubling of a register tile beyond 2
         (its accumulators and per-row loads need the registers)."""
         base = max(1, 1024 // self.threads)
-        return max(1, base // max(1, self.rtile // 2))
+        return max(1, base // max(1, self.rtile * self.ctile // 2))
 
     @property
     def threads(self) -> int:
@@ -153,7 +157,7 @@ class Decision:
         return (
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
             f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
-            + (f" rtile={self.rtile}x{self.rstride}" if self.rtile > 1 else "")
+            + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
             + (" cooperative" if self.cooperative else "")
         )
 
@@ -162,6 +166,7 @@ class Decision:
         d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
         d["atomic_vec"] = list(self.atomic_vec)
         d["rshared"] = [[int(b) for b in a] for a in self.rshared]
+        d["cshared"] = [[int(b) for b in a] for a in self.cshared]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -192,6 +197,8 @@ class Decision:
             rtile=int(d.get("rtile", 1)),  # absent in schedules before register tiles: none
             rstride=int(d.get("rstride", 1)),
             rshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("rshared", ())),
+            ctile=int(d.get("ctile", 1)),
+            cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
         )
 
 
@@ -254,11 +261,11 @@ def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
         if group.accumulator_of[k] != k:
             continue  # its owner's accumulation is the same work
         n = s.M * s.N
-        shared = _tile_shared_nodes(s, d.rshared[k]) if d is not None and d.rtile > 1 and d.rshared else set()
+        div = op_divisors(s, k, d) if d is not None and d.rtile * d.ctile > 1 else {}
         for e in s.body.walk():
             if e.op in ("load", "const"):
                 continue
-            w = n / d.rtile if id(e) in shared else n
+            w = n / div.get(id(e), 1)
             if e.dtype.compute == "double":
                 fp64 += w
             else:
@@ -275,22 +282,6 @@ def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
                 fp32 += merge
             sfu += n * s.combiner.merge_transcendentals
     return Arithmetic(fp32, fp64, sfu)
-
-
-def _tile_shared_nodes(s, shared: tuple[bool, ...]) -> set[int]:
-    """ids of the body's nodes that depend on no per-row value: every load under them is
-    shared along the register tile (constants too)."""
-    out: set[int] = set()
-    for e in s.body.walk():
-        if e.op == "load":
-            ok = shared[e.read]
-        elif e.op == "const":
-            ok = True
-        else:
-            ok = all(id(a) in out for a in e.args)
-        if ok:
-            out.add(id(e))
-    return out
 
 
 def streamed_bytes_per_iteration(group: KernelGroup) -> int:
@@ -451,14 +442,14 @@ def _input_bytes(group: KernelGroup) -> int:
 def _in_flight(group: KernelGroup, d: Decision) -> int:
     """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads. Under
     a register tile the stream is the operand its rows share (loaded once per tile)."""
-    if d.rtile > 1:
+    if d.rshared:
         tensors = {
             r.tensor.uid: r.tensor
             for s, sh in zip(group.statements, d.rshared)
             for r, b in zip(s.reads, sh)
             if b and r.memory
         }
-        return max(1, sum(t.dtype.itemsize for t in tensors.values())) * d.vec * d.unroll
+        return max(1, sum(t.dtype.itemsize for t in tensors.values())) * d.vec * d.unroll * d.ctile
     return max(1, streamed_bytes_per_iteration(group)) * d.vec * d.unroll
 
 
@@ -502,8 +493,11 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
-        # one block reduction per row of the register tile
-        epilogue_cycles=400 * d.rtile + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
+        # an L1-latency shuffle, ~30 cycles) more per further row
+        epilogue_cycles=400
+        + 150 * (d.rtile * d.ctile - 1)
+        + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
@@ -516,7 +510,7 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     if group.form == Form.COLUMN:
         steps = math.ceil(d.split / d.ty) * d.vec
     else:
-        steps = math.ceil(d.split / d.tx) * d.rtile
+        steps = math.ceil(d.split / d.tx) * d.rtile * d.ctile
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
@@ -587,12 +581,14 @@ def map_group(
     threads: int | None = None,
     name: str = "",
     rtile: int | None = None,
+    ctile: int | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
     combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
-    keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` forces
-    the rows of a register tile (1: none; ignored where the group has no tile to share)."""
+    keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
+    `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
+    group has no tile to share)."""
     if group.stitched:
         return _map_stitched(group, gpu, name, split)
     form, M, N = group.form, group.M, group.N
@@ -621,14 +617,14 @@ def map_group(
         options = (threads,)
     else:
         options = (256,) if split is not None else (256, 512, 1024)
-    tilings = _tilings(group) if form in (Form.ROW, Form.ALL) else [_NO_TILE]
+    tiles = tilings(group)
     if rtile is not None:
-        tilings = [t for t in tilings if t[0] == rtile] or [_NO_TILE]
+        tiles = [t for t in tiles if t[0] == rtile and t[2] == (ctile or 1)] or [NO_TILE]
     # A register tile also tries blocks of more rows (rows of one block share their other reads).
-    shapes = [(b, t, ty) for b in options for t in tilings for ty in ((1, 4, 8) if t[0] > 1 else (1,))]
-    for block, (R, stride, shared), tile_ty in shapes:
+    shapes = [(b, t, ty) for b in options for t in tiles for ty in ((1, 4, 8) if t[0] > 1 else (1,))]
+    for block, (R, stride, C, rshared, cshared), tile_ty in shapes:
         if form in (Form.ROW, Form.ALL):
-            rows = Decision(**base, **_dummy, rtile=R, rstride=stride).tile_rows
+            rows = Decision(**base, **_DUMMY, rtile=R, rstride=stride, ctile=C).tile_rows
             tx = min(block // tile_ty, pow2ceil(G))
             ty = max(1, min(block // tx, pow2ceil(rows)))
             gx, per_split = math.ceil(rows / ty), tx  # every thread of a split block gets a group
@@ -648,12 +644,12 @@ def map_group(
             for partials in merge_options if s_eff > 1 else merge_options[:1]:
                 d = Decision(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                    unroll=max(1, unroll_for(vec, chunk // per_split) // R), merges=_merges(group, s_eff, partials),
+                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=_merges(group, s_eff, partials),
                     access=access,
                     atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
-                    rtile=R, rstride=stride, rshared=shared,
+                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
-                if R > 1 and rtile is None and registers(group, d) > register_budget(d):
+                if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
@@ -662,50 +658,7 @@ def map_group(
     return _complete(group, best[1], gpu, name, best[0])
 
 
-_NO_TILE: tuple[int, int, tuple] = (1, 1, ())
-_dummy = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
-MAX_RTILE = 16
-
-
-def _tilings(group: KernelGroup) -> list[tuple[int, int, tuple[tuple[bool, ...], ...]]]:
-    """Register tiles to try, (rows per thread, row stride, shared reads), no tile first: the
-    smallest stride of `contraction.row_strides` at which some read of the group is shared along
-    the tile (isl: `shared_along_rows`), with power-of-two tiles up to the tile rows' count
-    rounded up (a tile may overhang M: its missing rows are guarded), at most MAX_RTILE."""
-    M = group.M
-    strides = sorted({p for st in group.statements for p in row_strides(st) if M % p == 0})
-    for stride in strides:
-        shared = tuple(
-            tuple(shared_along_rows(st, k, stride) if st.M == M else False for k in range(len(st.reads)))
-            for st in group.statements
-        )
-        if any(any(a) for a in shared):
-            rows = M // stride
-            tiles = [1 << e for e in range(1, 5) if 1 << e <= min(MAX_RTILE, pow2ceil(rows))]
-            return [_NO_TILE] + [(R, stride, shared) for R in tiles]
-    return [_NO_TILE]
-
-
-def registers(group: KernelGroup, d: Decision) -> int:
-    """Registers a thread needs at most, estimated: 32 for indices and addresses, the tile's
-    accumulators, and per unrolled step the bytes of each contiguous vector load in flight (a
-    shared read once, a per-row read once per row of the tile), in 4-byte registers."""
-
-    acc = sum(max(1, s.acc.itemsize // 4) for k, s in enumerate(group.statements) if group.accumulator_of[k] == k)
-    loads = 0
-    seen = set()
-    for k, s in enumerate(group.statements):
-        for ri, r in enumerate(s.reads):
-            if d.access and d.access[k][ri] == AccessKind.CONTIG and (r.tensor.uid, str(r.addr)) not in seen:
-                seen.add((r.tensor.uid, str(r.addr)))
-                shared = d.rtile > 1 and d.rshared and d.rshared[k][ri]
-                loads += math.ceil(d.vec * r.tensor.dtype.itemsize / 4) * (1 if shared else d.rtile)
-    return 32 + acc * d.rtile + d.unroll * loads
-
-
-def register_budget(d: Decision) -> int:
-    """Registers per thread ptxas may use under the kernel's launch bounds (`min_blocks`)."""
-    return min(255, 65536 // (d.threads * d.min_blocks))
+_DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
 
 
 def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None = None) -> Mapping:
@@ -765,9 +718,8 @@ def replay(
     7. the unroll factor is at least 1;
     8. vector atomics only where `_atomic_vec` allows them on this GPU (float32 sums of a COLUMN
        tile, vec dividing M, sm_90);
-    9. a register tile (rtile > 1) only in a ROW/ALL group that is not stitched, of a power of
-       two rows up to MAX_RTILE, at a row stride of `contraction.row_strides` dividing M, with
-       exactly the shared reads isl finds at that stride (a read saved as shared must be).
+    9. a register tile only as schedule/rtile.py's preconditions allow (ROW/ALL, unstitched,
+       power-of-two rows, a row stride of the group, exactly the shared reads isl finds).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -822,35 +774,8 @@ def replay(
         raise ScheduleError(
             f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
         )
-    if d.rtile != 1 or d.rstride != 1 or d.rshared:
-        _check_tile(group, d, at)
+    check_tile(group, d, at)
     return _complete(group, d, gpu, name)
-
-
-def _check_tile(group: KernelGroup, d: Decision, at: str) -> None:
-    """Rule 9 of `replay`."""
-    if d.rtile == 1 and d.rstride == 1 and not d.rshared:
-        return
-    if group.stitched or group.form not in (Form.ROW, Form.ALL):
-        raise ScheduleError(
-            f"{at}: a register tile of {d.rtile} rows in a {group.form} group (only ROW/ALL, unstitched)"
-        )
-    if not (is_pow2(d.rtile) and 2 <= d.rtile <= MAX_RTILE):
-        raise ScheduleError(f"{at}: register tile of {d.rtile} rows is not a power of two from 2 to {MAX_RTILE}")
-    strides = {p for st in group.statements for p in row_strides(st)}
-    if d.rstride not in strides or group.M % d.rstride:
-        raise ScheduleError(
-            f"{at}: register tile stride {d.rstride} is not one of the group's row strides {sorted(strides)}"
-        )
-    want = tuple(
-        tuple(shared_along_rows(st, k, d.rstride) if st.M == group.M else False for k in range(len(st.reads)))
-        for st in group.statements
-    )
-    if d.rshared != want:
-        raise ScheduleError(
-            f"{at}: reads shared along the register tile {d.to_dict()['rshared']} are not what isl finds "
-            f"at stride {d.rstride}"
-        )
 
 
 def covers(d: Decision) -> bool:
