@@ -158,3 +158,19 @@ def test_schedules_before_register_tiles_still_load():
     assert Schedule.from_json(old).kernels[0].rtile == 1
     with pytest.raises(ScheduleError, match="not one of"):
         Schedule.from_json(s.to_json().replace("panamera-schedule/3", "panamera-schedule/9"))
+
+
+@pytest.mark.parametrize("R,C", [(2, 1), (4, 2)])
+def test_tile_with_a_stitched_epilogue(R, C, rng):
+    """relu(x @ W.T + bias) + residual stitched to the contraction (one kernel): each row of the
+    tile is all-reduced and finished by its own row epilogue."""
+    M, N, K = 5, 64, 256
+    x, w = pn.placeholder((M, K), "float32", name="x"), pn.placeholder((N, K), "float32", name="w")
+    bias, res = pn.placeholder((N,), "float32", name="bias"), pn.placeholder((M, N), "float32", name="res")
+    z = pn.maximum(x @ w.T + bias, 0.0) + res
+    k = tiled(z, R, C=C)
+    assert len(k.plan.kernels) == 1 and k.mappings[0].stitched
+    X, W, B, Rs = (array(s, "float32", rng) for s in [(M, K), (N, K), (N,), (M, N)])
+    mm = X.astype(np.float64) @ W.T.astype(np.float64)
+    tol = bound(X, W.T, "mk,kn->mn", "float32", "float32") + 3 * 2.0**-24 * (np.abs(mm) + np.abs(B) + np.abs(Rs))
+    assert (np.abs(k(X, W, B, Rs) - (np.maximum(mm + B, 0) + Rs)) <= tol).all()

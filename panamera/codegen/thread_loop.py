@@ -260,6 +260,7 @@ class ThreadLoop:
         out += stage((False, True), "pn_r", row_r0, "    ")
         row, _ = self.tile_row("pn_t", "pn_r", "pn_c")
         out += ["#pragma unroll", f"    for (int pn_c = 0; pn_c < {C}; ++pn_c) {{", f"      const pn_idx i = {row};"]
+        out.append(f"      const int pn_v = pn_r * {C} + pn_c;  // the row's registers (stitched values)")
         out += stage((False, False), "pn_r", None, "      ")
         out.append(f"      for (int v = 0; v < {V}; ++v) {{" if V > 1 else "      {")
         out.append(f"        const pn_idx j = pn_first{' + v' if V > 1 else ''};")
@@ -270,7 +271,7 @@ class ThreadLoop:
             body, val = self.body_lines(k, "v" if V > 1 else "0", regs)
             out += ["        " + ln for ln in body]
             if s.kind == StatementKind.REDUCE:
-                acc = f"acc{k}[pn_r * {C} + pn_c]"
+                acc = f"acc{k}[pn_v]"
                 out.append(f"        {acc} = {s.combiner.functor}::apply({acc}, {accumuland(s, val)});")
             else:
                 value = convert(val, s.body.dtype, s.result.dtype)

@@ -548,10 +548,10 @@ def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=_in_flight(group, d),
-        epilogue_cycles=400 * (1 if S > 1 else n_passes),
+        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
         grid_syncs=n_ex,
         sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
-        **arithmetic(group).features(),
+        **arithmetic(group, d).features(),
     )
 
 
@@ -590,7 +590,7 @@ def map_group(
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
     group has no tile to share)."""
     if group.stitched:
-        return _map_stitched(group, gpu, name, split)
+        return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N
     base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
     if form == Form.MAP:
@@ -661,13 +661,21 @@ def map_group(
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
 
 
-def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None = None) -> Mapping:
+def _map_stitched(
+    group: KernelGroup,
+    gpu: GPUSpec,
+    name: str,
+    split: int | None = None,
+    rtile: int | None = None,
+    ctile: int | None = None,
+) -> Mapping:
     """A stitched group: threads per row and blocks per row (split) chosen by the model. More
     threads keep fewer rows resident, so later passes hit in L2; a split spreads rows too few to
     fill the GPU over more blocks, at the price of a grid-wide exchange per pass with
     reductions, and only while every block of the grid is co-resident (`co_resident`: the
     blocks wait for each other). Splits are powers of two with at least one step per thread;
-    `split` forces one (1: whole rows)."""
+    `split` forces one (1: whole rows). Unsplit rows may also take a register tile
+    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
@@ -676,22 +684,35 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None
         access=_access(group, vec), levels=_levels(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    candidates = []  # (tx, ty, gx, split), fewer threads and blocks first
+    candidates = []  # (tx, ty, gx, split, tile), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
-        candidates += [(tx, ty, gx, 1 << e) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        candidates += [(tx, ty, gx, 1 << e, NO_TILE) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+    tiles = tilings(group)[1:]
+    if rtile is not None:
+        candidates = [] if rtile * (ctile or 1) > 1 else candidates
+        tiles = [t for t in tiles if t[0] == rtile and t[2] == (ctile or 1)]
+    for t in tiles:  # unsplit tiled rows
+        dummy = {k: v for k, v in _DUMMY.items() if k not in base}
+        rows = Decision(**base, **dummy, rtile=t[0], rstride=t[1], ctile=t[2]).tile_rows
+        for tx in sorted({min(x, pow2ceil(G)) for x in (32, 64, 128)}):
+            ty = max(1, min(256 // tx, pow2ceil(rows)))
+            candidates.append((tx, ty, math.ceil(rows / ty), 1, t))
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
     best = None
-    for tx, ty, gx, s in candidates:
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared) in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-            unroll=unroll_for(vec, chunk // tx), merges=_merges(group, s_eff, True),
+            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=_merges(group, s_eff, True),
+            rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
         )  # fmt: skip
+        if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
+            continue
         cost = _stitched_cost(group, gpu, d)
         # fewer blocks and threads unless clearly faster
         if best is None or cost.total_s < best[0].total_s * 0.97:

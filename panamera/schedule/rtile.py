@@ -24,7 +24,8 @@ After (rtile = R, rstride = N, ctile = C)::
 
 Preconditions (`check`, rule 9 of schedule/mapping.py's `replay`; one negative test each in
 tests/test_register_tile.py):
-  1. a ROW/ALL group that is not stitched (its rows are reduced by the block's x threads);
+  1. a ROW/ALL group (its rows are reduced by the block's x threads), stitched only with whole
+     rows per block (split 1: a split stitched row exchanges one partial per row);
   2. rtile and ctile are powers of two, rtile from 2 to MAX_RTILE, ctile to MAX_CTILE;
   3. rstride is one of `contraction.row_strides` (it divides M) and ctile divides it, so a tile's
      consecutive rows never cross from one m to the next; rows of a tile past M are guarded;
@@ -76,7 +77,7 @@ def tilings(group: KernelGroup) -> list[Tile]:
     """Tiles to try, no tile first: at the smallest row stride at which some read is shared,
     rtile = 2, 4, ... up to the count of rows that far apart rounded up to a power of two (at
     most MAX_RTILE), times ctile = 1, 2, 4 consecutive rows where ctile divides the stride."""
-    if group.stitched or group.form not in (Form.ROW, Form.ALL):
+    if group.form not in (Form.ROW, Form.ALL):
         return [NO_TILE]
     M = group.M
     for stride in sorted({p for st in group.statements for p in row_strides(st) if M % p == 0}):
@@ -120,7 +121,11 @@ def registers(group: KernelGroup, d: Decision) -> int:
     accumulators, and per unrolled step the bytes of each contiguous vector load in flight (a
     read shared both ways once, along r once per c, along c once per r, else once per row), in
     4-byte registers."""
-    acc = sum(max(1, s.acc.itemsize // 4) for k, s in enumerate(group.statements) if group.accumulator_of[k] == k)
+    acc = sum(
+        max(1, s.acc.itemsize // 4)
+        for k, s in enumerate(group.statements)
+        if group.accumulator_of[k] == k and s.acc is not None
+    )
     loads, seen = 0, set()
     for k, s in enumerate(group.statements):
         for ri, r in enumerate(s.reads):
@@ -144,9 +149,11 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
     """The preconditions of the module docstring; a ScheduleError naming the kernel otherwise."""
     if (d.rtile, d.rstride, d.ctile, d.rshared, d.cshared) == NO_TILE:
         return
-    if group.stitched or group.form not in (Form.ROW, Form.ALL):
+    if group.form not in (Form.ROW, Form.ALL) or (group.stitched and d.split > 1):
         raise ScheduleError(
-            f"{at}: a register tile of {d.rtile}x{d.ctile} rows in a {group.form} group (only ROW/ALL, unstitched)"
+            f"{at}: a register tile of {d.rtile}x{d.ctile} rows in a {group.form} group"
+            + (" split across blocks" if group.stitched else "")
+            + " (only ROW/ALL, stitched rows unsplit)"
         )
     if not (_pow2(d.rtile) and 1 <= d.rtile <= MAX_RTILE and _pow2(d.ctile) and d.ctile <= MAX_CTILE):
         raise ScheduleError(
