@@ -36,7 +36,7 @@ tests/test_register_tile.py):
 >>> a = lower(pn.placeholder((4, 64), name="x") @ pn.placeholder((32, 64), name="w").T,
 ...           stop_after="groups", target="emulator")
 >>> [(R, S, C) for R, S, C, _, _ in tilings(a.groups[0])][:4]
-[(1, 1, 1, ), (2, 32, 1), (2, 32, 2), (2, 32, 4)]
+[(1, 1, 1), (2, 32, 1), (2, 32, 2), (2, 32, 4)]
 """
 
 from __future__ import annotations
