@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, fields
 
 from .. import dtypes
-from ..algebra import AtomicStrategy
+from ..algebra import SUM, AtomicStrategy
 from ..enums import StrEnum
 from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
@@ -274,7 +274,7 @@ def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
         if s.combiner is not None:
             acc = s.acc.field if s.acc.is_struct else s.acc
             # a product summed is one fused multiply-add (nvcc contracts acc + a * b by default)
-            fma = s.combiner.name == "sum" and s.body.op == "mul" and not acc.is_struct
+            fma = s.combiner is SUM and s.body.op == "mul" and not acc.is_struct
             merge = 0 if fma else n * s.combiner.merge_instructions
             if acc.compute == "double":
                 fp64 += merge
