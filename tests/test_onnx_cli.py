@@ -120,7 +120,7 @@ def test_schedules_round_trip_and_refusal(models, tmp_path):
     files = sorted(os.listdir(sd))
     assert files and all(f.endswith(".H100-SXM5.json") for f in files)
     doc = json.loads((sd / files[0]).read_text())
-    assert doc["format"] == "panamera-schedule/2" and doc["kernels"]
+    assert doc["format"] == "panamera-schedule/3" and doc["kernels"]
     r = panamera("optimize", models["convnet"], "--schedules", str(sd), "--verify")
     assert r.returncode == 0, r.stderr
     # The same schedules for a model whose shapes changed are refused with a clear message.

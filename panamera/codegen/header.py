@@ -225,6 +225,27 @@ __device__ __forceinline__ T pn_reduce_x(T v, T* smem) {
   return v;
 }
 
+// N reductions across threadIdx.x at once (a register tile's rows): the shuffles of the N values
+// interleave and one pair of barriers serves all of them. smem holds N * TY * max(1, TX / 32).
+template <class OP, int TX, int TY, int N, class T>
+__device__ __forceinline__ void pn_reduce_x_n(T (&v)[N], T* smem) {
+  if (TX == 1) return;
+  constexpr int W = TX < 32 ? TX : 32;
+  for (int o = W / 2; o > 0; o >>= 1)
+    for (int n = 0; n < N; ++n) v[n] = OP::apply(v[n], pn_shfl_down(v[n], o, W));
+  if (TX <= 32) return;
+  constexpr int NW = TX / 32;
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  __syncthreads();  // the buffer may still be read by a previous reduction
+  if (lane == 0) for (int n = 0; n < N; ++n) smem[(n * TY + threadIdx.y) * NW + w] = v[n];
+  __syncthreads();
+  if (threadIdx.x < 32)
+    for (int n = 0; n < N; ++n) {
+      v[n] = threadIdx.x < NW ? smem[(n * TY + threadIdx.y) * NW + threadIdx.x] : OP::template identity<T>();
+      for (int o = 16; o > 0; o >>= 1) v[n] = OP::apply(v[n], pn_shfl_down(v[n], o, 32));
+    }
+}
+
 // Reduce across threadIdx.x and hand the row's result to every thread of the row (a stitched
 // kernel's consumers need it); bcast holds TY values.
 template <class OP, int TX, int TY, class T>

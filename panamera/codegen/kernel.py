@@ -68,7 +68,8 @@ def index_bound(group: KernelGroup, m: Mapping) -> int:
     such as `256*bx + tx + c` are values of a counter too, but leave some room).
     """
     extent = max(t.extent for t in m.tasks.values())
-    sizes = [group.M * group.N, m.split * group.M] + [s.result.size for s in group.statements]
+    sizes = [group.M * group.N, m.split * group.M, m.rtile * m.rstride * (m.tile_rows + 1)]
+    sizes += [s.result.size for s in group.statements]
     sizes += [r.tensor.size for s in group.statements for r in s.reads if r.memory]
     return max(2 * extent * (m.unroll + 1), (extent + 1) * m.vec, *sizes)
 
@@ -124,7 +125,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
         sig.append(f"{const}{p.ctype}* __restrict__ {p.param}")
     # At least 1024 resident threads per SM: ptxas may use 64 registers per thread (without a
     # minimum it sometimes caps at 32 and spills the unrolled loop's vectors).
-    bounds = f"{m.threads}, {max(1, 1024 // m.threads)}"
+    bounds = f"{m.threads}, {m.min_blocks}"  # fewer with a register tile (schedule/mapping.py)
     lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")

@@ -35,9 +35,10 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
     for k, s in enumerate(g.statements):
         if g.accumulator_of[k] != k:
             continue
-        if col and V > 1:
-            lines.append(f"  {s.acc.compute} acc{k}[{V}];")
-            lines.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {identity_expr(s)};")
+        if col and V > 1 or _tile(m) > 1:
+            n = _tile(m) if _tile(m) > 1 else V  # a register tile's rows (ROW/ALL) or a COLUMN thread's lanes
+            lines.append(f"  {s.acc.compute} acc{k}[{n}];")
+            lines.append(f"  for (int v = 0; v < {n}; ++v) acc{k}[v] = {identity_expr(s)};")
         else:
             lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
     everything = list(range(len(g.statements)))
@@ -50,7 +51,7 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
     col = g.form == Form.COLUMN
     V = m.vec if col else 1
     out = []
-    size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32)
+    size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32) * _tile(m)
     for ct in dict.fromkeys(s.acc.compute for s in g.statements):
         out.append(f"  __shared__ {ct} pn_smem_{c_ident(ct)}[{size}];")
     for k, s in enumerate(g.statements):
@@ -59,7 +60,9 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
         safe = c_ident(s.acc.compute)
         fn = "pn_reduce_y" if col else "pn_reduce_x"
         tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-        if col and V > 1:
+        if _tile(m) > 1:  # the tile's rows reduce together
+            out.append(f"  pn_reduce_x_n<{s.combiner.functor}, {m.tx}, {m.ty}, {_tile(m)}>(acc{k}, pn_smem_{safe});")
+        elif col and V > 1:
             out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
@@ -84,6 +87,11 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
     return out
 
 
+def _tile(m) -> int:
+    """Rows of the thread's register tile (schedule/rtile.py)."""
+    return m.rtile * m.ctile
+
+
 def _per_output(loop: ThreadLoop, emit) -> list[str]:
     """`emit(k, statement, output index, accumulator)` for every output the thread holds."""
     g, m = loop.g, loop.m
@@ -97,6 +105,14 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
             j = g.accumulator_of[k]
             out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
         out += ["    }", "  }"]
+    elif _tile(m) > 1:  # every row of the thread's register tile, v = r * ctile + c
+        row, valid = loop.tile_row("pn_t", f"v / {m.ctile}", f"v % {m.ctile}")
+        out.append(f"  for (int v = 0; v < {_tile(m)}; ++v) {{ const pn_idx pn_t = bx * {m.ty} + ty;")
+        out.append(f"  const pn_idx o = {row};")
+        out.append(f"  if (tx == 0 && {valid}) {{")
+        for k, s in enumerate(g.statements):
+            out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}[v]")]
+        out.append("  } }")
     else:
         out.append(f"  {{ const pn_idx o = bx * {m.ty} + ty;")
         out.append(f"  if (tx == 0 && o < {g.M}) {{")
@@ -170,20 +186,29 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
         smem = f"pn_smem_{c_ident(s.acc.compute)}"
         a = f"pn_p{k}"
         sharing = [j for j, o in enumerate(g.accumulator_of) if o == k]
+        inside = f"o < {g.M}"
         if col:
             leader, step, index, reduce = "ty == 0", f"b += {m.ty}", f"b * {s.M} + o", "pn_reduce_y"
             out += [f"for (int v = 0; v < {m.vec}; ++v) {{", f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;"]
             first = "ty"
+        elif _tile(m) > 1:  # per row of the register tile
+            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
+            row, inside = loop.tile_row("pn_t", f"pn_v / {m.ctile}", f"pn_v % {m.ctile}")
+            out += [
+                f"for (int pn_v = 0; pn_v < {_tile(m)}; ++pn_v) {{",
+                f"  const pn_idx pn_t = bx * {m.ty} + ty; const pn_idx o = {row};",
+            ]
+            first = "tx"
         else:
             leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
             out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
             first = "tx"
         out += [
             f"  {s.acc.compute} {a} = {identity_expr(s)};",
-            f"  if (o < {g.M}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
+            f"  if ({inside}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
             f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
             f"  {a} = {reduce}{tmpl}({a}, {smem});",
         ]
-        out += [f"  if ({leader} && o < {g.M}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
+        out += [f"  if ({leader} && {inside}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
         out.append("}")
     return out

@@ -32,6 +32,8 @@ from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
 
 def emit_stitched(loop: ThreadLoop) -> list[str]:
+    if loop.m.rtile * loop.m.ctile > 1:
+        return _emit_tiled(loop)
     g, m = loop.g, loop.m
     level = m.levels
     split = m.split > 1
@@ -110,4 +112,61 @@ def _exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
             f"  if (o < {g.M}) for (pn_idx b = tx; b < {S}; b += {m.tx}) "
             f"acc{k} = {s.combiner.functor}::apply(acc{k}, pn_ldcg(&ws{k}[o * {S} + b]));"
         )
+    return out
+
+
+def _emit_tiled(loop: ThreadLoop) -> list[str]:
+    """Whole rows under a register tile (schedule/rtile.py; never split): as above, with one
+    accumulator and one register per row of the thread's tile, indexed pn_v = r * ctile + c
+    (the tiled iteration defines it; the per-row loops here run it), each row all-reduced, stored
+    and finished by its row epilogues on its own."""
+    g, m = loop.g, loop.m
+    T = m.rtile * m.ctile
+    level = m.levels
+    epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
+    row, valid = loop.tile_row("pn_t", f"pn_v / {m.ctile}", f"pn_v % {m.ctile}")
+    out = [f"  const pn_idx pn_t = bx * {m.ty} + ty;  // the tile row this thread works on"]
+    for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == StatementKind.REDUCE):
+        safe = c_ident(ct)
+        out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
+        out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+
+    def per_row(body: list[str]) -> list[str]:
+        head = [f"  for (int pn_v = 0; pn_v < {T}; ++pn_v) {{", f"    const pn_idx o = {row};"]
+        return head + ["  " + ln for ln in body] + ["  }"]
+
+    for lv in range(passes(g, level)):
+        here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
+        out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
+        own = g.accumulator_of
+        for k in here:
+            s = g.statements[k]
+            if s.kind == StatementKind.REDUCE and own[k] == k:
+                out.append(f"  {s.acc.compute} acc{k}[{T}];")
+                out.append(f"  for (int v = 0; v < {T}; ++v) acc{k}[v] = {identity_expr(s)};")
+        out += loop.loops(lambda call, here=here: loop.iteration(call, here))
+        for k in [k for k in here if g.statements[k].kind == StatementKind.REDUCE]:
+            s = g.statements[k]
+            if own[k] == k:
+                safe = c_ident(s.acc.compute)
+                tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+                out.append(
+                    f"  for (int v = 0; v < {T}; ++v) "
+                    f"acc{k}[v] = pn_allreduce_x{tmpl}(acc{k}[v], pn_smem_{safe}, pn_bcast_{safe});"
+                )
+            final = convert(post(s, f"acc{own[k]}[v]"), post_dtype(s), s.result.dtype)
+            out.append(f"  {s.result.dtype.compute} r{k}[{T}];")
+            out.append(f"  for (int v = 0; v < {T}; ++v) r{k}[v] = {final};")
+            loop.regs[s.result.uid] = f"r{k}[pn_v]"
+            if s.result.uid in g.external:
+                out += per_row([f"  if (tx == 0 && {valid}) pn_st(&out{k}[o], r{k}[pn_v]);"])
+        for k in epilogues:  # each row's leader, once every value the epilogue reads is final
+            s = g.statements[k]
+            if level[k] != lv + 1:
+                continue
+            body, val = loop.body_lines(k, None)
+            lines = [f"  if (tx == 0 && {valid}) {{", "    const pn_idx i = o; const pn_idx j = 0;"]
+            lines += ["    " + ln for ln in body]
+            lines.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
+            out += per_row(lines + ["  }"])
     return out

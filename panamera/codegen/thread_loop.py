@@ -98,10 +98,27 @@ class ThreadLoop:
         dom = self.g.statements[0].domain.reset_tuple_id()
         return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
 
+    # -- register tiles (schedule/rtile.py) ----------------------------------------------------
+    def tile_row(self, t: str, r: str, c: str = "0") -> tuple[str, str]:
+        """Row (r, c) of the register tile scanned as row t of the i loop, and whether it exists:
+        i = (q * rtile + r) * rstride + p * ctile + c for t = q * (rstride / ctile) + p."""
+        m = self.m
+        S, R, C = m.rstride, m.rtile, m.ctile
+        P = S // C
+        first = f"(({t}) / {P} * {R} + {r})"
+        return f"({first} * {S} + ({t}) % {P} * {C} + {c})", f"({t} < {m.tile_rows} && {first} < {m.M // S})"
+
+    def sharing(self, k: int, read: int) -> tuple[bool, bool]:
+        """Whether read `read` of statement k is shared along the tile's r rows and its c rows."""
+        m, r = self.m, self.g.statements[k].reads[read]
+        if not r.memory:
+            return False, False
+        return bool(m.rshared) and m.rshared[k][read], bool(m.cshared) and m.cshared[k][read]
+
     # -- loads and bodies ---------------------------------------------------------------------
     def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None) -> tuple[list[str], str]:
         """The C lines of statement k's body at the current (i, j) and the name of its value."""
-        s, kinds = self.g.statements[k], self.m.access[k]
+        s = self.g.statements[k]
         lines: list[str] = []
 
         def load(read: int, index: str | None = None) -> str:
@@ -115,21 +132,26 @@ class ThreadLoop:
                 return self.regs[r.tensor.uid]
             if not r.memory:  # iota: the index itself
                 return f"((long long)({self.address(r.addr)}))"
-            if kinds[read] == AccessKind.CONTIG and vec_slot is not None:
+            if vregs is not None and (k, read) in vregs and vec_slot is not None:  # loaded before
                 return f"{vregs[(k, read)]}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
 
         value = ExprRenderer(lines, f"e{k}_").render(s.body, load)
         return lines, value
 
-    def vector_loads(self, here: list[int]) -> tuple[list[str], list[str], dict]:
+    def vector_loads(
+        self, here: list[int], sharing: tuple[bool, bool] | None = None
+    ) -> tuple[list[str], list[str], dict]:
         """One vector register per distinct contiguous read of the statements `here`: statements
         fused horizontally over one input share its load. Returns (declarations, loads, the
-        register of each (statement, read))."""
+        register of each (statement, read)). `sharing`: only the reads a register tile shares
+        so (`ThreadLoop.sharing`)."""
         decl, loads, vregs, by_access = [], [], {}, {}
         for k in here:
             for ri, r in enumerate(self.g.statements[k].reads):
                 if self.m.access[k][ri] != AccessKind.CONTIG:
+                    continue
+                if sharing is not None and self.sharing(k, ri) != sharing:
                     continue
                 key = (r.tensor.uid, self.address(r.addr))
                 if key not in by_access:
@@ -142,6 +164,8 @@ class ThreadLoop:
     def iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
         """One instance of the isl loop nest for the statements `here`: the contiguous reads
         loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
+        if self.m.rtile * self.m.ctile > 1:
+            return self.tile_iteration(call, here)
         g, V = self.g, self.m.vec
         col = g.form in (Form.COLUMN, Form.MAP)  # the vector runs along i instead of j
         a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
@@ -169,6 +193,98 @@ class ThreadLoop:
                 value = convert(val, s.body.dtype, s.result.dtype)
                 out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")
         return out + ["  }", "}"]
+
+    def tile_iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
+        """One step of a register tile (ROW/ALL, schedule/rtile.py): each read is loaded once per
+        row it is not shared along, at the first row it serves (the same address at the others:
+        isl's `shared_along_rows`): shared both ways once, along r once per c, along c once per
+        r, else per row; vectors for the contiguous reads, per lane for the others. Then per row
+        (unrolled, its accumulators in registers) the bodies."""
+        g, m, V = self.g, self.m, self.m.vec
+        R, C = m.rtile, m.ctile
+        t, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
+        out = ["{", f"  const pn_idx pn_t = {t}; const pn_idx pn_first = ({a1}) * {V};"]
+        regs: dict = {}
+
+        def stage(sharing: tuple[bool, bool], copies: str | None, row: str | None, pad: str) -> list[str]:
+            """Loads of the reads shared as `sharing`, at row `row`, into registers indexed
+            by `copies` (None: one copy)."""
+            decl, loads, vregs = self.vector_loads(here, sharing) if V > 1 else ([], [], {})
+            scalar = [
+                (k, ri)
+                for k in here
+                for ri in range(len(g.statements[k].reads))
+                if g.accumulator_of[k] == k
+                and m.access[k][ri] != AccessKind.CONTIG
+                and g.statements[k].reads[ri].memory
+                and g.statements[k].reads[ri].indirect is None
+                and self.sharing(k, ri) == sharing
+                and (k, ri) not in vregs
+            ]
+            n = {None: "", "pn_c": f"[{C}]", "pn_r": ""}[copies]
+            lines = [ln.replace("[", f"{n}[", 1) for ln in decl]
+            for k, ri in scalar:
+                lines.append(f"{g.statements[k].reads[ri].tensor.dtype.compute} pn_s{k}_{ri}{n}[{V}];")
+                vregs[(k, ri)] = f"pn_s{k}_{ri}"
+            index = "[pn_c]" if copies == "pn_c" else ""
+            for key, name in vregs.items():
+                regs[key] = name + index
+            body = []
+            if loads:
+                body += ["  { const pn_idx j = pn_first;"]
+                body += ["    " + ln for ln in loads]
+                body += ["  }"]
+                if index:  # the vector lands in this copy's registers
+                    body = [ln.rstrip() for ln in body]
+                    body = [_index_target(ln, index) for ln in body]
+            if scalar:
+                body.append(f"  for (int v = 0; v < {V}; ++v) {{ const pn_idx j = pn_first + v;")
+                for k, ri in scalar:
+                    r = g.statements[k].reads[ri]
+                    addr = f"&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}]"
+                    body.append(f"    pn_s{k}_{ri}{index}[v] = pn_ld({addr});")
+                body.append("  }")
+            if not body:
+                return [pad + ln for ln in lines]
+            if copies == "pn_c":
+                head = ["#pragma unroll", f"for (int pn_c = 0; pn_c < {C}; ++pn_c) {{ const pn_idx i = {row};"]
+            else:  # row None: the row's own i, already in scope
+                head = ["{" if row is None else f"{{ const pn_idx i = {row};"]
+            return [pad + ln for ln in lines + head + body + ["}"]]
+
+        row00, _ = self.tile_row("pn_t", "0", "0")
+        out += stage((True, True), None, row00, "  ")
+        out += stage((True, False), "pn_c", self.tile_row("pn_t", "0", "pn_c")[0], "  ")
+        row_r0, valid = self.tile_row("pn_t", "pn_r", "0")
+        out += ["#pragma unroll", f"  for (int pn_r = 0; pn_r < {R}; ++pn_r) if ({valid}) {{"]
+        out += stage((False, True), "pn_r", row_r0, "    ")
+        row, _ = self.tile_row("pn_t", "pn_r", "pn_c")
+        out += ["#pragma unroll", f"    for (int pn_c = 0; pn_c < {C}; ++pn_c) {{", f"      const pn_idx i = {row};"]
+        out.append(f"      const int pn_v = pn_r * {C} + pn_c;  // the row's registers (stitched values)")
+        out += stage((False, False), "pn_r", None, "      ")
+        out.append(f"      for (int v = 0; v < {V}; ++v) {{" if V > 1 else "      {")
+        out.append(f"        const pn_idx j = pn_first{' + v' if V > 1 else ''};")
+        for k in here:
+            s = g.statements[k]
+            if g.accumulator_of[k] != k:
+                continue
+            body, val = self.body_lines(k, "v" if V > 1 else "0", regs)
+            out += ["        " + ln for ln in body]
+            if s.kind == StatementKind.REDUCE:
+                acc = f"acc{k}[pn_v]"
+                out.append(f"        {acc} = {s.combiner.functor}::apply({acc}, {accumuland(s, val)});")
+            else:
+                value = convert(val, s.body.dtype, s.result.dtype)
+                out.append(f"        pn_st(&out{k}[{self.address(s.write)}], {value});")
+        return out + ["      }", "    }", "  }", "}"]
+
+
+def _index_target(line: str, index: str) -> str:
+    """`pn_ldv(&a[...], pn_vK_R);` -> `pn_ldv(&a[...], pn_vK_R[pn_c]);`"""
+    if "pn_ldv(" not in line:
+        return line
+    head, _, reg = line.rpartition(", ")
+    return f"{head}, {reg[:-2]}{index});"
 
 
 def accumuland(s: Statement, val: str) -> str:

@@ -31,6 +31,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 
@@ -170,6 +171,19 @@ static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exc
 namespace pn_emu {
 enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4 };
 static const int kMaxThreads = 1024;
+// Asynchronous copies a thread has issued and not yet waited for (cuda_pipeline.h): the source is
+// read at the copy, the destination written only at the __pipeline_wait_prior that covers its
+// batch, so a missing or early wait leaves shared memory stale, as it may on a GPU.
+static const int kMaxAsync = 256;
+struct AsyncCopy {
+  void* dst;
+  int size, batch;
+  unsigned char data[16];
+};
+struct AsyncCopies {
+  int n, open;  // copies pending; the batch that the next copy joins (commits so far)
+  AsyncCopy c[kMaxAsync];
+};
 struct Fiber {
   jmp_buf jb;
   ucontext_t uc;
@@ -179,6 +193,7 @@ struct Fiber {
   int started;
   const unsigned* wait_at;  // AT_GRID: the counter awaited ...
   unsigned wait_for;        // ... and the value it must reach
+  AsyncCopies* async;       // allocated at the thread's first asynchronous copy
 };
 // One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
 struct Block {
@@ -223,6 +238,8 @@ static inline void release_barrier(Block* b) {
 static void fiber_main() {
   for (;;) {  // a plain launch reuses a fiber for the same thread index of every block
     entry(entry_args);
+    std::free(cur->async);  // copies never waited for never land
+    cur->async = nullptr;
     cur->state = DONE;
     blk->live--;
     // An exited thread no longer takes part in barriers: release them if it was the last awaited.
@@ -275,6 +292,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
   f.tidx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), (unsigned)(t / (block.x * block.y))};
   f.started = 0;
   f.state = RUNNABLE;
+  f.async = nullptr;
   getcontext(&f.uc);
   f.uc.uc_stack.ss_sp = stack;
   f.uc.uc_stack.ss_size = kStack;
@@ -427,6 +445,47 @@ static inline void __syncwarp(unsigned = 0xffffffffu) { pn_emu::warp_barrier(); 
 // A GPU thread backs off while it polls; here a poll that fails suspends the fiber (pn_grid_wait).
 static inline void __nanosleep(unsigned) {}
 static inline void pn_grid_wait(const unsigned* counter, unsigned target) { pn_emu::grid_wait(counter, target); }
+// cuda_pipeline.h's primitives, run lazily (pn_emu::AsyncCopies): the copy reads its source now,
+// commit closes the thread's current batch, and __pipeline_wait_prior(n) lands every committed
+// batch but the newest n, in issue order.
+static inline void __pipeline_memcpy_async(void* dst, const void* src, size_t size, size_t zfill = 0) {
+  using namespace pn_emu;
+  if (size != 4 && size != 8 && size != 16) {
+    if (!error) error = "__pipeline_memcpy_async: the size must be 4, 8 or 16 bytes";
+    return;
+  }
+  check_aligned(src, (unsigned)size);
+  check_aligned(dst, (unsigned)size);
+  if (!cur->async) {
+    cur->async = static_cast<AsyncCopies*>(std::malloc(sizeof(AsyncCopies)));
+    cur->async->n = cur->async->open = 0;
+  }
+  AsyncCopies& q = *cur->async;
+  if (q.n == kMaxAsync) {
+    if (!error) error = "__pipeline_memcpy_async: more than 256 copies of one thread in flight";
+    return;
+  }
+  AsyncCopy& c = q.c[q.n++];
+  c.dst = dst;
+  c.size = (int)size;
+  c.batch = q.open;
+  std::memset(c.data, 0, sizeof c.data);
+  std::memcpy(c.data, src, size - zfill);
+}
+static inline void __pipeline_commit() {
+  if (pn_emu::cur->async) pn_emu::cur->async->open++;
+}
+static inline void __pipeline_wait_prior(size_t n) {
+  pn_emu::AsyncCopies* q = pn_emu::cur->async;
+  if (!q) return;
+  int keep = 0;
+  for (int k = 0; k < q->n; ++k) {
+    pn_emu::AsyncCopy& c = q->c[k];
+    if (c.batch < q->open - (int)n) std::memcpy(c.dst, c.data, c.size);
+    else q->c[keep++] = c;
+  }
+  q->n = keep;
+}
 template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
   int lane = pn_emu::cur->tid % 32, seg = lane % width;
   return pn_emu::shfl(v, lane + (int)delta, seg + (int)delta < width);

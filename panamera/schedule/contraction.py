@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import islpy as isl
+
 from ..poly.access import AccessKind, access_kind
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement
@@ -84,9 +86,11 @@ def _uniform(st: Statement, k: int, along: str, width: int) -> bool:
 def l2_bytes(group: KernelGroup, d) -> float:
     """Bytes the group's contractions request beyond each operand's distinct bytes (re-reads
     served by L2). Rows of one block (ROW: its ty rows; COLUMN: its tx x vec lanes along i)
-    reading one address share the request."""
+    reading one address share the request; a register tile's rows share the load of every read
+    the mapping marks shared along them (`d.rshared` along its rtile rows, `d.cshared` along
+    its ctile consecutive rows): one request per tile."""
     total = 0.0
-    for st in group.statements:
+    for n, st in enumerate(group.statements):
         if not is_contraction(st):
             continue
         share = d.ty if d.form in (Form.ROW, Form.ALL) else d.tx * d.vec
@@ -95,5 +99,55 @@ def l2_bytes(group: KernelGroup, d) -> float:
                 continue
             item = r.tensor.dtype.itemsize
             requested = st.M * st.N * item / (share if _uniform(st, k, "i", share) else 1)
+            if d.rshared and d.rshared[n][k]:
+                requested /= d.rtile
+            if d.cshared and d.cshared[n][k]:
+                requested /= d.ctile
             total += max(0.0, requested - r.tensor.size * item)
     return total
+
+
+def row_strides(st: Statement) -> tuple[int, ...]:
+    """Candidate distances between the rows of a register tile, smallest first: the products of
+    the result's trailing extents (for `x @ W.T`, N: the rows (m, n) and (m + 1, n) read the
+    same weight row) that divide the statement's rows and leave at least two tile rows.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> a = lower(pn.placeholder((4, 64), name="x") @ pn.placeholder((32, 64), name="w").T,
+    ...           stop_after="groups", target="emulator")
+    >>> row_strides(a.groups[0].statements[0])
+    (32,)
+    """
+    out, p = [], 1
+    for e in reversed(st.result.shape[1:]):
+        p *= e
+        if 1 < p < st.M and st.M % p == 0:
+            out.append(p)
+    return tuple(dict.fromkeys(out))
+
+
+def shared_along_rows(st: Statement, k: int, stride: int, within: int = 0) -> bool:
+    """Whether read k of `st` is UNIFORM along the rows of a register tile of this stride: rows
+    i and i + stride of the domain always read one address (isl decides), so one load serves
+    every row of the tile (an index read, iota, is computed once). `within` > 0 asks it only of
+    the aligned groups of `within` consecutive rows (a tile of consecutive rows, stride 1: the
+    rows (m, n) and (m, n + 1) of `x @ W.T` read one activation). A gathered (indirect) read is
+    never shared."""
+    r = st.reads[k]
+    if r.indirect is not None or stride <= 0 or stride >= st.M:
+        return False
+    key = ("rows", st.name, k, st.M, st.N, stride, within, str(r.addr))
+    if key not in _CACHE:
+        dom = st.domain.reset_tuple_id()
+        ctx = dom.get_ctx()
+        v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
+        sp = isl.Space.create_from_names(ctx, in_=["i", "j"], out=["i", "j"])
+        ma = isl.MultiAff.identity(sp)
+        ma = ma.set_aff(0, ma.get_aff(0).add_constant_val(isl.Val.int_from_si(ctx, stride)))
+        diff = r.addr.pullback_multi_aff(ma) - r.addr
+        inside = dom & v["i"].lt_set(v[0] + (st.M - stride))
+        if within > 1:
+            inside = inside & v["i"].mod_val(isl.Val.int_from_si(ctx, within)).ne_set(v[0] + (within - 1))
+        _CACHE[key] = (diff.ne_set(v[0]) & inside).is_empty()
+    return _CACHE[key]

@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass, fields
 
 from .. import dtypes
-from ..algebra import AtomicStrategy
+from ..algebra import SUM, AtomicStrategy
 from ..enums import StrEnum
 from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
@@ -39,6 +39,8 @@ from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
 from .contraction import l2_bytes as contraction_l2_bytes
+from .rtile import NO_TILE, op_divisors, register_budget, registers, tilings
+from .rtile import check as check_tile
 from .task import TaskMapping, serial, spatial
 
 MAX_GRID_Y = 65535
@@ -77,6 +79,28 @@ class Decision:
     access: tuple[tuple[AccessKind, ...], ...]
     levels: tuple[int, ...]
     atomic_vec: tuple[int, ...] = ()  # per statement: outputs per atomic (2 or 4: one float2/float4 add)
+    rtile: int = 1  # register tile: rows per thread, i, i + rstride, ..., i + (rtile - 1) rstride
+    rstride: int = 1  # distance between the rows of a register tile (divides M)
+    rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k shared along the rtile rows
+    ctile: int = 1  # and ctile consecutive rows per thread (schedule/rtile.py)
+    cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the i loop the threads scan: M, or with a register tile one per tile
+        (schedule/rtile.py: t = q * (rstride / ctile) + p owns the rows
+        (q * rtile + r) * rstride + p * ctile + c)."""
+        if self.rtile == 1 and self.ctile == 1:
+            return self.M
+        return math.ceil(self.M // self.rstride / self.rtile) * (self.rstride // self.ctile)
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
+        threads' worth (64 registers each), halved per doubling of a register tile beyond 2
+        (its accumulators and per-row loads need the registers)."""
+        base = max(1, 1024 // self.threads)
+        return max(1, base // max(1, self.rtile * self.ctile // 2))
 
     @property
     def threads(self) -> int:
@@ -123,8 +147,8 @@ class Decision:
     def extents(self) -> tuple[int, int]:
         """Extents of the two scanned loops (`loops`)."""
         return {
-            Form.ROW: (self.M, self.N // self.vec),
-            Form.ALL: (self.M, self.N // self.vec),
+            Form.ROW: (self.tile_rows, self.N // self.vec),
+            Form.ALL: (self.tile_rows, self.N // self.vec),
             Form.COLUMN: (self.M // self.vec, self.N),
             Form.MAP: (self.M // self.vec, 1),
         }[self.form]
@@ -132,13 +156,17 @@ class Decision:
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
-            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}" + (" cooperative" if self.cooperative else "")
+            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
+            + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
+            + (" cooperative" if self.cooperative else "")
         )
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(Decision)}
         d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
         d["atomic_vec"] = list(self.atomic_vec)
+        d["rshared"] = [[int(b) for b in a] for a in self.rshared]
+        d["cshared"] = [[int(b) for b in a] for a in self.cshared]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -166,6 +194,11 @@ class Decision:
             access=tuple(tuple(AccessKind(k) for k in a) for a in d["access"]),
             levels=tuple(int(v) for v in d["levels"]),
             atomic_vec=tuple(int(v) for v in d.get("atomic_vec", [1] * len(d["statements"]))),
+            rtile=int(d.get("rtile", 1)),  # absent in schedules before register tiles: none
+            rstride=int(d.get("rstride", 1)),
+            rshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("rshared", ())),
+            ctile=int(d.get("ctile", 1)),
+            cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
         )
 
 
@@ -215,27 +248,34 @@ class Arithmetic:
         return {"fp32_ops": self.fp32, "fp64_ops": self.fp64, "sfu_ops": self.sfu}
 
 
-def arithmetic(group: KernelGroup) -> Arithmetic:
+def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
     """Per iteration of each statement: one instruction per operation of its body (in its
     dtype's register precision; a transcendental also occupies the SFU), and one merge into the
     accumulator (the combiner's `merge_instructions` and `merge_transcendentals`, in the
-    accumulator's precision: Welford in double costs FP64 issue slots)."""
+    accumulator's precision: Welford in double costs FP64 issue slots; a sum of products merges
+    in the product's multiply-add). Under a register tile
+    (`d.rtile`), an operation whose loads are all shared along the tile (a dequantized weight)
+    runs once per tile."""
     fp32 = fp64 = sfu = 0.0
     for k, s in enumerate(group.statements):
         if group.accumulator_of[k] != k:
             continue  # its owner's accumulation is the same work
         n = s.M * s.N
+        div = op_divisors(s, k, d) if d is not None and d.rtile * d.ctile > 1 else {}
         for e in s.body.walk():
             if e.op in ("load", "const"):
                 continue
+            w = n / div.get(id(e), 1)
             if e.dtype.compute == "double":
-                fp64 += n
+                fp64 += w
             else:
-                fp32 += n
-            sfu += n if e.op in TRANSCENDENTAL else 0
+                fp32 += w
+            sfu += w if e.op in TRANSCENDENTAL else 0
         if s.combiner is not None:
             acc = s.acc.field if s.acc.is_struct else s.acc
-            merge = n * s.combiner.merge_instructions
+            # a product summed is one fused multiply-add (nvcc contracts acc + a * b by default)
+            fma = s.combiner is SUM and s.body.op == "mul" and not acc.is_struct
+            merge = 0 if fma else n * s.combiner.merge_instructions
             if acc.compute == "double":
                 fp64 += merge
             else:
@@ -400,7 +440,16 @@ def _input_bytes(group: KernelGroup) -> int:
 
 
 def _in_flight(group: KernelGroup, d: Decision) -> int:
-    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads."""
+    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads. Under
+    a register tile the stream is the operand its rows share (loaded once per tile)."""
+    if d.rshared:
+        tensors = {
+            r.tensor.uid: r.tensor
+            for s, sh in zip(group.statements, d.rshared)
+            for r, b in zip(s.reads, sh)
+            if b and r.memory
+        }
+        return max(1, sum(t.dtype.itemsize for t in tensors.values())) * d.vec * d.unroll * d.ctile
     return max(1, streamed_bytes_per_iteration(group)) * d.vec * d.unroll
 
 
@@ -409,7 +458,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     if group.stitched:
         return _stitched_cost(group, gpu, d)
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in group.statements)
-    work = arithmetic(group).features()
+    work = arithmetic(group, d).features()
     if d.form == Form.MAP:
         return kernel_time(
             gpu,
@@ -444,7 +493,11 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
-        epilogue_cycles=400 + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
+        # an L1-latency shuffle, ~30 cycles) more per further row
+        epilogue_cycles=400
+        + 150 * (d.rtile * d.ctile - 1)
+        + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
@@ -457,7 +510,7 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     if group.form == Form.COLUMN:
         steps = math.ceil(d.split / d.ty) * d.vec
     else:
-        steps = math.ceil(d.split / d.tx)
+        steps = math.ceil(d.split / d.tx) * d.rtile * d.ctile
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
@@ -495,10 +548,10 @@ def _stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=_in_flight(group, d),
-        epilogue_cycles=400 * (1 if S > 1 else n_passes),
+        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
         grid_syncs=n_ex,
         sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
-        **arithmetic(group).features(),
+        **arithmetic(group, d).features(),
     )
 
 
@@ -527,13 +580,17 @@ def map_group(
     deterministic: bool = False,
     threads: int | None = None,
     name: str = "",
+    rtile: int | None = None,
+    ctile: int | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
     combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
-    keeps 256 threads per block). `name` names the kernel and its workspaces."""
+    keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
+    `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
+    group has no tile to share)."""
     if group.stitched:
-        return _map_stitched(group, gpu, name, split)
+        return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N
     base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
     if form == Form.MAP:
@@ -560,11 +617,17 @@ def map_group(
         options = (threads,)
     else:
         options = (256,) if split is not None else (256, 512, 1024)
-    for block in options:
+    tiles = tilings(group)
+    if rtile is not None:
+        tiles = [t for t in tiles if t[0] == rtile and t[2] == (ctile or 1)] or [NO_TILE]
+    # A register tile also tries blocks of more rows (rows of one block share their other reads).
+    shapes = [(b, t, ty) for b in options for t in tiles for ty in ((1, 4, 8) if t[0] > 1 else (1,))]
+    for block, (R, stride, C, rshared, cshared), tile_ty in shapes:
         if form in (Form.ROW, Form.ALL):
-            tx = min(block, pow2ceil(G))
-            ty = max(1, min(block // tx, pow2ceil(M)))
-            gx, per_split = math.ceil(M / ty), tx  # every thread of a split block gets a group
+            rows = Decision(**base, **_DUMMY, rtile=R, rstride=stride, ctile=C).tile_rows
+            tx = min(block // tile_ty, pow2ceil(G))
+            ty = max(1, min(block // tx, pow2ceil(rows)))
+            gx, per_split = math.ceil(rows / ty), tx  # every thread of a split block gets a group
         else:  # COLUMN
             tx = min(32, pow2ceil(G))
             ty = max(1, min(block // tx, pow2ceil(N)))
@@ -581,10 +644,13 @@ def map_group(
             for partials in merge_options if s_eff > 1 else merge_options[:1]:
                 d = Decision(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                    unroll=unroll_for(vec, chunk // per_split), merges=_merges(group, s_eff, partials),
+                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=_merges(group, s_eff, partials),
                     access=access,
                     atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
+                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
+                if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
+                    continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
                 if best is None or cost.total_s < best[0].total_s * 0.97:
@@ -592,13 +658,24 @@ def map_group(
     return _complete(group, best[1], gpu, name, best[0])
 
 
-def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None = None) -> Mapping:
+_DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
+
+
+def _map_stitched(
+    group: KernelGroup,
+    gpu: GPUSpec,
+    name: str,
+    split: int | None = None,
+    rtile: int | None = None,
+    ctile: int | None = None,
+) -> Mapping:
     """A stitched group: threads per row and blocks per row (split) chosen by the model. More
     threads keep fewer rows resident, so later passes hit in L2; a split spreads rows too few to
     fill the GPU over more blocks, at the price of a grid-wide exchange per pass with
     reductions, and only while every block of the grid is co-resident (`co_resident`: the
     blocks wait for each other). Splits are powers of two with at least one step per thread;
-    `split` forces one (1: whole rows)."""
+    `split` forces one (1: whole rows). Unsplit rows may also take a register tile
+    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
@@ -607,22 +684,35 @@ def _map_stitched(group: KernelGroup, gpu: GPUSpec, name: str, split: int | None
         access=_access(group, vec), levels=_levels(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    candidates = []  # (tx, ty, gx, split), fewer threads and blocks first
+    candidates = []  # (tx, ty, gx, split, tile), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
-        candidates += [(tx, ty, gx, 1 << e) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        candidates += [(tx, ty, gx, 1 << e, NO_TILE) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+    tiles = tilings(group)[1:]
+    if rtile is not None:
+        candidates = [] if rtile * (ctile or 1) > 1 else candidates
+        tiles = [t for t in tiles if t[0] == rtile and t[2] == (ctile or 1)]
+    for t in tiles:  # unsplit tiled rows
+        dummy = {k: v for k, v in _DUMMY.items() if k not in base}
+        rows = Decision(**base, **dummy, rtile=t[0], rstride=t[1], ctile=t[2]).tile_rows
+        for tx in sorted({min(x, pow2ceil(G)) for x in (32, 64, 128)}):
+            ty = max(1, min(256 // tx, pow2ceil(rows)))
+            candidates.append((tx, ty, math.ceil(rows / ty), 1, t))
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
     best = None
-    for tx, ty, gx, s in candidates:
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared) in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-            unroll=unroll_for(vec, chunk // tx), merges=_merges(group, s_eff, True),
+            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=_merges(group, s_eff, True),
+            rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
         )  # fmt: skip
+        if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
+            continue
         cost = _stitched_cost(group, gpu, d)
         # fewer blocks and threads unless clearly faster
         if best is None or cost.total_s < best[0].total_s * 0.97:
@@ -648,7 +738,9 @@ def replay(
     6. the stitching levels are the ones the stitched group's dependences give;
     7. the unroll factor is at least 1;
     8. vector atomics only where `_atomic_vec` allows them on this GPU (float32 sums of a COLUMN
-       tile, vec dividing M, sm_90).
+       tile, vec dividing M, sm_90);
+    9. a register tile only as schedule/rtile.py's preconditions allow (ROW/ALL, unstitched,
+       power-of-two rows, a row stride of the group, exactly the shared reads isl finds).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -703,6 +795,7 @@ def replay(
         raise ScheduleError(
             f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
         )
+    check_tile(group, d, at)
     return _complete(group, d, gpu, name)
 
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from ..errors import ScheduleError
 from .mapping import Decision
 
-FORMAT = "panamera-schedule/2"
+FORMAT = "panamera-schedule/3"
+# Readable formats: /2 predates register tiles (its kernels load with rtile = 1, replayed as saved).
+READABLE = ("panamera-schedule/2", FORMAT)
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class Schedule:
             doc = json.loads(text)
             if not isinstance(doc, dict):
                 raise TypeError(f"a JSON {type(doc).__name__}, not an object")
-            if doc.get("format") != FORMAT:
-                raise ScheduleError(f"{where}: format {doc.get('format')!r} is not {FORMAT!r}")
+            if doc.get("format") not in READABLE:
+                raise ScheduleError(f"{where}: format {doc.get('format')!r} is not one of {list(READABLE)}")
             return Schedule(
                 str(doc["gpu"]),
                 tuple(tuple(str(g).split("+")) for g in doc["stitched"]),
