@@ -2,7 +2,7 @@
 
 Codegen decides nothing: the plan says the vector width, the lanes per key, the rows per tile,
 the split and the merge; the accumulator's merge is algebra.ONLINE_SOFTMAX_VEC's functor
-(codegen/header.py `vector_functor_source`). One block, rows r of its tile, keys of its chunk:
+(codegen/header.py `vector_functor_source`, in the prelude). One block, rows r of its tile, keys of its chunk:
 
     q[r] (scaled) and acc[r] = identity in registers, `slots` vectors of `vec` per thread
     for each step: load `unroll` key rows and value rows (16-byte loads), then per key and row
@@ -26,7 +26,6 @@ from ..poly.attention import MaskKind
 from ..runtime.plan import BufferRole, BufferSpec, Fill
 from ..schedule.attention import AttentionPlan
 from .expr import literal
-from .header import vector_functor_source
 from .kernel import InitKernel, render_init
 
 
@@ -245,7 +244,7 @@ def render_attention(p: AttentionPlan, name: str) -> AttentionKernels:
     """The CUDA C of plan `p`, its kernels named after `name`."""
     io, ws = _buffers(p, name)
     main_specs = tuple(io + ws)
-    parts = [vector_functor_source(ONLINE_SOFTMAX_VEC), "\n".join(_main(p, name, main_specs))]
+    parts = ["\n".join(_main(p, name, main_specs))]
     params = {name: main_specs}
     merge = ""
     if p.split > 1 and p.launches == 2:

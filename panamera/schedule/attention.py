@@ -226,4 +226,5 @@ def plan_attention(
         n,
         costs,
         tuple((a, b, round(us, 3)) for a, b, _, _, us in considered),
+        peer_split=flash_decoding_split(base, c.Lk, gpu.sms),
     )
