@@ -238,6 +238,14 @@ def test_nvcc_compiles_both_merges_for_sm80_and_sm90_without_spills():
         assert {r.arch for r in res} == {"sm_80", "sm_90"}
         assert all(r.spill_stores == r.spill_loads == 0 for r in res), res
         assert all(r.registers <= 128 for r in res)
+    try:
+        text = nvcc.sass(a.source, a.plan.per_call[0].kernel)
+    except BackendError as e:
+        pytest.skip(str(e))
+    ops = [ln.split("*/")[1].split() for ln in text.splitlines() if "*/" in ln and ";" in ln]
+    ops = [w[1] if w[0].startswith("@") else w[0] for w in ops if w]
+    assert not any(o.startswith(("LDL", "STL")) for o in ops)  # every per-thread array in registers
+    assert ops.count("LDG.E.128.CONSTANT") >= 4  # 16-byte loads: q, and k and v two keys at a time
 
 
 def test_explain_shows_the_fused_plan_and_the_models_choice():

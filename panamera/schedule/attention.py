@@ -57,6 +57,7 @@ class AttentionPlan:
     considered: tuple[tuple[int, int, float], ...] = ()  # (split, launches, modeled us) of every candidate
     threads: int = THREADS
     peer_split: int = 1  # Flash-Decoding's rule on the same GPU, for comparison (not used)
+    peer_us: float = 0.0  # this kernel at the peer's split with the peer's separate combine kernel, modeled
 
     @property
     def groups(self) -> int:
@@ -86,7 +87,7 @@ class AttentionPlan:
             f"ATTENTION B={c.B} Hq={c.Hq} Hkv={c.Hkv} Lq={c.Lq} Lk={c.Lk} D={c.D} mask={c.mask_kind} "
             f"rows/tile={self.rows_per_tile} vec={self.vec} lanes/key={self.lanes} unroll={self.unroll} "
             f"split={self.split} chunk={self.chunk} launches={self.launches} grid={self.grid} "
-            f"(Flash-Decoding's rule: split={self.peer_split})"
+            f"(Flash-Decoding's rule: split={self.peer_split}, two launches, {self.peer_us:.2f} us modeled)"
         )
 
 
@@ -214,6 +215,7 @@ def plan_attention(
             costs = _costs(c, gpu, vec, lanes, slots, unroll, rt, s, n)
             considered.append((s, n, chunk, costs, sum(x.total_s for x in costs) * 1e6))
     s, n, chunk, costs, _ = min(considered, key=lambda t: t[4])
+    peer = min(flash_decoding_split(base, c.Lk, gpu.sms), most)
     return AttentionPlan(
         c,
         vec,
@@ -226,5 +228,7 @@ def plan_attention(
         n,
         costs,
         tuple((a, b, round(us, 3)) for a, b, _, _, us in considered),
-        peer_split=flash_decoding_split(base, c.Lk, gpu.sms),
+        peer_split=peer,
+        peer_us=sum(x.total_s for x in _costs(c, gpu, vec, lanes, slots, unroll, rt, peer, 1 if peer == 1 else 2))
+        * 1e6,
     )
