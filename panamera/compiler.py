@@ -473,6 +473,12 @@ class Compiled:
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
+    @property
+    def _combine(self) -> str:
+        if self.stages.attention is not None:  # partials merged by one block in split order
+            return "fixed-order merge"
+        return f"{'deterministic' if self.deterministic else 'atomic'} combine"
+
     def explain(self) -> str:
         """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
         plan, gpu = self.plan, self.gpu
@@ -481,7 +487,7 @@ class Compiled:
             f"Panamera plan: {len(plan.kernels)} kernel(s), {len(plan.per_call)} launch(es) per call"
             f"{f' (+{first} on the first)' if first else ''}, "
             f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
-            f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
+            f"target {self.target}, {self._combine}"
         ]
         lines.append(f"  schedule: {self.origin}")
         if self.stages.attention is not None:
