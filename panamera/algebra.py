@@ -323,3 +323,77 @@ def unordered(images: np.ndarray) -> np.ndarray:
     x = np.asarray(images)
     flip = x.dtype.type(np.iinfo(x.dtype).max)
     return np.where(x >= 0, x, x ^ flip).view(np.float32 if x.dtype == np.int32 else np.float64)
+
+
+# -- vector accumulators ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VectorCombiner:
+    """An associative, commutative merge of accumulators (m, s, o[d]) that carry a vector: the
+    online-softmax statistics (max, rescaled sum) generalized with the rescaled weighted sum
+    o[d] = sum_l exp(x_l - m) v_l[d] (Flash-Decoding's partial of one chunk of keys).
+
+    One definition, two renderings, as for `Combiner`: `lift` (one score x_l with its value row
+    v_l), `combine` and `identity` in numpy over arrays (o with a trailing axis d), and the C++
+    body `cpp_weights` from which codegen/header.py generates the functor `functor` with
+    `weights(ma, mb, m, fa, fb)` (the merged max and the two rescaling factors) and `merge`
+    (s and every o[d] rescaled and added). A lifted -inf score (a masked key) is the identity, so
+    a fully masked chunk contributes nothing and a fully masked row ends as 0 / 0 = NaN, as
+    torch's scaled_dot_product_attention gives.
+
+    >>> a = ONLINE_SOFTMAX_VEC.lift(np.float64(1.0), np.array([2.0, 0.0]))
+    >>> b = ONLINE_SOFTMAX_VEC.lift(np.float64(1.0), np.array([0.0, 4.0]))
+    >>> m, s, o = ONLINE_SOFTMAX_VEC.combine(a, b)
+    >>> float(m), float(s), (o / s).tolist()
+    (1.0, 2.0, [1.0, 2.0])
+    """
+
+    name: str
+    functor: str
+    cpp_weights: str  # C++ body of `void weights(T ma, T mb, T& m, T& fa, T& fb)`
+    merge_transcendentals: int  # exps per merge (the model's SFU term)
+    merge_instructions_per_element: int  # multiply-adds per element of o per merge
+
+    @staticmethod
+    def identity(d: int) -> tuple:
+        return (np.float64(-math.inf), np.float64(0.0), np.zeros(d))
+
+    @staticmethod
+    def lift(x, v) -> tuple:
+        """One score x (array of any shape) with its value rows v (x's shape + (d,))."""
+        x, v = np.asarray(x, np.float64), np.asarray(v, np.float64)
+        live = x != -np.inf
+        return x, live.astype(np.float64), np.where(live[..., None], v, 0.0)
+
+    @staticmethod
+    def combine(a: tuple, b: tuple) -> tuple:
+        (ma, sa, oa), (mb, sb, ob) = a, b
+        m = np.maximum(ma, mb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            fa = np.where(m == -np.inf, 1.0, np.exp(ma - m))
+            fb = np.where(m == -np.inf, 1.0, np.exp(mb - m))
+        return m, sa * fa + sb * fb, oa * fa[..., None] + ob * fb[..., None]
+
+    @staticmethod
+    def reference(scores, v, axis: int = -1):
+        """softmax(scores) @ v over `axis` (the keys) in float64: the finished accumulator o / s."""
+        x = np.moveaxis(np.asarray(scores, np.float64), axis, -1)
+        m = np.max(x, axis=-1, keepdims=True)
+        with np.errstate(invalid="ignore"):
+            p = np.exp(x - m)
+            p = p / p.sum(-1, keepdims=True)
+        return np.einsum("...l,...ld->...d", p, np.asarray(v, np.float64))
+
+
+ONLINE_SOFTMAX_VEC = VectorCombiner(
+    "online_softmax_vec", "pn_op_softmax_vec",
+    """m = pn_op_max::apply(ma, mb);
+if (m == pn_lim<T>::lowest()) {  // both sides empty (every key masked so far): nothing to rescale
+  fa = (T)1;
+  fb = (T)1;
+  return;
+}
+fa = pn_exp(ma - m);
+fb = pn_exp(mb - m);""",
+    merge_transcendentals=2,
+    merge_instructions_per_element=2,  # o[d] = o[d] * fa + v[d] * fb: a multiply and a multiply-add
+)  # fmt: skip

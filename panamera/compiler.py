@@ -33,6 +33,7 @@ import numpy as np
 
 from . import cache as compile_cache
 from .codegen import islast
+from .codegen.attention_kernel import AttentionKernels, render_attention
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
 from .enums import StrEnum
@@ -40,6 +41,7 @@ from .errors import EmulatorWarning, InputError, OptionError, PanameraError, Sch
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
 from .model.library import library_matmul
+from .poly import attention as fused_attention
 from .poly.access import AccessKind
 from .poly.program import KernelGroup, Program, build_program
 from .poly.statement import Form
@@ -48,8 +50,9 @@ from .runtime import cuda as cuda_backend
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule import database
+from .schedule.attention import AttentionPlan, plan_attention
 from .schedule.contraction import contraction_info
-from .schedule.formulation import Formulation, choose_formulations
+from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, plan_groups
 from .schedule.saved import Schedule
@@ -125,6 +128,9 @@ class Artifacts:
     plan: LaunchPlan | None = None  # plan
     source: str = ""
     signatures: tuple[tuple[str, tuple[str, ...]], ...] = ()  # C parameter types of every kernel
+    fused: fused_attention.AttentionChain | None = None  # program: a legal fused attention (poly/attention.py)
+    attention: AttentionPlan | None = None  # mappings: its plan (schedule/attention.py)
+    attention_kernels: AttentionKernels | None = None  # kernels: its CUDA C
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -159,16 +165,25 @@ def _formulations(a: Artifacts, o: Options) -> Artifacts:
 
 
 def _program(a: Artifacts, o: Options) -> Artifacts:
-    return dataclasses.replace(a, program=build_program(tuple(view_source(t) for t in a.graph)))
+    fused = fused_attention.recognize(a.graph)
+    if fused is not None:
+        return dataclasses.replace(a, program=fused_attention.program_of(fused), fused=fused)
+    nodes = fused_attention.chains_in(a.graph)  # fused attention where it is not legal: its chain
+    graph = substitute(a.graph, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else a.graph
+    return dataclasses.replace(a, graph=graph, program=build_program(tuple(view_source(t) for t in graph)))
 
 
 def _groups(a: Artifacts, o: Options) -> Artifacts:
+    if a.fused is not None:
+        return a
     replayed = o.schedule.stitched if o.schedule is not None else None
     groups, considered = plan_groups(a.program, o.gpu, allow_stitch=o.split is None, replay=replayed)
     return dataclasses.replace(a, groups=groups, considered=considered)
 
 
 def _mappings(a: Artifacts, o: Options) -> Artifacts:
+    if a.fused is not None:
+        return dataclasses.replace(a, attention=plan_attention(a.fused, o.gpu, o.split))
     mappings = []
     for k, grp in enumerate(a.groups):
         if grp.M * grp.N == 0:
@@ -185,6 +200,8 @@ def _mappings(a: Artifacts, o: Options) -> Artifacts:
 
 
 def _kernels(a: Artifacts, o: Options) -> Artifacts:
+    if a.attention is not None:
+        return dataclasses.replace(a, attention_kernels=render_attention(a.attention, "pn_k0_attention"))
     kernels, mappings = [], iter(a.mappings)
     specs = _output_specs(a.groups)
     for k, grp in enumerate(a.groups):
@@ -197,6 +214,8 @@ def _kernels(a: Artifacts, o: Options) -> Artifacts:
 
 
 def _plan(a: Artifacts, o: Options) -> Artifacts:
+    if a.attention_kernels is not None:
+        return _attention_plan(a, o)
     buffers = _output_specs(a.groups)
     launches, parts, signatures = [], [islast.HELPERS], {}
     live = [g for g in a.groups if g.M * g.N]
@@ -230,6 +249,48 @@ def _plan(a: Artifacts, o: Options) -> Artifacts:
     body = "\n".join(parts) + "\n"
     source = prelude(body) + body  # the 16-bit headers only where a 16-bit type occurs
     return dataclasses.replace(a, plan=plan, source=source, signatures=tuple(signatures.items()))
+
+
+def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
+    """The launches of a fused attention: the counter init (first call only), the main kernel,
+    the merge kernel where the plan has two launches."""
+    p, rk = a.attention, a.attention_kernels
+    buffers = {b.key: b for specs in rk.params.values() for b in specs}
+    launches, parts, signatures = [], [islast.HELPERS], {}
+    if rk.init is not None:
+        launches.append(_init_launch(rk.init, buffers, o.gpu, LaunchRole.INIT_ONCE))
+        parts.append(rk.init.source)
+        signatures[rk.init.name] = tuple(rk.init.signature)
+    parts.append(rk.source)
+    grids = {rk.main: p.grid, rk.merge: (p.row_tiles, p.grid[1])}
+    for (name, specs), cost in zip(rk.params.items(), p.costs):
+        signatures[name] = tuple(f"{'const ' if b.role == BufferRole.INPUT else ''}{b.ctype}*" for b in specs)
+        io = {b.key: b for b in specs if b.role in (BufferRole.INPUT, BufferRole.OUTPUT)}.values()
+        launches.append(
+            Launch(
+                name,
+                (*grids[name], 1),
+                (p.threads, 1, 1),
+                tuple(("buf", b.key) for b in specs),
+                role=LaunchRole.REDUCE,
+                form="ATTENTION",
+                blocks_per_reduction=p.split if name == rk.main else 1,
+                bytes_read=sum(b.nbytes for b in io if b.role == BufferRole.INPUT),
+                bytes_written=sum(b.nbytes for b in io if b.role == BufferRole.OUTPUT),
+                mapping=p.describe(),
+                modeled_us=cost.total_s * 1e6,
+                cost_features=cost.features,
+            )  # fmt: skip
+        )
+    align = p.vec * p.chain.dtype.itemsize
+    inputs = a.program.inputs
+    specs = tuple(
+        InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, align if t.uid in (p.chain.q.uid, p.chain.k.uid, p.chain.v.uid) else 1)
+        for t in inputs
+    )  # fmt: skip
+    plan = LaunchPlan(tuple(launches), buffers, specs, tuple(_result_spec(t, inputs) for t in a.graph))
+    body = "\n".join(parts) + "\n"
+    return dataclasses.replace(a, plan=plan, source=prelude(body) + body, signatures=tuple(signatures.items()))
 
 
 @dataclass(frozen=True)
@@ -412,6 +473,12 @@ class Compiled:
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
+    @property
+    def _combine(self) -> str:
+        if self.stages.attention is not None:  # partials merged by one block in split order
+            return "fixed-order merge"
+        return f"{'deterministic' if self.deterministic else 'atomic'} combine"
+
     def explain(self) -> str:
         """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
         plan, gpu = self.plan, self.gpu
@@ -420,9 +487,16 @@ class Compiled:
             f"Panamera plan: {len(plan.kernels)} kernel(s), {len(plan.per_call)} launch(es) per call"
             f"{f' (+{first} on the first)' if first else ''}, "
             f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
-            f"target {self.target}, {'deterministic' if self.deterministic else 'atomic'} combine"
+            f"target {self.target}, {self._combine}"
         ]
         lines.append(f"  schedule: {self.origin}")
+        if self.stages.attention is not None:
+            p = self.stages.attention
+            lines.append(f"  fused attention (poly/attention.py): {p.describe()}")
+            lines.append(
+                "    considered (split, launches, us modeled): "
+                + ", ".join(f"({s}, {n}, {us:.2f})" for s, n, us in p.considered)
+            )
         for g, m in zip(self.groups, self.mappings):
             names = ", ".join(
                 f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements

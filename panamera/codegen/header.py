@@ -394,8 +394,35 @@ def native_atomic_source(c: algebra.Combiner) -> str:
     return "\n".join(out)
 
 
+def vector_functor_source(c: algebra.VectorCombiner) -> str:
+    """The C++ functor of a vector accumulator (m, s, o[D]) from its `cpp_weights` body:
+    `weights` (the merged max and the two rescaling factors) and `merge` (b into a, o of D
+    elements), generated into the prelude as every combiner's functor is.
+
+    >>> print(vector_functor_source(algebra.ONLINE_SOFTMAX_VEC).splitlines()[0])
+    struct pn_op_softmax_vec {
+    """
+    body = "\n".join("    " + ln for ln in c.cpp_weights.splitlines())
+    return (
+        f"struct {c.functor} {{\n"
+        "  template <class T> static __device__ __forceinline__ void weights(T ma, T mb, T& m, T& fa, T& fb) {\n"
+        f"{body}\n  }}\n"
+        "  template <class T, int D> static __device__ __forceinline__ void merge(T& ma, T& sa, T (&oa)[D], T mb, T sb, const T (&ob)[D]) {\n"
+        "    T m, fa, fb;\n"
+        "    weights(ma, mb, m, fa, fb);\n"
+        "    ma = m;\n"
+        "    sa = sa * fa + sb * fb;\n"
+        "    for (int k = 0; k < D; ++k) oa[k] = oa[k] * fa + ob[k] * fb;\n"
+        "  }\n"
+        "};"
+    )
+
+
 PRELUDE_BASE = _TEMPLATE.replace(
-    "@FUNCTORS@", "\n".join(functor_source(c) for c in algebra.COMBINERS.values())
+    "@FUNCTORS@",
+    "\n".join(
+        [*(functor_source(c) for c in algebra.COMBINERS.values()), vector_functor_source(algebra.ONLINE_SOFTMAX_VEC)]
+    ),
 ).replace("@ATOMICS@", "\n".join(native_atomic_source(c) for c in algebra.COMBINERS.values() if c.native_dtypes))
 
 # What only kernels with a 16-bit type need: NVRTC has no built-in cuda_fp16.h / cuda_bf16.h and
@@ -457,6 +484,7 @@ def prelude(source: str) -> str:
 INTRINSICS = (
     "__syncthreads",
     "__shfl_down_sync",
+    "__shfl_xor_sync",
     "__threadfence",
     "__ldcg",
     "__nanosleep",

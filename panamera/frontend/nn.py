@@ -20,15 +20,16 @@ import numpy as np
 from .. import dtypes
 from ..errors import DTypeError, EmptyReductionError, OptionError, ShapeError
 from . import ops
+from .contract import einsum
 from .reduce import check_ddof, mask_of, masked_var, normalize_axes, refuse_out
-from .tensor import Tensor, alternatives, iota, where
+from .tensor import Tensor, alternatives, broadcast_shapes, iota, where
 from .torch_names import torch_names
 
 AXIS = {"input": "x", "dim": "axis", "keepdim": "keepdims"}  # torch.nn.functional's names
 NORM = {"input": "x", "weight": "gamma", "bias": "beta"}
 
 __all__ = [
-    "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
+    "attention", "attention_chain", "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
     "rms_norm", "softmax", "std", "var",
 ]  # fmt: skip
 
@@ -355,3 +356,92 @@ def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> T
     elif reduction == "sum":
         loss = ops.sum(loss)
     return loss.astype(dt)
+
+
+# -- attention ----------------------------------------------------------------------------------
+def _attention_operands(q, k, v, scale, mask) -> tuple[float, str]:
+    """Checks torch's scaled_dot_product_attention conventions; returns (scale, mask kind)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"attention: {name} must be a Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ShapeError(
+                f"attention: {name} {t.label!r} must be 4-D (batch, heads, length, head dim), got {t.shape}"
+            )
+        if not t.dtype.is_float or t.dtype.is_struct:
+            raise DTypeError(f"attention: {name} {t.label!r} must be floating point, got {t.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise DTypeError(f"attention: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    (b, hq, _, d), (bk, hkv, lk, dk) = q.shape, k.shape
+    if v.shape != k.shape:
+        raise ShapeError(f"attention: v {v.label!r} has shape {v.shape}, expected k's {k.shape}")
+    if bk != b or dk != d:
+        raise ShapeError(f"attention: k {k.shape} must match q {q.shape} in batch (axis 0) and head dim (axis 3)")
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: q's {hq} heads (axis 1) must be a multiple of k/v's {hkv} heads (grouped-query)")
+    if lk == 0 or d == 0:
+        raise EmptyReductionError(f"attention: k {k.label!r} has no keys or a zero head dim ({k.shape})")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float | np.floating | np.integer)
+        or not math.isfinite(scale)
+    ):
+        raise OptionError(f"attention: scale must be a finite number, got {scale!r}")
+    if mask is None:
+        return float(scale), "none"
+    if not isinstance(mask, Tensor):
+        raise DTypeError(f"attention: mask must be a Tensor, got {type(mask).__name__}")
+    full = (b, hq, q.shape[2], lk)
+    if mask.ndim > 4 or broadcast_shapes(mask.shape, full, what="attention mask and scores") != full:
+        raise ShapeError(
+            f"attention: mask {mask.label!r} of shape {mask.shape} does not broadcast to the scores {full}"
+        )
+    if mask.dtype.name == "bool":
+        return float(scale), "boolean"
+    if not mask.dtype.is_float or mask.dtype.is_struct:
+        raise DTypeError(
+            f"attention: mask {mask.label!r} must be bool (True = keep) or float (added), got {mask.dtype}"
+        )
+    return float(scale), "additive"
+
+
+def attention_chain(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = None) -> Tensor:
+    """Attention as its chain of reductions, for any shapes: scores = q k^T * scale (a contraction
+    over the head dim), + mask, softmax over the keys (online statistics), out = p v (a contraction
+    over the keys); grouped-query heads as a view (batch, kv head, group, query, dim). The arguments
+    are checked by `attention`, which offers this chain and the fused plan to the compiler."""
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    c = dtypes.float32 if q.dtype.is_16bit_float else q.dtype
+    q5 = q.astype(c).reshape((b, hkv, hq // hkv, lq, d))
+    s = (einsum("bhgqd,bhld->bhgql", q5, k.astype(c)) * scale).reshape((b, hq, lq, lk))
+    if mask is not None and mask.dtype.name == "bool":
+        s = where(mask, s, -math.inf)
+    elif mask is not None:
+        s = s + mask.astype(c)
+    m, z = _stats(s, -1, "online")
+    p = (ops.exp(s - m) / z).reshape((b, hkv, hq // hkv, lq, lk))
+    return einsum("bhgql,bhld->bhgqd", p, v.astype(c)).reshape((b, hq, lq, d)).astype(q.dtype)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scale=None, mask=None) -> Tensor:
+    """softmax(q k^T * scale + mask) v with torch's scaled_dot_product_attention conventions: q
+    (B, Hq, Lq, D), k and v (B, Hkv, Lk, D) with Hq a multiple of Hkv (grouped-query attention:
+    query head h reads kv head h // (Hq / Hkv)); `mask` broadcasts to (B, Hq, Lq, Lk), boolean
+    (True = keep) or float (added to the scores); `scale` defaults to 1 / sqrt(D). 16-bit inputs
+    are computed in float32. The compiler chooses, with the model, between the fused plan (the
+    key length split across blocks, partials (m, s, o[D]) merged with log-sum-exp rescaling:
+    poly/attention.py) and the chain of reductions (`attention_chain`).
+
+    >>> import panamera as pn
+    >>> q = pn.placeholder((1, 8, 1, 64), "float16", name="q")
+    >>> kv = pn.placeholder((1, 2, 256, 64), "float16", name="k")
+    >>> pn.nn.attention(q, kv, kv).shape
+    (1, 8, 1, 64)
+    """
+    scale, kind = _attention_operands(q, k, v, scale, mask)
+    operands = (q, k, v) if mask is None else (q, k, v, mask)
+    fused = Tensor("attention", operands, q.shape, q.dtype, (("scale", scale), ("mask", kind)))
+    return alternatives("attention", ("fused", "chain"), (fused, attention_chain(q, k, v, scale, mask)))
