@@ -4,13 +4,11 @@ Table 1, GEMV / skinny GEMMs with 16-bit, int8 and int4 weights, decode attentio
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import nn
 from ..frontend import ops
-from ..frontend.contract import einsum
 from ..frontend.tensor import placeholder as P
 
 # The paper's mean speedups of Panamera (docs/WORKLOADS.md), to stand next to ours.
@@ -175,8 +173,8 @@ ATTENTION_KEYS = (4096, 32768, 131072)
 
 def _decode_attention(B: int, L: int, dtype: str, Hq: int = 32, Hkv: int = 8, D: int = 128):
     """One decoding step's attention: q (B, Hq, 1, D) against the cached K, V (B, Hkv, L, D), the
-    Hq / Hkv query heads of a group sharing one KV head; `nn.attention` where it exists, else
-    the einsum -> softmax -> einsum chain (float32 scores and probabilities)."""
+    Hq / Hkv query heads of a group sharing one KV head, through `nn.attention` (the model chooses
+    the fused split-key plan or the einsum -> softmax -> einsum chain)."""
 
     def build():
         q, k, v = (
@@ -184,11 +182,7 @@ def _decode_attention(B: int, L: int, dtype: str, Hq: int = 32, Hkv: int = 8, D:
             P((B, Hkv, L, D), dtype, name="k"),
             P((B, Hkv, L, D), dtype, name="v"),
         )
-        if hasattr(nn, "attention"):
-            return [nn.attention(q, k, v)]
-        s = einsum("bhgd,bhld->bhgl", q.reshape((B, Hkv, Hq // Hkv, D)), k) * (1.0 / math.sqrt(D))
-        o = einsum("bhgl,bhld->bhgd", nn.softmax(s, axis=-1), v)
-        return [o.astype(dtype).reshape((B, Hq, 1, D))]
+        return [nn.attention(q, k, v)]
 
     return build
 
