@@ -71,6 +71,10 @@ def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult
     blocks, atomics = _counts(c)
     what = "; ".join(m.describe() for m in c.mappings)
     splits = tuple(m.split for m in c.mappings)
+    att = c.stages.attention  # a fused attention has no reduction mappings: its own plan
+    if att is not None:
+        what = f"fused attention split={att.split} over the keys, {att.chunk} keys per block, {att.launches} launch(es)"
+        splits = (att.split,)
     return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,), what, splits=splits)
 
 
