@@ -441,3 +441,69 @@ def gather_nd(x: Tensor, indices: Tensor, batch_dims: int = 0) -> Tensor:
 
 def _c_strides(shape) -> list[int]:
     return [math.prod(shape[k + 1 :]) for k in range(len(shape))]
+
+
+def index(x: Tensor, key) -> Tensor:
+    """numpy's basic indexing `x[key]`: integers (the axis dropped; negative ones count from the
+    end), slices (steps, negative steps), `None` (a new axis of extent 1) and one `...`; one
+    integer Tensor among slices is `take` along its axis (numpy's single advanced index). Each
+    is an access relation (slice, reshape, take), never a copy.
+
+    >>> import panamera as pn
+    >>> v = pn.placeholder((4, 6, 8), name="v")
+    >>> v[1, ::-2, None].shape, v[..., 2:5].shape, v[:, None][0].shape
+    ((3, 1, 8), (4, 6, 3), (1, 6, 8))
+    >>> v[pn.placeholder((2, 5), "int32", name="ids")].shape
+    (2, 5, 6, 8)
+    """
+    x = _x(x, "index")
+    key = key if isinstance(key, tuple) else (key,)
+    what = f"index of {x.label!r} {x.shape}"
+    for k in key:
+        if isinstance(k, bool) or not (
+            k is None or k is Ellipsis or isinstance(k, (builtins.slice, Tensor)) or hasattr(k, "__index__")
+        ):
+            raise DTypeError(
+                f"{what}: {k!r} is not an index (integers, slices, None, ... and one integer Tensor are; "
+                "take, take_along_axis and where cover the rest)"
+            )
+    if sum(k is Ellipsis for k in key) > 1:
+        raise AxisError(f"{what}: an index can only have a single ellipsis ('...')")
+    tensors = [k for k in key if isinstance(k, Tensor)]
+    if len(tensors) > 1 or (tensors and any(hasattr(k, "__index__") for k in key)):
+        raise AxisError(f"{what}: one integer Tensor among slices is supported; index in two steps for more")
+    consumed = sum(k is not None and k is not Ellipsis for k in key)
+    if consumed > x.ndim:
+        raise AxisError(f"{what}: too many indices ({consumed}) for rank {x.ndim}")
+    at = next((n for n, k in enumerate(key) if k is Ellipsis), len(key))
+    key = key[:at] + (builtins.slice(None),) * (x.ndim - consumed) + key[at + 1 :]
+    starts, ends, steps, shape = [], [], [], []
+    axis, taken = 0, None
+    for k in key:
+        if k is None:
+            shape.append(1)
+            continue
+        n = x.shape[axis]
+        if isinstance(k, Tensor):
+            if k.dtype.is_float or k.dtype.name == "bool":
+                raise DTypeError(f"{what}: index tensor {k.label!r} must hold integers, got {k.dtype}")
+            taken = (axis, k)
+            shape.extend(k.shape)
+            start, stop, step = 0, n, 1
+        elif isinstance(k, builtins.slice):
+            start, stop, step = k.indices(n)
+            shape.append(len(range(start, stop, step)))
+        else:
+            i = operator.index(k)
+            if not -n <= i < n:
+                raise AxisError(f"{what}: index {i} is out of bounds for axis {axis} with size {n}")
+            start, stop, step = i % n, i % n + 1, 1
+        starts.append(start)
+        ends.append(-(n + 1) if step < 0 and stop < 0 else stop)  # a negative step down to element 0
+        steps.append(step)
+        axis += 1
+    y = x if all(s == 0 and e == n and st == 1 for s, e, st, n in zip(starts, ends, steps, x.shape)) else None
+    y = y if y is not None else slice(x, starts, ends, steps=steps)
+    if taken is not None:
+        y = take(y, taken[1], axis=taken[0])
+    return y if y.shape == tuple(shape) else reshape(y, tuple(shape))

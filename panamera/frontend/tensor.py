@@ -144,6 +144,14 @@ class Tensor:
 
         return matmul(o, self)
 
+    def __getitem__(self, key) -> Tensor:
+        """numpy's basic indexing (integers, slices, None, ..., one integer Tensor): movement.index."""
+        from .movement import index
+
+        return index(self, key)
+
+    __iter__ = None  # not a sequence: __getitem__ alone would make it iterate until an IndexError
+
     def __pow__(self, o):
         return binary("pow", self, o)
 
