@@ -54,6 +54,7 @@ from .schedule.attention import AttentionPlan, plan_attention
 from .schedule.contraction import contraction_info
 from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
+from .schedule.pipeline import explain_lines as pipeline_lines
 from .schedule.planner import Considered, plan_groups
 from .schedule.saved import Schedule
 
@@ -504,6 +505,7 @@ class Compiled:
             lines.append(f"  group {names}: {m.describe()}")
             lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
             lines += contraction_lines(g, m, gpu)
+            lines += pipeline_lines(g, m, gpu)
         for ln in plan.launches:
             extra = ""
             if ln.role in (LaunchRole.REDUCE, LaunchRole.MAP):

@@ -21,6 +21,7 @@ from ..runtime.plan import BufferRole, BufferSpec, Fill
 from ..schedule.mapping import Mapping, MergeMode
 from .expr import literal
 from .map_kernel import emit_map
+from .pipeline import INCLUDE as PIPELINE_INCLUDE
 from .reduce_kernel import emit_reduce, workspace_identity
 from .stitched_kernel import emit_stitched
 from .thread_loop import ThreadLoop
@@ -126,7 +127,8 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     # At least 1024 resident threads per SM: ptxas may use 64 registers per thread (without a
     # minimum it sometimes caps at 32 and spills the unrolled loop's vectors).
     bounds = f"{m.threads}, {m.min_blocks}"  # fewer with a register tile (schedule/mapping.py)
-    lines = [f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{']
+    lines = list(PIPELINE_INCLUDE) if m.stages > 1 else []  # cuda_pipeline.h only where used
+    lines.append(f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
     lines += EMITTERS[template(group)](ThreadLoop(group, m, idx))

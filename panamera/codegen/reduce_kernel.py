@@ -24,6 +24,7 @@ from __future__ import annotations
 from ..algebra import AtomicStrategy
 from ..poly.statement import Form, Statement
 from ..schedule.mapping import MergeMode
+from .pipeline import emit_pipeline
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post
 
 
@@ -42,7 +43,10 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
         else:
             lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
     everything = list(range(len(g.statements)))
-    lines += loop.loops(lambda call: loop.iteration(call, everything))
+    if m.stages > 1:  # K slabs of the block-shared operand through shared memory
+        lines += emit_pipeline(loop, everything)
+    else:
+        lines += loop.loops(lambda call: loop.iteration(call, everything))
     return lines + _epilogue(loop)
 
 

@@ -67,6 +67,9 @@ class ThreadLoop:
         self.in_name = {b.uid: b.param for b in m.buffers if b.role == BufferRole.INPUT}
         self.ctx = group.statements[0].domain.get_ctx()
         self.regs: dict[int, str] = {}  # stitched results available in registers, by tensor uid
+        self.staged: dict[
+            tuple[int, int], str
+        ] = {}  # (statement, read) -> its shared-memory stage (codegen/pipeline.py)
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user: Callable[[isl.AstExpr], list[str]]) -> list[str]:
@@ -157,7 +160,8 @@ class ThreadLoop:
                 if key not in by_access:
                     by_access[key] = name = f"pn_v{k}_{ri}"
                     decl.append(f"{r.tensor.dtype.compute} {name}[{self.m.vec}];")
-                    loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{key[1]}], {name});")
+                    src = self.staged.get((k, ri), f"&{self.in_name[r.tensor.uid]}[{key[1]}]")
+                    loads.append(f"pn_ldv({src}, {name});")
                 vregs[(k, ri)] = by_access[key]
         return decl, loads, vregs
 
@@ -166,9 +170,12 @@ class ThreadLoop:
         loaded as vectors, then per vector lane each body, accumulated (reductions) or stored."""
         if self.m.rtile * self.m.ctile > 1:
             return self.tile_iteration(call, here)
+        return self.iteration_at(islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2)), here)
+
+    def iteration_at(self, a0: str, a1: str, here: list[int]) -> list[str]:
+        """`iteration` at the canonical loop indices a0, a1 (C expressions)."""
         g, V = self.g, self.m.vec
         col = g.form in (Form.COLUMN, Form.MAP)  # the vector runs along i instead of j
-        a0, a1 = islast.expr(call.get_op_arg(1)), islast.expr(call.get_op_arg(2))
         first = "i" if col else "j"
         fixed = f"const pn_idx j = {a1};" if col else f"const pn_idx i = {a0};"
         out = ["{", f"  {fixed} const pn_idx pn_first = ({a0 if col else a1}) * {V};"]

@@ -74,6 +74,13 @@ class GPUSpec:
         return max(1, min(self.max_blocks_sm, self.max_threads_sm // max(threads, 1)))
 
     @property
+    def in_flight_per_sm(self) -> float:
+        """Bytes each SM must keep in flight to saturate the achievable bandwidth at the loaded
+        latency (Little's law, F = BW x L / SMs) [derived]: what a pipeline's stages must supply
+        (schedule/pipeline.py)."""
+        return self.achievable_bw * self.loaded_latency_s / self.sms
+
+    @property
     def loaded_latency_s(self) -> float:
         """DRAM latency at saturation [derived]: 32 KB in flight per SM saturate the achievable
         bandwidth, so by Little's law the latency under that load is SMs * 32 KB / BW."""

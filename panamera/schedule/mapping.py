@@ -26,7 +26,7 @@ against the program (rules in its docstring) and completes it without searching.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .. import dtypes
 from ..algebra import SUM, AtomicStrategy
@@ -39,6 +39,8 @@ from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
 from .contraction import l2_bytes as contraction_l2_bytes
+from .pipeline import check as check_pipeline
+from .pipeline import choose as choose_stages
 from .rtile import NO_TILE, op_divisors, register_budget, registers, tilings
 from .rtile import check as check_tile
 from .task import TaskMapping, serial, spatial
@@ -84,6 +86,7 @@ class Decision:
     rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k shared along the rtile rows
     ctile: int = 1  # and ctile consecutive rows per thread (schedule/rtile.py)
     cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
+    stages: int = 1  # K slabs of the block-shared operand in flight (schedule/pipeline.py; 1: direct loads)
 
     @property
     def tile_rows(self) -> int:
@@ -158,6 +161,7 @@ class Decision:
             f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
             f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
             + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
+            + (f" stages={self.stages}" if self.stages > 1 else "")
             + (" cooperative" if self.cooperative else "")
         )
 
@@ -199,6 +203,7 @@ class Decision:
             rshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("rshared", ())),
             ctile=int(d.get("ctile", 1)),
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
+            stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
         )
 
 
@@ -582,13 +587,15 @@ def map_group(
     name: str = "",
     rtile: int | None = None,
     ctile: int | None = None,
+    stages: int | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
     combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
     keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
-    group has no tile to share)."""
+    group has no tile to share). `stages` forces the pipeline's stages (schedule/pipeline.py;
+    else the model's)."""
     if group.stitched:
         return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N
@@ -655,7 +662,12 @@ def map_group(
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
                 if best is None or cost.total_s < best[0].total_s * 0.97:
                     best = (cost, d)
-    return _complete(group, best[1], gpu, name, best[0])
+    cost, d = best
+    if stages is None:
+        stages = choose_stages(
+            group, gpu, d, _in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s
+        ).stages
+    return _complete(group, replace(d, stages=stages), gpu, name, cost)
 
 
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
@@ -740,7 +752,9 @@ def replay(
     8. vector atomics only where `_atomic_vec` allows them on this GPU (float32 sums of a COLUMN
        tile, vec dividing M, sm_90);
     9. a register tile only as schedule/rtile.py's preconditions allow (ROW/ALL, unstitched,
-       power-of-two rows, a row stride of the group, exactly the shared reads isl finds).
+       power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
+    10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
+       the block's rows share, aligned copies, a block-uniform step count around the barriers).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -796,6 +810,7 @@ def replay(
             f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
         )
     check_tile(group, d, at)
+    check_pipeline(group, d, at)
     return _complete(group, d, gpu, name)
 
 

@@ -21,7 +21,8 @@ from ..errors import ScheduleError
 from .mapping import Decision
 
 FORMAT = "panamera-schedule/3"
-# Readable formats: /2 predates register tiles (its kernels load with rtile = 1, replayed as saved).
+# Readable formats: /2 predates register tiles (its kernels load with rtile = 1, replayed as saved);
+# a /3 kernel without `stages` loads directly (stages = 1, schedule/pipeline.py).
 READABLE = ("panamera-schedule/2", FORMAT)
 
 
