@@ -105,6 +105,8 @@ class Decision:
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
+    epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+
     @property
     def threads(self) -> int:
         return self.tx * self.ty
@@ -171,6 +173,8 @@ class Decision:
         d["atomic_vec"] = list(self.atomic_vec)
         d["rshared"] = [[int(b) for b in a] for a in self.rshared]
         d["cshared"] = [[int(b) for b in a] for a in self.cshared]
+        if not self.epilogue:  # saved only when set: schedules written before it read the same
+            del d["epilogue"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -204,6 +208,7 @@ class Decision:
             ctile=int(d.get("ctile", 1)),
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
+            epilogue=bool(d.get("epilogue", False)),
         )
 
 
@@ -294,7 +299,7 @@ def streamed_bytes_per_iteration(group: KernelGroup) -> int:
     iteration space. Broadcast parameters (a LayerNorm's gamma) are re-read from cache, and
     values a stitched group keeps in registers are not memory reads at all: neither is a DRAM
     request in flight."""
-    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    members = group.on_chip
     tensors = {
         r.tensor.uid: r.tensor
         for s in group.statements
@@ -353,9 +358,10 @@ def _atomic_vec(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeM
 
 def _access(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
     kinds = access_kinds(group.statements, along(group), vec)
-    if not group.stitched:
+    if not (group.stitched or group.epilogue):
         return kinds
-    # A stitched group's row epilogue runs on the row's leader thread: one scalar load per read.
+    # A stitched group's row epilogue runs on the row's leader thread, an epilogue group's on the
+    # thread that finishes the output: one scalar load per read.
     return tuple(tuple(AccessKind.GATHER for _ in k) if is_epilogue(s) else k for s, k in zip(group.statements, kinds))
 
 
@@ -378,7 +384,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     the exchanges, then its departures, 2 x gridDim.x counters)."""
     stmts = group.statements
     inputs = []
-    members = {s.result.uid for s in stmts} if group.stitched else set()
+    members = group.on_chip
     for s in stmts:
         for r in s.reads:
             if r.tensor.uid in members or not r.memory:  # registers (stitched) or an index (iota)
@@ -400,7 +406,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     ]
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
-        on_chip = group.stitched and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
         if not on_chip:
             out.append(
                 BufferSpec(
@@ -437,7 +443,7 @@ def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
 def _input_bytes(group: KernelGroup) -> int:
     """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
     broadcast parameter re-read by every row hits the cache after its first read)."""
-    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    members = group.on_chip
     reads = {
         r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
     }
@@ -462,7 +468,9 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     """The model's time of one candidate decision: the same for the search and for a replay."""
     if group.stitched:
         return _stitched_cost(group, gpu, d)
-    out_bytes = group.M * sum(s.result.dtype.itemsize for s in group.statements)
+    kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
+    stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
+    out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
     work = arithmetic(group, d).features()
     if d.form == Form.MAP:
         return kernel_time(
@@ -476,11 +484,15 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     s_eff = d.split
     blocks = d.grid[0] * s_eff
     is_split = s_eff > 1
-    owners = [st for k, st in enumerate(group.statements) if group.accumulator_of[k] == k]
+    # the accumulators that merge (an epilogue group's element-wise statements have none)
+    own = [
+        k for k, st in enumerate(group.statements) if group.accumulator_of[k] == k and st.kind == StatementKind.REDUCE
+    ]
+    owners = [group.statements[k] for k in own]
     outputs = group.M * len(owners)
     widths = d.atomic_vec or (1,) * len(group.statements)
-    merge_atomics = sum(group.M // widths[k] for k in range(len(group.statements)) if group.accumulator_of[k] == k)
-    acc_bytes = max(st.acc.itemsize for st in group.statements)
+    merge_atomics = sum(group.M // widths[k] for k in own)
+    acc_bytes = max(st.acc.itemsize for st in owners)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
     # partials: every block writes its partials and the last block reads them all.
@@ -502,10 +514,21 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         # an L1-latency shuffle, ~30 cycles) more per further row
         epilogue_cycles=400
         + 150 * (d.rtile * d.ctile - 1)
-        + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
+        + _epilogue_cycles(group, gpu),
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
+
+
+def _epilogue_cycles(group: KernelGroup, gpu: GPUSpec) -> int:
+    """An epilogue group's element-wise statements run after the output is final, on the thread
+    that finishes it: their loads (issued together, one per read) are one DRAM round trip the
+    kernel's tail waits for, counted once per joiner (a joiner may read an earlier one's value)."""
+    if not group.epilogue:
+        return 0
+    joiners = sum(1 for s in group.statements if s.kind == StatementKind.MAP)
+    return int(joiners * gpu.dram_latency_s * gpu.clock_hz)
 
 
 def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
@@ -599,7 +622,9 @@ def map_group(
     if group.stitched:
         return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N
-    base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
+    base = dict(
+        statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group), epilogue=group.epilogue
+    )
     if form == Form.MAP:
         vec = choose_vec(group.statements, "i", M)
         G = M // vec
@@ -767,6 +792,11 @@ def replay(
         raise ScheduleError(
             f"{at} is {d.form} {d.M}x{d.N}, the program's is {group.form} {group.M}x{group.N}: "
             "the subgraph changed since the schedule was saved"
+        )
+    if d.epilogue != group.epilogue:
+        raise ScheduleError(
+            f"{at}: the schedule {'applies' if d.epilogue else 'does not apply'} an epilogue in the reduction's "
+            f"last block, the program's group {'does' if group.epilogue else 'does not'}"
         )
     if not (is_pow2(d.tx) and is_pow2(d.ty) and d.threads <= MAX_THREADS):
         raise ScheduleError(
