@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import np_dtype, tolerance
 
 import panamera as pn
 from panamera.compiler import lower
@@ -14,8 +15,6 @@ from panamera.errors import ScheduleError
 from panamera.poly.epilogue import is_head, joins
 from panamera.schedule.mapping import MergeMode
 from panamera.schedule.saved import Schedule
-
-from conftest import np_dtype, tolerance
 
 
 def compiled(outputs, **kw):
