@@ -40,7 +40,7 @@ import islpy as isl
 import networkx as nx
 
 from .statement import Form, Statement, StatementKind
-from .stitch import _acyclic_after_contraction
+from .stitch import acyclic_after_contraction
 
 
 def _index(st: Statement):
@@ -59,7 +59,7 @@ def is_head(st: Statement) -> bool:
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
-    >>> p = lower(pn.sum(pn.placeholder((4, 8)), axis=1) + 1.0, stop_after="program").program
+    >>> p = lower(pn.sum(pn.placeholder((4, 8)), axis=1) + 1.0, stop_after="program", target="emulator").program
     >>> [is_head(s) for s in p.statements]
     [True, False]
     """
@@ -84,7 +84,15 @@ def epilogue_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[tuple[St
     whose finishing threads apply the joiners: the largest legal group per head.
 
     `stmts` are the program's coalesced statements in topological order and `sg` their
-    dependence graph (statement names, from isl flow dependences)."""
+    dependence graph (statement names, from isl flow dependences).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> s = pn.sum(pn.placeholder((64, 8)), axis=0)
+    >>> p = lower([s, s * 2.0 + 1.0], stop_after="program", target="emulator").program
+    >>> [[st.name for st in c] for c in epilogue_candidates(list(p.statements), p.statement_graph)]
+    [['S0', 'S1']]
+    """
     reductions = {s.result.uid for s in stmts if s.kind == StatementKind.REDUCE}
     out = []
     for h, head in enumerate(stmts):
@@ -92,7 +100,7 @@ def epilogue_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[tuple[St
             continue
         group, members = [head], {head.result.uid: head}
         for st in stmts[h + 1 :]:
-            if joins(st, head, members, reductions) and _acyclic_after_contraction(
+            if joins(st, head, members, reductions) and acyclic_after_contraction(
                 sg, {s.name for s in group} | {st.name}
             ):  # 6
                 group.append(st)

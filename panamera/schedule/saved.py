@@ -1,8 +1,8 @@
 """A schedule as data: every decision the planner and mapper made for one program on one GPU.
 
-A `Schedule` is the versioned serialization of the formulation choices, the stitching choices
-and the mapping `Decision` of every kernel (schedule/mapping.py). `pn.compile(..., schedule=s)`
-replays it: nothing is searched again, each decision is validated against the program
+A `Schedule` is the versioned serialization of the formulation choices, the stitching and
+epilogue choices and the mapping `Decision` of every kernel (schedule/mapping.py).
+`pn.compile(..., schedule=s)` replays it: nothing is searched again, each decision is validated against the program
 (`mapping.replay`, `planner.plan_groups`) and completed, so the replay reproduces the CUDA source
 and the launch plan byte for byte. A schedule that no longer fits is a ScheduleError that says
 what changed, never a different kernel.
