@@ -180,7 +180,12 @@ def _groups(a: Artifacts, o: Options) -> Artifacts:
     replayed = o.schedule.stitched if o.schedule is not None else None
     epilogues = o.schedule.epilogues if o.schedule is not None else ()
     groups, considered = plan_groups(
-        a.program, o.gpu, allow_stitch=o.split is None, replay=replayed, replay_epilogues=epilogues
+        a.program,
+        o.gpu,
+        allow_stitch=o.split is None,
+        replay=replayed,
+        replay_epilogues=epilogues,
+        deterministic=o.deterministic,
     )
     return dataclasses.replace(a, groups=groups, considered=considered)
 

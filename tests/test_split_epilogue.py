@@ -44,7 +44,8 @@ def assert_within(got, ref, terms, values, dtype, n, roundings=3):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_split_row_gemv_with_bias_relu_and_residual(dtype, deterministic):
     rng = np.random.default_rng(0)
-    n, k = 16, 1 << 16  # 16 outputs cannot fill the GPU: split-K
+    # 16 outputs cannot fill the GPU: split-K (fp16: a longer K, where partials still beat stitching)
+    n, k = 16, 1 << (17 if dtype == "float16" else 16)
     xa, wa = rng.standard_normal((1, k)).astype(np_dtype(dtype)), rng.standard_normal((n, k)).astype(np_dtype(dtype))
     ba, ra = rng.standard_normal(n).astype(np_dtype(dtype)), rng.standard_normal((1, n)).astype(np_dtype(dtype))
     x, w = pn.placeholder(xa.shape, dtype, name="x"), pn.placeholder(wa.shape, dtype, name="w")
@@ -190,3 +191,20 @@ def test_precondition_6_no_path_leaves_the_group_and_comes_back():
     assert joins(z, head, {head.result.uid: head}, reductions) and p.epilogue_candidates == ()
     got = compiled([t, y + t])(np.ones((4, 4, 64), np.float32))
     np.testing.assert_array_equal(got[1], np.full((4, 4), 64 + 128, np.float32))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_register_tiled_split_linear_applies_the_epilogue_to_every_tile_row(deterministic):
+    """A skinny linear (8 rows of x sharing each weight row: schedule/rtile.py) split over K:
+    the finishing block applies bias + relu to each row of its register tile."""
+    rng = np.random.default_rng(4)
+    m, n, k = 8, 32, 1 << 15
+    xa, wa = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)
+    ba = rng.standard_normal(n).astype(np.float32)
+    x, w, b = pn.placeholder(xa.shape, name="x"), pn.placeholder(wa.shape, name="w"), pn.placeholder(ba.shape, name="b")
+    kern = compiled(pn.maximum(pn.matmul(x, w.T) + b, 0.0), deterministic=deterministic)
+    mp = only_kernel(kern)
+    assert mp.rtile * mp.ctile > 1 and mp.split > 1
+    x64, w64 = xa.astype(np.float64), wa.astype(np.float64)
+    ref = np.maximum(x64 @ w64.T + ba, 0)
+    assert_within(kern(xa, wa, ba), ref, np.abs(x64) @ np.abs(w64).T, np.abs(x64 @ w64.T) + np.abs(ba), "float32", k)

@@ -82,11 +82,18 @@ def _merge_of(m: Mapping) -> str:
 
 
 def plan_groups(
-    prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=None, stitch_split: bool = True, replay_epilogues=()
+    prog: Program,
+    gpu: GPUSpec,
+    allow_stitch: bool = True,
+    replay=None,
+    stitch_split: bool = True,
+    replay_epilogues=(),
+    deterministic: bool = False,
 ):
     """Kernel groups for the program and the stitching and epilogue decisions the model made.
 
     stitch_split: let a stitched kernel split rows across blocks (False: whole rows per block).
+    deterministic: an epilogue group and the kernels it replaces are weighed with partials merges.
 
     replay: stitched groups (tuples of statement names) to take instead of asking the model,
     and replay_epilogues the epilogue groups; each must be a legal candidate (a saved schedule
@@ -119,7 +126,7 @@ def plan_groups(
         if take:
             chosen.append(tuple(cand))
     if replay is None:
-        epilogues = _plan_epilogues(prog, gpu, considered, chosen) if allow_stitch else []
+        epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic) if allow_stitch else []
     if not chosen and not epilogues:
         return prog.groups, tuple(considered)
     groups = group_statements(
@@ -141,7 +148,7 @@ def _replayed_epilogues(prog: Program, names_list) -> list:
     return out
 
 
-def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list) -> list:
+def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list, deterministic: bool) -> list:
     """The epilogue groups the model prefers (updates `considered` and `chosen` in place: a
     stitched group of the same statements that loses to its epilogue group is dropped)."""
     by_name = {s.name: s for s in prog.statements}
@@ -153,9 +160,11 @@ def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list)
             continue  # a different stitched group holds some of its statements
         same = next((k for k, c in enumerate(considered) if c.statements == names), None)
         group = KernelGroup(tuple(cand), external=external_results(cand, prog.statements, prog.outputs), epilogue=True)
-        m = map_group(group, gpu)
+        m = map_group(group, gpu, deterministic=deterministic)
         fused = m.cost.total_s
-        unfused = sum(map_group(KernelGroup((by_name[n],)), gpu).cost.total_s for n in names)
+        unfused = sum(
+            map_group(KernelGroup((by_name[n],)), gpu, deterministic=deterministic).cost.total_s for n in names
+        )
         stitched = considered[same].stitched_us * 1e-6 if same is not None else 0.0
         take = fused < unfused and (same is None or fused < stitched)
         if take and rival:
