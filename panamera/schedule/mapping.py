@@ -679,8 +679,9 @@ def map_group(
                     atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
                     rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
-                d = _fit_gathers(group, d)
-                if R * C > 1 and rtile is None and _registers(group, d) > register_budget(d):
+                if form == Form.COLUMN:
+                    d = _fit_gathers(group, d)
+                if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
@@ -731,7 +732,9 @@ def accumulators(group: KernelGroup) -> list[int]:
 def _fit_gathers(group: KernelGroup, d: Decision) -> Decision:
     """Halve the unroll while the loads in flight of a kernel with scalar loads would not fit the
     registers its launch bounds leave (ptxas would spill them); kernels with vector loads only
-    keep theirs (`rtile.registers` weighs those where a register tile adds to them)."""
+    keep theirs. COLUMN kernels only (every lane of the thread's vector holds its own copy of a
+    gathered value and its own accumulator): where the fused prologues spilled; a ROW register
+    tile's candidates are `rtile.registers`' to weigh."""
     while d.unroll > 1 and scalar_registers(group, d) and _registers(group, d) > register_budget(d):
         d = dataclasses.replace(d, unroll=d.unroll // 2)
     return d
