@@ -55,7 +55,7 @@ from .schedule.contraction import contraction_info
 from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.pipeline import explain_lines as pipeline_lines
-from .schedule.planner import Considered, plan_groups
+from .schedule.planner import Considered, EpilogueConsidered, plan_groups
 from .schedule.saved import Schedule
 
 
@@ -123,7 +123,7 @@ class Artifacts:
     formulations: tuple[Formulation, ...] = ()
     program: Program | None = None  # program
     groups: tuple[KernelGroup, ...] = ()  # groups: every kernel group, empty ones too
-    considered: tuple[Considered, ...] = ()
+    considered: tuple[Considered | EpilogueConsidered, ...] = ()
     mappings: tuple[Mapping, ...] = ()  # mappings: one per group with iterations, in order
     kernels: tuple[RenderedKernel | InitKernel, ...] = ()  # kernels: per group, in order
     plan: LaunchPlan | None = None  # plan
@@ -178,7 +178,15 @@ def _groups(a: Artifacts, o: Options) -> Artifacts:
     if a.fused is not None:
         return a
     replayed = o.schedule.stitched if o.schedule is not None else None
-    groups, considered = plan_groups(a.program, o.gpu, allow_stitch=o.split is None, replay=replayed)
+    epilogues = o.schedule.epilogues if o.schedule is not None else ()
+    groups, considered = plan_groups(
+        a.program,
+        o.gpu,
+        allow_stitch=o.split is None,
+        replay=replayed,
+        replay_epilogues=epilogues,
+        deterministic=o.deterministic,
+    )
     return dataclasses.replace(a, groups=groups, considered=considered)
 
 
@@ -445,6 +453,7 @@ class Compiled:
             tuple(g.names for g in self.groups if g.stitched),
             tuple(m.decision for m in self.mappings),
             formulations=tuple(f.record for f in self.formulations),
+            epilogues=tuple(g.names for g in self.groups if g.epilogue),
         )
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):

@@ -14,6 +14,13 @@ stride over them and reduce across the row; a COLUMN tile's partials lie split-m
 column. Loads are coalesced and the order is fixed by the code, not by block arrival, so
 partials stay bit-identical run to run (`deterministic=True`).
 
+An epilogue group (mapping's `epilogue`, poly/epilogue.py) holds one reduction and element-wise
+statements over its outputs: wherever output o becomes final — the leader's store without a
+split, the last block's read-back of the atomic workspace (`__ldcg` after the counter's
+`__threadfence`), or its combine of the partials — that thread keeps the value in a register,
+stores it only if something else reads it, and evaluates the epilogue statements at index o
+(scalar loads of their other inputs), storing their results: one launch.
+
 A statement whose accumulator is another's (`KernelGroup.accumulator_of`: LayerNorm's mean and
 variance) has no accumulator, reduction or merge of its own: it stores its finish of the
 owner's value wherever the owner stores.
@@ -22,10 +29,11 @@ owner's value wherever the owner stores.
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..poly.statement import Form, Statement
+from ..poly.statement import Form, Statement, StatementKind
 from ..schedule.mapping import MergeMode
+from .expr import convert
 from .pipeline import emit_pipeline
-from .thread_loop import ThreadLoop, c_ident, identity_expr, post
+from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
 
 def emit_reduce(loop: ThreadLoop) -> list[str]:
@@ -33,8 +41,9 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
     col = g.form == Form.COLUMN
     V = m.vec
     lines = []
+    reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
     for k, s in enumerate(g.statements):
-        if g.accumulator_of[k] != k:
+        if g.accumulator_of[k] != k or k not in reductions:
             continue
         if col and V > 1 or _tile(m) > 1:
             n = _tile(m) if _tile(m) > 1 else V  # a register tile's rows (ROW/ALL) or a COLUMN thread's lanes
@@ -42,11 +51,10 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
             lines.append(f"  for (int v = 0; v < {n}; ++v) acc{k}[v] = {identity_expr(s)};")
         else:
             lines.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
-    everything = list(range(len(g.statements)))
     if m.stages > 1:  # K slabs of the block-shared operand through shared memory
-        lines += emit_pipeline(loop, everything)
+        lines += emit_pipeline(loop, reductions)
     else:
-        lines += loop.loops(lambda call: loop.iteration(call, everything))
+        lines += loop.loops(lambda call: loop.iteration(call, reductions))
     return lines + _epilogue(loop)
 
 
@@ -56,10 +64,10 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
     V = m.vec if col else 1
     out = []
     size = m.tx * m.ty if col else m.ty * max(1, m.tx // 32) * _tile(m)
-    for ct in dict.fromkeys(s.acc.compute for s in g.statements):
+    for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == StatementKind.REDUCE):
         out.append(f"  __shared__ {ct} pn_smem_{c_ident(ct)}[{size}];")
     for k, s in enumerate(g.statements):
-        if g.accumulator_of[k] != k:
+        if g.accumulator_of[k] != k or s.kind != StatementKind.REDUCE:
             continue
         safe = c_ident(s.acc.compute)
         fn = "pn_reduce_y" if col else "pn_reduce_x"
@@ -71,7 +79,9 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
     out += _vector_atomics(loop)
-    out += _per_output(loop, lambda k, s, o, a: _write(k, s, o, a, m.merges[k], g.accumulator_of[k], m.atomic_vec[k]))
+    out += _per_output(
+        loop, lambda k, s, o, a: _finish(loop, k, s, o, a, m.merges[k], g.accumulator_of[k], m.atomic_vec[k])
+    )
     if m.needs_last_block:
         out += [
             "  __threadfence();",
@@ -83,7 +93,7 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             "    __threadfence();",
         ]
         own = g.accumulator_of
-        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(k, s, o, m.merges[k], own[k]))]
+        out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(loop, k, s, o, m.merges[k], own[k]))]
         out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _reset(k, s, o, m.merges[k], own[k]))]
         out += ["  " + ln for ln in _combine_partials(loop)]
         out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
@@ -107,7 +117,8 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
         out.append(f"    if (o < {g.M}) {{")
         for k, s in enumerate(g.statements):
             j = g.accumulator_of[k]
-            out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
+            if s.kind == StatementKind.REDUCE:  # an epilogue statement is its reduction's emit
+                out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
         out += ["    }", "  }"]
     elif _tile(m) > 1:  # every row of the thread's register tile, v = r * ctile + c
         row, valid = loop.tile_row("pn_t", f"v / {m.ctile}", f"v % {m.ctile}")
@@ -115,13 +126,15 @@ def _per_output(loop: ThreadLoop, emit) -> list[str]:
         out.append(f"  const pn_idx o = {row};")
         out.append(f"  if (tx == 0 && {valid}) {{")
         for k, s in enumerate(g.statements):
-            out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}[v]")]
+            if s.kind == StatementKind.REDUCE:
+                out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}[v]")]
         out.append("  } }")
     else:
         out.append(f"  {{ const pn_idx o = bx * {m.ty} + ty;")
         out.append(f"  if (tx == 0 && o < {g.M}) {{")
         for k, s in enumerate(g.statements):
-            out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}")]
+            if s.kind == StatementKind.REDUCE:
+                out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}")]
         out.append("  } }")
     return out
 
@@ -138,6 +151,35 @@ def _vector_atomics(loop: ThreadLoop) -> list[str]:
     return out
 
 
+def _finish(loop: ThreadLoop, k, s, o, a, mode, owner, width) -> list[str]:
+    """Output o of statement k from this block: final (STORE) and applied, or merged."""
+    if mode == MergeMode.STORE and loop.m.epilogue:
+        return apply_epilogue(loop, k, s, o, post(s, a))
+    return _write(k, s, o, a, mode, owner, width)
+
+
+def apply_epilogue(loop: ThreadLoop, k: int, s: Statement, o: str, final: str) -> list[str]:
+    """Reduction k's final value `final` (the post dtype) of output o, in a register: stored if
+    read elsewhere, then every epilogue statement at index o, each stored (a later one reads an
+    earlier one's register)."""
+    g = loop.g
+    reg = f"pn_r{k}"
+    out = [f"const {s.result.dtype.compute} {reg} = {convert(final, post_dtype(s), s.result.dtype)};"]
+    if s.result.uid in g.external:
+        out.append(f"pn_st(&out{k}[{o}], {reg});")
+    loop.regs[s.result.uid] = reg
+    out.append(f"{{ const pn_idx i = {o}; const pn_idx j = 0; (void)j;")
+    for e, st in enumerate(g.statements):
+        if st.kind != StatementKind.MAP:
+            continue
+        body, val = loop.body_lines(e, None)
+        out += ["  " + ln for ln in body]
+        out.append(f"  const {st.result.dtype.compute} pn_r{e} = {convert(val, st.body.dtype, st.result.dtype)};")
+        out.append(f"  pn_st(&out{e}[{loop.address(st.write)}], pn_r{e});")
+        loop.regs[st.result.uid] = f"pn_r{e}"
+    return out + ["}"]
+
+
 def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, width: int = 1) -> list[str]:
     if mode == MergeMode.STORE:
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
@@ -152,10 +194,13 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, wi
     return [f"ws{k}[{o} * (pn_idx)gridDim.y + by] = {a};"]
 
 
-def _final(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
+def _final(loop: ThreadLoop, k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
     if mode == MergeMode.ATOMIC_WS:  # the output from the merged workspace (the owner's)
         merged = f"pn_ldcg(&ws{owner}[{o}])"
-        return [f"pn_st(&out{k}[{o}], {post(s, f'pn_unordered({merged})' if _ordered(s) else merged)});"]
+        final = post(s, f"pn_unordered({merged})" if _ordered(s) else merged)
+        if loop.m.epilogue:
+            return apply_epilogue(loop, k, s, o, final)
+        return [f"pn_st(&out{k}[{o}], {final});"]
     return []
 
 
@@ -213,6 +258,11 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
             f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
             f"  {a} = {reduce}{tmpl}({a}, {smem});",
         ]
-        out += [f"  if ({leader} && {inside}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
+        if m.epilogue:  # one reduction: its finish, then the epilogue statements
+            out.append(f"  if ({leader} && {inside}) {{")
+            out += ["    " + ln for ln in apply_epilogue(loop, k, s, "o", post(s, a))]
+            out.append("  }")
+        else:
+            out += [f"  if ({leader} && {inside}) pn_st(&out{j}[o], {post(g.statements[j], a)});" for j in sharing]
         out.append("}")
     return out

@@ -14,6 +14,7 @@ import networkx as nx
 from ..frontend.tensor import Tensor
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
+from .epilogue import epilogue_candidates
 from .expr import Expr
 from .fusion import Fusion, fuse_producers
 from .movement import must_materialize
@@ -24,11 +25,21 @@ from .stitch import stitch_candidates
 @dataclass(frozen=True)
 class KernelGroup:
     """Statements that run in one kernel: same canonical form and extents, independent, or a
-    stitched group (poly/stitch.py): reductions and their consumers over one row space."""
+    stitched group (poly/stitch.py): reductions and their consumers over one row space, or an
+    epilogue group (poly/epilogue.py): one reduction and its element-wise consumers, applied
+    by the threads that finish each output."""
 
     statements: tuple[Statement, ...]
     stitched: bool = False
-    external: frozenset[int] = frozenset()  # uids of stitched results also stored to memory
+    external: frozenset[int] = frozenset()  # uids of stitched / epilogue results also stored to memory
+    epilogue: bool = False
+
+    @property
+    def on_chip(self) -> frozenset[int]:
+        """Results of the group its own statements read from registers, not memory."""
+        if self.stitched or self.epilogue:
+            return frozenset(s.result.uid for s in self.statements)
+        return frozenset()
 
     @property
     def form(self) -> Form:
@@ -84,6 +95,7 @@ class Program:
     fusions: tuple[Fusion, ...] = ()  # isl's verdict on fusing each statement's producers
     statement_graph: nx.DiGraph | None = None  # statement names, edges from isl flow dependences
     stitch_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal stitched groups
+    epilogue_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal epilogue groups
 
     @cached_property
     def schedule(self) -> isl.Schedule | None:
@@ -132,8 +144,9 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     fusions = tuple(fuse_producers(s) for s in live)
     sg = statement_graph(stmts, deps)
     cands = tuple(tuple(c) for c in stitch_candidates(stmts, sg))
+    epis = tuple(epilogue_candidates(stmts, sg))
     groups = group_statements(stmts, sg, outputs)
-    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands)
+    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands, epis)
 
 
 def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGraph:
@@ -148,19 +161,25 @@ def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGr
 
 
 def group_statements(
-    stmts: list[Statement], sg: nx.DiGraph, outputs, stitched: tuple[tuple[Statement, ...], ...] = ()
+    stmts: list[Statement],
+    sg: nx.DiGraph,
+    outputs,
+    stitched: tuple[tuple[Statement, ...], ...] = (),
+    epilogues: tuple[tuple[Statement, ...], ...] = (),
 ) -> tuple[KernelGroup, ...]:
-    """Kernel groups: the chosen stitched groups, then horizontal fusion of the rest: statements
-    with the same form and extents and no dependence path between them share a kernel (the
-    paper's fusion of independent reductions, §4). Groups are ordered by their dependences."""
+    """Kernel groups: the chosen stitched groups and epilogue groups, then horizontal fusion of
+    the rest: statements with the same form and extents and no dependence path between them
+    share a kernel (the paper's fusion of independent reductions, §4). Groups are ordered by
+    their dependences."""
     by_name = {s.name: s for s in stmts}
-    taken = {s.name for grp in stitched for s in grp}
-    groups: list[list[Statement]] = [list(grp) for grp in stitched]
+    chosen = tuple(stitched) + tuple(epilogues)
+    taken = {s.name for grp in chosen for s in grp}
+    groups: list[list[Statement]] = [list(grp) for grp in chosen]
     for name in nx.topological_sort(sg):
         if name in taken:
             continue
         s = by_name[name]
-        for grp in groups[len(stitched) :]:
+        for grp in groups[len(chosen) :]:
             h = grp[0]
             same = (h.form, h.M, h.N) == (s.form, s.M, s.N) and (h.kind == s.kind) and s.M * s.N > 0
             if same and not any(nx.has_path(sg, m.name, s.name) or nx.has_path(sg, s.name, m.name) for m in grp):
@@ -179,13 +198,17 @@ def group_statements(
     for k in nx.topological_sort(cg):
         if k < len(stitched):
             out.append(KernelGroup(tuple(groups[k]), True, external_results(groups[k], stmts, outputs)))
+        elif k < len(chosen):
+            out.append(
+                KernelGroup(tuple(groups[k]), external=external_results(groups[k], stmts, outputs), epilogue=True)
+            )
         else:
             out.append(KernelGroup(tuple(groups[k])))
     return tuple(out)
 
 
 def external_results(grp, stmts, outputs) -> frozenset[int]:
-    """Results of a stitched group that must reach memory: outputs, or read by other kernels."""
+    """Results of a stitched or epilogue group that must reach memory: outputs, or read by other kernels."""
     inside = {s.name for s in grp}
     out_ids = {t.uid for t in outputs}
     read_outside = {r.tensor.uid for s in stmts if s.name not in inside for r in s.reads}

@@ -120,12 +120,12 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
     for grp in groups:
         names = {s.name for s in grp}
         consumers = [s for s in grp[1:] if any(r.tensor.uid in {m.result.uid for m in grp} for r in s.reads)]
-        if len(grp) > 1 and consumers and _acyclic_after_contraction(sg, names):
+        if len(grp) > 1 and consumers and acyclic_after_contraction(sg, names):
             out.append(grp)
     return out
 
 
-def _acyclic_after_contraction(sg: nx.DiGraph, names: set[str]) -> bool:
+def acyclic_after_contraction(sg: nx.DiGraph, names: set[str]) -> bool:
     """Precondition 4: no dependence path leaves the group and re-enters it."""
     outside = sg.subgraph(n for n in sg if n not in names)
     leaving = {b for a, b in sg.edges if a in names and b not in names}

@@ -25,6 +25,7 @@ against the program (rules in its docstring) and completes it without searching.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -105,6 +106,8 @@ class Decision:
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
+    epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+
     @property
     def threads(self) -> int:
         return self.tx * self.ty
@@ -171,6 +174,8 @@ class Decision:
         d["atomic_vec"] = list(self.atomic_vec)
         d["rshared"] = [[int(b) for b in a] for a in self.rshared]
         d["cshared"] = [[int(b) for b in a] for a in self.cshared]
+        if not self.epilogue:  # saved only when set: schedules written before it read the same
+            del d["epilogue"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -204,6 +209,7 @@ class Decision:
             ctile=int(d.get("ctile", 1)),
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
+            epilogue=bool(d.get("epilogue", False)),
         )
 
 
@@ -294,7 +300,7 @@ def streamed_bytes_per_iteration(group: KernelGroup) -> int:
     iteration space. Broadcast parameters (a LayerNorm's gamma) are re-read from cache, and
     values a stitched group keeps in registers are not memory reads at all: neither is a DRAM
     request in flight."""
-    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    members = group.on_chip
     tensors = {
         r.tensor.uid: r.tensor
         for s in group.statements
@@ -353,9 +359,10 @@ def _atomic_vec(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeM
 
 def _access(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
     kinds = access_kinds(group.statements, along(group), vec)
-    if not group.stitched:
+    if not (group.stitched or group.epilogue):
         return kinds
-    # A stitched group's row epilogue runs on the row's leader thread: one scalar load per read.
+    # A stitched group's row epilogue runs on the row's leader thread, an epilogue group's on the
+    # thread that finishes the output: one scalar load per read.
     return tuple(tuple(AccessKind.GATHER for _ in k) if is_epilogue(s) else k for s, k in zip(group.statements, kinds))
 
 
@@ -378,7 +385,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     the exchanges, then its departures, 2 x gridDim.x counters)."""
     stmts = group.statements
     inputs = []
-    members = {s.result.uid for s in stmts} if group.stitched else set()
+    members = group.on_chip
     for s in stmts:
         for r in s.reads:
             if r.tensor.uid in members or not r.memory:  # registers (stitched) or an index (iota)
@@ -400,7 +407,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     ]
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
-        on_chip = group.stitched and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
         if not on_chip:
             out.append(
                 BufferSpec(
@@ -437,7 +444,7 @@ def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
 def _input_bytes(group: KernelGroup) -> int:
     """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
     broadcast parameter re-read by every row hits the cache after its first read)."""
-    members = {s.result.uid for s in group.statements} if group.stitched else set()
+    members = group.on_chip
     reads = {
         r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
     }
@@ -462,7 +469,9 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     """The model's time of one candidate decision: the same for the search and for a replay."""
     if group.stitched:
         return _stitched_cost(group, gpu, d)
-    out_bytes = group.M * sum(s.result.dtype.itemsize for s in group.statements)
+    kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
+    stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
+    out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
     work = arithmetic(group, d).features()
     if d.form == Form.MAP:
         return kernel_time(
@@ -476,11 +485,12 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     s_eff = d.split
     blocks = d.grid[0] * s_eff
     is_split = s_eff > 1
-    owners = [st for k, st in enumerate(group.statements) if group.accumulator_of[k] == k]
+    own = accumulators(group)  # an epilogue group's element-wise statements have none
+    owners = [group.statements[k] for k in own]
     outputs = group.M * len(owners)
     widths = d.atomic_vec or (1,) * len(group.statements)
-    merge_atomics = sum(group.M // widths[k] for k in range(len(group.statements)) if group.accumulator_of[k] == k)
-    acc_bytes = max(st.acc.itemsize for st in group.statements)
+    merge_atomics = sum(group.M // widths[k] for k in own)
+    acc_bytes = max(st.acc.itemsize for st in owners)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
     # partials: every block writes its partials and the last block reads them all.
@@ -502,10 +512,21 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
         # an L1-latency shuffle, ~30 cycles) more per further row
         epilogue_cycles=400
         + 150 * (d.rtile * d.ctile - 1)
-        + (_combine_cycles(group, gpu, d) if is_split and partials else 0),
+        + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
+        + _epilogue_cycles(group, gpu),
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
+
+
+def _epilogue_cycles(group: KernelGroup, gpu: GPUSpec) -> int:
+    """An epilogue group's element-wise statements run after the output is final, on the thread
+    that finishes it: their loads (issued together, one per read) are one DRAM round trip the
+    kernel's tail waits for, counted once per joiner (a joiner may read an earlier one's value)."""
+    if not group.epilogue:
+        return 0
+    joiners = sum(1 for s in group.statements if s.kind == StatementKind.MAP)
+    return int(joiners * gpu.dram_latency_s * gpu.clock_hz)
 
 
 def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
@@ -599,7 +620,9 @@ def map_group(
     if group.stitched:
         return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N
-    base = dict(statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group))
+    base = dict(
+        statements=group.names, form=form, M=M, N=N, stitched=False, levels=_levels(group), epilogue=group.epilogue
+    )
     if form == Form.MAP:
         vec = choose_vec(group.statements, "i", M)
         G = M // vec
@@ -656,6 +679,8 @@ def map_group(
                     atomic_vec=_atomic_vec(group, gpu, vec, _merges(group, s_eff, partials)),
                     rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
+                if form == Form.COLUMN:
+                    d = _fit_gathers(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
@@ -668,6 +693,51 @@ def map_group(
             group, gpu, d, _in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s
         ).stages
     return _complete(group, replace(d, stages=stages), gpu, name, cost)
+
+
+def scalar_registers(group: KernelGroup, d: Decision) -> int:
+    """4-byte registers of one unrolled step's scalar loads of the reductions, each distinct
+    read once: a GATHER read one per vector lane and tile row, a UNIFORM one once per tile row.
+    `rtile.registers` counts the contiguous vector loads; a contraction with a fused prologue
+    (ViT's and BERT's LayerNorm before their MatMuls: ten per-row parameters and statistics per
+    step) has many of these, and nvcc hoists all of the unrolled steps' loads."""
+    seen, regs = set(), 0
+    lanes = {AccessKind.GATHER: d.vec, AccessKind.UNIFORM: 1}
+    for k, st in enumerate(group.statements):
+        if st.kind != StatementKind.REDUCE or not d.access:
+            continue
+        for ri, r in enumerate(st.reads):
+            key = (r.tensor.uid, str(r.addr))
+            if r.memory and d.access[k][ri] in lanes and key not in seen:
+                seen.add(key)
+                regs += lanes[d.access[k][ri]] * d.rtile * d.ctile * max(1, r.tensor.dtype.itemsize // 4)
+    return regs
+
+
+def _registers(group: KernelGroup, d: Decision) -> int:
+    """`rtile.registers` plus the scalar loads in flight and a COLUMN thread's `vec` lanes of
+    accumulators (that estimate counts one per reduction)."""
+    lanes = (d.vec - 1) * len(accumulators(group)) if group.form == Form.COLUMN else 0
+    return registers(group, d) + d.unroll * scalar_registers(group, d) + lanes
+
+
+def accumulators(group: KernelGroup) -> list[int]:
+    """The statements whose accumulators the kernel keeps and merges (an epilogue group's
+    element-wise statements have none; a shared accumulator is its owner's)."""
+    return [
+        k for k, st in enumerate(group.statements) if group.accumulator_of[k] == k and st.kind == StatementKind.REDUCE
+    ]
+
+
+def _fit_gathers(group: KernelGroup, d: Decision) -> Decision:
+    """Halve the unroll while the loads in flight of a kernel with scalar loads would not fit the
+    registers its launch bounds leave (ptxas would spill them); kernels with vector loads only
+    keep theirs. COLUMN kernels only (every lane of the thread's vector holds its own copy of a
+    gathered value and its own accumulator): where the fused prologues spilled; a ROW register
+    tile's candidates are `rtile.registers`' to weigh."""
+    while d.unroll > 1 and scalar_registers(group, d) and _registers(group, d) > register_budget(d):
+        d = dataclasses.replace(d, unroll=d.unroll // 2)
+    return d
 
 
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
@@ -767,6 +837,11 @@ def replay(
         raise ScheduleError(
             f"{at} is {d.form} {d.M}x{d.N}, the program's is {group.form} {group.M}x{group.N}: "
             "the subgraph changed since the schedule was saved"
+        )
+    if d.epilogue != group.epilogue:
+        raise ScheduleError(
+            f"{at}: the schedule {'applies' if d.epilogue else 'does not apply'} an epilogue in the reduction's "
+            f"last block, the program's group {'does' if group.epilogue else 'does not'}"
         )
     if not (is_pow2(d.tx) and is_pow2(d.ty) and d.threads <= MAX_THREADS):
         raise ScheduleError(

@@ -6,16 +6,22 @@ that pays, plus its init launch). It keeps the stitched group when it is cheaper
 FusionStitching does, and records what it considered for `explain()`. The stitched kernel is
 itself the model's best over its splits: whole rows per block, or rows too few to fill the GPU
 split across co-resident blocks (one cooperative launch); `explain()` gives both figures.
+
+For every legal epilogue group (poly/epilogue.py: one reduction and its element-wise consumers
+in its output space) it compares one reduce kernel whose finishing threads apply the epilogue
+(split or not, merged by atomics or partials as the mapper's model prefers) against the two
+launches, and against the stitched kernel of the same statements when there is one; a stitched
+group that overlaps a different epilogue group keeps precedence. `explain()` lists every figure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup, Program, external_results, group_statements
-from .mapping import map_group
+from .mapping import Mapping, MergeMode, map_group
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,10 @@ class Considered:
     chosen: bool
     split: int = 1  # blocks per row of the stitched kernel
     whole_rows_us: float = 0.0  # the stitched kernel with whole rows per block, when split > 1
+    superseded: bool = False  # the model preferred the epilogue group of the same statements
 
     def describe(self) -> str:
-        verdict = "stitched" if self.chosen else "left unfused"
+        verdict = "stitched" if self.chosen else "epilogue group instead" if self.superseded else "left unfused"
         how = ""
         if self.split > 1:
             how = (
@@ -42,13 +49,55 @@ class Considered:
         )
 
 
-def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=None, stitch_split: bool = True):
-    """Kernel groups for the program and the stitching decisions the model made.
+@dataclass(frozen=True)
+class EpilogueConsidered:
+    """The model's figures for one epilogue group: fused in one reduce kernel, unfused, and
+    stitched (0.0 when no stitched candidate has the same statements)."""
+
+    statements: tuple[str, ...]
+    fused_us: float
+    unfused_us: float
+    unfused_kernels: int
+    chosen: bool
+    split: int
+    merge: str  # how the fused kernel's split merges: "atomic_ws", "partials" or "store"
+    stitched_us: float = 0.0
+
+    def describe(self) -> str:
+        verdict = "epilogue fused" if self.chosen else "left as it was"
+        where = (
+            f"in the last of {self.split} blocks per output ({self.merge})"
+            if self.split > 1
+            else "in the storing thread"
+        )
+        stitched = f" vs stitched {self.stitched_us:.1f} us" if self.stitched_us else ""
+        return (
+            f"{'+'.join(self.statements)}: 1 reduce kernel applying the epilogue {where} {self.fused_us:.1f} us"
+            f"{stitched} vs {self.unfused_kernels} kernels {self.unfused_us:.1f} us (modeled) -> {verdict}"
+        )
+
+
+def _merge_of(m: Mapping) -> str:
+    return str(next((x for x in m.merges if x != MergeMode.STORE), MergeMode.STORE))
+
+
+def plan_groups(
+    prog: Program,
+    gpu: GPUSpec,
+    allow_stitch: bool = True,
+    replay=None,
+    stitch_split: bool = True,
+    replay_epilogues=(),
+    deterministic: bool = False,
+):
+    """Kernel groups for the program and the stitching and epilogue decisions the model made.
 
     stitch_split: let a stitched kernel split rows across blocks (False: whole rows per block).
+    deterministic: an epilogue group and the kernels it replaces are weighed with partials merges.
 
-    replay: stitched groups (tuples of statement names) to take instead of asking the model;
-    each must be a legal candidate (a saved schedule that no longer fits is refused)."""
+    replay: stitched groups (tuples of statement names) to take instead of asking the model,
+    and replay_epilogues the epilogue groups; each must be a legal candidate (a saved schedule
+    that no longer fits is refused)."""
     considered, chosen = [], []
     by_name = {s.name: s for s in prog.statements}
     if replay is not None:
@@ -60,6 +109,7 @@ def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=N
                     f"(legal: {['+'.join(n) for n in legal] or 'none'})"
                 )
             chosen.append(legal[tuple(names)])
+        epilogues = _replayed_epilogues(prog, replay_epilogues)
     for cand in prog.stitch_candidates if allow_stitch and replay is None else ():
         names = tuple(s.name for s in cand)
         stitched = KernelGroup(tuple(cand), True, external_results(cand, prog.statements, prog.outputs))
@@ -75,7 +125,56 @@ def plan_groups(prog: Program, gpu: GPUSpec, allow_stitch: bool = True, replay=N
         considered.append(Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6))
         if take:
             chosen.append(tuple(cand))
-    if not chosen:
+    if replay is None:
+        epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic) if allow_stitch else []
+    if not chosen and not epilogues:
         return prog.groups, tuple(considered)
-    groups = group_statements(list(prog.statements), prog.statement_graph, prog.outputs, tuple(chosen))
+    groups = group_statements(
+        list(prog.statements), prog.statement_graph, prog.outputs, tuple(chosen), tuple(epilogues)
+    )
     return groups, tuple(considered)
+
+
+def _replayed_epilogues(prog: Program, names_list) -> list:
+    legal = {tuple(s.name for s in cand): tuple(cand) for cand in prog.epilogue_candidates}
+    out = []
+    for names in names_list:
+        if tuple(names) not in legal:
+            raise ScheduleError(
+                f"schedule applies {'+'.join(names)} as a reduction's epilogue, which is not a legal epilogue "
+                f"group of this program (legal: {['+'.join(n) for n in legal] or 'none'})"
+            )
+        out.append(legal[tuple(names)])
+    return out
+
+
+def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list, deterministic: bool) -> list:
+    """The epilogue groups the model prefers (updates `considered` and `chosen` in place: a
+    stitched group of the same statements that loses to its epilogue group is dropped)."""
+    by_name = {s.name: s for s in prog.statements}
+    out = []
+    for cand in prog.epilogue_candidates:
+        names = tuple(s.name for s in cand)
+        rival = [c for c in chosen if {s.name for s in c} & set(names)]
+        if any(tuple(s.name for s in c) != names for c in rival):
+            continue  # a different stitched group holds some of its statements
+        same = next((k for k, c in enumerate(considered) if c.statements == names), None)
+        group = KernelGroup(tuple(cand), external=external_results(cand, prog.statements, prog.outputs), epilogue=True)
+        m = map_group(group, gpu, deterministic=deterministic)
+        fused = m.cost.total_s
+        unfused = sum(
+            map_group(KernelGroup((by_name[n],)), gpu, deterministic=deterministic).cost.total_s for n in names
+        )
+        stitched = considered[same].stitched_us * 1e-6 if same is not None else 0.0
+        take = fused < unfused and (same is None or fused < stitched)
+        if take and rival:
+            chosen.remove(rival[0])
+            considered[same] = replace(considered[same], chosen=False, superseded=True)
+        considered.append(
+            EpilogueConsidered(
+                names, fused * 1e6, unfused * 1e6, len(names), take, m.split, _merge_of(m), stitched * 1e6
+            )
+        )
+        if take:
+            out.append(tuple(cand))
+    return out

@@ -1,8 +1,8 @@
 """A schedule as data: every decision the planner and mapper made for one program on one GPU.
 
-A `Schedule` is the versioned serialization of the formulation choices, the stitching choices
-and the mapping `Decision` of every kernel (schedule/mapping.py). `pn.compile(..., schedule=s)`
-replays it: nothing is searched again, each decision is validated against the program
+A `Schedule` is the versioned serialization of the formulation choices, the stitching and
+epilogue choices and the mapping `Decision` of every kernel (schedule/mapping.py).
+`pn.compile(..., schedule=s)` replays it: nothing is searched again, each decision is validated against the program
 (`mapping.replay`, `planner.plan_groups`) and completed, so the replay reproduces the CUDA source
 and the launch plan byte for byte. A schedule that no longer fits is a ScheduleError that says
 what changed, never a different kernel.
@@ -33,6 +33,7 @@ class Schedule:
     kernels: tuple[Decision, ...]  # in launch order
     subgraph: str = ""  # what it was made for (the program's signature), checked on load
     formulations: tuple[str, ...] = ()  # "op=choice" per formulation choice, in graph order
+    epilogues: tuple[tuple[str, ...], ...] = ()  # statement names of each epilogue group chosen
 
     def to_json(self) -> str:
         """Readable JSON: one line per field, one line per kernel."""
@@ -43,6 +44,8 @@ class Schedule:
             "formulations": list(self.formulations),
             "stitched": ["+".join(g) for g in self.stitched],
         }
+        if self.epilogues:  # written only when there are some: older schedules read the same
+            head["epilogues"] = ["+".join(g) for g in self.epilogues]
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
         kernels = ",\n".join(f"    {json.dumps(k.to_dict())}" for k in self.kernels)
         return "{\n" + "\n".join(lines) + '\n  "kernels": [\n' + kernels + ("\n" if kernels else "") + "  ]\n}\n"
@@ -61,6 +64,7 @@ class Schedule:
                 tuple(Decision.from_dict(k) for k in doc["kernels"]),
                 str(doc.get("subgraph", "")),
                 tuple(str(f) for f in doc.get("formulations", ())),
+                tuple(tuple(str(g).split("+")) for g in doc.get("epilogues", ())),
             )
         except ScheduleError:
             raise
