@@ -182,10 +182,10 @@ def test_int8_weights_dequantized_in_registers(group, rng):
     assert (np.abs(out - X.astype(np.float64) @ Wd.T) <= bound(X, Wd.T, "mk,kn->mn", "float32", "float32")).all()
 
 
-def test_int4_nibbles_unpacked_in_registers(rng):
-    """Two int4 weights per uint8 (low nibble = even k), zero point 8, per-group fp16 scales."""
-    M, N, K, G = 2, 32, 256, 128
-    x = pn.placeholder((M, K), "float16", name="x")
+def int4_weight(N, K, G, rng):
+    """Two int4 weights per uint8 (low nibble = even k), zero point 8, fp16 scales per group of G:
+    the placeholders, the dequantized weight as a Panamera expression, and the float64 arrays
+    (packed, scales, dequantized) of one random draw."""
     packed = pn.placeholder((N, K // 2), "uint8", name="packed")
     sc = pn.placeholder((N, K // G), "float16", name="scale")
     lo = (packed & 0xF).astype("float32") - 8.0
@@ -193,12 +193,19 @@ def test_int4_nibbles_unpacked_in_registers(rng):
     # interleave: k = 2 c + (0 for lo, 1 for hi), as a broadcast over a new axis
     nib = pn.where(pn.arange(2).reshape(1, 1, 2) == 0, lo.reshape(N, K // 2, 1), hi.reshape(N, K // 2, 1))
     wd = (nib.reshape(N, K // G, G) * sc.reshape(N, K // G, 1).astype("float32")).reshape(N, K)
-    y = pn.einsum("mk,nk->mn", x, wd)
     P = rng.integers(0, 256, (N, K // 2)).astype(np.uint8)
     S = (rng.random((N, K // G)) * 0.01).astype(np.float16)
-    X = array((M, K), "float16", rng)
     q = np.stack([(P & 0xF).astype(np.float64) - 8, ((P >> 4) & 0xF).astype(np.float64) - 8], axis=2).reshape(N, K)
-    Wd = dequant_reference(q, S, G)
+    return wd, P, S, dequant_reference(q, S, G)
+
+
+def test_int4_nibbles_unpacked_in_registers(rng):
+    """Two int4 weights per uint8 (low nibble = even k), zero point 8, per-group fp16 scales."""
+    M, N, K, G = 2, 32, 256, 128
+    x = pn.placeholder((M, K), "float16", name="x")
+    wd, P, S, Wd = int4_weight(N, K, G, rng)
+    y = pn.einsum("mk,nk->mn", x, wd)
+    X = array((M, K), "float16", rng)
     k = pn.compile(y, target="emulator")
     assert len(k.plan.kernels) == 1
     out = k(X, P, S)

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from test_contract import array, bound, dequant_reference
+from test_contract import array, bound, dequant_reference, int4_weight
 
 import panamera as pn
 from panamera.compiler import H100, lower
@@ -82,18 +82,10 @@ def test_tile_with_int8_weights_and_scales(rng):
 def test_tile_with_int4_nibbles(rng):
     M, N, K, G = 3, 16, 256, 128
     x = pn.placeholder((M, K), "float16", name="x")
-    packed = pn.placeholder((N, K // 2), "uint8", name="packed")
-    sc = pn.placeholder((N, K // G), "float16", name="scale")
-    lo = (packed & 0xF).astype("float32") - 8.0
-    hi = ((packed >> 4) & 0xF).astype("float32") - 8.0
-    nib = pn.where(pn.arange(2).reshape(1, 1, 2) == 0, lo.reshape(N, K // 2, 1), hi.reshape(N, K // 2, 1))
-    wd = (nib.reshape(N, K // G, G) * sc.reshape(N, K // G, 1).astype("float32")).reshape(N, K)
+    wd, P, S, Wd = int4_weight(N, K, G, rng)
     k = tiled(pn.einsum("mk,nk->mn", x, wd), 2)
-    P = rng.integers(0, 256, (N, K // 2)).astype(np.uint8)
-    S = (rng.random((N, K // G)) * 0.01).astype(np.float16)
     X = array((M, K), "float16", rng)
-    q = np.stack([(P & 0xF).astype(np.float64) - 8, ((P >> 4) & 0xF).astype(np.float64) - 8], axis=2).reshape(N, K)
-    check(k(X, P, S), X, dequant_reference(q, S, G))
+    check(k(X, P, S), X, Wd)
 
 
 @pytest.mark.parametrize("M,N,K", [(4, 4096, 4096), (16, 4096, 4096), (16, 14336, 4096)])

@@ -101,15 +101,12 @@ def plan_groups(
     considered, chosen = [], []
     by_name = {s.name: s for s in prog.statements}
     if replay is not None:
-        legal = {tuple(s.name for s in cand): tuple(cand) for cand in prog.stitch_candidates}
-        for names in replay:
-            if tuple(names) not in legal:
-                raise ScheduleError(
-                    f"schedule stitches {'+'.join(names)}, which is not a legal stitched group of this program "
-                    f"(legal: {['+'.join(n) for n in legal] or 'none'})"
-                )
-            chosen.append(legal[tuple(names)])
-        epilogues = _replayed_epilogues(prog, replay_epilogues)
+        chosen = _replayed(prog.stitch_candidates, replay, "stitches {}, which is not a legal stitched group")
+        epilogues = _replayed(
+            prog.epilogue_candidates,
+            replay_epilogues,
+            "applies {} as a reduction's epilogue, which is not a legal epilogue group",
+        )
     for cand in prog.stitch_candidates if allow_stitch and replay is None else ():
         names = tuple(s.name for s in cand)
         stitched = KernelGroup(tuple(cand), True, external_results(cand, prog.statements, prog.outputs))
@@ -135,14 +132,16 @@ def plan_groups(
     return groups, tuple(considered)
 
 
-def _replayed_epilogues(prog: Program, names_list) -> list:
-    legal = {tuple(s.name for s in cand): tuple(cand) for cand in prog.epilogue_candidates}
+def _replayed(candidates, names_list, what: str) -> list:
+    """The legal groups a schedule names, in its order; a name list that is no legal group is a
+    ScheduleError (`what` is the message, `{}` the group)."""
+    legal = {tuple(s.name for s in cand): tuple(cand) for cand in candidates}
     out = []
-    for names in names_list:
+    for names in names_list or ():
         if tuple(names) not in legal:
             raise ScheduleError(
-                f"schedule applies {'+'.join(names)} as a reduction's epilogue, which is not a legal epilogue "
-                f"group of this program (legal: {['+'.join(n) for n in legal] or 'none'})"
+                f"schedule {what.format('+'.join(names))} of this program "
+                f"(legal: {['+'.join(n) for n in legal] or 'none'})"
             )
         out.append(legal[tuple(names)])
     return out
