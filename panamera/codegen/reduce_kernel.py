@@ -107,36 +107,35 @@ def _tile(m) -> int:
 
 
 def _per_output(loop: ThreadLoop, emit) -> list[str]:
-    """`emit(k, statement, output index, accumulator)` for every output the thread holds."""
+    """`emit(k, statement, output index, accumulator)` for every output the thread holds: one
+    guard per form around the same emits (an epilogue statement is its reduction's emit)."""
     g, m = loop.g, loop.m
-    out = []
     if g.form == Form.COLUMN:
         V = m.vec
-        out.append(f"  if (ty == 0) for (int v = 0; v < {V}; ++v) {{")
-        out.append(f"    const pn_idx o = (bx * {m.tx} + tx) * {V} + v;")
-        out.append(f"    if (o < {g.M}) {{")
-        for k, s in enumerate(g.statements):
-            j = g.accumulator_of[k]
-            if s.kind == StatementKind.REDUCE:  # an epilogue statement is its reduction's emit
-                out += ["      " + ln for ln in emit(k, s, "o", f"acc{j}[v]" if V > 1 else f"acc{j}")]
-        out += ["    }", "  }"]
+        head = [
+            f"  if (ty == 0) for (int v = 0; v < {V}; ++v) {{",
+            f"    const pn_idx o = (bx * {m.tx} + tx) * {V} + v;",
+            f"    if (o < {g.M}) {{",
+        ]
+        lane, pad, tail = "[v]" if V > 1 else "", "      ", ["    }", "  }"]
     elif _tile(m) > 1:  # every row of the thread's register tile, v = r * ctile + c
         row, valid = loop.tile_row("pn_t", f"v / {m.ctile}", f"v % {m.ctile}")
-        out.append(f"  for (int v = 0; v < {_tile(m)}; ++v) {{ const pn_idx pn_t = bx * {m.ty} + ty;")
-        out.append(f"  const pn_idx o = {row};")
-        out.append(f"  if (tx == 0 && {valid}) {{")
-        for k, s in enumerate(g.statements):
-            if s.kind == StatementKind.REDUCE:
-                out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}[v]")]
-        out.append("  } }")
+        head = [
+            f"  for (int v = 0; v < {_tile(m)}; ++v) {{ const pn_idx pn_t = bx * {m.ty} + ty;",
+            f"  const pn_idx o = {row};",
+            f"  if (tx == 0 && {valid}) {{",
+        ]
+        lane, pad, tail = "[v]", "    ", ["  } }"]
     else:
-        out.append(f"  {{ const pn_idx o = bx * {m.ty} + ty;")
-        out.append(f"  if (tx == 0 && o < {g.M}) {{")
-        for k, s in enumerate(g.statements):
-            if s.kind == StatementKind.REDUCE:
-                out += ["    " + ln for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}")]
-        out.append("  } }")
-    return out
+        head = [f"  {{ const pn_idx o = bx * {m.ty} + ty;", f"  if (tx == 0 && o < {g.M}) {{"]
+        lane, pad, tail = "", "    ", ["  } }"]
+    body = [
+        pad + ln
+        for k, s in enumerate(g.statements)
+        if s.kind == StatementKind.REDUCE
+        for ln in emit(k, s, "o", f"acc{g.accumulator_of[k]}{lane}")
+    ]
+    return head + body + tail
 
 
 def _vector_atomics(loop: ThreadLoop) -> list[str]:

@@ -74,6 +74,14 @@ class KernelGroup:
             out.append(owners.setdefault(key, k))
         return tuple(out)
 
+    @cached_property
+    def accumulators(self) -> tuple[int, ...]:
+        """The statements whose accumulators the kernel keeps and merges (an epilogue group's
+        element-wise statements have none; a shared accumulator is its owner's)."""
+        return tuple(
+            k for k, st in enumerate(self.statements) if self.accumulator_of[k] == k and st.kind == StatementKind.REDUCE
+        )
+
 
 def _body_key(e: Expr, reads) -> tuple:
     """A structural key of a statement body: equal keys compute equal values per iteration."""

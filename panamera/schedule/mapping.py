@@ -25,7 +25,6 @@ against the program (rules in its docstring) and completes it without searching.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -42,6 +41,7 @@ from ..runtime.plan import BufferRole, BufferSpec
 from .contraction import l2_bytes as contraction_l2_bytes
 from .pipeline import check as check_pipeline
 from .pipeline import choose as choose_stages
+from .registers import fit_unroll
 from .rtile import NO_TILE, op_divisors, register_budget, registers, tilings
 from .rtile import check as check_tile
 from .task import TaskMapping, serial, spatial
@@ -485,7 +485,7 @@ def _cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> Kern
     s_eff = d.split
     blocks = d.grid[0] * s_eff
     is_split = s_eff > 1
-    own = accumulators(group)  # an epilogue group's element-wise statements have none
+    own = group.accumulators  # an epilogue group's element-wise statements have none
     owners = [group.statements[k] for k in own]
     outputs = group.M * len(owners)
     widths = d.atomic_vec or (1,) * len(group.statements)
@@ -680,7 +680,7 @@ def map_group(
                     rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
                 if form == Form.COLUMN:
-                    d = _fit_gathers(group, d)
+                    d = fit_unroll(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
                 cost = _cost(group, gpu, d, partials)
@@ -693,51 +693,6 @@ def map_group(
             group, gpu, d, _in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s
         ).stages
     return _complete(group, replace(d, stages=stages), gpu, name, cost)
-
-
-def scalar_registers(group: KernelGroup, d: Decision) -> int:
-    """4-byte registers of one unrolled step's scalar loads of the reductions, each distinct
-    read once: a GATHER read one per vector lane and tile row, a UNIFORM one once per tile row.
-    `rtile.registers` counts the contiguous vector loads; a contraction with a fused prologue
-    (ViT's and BERT's LayerNorm before their MatMuls: ten per-row parameters and statistics per
-    step) has many of these, and nvcc hoists all of the unrolled steps' loads."""
-    seen, regs = set(), 0
-    lanes = {AccessKind.GATHER: d.vec, AccessKind.UNIFORM: 1}
-    for k, st in enumerate(group.statements):
-        if st.kind != StatementKind.REDUCE or not d.access:
-            continue
-        for ri, r in enumerate(st.reads):
-            key = (r.tensor.uid, str(r.addr))
-            if r.memory and d.access[k][ri] in lanes and key not in seen:
-                seen.add(key)
-                regs += lanes[d.access[k][ri]] * d.rtile * d.ctile * max(1, r.tensor.dtype.itemsize // 4)
-    return regs
-
-
-def _registers(group: KernelGroup, d: Decision) -> int:
-    """`rtile.registers` plus the scalar loads in flight and a COLUMN thread's `vec` lanes of
-    accumulators (that estimate counts one per reduction)."""
-    lanes = (d.vec - 1) * len(accumulators(group)) if group.form == Form.COLUMN else 0
-    return registers(group, d) + d.unroll * scalar_registers(group, d) + lanes
-
-
-def accumulators(group: KernelGroup) -> list[int]:
-    """The statements whose accumulators the kernel keeps and merges (an epilogue group's
-    element-wise statements have none; a shared accumulator is its owner's)."""
-    return [
-        k for k, st in enumerate(group.statements) if group.accumulator_of[k] == k and st.kind == StatementKind.REDUCE
-    ]
-
-
-def _fit_gathers(group: KernelGroup, d: Decision) -> Decision:
-    """Halve the unroll while the loads in flight of a kernel with scalar loads would not fit the
-    registers its launch bounds leave (ptxas would spill them); kernels with vector loads only
-    keep theirs. COLUMN kernels only (every lane of the thread's vector holds its own copy of a
-    gathered value and its own accumulator): where the fused prologues spilled; a ROW register
-    tile's candidates are `rtile.registers`' to weigh."""
-    while d.unroll > 1 and scalar_registers(group, d) and _registers(group, d) > register_budget(d):
-        d = dataclasses.replace(d, unroll=d.unroll // 2)
-    return d
 
 
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())

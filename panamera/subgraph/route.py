@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from .. import compile as pn_compile
 from ..errors import PanameraError
 from ..model.gpu import GPUSpec
@@ -120,14 +122,8 @@ def contraction_shape(model: OnnxModel, node: Node) -> tuple[int, int, int, int]
         return m, n, k, 1
     m = a[-2] if len(a) > 1 else 1
     n = b[-1] if len(b) > 1 else 1
-    batch = math.prod(_broadcast(a[:-2], b[:-2])) if len(a) > 2 or len(b) > 2 else 1
+    batch = math.prod(np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])))
     return m, n, a[-1], batch
-
-
-def _broadcast(x: tuple, y: tuple) -> tuple:
-    r = max(len(x), len(y))
-    x, y = (1,) * (r - len(x)) + tuple(x), (1,) * (r - len(y)) + tuple(y)
-    return tuple(max(p, q) for p, q in zip(x, y))
 
 
 def neighbours(
