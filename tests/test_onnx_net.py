@@ -62,32 +62,35 @@ def test_conv_via_im2col_against_numpy(xs, ws, strides, pads, dil, group):
     assert cols(x).shape == (xs[0], group, k, math.prod(win.out))
 
 
+def _one_kernel(m, library=()):
+    """The optimized model, checked to be one Panamera subgraph of one kernel beside the library
+    nodes `library` (op types), verified against the reference."""
+    opt = optimize(m, target="emulator")
+    assert [u.node.op_type for u in opt.library] == list(library)
+    (sg,) = opt.subgraphs
+    assert len(sg.compiled.plan.kernels) == 1
+    assert all(c.ok for c in opt.verify())
+    return opt
+
+
 def test_conv_bias_relu_residual_epilogue_is_one_kernel():
     rng = np.random.default_rng(4)
     w, b = rng.standard_normal((4, 4, 3, 3)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])]  # fmt: skip
     m = _model(nodes, [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])], [("w", w), ("b", b)])
-    opt = optimize(m, target="emulator")
-    assert [u.node.op_type for u in opt.library] == ["Conv"]
-    (sg,) = opt.subgraphs
-    assert len(sg.compiled.plan.kernels) == 1
+    opt = _one_kernel(m, ["Conv"])
     x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
     want = np.maximum(ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 1), 0) + x
     tol = tolerance("float32", 36) * 4
     np.testing.assert_allclose(opt.run({"x": x})["y"], want, rtol=tol, atol=tol)
-    assert all(c.ok for c in opt.verify())
 
 
 def test_transpose_reshape_softmax_is_one_subgraph_and_kernel():
     nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
              helper.make_node("Reshape", ["t", "shape"], ["r"]), helper.make_node("Softmax", ["r"], ["y"])]  # fmt: skip
     m = _model(nodes, [("x", [2, 8, 4, 16])], [("y", [2, 4, 128])], [("shape", np.array([2, 4, 128], np.int64))])
-    opt = optimize(m, target="emulator")
-    assert not opt.library
-    (sg,) = opt.subgraphs
-    assert len(sg.compiled.plan.kernels) == 1
-    assert all(c.ok for c in opt.verify())
+    _one_kernel(m)
 
 
 def test_batchnorm_relu_global_average_pool_is_one_kernel():
@@ -97,11 +100,7 @@ def test_batchnorm_relu_global_average_pool_is_one_kernel():
     nodes = [helper.make_node("BatchNormalization", ["x", "scale", "bias", "mean", "var"], ["bn"]),
              helper.make_node("Relu", ["bn"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["y"])]  # fmt: skip
     m = _model(nodes, [("x", [2, c, 7, 7])], [("y", [2, c, 1, 1])], p)
-    opt = optimize(m, target="emulator")
-    assert not opt.library
-    (sg,) = opt.subgraphs
-    assert len(sg.compiled.plan.kernels) == 1
-    assert all(c.ok for c in opt.verify())
+    _one_kernel(m)
 
 
 def test_resnet_stem_pooling_stays_in_panamera():
