@@ -272,7 +272,6 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     spec = _specialize_from(model, feeds) if feeds else None
     reader = _schedule_reader(schedules, GPUS[gpu].name) if schedules else None
     opt = _optimize(model, _shapes(shape), target, gpu, spec, reader)
-    _log.info("report: modeling %d subgraph(s) and their unfused baselines", len(opt.subgraphs))
     if out:
         if os.path.exists(out):
             shutil.rmtree(out)

@@ -137,6 +137,13 @@ class Artifacts:
     attention: AttentionPlan | None = None  # mappings: its plan (schedule/attention.py)
     attention_kernels: AttentionKernels | None = None  # kernels: its CUDA C
 
+    def __repr__(self) -> str:
+        """One line: which stages are done (every stage's value is an attribute)."""
+        done = [n for n, v in (("formulations", self.graph), ("program", self.program),
+                               ("groups", self.groups or self.fused), ("mappings", self.mappings or self.attention),
+                               ("kernels", self.kernels or self.attention_kernels), ("plan", self.plan)) if v]  # fmt: skip
+        return f"<Artifacts of {len(self.outputs)} output(s): stages {', '.join(done) or 'none'} done>"
+
 
 def sanitize(name: str, limit: int = 24) -> str:
     """An identifier safe for C made of a tensor name (ONNX names have ':' and worse)."""

@@ -146,7 +146,7 @@ class Steps:
         dt = time.perf_counter() - self._t0
         if self._task is not None:
             _state.live.remove_task(self._task)
-        level = self._level if self._lines > 1 or dt >= self.interval else logging.DEBUG
+        level = self._level if dt >= max(self.interval, 2.0) else logging.DEBUG
         self.logger.log(level, "%s: %d step(s) in %.1f s", self.what, self.done, dt)
 
 
@@ -180,6 +180,19 @@ def steps(what: str, total: int | None, logger: logging.Logger | None = None, in
         if _state.depth == 0 and _state.live is not None:
             _state.live.stop()
             _state.live = None
+
+
+def each(items, what: str, logger: logging.Logger | None = None, label=str, interval: float = 2.0) -> Iterator:
+    """`items` one by one, with `steps` progress (the loop need not be indented under a `with`).
+
+    >>> [x * 2 for x in each([1, 2], "doubling", get("doc"))]
+    [2, 4]
+    """
+    items = list(items)
+    with steps(what, len(items), logger, interval) as s:
+        for x in items:
+            s.step(label(x))
+            yield x
 
 
 @contextlib.contextmanager

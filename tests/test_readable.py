@@ -129,3 +129,17 @@ def test_gpu_fields_are_in_the_bench_meta():
     meta = run_meta(H100, "panamera bench --suite tiny", measured=False)
     assert set(meta["gpu"]) == {f.name for f in dataclasses.fields(H100)} - {"sources"}
     assert meta["command"] == "panamera bench --suite tiny" and meta["panamera"] == pn.__version__
+
+
+def test_artifacts_and_optimized_model_reprs_are_one_line():
+    from onnx import TensorProto, helper
+
+    from panamera.compiler import lower
+    from panamera.subgraph import optimize
+
+    a = lower(pn.sum(pn.placeholder((4, 100), name="x"), axis=1), stop_after="mappings", target="emulator")
+    assert repr(a) == "<Artifacts of 1 output(s): stages formulations, program, groups, mappings done>"
+    v = lambda n, s: helper.make_tensor_value_info(n, TensorProto.FLOAT, s)  # noqa: E731
+    g = helper.make_graph([helper.make_node("Exp", ["x"], ["y"])], "g", [v("x", [4, 8])], [v("y", [4, 8])])
+    opt = optimize(helper.make_model(g).SerializeToString(), target="emulator")
+    assert repr(opt).startswith("<OptimizedModel ") and "1 Panamera subgraph(s)" in repr(opt) and len(repr(opt)) < 200

@@ -151,6 +151,13 @@ class OptimizedModel:
     gpu: GPUSpec
     partition: Partition | None = None  # the partitioner's decisions (routes, why a group is alone)
 
+    def __repr__(self) -> str:
+        """One line (the model and its compiled kernels are attributes, not the repr)."""
+        return (
+            f"<OptimizedModel {self.model.path}: {len(self.subgraphs)} Panamera subgraph(s), {len(self.library)} "
+            f"library node(s); target {self.target}, {self.gpu.name}>"
+        )
+
     @property
     def subgraphs(self) -> tuple[Subgraph, ...]:
         return tuple(u for u in self.units if isinstance(u, Subgraph))
