@@ -2,13 +2,15 @@
 
     panamera demo                           the single-reduction suite on the emulator
     panamera optimize model.onnx --out DIR  partition, compile, write kernels and a report
-    panamera explain model.onnx --node NAME one subgraph in full
+    panamera explain model.onnx --node NAME one subgraph in full (--section plan|source|...: a part)
     panamera run model.onnx --inputs in.npz run the whole model (or `run DIR`, an optimized one)
     panamera cache info|clear               the on-disk kernel cache
     panamera --version
 
 Errors (usage errors too) and warnings are one line each; an error exits with status 2 (1 for a
-failed check, 3 for a bug); --debug shows the traceback.
+failed check, 3 for a bug). Every command takes -q (warnings and errors only), -v (stage times)
+and --debug (-v and the traceback), before or after its name (cli_base.py); progress goes to
+stderr through panamera.logs: a bar on a terminal, plain lines when piped.
 """
 
 from __future__ import annotations
