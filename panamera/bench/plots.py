@@ -33,13 +33,33 @@ from .baselines import DETERMINISTIC, PEER_NAMES, SINGLE, UNFUSED
 
 WIDTH_IN, DPI = 9.5, 100  # 950 px: the width of a README column on GitHub
 ROW_IN, MARGIN_IN = 0.2, 1.5  # height per workload row, plus title, legend and axis
+BEST_BAR = "#d9d9d9"  # the bar of a speedup over the best peer, in every chart
 MAX_CAP = 5.0  # no axis goes beyond 5x (speedups) or 5 (ratios to the limit); outliers are written out
 
 # One colour per plan, the same in every chart (Tableau's 10 + 10 lighter), in a fixed order;
 # a plan not listed gets one from its name's checksum, so it too keeps its colour everywhere.
-_TAB = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-        "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d",
-        "#9edae5", "#393b79")  # fmt: skip
+_TAB = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#aec7e8",
+    "#ffbb78",
+    "#98df8a",
+    "#ff9896",
+    "#c5b0d5",
+    "#c49c94",
+    "#f7b6d2",
+    "#dbdb8d",
+    "#9edae5",
+    "#637939",
+)  # fmt: skip  (no greys: those are Panamera's own variants)
 PALETTE: dict[str, str] = {"panamera": "#000000", DETERMINISTIC: "#555555", SINGLE: "#999999", UNFUSED: "#cccccc"}
 PALETTE.update({p: _TAB[k % len(_TAB)] for k, p in enumerate(p for p in PEER_NAMES if p not in PALETTE)})
 
@@ -115,8 +135,8 @@ def charts(records: list[dict]) -> list[Chart]:
                           for n in names) for p in plans}  # fmt: skip
         series = tuple(Series(p, colour(p), ratio[p]) for p in plans)
         best = tuple(rows[n]["panamera"].get("speedup_over_best_peer") for n in names)
-        best_bar = Series("best peer", "#d9d9d9", best)
-        hi = _cap(best, [v for s in series for v in s.values])
+        best_bar = Series("over the best peer", BEST_BAR, best)
+        hi = _cap(best, [v for s in series if s.name in PEER_NAMES for v in s.values])
         notes = tuple(f"{b:.2f}x over {_short(rows[n]['panamera'].get('best_peer', '-'))}" if b else ""
                       for n, b in zip(names, best))  # fmt: skip
         out.append(Chart(
@@ -146,7 +166,7 @@ def _headline(suites: dict, gpu: str) -> Chart:
         lo_hi.append((min(sp), max(sp)))
         wins = sum(1 for v in sp if v > 1.0)
         notes.append(f"{g:.2f}x geomean, {wins}/{len(sp)} wins, range {min(sp):.2f}-{max(sp):.2f}x")
-    bars = Series("geomean over the best peer", colour("panamera"), tuple(gm))
+    bars = Series("geomean over the best peer", BEST_BAR, tuple(gm))
     worst = Series("worst workload", "#d62728", tuple(lo for lo, _ in lo_hi))
     best = Series("best workload", "#2ca02c", tuple(hi for _, hi in lo_hi))
     hi = _cap(best.values, gm)
@@ -218,7 +238,8 @@ def render(chart: Chart, out: str) -> str:
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, [_short(lb) for lb in labels], fontsize=7, ncol=6, loc="upper center",
                bbox_to_anchor=(0.5, 1 - 0.32 / h), frameon=False, handletextpad=0.2, columnspacing=1.0)  # fmt: skip
-    fig.subplots_adjust(left=0.22, right=0.72 if chart.notes or chart.clipped else 0.97,
+    label_px = 5.6 * max((len(r) for r in chart.rows), default=8) + 24  # 7-point labels: about 5.5 px a character
+    fig.subplots_adjust(left=min(0.4, label_px / chart.width_px), right=0.72 if chart.notes or chart.clipped else 0.97,
                         top=1 - (MARGIN_IN - 0.55) / h, bottom=0.45 / h)  # fmt: skip
     path = os.path.join(out, f"{chart.name}.png")
     fig.savefig(path, dpi=DPI)
