@@ -7,8 +7,9 @@ nothing is printed (the `panamera` logger has a NullHandler); `logging.basicConf
 shows the progress lines, and the `panamera` command calls `configure` for its `-v`/`-q`.
 
 `steps(...)` is the one progress mechanism: on a terminal (after `configure`) it draws a bar on
-stderr; anywhere else it logs a plain line per step (at most one every `interval` seconds, and
-always the first), so a piped run is never silent for minutes.
+stderr; anywhere else it logs a plain line when a step starts `INTERVAL` seconds or more after
+the last line (or after the work began), so a piped run is never silent for long and a quick
+one says nothing.
 
 >>> import logging
 >>> with steps("compiling", 3, get("doc")) as s:
@@ -32,6 +33,7 @@ from .enums import StrEnum
 from .errors import MissingDependency
 
 ROOT = "panamera"
+INTERVAL = 2.0  # seconds: the least time between two plain progress lines (and before the first)
 logging.getLogger(ROOT).addHandler(logging.NullHandler())
 
 
@@ -120,12 +122,12 @@ class Steps:
     what: str
     total: int | None
     logger: logging.Logger
-    interval: float = 2.0  # seconds between two plain lines
+    interval: float = INTERVAL  # seconds between two plain lines
     done: int = 0
     _task: object | None = None
     _level: int = logging.INFO
-    _t0: float = field(default_factory=time.perf_counter)
-    _last: float = -1.0
+    _t0: float = field(default_factory=lambda: time.perf_counter())
+    _last: float | None = None  # when the last plain line was said (None: the start)
     _lines: int = 0
 
     def step(self, label: str = "") -> None:
@@ -136,7 +138,7 @@ class Steps:
             _state.live.update(self._task, completed=k, total=self.total, description=desc)
         else:
             now = time.perf_counter()
-            if self._last < 0 or now - self._last >= self.interval:
+            if now - (self._t0 if self._last is None else self._last) >= self.interval:
                 of = f"/{self.total}" if self.total is not None else ""
                 self.logger.log(self._level, "%s %d%s%s", self.what, k + 1, of, f": {label}" if label else "")
                 self._last, self._lines = now, self._lines + 1
@@ -146,15 +148,18 @@ class Steps:
         dt = time.perf_counter() - self._t0
         if self._task is not None:
             _state.live.remove_task(self._task)
-        level = self._level if dt >= max(self.interval, 2.0) else logging.DEBUG
+        level = self._level if self._lines else logging.DEBUG  # a closing line after progress lines
         self.logger.log(level, "%s: %d step(s) in %.1f s", self.what, self.done, dt)
 
 
 @contextlib.contextmanager
-def steps(what: str, total: int | None, logger: logging.Logger | None = None, interval: float = 2.0) -> Iterator[Steps]:
-    """Report progress through `total` steps of `what` (see the module docstring). Nested steps
-    get a second bar on a terminal, and log at DEBUG when plain (the outer lines are enough)."""
-    s = Steps(what, total, logger or logging.getLogger(ROOT), interval)
+def steps(
+    what: str, total: int | None, logger: logging.Logger | None = None, interval: float | None = None
+) -> Iterator[Steps]:
+    """Report progress through `total` steps of `what` (see the module docstring; `interval`
+    defaults to INTERVAL). Nested steps get a second bar on a terminal, and log at DEBUG when
+    plain (the outer lines are enough)."""
+    s = Steps(what, total, logger or logging.getLogger(ROOT), INTERVAL if interval is None else interval)
     if _state.depth:
         s._level = logging.DEBUG
     if _state.bar and s.logger.isEnabledFor(logging.INFO):
@@ -182,7 +187,7 @@ def steps(what: str, total: int | None, logger: logging.Logger | None = None, in
             _state.live = None
 
 
-def each(items, what: str, logger: logging.Logger | None = None, label=str, interval: float = 2.0) -> Iterator:
+def each(items, what: str, logger: logging.Logger | None = None, label=str, interval: float | None = None) -> Iterator:
     """`items` one by one, with `steps` progress (the loop need not be indented under a `with`).
 
     >>> [x * 2 for x in each([1, 2], "doubling", get("doc"))]

@@ -96,7 +96,10 @@ def test_logging_is_reset_after_a_command(probe):
     assert logging.getLogger("panamera").level == logging.NOTSET and logs.console() is None
 
 
-def test_piped_run_prints_progress_lines_on_stderr(model):
+def test_piped_run_prints_progress_lines_on_stderr(model, monkeypatch):
+    quick = invoke("run", model, "--target", "emulator", "--repeat", "2")
+    assert quick.exit_code == 0 and quick.stderr == ""  # work of well under INTERVAL says nothing
+    monkeypatch.setattr(logs, "INTERVAL", 0.0)  # as if every step took long
     r = invoke("run", model, "--target", "emulator", "--repeat", "2")
     assert r.exit_code == 0
     err = r.stderr
@@ -140,13 +143,16 @@ def test_a_terminal_gets_a_bar_not_lines():
     assert "\x1b[" in out
 
 
-def test_plain_lines_are_throttled_but_the_first_is_always_said(caplog):
+def test_plain_lines_are_throttled(caplog, monkeypatch):
+    clock = iter(range(0, 1000, 1))  # the work starts at 0 s, step k at k + 1 s
+    monkeypatch.setattr(logs.time, "perf_counter", lambda: float(next(clock)))
     with caplog.at_level(logging.INFO, logger="panamera"):
-        with logs.steps("workload", 50, logs.get("t"), interval=3600) as s:
-            for k in range(50):
+        with logs.steps("workload", 10, logs.get("t"), interval=3) as s:
+            for k in range(10):
                 s.step(str(k))
     lines = [r.getMessage() for r in caplog.records]
-    assert lines[0] == "workload 1/50: 0" and not any("workload 2/50" in m for m in lines)
+    assert lines[:3] == ["workload 3/10: 2", "workload 6/10: 5", "workload 9/10: 8"]  # at 3, 6 and 9 s
+    assert lines[3] == "workload: 10 step(s) in 11.0 s" and len(lines) == 4
 
 
 def test_missing_optional_dependency_is_reported_before_the_work(monkeypatch, model, tmp_path):

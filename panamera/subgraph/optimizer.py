@@ -231,7 +231,7 @@ class OptimizedModel:
         if warmup < 0:
             raise OptionError(f"warmup must be at least 0, got {warmup}")
         times = []
-        with logs.steps("timed run", warmup + repeat, _log, interval=0.0) as bar:
+        with logs.steps("timed run", warmup + repeat, _log) as bar:
             for k in range(warmup + repeat):
                 bar.step("warm-up" if k < warmup else f"{self.backend} backend")
                 t0 = time.perf_counter()
@@ -257,7 +257,7 @@ class OptimizedModel:
             logs.require_extra(logs.Extra.ONNXRUNTIME, "verify against onnxruntime")
         feeds = random_inputs(self.model, seed) if feeds is None else feeds
         inner = tuple(o for sg in self.subgraphs for o in sg.outputs if o not in self.model.outputs)
-        with logs.steps("verify", 2, _log, interval=0.0) as bar:
+        with logs.steps("verify", 2, _log) as bar:
             bar.step(f"running the model ({self.backend} backend)")
             ours = self.run(feeds, keep=inner)
             feeds = {k: v for k, v in feeds.items() if k not in self.model.specialized}
