@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -458,9 +459,8 @@ def bench(suite, gpu, out, plot, measure, repeat):
     console = _console()
     suites = list(SUITES) if suite == "all" else [suite]
     workloads = tiny() if suite == "tiny" else None
-    cmd = (
-        "panamera bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else f"panamera bench --suite {suite}"
-    )
+    argv = sys.argv[1:]  # the command as typed (options before `bench` too); else what it amounts to
+    cmd = shlex.join(["panamera", *argv]) if "bench" in argv else f"panamera bench --suite {suite} --gpu {gpu}"
     _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, None, cmd)
     console.print(summary, markup=False)
     if out:
