@@ -2,19 +2,24 @@
 
     panamera demo                           the single-reduction suite on the emulator
     panamera optimize model.onnx --out DIR  partition, compile, write kernels and a report
-    panamera explain model.onnx --node NAME one subgraph in full
+    panamera explain model.onnx --node NAME one subgraph in full (--section plan|source|...: a part)
     panamera run model.onnx --inputs in.npz run the whole model (or `run DIR`, an optimized one)
     panamera cache info|clear               the on-disk kernel cache
     panamera --version
 
 Errors (usage errors too) and warnings are one line each; an error exits with status 2 (1 for a
-failed check, 3 for a bug); --debug shows the traceback.
+failed check, 3 for a bug). Every command takes -q (warnings and errors only), -v (stage times)
+and --debug (-v and the traceback), before or after its name (cli_base.py); progress goes to
+stderr through panamera.logs: a bar on a terminal, plain lines when piped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -23,11 +28,16 @@ import warnings
 import click
 import numpy as np
 
-from . import __version__
+from . import __version__, logs
 from . import compile as pn_compile
+from .cli_base import PanameraGroup
 from .errors import InputError, ModelError, PanameraError, ScheduleError
+from .explain import DEFAULT as DEFAULT_SECTIONS
+from .explain import Section
 from .frontend import ops, placeholder
 from .model.gpu import GPUS
+
+_log = logs.get("cli")
 
 # (name, form, shape, axes): A1 shapes scaled down so that the emulator runs them in seconds.
 DEMO_SUITE = [
@@ -47,8 +57,10 @@ def run_demo() -> int:
     rng = np.random.default_rng(0)
     rows = []
     failed = 0
-    for name, form, shape, axes in DEMO_SUITE:
-        for op in ("sum", "max", "all"):
+    todo = [(name, form, shape, axes, op) for name, form, shape, axes in DEMO_SUITE for op in ("sum", "max", "all")]
+    with logs.steps("demo", len(todo), _log) as bar:
+        for name, form, shape, axes, op in todo:
+            bar.step(f"{op} {name}")
             dtype = "bool" if op == "all" else "float32"
             x = placeholder(shape, dtype, name="x")
             y = getattr(ops, op)(x, axis=axes)
@@ -143,18 +155,9 @@ def _table(title, head, rows):
 
 
 def _optimize(model, shapes, target, gpu, specialize=None, schedules=None):
-    from rich.progress import Progress
-
     from .subgraph import optimize
 
-    console = _console()
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-        task = bar.add_task("compiling subgraphs", total=None)
-
-        def progress(k, n, what):
-            bar.update(task, total=n, completed=k, description=f"compiling {what[:40]}")
-
-        return optimize(model, shapes, specialize, target=target, gpu=GPUS[gpu], schedules=schedules, progress=progress)
+    return optimize(model, shapes, specialize, target=target, gpu=GPUS[gpu], schedules=schedules)
 
 
 def _specialize_from(model, feeds: dict) -> dict:
@@ -182,18 +185,25 @@ def _schedule_reader(directory: str, gpu_name: str):
     return read
 
 
-def _verify_and_print(console, opt, feeds, seed=0, rtol=None, atol=None, against="reference") -> bool:
+def _verify(opt, feeds, seed=0, rtol=None, atol=None, against="reference") -> dict:
+    """Verify `opt` and describe the outcome: ok, the summary line, and every mismatch."""
     checks = opt.verify(feeds, seed=seed, rtol=rtol, atol=atol, against=against)
     bad = [c for c in checks if not c.ok]
-    for c in bad:
-        console.print(f"[red]MISMATCH[/red] {c.value!r} vs {c.reference}: {c.detail}")
     refs = ", ".join(dict.fromkeys(c.reference for c in checks))
     given = "given inputs" if feeds is not None else f"random inputs, seed {seed}"
-    console.print(
-        f"verify: {len(checks) - len(bad)}/{len(checks)} values match ({refs}; {given}; {opt.backend} backend)",
-        markup=False,
-    )
-    return not bad
+    return {
+        "ok": not bad,
+        "summary": f"verify: {len(checks) - len(bad)}/{len(checks)} values match ({refs}; {given}; {opt.backend} backend)",
+        "mismatches": [{"value": c.value, "reference": c.reference, "detail": c.detail} for c in bad],
+    }
+
+
+def _verify_and_print(console, opt, feeds, seed=0, rtol=None, atol=None, against="reference") -> bool:
+    v = _verify(opt, feeds, seed, rtol, atol, against)
+    for m in v["mismatches"]:
+        console.print(f"[red]MISMATCH[/red] {m['value']!r} vs {m['reference']}: {m['detail']}")
+    console.print(v["summary"], markup=False)
+    return v["ok"]
 
 
 # -- commands ---------------------------------------------------------------------------------
@@ -223,13 +233,13 @@ gpu_opt = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=PanameraGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", "-V", prog_name="panamera", message="%(prog)s %(version)s")
-@click.option("--debug", is_flag=True, help="show tracebacks")
-@click.pass_context
-def cli(ctx, debug):
-    """Panamera: a polyhedral, reduction-parallelizing compiler for deep-learning operators."""
-    ctx.obj = {"debug": debug}
+def cli():
+    """Panamera: a polyhedral, reduction-parallelizing compiler for deep-learning operators.
+
+    Every command takes -v (stage times), -q (no progress) and --debug (tracebacks), before or
+    after its name; progress goes to stderr (a bar on a terminal, plain lines when piped)."""
 
 
 @cli.command()
@@ -256,6 +266,8 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
     from .subgraph.report import build_report, whole_model_line, write_outputs
 
+    if verify == "onnxruntime":
+        logs.require_extra(logs.Extra.ONNXRUNTIME, "--verify=onnxruntime")
     console = _console()
     if out and os.path.exists(out) and not force:
         raise InputError(f"--out {out} exists; pass --force to overwrite it")
@@ -306,12 +318,17 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--node", required=True, help="name of a node in the subgraph to explain")
+@click.option(
+    "--section", "section", multiple=True, type=click.Choice(["subgraph", *[s.value for s in Section], "all"]),
+    help="show only this part (repeatable): subgraph (its ops and why), or a part of the plan; default: all",
+)  # fmt: skip
 @shape_opt
 @target_opt
 @gpu_opt
-def explain(model, node, shape, target, gpu):
-    """Show the subgraph holding NODE: its ops, plan, isl schedule and CUDA."""
+def explain(model, node, section, shape, target, gpu):
+    """Show the subgraph holding NODE: its ops, plan, isl schedule and CUDA (or only --section's)."""
     from .subgraph.optimizer import Subgraph
+    from .subgraph.report import why_alone
 
     console = _console()
     opt = _optimize(model, _shapes(shape), target, gpu)
@@ -322,18 +339,20 @@ def explain(model, node, shape, target, gpu):
             f"node {node!r} ({unit.node.op_type}) runs in the array library ({where}): {unit.reason}", markup=False
         )
         return
-    console.print(f"{unit.label}: " + ", ".join(f"{n.label!r} ({n.op_type})" for n in unit.nodes), markup=False)
-    console.print(f"inputs {list(unit.inputs) + list(unit.weights)} -> outputs {list(unit.outputs)}", markup=False)
-    from .subgraph.report import why_alone
-
-    for n in unit.nodes:
-        route = opt.partition.route(n) if opt.partition else None
-        if route is not None:
-            console.print(f"routed: {n.op_type} {n.label!r}: {route.reason}", markup=False)
-    if why_alone(opt, unit):
-        console.print(f"alone: {why_alone(opt, unit)}", markup=False)
-    console.print(unit.compiled.explain(), markup=False)
-    console.print(unit.compiled.source, markup=False)
+    wanted = [s for s in section if s != "all"] if "all" not in section else []
+    if not wanted or "subgraph" in wanted:
+        console.print(f"{unit.label}: " + ", ".join(f"{n.label!r} ({n.op_type})" for n in unit.nodes), markup=False)
+        console.print(f"inputs {list(unit.inputs) + list(unit.weights)} -> outputs {list(unit.outputs)}", markup=False)
+        for n in unit.nodes:
+            route = opt.partition.route(n) if opt.partition else None
+            if route is not None:
+                console.print(f"routed: {n.op_type} {n.label!r}: {route.reason}", markup=False)
+        if why_alone(opt, unit):
+            console.print(f"alone: {why_alone(opt, unit)}", markup=False)
+    parts = [s for s in wanted if s != "subgraph"]
+    if parts or not wanted:
+        which = parts or [*DEFAULT_SECTIONS, Section.SOURCE]
+        console.print(unit.compiled.explain(which), markup=False)
 
 
 @cli.command()
@@ -347,15 +366,22 @@ def explain(model, node, shape, target, gpu):
 @click.option(
     "--repeat", type=click.IntRange(min=0), default=0, help="time N runs of the whole model on the backend in use"
 )
+@click.option(
+    "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="untimed runs before --repeat's"
+)
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (outputs, timing, verify) instead of text")
 @shape_opt
 @target_opt
 @gpu_opt
-def run(model, inputs, output, verify, seed, rtol, atol, repeat, shape, target, gpu):
+def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json, shape, target, gpu):
     """Run MODEL (an .onnx file, or a directory written by `optimize --out`, which runs without
-    optimizing again) on INPUTS: Panamera kernels for the subgraphs, the array library for the rest."""
+    optimizing again) on INPUTS: Panamera kernels for the subgraphs, the array library for the rest.
+    --repeat N times N runs after --warmup ones and prints p50, p90 and min (wall clock)."""
     from .subgraph import load_optimized
     from .subgraph.verify import random_inputs
 
+    if verify == "onnxruntime":
+        logs.require_extra(logs.Extra.ONNXRUNTIME, "--verify=onnxruntime")
     console = _console()
     feeds = _load_npz(inputs) if inputs else None
     if os.path.isdir(model):
@@ -369,20 +395,36 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, shape, target, 
     t0 = time.perf_counter()
     outs = opt.run(feeds)
     dt = time.perf_counter() - t0
-    for name, a in outs.items():
-        a = a.get() if type(a).__module__.startswith("cupy") else np.asarray(a)
+    host = {k: (v.get() if type(v).__module__.startswith("cupy") else np.asarray(v)) for k, v in outs.items()}
+    means = {k: float(np.mean(a.astype(np.float64))) if a.size else float("nan") for k, a in host.items()}
+    timing = opt.measure(feeds, repeat, warmup) if repeat else None
+    if output:
+        np.savez(output, **host)
+    checked = _verify(opt, feeds if inputs else None, seed, rtol, atol, verify) if verify else None
+    if as_json:
+        doc = {
+            "model": model, "target": str(opt.target), "backend": opt.backend,
+            "subgraphs": len(opt.subgraphs), "library_nodes": len(opt.library), "run_s": dt,
+            "outputs": {k: {"dtype": str(a.dtype), "shape": list(a.shape), "mean": means[k] if math.isfinite(means[k]) else None}
+                        for k, a in host.items()},
+            "timing": timing.to_dict() if timing else None, "verify": checked,
+        }  # fmt: skip
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        for name, a in host.items():
+            console.print(f"{name}: {a.dtype}{list(a.shape)} mean {means[name]:.6g}", markup=False)
         console.print(
-            f"{name}: {a.dtype}{list(a.shape)} mean {float(np.mean(a.astype(np.float64))) if a.size else float('nan'):.6g}",
+            f"ran {len(opt.subgraphs)} Panamera subgraph(s) and {len(opt.library)} library node(s) in {dt:.3f} s "
+            f"({opt.target})",
             markup=False,
         )
-    console.print(
-        f"ran {len(opt.subgraphs)} Panamera subgraph(s) and {len(opt.library)} library node(s) in {dt:.3f} s ({opt.target})"
-    )
-    if repeat:
-        console.print(opt.measure(feeds, repeat).describe(), markup=False)
-    if output:
-        np.savez(output, **{k: (v.get() if type(v).__module__.startswith("cupy") else v) for k, v in outs.items()})
-    if verify and not _verify_and_print(console, opt, feeds if inputs else None, seed, rtol, atol, verify):
+        if timing:
+            console.print(timing.describe(), markup=False)
+        if checked:
+            for m in checked["mismatches"]:
+                console.print(f"[red]MISMATCH[/red] {m['value']!r} vs {m['reference']}: {m['detail']}")
+            console.print(checked["summary"], markup=False)
+    if checked and not checked["ok"]:
         sys.exit(1)
 
 
@@ -407,26 +449,19 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, shape, target, 
 def bench(suite, gpu, out, plot, measure, repeat):
     """Reproduce the paper's experiments: every workload planned as Panamera, deterministic,
     single-block and eager, modeled on the GPU (and timed where one is present)."""
-    from rich.progress import Progress
-
     from .bench import run_bench
     from .bench.suites import SUITES, tiny
 
     if plot and not out:
         raise InputError("--plot writes PNG files: give --out DIR")
+    if plot:
+        logs.require_extra(logs.Extra.MATPLOTLIB, "bench --plot")
     console = _console()
     suites = list(SUITES) if suite == "all" else [suite]
     workloads = tiny() if suite == "tiny" else None
-    cmd = (
-        "panamera bench " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["bench"] else f"panamera bench --suite {suite}"
-    )
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-        task = bar.add_task("benchmarking", total=None)
-
-        def progress(k, n, what):
-            bar.update(task, total=n, completed=k, description=what[:50])
-
-        _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, progress, cmd)
+    argv = sys.argv[1:]  # the command as typed (options before `bench` too); else what it amounts to
+    cmd = shlex.join(["panamera", *argv]) if "bench" in argv else f"panamera bench --suite {suite} --gpu {gpu}"
+    _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, None, cmd)
     console.print(summary, markup=False)
     if out:
         console.print(f"wrote {out}/results.json and {out}/summary.md", markup=False)
@@ -476,7 +511,12 @@ def _usage_line(e: click.ClickException) -> str:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"panamera: warning: {str(message).splitlines()[0]}", file=sys.stderr)
+    text = f"panamera: warning: {str(message).splitlines()[0]}"
+    c = logs.console()  # above a progress bar, where one is drawn
+    if c is not None:
+        c.print(text, markup=False, highlight=False, soft_wrap=True)
+    else:
+        print(text, file=sys.stderr)
 
 
 def main(argv=None) -> int:

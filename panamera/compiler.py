@@ -23,8 +23,10 @@ is built from the artifacts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,15 +34,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cache as compile_cache
+from . import logs
 from .codegen import islast
 from .codegen.attention_kernel import AttentionKernels, render_attention
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
 from .enums import StrEnum
 from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
+from .explain import contraction_lines  # noqa: F401  (the public name it always had)
+from .explain import render as explain_sections
 from .frontend.tensor import Tensor
 from .model.gpu import H100, GPUSpec, kernel_time
-from .model.library import library_matmul
 from .poly import attention as fused_attention
 from .poly.access import AccessKind
 from .poly.program import KernelGroup, Program, build_program
@@ -51,12 +55,12 @@ from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule import database
 from .schedule.attention import AttentionPlan, plan_attention
-from .schedule.contraction import contraction_info
 from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
-from .schedule.pipeline import explain_lines as pipeline_lines
 from .schedule.planner import Considered, EpilogueConsidered, plan_groups
 from .schedule.saved import Schedule
+
+_log = logs.get("compiler")
 
 
 class Target(StrEnum):
@@ -132,6 +136,13 @@ class Artifacts:
     fused: fused_attention.AttentionChain | None = None  # program: a legal fused attention (poly/attention.py)
     attention: AttentionPlan | None = None  # mappings: its plan (schedule/attention.py)
     attention_kernels: AttentionKernels | None = None  # kernels: its CUDA C
+
+    def __repr__(self) -> str:
+        """One line: which stages are done (every stage's value is an attribute)."""
+        done = [n for n, v in (("formulations", self.graph), ("program", self.program),
+                               ("groups", self.groups or self.fused), ("mappings", self.mappings or self.attention),
+                               ("kernels", self.kernels or self.attention_kernels), ("plan", self.plan)) if v]  # fmt: skip
+        return f"<Artifacts of {len(self.outputs)} output(s): stages {', '.join(done) or 'none'} done>"
 
 
 def sanitize(name: str, limit: int = 24) -> str:
@@ -323,8 +334,12 @@ def run_stages(outputs: tuple[Tensor, ...], options: Options, stop_after: str | 
     if stop_after is not None and stop_after not in names:
         raise OptionError(f"unknown stage {stop_after!r}; the stages are {names}")
     a = Artifacts(outputs)
+    timing = _log.isEnabledFor(logging.DEBUG)
     for stage in STAGES:
+        t0 = time.perf_counter() if timing else 0.0
         a = stage.run(a, options)
+        if timing:
+            _log.debug("stage %s: %.1f ms", stage.name, (time.perf_counter() - t0) * 1e3)
         if stage.name == stop_after:
             break
     return a
@@ -483,81 +498,41 @@ class Compiled:
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
-    @property
-    def _combine(self) -> str:
-        if self.stages.attention is not None:  # partials merged by one block in split order
-            return "fixed-order merge"
-        return f"{'deterministic' if self.deterministic else 'atomic'} combine"
+    def explain(self, section=None) -> str:
+        """The plan in named sections (panamera/explain.py): "plan", "mapping", "launches",
+        "model", "fusion", "formulation", "dependences", "schedule", "source", a list of them, or
+        "all"; by default every one but "schedule" and "source".
 
-    def explain(self) -> str:
-        """Canonical forms, mappings, grids, atomics and bytes of every launch, and the model."""
-        plan, gpu = self.plan, self.gpu
-        first = len(plan.launches) - len(plan.per_call)
-        lines = [
-            f"Panamera plan: {len(plan.kernels)} kernel(s), {len(plan.per_call)} launch(es) per call"
-            f"{f' (+{first} on the first)' if first else ''}, "
-            f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
-            f"target {self.target}, {self._combine}"
-        ]
-        lines.append(f"  schedule: {self.origin}")
-        if self.stages.attention is not None:
-            p = self.stages.attention
-            lines.append(f"  fused attention (poly/attention.py): {p.describe()}")
-            lines.append(
-                "    considered (split, launches, us modeled): "
-                + ", ".join(f"({s}, {n}, {us:.2f})" for s, n, us in p.considered)
-            )
-        for g, m in zip(self.groups, self.mappings):
-            names = ", ".join(
-                f"{s.name}={s.result.op}" + (f"[{s.combiner.name}]" if s.combiner else "") for s in g.statements
-            )
-            lines.append(f"  group {names}: {m.describe()}")
-            lines += [f"    {loop} <- {t}" for loop, t in m.tasks.items() if t.extent > 1]
-            lines += contraction_lines(g, m, gpu)
-            lines += pipeline_lines(g, m, gpu)
-        for ln in plan.launches:
-            extra = ""
-            if ln.role in (LaunchRole.REDUCE, LaunchRole.MAP):
-                extra = (
-                    f" form={ln.form} blocks/reduction={ln.blocks_per_reduction} modes={','.join(ln.modes)}"
-                    f" read={ln.bytes_read}B written={ln.bytes_written}B modeled={ln.modeled_us:.2f}us ({gpu.name}, modeled)"
-                )
-            elif ln.atomic_outputs:
-                when = (
-                    "on the first call only (resident, reset by the last block)"
-                    if ln.role == LaunchRole.INIT_ONCE
-                    else "every call"
-                )
-                extra = f" initialises {when}: " + ", ".join(f"{k}={v}" for k, v in ln.atomic_outputs)
-            if ln.cooperative:
-                extra += " cooperative (all blocks resident: split rows exchange partials)"
-            lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
-        lines += [f"  fusion (isl schedule): {f.describe()}" for f in self.program.fusions if f.producers]
-        lines += [f"  planner: {c.describe()}" for c in self.considered]
-        lines += [f"  formulation: {f.describe()}" for f in self.formulations]
-        if self.program.deps is not None:
-            lines.append(f"  dependences (isl flow): {self.program.deps.flow}")
-            lines.append(f"  relaxed (reduction self-dependences): {not self.program.deps.relaxed.is_empty()}")
-        return "\n".join(lines)
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), name="x"), axis=1), target="emulator")
+        >>> k.explain("launches").split()[:4]
+        ['launch', 'pn_k0_reduce', 'grid=(1,', '1,']
+        >>> len(k.explain(["plan", "launches"]).splitlines())
+        3
+        """
+        return explain_sections(self, section)
+
+    def __repr__(self) -> str:
+        """A few lines: inputs and outputs with dtypes and shapes, the kernels, target and GPU."""
+        return describe_compiled(self)
 
 
-def contraction_lines(g, m, gpu) -> list[str]:
-    """explain()'s figures of a contraction: Panamera's modeled time and what binds it, against
-    the library's (cuBLAS on a tensor-core roofline, model/library.py)."""
-    info = contraction_info(g)
-    if info is None or m.cost is None:
-        return []
-    c = m.cost
-    parts = {"DRAM": c.dram_s, "L2 (re-read operands)": c.l2_s, "arithmetic issue": c.issue_s}
-    binds = max(parts, key=parts.get)
-    lib = library_matmul(gpu, info.M, info.N, info.K, 1, info.dtype, info.out_itemsize)
-    verdict = "compute-bound" if binds == "arithmetic issue" or lib.compute_bound else "memory-bound"
-    faster = "Panamera" if c.total_s < lib.total_s else "the library"
-    return [
-        f"    contraction {info.subscripts}: M={info.M} N={info.N} K={info.K}, {info.flops / 1e6:.1f} MFLOP, "
-        f"{verdict}; Panamera {c.total_s * 1e6:.2f} us (bound by {binds}) vs {lib.describe()}: "
-        f"{faster} is modeled faster"
-    ]
+def _tensors(ts, limit: int = 4) -> str:
+    shown = [f"{t.name or t.op}: {t.dtype}{list(t.shape)}" for t in ts[:limit]]
+    return ", ".join(shown + ([f"... ({len(ts)} in all)"] if len(ts) > limit else []))
+
+
+def describe_compiled(k: Compiled) -> str:
+    """`repr(Compiled)`: what goes in and out, and what runs where (never the whole plan)."""
+    plan = k.plan
+    names = [ln.kernel for ln in plan.kernels]
+    forms = sorted({str(ln.form) for ln in plan.kernels if ln.form})
+    shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+    return (
+        f"<Compiled ({_tensors(k.inputs)}) -> ({_tensors(k.outputs)})\n"
+        f"  {len(names)} kernel(s) [{shown}] {'/'.join(forms)}, {len(plan.per_call)} launch(es) per call, "
+        f"{plan.modeled_us:.2f} us modeled on {k.gpu.name}; target {k.target}; schedule {k.origin}>"
+    )
 
 
 def write_out(out, results: list, single: bool):
@@ -614,7 +589,9 @@ def compile(  # noqa: A001
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None
     if hit is not None:
+        _log.debug("compile: in the compile cache")
         return _from_cache(hit, outs, options, single)
+    t0 = time.perf_counter()
     a, origin = None, "chosen by the model" if schedule is None else "replayed from the given schedule"
     if use_database and schedule is None and split is None and not deterministic:
         entry = database.lookup(database.signature(outs), gpu.name)
@@ -628,6 +605,9 @@ def compile(  # noqa: A001
         a = run_stages(outs, options)
     if cache:
         compile_cache.COMPILED.put(key, (a, origin))
+    _log.debug(
+        "compile: %d kernel(s), schedule %s, %.1f ms", len(a.plan.kernels), origin, (time.perf_counter() - t0) * 1e3
+    )
     return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)), origin)
 
 

@@ -53,6 +53,10 @@ class OptionError(PanameraError, ValueError):
     """An option value the API does not know: a target, method, stage, split or order."""
 
 
+class MissingDependency(PanameraError, ImportError):
+    """An optional dependency (matplotlib, onnxruntime, torch, CuPy) the request needs is not installed."""
+
+
 class PanameraWarning(UserWarning):
     """Base class of every warning Panamera issues."""
 
@@ -72,6 +76,6 @@ class EmulatorWarning(PanameraWarning):
 
 __all__ = [
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
-    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "PanameraWarning",
-    "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning",
+    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
+    "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning",
 ]  # fmt: skip

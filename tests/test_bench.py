@@ -97,12 +97,17 @@ def test_run_bench_writes_results_summary_and_plots(tmp_path):
     assert "speedup over best peer" in summary
     need = {"workload", "suite", "dtype", "plan", "modeled_us", "limit_us", "ratio_to_limit", "dram_bytes",
             "compulsory_bytes", "launches", "blocks", "atomics", "compile_s"}  # fmt: skip
-    saved = json.loads((tmp_path / "results.json").read_text())
+    doc = json.loads((tmp_path / "results.json").read_text())
+    saved = doc["records"]
     assert saved == records and all(need <= set(r) for r in saved)
+    meta = doc["meta"]  # self-describing: what made these figures, where and when
+    assert {"panamera", "commit", "date", "command", "times", "gpu", "host"} <= set(meta)
+    assert meta["gpu"]["name"] == "H100-SXM5" and meta["gpu"]["sms"] == 132 and meta["times"] == "modeled"
+    assert meta["date"].endswith("+00:00") and meta["host"]["python"].count(".") == 2
     assert all(r["modeled_us"] >= r["limit_us"] * 0.999 for r in saved)
     assert "**All times are modeled**" in summary and "Geometric mean" in summary
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert pngs == ["limit_tiny.png", "speedup_tiny.png"]
+    assert pngs == ["headline.png", "limit_tiny.png", "speedup_tiny.png"]
     assert (tmp_path / "limit_tiny.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -107,6 +107,6 @@ def test_run_repeat_is_labelled_measured(encoder):
     r = _cli("run", encoder, "--shape", "batch=2", "--target", "emulator", "--repeat", "3")
     assert r.exit_code == 0, r.output
     assert (
-        "measured on the CPU emulator (emulator backend): median" in r.output
-        and "over 3 run(s), wall clock" in r.output
+        "measured on the CPU emulator (emulator backend): p50" in r.output
+        and "over 3 run(s) after 1 warm-up run(s), wall clock" in r.output
     )

@@ -3,19 +3,28 @@ time (and kernel time where a GPU is present), write results.json and summary.md
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 import os
+import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+from .. import logs
 from ..compiler import compile as pn_compile
 from ..model.gpu import GPUSpec
 from .baselines import DETERMINISTIC, PEER_NAMES, PLANS, SINGLE, STANDINS, UNFUSED, plan_all
 from .suites import PAPER_MEANS, SUITES, Workload
+
+_log = logs.get("bench")
 
 
 def compile_time(build, repeat: int = 3) -> float:
@@ -247,6 +256,50 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
     return "\n".join(lines)
 
 
+def _git_commit() -> str | None:
+    """The commit of the source tree Panamera runs from ("+dirty" with uncommitted changes), or
+    None outside a git checkout (an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def run_meta(gpu: GPUSpec, command: str, measured: bool) -> dict:
+    """What makes results.json self-describing: Panamera's version and commit, the date, the
+    command, the GPU spec the plans were modeled for, and the host the compile times are from.
+
+    >>> from panamera.model.gpu import H100
+    >>> m = run_meta(H100, "panamera bench", False)
+    >>> sorted(m), m["gpu"]["name"], m["times"]
+    (['command', 'commit', 'date', 'gpu', 'host', 'panamera', 'times'], 'H100-SXM5', 'modeled')
+    """
+    from .. import __version__
+
+    spec = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(gpu) if f.name != "sources"}
+    return {
+        "panamera": __version__,
+        "commit": _git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "times": "modeled and measured" if measured else "modeled",
+        "gpu": spec,
+        "host": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor() or None,
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+        },
+    }
+
+
 def run_bench(
     suites: list[str],
     gpu: GPUSpec,
@@ -265,17 +318,24 @@ def run_bench(
         from ..errors import BackendError
 
         raise BackendError("bench --measure: timing kernels needs CuPy and a CUDA GPU; none is available here")
+    if plot:  # before the work, not after it
+        logs.require_extra(logs.Extra.MATPLOTLIB, "bench --plot")
     ws = workloads if workloads is not None else [w for s in suites for w in SUITES[s]()]
     records = []
-    for k, w in enumerate(ws):
-        if progress:
-            progress(k, len(ws), f"{w.suite} {w.name} {w.dtype}")
-        records += run_workload(w, gpu, measure, repeat, nvrtc_times=nvrtc_times)
+    with logs.steps("workload", len(ws), _log) as bar:
+        for k, w in enumerate(ws):
+            what = f"{w.suite} {w.name} {w.dtype}"
+            bar.step(what)
+            if progress:
+                progress(k, len(ws), what)
+            t0 = time.perf_counter()
+            records += run_workload(w, gpu, measure, repeat, nvrtc_times=nvrtc_times)
+            _log.debug("%s: %.2f s", what, time.perf_counter() - t0)
     summary = summarize(records, gpu, command)
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump(records, f, indent=1)
+            json.dump({"meta": run_meta(gpu, command, measure), "records": records}, f, indent=1)
         with open(os.path.join(out, "summary.md"), "w") as f:
             f.write(summary)
         if plot:

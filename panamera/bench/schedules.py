@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from .. import logs
 from ..compiler import compile as pn_compile
 from ..model.gpu import GPUSpec
 from ..schedule.database import signature, slug
@@ -23,14 +24,15 @@ def entry_name(w: Workload, gpu: GPUSpec) -> str:
 def write_database(root: str | Path, gpus: list[GPUSpec], suites=tuple(SUITES)) -> list[Path]:
     """Plan every workload of `suites` on every GPU with the model and write its entry."""
     root, written = Path(root), []
-    for suite in suites:
-        for w in SUITES[suite]():
-            for gpu in gpus:
-                outs = tuple(w.build())
-                c = pn_compile(list(outs), target="emulator", gpu=gpu, use_database=False)
-                s = dataclasses.replace(c.schedule, subgraph=signature(outs))
-                path = root / entry_name(w, gpu)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(s.to_json())
-                written.append(path)
+    todo = [(w, gpu) for suite in suites for w in SUITES[suite]() for gpu in gpus]
+    with logs.steps("schedule", len(todo), logs.get("bench")) as bar:
+        for w, gpu in todo:
+            bar.step(f"{gpu.name} {w.suite} {w.name} {w.dtype}")
+            outs = tuple(w.build())
+            c = pn_compile(list(outs), target="emulator", gpu=gpu, use_database=False)
+            s = dataclasses.replace(c.schedule, subgraph=signature(outs))
+            path = root / entry_name(w, gpu)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(s.to_json())
+            written.append(path)
     return written

@@ -65,6 +65,17 @@ class GPUSpec:
     smem_per_block: int = 227 * 1024
     sources: tuple = ()  # (parameter, where the figure comes from), as in docs/GPU_MODEL.md
 
+    def __repr__(self) -> str:
+        """One short line (the whole spec is `dataclasses.asdict(spec)`): `help(pn.compile)` shows it.
+
+        >>> H100
+        <GPUSpec H100-SXM5: 132 SMs, 1.98 GHz, 3.35 TB/s DRAM, 50 MiB L2>
+        """
+        return (
+            f"<GPUSpec {self.name}: {self.sms} SMs, {self.clock_hz / 1e9:.2f} GHz, {self.dram_bw / 1e12:.2f} TB/s DRAM, "
+            f"{self.l2_size / 2**20:.0f} MiB L2>"
+        )
+
     @property
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw

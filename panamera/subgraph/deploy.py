@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import logs
 from ..errors import ModelError, ScheduleError
 from ..model.gpu import GPUS
 from ..schedule.saved import Schedule
@@ -159,7 +160,7 @@ def load_optimized(directory: str | os.PathLike, target: str = "auto") -> Optimi
         d, graph, nodes, constants, values, tuple(man["inputs"]), tuple(man["outputs"]), opset, spec
     )  # fmt: skip
     units: list[Subgraph | LibraryNode] = []
-    for u in units_doc:
+    for u in logs.each(units_doc, "loading unit", logs.get("onnx"), lambda u: f"subgraph {u.get('subgraph', '-')}"):
         if "library" in u:
             units.append(LibraryNode(nodes[u["library"]], u["reason"]))
             continue

@@ -23,6 +23,7 @@ import numpy as np
 from onnx import helper
 
 from .. import compile as pn_compile
+from .. import logs
 from ..cache import placeholders
 from ..compiler import Compiled
 from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError
@@ -36,6 +37,8 @@ from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import Partition, graph, partition
 from .route import Routing
 from .verify import Check, Reference, random_inputs, verify_values
+
+_log = logs.get("onnx")
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,19 +105,39 @@ def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[floa
 
 @dataclass(frozen=True)
 class Measured:
-    """Wall-clock times of whole-model runs on one backend (measured, not modeled)."""
+    """Wall-clock times of whole-model runs on one backend (measured, not modeled), after
+    `warmup` untimed runs.
+
+    >>> m = Measured("emulator", (0.3, 0.1, 0.2), warmup=1)
+    >>> m.repeat, m.median_s, m.min_s, round(m.p90_s, 2)
+    (3, 0.2, 0.1, 0.28)
+    """
 
     backend: str  # "emulator" (the CPU), "cuda" (the GPU) or "none" (no Panamera subgraph)
-    repeat: int
-    median_s: float
-    min_s: float
+    times_s: tuple[float, ...]  # every timed run, in order
+    warmup: int = 1
+
+    repeat = property(lambda self: len(self.times_s))
+    median_s = property(lambda self: self.percentile(50))
+    p90_s = property(lambda self: self.percentile(90))
+    min_s = property(lambda self: min(self.times_s))
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile of the timed runs (numpy's linear interpolation)."""
+        return float(np.percentile(self.times_s, q))
+
+    def to_dict(self) -> dict:
+        """The figures as JSON-ready values (seconds)."""
+        return {"backend": self.backend, "warmup": self.warmup, "repeat": self.repeat, "p50_s": self.median_s,
+                "p90_s": self.p90_s, "min_s": self.min_s, "times_s": list(self.times_s), "clock": "wall"}  # fmt: skip
 
     def describe(self) -> str:
-        """One line: the backend and the median."""
+        """One line: the backend and the percentiles."""
         where = {"emulator": "the CPU emulator", "cuda": "the GPU (CUDA)"}.get(self.backend, "the array library")
         return (
-            f"measured on {where} ({self.backend} backend): median {self.median_s * 1e3:.3f} ms, "
-            f"min {self.min_s * 1e3:.3f} ms over {self.repeat} run(s), wall clock"
+            f"measured on {where} ({self.backend} backend): p50 {self.median_s * 1e3:.3f} ms, "
+            f"p90 {self.p90_s * 1e3:.3f} ms, min {self.min_s * 1e3:.3f} ms over {self.repeat} run(s) "
+            f"after {self.warmup} warm-up run(s), wall clock"
         )
 
 
@@ -127,6 +150,13 @@ class OptimizedModel:
     target: str
     gpu: GPUSpec
     partition: Partition | None = None  # the partitioner's decisions (routes, why a group is alone)
+
+    def __repr__(self) -> str:
+        """One line (the model and its compiled kernels are attributes, not the repr)."""
+        return (
+            f"<OptimizedModel {self.model.path}: {len(self.subgraphs)} Panamera subgraph(s), {len(self.library)} "
+            f"library node(s); target {self.target}, {self.gpu.name}>"
+        )
 
     @property
     def subgraphs(self) -> tuple[Subgraph, ...]:
@@ -177,33 +207,40 @@ class OptimizedModel:
         rest. Returns the graph outputs (and the values named in `keep`)."""
         env = dict(self.model.constants)
         env.update(self._check_feeds(feeds))
-        for u in self.units:
-            if isinstance(u, Subgraph):
-                # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
-                named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.compiled.inputs}
-                outs = u.compiled(**named)
-                outs = outs if isinstance(outs, tuple) else (outs,)
-                env.update(zip(u.outputs, outs))
-            else:
-                outs = u.run(self.model, [env[i] for i in u.node.inputs if i])
-                env.update(zip([o for o in u.node.outputs if o], outs))
+        with logs.steps("running unit", len(self.units), _log) as bar:
+            for u in self.units:
+                if isinstance(u, Subgraph):
+                    bar.step(u.label)
+                    # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
+                    named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.compiled.inputs}
+                    outs = u.compiled(**named)
+                    outs = outs if isinstance(outs, tuple) else (outs,)
+                    env.update(zip(u.outputs, outs))
+                else:
+                    bar.step(f"{u.node.op_type} (library)")
+                    outs = u.run(self.model, [env[i] for i in u.node.inputs if i])
+                    env.update(zip([o for o in u.node.outputs if o], outs))
         return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
 
-    def measure(self, feeds: dict, repeat: int = 10) -> Measured:
-        """Time `repeat` runs of the whole model on `feeds` (after one warm-up run), wall clock,
-        outputs copied to the host (so a GPU run is complete). The backend is part of the result:
-        an emulator time says nothing about a GPU's."""
+    def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:
+        """Time `repeat` runs of the whole model on `feeds` after `warmup` untimed ones, wall
+        clock, outputs copied to the host (so a GPU run is complete). The backend is part of the
+        result: an emulator time says nothing about a GPU's."""
         if repeat < 1:
             raise OptionError(f"repeat must be at least 1, got {repeat}")
-        self.run(feeds)
+        if warmup < 0:
+            raise OptionError(f"warmup must be at least 0, got {warmup}")
         times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            outs = self.run(feeds)
-            for a in outs.values():
-                to_host(a)
-            times.append(time.perf_counter() - t0)
-        return Measured(self.backend, repeat, float(np.median(times)), float(min(times)))
+        with logs.steps("timed run", warmup + repeat, _log) as bar:
+            for k in range(warmup + repeat):
+                bar.step("warm-up" if k < warmup else f"{self.backend} backend")
+                t0 = time.perf_counter()
+                outs = self.run(feeds)
+                for a in outs.values():
+                    to_host(a)
+                if k >= warmup:
+                    times.append(time.perf_counter() - t0)
+        return Measured(self.backend, tuple(times), warmup)
 
     def verify(
         self,
@@ -216,11 +253,16 @@ class OptimizedModel:
         """Run the model on `feeds` (else `random_inputs(model, seed)`) and compare every graph
         output and every subgraph output with the float64 reference (verify.py derives each
         tolerance; `rtol`/`atol` widen it), and with onnxruntime too for `against="onnxruntime"`."""
+        if str(against) == "onnxruntime":  # before the work, not after it
+            logs.require_extra(logs.Extra.ONNXRUNTIME, "verify against onnxruntime")
         feeds = random_inputs(self.model, seed) if feeds is None else feeds
         inner = tuple(o for sg in self.subgraphs for o in sg.outputs if o not in self.model.outputs)
-        ours = self.run(feeds, keep=inner)
-        feeds = {k: v for k, v in feeds.items() if k not in self.model.specialized}
-        return verify_values(self.model, feeds, ours, rtol, atol, against)
+        with logs.steps("verify", 2, _log) as bar:
+            bar.step(f"running the model ({self.backend} backend)")
+            ours = self.run(feeds, keep=inner)
+            feeds = {k: v for k, v in feeds.items() if k not in self.model.specialized}
+            bar.step(f"the float64 reference{' and onnxruntime' if str(against) == 'onnxruntime' else ''}")
+            return verify_values(self.model, feeds, ours, rtol, atol, against)
 
 
 def _routing(routing: Routing | str) -> Routing:
@@ -249,18 +291,24 @@ def optimize(
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
     part = partition(model, compile_views, gpu, _routing(routing))
     units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
-    for k, nodes in enumerate(part.groups):
-        if progress:
-            progress(k, len(part.groups), "+".join(n.op_type for n in nodes))
-        try:
-            sg = compile_subgraph(model, k, nodes, target, gpu, schedules)
-        except ScheduleError:
-            raise
-        except PanameraError as e:
-            for n in nodes:
-                units[n.index] = LibraryNode(n, f"Panamera could not compile its subgraph: {e}")
-            continue
-        units[nodes[0].index] = sg
+    _log.debug("partitioned: %d subgraph(s), %d library node(s)", len(part.groups), len(part.library))
+    with logs.steps("compiling subgraph", len(part.groups), _log) as bar:
+        for k, nodes in enumerate(part.groups):
+            what = "+".join(n.op_type for n in nodes)
+            bar.step(what[:40])
+            if progress:
+                progress(k, len(part.groups), what)
+            try:
+                sg = compile_subgraph(model, k, nodes, target, gpu, schedules)
+            except ScheduleError:
+                raise
+            except PanameraError as e:
+                _log.debug("subgraph %d (%s) left to the library: %s", k, what, e)
+                for n in nodes:
+                    units[n.index] = LibraryNode(n, f"Panamera could not compile its subgraph: {e}")
+                continue
+            _log.debug("subgraph %d (%s): %d kernel(s) in %.3f s", k, what, len(sg.compiled.plan.kernels), sg.compile_s)
+            units[nodes[0].index] = sg
     # Run order: a topological order of the units (convex groups make it a DAG).
     unit_of = {}
     for key, u in units.items():

@@ -23,6 +23,7 @@ import os
 
 from onnx import helper
 
+from .. import logs
 from ..model.gpu import GPUSpec
 from .convert import VIEWS
 from .deploy import write_deployable
@@ -157,7 +158,8 @@ def _subgraph_record(opt: OptimizedModel, sg: Subgraph, cu_path: str | None, unf
 def build_report(opt: OptimizedModel, cu_paths: dict | None = None) -> dict:
     """The report of `opt` as a JSON-able dict (`cu_paths`: subgraph id -> its kernel file)."""
     cu_paths = cu_paths or {}
-    unfused = {sg.id: unfused_baseline(opt.model, sg, opt.gpu) for sg in opt.subgraphs}
+    todo = logs.each(opt.subgraphs, "unfused baseline", logs.get("onnx"), lambda sg: sg.label)
+    unfused = {sg.id: unfused_baseline(opt.model, sg, opt.gpu) for sg in todo}
     subgraphs = [_subgraph_record(opt, sg, cu_paths.get(sg.id), unfused[sg.id]) for sg in opt.subgraphs]
     return {
         "model": opt.model.path,
