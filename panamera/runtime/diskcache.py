@@ -107,7 +107,6 @@ def directory() -> Path:
     if str(d) not in _refused:
         _refused.add(str(d))
         msg = f"kernel cache {d} ({ENV}) is not used: {why}; building into a private temporary directory instead"
-        log.warning(msg)
         warnings.warn(msg, CacheWarning, stacklevel=3)
     return private_dir()
 
