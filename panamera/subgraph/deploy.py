@@ -6,7 +6,8 @@ DIR holds
   schedule and CUDA file) or a library node (with its reason), every value's shape and type,
   and the SHA-256 of every other file (`files`);
 - graph.onnx: the folded model's live nodes, without weights;
-- weights.npz: every folded constant (arrays named w0, w1, ...; the manifest maps them back);
+- weights.npz: every folded constant (arrays named w0, w1, ...; the manifest maps them back, and
+  names that share one array in `shared`, so that they stay one kernel input);
 - schedules/sgK.json: each subgraph's Schedule (schedule/saved.py);
 - kernels/LABEL.cu: each subgraph's CUDA source, as compiled.
 
@@ -46,7 +47,7 @@ from .library import LibraryNode
 from .model import Node, OnnxModel, Value, _node_attrs
 from .optimizer import OptimizedModel, Subgraph, compile_subgraph
 
-FORMAT = "panamera-optimized/1"
+FORMAT = "panamera-optimized/2"  # /2: files and their SHA-256, shared weights
 MANIFEST = "manifest.json"
 
 
@@ -90,8 +91,12 @@ def write_deployable(opt: OptimizedModel, out: str, cu_paths: dict | None = None
             )
         else:
             units.append({"library": u.node.index, "reason": u.reason})
-    weights, names = {}, {}
+    weights, names, shared, first = {}, {}, {}, {}
     for k, (name, a) in enumerate(model.constants.items()):
+        if id(a) in first:  # one array under two names is one kernel input: kept shared at reload
+            shared[name] = first[id(a)]
+            continue
+        first[id(a)] = name
         stored, dtype = _storable(np.asarray(a))
         weights[f"w{k}"] = stored
         names[f"w{k}"] = [name, dtype]
@@ -108,6 +113,7 @@ def write_deployable(opt: OptimizedModel, out: str, cu_paths: dict | None = None
         "outputs": list(model.outputs),
         "specialized": {k: v.tolist() for k, v in model.specialized.items()},
         "weights": names,
+        "shared": shared,
         "values": {k: [list(v.shape) if v.shape is not None else None, v.elem] for k, v in model.values.items()},
         "units": units,
         "files": folder.checksums(
@@ -192,6 +198,10 @@ def _load(d: str, mpath: str, man: dict, target: str) -> OptimizedModel:
             if key not in z.files:
                 raise ModelError(f"{wpath}: no array {key!r} (the weights of {name!r} in {mpath})")
             constants[name] = _view(z[key], dtype, f"{mpath}: weights {key!r}")
+    for name, first in man["shared"].items():
+        if first not in constants:
+            raise ModelError(f"{mpath}: shared weights {name!r} name {first!r}, which is not among the weights")
+        constants[name] = constants[first]
     values = {k: Value(k, tuple(s) if s is not None else None, int(e)) for k, (s, e) in man["values"].items()}
     used = {i for n in graph.graph.node for i in n.input} | set(man["outputs"])
     graph.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items() if k in used)
