@@ -192,12 +192,16 @@ def _load(d: str, mpath: str, man: dict, target: str) -> OptimizedModel:
     except Exception as e:  # protobuf's DecodeError and friends: the file is not a model
         raise ModelError(f"{gpath}: not a readable ONNX graph ({type(e).__name__})") from None
     wpath = os.path.join(d, "weights.npz")
-    with np.load(wpath, allow_pickle=False) as z:
-        constants = {}
-        for key, (name, dtype) in man["weights"].items():
-            if key not in z.files:
-                raise ModelError(f"{wpath}: no array {key!r} (the weights of {name!r} in {mpath})")
-            constants[name] = _view(z[key], dtype, f"{mpath}: weights {key!r}")
+    try:
+        with np.load(wpath, allow_pickle=False) as z:
+            stored = {key: z[key] for key in man["weights"] if key in z.files}
+    except Exception as e:  # zipfile's BadZipFile, EOFError, a pickled array refused: not our weights
+        raise ModelError(f"{wpath}: not a readable weights file ({type(e).__name__}: {e})") from None
+    constants = {}
+    for key, (name, dtype) in man["weights"].items():
+        if key not in stored:
+            raise ModelError(f"{wpath}: no array {key!r} (the weights of {name!r} in {mpath})")
+        constants[name] = _view(stored[key], dtype, f"{mpath}: weights {key!r}")
     for name, first in man["shared"].items():
         if first not in constants:
             raise ModelError(f"{mpath}: shared weights {name!r} name {first!r}, which is not among the weights")

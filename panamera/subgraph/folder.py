@@ -108,6 +108,10 @@ FIELDS = {  # field: (check, what it must be)
         lambda v: isinstance(v, dict) and all(isinstance(p, list) and len(p) == 2 and _strs(p) for p in v.values()),
         "an object of array key: [value name, dtype]",
     ),
+    "shared": (
+        lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
+        "an object of value name: value name",
+    ),
     "values": (
         lambda v: isinstance(v, dict) and all(_value(x) for x in v.values()),
         "an object of name: [shape, type]",
