@@ -26,10 +26,12 @@ panamera.errors.ModelError: manifest.json: unit 0's cuda '../etc/hostname' is no
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import tempfile
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -138,21 +140,76 @@ def check_manifest(man, mpath: str, fmt: str) -> dict:
     return man
 
 
-def remove_written(d: str, mpath: str, fmt: str, extra: tuple[str, ...]) -> None:
-    """Delete what Panamera wrote in folder `d` (the files its manifest lists, the manifest and
-    `extra` names), then the folders left empty; anything else in `d` stays."""
-    import json
-
+def _written(d: str, mpath: str, fmt: str) -> list[str]:
+    """The files Panamera wrote in folder `d`, as its manifest lists them (confined to `d`)."""
     try:
         with open(mpath, encoding="utf-8") as f:
             man = check_manifest(json.load(f), mpath, fmt)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{mpath}: not a readable manifest ({type(e).__name__}); remove {d} yourself") from None
-    paths = [inside(d, rel, f"{mpath}: file") for rel in man["files"]]
-    for path in paths + [os.path.join(d, x) for x in extra] + [mpath]:
+        return [inside(d, rel, f"{mpath}: file") for rel in man["files"]]
+    except (OSError, ValueError, RecursionError, ModelError) as e:
+        why = str(e) if isinstance(e, ModelError) else type(e).__name__
+        raise InputError(
+            f"--out {d}: --force cannot tell what Panamera wrote there ({why}); empty it yourself"
+        ) from None
+
+
+def _probe(d: str, what: str) -> None:
+    """Raise InputError unless a file can be created in directory `d`."""
+    try:
+        with tempfile.TemporaryFile(dir=d):
+            pass
+    except OSError as e:
+        raise InputError(f"{what}: cannot write in {d} ({e.strerror or type(e).__name__})") from None
+
+
+def writable_target(path: str, what: str, directory: bool) -> None:
+    """Before any work: `path` (a file, or with `directory` a folder) can be written, that is
+    it or its nearest existing ancestor is a writable directory; anything else (an existing
+    `path` of the other kind, a path under a file) is an InputError naming the option `what`."""
+    if os.path.exists(path) and os.path.isdir(path) != directory:
+        raise InputError(f"{what} {path}: exists and is {'not ' if directory else ''}a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"{what} {path}: {parent} is a file, not a directory")
+    _probe(path if directory and os.path.isdir(path) else parent, f"{what} {path}")
+
+
+def check_out(out: str, model: str, force: bool, manifest: str, fmt: str) -> None:
+    """Before `optimize --out OUT` does any work: OUT can be written and does not hold the
+    model; it exists only with `force`, and then empty or as a folder Panamera wrote (its
+    manifest lists what `clear_out` deletes)."""
+    root = os.path.realpath(out)
+    if os.path.commonpath([root, os.path.realpath(model)]) == root:
+        raise InputError(f"--out {out}: the model {model} lies inside it; choose another --out")
+    writable_target(out, "--out", directory=True)
+    if not os.path.exists(out):
+        return
+    if not force:
+        raise InputError(f"--out {out} exists; pass --force to replace what Panamera wrote there")
+    if not os.listdir(out):
+        return
+    if not os.path.isfile(os.path.join(out, manifest)):
+        raise InputError(
+            f"--out {out}: holds files Panamera did not write (no {manifest}); --force replaces only a folder "
+            "`optimize --out` wrote: choose another --out or empty it yourself"
+        )
+    _written(out, os.path.join(out, manifest), fmt)
+
+
+def clear_out(out: str, manifest: str, fmt: str, extra: tuple[str, ...]) -> None:
+    """Delete what Panamera wrote in folder `out` (the files its manifest lists, the manifest
+    and the `extra` names), then the subfolders left empty; anything else in `out` stays."""
+    mpath = os.path.join(out, manifest)
+    if not os.path.isfile(mpath):
+        return
+    paths = _written(out, mpath, fmt)
+    for path in [*paths, *(os.path.join(out, x) for x in extra), mpath]:
         if os.path.isfile(path) and not os.path.islink(path):
             os.unlink(path)
+    top = os.path.normpath(out)
     for sub in sorted({os.path.dirname(p) for p in paths}, key=len, reverse=True):
-        while sub != os.path.normpath(d) and os.path.isdir(sub) and not os.listdir(sub):
+        while sub.startswith(top + os.sep) and os.path.isdir(sub) and not os.listdir(sub):
             os.rmdir(sub)
             sub = os.path.dirname(sub)
