@@ -253,9 +253,8 @@ def demo():
 @gpu_opt
 def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules, schedules, shape, target, gpu):
     """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
-    from .subgraph.report import build_report, whole_model_line, write_outputs
-
     from .subgraph import deploy, folder
+    from .subgraph.report import build_report, whole_model_line, write_outputs
 
     console = _console()
     if out:  # before any work: a writable folder, not holding the model, replaced only if Panamera wrote it
