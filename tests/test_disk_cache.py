@@ -135,7 +135,7 @@ def _unusable(tmp_path, monkeypatch, how: str) -> Path:
 def test_an_unusable_cache_is_a_warning_and_a_private_fallback(tmp_path, monkeypatch, fresh, how):
     d = _unusable(tmp_path, monkeypatch, how)
     monkeypatch.setenv("PANAMERA_CACHE", str(d))
-    with pytest.warns(diskcache.CacheWarning) as seen:
+    with pytest.warns(pn.CacheWarning) as seen:
         k = _kernel()
         _check(k)
         _check(_kernel(38), 38)  # warned once per directory

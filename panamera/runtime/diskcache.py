@@ -38,18 +38,13 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from ..errors import BackendError, PanameraWarning
+from ..errors import BackendError, CacheWarning
 
 ENV = "PANAMERA_CACHE"  # a directory for the built libraries, or "off"
 SIDECAR = ".sha256"
 log = logging.getLogger("panamera.cache")
 _private: list[str] = []  # this process's own directory (cache off, or refused)
 _refused: set[str] = set()  # directories already warned about
-
-
-class CacheWarning(PanameraWarning):
-    """The kernel cache directory cannot be used safely (not private, not writable, not a
-    directory): this process builds into a private temporary directory instead."""
 
 
 def location() -> Path | None:
