@@ -131,7 +131,10 @@ def check_manifest(man, mpath: str, fmt: str) -> dict:
     if not isinstance(man, dict):
         raise ModelError(f"{mpath}: not a manifest (a JSON {type(man).__name__}, not an object)")
     if man.get("format") != fmt:
-        raise ModelError(f"{mpath}: format {man.get('format')!r} is not {fmt!r}")
+        raise ModelError(
+            f"{mpath}: format {man.get('format')!r} is not {fmt!r}; write the folder again with "
+            "`panamera optimize MODEL --out DIR`"
+        )
     for name, (ok, what) in FIELDS.items():
         if name not in man:
             raise ModelError(f"{mpath}: field {name!r} is missing; rewrite the folder with `panamera optimize`")
