@@ -10,7 +10,9 @@ bypasses it.
 
 **On disk.** The emulator's shared libraries (g++ builds of the generated CUDA C, one per
 source) live in `$PANAMERA_CACHE`, default `~/.cache/panamera`; `PANAMERA_CACHE=off` builds
-into a temporary directory instead. `panamera cache info` and `panamera cache clear` show and
+into a temporary directory instead. The directory must be private (runtime/diskcache.py: mode
+0700, owned by the user; otherwise a warning and a temporary directory) and each library is
+loaded only when it matches the SHA-256 recorded when it was built. `panamera cache info` and `panamera cache clear` show and
 empty it (`disk_info()`, `disk_clear()`).
 
 >>> import panamera as pn
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .frontend.tensor import Tensor
-from .runtime import emulator
+from .runtime import diskcache, emulator
 from .schedule import database
 
 MAX_ENTRIES = 256
@@ -157,20 +159,20 @@ class DiskInfo:
 
 
 def disk_info() -> DiskInfo:
-    """The on-disk cache's location and contents."""
+    """The on-disk cache's location and contents (libraries counted; their sidecars sized too)."""
     d = emulator.cache_location()
     if d is None:
         return DiskInfo(None, 0, 0)
-    files = [p for p in d.glob("emu_*.so") if p.is_file()] if d.is_dir() else []
-    return DiskInfo(d, len(files), sum(p.stat().st_size for p in files))
+    files = diskcache.entries(d)
+    return DiskInfo(d, sum(p.suffix == ".so" for p in files), sum(p.stat().st_size for p in files))
 
 
 def disk_clear() -> int:
-    """Delete every cached library; returns how many were removed."""
+    """Delete every cached library (with its sidecar); returns how many libraries were removed."""
     d = emulator.cache_location()
-    if d is None or not d.is_dir():
+    if d is None:
         return 0
-    files = [p for p in d.glob("emu_*.so") if p.is_file()]
+    files = diskcache.entries(d)
     for p in files:
         p.unlink(missing_ok=True)
-    return len(files)
+    return sum(p.suffix == ".so" for p in files)

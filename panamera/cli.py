@@ -20,7 +20,6 @@ import json
 import math
 import os
 import shlex
-import shutil
 import sys
 import time
 import warnings
@@ -31,7 +30,7 @@ import numpy as np
 from . import __version__, logs
 from . import compile as pn_compile
 from .cli_base import PanameraGroup
-from .errors import InputError, ModelError, PanameraError, ScheduleError
+from .errors import EmulatorWarning, InputError, ModelError, PanameraError, ScheduleError
 from .explain import DEFAULT as DEFAULT_SECTIONS
 from .explain import Section
 from .frontend import ops, placeholder
@@ -251,7 +250,7 @@ def demo():
 @cli.command()
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), help="write kernels, report.md and report.json here")
-@click.option("--force", is_flag=True, help="overwrite --out if it exists")
+@click.option("--force", is_flag=True, help="replace what an earlier `optimize --out` wrote in --out")
 @verify_opt
 @click.option("--inputs", type=click.Path(dir_okay=False), help=".npz of model inputs (for --verify; else random)")
 @seed_opt
@@ -264,21 +263,21 @@ def demo():
 @gpu_opt
 def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules, schedules, shape, target, gpu):
     """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
+    from .subgraph import deploy, folder
     from .subgraph.report import build_report, whole_model_line, write_outputs
 
     if verify == "onnxruntime":
         logs.require_extra(logs.Extra.ONNXRUNTIME, "--verify=onnxruntime")
     console = _console()
-    if out and os.path.exists(out) and not force:
-        raise InputError(f"--out {out} exists; pass --force to overwrite it")
+    if out:  # before any work: a writable folder, not holding the model, replaced only if Panamera wrote it
+        folder.check_out(out, model, force, deploy.MANIFEST, deploy.FORMAT)
     feeds = _load_npz(inputs) if inputs else None
     spec = _specialize_from(model, feeds) if feeds else None
     reader = _schedule_reader(schedules, GPUS[gpu].name) if schedules else None
     opt = _optimize(model, _shapes(shape), target, gpu, spec, reader)
     if out:
-        if os.path.exists(out):
-            shutil.rmtree(out)
-        os.makedirs(out)
+        folder.clear_out(out, deploy.MANIFEST, deploy.FORMAT, ("report.md", "report.json"))
+        os.makedirs(out, exist_ok=True)
         report = write_outputs(opt, out)
     else:
         report = build_report(opt)
@@ -383,6 +382,10 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
     if verify == "onnxruntime":
         logs.require_extra(logs.Extra.ONNXRUNTIME, "--verify=onnxruntime")
     console = _console()
+    if output:
+        from .subgraph.folder import writable_target
+
+        writable_target(output, "--output", directory=False)
     feeds = _load_npz(inputs) if inputs else None
     if os.path.isdir(model):
         if shape:
@@ -510,8 +513,18 @@ def _usage_line(e: click.ClickException) -> str:
     return f"panamera: error: {e.format_message()}{hint}"
 
 
+_held: list[str] = []  # warnings about the results, shown once the command has some
+
+
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
     text = f"panamera: warning: {str(message).splitlines()[0]}"
+    if issubclass(category, EmulatorWarning):  # about the results: shown after them, never before an error
+        _held.append(text.replace('target="emulator"', "--target emulator").replace('target="auto"', "--target auto"))
+    else:
+        _print_warning(text)
+
+
+def _print_warning(text: str) -> None:
     c = logs.console()  # above a progress bar, where one is drawn
     if c is not None:
         c.print(text, markup=False, highlight=False, soft_wrap=True)
@@ -519,11 +532,18 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
         print(text, file=sys.stderr)
 
 
+def _release_held() -> None:
+    for text in dict.fromkeys(_held):
+        _print_warning(text)
+    _held.clear()
+
+
 def main(argv=None) -> int:
     """Entry point: one-line errors with exit status 2 (1 for a failed check, 3 for a bug),
     one-line warnings, tracebacks with --debug."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    _held.clear()
     try:
         with warnings.catch_warnings():
             if not debug:
@@ -541,6 +561,7 @@ def main(argv=None) -> int:
         print("panamera: aborted", file=sys.stderr)
         return 130
     except SystemExit as e:
+        _release_held()
         return e.code if isinstance(e.code, int) else 1
     except (PanameraError, ModelError) as e:
         if debug:
@@ -550,10 +571,14 @@ def main(argv=None) -> int:
     except Exception as e:  # a bug: say so briefly, the traceback is one flag away
         if debug:
             raise
+        if isinstance(e, OSError) and e.filename is not None:  # the file system refused: named, not a bug
+            print(f"panamera: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(
             f"panamera: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr
         )
         return 3
+    _release_held()
     return 0
 
 

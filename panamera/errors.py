@@ -70,6 +70,11 @@ class EagerFallbackWarning(PanameraWarning):
     gives the reason (a graph that needs autograd, an op Panamera cannot express)."""
 
 
+class CacheWarning(PanameraWarning):
+    """The kernel cache directory cannot be used safely (not private, not writable, not a
+    directory): this process builds into a private temporary directory instead."""
+
+
 class EmulatorWarning(PanameraWarning):
     """`target="auto"` chose the CPU emulator: a correctness tool, not a fast CPU path."""
 
@@ -77,5 +82,5 @@ class EmulatorWarning(PanameraWarning):
 __all__ = [
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
-    "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning",
+    "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",
 ]  # fmt: skip

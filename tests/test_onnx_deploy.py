@@ -15,7 +15,7 @@ import panamera.compiler
 import panamera.subgraph.optimizer
 from panamera.cli import cli
 from panamera.errors import ModelError
-from panamera.subgraph import load_optimized, optimize, write_deployable
+from panamera.subgraph import folder, load_optimized, optimize, write_deployable
 from panamera.subgraph.report import build_report, roofline_us
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
@@ -96,7 +96,11 @@ def test_tampered_kernel_is_refused(tmp_path):
     man = write_deployable(opt, str(tmp_path))
     cu = tmp_path / man["units"][0]["cuda"]
     cu.write_text(cu.read_text() + "// edited\n")
-    with pytest.raises(ModelError, match="differs from the saved one"):
+    with pytest.raises(ModelError, match=r"\.cu: its SHA-256 differs from the one .*manifest.json recorded"):
+        load_optimized(tmp_path, target="emulator")
+    man["files"][man["units"][0]["cuda"]] = folder.digest(str(cu))  # the checksum rewritten too
+    (tmp_path / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ModelError, match="differs from the saved one"):  # the byte-for-byte comparison stays
         load_optimized(tmp_path, target="emulator")
     os.remove(tmp_path / "weights.npz")
     with pytest.raises(ModelError, match="weights.npz: missing"):

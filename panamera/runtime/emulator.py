@@ -1,7 +1,9 @@
 """The emulator backend: the exact CUDA source, compiled by g++ against cuda_emulation.h.
 
 Compiled libraries are cached by the hash of what is compiled (source, header, flags) under
-$PANAMERA_CACHE (default ~/.cache/panamera; `off`: a temporary directory per process).
+$PANAMERA_CACHE (default ~/.cache/panamera; `off`: a temporary directory per process), a
+private directory whose entries are verified against their recorded SHA-256 before they are
+loaded (runtime/diskcache.py).
 Launches run block by block; `order` picks the thread and block order (forward, reverse,
 shuffled), so that a missing barrier is caught. A cooperative launch runs every block at once
 (one fiber per thread of the grid, blocks switched at grid-wide waits; cuda_emulation.h).
@@ -13,7 +15,6 @@ releases the GIL during a launch: every launch holds its library's lock, so that
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import hashlib
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BackendError, CompileError
+from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
@@ -37,28 +39,14 @@ _locks: dict[int, threading.Lock] = {}  # by library handle: one launch at a tim
 _locks_guard = threading.Lock()
 
 
-CACHE_ENV = "PANAMERA_CACHE"  # a directory for the built libraries, or "off"
-_private: list[str] = []  # with the cache off: this process's own directory
-
-
-def cache_location() -> Path | None:
-    """Where built libraries are kept: $PANAMERA_CACHE, default ~/.cache/panamera; None if off."""
-    env = os.environ.get(CACHE_ENV, "")
-    if env.lower() == "off":
-        return None
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "panamera"
+CACHE_ENV = diskcache.ENV  # a directory for the built libraries, or "off"
+cache_location = diskcache.location
 
 
 def cache_dir() -> Path:
-    """The directory libraries are built into: the cache, or a temporary one when it is off."""
-    d = cache_location()
-    if d is None:
-        if not _private:
-            _private.append(tempfile.mkdtemp(prefix="panamera-"))
-            atexit.register(shutil.rmtree, _private[0], True)
-        return Path(_private[0])
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """The directory libraries are built into: the cache when it is private and writable, else
+    this process's temporary directory (runtime/diskcache.py)."""
+    return diskcache.directory()
 
 
 def glue(signatures) -> str:
@@ -88,20 +76,35 @@ def build(source: str, signatures) -> ctypes.CDLL:
         _by_source[source] = _loaded[key]
         return _loaded[key]
     lib = cache_dir() / f"emu_{key}.so"
-    if not lib.exists():
-        cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-        if cxx is None:
-            raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "kernel.cpp"
-            src.write_text(text)
-            out = Path(tmp) / "k.so"
-            r = subprocess.run([cxx, *FLAGS, "-I", str(HERE), str(src), "-o", str(out)], capture_output=True, text=True)
-            if r.returncode:
-                raise CompileError(_explain(r.stderr, text, "g++ (emulator)"))
-            shutil.move(str(out), lib)
-    _loaded[key] = _by_source[source] = ctypes.CDLL(str(lib))
-    return _loaded[key]
+    if lib.exists() and not diskcache.verified(lib):
+        diskcache.discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
+    for attempt in (0, 1):
+        if not lib.exists():
+            lib = diskcache.put(lib, _compile(text))
+        try:
+            handle = ctypes.CDLL(str(lib))
+            break
+        except OSError as e:  # verified bytes that do not load: rebuilt once, then an error
+            if attempt:
+                raise BackendError(f"emulator: the library built for this kernel does not load: {e}") from None
+            diskcache.discard(lib, f"does not load ({e})")
+    _loaded[key] = _by_source[source] = handle
+    return handle
+
+
+def _compile(text: str) -> bytes:
+    """The shared library g++ builds from `text` (in a temporary directory), as bytes."""
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        src.write_text(text)
+        out = Path(tmp) / "k.so"
+        r = subprocess.run([cxx, *FLAGS, "-I", str(HERE), str(src), "-o", str(out)], capture_output=True, text=True)
+        if r.returncode:
+            raise CompileError(_explain(r.stderr, text, "g++ (emulator)"))
+        return out.read_bytes()
 
 
 def _explain(stderr: str, text: str, who: str) -> str:

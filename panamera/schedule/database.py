@@ -99,18 +99,33 @@ def directory() -> Path | None:
 
 @cache
 def _index(root: Path) -> dict[tuple[str, str], Entry]:
-    """(signature, GPU name) -> entry, for every readable entry under `root`; unreadable or
-    stale-format files are skipped with a notice."""
+    """(signature, GPU name) -> entry, for every readable entry under `root`; a file that is not
+    one (unreadable, not UTF-8, not JSON, a stale format, a garbled field) is skipped with a
+    one-line `StaleScheduleWarning`, never an error of the compile that consulted the database."""
     out = {}
     for path in sorted(root.rglob("*.json")):
         name = path.relative_to(root).as_posix()
-        try:
-            s = Schedule.from_json(path.read_text(), f"schedules/{name}")
-        except (OSError, ScheduleError) as e:
-            warnings.warn(f"schedule database: skipped ({e})", StaleScheduleWarning, stacklevel=2)
-            continue
-        out[(s.subgraph, s.gpu)] = Entry(name, s)
+        s = _read_entry(path, f"schedules/{name}")
+        if s is not None:
+            out[(s.subgraph, s.gpu)] = Entry(name, s)
     return out
+
+
+def _read_entry(path: Path, where: str) -> Schedule | None:
+    """The schedule in `path`, or None (with a notice) when the file is not a readable one."""
+    try:
+        return Schedule.from_json(path.read_bytes().decode("utf-8"), where)
+    except UnicodeDecodeError as e:
+        why = f"{where}: not UTF-8 text (byte {e.start})"
+    except OSError as e:
+        why = f"{where}: unreadable ({e.strerror or type(e).__name__})"
+    except RecursionError:
+        why = f"{where}: JSON nested too deeply"
+    except ScheduleError as e:
+        why = str(e)
+    why = why.splitlines()[0] if why else where
+    warnings.warn(f"schedule database: skipped ({why})", StaleScheduleWarning, stacklevel=4)
+    return None
 
 
 def lookup(sig: str, gpu: str) -> Entry | None:
