@@ -168,8 +168,18 @@ def _masked_fill(node, x, mask, value):
 def _pow(node, a, b):
     d = out_dtype(node)
     a, b = _cast(a, d), _cast(b, d)
-    if not isinstance(b, pn.Tensor) and b == 2 and isinstance(a, pn.Tensor):
-        return a * a
+    if not isinstance(b, pn.Tensor) and isinstance(a, pn.Tensor) and a.dtype.is_float:
+        if b in (1, 2, 3, 4):  # repeated products: exact, and no pow() (decompositions write rstd ** 3, x ** 1)
+            r = a
+            for _ in range(int(b) - 1):
+                r = r * a
+            return r
+        if b == 0.5:
+            return pn.sqrt(a)
+        if b == -1:
+            return 1.0 / a
+        if b == -0.5:
+            return pn.rsqrt(a)
     return pn.power(a, b)
 
 
@@ -423,6 +433,11 @@ def _build_table() -> dict:
     add(A, _native_group_norm, aten.native_group_norm.default)
     add(A, _batch_norm_eval, aten._native_batch_norm_legit_no_training.default)
     add(A, _nll_loss, aten.nll_loss_forward.default, check=_nll_check)
+    from . import backward as bw  # its builders use this module's helpers, defined above
+
+    add(E, bw.embedding, aten.embedding.default)
+    add(A, bw.nll_loss_backward, aten.nll_loss_backward.default, check=bw.nll_loss_backward_check)
+    add(A, bw.embedding_dense_backward, aten.embedding_dense_backward.default, check=bw.embedding_dense_backward_check)
     return t
 
 

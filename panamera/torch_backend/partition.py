@@ -25,6 +25,18 @@ from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 
 PREFIX = "panamera_"
+aten = torch.ops.aten
+CONTRACTIONS = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.convolution, aten.convolution_backward)
+NO_ANCHOR = "element-wise or view ops with no reduction beside them: eager PyTorch runs them at the same cost"
+
+
+@dataclass(frozen=True)
+class EagerOp:
+    """An ATen op left to eager PyTorch, and why."""
+
+    op: str
+    node: str
+    reason: str
 
 
 def _tensor_vals(v) -> list:
@@ -41,7 +53,10 @@ def why_unsupported(node: torch.fx.Node) -> str | None:
         return why_unsupported(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else "getitem of a value"
     entry = TABLE.get(node.target)
     if entry is None:
-        return f"{node.target} is not a Panamera op"
+        packet = getattr(node.target, "overloadpacket", None)
+        if packet in CONTRACTIONS:
+            return "a contraction: eager PyTorch runs it on cuBLAS/cuDNN (the backend takes reductions and their neighbours)"
+        return f"{node.target} is not in the backend's vocabulary (torch_backend/aten.py)"
     out = meta(node)
     if out is None:
         return "no shape information"
@@ -176,36 +191,37 @@ def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
 
 def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False):
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
-    graph module and a report per partition."""
+    graph module, a report per partition and every op left to eager PyTorch with its reason."""
     partitioner, parts = propose(gm)
+    inside = {n for p in parts for n in p.nodes}
+    eager = [
+        EagerOp(str(n.target), n.name, why_unsupported(n) or NO_ANCHOR)
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem and n not in inside
+    ]
     if not parts:
-        return gm, []
+        return gm, [], tuple(eager)
     fused = partitioner.fuse_partitions(parts, prefix=PREFIX)
     reports = []
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith(PREFIX):
             continue
         sub = fused.get_submodule(node.target)
-        ops = tuple(
-            str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
-        )
+        calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+        ops = tuple(str(n.target) for n in calls)
         try:
             outputs, single, holders = translate(sub, _values(fused, node))
             k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
         except Exception as e:  # noqa: BLE001 - a subgraph Panamera cannot take stays eager: never break the model
             reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
             reports.append(SubgraphReport(node.target, ops, 0, reason))
+            eager += [
+                EagerOp(str(n.target), n.name, f"its subgraph {node.target} stays eager: {reason}") for n in calls
+            ]
             continue
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
         setattr(fused, node.target, PanameraSubgraph(k, used))
         reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels)))
     fused.recompile()
-    return fused, reports
-
-
-def eager_ops(gm: torch.fx.GraphModule, reports) -> tuple[str, ...]:
-    """The ATen ops left to eager PyTorch: those outside every partition, and those of the
-    partitions that stayed eager."""
-    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-    return tuple(ops) + tuple(op for r in reports if r.kernels == 0 for op in r.ops)
+    return fused, reports, tuple(eager)

@@ -1,0 +1,257 @@
+"""Training through `torch.compile(model, backend="panamera")` on the CPU emulator: the forward
+and backward graphs AOTAutograd hands over are compiled by Panamera, and the loss and every
+gradient match eager PyTorch.
+
+Tolerances: in float64 a gradient must match eager float64 within `tolerance("float64", n)`
+relative to the largest gradient (n: the longest reduction of the graph: the tokens of a bias
+gradient, the features of a norm). In float32, the error against the float64 reference may be
+twice eager float32's own error plus `tolerance("float32", n)`, as in tests/test_torch_backend.py.
+"""
+
+import logging
+import warnings
+
+import pytest
+from conftest import tolerance
+
+torch = pytest.importorskip("torch")
+nn, F = torch.nn, torch.nn.functional
+
+import panamera as pn  # noqa: E402  (after torch: `import panamera` registers the backend)
+import panamera.torch_backend as tb  # noqa: E402
+from panamera.torch_backend.partition import NO_ANCHOR  # noqa: E402
+
+OPTIONS = {"target": "emulator"}
+CONTRACTION = "a contraction"
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    tb.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
+def step(module, inputs, compiled: bool, deterministic: bool = False):
+    """One forward and backward: (loss, {name: gradient}) for the parameters and float inputs."""
+    module.zero_grad(set_to_none=True)
+    inputs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    f = torch.compile(module, backend="panamera", options={**OPTIONS, "deterministic": deterministic})
+    loss = (f if compiled else module)(*inputs)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in module.named_parameters()}
+    grads |= {f"input{k}": x.grad.detach().clone() for k, x in enumerate(inputs) if x.requires_grad}
+    return loss.detach(), grads
+
+
+def assert_grads_match(module, inputs, n: int, deterministic: bool = False):
+    """Panamera's loss and gradients in float64 against eager float64 (see the module doc)."""
+    module = module.double()
+    inputs = [x.double() if x.is_floating_point() else x for x in inputs]
+    got_loss, got = step(module, inputs, True, deterministic)
+    ref_loss, ref = step(module, inputs, False)
+    tol = tolerance("float64", n)
+    torch.testing.assert_close(got_loss, ref_loss, rtol=tol, atol=tol)
+    assert got.keys() == ref.keys()
+    for name in ref:
+        scale = max(1.0, ref[name].abs().max().item())
+        err = (got[name] - ref[name]).abs().max().item() / scale
+        assert err <= tol, f"{name}: error {err:.3g} over {tol:.3g}"
+    return got
+
+
+def phases():
+    return [r.phase for r in tb.stats().reports]
+
+
+def backward_report():
+    (r,) = [r for r in tb.stats().reports if r.phase == tb.Phase.BACKWARD]
+    return r
+
+
+def compiled_ops(report) -> set:
+    return {op for s in report.subgraphs if s.kernels for op in s.ops}
+
+
+def eager_reasons() -> set:
+    return {NO_ANCHOR if r == NO_ANCHOR else r.split(":")[0] for (_, r) in tb.stats().eager}
+
+
+class MLP(nn.Module):
+    """Linear with bias, GELU, Linear, and a mean-squared loss."""
+
+    def __init__(self, d=16, hidden=32):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return (self.down(F.gelu(self.up(x))) ** 2).mean()
+
+
+def test_mlp_with_bias_and_gelu_trains():
+    torch.manual_seed(0)
+    assert_grads_match(MLP(), [torch.randn(12, 16)], n=32)
+    assert phases() == [tb.Phase.FORWARD, tb.Phase.BACKWARD]
+    bw = backward_report()
+    assert "aten.sum.dim_IntList" in compiled_ops(bw) and bw.kernels >= 1, bw.describe()  # the bias gradients
+    assert not any("autograd" in r for r in eager_reasons())
+    assert eager_reasons() <= {NO_ANCHOR, CONTRACTION}, tb.stats().describe()
+
+
+class Norms(nn.Module):
+    def __init__(self, d=24):
+        super().__init__()
+        self.ln, self.rms = nn.LayerNorm(d), nn.RMSNorm(d)
+
+    def forward(self, x):
+        return (self.rms(self.ln(x)) * torch.linspace(-1, 1, x.shape[-1], dtype=x.dtype)).sum()
+
+
+def test_layer_norm_and_rms_norm_backward():
+    torch.manual_seed(0)
+    m = Norms()
+    with torch.no_grad():
+        m.ln.weight.uniform_(0.5, 1.5), m.ln.bias.uniform_(-1, 1), m.rms.weight.uniform_(0.5, 1.5)
+    assert_grads_match(m, [torch.randn(3, 5, 24) * 3 + 1], n=24)
+    bw = backward_report()
+    assert not bw.eager, tb.stats().describe()  # dx, dgamma, dbeta: all Panamera kernels
+    assert bw.kernels >= 2, bw.describe()
+
+
+class Classifier(nn.Module):
+    """Softmax, log_softmax and cross-entropy (mean, with ignored targets) over logits."""
+
+    def __init__(self, d=16, classes=7):
+        super().__init__()
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x, target):
+        logits = self.head(x)
+        ce = F.cross_entropy(logits, target, ignore_index=2)
+        return ce + (F.softmax(logits, -1) ** 2).sum() + F.log_softmax(logits * 0.5, -1).mean()
+
+
+def test_softmax_and_cross_entropy_backward():
+    torch.manual_seed(0)
+    target = torch.tensor([0, 2, 6, 1, 2, 3, 5, 6, 4])
+    assert_grads_match(Classifier(), [torch.randn(9, 16), target], n=9)
+    ops = compiled_ops(backward_report())
+    assert "aten.nll_loss_backward.default" in ops, backward_report().describe()
+    assert not any(e.op.startswith("aten.nll_loss") or "softmax" in e.op for e in backward_report().eager)
+
+
+class Activations(nn.Module):
+    def forward(self, x):
+        return (
+            (torch.relu(x) + F.silu(x) * torch.tanh(x) + torch.sigmoid(x) * F.gelu(x, approximate="tanh")).sum(-1).max()
+        )
+
+
+def test_activation_backwards():
+    torch.manual_seed(0)
+    assert_grads_match(Activations(), [torch.randn(6, 10)], n=10)
+    assert "aten.threshold_backward.default" not in backward_report().eager_ops  # decomposed, then compiled
+
+
+class Embed(nn.Module):
+    """An embedding lookup with a padding row, then a sum of squares."""
+
+    def __init__(self, rows=9, d=6):
+        super().__init__()
+        self.table = nn.Embedding(rows, d, padding_idx=4)
+
+    def forward(self, ids):
+        return (self.table(ids) ** 2 * torch.arange(ids.shape[-1], dtype=self.table.weight.dtype)[:, None]).sum()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_embedding_backward_with_repeated_ids(deterministic):
+    torch.manual_seed(0)
+    ids = torch.tensor([[1, 1, 4, 8, 1], [0, 8, 8, 4, 3]])  # repeats collide on rows 1 and 8; 4 is padding
+    m = Embed()
+    got = assert_grads_match(m, [ids], n=ids.numel(), deterministic=deterministic)
+    assert not got["table.weight"][4].any()
+    ops = compiled_ops(backward_report())
+    assert "aten.embedding_dense_backward.default" in ops, backward_report().describe()
+    if deterministic:  # ordered partials: the same bits every run
+        assert torch.equal(got["table.weight"], step(m, [ids], True, deterministic=True)[1]["table.weight"])
+
+
+class Block(nn.Module):
+    """A pre-LayerNorm MLP block with a residual, and cross-entropy over a head."""
+
+    def __init__(self, d=32, classes=10):
+        super().__init__()
+        self.norm, self.up, self.down = nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x, target):
+        h = x + self.down(F.gelu(self.up(self.norm(x))))
+        return F.cross_entropy(self.head(h), target)
+
+
+def test_float32_gradients_within_derived_tolerances():
+    torch.manual_seed(0)
+    m, x, target = Block(), torch.randn(16, 32), torch.randint(0, 10, (16,))
+    got_loss, got = step(m, [x, target], True)
+    eager_loss, eager = step(m, [x, target], False)
+    m64 = m.double()
+    ref_loss, ref = step(m64, [x.double(), target], False)
+    n = 64  # the longest reduction: the hidden width
+    for name in ref:
+        scale = max(1.0, ref[name].abs().max().item())
+        err = (got[name].double() - ref[name]).abs().max().item() / scale
+        eager_err = (eager[name].double() - ref[name]).abs().max().item() / scale
+        assert err <= 2 * eager_err + tolerance("float32", n), f"{name}: {err:.3g} against eager's {eager_err:.3g}"
+    assert abs(got_loss.item() - ref_loss.item()) <= 2 * abs(eager_loss.item() - ref_loss.item()) + tolerance(
+        "float32", n
+    ) * max(1.0, abs(ref_loss.item()))
+
+
+def test_a_backward_op_panamera_refuses_runs_eagerly_with_its_reason(monkeypatch):
+    from panamera.torch_backend import aten
+
+    def refuse(node, *args, **kwargs):
+        raise pn.ShapeError("refused for the test")
+
+    op = torch.ops.aten.nll_loss_backward.default
+    monkeypatch.setitem(aten.TABLE, op, aten.Entry(aten.OpKind.ANCHOR, refuse))
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pn.EagerFallbackWarning)
+        assert_grads_match(Classifier(), [torch.randn(5, 16), torch.tensor([0, 1, 2, 3, 4])], n=5)
+    bw = backward_report()
+    refused = [e for e in bw.eager if e.op == str(op)]
+    assert refused and all("refused for the test" in e.reason for e in refused), bw.eager
+    assert any("refused for the test" in reason for (_, reason) in tb.stats().eager)
+
+
+def test_every_op_left_to_eager_has_its_reason():
+    torch.manual_seed(0)
+    step(MLP().double(), [torch.randn(4, 16).double()], True)
+    listed = tb.stats().eager
+    assert listed and all(reason for (_, reason) in listed)
+    assert any(op == "aten.addmm.default" and reason.startswith(CONTRACTION) for (op, reason) in listed)
+    assert "eager: aten.addmm.default" in tb.stats().describe()
+
+
+def test_compiles_are_logged(caplog):
+    with caplog.at_level(logging.DEBUG, logger="panamera.torch"):
+        step(MLP().double(), [torch.randn(4, 16).double()], True)
+    messages = [r.getMessage() for r in caplog.records if r.name == "panamera.torch"]
+    assert any(m.startswith("forward graph") for m in messages) and any(
+        m.startswith("backward graph") for m in messages
+    )
+    assert any("in eager PyTorch: a contraction" in m for m in messages)
+
+
+def test_modes_are_accepted_with_their_meaning_and_unknown_ones_refused():
+    f = torch.compile(lambda x: torch.softmax(x, -1).sum(), backend="panamera", mode="reduce-overhead")
+    with pytest.warns(UserWarning, match="reduce-overhead.*resident workspace"), torch.no_grad():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pn.EmulatorWarning)
+            f(torch.randn(3, 8))
+    g = torch.compile(lambda x: x.sum(), backend="panamera", mode="fastest")
+    with pytest.raises(Exception, match="unknown mode 'fastest'; use one of 'default', 'reduce-overhead'"):
+        g(torch.randn(3))
