@@ -255,3 +255,88 @@ def test_modes_are_accepted_with_their_meaning_and_unknown_ones_refused():
     g = torch.compile(lambda x: x.sum(), backend="panamera", mode="fastest")
     with pytest.raises(Exception, match="unknown mode 'fastest'; use one of 'default', 'reduce-overhead'"):
         g(torch.randn(3))
+
+
+# -- one training step of small models, built from configs with random weights ---------------------
+class TinyResNet(nn.Module):
+    """A stem and one residual block: convolutions (eager), BatchNorm in training mode and ReLU
+    (Panamera: batch statistics forward, per-channel sums backward), global pooling, a head."""
+
+    def __init__(self, c=8, classes=5):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c)
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.fc = nn.Linear(c, classes)
+
+    def forward(self, x, y):
+        h = F.relu(self.bn(self.stem(x)))
+        h = F.relu(h + self.b2(self.c2(F.relu(self.b1(self.c1(h))))))
+        return F.cross_entropy(self.fc(h.mean((2, 3))), y)
+
+
+class HF(nn.Module):
+    """A transformers model as a loss function of its inputs (labels included)."""
+
+    def __init__(self, model, *keys):
+        super().__init__()
+        self.model, self.keys = model, keys
+
+    def forward(self, *args):
+        return self.model(**dict(zip(self.keys, args))).loss
+
+
+def gpt2():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=32, n_head=4, n_layer=1, n_positions=16, vocab_size=50,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")  # fmt: skip
+    ids = torch.randint(0, 50, (2, 8))
+    return HF(transformers.GPT2LMHeadModel(cfg), "input_ids", "labels"), [ids, ids]
+
+
+def bert():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=64,
+                                  vocab_size=50, max_position_embeddings=16, num_labels=3, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, attn_implementation="eager")  # fmt: skip
+    return HF(transformers.BertForSequenceClassification(cfg), "input_ids", "labels"), [
+        torch.randint(0, 50, (2, 8)),
+        torch.tensor([0, 2]),
+    ]
+
+
+MODELS = {
+    "mlp": lambda: (Block(), [torch.randn(8, 32), torch.randint(0, 10, (8,))]),
+    "resnet": lambda: (TinyResNet(), [torch.randn(2, 3, 6, 6), torch.randint(0, 5, (2,))]),
+    "gpt2": gpt2,
+    "bert": bert,
+}
+# GPT-2's loss upcasts the logits to float32 (transformers' ForCausalLMLoss): its loss and every
+# gradient carry float32 rounding of a softmax over the vocabulary, in eager PyTorch as here.
+DTYPE_OF_LOSS = {"gpt2": ("float32", 50)}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_one_training_step_of_a_small_model(name):
+    torch.manual_seed(0)
+    module, inputs = MODELS[name]()
+    dtype, n = DTYPE_OF_LOSS.get(name, ("float64", 64))
+    module = module.double()
+    inputs = [x.double() if x.is_floating_point() else x for x in inputs]
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    got_loss, got = step(module, inputs, True)
+    got_buffers = {k: v.clone() for k, v in module.state_dict().items()}
+    module.load_state_dict(before)
+    ref_loss, ref = step(module, inputs, False)
+    tol = tolerance(dtype, n)
+    torch.testing.assert_close(got_loss, ref_loss, rtol=tol, atol=tol)
+    for key in ref:
+        scale = max(1.0, ref[key].abs().max().item())
+        assert (got[key] - ref[key]).abs().max().item() <= tol * scale, key
+    for key, value in module.state_dict().items():  # BatchNorm's running statistics
+        torch.testing.assert_close(got_buffers[key], value, rtol=tol, atol=tol)
+    reports = tb.stats().reports
+    assert {r.phase for r in reports} == {tb.Phase.FORWARD, tb.Phase.BACKWARD}
+    assert sum(r.kernels for r in reports if r.phase == tb.Phase.BACKWARD) >= 2, tb.stats().describe()
+    assert all(reason for (_, reason) in tb.stats().eager)
+    assert not any("stays eager" in reason for (_, reason) in tb.stats().eager), tb.stats().describe()

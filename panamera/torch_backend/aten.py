@@ -62,7 +62,8 @@ def meta(node):
 
 def out_dtype(node, k: int | None = None) -> str:
     v = meta(node)
-    v = v[k] if k is not None else v
+    if isinstance(v, (tuple, list)):  # a multi-output op: output k (the first by default)
+        v = v[k or 0]
     return DTYPES[v.dtype]
 
 
