@@ -95,6 +95,8 @@ def test_mlp_with_bias_and_gelu_trains():
     assert phases() == [tb.Phase.FORWARD, tb.Phase.BACKWARD]
     bw = backward_report()
     assert "aten.sum.dim_IntList" in compiled_ops(bw) and bw.kernels >= 1, bw.describe()  # the bias gradients
+    # the up-projection's bias gradient, a column sum, in one subgraph with GELU's backward (erf, exp)
+    assert any({"aten.sum.dim_IntList", "aten.erf.default"} <= set(s.ops) for s in bw.subgraphs), bw.subgraphs
     assert not any("autograd" in r for r in eager_reasons())
     assert eager_reasons() <= {NO_ANCHOR, CONTRACTION}, tb.stats().describe()
 
@@ -340,3 +342,39 @@ def test_one_training_step_of_a_small_model(name):
     assert sum(r.kernels for r in reports if r.phase == tb.Phase.BACKWARD) >= 2, tb.stats().describe()
     assert all(reason for (_, reason) in tb.stats().eager)
     assert not any("stays eager" in reason for (_, reason) in tb.stats().eager), tb.stats().describe()
+
+
+def _graph(fn):
+    gm = torch.fx.symbolic_trace(fn)
+    return gm, {n.name: n for n in gm.graph.nodes}
+
+
+def test_grow_refuses_a_node_that_would_make_a_cycle():  # precondition 2
+    from panamera.torch_backend.partition import convex_with
+
+    def f(x, w):
+        a = torch.relu(x)
+        return ((a @ w) * a).sum()
+
+    gm, n = _graph(f)
+    part = {n["mul"], n["sum_1"]}
+    assert convex_with(part, n["relu"]) is False  # relu -> matmul (eager) -> mul: out of the set and back
+    assert convex_with({n["sum_1"]}, n["mul"]) is True
+
+
+def test_grow_takes_a_view_only_as_a_producer(monkeypatch):  # precondition 3 (and 1: only free nodes move)
+    from torch.fx.passes.infra.partitioner import Partition
+
+    from panamera.torch_backend import partition as P
+
+    def f(x):
+        s = x.sum(0)
+        return s.t(), s * 2
+
+    gm, n = _graph(f)
+    monkeypatch.setattr(P, "why_unsupported", lambda node: None if node.op == "call_function" else "not a call")
+    monkeypatch.setattr(P, "kind_of", lambda node: P.OpKind.VIEW if node.name == "t" else P.OpKind.ELEMENTWISE)
+    part = Partition(0, [n["sum_1"]])
+    P.grow(gm, [part])
+    assert n["mul"] in part.nodes and n["t"] not in part.nodes
+    assert n["x"] not in part.nodes and n["output"] not in part.nodes

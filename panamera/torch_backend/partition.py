@@ -107,9 +107,61 @@ def anchored(nodes) -> set:
     return seen
 
 
+def convex_with(members: set, node: torch.fx.Node) -> bool:
+    """Whether `members` plus `node` stays convex: no path leaves the set and comes back (a
+    fused partition is one call in the graph, so such a path would be a cycle)."""
+    grown = members | {node}
+    stack = [u for m in grown for u in m.users if u not in grown]
+    seen = set(stack)
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u in grown:
+                return False
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return True
+
+
+def grow(gm: torch.fx.GraphModule, parts: list) -> None:
+    """Anchored partitions take the supported element-wise and view nodes no partition holds,
+    producers first (a bias gradient's element-wise producer joins its column sum), then
+    element-wise consumers (never a view: as the partition's output it would be a copy), wherever
+    the partition stays convex; in place, until nothing moves.
+
+    Preconditions for adding node n to partition P, each checked (negative tests in
+    tests/test_torch_training.py):
+      1. n is supported (`why_unsupported`) and in no partition;
+      2. P plus n is convex (`convex_with`): no path from P ∪ {n} leaves it and comes back;
+      3. a view n joins only a partition that reads it (as an output it would be a copy).
+
+    torch's partitioner merges greedily: in a backward graph it often puts two independent
+    reductions together and leaves each one's element-wise producers in another partition
+    (which `anchored` then drops), because both producers could not join without a cycle
+    through the eager matmul between them."""
+    owner = {n: p for p in parts for n in p.nodes}
+    free = [n for n in reversed(gm.graph.nodes) if n not in owner and why_unsupported(n) is None]
+    moved = True
+    while moved:
+        moved = False
+        for n in free:
+            if n in owner:
+                continue
+            near = [owner[u] for u in n.users if u in owner]
+            if kind_of(n) != OpKind.VIEW:  # a view joins as a producer only: as an output it would be a copy
+                near += [owner[a] for a in n.all_input_nodes if a in owner]
+            for p in dict.fromkeys(near):  # consumers' partitions first, each once
+                if convex_with(set(p.nodes), n):
+                    p.add_node(n)
+                    owner[n] = p
+                    moved = True
+                    break
+
+
 def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]:
     """The partitions worth a Panamera subgraph: those with an anchor op, less the nodes not
-    connected to one."""
+    connected to one, grown by the free element-wise neighbours that keep them convex."""
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
     parts = []
     for p in partitioner.propose_partitions():
@@ -118,6 +170,7 @@ def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]
             p.remove_node(n)
         if p.nodes:
             parts.append(p)
+    grow(gm, parts)
     return partitioner, parts
 
 
