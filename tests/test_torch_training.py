@@ -378,3 +378,21 @@ def test_grow_takes_a_view_only_as_a_producer(monkeypatch):  # precondition 3 (a
     P.grow(gm, [part])
     assert n["mul"] in part.nodes and n["t"] not in part.nodes
     assert n["x"] not in part.nodes and n["output"] not in part.nodes
+
+
+def test_torch_logs_shows_the_backend():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import torch, panamera\n"
+        "f = torch.compile(lambda x: torch.softmax(x, -1).sum(), backend='panamera', options={'target': 'emulator'})\n"
+        "f(torch.randn(3, 8, requires_grad=True)).backward()\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "TORCH_LOGS": "+panamera", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "forward graph" in run.stderr and "backward graph" in run.stderr, run.stderr[-2000:]
