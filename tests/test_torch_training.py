@@ -4,8 +4,9 @@ gradient match eager PyTorch.
 
 Tolerances: in float64 a gradient must match eager float64 within `tolerance("float64", n)`
 relative to the largest gradient (n: the longest reduction of the graph: the tokens of a bias
-gradient, the features of a norm). In float32, the error against the float64 reference may be
-twice eager float32's own error plus `tolerance("float32", n)`, as in tests/test_torch_backend.py.
+gradient, the features of a norm). In float32, float16 and bfloat16, the error against the float64
+reference (the same rounded weights) may be twice eager PyTorch's own error in that dtype plus
+`tolerance(dtype, n)`, as in tests/test_torch_backend.py.
 """
 
 import logging
@@ -215,22 +216,23 @@ class Block(nn.Module):
         return F.cross_entropy(self.head(h), target)
 
 
-def test_float32_gradients_within_derived_tolerances():
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_low_precision_gradients_within_derived_tolerances(dtype):
     torch.manual_seed(0)
-    m, x, target = Block(), torch.randn(16, 32), torch.randint(0, 10, (16,))
+    m, x, target = Block().to(getattr(torch, dtype)), torch.randn(16, 32), torch.randint(0, 10, (16,))
+    x = x.to(getattr(torch, dtype))
     got_loss, got = step(m, [x, target], True)
     eager_loss, eager = step(m, [x, target], False)
-    m64 = m.double()
-    ref_loss, ref = step(m64, [x.double(), target], False)
-    n = 64  # the longest reduction: the hidden width
+    ref_loss, ref = step(m.double(), [x.double(), target], False)  # the same (rounded) weights in float64
+    tol = tolerance(dtype, 64)  # the longest reduction: the hidden width
     for name in ref:
         scale = max(1.0, ref[name].abs().max().item())
         err = (got[name].double() - ref[name]).abs().max().item() / scale
         eager_err = (eager[name].double() - ref[name]).abs().max().item() / scale
-        assert err <= 2 * eager_err + tolerance("float32", n), f"{name}: {err:.3g} against eager's {eager_err:.3g}"
-    assert abs(got_loss.item() - ref_loss.item()) <= 2 * abs(eager_loss.item() - ref_loss.item()) + tolerance(
-        "float32", n
-    ) * max(1.0, abs(ref_loss.item()))
+        assert got[name].dtype == eager[name].dtype
+        assert err <= 2 * eager_err + tol, f"{name}: {err:.3g} against eager's {eager_err:.3g}"
+    loss_err, eager_loss_err = (abs(v.item() - ref_loss.item()) for v in (got_loss, eager_loss))
+    assert loss_err <= 2 * eager_loss_err + tol * max(1.0, abs(ref_loss.item()))
 
 
 def test_a_backward_op_panamera_refuses_runs_eagerly_with_its_reason(monkeypatch):
