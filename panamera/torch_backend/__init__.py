@@ -94,6 +94,11 @@ class GraphReport:
         return sum(s.kernels for s in self.subgraphs)
 
     @property
+    def modeled_us(self) -> float:
+        """The modeled time of its Panamera kernels per call (the eager ops' time not included)."""
+        return sum(s.modeled_us for s in self.subgraphs)
+
+    @property
     def eager_ops(self) -> tuple[str, ...]:
         """The ATen ops left to eager PyTorch, in graph order."""
         return tuple(e.op for e in self.eager)
@@ -102,7 +107,7 @@ class GraphReport:
         compiled = [s for s in self.subgraphs if s.kernels]
         return (
             f"{self.phase} graph {self.compile_id} {self.shapes}: {len(compiled)} Panamera subgraph(s), "
-            f"{self.kernels} kernel(s), {len(self.eager)} op(s) in eager PyTorch"
+            f"{self.kernels} kernel(s) ({self.modeled_us:.1f} us modeled), {len(self.eager)} op(s) in eager PyTorch"
         )
 
 

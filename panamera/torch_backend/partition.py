@@ -218,6 +218,7 @@ class SubgraphReport:
     ops: tuple[str, ...]
     kernels: int  # Panamera kernels per call; 0 if it stayed eager
     eager_reason: str = ""  # why it stayed eager, if it did
+    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled
 
 
 class PanameraSubgraph(torch.nn.Module):
@@ -275,6 +276,6 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
         setattr(fused, node.target, PanameraSubgraph(k, used))
-        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels)))
+        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us))
     fused.recompile()
     return fused, reports, tuple(eager)
