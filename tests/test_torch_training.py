@@ -235,6 +235,22 @@ def test_low_precision_gradients_within_derived_tolerances(dtype):
     assert loss_err <= 2 * eager_loss_err + tol * max(1.0, abs(ref_loss.item()))
 
 
+def test_a_new_shape_recompiles_forward_and_backward():
+    torch.manual_seed(0)
+    m = Block().double()
+    for rows in (4, 6):  # the second shape: dynamo's dynamic graph, specialized by the backend
+        x, target = torch.randn(rows, 32).double(), torch.randint(0, 10, (rows,))
+        (got_loss, got), (ref_loss, ref) = step(m, [x, target], True), step(m, [x, target], False)
+        torch.testing.assert_close(got_loss, ref_loss, rtol=tolerance("float64", 64), atol=tolerance("float64", 64))
+        for name in ref:
+            torch.testing.assert_close(
+                got[name], ref[name], rtol=tolerance("float64", 64), atol=tolerance("float64", 64)
+            )
+    s = tb.stats()
+    assert [r.phase for r in s.reports] == [tb.Phase.FORWARD, tb.Phase.BACKWARD] * 2 and s.recompiles == 1
+    assert s.reports[2].compile_id.endswith("/shape0") and s.reports[3].compile_id == s.reports[2].compile_id
+
+
 def test_a_backward_op_panamera_refuses_runs_eagerly_with_its_reason(monkeypatch):
     from panamera.torch_backend import aten
 
