@@ -59,3 +59,23 @@ def test_many_colliding_indices_split_across_blocks(rng, deterministic):
     np.testing.assert_allclose(k(index, src), want, rtol=tol, atol=tol * np.abs(want).max())
     if deterministic:
         assert np.array_equal(k(index, src), k(index, src, order="reverse", seed=5))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_scatter_add_along_an_axis(rng, axis):
+    from panamera.frontend.scatter import scatter_add_along
+
+    shape, size = (3, 4, 5), 6
+    index = rng.integers(0, size, shape)
+    src = rng.standard_normal(shape)
+    want = np.zeros(shape[:axis] + (size,) + shape[axis + 1 :])
+    for p in np.ndindex(*shape):
+        q = list(p)
+        q[axis] = index[p]
+        want[tuple(q)] += src[p]
+    i, s = pn.placeholder(shape, "int64", name="i"), pn.placeholder(shape, "float64", name="s")
+    k = pn.compile(scatter_add_along(i, s, axis, size), target="emulator")
+    tol = tolerance("float64", shape[axis])
+    np.testing.assert_allclose(k(index, src), want, rtol=tol, atol=tol)
+    with pytest.raises(pn.ShapeError, match="is not index's"):
+        scatter_add_along(i, pn.placeholder((3, 4), "float64", name="s2"), axis, size)

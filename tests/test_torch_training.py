@@ -436,3 +436,26 @@ def test_torch_logs_shows_the_backend():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "forward graph" in run.stderr and "backward graph" in run.stderr, run.stderr[-2000:]
+
+
+class Indexing(nn.Module):
+    """Tensor indexing (negative ids included), index_select and gather: gathers forward,
+    scatter-adds backward (index_put with accumulate, index_add, scatter_add)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        idx = torch.tensor([0, 2, 2, -1, 0, 5])
+        picked = torch.gather(x, 1, torch.tensor([[0], [3], [3], [1], [0], [2]]))
+        return ((x[idx] * self.w) ** 2).sum() + x.index_select(0, idx.abs()).exp().sum() + (picked**3).sum()
+
+
+def test_indexing_backward_scatter_adds():
+    torch.manual_seed(0)
+    assert_grads_match(Indexing(), [torch.randn(6, 4)], n=6)
+    bw = backward_report()
+    ops = compiled_ops(bw)
+    assert {"aten.index_put.default", "aten.index_add.default", "aten.scatter_add.default"} <= ops, bw.describe()
+    assert not bw.eager, bw.describe()

@@ -61,3 +61,34 @@ def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = N
         hit = hit & (ids != skip)
     terms = where(hit, src.reshape((n, 1, width)), 0.0)
     return sum(terms, axis=0).reshape((rows, *tail))
+
+
+def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tensor:
+    """torch's `zeros(...).scatter_add(axis, index, src)` for `index` and `src` of one shape S:
+    `out[..., index[..., k, ...], ...] += src[..., k, ...]` along `axis`, out of shape S with
+    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same owner-computes
+    strategy as `scatter_add_rows`: each output element reduces over the k of its line.
+
+    >>> import panamera as pn
+    >>> i = pn.placeholder((4, 2), "int64", name="i")
+    >>> scatter_add_along(i, pn.placeholder((4, 2), "float32", name="s"), axis=1, size=6).shape
+    (4, 6)
+    """
+    if index.dtype.is_float or index.dtype.name == "bool":
+        raise DTypeError(f"scatter_add_along: index {index.label!r} has dtype {index.dtype}, not an integer")
+    if src.shape != index.shape:
+        raise ShapeError(f"scatter_add_along: src {src.label!r} of shape {src.shape} is not index's {index.shape}")
+    if not -index.ndim <= axis < index.ndim:
+        raise ShapeError(f"scatter_add_along: axis {axis} out of range for rank {index.ndim}")
+    if size <= 0:
+        raise ShapeError(f"scatter_add_along: size must be positive, got {size}")
+    a = axis % index.ndim
+    shape = index.shape
+    if size * math.prod(shape) > MAX_TERMS:
+        raise Unsupported(
+            f"scatter_add_along: {size} × {math.prod(shape)} terms, over the owner-computes form's {MAX_TERMS}"
+        )
+    spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
+    r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
+    terms = where(index.reshape(spread) == r, src.reshape(spread), 0.0)
+    return sum(terms, axis=a)

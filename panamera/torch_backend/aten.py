@@ -437,6 +437,13 @@ def _build_table() -> dict:
     from . import backward as bw  # its builders use this module's helpers, defined above
 
     add(E, bw.embedding, aten.embedding.default)
+    add(E, bw.index, aten.index.Tensor, check=bw.index_check)
+    add(E, bw.index_select, aten.index_select.default)
+    add(E, bw.gather, aten.gather.default, check=bw.gather_check)
+    add(E, bw.zeros, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
+    add(A, bw.index_put, aten.index_put.default, check=bw.index_put_check)
+    add(A, bw.index_add, aten.index_add.default, check=bw.index_add_check)
+    add(A, bw.scatter_add, aten.scatter_add.default, check=bw.scatter_add_check)
     add(A, bw.nll_loss_backward, aten.nll_loss_backward.default, check=bw.nll_loss_backward_check)
     add(A, bw.embedding_dense_backward, aten.embedding_dense_backward.default, check=bw.embedding_dense_backward_check)
     return t

@@ -29,7 +29,7 @@ from torch._decomp import get_decompositions
 
 import panamera as pn
 
-from ..frontend.scatter import MAX_TERMS, scatter_add_rows
+from ..frontend.scatter import MAX_TERMS, scatter_add_along, scatter_add_rows
 from .aten import meta, out_dtype
 
 aten = torch.ops.aten
@@ -101,3 +101,102 @@ def embedding_dense_backward_check(node) -> str | None:
 def embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """The forward lookup: a gather of the table's rows (a non-affine read, fused into its reader)."""
     return pn.take(weight, indices, axis=0)
+
+
+# -- indexing: gathers forward, scatter-adds backward ------------------------------------------------
+def _single_index(indices) -> tuple[int, object] | None:
+    """(axis, index) of aten.index's indices when exactly one is a tensor (the rest None)."""
+    given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    return given[0] if len(given) == 1 else None
+
+
+def index_check(node) -> str | None:
+    one = _single_index(node.args[1])
+    if one is None:
+        return "advanced indexing with several index tensors"
+    return None if meta(one[1]).dtype in (torch.int64, torch.int32) else "indexing by a bool mask"
+
+
+def index(node, x, indices):
+    """x[..., idx, ...] with one integer index tensor: a gather (pn.take)."""
+    axis, idx = _single_index(indices)
+    return pn.take(x, idx, axis=axis)
+
+
+def index_select(node, x, dim, idx):
+    return pn.take(x, idx, axis=dim % x.ndim)
+
+
+def gather(node, x, dim, idx, sparse_grad=False):
+    return pn.take_along_axis(x, idx, axis=dim % x.ndim)
+
+
+def gather_check(node) -> str | None:
+    x, idx, dim = meta(node.args[0]), meta(node.args[2]), node.args[1] % max(meta(node.args[0]).ndim, 1)
+    same = all(i == n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim)
+    return None if idx.ndim == x.ndim and same else "gather with an index smaller than the input off its axis"
+
+
+def index_put(node, x, indices, values, accumulate=False):
+    """x with values added at x[idx] (accumulate=True, one index tensor on axis 0): the backward
+    of x[idx], an owner-computes scatter-add of rows."""
+    _, idx = _single_index(indices)
+    idx = pn.where(idx < 0, idx + x.shape[0], idx)  # x[-1] is the last row, as in the forward's gather
+    vals = pn.broadcast_to(values.astype(x.dtype.name), idx.shape + x.shape[1:])
+    return x + scatter_add_rows(idx, vals, x.shape[0])
+
+
+def index_put_check(node) -> str | None:
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate:
+        return "index_put without accumulate (a plain scatter: the last write wins)"
+    one = _single_index(node.args[1])
+    if one is None or one[0] != 0:
+        return "index_put with an index tensor off axis 0 or several index tensors"
+    if meta(one[1]).dtype not in (torch.int64, torch.int32):
+        return "index_put by a bool mask"
+    return _terms_check(meta(node.args[0]).shape[0], meta(one[1]).numel(), meta(node.args[0]).numel())
+
+
+def index_add(node, x, dim, idx, source, alpha=1):
+    """x.index_add(0, idx, source, alpha): the backward of index_select along axis 0."""
+    return x + scatter_add_rows(idx, source.astype(x.dtype.name), x.shape[0]) * alpha
+
+
+def index_add_check(node) -> str | None:
+    x, dim, idx = meta(node.args[0]), node.args[1], meta(node.args[2])
+    if dim % x.ndim != 0:
+        return "index_add off axis 0"
+    return _terms_check(x.shape[0], idx.numel(), x.numel())
+
+
+def scatter_add(node, x, dim, idx, src):
+    """x.scatter_add(dim, idx, src) with idx and src of x's shape off `dim`: the backward of gather."""
+    return x + scatter_add_along(idx, src.astype(x.dtype.name), dim % x.ndim, x.shape[dim % x.ndim])
+
+
+def scatter_add_check(node) -> str | None:
+    x, dim, idx, src = (
+        meta(node.args[0]),
+        node.args[1] % meta(node.args[0]).ndim,
+        meta(node.args[2]),
+        meta(node.args[3]),
+    )
+    if idx.shape != src.shape or any(i != n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim):
+        return "scatter_add with index or src smaller than the input"
+    return _terms_check(x.shape[dim], idx.numel(), 1)
+
+
+def _terms_check(rows: int, ids: int, total: int) -> str | None:
+    terms = rows * ids * max(total // max(rows, 1), 1)
+    if terms > MAX_TERMS:
+        return (
+            f"a scatter-add of {ids} ids onto {rows} rows: {terms} owner-computes terms, over frontend/scatter.py's "
+            f"{MAX_TERMS} (the atomic indirect-write statement is not built yet)"
+        )
+    return None
+
+
+def zeros(node, *args, **kw):
+    """zeros / new_zeros: a constant of torch's shape and dtype."""
+    return pn.full(tuple(meta(node).shape), 0, out_dtype(node))
