@@ -146,7 +146,7 @@ def _gelu(node, x, approximate="none"):
 
 
 def _clamp(node, x, lo=None, hi=None):
-    x = _cast(x, out_dtype(node))
+    x = _cast(x, out_dtype(node)) if node is not None else x
     if lo is not None:
         x = pn.where(x < lo, _cast(lo, x.dtype.name) if isinstance(lo, pn.Tensor) else lo, x)
     if hi is not None:
@@ -391,6 +391,11 @@ def _build_table() -> dict:
     add(E, _compare(pn.logical_xor), aten.logical_xor.default)
     add(E, lambda node, x: pn.logical_not(x if x.dtype.name == "bool" else x != 0), aten.logical_not.default)
     add(E, lambda node, x: pn.logical_not(x), aten.bitwise_not.default, check=lambda n: _bool_only(n))
+    add(E, _compare(pn.logical_and), aten.bitwise_and.Tensor, check=lambda n: _bool_only(n, both=True))
+    add(E, _compare(pn.logical_or), aten.bitwise_or.Tensor, check=lambda n: _bool_only(n, both=True))
+    add(E, _unary(lambda x: _clamp(None, x + 3.0, 0.0, 6.0) / 6.0), aten.hardsigmoid.default)
+    add(E, _unary(lambda x: x * _clamp(None, x + 3.0, 0.0, 6.0) / 6.0), aten.hardswish.default)
+    add(E, lambda node, x, lo=-1.0, hi=1.0: _clamp(node, x, lo, hi), aten.hardtanh.default)
     for name in ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil", "abs"):
         add(E, _unary(getattr(pn, name)), getattr(aten, name).default)
     add(E, _unary(pn.negative), aten.neg.default)
@@ -449,8 +454,11 @@ def _build_table() -> dict:
     return t
 
 
-def _bool_only(node):
-    return None if meta(node.args[0]).dtype == torch.bool else "bitwise_not of integers"
+def _bool_only(node, both: bool = False):
+    args = node.args[:2] if both else node.args[:1]
+    if all(isinstance(a, torch.fx.Node) and meta(a).dtype == torch.bool for a in args):
+        return None
+    return f"{node.target} of integers (bitwise ops are bool-only here)"
 
 
 TABLE = _build_table()
