@@ -15,6 +15,12 @@ through an index tensor (`scatter`, `index_put(accumulate=True)`):
   through frontend/scatter.py (owner computes: a column reduction over tokens; one atomic per
   block, or ordered partials when deterministic).
 
+Indexing is built here too: `index` (one index tensor), `index_select` and `gather` as gathers
+(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)`, `index_add` and
+`scatter_add` as the same owner-computes scatter-adds; each check refuses, with its reason, a
+call outside what the builder computes (several index tensors, a bool mask, a table too large
+for the owner-computes form).
+
 >>> import torch  # doctest: +SKIP
 >>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP
 True
