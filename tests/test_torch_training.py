@@ -497,3 +497,23 @@ def test_indexing_backward_scatter_adds():
     ops = compiled_ops(bw)
     assert {"aten.index_put.default", "aten.index_add.default", "aten.scatter_add.default"} <= ops, bw.describe()
     assert not bw.eager, bw.describe()
+
+
+class Lookup(nn.Module):
+    def __init__(self, rows, d):
+        super().__init__()
+        self.table = nn.Embedding(rows, d)
+
+    def forward(self, ids):
+        return (self.table(ids) ** 2).sum()
+
+
+def test_a_large_embedding_backward_stays_eager_with_its_reason():
+    torch.manual_seed(0)
+    m, ids = Lookup(5000, 64), torch.randint(0, 5000, (512,))  # 5000 x 512 x 64: over the owner-computes terms
+    got = step(m, [ids], True)[1]["table.weight"]
+    ref = step(m, [ids], False)[1]["table.weight"]
+    torch.testing.assert_close(got, ref)
+    bw = backward_report()
+    (e,) = [e for e in bw.eager if e.op == "aten.embedding_dense_backward.default"]
+    assert "5000 rows" in e.reason and "not built yet" in e.reason
