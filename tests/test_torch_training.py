@@ -517,3 +517,40 @@ def test_a_large_embedding_backward_stays_eager_with_its_reason():
     bw = backward_report()
     (e,) = [e for e in bw.eager if e.op == "aten.embedding_dense_backward.default"]
     assert "5000 rows" in e.reason and "not built yet" in e.reason
+
+
+_TARGET = torch.tensor([1, 0, 3, 19, 5, 2])
+_BITS = (torch.arange(120).reshape(6, 20) % 3 == 0).double()
+LOSSES = {  # loss functions of x (6, 20): each reduction family's backward, in several layouts
+    "group_norm": lambda x: (F.group_norm(x.reshape(2, 6, 10), 2) ** 2).sum(),
+    "layer_norm 2d": lambda x: (F.layer_norm(x.reshape(6, 4, 5), (4, 5)) ** 3).sum(),
+    "softmax dim 0": lambda x: (F.softmax(x, 0) * torch.arange(20.0, dtype=x.dtype)).sum(),
+    "log_softmax middle dim": lambda x: (F.log_softmax(x.reshape(3, 2, 20), 1) ** 2).sum(),
+    "var, std, var_mean": lambda x: x.var(1).sum() + x.std(0).sum() + torch.var_mean(x, 1)[1].sum(),
+    "amax, max.dim, logsumexp": lambda x: x.amax(1).sum() + x.max(0).values.sum() + x.logsumexp(1).sum(),
+    "kl_div, binary_cross_entropy": lambda x: (
+        F.kl_div(F.log_softmax(x, 1), F.softmax(x.flip(1), 1), reduction="batchmean")
+        + F.binary_cross_entropy(torch.sigmoid(x), _BITS)
+    ),
+    "cross_entropy, label smoothing": lambda x: F.cross_entropy(x, _TARGET, label_smoothing=0.1),
+    "prod, norm, where": lambda x: (
+        (x * 0.1 + 1).prod(1).sum() + x.norm(dim=1).sum() + torch.where(x > 0, x, 2 * x).sum()
+    ),
+}
+
+
+class Loss(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_reduction_family_backwards(name):
+    torch.manual_seed(0)
+    assert_grads_match(Loss(LOSSES[name]), [torch.randn(6, 20)], n=20)
+    assert tb.stats().kernels >= 1
+    assert not any("stays eager" in reason for (_, reason) in tb.stats().eager), tb.stats().describe()
