@@ -1,6 +1,6 @@
 """`torch.compile(model, backend="panamera")` on the CPU emulator: small modules against eager
-PyTorch, the partition shown by kernel counts, recompile counts on a new shape, the cache, and
-the autograd fallback.
+PyTorch, the partition shown by kernel counts, recompile counts on a new shape, the cache, options and
+modes. Training (forward and backward graphs) is tested in tests/test_torch_training.py.
 
 Tolerances: Panamera's result must be as close to a float64 reference (the same module in
 float64) as eager PyTorch's own result in the module's dtype, plus the tolerance of one
@@ -185,7 +185,7 @@ def test_reductions_norms_and_losses():
             assert torch.equal(g, w)
     r = report()
     assert not r.eager_ops or set(r.eager_ops) <= {"aten.view.default"}, r.eager_ops
-    assert r.kernels >= 1 and tb.stats().fallbacks == 0, r.describe()
+    assert r.kernels >= 1, r.describe()
 
 
 def test_recompiles_on_a_new_shape_and_the_cache():
@@ -211,21 +211,6 @@ def test_recompiles_on_a_new_shape_and_the_cache():
         static(torch.randn(4, 32))
         static(torch.randn(5, 32))
     assert (tb.stats().graphs, tb.stats().recompiles) == (2, 1)  # dynamo's own recompile
-
-
-def test_a_graph_that_needs_autograd_runs_eagerly_with_a_reason():
-    torch.manual_seed(0)
-    m = MLP()  # parameters require grad, and grad mode is on
-    x = torch.randn(4, 32)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        y = compiled(m)(x)
-    reasons = [str(w.message) for w in caught if issubclass(w.category, pn.EagerFallbackWarning)]
-    assert len(reasons) == 1 and "\n" not in reasons[0] and "needs autograd" in reasons[0]
-    y.sum().backward()  # eager PyTorch: gradients flow
-    assert m.up.weight.grad is not None
-    torch.testing.assert_close(y, m(x))
-    assert tb.stats().fallbacks == 1 and tb.stats().reports[0].fallback == "autograd"
 
 
 def test_the_backend_is_registered_and_has_an_entry_point():

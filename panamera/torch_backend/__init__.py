@@ -1,40 +1,49 @@
 """`torch.compile(model, backend="panamera")`: reductions, normalizations and softmax-family ops
-(and their element-wise neighbours) as Panamera kernels, everything else in eager PyTorch.
+(and their element-wise neighbours) as Panamera kernels, in the forward and the backward pass;
+everything else in eager PyTorch.
 
 How a graph is compiled:
 
 1. dynamo captures the model's graph and guards it (shapes, dtypes, grad mode); `backend`
-   receives it. A graph that needs autograd (an input requires grad under grad mode) runs in
-   eager PyTorch, with one `EagerFallbackWarning` giving the reason: Panamera compiles inference.
-2. AOTAutograd lowers it to ATen ops (functional, inference graph) with static shapes. When
-   dynamo hands over a dynamic graph (after a shape changed, dynamo's automatic dynamic shapes),
-   the backend specializes it per concrete shape at its first call instead: Panamera's kernels
-   are planned for static extents.
+   receives it. When dynamo hands over a dynamic graph (after a shape changed, dynamo's automatic
+   dynamic shapes), the backend specializes it per concrete shape at its first call instead:
+   Panamera's kernels are planned for static extents.
+2. AOTAutograd lowers it to ATen ops with static shapes, decomposing the backward ops through
+   torch's own tables (backward.DECOMPOSITIONS). A graph that needs autograd (an input requires
+   grad under grad mode) is split by torch's min-cut partitioner into a forward graph (which
+   saves what the backward reads) and a backward graph, compiled when the backward first runs;
+   any other graph is one inference graph. Panamera compiles each the same way:
 3. `partition.compile_partitions` partitions the ATen graph, compiles each Panamera subgraph
-   with `pn.compile` (cached in memory by signature) and leaves the rest to eager PyTorch.
+   with `pn.compile` (cached in memory by signature) and leaves the rest to eager PyTorch, each
+   op with its reason.
 
-`stats()` counts graphs, recompilations (dynamo's recompiles of a frame and the backend's own
-shape specializations), Panamera subgraphs and kernels, and the ops left to eager; each graph's
-`GraphReport` shows the partition. Registered as "panamera" through the `torch_dynamo_backends`
-entry point (pyproject.toml: torch finds it at the first lookup of a name it does not know), by
-importing this module, and by `import panamera` when torch is already imported.
+`stats()` counts graphs (forward, backward and inference: `GraphReport.phase`), recompilations
+(dynamo's recompiles of a frame and the backend's own shape specializations), Panamera subgraphs
+and kernels, and lists the ops left to eager with their reasons (`Stats.eager`); each graph's
+`GraphReport` shows the partition. Each compiled graph is logged to the "panamera.torch" logger
+(`TORCH_LOGS="+panamera"` shows it through torch's logging). Registered as "panamera" through the
+`torch_dynamo_backends` entry point (pyproject.toml: torch finds it at the first lookup of a name
+it does not know), by importing this module, and by `import panamera` when torch is imported.
 
 Options (`torch.compile(..., options={...})`): `target` ("emulator" or "cuda"; by default the
 device of the graph's tensors: CPU tensors run on the emulator, a correctness tool) and
-`deterministic`.
+`deterministic` (split reductions merge through ordered partials, not atomics: gradients are
+bit-identical run to run). `mode` takes torch.compile's documented modes (`MODES` says what each
+means here); torch allows `mode` or `options`, not both.
 
 >>> import torch, panamera  # doctest: +SKIP
 >>> f = torch.compile(lambda x: torch.softmax(x, -1).sum(-1), backend="panamera")  # doctest: +SKIP
->>> with torch.no_grad():  # doctest: +SKIP
-...     f(torch.randn(4, 16))
->>> panamera.torch_backend.stats().kernels  # doctest: +SKIP
-1
+>>> f(torch.randn(4, 16, requires_grad=True)).sum().backward()  # doctest: +SKIP
+>>> [r.phase for r in panamera.torch_backend.stats().reports]  # doctest: +SKIP
+['forward', 'backward']
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,40 +53,61 @@ from ..enums import StrEnum
 from ..errors import EagerFallbackWarning, EmulatorWarning, OptionError
 
 if TYPE_CHECKING:
-    from .partition import SubgraphReport
+    from .partition import EagerOp, SubgraphReport
 
-__all__ = ["GraphReport", "Stats", "backend", "register", "reset_stats", "stats"]
+__all__ = ["MODES", "GraphReport", "Phase", "Stats", "backend", "register", "reset_stats", "stats"]
 
 NAME = "panamera"
+log = logging.getLogger("panamera.torch")
+
+# torch.compile's documented modes, and what each means for Panamera's plans.
+MODES = {
+    "default": "the cost model's plans",
+    "reduce-overhead": "the same plans: split reductions already merge in a resident workspace, so a warm call is "
+    "one launch per kernel; CUDA graphs are not captured",
+    "max-autotune": "the same plans: the cost model (and schedules/) chooses each mapping; no timed search",
+    "max-autotune-no-cudagraphs": "the same plans as max-autotune",
+}
 
 
-class Reason(StrEnum):
-    """Why a whole graph runs in eager PyTorch."""
+class Phase(StrEnum):
+    """Which graph AOTAutograd handed over."""
 
-    AUTOGRAD = "autograd"
+    INFERENCE = "inference"  # no input requires grad (or grad mode is off): one graph
+    FORWARD = "forward"  # the forward of a training graph: it also returns what the backward saves
+    BACKWARD = "backward"  # compiled at the first backward call
 
 
 @dataclass(frozen=True)
 class GraphReport:
-    """One compiled graph: its compile id, input shapes, Panamera subgraphs and eager ops."""
+    """One compiled ATen graph: its compile id, phase, input shapes, Panamera subgraphs and the
+    ops left to eager PyTorch with their reasons."""
 
     compile_id: str
     shapes: tuple
     subgraphs: tuple[SubgraphReport, ...] = ()
-    eager_ops: tuple[str, ...] = ()
-    fallback: str = ""  # the reason the whole graph runs eagerly, if it does
+    eager: tuple[EagerOp, ...] = ()
+    phase: Phase = Phase.INFERENCE
 
     @property
     def kernels(self) -> int:
         return sum(s.kernels for s in self.subgraphs)
 
+    @property
+    def modeled_us(self) -> float:
+        """The modeled time of its Panamera kernels per call (the eager ops' time not included)."""
+        return sum(s.modeled_us for s in self.subgraphs)
+
+    @property
+    def eager_ops(self) -> tuple[str, ...]:
+        """The ATen ops left to eager PyTorch, in graph order."""
+        return tuple(e.op for e in self.eager)
+
     def describe(self) -> str:
-        if self.fallback:
-            return f"graph {self.compile_id}: eager ({self.fallback})"
         compiled = [s for s in self.subgraphs if s.kernels]
         return (
-            f"graph {self.compile_id} {self.shapes}: {len(compiled)} Panamera subgraph(s), {self.kernels} kernel(s), "
-            f"{len(self.eager_ops)} op(s) in eager PyTorch"
+            f"{self.phase} graph {self.compile_id} {self.shapes}: {len(compiled)} Panamera subgraph(s), "
+            f"{self.kernels} kernel(s) ({self.modeled_us:.1f} us modeled), {len(self.eager)} op(s) in eager PyTorch"
         )
 
 
@@ -85,9 +115,8 @@ class GraphReport:
 class Stats:
     """What the backend did since the last `reset_stats()`."""
 
-    graphs: int = 0  # graphs compiled (dynamo's compiles and the backend's specializations)
+    graphs: int = 0  # graphs compiled (dynamo's compiles, the backend's specializations; forward and backward)
     recompiles: int = 0  # of them, recompilations of a frame or a new shape of a dynamic graph
-    fallbacks: int = 0  # graphs run entirely in eager PyTorch
     reports: list[GraphReport] = field(default_factory=list)
 
     @property
@@ -97,6 +126,17 @@ class Stats:
     @property
     def kernels(self) -> int:
         return sum(r.kernels for r in self.reports)
+
+    @property
+    def eager(self) -> Counter:
+        """(ATen op, reason) -> how many nodes of every graph were left to eager PyTorch for it."""
+        return Counter((e.op, e.reason) for r in self.reports for e in r.eager)
+
+    def describe(self) -> str:
+        """One line per graph, then each op left to eager with its reason."""
+        lines = [r.describe() for r in self.reports]
+        lines += [f"  eager: {op} x{n}: {reason}" for (op, reason), n in sorted(self.eager.items())]
+        return "\n".join(lines)
 
 
 _stats = Stats()
@@ -153,36 +193,49 @@ def _target(options: dict, inputs) -> str:
     return target
 
 
-def _needs_autograd(inputs) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-
-
 def _record(report: GraphReport, recompile: bool) -> None:
     with _lock:
         _stats.graphs += 1
         _stats.recompiles += int(recompile)
-        _stats.fallbacks += int(bool(report.fallback))
         _stats.reports.append(report)
+    log.info("%s", report.describe())
+    for e in report.eager:
+        log.debug("  %s (%s) in eager PyTorch: %s", e.op, e.node, e.reason)
 
 
 def _static(gm: torch.fx.GraphModule, inputs: list, options: dict, compile_id: str, recompile: bool):
-    """AOTAutograd's inference graph of `gm` at static shapes, partitioned and compiled."""
-    from torch._functorch.aot_autograd import aot_module_simplified
+    """AOTAutograd's graphs of `gm` at static shapes (inference, or forward and backward),
+    each partitioned and compiled."""
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
 
     from . import partition
+    from .backward import DECOMPOSITIONS
 
     target, deterministic = _target(options, inputs), bool(options.get("deterministic", False))
+    shapes = _shapes(inputs)
 
-    def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs):
-        fused, reports = partition.compile_partitions(aten_gm, target, deterministic)
-        for r in reports:
-            if not r.kernels:
-                _warn_once(r.eager_reason, f"a subgraph runs in eager PyTorch: {r.eager_reason}", EagerFallbackWarning)
-        eager = partition.eager_ops(fused, reports)
-        _record(GraphReport(compile_id, _shapes(inputs), tuple(reports), eager), recompile)
-        return fused.forward
+    def compiler(phase: Phase):
+        def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs):
+            fused, reports, eager = partition.compile_partitions(aten_gm, target, deterministic)
+            for r in reports:
+                if not r.kernels:
+                    _warn_once(
+                        r.eager_reason, f"a subgraph runs in eager PyTorch: {r.eager_reason}", EagerFallbackWarning
+                    )
+            shown = shapes if phase != Phase.BACKWARD else _shapes(aten_inputs)
+            _record(GraphReport(compile_id, shown, tuple(reports), eager, phase), recompile and phase != Phase.BACKWARD)
+            return make_boxed_func(fused.forward)
 
-    return aot_module_simplified(gm, inputs, fw_compiler=compile_aten)
+        return compile_aten
+
+    return aot_autograd(
+        fw_compiler=compiler(Phase.FORWARD),
+        bw_compiler=compiler(Phase.BACKWARD),
+        inference_compiler=compiler(Phase.INFERENCE),
+        decompositions=DECOMPOSITIONS,
+        partition_fn=min_cut_rematerialization_partition,
+    )(gm, inputs)
 
 
 def _concrete(gm: torch.fx.GraphModule, args) -> torch.fx.GraphModule:
@@ -211,6 +264,7 @@ class _Specializing:
 
     def __call__(self, *args):
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
+        key += (torch.is_grad_enabled(),)
         fn = self.compiled.get(key)
         if fn is None:
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -219,24 +273,28 @@ class _Specializing:
         return fn(*(a for a in args if isinstance(a, torch.Tensor)))
 
 
+def _check_mode(mode: str | None) -> None:
+    if mode is None:
+        return
+    if mode not in MODES:
+        raise OptionError(
+            f"torch.compile(backend='panamera'): unknown mode {mode!r}; use one of {', '.join(map(repr, MODES))}"
+        )
+    _warn_once(f"mode:{mode}", f"torch.compile(backend='panamera', mode={mode!r}): {MODES[mode]}", UserWarning)
+    log.info("mode %r: %s", mode, MODES[mode])
+
+
 def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, mode: str | None = None):
-    """The torch.compile backend: `torch.compile(model, backend="panamera", options={...})`;
-    `mode` is accepted and unused."""
+    """The torch.compile backend: `torch.compile(model, backend="panamera", options={...})` or
+    `mode=` one of `MODES`."""
     options = dict(options or {})
     unknown = set(options) - {"target", "deterministic"}
     if unknown:
         raise OptionError(
             f"torch.compile(backend='panamera'): unknown option(s) {sorted(unknown)}; use target, deterministic"
         )
+    _check_mode(mode)
     compile_id, recompile = _compile_id()
-    if _needs_autograd(example_inputs):
-        reason = (
-            "torch.compile(backend='panamera'): this graph needs autograd (inputs require grad under grad mode), "
-            "so it runs in eager PyTorch; Panamera compiles inference (use torch.no_grad() or torch.inference_mode())"
-        )
-        warnings.warn(reason, EagerFallbackWarning, stacklevel=2)
-        _record(GraphReport(compile_id, _shapes(example_inputs), fallback=str(Reason.AUTOGRAD)), recompile)
-        return gm.forward
     dynamic = any(isinstance(a, torch.SymInt) for a in example_inputs) or any(
         not isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape
     )

@@ -62,7 +62,8 @@ def meta(node):
 
 def out_dtype(node, k: int | None = None) -> str:
     v = meta(node)
-    v = v[k] if k is not None else v
+    if isinstance(v, (tuple, list)):  # a multi-output op: output k (the first by default)
+        v = v[k or 0]
     return DTYPES[v.dtype]
 
 
@@ -145,7 +146,7 @@ def _gelu(node, x, approximate="none"):
 
 
 def _clamp(node, x, lo=None, hi=None):
-    x = _cast(x, out_dtype(node))
+    x = _cast(x, out_dtype(node)) if node is not None else x
     if lo is not None:
         x = pn.where(x < lo, _cast(lo, x.dtype.name) if isinstance(lo, pn.Tensor) else lo, x)
     if hi is not None:
@@ -168,8 +169,18 @@ def _masked_fill(node, x, mask, value):
 def _pow(node, a, b):
     d = out_dtype(node)
     a, b = _cast(a, d), _cast(b, d)
-    if not isinstance(b, pn.Tensor) and b == 2 and isinstance(a, pn.Tensor):
-        return a * a
+    if not isinstance(b, pn.Tensor) and isinstance(a, pn.Tensor) and a.dtype.is_float:
+        if b in (1, 2, 3, 4):  # repeated products: exact, and no pow() (decompositions write rstd ** 3, x ** 1)
+            r = a
+            for _ in range(int(b) - 1):
+                r = r * a
+            return r
+        if b == 0.5:
+            return pn.sqrt(a)
+        if b == -1:
+            return 1.0 / a
+        if b == -0.5:
+            return pn.rsqrt(a)
     return pn.power(a, b)
 
 
@@ -380,6 +391,11 @@ def _build_table() -> dict:
     add(E, _compare(pn.logical_xor), aten.logical_xor.default)
     add(E, lambda node, x: pn.logical_not(x if x.dtype.name == "bool" else x != 0), aten.logical_not.default)
     add(E, lambda node, x: pn.logical_not(x), aten.bitwise_not.default, check=lambda n: _bool_only(n))
+    add(E, _compare(pn.logical_and), aten.bitwise_and.Tensor, check=lambda n: _bool_only(n, both=True))
+    add(E, _compare(pn.logical_or), aten.bitwise_or.Tensor, check=lambda n: _bool_only(n, both=True))
+    add(E, _unary(lambda x: _clamp(None, x + 3.0, 0.0, 6.0) / 6.0), aten.hardsigmoid.default)
+    add(E, _unary(lambda x: x * _clamp(None, x + 3.0, 0.0, 6.0) / 6.0), aten.hardswish.default)
+    add(E, lambda node, x, lo=-1.0, hi=1.0: _clamp(node, x, lo, hi), aten.hardtanh.default)
     for name in ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "floor", "ceil", "abs"):
         add(E, _unary(getattr(pn, name)), getattr(aten, name).default)
     add(E, _unary(pn.negative), aten.neg.default)
@@ -423,11 +439,26 @@ def _build_table() -> dict:
     add(A, _native_group_norm, aten.native_group_norm.default)
     add(A, _batch_norm_eval, aten._native_batch_norm_legit_no_training.default)
     add(A, _nll_loss, aten.nll_loss_forward.default, check=_nll_check)
+    from . import backward as bw  # its builders use this module's helpers, defined above
+
+    add(E, bw.embedding, aten.embedding.default)
+    add(E, bw.index, aten.index.Tensor, check=bw.index_check)
+    add(E, bw.index_select, aten.index_select.default)
+    add(E, bw.gather, aten.gather.default, check=bw.gather_check)
+    add(E, bw.zeros, aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default)
+    add(A, bw.index_put, aten.index_put.default, check=bw.index_put_check)
+    add(A, bw.index_add, aten.index_add.default, check=bw.index_add_check)
+    add(A, bw.scatter_add, aten.scatter_add.default, check=bw.scatter_add_check)
+    add(A, bw.nll_loss_backward, aten.nll_loss_backward.default, check=bw.nll_loss_backward_check)
+    add(A, bw.embedding_dense_backward, aten.embedding_dense_backward.default, check=bw.embedding_dense_backward_check)
     return t
 
 
-def _bool_only(node):
-    return None if meta(node.args[0]).dtype == torch.bool else "bitwise_not of integers"
+def _bool_only(node, both: bool = False):
+    args = node.args[:2] if both else node.args[:1]
+    if all(isinstance(a, torch.fx.Node) and meta(a).dtype == torch.bool for a in args):
+        return None
+    return f"{node.target} of integers (bitwise ops are bool-only here)"
 
 
 TABLE = _build_table()

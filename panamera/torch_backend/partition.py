@@ -25,6 +25,18 @@ from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 
 PREFIX = "panamera_"
+aten = torch.ops.aten
+CONTRACTIONS = (aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.matmul, aten.convolution, aten.convolution_backward)
+NO_ANCHOR = "element-wise or view ops with no reduction beside them: eager PyTorch runs them at the same cost"
+
+
+@dataclass(frozen=True)
+class EagerOp:
+    """An ATen op left to eager PyTorch, and why."""
+
+    op: str
+    node: str
+    reason: str
 
 
 def _tensor_vals(v) -> list:
@@ -41,7 +53,10 @@ def why_unsupported(node: torch.fx.Node) -> str | None:
         return why_unsupported(node.args[0]) if isinstance(node.args[0], torch.fx.Node) else "getitem of a value"
     entry = TABLE.get(node.target)
     if entry is None:
-        return f"{node.target} is not a Panamera op"
+        packet = getattr(node.target, "overloadpacket", None)
+        if packet in CONTRACTIONS:
+            return "a contraction: eager PyTorch runs it on cuBLAS/cuDNN (the backend takes reductions and their neighbours)"
+        return f"{node.target} is not in the backend's vocabulary (torch_backend/aten.py)"
     out = meta(node)
     if out is None:
         return "no shape information"
@@ -92,9 +107,61 @@ def anchored(nodes) -> set:
     return seen
 
 
+def convex_with(members: set, node: torch.fx.Node) -> bool:
+    """Whether `members` plus `node` stays convex: no path leaves the set and comes back (a
+    fused partition is one call in the graph, so such a path would be a cycle)."""
+    grown = members | {node}
+    stack = [u for m in grown for u in m.users if u not in grown]
+    seen = set(stack)
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u in grown:
+                return False
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return True
+
+
+def grow(gm: torch.fx.GraphModule, parts: list) -> None:
+    """Anchored partitions take the supported element-wise and view nodes no partition holds,
+    producers first (a bias gradient's element-wise producer joins its column sum), then
+    element-wise consumers (never a view: as the partition's output it would be a copy), wherever
+    the partition stays convex; in place, until nothing moves.
+
+    Preconditions for adding node n to partition P, each checked (negative tests in
+    tests/test_torch_training.py):
+      1. n is supported (`why_unsupported`) and in no partition;
+      2. P plus n is convex (`convex_with`): no path from P ∪ {n} leaves it and comes back;
+      3. a view n joins only a partition that reads it (as an output it would be a copy).
+
+    torch's partitioner merges greedily: in a backward graph it often puts two independent
+    reductions together and leaves each one's element-wise producers in another partition
+    (which `anchored` then drops), because both producers could not join without a cycle
+    through the eager matmul between them."""
+    owner = {n: p for p in parts for n in p.nodes}
+    free = [n for n in reversed(gm.graph.nodes) if n not in owner and why_unsupported(n) is None]
+    moved = True
+    while moved:
+        moved = False
+        for n in free:
+            if n in owner:
+                continue
+            near = [owner[u] for u in n.users if u in owner]
+            if kind_of(n) != OpKind.VIEW:  # a view joins as a producer only: as an output it would be a copy
+                near += [owner[a] for a in n.all_input_nodes if a in owner]
+            for p in dict.fromkeys(near):  # consumers' partitions first, each once
+                if convex_with(set(p.nodes), n):
+                    p.add_node(n)
+                    owner[n] = p
+                    moved = True
+                    break
+
+
 def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]:
     """The partitions worth a Panamera subgraph: those with an anchor op, less the nodes not
-    connected to one."""
+    connected to one, grown by the free element-wise neighbours that keep them convex."""
     partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
     parts = []
     for p in partitioner.propose_partitions():
@@ -103,6 +170,7 @@ def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]
             p.remove_node(n)
         if p.nodes:
             parts.append(p)
+    grow(gm, parts)
     return partitioner, parts
 
 
@@ -150,6 +218,7 @@ class SubgraphReport:
     ops: tuple[str, ...]
     kernels: int  # Panamera kernels per call; 0 if it stayed eager
     eager_reason: str = ""  # why it stayed eager, if it did
+    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled
 
 
 class PanameraSubgraph(torch.nn.Module):
@@ -176,36 +245,37 @@ def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
 
 def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False):
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
-    graph module and a report per partition."""
+    graph module, a report per partition and every op left to eager PyTorch with its reason."""
     partitioner, parts = propose(gm)
+    inside = {n for p in parts for n in p.nodes}
+    eager = [
+        EagerOp(str(n.target), n.name, why_unsupported(n) or NO_ANCHOR)
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem and n not in inside
+    ]
     if not parts:
-        return gm, []
+        return gm, [], tuple(eager)
     fused = partitioner.fuse_partitions(parts, prefix=PREFIX)
     reports = []
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith(PREFIX):
             continue
         sub = fused.get_submodule(node.target)
-        ops = tuple(
-            str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
-        )
+        calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+        ops = tuple(str(n.target) for n in calls)
         try:
             outputs, single, holders = translate(sub, _values(fused, node))
             k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
         except Exception as e:  # noqa: BLE001 - a subgraph Panamera cannot take stays eager: never break the model
             reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
             reports.append(SubgraphReport(node.target, ops, 0, reason))
+            eager += [
+                EagerOp(str(n.target), n.name, f"its subgraph {node.target} stays eager: {reason}") for n in calls
+            ]
             continue
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
         setattr(fused, node.target, PanameraSubgraph(k, used))
-        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels)))
+        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us))
     fused.recompile()
-    return fused, reports
-
-
-def eager_ops(gm: torch.fx.GraphModule, reports) -> tuple[str, ...]:
-    """The ATen ops left to eager PyTorch: those outside every partition, and those of the
-    partitions that stayed eager."""
-    ops = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-    return tuple(ops) + tuple(op for r in reports if r.kernels == 0 for op in r.ops)
+    return fused, reports, tuple(eager)

@@ -1,0 +1,94 @@
+"""Scatter-add of rows: `out[r] = sum of src[t] over every t with index[t] == r` (numpy's
+`np.add.at(out, index, src)` on a zeroed `out`), the gradient of an embedding lookup or of a
+gather along axis 0.
+
+Strategy: **owner computes**. Each output row reduces over every source row, keeping those whose
+index names it::
+
+    for r, d:  out[r, d] = sum_t (index[t] == r ? src[t, d] : 0)
+
+This is a COLUMN reduction (reduce the outer extent t, the kept extent r·d contiguous) that the
+polyhedral model plans like any other: repeated indices are no special case (they are terms of
+the same sum), no sort is needed, and the merge is the reduction's own — one atomic per block
+per output element when the mapper splits t across blocks, partials combined in a fixed order
+by the last block when compiled with `deterministic=True` (bit-identical results run to run).
+The price is work: `rows × len(index) × row size` terms instead of `len(index) × row size`, so
+it suits small tables (`MAX_TERMS` bounds it); a statement whose *write* goes through the index
+(one atomicAdd per source element at `index[t]`) is the large-vocabulary form, not built yet.
+
+>>> import panamera as pn
+>>> ids = pn.placeholder((5,), "int64", name="ids")
+>>> g = pn.placeholder((5, 3), "float32", name="g")
+>>> scatter_add_rows(ids, g, rows=4).shape
+(4, 3)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import DTypeError, ShapeError, Unsupported
+from .ops import arange, sum
+from .tensor import Tensor, where
+
+MAX_TERMS = 1 << 26  # rows × len(index) × row size that the owner-computes form takes
+
+
+def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
+    """`out` of shape `(rows, *src.shape[index.ndim:])` with `out[index[t]] += src[t]` for every
+    position t of `index` (any rank; `src` is indexed by the same leading axes); an index equal to
+    `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows)."""
+    if index.dtype.is_float or index.dtype.name == "bool":
+        raise DTypeError(f"scatter_add_rows: index {index.label!r} has dtype {index.dtype}, not an integer")
+    lead = index.ndim
+    if src.shape[:lead] != index.shape:
+        raise ShapeError(
+            f"scatter_add_rows: src {src.label!r} of shape {src.shape} does not start with the shape {index.shape} "
+            f"of index {index.label!r}"
+        )
+    if rows <= 0:
+        raise ShapeError(f"scatter_add_rows: rows must be positive, got {rows}")
+    tail = src.shape[lead:]
+    n, width = math.prod(index.shape), math.prod(tail)
+    if rows * n * width > MAX_TERMS:
+        raise Unsupported(
+            f"scatter_add_rows: {rows} rows × {n} indices × {width} elements is {rows * n * width} terms, over the "
+            f"owner-computes form's {MAX_TERMS}; the atomic indirect-write statement for large tables is not built yet"
+        )
+    ids = index.reshape((n, 1, 1))
+    hit = ids == arange(rows).astype(index.dtype.name).reshape((1, rows, 1))
+    if skip is not None:
+        hit = hit & (ids != skip)
+    terms = where(hit, src.reshape((n, 1, width)), 0.0)
+    return sum(terms, axis=0).reshape((rows, *tail))
+
+
+def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tensor:
+    """torch's `zeros(...).scatter_add(axis, index, src)` for `index` and `src` of one shape S:
+    `out[..., index[..., k, ...], ...] += src[..., k, ...]` along `axis`, out of shape S with
+    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same owner-computes
+    strategy as `scatter_add_rows`: each output element reduces over the k of its line.
+
+    >>> import panamera as pn
+    >>> i = pn.placeholder((4, 2), "int64", name="i")
+    >>> scatter_add_along(i, pn.placeholder((4, 2), "float32", name="s"), axis=1, size=6).shape
+    (4, 6)
+    """
+    if index.dtype.is_float or index.dtype.name == "bool":
+        raise DTypeError(f"scatter_add_along: index {index.label!r} has dtype {index.dtype}, not an integer")
+    if src.shape != index.shape:
+        raise ShapeError(f"scatter_add_along: src {src.label!r} of shape {src.shape} is not index's {index.shape}")
+    if not -index.ndim <= axis < index.ndim:
+        raise ShapeError(f"scatter_add_along: axis {axis} out of range for rank {index.ndim}")
+    if size <= 0:
+        raise ShapeError(f"scatter_add_along: size must be positive, got {size}")
+    a = axis % index.ndim
+    shape = index.shape
+    if size * math.prod(shape) > MAX_TERMS:
+        raise Unsupported(
+            f"scatter_add_along: {size} × {math.prod(shape)} terms, over the owner-computes form's {MAX_TERMS}"
+        )
+    spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
+    r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
+    terms = where(index.reshape(spread) == r, src.reshape(spread), 0.0)
+    return sum(terms, axis=a)

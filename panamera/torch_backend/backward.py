@@ -1,0 +1,208 @@
+"""The backward pass's ATen ops: what torch's decomposition tables lower, and the ops Panamera
+builds itself.
+
+AOTAutograd traces the joint forward-backward graph with `DECOMPOSITIONS` (from torch's own
+`torch._decomp` tables), so the backward of GELU, SiLU, tanh, sigmoid, ReLU (`threshold_backward`),
+softmax, log_softmax, LayerNorm, GroupNorm and BatchNorm (and BatchNorm's training forward)
+arrive as element-wise ops and `sum.dim_IntList` reductions, which aten.TABLE already holds:
+each bias gradient, each dgamma/dbeta, each softmax row sum is a Panamera reduction fused with
+its element-wise producers. Two ops are built here instead, because their decompositions write
+through an index tensor (`scatter`, `index_put(accumulate=True)`):
+
+- `nll_loss_backward`: the one-hot gradient `where(class == target, -g / total_weight, 0)`, an
+  element-wise op of the class iota (no scatter);
+- `embedding_dense_backward`: the rows of the gradient added by token id, repeated ids included,
+  through frontend/scatter.py (owner computes: a column reduction over tokens; one atomic per
+  block, or ordered partials when deterministic).
+
+Indexing is built here too: `index` (one index tensor), `index_select` and `gather` as gathers
+(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)`, `index_add` and
+`scatter_add` as the same owner-computes scatter-adds; each check refuses, with its reason, a
+call outside what the builder computes (several index tensors, a bool mask, a table too large
+for the owner-computes form).
+
+>>> import torch  # doctest: +SKIP
+>>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import get_decompositions
+
+import panamera as pn
+
+from ..frontend.scatter import MAX_TERMS, scatter_add_along, scatter_add_rows
+from .aten import meta, out_dtype
+
+aten = torch.ops.aten
+
+# Backward ops (and BatchNorm's training forward) lowered by torch's decompositions into
+# element-wise ops and sum reductions, all in aten.TABLE.
+DECOMPOSED = (
+    aten.gelu_backward,
+    aten.silu_backward,
+    aten.tanh_backward,
+    aten.sigmoid_backward,
+    aten.threshold_backward,
+    aten.leaky_relu_backward,
+    aten.elu_backward,
+    aten.hardsigmoid_backward,
+    aten.hardswish_backward,
+    aten.softplus_backward,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.native_layer_norm_backward,
+    aten.native_group_norm_backward,
+    aten.native_batch_norm_backward,
+    aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit,
+    aten.native_batch_norm,
+)
+DECOMPOSITIONS = get_decompositions(list(DECOMPOSED))
+
+
+def nll_loss_backward(node, g, x, target, weight, reduction, ignore_index, total_weight):
+    """d loss / d log-probabilities of (N, C) `x`: -g (over the total weight for a mean) at each
+    row's target class, 0 elsewhere and on rows whose target is ignore_index."""
+    n, c = x.shape
+    d = out_dtype(node)
+    valid = (target != ignore_index).reshape((n, 1))
+    hit = (pn.arange(c).reshape((1, c)) == target.reshape((n, 1))) & valid
+    scale = -(g.astype(d))
+    if reduction == 1:
+        scale = scale / total_weight.astype(d)
+    return pn.where(hit, scale.reshape((n, 1)) if reduction == 0 else scale, 0.0)
+
+
+def nll_loss_backward_check(node) -> str | None:
+    x, weight = meta(node.args[1]), node.args[3]
+    if weight is not None:
+        return "nll_loss_backward with class weights"
+    return None if x.ndim == 2 else f"nll_loss_backward of a rank-{x.ndim} input"
+
+
+def embedding_dense_backward(node, g, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The embedding table's gradient: row r is the sum of g's rows whose token id is r."""
+    return scatter_add_rows(indices, g, int(num_weights), skip=padding_idx if padding_idx >= 0 else None)
+
+
+def embedding_dense_backward_check(node) -> str | None:
+    g, indices = meta(node.args[0]), meta(node.args[1])
+    rows, by_freq = node.args[2], node.args[4]
+    if by_freq:
+        return "embedding backward with scale_grad_by_freq"
+    terms = rows * math.prod(indices.shape) * g.shape[-1]
+    if terms > MAX_TERMS:
+        return (
+            f"embedding backward of {rows} rows × {math.prod(indices.shape)} ids: {terms} owner-computes terms, over "
+            f"frontend/scatter.py's {MAX_TERMS} (the atomic indirect-write statement is not built yet)"
+        )
+    return None
+
+
+def embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """The forward lookup: a gather of the table's rows (a non-affine read, fused into its reader)."""
+    return pn.take(weight, indices, axis=0)
+
+
+# -- indexing: gathers forward, scatter-adds backward ------------------------------------------------
+def _single_index(indices) -> tuple[int, object] | None:
+    """(axis, index) of aten.index's indices when exactly one is a tensor (the rest None)."""
+    given = [(k, i) for k, i in enumerate(indices) if i is not None]
+    return given[0] if len(given) == 1 else None
+
+
+def index_check(node) -> str | None:
+    one = _single_index(node.args[1])
+    if one is None:
+        return "advanced indexing with several index tensors"
+    return None if meta(one[1]).dtype in (torch.int64, torch.int32) else "indexing by a bool mask"
+
+
+def index(node, x, indices):
+    """x[..., idx, ...] with one integer index tensor: a gather (pn.take)."""
+    axis, idx = _single_index(indices)
+    return pn.take(x, idx, axis=axis)
+
+
+def index_select(node, x, dim, idx):
+    return pn.take(x, idx, axis=dim % x.ndim)
+
+
+def gather(node, x, dim, idx, sparse_grad=False):
+    return pn.take_along_axis(x, idx, axis=dim % x.ndim)
+
+
+def gather_check(node) -> str | None:
+    x, idx, dim = meta(node.args[0]), meta(node.args[2]), node.args[1] % max(meta(node.args[0]).ndim, 1)
+    same = all(i == n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim)
+    return None if idx.ndim == x.ndim and same else "gather with an index smaller than the input off its axis"
+
+
+def index_put(node, x, indices, values, accumulate=False):
+    """x with values added at x[idx] (accumulate=True, one index tensor on axis 0): the backward
+    of x[idx], an owner-computes scatter-add of rows."""
+    _, idx = _single_index(indices)
+    idx = pn.where(idx < 0, idx + x.shape[0], idx)  # x[-1] is the last row, as in the forward's gather
+    vals = pn.broadcast_to(values.astype(x.dtype.name), idx.shape + x.shape[1:])
+    return x + scatter_add_rows(idx, vals, x.shape[0])
+
+
+def index_put_check(node) -> str | None:
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    if not accumulate:
+        return "index_put without accumulate (a plain scatter: the last write wins)"
+    one = _single_index(node.args[1])
+    if one is None or one[0] != 0:
+        return "index_put with an index tensor off axis 0 or several index tensors"
+    if meta(one[1]).dtype not in (torch.int64, torch.int32):
+        return "index_put by a bool mask"
+    return _terms_check(meta(node.args[0]).shape[0], meta(one[1]).numel(), meta(node.args[0]).numel())
+
+
+def index_add(node, x, dim, idx, source, alpha=1):
+    """x.index_add(0, idx, source, alpha): the backward of index_select along axis 0."""
+    return x + scatter_add_rows(idx, source.astype(x.dtype.name), x.shape[0]) * alpha
+
+
+def index_add_check(node) -> str | None:
+    x, dim, idx = meta(node.args[0]), node.args[1], meta(node.args[2])
+    if dim % x.ndim != 0:
+        return "index_add off axis 0"
+    return _terms_check(x.shape[0], idx.numel(), x.numel())
+
+
+def scatter_add(node, x, dim, idx, src):
+    """x.scatter_add(dim, idx, src) with idx and src of x's shape off `dim`: the backward of gather."""
+    return x + scatter_add_along(idx, src.astype(x.dtype.name), dim % x.ndim, x.shape[dim % x.ndim])
+
+
+def scatter_add_check(node) -> str | None:
+    x, dim, idx, src = (
+        meta(node.args[0]),
+        node.args[1] % meta(node.args[0]).ndim,
+        meta(node.args[2]),
+        meta(node.args[3]),
+    )
+    if idx.shape != src.shape or any(i != n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim):
+        return "scatter_add with index or src smaller than the input"
+    return _terms_check(x.shape[dim], idx.numel(), 1)
+
+
+def _terms_check(rows: int, ids: int, total: int) -> str | None:
+    terms = rows * ids * max(total // max(rows, 1), 1)
+    if terms > MAX_TERMS:
+        return (
+            f"a scatter-add of {ids} ids onto {rows} rows: {terms} owner-computes terms, over frontend/scatter.py's "
+            f"{MAX_TERMS} (the atomic indirect-write statement is not built yet)"
+        )
+    return None
+
+
+def zeros(node, *args, **kw):
+    """zeros / new_zeros: a constant of torch's shape and dtype."""
+    return pn.full(tuple(meta(node).shape), 0, out_dtype(node))
