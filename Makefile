@@ -32,10 +32,11 @@ clean:
 bench: install
 	$(BIN)/panamera bench --suite all --gpu h100 --out bench/results --plot
 
-# Refill the schedule database schedules/ (one JSON per workload and GPU) that pn.compile consults.
+# Refill the schedule database panamera/schedules/ (package data: one JSON per workload and GPU) that
+# pn.compile consults.
 schedules: install
-	rm -rf schedules
-	$(BIN)/panamera schedules --out schedules --gpu h100 --gpu a100
+	rm -rf panamera/schedules
+	$(BIN)/panamera schedules --out panamera/schedules --gpu h100 --gpu a100
 
 # On a machine with an NVIDIA GPU, in one command: tests/test_cuda.py, compute-sanitizer on every
 # kernel template, the measured bench and the ONNX examples, into bench/gpu-check-<date>-<device>/.
