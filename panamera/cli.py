@@ -433,7 +433,11 @@ def bench(suite, gpu, out, plot, measure, repeat):
 
 
 @cli.command()
-@click.option("--out", type=click.Path(file_okay=False), default="schedules", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="default: the database pn.compile consults ($PANAMERA_SCHEDULES, else the package's panamera/schedules/)",
+)
 @click.option(
     "--gpu", "gpus", multiple=True, type=click.Choice(sorted(GPUS)), default=("h100", "a100"), show_default=True
 )
@@ -441,7 +445,9 @@ def schedules(out, gpus):
     """Fill the schedule database: every workload of docs/WORKLOADS.md planned by the model for
     each GPU, one JSON per workload and GPU (what `pn.compile` replays)."""
     from .bench.schedules import write_database
+    from .schedule import database
 
+    out = out or str(database.directory() or database.PACKAGE_DIR)
     written = write_database(out, [GPUS[g] for g in gpus])
     _console().print(f"wrote {len(written)} schedules to {out}/", markup=False)
 
@@ -476,7 +482,13 @@ def _usage_line(e: click.ClickException) -> str:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"panamera: warning: {str(message).splitlines()[0]}", file=sys.stderr)
+    text = getattr(message, "shell", None) or str(message)  # a PanameraWarning's advice in the CLI's spelling
+    print(f"panamera: warning: {text.splitlines()[0]}", file=sys.stderr)
+
+
+# click >= 8.2 raises NoArgsIsHelpError for `panamera` or `panamera cache` alone; 8.1 prints the help
+# and raises Exit(0) itself, so the clause below catches nothing there.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
 def main(argv=None) -> int:
@@ -491,7 +503,7 @@ def main(argv=None) -> int:
             cli.main(args=args, prog_name="panamera", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.NoArgsIsHelpError as e:  # `panamera` or `panamera cache` alone: the help
+    except _NO_ARGS_IS_HELP as e:  # `panamera` or `panamera cache` alone: the help
         print(e.format_message())
         return 0
     except click.ClickException as e:
