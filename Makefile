@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo lint clean floors
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: install lint
 
 demo: install
 	$(BIN)/panamera demo
+
+# Every dependency at the lowest version pyproject.toml allows, on the oldest Python it allows, in
+# build/floors-venv: a smoke subset from outside the clone and two test files (about 1.5 min; .ci/run).
+floors:
+	$(PY) scripts/check_floors.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
