@@ -93,6 +93,13 @@ def test_the_wheels_metadata(wheel):
     assert requires == {f"{k}>={v}" for k, v in check_floors.floors().items()}  # what scripts/check_floors.py pins
 
 
+def test_the_gpu_check_bootstrap_asks_for_the_same_floors():
+    _gc = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(_gc)
+    _gc.loader.exec_module(gpu_check)  # stdlib only: it installs the dependencies before they exist
+    assert {f"{k}>={v}" for k, v in check_floors.floors().items()} <= set(gpu_check.REQUIRED.values())
+
+
 def test_version_changelog_and_readme_agree():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert re.search(r"^## (\S+)", changelog, re.M)[1] == pn.__version__  # the newest entry is this version
