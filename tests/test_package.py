@@ -194,3 +194,14 @@ def test_python_m_panamera_and_the_clis_spelling_of_the_emulator_warning(tmp_pat
     monkeypatch.setattr(pn.compiler, "_warned", [])
     with pytest.warns(pn.EmulatorWarning, match='target="emulator" says so'):
         pn.compile(pn.sum(pn.placeholder((4,), name="x")))
+
+
+def test_panamera_schedules_writes_where_pn_compile_looks(monkeypatch, tmp_path):
+    from panamera.cli import main
+
+    seen = []
+    monkeypatch.setattr("panamera.bench.schedules.write_database", lambda out, gpus: seen.append(out) or [])
+    monkeypatch.delenv(database.ENV, raising=False)
+    assert main(["schedules"]) == 0 and seen == [str(database.PACKAGE_DIR)]  # the shipped database
+    monkeypatch.setenv(database.ENV, str(tmp_path))
+    assert main(["schedules"]) == 0 and seen[-1] == str(tmp_path)
