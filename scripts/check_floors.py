@@ -8,7 +8,8 @@ the newest that fits), and a smoke subset runs against it:
 
 1. from a directory outside the clone: import, a sum compiled and run on the emulator against
    numpy, the shipped schedule database consulted, `panamera --help`, an error path (one line,
-   exit status 2, no traceback) and `python -m panamera --version`;
+   exit status 2, no traceback), `python -m panamera --version`, and the bench's charts (the
+   `plot` extra, pinned to its floor too);
 2. tests/test_onnx_cli.py and tests/test_clear_errors.py: every CLI path and the API's errors.
 
     python3 scripts/check_floors.py [--python python3.10] [--keep]
@@ -37,6 +38,7 @@ VENV = ROOT / "build" / "floors-venv"
 # pip's words when no package index answers (exit status 3: .ci/run goes on without this check)
 NETWORK_ERRORS = ("NewConnectionError", "Network is unreachable", "Temporary failure in name resolution",
                   "ConnectTimeoutError", "Max retries exceeded")  # fmt: skip
+EXTRA = "plot"  # the one optional extra that runs without a GPU: the bench's charts (matplotlib)
 TESTS = ("tests/test_onnx_cli.py", "tests/test_clear_errors.py")
 
 SMOKE = """
@@ -55,16 +57,18 @@ print("smoke: panamera", pn.__version__, "from", pn.__file__, "; layer_norm", or
 """
 
 
-def floors(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
-    """{name: lowest allowed version} of the runtime dependencies (each must have a `>=` floor).
+def floors(extra: str | None = None, pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
+    """{name: lowest allowed version} of the runtime dependencies, or of an extra's (each must
+    have a plain `>=` floor).
 
-    >>> floors()["click"]
-    '8.1'
+    >>> floors()["click"], floors("plot")
+    ('8.1', {'matplotlib': '3.7'})
     """
     text = pyproject.read_text()
-    block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.S | re.M)
+    key = "dependencies" if extra is None else re.escape(extra)
+    block = re.search(rf"^{key}\s*=\s*\[(.*?)\]", text, re.S | re.M)
     if block is None:
-        raise SystemExit("check_floors: no [project] dependencies in pyproject.toml")
+        raise SystemExit(f"check_floors: no {key} list in pyproject.toml")
     out = {}
     for req in re.findall(r'"([^"]+)"', block.group(1)):
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][^,;\s]*)", req)
@@ -145,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", help="the interpreter of the venv (default: python3.10 where installed)")
     ap.add_argument("--keep", action="store_true", help="reuse build/floors-venv if it exists")
     args = ap.parse_args(argv)
-    pins = floors()
+    pins = {**floors(), **floors(EXTRA)}
     python = pick_python(args.python)
     VENV.parent.mkdir(exist_ok=True)
     constraints = VENV.parent / "floors-constraints.txt"
@@ -160,13 +164,16 @@ def main(argv: list[str] | None = None) -> int:
             pip = [vpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", str(constraints)]
             if step("venv", [python, "-m", "venv", str(VENV)], env=env):
                 return 1
-            r = subprocess.run([*pip, str(copy_sources(Path(src))), "pytest"], capture_output=True, text=True, env=env)
+            t0 = time.perf_counter()
+            r = subprocess.run(
+                [*pip, f"{copy_sources(Path(src))}[{EXTRA}]", "pytest"], capture_output=True, text=True, env=env
+            )
             if r.returncode:
                 offline = any(s in r.stderr for s in NETWORK_ERRORS)
                 print(r.stderr[-4000:], file=sys.stderr)
                 print(f"floors: install at the floors: {'no package index reached' if offline else 'FAILED'}")
                 return 3 if offline else 1
-            print("floors: install at the floors: ok", flush=True)
+            print(f"floors: install at the floors: ok ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     # every dependency really is at its floor
     listed = subprocess.run([vpy, "-m", "pip", "list", "--format=json"], capture_output=True, text=True, env=env)
@@ -179,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         failed |= step("smoke", [vpy, "-c", SMOKE % str(ROOT / "panamera")], cwd=tmp, env=env)
         failed |= step("panamera --help", [str(VENV / "bin" / "panamera"), "--help"], cwd=tmp, env=env)
         failed |= step("python -m panamera --version", [vpy, "-m", "panamera", "--version"], cwd=tmp, env=env)
+        bench = [vpy, "-m", "panamera", "bench", "--suite", "tiny", "--plot", "--out", "b"]
+        failed |= step("panamera bench --suite tiny --plot", bench, cwd=tmp, env=env)
         failed |= step("an error path, one line", [vpy, "-m", "panamera", "run", "missing.onnx"], 2, cwd=tmp, env=env)
     failed |= step(
-        "pytest " + " ".join(TESTS), [vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], cwd=ROOT, env=env
+        "pytest " + " ".join(TESTS), [vpy, "-m", "pytest", "-p", "no:cacheprovider", *TESTS], cwd=ROOT, env=env
     )
     print(f"floors: {'FAILED' if failed else 'every step passed'}")
     return 1 if failed else 0
