@@ -474,6 +474,16 @@ def cache_clear():
     print(f"kernel cache: removed {n} file(s) from {where}" if where else "kernel cache: disabled, nothing to clear")
 
 
+# click >= 8.2 raises NoArgsIsHelpError for `panamera` or `panamera cache` alone; 8.1 prints the help
+# and raises Exit(0) itself, so the clause in main() catches nothing there.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _shell_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, a PanameraWarning's advice in the CLI's spelling (`--target emulator`)."""
+    _one_line_warning(getattr(message, "shell", None) or message, category, filename, lineno, file, line)
+
+
 def _usage_line(e: click.ClickException) -> str:
     """A click error as one line, with the help command to run."""
     ctx = getattr(e, "ctx", None)
@@ -482,13 +492,7 @@ def _usage_line(e: click.ClickException) -> str:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    text = getattr(message, "shell", None) or str(message)  # a PanameraWarning's advice in the CLI's spelling
-    print(f"panamera: warning: {text.splitlines()[0]}", file=sys.stderr)
-
-
-# click >= 8.2 raises NoArgsIsHelpError for `panamera` or `panamera cache` alone; 8.1 prints the help
-# and raises Exit(0) itself, so the clause below catches nothing there.
-_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+    print(f"panamera: warning: {str(message).splitlines()[0]}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -499,7 +503,7 @@ def main(argv=None) -> int:
     try:
         with warnings.catch_warnings():
             if not debug:
-                warnings.showwarning = _one_line_warning
+                warnings.showwarning = _shell_warning
             cli.main(args=args, prog_name="panamera", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
