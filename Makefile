@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo lint clean floors
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: install lint
 demo: install
 	$(BIN)/panamera demo
 
+# Every dependency at the lowest version pyproject.toml allows, on the oldest Python it allows, in
+# build/floors-venv: a smoke subset from outside the clone and two test files (about 1.5 min; .ci/run).
+floors:
+	$(PY) scripts/check_floors.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info
 
@@ -32,10 +37,11 @@ clean:
 bench: install
 	$(BIN)/panamera bench --suite all --gpu h100 --out bench/results --plot
 
-# Refill the schedule database schedules/ (one JSON per workload and GPU) that pn.compile consults.
+# Refill the schedule database panamera/schedules/ (package data: one JSON per workload and GPU) that
+# pn.compile consults.
 schedules: install
-	rm -rf schedules
-	$(BIN)/panamera schedules --out schedules --gpu h100 --gpu a100
+	rm -rf panamera/schedules
+	$(BIN)/panamera schedules --out panamera/schedules --gpu h100 --gpu a100
 
 # On a machine with an NVIDIA GPU, in one command: tests/test_cuda.py, compute-sanitizer on every
 # kernel template, the measured bench and the ONNX examples, into bench/gpu-check-<date>-<device>/.

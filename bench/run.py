@@ -5,7 +5,7 @@
 does what `panamera bench --suite all --gpu h100 --out bench/results --plot` (and `make bench`) does,
 through the library in panamera/bench/: every workload of docs/WORKLOADS.md planned as Panamera,
 deterministic, single-block and eager, modeled with docs/GPU_MODEL.md (and timed where CuPy sees a
-GPU); results.json, summary.md and the PNG charts go to --out. Takes about 20 s on a CPU.
+GPU); results.json, summary.md and the PNG charts go to --out. bench/README.md says how long it takes.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ True
 """
 
 import sys
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _version
 
 from . import dtypes, errors
+from ._version import __version__ as __version__
 from .compiler import Compiled, compile
 from .errors import *  # noqa: F403  (every public error and warning, listed once in errors.__all__)
 from .errors import __all__ as _errors_api
@@ -22,10 +21,6 @@ from .frontend import __all__ as _frontend_api
 from .frontend import nn
 from .frontend.nn import std, var
 
-try:
-    __version__ = _version("panamera")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0.1.0"
 if "torch" in sys.modules:  # torch.compile(backend="panamera"); else torch finds the entry point
     from .torch_backend import register as _register_torch_backend
 

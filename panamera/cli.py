@@ -471,7 +471,11 @@ def bench(suite, gpu, out, plot, measure, repeat):
 
 
 @cli.command()
-@click.option("--out", type=click.Path(file_okay=False), default="schedules", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="default: the database pn.compile consults ($PANAMERA_SCHEDULES, else the package's panamera/schedules/)",
+)
 @click.option(
     "--gpu", "gpus", multiple=True, type=click.Choice(sorted(GPUS)), default=("h100", "a100"), show_default=True
 )
@@ -479,7 +483,9 @@ def schedules(out, gpus):
     """Fill the schedule database: every workload of docs/WORKLOADS.md planned by the model for
     each GPU, one JSON per workload and GPU (what `pn.compile` replays)."""
     from .bench.schedules import write_database
+    from .schedule import database
 
+    out = out or str(database.directory() or database.PACKAGE_DIR)
     written = write_database(out, [GPUS[g] for g in gpus])
     _console().print(f"wrote {len(written)} schedules to {out}/", markup=False)
 
@@ -504,6 +510,16 @@ def cache_clear():
 
     n, where = disk_clear(), disk_info().path
     print(f"kernel cache: removed {n} file(s) from {where}" if where else "kernel cache: disabled, nothing to clear")
+
+
+# click >= 8.2 raises NoArgsIsHelpError for `panamera` or `panamera cache` alone; 8.1 prints the help
+# and raises Exit(0) itself, so the clause in main() catches nothing there.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _shell_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one line, a PanameraWarning's advice in the CLI's spelling (`--target emulator`)."""
+    _one_line_warning(getattr(message, "shell", None) or message, category, filename, lineno, file, line)
 
 
 def _usage_line(e: click.ClickException) -> str:
@@ -547,11 +563,11 @@ def main(argv=None) -> int:
     try:
         with warnings.catch_warnings():
             if not debug:
-                warnings.showwarning = _one_line_warning
+                warnings.showwarning = _shell_warning
             cli.main(args=args, prog_name="panamera", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
-    except click.exceptions.NoArgsIsHelpError as e:  # `panamera` or `panamera cache` alone: the help
+    except _NO_ARGS_IS_HELP as e:  # `panamera` or `panamera cache` alone: the help
         print(e.format_message())
         return 0
     except click.ClickException as e:

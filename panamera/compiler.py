@@ -110,10 +110,15 @@ def _warn_emulator_once() -> None:
     """target="auto" on a machine without a GPU: say once per process what the emulator is."""
     if not _warned:
         _warned.append(True)
+        text = (
+            "{auto} found no GPU: running on the CPU emulator, a correctness tool, not a fast CPU path (numpy is "
+            "far faster there); {emulator} says so and silences this"
+        )
         warnings.warn(
-            'target="auto" found no GPU: running on the CPU emulator, a correctness tool, not a fast CPU '
-            'path (numpy is far faster there); target="emulator" says so and silences this',
-            EmulatorWarning,
+            EmulatorWarning(
+                text.format(auto='target="auto"', emulator='target="emulator"'),
+                shell=text.format(auto="--target auto", emulator="--target emulator"),
+            ),
             stacklevel=4,
         )
 

@@ -58,7 +58,17 @@ class MissingDependency(PanameraError, ImportError):
 
 
 class PanameraWarning(UserWarning):
-    """Base class of every warning Panamera issues."""
+    """Base class of every warning Panamera issues. `shell` is the same advice as the `panamera`
+    command spells it (`--target emulator` where Python says `target="emulator"`).
+
+    >>> w = PanameraWarning('pass target="emulator"', shell="pass --target emulator")
+    >>> str(w), w.shell
+    ('pass target="emulator"', 'pass --target emulator')
+    """
+
+    def __init__(self, message: str = "", shell: str | None = None):
+        super().__init__(message)
+        self.shell = shell if shell is not None else message
 
 
 class StaleScheduleWarning(PanameraWarning):

@@ -37,8 +37,21 @@ import numpy as np
 
 from .enums import StrEnum
 
+# Steps 1 and 4 run files of the repository, which a pip-installed package lacks: they need a clone.
 REPO = Path(__file__).resolve().parent.parent
 TESTS = ("tests/test_cuda.py", "tests/test_first_contact.py")
+EXAMPLES = "examples/onnx_models.py"
+
+
+def missing_from_clone(repo: Path = REPO) -> list[str]:
+    """The repository files the steps run that are not beside the package (an installed wheel).
+
+    >>> missing_from_clone(Path("/nonexistent"))
+    ['tests/test_cuda.py', 'tests/test_first_contact.py', 'examples/onnx_models.py']
+    """
+    return [f for f in (*TESTS, EXAMPLES) if not (repo / f).is_file()]
+
+
 KEEP_LINES = 200  # of each tool's output: the folder stays a few files and a few hundred KB
 
 
@@ -254,7 +267,7 @@ def onnx_feeds(model_bytes: bytes, symbolic: int = 2) -> tuple[dict, dict]:
 
 
 def run_onnx(out: Path, python: str = sys.executable, target: str = "cuda") -> StepResult:
-    sys.path.insert(0, str(REPO / "examples"))
+    sys.path.insert(0, str(REPO / Path(EXAMPLES).parent))
     import onnx_models
 
     t0, lines, ok = time.perf_counter(), [], True
@@ -339,6 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         return driver(args.target)
     if args.out is None:
         ap.error("--out is required")
+    missing = missing_from_clone()
+    if missing:
+        print(
+            f"gpu-check: error: runs the repository's {', '.join(missing)}, which an installed package lacks: "
+            "run it from a clone (make gpu-check); --driver alone needs only the package",
+            file=sys.stderr,
+        )
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     steps = [run_pytest(args.out)]
     steps += run_sanitizers(args.out, sanitizer=find_sanitizer())

@@ -245,7 +245,7 @@ def _isl_covers(d: Decision) -> bool:
 # -- the database -------------------------------------------------------------------------------
 @pytest.mark.parametrize("gpu", [H100, A100], ids=["h100", "a100"])
 def test_every_shipped_entry_replays(gpu):
-    root = database.REPO_DIR
+    root = database.PACKAGE_DIR
     shipped = sorted(
         p.relative_to(root).as_posix() for p in root.glob(f"{entry_name(WORKLOADS[0], gpu).split('/')[0]}/*.json")
     )

@@ -1,4 +1,4 @@
-"""Fill the schedule database (schedules/, see panamera/schedule/database.py) from the workloads.
+"""Fill the schedule database (panamera/schedules/, see panamera/schedule/database.py) from the workloads.
 
 Every workload of docs/WORKLOADS.md (suites single = A1, subgraphs = A2, norms = B) is planned by
 the model for each GPU, and its schedule is written as `<root>/<gpu>/<suite>--<workload>.json`,

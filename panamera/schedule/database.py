@@ -1,4 +1,4 @@
-"""The schedule database: `schedules/` at the top of the repository, consulted by `pn.compile`.
+"""The schedule database: `panamera/schedules/`, package data shipped in the wheel, consulted by `pn.compile`.
 
 One readable JSON file per workload and GPU (`schedules/<gpu>/<suite>--<workload>.json`): a saved
 `Schedule` (schedule/saved.py) whose `subgraph` field is the *signature* of the program it was
@@ -11,7 +11,8 @@ longer validate against the program) is never a wrong kernel: it is skipped with
 Entries are made by `panamera schedules` (`make schedules`): every workload of docs/WORKLOADS.md
 (A1, A2, B) planned by the model for each GPU. The database answers only plain compiles (no
 `split`, not `deterministic`, no explicit `schedule`); `PANAMERA_SCHEDULES` names another
-directory, or `off`.
+directory, or `off`. The shipped directory is found with `importlib.resources`, so an installed
+package and a source tree consult the same entries.
 
 >>> import panamera as pn
 >>> x = pn.placeholder((4, 8), "float32", name="x")
@@ -28,6 +29,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +41,8 @@ from ..frontend.tensor import Tensor
 from .saved import Schedule
 
 ENV = "PANAMERA_SCHEDULES"
-REPO_DIR = Path(__file__).resolve().parents[2] / "schedules"
+# Package data (pyproject.toml's package-data): a directory wherever the package is installed.
+PACKAGE_DIR = Path(str(resources.files("panamera") / "schedules"))
 
 
 def _canonical(value):
@@ -90,11 +93,11 @@ class Entry:
 
 
 def directory() -> Path | None:
-    """The database in use: $PANAMERA_SCHEDULES, else the repository's schedules/ (None: off)."""
+    """The database in use: $PANAMERA_SCHEDULES, else the package's schedules/ (None: off)."""
     env = os.environ.get(ENV)
     if env is not None:
         return None if env.strip().lower() in ("", "off", "0", "none") else Path(env)
-    return REPO_DIR if REPO_DIR.is_dir() else None
+    return PACKAGE_DIR if PACKAGE_DIR.is_dir() else None
 
 
 @cache

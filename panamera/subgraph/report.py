@@ -165,7 +165,7 @@ def build_report(opt: OptimizedModel, cu_paths: dict | None = None) -> dict:
         "model": opt.model.path,
         "gpu": opt.gpu.name,
         "target": opt.target,
-        "times": "modeled (shared/GPU_MODEL.md), not measured",
+        "times": "modeled (docs/GPU_MODEL.md), not measured",
         "subgraphs": subgraphs,
         "library": [
             {
