@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .frontend.tensor import Tensor
+from .frontend.tensor import Tensor, topological
 from .runtime import emulator
 from .schedule import database
 
@@ -68,20 +68,14 @@ def graph_key(outputs: tuple[Tensor, ...]) -> str:
     index: dict[int, int] = {}
     nodes: list = []
     holders: list[int] = []
-
-    def visit(t: Tensor) -> int:
-        if t.uid in index:
-            return index[t.uid]
-        args = [visit(i) for i in t.inputs]
+    for t in topological(outputs):  # numbered in post order
         attrs = [[k, database._canonical(v)] for k, v in t.attrs]
         name = "" if t.op == "placeholder" else t.name
-        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, args, name])
+        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs], name])
         index[t.uid] = len(nodes) - 1
         if t.op == "placeholder":
             holders.append(t.uid)
-        return index[t.uid]
-
-    roots = [visit(t) for t in outputs]
+    roots = [index[t.uid] for t in outputs]
     order = sorted(range(len(holders)), key=lambda k: holders[k])
     return json.dumps([nodes, roots, order], separators=(",", ":"))
 

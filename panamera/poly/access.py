@@ -36,17 +36,22 @@ def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> AccessKind
     ctx = domain.get_ctx()
     v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
     dom = domain.reset_tuple_id()
-    a = read.addr
-    inner = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0] + (vec - 1)) & dom
+    a, shift, zero, one = read.addr, _shift(ctx, along), v[0], v[0] + 1
+    width = isl.Val.int_from_si(ctx, vec)
+    inner = v[along].mod_val(width).ne_set(v[0] + (vec - 1)) & dom
+    first = v[along].mod_val(width).eq_set(zero) & dom
+    diff: list[isl.PwAff] = []  # the address step to the next iteration, made once
 
-    def steps(by: int) -> isl.Set:  # where the next iteration's address is not this one's + by
-        return ((a.pullback_multi_aff(_shift(ctx, along)) - a).ne_set(v[0] + by)) & inner
+    def steps_other_than(by: isl.PwAff) -> isl.Set:  # isl calls only: they run under the cap
+        if not diff:
+            diff.append(a.pullback_multi_aff(shift) - a)
+        return diff[0].ne_set(by) & inner
 
-    if proven_empty(ctx, lambda: steps(0)):  # isl's work is capped (poly/bounded.py): GATHER past it
+    # isl's work is capped (poly/bounded.py): GATHER when it cannot tell
+    if proven_empty(ctx, lambda: steps_other_than(zero)):
         return AccessKind.UNIFORM
-    first = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).eq_set(v[0]) & dom
-    aligned = proven_empty(ctx, lambda: a.mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0]) & first)
-    if aligned and proven_empty(ctx, lambda: steps(1)):
+    aligned = proven_empty(ctx, lambda: a.mod_val(width).ne_set(zero) & first)
+    if aligned and proven_empty(ctx, lambda: steps_other_than(one)):
         return AccessKind.CONTIG
     return AccessKind.GATHER
 

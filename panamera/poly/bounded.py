@@ -12,8 +12,9 @@ answer there: it costs a scalar load or a tile, never a wrong kernel.
 Rule: such a question runs under `MAX_OPERATIONS` isl operations (isl_ctx_set_max_operations:
 isl's own count, deterministic, so every machine and every load gives the same answer, and a
 saved schedule replays to the same decision); past the cap it takes its conservative answer.
-The cap sits two orders of magnitude above what the workloads of bench/ and schedules/ need
-(none of them reaches it) and costs a fraction of a second. Legality questions (dependences,
+The cap is ten times what the most demanding question of bench/'s 172 workloads needs (every one
+of their 7454 questions is answered within 10^4 operations, measured; so their decisions and the
+schedules/ entries replay unchanged) and costs a fraction of a second. Legality questions (dependences,
 coalescing, stitching) are not bounded here: their answer must be exact.
 
 >>> import islpy as isl
@@ -34,7 +35,9 @@ _QUOTA = "maximal number of operations exceeded"
 
 def decide(ctx: isl.Context, question: Callable[[], bool], fallback: bool) -> bool:
     """`question()` under the operations cap on `ctx`; `fallback` (the conservative answer) when
-    isl runs past it. Not re-entrant: a question never asks another bounded question."""
+    isl runs past it. The question calls isl on isl objects only (a Python number converted to an
+    isl object inside it could fail past the cap as a TypeError of the binding, not isl.Error),
+    and never asks another bounded question (not re-entrant)."""
     previous = ctx.get_max_operations()
     ctx.set_max_operations(MAX_OPERATIONS)
     ctx.reset_operations()
