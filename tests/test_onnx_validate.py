@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from panamera.cli import main
-from panamera.errors import AxisError, DTypeError, PanameraError, Unsupported
+from panamera.errors import AxisError, DTypeError, PanameraError, ShapeError, Unsupported
 from panamera.subgraph import load_model, optimize
 
 F = TensorProto.FLOAT
@@ -89,6 +89,20 @@ BAD = {
         _model([helper.make_node("Softmax", ["x"], ["y"], axis=2**62, name="sm")], [_vi("x")], [_vi("y")]),
         AxisError,
         r"Softmax 'sm': attribute axis 4611686018427387904 is out of range for input 'x' of rank 2 \(allowed -2 to 1\)",
+    ),
+    "pool-stride-zero": (
+        _model(
+            [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[0, 1], name="mp")],
+            [_vi("x", F, (1, 1, 3, 3))],
+            [_vi("y", F, (1, 1, 2, 2))],
+        ),
+        ShapeError,
+        r"MaxPool 'mp': attribute strides \[0, 1\] must be positive",
+    ),
+    "transpose-perm": (
+        _model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 0], name="tr")], [_vi("x")], [_vi("y")]),
+        AxisError,
+        r"Transpose 'tr': attribute perm \[0, 0\] is not a permutation of the 2 axes of input 'x'",
     ),
     "reduce-axes": (
         _model(

@@ -8,7 +8,9 @@ attribute at fault:
      own type constraints: Gather's indices are int32 or int64): `DTypeError`;
   3. every `axis` / `axes` attribute lies in the range its op allows for the rank of the tensor
      it indexes ([-r, r-1]; Flatten [-r, r]; Unsqueeze and OneHot count the output's rank), and a
-     Transpose's `perm` is a permutation of its input's axes: `AxisError`.
+     Transpose's `perm` is a permutation of its input's axes: `AxisError`;
+  4. a window's `kernel_shape`, `strides` and `dilations` (pools, Conv) are positive and its `pads`
+     non-negative (onnx's reference would divide by a zero stride): `ShapeError`.
 
 The converters and the array library may then take types and axes as given.
 
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 import onnx
 
-from ..errors import AxisError, DTypeError
+from ..errors import AxisError, DTypeError, ShapeError
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 
 # Element types no part of Panamera computes correctly (strings are left to the array library whole).
 REFUSED_ELEM = frozenset({onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128})
+
+WINDOW_OPS = frozenset({"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "MaxUnpool"})
 
 # Ops whose axis ranges are not [-r, r-1] of their first input's rank r: (extra output rank, end inclusive).
 _AXIS_RANGE = {"Flatten": (0, True), "OneHot": (1, False)}
@@ -54,6 +58,8 @@ def validate(model: OnnxModel) -> None:
         if n.domain in DEFAULT_DOMAINS:
             _check_types(model, n)
             _check_axes(model, n)
+            if n.op_type in WINDOW_OPS:
+                _check_window(model, n)
 
 
 def _schema(n: Node) -> onnx.defs.OpSchema | None:
@@ -111,3 +117,11 @@ def _check_axes(model: OnnxModel, n: Node) -> None:
                     f"{model.path}: {n.op_type} {n.label!r}: attribute {attr} {a} is out of range for input "
                     f"{n.inputs[0]!r} of rank {len(first.shape)} (allowed {lo} to {hi})"
                 )
+
+
+def _check_window(model: OnnxModel, n: Node) -> None:
+    for attr, least in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("pads", 0)):
+        vals = n.attrs.get(attr)
+        if vals is not None and any(not isinstance(v, int) or v < least for v in vals):
+            what = "positive" if least else "non-negative"
+            raise ShapeError(f"{model.path}: {n.op_type} {n.label!r}: attribute {attr} {list(vals)} must be {what}")
