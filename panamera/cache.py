@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .frontend.tensor import Tensor, topological
+from .frontend.tensor import Tensor
 from .runtime import emulator
 from .schedule import database
 
@@ -65,10 +65,12 @@ def placeholders(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
 def graph_key(outputs: tuple[Tensor, ...]) -> str:
     """The graph part of the key: every node's op, shape, dtype, attributes and input edges,
     the names of computed tensors (they name kernels) and the placeholders' creation order."""
+    from .frontend.walk import postorder  # iterative: graphs of any depth
+
     index: dict[int, int] = {}
     nodes: list = []
     holders: list[int] = []
-    for t in topological(outputs):  # numbered in post order
+    for t in postorder(outputs, lambda t: t.inputs, key=lambda t: t.uid):  # numbered in post order
         attrs = [[k, database._canonical(v)] for k, v in t.attrs]
         name = "" if t.op == "placeholder" else t.name
         nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs], name])

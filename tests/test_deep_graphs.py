@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import panamera as pn
+from panamera.frontend.walk import evaluate, postorder
 from panamera.subgraph import optimize
-from panamera.walk import evaluate, postorder
 
 EPS32 = 2.0**-24  # float32's unit roundoff
 

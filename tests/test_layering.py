@@ -1,7 +1,7 @@
 """The package reads top-down as the pipeline: each layer imports only the layers above it.
 
     frontend -> poly -> schedule -> codegen -> compiler -> bench, subgraph, cli
-    (leaves anyone may import: dtypes, errors, enums, algebra, model, runtime.plan, walk)
+    (leaves anyone may import: dtypes, errors, enums, algebra, model, runtime.plan)
 
 runtime.executor and the backends import no compiler stage; the frontend imports no compiler.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "panamera"
-LEAVES = {"dtypes", "errors", "enums", "algebra", "model", "runtime.plan", "walk"}
+LEAVES = {"dtypes", "errors", "enums", "algebra", "model", "runtime.plan"}
 # What each layer may import besides the leaves and itself.
 ALLOWED = {
     "frontend": set(),

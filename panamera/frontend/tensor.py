@@ -19,7 +19,7 @@ import numpy as np
 from .. import dtypes
 from ..dtypes import DType, as_dtype, promote, promote_with_scalar
 from ..errors import AxisError, DTypeError, ShapeError
-from ..walk import postorder
+from .walk import postorder
 
 _ids = count()
 _unnamed = count()  # placeholders created without a name are x0, x1, ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import DType
-from ..walk import postorder
+from ..frontend.walk import postorder
 
 
 @dataclass(frozen=True, eq=False)

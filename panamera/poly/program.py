@@ -12,7 +12,7 @@ import islpy as isl
 import networkx as nx
 
 from ..frontend.tensor import Tensor
-from ..walk import postorder
+from ..frontend.walk import postorder
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
 from .epilogue import epilogue_candidates

@@ -18,7 +18,7 @@ from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..enums import StrEnum
 from ..frontend.tensor import Tensor
-from ..walk import evaluate
+from ..frontend.walk import evaluate
 from .expr import Expr
 from .movement import Indirect, gather_source, gather_subscripts, remap_index
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..frontend.tensor import Tensor, _ids, topological
-from ..walk import evaluate
+from ..frontend.walk import evaluate
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..enums import StrEnum
 from ..errors import OptionError
-from ..walk import evaluate
+from ..frontend.walk import evaluate
 from .library import to_host
 from .model import OnnxModel
 from .numpy_ops import REFERENCE_FIXES
