@@ -12,7 +12,7 @@ answer there: it costs a scalar load or a tile, never a wrong kernel.
 Rule: such a question runs under `MAX_OPERATIONS` isl operations (isl_ctx_set_max_operations:
 isl's own count, deterministic, so every machine and every load gives the same answer, and a
 saved schedule replays to the same decision); past the cap it takes its conservative answer.
-The cap is ten times what the most demanding question of bench/'s 172 workloads needs (every one
+The cap is ten times what the most demanding question of bench/'s 170 workloads needs (every one
 of their 7454 questions is answered within 10^4 operations, measured; so their decisions and the
 schedules/ entries replay unchanged) and costs a fraction of a second. Legality questions (dependences,
 coalescing, stitching) are not bounded here: their answer must be exact.
