@@ -67,23 +67,19 @@ def placeholders(outputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
 def graph_key(outputs: tuple[Tensor, ...]) -> str:
     """The graph part of the key: every node's op, shape, dtype, attributes and input edges,
     the names of computed tensors (they name kernels) and the placeholders' creation order."""
+    from .frontend.walk import postorder  # iterative: graphs of any depth
+
     index: dict[int, int] = {}
     nodes: list = []
     holders: list[int] = []
-
-    def visit(t: Tensor) -> int:
-        if t.uid in index:
-            return index[t.uid]
-        args = [visit(i) for i in t.inputs]
+    for t in postorder(outputs, lambda t: t.inputs, key=lambda t: t.uid):  # numbered in post order
         attrs = [[k, database._canonical(v)] for k, v in t.attrs]
         name = "" if t.op == "placeholder" else t.name
-        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, args, name])
+        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs], name])
         index[t.uid] = len(nodes) - 1
         if t.op == "placeholder":
             holders.append(t.uid)
-        return index[t.uid]
-
-    roots = [visit(t) for t in outputs]
+    roots = [index[t.uid] for t in outputs]
     order = sorted(range(len(holders)), key=lambda k: holders[k])
     return json.dumps([nodes, roots, order], separators=(",", ":"))
 

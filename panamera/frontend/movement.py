@@ -36,7 +36,8 @@ class Boundary(StrEnum):
     """What a subscript outside [0, n) of the input becomes."""
 
     NONE = "none"  # cannot happen (the map stays inside)
-    CLAMP = "clamp"  # the nearest edge element (pad edge; reads masked off by a select)
+    CLAMP = "clamp"  # the nearest edge element (pad edge)
+    MASKED = "masked"  # any element: a select discards the read (constant pad, concat, pool and conv windows)
     REFLECT = "reflect"  # mirrored about the edges, edges not repeated (numpy's reflect)
     WRAP = "wrap"  # modulo n (tile, pad wrap)
 
@@ -183,7 +184,7 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     for t in ts:
         if t.shape[a]:
             maps = [AxisMap(((k, 1),)) for k in range(t.ndim)]
-            maps[a] = AxisMap(((a, 1),), offset=-off)
+            maps[a] = AxisMap(((a, 1),), offset=-off, boundary=Boundary.MASKED)
             pieces.append((off, remap(t, shape, maps).astype(d)))
         off += t.shape[a]
     if not pieces:
@@ -216,7 +217,7 @@ def pad(x: Tensor, pads, mode: str = "constant", value=0) -> Tensor:
         raise ShapeError(f"pad of {x.label!r}: pads {pads} crop more than the extents {x.shape}")
     if mode != PadMode.CONSTANT and x.size == 0 and math.prod(shape):
         raise ShapeError(f"pad of {x.label!r}: mode {mode} of an empty tensor")
-    bound = {PadMode.CONSTANT: Boundary.CLAMP, PadMode.EDGE: Boundary.CLAMP, PadMode.REFLECT: Boundary.REFLECT}
+    bound = {PadMode.CONSTANT: Boundary.MASKED, PadMode.EDGE: Boundary.CLAMP, PadMode.REFLECT: Boundary.REFLECT}
     maps, mask = [], None
     for k, (n, (lo, _)) in enumerate(zip(x.shape, pads)):
         b = bound.get(mode, Boundary.WRAP)

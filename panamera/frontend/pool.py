@@ -26,7 +26,7 @@ import numpy as np
 from .. import algebra, dtypes
 from ..errors import DTypeError, OptionError, ShapeError
 from . import ops
-from .movement import AxisMap, remap
+from .movement import AxisMap, Boundary, remap
 from .reduce import reduction
 from .tensor import Tensor, binary, constant, iota, where
 
@@ -118,14 +118,16 @@ def window(
 
 
 def _window_view(x: Tensor, w: Window) -> tuple[Tensor, Tensor | None]:
-    """(the window view (..., O1..Od, K1..Kd) of x, clamped; the mask of reads inside x or None)."""
+    """(the window view (..., O1..Od, K1..Kd) of x; the mask of reads inside x or None). A read in
+    the padding is masked off, so its subscript may be any inside one (Boundary.MASKED: one
+    piece per axis, where a clamp's three per axis multiply to 3^d pieces of the address)."""
     d = len(w.kernel)
     lead = x.ndim - d
     shape = x.shape[:lead] + w.out + w.kernel
     maps = [AxisMap(((k, 1),)) for k in range(lead)]
     mask = None
     for a, (n, s, (pb, _), dl) in enumerate(zip(x.shape[lead:], w.strides, w.pads, w.dilations)):
-        m = AxisMap(((lead + a, s), (lead + d + a, dl)), offset=-pb)
+        m = AxisMap(((lead + a, s), (lead + d + a, dl)), offset=-pb, boundary=Boundary.MASKED)
         maps.append(m)
         pos = iota(shape, lead + a) * s + iota(shape, lead + d + a) * dl - pb
         if pb or (w.out[a] - 1) * s + (w.kernel[a] - 1) * dl - pb >= n:  # some reads fall outside

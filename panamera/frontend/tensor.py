@@ -19,6 +19,7 @@ import numpy as np
 from .. import dtypes
 from ..dtypes import DType, as_dtype, promote, promote_with_scalar
 from ..errors import AxisError, DTypeError, ShapeError
+from .walk import postorder
 
 _ids = count()
 _unnamed = count()  # placeholders created without a name are x0, x1, ...
@@ -487,16 +488,4 @@ def alternatives(op: str, names: tuple[str, ...], options: tuple[Tensor, ...]) -
 
 def topological(outputs) -> list[Tensor]:
     """Every tensor `outputs` depend on, each once, producers before consumers."""
-    seen, order = set(), []
-
-    def visit(t: Tensor) -> None:
-        if t.uid in seen:
-            return
-        seen.add(t.uid)
-        for i in t.inputs:
-            visit(i)
-        order.append(t)
-
-    for o in outputs:
-        visit(o)
-    return order
+    return postorder(outputs, lambda t: t.inputs, key=lambda t: t.uid)  # iterative: chains of any depth

@@ -17,6 +17,7 @@ from __future__ import annotations
 import islpy as isl
 
 from ..enums import StrEnum
+from .bounded import proven_empty
 from .statement import Read, Statement
 
 
@@ -28,20 +29,29 @@ class AccessKind(StrEnum):
 
 def access_kind(read: Read, along: str, vec: int, domain: isl.Set) -> AccessKind:
     """CONTIG when groups of `vec` consecutive values of `along` read consecutive, aligned
-    elements; UNIFORM when they all read one element; GATHER otherwise (isl decides)."""
+    elements; UNIFORM when they all read one element; GATHER otherwise, or when isl cannot tell
+    within its bounded work (poly/bounded.py)."""
     if vec == 1 or not read.memory or read.indirect is not None:  # a gather's address is loaded
         return AccessKind.GATHER
     ctx = domain.get_ctx()
     v = isl.make_zero_and_vars(["i", "j"], [], ctx=ctx)
     dom = domain.reset_tuple_id()
-    a = read.addr
-    diff = a.pullback_multi_aff(_shift(ctx, along)) - a
-    inner = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0] + (vec - 1)) & dom
-    if (diff.ne_set(v[0]) & inner).is_empty():
+    a, shift, zero, one = read.addr, _shift(ctx, along), v[0], v[0] + 1
+    width = isl.Val.int_from_si(ctx, vec)
+    inner = v[along].mod_val(width).ne_set(v[0] + (vec - 1)) & dom
+    first = v[along].mod_val(width).eq_set(zero) & dom
+    diff: list[isl.PwAff] = []  # the address step to the next iteration, made once
+
+    def steps_other_than(by: isl.PwAff) -> isl.Set:  # isl calls only: they run under the cap
+        if not diff:
+            diff.append(a.pullback_multi_aff(shift) - a)
+        return diff[0].ne_set(by) & inner
+
+    # isl's work is capped (poly/bounded.py): GATHER when it cannot tell
+    if proven_empty(ctx, lambda: steps_other_than(zero)):
         return AccessKind.UNIFORM
-    first = v[along].mod_val(isl.Val.int_from_si(ctx, vec)).eq_set(v[0]) & dom
-    aligned = (a.mod_val(isl.Val.int_from_si(ctx, vec)).ne_set(v[0]) & first).is_empty()
-    if aligned and (diff.ne_set(v[0] + 1) & inner).is_empty():
+    aligned = proven_empty(ctx, lambda: a.mod_val(width).ne_set(zero) & first)
+    if aligned and proven_empty(ctx, lambda: steps_other_than(one)):
         return AccessKind.CONTIG
     return AccessKind.GATHER
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..dtypes import DType
+from ..frontend.walk import postorder
 
 
 @dataclass(frozen=True, eq=False)
@@ -21,16 +22,5 @@ class Expr:
     read: int = -1  # index into the statement's reads for a "load"
 
     def walk(self):
-        """Nodes in post order, each once."""
-        seen, order = set(), []
-
-        def go(e: Expr):
-            if id(e) in seen:
-                return
-            seen.add(id(e))
-            for a in e.args:
-                go(a)
-            order.append(e)
-
-        go(self)
-        return order
+        """Nodes in post order, each once (iterative: bodies of any depth)."""
+        return postorder([self], lambda e: e.args)

@@ -17,7 +17,8 @@ Preconditions, each checked (`LegalityError` otherwise; negative tests in tests/
   2. in isl's schedule (validity: flow dependences minus the relaxable reduction self-dependence,
      proximity: all flow dependences), every producer → consumer dependence has distance zero in
      the outer band: the value is produced in the iteration that consumes it, so it never needs
-     to leave registers.
+     to leave registers. (Past MAX_SCHEDULED_PRODUCERS producers, isl checks this on the fused
+     band rather than searching for a schedule: its search grows with the cube of the count.)
 """
 
 from __future__ import annotations
@@ -58,14 +59,38 @@ def _isl_scheduler(sc: isl.ScheduleConstraints) -> isl.Schedule:
     return sc.compute_schedule()
 
 
+# isl's scheduler solves one integer program over every producer and dependence: 200 producers
+# took 1.3 s, 800 (a chain of 400 element-wise ops) 90 s. Past this many producers it is not
+# asked; the band it would propose (every producer at its consumer's point, precondition 1) is
+# built and isl checks precondition 2 on it, exactly as on a proposed schedule.
+MAX_SCHEDULED_PRODUCERS = 64
+
+
+def _fused_band(domains: isl.UnionSet, names: list[str], dom: isl.Set) -> isl.Schedule:
+    """The schedule with one band over the domain's dimensions for every statement in `names`."""
+    ident = isl.Map.identity(dom.space.map_from_set()).intersect_domain(dom)
+    band = _union([ident.set_tuple_name(isl.dim_type.in_, n) for n in names], isl.UnionMap.from_map)
+    return isl.Schedule.from_domain(domains).insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(band))
+
+
+def _union(parts: list, lift, empty=None):
+    """The union of `parts` (lifted to union sets or maps), pairwise in a balanced tree: adding
+    them one by one copies the growing union each time, quadratic in a long chain."""
+    if not parts:
+        return empty
+    level = [lift(p) for p in parts]
+    while len(level) > 1:
+        level = [a.union(b) for a, b in zip(level[::2], level[1::2])] + ([level[-1]] if len(level) % 2 else [])
+    return level[0]
+
+
 def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
     """isl's schedule for the producers of `st` and `st` itself, checked to fuse them."""
     dom = st.domain.reset_tuple_id()
     nodes = [e for e in st.body.walk() if e.op not in ("load", "const")]
     name = {id(e): f"{st.name}_P{k}" for k, e in enumerate(nodes)}
-    domains = isl.UnionSet.from_set(st.domain)
-    reads = writes = isl.UnionMap.empty(isl.Space.params_alloc(st.domain.get_ctx(), 0))
-    order = []
+    order: list[str] = []
+    domain_parts, write_parts, read_parts = [st.domain], [], []
 
     def value_array(e) -> str:
         return f"V_{name[id(e)]}"
@@ -73,28 +98,35 @@ def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
     for e in nodes:
         if e.op not in ELEMENTWISE:
             raise LegalityError(f"fuse {st.name}: producer {e.op!r} is not element-wise")
-        pd = dom.set_tuple_name(name[id(e)])
-        domains = domains.union(isl.UnionSet.from_set(pd))
-        writes = writes.union(isl.UnionMap.from_map(_identity(dom, name[id(e)], value_array(e))))
-        for a in _operands(e, name):
-            reads = reads.union(isl.UnionMap.from_map(_identity(dom, name[id(e)], value_array(a))))
+        domain_parts.append(dom.set_tuple_name(name[id(e)]))
+        write_parts.append(_identity(dom, name[id(e)], value_array(e)))
+        read_parts += [_identity(dom, name[id(e)], value_array(a)) for a in _operands(e, name)]
         order.append(name[id(e)])
     root = st.body
-    for a in [root] if id(root) in name else _operands(root, name):
-        reads = reads.union(isl.UnionMap.from_map(_identity(dom, st.name, value_array(a))))
+    read_parts += [
+        _identity(dom, st.name, value_array(a)) for a in ([root] if id(root) in name else _operands(root, name))
+    ]
     order.append(st.name)
-    # The unfused program order: one loop nest per statement, in producer order.
-    sched = isl.UnionMap.empty(reads.get_space())
-    for k, sname in enumerate(order):
-        v = isl.make_zero_and_vars(list(st.dims), [], ctx=st.domain.get_ctx())
-        m = isl.Map.from_pw_aff(v[0] + k)
-        for d in st.dims:
-            m = m.flat_range_product(isl.Map.from_pw_aff(v[d]))
-        sched = sched.union(isl.UnionMap.from_map(m.intersect_domain(dom).set_tuple_name(isl.dim_type.in_, sname)))
-    info = isl.UnionAccessInfo.from_sink(reads).set_must_source(writes).set_schedule_map(sched)
-    flow = info.compute_flow().get_must_dependence()
-    sc = isl.ScheduleConstraints.on_domain(domains).set_validity(flow).set_proximity(flow).set_coincidence(flow)
-    schedule = scheduler(sc)
+    domains = _union(domain_parts, isl.UnionSet.from_set)
+    space = isl.Space.params_alloc(st.domain.get_ctx(), 0)
+    writes = _union(write_parts, isl.UnionMap.from_map, isl.UnionMap.empty(space))
+    reads = _union(read_parts, isl.UnionMap.from_map, isl.UnionMap.empty(space))
+    if len(nodes) <= MAX_SCHEDULED_PRODUCERS:
+        # The unfused program order: one loop nest per statement, in producer order.
+        sched = isl.UnionMap.empty(reads.get_space())
+        for k, sname in enumerate(order):
+            v = isl.make_zero_and_vars(list(st.dims), [], ctx=st.domain.get_ctx())
+            m = isl.Map.from_pw_aff(v[0] + k)
+            for d in st.dims:
+                m = m.flat_range_product(isl.Map.from_pw_aff(v[d]))
+            sched = sched.union(isl.UnionMap.from_map(m.intersect_domain(dom).set_tuple_name(isl.dim_type.in_, sname)))
+        info = isl.UnionAccessInfo.from_sink(reads).set_must_source(writes).set_schedule_map(sched)
+        flow = info.compute_flow().get_must_dependence()
+        sc = isl.ScheduleConstraints.on_domain(domains).set_validity(flow).set_proximity(flow).set_coincidence(flow)
+        schedule = scheduler(sc)
+    else:  # isl checks the fused band below instead of searching for it
+        flow = writes.apply_range(reads.reverse())  # each value array has one writer: exact flow
+        schedule = _fused_band(domains, order, dom)
     depth = _outer_band_depth(schedule)
     if nodes and depth:
         smap = schedule.get_map()  # every statement to the same schedule space
@@ -112,12 +144,13 @@ def fuse_producers(st: Statement, scheduler=_isl_scheduler) -> Fusion:
 def _operands(e, name: dict) -> list:
     """The producer values `e` reads; through a gather's load (a load with an argument), the
     index it loaded at the same point (poly/movement.py)."""
-    out = []
-    for a in e.args:
+    out, todo = [], list(reversed(e.args))  # iterative: chains of gathers of any depth
+    while todo:
+        a = todo.pop()
         if id(a) in name:
             out.append(a)
         elif a.op == "load" and a.args:
-            out += _operands(a, name)
+            todo += reversed(a.args)
     return out
 
 

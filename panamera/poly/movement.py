@@ -18,6 +18,7 @@ The subscripts per input axis (frontend AxisMap: floor((sum c*o + offset) / den)
 boundary)::
 
     slice x[1:9:2]        ->  x[2*o + 1]
+    pad constant (lo = 2) ->  x[(o - 2) mod n]       (masked: a select discards the padding's reads)
     pad reflect (lo = 2)  ->  x[(n-1) - |(n-1) - ((o - 2) mod 2(n-1))|]      (piecewise)
     tile                  ->  x[o mod n]
     resize nearest (x2)   ->  x[min(max(floor((2*o + 0) / 4), 0), n-1)]    (quasi-affine)
@@ -68,8 +69,13 @@ def _abs(a: isl.PwAff) -> isl.PwAff:
     return a.max(a.neg())
 
 
-def axis_subscript(m: AxisMap, idx: list[isl.PwAff], zero: isl.PwAff, n: int) -> isl.PwAff:
-    """The input subscript of one axis map at the output subscripts `idx`, kept in [0, n)."""
+def axis_subscript(
+    m: AxisMap, idx: list[isl.PwAff], zero: isl.PwAff, n: int, domain: isl.Set | None = None
+) -> isl.PwAff:
+    """The input subscript of one axis map at the output subscripts `idx`, kept in [0, n). On a
+    `domain` where the map stays inside by itself, the boundary is left out (isl decides): a
+    clamp is three pieces, and the pieces of the axes multiply in the address. A MASKED read
+    (a select discards it) takes the subscript modulo n: inside, in one piece."""
     ctx = zero.get_ctx()
     v = zero + m.offset
     for k, c in m.terms:
@@ -78,7 +84,9 @@ def axis_subscript(m: AxisMap, idx: list[isl.PwAff], zero: isl.PwAff, n: int) ->
         v = v.scale_down_val(_val(ctx, m.den)).floor()
     if n <= 0 or m.boundary == Boundary.NONE:
         return v
-    if m.boundary == Boundary.WRAP:
+    if domain is not None and ((v.lt_set(zero) | v.ge_set(zero + n)) & domain).is_empty():
+        return v
+    if m.boundary in (Boundary.WRAP, Boundary.MASKED):
         return v.mod_val(_val(ctx, n))
     if m.boundary == Boundary.REFLECT and n > 1:  # period 2(n-1), mirrored about n-1
         q = v.mod_val(_val(ctx, 2 * (n - 1)))
@@ -90,7 +98,7 @@ def remap_index(t: Tensor, idx: list[isl.PwAff], zero: isl.PwAff, domain: isl.Se
     """The subscripts of `t.inputs[0]` that the remap `t` reads at `idx`, checked by isl to stay
     inside the input on `domain` (precondition 1 of the module docstring)."""
     src = t.inputs[0]
-    subs = [axis_subscript(m, idx, zero, n) for m, n in zip(t.attr("index"), src.shape)]
+    subs = [axis_subscript(m, idx, zero, n, domain) for m, n in zip(t.attr("index"), src.shape)]
     if domain is not None:
         for a, (sub, n) in enumerate(zip(subs, src.shape)):
             outside = (sub.lt_set(zero) | sub.ge_set(zero + n)) & domain

@@ -12,6 +12,7 @@ import islpy as isl
 import networkx as nx
 
 from ..frontend.tensor import Tensor
+from ..frontend.walk import postorder
 from .coalesce import coalesce
 from .dependences import Dependences, compute_dependences, schedule
 from .epilogue import epilogue_candidates
@@ -84,12 +85,19 @@ class KernelGroup:
 
 
 def _body_key(e: Expr, reads) -> tuple:
-    """A structural key of a statement body: equal keys compute equal values per iteration."""
-    if e.op == "load":
-        r = reads[e.read]
-        return ("load", r.tensor.uid, str(r.addr))  # the domains are anonymous [i, j]: comparable
-    args = tuple(_body_key(a, reads) for a in e.args)
-    return (e.op, e.dtype.name, repr(e.value), args)
+    """A structural key of a statement body: equal keys compute equal values per iteration. Flat,
+    built without recursion: the distinct subexpressions in post order, each naming its
+    arguments by position in that list (bodies of any depth; shared subexpressions once)."""
+    records: dict[tuple, int] = {}
+    at: dict[int, int] = {}
+    for n in postorder([e], lambda n: () if n.op == "load" else n.args):
+        if n.op == "load":
+            r = reads[n.read]
+            rec = ("load", r.tensor.uid, str(r.addr))  # the domains are anonymous [i, j]: comparable
+        else:
+            rec = (n.op, n.dtype.name, repr(n.value), tuple(at[id(a)] for a in n.args))
+        at[id(n)] = records.setdefault(rec, len(records))
+    return tuple(records)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..enums import StrEnum
 from ..frontend.tensor import Tensor
+from ..frontend.walk import evaluate
 from .expr import Expr
 from .movement import Indirect, gather_source, gather_subscripts, remap_index
 
@@ -130,41 +131,61 @@ class _Builder:
         self.reads.append(Read(t, index.coalesce()))
         return len(self.reads) - 1
 
+    # The cone is walked without recursion (walk.evaluate: chains of any depth), in the order of
+    # the recursive walk: a node's arguments left to right, each finished before the next, so the
+    # reads are numbered as they are met. A node is (tensor, subscripts, computed): `computed`
+    # asks for the value of a materialized root rather than its load.
     def expr(self, t: Tensor, idx) -> Expr:
-        key = (t.uid, tuple(str(i) for i in idx))
-        if key in self.memo:
-            return self.memo[key]
-        if t.op == "const":
-            e = Expr("const", (), t.dtype, value=t.attr("value"))
-        elif t.op == "iota":
-            axis = t.attr("axis")
-            index = linear(idx, t.shape, self.zero) if axis is None else idx[axis]
-            e = Expr("load", (), t.dtype, read=self.read_index(t, index))
-        elif t.op == "placeholder" or t in self.materialized:
-            e = Expr("load", (), t.dtype, read=self.read(t, idx))
-        else:
-            e = self.compute(t, idx)
-        self.memo[key] = e
-        return e
+        """The value of `t` at the subscripts `idx`: a load of a leaf, else computed."""
+        return evaluate((t, list(idx), False), self._key, self._args, self._value, self.memo)
 
     def compute(self, t: Tensor, idx) -> Expr:
         """The value of a non-leaf `t` at `idx`: through a view's or a remap's access, a gather's
         non-affine read, or the element-wise op of its arguments."""
-        if t.op in VIEWS:
-            return self.expr(t.inputs[0], view_index(t, idx, self))
-        if t.op == "movement":
-            return self.expr(t.inputs[0], remap_index(t, idx, self.zero, self.domain))
-        if t.op == "gather":
-            return self.gather(t, idx)
-        args = tuple(self.expr(a, broadcast_index(idx, t.shape, a.shape, self.zero)) for a in t.inputs)
-        return Expr(t.op, args, t.dtype)
+        return evaluate((t, list(idx), True), self._key, self._args, self._value, self.memo)
 
-    def gather(self, t: Tensor, idx) -> Expr:
+    @staticmethod
+    def _key(node) -> tuple:
+        t, idx, computed = node
+        return (t.uid, tuple(str(i) for i in idx), computed)
+
+    def _leaf(self, t: Tensor) -> bool:
+        return t.op in ("const", "iota", "placeholder") or t in self.materialized
+
+    def _args(self, node) -> list:
+        """The (tensor, subscripts) a node's value is made of."""
+        t, idx, computed = node
+        if self._leaf(t) and not computed:
+            return []
+        if t.op in VIEWS:
+            return [(t.inputs[0], view_index(t, idx, self), False)]
+        if t.op == "movement":
+            return [(t.inputs[0], remap_index(t, idx, self.zero, self.domain), False)]
+        if t.op == "gather":
+            return [(t.inputs[1], gather_subscripts(t, list(idx), self.zero)[0], False)]
+        return [(a, broadcast_index(idx, t.shape, a.shape, self.zero), False) for a in t.inputs]
+
+    def _value(self, node, args: list[Expr]) -> Expr:
+        t, idx, computed = node
+        if self._leaf(t) and not computed:
+            if t.op == "const":
+                return Expr("const", (), t.dtype, value=t.attr("value"))
+            if t.op == "iota":
+                axis = t.attr("axis")
+                index = linear(idx, t.shape, self.zero) if axis is None else idx[axis]
+                return Expr("load", (), t.dtype, read=self.read_index(t, index))
+            return Expr("load", (), t.dtype, read=self.read(t, idx))
+        if t.op in VIEWS or t.op == "movement":
+            return args[0]
+        if t.op == "gather":
+            return self.gather(t, idx, args[0])
+        return Expr(t.op, tuple(args), t.dtype)
+
+    def gather(self, t: Tensor, idx, index: Expr) -> Expr:
         """A load of the gathered tensor (a placeholder or a statement's result) whose address is
-        affine plus a loaded index times the axis' stride: a non-affine read of its own."""
-        data, ind = t.inputs
-        isub, dsub, a = gather_subscripts(t, list(idx), self.zero)
-        index = self.expr(ind, isub)
+        affine plus a loaded `index` times the axis' stride: a non-affine read of its own."""
+        data, _ = t.inputs
+        _, dsub, a = gather_subscripts(t, list(idx), self.zero)
         addr = linear(dsub, data.shape, self.zero).coalesce()  # the source's offset too (reshapes)
         self.reads.append(Read(gather_source(t), addr, Indirect(strides(data.shape)[a], data.shape[a])))
         return Expr("load", (index,), data.dtype, read=len(self.reads) - 1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..poly.access import AccessKind, access_kind
+from ..poly.bounded import proven_empty
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement
 
@@ -130,7 +131,8 @@ def row_strides(st: Statement) -> tuple[int, ...]:
 def shared_along_rows(st: Statement, k: int, stride: int, within: int = 0) -> bool:
     """Whether read k of `st` is UNIFORM along the rows of a register tile of this stride: rows
     i and i + stride of the domain always read one address (isl decides), so one load serves
-    every row of the tile (an index read, iota, is computed once). `within` > 0 asks it only of
+    every row of the tile (an index read, iota, is computed once; not shared when isl cannot tell
+    within its bounded work, poly/bounded.py). `within` > 0 asks it only of
     the aligned groups of `within` consecutive rows (a tile of consecutive rows, stride 1: the
     rows (m, n) and (m, n + 1) of `x @ W.T` read one activation). A gathered (indirect) read is
     never shared."""
@@ -145,9 +147,9 @@ def shared_along_rows(st: Statement, k: int, stride: int, within: int = 0) -> bo
         sp = isl.Space.create_from_names(ctx, in_=["i", "j"], out=["i", "j"])
         ma = isl.MultiAff.identity(sp)
         ma = ma.set_aff(0, ma.get_aff(0).add_constant_val(isl.Val.int_from_si(ctx, stride)))
-        diff = r.addr.pullback_multi_aff(ma) - r.addr
         inside = dom & v["i"].lt_set(v[0] + (st.M - stride))
         if within > 1:
             inside = inside & v["i"].mod_val(isl.Val.int_from_si(ctx, within)).ne_set(v[0] + (within - 1))
-        _CACHE[key] = (diff.ne_set(v[0]) & inside).is_empty()
+        # isl's work is capped (poly/bounded.py): not shared when it cannot tell
+        _CACHE[key] = proven_empty(ctx, lambda: (r.addr.pullback_multi_aff(ma) - r.addr).ne_set(v[0]) & inside)
     return _CACHE[key]

@@ -37,7 +37,7 @@ import numpy as np
 from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..errors import ScheduleError, StaleScheduleWarning
-from ..frontend.tensor import Tensor
+from ..frontend.tensor import Tensor, topological
 from .saved import Schedule
 
 ENV = "PANAMERA_SCHEDULES"
@@ -71,17 +71,11 @@ def signature(outputs: tuple[Tensor, ...]) -> str:
     the same statements, hence the same decisions."""
     index: dict[int, int] = {}
     nodes = []
-
-    def visit(t: Tensor) -> int:
-        if t.uid in index:
-            return index[t.uid]
-        inputs = [visit(i) for i in t.inputs]
+    for t in topological(outputs):  # numbered in post order
         attrs = [[k, _canonical(v)] for k, v in t.attrs]
-        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, inputs])
+        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs]])
         index[t.uid] = len(nodes) - 1
-        return index[t.uid]
-
-    roots = [visit(o) for o in outputs]
+    roots = [index[o.uid] for o in outputs]
     text = json.dumps([nodes, roots], separators=(",", ":"))
     return "pn-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 

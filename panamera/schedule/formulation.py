@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..frontend.tensor import Tensor, _ids
+from ..frontend.tensor import Tensor, _ids, topological
+from ..frontend.walk import evaluate
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,7 @@ class Formulation:
 
 def _choice_points(outputs) -> list[Tensor]:
     """The choose nodes reachable from the outputs, innermost (inputs) first."""
-    seen, order = set(), []
-
-    def visit(t: Tensor):
-        if t.uid in seen:
-            return
-        seen.add(t.uid)
-        for i in t.inputs:
-            visit(i)
-        if t.op == "choose":
-            order.append(t)
-
-    for o in outputs:
-        visit(o)
-    return order
+    return [t for t in topological(outputs) if t.op == "choose"]
 
 
 def substitute(outputs: tuple[Tensor, ...], by: dict[int, Tensor]) -> tuple[Tensor, ...]:
@@ -59,19 +47,16 @@ def substitute(outputs: tuple[Tensor, ...], by: dict[int, Tensor]) -> tuple[Tens
     replacement are rebuilt (new uids), everything else is shared."""
     memo: dict[int, Tensor] = {}
 
-    def rebuild(t: Tensor) -> Tensor:
-        if t.uid in memo:
-            return memo[t.uid]
-        if t.uid in by:
-            new = rebuild(by[t.uid])
-        else:
-            inputs = tuple(rebuild(i) for i in t.inputs)
-            same = all(a is b for a, b in zip(inputs, t.inputs))
-            new = t if same else dataclasses.replace(t, inputs=inputs, uid=next(_ids))
-        memo[t.uid] = new
-        return new
+    def sources(t: Tensor) -> tuple[Tensor, ...]:  # a replaced tensor stands for its replacement
+        return (by[t.uid],) if t.uid in by else t.inputs
 
-    return tuple(rebuild(o) for o in outputs)
+    def rebuild(t: Tensor, new: list[Tensor]) -> Tensor:
+        if t.uid in by:
+            return new[0]
+        same = all(a is b for a, b in zip(new, t.inputs))
+        return t if same else dataclasses.replace(t, inputs=tuple(new), uid=next(_ids))
+
+    return tuple(evaluate(o, lambda t: t.uid, sources, rebuild, memo) for o in outputs)  # iterative
 
 
 def choose_formulations(

@@ -62,6 +62,7 @@ import islpy as isl
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec, KernelCost
 from ..poly.access import AccessKind
+from ..poly.bounded import proven_empty
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .contraction import shared_along_rows
@@ -116,9 +117,8 @@ def copy_bytes(group: KernelGroup, d: Decision, k: int, ri: int) -> int:
         e = b // size
         if b % size or (d.vec * size) % b:
             continue
-        off = rest.mod_val(isl.Val.int_from_si(ctx, e))
-        if (off.ne_set(v[0]) & dom).is_empty():
-            return b
+        if proven_empty(ctx, lambda e=e: rest.mod_val(isl.Val.int_from_si(ctx, e)).ne_set(v[0]) & dom):
+            return b  # (isl's work is capped, poly/bounded.py: not aligned when it cannot tell)
     return 0
 
 

@@ -80,7 +80,8 @@ def build_subgraph_tensors(
                 raise ShapeError(f"{n.op_type} {n.label!r}: output {name!r} has shape {t.shape}, onnx infers {v.shape}")
             env[name] = t
     if outputs is None:
-        users = {i for m in model.nodes if m not in nodes for i in m.inputs}
+        inside = {m.index for m in nodes}  # by index: a list's `in` compares nodes field by field, quadratic
+        users = {i for m in model.nodes if m.index not in inside for i in m.inputs}
         outputs = tuple(
             o for o in dict.fromkeys(o for n in nodes for o in n.outputs) if o and (o in users or o in model.outputs)
         )

@@ -22,7 +22,7 @@ import numpy as np
 from .. import compile as pn_compile
 from ..errors import ShapeError
 from ..frontend import pool
-from ..frontend.movement import AxisMap, remap
+from ..frontend.movement import AxisMap, Boundary, remap
 from ..frontend.tensor import Tensor, constant, iota, placeholder, reshape, where
 
 
@@ -63,7 +63,7 @@ def im2col(x: Tensor, w: pool.Window, group: int) -> Tensor:
     maps = [AxisMap(((0, 1),)), AxisMap(((1, cg), (2, 1)))]
     mask = None
     for a, (size, s, (pb, _), dl) in enumerate(zip(x.shape[2:], w.strides, w.pads, w.dilations)):
-        maps.append(AxisMap(((3 + d + a, s), (3 + a, dl)), offset=-pb))
+        maps.append(AxisMap(((3 + d + a, s), (3 + a, dl)), offset=-pb, boundary=Boundary.MASKED))
         pos = iota(shape, 3 + d + a) * s + iota(shape, 3 + a) * dl - pb
         inside = (pos >= 0) & (pos < size)
         mask = inside if mask is None else mask & inside

@@ -22,7 +22,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ModelError
+from ..errors import ModelError, PanameraError
 from .conv import conv
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
@@ -87,7 +87,20 @@ class LibraryNode:
         return not (self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS)
 
     def run(self, model: OnnxModel, args: list) -> list:
-        """The node's outputs (its present ones, in order) for its present inputs `args`."""
+        """The node's outputs (its present ones, in order) for its present inputs `args`; a
+        ModelError naming the node where the library fails on them (the model's fault: Panamera
+        checked what it could at load, subgraph/validate.py)."""
+        try:
+            return self._run(model, args)
+        except PanameraError:
+            raise
+        except Exception as e:
+            n = self.node
+            raise ModelError(
+                f"{n.op_type} {n.label!r}: the array library failed on it: {type(e).__name__}: {e}"
+            ) from None
+
+    def _run(self, model: OnnxModel, args: list) -> list:
         if self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS:
             xp = _array_module(args)
             return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]

@@ -28,7 +28,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ..errors import ModelError
+from ..errors import ModelError, Unsupported
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
 # The names of ONNX's standard operator domain: Panamera converts (and folds) only its ops.
@@ -219,7 +219,12 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
     consts = {k: v for k, v in consts.items() if k not in graph_inputs}
     live = []
     opsets = list(proto.opset_import)
-    for n in proto.graph.node:
+    todo = list(reversed(proto.graph.node))
+    while todo:
+        n = todo.pop()
+        if n.op_type == "If" and n.domain in DEFAULT_DOMAINS and n.input[0] in consts:
+            todo += reversed(taken_branch(n, consts[n.input[0]], path))  # folded in turn, in place
+            continue
         ins = [i for i in n.input if i]
         if n.op_type == "Shape" and n.input[0] in shapes and n.domain in DEFAULT_DOMAINS:
             a = _node_attrs(n)
@@ -247,6 +252,56 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tupl
         else:
             live.append(n)
     return consts, live
+
+
+def taken_branch(n: onnx.NodeProto, cond, path: str) -> list[onnx.NodeProto]:
+    """The nodes that an If node with a constant condition runs: its taken branch's nodes, every
+    value the branch makes renamed under the If's first output (`y/then/t`: unique in the graph),
+    its initializers as Constant nodes, and an Identity from each branch output to the If's.
+    Exports often guard a shape-dependent path this way; the condition folds once the shapes are
+    known. Names of the enclosing graph that the branch reads stay as they are.
+
+    >>> then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+    ...     [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [2])])
+    >>> n = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=then_g)
+    >>> [(m.op_type, list(m.input), list(m.output)) for m in taken_branch(n, np.array(True), "m")]
+    [('Relu', ['x'], ['y/then/t']), ('Identity', ['y/then/t'], ['y'])]
+    """
+    c = np.asarray(cond)
+    if c.size != 1:
+        raise ModelError(f"{path}: If {n.name or n.output[0]!r}: the condition has {c.size} elements, not one")
+    which = "then_branch" if bool(c.reshape(-1)[0]) else "else_branch"
+    g = next(a.g for a in n.attribute if a.name == which)
+    prefix = f"{n.output[0]}/{which.removesuffix('_branch')}/"
+    local = {i.name for i in g.initializer} | {o for m in g.node for o in m.output if o}
+    rename = {v: prefix + v for v in local}
+    out = [helper.make_node("Constant", [], [rename[i.name]], name=prefix + i.name, value=i) for i in g.initializer]
+    for m in g.node:
+        m2 = onnx.NodeProto()
+        m2.CopyFrom(m)
+        m2.name = prefix + (m.name or m.op_type)
+        _rename_inputs(m2, rename)
+        m2.output[:] = [rename.get(o, o) for o in m.output]
+        out.append(m2)
+    if len(g.output) != len(n.output):
+        raise ModelError(
+            f"{path}: If {n.name or n.output[0]!r}: the {which} has {len(g.output)} outputs, the node {len(n.output)}"
+        )
+    out += [
+        helper.make_node("Identity", [rename.get(o.name, o.name)], [y], name=prefix + "out" + str(k))
+        for k, (o, y) in enumerate(zip(g.output, n.output))
+        if y
+    ]
+    return out
+
+
+def _rename_inputs(n: onnx.NodeProto, rename: dict) -> None:
+    """Rename the inputs of `n` and of the nodes of its subgraphs (their reads of outer values)."""
+    n.input[:] = [rename.get(i, i) for i in n.input]
+    for a in n.attribute:
+        for g in [a.g] if a.HasField("g") else list(a.graphs):
+            for m in g.node:
+                _rename_inputs(m, rename)
 
 
 def _specialize(proto: onnx.ModelProto, values: dict, path: str) -> None:
@@ -350,6 +405,9 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
         if not set(more) - set(known):
             break
         known.update(more)
+    for n in live:  # onnx's reference cannot run a branch that reads the enclosing graph on its own
+        if n.op_type == "If" and n.domain in DEFAULT_DOMAINS:
+            raise Unsupported(f"{path}: unsupported op If (non-constant condition) at node {n.name or n.output[0]!r}")
     g = proto.graph
     for k, v in consts.items():
         values[k] = Value(k, tuple(v.shape), onnx.helper.np_dtype_to_tensor_dtype(v.dtype) if v.dtype != object else 0)
@@ -361,4 +419,8 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
     inputs = tuple(i.name for i in inferred.graph.input if i.name not in consts)
     outputs = tuple(o.name for o in g.output)
     spec = {k: np.asarray(v) for k, v in (specialize or {}).items()}
-    return OnnxModel(path, inferred, nodes, consts, values, inputs, outputs, opset, spec)
+    model = OnnxModel(path, inferred, nodes, consts, values, inputs, outputs, opset, spec)
+    from .validate import validate  # types and axis ranges, checked in one place (it reads OnnxModel)
+
+    validate(model)
+    return model

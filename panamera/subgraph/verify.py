@@ -66,6 +66,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..enums import StrEnum
 from ..errors import OptionError
+from ..frontend.walk import evaluate
 from .library import to_host
 from .model import OnnxModel
 from .numpy_ops import REFERENCE_FIXES
@@ -295,22 +296,25 @@ _INTS = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, 
 _MASK_USES = {"Cast", "Where", "Equal", "Not", "And", "Or", "Xor"}
 
 
-def _index_extent(model: OnnxModel, name: str, seen: set | None = None) -> tuple[int | None, bool]:
-    """(the smallest extent that `name` indexes, or None; whether it is only used as a mask)."""
-    seen = seen if seen is not None else set()
-    if name in seen:
-        return None, True
-    seen.add(name)
-    extent, mask, used = None, True, False
+def _index_extent(model: OnnxModel, name: str) -> tuple[int | None, bool]:
+    """(the smallest extent that `name` indexes, or None; whether it is only used as a mask).
+    Through pass-through ops (Cast, Reshape, ...) the value's uses are those of their outputs,
+    followed without recursion (walk.evaluate: chains of any length), each value once."""
+    uses: dict[str, list] = {}
+    for n in model.nodes:
+        for pos, i in enumerate(n.inputs):
+            uses.setdefault(i, []).append((n, pos))
 
     def shape(i: int, n) -> tuple | None:
         v = model.values.get(n.inputs[i]) if len(n.inputs) > i and n.inputs[i] else None
         return v.shape if v is not None else None
 
-    for n in model.nodes:
-        for pos, i in enumerate(n.inputs):
-            if i != name:
-                continue
+    def passed(v: str) -> list[str]:
+        return [o for n, pos in uses.get(v, ()) if n.op_type in _PASS and pos == 0 for o in n.outputs if o]
+
+    def combine(v: str, found_all: list) -> tuple[int | None, bool]:
+        extent, mask, used, later = None, True, False, iter(found_all)
+        for n, pos in uses.get(v, ()):
             used = True
             e = None
             if n.op_type in ("Gather", "GatherElements", "ScatterElements") and pos == 1 and shape(0, n):
@@ -322,7 +326,7 @@ def _index_extent(model: OnnxModel, name: str, seen: set | None = None) -> tuple
             elif n.op_type == "OneHot" and pos == 0 and n.inputs[1] in model.constants:
                 e = int(np.asarray(model.constants[n.inputs[1]]).reshape(-1)[0])
             elif n.op_type in _PASS and pos == 0:
-                found = [_index_extent(model, o, seen) for o in n.outputs if o]
+                found = [next(later) for o in n.outputs if o]
                 es = [x for x, _ in found if x is not None]
                 e = min(es) if es else None
                 to_float = n.op_type == "Cast" and n.attrs.get("to") not in _INTS
@@ -332,7 +336,9 @@ def _index_extent(model: OnnxModel, name: str, seen: set | None = None) -> tuple
                 mask = False
             elif n.op_type not in _MASK_USES and n.op_type not in _PASS:
                 mask = False
-    return extent, (mask and used)
+        return extent, (mask and used)
+
+    return evaluate(name, str, passed, combine)
 
 
 def random_inputs(model: OnnxModel, seed: int = 0) -> dict[str, np.ndarray]:
