@@ -63,6 +63,7 @@ class Target(StrEnum):
     AUTO = "auto"  # cuda with a GPU, else the emulator
     CUDA = "cuda"
     EMULATOR = "emulator"
+    CPU = "cpu"  # C++ with OpenMP + SIMD for this machine's cores (cpu_target.py)
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Options:
         try:
             target = Target(target)
         except ValueError:
-            raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'") from None
+            raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda', 'emulator' or 'cpu'") from None
         if target == Target.AUTO:
             target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
             if target == Target.EMULATOR:
@@ -597,7 +598,8 @@ def compile(  # noqa: A001
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
-    target: "auto" (cuda with a GPU, else emulator), "cuda" or "emulator".
+    target: "auto" (cuda with a GPU, else emulator), "cuda", "emulator" or "cpu" (OpenMP + SIMD
+    C++ for this machine; cpu_target.py lists what it covers).
     deterministic: merge block partials in a fixed order (no float atomics): identical bits
     on every run and every thread order, still in one launch.
     split: override the model's choice of blocks per reduction (a schedule override, used by
@@ -611,6 +613,10 @@ def compile(  # noqa: A001
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
+    if options.target == Target.CPU:
+        from .cpu_target import compile_cpu  # imports this module
+
+        return compile_cpu(outs, options, single)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None
     if hit is not None:

@@ -1,0 +1,130 @@
+"""The CPU backend: C++ with OpenMP + SIMD (codegen/cpu_kernel.py), built by the system g++
+with `-O3 -march=native -fopenmp`, cached on disk beside the emulator's libraries (the same
+cache directory, `cpu_<hash>.so`), loaded with ctypes.
+
+Arrays cross without copies: a C-contiguous numpy array (or a torch CPU tensor, viewed through
+runtime/arrays.py) is passed by pointer; outputs are fresh numpy arrays returned as the caller's
+kind. Without OpenMP support in the compiler the kernels are built without `-fopenmp` (one
+thread, a warning says so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, CompileError
+from . import arrays as arrays_mod
+from . import emulator
+from .executor import Executor, _alloc
+from .plan import LaunchPlan
+
+log = logging.getLogger("panamera.cpu")
+BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+_loaded: dict[str, ctypes.CDLL] = {}
+_guard = threading.Lock()
+
+
+def _compiler() -> str:
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        raise BackendError("target='cpu': no C++ compiler (g++) found; install g++ or set CXX")
+    return cxx
+
+
+@cache
+def openmp_flags() -> tuple[str, ...]:
+    """`("-fopenmp",)` when the compiler builds an OpenMP library, else () with a warning."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "omp.cpp"
+        src.write_text('#include <omp.h>\nextern "C" int pn_threads() { return omp_get_max_threads(); }\n')
+        r = subprocess.run(
+            [_compiler(), "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(Path(tmp) / "omp.so")],
+            capture_output=True,
+            text=True,
+        )
+    if r.returncode:
+        warnings.warn(
+            f"target='cpu': the compiler does not support OpenMP ({r.stderr.strip()[:200]}); kernels run on one thread",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return ()
+    return ("-fopenmp",)
+
+
+def flags() -> tuple[str, ...]:
+    return BASE_FLAGS + openmp_flags()
+
+
+def build(source: str) -> ctypes.CDLL:
+    """The shared library of `source`, built once per content (and kept on disk)."""
+    fl = flags()
+    key = hashlib.sha256((source + emulator.HEADER.read_text() + " ".join(fl)).encode()).hexdigest()[:24]
+    with _guard:
+        if key in _loaded:
+            return _loaded[key]
+        lib = emulator.cache_dir() / f"cpu_{key}.so"
+        if not lib.exists():
+            log.info("building %s with %s", lib.name, " ".join(fl))
+            with tempfile.TemporaryDirectory() as tmp:
+                src = Path(tmp) / "kernel.cpp"
+                src.write_text(source)
+                out = Path(tmp) / "k.so"
+                r = subprocess.run(
+                    [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out)],
+                    capture_output=True,
+                    text=True,
+                )
+                if r.returncode:
+                    raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
+                shutil.move(str(out), lib)
+        _loaded[key] = ctypes.CDLL(str(lib))
+        return _loaded[key]
+
+
+class CpuExecutor(Executor):
+    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys), ...) in
+    order; `threads` the default thread count of a call."""
+
+    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
+        super().__init__(plan, source, (), "cpu")
+        self.kernels, self.threads = kernels, threads
+        self._fns: list | None = None
+
+    def __call__(self, args: list, order: str = "forward", seed: int = 0, threads: int | None = None) -> list:
+        args = [
+            a if isinstance(a, arrays_mod.Arg) else arrays_mod.adopt(a, t.name) for a, t in zip(args, self.plan.inputs)
+        ]
+        caller = arrays_mod.caller_of(args)
+        hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
+        return arrays_mod.deliver(self.run(hosted, threads or self.threads), caller)
+
+    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        if self._fns is None:
+            lib = build(self.source)
+            fns = []
+            for name, _ in self.kernels:
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+                fns.append(fn)
+            self._fns = fns
+        bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
+        for key, spec in self.plan.buffers.items():
+            if key not in bufs:
+                bufs[key] = _alloc(np.empty, spec)
+        for fn, (_, keys) in zip(self._fns, self.kernels):
+            ptrs = (ctypes.c_void_p * max(1, len(keys)))(*[bufs[k].ctypes.data for k in keys])
+            fn(ptrs, int(threads))
+        return self._results(bufs, inputs)
