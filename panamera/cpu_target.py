@@ -92,7 +92,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
-    body = islast.HELPERS + "\n".join(k.source for k in kernels) + "\n"
+    decls = sorted({r for k in kernels for r in k.reductions})
+    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
     source = "#include <cstdlib>\n" + prelude(body) + body
     calls = tuple((k.name, tuple(p.key for p in k.params)) for k in kernels)
     a = dataclasses.replace(a, plan=plan, source=source)

@@ -28,7 +28,7 @@ import islpy as isl
 from ..errors import Unsupported
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
-from ..poly.stitch import is_epilogue, levels
+from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_mapper import CpuDecision
 from ..schedule.mapping import MergeMode, kernel_buffers
@@ -47,6 +47,7 @@ class CpuKernel:
     source: str
     params: tuple[BufferSpec, ...]
     decision: CpuDecision
+    reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
 
 
 @dataclass(frozen=True)
@@ -213,13 +214,14 @@ class _Kernel:
         ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
         pragma = f"#pragma omp simd {self.simd_clause(owners)}".rstrip()
-        user = lambda a: (
-            ["{", f"  const pn_idx j = {a[0]};"]
-            + [  # noqa: E731
-                "  " + ln for ln in self.body(here, lambda k: f"acc{k}")
-            ]
-            + ["}"]
-        )
+
+        def user(a: list[str]) -> list[str]:
+            return (
+                ["{", f"  const pn_idx j = {a[0]};"]
+                + ["  " + ln for ln in self.body(here, lambda k: f"acc{k}")]
+                + ["}"]
+            )
+
         out = [f"{{ const pn_idx pn_lo = {lo}, pn_hi = {hi};"]
         out += ["  " + ln for ln in _print(ast, user, [pragma])]
         return out + ["}"]
@@ -300,13 +302,14 @@ class _Kernel:
             f"0 <= pn_lo < pn_hi <= {d.N} and 0 <= pn_i0 < {d.M}",
             extra=f"c1 < {d.M}",  # the last block clipped to M
         )
-        user = lambda a: (
-            ["{", f"  const pn_idx j = {a[0]}; const pn_idx i = {a[1]};"]
-            + [  # noqa: E731
-                "  " + ln for ln in self.body(self.reductions, lambda k: f"acc{k}[i - pn_i0]")
-            ]
-            + ["}"]
-        )
+
+        def user(a: list[str]) -> list[str]:
+            return (
+                ["{", f"  const pn_idx j = {a[0]}; const pn_idx i = {a[1]};"]
+                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
+                + ["}"]
+            )
+
         nb = -(-d.M // B)
         alloc, free = self.partial_decls() if d.split > 1 else ([], [])
         out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
@@ -331,13 +334,14 @@ class _Kernel:
         ctx = g.statements[0].domain.get_ctx()
         ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
         everything = list(range(len(g.statements)))
-        user = lambda a: (
-            ["{", f"  const pn_idx i = {a[0]}; const pn_idx j = 0; (void)j;"]
-            + [  # noqa: E731
-                "  " + ln for ln in self.body(everything, lambda k: "")
-            ]
-            + ["}"]
-        )
+
+        def user(a: list[str]) -> list[str]:
+            return (
+                ["{", f"  const pn_idx i = {a[0]}; const pn_idx j = 0; (void)j;"]
+                + ["  " + ln for ln in self.body(everything, lambda k: "")]
+                + ["}"]
+            )
+
         return _print(ast, user, ["#pragma omp parallel for simd schedule(static) num_threads(pn_nt)"])
 
     def render(self) -> CpuKernel:
@@ -351,7 +355,7 @@ class _Kernel:
         lines += ["  " + ln for ln in body]
         lines.append("}")
         decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
-        return CpuKernel(self.name, "\n".join(decls + lines), self.params, self.d)
+        return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
 def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:
