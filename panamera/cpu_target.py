@@ -24,7 +24,7 @@ from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.header import prelude
 from .compiler import Compiled, Options, _output_specs, _result_spec, kernel_name, run_stages
 from .frontend.tensor import Tensor
-from .runtime.cpu import CpuExecutor
+from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
 from .schedule.contraction import contraction_info
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
@@ -94,7 +94,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     )
     decls = sorted({r for k in kernels for r in k.reductions})
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
-    source = "#include <cstdlib>\n" + prelude(body) + body
+    source = "#include <cstdlib>\n" + SIMD_MATH + prelude(body) + body
     calls = tuple((k.name, tuple(p.key for p in k.params)) for k in kernels)
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores)

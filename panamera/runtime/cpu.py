@@ -64,8 +64,44 @@ def openmp_flags() -> tuple[str, ...]:
     return ("-fopenmp",)
 
 
+# glibc's vector math (libmvec, <= 4 ulp, special values handled as the scalar functions do):
+# declaring the functions `simd` lets `#pragma omp simd` loops call their vector variants
+# (glibc's own headers declare them only under -ffast-math, which would also drop NaN semantics).
+SIMD_FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "erf", "pow")
+SIMD_MATH = (
+    "#include <cmath>\n#ifdef PN_LIBMVEC\n"
+    + "".join(
+        f'extern "C" {t} {f}{s}({", ".join([t] * (2 if f == "pow" else 1))}) noexcept __attribute__((__simd__("notinbranch")));\n'
+        for f in SIMD_FUNCTIONS
+        for t, s in (("double", ""), ("float", "f"))
+    )
+    + "#endif\n"
+)
+
+
+@cache
+def libmvec() -> bool:
+    """Whether glibc's libmvec links here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "mvec.cpp"
+        src.write_text('#include <cmath>\nextern "C" float pn_f(float x) { return expf(x); }\n')
+        r = subprocess.run(
+            [_compiler(), "-shared", "-fPIC", str(src), "-lmvec", "-o", str(Path(tmp) / "m.so")],
+            capture_output=True,
+            text=True,
+        )
+    if r.returncode:
+        log.info("libmvec not found: transcendental functions stay scalar in SIMD loops")
+    return not r.returncode
+
+
 def flags() -> tuple[str, ...]:
-    return BASE_FLAGS + openmp_flags()
+    """The compile flags, then the libraries to link."""
+    return BASE_FLAGS + openmp_flags() + (("-DPN_LIBMVEC", "-lmvec") if libmvec() else ())
+
+
+def _libs(fl: tuple[str, ...]) -> list[str]:
+    return [f for f in fl if f.startswith("-l")]  # after the source, where the linker needs them
 
 
 def build(source: str) -> ctypes.CDLL:
@@ -83,7 +119,7 @@ def build(source: str) -> ctypes.CDLL:
                 src.write_text(source)
                 out = Path(tmp) / "k.so"
                 r = subprocess.run(
-                    [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out)],
+                    [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
                     capture_output=True,
                     text=True,
                 )
