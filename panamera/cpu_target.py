@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.header import prelude
-from .compiler import Compiled, Options, _output_specs, _result_spec, kernel_name, run_stages
+from .compiler import Compiled, Options, Target, _output_specs, _result_spec, kernel_name, run_stages
 from .frontend.tensor import Tensor
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
 from .schedule.contraction import contraction_info
-from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
+from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu, modeled_steps
+from .schedule.formulation import choose_formulations
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class CpuCompiled(Compiled):
         lines = [f"Panamera plan: {len(self.cpu_kernels)} CPU kernel(s), target cpu ({CpuMachine.detect().name})"]
         for k in self.cpu_kernels:
             lines.append(f"  kernel {k.name}: {k.decision.describe()}")
+        lines += [f"  formulation: {f.describe().replace(' us', ' SIMD steps')}" for f in self.formulations]
         return "\n".join(lines)
 
 
@@ -73,9 +75,16 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     """The stages through `groups`, then one CPU kernel per group."""
     if options.schedule is not None:
         raise CpuUnsupportedError("target='cpu': schedule= replays GPU decisions; it does not apply to the CPU")
-    a = run_stages(outs, options, stop_after="groups")
-    _refuse(a)
     machine = CpuMachine.detect()
+    alone = Options(Target.EMULATOR, False, options.gpu)
+
+    def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked for this CPU
+        return modeled_steps(run_stages(alternative, alone, stop_after="groups").groups, machine)
+
+    graph, chosen = choose_formulations(outs, cost)
+    a = run_stages(graph, options, stop_after="groups")
+    a = dataclasses.replace(a, outputs=outs, formulations=chosen)
+    _refuse(a)
     kernels = []
     for k, g in enumerate(a.groups):
         if g.M * g.N:

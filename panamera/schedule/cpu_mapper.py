@@ -116,3 +116,22 @@ def map_cpu(group: KernelGroup, machine: CpuMachine, split: int | None = None) -
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
     return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes)
+
+
+def modeled_steps(groups, machine: CpuMachine) -> float:
+    """A first CPU cost (modeled, not fitted): SIMD steps over the groups' iteration spaces, one
+    scan per pass of a stitched group, a struct accumulator (online softmax, Welford) counted
+    lane by lane since its combine does not vectorize. It ranks formulations for the CPU target
+    (cpu_target.py); a fitted CPU model is issue 24's item 2."""
+    from ..poly.stitch import levels
+
+    total = 0.0
+    for g in groups:
+        if g.M * g.N == 0:
+            continue
+        lv = levels(g.statements) if g.stitched else {}
+        passes = max(lv.values(), default=0) + 1
+        lanes = _lanes(g, machine.simd_bytes)
+        struct = any(g.statements[k].acc.is_struct for k in g.accumulators)
+        total += passes * g.M * g.N / (1 if struct else lanes)
+    return total
