@@ -111,6 +111,22 @@ def test_stitched_rows(rng):
     close(ln, ref, "float32", 200, float(np.abs(ref).max()))
 
 
+@pytest.mark.parametrize("split", [None, 5])
+def test_welford_shifted_sums(split, rng):
+    """Variance and layer_norm rows: Welford lowered to shifted sums per scan (cpu_kernel.py),
+    chunks merged by Chan's combine when split; rows far from zero keep their precision."""
+    x = pn.placeholder((3, 30000), "float32", name="x")
+    k = pn.compile([pn.var(x, axis=1), pn.mean(x, axis=1)], target="cpu", split=split)
+    a = (random_array((3, 30000), "float32", rng) + 100.0).astype(np.float32)
+    v, m = k(a)
+    a64 = a.astype(np.float64)
+    # x - shift is exact (Sterbenz); the sums' rounding is amplified by m2's cancellation, at most
+    # (mean - shift)^2 / var, shift being one of the row's values
+    dev = (a64 - a64.mean(1, keepdims=True)) ** 2
+    close(v, a64.var(1), "float32", 30000, float((a64.var(1) + dev.max(1)).max()))
+    close(m, a64.mean(1), "float32", 30000, 101.0)
+
+
 def test_torch_cpu_tensors(rng):
     torch = pytest.importorskip("torch")
     k = pn.compile(pn.sum(pn.placeholder((8, 64), "float32", name="x"), axis=1), target="cpu")
@@ -127,6 +143,13 @@ def test_unsupported_refused():
     assert issubclass(CpuUnsupportedError, pn.PanameraError)
     with pytest.raises(pn.OptionError, match="'cpu'"):
         pn.compile(pn.sum(a), target="cpus")
+
+
+def test_threads_checked(forms):
+    a = np.zeros((37, 301), np.float32)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(pn.OptionError, match="threads"):
+            forms(a, threads=bad)
 
 
 def test_np_dtype_helper_consistent():

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
+from ..algebra import WELFORD
 from ..errors import Unsupported
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
@@ -152,8 +153,9 @@ class _Kernel:
                         )
 
     # -- pieces -------------------------------------------------------------------------------
-    def body(self, here: list[int], acc: Callable[[int], str]) -> list[str]:
-        """The bodies of statements `here` at the current (i, j): accumulated or stored."""
+    def body(self, here: list[int], acc: Callable[[int], str], shifted: frozenset[int] = frozenset()) -> list[str]:
+        """The bodies of statements `here` at the current (i, j): accumulated or stored; a
+        `shifted` Welford statement adds x - shift and its square to two plain sums."""
         g, out = self.g, []
         for k in here:
             s = g.statements[k]
@@ -161,7 +163,11 @@ class _Kernel:
                 continue
             lines, val = self.loop.body_lines(k, None)
             out += lines
-            if s.kind == StatementKind.REDUCE:
+            if k in shifted:
+                t = s.acc.field.compute
+                out.append(f"const {t} pn_d{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}) - pn_sh{k};")
+                out.append(f"pn_s1_{k} += pn_d{k}; pn_s2_{k} += pn_d{k} * pn_d{k};")
+            elif s.kind == StatementKind.REDUCE:
                 a = acc(k)
                 out.append(f"{a} = {s.combiner.functor}::apply({a}, {accumuland(s, val)});")
             else:
@@ -209,21 +215,45 @@ class _Kernel:
 
     # -- templates ----------------------------------------------------------------------------
     def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
-        """One scan of j in [lo, hi) for the statements `here`, accumulators declared before."""
-        ctx = self.g.statements[0].domain.get_ctx()
+        """One scan of j in [lo, hi) for the statements `here`, accumulators declared before.
+
+        A Welford accumulator (pn_welford: a struct whose combine divides and branches, which no
+        SIMD loop vectorizes) is lowered for the scan to the shifted sums of x - shift and
+        (x - shift)^2, shift = the scan's first element, two plain `+` reductions; after the
+        scan they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
+        accumulator by the combiner. The shift keeps the cancellation of m2 small: its error is
+        that of (mean - shift)^2 against the variance, for rows of values near each other."""
+        g = self.g
+        ctx = g.statements[0].domain.get_ctx()
         ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
-        pragma = f"#pragma omp simd {self.simd_clause(owners)}".rstrip()
+        shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
+        sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
+        clause = self.simd_clause([k for k in owners if k not in shifted])
+        clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
+        pragma = f"#pragma omp simd {clause}".rstrip()
 
         def user(a: list[str]) -> list[str]:
-            return (
-                ["{", f"  const pn_idx j = {a[0]};"]
-                + ["  " + ln for ln in self.body(here, lambda k: f"acc{k}")]
-                + ["}"]
-            )
+            body = self.body(here, lambda k: f"acc{k}", shifted)
+            return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
         out = [f"{{ const pn_idx pn_lo = {lo}, pn_hi = {hi};"]
+        for k in sorted(shifted):
+            s = g.statements[k]
+            t = s.acc.field.compute
+            lines, val = self.loop.body_lines(k, None)
+            out += [f"  {t} pn_sh{k}, pn_s1_{k} = 0, pn_s2_{k} = 0;", "  { const pn_idx j = pn_lo;"]
+            out += ["    " + ln for ln in lines]
+            out += [f"    pn_sh{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}); }}"]
         out += ["  " + ln for ln in _print(ast, user, [pragma])]
+        for k in sorted(shifted):
+            s = g.statements[k]
+            t = s.acc.field.compute
+            out += [
+                f"  {{ {s.acc.compute} w; w.shift = pn_sh{k}; w.n = ({t})(pn_hi - pn_lo);",
+                f"    w.mean = pn_s1_{k} / w.n; w.m2 = pn_s2_{k} - pn_s1_{k} * w.mean;",
+                f"    acc{k} = {s.combiner.functor}::apply(acc{k}, w); }}",
+            ]
         return out + ["}"]
 
     def acc_decls(self, owners: list[int], n: int | None = None) -> list[str]:

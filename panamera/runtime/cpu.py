@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendError, CompileError
+from ..errors import BackendError, CompileError, OptionError
 from . import arrays as arrays_mod
 from . import emulator
 from .executor import Executor, _alloc
@@ -104,10 +104,23 @@ def _libs(fl: tuple[str, ...]) -> list[str]:
     return [f for f in fl if f.startswith("-l")]  # after the source, where the linker needs them
 
 
+@cache
+def machine_key() -> str:
+    """What `-march=native` depends on: the CPU's model and feature flags (a cache directory
+    shared between machines never hands one a library built for another's instruction set)."""
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()  # noqa: SIM115
+    except OSError:
+        return os.uname().machine
+    wanted = ("model name", "flags")
+    return "|".join(dict.fromkeys(ln for ln in lines if ln.split(":")[0].strip() in wanted))
+
+
 def build(source: str) -> ctypes.CDLL:
-    """The shared library of `source`, built once per content (and kept on disk)."""
+    """The shared library of `source`, built once per content, flags and machine (kept on disk)."""
     fl = flags()
-    key = hashlib.sha256((source + emulator.HEADER.read_text() + " ".join(fl)).encode()).hexdigest()[:24]
+    text = source + emulator.HEADER.read_text() + " ".join(fl) + machine_key()
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
     with _guard:
         if key in _loaded:
             return _loaded[key]
@@ -143,6 +156,8 @@ class CpuExecutor(Executor):
         args = [
             a if isinstance(a, arrays_mod.Arg) else arrays_mod.adopt(a, t.name) for a, t in zip(args, self.plan.inputs)
         ]
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise OptionError(f"target='cpu': threads must be a positive int, got {threads!r}")
         caller = arrays_mod.caller_of(args)
         hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
         return arrays_mod.deliver(self.run(hosted, threads or self.threads), caller)
