@@ -154,3 +154,47 @@ def test_threads_checked(forms):
 
 def test_np_dtype_helper_consistent():
     assert np_dtype("bfloat16").itemsize == 2
+
+
+def test_more_templates(rng):
+    """prod, min / argmin over an outer axis, any / all, variance down columns (Welford
+    COLUMN), logsumexp, int8 sums, a middle axis, a gather and NaN propagation through max, in
+    one program (one build)."""
+    x = pn.placeholder((6, 5, 40), "float32", name="x")
+    b = pn.placeholder((6, 5, 40), "bool", name="b")
+    i8 = pn.placeholder((6, 5, 40), "int8", name="i")
+    idx = pn.placeholder((7,), "int64", name="idx")
+    outs = [
+        pn.prod(x, axis=2),
+        pn.min(x, axis=0),
+        pn.argmin(x, axis=1),
+        pn.any(b, axis=2),
+        pn.all(b, axis=0),
+        pn.var(x, axis=0),
+        pn.nn.logsumexp(x, axis=2),
+        pn.sum(i8, axis=1),
+        pn.sum(x, axis=1),
+        pn.take(pn.reshape(x, (30, 40)), idx, axis=0).sum(axis=1),
+        pn.max(x, axis=2),
+    ]
+    k = pn.compile(outs, target="cpu")
+    a = random_array((6, 5, 40), "float32", rng, "prod")
+    a[2, 3, 17] = np.nan
+    bb, ii = rng.random((6, 5, 40)) > 0.3, rng.integers(-100, 100, (6, 5, 40)).astype(np.int8)
+    ix = rng.integers(0, 30, 7)
+    r = k(a, bb, ii, ix)
+    a64 = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        close(r[0], a64.prod(2), "float32", 40, 1.1)
+        close(r[1], a64.min(0), "float32", 1)
+        np.testing.assert_array_equal(r[2], a.argmin(1))
+        np.testing.assert_array_equal(r[3], bb.any(2))
+        np.testing.assert_array_equal(r[4], bb.all(0))
+        close(r[5], a64.var(0), "float32", 6, 1.1)
+        m = a64.max(2, keepdims=True)
+        close(r[6], (m + np.log(np.exp(a64 - m).sum(2, keepdims=True)))[..., 0], "float32", 40, 2.0)
+        np.testing.assert_array_equal(r[7], ii.sum(1))
+        close(r[8], a64.sum(1), "float32", 5, 1.1)
+        close(r[9], a64.reshape(30, 40)[ix].sum(1), "float32", 40, 1.1)
+        close(r[10], a64.max(2), "float32", 1)
+    assert np.isnan(r[10][2, 3]) and np.isnan(r[0][2, 3])
