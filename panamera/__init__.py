@@ -13,6 +13,7 @@ import sys
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 
+from . import cpu_target as _cpu_target  # noqa: F401  (registers target="cpu" with the compiler)
 from . import dtypes, errors
 from .compiler import Compiled, compile
 from .errors import *  # noqa: F403  (every public error and warning, listed once in errors.__all__)

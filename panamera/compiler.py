@@ -100,6 +100,10 @@ class Options:
         return Options(target, bool(deterministic), gpu, split, schedule)
 
 
+# Targets compiled by a later module, which registers itself here on import (the package imports
+# cpu_target.py, which builds on this module's stages, for target="cpu").
+TARGET_COMPILERS: dict[Target, Callable] = {}
+
 _warned: list[bool] = []
 
 
@@ -613,10 +617,8 @@ def compile(  # noqa: A001
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
-    if options.target == Target.CPU:
-        from .cpu_target import compile_cpu  # imports this module
-
-        return compile_cpu(outs, options, single)
+    if options.target in TARGET_COMPILERS:  # target="cpu": cpu_target.py
+        return TARGET_COMPILERS[options.target](outs, options, single)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None
     if hit is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.header import prelude
-from .compiler import Compiled, Options, Target, _output_specs, _result_spec, kernel_name, run_stages
+from .compiler import TARGET_COMPILERS, Compiled, Options, Target, _output_specs, _result_spec, kernel_name, run_stages
 from .frontend.tensor import Tensor
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
@@ -108,3 +108,6 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores)
     return CpuCompiled(a, options, single, ex, "chosen by the CPU mapper", tuple(kernels), source)
+
+
+TARGET_COMPILERS[Target.CPU] = compile_cpu
