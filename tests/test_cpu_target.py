@@ -100,9 +100,11 @@ def test_mapper_splits_few_outputs():
 def test_stitched_rows(rng):
     x = pn.placeholder((33, 200), "float32", name="x")
     w = pn.placeholder((200,), "float32", name="w")
-    k = pn.compile([pn.nn.softmax(x, axis=1), pn.nn.layer_norm(x, w)], target="cpu")
+    k = pn.compile([pn.nn.softmax(x, axis=1), pn.nn.layer_norm(x, w), x - pn.mean(x)], target="cpu")
     a, g = random_array((33, 200), "float32", rng), random_array((200,), "float32", rng)
-    sm, ln = k(a, g)
+    sm, ln, centered = k(a, g)
+    assert "ALL" in {d.form for d in k.decisions}
+    close(centered, a.astype(np.float64) - a.astype(np.float64).mean(), "float32", a.size, 1.3)  # stitched ALL
     a64 = a.astype(np.float64)
     e = np.exp(a64 - a64.max(1, keepdims=True))
     close(sm, e / e.sum(1, keepdims=True), "float32", 200)

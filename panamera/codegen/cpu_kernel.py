@@ -135,7 +135,7 @@ class _Kernel:
 
     def check(self) -> None:
         g = self.g
-        if g.stitched and g.form != Form.ROW:
+        if g.stitched and g.form not in (Form.ROW, Form.ALL):  # ALL: one row, on one core
             raise CpuUnsupportedError(f"target='cpu': stitched {g.form} groups are not supported yet ({g.names})")
         if g.form != Form.MAP and not self.reductions:
             raise CpuUnsupportedError(f"target='cpu': a {g.form} group without a reduction ({g.names})")
