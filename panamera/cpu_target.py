@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.header import prelude
-from .compiler import TARGET_COMPILERS, Compiled, Options, Target, _output_specs, _result_spec, kernel_name, run_stages
+from .compiler import (
+    TARGET_COMPILERS,
+    Compiled,
+    Options,
+    Target,
+    _output_specs,
+    _result_spec,
+    kernel_name,
+    run_stages,
+    write_out,
+)
 from .frontend.tensor import Tensor
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
@@ -42,11 +52,15 @@ class CpuCompiled(Compiled):
     source = property(lambda self: self.cpu_source)
     decisions = property(lambda self: tuple(k.decision for k in self.cpu_kernels))
 
-    def __call__(self, *arrays, threads: int | None = None, **named):
-        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores)."""
-        return self._finish(self.executor(self.executor.bind(arrays, named), threads=threads))
-
-    def _finish(self, outs):
+    def __call__(self, *arrays, threads: int | None = None, order: str = "forward", seed: int = 0, **named):
+        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores); inputs and
+        `out=` as `Compiled.__call__`. `order` and `seed` (the emulator's thread order) are
+        accepted and have no effect: the CPU kernels' results do not depend on thread order."""
+        names = [t.name for t in self.plan.inputs]
+        out = named.pop("out", None) if "out" not in names else None
+        outs = self.executor(self.executor.bind(arrays, named), threads=threads)
+        if out is not None:
+            return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
     def explain(self) -> str:

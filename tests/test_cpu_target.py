@@ -147,6 +147,13 @@ def test_unsupported_refused():
         pn.compile(pn.sum(a), target="cpus")
 
 
+def test_out_and_emulator_keywords(rng):
+    k = pn.compile(pn.sum(pn.placeholder((4, 50), "float32", name="x"), axis=1), target="cpu")
+    a, buf = random_array((4, 50), "float32", rng), np.zeros(4, np.float32)
+    assert k(x=a, out=buf, order="reverse", seed=3) is buf
+    close(buf, a.astype(np.float64).sum(1), "float32", 50, 1.3)
+
+
 def test_threads_checked(forms):
     a = np.zeros((37, 301), np.float32)
     for bad in (0, -1, 1.5, True):
