@@ -63,7 +63,9 @@ class CpuCompiled(Compiled):
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
 
-    def explain(self) -> str:
+    def explain(self, section=None) -> str:
+        """The CPU kernels, their decisions and the formulations chosen (one section: `section`
+        is accepted for the GPU explain's signature and ignored)."""
         lines = [f"Panamera plan: {len(self.cpu_kernels)} CPU kernel(s), target cpu ({CpuMachine.detect().name})"]
         for k in self.cpu_kernels:
             lines.append(f"  kernel {k.name}: {k.decision.describe()}")

@@ -7,7 +7,7 @@ covers several kernel groups, which keeps the file fast.
 
 import numpy as np
 import pytest
-from conftest import np_dtype, random_array, tolerance
+from conftest import random_array, tolerance
 
 import panamera as pn
 from panamera.codegen.cpu_kernel import CpuUnsupportedError
@@ -159,10 +159,6 @@ def test_threads_checked(forms):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(pn.OptionError, match="threads"):
             forms(a, threads=bad)
-
-
-def test_np_dtype_helper_consistent():
-    assert np_dtype("bfloat16").itemsize == 2
 
 
 def test_more_templates(rng):
