@@ -11,6 +11,7 @@ True
 
 import sys
 
+from . import cpu_target as _cpu_target  # noqa: F401  (registers target="cpu" with the compiler)
 from . import dtypes, errors
 from ._version import __version__ as __version__
 from .compiler import Compiled, compile

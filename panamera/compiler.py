@@ -67,6 +67,7 @@ class Target(StrEnum):
     AUTO = "auto"  # cuda with a GPU, else the emulator
     CUDA = "cuda"
     EMULATOR = "emulator"
+    CPU = "cpu"  # C++ with OpenMP + SIMD for this machine's cores (cpu_target.py)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Options:
         try:
             target = Target(target)
         except ValueError:
-            raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda' or 'emulator'") from None
+            raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda', 'emulator' or 'cpu'") from None
         if target == Target.AUTO:
             target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
             if target == Target.EMULATOR:
@@ -102,6 +103,10 @@ class Options:
             raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
         return Options(target, bool(deterministic), gpu, split, schedule)
 
+
+# Targets compiled by a later module, which registers itself here on import (the package imports
+# cpu_target.py, which builds on this module's stages, for target="cpu").
+TARGET_COMPILERS: dict[Target, Callable] = {}
 
 _warned: list[bool] = []
 
@@ -577,7 +582,8 @@ def compile(  # noqa: A001
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
-    target: "auto" (cuda with a GPU, else emulator), "cuda" or "emulator".
+    target: "auto" (cuda with a GPU, else emulator), "cuda", "emulator" or "cpu" (OpenMP + SIMD
+    C++ for this machine; cpu_target.py lists what it covers).
     deterministic: merge block partials in a fixed order (no float atomics): identical bits
     on every run and every thread order, still in one launch.
     split: override the model's choice of blocks per reduction (a schedule override, used by
@@ -591,6 +597,8 @@ def compile(  # noqa: A001
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
+    if options.target in TARGET_COMPILERS:  # target="cpu": cpu_target.py
+        return TARGET_COMPILERS[options.target](outs, options, single)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None
     if hit is not None:

@@ -1,0 +1,394 @@
+"""One kernel group + its CPU decision (schedule/cpu_mapper.py) → C++ with OpenMP and SIMD.
+
+The innermost loop nests are printed from isl's AST of the canonical domain restricted to one
+task (`_scan`): a ROW/ALL task scans j over its chunk under `#pragma omp simd reduction(...)`, a
+COLUMN task scans j over its chunk and, inside, i over its block of contiguous outputs under
+`#pragma omp simd` (one accumulator per output), a MAP group scans i under `#pragma omp parallel
+for simd`. Tasks run under `#pragma omp for schedule(static)`. Bodies, loads, finishes and the
+combiners are the CUDA codegen's (thread_loop.py, expr.py, the functors of header.py generated
+from algebra.py): the reduction algebra is defined once.
+
+Stitched ROW groups make one pass over a row per level (schedule/mapping.py's `levels`), the
+row in cache; a row epilogue (and every element-wise statement of an epilogue group) runs once
+the values it reads are final, at (i, j = 0). A split reduction (decision.split > 1) writes one
+partial per (output, chunk) into a per-call array; after the tasks' barrier each output's
+partials are combined in chunk order, then finished: deterministic for every thread count.
+
+Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
+of `CpuKernel.params`, `pn_nt` threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import islpy as isl
+
+from ..algebra import WELFORD
+from ..errors import Unsupported
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, Statement, StatementKind
+from ..poly.stitch import levels
+from ..runtime.plan import BufferRole, BufferSpec
+from ..schedule.cpu_mapper import CpuDecision
+from ..schedule.mapping import MergeMode, kernel_buffers
+from . import islast
+from .expr import convert
+from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
+
+
+class CpuUnsupportedError(Unsupported):
+    """A program kind the CPU target does not cover yet."""
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    name: str
+    source: str
+    params: tuple[BufferSpec, ...]
+    decision: CpuDecision
+    reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
+
+
+@dataclass(frozen=True)
+class _Params:  # what ThreadLoop reads of a mapping for loads: the buffers
+    buffers: tuple[BufferSpec, ...]
+
+
+def _levels(g: KernelGroup) -> tuple[int, ...]:
+    if not g.stitched:
+        return tuple(0 for _ in g.statements)
+    lv = levels(g.statements)
+    return tuple(lv[s.name] for s in g.statements)
+
+
+def reduction_name(s: Statement) -> str:
+    """The OpenMP reduction identifier of statement s's combiner and accumulator type."""
+    return f"pn_red_{s.combiner.name}_{c_ident(s.acc.compute)}"
+
+
+def declare_reduction(s: Statement) -> str:
+    """`#pragma omp declare reduction` from the functor of algebra's combiner (header.py)."""
+    f, t = s.combiner.functor, s.acc.compute
+    return (
+        f"#pragma omp declare reduction({reduction_name(s)} : {t} : omp_out = {f}::apply(omp_out, omp_in)) "
+        f"initializer(omp_priv = {identity_expr(s)})"
+    )
+
+
+# -- isl: one task's loop nest ------------------------------------------------------------------
+def _scan(
+    ctx: isl.Context, dims: list[tuple[str, str, str]], params: list[str], context: str, extra: str = ""
+) -> isl.AstNode:
+    """isl's AST scanning { S[dims] : lo <= d < hi (and `extra`) } in the order given, with
+    `params` as isl parameters constrained by `context` (an isl constraint string over them)."""
+    names = ", ".join(d for d, _, _ in dims)
+    cons = " and ".join([f"{lo} <= {d} < {hi}" for d, lo, hi in dims] + ([extra] if extra else []))
+    pars = ", ".join(params)
+    dom = isl.Set(f"[{pars}] -> {{ S[{names}] : {cons} }}", context=ctx)
+    ctx_set = isl.Set(f"[{pars}] -> {{ : {context} }}", context=ctx)
+    sched = isl.Map.identity(dom.space.map_from_set()).intersect_domain(dom)
+    return isl.AstBuild.from_context(ctx_set).node_from_schedule_map(isl.UnionMap.from_map(sched))
+
+
+def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list[str], depth: int = 0) -> list[str]:
+    """C lines of an isl AST; `pragmas[d]` precedes the loops at depth d; `user(args)` renders
+    a statement instance from its argument expressions."""
+    t = n.get_type()
+    if t == isl.ast_node_type.block:
+        return [ln for c in n.block_get_children() for ln in _print(c, user, pragmas, depth)]
+    if t == isl.ast_node_type.for_:
+        it = islast.expr(n.for_get_iterator())
+        head = (
+            f"for (pn_idx {it} = {islast.expr(n.for_get_init())}; {islast.expr(n.for_get_cond())}; "
+            f"{it} += {islast.expr(n.for_get_inc())}) {{"
+        )
+        pre = [pragmas[depth]] if depth < len(pragmas) and pragmas[depth] else []
+        body = _print(n.for_get_body(), user, pragmas, depth + 1)
+        return pre + [head] + ["  " + ln for ln in body] + ["}"]
+    if t == isl.ast_node_type.if_:
+        out = [f"if ({islast.expr(n.if_get_cond())}) {{"]
+        out += ["  " + ln for ln in _print(n.if_get_then_node(), user, pragmas, depth)]
+        if n.if_has_else_node():
+            out += ["} else {"] + ["  " + ln for ln in _print(n.if_get_else_node(), user, pragmas, depth)]
+        return out + ["}"]
+    if t == isl.ast_node_type.user:
+        call = n.user_get_expr()
+        return user([islast.expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())])
+    if t == isl.ast_node_type.mark:
+        return _print(n.mark_get_node(), user, pragmas, depth)
+    raise NotImplementedError(f"isl AST node {t}")
+
+
+# -- the kernel ---------------------------------------------------------------------------------
+class _Kernel:
+    def __init__(self, name: str, g: KernelGroup, d: CpuDecision):
+        self.name, self.g, self.d = name, g, d
+        merges = tuple(MergeMode.STORE for _ in g.statements)
+        self.params = kernel_buffers(g, name, merges, 1, (1, 1))
+        self.loop = ThreadLoop(g, _Params(self.params), "long long")
+        self.outputs = {b.statement for b in self.params if b.role == BufferRole.OUTPUT}
+        self.level = _levels(g)
+        self.epilogues = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.MAP and s.form == Form.MAP]
+        self.reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
+
+    def check(self) -> None:
+        g = self.g
+        if g.stitched and g.form not in (Form.ROW, Form.ALL):  # ALL: one row, on one core
+            raise CpuUnsupportedError(f"target='cpu': stitched {g.form} groups are not supported yet ({g.names})")
+        if g.form != Form.MAP and not self.reductions:
+            raise CpuUnsupportedError(f"target='cpu': a {g.form} group without a reduction ({g.names})")
+        members = g.on_chip
+        for k, s in enumerate(g.statements):
+            if k in self.epilogues:
+                continue
+            for r in s.reads:  # a row-space value read in the pass that computes it has no register
+                src = next((j for j, t in enumerate(g.statements) if t.result.uid == r.tensor.uid), None)
+                if r.tensor.uid in members and src is not None and g.statements[src].kind == StatementKind.MAP:
+                    if src not in self.epilogues:
+                        raise CpuUnsupportedError(
+                            f"target='cpu': statement {s.name} reads the row-space value {g.statements[src].name} "
+                            "of its own group; not supported yet"
+                        )
+
+    # -- pieces -------------------------------------------------------------------------------
+    def body(self, here: list[int], acc: Callable[[int], str], shifted: frozenset[int] = frozenset()) -> list[str]:
+        """The bodies of statements `here` at the current (i, j): accumulated or stored; a
+        `shifted` Welford statement adds x - shift and its square to two plain sums."""
+        g, out = self.g, []
+        for k in here:
+            s = g.statements[k]
+            if g.accumulator_of[k] != k:
+                continue
+            lines, val = self.loop.body_lines(k, None)
+            out += lines
+            if k in shifted:
+                t = s.acc.field.compute
+                out.append(f"const {t} pn_d{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}) - pn_sh{k};")
+                out.append(f"pn_s1_{k} += pn_d{k}; pn_s2_{k} += pn_d{k} * pn_d{k};")
+            elif s.kind == StatementKind.REDUCE:
+                a = acc(k)
+                out.append(f"{a} = {s.combiner.functor}::apply({a}, {accumuland(s, val)});")
+            else:
+                out.append(
+                    f"pn_st(&out{k}[{self.loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});"
+                )
+        return out
+
+    def finish(self, here: list[int], acc: Callable[[int], str]) -> list[str]:
+        """Statements `here` (reductions) finished at output i from their owners' accumulators:
+        a register each (later passes and epilogues read it), stored where it has a buffer."""
+        g, out = self.g, []
+        for k in here:
+            s = g.statements[k]
+            reg = f"pn_r{k}"
+            value = convert(post(s, acc(g.accumulator_of[k])), post_dtype(s), s.result.dtype)
+            out.append(f"const {s.result.dtype.compute} {reg} = {value};")
+            if k in self.outputs:
+                out.append(f"pn_st(&out{k}[i], {reg});")
+            self.loop.regs[s.result.uid] = reg
+        return out
+
+    def run_epilogues(self, after: int) -> list[str]:
+        """The element-wise statements over the outputs that run after pass `after`."""
+        here = [k for k in self.epilogues if max(self.level[k] - 1, 0) == after]
+        if not here:
+            return []
+        out = ["{ const pn_idx j = 0; (void)j;"]
+        for e in here:
+            st = self.g.statements[e]
+            lines, val = self.loop.body_lines(e, None)
+            out += ["  " + ln for ln in lines]
+            out.append(f"  const {st.result.dtype.compute} pn_r{e} = {convert(val, st.body.dtype, st.result.dtype)};")
+            if e in self.outputs:
+                out.append(f"  pn_st(&out{e}[{self.loop.address(st.write)}], pn_r{e});")
+            self.loop.regs[st.result.uid] = f"pn_r{e}"
+        return out + ["}"]
+
+    def simd_clause(self, owners: list[int]) -> str:
+        g = self.g
+        return " ".join(f"reduction({reduction_name(g.statements[k])} : acc{k})" for k in owners)
+
+    def owners(self, here: list[int]) -> list[int]:
+        return [k for k in here if k in self.reductions and self.g.accumulator_of[k] == k]
+
+    # -- templates ----------------------------------------------------------------------------
+    def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
+        """One scan of j in [lo, hi) for the statements `here`, accumulators declared before.
+
+        A Welford accumulator (pn_welford: a struct whose combine divides and branches, which no
+        SIMD loop vectorizes) is lowered for the scan to the shifted sums of x - shift and
+        (x - shift)^2, shift = the scan's first element, two plain `+` reductions; after the
+        scan they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
+        accumulator by the combiner. The shift keeps the cancellation of m2 small: its error is
+        that of (mean - shift)^2 against the variance, for rows of values near each other."""
+        g = self.g
+        ctx = g.statements[0].domain.get_ctx()
+        ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
+        owners = self.owners(here)
+        shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
+        sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
+        clause = self.simd_clause([k for k in owners if k not in shifted])
+        clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
+        pragma = f"#pragma omp simd {clause}".rstrip()
+
+        def user(a: list[str]) -> list[str]:
+            body = self.body(here, lambda k: f"acc{k}", shifted)
+            return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
+
+        out = [f"{{ const pn_idx pn_lo = {lo}, pn_hi = {hi};"]
+        for k in sorted(shifted):
+            s = g.statements[k]
+            t = s.acc.field.compute
+            lines, val = self.loop.body_lines(k, None)
+            out += [f"  {t} pn_sh{k}, pn_s1_{k} = 0, pn_s2_{k} = 0;", "  { const pn_idx j = pn_lo;"]
+            out += ["    " + ln for ln in lines]
+            out += [f"    pn_sh{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}); }}"]
+        out += ["  " + ln for ln in _print(ast, user, [pragma])]
+        for k in sorted(shifted):
+            s = g.statements[k]
+            t = s.acc.field.compute
+            out += [
+                f"  {{ {s.acc.compute} w; w.shift = pn_sh{k}; w.n = ({t})(pn_hi - pn_lo);",
+                f"    w.mean = pn_s1_{k} / w.n; w.m2 = pn_s2_{k} - pn_s1_{k} * w.mean;",
+                f"    acc{k} = {s.combiner.functor}::apply(acc{k}, w); }}",
+            ]
+        return out + ["}"]
+
+    def acc_decls(self, owners: list[int], n: int | None = None) -> list[str]:
+        g = self.g
+        if n is None:
+            return [f"{g.statements[k].acc.compute} acc{k} = {identity_expr(g.statements[k])};" for k in owners]
+        return [
+            ln
+            for k in owners
+            for ln in (
+                f"{g.statements[k].acc.compute} acc{k}[{n}];",
+                f"for (int q = 0; q < {n}; ++q) acc{k}[q] = {identity_expr(g.statements[k])};",
+            )
+        ]
+
+    def partial_decls(self) -> tuple[list[str], list[str]]:
+        g, d = self.g, self.d
+        alloc, free = [], []
+        for k in self.owners(self.reductions):
+            t = g.statements[k].acc.compute
+            alloc.append(f"{t}* __restrict__ pn_part{k} = ({t}*)malloc(sizeof({t}) * {d.M * d.split}LL);")
+            free.append(f"free(pn_part{k});")
+        return alloc, free
+
+    def merge(self) -> list[str]:
+        """After the tasks: each output's partials combined in chunk order, finished, epilogues."""
+        g, d = self.g, self.d
+        owners = self.owners(self.reductions)
+        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
+        for k in owners:
+            s = g.statements[k]
+            out.append(f"  {s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
+            out.append(
+                f"  for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
+            )
+        out += ["  " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}")]
+        out += ["  " + ln for ln in self.run_epilogues(0)]
+        return out + ["}"]
+
+    def emit_row(self) -> list[str]:
+        g, d = self.g, self.d
+        if d.split == 1:
+            out = [
+                "#pragma omp parallel for schedule(static) num_threads(pn_nt)",
+                f"for (pn_idx i = 0; i < {d.M}; ++i) {{",
+            ]
+            passes = max((v for k, v in enumerate(self.level) if k not in self.epilogues), default=0) + 1
+            for lv in range(passes):
+                here = [k for k in range(len(g.statements)) if self.level[k] == lv and k not in self.epilogues]
+                out += ["  " + ln for ln in self.acc_decls(self.owners(here))]
+                out += ["  " + ln for ln in self.row_pass(here, "0", str(d.N))]
+                out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
+                out += ["  " + ln for ln in self.run_epilogues(lv)]
+            return out + ["}"]
+        alloc, free = self.partial_decls()
+        owners = self.owners(self.reductions)
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        out.append(f"for (pn_idx pn_t = 0; pn_t < {d.M * d.split}LL; ++pn_t) {{")
+        out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
+        out += ["  " + ln for ln in self.acc_decls(owners)]
+        lo, hi = f"pn_p * {d.chunk}LL", f"pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL)"
+        out += ["  " + ln for ln in self.row_pass(self.reductions, lo, hi)]
+        out += [f"  pn_part{k}[pn_t] = acc{k};" for k in owners]
+        out.append("}")
+        return out + self.merge() + ["}"] + free
+
+    def emit_column(self) -> list[str]:
+        g, d = self.g, self.d
+        B = d.block
+        owners = self.owners(self.reductions)
+        ctx = g.statements[0].domain.get_ctx()
+        ast = _scan(
+            ctx,
+            [("c0", "pn_lo", "pn_hi"), ("c1", "pn_i0", f"pn_i0 + {B}")],
+            ["pn_lo", "pn_hi", "pn_i0"],
+            f"0 <= pn_lo < pn_hi <= {d.N} and 0 <= pn_i0 < {d.M}",
+            extra=f"c1 < {d.M}",  # the last block clipped to M
+        )
+
+        def user(a: list[str]) -> list[str]:
+            return (
+                ["{", f"  const pn_idx j = {a[0]}; const pn_idx i = {a[1]};"]
+                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
+                + ["}"]
+            )
+
+        nb = -(-d.M // B)
+        alloc, free = self.partial_decls() if d.split > 1 else ([], [])
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        out.append(f"for (pn_idx pn_t = 0; pn_t < {nb * d.split}LL; ++pn_t) {{")
+        out.append(f"  const pn_idx pn_i0 = pn_t / {d.split} * {B}, pn_p = pn_t % {d.split};")
+        out.append(f"  const pn_idx pn_lo = pn_p * {d.chunk}LL, pn_hi = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
+        out += ["  " + ln for ln in self.acc_decls(owners, B)]
+        out += ["  " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
+        out.append(f"  for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{")
+        if d.split == 1:
+            out += ["    " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
+            out += ["    " + ln for ln in self.run_epilogues(0)]
+        else:
+            out += [f"    pn_part{k}[i * {d.split} + pn_p] = acc{k}[i - pn_i0];" for k in owners]
+        out += ["  }", "}"]
+        if d.split > 1:
+            out += self.merge()
+        return out + ["}"] + free
+
+    def emit_map(self) -> list[str]:
+        g = self.g
+        ctx = g.statements[0].domain.get_ctx()
+        ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
+        everything = list(range(len(g.statements)))
+
+        def user(a: list[str]) -> list[str]:
+            return (
+                ["{", f"  const pn_idx i = {a[0]}; const pn_idx j = 0; (void)j;"]
+                + ["  " + ln for ln in self.body(everything, lambda k: "")]
+                + ["}"]
+            )
+
+        return _print(ast, user, ["#pragma omp parallel for simd schedule(static) num_threads(pn_nt)"])
+
+    def render(self) -> CpuKernel:
+        self.check()
+        g = self.g
+        lines = [f'extern "C" void {self.name}(void** pn_a, int pn_nt) {{', "  typedef long long pn_idx;"]
+        for n, p in enumerate(self.params):
+            const = "const " if p.role == BufferRole.INPUT else ""
+            lines.append(f"  {const}{p.ctype}* __restrict__ {p.param} = ({const}{p.ctype}*)pn_a[{n}];")
+        body = {Form.MAP: self.emit_map, Form.COLUMN: self.emit_column}.get(g.form, self.emit_row)()
+        lines += ["  " + ln for ln in body]
+        lines.append("}")
+        decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
+        return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
+
+
+def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:
+    """The C++ of one kernel group under its CPU decision; CpuUnsupportedError for a group kind
+    the CPU target does not cover yet."""
+    return _Kernel(name, group, d).render()

@@ -1,0 +1,181 @@
+"""The CPU backend: C++ with OpenMP + SIMD (codegen/cpu_kernel.py), built by the system g++
+with `-O3 -march=native -fopenmp`, cached on disk beside the emulator's libraries (the same
+cache directory, `cpu_<hash>.so`), loaded with ctypes.
+
+Arrays cross without copies: a C-contiguous numpy array (or a torch CPU tensor, viewed through
+runtime/arrays.py) is passed by pointer; outputs are fresh numpy arrays returned as the caller's
+kind. Without OpenMP support in the compiler the kernels are built without `-fopenmp` (one
+thread, a warning says so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendError, CompileError, OptionError
+from . import arrays as arrays_mod
+from . import emulator
+from .executor import Executor, _alloc
+from .plan import LaunchPlan
+
+log = logging.getLogger("panamera.cpu")
+BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+_loaded: dict[str, ctypes.CDLL] = {}
+_guard = threading.Lock()
+
+
+def _compiler() -> str:
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if cxx is None:
+        raise BackendError("target='cpu': no C++ compiler (g++) found; install g++ or set CXX")
+    return cxx
+
+
+@cache
+def openmp_flags() -> tuple[str, ...]:
+    """`("-fopenmp",)` when the compiler builds an OpenMP library, else () with a warning."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "omp.cpp"
+        src.write_text('#include <omp.h>\nextern "C" int pn_threads() { return omp_get_max_threads(); }\n')
+        r = subprocess.run(
+            [_compiler(), "-fopenmp", "-shared", "-fPIC", str(src), "-o", str(Path(tmp) / "omp.so")],
+            capture_output=True,
+            text=True,
+        )
+    if r.returncode:
+        warnings.warn(
+            f"target='cpu': the compiler does not support OpenMP ({r.stderr.strip()[:200]}); kernels run on one thread",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return ()
+    return ("-fopenmp",)
+
+
+# glibc's vector math (libmvec, <= 4 ulp, special values handled as the scalar functions do):
+# declaring the functions `simd` lets `#pragma omp simd` loops call their vector variants
+# (glibc's own headers declare them only under -ffast-math, which would also drop NaN semantics).
+SIMD_FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "erf", "pow")
+SIMD_MATH = (
+    "#include <cmath>\n#ifdef PN_LIBMVEC\n"
+    + "".join(
+        f'extern "C" {t} {f}{s}({", ".join([t] * (2 if f == "pow" else 1))}) noexcept __attribute__((__simd__("notinbranch")));\n'
+        for f in SIMD_FUNCTIONS
+        for t, s in (("double", ""), ("float", "f"))
+    )
+    + "#endif\n"
+)
+
+
+@cache
+def libmvec() -> bool:
+    """Whether glibc's libmvec links here."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "mvec.cpp"
+        src.write_text('#include <cmath>\nextern "C" float pn_f(float x) { return expf(x); }\n')
+        r = subprocess.run(
+            [_compiler(), "-shared", "-fPIC", str(src), "-lmvec", "-o", str(Path(tmp) / "m.so")],
+            capture_output=True,
+            text=True,
+        )
+    if r.returncode:
+        log.info("libmvec not found: transcendental functions stay scalar in SIMD loops")
+    return not r.returncode
+
+
+def flags() -> tuple[str, ...]:
+    """The compile flags, then the libraries to link."""
+    return BASE_FLAGS + openmp_flags() + (("-DPN_LIBMVEC", "-lmvec") if libmvec() else ())
+
+
+def _libs(fl: tuple[str, ...]) -> list[str]:
+    return [f for f in fl if f.startswith("-l")]  # after the source, where the linker needs them
+
+
+@cache
+def machine_key() -> str:
+    """What `-march=native` depends on: the CPU's model and feature flags (a cache directory
+    shared between machines never hands one a library built for another's instruction set)."""
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()  # noqa: SIM115
+    except OSError:
+        return os.uname().machine
+    wanted = ("model name", "flags")
+    return "|".join(dict.fromkeys(ln for ln in lines if ln.split(":")[0].strip() in wanted))
+
+
+def build(source: str) -> ctypes.CDLL:
+    """The shared library of `source`, built once per content, flags and machine (kept on disk)."""
+    fl = flags()
+    text = source + emulator.HEADER.read_text() + " ".join(fl) + machine_key()
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    with _guard:
+        if key in _loaded:
+            return _loaded[key]
+        lib = emulator.cache_dir() / f"cpu_{key}.so"
+        if not lib.exists():
+            log.info("building %s with %s", lib.name, " ".join(fl))
+            with tempfile.TemporaryDirectory() as tmp:
+                src = Path(tmp) / "kernel.cpp"
+                src.write_text(source)
+                out = Path(tmp) / "k.so"
+                r = subprocess.run(
+                    [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
+                    capture_output=True,
+                    text=True,
+                )
+                if r.returncode:
+                    raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
+                shutil.move(str(out), lib)
+        _loaded[key] = ctypes.CDLL(str(lib))
+        return _loaded[key]
+
+
+class CpuExecutor(Executor):
+    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys), ...) in
+    order; `threads` the default thread count of a call."""
+
+    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
+        super().__init__(plan, source, (), "cpu")
+        self.kernels, self.threads = kernels, threads
+        self._fns: list | None = None
+
+    def __call__(self, args: list, order: str = "forward", seed: int = 0, threads: int | None = None) -> list:
+        args = [
+            a if isinstance(a, arrays_mod.Arg) else arrays_mod.adopt(a, t.name) for a, t in zip(args, self.plan.inputs)
+        ]
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise OptionError(f"target='cpu': threads must be a positive int, got {threads!r}")
+        caller = arrays_mod.caller_of(args)
+        hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
+        return arrays_mod.deliver(self.run(hosted, threads or self.threads), caller)
+
+    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        if self._fns is None:
+            lib = build(self.source)
+            fns = []
+            for name, _ in self.kernels:
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+                fns.append(fn)
+            self._fns = fns
+        bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
+        for key, spec in self.plan.buffers.items():
+            if key not in bufs:
+                bufs[key] = _alloc(np.empty, spec)
+        for fn, (_, keys) in zip(self._fns, self.kernels):
+            ptrs = (ctypes.c_void_p * max(1, len(keys)))(*[bufs[k].ctypes.data for k in keys])
+            fn(ptrs, int(threads))
+        return self._results(bufs, inputs)

@@ -1,0 +1,137 @@
+"""The CPU mapper: one kernel group onto the cores and SIMD lanes of this machine, as data.
+
+A reduction's kept loop runs over the cores (`#pragma omp parallel for`); its reduced loop over
+the SIMD lanes (`#pragma omp simd reduction(...)`, or, for COLUMN, lanes along the contiguous
+kept extent). A reduction whose outputs cannot occupy the cores (ALL, or few rows / column
+blocks) is **split**: its reduced extent is cut into `split` fixed chunks of `chunk` iterations,
+one task per (output, chunk), each writing a partial; after the tasks the partials of each
+output are combined in chunk order. The partition is a function of the decision only, never of
+the number of threads that run it, so results are bit-identical for every thread count.
+
+>>> import panamera as pn
+>>> from panamera.compiler import lower
+>>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
+>>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
+'ALL M=1 N=1048576 split=8 chunk=131072 block=1 threads=2 lanes=8'
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from functools import cache
+
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, StatementKind
+
+MIN_CHUNK = 16384  # iterations per split task: below this a task costs more to schedule than it saves
+TASKS_PER_CORE = 4  # tasks per core a split aims at (load balance across unequal cores)
+MAX_SPLIT = 64
+COLUMN_BLOCK_VECTORS = 16  # a COLUMN task's kept block, in SIMD vectors of the accumulator
+
+
+@dataclass(frozen=True)
+class CpuMachine:
+    """What the mapper knows of the CPU: usable cores, SIMD register width in bytes, model name."""
+
+    cores: int
+    simd_bytes: int
+    name: str
+
+    @staticmethod
+    @cache
+    def detect() -> CpuMachine:
+        """This process's machine: cores from its CPU affinity (capped by a valid OMP_NUM_THREADS),
+        SIMD width from the /proc/cpuinfo flags (AVX-512: 64 bytes, AVX2: 32, else 16)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+        if env.isdigit() and int(env) > 0:
+            cores = min(cores, int(env))
+        flags, name = set(), "unknown CPU"
+        try:
+            for line in open("/proc/cpuinfo"):  # noqa: SIM115 - read once, closed by the GC
+                key, _, value = line.partition(":")
+                if key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+                elif key.strip() == "model name" and name == "unknown CPU":
+                    name = value.strip()
+        except OSError:
+            pass
+        simd = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+        return CpuMachine(max(1, cores), simd, name)
+
+
+@dataclass(frozen=True)
+class CpuDecision:
+    """Every decision the CPU codegen and runtime need for one kernel group.
+
+    form: the canonical form; M, N: kept and reduced extents; split: chunks per reduction
+    (1: none); chunk: reduced iterations per chunk; block: kept outputs per task (COLUMN, else
+    1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator."""
+
+    form: Form
+    M: int
+    N: int
+    split: int
+    chunk: int
+    block: int
+    threads: int
+    lanes: int
+
+    @property
+    def tasks(self) -> int:
+        """Parallel tasks of the main loop: (output block, chunk) pairs."""
+        return math.ceil(self.M / self.block) * self.split
+
+    def describe(self) -> str:
+        return (
+            f"{self.form} M={self.M} N={self.N} split={self.split} chunk={self.chunk} block={self.block} "
+            f"threads={self.threads} lanes={self.lanes}"
+        )
+
+
+def _lanes(group: KernelGroup, simd_bytes: int) -> int:
+    sizes = [s.acc.itemsize for s in group.statements if s.kind == StatementKind.REDUCE and not s.acc.is_struct]
+    sizes += [s.result.dtype.itemsize for s in group.statements if s.kind == StatementKind.MAP]
+    return max(1, simd_bytes // max(sizes, default=4))
+
+
+def map_cpu(group: KernelGroup, machine: CpuMachine, split: int | None = None) -> CpuDecision:
+    """The decision for one group; `split` overrides the chunks per reduction (clamped to N)."""
+    form, M, N = group.form, group.M, group.N
+    lanes = _lanes(group, machine.simd_bytes)
+    block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
+    if form == Form.MAP or group.stitched:
+        s = 1
+    elif split is not None:
+        s = min(split, N)
+    else:
+        outputs = math.ceil(M / block)
+        min_chunk = math.ceil(MIN_CHUNK / block)  # a COLUMN chunk's iterations move `block` elements each
+        want = math.ceil(TASKS_PER_CORE * machine.cores / outputs) if outputs < TASKS_PER_CORE * machine.cores else 1
+        s = max(1, min(want, N // min_chunk, MAX_SPLIT)) if machine.cores > 1 else 1
+    chunk = math.ceil(N / s)
+    if s > 1:  # chunks start on whole SIMD vectors
+        chunk = math.ceil(chunk / lanes) * lanes
+        s = math.ceil(N / chunk)
+    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes)
+
+
+def modeled_steps(groups, machine: CpuMachine) -> float:
+    """A first CPU cost (modeled, not fitted): SIMD steps over the groups' iteration spaces, one
+    scan per pass of a stitched group, a struct accumulator (online softmax, Welford) counted
+    lane by lane since its combine does not vectorize. It ranks formulations for the CPU target
+    (cpu_target.py); a fitted CPU model is issue 24's item 2."""
+    from ..poly.stitch import levels
+
+    total = 0.0
+    for g in groups:
+        if g.M * g.N == 0:
+            continue
+        lv = levels(g.statements) if g.stitched else {}
+        passes = max(lv.values(), default=0) + 1
+        lanes = _lanes(g, machine.simd_bytes)
+        struct = any(g.statements[k].acc.is_struct for k in g.accumulators)
+        total += passes * g.M * g.N / (1 if struct else lanes)
+    return total

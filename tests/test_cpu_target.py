@@ -1,0 +1,205 @@
+"""target="cpu": OpenMP + SIMD C++ (codegen/cpu_kernel.py) against numpy in float64.
+
+Tolerances come from conftest.tolerance (dtype and reduction length; 16-bit floats accumulate
+in float32). Several outputs are compiled into one program where possible: one g++ build
+covers several kernel groups, which keeps the file fast.
+"""
+
+import numpy as np
+import pytest
+from conftest import random_array, tolerance
+
+import panamera as pn
+from panamera.codegen.cpu_kernel import CpuUnsupportedError
+
+
+def close(out, ref, dtype: str, n: int, scale: float = 1.0):
+    """`out` against the float64 reference within the derived tolerance (scaled by the largest
+    magnitude summed, for sums of n values); exact for integers."""
+    tol = tolerance(dtype, n)
+    if not tol:
+        np.testing.assert_array_equal(out, ref)
+        return
+    np.testing.assert_allclose(np.asarray(out, np.float64), np.asarray(ref, np.float64), rtol=tol, atol=tol * scale)
+
+
+@pytest.fixture(scope="module")
+def forms():
+    """ROW, COLUMN, ALL and MAP groups, epilogues and an argmax, float32, in one program."""
+    x = pn.placeholder((37, 301), "float32", name="x")
+    outs = [
+        pn.sum(x, axis=1),
+        pn.sum(x, axis=0),
+        pn.sum(x),
+        pn.exp(x) + 1.0,
+        pn.max(pn.exp(x) * 2.0, axis=1),
+        pn.mean(x, axis=0) * 2.0 + 1.0,
+        pn.argmax(x, axis=1),
+    ]
+    return pn.compile(outs, target="cpu")
+
+
+def test_forms_float32(forms, rng):
+    a = random_array((37, 301), "float32", rng)
+    a64 = a.astype(np.float64)
+    r = forms(a)
+    assert {d.form for d in forms.decisions} >= {"ROW", "COLUMN", "ALL", "MAP"}
+    close(r[0], a64.sum(1), "float32", 301, 1.3)
+    close(r[1], a64.sum(0), "float32", 37, 1.3)
+    close(r[2], a64.sum(), "float32", a.size, 1.3)
+    close(r[3], np.exp(a64) + 1, "float32", 1)
+    close(r[4], (np.exp(a64) * 2).max(1), "float32", 1)
+    close(r[5], a64.mean(0) * 2 + 1, "float32", 37, 1.3)
+    np.testing.assert_array_equal(r[6], a.argmax(1))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int32", "int64"])
+def test_dtypes(dtype, rng):
+    x = pn.placeholder((19, 257), dtype, name="x")
+    k = pn.compile([pn.sum(x, axis=1), pn.sum(x, axis=0), pn.max(x)], target="cpu")
+    a = random_array((19, 257), dtype, rng)
+    ref = a.astype(np.float64) if dtype.endswith("16") else a
+    r = k(a)
+    assert r[0].dtype == np.sum(a, axis=1).dtype or dtype.endswith("16")
+    close(r[0], ref.sum(1), dtype, 257, 1.3)
+    close(r[1], ref.sum(0), dtype, 19, 1.3)
+    close(r[2], ref.max(), dtype, 1)
+
+
+def test_split_across_cores_and_deterministic(rng):
+    """Few outputs: the reduction is split in fixed chunks (forced here, so the plan does not
+    depend on this machine), partials combined in chunk order: bit-identical on 1 and 2
+    threads; ROW, ALL and COLUMN forms."""
+    x = pn.placeholder((3, 40000), "float32", name="x")
+    y = pn.placeholder((20000, 40), "float32", name="y")
+    k = pn.compile([pn.sum(x, axis=1), pn.sum(x), pn.sum(y, axis=0) * 0.5, pn.max(x, axis=1)], target="cpu", split=7)
+    assert all(d.split > 1 for d in k.decisions if d.form != "MAP"), [d.describe() for d in k.decisions]
+    a, b = random_array((3, 40000), "float32", rng), random_array((20000, 40), "float32", rng)
+    one, two = k(a, b, threads=1), k(a, b, threads=2)
+    for p, q in zip(one, two):
+        np.testing.assert_array_equal(p, q)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    close(two[0], a64.sum(1), "float32", 40000, 1.3)
+    close(two[1], a64.sum(), "float32", a.size, 1.3)
+    close(two[2], b64.sum(0) * 0.5, "float32", 20000, 1.3)
+    close(two[3], a64.max(1), "float32", 1)
+
+
+def test_mapper_splits_few_outputs():
+    from panamera.compiler import lower
+    from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
+
+    two = CpuMachine(cores=2, simd_bytes=32, name="test")
+    g = lower(pn.sum(pn.placeholder((2, 1 << 18), "float32"), axis=1), stop_after="groups", target="emulator")
+    d = map_cpu(g.groups[0], two)
+    assert d.split > 1 and d.chunk % d.lanes == 0 and d.split * d.chunk >= d.N
+    many = lower(pn.sum(pn.placeholder((4096, 512), "float32"), axis=1), stop_after="groups", target="emulator")
+    assert map_cpu(many.groups[0], two).split == 1
+
+
+def test_stitched_rows(rng):
+    x = pn.placeholder((33, 200), "float32", name="x")
+    w = pn.placeholder((200,), "float32", name="w")
+    k = pn.compile([pn.nn.softmax(x, axis=1), pn.nn.layer_norm(x, w), x - pn.mean(x)], target="cpu")
+    a, g = random_array((33, 200), "float32", rng), random_array((200,), "float32", rng)
+    sm, ln, centered = k(a, g)
+    assert "ALL" in {d.form for d in k.decisions}
+    close(centered, a.astype(np.float64) - a.astype(np.float64).mean(), "float32", a.size, 1.3)  # stitched ALL
+    a64 = a.astype(np.float64)
+    e = np.exp(a64 - a64.max(1, keepdims=True))
+    close(sm, e / e.sum(1, keepdims=True), "float32", 200)
+    mu, var = a64.mean(1, keepdims=True), a64.var(1, keepdims=True)
+    ref = (a64 - mu) / np.sqrt(var + 1e-5) * g
+    close(ln, ref, "float32", 200, float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("split", [None, 5])
+def test_welford_shifted_sums(split, rng):
+    """Variance and layer_norm rows: Welford lowered to shifted sums per scan (cpu_kernel.py),
+    chunks merged by Chan's combine when split; rows far from zero keep their precision."""
+    x = pn.placeholder((3, 30000), "float32", name="x")
+    k = pn.compile([pn.var(x, axis=1), pn.mean(x, axis=1)], target="cpu", split=split)
+    a = (random_array((3, 30000), "float32", rng) + 100.0).astype(np.float32)
+    v, m = k(a)
+    a64 = a.astype(np.float64)
+    # x - shift is exact (Sterbenz); the sums' rounding is amplified by m2's cancellation, at most
+    # (mean - shift)^2 / var, shift being one of the row's values
+    dev = (a64 - a64.mean(1, keepdims=True)) ** 2
+    close(v, a64.var(1), "float32", 30000, float((a64.var(1) + dev.max(1)).max()))
+    close(m, a64.mean(1), "float32", 30000, 101.0)
+
+
+def test_torch_cpu_tensors(rng):
+    torch = pytest.importorskip("torch")
+    k = pn.compile(pn.sum(pn.placeholder((8, 64), "float32", name="x"), axis=1), target="cpu")
+    t = torch.from_numpy(random_array((8, 64), "float32", rng))
+    out = k(t)
+    assert isinstance(out, torch.Tensor)
+    close(out.numpy(), t.numpy().astype(np.float64).sum(1), "float32", 64, 1.3)
+
+
+def test_unsupported_refused():
+    a, b = pn.placeholder((16, 32), "float32", name="a"), pn.placeholder((32, 8), "float32", name="b")
+    with pytest.raises(CpuUnsupportedError, match="contraction"):
+        pn.compile(pn.matmul(a, b), target="cpu")
+    assert issubclass(CpuUnsupportedError, pn.PanameraError)
+    with pytest.raises(pn.OptionError, match="'cpu'"):
+        pn.compile(pn.sum(a), target="cpus")
+
+
+def test_out_and_emulator_keywords(rng):
+    k = pn.compile(pn.sum(pn.placeholder((4, 50), "float32", name="x"), axis=1), target="cpu")
+    a, buf = random_array((4, 50), "float32", rng), np.zeros(4, np.float32)
+    assert k(x=a, out=buf, order="reverse", seed=3) is buf
+    close(buf, a.astype(np.float64).sum(1), "float32", 50, 1.3)
+
+
+def test_threads_checked(forms):
+    a = np.zeros((37, 301), np.float32)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(pn.OptionError, match="threads"):
+            forms(a, threads=bad)
+
+
+def test_more_templates(rng):
+    """prod, min / argmin over an outer axis, any / all, variance down columns (Welford
+    COLUMN), logsumexp, int8 sums, a middle axis, a gather and NaN propagation through max, in
+    one program (one build)."""
+    x = pn.placeholder((6, 5, 40), "float32", name="x")
+    b = pn.placeholder((6, 5, 40), "bool", name="b")
+    i8 = pn.placeholder((6, 5, 40), "int8", name="i")
+    idx = pn.placeholder((7,), "int64", name="idx")
+    outs = [
+        pn.prod(x, axis=2),
+        pn.min(x, axis=0),
+        pn.argmin(x, axis=1),
+        pn.any(b, axis=2),
+        pn.all(b, axis=0),
+        pn.var(x, axis=0),
+        pn.nn.logsumexp(x, axis=2),
+        pn.sum(i8, axis=1),
+        pn.sum(x, axis=1),
+        pn.take(pn.reshape(x, (30, 40)), idx, axis=0).sum(axis=1),
+        pn.max(x, axis=2),
+    ]
+    k = pn.compile(outs, target="cpu")
+    a = random_array((6, 5, 40), "float32", rng, "prod")
+    a[2, 3, 17] = np.nan
+    bb, ii = rng.random((6, 5, 40)) > 0.3, rng.integers(-100, 100, (6, 5, 40)).astype(np.int8)
+    ix = rng.integers(0, 30, 7)
+    r = k(a, bb, ii, ix)
+    a64 = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        close(r[0], a64.prod(2), "float32", 40, 1.1)
+        close(r[1], a64.min(0), "float32", 1)
+        np.testing.assert_array_equal(r[2], a.argmin(1))
+        np.testing.assert_array_equal(r[3], bb.any(2))
+        np.testing.assert_array_equal(r[4], bb.all(0))
+        close(r[5], a64.var(0), "float32", 6, 1.1)
+        m = a64.max(2, keepdims=True)
+        close(r[6], (m + np.log(np.exp(a64 - m).sum(2, keepdims=True)))[..., 0], "float32", 40, 2.0)
+        np.testing.assert_array_equal(r[7], ii.sum(1))
+        close(r[8], a64.sum(1), "float32", 5, 1.1)
+        close(r[9], a64.reshape(30, 40)[ix].sum(1), "float32", 40, 1.1)
+        close(r[10], a64.max(2), "float32", 1)
+    assert np.isnan(r[10][2, 3]) and np.isnan(r[0][2, 3])
