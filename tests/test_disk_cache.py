@@ -182,3 +182,30 @@ def test_cache_clear_removes_sidecars(tmp_path, monkeypatch, fresh):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cache.disk_info().files == 0
+
+
+def test_the_cpu_target_loads_only_verified_libraries(tmp_path, monkeypatch, fresh):
+    """target='cpu' builds through the same loader: its predictable `cpu_<hash>.so` planted by
+    someone else is rebuilt, never run."""
+    from panamera.runtime import cpu
+
+    x = pn.placeholder((3, 41), "float32", name="x")
+
+    def run_once():
+        monkeypatch.setattr(cpu, "_loaded", {})
+        k = pn.compile(pn.sum(x * 2.0, axis=1), target="cpu")
+        a = np.arange(3 * 41, dtype=np.float32).reshape(3, 41)
+        np.testing.assert_allclose(k(a), (a.astype(np.float64) * 2).sum(1), rtol=4 * 41 * 2**-23)
+
+    built = tmp_path / "built"
+    monkeypatch.setenv("PANAMERA_CACHE", str(built))
+    run_once()
+    (name,) = [p.name for p in built.glob("cpu_*.so")]
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (victim / name).write_bytes(_planted(tmp_path))
+    marker = tmp_path / "planted-code-ran"
+    monkeypatch.setenv("PN_PLANTED", str(marker))
+    monkeypatch.setenv("PANAMERA_CACHE", str(victim))
+    run_once()
+    assert not marker.exists() and diskcache.verified(victim / name)

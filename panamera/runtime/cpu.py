@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import BackendError, CompileError, OptionError
 from . import arrays as arrays_mod
-from . import emulator
+from . import diskcache, emulator
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
@@ -125,22 +125,25 @@ def build(source: str) -> ctypes.CDLL:
         if key in _loaded:
             return _loaded[key]
         lib = emulator.cache_dir() / f"cpu_{key}.so"
-        if not lib.exists():
-            log.info("building %s with %s", lib.name, " ".join(fl))
-            with tempfile.TemporaryDirectory() as tmp:
-                src = Path(tmp) / "kernel.cpp"
-                src.write_text(source)
-                out = Path(tmp) / "k.so"
-                r = subprocess.run(
-                    [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
-                    capture_output=True,
-                    text=True,
-                )
-                if r.returncode:
-                    raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
-                shutil.move(str(out), lib)
-        _loaded[key] = ctypes.CDLL(str(lib))
+        _loaded[key] = diskcache.load(lib, lambda: _compile(source, fl), "target='cpu'")
         return _loaded[key]
+
+
+def _compile(source: str, fl: tuple[str, ...]) -> bytes:
+    """The shared library g++ builds from `source` with flags `fl` (in a temporary directory), as bytes."""
+    log.info("building a CPU library with %s", " ".join(fl))
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.cpp"
+        src.write_text(source)
+        out = Path(tmp) / "k.so"
+        r = subprocess.run(
+            [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
+            capture_output=True,
+            text=True,
+        )
+        if r.returncode:
+            raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
+        return out.read_bytes()
 
 
 class CpuExecutor(Executor):

@@ -29,6 +29,7 @@ False
 from __future__ import annotations
 
 import atexit
+import ctypes
 import hashlib
 import logging
 import os
@@ -36,6 +37,7 @@ import shutil
 import stat
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import BackendError, CacheWarning
@@ -164,8 +166,30 @@ def discard(lib: Path, why: str) -> None:
             pass
 
 
+def load(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> ctypes.CDLL:
+    """The library at `lib`, loaded only when its bytes match its sidecar; a missing, changed or
+    unloadable one is built again by `compile_bytes` (once) and stored verified. Every backend
+    that builds shared libraries (the emulator, the CPU target) loads them through here."""
+    if lib.exists() and not verified(lib):
+        discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
+    for attempt in (0, 1):
+        if not lib.exists():
+            lib = put(lib, compile_bytes())
+        try:
+            return ctypes.CDLL(str(lib))
+        except OSError as e:  # verified bytes that do not load: rebuilt once, then an error
+            if attempt:
+                raise BackendError(f"{who}: the library built for this kernel does not load: {e}") from None
+            discard(lib, f"does not load ({e})")
+    raise AssertionError("unreachable")
+
+
+PREFIXES = ("emu_", "cpu_")  # the emulator's libraries, the CPU target's
+
+
 def entries(d: Path) -> list[Path]:
     """The cache's files: libraries, their sidecars and temporary files left by a crash."""
     if not d.is_dir():
         return []
-    return [p for pat in ("emu_*", ".emu_*") for p in d.glob(pat) if p.is_file() and not p.is_symlink()]
+    pats = [f"{pre}*" for p in PREFIXES for pre in (p, "." + p)]
+    return [p for pat in pats for p in d.glob(pat) if p.is_file() and not p.is_symlink()]

@@ -75,19 +75,7 @@ def build(source: str, signatures) -> ctypes.CDLL:
     if key in _loaded:
         _by_source[source] = _loaded[key]
         return _loaded[key]
-    lib = cache_dir() / f"emu_{key}.so"
-    if lib.exists() and not diskcache.verified(lib):
-        diskcache.discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
-    for attempt in (0, 1):
-        if not lib.exists():
-            lib = diskcache.put(lib, _compile(text))
-        try:
-            handle = ctypes.CDLL(str(lib))
-            break
-        except OSError as e:  # verified bytes that do not load: rebuilt once, then an error
-            if attempt:
-                raise BackendError(f"emulator: the library built for this kernel does not load: {e}") from None
-            diskcache.discard(lib, f"does not load ({e})")
+    handle = diskcache.load(cache_dir() / f"emu_{key}.so", lambda: _compile(text), "emulator")
     _loaded[key] = _by_source[source] = handle
     return handle
 
