@@ -107,7 +107,7 @@ def test_precondition_5_no_cycle_through_another_kernel():
 def test_the_model_prefers_one_launch_at_liger_shapes(N, deterministic):
     (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, N))), H100, deterministic)
     assert c.bytes_saved >= 2 * 4096 * N * 4  # x and dy read once instead of twice
-    assert c.pays and c.kernels == 3, c.describe()
+    assert c.pays and c.kernels == 2, c.describe()  # today: dx stitched, dgamma+dbeta fused
     assert c.merges == c.blocks * N * 2 and "modeled" in c.describe()
 
 

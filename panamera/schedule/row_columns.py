@@ -32,7 +32,7 @@ class ColumnConsidered:
     statements: tuple[str, ...]
     one_launch_us: float
     two_launch_us: float
-    kernels: int  # launches today: the stitched kernel and one per column reduction
+    kernels: int  # kernels today: the stitched kernel and the column reductions' (horizontally fused)
     bytes_saved: int  # DRAM bytes the column kernels read that the row kernel reads anyway
     blocks: int  # blocks of the one-launch kernel: one partial per block per column
     merges: int  # atomics (or partials written) to merge the columns
@@ -72,16 +72,25 @@ def bytes_saved(join: ColumnJoin) -> int:
 
 def consider(join: ColumnJoin, prog: Program, gpu: GPUSpec, deterministic: bool = False) -> ColumnConsidered:
     """One launch against two for `join`, by the model (figures in microseconds, modeled)."""
-    by_name = {s.name: s for s in prog.statements}
     ext = external_results(join.group, prog.statements, prog.outputs)
     row = map_group(KernelGroup(join.group, True, ext), gpu, split=1)
-    cols = [map_group(KernelGroup((by_name[c.name],)), gpu, deterministic=deterministic) for c in join.columns]
+    cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog)]
     two = row.cost.total_s + sum(c.cost.total_s for c in cols)
     best = min((_one_launch(join, row, gpu, b, deterministic) for b in _block_counts(row, gpu)), key=lambda t: t[0])
     one, blocks, merges = best
     return ColumnConsidered(
         join.names, one * 1e6, two * 1e6, 1 + len(cols), bytes_saved(join), blocks, merges, deterministic
     )
+
+
+def _column_kernels(join: ColumnJoin, prog: Program) -> list[KernelGroup]:
+    """The kernels the columns run in today: the program's horizontally fused groups that hold
+    only joiners, and a kernel of its own for any other joiner."""
+    names = {c.name for c in join.columns}
+    fused = [g for g in prog.groups if {s.name for s in g.statements} <= names]
+    inside = {s.name for g in fused for s in g.statements}
+    by_name = {s.name: s for s in prog.statements}
+    return fused + [KernelGroup((by_name[n],)) for n in sorted(names - inside)]
 
 
 def _block_counts(row, gpu: GPUSpec) -> list[int]:
