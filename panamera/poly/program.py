@@ -19,6 +19,7 @@ from .epilogue import epilogue_candidates
 from .expr import Expr
 from .fusion import Fusion, fuse_producers
 from .movement import must_materialize
+from .row_columns import ColumnJoin, column_candidates
 from .statement import Form, Statement, StatementKind, build_statement
 from .stitch import stitch_candidates
 
@@ -112,6 +113,7 @@ class Program:
     statement_graph: nx.DiGraph | None = None  # statement names, edges from isl flow dependences
     stitch_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal stitched groups
     epilogue_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal epilogue groups
+    column_candidates: tuple[ColumnJoin, ...] = ()  # COLUMN reductions legal in a stitched kernel
 
     @cached_property
     def schedule(self) -> isl.Schedule | None:
@@ -161,8 +163,9 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     sg = statement_graph(stmts, deps)
     cands = tuple(tuple(c) for c in stitch_candidates(stmts, sg))
     epis = tuple(epilogue_candidates(stmts, sg))
+    cols = column_candidates(stmts, sg, cands)
     groups = group_statements(stmts, sg, outputs)
-    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands, epis)
+    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands, epis, cols)
 
 
 def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGraph:

@@ -1,0 +1,155 @@
+"""Column partials in a stitched row kernel (poly/row_columns.py, schedule/row_columns.py): the
+LayerNorm / RMSNorm backward's dgamma / dbeta (COLUMN reductions) legal in dx's stitched ROW
+kernel; one negative test per precondition; the model's figures; the pn-level programs against
+numpy float64 (today still in more than one launch: the kernel is not generated yet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import np_dtype, tolerance
+
+import panamera as pn
+from panamera.model.gpu import H100
+from panamera.poly.program import build_program
+from panamera.poly.row_columns import host_ok
+from panamera.schedule.row_columns import plan_columns
+
+
+def layer_norm_backward(M: int, N: int, dtype: str = "float32"):
+    """(dx, dgamma, dbeta) of LayerNorm from the saved mean and rstd, as torch's decomposition."""
+    x, dy = pn.placeholder((M, N), dtype, name="x"), pn.placeholder((M, N), dtype, name="dy")
+    g = pn.placeholder((N,), dtype, name="g")
+    mean, rstd = pn.placeholder((M, 1), name="mean"), pn.placeholder((M, 1), name="rstd")
+    xhat = (x - mean) * rstd
+    wdy = dy * g
+    c1 = pn.sum(wdy * xhat, axis=1, keepdims=True) / N
+    c2 = pn.sum(wdy, axis=1, keepdims=True) / N
+    dx = (wdy - xhat * c1 - c2) * rstd
+    return [dx, pn.sum(dy * xhat, axis=0), pn.sum(dy, axis=0)]
+
+
+def rms_norm_backward(M: int, N: int, dtype: str = "float32"):
+    """(dx, dgamma) of RMSNorm from the saved rstd."""
+    x, dy = pn.placeholder((M, N), dtype, name="x"), pn.placeholder((M, N), dtype, name="dy")
+    g, rstd = pn.placeholder((N,), dtype, name="g"), pn.placeholder((M, 1), name="rstd")
+    c = pn.sum(g * dy * x, axis=1, keepdims=True) / N
+    dx = rstd * (g * dy - x * rstd * rstd * c)
+    return [dx, pn.sum(dy * x * rstd, axis=0)]
+
+
+def joins(outputs):
+    return [c.names for c in build_program(tuple(outputs)).column_candidates]
+
+
+def test_layer_norm_backward_columns_join_the_row_kernel():
+    p = build_program(tuple(layer_norm_backward(64, 32)))
+    (c,) = p.column_candidates
+    rows = [s.name for s in c.group]
+    assert c.names == (*rows, "S0", "S2") and c.passes == (0, 0)  # dbeta, dgamma: they read inputs only
+    assert all(s.extents == (64, 32) and s.reduced == frozenset({"i"}) for s in c.columns)
+
+
+def test_rms_norm_backward_column_joins_the_row_kernel():
+    (c,) = build_program(tuple(rms_norm_backward(64, 32))).column_candidates
+    assert len(c.columns) == 1 and len(c.group) == 2
+
+
+def test_a_column_reading_a_row_sum_joins_the_pass_after_it():
+    x = pn.placeholder((16, 8), name="x")
+    r = pn.sum(x, axis=1, keepdims=True)
+    (c,) = build_program((x - r, pn.sum(x * r, axis=0))).column_candidates
+    assert c.passes == (1,)
+
+
+def test_precondition_1_the_host_reduces_rows():
+    x = pn.placeholder((16, 8), name="x")
+    p = build_program((x - pn.sum(x), pn.sum(x, axis=0)))
+    (grp,) = p.stitch_candidates
+    assert not host_ok(grp) and p.column_candidates == ()
+
+
+def test_precondition_2_the_column_reduces_what_the_rows_keep():
+    x = pn.placeholder((4, 8, 16), name="x")
+    y = x - pn.sum(x, axis=2, keepdims=True)
+    assert joins([y, pn.sum(x, axis=(0, 1))])  # the rows (d0, d1): joins
+    assert joins([y, pn.sum(x, axis=0)]) == []  # keeps d1 too: not the row kernel's column
+    z = pn.placeholder((8, 4, 16), name="z")
+    assert joins([y, pn.sum(z, axis=(0, 1))]) == []  # another domain
+
+
+def test_precondition_3_reads_are_row_local_registers():
+    x = pn.placeholder((16, 16), name="x")
+    r = pn.sum(x, axis=1, keepdims=True)
+    y = x - r
+    assert joins([y, pn.sum(x * r.reshape(1, 16), axis=0)]) == []  # reads the row sum of row j
+    assert joins([y, pn.sum(y, axis=0)]) == []  # reads an element-wise member: in no register
+
+
+def test_precondition_4_no_member_reads_the_column():
+    x, dy = pn.placeholder((16, 8), name="x"), pn.placeholder((16, 8), name="dy")
+    db = pn.sum(dy, axis=0)
+    c = pn.sum(x - db, axis=1, keepdims=True)
+    p = build_program((x * c, db))
+    assert p.stitch_candidates and p.column_candidates == ()
+
+
+def test_precondition_5_no_cycle_through_another_kernel():
+    x = pn.placeholder((16, 8), name="x")
+    r = pn.sum(x, axis=1, keepdims=True)
+    t = pn.sum(r)  # another kernel, after the row sums
+    p = build_program((x - r, pn.sum(x * t, axis=0)))
+    assert p.stitch_candidates and p.column_candidates == ()
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("N", [1024, 16384])
+def test_the_model_prefers_one_launch_at_liger_shapes(N, deterministic):
+    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, N))), H100, deterministic)
+    assert c.bytes_saved >= 2 * 4096 * N * 4  # x and dy read once instead of twice
+    assert c.pays and c.kernels == 2, c.describe()  # today: dx stitched, dgamma+dbeta fused
+    assert c.merges == c.blocks * N * 2 and "modeled" in c.describe()
+
+
+def _layer_norm64(a, d, g, mean, rstd):
+    n = a.shape[1]
+    xhat = (a - mean) * rstd
+    wdy = d * g
+    c1 = (wdy * xhat).sum(1, keepdims=True) / n
+    c2 = wdy.sum(1, keepdims=True) / n
+    dx = (wdy - xhat * c1 - c2) * rstd
+    scale = (np.abs(wdy) + np.abs(xhat * c1) + np.abs(c2)) * rstd  # magnitudes of dx's terms
+    return [dx, (d * xhat).sum(0), d.sum(0)], [scale, np.abs(d * xhat).sum(0), np.abs(d).sum(0)]
+
+
+def _rms_norm64(a, d, g, rstd):
+    n = a.shape[1]
+    c = (g * d * a).sum(1, keepdims=True) / n
+    dx = rstd * (g * d - a * rstd * rstd * c)
+    scale = rstd * (np.abs(g * d) + np.abs(a * rstd * rstd * c))
+    return [dx, (d * a * rstd).sum(0)], [scale, np.abs(d * a * rstd).sum(0)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_backward_programs_match_numpy_float64(op, dtype, rng):
+    M, N = 48, 40
+    a = (rng.standard_normal((M, N)) * 2 + 0.5).astype(np_dtype(dtype))
+    d = rng.standard_normal((M, N)).astype(np_dtype(dtype))
+    g = rng.standard_normal(N).astype(np_dtype(dtype))
+    a64, d64, g64 = (v.astype(np.float64) for v in (a, d, g))
+    mean = a64.mean(1, keepdims=True).astype(np.float32)
+    rstd = (1 / np.sqrt(a64.var(1, keepdims=True) + 1e-5)).astype(np.float32)
+    if op == "layer_norm":
+        k = pn.compile(layer_norm_backward(M, N, dtype), target="emulator")
+        outs = k(a, d, g, mean, rstd)
+        refs, scales = _layer_norm64(a64, d64, g64, mean.astype(np.float64), rstd.astype(np.float64))
+    else:
+        k = pn.compile(rms_norm_backward(M, N, dtype), target="emulator")
+        outs = k(a, d, g, rstd)
+        refs, scales = _rms_norm64(a64, d64, g64, rstd.astype(np.float64))
+    lengths = [N] + [M] * (len(refs) - 1)  # dx: row sums of N; dgamma, dbeta: column sums of M
+    for out, ref, scale, n in zip(outs, refs, scales, lengths):
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance(dtype, n) * scale.max())
+    # Today: the stitched dx kernel plus the column kernel(s); one launch once the kernel is generated.
+    assert len(k.plan.per_call) >= 2
