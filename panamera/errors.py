@@ -76,7 +76,8 @@ class EmulatorWarning(PanameraWarning):
 
 
 __all__ = [
+    "OutOfMemoryError",
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
-    "BackendError", "OutOfMemoryError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "PanameraWarning",
+    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "PanameraWarning",
     "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning",
 ]  # fmt: skip
