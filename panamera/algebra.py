@@ -119,16 +119,31 @@ def _extreme(acc: DType, top: bool):
     return int(info.max) if top else int(info.min)
 
 
+def _welford_lift(x) -> Acc:
+    """One element as a shifted Welford accumulator. A finite x is the shift itself (mean and M2
+    0); an infinite or NaN one shifts nothing and is its own mean, with M2 NaN: numpy's variance
+    of anything holding inf or NaN is NaN (x - mean is NaN), the mean inf, -inf or NaN. The
+    shifts stay finite, so the merge never subtracts two infinite shifts."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore"):
+        fin = np.isfinite(x)
+        m2 = x - x  # 0, or NaN for inf and NaN: the C++ constructor's rendering
+    return np.where(fin, x, 0).astype(x.dtype)[()], np.where(fin, 0, x).astype(x.dtype)[()], m2[()], np.ones_like(x)
+
+
 def _welford_combine(a: Acc, b: Acc) -> Acc:
     """Chan et al.'s pairwise merge of shifted (shift, mean, M2, count), in the order the C++
-    body computes it: b's mean is moved to a's shift, so every quantity stays a deviation."""
+    body computes it: b's mean is moved to a's shift, so every quantity stays a deviation. When
+    the difference of the means is not finite (an infinite mean on one side), the mean is the
+    weighted sum instead, which gives inf + inf = inf and inf - inf = NaN as numpy's mean does;
+    M2 is then NaN already (`_welford_lift`)."""
     (sa, ma, qa, na), (sb, mb, qb, nb) = a, b
     n = na + nb
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         mb_in_a = (sb - sa) + mb
         d = mb_in_a - ma
         f = nb / n
-        mean = ma + d * f
+        mean = np.where(d - d == 0, ma + d * f, ma * (na / n) + mb_in_a * f)
         m2 = qa + qb + d * d * na * f
     merged = (sa, mean, m2, n)
     out = tuple(np.where(nb == 0, x, np.where(na == 0, y, z)) for x, y, z in zip(a, b, merged))
@@ -211,10 +226,11 @@ WELFORD = Combiner(
     """if (b.n == 0) return a;
 if (a.n == 0) return b;
 const auto n = a.n + b.n;
-const auto d = ((b.shift - a.shift) + b.mean) - a.mean, f = b.n / n;
+const auto mb = (b.shift - a.shift) + b.mean;
+const auto d = mb - a.mean, f = b.n / n;
 T r;
 r.shift = a.shift;
-r.mean = a.mean + d * f;
+r.mean = d - d == 0 ? a.mean + d * f : a.mean * (a.n / n) + mb * f;  // d not finite: an infinite mean
 r.m2 = a.m2 + b.m2 + d * d * a.n * f;
 r.n = n;
 return r;""",
@@ -222,7 +238,7 @@ return r;""",
     combine=_welford_combine,
     identity_of=lambda acc: (0.0, 0.0, 0.0, 0.0),
     reference=np.var,
-    lift=lambda x: (x, np.zeros_like(x), np.zeros_like(x), np.ones_like(x)),
+    lift=_welford_lift,
     struct=True,
     merge_instructions=18,  # 2 compares, 4 add/sub, a division (~8: reciprocal, Newton), 4 for mean and M2
 )  # fmt: skip
@@ -335,21 +351,26 @@ class VectorCombiner:
     One definition, two renderings, as for `Combiner`: `lift` (one score x_l with its value row
     v_l), `combine` and `identity` in numpy over arrays (o with a trailing axis d), and the C++
     body `cpp_weights` from which codegen/header.py generates the functor `functor` with
-    `weights(ma, mb, m, fa, fb)` (the merged max and the two rescaling factors) and `merge`
-    (s and every o[d] rescaled and added). A lifted -inf score (a masked key) is the identity, so
-    a fully masked chunk contributes nothing and a fully masked row ends as 0 / 0 = NaN, as
-    torch's scaled_dot_product_attention gives.
+    `weights(ma, mb, m, fa, fb)` (the merged max and the two rescaling factors), `merge` (s and
+    every o[d] rescaled and added) and `finish(o, s)`, the stored value o / s (`cpp_finish`). A
+    lifted -inf score (a masked key) is the identity, so a fully masked chunk contributes
+    nothing, and a fully masked row ends with s = 0 (every other row has s >= 1: its max key
+    adds exp(0)), which `finish` stores as 0, as torch 2.13's scaled_dot_product_attention
+    returns for a row whose every key is masked (bool or -inf mask).
 
     >>> a = ONLINE_SOFTMAX_VEC.lift(np.float64(1.0), np.array([2.0, 0.0]))
     >>> b = ONLINE_SOFTMAX_VEC.lift(np.float64(1.0), np.array([0.0, 4.0]))
     >>> m, s, o = ONLINE_SOFTMAX_VEC.combine(a, b)
-    >>> float(m), float(s), (o / s).tolist()
+    >>> float(m), float(s), ONLINE_SOFTMAX_VEC.finish(o, s).tolist()
     (1.0, 2.0, [1.0, 2.0])
+    >>> ONLINE_SOFTMAX_VEC.finish(*ONLINE_SOFTMAX_VEC.identity(2)[:0:-1]).tolist()  # every key masked
+    [0.0, 0.0]
     """
 
     name: str
     functor: str
     cpp_weights: str  # C++ body of `void weights(T ma, T mb, T& m, T& fa, T& fb)`
+    cpp_finish: str  # C++ body of `T finish(T o, T s)`: the stored value
     merge_transcendentals: int  # exps per merge (the model's SFU term)
     merge_instructions_per_element: int  # multiply-adds per element of o per merge
 
@@ -374,13 +395,21 @@ class VectorCombiner:
         return m, sa * fa + sb * fb, oa * fa[..., None] + ob * fb[..., None]
 
     @staticmethod
+    def finish(o, s):
+        """The stored value of an accumulator: o / s, and 0 where s = 0 (every key masked)."""
+        o, s = np.asarray(o), np.asarray(s)[..., None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(s == 0, 0.0, o / np.where(s == 0, 1.0, s))
+
+    @staticmethod
     def reference(scores, v, axis: int = -1):
-        """softmax(scores) @ v over `axis` (the keys) in float64: the finished accumulator o / s."""
+        """softmax(scores) @ v over `axis` (the keys) in float64, and 0 for a row whose every
+        score is -inf (torch's scaled_dot_product_attention): what `finish` stores."""
         x = np.moveaxis(np.asarray(scores, np.float64), axis, -1)
         m = np.max(x, axis=-1, keepdims=True)
         with np.errstate(invalid="ignore"):
-            p = np.exp(x - m)
-            p = p / p.sum(-1, keepdims=True)
+            p = np.exp(x - np.where(m == -np.inf, 0.0, m))  # a fully masked row: p = 0
+            p = p / np.maximum(p.sum(-1, keepdims=True), np.finfo(np.float64).tiny)
         return np.einsum("...l,...ld->...d", p, np.asarray(v, np.float64))
 
 
@@ -394,6 +423,7 @@ if (m == pn_lim<T>::lowest()) {  // both sides empty (every key masked so far): 
 }
 fa = pn_exp(ma - m);
 fb = pn_exp(mb - m);""",
+    "return s == (T)0 ? (T)0 : o / s;  // s = 0: every key masked, 0 as torch",
     merge_transcendentals=2,
     merge_instructions_per_element=2,  # o[d] = o[d] * fa + v[d] * fb: a multiply and a multiply-add
 )  # fmt: skip

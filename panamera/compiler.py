@@ -453,7 +453,8 @@ class Compiled:
 
     @property
     def inputs(self) -> tuple[Tensor, ...]:
-        return self.program.inputs
+        """The placeholders a caller passes arrays for, in order (constant arrays it holds left out)."""
+        return tuple(t for t in self.program.inputs if t.attr("bound") is None)
 
     @property
     def kernels(self) -> tuple[RenderedKernel, ...]:
@@ -481,12 +482,14 @@ class Compiled:
             epilogues=tuple(g.names for g in self.groups if g.epilogue),
         )
 
-    def __call__(self, *arrays, order: str = "forward", seed: int = 0, **named):
+    def __call__(self, *arrays, **named):
         """Run on arrays of any kind (numpy, CuPy, torch on the CPU or a GPU, or any object with
         `__dlpack__` or `__array__`; runtime/arrays.py), positionally in placeholder order or by
-        name; returns new arrays of the caller's kind on the caller's device, or writes them into `out=` (an array, or a tuple of them for several
-        outputs, of the results' shapes and dtypes) and returns that, as numpy's `out=` does.
-        `out` is taken as an input's name if an input is called so.
+        name; returns new arrays of the caller's kind on the caller's device, or writes them into
+        `out=` (an array, or a tuple of them for several outputs, of the results' shapes and
+        dtypes) and returns that, as numpy's `out=` does. The emulator's `order=` ("forward",
+        "reverse", "shuffled") and `seed=` set its thread order. Inputs are resolved first:
+        `out`, `order` and `seed` are options only where no input has that name.
 
         >>> import numpy as np, panamera as pn
         >>> k = pn.compile(pn.sum(pn.placeholder((2, 3), name="a"), axis=1), target="emulator")
@@ -494,8 +497,10 @@ class Compiled:
         >>> k(a=np.ones((2, 3), np.float32), out=buf) is buf, buf.tolist()
         (True, [3.0, 3.0])
         """
-        names = [t.name for t in self.plan.inputs]
-        out = named.pop("out", None) if "out" not in names else None
+        bound = {k: t.attr("bound") for k, t in enumerate(self.program.inputs) if t.attr("bound") is not None}
+        names = [t.name for k, t in enumerate(self.plan.inputs) if k not in bound]
+        opts = {k: named.pop(k) for k in ("out", "order", "seed") if k in named and k not in names}
+        out, order, seed = opts.get("out"), opts.get("order", "forward"), opts.get("seed", 0)
         if named:
             shared = sorted({n for n in names if names.count(n) > 1} & set(named))
             if shared:
@@ -503,7 +508,7 @@ class Compiled:
                     f"input name(s) {shared} are shared by several placeholders: pass the arrays positionally "
                     f"(in placeholder order: {names}), or give the placeholders distinct names"
                 )
-        outs = self.executor(self.executor.bind(arrays, named), order, seed)
+        outs = self.executor(self.executor.bind(arrays, named, bound), order, seed)
         if out is not None:
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)

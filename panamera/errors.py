@@ -33,6 +33,11 @@ class BackendError(PanameraError, RuntimeError):
     """A backend that cannot run here (no GPU for `cuda`, no g++ for `emulator`) or failed."""
 
 
+class OutOfMemoryError(BackendError, MemoryError):
+    """A buffer the backend could not allocate: host memory for the emulator, device memory for
+    cuda (a `MemoryError` too, so `except MemoryError` still catches it)."""
+
+
 class LegalityError(PanameraError, ValueError):
     """A transformation whose preconditions do not hold."""
 
@@ -90,6 +95,7 @@ class EmulatorWarning(PanameraWarning):
 
 
 __all__ = [
+    "OutOfMemoryError",
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",

@@ -148,6 +148,9 @@ def test_struct_combiner_matches_its_cpp_rendering(name, dtype, rng):
     if name == "online_lse":
         x[:4] = -np.inf  # a row that has seen nothing above -inf: no rescaling
         y[:2] = -np.inf
+    else:  # inf, -inf and NaN, alone and against each other: NaN variances, numpy's means
+        x[:8], y[:8] = [np.inf, np.inf, -np.inf, np.nan, 1, np.inf, 2, 3], [1, np.inf, np.inf, 1, np.nan, -np.inf, 3, 4]
+        z[6:8] = [np.inf, -np.inf]
     out, ident = np.zeros(N, d.np), np.zeros(1, d.np)
     _launch(f"k_{name}_{dtype}", x, y, z, out, ident)
 
@@ -170,6 +173,17 @@ def test_struct_fold_matches_the_numpy_reference(name, rng):
     if name == "welford":
         shift, mean, m2, n = m
         np.testing.assert_allclose([shift + mean, m2 / n], [x.mean(), comb.reference(x)], rtol=1e-12)
+        for special in (
+            [np.inf],
+            [np.nan],
+            [1.0, np.inf, 2.0],
+            [np.inf, 1.0],
+            [np.inf, -np.inf],
+            [-np.inf, -np.inf, 5],
+        ):
+            shift, mean, m2, n = _fold(comb, [comb.lift(np.float64(v)) for v in special])
+            with np.errstate(invalid="ignore"):
+                np.testing.assert_array_equal([shift + mean, m2 / n], [np.mean(special), np.var(special)])
     else:
         np.testing.assert_allclose(m[0] + np.log(m[1]), comb.reference(x), rtol=1e-12)
 

@@ -10,6 +10,7 @@ import pytest
 from conftest import tolerance
 
 import panamera as pn
+from panamera.errors import InputError
 from panamera.runtime import arrays, executor
 
 
@@ -88,9 +89,13 @@ def test_torch_views_and_tensors_that_require_grad(torch):
     k = _sum_kernel((6, 70))
     base = torch.randn(70, 6, requires_grad=True)
     t = base.t()  # non-contiguous, requires grad: copied for the kernel, read through .detach()
-    out = k(t)
+    with pytest.raises(InputError, match="requires grad and grad mode is on.*torch.no_grad"):
+        k(t)  # torch would give the result a grad_fn; a compiled kernel has none: refused, not dropped
+    with torch.no_grad():
+        out = k(t)
     assert isinstance(out, torch.Tensor) and not out.requires_grad
     torch.testing.assert_close(out, t.detach().sum(1), rtol=tolerance("float32", 70), atol=1e-5)
+    torch.testing.assert_close(k(t.detach()), out)
 
 
 def test_a_cpu_tensor_is_viewed_not_copied(torch):

@@ -28,15 +28,16 @@ EPS = {"float16": 2**-10, "bfloat16": 2**-7, "float32": 2**-23, "float64": 2**-5
 
 
 def reference(q, k, v, scale, mask=None):
-    """torch's scaled_dot_product_attention in float64 (grouped-query heads repeated)."""
+    """torch's scaled_dot_product_attention in float64 (grouped-query heads repeated); a fully
+    masked row gives 0, as torch 2.13 does (test_a_fully_masked_row_is_zero_as_in_torch)."""
     g = q.shape[1] // k.shape[1]
     k64, v64 = (np.repeat(t.astype(np.float64), g, axis=1) for t in (k, v))
     s = np.einsum("bhqd,bhld->bhql", q.astype(np.float64), k64) * scale
     if mask is not None:
         s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask.astype(np.float64)
-    with np.errstate(invalid="ignore"):  # a fully masked row: NaN, as torch
-        p = np.exp(s - s.max(-1, keepdims=True))
-        p /= p.sum(-1, keepdims=True)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - np.where(m == -np.inf, 0.0, m))
+    p /= np.maximum(p.sum(-1, keepdims=True), np.finfo(np.float64).tiny)
     return np.einsum("bhql,bhld->bhqd", p, v64)
 
 
@@ -142,19 +143,45 @@ def test_long_keys_split_across_blocks_merge_in_one_or_two_launches(rng, launche
 
 
 @pytest.mark.parametrize("launches", [1, 2])
-def test_a_fully_masked_chunk_contributes_nothing_and_a_fully_masked_row_is_nan(rng, launches):
+def test_a_fully_masked_chunk_contributes_nothing_and_a_fully_masked_row_is_zero(rng, launches):
     b, hq, hkv, lq, lk, d = 1, 2, 1, 2, 256, 16
     q, kk, v = inputs(rng, "float32", b, hq, hkv, lq, lk, d)
     mask = np.ones((b, hq, lq, lk), bool)
     mask[:, :, 0, :64] = False  # the first block's whole chunk (split 4: 64 keys each) for row 0
-    mask[:, 1, 1, :] = False  # every key of one row: torch gives NaN
+    mask[:, 1, 1, :] = False  # every key of one row: torch gives 0
     m = pn.placeholder(mask.shape, "bool", name="m")
     a, run = forced(pn.nn.attention(*holders("float32", b, hq, hkv, lq, lk, d), mask=m), split=4, launches=launches)
     assert a.attention.chunk == 64
     out, ref = run(mask, q, kk, v), reference(q, kk, v, 1 / math.sqrt(d), mask)  # placeholder order
-    assert np.isnan(out[:, 1, 1]).all() and np.isnan(ref[:, 1, 1]).all()
-    keep = ~np.isnan(ref)
-    np.testing.assert_allclose(out[keep], ref[keep], rtol=0, atol=tolerance("float32", q, kk, v, 0.25))
+    assert (out[:, 1, 1] == 0).all() and (ref[:, 1, 1] == 0).all()
+    np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", q, kk, v, 0.25))
+
+
+@pytest.mark.parametrize("plan", ["fused", "chain"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_a_fully_masked_row_is_zero_as_in_torch(rng, plan, kind):
+    """torch 2.13's scaled_dot_product_attention (CPU) gives 0 for a query row whose every key is
+    masked, by a bool mask or by -inf: the fused plan (finish of ONLINE_SOFTMAX_VEC) and the
+    chain of reductions (attention_chain) both do, and so does the numpy reference."""
+    b, hq, hkv, lq, lk, d = 1, 2, 1, 3, 40, 8
+    q, kk, v = inputs(rng, "float32", b, hq, hkv, lq, lk, d)
+    keep = np.ones((b, hq, lq, lk), bool)
+    keep[0, 1, 2, :] = False
+    keep[0, 0, 0, :30] = False
+    mask = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float32)
+    m = pn.placeholder(mask.shape, kind if kind == "bool" else "float32", name="m")
+    out = pn.nn.attention(*holders("float32", b, hq, hkv, lq, lk, d), mask=m)
+    k = pn.compile(out if plan == "fused" else out + 0.0, target="emulator")
+    assert (k.stages.fused is not None) == (plan == "fused")
+    got, ref = k(mask, q, kk, v), reference(q, kk, v, 1 / math.sqrt(d), mask)
+    assert (got[0, 1, 2] == 0).all() and not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, rtol=0, atol=tolerance("float32", q, kk, v, 1 / math.sqrt(d)))
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(t.astype(np.float64)) for t in (q, kk, v)),
+        attn_mask=torch.from_numpy(mask if kind == "bool" else mask.astype(np.float64)),
+    ).numpy()
+    np.testing.assert_allclose(ref, want, rtol=0, atol=1e-12)  # the reference is torch's
 
 
 def test_vector_accumulator_merges_chunks_in_any_grouping(rng):
@@ -174,8 +201,10 @@ def test_vector_accumulator_merges_chunks_in_any_grouping(rng):
     right = c.combine(fold(0, 4), c.combine(fold(8, 12), fold(4, 8)))
     ref = c.reference(x, v)
     for _, s, o in (left, right):
-        np.testing.assert_allclose(o / s, ref, rtol=1e-12)
+        np.testing.assert_allclose(c.finish(o, s), ref, rtol=1e-12)
     assert all(np.array_equal(a, b) for a, b in zip(fold(4, 8), c.identity(3)))
+    _, s, o = fold(4, 8)  # only masked keys: finished as 0, the reference's fully masked row
+    assert np.array_equal(c.finish(o, s), c.reference(x[4:8], v[4:8])) and not c.finish(o, s).any()
 
 
 # -- legality: one negative test per precondition of poly/attention.py -------------------------

@@ -96,7 +96,7 @@ def _merge_partials(p: AttentionPlan) -> list[str]:
         "      m = mn;",
         "    }",
         "    const int g = row / LQ, i = row % LQ;",
-        "    pn_st(&out[(((long long)b * HQ + hkv * G + g) * LQ + i) * D + d], o / s);",
+        f"    pn_st(&out[(((long long)b * HQ + hkv * G + g) * LQ + i) * D + d], {f}::finish(o, s));",
         "  }",
     ]
 
@@ -214,7 +214,7 @@ def _main(p: AttentionPlan, name: str, specs) -> list[str]:
     if p.split == 1:
         lines += [
             "    const int g = row / LQ, i = row % LQ;",
-            "    pn_st(&out[(((long long)b * HQ + hkv * G + g) * LQ + i) * D + d], oo / ss);",
+            f"    pn_st(&out[(((long long)b * HQ + hkv * G + g) * LQ + i) * D + d], {ONLINE_SOFTMAX_VEC.functor}::finish(oo, ss));",
             "  }",
         ]
     else:

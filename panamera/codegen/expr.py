@@ -64,7 +64,8 @@ _MATH.update(sin="sin", cos="cos")
 
 def _mod(x: list[str], d: DType, c_fmod: bool) -> str:
     """numpy.fmod (C's) or numpy.mod (Python's: the result takes the divisor's sign); an integer
-    divisor 0 gives 0, as numpy."""
+    divisor 0 gives 0, as numpy, and so does -1 (every remainder by -1 is 0, and C's
+    INT_MIN % -1 overflows: SIGFPE on x86)."""
     if d.is_float:
         f = f"fmod{'f' if d.compute == 'float' else ''}"
         r = f"{f}({x[0]}, {x[1]})"
@@ -73,7 +74,7 @@ def _mod(x: list[str], d: DType, c_fmod: bool) -> str:
         return _round(f"pn_mod_fix({r}, {x[1]})", d)
     if d.name == "bool":
         return f"({x[0]} & 0)"
-    r = f"({x[1]} == 0 ? ({d.compute})0 : {x[0]} % {x[1]})"
+    r = f"(({x[1]} == 0 || {x[1]} == -1) ? ({d.compute})0 : {x[0]} % {x[1]})"
     return r if c_fmod else f"pn_mod_fix({r}, {x[1]})"
 
 
@@ -113,8 +114,9 @@ class ExprRenderer:
             return _round(f"({x[0]} {_BITWISE[n.op]} {x[1]})", d)
         if n.op in _LOGICAL:
             return f"({x[0]} {_LOGICAL[n.op]} {x[1]})"
-        if n.op == "trunc_div":
-            return f"({x[1]} == 0 ? ({d.compute})0 : {x[0]} / {x[1]})"
+        if n.op == "trunc_div":  # x / 0 is 0; x / -1 negates with wrap-around (INT_MIN / -1 traps in C)
+            neg = f"({d.compute})(0ULL - (unsigned long long){x[0]})"
+            return f"({x[1]} == 0 ? ({d.compute})0 : {x[1]} == -1 ? {neg} : {x[0]} / {x[1]})"
         if n.op == "pow":
             return _round(f"pn_pow({x[0]}, {x[1]})", d)
         if n.op in ("fmod", "mod"):

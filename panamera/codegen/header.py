@@ -62,7 +62,10 @@ template <> struct pn_lim<long long> {
 template <class T> struct pn_welford {
   T shift, mean, m2, n;  // mean: of x - shift; shift: the first element seen (algebra.WELFORD)
   pn_welford() = default;
-  __device__ __forceinline__ pn_welford(T x) : shift(x), mean((T)0), m2((T)0), n((T)1) {}
+  // x - x is 0 for a finite x and NaN for inf or NaN: a non-finite element is its own (unshifted)
+  // mean and makes M2, so the variance, NaN as in numpy (algebra._welford_lift).
+  __device__ __forceinline__ pn_welford(T x)
+      : shift(x - x == (T)0 ? x : (T)0), mean(x - x == (T)0 ? (T)0 : x), m2(x - x), n((T)1) {}
 };
 template <class T> __device__ __forceinline__ T pn_welford_mean(pn_welford<T> w) { return w.shift + w.mean; }
 template <class T> __device__ __forceinline__ T pn_welford_var(pn_welford<T> w, int ddof) { return w.m2 / (w.n - (T)ddof); }
@@ -395,9 +398,10 @@ def native_atomic_source(c: algebra.Combiner) -> str:
 
 
 def vector_functor_source(c: algebra.VectorCombiner) -> str:
-    """The C++ functor of a vector accumulator (m, s, o[D]) from its `cpp_weights` body:
-    `weights` (the merged max and the two rescaling factors) and `merge` (b into a, o of D
-    elements), generated into the prelude as every combiner's functor is.
+    """The C++ functor of a vector accumulator (m, s, o[D]) from its `cpp_weights` and
+    `cpp_finish` bodies: `weights` (the merged max and the two rescaling factors), `merge` (b
+    into a, o of D elements) and `finish` (the stored value of o[d]), generated into the prelude
+    as every combiner's functor is.
 
     >>> print(vector_functor_source(algebra.ONLINE_SOFTMAX_VEC).splitlines()[0])
     struct pn_op_softmax_vec {
@@ -413,6 +417,9 @@ def vector_functor_source(c: algebra.VectorCombiner) -> str:
         "    ma = m;\n"
         "    sa = sa * fa + sb * fb;\n"
         "    for (int k = 0; k < D; ++k) oa[k] = oa[k] * fa + ob[k] * fb;\n"
+        "  }\n"
+        "  template <class T> static __device__ __forceinline__ T finish(T o, T s) {\n"
+        f"    {c.cpp_finish}\n"
         "  }\n"
         "};"
     )

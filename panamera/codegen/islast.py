@@ -52,6 +52,55 @@ def expr(e: isl.AstExpr) -> str:
     raise NotImplementedError(f"isl AST operation {op}")
 
 
+def magnitude(e: isl.AstExpr, ranges: dict[str, tuple[int, int]]) -> int:
+    """The largest absolute value any subexpression of `e` takes while each identifier stays in
+    its closed range (interval arithmetic over the tree `expr` renders): what decides whether
+    `int` indices suffice. isl's quasi-affine forms can hold terms far larger than the value,
+    e.g. `(32767 * i + 32767) / 32768` for a pulled-back `i / 32768`.
+
+    >>> i, c = isl.AstExpr.from_id(isl.Id("i")), lambda v: isl.AstExpr.from_val(isl.Val(v))
+    >>> e = i.mul(c(32767)).add(c(32767)).pdiv_q(c(32768))
+    >>> expr(e), magnitude(e, {"i": (0, 327679)})
+    ('(((i * 32767) + 32767) / 32768)', 10737090560)
+    """
+    return _interval(e, ranges)[2]
+
+
+def _interval(e: isl.AstExpr, ranges) -> tuple[int, int, int]:
+    """(low, high, the largest |value| of any subexpression) of `e` (see magnitude)."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.id:
+        lo, hi = ranges[e.get_id().get_name()]
+        return lo, hi, max(abs(lo), abs(hi))
+    if t == isl.ast_expr_type.int:
+        v = e.get_val().to_python()
+        return v, v, abs(v)
+    op = e.get_op_type()
+    args = [_interval(e.get_op_arg(k), ranges) for k in range(e.get_op_n_arg())]
+    inner = max((a[2] for a in args), default=0)
+    if op in (isl.ast_expr_op_type.add, isl.ast_expr_op_type.sub, isl.ast_expr_op_type.mul):
+        (a0, a1, _), (b0, b1, _) = args
+        if op == isl.ast_expr_op_type.add:
+            lo, hi = a0 + b0, a1 + b1
+        elif op == isl.ast_expr_op_type.sub:
+            lo, hi = a0 - b1, a1 - b0
+        else:
+            ps = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+            lo, hi = min(ps), max(ps)
+    elif op == isl.ast_expr_op_type.minus:
+        lo, hi = -args[0][1], -args[0][0]
+    elif op in (isl.ast_expr_op_type.pdiv_r, isl.ast_expr_op_type.zdiv_r):
+        d = max(abs(args[1][0]), abs(args[1][1]))
+        lo, hi = -d, d
+    elif op in (isl.ast_expr_op_type.max, isl.ast_expr_op_type.min, isl.ast_expr_op_type.cond,
+                isl.ast_expr_op_type.select):  # fmt: skip
+        vals = args if op in (isl.ast_expr_op_type.max, isl.ast_expr_op_type.min) else args[1:]
+        lo, hi = min(a[0] for a in vals), max(a[1] for a in vals)
+    else:  # divisions (by a positive constant: no larger than the dividend), comparisons, calls
+        lo, hi = -inner, inner
+    return lo, hi, max(inner, abs(lo), abs(hi))
+
+
 def _fold(fn: str, args: list[str]) -> str:
     out = args[0]
     for a in args[1:]:

@@ -19,12 +19,13 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from ..runtime.plan import BufferRole, BufferSpec, Fill
 from ..schedule.mapping import Mapping, MergeMode
+from . import islast
 from .expr import literal
 from .map_kernel import emit_map
 from .pipeline import INCLUDE as PIPELINE_INCLUDE
 from .reduce_kernel import emit_reduce, workspace_identity
 from .stitched_kernel import emit_stitched
-from .thread_loop import ThreadLoop
+from .thread_loop import ThreadLoop, address_ast
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,18 @@ def index_bound(group: KernelGroup, m: Mapping) -> int:
     sizes = [group.M * group.N, m.split * group.M, m.rtile * m.rstride * (m.tile_rows + 1)]
     sizes += [s.result.size for s in group.statements]
     sizes += [r.tensor.size for s in group.statements for r in s.reads if r.memory]
-    return max(2 * extent * (m.unroll + 1), (extent + 1) * m.vec, *sizes)
+    return max(2 * extent * (m.unroll + 1), (extent + 1) * m.vec, *sizes, address_bound(group))
+
+
+def address_bound(group: KernelGroup) -> int:
+    """The largest intermediate value of any address expression, the canonical indices taken up
+    to twice their extents (vector lanes and tile rows step past a guard before it is tested).
+    Not the address but the terms isl writes it with: a pulled-back batch index can read
+    `768 * i - 768 * ((32767 * i + 32767) / 32768)`, whose products exceed 2**31 long before the
+    address does (a (2, 1, 128, 3) @ (5, 3, 256) matmul: i < 327680)."""
+    ranges = {"i": (0, 2 * group.M), "j": (0, 2 * group.N)}
+    addrs = [r.addr for s in group.statements for r in s.reads] + [s.write for s in group.statements]
+    return max((islast.magnitude(address_ast(group, a), ranges) for a in addrs), default=0)
 
 
 def index_type(group: KernelGroup, m: Mapping) -> str:

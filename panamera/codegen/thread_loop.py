@@ -59,6 +59,13 @@ def post(s: Statement, a: str) -> str:
     return a
 
 
+def address_ast(group: KernelGroup, addr: isl.PwAff) -> isl.AstExpr:
+    """The isl AST expression of an address (a read's or a write's) over the group's canonical
+    domain: what `ThreadLoop.address` renders and `kernel.index_bound` bounds."""
+    dom = group.statements[0].domain.reset_tuple_id()
+    return isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom))
+
+
 class ThreadLoop:
     """One kernel group under its mapping: the thread's loop nest and the code of one iteration."""
 
@@ -98,8 +105,7 @@ class ThreadLoop:
         return islast.node(ast, user, self.idx, 1, m.unroll)
 
     def address(self, addr: isl.PwAff) -> str:
-        dom = self.g.statements[0].domain.reset_tuple_id()
-        return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
+        return islast.expr(address_ast(self.g, addr))
 
     # -- register tiles (schedule/rtile.py) ----------------------------------------------------
     def tile_row(self, t: str, r: str, c: str = "0") -> tuple[str, str]:

@@ -29,7 +29,8 @@ from fractions import Fraction
 from ..dtypes import promote
 from ..enums import StrEnum
 from ..errors import AxisError, DTypeError, OptionError, ShapeError
-from .tensor import Tensor, _check_shape, constant, iota, reshape, transpose, where
+from .reduce import keep_inputs
+from .tensor import Tensor, _check_shape, broadcast_to, constant, iota, reshape, transpose, where
 
 
 class Boundary(StrEnum):
@@ -187,12 +188,13 @@ def concatenate(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
             maps[a] = AxisMap(((a, 1),), offset=-off, boundary=Boundary.MASKED)
             pieces.append((off, remap(t, shape, maps).astype(d)))
         off += t.shape[a]
-    if not pieces:
-        return remap(ts[0], shape, [AxisMap(((k, 1),)) for k in range(ts[0].ndim)]).astype(d)
+    if not pieces:  # all empty: an empty result that keeps every piece an input
+        y = remap(ts[0], shape, [AxisMap(((k, 1),)) for k in range(ts[0].ndim)]).astype(d)
+        return keep_inputs(y, *ts[1:])
     y = pieces[-1][1]
     for (_, piece), (end, _) in zip(reversed(pieces[:-1]), reversed(pieces[1:])):
         y = where(iota(shape, a) < end, piece, y)  # piece k covers [its start, the next piece's start)
-    return y
+    return keep_inputs(y, *(t for t in ts if not t.shape[a]))  # the empty pieces stay inputs
 
 
 def pad(x: Tensor, pads, mode: str = "constant", value=0) -> Tensor:
@@ -217,6 +219,8 @@ def pad(x: Tensor, pads, mode: str = "constant", value=0) -> Tensor:
         raise ShapeError(f"pad of {x.label!r}: pads {pads} crop more than the extents {x.shape}")
     if mode != PadMode.CONSTANT and x.size == 0 and math.prod(shape):
         raise ShapeError(f"pad of {x.label!r}: mode {mode} of an empty tensor")
+    if x.size == 0:  # nothing to read: all `value` (an empty x stays an input)
+        return keep_inputs(broadcast_to(constant(value, x.dtype), shape), x)
     bound = {PadMode.CONSTANT: Boundary.MASKED, PadMode.EDGE: Boundary.CLAMP, PadMode.REFLECT: Boundary.REFLECT}
     maps, mask = [], None
     for k, (n, (lo, _)) in enumerate(zip(x.shape, pads)):
@@ -492,8 +496,12 @@ def index(x: Tensor, key) -> Tensor:
             shape.extend(k.shape)
             start, stop, step = 0, n, 1
         elif isinstance(k, builtins.slice):
+            if k.step is not None and operator.index(k.step) == 0:
+                raise ShapeError(f"{what}: slice step cannot be zero (axis {axis})")
             start, stop, step = k.indices(n)
             shape.append(len(range(start, stop, step)))
+            if not shape[-1]:  # empty; indices() may give start -1 (before element 0), not the last
+                start, stop, step = 0, 0, 1
         else:
             i = operator.index(k)
             if not -n <= i < n:

@@ -422,6 +422,9 @@ def attention_chain(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor 
     elif mask is not None:
         s = s + mask.astype(c)
     m, z = _stats(s, -1, "online")
+    # A fully masked row (max -inf) gets p = exp(-inf - 0) / z = 0, so its output is 0, as torch's
+    # scaled_dot_product_attention gives and the fused plan stores (algebra.ONLINE_SOFTMAX_VEC.finish).
+    m = where(m == -math.inf, 0.0, m)
     p = (ops.exp(s - m) / z).reshape((b, hkv, hq // hkv, lq, lk))
     return einsum("bhgql,bhld->bhgqd", p, v.astype(c)).reshape((b, hq, lq, d)).astype(q.dtype)
 
@@ -430,7 +433,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale=None, mask=None) -> Tensor:
     """softmax(q k^T * scale + mask) v with torch's scaled_dot_product_attention conventions: q
     (B, Hq, Lq, D), k and v (B, Hkv, Lk, D) with Hq a multiple of Hkv (grouped-query attention:
     query head h reads kv head h // (Hq / Hkv)); `mask` broadcasts to (B, Hq, Lq, Lk), boolean
-    (True = keep) or float (added to the scores); `scale` defaults to 1 / sqrt(D). 16-bit inputs
+    (True = keep) or float (added to the scores); `scale` defaults to 1 / sqrt(D). A query row
+    whose every key is masked (all False, or all -inf) gives 0, as torch 2.13's
+    scaled_dot_product_attention does (not NaN). 16-bit inputs
     are computed in float32. The compiler chooses, with the model, between the fused plan (the
     key length split across blocks, partials (m, s, o[D]) merged with log-sum-exp rescaling:
     poly/attention.py) and the chain of reductions (`attention_chain`).

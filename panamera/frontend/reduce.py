@@ -25,7 +25,7 @@ import numpy as np
 from .. import algebra, dtypes
 from ..dtypes import DType, as_dtype
 from ..errors import AxisError, DTypeError, EmptyReductionError, OptionError, ShapeError
-from .tensor import Tensor, binary, broadcast_shapes, broadcast_to, constant, full, iota, where
+from .tensor import Tensor, binary, bound_array, broadcast_shapes, broadcast_to, constant, full, iota, where
 
 _BINARY_OF = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}  # how `initial` folds in
 
@@ -80,7 +80,7 @@ def reduction(
     axes = normalize_axes(axis, x.ndim, x.label)
     n = math.prod(x.shape[a] for a in axes)
     out_shape = reduced_shape(x.shape, axes, keepdims)
-    if n == 0 and not comb.has_identity and math.prod(out_shape) > 0:
+    if n == 0 and not comb.has_identity:  # numpy refuses it even where the result is empty too
         raise EmptyReductionError(
             f"{name} of {x.label!r} over axes {axes}: zero-size reduction (shape {x.shape}) has no identity"
         )
@@ -97,6 +97,22 @@ def reduction(
     if post is not None:
         attrs += (("post", post),)
     return Tensor("reduce", (src,), out_shape, res, attrs=attrs)
+
+
+def keep_inputs(y: Tensor, *unread: Tensor) -> Tensor:
+    """`y` with tensors it does not read kept in its graph, so that the placeholders among them
+    stay inputs of the compiled kernel (in placeholder order, as the caller passes them): the
+    zero-size operands an op skips (a concatenate's empty piece, a padded empty tensor). Each is
+    the condition of a select whose branches are both `y`: an `any` of nothing, always False.
+
+    >>> import panamera as pn
+    >>> e, w = pn.placeholder((0,), name="e"), pn.placeholder((3,), name="w")
+    >>> [t.name for t in pn.compile(pn.concatenate([e, w]), target="emulator").inputs]
+    ['e', 'w']
+    """
+    for t in unread:
+        y = where(reduction("any", t, None, False), y, y)
+    return y
 
 
 # -- the keywords -------------------------------------------------------------------------------
@@ -123,14 +139,32 @@ def scalar(value, d: DType, what: str):
 
 
 def mask_of(where_, x: Tensor, op: str) -> Tensor | None:
-    """numpy's `where=`: None for True, else a bool tensor of x's shape."""
+    """numpy's `where=`: None for True, else a bool tensor of x's shape. An array (numpy's
+    array_like of bool) is a constant mask the compiled kernel holds (`bound_array`); one that is
+    all True or all False is no mask or an all-False one, with nothing to read.
+
+    >>> import numpy as np, panamera as pn
+    >>> k = pn.compile(pn.sum(pn.placeholder((3,), name="v"), where=np.array([True, False, True])), target="emulator")
+    >>> float(k(np.array([1, 10, 100], np.float32))), [t.name for t in k.inputs]
+    (101.0, ['v'])
+    """
     if isinstance(where_, (bool, np.bool_)):
         return None if where_ else full(x.shape, False, dtypes.bool_)
     if not isinstance(where_, Tensor):
-        raise OptionError(
-            f"{op} of {x.label!r}: where= must be a bool Tensor or a bool, got {type(where_).__name__} "
-            "(make an array mask an input: pn.placeholder(shape, 'bool'))"
-        )
+        try:
+            m = np.asarray(where_)
+        except (TypeError, ValueError):
+            m = np.asarray(None)
+        if m.dtype != np.bool_:
+            raise OptionError(
+                f"{op} of {x.label!r}: where= must be a bool Tensor, a bool array or a bool, got "
+                f"{type(where_).__name__}" + (f" of dtype {m.dtype}" if m.dtype != object else "")
+            )
+        if broadcast_shapes(m.shape, x.shape, what=f"{op} of {x.label!r} where=") != x.shape:
+            raise ShapeError(f"{op} of {x.label!r}: where= array of shape {m.shape} does not broadcast to {x.shape}")
+        if m.all() or not m.any():
+            return mask_of(bool(m.all()), x, op)
+        where_ = bound_array(m, f"{op}_where")
     if where_.dtype.name != "bool":
         raise DTypeError(f"{op} of {x.label!r}: where= {where_.label!r} must be bool, got {where_.dtype}")
     if broadcast_shapes(where_.shape, x.shape, what=f"{op} of {x.label!r} where={where_.label!r}") != x.shape:
@@ -171,7 +205,7 @@ def numpy_reduce(name: str, x, axis, dtype, out, keepdims: bool, initial, where_
         c = constant(scalar(initial, res, f"{name} initial="), res)
         return where(reduction("any", x, axes, keepdims), c, c)
     r = reduction(name, src, axes, keepdims, res=d)
-    if initial is None or (mask is not None and not comb.has_identity):  # the fill was `initial`
+    if initial is None:  # (a masked max/min filled with `initial` still folds it in: a row may be all selected)
         return r
     if name not in _BINARY_OF:
         raise OptionError(f"{name} of {x.label!r}: numpy's {name} takes no initial=")

@@ -36,6 +36,10 @@ ARG_OPS = ("argkey_max", "argkey_min")
 # registers, e.g. int4 nibbles `(w >> 4) & 0xF`.
 BITWISE = ("bitand", "bitor", "bitxor", "shr", "shl")
 MAX_RANK = 8
+# The most elements a tensor (an input, a result or an iteration space such as a contraction's
+# broadcast product) may have: 2**56, far past any device's memory, leaves int64 index
+# arithmetic (64-bit `pn_idx`, isl's intermediate terms, byte offsets) 2**7 of headroom.
+MAX_ELEMENTS = 2**56
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +57,14 @@ class Tensor:
     attrs: tuple = ()
     name: str = ""
     uid: int = field(default_factory=lambda: next(_ids))
+
+    def __post_init__(self):
+        if math.prod(self.shape) > MAX_ELEMENTS:
+            what = f"placeholder {self.name!r}" if self.op == "placeholder" else f"{self.op} result {self.label!r}"
+            raise ShapeError(
+                f"{what}: shape {self.shape} has {math.prod(self.shape)} elements, more than the {MAX_ELEMENTS} "
+                "(2**56) Panamera indexes with 64-bit integers"
+            )
 
     def attr(self, key, default=None):
         return dict(self.attrs).get(key, default)
@@ -311,6 +323,22 @@ def placeholder(shape, dtype="float32", name: str | None = None) -> Tensor:
     name = f"x{next(_unnamed)}" if name is None else str(name)
     what = f"placeholder {name!r}"
     return Tensor("placeholder", (), _check_shape(shape, what), as_dtype(dtype, what=what), name=name)
+
+
+def bound_array(value, name: str) -> Tensor:
+    """A constant array as an input the compiled kernel supplies itself: a placeholder that holds
+    a read-only copy of `value` (attribute "bound"), left out of `Compiled.inputs` and of the
+    arrays a caller passes. The graph's key hashes its contents (cache.graph_key).
+
+    >>> import numpy as np
+    >>> m = bound_array(np.array([True, False]), "mask")
+    >>> m.op, m.shape, m.dtype.name, m.attr("bound").flags.writeable
+    ('placeholder', (2,), 'bool', False)
+    """
+    a = np.array(value, copy=True)
+    a.flags.writeable = False
+    d = as_dtype(a.dtype, what=f"constant array {name!r}")
+    return Tensor("placeholder", (), _check_shape(a.shape, f"constant array {name!r}"), d, (("bound", a),), name)
 
 
 def iota(shape, axis: int | None = None) -> Tensor:

@@ -136,6 +136,11 @@ def adopt(a, name: str) -> Arg:
         dev = Device(DeviceType.CUDA, a.device.index or 0) if a.device.type == "cuda" else CPU
         if a.device.type not in ("cpu", "cuda"):
             raise InputError(f"input {name!r}: a torch tensor on {a.device} (Panamera runs on CPU and CUDA tensors)")
+        if a.layout != _module("torch").strided:
+            raise InputError(
+                f"input {name!r}: a torch tensor of layout {a.layout}; Panamera reads dense (strided) tensors: "
+                "pass t.to_dense()"
+            )
         return Arg(a, Kind.TORCH, dev, tuple(a.shape), torch_to_numpy_dtype(a.dtype, f"input {name!r}"))
     if _is_cupy(a):
         return Arg(a, Kind.CUPY, Device(DeviceType.CUDA, a.device.id), a.shape, a.dtype)
@@ -150,7 +155,10 @@ def adopt(a, name: str) -> Arg:
             return Arg(v, Kind.DLPACK, Device(DeviceType.CUDA, int(index)), v.shape, v.dtype)
         raise InputError(f"input {name!r}: a DLPack array on device type {int(dev_type)} (CPU and CUDA only)")
     if hasattr(a, "__array__"):
-        v = np.asarray(a)
+        try:
+            v = np.asarray(a)
+        except (TypeError, ValueError) as e:  # e.g. a sparse matrix that refuses an implicit conversion
+            raise InputError(f"input {name!r}: {type(a).__name__} does not convert to a dense array: {e}") from None
         return Arg(v, Kind.ARRAY, CPU, v.shape, v.dtype)
     raise InputError(
         f"input {name!r}: expected an array (numpy, CuPy, torch, or an object with __dlpack__ or __array__), "
@@ -164,6 +172,20 @@ def _import_cupy(name: str):
     except ImportError:
         raise InputError(f"input {name!r}: a CUDA array needs CuPy (pip install 'panamera[cuda12]')") from None
     return cupy
+
+
+def refuse_grad(arg: Arg, name: str) -> None:
+    """A torch input that requires grad while grad mode is on: a compiled kernel is not
+    differentiable, so its results would silently leave the autograd graph (torch would give
+    them a grad_fn). Refused, with the two ways out."""
+    if arg.kind == Kind.TORCH and arg.value.requires_grad:
+        torch = _module("torch")
+        if torch.is_grad_enabled():
+            raise InputError(
+                f"input {name!r} requires grad and grad mode is on, but Panamera's compiled kernels are not "
+                "differentiable (the results would have no grad_fn): call under torch.no_grad() or "
+                "torch.inference_mode(), or pass t.detach()"
+            )
 
 
 def caller_of(args: Sequence[Arg]) -> Caller:
@@ -282,6 +304,8 @@ def assign(dst, src, what: str) -> None:
         raise InputError(f"{what}: expected shape {tuple(s.shape)}, got {tuple(d.shape)}")
     if d.dtype != s.dtype:
         raise DTypeError(f"{what}: expected dtype {s.dtype}, got {d.dtype}")
+    if d.kind == Kind.NUMPY and not dst.flags.writeable:
+        raise InputError(f"{what}: the numpy array is read-only (flags.writeable is False): pass a writable one")
     if d.kind == Kind.TORCH:
         dst.copy_(src if s.kind == Kind.TORCH else _as_torch(s.value, d.device))
     elif d.kind == Kind.NUMPY:

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..errors import DTypeError, InputError, OptionError
+from ..errors import DTypeError, InputError, OptionError, OutOfMemoryError
 from . import arrays as arrays_mod
 from . import cuda as cuda_backend
 from . import emulator
@@ -79,9 +79,15 @@ def current_cuda_key(cupy) -> str:
 
 def _alloc(alloc, spec: BufferSpec):
     dt = spec.dtype.np if spec.dtype is not None else np.dtype(np.uint32)
-    if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
-        return alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
-    return alloc(max(spec.size, 1), dt)
+    try:
+        if dt.names:  # a struct workspace: raw bytes (CuPy has no structured dtypes)
+            return alloc(max(spec.size, 1) * dt.itemsize, np.uint8)
+        return alloc(max(spec.size, 1), dt)
+    except MemoryError as e:  # numpy's and CuPy's out-of-memory errors are MemoryErrors
+        raise OutOfMemoryError(
+            f"cannot allocate buffer {spec.key!r} ({spec.role}, {spec.size} x {dt}, "
+            f"{max(spec.size, 1) * dt.itemsize} bytes): {e}"
+        ) from None
 
 
 class Executor:
@@ -95,25 +101,30 @@ class Executor:
         self._lock = threading.Lock()
 
     # -- binding -------------------------------------------------------------------------------
-    def bind(self, arrays, named) -> list[arrays_mod.Arg]:
+    def bind(self, arrays, named, bound: dict | None = None) -> list[arrays_mod.Arg]:
         """The caller's arrays in placeholder order, classified (runtime/arrays.py) and checked
-        against each input's shape and dtype."""
-        inputs = self.plan.inputs
+        against each input's shape and dtype; `bound` holds the arrays of the inputs the
+        program supplies itself (constant masks, by input position), which the caller omits."""
+        inputs, bound = self.plan.inputs, bound or {}
+        free = [t for k, t in enumerate(inputs) if k not in bound]
         if named:
-            by_name = {t.name: t for t in inputs}
+            by_name = {t.name: t for t in free}
             unknown = set(named) - set(by_name)
             if unknown:
-                raise InputError(f"unknown input name(s) {sorted(unknown)}; inputs are {[t.name for t in inputs]}")
+                raise InputError(f"unknown input name(s) {sorted(unknown)}; inputs are {[t.name for t in free]}")
             if arrays:
                 raise InputError("pass inputs either positionally or by name, not both")
-            missing = [t.name for t in inputs if t.name not in named]
+            missing = [t.name for t in free if t.name not in named]
             if missing:
                 raise InputError(f"missing input(s) {missing}")
-            arrays = [named[t.name] for t in inputs]
-        if len(arrays) != len(inputs):
-            raise InputError(f"expected {len(inputs)} input(s) {[t.name for t in inputs]}, got {len(arrays)}")
+            arrays = [named[t.name] for t in free]
+        if len(arrays) != len(free):
+            raise InputError(f"expected {len(free)} input(s) {[t.name for t in free]}, got {len(arrays)}")
+        given = iter(arrays)
+        arrays = [bound[k] if k in bound else next(given) for k in range(len(inputs))]
         args = [arrays_mod.adopt(a, t.name) for t, a in zip(inputs, arrays)]
         for t, a in zip(inputs, args):
+            arrays_mod.refuse_grad(a, t.name)
             if tuple(a.shape) != t.shape:
                 raise InputError(f"input {t.name!r}: expected shape {t.shape}, got {tuple(a.shape)}")
             if a.dtype != t.dtype.np:
