@@ -21,7 +21,8 @@ from panamera.compiler import H100, lower
 from panamera.errors import BackendError, ScheduleError
 from panamera.poly.access import AccessKind
 from panamera.runtime import nvcc
-from panamera.schedule.mapping import _in_flight, map_group
+from panamera.schedule.cost import in_flight
+from panamera.schedule.mapping import map_group
 from panamera.schedule.pipeline import check, choose, copy_bytes, staged_reads
 from panamera.schedule.saved import Schedule
 
@@ -209,7 +210,7 @@ def test_direct_loads_that_keep_enough_bytes_in_flight_keep_one_stage():
     assert H100.in_flight_per_sm == 32 * 1024
     c = choose(g, H100, m, 16, 1 << 20, 1e-5)
     assert c.stages == 1 and "direct loads already keep enough bytes in flight" in c.describe()
-    assert choose(g, H100, m, _in_flight(g, m), 1 << 20, 1e-5).reason != c.reason
+    assert choose(g, H100, m, in_flight(g, m), 1 << 20, 1e-5).reason != c.reason
 
 
 def test_explain_shows_the_models_choice_for_a_pipelined_kernel():
