@@ -368,7 +368,9 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: LaunchRole
     specs = [buffers[f.buffer] for f in init.fills]
     nbytes = sum(p.nbytes for p in specs)
     threads, blocks = 256, min(math.ceil(max(p.size for p in specs) / 256), 1024)
-    cost = kernel_time(gpu, dram_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4)
+    cost = kernel_time(
+        gpu, dram_bytes=nbytes, write_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4
+    )
     return Launch(
         init.name,
         (blocks, 1, 1),

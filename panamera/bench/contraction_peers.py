@@ -141,7 +141,7 @@ class ContractionPlan(PeerPlan):
     """A peer's plan whose launches may be bound by their tensor-core work (model/library.py's
     roofline): each launch's exposed arithmetic, FLOPs at peak beyond its streaming time, is added."""
 
-    def estimate(self, gpu: GPUSpec, compulsory: int) -> Estimate:
+    def estimate(self, gpu: GPUSpec, compulsory: int | tuple[int, int]) -> Estimate:
         e = estimate(list(self.launches), gpu, compulsory)
         extra = 0.0
         for ln in self.launches:

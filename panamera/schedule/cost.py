@@ -118,6 +118,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         return kernel_time(
             gpu,
             dram_bytes=_input_bytes(group) + out_bytes,
+            write_bytes=out_bytes,
             blocks=d.grid[0],
             threads=d.tx,
             bytes_in_flight_per_thread=in_flight(group, d),
@@ -143,12 +144,15 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
     return kernel_time(
         gpu,
         dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
+        write_bytes=out_bytes,
         blocks=blocks,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=in_flight(group, d),  # unroll unguarded loads per step
         atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
+        # the merged words' type sets the atomic rate (the widest accumulator merges slowest)
+        atomic_dtype=max((st.acc for st in owners), key=lambda a: a.itemsize).name if is_split and not partials else "",
         # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
         # an L1-latency shuffle, ~30 cycles) more per further row
         epilogue_cycles=400
@@ -211,6 +215,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     return kernel_time(
         gpu,
         dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
+        write_bytes=out_bytes,
         l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
         blocks=gx * S,
         threads=d.tx * d.ty,
