@@ -39,6 +39,7 @@ from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_ker
 from .enums import StrEnum
 from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
 from .frontend.tensor import Tensor
+from .model.detect import resolve as resolve_gpu
 from .model.gpu import H100, GPUSpec, kernel_time
 from .model.library import library_matmul
 from .poly import attention as fused_attention
@@ -74,9 +75,10 @@ class Options:
     gpu: GPUSpec = H100
     split: int | None = None
     schedule: Schedule | None = None
+    gpu_origin: str = field(default="", compare=False)  # why this GPU (explain): named, given or detected
 
     @staticmethod
-    def make(target="auto", deterministic=False, gpu=H100, split=None, schedule=None) -> Options:
+    def make(target="auto", deterministic=False, gpu=None, split=None, schedule=None) -> Options:
         """Checked options; `target="auto"` is resolved here."""
         try:
             target = Target(target)
@@ -86,8 +88,7 @@ class Options:
             target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
             if target == Target.EMULATOR:
                 _warn_emulator_once()
-        if not isinstance(gpu, GPUSpec):
-            raise OptionError(f"compile: gpu must be a GPUSpec (panamera.model.gpu.H100, A100, V100), got {gpu!r}")
+        gpu, origin = resolve_gpu(gpu)  # a GPUSpec, a name ("a100"), or None: the GPU CuPy sees, else H100
         if isinstance(split, np.integer):
             split = int(split)
         if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
@@ -96,7 +97,7 @@ class Options:
             raise OptionError(f"compile: schedule must be a Schedule, got {type(schedule).__name__}")
         if schedule is not None and schedule.gpu != gpu.name:
             raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
-        return Options(target, bool(deterministic), gpu, split, schedule)
+        return Options(target, bool(deterministic), gpu, split, schedule, origin)
 
 
 _warned: list[bool] = []
@@ -250,7 +251,7 @@ def _plan(a: Artifacts, o: Options) -> Artifacts:
     inputs = a.program.inputs
     aligns = vector_alignments(live, a.mappings)
     plan = LaunchPlan(
-        tuple(launches),
+        _queued(launches, o.gpu),
         buffers,
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, aligns.get(t.uid, 1)) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
@@ -297,7 +298,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
         InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, align if t.uid in (p.chain.q.uid, p.chain.k.uid, p.chain.v.uid) else 1)
         for t in inputs
     )  # fmt: skip
-    plan = LaunchPlan(tuple(launches), buffers, specs, tuple(_result_spec(t, inputs) for t in a.graph))
+    plan = LaunchPlan(_queued(launches, o.gpu), buffers, specs, tuple(_result_spec(t, inputs) for t in a.graph))
     body = "\n".join(parts) + "\n"
     return dataclasses.replace(a, plan=plan, source=prelude(body) + body, signatures=tuple(signatures.items()))
 
@@ -361,6 +362,19 @@ def _result_spec(t: Tensor, inputs: tuple[Tensor, ...]) -> ResultSpec:
     if src.op == "placeholder":
         return ResultSpec(t.shape, src.size, input_index=[i.uid for i in inputs].index(src.uid))
     return ResultSpec(t.shape, src.size, key=f"out:{src.uid}")
+
+
+def _queued(launches: list[Launch], gpu: GPUSpec) -> tuple[Launch, ...]:
+    """Every launch of a call after its first is queued behind another: its modeled time pays the
+    gap of a queued launch, not the per-kernel floor (model/estimate.py does the same)."""
+    saving = (gpu.launch_s - gpu.queued_s) * 1e6
+    out, first = [], True
+    for ln in launches:
+        if ln.role != LaunchRole.INIT_ONCE:
+            ln = ln if first else dataclasses.replace(ln, modeled_us=ln.modeled_us - saving)
+            first = False
+        out.append(ln)
+    return tuple(out)
 
 
 def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: LaunchRole) -> Launch:
@@ -502,6 +516,8 @@ class Compiled:
             f"target {self.target}, {self._combine}"
         ]
         lines.append(f"  schedule: {self.origin}")
+        if self.options.gpu_origin:
+            lines.append(f"  gpu: {self.options.gpu_origin}")
         if self.stages.attention is not None:
             p = self.stages.attention
             lines.append(f"  fused attention (poly/attention.py): {p.describe()}")
@@ -591,7 +607,7 @@ def compile(  # noqa: A001
     outputs,
     target: str = "auto",
     deterministic: bool = False,
-    gpu: GPUSpec = H100,
+    gpu: GPUSpec | str | None = None,
     split: int | None = None,
     schedule: Schedule | None = None,
     use_database: bool = True,
@@ -600,6 +616,8 @@ def compile(  # noqa: A001
     """Compile one tensor or a list of tensors into a Compiled computation.
 
     target: "auto" (cuda with a GPU, else emulator), "cuda" or "emulator".
+    gpu: the GPU to plan for: a GPUSpec, a name ("h100", "h200", "a100", "v100"), or None: the GPU
+    CuPy sees (from its properties, model/detect.py), else H100 (`explain()` says which).
     deterministic: merge block partials in a fixed order (no float atomics): identical bits
     on every run and every thread order, still in one launch.
     split: override the model's choice of blocks per reduction (a schedule override, used by
@@ -619,7 +637,7 @@ def compile(  # noqa: A001
         return _from_cache(hit, outs, options, single)
     a, origin = None, "chosen by the model" if schedule is None else "replayed from the given schedule"
     if use_database and schedule is None and split is None and not deterministic:
-        entry = database.lookup(database.signature(outs), gpu.name)
+        entry = database.lookup(database.signature(outs), options.gpu.name)
         if entry is not None:
             try:
                 a = run_stages(outs, dataclasses.replace(options, schedule=entry.schedule))
