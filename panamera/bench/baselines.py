@@ -4,7 +4,8 @@
 - **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
 - The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
   **inductor**, **triton-tutorial**, **tvm-default**, and row_peers.py's **quack** and **liger**; for contractions those of contraction_peers.py:
-  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager** (absent where the peer has no kernel).
+  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager**, and decode_peers.py's **fa3-decode** and
+  **flashinfer-decode** (absent where the peer has no kernel).
 - Two stand-ins, planned by *Panamera's* machinery and named for what they are:
   - **panamera-single-block (stand-in)**: Panamera with `split=1` (producers fused, one block per
     output row / column tile, no split);
@@ -25,6 +26,7 @@ from ..frontend.tensor import Tensor, _ids, placeholder, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 from .contraction_peers import CONTRACTION_PEERS
+from .decode_peers import DECODE_PEERS
 from .peers import PEERS, PeerPlan, plan_peers
 from .row_peers import ROW_PEERS
 
@@ -34,7 +36,7 @@ DETERMINISTIC, SINGLE, UNFUSED = (
     "panamera-unfused (stand-in)",
 )
 STANDINS = (DETERMINISTIC, SINGLE, UNFUSED)
-PEER_NAMES = tuple(dict.fromkeys((*PEERS, *ROW_PEERS, *CONTRACTION_PEERS)))
+PEER_NAMES = tuple(dict.fromkeys((*PEERS, *ROW_PEERS, *CONTRACTION_PEERS, *DECODE_PEERS)))
 PLANS = ("panamera", *PEER_NAMES, *STANDINS)
 INLINE = ("const", "iota", "argkey_max", "argkey_min")  # computed where used, never a kernel
 

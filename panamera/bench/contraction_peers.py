@@ -361,4 +361,6 @@ CONTRACTION_PEERS: dict[str, Callable] = {
 
 def plan_contraction_peers(c, gpu: GPUSpec) -> dict[str, PeerPlan | None]:
     """Every contraction peer's plan of one workload (None where the peer has no kernel for it)."""
-    return {name: f(c, gpu) for name, f in CONTRACTION_PEERS.items()}
+    from .decode_peers import DECODE_PEERS
+
+    return {name: f(c, gpu) for name, f in {**CONTRACTION_PEERS, **DECODE_PEERS}.items()}
