@@ -196,13 +196,13 @@ _COMMON = (
 H100 = GPUSpec(
     "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True,
     eta_write=0.86, queued_launch_s=0.1e-6, atomic_rates=ATOMIC_RATES,
-    measured_limit=Limit(4.85e-6, 0.96, 0.87, "CALIBRATION.md: CUB 2^8 on H200 (4.86 us, same GH100 chip); "
+    measured_limit=Limit(4.85e-6, 0.96, 0.87, "CALIBRATION.md: CUB 2^8 on H200 (4.86 us measured, floor 4.85 us; the same GH100 chip); "
                          "QuACK cross-entropy 32Kx65K (reads), softmax 8Kx262K (read + write)"),
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
         ("eta", "[measured] read-mostly streams reach 0.95 of 3.35 TB/s: QuACK cross-entropy 32Kx65K bf16 at "
          "3182 GB/s (Dao-AILab/quack media/2025-07-10-membound-sol.md)"),
-        ("eta_write", "[measured] fitted to QuACK's softmax and RMSNorm rows of 32K-262K elements (about 3.0 "
+        ("eta_write", "[fitted] to QuACK's softmax and RMSNorm rows of 32K-262K elements (about 3.0 "
          "TB/s for equal reads and writes) given reads at eta: written bytes stream at 0.86 of peak"),
         ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
         ("atomic_rates", "[measured] int32 72.9, int64 39.2, fp64 26.8 G/s distinct-address atomics on GH200 "
