@@ -44,6 +44,7 @@ from .errors import EmulatorWarning, InputError, OptionError, PanameraError, Sch
 from .explain import contraction_lines  # noqa: F401  (the public name it always had)
 from .explain import render as explain_sections
 from .frontend.tensor import Tensor
+from .model.detect import resolve as resolve_gpu
 from .model.gpu import H100, GPUSpec, kernel_time
 from .poly import attention as fused_attention
 from .poly.access import AccessKind
@@ -79,9 +80,10 @@ class Options:
     gpu: GPUSpec = H100
     split: int | None = None
     schedule: Schedule | None = None
+    gpu_origin: str = field(default="", compare=False)  # why this GPU (explain): named, given or detected
 
     @staticmethod
-    def make(target="auto", deterministic=False, gpu=H100, split=None, schedule=None) -> Options:
+    def make(target="auto", deterministic=False, gpu=None, split=None, schedule=None) -> Options:
         """Checked options; `target="auto"` is resolved here."""
         try:
             target = Target(target)
@@ -91,8 +93,7 @@ class Options:
             target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
             if target == Target.EMULATOR:
                 _warn_emulator_once()
-        if not isinstance(gpu, GPUSpec):
-            raise OptionError(f"compile: gpu must be a GPUSpec (panamera.model.gpu.H100, A100, V100), got {gpu!r}")
+        gpu, origin = resolve_gpu(gpu)  # a GPUSpec, a name ("a100"), or None: the GPU CuPy sees, else H100
         if isinstance(split, np.integer):
             split = int(split)
         if split is not None and (isinstance(split, bool) or not isinstance(split, int) or split < 1):
@@ -101,7 +102,7 @@ class Options:
             raise OptionError(f"compile: schedule must be a Schedule, got {type(schedule).__name__}")
         if schedule is not None and schedule.gpu != gpu.name:
             raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
-        return Options(target, bool(deterministic), gpu, split, schedule)
+        return Options(target, bool(deterministic), gpu, split, schedule, origin)
 
 
 # Targets compiled by a later module, which registers itself here on import (the package imports
@@ -271,7 +272,7 @@ def _plan(a: Artifacts, o: Options) -> Artifacts:
     inputs = a.program.inputs
     aligns = vector_alignments(live, a.mappings)
     plan = LaunchPlan(
-        tuple(launches),
+        _queued(launches, o.gpu),
         buffers,
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, aligns.get(t.uid, 1)) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
@@ -318,7 +319,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
         InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, align if t.uid in (p.chain.q.uid, p.chain.k.uid, p.chain.v.uid) else 1)
         for t in inputs
     )  # fmt: skip
-    plan = LaunchPlan(tuple(launches), buffers, specs, tuple(_result_spec(t, inputs) for t in a.graph))
+    plan = LaunchPlan(_queued(launches, o.gpu), buffers, specs, tuple(_result_spec(t, inputs) for t in a.graph))
     body = "\n".join(parts) + "\n"
     return dataclasses.replace(a, plan=plan, source=prelude(body) + body, signatures=tuple(signatures.items()))
 
@@ -388,12 +389,27 @@ def _result_spec(t: Tensor, inputs: tuple[Tensor, ...]) -> ResultSpec:
     return ResultSpec(t.shape, src.size, key=f"out:{src.uid}")
 
 
+def _queued(launches: list[Launch], gpu: GPUSpec) -> tuple[Launch, ...]:
+    """Every launch of a call after its first is queued behind another: its modeled time pays the
+    gap of a queued launch, not the per-kernel floor (model/estimate.py does the same)."""
+    saving = (gpu.launch_s - gpu.queued_s) * 1e6
+    out, first = [], True
+    for ln in launches:
+        if ln.role != LaunchRole.INIT_ONCE:
+            ln = ln if first else dataclasses.replace(ln, modeled_us=ln.modeled_us - saving)
+            first = False
+        out.append(ln)
+    return tuple(out)
+
+
 def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: LaunchRole) -> Launch:
     """The one launch that initialises a kernel's atomic outputs, workspaces and counters."""
     specs = [buffers[f.buffer] for f in init.fills]
     nbytes = sum(p.nbytes for p in specs)
     threads, blocks = 256, min(math.ceil(max(p.size for p in specs) / 256), 1024)
-    cost = kernel_time(gpu, dram_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4)
+    cost = kernel_time(
+        gpu, dram_bytes=nbytes, write_bytes=nbytes, blocks=blocks, threads=threads, bytes_in_flight_per_thread=4
+    )
     return Launch(
         init.name,
         (blocks, 1, 1),
@@ -579,7 +595,7 @@ def compile(  # noqa: A001
     outputs,
     target: str = "auto",
     deterministic: bool = False,
-    gpu: GPUSpec = H100,
+    gpu: GPUSpec | str | None = None,
     split: int | None = None,
     schedule: Schedule | None = None,
     use_database: bool = True,
@@ -589,6 +605,8 @@ def compile(  # noqa: A001
 
     target: "auto" (cuda with a GPU, else emulator), "cuda", "emulator" or "cpu" (OpenMP + SIMD
     C++ for this machine; cpu_target.py lists what it covers).
+    gpu: the GPU to plan for: a GPUSpec, a name ("h100", "h200", "a100", "v100"), or None: the GPU
+    CuPy sees (from its properties, model/detect.py), else H100 (`explain()` says which).
     deterministic: merge block partials in a fixed order (no float atomics): identical bits
     on every run and every thread order, still in one launch.
     split: override the model's choice of blocks per reduction (a schedule override, used by
@@ -612,7 +630,7 @@ def compile(  # noqa: A001
     t0 = time.perf_counter()
     a, origin = None, "chosen by the model" if schedule is None else "replayed from the given schedule"
     if use_database and schedule is None and split is None and not deterministic:
-        entry = database.lookup(database.signature(outs), gpu.name)
+        entry = database.lookup(database.signature(outs), options.gpu.name)
         if entry is not None:
             try:
                 a = run_stages(outs, dataclasses.replace(options, schedule=entry.schedule))

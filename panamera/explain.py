@@ -88,7 +88,7 @@ def _plan(k) -> list[str]:
         f"{plan.modeled_us:.2f} us modeled on {gpu.name}, "
         f"target {k.target}, {combine}",
         f"  schedule: {k.origin}",
-    ]
+    ] + ([f"  gpu: {k.options.gpu_origin}"] if k.options.gpu_origin else [])
 
 
 def _mapping(k) -> list[str]:

@@ -270,7 +270,7 @@ def test_the_model_chooses_the_softmax_formulation():
     online, multi = figures(short)
     assert abs(online - multi) < 0.05 * min(online, multi)
     assert f"-> {'online' if online < multi else 'multipass'}" in short
-    split = pn.compile(pn.nn.softmax(pn.placeholder((64, 30522), name="x")), target="emulator", use_database=False)
+    split = pn.compile(pn.nn.softmax(pn.placeholder((32, 30522), name="x")), target="emulator", use_database=False)
     online, multi = figures(split.explain())
     assert split.mappings[0].cooperative and "-> online" in split.explain() and online < 0.95 * multi
     long_rows = pn.compile(pn.nn.softmax(pn.placeholder((16, 1_000_000), name="x")), target="emulator").explain()

@@ -86,6 +86,9 @@ def test_tvm_row_sum_uses_32_by_32_blocks():
 def test_every_peer_is_modeled_by_the_same_model():
     outs = [pn.sum(pn.placeholder((1024, 1024), "float32", name="x"))]
     for name, p in _peers(outs).items():
+        if p is None:  # the row kernels' peers have no kernel for a plain sum
+            assert name in ("quack", "liger")
+            continue
         e = p.estimate(H100, 1024 * 1024 * 4 + 4)
         assert e.total_us > 0 and e.launches == p.kernels, name
         assert p.description
@@ -136,7 +139,8 @@ def test_cublas_skinny_gemm_uses_64x8_tiles_and_splits_k_when_few_tiles():
     assert p.facts == {"tile": (8, 64), "split": 66, "kernels": 2}
     assert [ln.name for ln in p.launches] == ["nvjet_splitK", "splitKreduce_kernel"]
     g = cublas(Linear(1, 4096, 4096, "float16"), H100)  # 64 tiles with 16 stages in flight stream the weights
-    assert g.facts["tile"] == (8, 64) and g.estimate(H100, 0).total_us < 1.05 * 13.6
+    stream = (H100.launch_s + H100.loaded_latency_s + 4096 * 4096 * 2 / H100.achievable_bw) * 1e6
+    assert g.facts["tile"] == (8, 64) and g.estimate(H100, 0).total_us < 1.05 * stream
 
 
 def test_triton_splitk_autotunes_over_the_matmul_configs():

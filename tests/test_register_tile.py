@@ -102,7 +102,7 @@ def test_full_size_plans_tile_the_rows(M, N, K, dtype):
     m = k.mappings[0]
     assert m.rtile >= 2 and m.rstride == N and m.split == 1
     if dtype != "int8" or M == 4:
-        assert estimate(k.plan, H100).ratio_to_limit <= 1.15
+        assert estimate(k.plan, H100).ratio_to_limit <= 1.2  # the limit: the best streams ever measured
 
 
 # -- replay: one negative test per rule 9 precondition (schedule/mapping.py `replay`) ----------

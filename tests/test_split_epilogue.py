@@ -44,8 +44,9 @@ def assert_within(got, ref, terms, values, dtype, n, roundings=3):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_split_row_gemv_with_bias_relu_and_residual(dtype, deterministic):
     rng = np.random.default_rng(0)
-    # 16 outputs cannot fill the GPU: split-K (fp16: a longer K, where partials still beat stitching)
-    n, k = 16, 1 << (17 if dtype == "float16" else 16)
+    # 16 outputs cannot fill the GPU: split-K. Rows long enough that merging partials (deterministic)
+    # clearly beats 16 whole-row blocks in the calibrated model (fp16: twice as many elements)
+    n, k = 16, 1 << (18 if dtype == "float16" else 17)
     xa, wa = rng.standard_normal((1, k)).astype(np_dtype(dtype)), rng.standard_normal((n, k)).astype(np_dtype(dtype))
     ba, ra = rng.standard_normal(n).astype(np_dtype(dtype)), rng.standard_normal((1, n)).astype(np_dtype(dtype))
     x, w = pn.placeholder(xa.shape, dtype, name="x"), pn.placeholder(wa.shape, dtype, name="w")
@@ -193,10 +194,12 @@ def test_precondition_6_no_path_leaves_the_group_and_comes_back():
     np.testing.assert_array_equal(got[1], np.full((4, 4), 64 + 128, np.float32))
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("deterministic", [False])
 def test_a_register_tiled_split_linear_applies_the_epilogue_to_every_tile_row(deterministic):
     """A skinny linear (8 rows of x sharing each weight row: schedule/rtile.py) split over K:
-    the finishing block applies bias + relu to each row of its register tile."""
+    the finishing block applies bias + relu to each row of its register tile. (Deterministic: the
+    calibrated model keeps whole rows here, the last block's combine of every tile row's partials
+    costing more than the split saves; the deterministic epilogue is the GEMV test's.)"""
     rng = np.random.default_rng(4)
     m, n, k = 8, 32, 1 << 15
     xa, wa = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((n, k)).astype(np.float32)

@@ -205,7 +205,7 @@ FULL = [
     ("cross_entropy", (8, 128256), "float32"),
     ("layer_norm", (1, 131072), "float32"),
     ("rms_norm", (8, 128256), "bfloat16"),
-    ("softmax", (64, 30522), "float32"),
+    ("softmax", (32, 30522), "float32"),  # 64 rows of 30522: the calibrated model keeps whole rows
 ]
 
 

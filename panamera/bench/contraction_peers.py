@@ -141,7 +141,7 @@ class ContractionPlan(PeerPlan):
     """A peer's plan whose launches may be bound by their tensor-core work (model/library.py's
     roofline): each launch's exposed arithmetic, FLOPs at peak beyond its streaming time, is added."""
 
-    def estimate(self, gpu: GPUSpec, compulsory: int) -> Estimate:
+    def estimate(self, gpu: GPUSpec, compulsory: int | tuple[int, int]) -> Estimate:
         e = estimate(list(self.launches), gpu, compulsory)
         extra = 0.0
         for ln in self.launches:
@@ -361,4 +361,6 @@ CONTRACTION_PEERS: dict[str, Callable] = {
 
 def plan_contraction_peers(c, gpu: GPUSpec) -> dict[str, PeerPlan | None]:
     """Every contraction peer's plan of one workload (None where the peer has no kernel for it)."""
-    return {name: f(c, gpu) for name, f in CONTRACTION_PEERS.items()}
+    from .decode_peers import DECODE_PEERS
+
+    return {name: f(c, gpu) for name, f in {**CONTRACTION_PEERS, **DECODE_PEERS}.items()}

@@ -81,17 +81,21 @@ class PeerPlan:
     def atomics(self) -> int:
         return sum(int(ln.features.get("atomics", 0)) for ln in self.launches)
 
-    def estimate(self, gpu: GPUSpec, compulsory: int) -> Estimate:
+    def estimate(self, gpu: GPUSpec, compulsory: int | tuple[int, int]) -> Estimate:
         return estimate(list(self.launches), gpu, compulsory)
 
 
 def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0, same=0, cas=0, sfu=0.0,
-           epilogue=400) -> PeerLaunch:  # fmt: skip
+           epilogue=400, round_trips=0) -> PeerLaunch:  # fmt: skip
     """A launch from its streamed bytes and shape; `in_flight` = streamed input bytes per thread per
     loop step (vector width x loads issued before the first use)."""
     f = {"dram_bytes": float(read + written), "blocks": int(max(blocks, 1)), "threads": int(threads),
          "bytes_in_flight_per_thread": float(in_flight), "atomics": int(atomics), "same_address": int(same),
          "cas_atomics": int(cas), "epilogue_cycles": int(epilogue), "l2_bytes": float(l2), "sfu_ops": float(sfu)}  # fmt: skip
+    if written:  # written bytes stream at the write bandwidth (model/gpu.py stream_bw)
+        f["write_bytes"] = float(written)
+    if round_trips:
+        f["round_trips"] = int(round_trips)
     return PeerLaunch(name, f, int(read), int(written))
 
 
@@ -100,6 +104,19 @@ def _plan(peer: str, launches, what: str, **facts) -> PeerPlan:
     shapes = ", ".join(f"{ln.features['blocks']}x{ln.features['threads']}" for ln in launches)
     n = len(launches)
     return PeerPlan(peer, launches, f"{what}: {n} kernel{'s' * (n != 1)} ({shapes} blocks x threads)", facts)
+
+
+def reread(rows: int, row_bytes: int, threads: int, passes: int, gpu: GPUSpec, rows_per_block: int = 1) -> dict:
+    """Where a looped row kernel's later passes re-read its rows: from L2 while the rows in flight
+    (the resident blocks' rows) fit in half of it (the half an SM's requests reach); beyond, the
+    part that no longer fits comes from DRAM again (the QuACK blog's profile of torch.compile's
+    looped softmax; fitted to eager PyTorch's RMSNorm and LayerNorm rows in CALIBRATION.md L).
+    Returns the extra `read` (DRAM) and `l2` bytes for `kernel`."""
+    extra = (passes - 1) * rows * row_bytes
+    blocks = cdiv(rows, rows_per_block)
+    in_flight = min(blocks, gpu.sms * gpu.resident_blocks(threads)) * rows_per_block * row_bytes
+    hit = min(1.0, gpu.l2_size / 2 / max(in_flight, 1))
+    return {"l2": extra * hit, "read": extra * (1 - hit)}
 
 
 def cdiv(a, b) -> int:
@@ -304,9 +321,10 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         if N % 4:
             return None  # the RowwiseMoments + LayerNormForward pair; no workload needs it
         params = (2 if w.pattern == "layer_norm" else 1) * N * e
+        again = reread(M, N * e, 128, 2, gpu)  # pass 2 re-reads the row
         ln = kernel(
-            "vectorized_layer_norm_kernel", read=M * N * e + params, written=M * N * w.out_bytes + 2 * M * 4,
-            blocks=M, threads=128, in_flight=4 * e, l2=M * N * e,  # pass 2 re-reads the row (L2)
+            "vectorized_layer_norm_kernel", read=M * N * e + params + again["read"],
+            written=M * N * w.out_bytes + 2 * M * 4, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
         )  # fmt: skip
         return _plan("pytorch-eager", [ln], f"layer_norm_kernel.cu vectorized ({w.pattern}), one block of 32x4 per row")
     if w.pattern == "batch_norm":
@@ -393,8 +411,9 @@ def cub_device_reduce(n: int, elem: int, acc: int, gpu: GPUSpec, out_bytes: int)
     k1 = kernel(
         "DeviceReduceKernel", read=n * elem, written=grid * acc, blocks=grid, threads=threads, in_flight=items * elem
     )
-    k2 = kernel("DeviceReduceSingleTileKernel", read=grid * acc, written=out_bytes, blocks=1, threads=threads,
-                in_flight=items * acc)  # fmt: skip
+    # the partials were just written by k1: the second kernel reads them from L2
+    k2 = kernel("DeviceReduceSingleTileKernel", read=0, written=out_bytes, blocks=1, threads=threads,
+                in_flight=items * acc, l2=grid * acc)  # fmt: skip
     return [k1, k2], {"grid": grid, "kernels": 2, "threads": threads, "items": items, "vec": vec}
 
 
@@ -484,14 +503,17 @@ def _inductor_kernel(name, xnumel, rnumel, hint, elem, gpu, *, read, written, pa
         per = max(r * xb // (32 * warps), 1)
         return kernel(name, read=read, written=written, blocks=cdiv(xnumel, xb), threads=32 * warps,
                       in_flight=per * elem, sfu=sfu), f"persistent XBLOCK {xb} RBLOCK {r} {warps} warps"  # fmt: skip
-    l2 = (passes - 1) * xnumel * rnumel * elem
     if hint == "INNER":
         rb = min(next_pow2(rnumel), 2048)
         warps = min(max(rb // 128, 2), 8)
-        return kernel(name, read=read, written=written, blocks=xnumel, threads=32 * warps,
-                      in_flight=rb // (32 * warps) * elem, l2=l2, sfu=sfu), f"XBLOCK 1 RBLOCK {rb} {warps} warps, {passes} loop(s)"  # fmt: skip
-    return kernel(name, read=read, written=written, blocks=cdiv(xnumel, 64), threads=128, in_flight=4 * elem,
-                  l2=l2, sfu=sfu), "XBLOCK 64 RBLOCK 8 4 warps"  # fmt: skip
+        again = reread(xnumel, rnumel * elem, 32 * warps, passes, gpu)
+        where = f"{again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2"
+        return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=32 * warps,
+                      in_flight=rb // (32 * warps) * elem, l2=again["l2"], sfu=sfu), \
+            f"XBLOCK 1 RBLOCK {rb} {warps} warps, {passes} loop(s), re-read from {where}"  # fmt: skip
+    again = reread(xnumel, rnumel * elem, 128, passes, gpu, rows_per_block=64)
+    return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, 64), threads=128,
+                  in_flight=4 * elem, l2=again["l2"], sfu=sfu), "XBLOCK 64 RBLOCK 8 4 warps"  # fmt: skip
 
 
 def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
@@ -643,9 +665,10 @@ def plan_peers(outs, gpu: GPUSpec) -> dict[str, PeerPlan | None]:
     """Every peer's plan of one workload (None where the peer has no kernel for it): a contraction
     goes to the contraction peers (contraction_peers.py), anything else to the reductions' peers."""
     from .contraction_peers import describe_contraction, plan_contraction_peers
+    from .row_peers import ROW_PEERS
 
     c = describe_contraction(outs)
     if c is not None:
         return plan_contraction_peers(c, gpu)
     w = describe(outs)
-    return {name: f(w, gpu) for name, f in PEERS.items()}
+    return {name: f(w, gpu) for name, f in {**PEERS, **ROW_PEERS}.items()}

@@ -230,6 +230,7 @@ class ThreadLoop:
                 if g.accumulator_of[k] == k
                 and m.access[k][ri] != AccessKind.CONTIG
                 and g.statements[k].reads[ri].memory
+                and g.statements[k].reads[ri].tensor.uid not in self.regs  # a stitched value: registers
                 and g.statements[k].reads[ri].indirect is None
                 and self.sharing(k, ri) == sharing
                 and (k, ri) not in vregs

@@ -1,6 +1,19 @@
 """Performance model of a launch plan on a GPU (docs/GPU_MODEL.md). Every figure is *modeled*."""
 
 from .estimate import Estimate, estimate, limit_us
-from .gpu import A100, GPUS, H100, V100, GPUSpec, KernelCost, kernel_time
+from .gpu import A100, GPUS, H100, H200, V100, GPUSpec, KernelCost, Limit, kernel_time
 
-__all__ = ["A100", "GPUS", "H100", "V100", "Estimate", "GPUSpec", "KernelCost", "estimate", "kernel_time", "limit_us"]
+__all__ = [
+    "A100",
+    "GPUS",
+    "H100",
+    "H200",
+    "Limit",
+    "V100",
+    "Estimate",
+    "GPUSpec",
+    "KernelCost",
+    "estimate",
+    "kernel_time",
+    "limit_us",
+]

@@ -3,23 +3,29 @@
     T = T_launch + max(T_dram, T_l2, T_issue) + T_tail + T_atomic
     T = T_launch + max(T_dram + T_l2, T_issue) + T_tail + T_atomic + T_sync    (grid-wide waits)
 
-    T_launch = the launch alone [derived]: the measured 2.5 us per kernel of a two-kernel CUB
-               reduce of a tiny input holds each kernel's own DRAM round trip and epilogue, so the
-               launch is about 2.1 us (docs/GPU_MODEL.md, "The launch figure contains work").
-    T_dram   = max(bytes / BW, L0 + bytes / (eta * BW_peak)): the first round trip, then the stream;
-               BW from Little's law with a latency that rises with load:
-               BW = min(eta * BW_peak, F / L(BW)),  L(BW) = L0 + (L1 - L0) * BW / (eta * BW_peak)
+    T_launch = the per-kernel floor of the first kernel of a call [measured: CUB's single-tile
+               kernel, 4.86-5.29 us cold on H200, less its own round trip and epilogue: 4.5 us];
+               a kernel queued behind another pays only `queued_launch_s` [measured: CUB's two
+               kernels at 2^16 take 5.35 us, its one at 2^12 5.29 us] (model/estimate.py).
+    T_dram   = max(bytes / BW, L(BW) + bytes / BW_stream): the first round trip (at the latency
+               of the load the stream puts on DRAM; none for a kernel that only stores), then the stream;
+               BW_stream = bytes / (read / (eta * peak) + written / (eta_write * peak)), the
+               access pattern's achievable bandwidth [measured: QuACK's read-mostly and
+               read-write rows]; BW from Little's law with a latency that rises with load:
+               BW = min(BW_stream, F / L(BW)),  L(BW) = L0 + (L1 - L0) * BW / (eta * BW_peak)
                F: bytes in flight chip-wide (streamed input bytes only, never more than the kernel
                moves); L0 the unloaded latency [measured]; L1 the loaded latency at saturation
-               [derived: SMs * 32 KB / (eta * BW_peak), the "aim for 32 KB per SM" rule, ~1.4 us on
-               H100]. A 512-byte sum pays one unloaded round trip, a saturating stream L1.
+               [fitted: SMs * 24 KB / (eta * BW_peak), about 1.0 us on H100, to Liger's softmax rows
+               of 256 and 512 elements, whose programs keep 8 and 16 KB per SM in flight]. A
+               512-byte sum pays one unloaded round trip, a saturating stream L1.
     T_l2     = bytes re-read while resident in L2 / L2 bandwidth
     T_issue  = max(all FP and SFU instructions / 128, FP64 / 64, SFU / 16) per SM per clock, over
                the SMs the kernel occupies [spec: 4 schedulers x 32 lanes; H100 SXM FP64 64 and
                SFU 16 lanes per SM per clock]: arithmetic that outlasts the DRAM time binds.
     T_tail   = the last wave's block epilogue (earlier waves' epilogues hide under streaming)
     T_atomic = the merges left exposed: those of the last wave, plus what earlier waves issue
-               beyond the streaming time they overlap. Native atomics cost 1 / atomic rate each
+               beyond the streaming time they overlap. Native atomics cost 1 / the merged type's
+               atomic rate each [measured per dtype: triton-lang/triton PR #10059]
                and serialize on one address at one per L2 clock; compare-and-swap merges
                serialize on one address at one L2 round trip each (a CAS needs the previous
                value back) [derived].
@@ -29,8 +35,9 @@
                (what it does around the waits) [derived]. Its passes no longer overlap across
                blocks, so the L2 re-reads add to the DRAM stream instead of hiding under it.
 
-`estimate.limit_us` is docs/GPU_MODEL.md's limit: one launch + one unloaded DRAM round trip +
-compulsory bytes at eta * BW_peak.
+`estimate.limit_us` is docs/GPU_MODEL.md's limit, from measurements only: the smallest kernel
+time measured on the GPU + compulsory bytes at the best read and write bandwidths measured
+(`GPUSpec.limit`).
 
 >>> round(kernel_time(H100, dram_bytes=512, blocks=1, threads=32, bytes_in_flight_per_thread=16).dram_s * 1e6, 2)
 0.35
@@ -38,8 +45,21 @@ compulsory bytes at eta * BW_peak.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What no kernel beats on a GPU, from measurements only (docs/GPU_MODEL.md, "The limit"): the
+    smallest kernel time measured on it, and the best fractions of peak bandwidth any published
+    kernel reached reading (`eta_read`) and writing (`eta_write`)."""
+
+    floor_s: float
+    eta_read: float
+    eta_write: float
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,46 @@ class GPUSpec:
     max_blocks_sm: int = 32
     smem_per_block: int = 227 * 1024
     sources: tuple = ()  # (parameter, where the figure comes from), as in docs/GPU_MODEL.md
+    eta_write: float = 0.0  # achievable fraction of peak for written bytes (0: as eta)
+    queued_launch_s: float = -1.0  # a kernel queued behind another in the same call (< 0: launch_s)
+    # distinct-address atomics per second by the merged word's type (others: atomic_rate)
+    atomic_rates: tuple[tuple[str, float], ...] = ()
+    saturating_kb_per_sm: int = 24  # bytes in flight per SM (KB) that saturate the stream: the loaded latency
+    measured_limit: Limit | None = None  # None: no measurements on this GPU (`limit` falls back to the model)
+
+    @property
+    def limit(self) -> Limit:
+        """The measured limit, or on a GPU without measurements the model's own terms (the floor is
+        then a launch and one unloaded round trip, the bandwidths the model's)."""
+        if self.measured_limit is not None:
+            return self.measured_limit
+        floor = self.launch_s + self.dram_latency_s
+        return Limit(floor, self.eta, self.eta_write or self.eta, "[model] no published measurement on this GPU")
+
+    @property
+    def write_bw(self) -> float:
+        """Achievable DRAM bandwidth of written bytes (a store stream pays the read-to-write turnaround)."""
+        return (self.eta_write or self.eta) * self.dram_bw
+
+    @property
+    def queued_s(self) -> float:
+        """The cost of a launch queued behind another kernel of the same call: its setup overlaps the
+        kernel before it, so only a small gap remains (model/estimate.py charges the first launch
+        `launch_s`, every later one this)."""
+        return self.launch_s if self.queued_launch_s < 0 else self.queued_launch_s
+
+    def atomic_rate_of(self, dtype: str) -> float:
+        """Distinct-address atomics per second on words of `dtype` (triton-lang/triton PR #10059: the
+        rate falls with the word: int32 72.9, int64 39.2, float64 26.8 G/s on GH200)."""
+        return dict(self.atomic_rates).get(dtype, self.atomic_rate)
+
+    def stream_bw(self, read_bytes: float, write_bytes: float) -> float:
+        """The achievable bandwidth of a stream that reads and writes these bytes: reads at eta x
+        peak, writes at eta_write x peak, one after the other in the DRAM's time."""
+        total = read_bytes + write_bytes
+        if total <= 0:
+            return self.achievable_bw
+        return total / (read_bytes / self.achievable_bw + write_bytes / self.write_bw)
 
     def __repr__(self) -> str:
         """One short line (the whole spec is `dataclasses.asdict(spec)`): `help(pn.compile)` shows it.
@@ -93,27 +153,40 @@ class GPUSpec:
 
     @property
     def loaded_latency_s(self) -> float:
-        """DRAM latency at saturation [derived]: 32 KB in flight per SM saturate the achievable
-        bandwidth, so by Little's law the latency under that load is SMs * 32 KB / BW."""
-        return max(self.dram_latency_s, self.sms * 32 * 1024 / self.achievable_bw)
+        """DRAM latency at saturation [fitted]: `saturating_kb_per_sm` in flight per SM saturate the
+        achievable bandwidth, so by Little's law the latency under that load is SMs * that / BW."""
+        return max(self.dram_latency_s, self.sms * self.saturating_kb_per_sm * 1024 / self.achievable_bw)
 
-    def bandwidth(self, in_flight: float) -> float:
+    def latency_at(self, bw: float) -> float:
+        """The DRAM round trip under a load of `bw` bytes/s: unloaded at none, loaded at saturation,
+        linear between (docs/GPU_MODEL.md, "Latency rises with load")."""
+        frac = min(1.0, max(0.0, bw / self.achievable_bw))
+        return self.dram_latency_s + (self.loaded_latency_s - self.dram_latency_s) * frac
+
+    def bandwidth(self, in_flight: float, cap: float = 0.0) -> float:
         """The DRAM bandwidth `in_flight` bytes sustain: Little's law, BW = F / L(BW), with the
         latency rising linearly from unloaded to loaded as BW approaches eta * peak; solved
-        for BW (the positive root of k BW^2 + L0 BW - F = 0) and capped at eta * peak."""
+        for BW (the positive root of k BW^2 + L0 BW - F = 0) and capped at `cap` (the stream's
+        achievable bandwidth, `stream_bw`; default eta * peak)."""
         if in_flight <= 0:
             return 0.0
         bmax, l0 = self.achievable_bw, self.dram_latency_s
         k = (self.loaded_latency_s - l0) / bmax
         bw = in_flight / l0 if k <= 0 else (-l0 + math.sqrt(l0 * l0 + 4 * k * in_flight)) / (2 * k)
-        return min(bmax, bw)
+        return min(cap or bmax, bw)
 
 
+ATOMIC_RATES = (("int32", 72.9e9), ("float32", 72.9e9), ("int64", 39.2e9), ("float64", 26.8e9))
 _COMMON = (
     (
         "launch_s",
-        "[derived] 2.5 us per kernel of a two-kernel CUB reduce of a tiny input (4.9-5.4 us, cccl PR "
-        "#9722) less the kernel's own DRAM round trip and epilogue it contains: about 2.1 us (docs/GPU_MODEL.md)",
+        "[measured] the per-kernel floor: one cold kernel of CUB's single-tile path takes 4.86-5.29 us on "
+        "H200 (NVBench, cccl PR #9722, 2^4-2^12 int32), less its own DRAM round trip and block epilogue",
+    ),
+    (
+        "queued_launch_s",
+        "[measured] a kernel queued behind another costs almost nothing: CUB's two-kernel 2^16 sum takes "
+        "5.35 us, its one-kernel 2^12 sum 5.29 us (cccl PR #9722)",
     ),
     ("fp32/fp64_per_clock_sm", "[spec] NVIDIA H100/A100 whitepapers: 128 FP32 and 64 FP64 lanes per SM (SXM)"),
     (
@@ -124,20 +197,51 @@ _COMMON = (
     ("l2_clock_hz", "[measured] same-address atomics retire about one per L2 clock (gpgpu-sim PR #33, V100)"),
     ("sfu_per_clock_sm", "[spec] CUDA Programming Guide throughput table"),
     ("max_threads_sm/max_blocks_sm", "[spec] 2048 threads, 32 blocks per SM (cc 7.0-9.0)"),
+    (
+        "saturating_kb_per_sm",
+        "[fitted] 24 KB in flight per SM saturate the stream: Liger's softmax 32Kx256 and "
+        "32Kx512 bf16 (1228 and 2068 GB/s with 8 and 16 KB per SM in flight, CALIBRATION.md Q)",
+    ),
+    ("grid-wide wait", "[assumed] two L2 round trips per wait; no published measurement"),
 )
 H100 = GPUSpec(
-    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.90, 350e-9, 2.1e-6, 60e9, 1.75e9, vector_atomics=True,
+    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True,
+    eta_write=0.86, queued_launch_s=0.1e-6, atomic_rates=ATOMIC_RATES,
+    measured_limit=Limit(4.85e-6, 0.96, 0.87, "CALIBRATION.md: CUB 2^8 on H200 (4.86 us measured, floor 4.85 us; the same GH100 chip); "
+                         "QuACK cross-entropy 32Kx65K (reads), softmax 8Kx262K (read + write)"),
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
-        ("eta", "[measured] CUB DeviceReduce reaches 90% of peak on H200 (cccl PR #9722)"),
+        ("eta", "[measured] read-mostly streams reach 0.95 of 3.35 TB/s: QuACK cross-entropy 32Kx65K bf16 at "
+         "3182 GB/s (Dao-AILab/quack media/2025-07-10-membound-sol.md)"),
+        ("eta_write", "[fitted] to QuACK's softmax and RMSNorm rows of 32K-262K elements (about 3.0 "
+         "TB/s for equal reads and writes) given reads at eta: written bytes stream at 0.86 of peak"),
         ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
-        ("atomic_rate", "[measured] int32 distinct-address atomics at 73 G/s on GH200 (triton PR #10059)"),
+        ("atomic_rates", "[measured] int32 72.9, int64 39.2, fp64 26.8 G/s distinct-address atomics on GH200 "
+         "(triton-lang/triton PR #10059); float32 [assumed] as int32 (RED.ADD.F32 in the same L2 unit)"),
         ("l2_bw", "[measured] gpu-benches (H200)"),
         ("vector_atomics", "[spec] CUDA Programming Guide, atomicAdd(float2*/float4*) on compute capability 9.x; "
          "SASS ATOMG/REDG.E.ADD.F32x4 (tests/test_vector_atomics.py)"),
         *_COMMON,
     ),
 )  # fmt: skip
+# H200: the H100's GH100 chip (same SMs, clocks and L2) with 141 GB of HBM3e at 4.8 TB/s; CUB's
+# measurements in CALIBRATION.md were taken on it.
+H200 = dataclasses.replace(
+    H100,
+    name="H200-SXM",
+    dram_bw=4.8e12,
+    eta=0.92,
+    eta_write=0.84,
+    measured_limit=Limit(4.85e-6, 0.93, 0.85, "CALIBRATION.md: CUB 2^8 (4.86 us) and 2^28 (249.3 us) on H200"),
+    sources=(
+        ("sms/clock_hz/l2_size/smem", "[spec] NVIDIA H200 datasheet: the GH100 chip of H100 SXM"),
+        ("dram_bw", "[spec] 4.8 TB/s HBM3e"),
+        ("eta", "[measured] CUB DeviceReduce int32 2^28 in 249.3 us (cccl PR #9722): 0.92 of peak past the floor"),
+        ("eta_write", "[assumed] H100's write/read ratio"),
+        *[s for s in H100.sources if s[0] in ("dram_latency_s", "atomic_rates", "l2_bw", "vector_atomics")],
+        *_COMMON,
+    ),
+)
 A100 = GPUSpec(
     "A100-SXM4-80GB",
     108,
@@ -145,18 +249,22 @@ A100 = GPUSpec(
     2.04e12,
     0.87,
     405e-9,
-    2.1e-6,
-    40e9,
+    4.5e-6,
+    48e9,
     1.41e9,
     l2_bw=5e12,
     l2_size=40 * 2**20,
     smem_per_block=163 * 1024,
+    eta_write=0.79,
+    queued_launch_s=0.1e-6,
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA A100 datasheet"),
         ("eta/l2_bw", "[measured] te42kyfo/gpu-benches (A100)"),
+        ("eta_write", "[assumed] H100's write/read ratio (0.86 / 0.95)"),
         ("dram_latency_s", "[measured] gpu-benches, markdewing/AI_kernels"),
-        ("atomic_rate", "[assumed] two thirds of H100's, scaled by L2 clock (no published figure)"),
-        *_COMMON,
+        ("atomic_rate", "[assumed] two thirds of H100's int32 rate, scaled by L2 clock (no published figure)"),
+        *_COMMON[2:],
+        ("launch_s/queued_launch_s", "[assumed] H100's: the floor measured on H200 (no A100 measurement)"),
     ),
 )
 # The paper's GPU (Tesla V100 SXM2). Figures not in docs/GPU_MODEL.md are tagged as their source says.
@@ -167,7 +275,7 @@ V100 = GPUSpec(
     900e9,
     0.85,
     450e-9,
-    2.5e-6,
+    5.0e-6,
     25e9,
     1.53e9,
     l2_bw=2.1e12,
@@ -177,22 +285,21 @@ V100 = GPUSpec(
     fp64_per_clock_sm=32,
     max_blocks_sm=32,
     smem_per_block=96 * 1024,
+    eta_write=0.77,
+    queued_launch_s=0.5e-6,
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA Tesla V100 datasheet (SXM2)"),
         ("eta", "[measured] about 790 GB/s streaming of 900 GB/s peak (Jia et al. 2018, 'Dissecting Volta')"),
+        ("eta_write", "[assumed] H100's write/read ratio"),
         ("l2_bw", "[measured] about 2.1 TB/s L2 load throughput (Jia et al. 2018)"),
         ("dram_latency_s", "[derived] about 690 cycles at 1.53 GHz from Jia et al. 2018's pointer chase"),
-        (
-            "launch_s",
-            "[assumed] 3 us back to back with CUDA 10 (no measurement in our sources), less a round "
-            "trip and an epilogue as for H100: 2.5 us",
-        ),
+        ("launch_s/queued_launch_s", "[assumed] H100's floor and queued launch, a little more for CUDA 10"),
         ("fp64_per_clock_sm", "[spec] V100 whitepaper: 32 FP64 lanes per SM"),
         ("atomic_rate", "[assumed] scaled from H100's by L2 bandwidth (no published figure)"),
         ("l2_clock_hz", "[assumed] L2 at the core clock"),
     ),
 )
-GPUS = {"h100": H100, "a100": A100, "v100": V100}
+GPUS = {"h100": H100, "h200": H200, "a100": A100, "v100": V100}
 
 
 @dataclass(frozen=True)
@@ -233,6 +340,9 @@ def kernel_time(
     fp64_ops: float = 0.0,
     grid_syncs: int = 0,
     sync_cycles: int = 0,
+    write_bytes: float = 0.0,
+    atomic_dtype: str = "",
+    round_trips: int = 0,
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -241,13 +351,23 @@ def kernel_time(
     and counter arrivals), of which `cas_atomics` are compare-and-swap merges; `same_address`:
     merges into one word (the blocks that share an output); `*_ops`: thread instructions;
     `grid_syncs`: grid-wide waits every block passes, `sync_cycles` the cycles of the work
-    around them (T_sync)."""
+    around them (T_sync); `write_bytes`: the part of `dram_bytes` written (streamed at
+    `eta_write`); `atomic_dtype`: the merged words' type (its atomic rate, `atomic_rate_of`);
+    `round_trips`: dependent DRAM round trips every block waits for in turn (a gather whose
+    address is itself loaded: 2), so each wave lasts at least that many latencies at the load in
+    use (0: not modeled)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
                 ("l2_bytes", l2_bytes), ("sfu_ops", sfu_ops), ("fp32_ops", fp32_ops), ("fp64_ops", fp64_ops))  # fmt: skip
     if grid_syncs or sync_cycles:  # recorded only where used: every other plan's features stay as they were
         features += (("grid_syncs", grid_syncs), ("sync_cycles", sync_cycles))
+    if write_bytes:
+        features += (("write_bytes", write_bytes),)
+    if atomic_dtype:
+        features += (("atomic_dtype", atomic_dtype),)
+    if round_trips:
+        features += (("round_trips", round_trips),)
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
@@ -255,26 +375,31 @@ def kernel_time(
     active = min(gpu.sms, blocks)
     in_flight = min(active * per_sm_blocks * threads * bytes_in_flight_per_thread, dram_bytes)
     # Little's law, but never faster than the first round trip plus the stream at full bandwidth.
-    dram = (
-        max(dram_bytes / gpu.bandwidth(in_flight), gpu.dram_latency_s + dram_bytes / gpu.achievable_bw)
-        if dram_bytes
-        else 0.0
-    )
+    cap = gpu.stream_bw(dram_bytes - min(write_bytes, dram_bytes), min(write_bytes, dram_bytes))
+    reads = dram_bytes - min(write_bytes, dram_bytes)  # a kernel that only stores waits for no round trip
+    dram = dram_bytes / cap
+    if reads:  # the first round trip, at the latency of the load the stream puts on DRAM, then the stream
+        bw = gpu.bandwidth(in_flight, cap)
+        dram = max(dram_bytes / bw, gpu.latency_at(bw) + dram_bytes / cap)
     waves = math.ceil(blocks / (gpu.sms * resident))
+    if round_trips and dram_bytes:  # every wave waits for its blocks' dependent round trips in turn
+        dram = max(dram, waves * round_trips * gpu.latency_at(dram_bytes / max(dram, 1e-12)))
     tail = epilogue_cycles / gpu.clock_hz
     rate = active * gpu.clock_hz  # per-SM-clock throughputs, on the SMs the kernel occupies
     sfu = sfu_ops / (gpu.sfu_per_clock_sm * rate)
     issue = max(
         (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
     )
-    atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram)
+    atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram, gpu.atomic_rate_of(atomic_dtype))
     sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
     return KernelCost(
         gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features, sync, grid_syncs > 0
     )
 
 
-def _exposed_atomics(gpu: GPUSpec, atomics: int, same_address: int, cas: int, waves: int, streaming_s: float) -> float:
+def _exposed_atomics(
+    gpu: GPUSpec, atomics: int, same_address: int, cas: int, waves: int, streaming_s: float, rate: float
+) -> float:
     """The atomics' time not hidden under streaming: merges issued by earlier waves overlap the
     later waves' loads; the last wave's, and any excess beyond the streaming time, are exposed."""
     if not atomics:
@@ -282,6 +407,6 @@ def _exposed_atomics(gpu: GPUSpec, atomics: int, same_address: int, cas: int, wa
     serial_native = same_address / gpu.l2_clock_hz
     serial_cas = same_address * gpu.l2_latency_cycles / gpu.clock_hz
     serial = serial_cas if cas else serial_native
-    total = atomics / gpu.atomic_rate + serial
+    total = atomics / rate + serial
     last = total / waves
     return last + max(0.0, total - last - streaming_s)

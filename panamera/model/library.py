@@ -13,7 +13,7 @@ cores.
 >>> from panamera.model import H100
 >>> lib = library_matmul(H100, 4096, 4096, 4096, 1, "float16")
 >>> lib.tiles, lib.compute_bound, round(lib.total_s * 1e6)
-(1024, True, 141)
+(1024, True, 144)
 >>> library_matmul(H100, 1, 4096, 4096, 1, "float16").compute_bound  # a GEMV streams its 32 MB
 False
 """
@@ -76,7 +76,8 @@ def library_matmul(gpu: GPUSpec, M: int, N: int, K: int, batch: int, dtype: str,
     flops = 2.0 * M * N * K * batch
     dram_bytes = batch * (M * K + K * N) * item + batch * M * N * out_item
     stage = 2 * tile * 32 * item  # one K slab of both operands
-    c = kernel_time(gpu, dram_bytes=dram_bytes, blocks=tiles, threads=256, bytes_in_flight_per_thread=3 * stage / 256)
+    c = kernel_time(gpu, dram_bytes=dram_bytes, write_bytes=batch * M * N * out_item, blocks=tiles, threads=256,
+                    bytes_in_flight_per_thread=3 * stage / 256)  # fmt: skip
     peak = tensor_core_peak(gpu, dtype)
     occupied = min(tiles, gpu.sms) / gpu.sms
     flops_s = flops / (peak * occupied)

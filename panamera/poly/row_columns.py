@@ -130,7 +130,11 @@ def column_candidates(stmts, sg: nx.DiGraph, stitched) -> tuple[ColumnJoin, ...]
             placed = joins(st, tuple(current), sg)
             if placed is None:
                 continue
-            read = [m for m in group if m.kind == StatementKind.REDUCE and any(r.tensor.uid == m.result.uid for r in placed.reads)]
+            read = [
+                m
+                for m in group
+                if m.kind == StatementKind.REDUCE and any(r.tensor.uid == m.result.uid for r in placed.reads)
+            ]
             passes.append(1 + max(lv[m.name] for m in read) if read else 0)
             joined.append(placed)
             current.append(st)

@@ -161,6 +161,7 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     main = kernel_time(
         gpu,
         dram_bytes=q_bytes + kv + spill + mask + main_out + (part_bytes if launches == 2 else 0),
+        write_bytes=main_out + (part_bytes if launches == 2 else 0),
         blocks=min(blocks, gpu.sms * per_sm),  # one wave of register-bound resident blocks (the split keeps it so)
         threads=THREADS,
         bytes_in_flight_per_thread=in_flight,
@@ -176,6 +177,7 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     merge = kernel_time(
         gpu,
         dram_bytes=out_bytes,
+        write_bytes=out_bytes,
         blocks=tiles * c.B * c.Hkv,
         threads=THREADS,
         bytes_in_flight_per_thread=4 * split,

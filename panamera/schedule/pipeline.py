@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import islpy as isl
 
@@ -66,10 +65,9 @@ from ..poly.bounded import proven_empty
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .contraction import shared_along_rows
+from .cost import in_flight
+from .decision import Decision
 from .task import FactorKind
-
-if TYPE_CHECKING:
-    from .mapping import Decision
 
 STAGES = (1, 2, 4)
 COPY_SIZES = (16, 8, 4)  # bytes per __pipeline_memcpy_async, largest first
@@ -217,10 +215,9 @@ def check_quiet(group: KernelGroup, d: Decision) -> str:
 def explain_lines(group: KernelGroup, m: Decision, gpu: GPUSpec) -> list[str]:
     """explain()'s pipeline line of a kernel whose block rows share a read: the model's choice
     and the mapping's stages (forced by a schedule where they differ)."""
-    from .mapping import _in_flight  # mapping imports this module
 
     if not staged_reads(group, m) or not isinstance(getattr(m, "cost", None), KernelCost):
         return []
-    c = choose(group, gpu, m, _in_flight(group, m), dict(m.cost.features).get("dram_bytes", 0.0), m.cost.total_s)
+    c = choose(group, gpu, m, in_flight(group, m), dict(m.cost.features).get("dram_bytes", 0.0), m.cost.total_s)
     forced = "" if c.stages == m.stages else f", stages={m.stages} as the schedule says"
     return [f"    pipeline (ALCOP, schedule/pipeline.py): model {c.describe()}{forced}"]

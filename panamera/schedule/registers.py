@@ -7,15 +7,12 @@ bounds (ptxas would spill them otherwise; tests/conftest.py fails a spill).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .decision import Decision
 from .rtile import register_budget, registers
-
-if TYPE_CHECKING:
-    from .mapping import Decision
 
 
 def scalar_registers(group: KernelGroup, d: Decision) -> int:

@@ -42,16 +42,13 @@ tests/test_register_tile.py):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from ..errors import ScheduleError
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .contraction import row_strides, shared_along_rows
-
-if TYPE_CHECKING:
-    from .mapping import Decision
+from .decision import Decision
 
 MAX_RTILE = 16
 MAX_CTILE = 4

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from .mapping import Decision
+from .decision import Decision
 
 FORMAT = "panamera-schedule/3"
 # Readable formats: /2 predates register tiles (its kernels load with rtile = 1, replayed as saved);

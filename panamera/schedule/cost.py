@@ -1,0 +1,244 @@
+"""The model's cost of one mapping decision (model/gpu.py's `kernel_time` on its launch): the
+same for the search (schedule/search.py) and for a replay (schedule/replay.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ..algebra import SUM, AtomicStrategy
+from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, StatementKind
+from .contraction import l2_bytes as contraction_l2_bytes
+from .decision import Decision, Mapping, MergeMode
+from .derived import exchanges, kernel_buffers, passes
+from .rtile import op_divisors
+
+TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """Thread instructions of a kernel group, by the pipe that issues them (the model's issue term)."""
+
+    fp32: float = 0.0
+    fp64: float = 0.0
+    sfu: float = 0.0
+
+    def features(self) -> dict[str, float]:
+        return {"fp32_ops": self.fp32, "fp64_ops": self.fp64, "sfu_ops": self.sfu}
+
+
+def arithmetic(group: KernelGroup, d: Decision | None = None) -> Arithmetic:
+    """Per iteration of each statement: one instruction per operation of its body (in its
+    dtype's register precision; a transcendental also occupies the SFU), and one merge into the
+    accumulator (the combiner's `merge_instructions` and `merge_transcendentals`, in the
+    accumulator's precision: Welford in double costs FP64 issue slots; a sum of products merges
+    in the product's multiply-add). Under a register tile
+    (`d.rtile`), an operation whose loads are all shared along the tile (a dequantized weight)
+    runs once per tile."""
+    fp32 = fp64 = sfu = 0.0
+    for k, s in enumerate(group.statements):
+        if group.accumulator_of[k] != k:
+            continue  # its owner's accumulation is the same work
+        n = s.M * s.N
+        div = op_divisors(s, k, d) if d is not None and d.rtile * d.ctile > 1 else {}
+        for e in s.body.walk():
+            if e.op in ("load", "const"):
+                continue
+            w = n / div.get(id(e), 1)
+            if e.dtype.compute == "double":
+                fp64 += w
+            else:
+                fp32 += w
+            sfu += w if e.op in TRANSCENDENTAL else 0
+        if s.combiner is not None:
+            acc = s.acc.field if s.acc.is_struct else s.acc
+            # a product summed is one fused multiply-add (nvcc contracts acc + a * b by default)
+            fma = s.combiner is SUM and s.body.op == "mul" and not acc.is_struct
+            merge = 0 if fma else n * s.combiner.merge_instructions
+            if acc.compute == "double":
+                fp64 += merge
+            else:
+                fp32 += merge
+            sfu += n * s.combiner.merge_transcendentals
+    return Arithmetic(fp32, fp64, sfu)
+
+
+def streamed_bytes_per_iteration(group: KernelGroup) -> int:
+    """Input bytes each (i, j) iteration streams from DRAM: the tensors that span the whole
+    iteration space. Broadcast parameters (a LayerNorm's gamma) are re-read from cache, and
+    values a stitched group keeps in registers are not memory reads at all: neither is a DRAM
+    request in flight."""
+    members = group.on_chip
+    tensors = {
+        r.tensor.uid: r.tensor
+        for s in group.statements
+        for r in s.reads
+        if r.memory and r.tensor.uid not in members and r.tensor.size >= group.M * group.N
+    }
+    return sum(t.dtype.itemsize for t in tensors.values())
+
+
+def _input_bytes(group: KernelGroup) -> int:
+    """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
+    broadcast parameter re-read by every row hits the cache after its first read)."""
+    members = group.on_chip
+    reads = {
+        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
+    }
+    return sum(t.size * t.dtype.itemsize for t in reads.values())
+
+
+def in_flight(group: KernelGroup, d: Decision) -> int:
+    """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads. Under
+    a register tile the stream is the operand its rows share (loaded once per tile)."""
+    if d.rshared:
+        tensors = {
+            r.tensor.uid: r.tensor
+            for s, sh in zip(group.statements, d.rshared)
+            for r, b in zip(s.reads, sh)
+            if b and r.memory
+        }
+        return max(1, sum(t.dtype.itemsize for t in tensors.values())) * d.vec * d.unroll * d.ctile
+    return max(1, streamed_bytes_per_iteration(group)) * d.vec * d.unroll
+
+
+def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> KernelCost:
+    """The model's time of one candidate decision: the same for the search and for a replay."""
+    if group.stitched:
+        return stitched_cost(group, gpu, d)
+    kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
+    stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
+    out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
+    work = arithmetic(group, d).features()
+    if d.form == Form.MAP:
+        return kernel_time(
+            gpu,
+            dram_bytes=_input_bytes(group) + out_bytes,
+            write_bytes=out_bytes,
+            blocks=d.grid[0],
+            threads=d.tx,
+            bytes_in_flight_per_thread=in_flight(group, d),
+            **work,
+        )
+    s_eff = d.split
+    blocks = d.grid[0] * s_eff
+    is_split = s_eff > 1
+    own = group.accumulators  # an epilogue group's element-wise statements have none
+    owners = [group.statements[k] for k in own]
+    outputs = group.M * len(owners)
+    widths = d.atomic_vec or (1,) * len(group.statements)
+    merge_atomics = sum(group.M // widths[k] for k in own)
+    acc_bytes = max(st.acc.itemsize for st in owners)
+    # A split merges into a resident workspace (one atomic per block per output, plus the
+    # block's arrival on the counter) that the last block reads, stores and resets; or,
+    # partials: every block writes its partials and the last block reads them all.
+    merges = s_eff if partials else 2
+    ws_bytes = outputs * merges * acc_bytes if is_split else 0
+    cas = 0
+    if is_split and not partials:
+        cas = sum(group.M * s_eff for st in owners if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
+    return kernel_time(
+        gpu,
+        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
+        write_bytes=out_bytes,
+        blocks=blocks,
+        threads=d.tx * d.ty,
+        bytes_in_flight_per_thread=in_flight(group, d),  # unroll unguarded loads per step
+        atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
+        same_address=s_eff if is_split else 0,
+        cas_atomics=cas,
+        # the merged words' type sets the atomic rate (the widest accumulator merges slowest)
+        atomic_dtype=max((st.acc for st in owners), key=lambda a: a.itemsize).name if is_split and not partials else "",
+        # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
+        # an L1-latency shuffle, ~30 cycles) more per further row
+        epilogue_cycles=400
+        + 150 * (d.rtile * d.ctile - 1)
+        + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
+        + _epilogue_cycles(group, gpu),
+        l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
+        **work,
+    )
+
+
+def _epilogue_cycles(group: KernelGroup, gpu: GPUSpec) -> int:
+    """An epilogue group's element-wise statements run after the output is final, on the thread
+    that finishes it: their loads (issued together, one per read) are one DRAM round trip the
+    kernel's tail waits for, counted once per joiner (a joiner may read an earlier one's value)."""
+    if not group.epilogue:
+        return 0
+    joiners = sum(1 for s in group.statements if s.kind == StatementKind.MAP)
+    return int(joiners * gpu.dram_latency_s * gpu.clock_hz)
+
+
+def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
+    """The last block's combine of the partials (codegen/reduce_kernel.py): the threads of each
+    output stride over its `split` partials, coalesced, one L2 round trip per step (the loop
+    carries its accumulator), then reduce across the block as the main loop does."""
+    if group.form == Form.COLUMN:
+        steps = math.ceil(d.split / d.ty) * d.vec
+    else:
+        steps = math.ceil(d.split / d.tx) * d.rtile * d.ctile
+    return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
+
+
+def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
+    """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
+    L2 when the rows in flight fit in half of it.
+
+    Split rows (d.split > 1, all blocks resident): every block streams its chunk of the row, and
+    after each pass with reductions the row's blocks exchange partials through a grid-wide wait.
+    The passes no longer overlap (a pass starts when every block has finished the one before),
+    so the L2 re-reads add to the DRAM time (kernel_time's `grid_syncs`), and each exchange costs
+    two L2 round trips (the arrival, seen by the poll) plus `_exchange_cycles`. Every row is in
+    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it."""
+    M = group.M
+    in_bytes = _input_bytes(group)
+    out_bytes = sum(
+        s.result.size * s.result.dtype.itemsize
+        for s in group.statements
+        if s.kind == StatementKind.MAP or s.result.uid in group.external
+    )
+    row_bytes = in_bytes / max(M, 1)
+    gx, S = d.grid
+    if S > 1:
+        resident = gx * d.ty
+    else:
+        resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    n_passes = passes(group, d.levels)
+    reread = (n_passes - 1) * in_bytes
+    in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    n_ex = exchanges(group, d.levels) if S > 1 else 0
+    return kernel_time(
+        gpu,
+        dram_bytes=in_bytes + out_bytes + (0 if in_l2 else reread),
+        write_bytes=out_bytes,
+        l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
+        blocks=gx * S,
+        threads=d.tx * d.ty,
+        bytes_in_flight_per_thread=in_flight(group, d),
+        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
+        grid_syncs=n_ex,
+        sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
+        **arithmetic(group, d).features(),
+    )
+
+
+def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
+    """One exchange of a split row beyond the two L2 round trips kernel_time charges for it: the
+    block reductions before it and after it (400 cycles, as a pass of an unsplit row), the S
+    arrivals on the row's counter serialized at one per L2 clock, the combine of the S partials
+    (ceil(S / tx) loop-carried L2 loads per thread), and the next pass's first load (an L2 hit)."""
+    S = d.split
+    arrivals = S * gpu.clock_hz / gpu.l2_clock_hz
+    return int(400 + arrivals + (math.ceil(S / d.tx) + 1) * gpu.l2_latency_cycles)
+
+
+def complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
+    partials = any(m == MergeMode.PARTIALS for m in d.merges)
+    cost = cost if cost is not None else decision_cost(group, gpu, d, partials)
+    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid)
+    return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)

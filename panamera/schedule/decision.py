@@ -1,0 +1,216 @@
+"""The mapper's decision for one kernel group, as one immutable value, and its serialization.
+
+A `Decision` is what the mapper decides and a schedule saves (schedule/saved.py); a `Mapping`
+completes it with the kernel's name, buffers and modeled cost for codegen and the executor.
+schedule/mapping.py describes the binding it encodes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from ..enums import StrEnum
+from ..model.gpu import KernelCost
+from ..poly.access import AccessKind
+from ..poly.statement import Form
+from ..runtime.plan import BufferSpec
+from .task import TaskMapping, serial, spatial
+
+MAX_GRID_Y = 65535
+MAX_GRID_X = 2**31 - 1
+MAX_THREADS = 1024
+
+
+class MergeMode(StrEnum):
+    """How the blocks that share one reduction combine their partials into the output."""
+
+    STORE = "store"  # one block per output: it stores the result
+    ATOMIC_WS = "atomic_ws"  # one atomic per block into a resident workspace; the last block stores and resets it
+    PARTIALS = "partials"  # each block writes its partial; the last block combines them in a fixed order
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the mapper decides for one kernel group: what a schedule saves and replays.
+
+    `access[k][r]` is how statement k loads its read r; `levels[k]` the pass of a stitched
+    group statement k runs in (poly/stitch.py; 0 outside stitched groups)."""
+
+    statements: tuple[str, ...]
+    form: Form
+    M: int
+    N: int
+    stitched: bool
+    vec: int
+    tx: int
+    ty: int
+    split: int
+    chunk: int  # serial-loop iterations per block, in units of the split dimension
+    grid: tuple[int, int]
+    unroll: int  # copies of the innermost loop body per step: loads in flight per thread
+    merges: tuple[MergeMode, ...]
+    access: tuple[tuple[AccessKind, ...], ...]
+    levels: tuple[int, ...]
+    atomic_vec: tuple[int, ...] = ()  # per statement: outputs per atomic (2 or 4: one float2/float4 add)
+    rtile: int = 1  # register tile: rows per thread, i, i + rstride, ..., i + (rtile - 1) rstride
+    rstride: int = 1  # distance between the rows of a register tile (divides M)
+    rshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: read r of statement k shared along the rtile rows
+    ctile: int = 1  # and ctile consecutive rows per thread (schedule/rtile.py)
+    cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
+    stages: int = 1  # K slabs of the block-shared operand in flight (schedule/pipeline.py; 1: direct loads)
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of the i loop the threads scan: M, or with a register tile one per tile
+        (schedule/rtile.py: t = q * (rstride / ctile) + p owns the rows
+        (q * rtile + r) * rstride + p * ctile + c)."""
+        if self.rtile == 1 and self.ctile == 1:
+            return self.M
+        return math.ceil(self.M // self.rstride / self.rtile) * (self.rstride // self.ctile)
+
+    @property
+    def min_blocks(self) -> int:
+        """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
+        threads' worth (64 registers each), halved per doubling of a register tile beyond 2
+        (its accumulators and per-row loads need the registers)."""
+        base = max(1, 1024 // self.threads)
+        return max(1, base // max(1, self.rtile * self.ctile // 2))
+
+    epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+
+    @property
+    def threads(self) -> int:
+        return self.tx * self.ty
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def loops(self) -> tuple[str, str]:
+        """The canonical loops as the codegen scans them: ("i", "g") for ROW/ALL (g = j / vec),
+        ("g", "j") for COLUMN (g = i / vec), ("i", "g") for MAP (g = 0)."""
+        return ("g", "j") if self.form == Form.COLUMN else ("i", "g")
+
+    @property
+    def cooperative(self) -> bool:
+        """A stitched group split across blocks: its blocks wait for each other, so all of them
+        must be resident at once (a cooperative launch)."""
+        return self.stitched and self.split > 1
+
+    @property
+    def needs_last_block(self) -> bool:
+        """Blocks count their arrivals, and the last one finishes the merge."""
+        return any(m != MergeMode.STORE for m in self.merges)
+
+    @property
+    def tasks(self) -> dict[str, TaskMapping]:
+        """Task mapping per canonical loop (see schedule/task.py)."""
+        gx, s = self.grid
+        if self.form == Form.MAP:
+            return {"i": serial("k", self.chunk) * spatial("bx", gx) * spatial("tx", self.tx), "g": serial("k0", 1)}
+        if self.form == Form.COLUMN:
+            return {
+                "g": spatial("bx", gx) * spatial("tx", self.tx),
+                "j": spatial("by", s) * serial("k", self.chunk // self.ty) * spatial("ty", self.ty),
+            }
+        return {
+            "i": spatial("bx", gx) * spatial("ty", self.ty),
+            "g": spatial("by", s) * serial("k", self.chunk // self.tx) * spatial("tx", self.tx),
+        }
+
+    @property
+    def extents(self) -> tuple[int, int]:
+        """Extents of the two scanned loops (`loops`)."""
+        return {
+            Form.ROW: (self.tile_rows, self.N // self.vec),
+            Form.ALL: (self.tile_rows, self.N // self.vec),
+            Form.COLUMN: (self.M // self.vec, self.N),
+            Form.MAP: (self.M // self.vec, 1),
+        }[self.form]
+
+    def describe(self) -> str:
+        return (
+            f"{self.form} M={self.M} N={self.N} vec={self.vec} block=({self.tx},{self.ty}) "
+            f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
+            + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
+            + (f" stages={self.stages}" if self.stages > 1 else "")
+            + (" cooperative" if self.cooperative else "")
+        )
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(Decision)}
+        d["statements"], d["grid"], d["merges"] = list(self.statements), list(self.grid), [str(m) for m in self.merges]
+        d["atomic_vec"] = list(self.atomic_vec)
+        d["rshared"] = [[int(b) for b in a] for a in self.rshared]
+        d["cshared"] = [[int(b) for b in a] for a in self.cshared]
+        if not self.epilogue:  # saved only when set: schedules written before it read the same
+            del d["epilogue"]
+        d["form"], d["access"], d["levels"] = (
+            str(self.form),
+            [[str(k) for k in a] for a in self.access],
+            list(self.levels),
+        )
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> Decision:
+        """Raises KeyError, TypeError or ValueError on a malformed dict (saved.py reports them)."""
+        return Decision(
+            statements=tuple(str(s) for s in d["statements"]),
+            form=Form(d["form"]),
+            M=int(d["M"]),
+            N=int(d["N"]),
+            stitched=bool(d["stitched"]),
+            vec=int(d["vec"]),
+            tx=int(d["tx"]),
+            ty=int(d["ty"]),
+            split=int(d["split"]),
+            chunk=int(d["chunk"]),
+            grid=(int(d["grid"][0]), int(d["grid"][1])),
+            unroll=int(d["unroll"]),
+            merges=tuple(MergeMode(m) for m in d["merges"]),
+            access=tuple(tuple(AccessKind(k) for k in a) for a in d["access"]),
+            levels=tuple(int(v) for v in d["levels"]),
+            atomic_vec=tuple(int(v) for v in d.get("atomic_vec", [1] * len(d["statements"]))),
+            rtile=int(d.get("rtile", 1)),  # absent in schedules before register tiles: none
+            rstride=int(d.get("rstride", 1)),
+            rshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("rshared", ())),
+            ctile=int(d.get("ctile", 1)),
+            cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
+            stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
+            epilogue=bool(d.get("epilogue", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Mapping(Decision):
+    """A `Decision` completed for codegen and the executor: the kernel's name, its buffers (its
+    parameters, in order, with their roles) and the model's cost of it."""
+
+    name: str = ""
+    buffers: tuple[BufferSpec, ...] = ()
+    cost: KernelCost | None = None
+
+    @property
+    def decision(self) -> Decision:
+        return Decision(**{f.name: getattr(self, f.name) for f in fields(Decision)})
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+def is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def covers(d: Decision) -> bool:
+    """Every iteration of the canonical domain has an owner (block, thread, serial step).
+
+    A task mapping is a mixed-radix product of bounded factors, so it owns exactly the tasks
+    [0, extent) once each (schedule/task.py): it covers its loop when its extent reaches the
+    loop's. (tests/test_schedule.py checks this against isl's image of the mapping.)"""
+    tasks = d.tasks
+    return all(tasks[loop].extent >= e for loop, e in zip(d.loops, d.extents))

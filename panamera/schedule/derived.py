@@ -1,0 +1,155 @@
+"""The parts of a `Decision` that its kernel group fixes, shared by the search, the cost and the
+replay: the loop vectors run along, merge modes, vector atomics, access kinds, stitching levels,
+buffers and co-residency.
+"""
+
+from __future__ import annotations
+
+from .. import dtypes
+from ..algebra import AtomicStrategy
+from ..model.gpu import GPUSpec
+from ..poly.access import AccessKind, access_kinds
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, StatementKind
+from ..poly.stitch import is_epilogue, levels
+from ..runtime.plan import BufferRole, BufferSpec
+from .decision import MergeMode
+
+
+def along(group: KernelGroup) -> str:
+    """The canonical loop vectors run along: the contiguous one."""
+    return "i" if group.form in (Form.COLUMN, Form.MAP) else "j"
+
+
+def vector_extent(group: KernelGroup) -> int:
+    return group.M if along(group) == "i" else group.N
+
+
+def unroll_for(vec: int, iterations: int) -> int:
+    """Loop copies per step: 4 vector loads in flight per thread, fewer for wide vectors (at most
+    32 registers of lanes per input), never more than the thread's iterations."""
+    return max(1, min(4, 32 // vec, iterations))
+
+
+def struct_accumulators(group: KernelGroup) -> bool:
+    """A reduction no atomic merges (struct accumulators: Welford, online softmax) always merges
+    its block partials through the last block."""
+    return any(st.combiner is not None and st.combiner.atomic(st.acc) == AtomicStrategy.NONE for st in group.statements)
+
+
+def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
+    """Per statement: STORE without a split; a split reduction merges by atomics or partials (a
+    stitched group's split rows always exchange partials, combined by every block in one order)."""
+    partials = partials or group.stitched
+
+    def one(st) -> MergeMode:
+        if split == 1 or st.kind == StatementKind.MAP:
+            return MergeMode.STORE
+        return MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
+
+    return tuple(one(st) for st in group.statements)
+
+
+def atomic_vec_for(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeMode, ...]) -> tuple[int, ...]:
+    """Outputs per atomic merge of each statement: a COLUMN thread's `vec` adjacent float32 sums
+    merge as one float2/float4 atomicAdd where the GPU has them (sm_90) and every thread's
+    outputs are all in range (vec divides M); everything else merges one output per atomic."""
+
+    def one(k: int, st) -> int:
+        ok = (
+            gpu.vector_atomics
+            and group.form == Form.COLUMN
+            and vec in (2, 4)
+            and group.M % vec == 0
+            and merges[k] == MergeMode.ATOMIC_WS
+            and group.accumulator_of[k] == k
+            and st.combiner is not None
+            and st.combiner.vector_atomic
+            and st.acc.name == "float32"
+        )
+        return vec if ok else 1
+
+    return tuple(one(k, st) for k, st in enumerate(group.statements))
+
+
+def access_for(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
+    kinds = access_kinds(group.statements, along(group), vec)
+    if not (group.stitched or group.epilogue):
+        return kinds
+    # A stitched group's row epilogue runs on the row's leader thread, an epilogue group's on the
+    # thread that finishes the output: one scalar load per read.
+    return tuple(tuple(AccessKind.GATHER for _ in k) if is_epilogue(s) else k for s, k in zip(group.statements, kinds))
+
+
+def passes(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Passes over the rows of a stitched group: one per level of its reductions and row-space
+    statements (a row epilogue runs after the pass of the values it reads, in no pass of its own)."""
+    return max((v for s, v in zip(group.statements, lv) if not is_epilogue(s)), default=0) + 1
+
+
+def levels_for(group: KernelGroup) -> tuple[int, ...]:
+    if not group.stitched:
+        return tuple(0 for _ in group.statements)
+    lv = levels(group.statements)
+    return tuple(lv[s.name] for s in group.statements)
+
+
+def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
+    """The kernel's parameters: every tensor read, then per statement its output and workspace,
+    then the counter of block arrivals (a split stitched group: per row group its arrivals at
+    the exchanges, then its departures, 2 x gridDim.x counters)."""
+    stmts = group.statements
+    inputs = []
+    members = group.on_chip
+    for s in stmts:
+        for r in s.reads:
+            if r.tensor.uid in members or not r.memory:  # registers (stitched) or an index (iota)
+                continue
+            if all(r.tensor is not t for t in inputs):  # identity: Tensor == builds a comparison
+                inputs.append(r.tensor)
+    # A result of an earlier kernel is read from that kernel's output buffer.
+    out = [
+        BufferSpec(
+            f"in:{t.uid}" if t.op == "placeholder" else f"out:{t.uid}",
+            t.dtype.c_type,
+            t.dtype,
+            t.size,
+            BufferRole.INPUT,
+            f"in{k}",
+            uid=t.uid,
+        )
+        for k, t in enumerate(inputs)
+    ]
+    for k, (s, mode) in enumerate(zip(stmts, merges)):
+        res = s.result
+        on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        if not on_chip:
+            out.append(
+                BufferSpec(
+                    f"out:{res.uid}", res.dtype.c_type, res.dtype, res.size, BufferRole.OUTPUT, f"out{k}", k, res.uid
+                )
+            )
+        if mode != MergeMode.STORE and group.accumulator_of[k] == k:  # a shared accumulator merges once
+            partials = mode == MergeMode.PARTIALS
+            role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
+            size = s.M * (split if partials else 1)
+            ws = s.acc
+            if not partials and s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:  # integer images
+                ws = dtypes.int32 if s.acc.itemsize == 4 else dtypes.int64
+            out.append(BufferSpec(f"ws:{name}:{k}", ws.c_type, ws, size, role, f"ws{k}", k))
+    if any(m != MergeMode.STORE for m in merges):
+        n = grid[0] * (2 if group.stitched else 1)
+        out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
+    return tuple(out)
+
+
+def co_resident(gpu: GPUSpec, threads: int) -> int:
+    """Blocks of `threads` threads that are surely resident at once: the kernels carry
+    __launch_bounds__(threads, 1024 / threads) (codegen/kernel.py), so ptxas leaves room for that
+    many per SM, within the SM's thread and block limits. A cooperative launch of more fails."""
+    return gpu.sms * min(gpu.resident_blocks(threads), max(1, 1024 // max(threads, 1)))
+
+
+def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Grid-wide exchanges of a split stitched group: one after each pass that has reductions."""
+    return len({v for s, v in zip(group.statements, lv) if s.kind == StatementKind.REDUCE})

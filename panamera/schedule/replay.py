@@ -1,0 +1,99 @@
+"""Replay: a saved `Decision` (schedule/saved.py) validated against the program and completed
+without searching."""
+
+from __future__ import annotations
+
+from ..errors import ScheduleError
+from ..model.gpu import GPUSpec
+from ..poly.program import KernelGroup
+from .cost import complete
+from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, MergeMode, covers, is_pow2
+from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
+from .pipeline import check as check_pipeline
+from .rtile import check as check_tile
+
+
+def replay(
+    group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, deterministic: bool = False, where: str = ""
+) -> Mapping:
+    """Complete a saved decision for `group` without searching, after checking that it fits:
+
+    1. it maps the same statements, with the same canonical form and extents;
+    2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
+       CUDA's limits, split = gridDim.y, and a split stitched group's blocks all co-resident;
+    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
+       every read has the access kind isl finds at that width (a read saved as contiguous must be
+       aligned for it);
+    4. the task mappings own every iteration of the canonical domain (isl checks the cover);
+    5. merge modes: store without a split, never store a split reduction, no atomic merge of a
+       struct accumulator or under `deterministic`;
+    6. the stitching levels are the ones the stitched group's dependences give;
+    7. the unroll factor is at least 1;
+    8. vector atomics only where `atomic_vec_for` allows them on this GPU (float32 sums of a COLUMN
+       tile, vec dividing M, sm_90);
+    9. a register tile only as schedule/rtile.py's preconditions allow (ROW/ALL, unstitched,
+       power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
+    10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
+       the block's rows share, aligned copies, a block-uniform step count around the barriers).
+    Anything else is a ScheduleError naming the kernel and the rule.
+    """
+    at = f"{where}kernel {name or '?'}"
+    if d.statements != group.names:
+        raise ScheduleError(
+            f"{at} computes {'+'.join(d.statements)}, the program's {'+'.join(group.names)}: "
+            "the subgraph changed since the schedule was saved"
+        )
+    if (d.form, d.M, d.N, d.stitched) != (group.form, group.M, group.N, group.stitched):
+        raise ScheduleError(
+            f"{at} is {d.form} {d.M}x{d.N}, the program's is {group.form} {group.M}x{group.N}: "
+            "the subgraph changed since the schedule was saved"
+        )
+    if d.epilogue != group.epilogue:
+        raise ScheduleError(
+            f"{at}: the schedule {'applies' if d.epilogue else 'does not apply'} an epilogue in the reduction's "
+            f"last block, the program's group {'does' if group.epilogue else 'does not'}"
+        )
+    if not (is_pow2(d.tx) and is_pow2(d.ty) and d.threads <= MAX_THREADS):
+        raise ScheduleError(
+            f"{at}: block ({d.tx}, {d.ty}) is not a power-of-two block of at most {MAX_THREADS} threads"
+        )
+    if not (1 <= d.grid[0] <= MAX_GRID_X and 1 <= d.grid[1] <= MAX_GRID_Y) or d.split != d.grid[1]:
+        raise ScheduleError(
+            f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
+        )
+    if d.stitched and d.split > 1 and d.blocks > co_resident(gpu, d.threads):
+        raise ScheduleError(
+            f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
+            f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
+        )
+    if d.vec not in (1, 2, 4, 8, 16) or vector_extent(group) % d.vec:
+        raise ScheduleError(f"{at}: vector width {d.vec} does not divide the contiguous extent {vector_extent(group)}")
+    if any(d.vec * r.tensor.dtype.itemsize > 16 for s in group.statements for r in s.reads if r.memory and d.vec > 1):
+        raise ScheduleError(f"{at}: vector width {d.vec} loads more than 16 bytes of an input")
+    if d.access != access_for(group, d.vec):
+        raise ScheduleError(
+            f"{at}: access kinds {d.to_dict()['access']} are not what isl finds at vector width {d.vec}"
+        )
+    if not covers(d):
+        raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
+    partials = deterministic or struct_accumulators(group) or group.stitched
+    want = merges_for(group, d.split, partials)
+    if len(d.merges) != len(want) or any(
+        (w == MergeMode.STORE) != (m == MergeMode.STORE) or (partials and m == MergeMode.ATOMIC_WS)
+        for w, m in zip(want, d.merges)
+    ):
+        raise ScheduleError(
+            f"{at}: merge modes {[str(m) for m in d.merges]} are not legal here (legal: {[str(w) for w in want]})"
+        )
+    if d.levels != levels_for(group):
+        raise ScheduleError(f"{at}: stitching levels {list(d.levels)} are not the group's {list(levels_for(group))}")
+    if d.unroll < 1 or d.chunk < 1:
+        raise ScheduleError(f"{at}: unroll {d.unroll} and chunk {d.chunk} must be at least 1")
+    legal_vec = atomic_vec_for(group, gpu, d.vec, d.merges)
+    if len(d.atomic_vec) != len(legal_vec) or any(v not in (1, w) for v, w in zip(d.atomic_vec, legal_vec)):
+        raise ScheduleError(
+            f"{at}: vector atomics {list(d.atomic_vec)} are not legal here (at most {list(legal_vec)} on {gpu.name})"
+        )
+    check_tile(group, d, at)
+    check_pipeline(group, d, at)
+    return complete(group, d, gpu, name)

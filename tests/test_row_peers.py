@@ -1,0 +1,49 @@
+"""QuACK and Liger-Kernel as peers (bench/row_peers.py) and torch.compile's looped rows re-read from
+DRAM beyond L2 (bench/peers.py `reread`), each on hand-computed cases from their sources' rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from panamera.bench.peers import Work, inductor, reread
+from panamera.bench.row_peers import liger, liger_settings, quack, quack_config
+from panamera.model import H100
+
+
+def work(pattern: str, M: int, N: int, e: int = 2) -> Work:
+    return Work(pattern, (), (), M, N, e, 4 if pattern == "cross_entropy" else e, 0)
+
+
+def test_quack_threads_per_row_block_and_cluster():
+    assert quack_config(256, 2) == {"threads_per_row": 32, "threads": 128, "rows_per_block": 4, "cluster_n": 1,
+                                    "vec": 8, "per_thread": 8}  # fmt: skip
+    big = quack_config(65536, 2)  # 128 KB rows: a cluster of 4 blocks of 256 threads per row
+    assert (big["threads_per_row"], big["threads"], big["cluster_n"], big["per_thread"]) == (256, 256, 4, 64)
+    assert quack_config(262144, 2)["cluster_n"] == 16 and quack_config(16384, 2)["cluster_n"] == 1
+
+
+def test_quack_reads_the_row_once_and_writes_once():
+    p = quack(work("softmax", 32768, 4096), H100)
+    (ln,) = p.launches
+    assert ln.features["dram_bytes"] == 2 * 32768 * 4096 * 2 and ln.features["l2_bytes"] == 0
+    assert p.blocks == 32768 // 2  # 64 threads per row, 2 rows per block of 128
+    assert quack(work("layer_norm", 64, 256), H100) is None  # no such QuACK kernel in the sources read
+
+
+def test_liger_settings_and_its_block_rms_norm():
+    assert [liger_settings(n) for n in (1024, 2048, 8192, 32768)] == [(1024, 4), (2048, 8), (8192, 16), (32768, 32)]
+    assert liger_settings(131072) is None  # beyond 65536: no Liger kernel
+    assert liger(work("rms_norm", 8192, 131072), H100) is None
+    short = liger(work("rms_norm", 32768, 256), H100)  # BLOCK_SIZE <= 256 and >= 32K rows: 16 rows a program
+    assert short.facts["rows_per_program"] == 16 and short.blocks == 2048
+    assert liger(work("rms_norm", 4096, 256), H100).blocks == 4096  # one program per row
+
+
+def test_inductor_looped_rows_are_re_read_from_dram_past_l2():
+    # the rows in flight (resident blocks x row bytes) beyond half of L2 come back from DRAM
+    fits = reread(32768, 4096 * 2, 256, 2, H100)  # 1056 resident rows x 8 KB = 8.3 MB
+    assert fits == {"l2": 32768 * 4096 * 2, "read": 0}
+    spills = reread(32768, 65536 * 2, 256, 2, H100)  # 1056 x 128 KB = 132 MB: a fifth hits
+    assert spills["read"] == pytest.approx(32768 * 65536 * 2 * (1 - 25 * 2**20 / (1056 * 131072)))
+    p = inductor(work("softmax", 32768, 65536), H100)
+    assert "re-read from 19% L2" in p.description
