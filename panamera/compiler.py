@@ -538,8 +538,8 @@ class Compiled:
         >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), name="x"), axis=1), target="emulator")
         >>> k.explain("launches").split()[:4]
         ['launch', 'pn_k0_reduce', 'grid=(1,', '1,']
-        >>> len(k.explain(["plan", "launches"]).splitlines())
-        3
+        >>> len(k.explain(["plan", "launches"]).splitlines())  # plan, schedule, gpu; one launch
+        4
         """
         return explain_sections(self, section)
 

@@ -45,7 +45,7 @@ def test_gpu_spec_repr_is_one_short_line_and_help_shows_it():
         r = repr(spec)
         assert r.startswith(f"<GPUSpec {spec.name}:") and "\n" not in r and len(r) < 100
     doc = pydoc.render_doc(pn.compile, renderer=pydoc.plaintext)
-    assert repr(H100) in doc and "sources" not in doc and len(doc) < 4000
+    assert "sources" not in doc and len(doc) < 4000  # gpu= defaults to None (the detected GPU)
 
 
 def test_explain_sections(fused):
@@ -60,7 +60,7 @@ def test_explain_sections(fused):
     assert "dependences (isl flow)" in parts[Section.DEPENDENCES]
     assert fused.explain(["launches", "plan"]) == parts[Section.LAUNCHES] + "\n" + parts[Section.PLAN]
     assert fused.explain("all").count("__global__") == fused.source.count("__global__")
-    assert len(parts[Section.PLAN].splitlines()) == 2 and len(full.splitlines()) > 5
+    assert len(parts[Section.PLAN].splitlines()) == 3 and len(full.splitlines()) > 5
 
 
 def test_explain_unknown_section_names_the_sections(fused):
