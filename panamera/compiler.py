@@ -513,10 +513,19 @@ class Compiled:
         >>> k(a=np.ones((2, 3), np.float32), out=buf) is buf, buf.tolist()
         (True, [3.0, 3.0])
         """
+        args, out, order, seed = self._bind(arrays, named)
+        outs = self.executor(args, order, seed)
+        if out is not None:
+            return write_out(out, outs, self.single)
+        return outs[0] if self.single else tuple(outs)
+
+    def _bind(self, arrays: tuple, named: dict) -> tuple[list, object, str, int]:
+        """The call's inputs in placeholder order (constant inputs filled in) and its options
+        `out=`, `order=`, `seed=`: inputs are resolved first, so those are options only where no
+        input has that name. Every target's `__call__` binds through here."""
         bound = {k: t.attr("bound") for k, t in enumerate(self.program.inputs) if t.attr("bound") is not None}
         names = [t.name for k, t in enumerate(self.plan.inputs) if k not in bound]
         opts = {k: named.pop(k) for k in ("out", "order", "seed") if k in named and k not in names}
-        out, order, seed = opts.get("out"), opts.get("order", "forward"), opts.get("seed", 0)
         if named:
             shared = sorted({n for n in names if names.count(n) > 1} & set(named))
             if shared:
@@ -524,10 +533,8 @@ class Compiled:
                     f"input name(s) {shared} are shared by several placeholders: pass the arrays positionally "
                     f"(in placeholder order: {names}), or give the placeholders distinct names"
                 )
-        outs = self.executor(self.executor.bind(arrays, named, bound), order, seed)
-        if out is not None:
-            return write_out(out, outs, self.single)
-        return outs[0] if self.single else tuple(outs)
+        args = self.executor.bind(arrays, named, bound)
+        return args, opts.get("out"), opts.get("order", "forward"), opts.get("seed", 0)
 
     def explain(self, section=None) -> str:
         """The plan in named sections (panamera/explain.py): "plan", "mapping", "launches",
@@ -620,10 +627,15 @@ def compile(  # noqa: A001
     """
     single, outs = _outputs(outputs)
     options = Options.make(target, deterministic, gpu, split, schedule)
-    if options.target in TARGET_COMPILERS:  # target="cpu": cpu_target.py
-        return TARGET_COMPILERS[options.target](outs, options, single)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None
+    if options.target in TARGET_COMPILERS:  # target="cpu": cpu_target.py, cached as its Compiled
+        if hit is not None:
+            return hit.rebound(outs, single)
+        compiled = TARGET_COMPILERS[options.target](outs, options, single)
+        if cache:
+            compile_cache.COMPILED.put(key, compiled)
+        return compiled
     if hit is not None:
         _log.debug("compile: in the compile cache")
         return _from_cache(hit, outs, options, single)
@@ -651,8 +663,14 @@ def _from_cache(hit: tuple[Artifacts, str], outs: tuple[Tensor, ...], options: O
     """A new Compiled of a program compiled before: the stored stages with this graph's
     outputs and placeholders (their names bind the inputs), and its own executor."""
     a, origin = hit
+    a = rebind_stages(a, outs)
+    return Compiled(a, options, single, Executor(a.plan, a.source, a.signatures, str(options.target)), origin)
+
+
+def rebind_stages(a: Artifacts, outs: tuple[Tensor, ...]) -> Artifacts:
+    """The stages of a program compiled before, for a graph of the same signature: its outputs and
+    placeholders (whose names bind the inputs)."""
     holders = compile_cache.placeholders(outs)
     specs = tuple(dataclasses.replace(s, name=t.name) for s, t in zip(a.plan.inputs, holders))
     plan = dataclasses.replace(a.plan, inputs=specs)
-    a = dataclasses.replace(a, outputs=outs, plan=plan, program=dataclasses.replace(a.program, inputs=holders))
-    return Compiled(a, options, single, Executor(plan, a.source, a.signatures, str(options.target)), origin)
+    return dataclasses.replace(a, outputs=outs, plan=plan, program=dataclasses.replace(a.program, inputs=holders))

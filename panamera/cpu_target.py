@@ -30,6 +30,7 @@ from .compiler import (
     _output_specs,
     _result_spec,
     kernel_name,
+    rebind_stages,
     run_stages,
     write_out,
 )
@@ -52,16 +53,21 @@ class CpuCompiled(Compiled):
     source = property(lambda self: self.cpu_source)
     decisions = property(lambda self: tuple(k.decision for k in self.cpu_kernels))
 
-    def __call__(self, *arrays, threads: int | None = None, order: str = "forward", seed: int = 0, **named):
-        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores); inputs and
-        `out=` as `Compiled.__call__`. `order` and `seed` (the emulator's thread order) are
-        accepted and have no effect: the CPU kernels' results do not depend on thread order."""
-        names = [t.name for t in self.plan.inputs]
-        out = named.pop("out", None) if "out" not in names else None
-        outs = self.executor(self.executor.bind(arrays, named), threads=threads)
+    def __call__(self, *arrays, threads: int | None = None, **named):
+        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores); inputs,
+        constant inputs and `out=` as `Compiled.__call__`. `order=` and `seed=` (the emulator's
+        thread order) are accepted and have no effect: the CPU kernels' results do not depend on it."""
+        args, out, _, _ = self._bind(arrays, named)
+        outs = self.executor(args, threads=threads)
         if out is not None:
             return write_out(out, outs, self.single)
         return outs[0] if self.single else tuple(outs)
+
+    def rebound(self, outs: tuple[Tensor, ...], single: bool) -> CpuCompiled:
+        """This program (from the compile cache) for a graph of the same signature, with its own executor."""
+        a = rebind_stages(self.stages, outs)
+        ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads)
+        return dataclasses.replace(self, stages=a, single=single, executor=ex)
 
     def explain(self, section=None) -> str:
         """The CPU kernels, their decisions and the formulations chosen (one section: `section`

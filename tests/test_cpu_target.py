@@ -203,3 +203,22 @@ def test_more_templates(rng):
         close(r[9], a64.reshape(30, 40)[ix].sum(1), "float32", 40, 1.1)
         close(r[10], a64.max(2), "float32", 1)
     assert np.isnan(r[10][2, 3]) and np.isnan(r[0][2, 3])
+
+
+def test_constant_inputs_and_the_compile_cache_on_the_cpu():
+    """target='cpu' binds its call as every target does (a numpy where= mask is a constant input
+    the kernel holds) and a program compiled before comes from the in-memory compile cache, its
+    inputs named as in the new graph."""
+    from panamera import cache
+
+    mask = np.arange(50) % 3 == 0
+    x = pn.placeholder((4, 50), "float32", name="x")
+    k = pn.compile(pn.sum(x, axis=1, where=mask), target="cpu")
+    a = np.random.default_rng(1).standard_normal((4, 50)).astype(np.float32)
+    want = a.astype(np.float64).sum(1, where=mask)
+    np.testing.assert_allclose(k(a), want, rtol=50 * 2**-23, atol=50 * 2**-23 * np.abs(a).max())
+    before = cache.info().hits
+    y = pn.placeholder((4, 50), "float32", name="y")
+    k2 = pn.compile(pn.sum(y, axis=1, where=mask), target="cpu")
+    assert cache.info().hits == before + 1 and [t.name for t in k2.inputs] == ["y"]
+    np.testing.assert_array_equal(k2(y=a), k(a))

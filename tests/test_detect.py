@@ -23,7 +23,7 @@ RTX4090 = {"name": b"NVIDIA GeForce RTX 4090", "major": 8, "minor": 9, "multiPro
 
 def test_a_known_gpu_keeps_its_calibrated_terms():
     g = detect.spec_from_properties(H100_SXM)
-    assert (g.sms, g.eta, g.launch_s) == (132, H100.eta, H100.launch_s)
+    assert (g.name, g.sms, g.eta, g.launch_s) == (H100.name, 132, H100.eta, H100.launch_s)
     assert g.dram_bw == pytest.approx(3.35e12, rel=0.01)  # 2 x 2619 MHz x 5120 bits
     assert g.measured_limit == H100.measured_limit  # the same chip: its measurements hold
 
@@ -68,3 +68,15 @@ def test_the_default_is_the_detected_gpu_else_h100(monkeypatch):
     monkeypatch.setattr(detect, "detect", lambda: seen)
     k = pn.compile(pn.sum(x, axis=1), target="emulator", cache=False, use_database=False)
     assert k.gpu is seen and "NVIDIA GeForce RTX 4090: the GPU CuPy sees" in k.explain()
+
+
+def test_a_detected_calibrated_gpu_uses_the_schedule_database(monkeypatch):
+    """The device's own name ('NVIDIA H100 80GB HBM3') is not the database's key: a detected GPU
+    that is a calibrated one plans under that one's name, so shipped schedules replay on it."""
+    seen = detect.spec_from_properties(H100_SXM)
+    assert seen.name == H100.name
+    monkeypatch.setattr(detect, "detect", lambda: seen)
+    y = pn.placeholder((1024, 768), "float16", name="y")
+    g, b = pn.placeholder((768,), "float16", name="g"), pn.placeholder((768,), "float16", name="b")
+    k = pn.compile(pn.nn.layer_norm(y, g, b), target="emulator", cache=False)
+    assert k.origin.startswith("from schedules/"), k.origin

@@ -93,6 +93,8 @@ def spec_from_properties(props: dict) -> GPUSpec:
         ("calibrated terms", f"[{'measured' if known and same else 'assumed'}] {tag}"),
         *((k, v) for k, v in base.sources if not k.startswith("sms/")),
     )
+    if known and same:  # the calibrated GPU itself: its name keys the schedule database and saved schedules
+        fields["name"] = base.name
     return dataclasses.replace(
         base, **fields, sources=sources, measured_limit=base.measured_limit if known and same else None
     )
