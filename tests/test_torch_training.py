@@ -298,7 +298,7 @@ def test_compiles_are_logged(caplog):
 
 def test_modes_are_accepted_with_their_meaning_and_unknown_ones_refused():
     f = torch.compile(lambda x: torch.softmax(x, -1).sum(), backend="panamera", mode="reduce-overhead")
-    with pytest.warns(UserWarning, match="reduce-overhead.*resident workspace"), torch.no_grad():
+    with pytest.warns(pn.PanameraWarning, match="reduce-overhead.*resident workspace"), torch.no_grad():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", pn.EmulatorWarning)
             f(torch.randn(3, 8))

@@ -113,7 +113,12 @@ class Program:
     statement_graph: nx.DiGraph | None = None  # statement names, edges from isl flow dependences
     stitch_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal stitched groups
     epilogue_candidates: tuple[tuple[Statement, ...], ...] = ()  # legal epilogue groups
-    column_candidates: tuple[ColumnJoin, ...] = ()  # COLUMN reductions legal in a stitched kernel
+
+    @cached_property
+    def column_candidates(self) -> tuple[ColumnJoin, ...]:
+        """COLUMN reductions legal in a stitched row kernel (poly/row_columns.py); asked for only by
+        the model's one- vs two-launch comparison, so isl answers it on demand, not for every program."""
+        return column_candidates(list(self.statements), self.statement_graph, self.stitch_candidates)
 
     @cached_property
     def schedule(self) -> isl.Schedule | None:
@@ -163,9 +168,8 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     sg = statement_graph(stmts, deps)
     cands = tuple(tuple(c) for c in stitch_candidates(stmts, sg))
     epis = tuple(epilogue_candidates(stmts, sg))
-    cols = column_candidates(stmts, sg, cands)
     groups = group_statements(stmts, sg, outputs)
-    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands, epis, cols)
+    return Program(tuple(outputs), inputs, tuple(stmts), groups, deps, g, fusions, sg, cands, epis)
 
 
 def statement_graph(stmts: list[Statement], deps: Dependences | None) -> nx.DiGraph:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendError, CompileError, OptionError
+from ..errors import BackendError, CompileError, OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
 from .executor import Executor, _alloc
@@ -57,7 +57,7 @@ def openmp_flags() -> tuple[str, ...]:
     if r.returncode:
         warnings.warn(
             f"target='cpu': the compiler does not support OpenMP ({r.stderr.strip()[:200]}); kernels run on one thread",
-            RuntimeWarning,
+            PanameraWarning,
             stacklevel=3,
         )
         return ()

@@ -134,14 +134,14 @@ def store(d: Path, name: str, data: bytes) -> Path:
     return lib
 
 
-def put(lib: Path, data: bytes) -> Path:
+def put(lib: Path, data: bytes, who: str = "emulator") -> Path:
     """`store` the library at `lib`; where the cache cannot take it (a full disk, a directory
     made read-only meanwhile) it goes to this process's private directory, with a warning."""
     try:
         return store(lib.parent, lib.name, data)
     except OSError as e:
         if lib.parent == private_dir():
-            raise BackendError(f"emulator: cannot write the built library {lib} ({e.strerror or e})") from None
+            raise BackendError(f"{who}: cannot write the built library {lib} ({e.strerror or e})") from None
         log.warning("kernel cache: cannot write %s (%s); using a private temporary directory", lib, e.strerror or e)
         return store(private_dir(), lib.name, data)
 
@@ -174,7 +174,7 @@ def load(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> ctypes.CDLL
         discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
     for attempt in (0, 1):
         if not lib.exists():
-            lib = put(lib, compile_bytes())
+            lib = put(lib, compile_bytes(), who)
         try:
             return ctypes.CDLL(str(lib))
         except OSError as e:  # verified bytes that do not load: rebuilt once, then an error

@@ -45,7 +45,7 @@ def _type_name(elem: int) -> str:
 
 
 def validate(model: OnnxModel) -> None:
-    """Preconditions 1 to 3 of the module docstring; the first failure is raised."""
+    """Preconditions 1 to 4 of the module docstring; the first failure is raised."""
     for name in (*model.inputs, *model.outputs):
         v = model.values.get(name)
         if v is not None and v.elem in REFUSED_ELEM:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..enums import StrEnum
-from ..errors import EagerFallbackWarning, EmulatorWarning, OptionError
+from ..errors import EagerFallbackWarning, EmulatorWarning, OptionError, PanameraWarning
 
 if TYPE_CHECKING:
     from .partition import EagerOp, SubgraphReport
@@ -280,8 +280,9 @@ def _check_mode(mode: str | None) -> None:
         raise OptionError(
             f"torch.compile(backend='panamera'): unknown mode {mode!r}; use one of {', '.join(map(repr, MODES))}"
         )
-    _warn_once(f"mode:{mode}", f"torch.compile(backend='panamera', mode={mode!r}): {MODES[mode]}", UserWarning)
     log.info("mode %r: %s", mode, MODES[mode])
+    if mode != "default":  # a mode that asks for something Panamera does differently: said once
+        _warn_once(f"mode:{mode}", f"torch.compile(backend='panamera', mode={mode!r}): {MODES[mode]}", PanameraWarning)
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None = None, mode: str | None = None):
