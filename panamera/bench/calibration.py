@@ -118,8 +118,11 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "rms_norm",
         None,
     ): "cuDNN is closed source: no plan to model (its 32K-262K rows fall to 273-1601 GB/s)",
-    ("Q", "inductor", "rms_norm", None): "torch.compile measures 1.1-2x slower than the model of the launch its rules "
-    "give (persistent up to 1024, looped beyond, re-read from DRAM past L2); what else it pays is not known here",
+    ("Q", "inductor", "rms_norm", None): "torch.compile (PyTorch 2.7.1, default mode, QuACK blog) measures 1.1-2x "
+    "slower than the model of the launch its rules give (persistent XBLOCK 1 up to 1024, looped RBLOCK 2048 beyond, "
+    "the second loop re-read from DRAM past L2). Charging each loop step the SM's issue time in Little's law (the "
+    "loads of the next step wait for it) moves its softmax rows 5-20 points closer but puts Liger's softmax 256/512, "
+    "which fix the loaded latency, 10-19 % over: not separable without a measurement of the latency alone",
     (
         "Q",
         "inductor",
@@ -127,17 +130,27 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 262144),
     ): "as for RMSNorm; its 32Kx256-1024 rows take 119-121 us whatever the row "
     "(281-1107 GB/s), which no launch rule we read explains",
-    ("Q", "inductor", "cross_entropy", None): "as for RMSNorm: 2-4x slower than the model of its launch",
+    ("Q", "inductor", "cross_entropy", None): "as for RMSNorm: 2-4x slower than the model of its launch. Two full "
+    "DRAM reads of the logits (a max loop, then a sum-exp loop, no L2 re-use) would land 4096-65536 within 10 % but "
+    "not 256-2048 or 131072-262144, and contradict the L2 re-read rule that the rows in flight (4-17 MB) imply",
     ("Q", "liger", "rms_norm", (16384, 65536)): "65536: a register spill of the 64-value row per thread (the QuACK "
-    "blog's NCU profile shows LDL), not modeled; 16384 is 12 % slower than modeled, unexplained",
+    "blog's NCU profile shows LDL), not modeled; 16384 is 12 % slower than modeled and slower per byte than the "
+    "32768 row of the same series (811.9 vs 751 us per 2 GB): an outlier no smooth term follows",
     ("Q", "liger", "softmax", (65536,)): "a register spill of the 64-value row per thread (QuACK blog), not modeled",
     ("Q", "quack", "cross_entropy", (256, 512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
-    "below its softmax's rate; the model has no term for what it pays per row (-11 to -20 %)",
+    "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
+    "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
+    "the 2-8 us it pays beyond that are not explained (-11 to -20 %)",
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
-    "vectorized_layer_norm_kernel with its second pass from L2 or DRAM",
-    ("L", "pytorch-eager", "rms_norm", (8192,)): "10.0 % under the measurement: at the edge of the L2 re-read model",
-    ("C", "cub", "reduce", (2**24,)): "2^20 to 2^24 runs at 3.4 TB/s and 2^24 to 2^28 at 4.5: the model has one "
-    "bandwidth and no ramp between them (-19 %)",
+    "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
+    "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law at 16 "
+    "blocks per SM; a register-limited occupancy of 8 blocks would fit 3 of 5 rows but the kernel's register count "
+    "is not published",
+    ("L", "pytorch-eager", "rms_norm", (8192,)): "10.2 % under the measurement: at the edge of the L2 re-read model",
+    ("C", "cub", "reduce", (2**24,)): "2^20 to 2^24 runs at 3.25 TB/s and 2^24 to 2^28 at 4.5 (-19 %). The plan is "
+    "CCCL's sm60+ policy (256 threads x 16 items, vector 4; tuning_reduce.cuh: sm100 tunings only), 4096 one-tile "
+    "blocks with 128 KB per SM in flight, so neither latency nor occupancy explains it; a write-back of the dirty "
+    "lines NVBench's L2 flush leaves would also slow Liger's 8-16 MB rows by 20 %+, which fit",
 }
 
 
