@@ -152,8 +152,8 @@ class ThreadLoop:
         decl, loads, vregs, by_access = [], [], {}, {}
         for k in here:
             for ri, r in enumerate(self.g.statements[k].reads):
-                if self.m.access[k][ri] != AccessKind.CONTIG:
-                    continue
+                if self.m.access[k][ri] != AccessKind.CONTIG or r.tensor.uid in self.regs:
+                    continue  # not contiguous, or a stitched value already in registers
                 if sharing is not None and self.sharing(k, ri) != sharing:
                     continue
                 key = (r.tensor.uid, self.address(r.addr))
@@ -225,6 +225,7 @@ class ThreadLoop:
                 and m.access[k][ri] != AccessKind.CONTIG
                 and g.statements[k].reads[ri].memory
                 and g.statements[k].reads[ri].indirect is None
+                and g.statements[k].reads[ri].tensor.uid not in self.regs  # a stitched value: in registers
                 and self.sharing(k, ri) == sharing
                 and (k, ri) not in vregs
             ]
