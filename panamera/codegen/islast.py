@@ -52,6 +52,68 @@ def expr(e: isl.AstExpr) -> str:
     raise NotImplementedError(f"isl AST operation {op}")
 
 
+_COMPARE = frozenset(
+    {isl.ast_expr_op_type.and_, isl.ast_expr_op_type.and_then, isl.ast_expr_op_type.or_,
+     isl.ast_expr_op_type.or_else, isl.ast_expr_op_type.eq, isl.ast_expr_op_type.le, isl.ast_expr_op_type.lt,
+     isl.ast_expr_op_type.ge, isl.ast_expr_op_type.gt}
+)  # fmt: skip
+_QUOTIENT = frozenset({isl.ast_expr_op_type.div, isl.ast_expr_op_type.pdiv_q, isl.ast_expr_op_type.fdiv_q})
+_REMAINDER = frozenset({isl.ast_expr_op_type.pdiv_r, isl.ast_expr_op_type.zdiv_r})
+
+
+def widest(e: isl.AstExpr, ranges: dict[str, tuple[int, int]], hi: int) -> int:
+    """The largest magnitude any subexpression of `e` (as `expr` prints it) can take when each
+    identifier lies in its `ranges` entry, any other in [0, hi]: interval arithmetic over the tree. isl's quasi-affine expressions
+    multiply by large coefficients before they divide (`(29507 * i + ...) / 96`), so an index
+    within int can have intermediate values that overflow it (kernel.py's index_type). An
+    operation it does not know counts as unbounded.
+
+    >>> i = isl.AstExpr.from_id(isl.Id("i"))
+    >>> widest(i.mul(isl.AstExpr.from_val(isl.Val(1000))).pdiv_q(isl.AstExpr.from_val(isl.Val(7))), {"i": (0, 9)}, 99)
+    9000
+    """
+    return _interval(e, ranges, hi)[2]
+
+
+def _interval(e: isl.AstExpr, ranges: dict[str, tuple[int, int]], hi: int) -> tuple[int, int, int]:
+    """(low, high, widest magnitude within) of `e`."""
+    t = e.get_type()
+    if t == isl.ast_expr_type.id:
+        lo, up = ranges.get(e.get_id().get_name(), (0, hi))
+        return lo, up, max(abs(lo), abs(up))
+    if t == isl.ast_expr_type.int:
+        v = e.get_val().to_python()
+        return v, v, abs(v)
+    op = e.get_op_type()
+    args = [_interval(e.get_op_arg(k), ranges, hi) for k in range(e.get_op_n_arg())]
+    inner = max((a[2] for a in args), default=0)
+    if op in _COMPARE:
+        lo, up = 0, 1
+    elif op == isl.ast_expr_op_type.add:
+        lo, up = args[0][0] + args[1][0], args[0][1] + args[1][1]
+    elif op == isl.ast_expr_op_type.sub:
+        lo, up = args[0][0] - args[1][1], args[0][1] - args[1][0]
+    elif op == isl.ast_expr_op_type.minus:
+        lo, up = -args[0][1], -args[0][0]
+    elif op == isl.ast_expr_op_type.mul:
+        ends = [a * b for a in args[0][:2] for b in args[1][:2]]
+        lo, up = min(ends), max(ends)
+    elif op in _QUOTIENT and args[1][0] == args[1][1] > 0:  # by a positive constant
+        d = args[1][0]
+        lo, up = args[0][0] // d, -(-args[0][1] // d)
+    elif op in _REMAINDER and args[1][0] == args[1][1] != 0:
+        d = abs(args[1][0])
+        lo, up = (0 if args[0][0] >= 0 else 1 - d), d - 1
+    elif op in (isl.ast_expr_op_type.max, isl.ast_expr_op_type.min):
+        pick = max if op == isl.ast_expr_op_type.max else min
+        lo, up = pick(a[0] for a in args), pick(a[1] for a in args)
+    elif op in (isl.ast_expr_op_type.cond, isl.ast_expr_op_type.select):
+        lo, up = min(args[1][0], args[2][0]), max(args[1][1], args[2][1])
+    else:  # a call, or a division by a non-constant: unbounded
+        return -(2**63), 2**63, 2**63
+    return lo, up, max(inner, abs(lo), abs(up))
+
+
 def _fold(fn: str, args: list[str]) -> str:
     out = args[0]
     for a in args[1:]:

@@ -117,9 +117,21 @@ def template(group: KernelGroup) -> Template:
     return Template.STITCHED if group.stitched else Template.REDUCE
 
 
+def _body(group: KernelGroup, m: Mapping, idx: str) -> tuple[list[str], str]:
+    """The emitted body and its index type: `idx`, or long long where an address expression's
+    intermediate values overflow int (islast.widest: isl's quasi-affine addresses scale before
+    they divide, as an im2col's over 2x16x32x32 does, 29507 * i; issue 20's segfault)."""
+    loop = ThreadLoop(group, m, idx)
+    loop.bound = index_bound(group, m)
+    body = EMITTERS[template(group)](loop)
+    if idx == "int" and loop.widest >= 2**31 - 1:
+        return EMITTERS[template(group)](ThreadLoop(group, m, "long long")), "long long"
+    return body, idx
+
+
 def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     """The CUDA C of one kernel group under its mapping (`m.name` is the kernel's name)."""
-    idx = index_type(group, m)
+    body, idx = _body(group, m, index_type(group, m))
     sig = []
     for p in m.buffers:
         const = "const " if p.role == BufferRole.INPUT else ""
@@ -131,7 +143,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     lines.append(f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
-    lines += EMITTERS[template(group)](ThreadLoop(group, m, idx))
+    lines += body
     lines.append("}")
     fills = resident_fills(group, m)
     init = render_init(f"{name}_init", fills, {p.key: p for p in m.buffers}) if fills else None

@@ -70,6 +70,8 @@ class ThreadLoop:
         self.staged: dict[
             tuple[int, int], str
         ] = {}  # (statement, read) -> its shared-memory stage (codegen/pipeline.py)
+        self.bound = 0  # the index bound the rendered addresses are checked against (set by the caller)
+        self.widest = 0  # the largest magnitude of any subexpression of an address rendered so far
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user: Callable[[isl.AstExpr], list[str]]) -> list[str]:
@@ -99,7 +101,20 @@ class ThreadLoop:
 
     def address(self, addr: isl.PwAff) -> str:
         dom = self.g.statements[0].domain.reset_tuple_id()
-        return islast.expr(isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom)))
+        e = isl.AstBuild.from_context(dom).expr_from_pw_aff(addr.gist(dom))
+        if self.bound:
+            self.widest = max(self.widest, islast.widest(e, self._ranges(dom), self.bound))
+        return islast.expr(e)
+
+    def _ranges(self, dom: isl.Set) -> dict[str, tuple[int, int]]:
+        """Each canonical index's values over the domain (an address is read only there)."""
+        ranges = {}
+        for k in range(dom.dim(isl.dim_type.set)):
+            name = dom.get_dim_name(isl.dim_type.set, k)
+            lo, up = dom.dim_min_val(k), dom.dim_max_val(k)
+            if name and lo.is_int() and up.is_int():
+                ranges[name] = (lo.to_python(), up.to_python())
+        return ranges
 
     # -- register tiles (schedule/rtile.py) ----------------------------------------------------
     def tile_row(self, t: str, r: str, c: str = "0") -> tuple[str, str]:
