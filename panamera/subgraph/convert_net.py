@@ -20,9 +20,8 @@ import numpy as np
 from ..errors import OptionError, ShapeError
 from ..frontend import activations as act
 from ..frontend import movement as mv
-from ..frontend import pool
+from ..frontend import ops, pool
 from ..frontend.interpolate import Taps, compute_dtype, interpolate
-from ..frontend import ops
 from ..frontend.tensor import constant, iota, reshape, transpose, where
 from . import resize as rs
 from .constants import const_input, int_tuple
