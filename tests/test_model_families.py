@@ -62,3 +62,47 @@ def test_cumsum_is_panamera_s(dtype, axis, exclusive, reverse):
     else:  # a sum of at most 3 terms: 3 roundings of partial sums bounded by the sum of |x|
         bound = 3 * 2.0**-24 * _cumsum_ref(np.abs(x), axis, exclusive, reverse)
         assert (np.abs(got - want) <= bound).all()
+
+
+def _conv_model(xs, ws, group, pads, tail=()):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(ws).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=group, pads=[pads] * 4, kernel_shape=list(ws[2:]))]
+    last = "c"
+    for k, op in enumerate(tail):
+        nodes.append(helper.make_node(op, [last] if op != "Mul" else [last, "c"], [f"t{k}"]))
+        last = f"t{k}"
+    out = (xs[0], ws[0], xs[2] + 2 * pads - ws[2] + 1, xs[3] + 2 * pads - ws[3] + 1)
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, xs)],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, out)], [numpy_helper.from_array(w, "w")],
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString(), w
+
+
+def test_depthwise_conv_is_a_panamera_reduction_fused_with_its_gate():
+    """A depthwise 3x3 Conv (an EfficientNet's) -> SiLU as sigmoid and Mul: a windowed reduction
+    the router gives Panamera (memory-bound, both figures in the reason), one subgraph with its
+    gate, against the float64 definition."""
+    xs, ws = (2, 8, 10, 10), (8, 1, 3, 3)
+    proto, w = _conv_model(xs, ws, 8, 1, ("Sigmoid", "Mul"))
+    opt = optimize(proto, target="emulator")
+    assert not opt.library and len(opt.subgraphs) == 1
+    route = opt.partition.route(opt.model.nodes[0])
+    assert route.runner.value == "Panamera" and "memory-bound" in route.reason
+    x = np.random.default_rng(4).standard_normal(xs).astype(np.float32)
+    c = ref_conv(x, w, np.zeros(8), (1, 1), [1] * 4, (1, 1), 8)
+    want = c / (1 + np.exp(-c)) * 1.0
+    # 9 products summed (gamma_9 |x||w|), then the gate's few roundings relative to the value
+    tol = tolerance("float32", 9) * ref_conv(np.abs(x), np.abs(w), np.zeros(8), (1, 1), [1] * 4, (1, 1), 8) * 2
+    assert (np.abs(opt.run({"x": x})["t1"] - want) <= tol + 8 * 2.0**-24 * np.abs(want)).all()
+
+
+def test_a_dense_conv_stays_with_the_library():
+    """A dense 3x3 Conv with 64 -> 64 channels over 8x32x32 (an implicit GEMM of K = 576): the
+    library's tensor-core convolution is modeled 6x faster, so it keeps it; the reason gives
+    both figures."""
+    proto, _ = _conv_model((8, 64, 32, 32), (64, 64, 3, 3), 1, 1)
+    opt = optimize(proto, target="emulator")
+    ((node, why),) = opt.partition.library
+    assert node.op_type == "Conv" and "Panamera: " in why and "the library runs it" in why

@@ -248,6 +248,20 @@ def _cumsum(node: Node, args, ctx):
     return [transpose(y, tuple(int(p) for p in np.argsort(perm)))]
 
 
+def _conv(node: Node, args, ctx):
+    """Conv as a windowed reduction (frontend/pool.conv); the router (route.py) decides by the
+    model whether Panamera or the library's convolution runs it."""
+    from .conv import geometry  # the library's geometry check, shared
+
+    x, w = ctx.tensor(args[0]), ctx.tensor(args[1])
+    win, group = geometry(x.shape, w.shape, node.attrs)
+    y = pool.conv(x, w, win, group)
+    b = _arg(args, 2)
+    if b is not None:
+        y = y + ctx.tensor(b).reshape((1, w.shape[0]) + (1,) * len(win.kernel))
+    return [y]
+
+
 # op -> (convert, constant inputs, refuse)
 NET_CONVERTERS: dict = {
     "Transpose": (_transpose, (), None),
@@ -257,6 +271,7 @@ NET_CONVERTERS: dict = {
     "Pad": (_pad, (1, 2, 3), None),
     "Tile": (_tile, (1,), None),
     "Trilu": (_trilu, (1,), None),
+    "Conv": (_conv, (), None),
     "CumSum": (_cumsum, (1,), None),
     "DepthToSpace": (_depth_to_space, (), None),
     "SpaceToDepth": (_space_to_depth, (), None),
