@@ -8,7 +8,8 @@ the TorchScript exporter (dynamo=False) and the dynamo exporter (dynamo=True). A
 skipped with the reason printed. Needs torch and transformers (the dev extra), and onnxscript for
 the dynamo exporter (else its pairs are skipped); tests/test_exported_models.py, which uses the
 files, needs none of them. Small enough to commit: hidden size 32, 2 layers, vocabulary 128,
-sequence 8, 16x16 images.
+sequence 8, 16x16 images. The hand-built families (EfficientNet, MobileNetV3, ConvNeXt, Swin, VGG,
+Wide&Deep) are in scripts/model_families.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import traceback
 import warnings
 
 import torch
+from model_families import FAMILIES
 from torch import nn
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "models")
@@ -101,6 +103,31 @@ def hf(kind):
         # which the TorchScript exporter lacks
         ids = torch.randint(0, 128, (1, 8))
         return HF(tf.LlamaModel(cfg)), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
+    ids = torch.randint(0, 128, (1, 8))
+    if kind == "t5":  # the encoder: relative position buckets, RMS norm, no biases
+        cfg = tf.T5Config(vocab_size=128, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2, use_cache=False)
+        return HF(tf.T5EncoderModel(cfg)), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
+    if kind == "whisper":  # the encoder: two Conv1d over log-mel frames, sinusoidal positions
+        cfg = tf.WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=2,
+                               encoder_ffn_dim=64, max_source_positions=8, vocab_size=128, pad_token_id=0, decoder_layers=1,
+                               decoder_attention_heads=2, decoder_ffn_dim=64,
+                               bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)  # fmt: skip
+        return HF(tf.WhisperModel(cfg).get_encoder()), (torch.randn(1, 16, 16),), ["input_features"]
+    if kind == "distilbert":
+        cfg = tf.DistilBertConfig(vocab_size=128, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
+                                  max_position_embeddings=32)  # fmt: skip
+        return HF(tf.DistilBertModel(cfg)), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
+    if kind == "qwen2":  # grouped-query attention (4 query heads, 2 key/value heads), RoPE
+        cfg = tf.Qwen2Config(vocab_size=128, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=64, num_hidden_layers=2, max_position_embeddings=32, use_cache=False)  # fmt: skip
+        return HF(tf.Qwen2Model(cfg)), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
+    if kind == "gptneox":  # partial rotary: a quarter of each head's dimensions rotate
+        cfg = tf.GPTNeoXConfig(vocab_size=128, num_hidden_layers=2, max_position_embeddings=32, rotary_pct=0.25,
+                               use_cache=False, **small)  # fmt: skip
+        return HF(tf.GPTNeoXModel(cfg)), (ids, torch.ones_like(ids)), ["input_ids", "attention_mask"]
+    if kind == "bloom":  # ALiBi position biases from the mask's cumulative sum
+        cfg = tf.BloomConfig(vocab_size=128, hidden_size=32, n_layer=2, n_head=2, use_cache=False)
+        return HF(tf.BloomModel(cfg)), (ids, None, torch.ones_like(ids)), ["input_ids", "attention_mask"]
     if kind == "vit":
         cfg = tf.ViTConfig(image_size=16, patch_size=4, num_channels=3, num_hidden_layers=2, **small)
         return HF(tf.ViTModel(cfg, add_pooling_layer=False)), (torch.randn(1, 3, 16, 16),), ["pixel_values"]
@@ -120,10 +147,14 @@ def build(name):
         return m, (torch.randn(2, 3, 16, 16),), ["x"]
     if name == "unet":
         return UNetBlock(), (torch.randn(1, 16, 16, 16), torch.randn(1, 32)), ["x", "t"]
+    if name in FAMILIES:
+        return FAMILIES[name]()
     return hf(name)
 
 
-MODELS = ["resnet", "bert", "gpt2", "llama", "vit", "unet"]
+# the first six (issue 11), then the families of issue 20 (scripts/model_families.py and hf above)
+MODELS = ["resnet", "bert", "gpt2", "llama", "vit", "unet", "t5", "whisper", "distilbert", "qwen2", "gptneox",
+          "bloom", *FAMILIES]  # fmt: skip
 EXPORTERS = {"torchscript": False, "dynamo": True}
 
 
@@ -137,7 +168,20 @@ def export(name, exporter):
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, path, **kw)
+    strip_metadata(path)
     return path
+
+
+def strip_metadata(path):
+    """Drop the dynamo exporter's per-node debugging metadata (stack traces, fx nodes, name scopes):
+    two thirds of a small model's bytes, none of its meaning."""
+    import onnx
+
+    m = onnx.load(path)
+    if any(n.metadata_props for n in m.graph.node):
+        for n in m.graph.node:
+            del n.metadata_props[:]
+        onnx.save(m, path)
 
 
 def main():

@@ -17,7 +17,16 @@ from panamera.cli import cli
 DATA = os.path.join(os.path.dirname(__file__), "data", "models")
 MODELS = sorted(os.path.basename(p)[: -len(".onnx")] for p in glob.glob(os.path.join(DATA, "*.onnx")))
 # name -> exact reason, for a model that is known to fail; xfail(strict=True) so that a fix shows up.
-KNOWN_FAILURES: dict[str, str] = {}
+_LOOP = (
+    "torch's EmbeddingBag exports as a Loop whose body reads outer-scope values; the constant folder and "
+    "the library's runner give a Loop only its explicit inputs (issue 20, open)"
+)
+KNOWN_FAILURES: dict[str, str] = {"widedeep-torchscript": _LOOP, "widedeep-dynamo": _LOOP}
+# Issue 20's families run once by default (their TorchScript export); their dynamo exports too with
+# PANAMERA_ALL_MODELS=1 (the pair costs about twice the CPU minutes; see tests/README or the issue note).
+FAMILIES = ("t5", "whisper", "distilbert", "qwen2", "gptneox", "bloom", "efficientnet", "mobilenetv3", "convnext",
+            "swin", "vgg", "widedeep")  # fmt: skip
+ALL_MODELS = bool(os.environ.get("PANAMERA_ALL_MODELS"))
 # target "auto": the emulator here, CUDA where there is a GPU
 pytestmark = pytest.mark.filterwarnings("ignore::panamera.EmulatorWarning")
 
@@ -25,6 +34,8 @@ pytestmark = pytest.mark.filterwarnings("ignore::panamera.EmulatorWarning")
 def cases():
     for name in MODELS:
         marks = [pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[name])] if name in KNOWN_FAILURES else []
+        if name.split("-")[0] in FAMILIES and name.endswith("-dynamo") and not ALL_MODELS:
+            marks.append(pytest.mark.skip(reason="the family's second export: PANAMERA_ALL_MODELS=1 runs it"))
         yield pytest.param(name, marks=marks, id=name)
 
 
@@ -53,7 +64,7 @@ def feeds_for(path):
 
 def test_models_are_committed():
     kinds = {n.split("-")[0] for n in MODELS}
-    assert {"resnet", "bert", "gpt2", "llama", "vit", "unet"} <= kinds, MODELS
+    assert {"resnet", "bert", "gpt2", "llama", "vit", "unet", *FAMILIES} <= kinds, MODELS
     assert sum(os.path.getsize(os.path.join(DATA, f"{n}.onnx")) for n in MODELS) < 5 * 2**20
 
 

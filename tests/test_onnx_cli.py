@@ -100,7 +100,9 @@ def test_explain_one_node(models):
     assert r.exit_code == 0, r.output
     assert "GroupNormalization" in r.output and "Panamera plan" in r.output and "__global__" in r.output
     r = run_cli("explain", models["convnet"], "--node", "conv", "--target", "emulator")
-    assert "runs in the array library (on the device with a GPU)" in r.output
+    # a Conv is routed by the model like a MatMul (issue 20): both figures and the verdict
+    out = " ".join(r.output.split())
+    assert "routed: Conv 'conv': memory-bound" in out and "us modeled (tensor cores)" in out
 
 
 def test_optimize_and_explain_say_how_matmuls_were_routed(models):

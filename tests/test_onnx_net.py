@@ -62,10 +62,10 @@ def test_conv_via_im2col_against_numpy(xs, ws, strides, pads, dil, group):
     assert cols(x).shape == (xs[0], group, k, math.prod(win.out))
 
 
-def _one_kernel(m, library=()):
+def _one_kernel(m, library=(), routing="model"):
     """The optimized model, checked to be one Panamera subgraph of one kernel beside the library
     nodes `library` (op types), verified against the reference."""
-    opt = optimize(m, target="emulator")
+    opt = optimize(m, target="emulator", routing=routing)
     assert [u.node.op_type for u in opt.library] == list(library)
     (sg,) = opt.subgraphs
     assert len(sg.compiled.plan.kernels) == 1
@@ -79,7 +79,7 @@ def test_conv_bias_relu_residual_epilogue_is_one_kernel():
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Add", ["r", "x"], ["y"])]  # fmt: skip
     m = _model(nodes, [("x", [1, 4, 6, 6])], [("y", [1, 4, 6, 6])], [("w", w), ("b", b)])
-    opt = _one_kernel(m, ["Conv"])
+    opt = _one_kernel(m, ["Conv"], routing="library")  # the epilogue after the library's Conv
     x = rng.standard_normal((1, 4, 6, 6)).astype(np.float32)
     want = np.maximum(ref_conv(x, w, b, (1, 1), (1, 1, 1, 1), (1, 1), 1), 0) + x
     tol = tolerance("float32", 36) * 4

@@ -166,3 +166,20 @@ def test_tile_with_a_stitched_epilogue(R, C, rng):
     mm = X.astype(np.float64) @ W.T.astype(np.float64)
     tol = bound(X, W.T, "mk,kn->mn", "float32", "float32") + 3 * 2.0**-24 * (np.abs(mm) + np.abs(B) + np.abs(Rs))
     assert (np.abs(k(X, W, B, Rs) - (np.maximum(mm + B, 0) + Rs)) <= tol).all()
+
+
+@pytest.mark.parametrize("C", [1, 2])
+def test_tile_stitched_softmax_reads_row_results_from_registers(C, rng):
+    """A stitched softmax of x + bias (bias shared by every row: a register tile fits) reads the
+    row max and sum from the registers its passes left them in, not from memory (issue 20: the
+    BLOOM attention's ALiBi softmax failed at codegen with a KeyError)."""
+    M, N = 16, 8
+    x, b = pn.placeholder((M, N), "float32", name="x"), pn.placeholder((N,), "float32", name="b")
+    k = tiled(pn.nn.softmax(x + b, axis=-1), 2, C=C)
+    assert len(k.plan.kernels) == 1 and k.mappings[0].stitched
+    X, B = array((M, N), "float32", rng), array((N,), "float32", rng)
+    s = X.astype(np.float64) + B
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    ref = e / e.sum(axis=-1, keepdims=True)
+    # a few roundings per element (add, sub, exp, sum over N, divide), relative to values <= 1
+    assert (np.abs(k(X, B) - ref) <= (N + 8) * 2.0**-24 * np.maximum(ref, 2.0**-24) + 2.0**-24).all()

@@ -158,8 +158,8 @@ class ThreadLoop:
         decl, loads, vregs, by_access = [], [], {}, {}
         for k in here:
             for ri, r in enumerate(self.g.statements[k].reads):
-                if self.m.access[k][ri] != AccessKind.CONTIG:
-                    continue
+                if self.m.access[k][ri] != AccessKind.CONTIG or r.tensor.uid in self.regs:
+                    continue  # not contiguous, or a stitched value already in registers
                 if sharing is not None and self.sharing(k, ri) != sharing:
                     continue
                 key = (r.tensor.uid, self.address(r.addr))

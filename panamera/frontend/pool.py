@@ -301,3 +301,42 @@ def auto_pads(x: Tensor, kernel, strides, dilations, auto_pad: str, op: str):
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return same_pads(spatial, kernel, strides, dilations, auto_pad == "SAME_UPPER")
     raise OptionError(f"{op} of {x.label!r}: auto_pad {auto_pad!r} is not NOTSET, VALID, SAME_UPPER or SAME_LOWER")
+
+
+def conv(x: Tensor, weight: Tensor, w: Window, group: int = 1) -> Tensor:
+    """ONNX Conv without bias as a windowed reduction: y[n, g*Mg + m, o] = sum over c < Cg and
+    the window k of x[n, g*Cg + c, o*s + k*d - p] * weight[g*Mg + m, c, k]. One statement over
+    (N, G, Mg, O..., Cg, K...): the view of x is a remap (the padding masked to 0), the weight a
+    broadcast read, the reduction the trailing Cg and window axes (adjacent: one ROW form).
+    Meant for the convolutions that are reductions rather than GEMMs: depthwise (Cg = 1, a
+    weighted pooling), narrow groups, 1x1 on tiny extents (a squeeze-excitation's); the
+    partitioner's router (subgraph/route.py) weighs it against the library's convolution.
+
+    >>> import panamera as pn
+    >>> x, wt = pn.placeholder((1, 4, 6, 6), name="x"), pn.placeholder((4, 1, 3, 3), name="w")
+    >>> conv(x, wt, window(x, (3, 3), pads=1), group=4).shape
+    (1, 4, 6, 6)
+    """
+    d = len(w.kernel)
+    n, c = x.shape[:2]
+    m, cg = weight.shape[:2]
+    if c != cg * group or m % group:
+        raise ShapeError(f"conv of {x.label!r}: group {group} does not split {c} input / {m} output channels")
+    mg = m // group
+    shape = (n, group, mg, *w.out, cg, *w.kernel)  # axes: 0 n, 1 g, 2 m, 3.. o, 3+d c, 4+d.. k
+    maps = [AxisMap(((0, 1),)), AxisMap(((1, cg), (3 + d, 1)))]
+    mask = None
+    for a, (size, s, (pb, _), dl) in enumerate(zip(x.shape[2:], w.strides, w.pads, w.dilations)):
+        maps.append(AxisMap(((3 + a, s), (4 + d + a, dl)), offset=-pb))
+        if pb or (w.out[a] - 1) * s + (w.kernel[a] - 1) * dl - pb >= size:  # some reads fall outside
+            pos = iota(shape, 3 + a) * s + iota(shape, 4 + d + a) * dl - pb
+            inside = (pos >= 0) & (pos < size)
+            mask = inside if mask is None else mask & inside
+    view = remap(x, shape, maps)
+    wt = weight.reshape((1, group, mg) + (1,) * d + (cg, *w.kernel))
+    xc = view.astype(dtypes.float32) if x.dtype.is_16bit_float else view
+    prod = xc * wt
+    if mask is not None:
+        prod = where(mask, prod, constant(0, prod.dtype))
+    y = ops.sum(prod, axis=tuple(range(3 + d, 4 + 2 * d)))
+    return y.reshape((n, m, *w.out)).astype(x.dtype)

@@ -94,9 +94,12 @@ def strides(shape) -> list[int]:
 
 
 def linear(idx, shape, zero: isl.PwAff) -> isl.PwAff:
+    """The C-order offset sum(idx[k] * stride[k]). Scaled with `scale_val`: islpy's `i * st`
+    first turns st into a piecewise constant with every piece of i (seconds for the many-piece
+    subscripts of a strided, clamped window view)."""
     total = zero
     for i, st in zip(idx, strides(shape)):
-        total = total + i * st if st != 1 else total + i
+        total = total + (i.scale_val(isl.Val.int_from_si(i.get_ctx(), st)) if st != 1 else i)
     return total
 
 

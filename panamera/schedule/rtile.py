@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import math
 
+import islpy as isl
+
 from ..errors import ScheduleError
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
@@ -134,7 +136,24 @@ def registers(group: KernelGroup, d: Decision) -> int:
             cs = bool(d.cshared) and d.cshared[k][ri]
             copies = (1 if rs else d.rtile) * (1 if cs else d.ctile)
             loads += math.ceil(d.vec * r.tensor.dtype.itemsize / 4) * copies
-    return 32 + acc * d.rtile * d.ctile + d.unroll * loads
+    return 32 + address_registers(group) + acc * d.rtile * d.ctile + d.unroll * loads
+
+
+def address_registers(group: KernelGroup) -> int:
+    """Registers beyond the 32 of `registers` for quasi-affine addresses: two per integer
+    division in the widest piece of each distinct memory read's address (a clamped window
+    view's, a Conv's: its quotients and remainders stay live across the tile's rows; issue 20's
+    register-tiled ResNet Conv spilled on sm_90 without them)."""
+    regs, seen = 0, set()
+    for s in group.statements:
+        for r in s.reads:
+            key = (r.tensor.uid, str(r.addr))
+            if not r.memory or key in seen:
+                continue
+            seen.add(key)
+            divs = [aff.dim(isl.dim_type.div) for _, aff in r.addr.get_pieces()]
+            regs += 2 * max(divs, default=0)
+    return regs
 
 
 def register_budget(d: Decision) -> int:

@@ -20,9 +20,9 @@ import numpy as np
 from ..errors import OptionError, ShapeError
 from ..frontend import activations as act
 from ..frontend import movement as mv
-from ..frontend import pool
+from ..frontend import ops, pool
 from ..frontend.interpolate import Taps, compute_dtype, interpolate
-from ..frontend.tensor import transpose
+from ..frontend.tensor import constant, iota, reshape, transpose, where
 from . import resize as rs
 from .constants import const_input, int_tuple
 from .model import Node
@@ -217,6 +217,51 @@ def _isinf(node: Node, args, ctx):
     return [act.isinf(x, bool(node.attrs.get("detect_positive", 1)), bool(node.attrs.get("detect_negative", 1)))]
 
 
+def _cumsum(node: Node, args, ctx):
+    """CumSum as a reduction over a triangle of the (i, k) square of its axis:
+    y[..., i] = sum over k of x[..., k] where k <= i (k < i exclusive; k >= i, k > i reversed).
+    A rectangular domain with a select, so quadratic in the axis' length: meant for the
+    sequence axes of masks and position ids (BLOOM's ALiBi positions), not long scans.
+
+    >>> import panamera as pn
+    >>> from panamera.subgraph.model import Node
+    >>> n = Node(0, "c", "CumSum", "", ("x", "a"), ("y",), {}, 18)
+    >>> y = _cumsum(n, [pn.placeholder((2, 5), "int64", name="x"), np.array(1)], None)[0]
+    >>> pn.compile(y, target="emulator")(np.ones((2, 5), np.int64)).tolist()
+    [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]]
+    """
+    x = args[0] if ctx is None else ctx.tensor(args[0])
+    (axis,) = int_tuple(node, args[1], "axis") or (0,)
+    if not -max(x.ndim, 1) <= axis < max(x.ndim, 1):
+        raise ShapeError(f"CumSum {node.label!r}: axis {axis} is out of range for rank {x.ndim}")
+    if x.ndim == 0:
+        return [x]
+    axis %= x.ndim
+    perm = [a for a in range(x.ndim) if a != axis] + [axis]
+    xt = transpose(x, tuple(perm))
+    n = x.shape[axis]
+    square = xt.shape[:-1] + (n, n)  # (..., i, k)
+    i, k = iota(square, x.ndim - 1), iota(square, x.ndim)
+    lo, hi = (i, k) if node.attrs.get("reverse", 0) else (k, i)
+    inside = lo < hi if node.attrs.get("exclusive", 0) else lo <= hi
+    y = ops.sum(where(inside, reshape(xt, xt.shape[:-1] + (1, n)), constant(0, x.dtype)), axis=-1)
+    return [transpose(y, tuple(int(p) for p in np.argsort(perm)))]
+
+
+def _conv(node: Node, args, ctx):
+    """Conv as a windowed reduction (frontend/pool.conv); the router (route.py) decides by the
+    model whether Panamera or the library's convolution runs it."""
+    from .conv import geometry  # the library's geometry check, shared
+
+    x, w = ctx.tensor(args[0]), ctx.tensor(args[1])
+    win, group = geometry(x.shape, w.shape, node.attrs)
+    y = pool.conv(x, w, win, group)
+    b = _arg(args, 2)
+    if b is not None:
+        y = y + ctx.tensor(b).reshape((1, w.shape[0]) + (1,) * len(win.kernel))
+    return [y]
+
+
 # op -> (convert, constant inputs, refuse)
 NET_CONVERTERS: dict = {
     "Transpose": (_transpose, (), None),
@@ -226,6 +271,8 @@ NET_CONVERTERS: dict = {
     "Pad": (_pad, (1, 2, 3), None),
     "Tile": (_tile, (1,), None),
     "Trilu": (_trilu, (1,), None),
+    "Conv": (_conv, (), None),
+    "CumSum": (_cumsum, (1,), None),
     "DepthToSpace": (_depth_to_space, (), None),
     "SpaceToDepth": (_space_to_depth, (), None),
     "Resize": (_resize, (1, 2, 3), None),

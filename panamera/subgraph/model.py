@@ -210,11 +210,12 @@ def _dequantizes(n: onnx.NodeProto, consts: dict) -> bool:
     return n.op_type in DEQUANTIZING and a is not None and a.dtype in (np.int8, np.uint8) and a.size > 1
 
 
-def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None) -> tuple[dict, list]:
+def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None, base: dict | None = None) -> tuple[dict, list]:
     """Evaluate every node whose inputs are all constant, and every Shape of a value whose
-    shape is known (`shapes`). Returns (constants, live node protos)."""
+    shape is known (`shapes`). `base`: the initializers as arrays, when the caller has them
+    (decoded once, not once per pass). Returns (constants, live node protos)."""
     shapes = shapes or {}
-    consts = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    consts = dict(base) if base is not None else {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     graph_inputs = {i.name for i in proto.graph.input} - set(consts)
     consts = {k: v for k, v in consts.items() if k not in graph_inputs}
     live = []
@@ -304,6 +305,19 @@ def _rename_inputs(n: onnx.NodeProto, rename: dict) -> None:
                 _rename_inputs(m, rename)
 
 
+def _with_weights(inferred: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
+    """`inferred` with the weights `_infer` passed as typed inputs made initializers again (the
+    model's proto is complete: the reference, onnxruntime and the deployable folder read it)."""
+    weights = [i.name for i in inferred.graph.input if i.name in consts]
+    if not weights:
+        return inferred
+    keep = [i for i in inferred.graph.input if i.name not in consts]
+    del inferred.graph.input[:]
+    inferred.graph.input.extend(keep)
+    inferred.graph.initializer.extend(numpy_helper.from_array(consts[k], k) for k in weights)
+    return inferred
+
+
 def _specialize(proto: onnx.ModelProto, values: dict, path: str) -> None:
     names = {i.name for i in proto.graph.input}
     for name, v in values.items():
@@ -320,7 +334,10 @@ def _dry_run_shapes(proto: onnx.ModelProto, values: dict, names: list, consts: d
     feeds = {}
     for i in proto.graph.input:
         v = values.get(i.name)
-        if i.name in consts or v is None or v.shape is None or not v.elem:
+        if i.name in consts:  # a weight _infer passed as a typed input
+            feeds[i.name] = consts[i.name]
+            continue
+        if v is None or v.shape is None or not v.elem:
             continue
         feeds[i.name] = np.zeros(v.shape, helper.tensor_dtype_to_np_dtype(v.elem))
     try:
@@ -339,16 +356,25 @@ def _dry_run_shapes(proto: onnx.ModelProto, values: dict, names: list, consts: d
     return found
 
 
+# Constants up to this many elements are initializers of the shape-inferred model (onnx's data
+# propagation folds shapes from the small integer ones); larger ones (weights) are typed inputs
+# until the last pass (`_with_weights`): each pass would copy every weight into the protobuf.
+INFER_INLINE = 4096
+
+
 def _infer(proto: onnx.ModelProto, consts: dict, live: list):
-    """The model with constants as initializers and live nodes only, shape-inferred, and the
-    Value of everything onnx could infer."""
+    """The model with live nodes only, its small constants as initializers and its weights as
+    typed inputs (INFER_INLINE), shape-inferred, and the Value of everything onnx could infer."""
     used = {i for n in live for i in n.input} | {o.name for o in proto.graph.output}
     g = proto.graph
+    big = [k for k, v in consts.items() if k in used and v.size > INFER_INLINE and v.dtype != object]
     folded = helper.make_graph(
         live, g.name or "main",
-        [i for i in g.input if i.name not in consts],
+        [i for i in g.input if i.name not in consts]
+        + [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(consts[k].dtype), consts[k].shape)
+           for k in big],
         list(g.output),
-        initializer=[numpy_helper.from_array(v, k) for k, v in consts.items() if k in used],
+        initializer=[numpy_helper.from_array(v, k) for k, v in consts.items() if k in used and k not in set(big)],
     )  # fmt: skip
     folded_proto = helper.make_model(folded, opset_imports=list(proto.opset_import), ir_version=proto.ir_version)
     try:
@@ -372,7 +398,8 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
     (input name or dim_param name -> shape), fold constants and infer every shape.
     `specialize` maps graph inputs to values compiled in as constants (see convert.shape_inputs)."""
     path, proto = decode(source)
-    proto = onnx.ModelProto.FromString(proto.SerializeToString())  # never mutate the caller's
+    if isinstance(source, onnx.ModelProto):  # never mutate the caller's (a decoded file is ours)
+        proto = onnx.ModelProto.FromString(proto.SerializeToString())
     newest = onnx.defs.onnx_opset_version()
     for o in proto.opset_import:
         if o.domain in DEFAULT_DOMAINS and o.version > newest:
@@ -391,8 +418,9 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
         if tt.HasField("shape") and not all(d.HasField("dim_value") for d in tt.shape.dim):
             tt.ClearField("shape")
     known, dry = {}, None
+    base = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     for _ in range(8):  # Shape of a value whose shape became known folds, and so on downstream
-        consts, live = _fold(proto, path, known)
+        consts, live = _fold(proto, path, known, base)
         inferred, values = _infer(proto, consts, live)
         missing = [
             o for n in inferred.graph.node for o in n.output if o and (o not in values or values[o].shape is None)
@@ -408,6 +436,9 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
     for n in live:  # onnx's reference cannot run a branch that reads the enclosing graph on its own
         if n.op_type == "If" and n.domain in DEFAULT_DOMAINS:
             raise Unsupported(f"{path}: unsupported op If (non-constant condition) at node {n.name or n.output[0]!r}")
+
+    del proto.graph.initializer[:], base  # their arrays live on in consts
+    inferred = _with_weights(inferred, consts)
     g = proto.graph
     for k, v in consts.items():
         values[k] = Value(k, tuple(v.shape), onnx.helper.np_dtype_to_tensor_dtype(v.dtype) if v.dtype != object else 0)

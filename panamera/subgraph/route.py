@@ -49,12 +49,12 @@ from .build import build_subgraph_tensors
 from .model import Node, OnnxModel
 
 # The contraction ops the router decides (the rest of the compute-bound ops stay with the library).
-ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger"})
+ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv"})
 # Element-wise ops (and views) that fuse into a contraction's operand read or its store.
 ELEMENTWISE = frozenset(
     {"Add", "Sub", "Mul", "Div", "Relu", "Sigmoid", "Tanh", "Erf", "Gelu", "Cast", "Clip", "Pow", "Sqrt", "Neg",
      "Exp", "Abs", "Reciprocal", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Softplus", "Where",
-     "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"}
+     "DequantizeLinear", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "BatchNormalization"}
 )  # fmt: skip
 
 
@@ -114,8 +114,14 @@ class Route:
 
 
 def contraction_shape(model: OnnxModel, node: Node) -> tuple[int, int, int, int]:
-    """(M, N, K, batch) of a MatMul / MatMulInteger (numpy's matmul) or a Gemm node."""
+    """(M, N, K, batch) of a MatMul / MatMulInteger (numpy's matmul) or a Gemm node; of a Conv,
+    its implicit GEMM per group (M = N * output positions, N = M / G, K = Cg * window, batch G)."""
     a, b = (model.values[node.inputs[k]].shape for k in (0, 1))
+    if node.op_type == "Conv":
+        from .conv import geometry
+
+        win, group = geometry(a, b, node.attrs)
+        return a[0] * math.prod(win.out), b[0] // group, b[1] * math.prod(win.kernel), group
     if node.op_type == "Gemm":
         m, k = a[::-1] if node.attrs.get("transA", 0) else a
         n = b[0] if node.attrs.get("transB", 0) else b[1]

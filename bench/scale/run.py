@@ -1,0 +1,83 @@
+"""Scale benchmark (issue 20, item 4): `panamera optimize` on a full-size transformer built from its
+config (random weights, no download): wall time and peak memory (/usr/bin/time -v's maximum
+resident set), against the model's weight bytes. Not a test: figures go to bench/scale/README.md.
+
+    python bench/scale/run.py [--layers 12 --hidden 768 --heads 12 --seq 128] [--work /tmp/scale]
+
+GPT-2 small by default (12 layers, 768 wide, sequence 128: 124 M parameters, 0.5 GB in float32).
+Needs torch and transformers (the dev extra) to export the model once (TorchScript exporter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def export_gpt2(path: str, layers: int, hidden: int, heads: int, seq: int) -> None:
+    import warnings
+
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=max(seq, 1024), use_cache=False)
+    model = tf.GPT2Model(cfg).eval()
+
+    class Last(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask, return_dict=True).last_hidden_state
+
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Last(model), (ids, torch.ones_like(ids)), path, input_names=["input_ids", "attention_mask"],
+                          output_names=["out"], opset_version=18, dynamo=False)  # fmt: skip
+
+
+def timed(cmd: list[str]) -> tuple[float, float, int, str]:
+    """(wall s, peak RSS GB, exit status, tail of the output) of `cmd` under /usr/bin/time -v."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-v", *cmd], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+    return wall, int(rss.group(1)) / 2**20 if rss else float("nan"), p.returncode, (p.stdout + p.stderr)[-2000:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--work", default="/tmp/panamera-scale")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    path = os.path.join(a.work, f"gpt2-{a.layers}x{a.hidden}-s{a.seq}.onnx")
+    if not os.path.exists(path):
+        t0 = time.perf_counter()
+        export_gpt2(path, a.layers, a.hidden, a.heads, a.seq)
+        print(f"exported {path} in {time.perf_counter() - t0:.0f} s", flush=True)
+    gb = os.path.getsize(path) / 2**30
+    py = sys.executable
+    wall, rss, rc, tail = timed([py, "-m", "panamera.cli", "optimize", path, "--target", "emulator"])
+    print(f"model {os.path.basename(path)}: {gb:.2f} GB on disk")
+    print(f"optimize: {wall:.1f} s wall, peak RSS {rss:.2f} GB ({rss / gb:.1f}x the weights), exit {rc}")
+    if rc:
+        print(tail)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
