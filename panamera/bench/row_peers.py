@@ -1,5 +1,5 @@
 """The fastest published row kernels as peers: QuACK and Liger-Kernel, each planned from its own
-source's rules and modeled by the same model as Panamera (bench/peers.py explains peers).
+source's rules and modeled by the same model as Panamera (peers.py beside it explains peers).
 
 - **QuACK** (repository Dao-AILab/quack, `quack/reduction_base.py` `ReductionBase._get_tv_layout`,
   `_get_num_threads`; `quack/rmsnorm.py`, `softmax.py`, `cross_entropy.py`

@@ -272,18 +272,24 @@ def _git_commit() -> str | None:
     return sha.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def _plain(v):
+    """A spec field as JSON holds it: nested dataclasses (the measured `Limit`) as dicts."""
+    return dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+
+
 def run_meta(gpu: GPUSpec, command: str, measured: bool) -> dict:
     """What makes results.json self-describing: Panamera's version and commit, the date, the
     command, the GPU spec the plans were modeled for, and the host the compile times are from.
 
     >>> from panamera.model.gpu import H100
     >>> m = run_meta(H100, "panamera bench", False)
-    >>> sorted(m), m["gpu"]["name"], m["times"]
-    (['command', 'commit', 'date', 'gpu', 'host', 'panamera', 'times'], 'H100-SXM5', 'modeled')
+    >>> sorted(m), m["gpu"]["name"], m["times"], sorted(m["gpu"]["measured_limit"])[:2]
+    (['command', 'commit', 'date', 'gpu', 'host', 'panamera', 'times'], 'H100-SXM5', 'modeled', ['eta_read', 'eta_write'])
+    >>> _ = json.dumps(m)
     """
     from .. import __version__
 
-    spec = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(gpu) if f.name != "sources"}
+    spec = {f.name: _plain(getattr(gpu, f.name)) for f in dataclasses.fields(gpu) if f.name != "sources"}
     return {
         "panamera": __version__,
         "commit": _git_commit(),
