@@ -9,6 +9,7 @@ import pytest
 import panamera as pn
 from panamera.bench.baselines import DETERMINISTIC, PLANS, SINGLE, UNFUSED, eager_ops, plan_all
 from panamera.bench.contraction_peers import CONTRACTION_PEERS
+from panamera.bench.decode_peers import DECODE_PEERS
 from panamera.bench.runner import geomean, run_bench
 from panamera.bench.suites import SUITES, tiny
 from panamera.cli import main
@@ -95,7 +96,7 @@ def test_suites_cover_workloads_md():
 
 def test_run_bench_writes_results_summary_and_plots(tmp_path):
     records, summary = run_bench([], H100, out=str(tmp_path), plot=True, measure=False, workloads=tiny())
-    assert {r["plan"] for r in records} == set(PLANS) - set(CONTRACTION_PEERS) | {"pytorch-eager"}
+    assert {r["plan"] for r in records} == set(PLANS) - set(CONTRACTION_PEERS) - set(DECODE_PEERS) | {"pytorch-eager"}
     pan = [r for r in records if r["plan"] == "panamera"]
     assert all(r["best_peer"] in r["peers"] and r["speedup_over_best_peer"] > 0 for r in pan)
     assert all({"modeled_us", "ratio_to_limit", "plan"} <= set(v) for r in pan for v in r["peers"].values())
@@ -127,7 +128,7 @@ def test_contraction_workloads_are_benched_against_their_peers(tmp_path):
     pan = {r["workload"]: r for r in records if r["plan"] == "panamera"}
     assert set(pan["linear 4x512x1024 w=float16"]["peers"]) == {"pytorch-eager", "cublas", "triton-splitk"}
     assert set(pan["linear 1x256x512 w=int4"]["peers"]) == {"pytorch-eager"}
-    assert set(pan["decode_attention b1 L2048"]["peers"]) == {"pytorch-eager", "flash-decoding"}
+    assert set(pan["decode_attention b1 L2048"]["peers"]) == {"pytorch-eager", "flash-decoding", *DECODE_PEERS}
     # the limit: q, K, V read once and the output written once (not the scores between kernels)
     kv = 2 * 8 * 2048 * 128 * 2
     assert pan["decode_attention b1 L2048"]["compulsory_bytes"] == kv + 2 * 32 * 128 * 2
