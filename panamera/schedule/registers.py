@@ -42,11 +42,13 @@ def loaded_registers(group: KernelGroup, d: Decision) -> int:
 
 
 def fit_unroll(group: KernelGroup, d: Decision) -> Decision:
-    """Halve the unroll while the loads in flight of a kernel with scalar loads would not fit the
-    registers its launch bounds leave (ptxas would spill them); kernels with vector loads only
-    keep theirs. COLUMN kernels only (every lane of the thread's vector holds its own copy of a
-    gathered value and its own accumulator): where the fused prologues spilled; a ROW register
-    tile's candidates are `rtile.registers`' to weigh."""
-    while d.unroll > 1 and scalar_registers(group, d) and loaded_registers(group, d) > register_budget(d):
+    """Halve the unroll while the loads in flight would not fit the registers the kernel's launch
+    bounds leave (ptxas would spill them): a COLUMN thread's scalar loads (every lane of its vector
+    holds its own copy of a gathered value and its own accumulator: where fused prologues spilled),
+    and any untiled kernel's vector loads (a split dot product, two float4 reads per step at
+    unroll 4 under a 64-register bound, spilled on sm_80 and sm_90). A register tile's candidates
+    are `rtile.registers`' to weigh (the search drops those that do not fit)."""
+    tiled = d.rtile * d.ctile > 1
+    while d.unroll > 1 and not tiled and loaded_registers(group, d) > register_budget(d):
         d = dataclasses.replace(d, unroll=d.unroll // 2)
     return d

@@ -107,8 +107,7 @@ def map_group(
                     atomic_vec=atomic_vec_for(group, gpu, vec, merges_for(group, s_eff, partials)),
                     rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
                 )  # fmt: skip
-                if form == Form.COLUMN:
-                    d = fit_unroll(group, d)
+                d = fit_unroll(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
                 cost = decision_cost(group, gpu, d, partials)
