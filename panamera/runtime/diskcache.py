@@ -108,9 +108,14 @@ def directory() -> Path:
     return private_dir()
 
 
-def digest(path: Path) -> str:
+def digest(path: Path | str) -> str:
+    """The SHA-256 of a file, read in 1 MiB chunks (hashlib.file_digest is Python 3.11's; 3.10 is
+    supported)."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

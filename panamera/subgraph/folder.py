@@ -25,13 +25,13 @@ panamera.errors.ModelError: manifest.json: unit 0's cuda '../etc/hostname' is no
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import tempfile
 
 from ..errors import InputError, ModelError
+from ..runtime.diskcache import digest
 
 DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -47,11 +47,6 @@ def inside(d: str, rel, where: str) -> str:
     if os.path.commonpath([root, os.path.realpath(path)]) != root:
         raise ModelError(f"{where} {rel!r} leads out of the folder (a symlink)")
     return path
-
-
-def digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def checksums(d: str, rels) -> dict[str, str]:
