@@ -200,14 +200,6 @@ def each(items, what: str, logger: logging.Logger | None = None, label=str, inte
             yield x
 
 
-@contextlib.contextmanager
-def timed(logger: logging.Logger, what: str, level: int = logging.DEBUG) -> Iterator[None]:
-    """Log `what` and the seconds it took, when it is done."""
-    t0 = time.perf_counter()
-    yield
-    logger.log(level, "%s: %.3f s", what, time.perf_counter() - t0)
-
-
 class Extra(StrEnum):
     """The optional dependencies and how to install each (pyproject.toml's extras)."""
 
