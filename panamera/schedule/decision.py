@@ -78,14 +78,24 @@ class Decision:
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
     epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+    # A persistent row loop (a stitched group with column partials, schedule/persistent.py): the
+    # blocks launched, each looping over the row tiles bx, bx + persistent, ... of the logical
+    # `grid`; 0: one block per row tile.
+    persistent: int = 0
 
     @property
     def threads(self) -> int:
         return self.tx * self.ty
 
     @property
+    def launch_grid(self) -> tuple[int, int]:
+        """The grid launched: `grid`, or the persistent blocks that loop over its row tiles."""
+        return (self.persistent or self.grid[0], self.grid[1])
+
+    @property
     def blocks(self) -> int:
-        return self.grid[0] * self.grid[1]
+        """Blocks launched."""
+        return self.launch_grid[0] * self.launch_grid[1]
 
     @property
     def loops(self) -> tuple[str, str]:
@@ -137,6 +147,7 @@ class Decision:
             + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
             + (f" stages={self.stages}" if self.stages > 1 else "")
             + (" cooperative" if self.cooperative else "")
+            + (f" persistent={self.persistent}" if self.persistent else "")
         )
 
     def to_dict(self) -> dict:
@@ -147,6 +158,8 @@ class Decision:
         d["cshared"] = [[int(b) for b in a] for a in self.cshared]
         if not self.epilogue:  # saved only when set: schedules written before it read the same
             del d["epilogue"]
+        if not self.persistent:
+            del d["persistent"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -181,6 +194,7 @@ class Decision:
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
             epilogue=bool(d.get("epilogue", False)),
+            persistent=int(d.get("persistent", 0)),
         )
 
 

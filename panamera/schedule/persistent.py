@@ -1,0 +1,109 @@
+"""The mapping of a stitched row group with column partials (poly/row_columns.py): LayerNorm /
+RMSNorm backward's dx, dgamma and dbeta in one launch.
+
+The rows are bound as in every stitched kernel (a row tile of `ty` rows per block, `tx` threads
+along each row, whole rows: split 1), but the grid is persistent: `persistent` blocks are
+launched and block b loops over the row tiles b, b + persistent, ... of the logical `grid`. A
+thread strides over the same columns of every row it owns, so it keeps one register partial per
+column it touches per COLUMN statement: ceil(N / (vec * tx)) * vec of them, the column pass's
+steps fully unrolled so that every partial is a register (codegen/column_partials.py). After the
+last row tile the block reduces its partials over its rows (ty) and merges one partial per
+column: an atomic into a resident workspace whose values the last block to arrive stores and
+resets (ATOMIC_WS), or (PARTIALS, deterministic) its partials to ws[b * N + j], which the last
+block sums in block order. The blocks, threads and merge are the model's pick
+(schedule/cost.py `joined_cost`).
+
+Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
+  1. whole rows (split 1), no register tile, direct loads (stages 1);
+  2. 1 <= persistent <= the row tiles (grid[0]);
+  3. the column partials fit `MAX_PARTIALS` registers per thread;
+  4. every column statement merges (atomics, or partials where `deterministic` or a struct
+     accumulator asks), every host statement stores.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ScheduleError
+from ..model.gpu import GPUSpec
+from ..poly.access import choose_vec
+from ..poly.program import KernelGroup
+from .cost import complete, joined_cost
+from .decision import Decision, Mapping, pow2ceil
+from .derived import access_for, levels_for, merges_for, struct_accumulators, unroll_for
+
+MAX_PARTIALS = 32  # column partials a thread keeps in registers, all COLUMN statements together
+
+
+def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
+    """Register partials of one thread: per column statement that owns its accumulator, one per
+    column it touches (ceil(N / (vec * tx)) steps of `vec` lanes).
+
+    >>> import panamera as pn
+    >>> from panamera.poly.program import KernelGroup
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((8, 64))
+    >>> outs = [x - pn.sum(x, axis=1, keepdims=True), pn.sum(x, axis=0)]
+    >>> c = lower(outs, stop_after="program", target="emulator").program.column_candidates[0]
+    >>> partials_per_thread(KernelGroup(c.group + c.columns, True), 8, 4)
+    8
+    """
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    return math.ceil(group.N / (vec * tx)) * vec * len(owners)
+
+
+def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
+    """Persistent grids of k blocks per SM (k = 1, 2, 4, ... up to the resident blocks), and one
+    block per row tile, never more blocks than row tiles."""
+    most = min(tiles, gpu.sms * gpu.resident_blocks(threads))
+    return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
+
+
+def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: bool = False) -> Mapping | None:
+    """The model's best persistent mapping of a joined group, or None when no block shape keeps
+    the column partials in registers (precondition 3)."""
+    M, N = group.M, group.N
+    vec = choose_vec(group.statements, "j", N)
+    G = N // vec
+    base = dict(
+        statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec,
+        access=access_for(group, vec), levels=levels_for(group), atomic_vec=(1,) * len(group.statements),
+    )  # fmt: skip
+    modes = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    best = None
+    for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
+        if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
+            continue
+        ty = max(1, min(256 // tx, pow2ceil(M)))
+        tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
+        for blocks in block_counts(tiles, gpu, tx * ty):
+            for partials in modes:
+                d = Decision(
+                    **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
+                    merges=merges_for(group, 1, partials), persistent=blocks,
+                )  # fmt: skip
+                cost = joined_cost(group, gpu, d)
+                if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
+                    best = (cost, d)
+    return None if best is None else complete(group, best[1], gpu, name, best[0])
+
+
+def check(group: KernelGroup, d: Decision, deterministic: bool, at: str) -> None:
+    """Preconditions 1 to 4 of a joined group's decision (a replayed one: ScheduleError)."""
+    if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:
+        raise ScheduleError(f"{at}: column partials need whole rows, no register tile and direct loads (1)")
+    if not 1 <= d.persistent <= d.grid[0]:
+        raise ScheduleError(f"{at}: persistent grid of {d.persistent} blocks for {d.grid[0]} row tiles (2)")
+    if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS:
+        raise ScheduleError(
+            f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread exceed "
+            f"{MAX_PARTIALS} registers (3)"
+        )
+    partials = deterministic or struct_accumulators(group)
+    legal = {merges_for(group, 1, True)} | (set() if partials else {merges_for(group, 1, False)})
+    if d.merges not in legal:
+        raise ScheduleError(
+            f"{at}: merge modes {[str(m) for m in d.merges]} are not legal for column partials "
+            f"(legal: {[[str(m) for m in w] for w in legal]}) (4)"
+        )
