@@ -74,6 +74,8 @@ class Decision:
         """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
         threads' worth (64 registers each), halved per doubling of a register tile beyond 2
         (its accumulators and per-row loads need the registers)."""
+        if self.per_sm:  # a persistent grid: exactly its blocks per SM
+            return self.per_sm
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
@@ -82,6 +84,7 @@ class Decision:
     # blocks launched, each looping over the row tiles bx, bx + persistent, ... of the logical
     # `grid`; 0: one block per row tile.
     persistent: int = 0
+    per_sm: int = 0  # the persistent grid's blocks per SM: the launch bounds leave registers for that many
 
     @property
     def threads(self) -> int:
@@ -159,7 +162,7 @@ class Decision:
         if not self.epilogue:  # saved only when set: schedules written before it read the same
             del d["epilogue"]
         if not self.persistent:
-            del d["persistent"]
+            del d["persistent"], d["per_sm"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -195,6 +198,7 @@ class Decision:
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
             epilogue=bool(d.get("epilogue", False)),
             persistent=int(d.get("persistent", 0)),
+            per_sm=int(d.get("per_sm", 0)),
         )
 
 

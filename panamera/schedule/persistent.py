@@ -16,7 +16,9 @@ block sums in block order. The blocks, threads and merge are the model's pick
 Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
   1. whole rows (split 1), no register tile, direct loads (stages 1);
   2. 1 <= persistent <= the row tiles (grid[0]);
-  3. the column partials fit `MAX_PARTIALS` registers per thread;
+  3. the column partials are at most `MAX_PARTIALS` per thread, and with two steps of the column
+     pass's vector loads they fit the registers the launch bounds leave (`column_registers`;
+     the bounds ask for room for `per_sm` = ceil(persistent / SMs) blocks per SM);
   4. every column statement merges (atomics, or partials where `deterministic` or a struct
      accumulator asks), every host statement stores.
 """
@@ -27,11 +29,12 @@ import math
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
-from ..poly.access import choose_vec
+from ..poly.access import AccessKind, choose_vec
 from ..poly.program import KernelGroup
 from .cost import complete, joined_cost
 from .decision import Decision, Mapping, pow2ceil
 from .derived import access_for, levels_for, merges_for, struct_accumulators, unroll_for
+from .rtile import register_budget
 
 MAX_PARTIALS = 32  # column partials a thread keeps in registers, all COLUMN statements together
 
@@ -51,6 +54,22 @@ def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
     """
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     return math.ceil(group.N / (vec * tx)) * vec * len(owners)
+
+
+def column_registers(group: KernelGroup, d: Decision) -> int:
+    """4-byte registers the column pass holds: its partials, two unrolled steps of its distinct
+    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 16 for indices and the
+    row values (LayerNorm backward at 4096 x 16384 float32, 1024 threads: 32 partials and 12
+    float4 loads spilled under the 64-register bound)."""
+    here = [k for k, v in enumerate(d.levels) if v == max(d.levels[c] for c in group.columns)]
+    loads = {
+        (r.tensor.uid, str(r.addr)): r.tensor.dtype.itemsize
+        for k in here
+        for ri, r in enumerate(group.statements[k].reads)
+        if r.memory and d.access and d.access[k][ri] == AccessKind.CONTIG
+    }
+    steps = min(2, math.ceil(group.N / (d.vec * d.tx)))
+    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 16
 
 
 def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
@@ -81,24 +100,28 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
             for partials in modes:
                 d = Decision(
                     **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
-                    merges=merges_for(group, 1, partials), persistent=blocks,
+                    merges=merges_for(group, 1, partials), persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
                 )  # fmt: skip
+                if column_registers(group, d) > register_budget(d):
+                    continue
                 cost = joined_cost(group, gpu, d)
                 if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
                     best = (cost, d)
     return None if best is None else complete(group, best[1], gpu, name, best[0])
 
 
-def check(group: KernelGroup, d: Decision, deterministic: bool, at: str) -> None:
+def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at: str) -> None:
     """Preconditions 1 to 4 of a joined group's decision (a replayed one: ScheduleError)."""
     if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:
         raise ScheduleError(f"{at}: column partials need whole rows, no register tile and direct loads (1)")
     if not 1 <= d.persistent <= d.grid[0]:
         raise ScheduleError(f"{at}: persistent grid of {d.persistent} blocks for {d.grid[0]} row tiles (2)")
-    if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS:
+    if d.per_sm != math.ceil(d.persistent / gpu.sms):
+        raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
+    if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS or column_registers(group, d) > register_budget(d):
         raise ScheduleError(
-            f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread exceed "
-            f"{MAX_PARTIALS} registers (3)"
+            f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread (at most {MAX_PARTIALS}), "
+            f"{column_registers(group, d)} registers with the loads, {register_budget(d)} under the launch bounds (3)"
         )
     partials = deterministic or struct_accumulators(group)
     legal = {merges_for(group, 1, True)} | (set() if partials else {merges_for(group, 1, False)})

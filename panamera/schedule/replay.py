@@ -79,8 +79,8 @@ def replay(
     if not covers(d):
         raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
     if group.columns:  # column partials: schedule/persistent.py's preconditions
-        check_columns(group, d, deterministic, at)
-    elif d.persistent:
+        check_columns(group, d, gpu, deterministic, at)
+    elif d.persistent or d.per_sm:
         raise ScheduleError(f"{at}: a persistent grid of {d.persistent} blocks, but no column partials to merge")
     partials = deterministic or struct_accumulators(group) or (group.stitched and not group.columns)
     want = merges_for(group, d.split, partials)
