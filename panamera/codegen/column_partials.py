@@ -20,6 +20,9 @@ run-time counter, and the partials in local memory):
       PARTIALS   out5[j] = sum over b = 0, 1, ... gridDim.x - 1 of ws5[b * N + j]: one fixed order,
                  bit-identical whatever the blocks' order
       and resets the counter.
+    PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
+    (pn_grid_sync), then every block sums its share of the columns in the same block order;
+    the last block to depart resets the arrival and departure counters.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def merge(loop: ThreadLoop) -> list[str]:
     for k in _owners(loop):
         s = g.statements[k]
         tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-        if m.merges[k] == MergeMode.PARTIALS:
+        if m.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
             write = f"ws{k}[(pn_idx)bx * {N} + j] = pn_p;"
         elif s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
             write = f"pn_atomic_ordered({s.combiner.functor}(), &ws{k}[j], pn_p);"
@@ -98,6 +101,8 @@ def merge(loop: ThreadLoop) -> list[str]:
             f"    if (ty == 0 && j < {N}) {write}",
             "  }",
         ]
+    if MergeMode.PARTIALS_GRID in m.merges:
+        return out + _grid_combine(loop)
     out += [
         "  __threadfence();",
         "  __syncthreads();",
@@ -111,22 +116,59 @@ def merge(loop: ThreadLoop) -> list[str]:
     for k in _owners(loop):
         s = g.statements[k]
         if m.merges[k] == MergeMode.PARTIALS:
-            out += [
-                f"      {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-                f"      for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
-                f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {N} + j]));",
-            ]
+            out += ["  " + ln for ln in _in_block_order(loop, k)]
         else:
             merged = f"pn_ldcg(&ws{k}[j])"
             if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
                 merged = f"pn_unordered({merged})"
             out += [f"      const {s.acc.compute} pn_f{k} = {merged};", f"      ws{k}[j] = {workspace_identity(s)};"]
-    for k in g.columns:
-        s = g.statements[k]
-        final = convert(post(s, f"pn_f{g.accumulator_of[k]}"), post_dtype(s), s.result.dtype)
-        out.append(f"      pn_st(&out{k}[j], {final});")
+    out += ["  " + ln for ln in _stores(loop)]
     return out + [
         "    }",
         "    if (tx == 0 && ty == 0) pn_counter[0] = 0u;  // resident: ready for the next call",
+        "  }",
+    ]
+
+
+def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical)."""
+    s = loop.g.statements[k]
+    return [
+        f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+    ]
+
+
+def _stores(loop: ThreadLoop) -> list[str]:
+    """Every column statement's final value of column j (a shared accumulator: its owner's)."""
+    g = loop.g
+    out = []
+    for k in g.columns:
+        s = g.statements[k]
+        final = convert(post(s, f"pn_f{g.accumulator_of[k]}"), post_dtype(s), s.result.dtype)
+        out.append(f"    pn_st(&out{k}[j], {final});")
+    return out
+
+
+def _grid_combine(loop: ThreadLoop) -> list[str]:
+    """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
+    then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
+    block order; the last block to depart resets both counters."""
+    g, m = loop.g, loop.m
+    T = m.tx * m.ty
+    out = [
+        "  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written",
+        f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{",
+    ]
+    for k in _owners(loop):
+        out += _in_block_order(loop, k)
+    out += _stores(loop)
+    return out + [
+        "  }",
+        "  __syncthreads();",
+        "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
+        "    pn_counter[0] = 0u;",
+        "    pn_counter[1] = 0u;",
         "  }",
     ]

@@ -28,6 +28,9 @@ class MergeMode(StrEnum):
     STORE = "store"  # one block per output: it stores the result
     ATOMIC_WS = "atomic_ws"  # one atomic per block into a resident workspace; the last block stores and resets it
     PARTIALS = "partials"  # each block writes its partial; the last block combines them in a fixed order
+    # each block writes its partial; after a grid-wide wait (every block resident: a cooperative
+    # launch) every block combines its share of the outputs in a fixed order (column partials)
+    PARTIALS_GRID = "partials_grid"
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class Decision:
     def cooperative(self) -> bool:
         """A stitched group split across blocks: its blocks wait for each other, so all of them
         must be resident at once (a cooperative launch)."""
-        return self.stitched and self.split > 1
+        return self.stitched and (self.split > 1 or MergeMode.PARTIALS_GRID in self.merges)
 
     @property
     def needs_last_block(self) -> bool:

@@ -106,8 +106,8 @@ def levels_for(group: KernelGroup) -> tuple[int, ...]:
 def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
     then the counter of block arrivals (a split stitched group: per row group its arrivals at
-    the exchanges, then its departures, 2 x gridDim.x counters; column partials: one counter,
-    their partials `grid[0]` (the blocks launched) x the columns)."""
+    the exchanges, then its departures, 2 x gridDim.x counters; column partials: the arrivals
+    and the departures, their partials `grid[0]` (the blocks launched) x the columns)."""
     stmts = group.statements
     inputs = []
     members = group.on_chip
@@ -140,7 +140,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
                 )
             )
         if mode != MergeMode.STORE and group.accumulator_of[k] == k:  # a shared accumulator merges once
-            partials = mode == MergeMode.PARTIALS
+            partials = mode in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID)
             role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
             size = s.M * (split if partials else 1)
             if s.form == Form.COLUMN and group.stitched:  # column partials: one per launched block
@@ -150,7 +150,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
                 ws = dtypes.int32 if s.acc.itemsize == 4 else dtypes.int64
             out.append(BufferSpec(f"ws:{name}:{k}", ws.c_type, ws, size, role, f"ws{k}", k))
     if any(m != MergeMode.STORE for m in merges):
-        n = 1 if group.columns else grid[0] * (2 if group.stitched else 1)
+        n = 2 if group.columns else grid[0] * (2 if group.stitched else 1)
         out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
     return tuple(out)
 

@@ -9,9 +9,10 @@ column it touches per COLUMN statement: ceil(N / (vec * tx)) * vec of them, the 
 steps fully unrolled so that every partial is a register (codegen/column_partials.py). After the
 last row tile the block reduces its partials over its rows (ty) and merges one partial per
 column: an atomic into a resident workspace whose values the last block to arrive stores and
-resets (ATOMIC_WS), or (PARTIALS, deterministic) its partials to ws[b * N + j], which the last
-block sums in block order. The blocks, threads and merge are the model's pick
-(schedule/cost.py `joined_cost`).
+resets (ATOMIC_WS), or (deterministic) its partials to ws[b * N + j], which the last block sums
+in block order (PARTIALS), or, after a grid-wide wait, every block sums its share of the columns
+in block order (PARTIALS_GRID: a cooperative launch, every block resident; the bits are the
+same). The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
 
 Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
   1. whole rows (split 1), no register tile, direct loads (stages 1);
@@ -20,7 +21,8 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
      pass's vector loads they fit the registers the launch bounds leave (`column_registers`;
      the bounds ask for room for `per_sm` = ceil(persistent / SMs) blocks per SM);
   4. every column statement merges (atomics, or partials where `deterministic` or a struct
-     accumulator asks), every host statement stores.
+     accumulator asks), every host statement stores;
+  5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from ..model.gpu import GPUSpec
 from ..poly.access import AccessKind, choose_vec
 from ..poly.program import KernelGroup
 from .cost import complete, joined_cost
-from .decision import Decision, Mapping, pow2ceil
-from .derived import access_for, levels_for, merges_for, struct_accumulators, unroll_for
+from .decision import Decision, Mapping, MergeMode, pow2ceil
+from .derived import access_for, co_resident, levels_for, merges_for, struct_accumulators, unroll_for
 from .rtile import register_budget
 
 MAX_PARTIALS = 32  # column partials a thread keeps in registers, all COLUMN statements together
@@ -79,6 +81,18 @@ def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
     return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
 
 
+def merge_options(group: KernelGroup, partials_only: bool, resident: bool) -> list[tuple[MergeMode, ...]]:
+    """The merges of a joined group: the host stores, the columns merge by atomics (unless
+    `partials_only`), partials and the last block, or (every block `resident`) partials
+    combined by every block after a grid-wide wait."""
+    grid = tuple(MergeMode.PARTIALS_GRID if k in group.columns else m for k, m in enumerate(merges_for(group, 1, True)))
+    return (
+        ([] if partials_only else [merges_for(group, 1, False)])
+        + [merges_for(group, 1, True)]
+        + ([grid] if resident else [])
+    )
+
+
 def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: bool = False) -> Mapping | None:
     """The model's best persistent mapping of a joined group, or None when no block shape keeps
     the column partials in registers (precondition 3)."""
@@ -89,7 +103,7 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
         statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec,
         access=access_for(group, vec), levels=levels_for(group), atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    modes = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    partials_only = deterministic or struct_accumulators(group)
     best = None
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
@@ -97,10 +111,10 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
         ty = max(1, min(256 // tx, pow2ceil(M)))
         tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
         for blocks in block_counts(tiles, gpu, tx * ty):
-            for partials in modes:
+            for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty)):
                 d = Decision(
                     **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
-                    merges=merges_for(group, 1, partials), persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
+                    merges=merges, persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
                 )  # fmt: skip
                 if column_registers(group, d) > register_budget(d):
                     continue
@@ -118,13 +132,17 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
         raise ScheduleError(f"{at}: persistent grid of {d.persistent} blocks for {d.grid[0]} row tiles (2)")
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
+    if MergeMode.PARTIALS_GRID in d.merges and d.blocks > co_resident(gpu, d.threads):
+        raise ScheduleError(
+            f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
+            f"{gpu.name} (at most {co_resident(gpu, d.threads)}) (5)"
+        )
     if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS or column_registers(group, d) > register_budget(d):
         raise ScheduleError(
             f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread (at most {MAX_PARTIALS}), "
             f"{column_registers(group, d)} registers with the loads, {register_budget(d)} under the launch bounds (3)"
         )
-    partials = deterministic or struct_accumulators(group)
-    legal = {merges_for(group, 1, True)} | (set() if partials else {merges_for(group, 1, False)})
+    legal = merge_options(group, deterministic or struct_accumulators(group), True)
     if d.merges not in legal:
         raise ScheduleError(
             f"{at}: merge modes {[str(m) for m in d.merges]} are not legal for column partials "

@@ -38,19 +38,27 @@ class ColumnConsidered:
     merges: int  # atomics (or partials written) to merge the columns
     deterministic: bool  # the one launch merges by partials and the last block (else atomics)
     chosen: bool = False  # the planner took it (schedule/planner.py)
+    merge: str = ""  # the one launch's column merge (a MergeMode)
 
     @property
     def pays(self) -> bool:
         return self.one_launch_us < self.two_launch_us
 
     def describe(self) -> str:
-        how = "partials + last block" if self.deterministic else "one atomic per block per column"
+        how = _HOW.get(self.merge, self.merge)
         return (
             f"{'+'.join(self.statements)}: 1 kernel with column partials ({self.blocks} blocks, {how}) "
             f"{self.one_launch_us:.1f} us vs {self.kernels} kernels {self.two_launch_us:.1f} us (modeled), "
             f"{self.bytes_saved} bytes not re-read -> {'pays' if self.pays else 'does not pay'}"
             + (", one launch" if self.chosen else "")
         )
+
+
+_HOW = {
+    MergeMode.ATOMIC_WS: "one atomic per block per column",
+    MergeMode.PARTIALS: "partials, the last block sums each column in block order",
+    MergeMode.PARTIALS_GRID: "partials, after a grid-wide wait every block sums its columns in block order",
+}
 
 
 def _bytes(t) -> int:
@@ -95,7 +103,8 @@ def consider(
     blocks, owners = one.blocks, sum(1 for k in group.columns if group.accumulator_of[k] == k)
     return ColumnConsidered(
         join.names, one.cost.total_s * 1e6, two * 1e6, 1 + len(cols), bytes_saved(join), blocks,
-        blocks * join.group[0].N * owners, any(m == MergeMode.PARTIALS for m in one.merges),
+        blocks * join.group[0].N * owners, any(m in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for m in one.merges),
+        merge=str(one.merges[group.columns[0]]),
     )  # fmt: skip
 
 
