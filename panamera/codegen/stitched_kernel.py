@@ -17,7 +17,10 @@ so every block of a row holds the bit-identical row value, and the next pass rea
 registers. Only the blocks with by == 0 store row results and run row epilogues. After the last
 pass each block adds 1 to its departure counter pn_counter[gridDim.x + bx]; the last of the S to
 depart resets both counters to zero (resident: the next call starts from zero; every block has
-passed its last wait, so no block reads them any more). The contract the emulator relies on:
+passed its last wait, so no block reads them any more). Column partials (a group with COLUMN statements, codegen/column_partials.py): the passes run in a
+persistent loop over the row tiles (`bx` is the tile, blockIdx.x + t * gridDim.x), the pass
+that holds the columns accumulates their register partials, and after the loop the block merges
+them. The contract the emulator relies on:
 shared memory carries no value across an exchange (every use of pn_smem / pn_bcast is written
 and read between two of them).
 """
