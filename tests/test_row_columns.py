@@ -249,3 +249,21 @@ def test_replay_preconditions_of_the_persistent_grid(rng):
     plain = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
     with pytest.raises(ScheduleError, match="no column partials"):
         pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator", schedule=_with(plain, persistent=1))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_columns_reading_a_row_sum_max_and_mean(deterministic, rng):
+    """Columns in the pass after the row sum they read, a max (merged through integer images in
+    atomic mode) and a mean, in one launch against numpy float64."""
+    x = pn.placeholder((70, 12), name="x")
+    r = pn.sum(x, axis=1, keepdims=True)
+    k = pn.compile([x - r, pn.sum(x * r, axis=0), pn.max(x, axis=0), pn.mean(x, axis=0)], target="emulator",
+                   deterministic=deterministic)  # fmt: skip
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    a = rng.standard_normal((70, 12)).astype(np.float32)
+    a64 = a.astype(np.float64)
+    r64 = a64.sum(1, keepdims=True)
+    refs = [a64 - r64, (a64 * r64).sum(0), a64.max(0), a64.mean(0)]
+    scales = [np.abs(a64).sum(1, keepdims=True) * 2, (np.abs(a64) * np.abs(r64)).sum(0), np.abs(a64), np.abs(a64)]
+    for out, ref, scale, n in zip(k(a), refs, scales, [12, 70, 1, 70]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
