@@ -45,6 +45,11 @@ class ColumnConsidered:
         return self.one_launch_us < self.two_launch_us
 
     def describe(self) -> str:
+        if not self.blocks:
+            return (
+                f"{'+'.join(self.statements)}: no block keeps the column partials in registers; "
+                f"{self.kernels} kernels {self.two_launch_us:.1f} us (modeled) -> does not pay"
+            )
         how = _HOW.get(self.merge, self.merge)
         return (
             f"{'+'.join(self.statements)}: 1 kernel with column partials ({self.blocks} blocks, {how}) "
