@@ -209,6 +209,7 @@ def _groups(a: Artifacts, o: Options) -> Artifacts:
         replay=replayed,
         replay_epilogues=epilogues,
         deterministic=o.deterministic,
+        columns=o.target != Target.CPU,  # the CPU kernels have no column partials
     )
     return dataclasses.replace(a, groups=groups, considered=considered)
 
@@ -427,7 +428,7 @@ def _init_launch(init: InitKernel, buffers: dict, gpu: GPUSpec, role: LaunchRole
 def _kernel_launch(rk: RenderedKernel, grp: KernelGroup, m: Mapping) -> Launch:
     return Launch(
         rk.name,
-        (m.grid[0], m.grid[1], 1),
+        (*m.launch_grid, 1),
         (m.tx, m.ty, 1),
         tuple(("buf", p.key) for p in rk.params),
         role=LaunchRole.MAP if grp.form == Form.MAP else LaunchRole.REDUCE,

@@ -1,19 +1,26 @@
-"""Column partials in a stitched row kernel (poly/row_columns.py, schedule/row_columns.py): the
-LayerNorm / RMSNorm backward's dgamma / dbeta (COLUMN reductions) legal in dx's stitched ROW
-kernel; one negative test per precondition; the model's figures; the pn-level programs against
-numpy float64 (today still in more than one launch: the kernel is not generated yet)."""
+"""Column partials in a stitched row kernel (poly/row_columns.py, schedule/row_columns.py,
+schedule/persistent.py, codegen/column_partials.py): the LayerNorm / RMSNorm backward's dgamma /
+dbeta (COLUMN reductions) legal in dx's stitched ROW kernel; one negative test per precondition;
+the model's figures; the one-launch kernel against numpy float64 in both merge modes, bit-identical
+in deterministic mode, and its persistent row loop through a replayed schedule."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import numpy as np
 import pytest
 from conftest import np_dtype, tolerance
 
 import panamera as pn
+from panamera.errors import ScheduleError
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
+from panamera.schedule.decision import MergeMode
 from panamera.schedule.row_columns import plan_columns
+from panamera.schedule.saved import Schedule
 
 
 def layer_norm_backward(M: int, N: int, dtype: str = "float32"):
@@ -104,11 +111,19 @@ def test_precondition_5_no_cycle_through_another_kernel():
 
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("N", [1024, 16384])
-def test_the_model_prefers_one_launch_at_liger_shapes(N, deterministic):
-    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, N))), H100, deterministic)
+def test_the_model_weighs_one_launch_at_liger_shapes(N, deterministic):
+    (c,) = plan_columns(build_program(tuple(rms_norm_backward(4096, N))), H100, deterministic)
     assert c.bytes_saved >= 2 * 4096 * N * 4  # x and dy read once instead of twice
-    assert c.pays and c.kernels == 2, c.describe()  # today: dx stitched, dgamma+dbeta fused
-    assert c.merges == c.blocks * N * 2 and "modeled" in c.describe()
+    assert c.pays and c.kernels == 2, c.describe()  # else: dx stitched, dgamma its own kernel
+    assert c.merges == c.blocks * N and "modeled" in c.describe()
+    assert c.deterministic or not deterministic  # deterministic: partials summed in block order
+
+
+def test_the_model_refuses_partials_that_do_not_fit_registers():
+    """LayerNorm backward at 4096 x 16384 float32: 32 partials per thread at 1024 threads and the
+    loads spilled under the 64-register bound (nvcc); no mapping fits, so two launches."""
+    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, 16384))), H100)
+    assert not c.pays and c.blocks == 0, c.describe()
 
 
 def _layer_norm64(a, d, g, mean, rstd):
@@ -130,9 +145,22 @@ def _rms_norm64(a, d, g, rstd):
     return [dx, (d * a * rstd).sum(0)], [scale, np.abs(d * a * rstd).sum(0)]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
-def test_backward_programs_match_numpy_float64(op, dtype, rng):
+def _inputs(rng, M, N, dtype):
+    a = (rng.standard_normal((M, N)) * 2 + 0.5).astype(np_dtype(dtype))
+    d = rng.standard_normal((M, N)).astype(np_dtype(dtype))
+    g = rng.standard_normal(N).astype(np_dtype(dtype))
+    a64 = a.astype(np.float64)
+    mean = a64.mean(1, keepdims=True).astype(np.float32)
+    rstd = (1 / np.sqrt(a64.var(1, keepdims=True) + 1e-5)).astype(np.float32)
+    return a, d, g, mean, rstd
+
+
+@pytest.mark.parametrize(
+    "op, dtype, deterministic",
+    [("layer_norm", "float32", False), ("layer_norm", "bfloat16", True), ("rms_norm", "float32", True),
+     ("rms_norm", "bfloat16", False)],
+)  # fmt: skip
+def test_backward_programs_match_numpy_float64(op, dtype, deterministic, rng):
     M, N = 48, 40
     a = (rng.standard_normal((M, N)) * 2 + 0.5).astype(np_dtype(dtype))
     d = rng.standard_normal((M, N)).astype(np_dtype(dtype))
@@ -141,15 +169,101 @@ def test_backward_programs_match_numpy_float64(op, dtype, rng):
     mean = a64.mean(1, keepdims=True).astype(np.float32)
     rstd = (1 / np.sqrt(a64.var(1, keepdims=True) + 1e-5)).astype(np.float32)
     if op == "layer_norm":
-        k = pn.compile(layer_norm_backward(M, N, dtype), target="emulator")
+        k = pn.compile(layer_norm_backward(M, N, dtype), target="emulator", deterministic=deterministic)
         outs = k(a, d, g, mean, rstd)
         refs, scales = _layer_norm64(a64, d64, g64, mean.astype(np.float64), rstd.astype(np.float64))
     else:
-        k = pn.compile(rms_norm_backward(M, N, dtype), target="emulator")
+        k = pn.compile(rms_norm_backward(M, N, dtype), target="emulator", deterministic=deterministic)
         outs = k(a, d, g, rstd)
         refs, scales = _rms_norm64(a64, d64, g64, rstd.astype(np.float64))
     lengths = [N] + [M] * (len(refs) - 1)  # dx: row sums of N; dgamma, dbeta: column sums of M
     for out, ref, scale, n in zip(outs, refs, scales, lengths):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance(dtype, n) * scale.max())
-    # Today: the stitched dx kernel plus the column kernel(s); one launch once the kernel is generated.
-    assert len(k.plan.per_call) >= 2
+    (m,) = k.mappings  # dx, dgamma and dbeta in one launch: column partials, merged as asked
+    assert len(k.plan.per_call) == 1 and m.persistent, k.explain()
+    want = MergeMode.PARTIALS if deterministic else MergeMode.ATOMIC_WS
+    assert [x for x in m.merges if x != MergeMode.STORE] == [want] * (len(refs) - 1)
+
+
+def _with(k, **changes) -> Schedule:
+    """`k`'s schedule with its one kernel's decision changed."""
+    s = k.schedule
+    return dataclasses.replace(s, kernels=(dataclasses.replace(s.kernels[0], **changes),))
+
+
+def test_the_persistent_row_loop_replayed(rng):
+    """Fewer blocks than row tiles (each block loops over several), in each merge: a replayed
+    schedule. The atomic merge within float32 rounding; the two partials merges (the last block,
+    or every block after a grid-wide wait) bit-identical to each other, across calls and the
+    emulator's thread orders. The replay reproduces the source; the workspaces and counters are
+    reset for the next call."""
+    M, N = 100, 24  # 4 row tiles of 32 rows, the last one partial
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator")
+    (m,) = k.mappings
+    assert m.grid[0] == 4, m.describe()
+    refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
+    runs = {}
+    for mode in (MergeMode.ATOMIC_WS, MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
+        merges = tuple(MergeMode.STORE if x == MergeMode.STORE else mode for x in m.merges)
+        r = pn.compile(outs, target="emulator", schedule=_with(k, persistent=2, merges=merges))
+        assert r.plan.per_call[0].grid[0] == 2 and "pn_tile += gridDim.x" in r.source
+        assert r.plan.per_call[0].cooperative == (mode == MergeMode.PARTIALS_GRID)
+        runs[mode] = [r(a, d, g, mean, rstd, order=o) for o in ("forward", "reverse", "shuffled", "forward")]
+        for got in runs[mode]:
+            for out, ref, scale, n in zip(got, refs, scales, [N, M, M]):
+                np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+        assert pn.compile(outs, target="emulator", schedule=r.schedule).source == r.source
+    first = runs[MergeMode.PARTIALS][0]
+    for got in runs[MergeMode.PARTIALS] + runs[MergeMode.PARTIALS_GRID]:
+        assert all(np.array_equal(x, y) for x, y in zip(first, got))
+
+
+def test_replay_preconditions_of_the_persistent_grid(rng):
+    """One negative test per precondition of schedule/persistent.py (and a persistent grid
+    without column partials)."""
+    outs = layer_norm_backward(40, 24)
+    k = pn.compile(outs, target="emulator")
+    (m,) = k.mappings
+    bad = {
+        "(1)": dict(split=2, grid=(m.grid[0], 2)),  # whole rows
+        "(2)": dict(persistent=m.grid[0] + 1),  # more blocks than row tiles
+        "(3)": dict(tx=1, chunk=m.chunk * m.tx),  # one thread per row: every column's partial
+        "(4)": dict(merges=(MergeMode.STORE,) * len(m.merges)),  # the columns never merge
+    }
+    grid = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
+    one_sm = dataclasses.replace(H100, sms=1)  # 4 co-resident blocks of 256 threads
+    with pytest.raises(ScheduleError, match=re.escape("(5)")):  # a grid-wide wait of 5 blocks on 1 SM
+        pn.compile(
+            layer_norm_backward(160, 24), target="emulator", gpu=one_sm,
+            schedule=_with(pn.compile(layer_norm_backward(160, 24), target="emulator", gpu=one_sm), persistent=5,
+                           per_sm=5, merges=grid),
+        )  # fmt: skip
+    for rule, change in bad.items():
+        with pytest.raises(ScheduleError, match=re.escape(rule)):
+            pn.compile(outs, target="emulator", schedule=_with(k, **change))
+    with pytest.raises(ScheduleError, match="merge modes"):  # 4: atomics where partials are asked
+        pn.compile(outs, target="emulator", deterministic=True, schedule=k.schedule)
+    x = pn.placeholder((16, 8), name="x")
+    plain = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
+    with pytest.raises(ScheduleError, match="no column partials"):
+        pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator", schedule=_with(plain, persistent=1))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_columns_reading_a_row_sum_max_and_mean(deterministic, rng):
+    """Columns in the pass after the row sum they read, a max (merged through integer images in
+    atomic mode) and a mean, in one launch against numpy float64."""
+    x = pn.placeholder((70, 12), name="x")
+    r = pn.sum(x, axis=1, keepdims=True)
+    k = pn.compile([x - r, pn.sum(x * r, axis=0), pn.max(x, axis=0), pn.mean(x, axis=0)], target="emulator",
+                   deterministic=deterministic)  # fmt: skip
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    a = rng.standard_normal((70, 12)).astype(np.float32)
+    a64 = a.astype(np.float64)
+    r64 = a64.sum(1, keepdims=True)
+    refs = [a64 - r64, (a64 * r64).sum(0), a64.max(0), a64.mean(0)]
+    scales = [np.abs(a64).sum(1, keepdims=True) * 2, (np.abs(a64) * np.abs(r64)).sum(0), np.abs(a64), np.abs(a64)]
+    for out, ref, scale, n in zip(k(a), refs, scales, [12, 70, 1, 70]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())

@@ -73,6 +73,8 @@ def index_bound(group: KernelGroup, m: Mapping) -> int:
     sizes = [group.M * group.N, m.split * group.M, m.rtile * m.rstride * (m.tile_rows + 1)]
     sizes += [s.result.size for s in group.statements]
     sizes += [r.tensor.size for s in group.statements for r in s.reads if r.memory]
+    if group.columns:  # column partials: ws[b * N + j] over the launched blocks
+        sizes.append(m.blocks * group.N)
     return max(2 * extent * (m.unroll + 1), (extent + 1) * m.vec, *sizes, address_bound(group))
 
 

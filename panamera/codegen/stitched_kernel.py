@@ -17,7 +17,10 @@ so every block of a row holds the bit-identical row value, and the next pass rea
 registers. Only the blocks with by == 0 store row results and run row epilogues. After the last
 pass each block adds 1 to its departure counter pn_counter[gridDim.x + bx]; the last of the S to
 depart resets both counters to zero (resident: the next call starts from zero; every block has
-passed its last wait, so no block reads them any more). The contract the emulator relies on:
+passed its last wait, so no block reads them any more). Column partials (a group with COLUMN statements, codegen/column_partials.py): the passes run in a
+persistent loop over the row tiles (`bx` is the tile, blockIdx.x + t * gridDim.x), the pass
+that holds the columns accumulates their register partials, and after the loop the block merges
+them. The contract the emulator relies on:
 shared memory carries no value across an exchange (every use of pn_smem / pn_bcast is written
 and read between two of them).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
 from ..schedule.mapping import passes
+from . import column_partials
 from .expr import convert
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
@@ -39,11 +43,12 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     split = m.split > 1
     leader = "by == 0 && tx == 0" if split else "tx == 0"  # who stores a row's values
     epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
-    out = [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
+    columns = set(g.columns)  # column partials (codegen/column_partials.py): a persistent row loop
+    head, out = [], [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
     for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == StatementKind.REDUCE):
         safe = c_ident(ct)
-        out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
-        out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+        head.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
+        head.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
     exchange = 0
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
@@ -51,10 +56,13 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         own = g.accumulator_of  # a statement that shares an accumulator reads its owner's
         for k in here:
             s = g.statements[k]
-            if s.kind == StatementKind.REDUCE and own[k] == k:
+            if s.kind == StatementKind.REDUCE and own[k] == k and k not in columns:
                 out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
-        out += loop.loops(lambda call, here=here: loop.iteration(call, here))
-        reduces = [k for k in here if g.statements[k].kind == StatementKind.REDUCE]
+        if columns & set(here):
+            out += column_partials.column_pass(loop, here)
+        else:
+            out += loop.loops(lambda call, here=here: loop.iteration(call, here))
+        reduces = [k for k in here if g.statements[k].kind == StatementKind.REDUCE and k not in columns]
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
             exchange += 1
@@ -81,6 +89,11 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
+    if columns:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
+        tiles = f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {m.grid[0]}; pn_tile += gridDim.x) {{"
+        out = [tiles, "    const pn_idx bx = pn_tile;  // the row tile"] + ["  " + ln for ln in out] + ["  }"]
+        head += column_partials.declare(loop)
+        out += column_partials.merge(loop)
     if split:
         out += [
             "  // departure: the last block of the row group resets its counters for the next call",
@@ -90,7 +103,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             "    pn_counter[gridDim.x + bx] = 0u;",
             "  }",
         ]
-    return out
+    return head + out
 
 
 def _exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:

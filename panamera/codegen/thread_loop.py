@@ -74,6 +74,7 @@ class ThreadLoop:
         self.in_name = {b.uid: b.param for b in m.buffers if b.role == BufferRole.INPUT}
         self.ctx = group.statements[0].domain.get_ctx()
         self.regs: dict[int, str] = {}  # stitched results available in registers, by tensor uid
+        self.accs: dict[int, str] = {}  # accumulators other than acc{k}, by statement (column partials)
         self.staged: dict[
             tuple[int, int], str
         ] = {}  # (statement, read) -> its shared-memory stage (codegen/pipeline.py)
@@ -201,6 +202,7 @@ class ThreadLoop:
             out += ["    " + ln for ln in body]
             if s.kind == StatementKind.REDUCE:
                 acc = f"acc{k}[v]" if g.form == Form.COLUMN and V > 1 else f"acc{k}"
+                acc = self.accs.get(k, acc)
                 out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {accumuland(s, val)});")
             else:
                 value = convert(val, s.body.dtype, s.result.dtype)

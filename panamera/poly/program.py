@@ -47,6 +47,14 @@ class KernelGroup:
     def form(self) -> Form:
         return self.statements[0].form
 
+    @cached_property
+    def columns(self) -> tuple[int, ...]:
+        """A stitched ROW group's COLUMN reductions (poly/row_columns.py: column partials of the
+        rows each block owns, merged across blocks), by index."""
+        if not self.stitched:
+            return ()
+        return tuple(k for k, s in enumerate(self.statements) if s.form == Form.COLUMN)
+
     @property
     def M(self) -> int:
         return self.statements[0].M

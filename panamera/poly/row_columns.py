@@ -30,8 +30,11 @@ Preconditions for a COLUMN reduction to join a stitched ROW group, each checked:
   4. no host member reads the joiner (isl: no flow dependence from the joiner into the group):
      a column's value is final only once every block has merged, after the kernel;
   5. joining keeps the kernel graph acyclic (no dependence path leaves the group and comes back).
-The joiner's earliest pass is one more than the latest host reduction it reads (0 if none);
-whether it joins is the cost model's call (schedule/row_columns.py: the bytes it saves).
+The joiner's earliest pass is one more than the latest host reduction it reads (0 if none); it
+runs in the latest pass from there on whose statements load every tensor it loads from memory
+(`column_levels`: the loads are shared; LayerNorm's dgamma and dbeta run in dx's pass), else in
+its earliest. Whether it joins is the cost model's call (schedule/row_columns.py: the bytes it
+saves); the kernel is schedule/persistent.py's mapping and codegen/column_partials.py's code.
 """
 
 from __future__ import annotations
@@ -141,3 +144,30 @@ def column_candidates(stmts, sg: nx.DiGraph, stitched) -> tuple[ColumnJoin, ...]
         if joined:
             out.append(ColumnJoin(tuple(group), tuple(joined), tuple(passes)))
     return tuple(out)
+
+
+def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
+    """The pass of every statement of a joined group (host and COLUMN statements, `lv` their
+    `stitch.levels`, which for a column is its earliest pass): a column moves to the latest
+    pass at or after its earliest whose host statements load every tensor it loads from memory.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((8, 4))
+    >>> p = lower([x - pn.sum(x, axis=1, keepdims=True), pn.sum(x, axis=0)], stop_after="program", target="emulator")
+    >>> c = p.program.column_candidates[0]
+    >>> st = c.group + c.columns
+    >>> column_levels(st, levels(st))
+    {'S1': 0, 'S2': 1, 'S0': 1}
+    """
+    out = dict(lv)
+    host = [s for s in statements if s.form != Form.COLUMN and not is_epilogue(s)]
+    for s in statements:
+        if s.form != Form.COLUMN:
+            continue
+        mine = {r.tensor.uid for r in s.reads if r.memory}
+        shared = [
+            lv[h.name] for h in host if lv[h.name] >= lv[s.name] and mine <= {r.tensor.uid for r in h.reads if r.memory}
+        ]
+        out[s.name] = max(shared, default=lv[s.name])
+    return out

@@ -108,6 +108,8 @@ def in_flight(group: KernelGroup, d: Decision) -> int:
 
 def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool) -> KernelCost:
     """The model's time of one candidate decision: the same for the search and for a replay."""
+    if group.columns:
+        return joined_cost(group, gpu, d)
     if group.stitched:
         return stitched_cost(group, gpu, d)
     kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
@@ -203,7 +205,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         if s.kind == StatementKind.MAP or s.result.uid in group.external
     )
     row_bytes = in_bytes / max(M, 1)
-    gx, S = d.grid
+    gx, S = d.launch_grid  # a persistent grid: its blocks loop over the row tiles
     if S > 1:
         resident = gx * d.ty
     else:
@@ -227,6 +229,47 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
+def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
+    """A stitched row group with column partials (schedule/persistent.py): the stitched kernel
+    on the persistent grid, whose passes also accumulate the columns (their loads are the
+    row's, their operations `arithmetic`'s), then per block the reduction of the column partials
+    over its rows (a shared-memory tree per partial, log2(ty) steps) and the merge: one atomic
+    per block per column into the resident workspace, whose values the last block stores and
+    resets; or (partials) every block's partials written and read back by the last block, which
+    sums each column in block order. The last block's pass over the columns is one SM's work at
+    its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
+    grid-wide wait every block sums its share of the columns in block order: one sync."""
+    f = dict(stitched_cost(group, gpu, d).features)
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    cols = [group.statements[k] for k in owners]
+    B, width = d.blocks, group.N
+    merges = B * width * len(cols)
+    acc = max(c.acc.itemsize for c in cols)
+    per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
+    tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
+    outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
+    if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
+        f["dram_bytes"] += 2 * merges * acc
+        f["atomics"] += 2 * B  # arrivals and departures
+        # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
+        # not phased), then each thread's columns: B partial loads (4 in flight) each
+        share = math.ceil(width / (B * d.threads)) * len(cols)
+        f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
+        last = 0
+    elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
+        f["dram_bytes"] += 2 * merges * acc
+        f["atomics"] += B
+        last = merges * acc + outputs
+    else:
+        f["atomics"] += merges + B
+        f["same_address"] = B
+        f["atomic_dtype"] = max((c.acc for c in cols), key=lambda a: a.itemsize).name
+        last = width * len(cols) * 2 * acc + outputs
+    tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
+    f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
+    return kernel_time(gpu, **f)
+
+
 def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
     """One exchange of a split row beyond the two L2 round trips kernel_time charges for it: the
     block reductions before it and after it (400 cycles, as a pass of an unsplit row), the S
@@ -238,7 +281,7 @@ def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
 
 
 def complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
-    partials = any(m == MergeMode.PARTIALS for m in d.merges)
+    partials = any(m in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for m in d.merges)
     cost = cost if cost is not None else decision_cost(group, gpu, d, partials)
-    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid)
+    buffers = kernel_buffers(group, name, d.merges, d.split, d.launch_grid)
     return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)

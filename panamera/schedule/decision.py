@@ -28,6 +28,9 @@ class MergeMode(StrEnum):
     STORE = "store"  # one block per output: it stores the result
     ATOMIC_WS = "atomic_ws"  # one atomic per block into a resident workspace; the last block stores and resets it
     PARTIALS = "partials"  # each block writes its partial; the last block combines them in a fixed order
+    # each block writes its partial; after a grid-wide wait (every block resident: a cooperative
+    # launch) every block combines its share of the outputs in a fixed order (column partials)
+    PARTIALS_GRID = "partials_grid"
 
 
 @dataclass(frozen=True)
@@ -74,18 +77,31 @@ class Decision:
         """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
         threads' worth (64 registers each), halved per doubling of a register tile beyond 2
         (its accumulators and per-row loads need the registers)."""
+        if self.per_sm:  # a persistent grid: exactly its blocks per SM
+            return self.per_sm
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
     epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+    # A persistent row loop (a stitched group with column partials, schedule/persistent.py): the
+    # blocks launched, each looping over the row tiles bx, bx + persistent, ... of the logical
+    # `grid`; 0: one block per row tile.
+    persistent: int = 0
+    per_sm: int = 0  # the persistent grid's blocks per SM: the launch bounds leave registers for that many
 
     @property
     def threads(self) -> int:
         return self.tx * self.ty
 
     @property
+    def launch_grid(self) -> tuple[int, int]:
+        """The grid launched: `grid`, or the persistent blocks that loop over its row tiles."""
+        return (self.persistent or self.grid[0], self.grid[1])
+
+    @property
     def blocks(self) -> int:
-        return self.grid[0] * self.grid[1]
+        """Blocks launched."""
+        return self.launch_grid[0] * self.launch_grid[1]
 
     @property
     def loops(self) -> tuple[str, str]:
@@ -97,7 +113,7 @@ class Decision:
     def cooperative(self) -> bool:
         """A stitched group split across blocks: its blocks wait for each other, so all of them
         must be resident at once (a cooperative launch)."""
-        return self.stitched and self.split > 1
+        return self.stitched and (self.split > 1 or MergeMode.PARTIALS_GRID in self.merges)
 
     @property
     def needs_last_block(self) -> bool:
@@ -137,6 +153,7 @@ class Decision:
             + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
             + (f" stages={self.stages}" if self.stages > 1 else "")
             + (" cooperative" if self.cooperative else "")
+            + (f" persistent={self.persistent}" if self.persistent else "")
         )
 
     def to_dict(self) -> dict:
@@ -147,6 +164,8 @@ class Decision:
         d["cshared"] = [[int(b) for b in a] for a in self.cshared]
         if not self.epilogue:  # saved only when set: schedules written before it read the same
             del d["epilogue"]
+        if not self.persistent:
+            del d["persistent"], d["per_sm"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -181,6 +200,8 @@ class Decision:
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
             epilogue=bool(d.get("epilogue", False)),
+            persistent=int(d.get("persistent", 0)),
+            per_sm=int(d.get("per_sm", 0)),
         )
 
 

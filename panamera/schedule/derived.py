@@ -10,6 +10,7 @@ from ..algebra import AtomicStrategy
 from ..model.gpu import GPUSpec
 from ..poly.access import AccessKind, access_kinds
 from ..poly.program import KernelGroup
+from ..poly.row_columns import column_levels
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
@@ -39,15 +40,21 @@ def struct_accumulators(group: KernelGroup) -> bool:
 
 def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
     """Per statement: STORE without a split; a split reduction merges by atomics or partials (a
-    stitched group's split rows always exchange partials, combined by every block in one order)."""
+    stitched group's split rows always exchange partials, combined by every block in one order).
+    A stitched group's COLUMN statements (column partials, one per block) always merge, by
+    atomics or, with `partials`, through the last block."""
+    columns = set(group.columns)
+    col_mode = MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
     partials = partials or group.stitched
 
-    def one(st) -> MergeMode:
+    def one(k: int, st) -> MergeMode:
+        if k in columns:
+            return col_mode
         if split == 1 or st.kind == StatementKind.MAP:
             return MergeMode.STORE
         return MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
 
-    return tuple(one(st) for st in group.statements)
+    return tuple(one(k, st) for k, st in enumerate(group.statements))
 
 
 def atomic_vec_for(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[MergeMode, ...]) -> tuple[int, ...]:
@@ -91,13 +98,16 @@ def levels_for(group: KernelGroup) -> tuple[int, ...]:
     if not group.stitched:
         return tuple(0 for _ in group.statements)
     lv = levels(group.statements)
+    if group.columns:
+        lv = column_levels(group.statements, lv)
     return tuple(lv[s.name] for s in group.statements)
 
 
 def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
     then the counter of block arrivals (a split stitched group: per row group its arrivals at
-    the exchanges, then its departures, 2 x gridDim.x counters)."""
+    the exchanges, then its departures, 2 x gridDim.x counters; column partials: the arrivals
+    and the departures, their partials `grid[0]` (the blocks launched) x the columns)."""
     stmts = group.statements
     inputs = []
     members = group.on_chip
@@ -130,15 +140,17 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
                 )
             )
         if mode != MergeMode.STORE and group.accumulator_of[k] == k:  # a shared accumulator merges once
-            partials = mode == MergeMode.PARTIALS
+            partials = mode in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID)
             role = BufferRole.PARTIALS if partials else BufferRole.WORKSPACE
             size = s.M * (split if partials else 1)
+            if s.form == Form.COLUMN and group.stitched:  # column partials: one per launched block
+                size = s.result.size * (grid[0] if partials else 1)
             ws = s.acc
             if not partials and s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:  # integer images
                 ws = dtypes.int32 if s.acc.itemsize == 4 else dtypes.int64
             out.append(BufferSpec(f"ws:{name}:{k}", ws.c_type, ws, size, role, f"ws{k}", k))
     if any(m != MergeMode.STORE for m in merges):
-        n = grid[0] * (2 if group.stitched else 1)
+        n = 2 if group.columns else grid[0] * (2 if group.stitched else 1)
         out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
     return tuple(out)
 

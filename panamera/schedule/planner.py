@@ -21,7 +21,9 @@ from dataclasses import dataclass, replace
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup, Program, external_results, group_statements
+from ..poly.statement import Form, StatementKind
 from .mapping import Mapping, MergeMode, map_group
+from .row_columns import consider
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,14 @@ def plan_groups(
     stitch_split: bool = True,
     replay_epilogues=(),
     deterministic: bool = False,
+    columns: bool = True,
 ):
     """Kernel groups for the program and the stitching and epilogue decisions the model made.
 
     stitch_split: let a stitched kernel split rows across blocks (False: whole rows per block).
     deterministic: an epilogue group and the kernels it replaces are weighed with partials merges.
+    columns: let COLUMN reductions join a chosen stitched group as column partials where the
+    model prefers one launch (schedule/row_columns.py; a replayed stitched group may hold them).
 
     replay: stitched groups (tuples of statement names) to take instead of asking the model,
     and replay_epilogues the epilogue groups; each must be a legal candidate (a saved schedule
@@ -101,7 +106,11 @@ def plan_groups(
     considered, chosen = [], []
     by_name = {s.name: s for s in prog.statements}
     if replay is not None:
-        chosen = _replayed(prog.stitch_candidates, replay, "stitches {}, which is not a legal stitched group")
+        legal = list(prog.stitch_candidates)
+        plain = {tuple(s.name for s in c) for c in legal}
+        if any(tuple(n) not in plain for n in replay):  # a stitched group with column partials
+            legal += [j.group + j.columns for j in prog.column_candidates]
+        chosen = _replayed(legal, replay, "stitches {}, which is not a legal stitched group")
         epilogues = _replayed(
             prog.epilogue_candidates,
             replay_epilogues,
@@ -124,12 +133,35 @@ def plan_groups(
             chosen.append(tuple(cand))
     if replay is None:
         epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic) if allow_stitch else []
+        if columns and allow_stitch:
+            chosen = _plan_columns(prog, gpu, considered, chosen, epilogues, deterministic, stitch_split)
     if not chosen and not epilogues:
         return prog.groups, tuple(considered)
     groups = group_statements(
         list(prog.statements), prog.statement_graph, prog.outputs, tuple(chosen), tuple(epilogues)
     )
     return groups, tuple(considered)
+
+
+def _plan_columns(prog: Program, gpu: GPUSpec, considered: list, chosen: list, epilogues, deterministic, split):
+    """The chosen stitched groups, each with the COLUMN reductions that join it where the model
+    prefers one launch (appends the figures to `considered`). Asks isl for the column
+    candidates only when a chosen stitched group and a COLUMN reduction outside it exist."""
+    taken = {s.name for grp in list(chosen) + list(epilogues) for s in grp}
+    if not chosen or not any(s.form == Form.COLUMN and s.kind == StatementKind.REDUCE for s in prog.statements):
+        return chosen
+    out = list(chosen)
+    for join in prog.column_candidates:
+        names = tuple(s.name for s in join.group)
+        at = next((k for k, c in enumerate(out) if tuple(s.name for s in c) == names), None)
+        if at is None or any(c.name in taken for c in join.columns):
+            continue
+        c = consider(join, prog, gpu, deterministic, None if split else 1)
+        considered.append(replace(c, chosen=c.pays))
+        if c.pays:
+            out[at] = tuple(join.group) + tuple(join.columns)
+            taken |= {s.name for s in join.columns}
+    return out
 
 
 def _replayed(candidates, names_list, what: str) -> list:

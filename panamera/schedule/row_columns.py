@@ -3,26 +3,26 @@
 Two launches: the stitched ROW kernel as the mapper maps it, plus each COLUMN reduction mapped
 on its own (split across blocks, merged as the mapper prefers). Both read x and dy.
 
-One launch: the stitched kernel re-modeled with the columns' work folded in. The column
-partials live in registers: a thread strides over the same columns of every row its block owns,
-so it keeps one partial per column it touches per joiner; a block owns a chunk of rows (a
-persistent grid of at most `resident` blocks per SM, as Liger's dW partials) and merges its
-partials with one atomic per block per column, or (deterministic) writes them to a partials
-workspace that the last block to arrive sums in a fixed order. What it saves: the column
-kernels' DRAM reads of tensors the row kernel reads anyway, and their launches.
-
-Only figures here: the row kernel with column partials is not generated yet, so `pays` is the
-model's verdict and the planner keeps the two launches (see the report of issue 23).
+One launch: the mapper's persistent kernel of the joined group (schedule/persistent.py, its
+cost schedule/cost.py `joined_cost`). The column partials live in registers: a thread strides
+over the same columns of every row its block owns, so it keeps one partial per column it
+touches per joiner; a block owns a chunk of rows (a persistent grid of k blocks per SM, as
+Liger's dW partials) and merges its partials with one atomic per block per column, or
+(deterministic) writes them to a partials workspace that the last block to arrive sums in a
+fixed order. What it saves: the column kernels' DRAM reads of tensors the row kernel reads
+anyway, and their launches. The planner (schedule/planner.py) takes the join where it `pays`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from ..model.gpu import GPUSpec, kernel_time
+from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup, Program, external_results
 from ..poly.row_columns import ColumnJoin
-from .mapping import map_group
+from .mapping import MergeMode, map_group
+from .persistent import map_joined
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,34 @@ class ColumnConsidered:
     bytes_saved: int  # DRAM bytes the column kernels read that the row kernel reads anyway
     blocks: int  # blocks of the one-launch kernel: one partial per block per column
     merges: int  # atomics (or partials written) to merge the columns
-    deterministic: bool
+    deterministic: bool  # the one launch merges by partials and the last block (else atomics)
+    chosen: bool = False  # the planner took it (schedule/planner.py)
+    merge: str = ""  # the one launch's column merge (a MergeMode)
 
     @property
     def pays(self) -> bool:
         return self.one_launch_us < self.two_launch_us
 
     def describe(self) -> str:
-        how = "partials + last block" if self.deterministic else "one atomic per block per column"
+        if not self.blocks:
+            return (
+                f"{'+'.join(self.statements)}: no block keeps the column partials in registers; "
+                f"{self.kernels} kernels {self.two_launch_us:.1f} us (modeled) -> does not pay"
+            )
+        how = _HOW.get(self.merge, self.merge)
         return (
             f"{'+'.join(self.statements)}: 1 kernel with column partials ({self.blocks} blocks, {how}) "
             f"{self.one_launch_us:.1f} us vs {self.kernels} kernels {self.two_launch_us:.1f} us (modeled), "
             f"{self.bytes_saved} bytes not re-read -> {'pays' if self.pays else 'does not pay'}"
+            + (", one launch" if self.chosen else "")
         )
+
+
+_HOW = {
+    MergeMode.ATOMIC_WS: "one atomic per block per column",
+    MergeMode.PARTIALS: "partials, the last block sums each column in block order",
+    MergeMode.PARTIALS_GRID: "partials, after a grid-wide wait every block sums its columns in block order",
+}
 
 
 def _bytes(t) -> int:
@@ -70,17 +85,32 @@ def bytes_saved(join: ColumnJoin) -> int:
     return sum(_bytes(t) for uid, t in row.items() if uid in col)
 
 
-def consider(join: ColumnJoin, prog: Program, gpu: GPUSpec, deterministic: bool = False) -> ColumnConsidered:
-    """One launch against two for `join`, by the model (figures in microseconds, modeled)."""
+def joined_group(join: ColumnJoin, prog: Program) -> KernelGroup:
+    """The one-launch kernel group of `join`: the host rows, then the columns placed in them."""
+    stmts = join.group + join.columns
+    return KernelGroup(stmts, True, external_results(stmts, prog.statements, prog.outputs))
+
+
+def consider(
+    join: ColumnJoin, prog: Program, gpu: GPUSpec, deterministic: bool = False, split: int | None = None
+) -> ColumnConsidered:
+    """One launch against two for `join`, by the model (figures in microseconds, modeled): the
+    mapper's persistent kernel (schedule/persistent.py) against the stitched kernel as the
+    planner maps it (`split`: forced blocks per row, None: the model's) plus the columns' kernels."""
     ext = external_results(join.group, prog.statements, prog.outputs)
-    row = map_group(KernelGroup(join.group, True, ext), gpu, split=1)
+    row = map_group(KernelGroup(join.group, True, ext), gpu, split=split)
     cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog)]
     two = row.cost.total_s + sum(c.cost.total_s for c in cols)
-    best = min((_one_launch(join, row, gpu, b, deterministic) for b in _block_counts(row, gpu)), key=lambda t: t[0])
-    one, blocks, merges = best
+    one = map_joined(joined_group(join, prog), gpu, deterministic=deterministic)
+    if one is None:  # the partials fit no block's registers: never pays
+        return ColumnConsidered(join.names, math.inf, two * 1e6, 1 + len(cols), bytes_saved(join), 0, 0, deterministic)
+    group = joined_group(join, prog)
+    blocks, owners = one.blocks, sum(1 for k in group.columns if group.accumulator_of[k] == k)
     return ColumnConsidered(
-        join.names, one * 1e6, two * 1e6, 1 + len(cols), bytes_saved(join), blocks, merges, deterministic
-    )
+        join.names, one.cost.total_s * 1e6, two * 1e6, 1 + len(cols), bytes_saved(join), blocks,
+        blocks * join.group[0].N * owners, any(m in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for m in one.merges),
+        merge=str(one.merges[group.columns[0]]),
+    )  # fmt: skip
 
 
 def _column_kernels(join: ColumnJoin, prog: Program) -> list[KernelGroup]:
@@ -91,28 +121,6 @@ def _column_kernels(join: ColumnJoin, prog: Program) -> list[KernelGroup]:
     inside = {s.name for g in fused for s in g.statements}
     by_name = {s.name: s for s in prog.statements}
     return fused + [KernelGroup((by_name[n],)) for n in sorted(names - inside)]
-
-
-def _block_counts(row, gpu: GPUSpec) -> list[int]:
-    """Persistent grids of k blocks per SM, and the row kernel's own grid (one block per row tile)."""
-    most = min(row.blocks, gpu.sms * gpu.resident_blocks(row.tx * row.ty))
-    return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
-
-
-def _one_launch(join: ColumnJoin, row, gpu: GPUSpec, blocks: int, deterministic: bool) -> tuple[float, int, int]:
-    """(seconds, blocks, merges) of the row kernel with column partials over `blocks` blocks."""
-    f = dict(row.cost.features)
-    width = join.group[0].N  # columns of the row space
-    merges = blocks * width * len(join.columns)
-    f["blocks"] = blocks
-    f["dram_bytes"] += sum(_bytes(c.result) for c in join.columns)
-    if deterministic:  # partials written, read back by the last block; one counter arrival per block
-        f["dram_bytes"] += 2 * merges * max(c.acc.itemsize for c in join.columns)
-        f["atomics"] += blocks
-    else:
-        f["atomics"] += merges
-    f["fp32_ops"] += sum(2 * c.M * c.N for c in join.columns)  # body and combine per element
-    return kernel_time(gpu, **f).total_s, blocks, merges
 
 
 def plan_columns(prog: Program, gpu: GPUSpec, deterministic: bool = False) -> tuple[ColumnConsidered, ...]:

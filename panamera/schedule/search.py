@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec
 from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
@@ -22,6 +23,7 @@ from .derived import (
     unroll_for,
     vector_extent,
 )
+from .persistent import map_joined
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
@@ -45,6 +47,11 @@ def map_group(
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
     group has no tile to share). `stages` forces the pipeline's stages (schedule/pipeline.py;
     else the model's)."""
+    if group.columns:  # column partials: a persistent row loop (schedule/persistent.py)
+        m = map_joined(group, gpu, name, deterministic)
+        if m is None:
+            raise ScheduleError(f"kernel {name or '?'}: the column partials of {'+'.join(group.names)} fit no block")
+        return m
     if group.stitched:
         return _map_stitched(group, gpu, name, split, rtile, ctile)
     form, M, N = group.form, group.M, group.N

@@ -1,0 +1,174 @@
+"""Column partials in the stitched row kernel (poly/row_columns.py, schedule/persistent.py):
+LayerNorm backward's dgamma and dbeta accumulated in the pass that computes dx.
+
+The mapping's persistent grid: block b loops over the row tiles b, b + gridDim.x, ... Every
+thread keeps, per COLUMN statement k, `pn_ck[S * V]` register partials: one per column it
+touches, j = (s * tx_count + tx) * V + v, s < S = chunk / tx (the same columns in every row
+it owns). The pass that holds the columns scans the thread's S steps in a loop of constant trip
+count, fully unrolled, so every partial's index is a constant (isl's loop nest would leave it a
+run-time counter, and the partials in local memory):
+
+    float pn_c5[S * V] = identity;                    // before the row loop
+    for (tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      ... pass p:  for s < S: for v < V: dx[i, j] = ...;  pn_c5[s * V + v] += dy[i, j] * xhat[i, j];
+    }
+    pn_reduce_y over the block's rows (shared memory), then per column j, by the rows' leaders:
+      ATOMIC_WS  atomicAdd(&ws5[j], partial)         the workspace is resident, at the identity
+      PARTIALS   ws5[blockIdx.x * N + j] = partial
+    __threadfence; the block arrives on pn_counter[0]; the last block to arrive:
+      ATOMIC_WS  out5[j] = ws5[j]; ws5[j] = identity  (ready for the next call)
+      PARTIALS   out5[j] = sum over b = 0, 1, ... gridDim.x - 1 of ws5[b * N + j]: one fixed order,
+                 bit-identical whatever the blocks' order
+      and resets the counter.
+    PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
+    (pn_grid_sync), then every block sums its share of the columns in the same block order;
+    the last block to depart resets the arrival and departure counters.
+"""
+
+from __future__ import annotations
+
+from ..algebra import AtomicStrategy
+from ..schedule.mapping import MergeMode
+from .expr import convert
+from .reduce_kernel import workspace_identity
+from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
+
+
+def _owners(loop: ThreadLoop) -> list[int]:
+    g = loop.g
+    return [k for k in g.columns if g.accumulator_of[k] == k]
+
+
+def _steps(loop: ThreadLoop) -> int:
+    return loop.m.chunk // loop.m.tx
+
+
+def declare(loop: ThreadLoop) -> list[str]:
+    """The register partials of every column owner, at the identity (before the row loop)."""
+    out = []
+    n = _steps(loop) * loop.m.vec
+    for k in _owners(loop):
+        s = loop.g.statements[k]
+        out.append(f"  {s.acc.compute} pn_c{k}[{n}];  // column partials of {s.name}: this thread's columns")
+        out.append(f"  for (int v = 0; v < {n}; ++v) pn_c{k}[v] = {identity_expr(s)};")
+    return out
+
+
+def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
+    """The pass of statements `here` (column statements among them) over row `o`: the thread's
+    S steps along the row, unrolled, each a vector iteration of every statement of the pass (the
+    columns accumulate into their register partials; the loads are shared)."""
+    g, m = loop.g, loop.m
+    V, G = m.vec, g.N // m.vec
+    for k in g.columns:
+        loop.accs[k] = f"pn_c{k}[pn_s * {V} + v]" if V > 1 else f"pn_c{k}[pn_s]"
+    guard = f"o < {g.M}" + ("" if G % m.tx == 0 else f" && pn_g < {G}")
+    out = [
+        "#pragma unroll",
+        f"  for (int pn_s = 0; pn_s < {_steps(loop)}; ++pn_s) {{",
+        f"    const pn_idx pn_g = (pn_idx)pn_s * {m.tx} + tx;",
+        f"    if ({guard}) {{",
+    ]
+    out += ["    " + ln for ln in loop.iteration_at("o", "pn_g", here)]
+    return out + ["    }", "  }"]
+
+
+def merge(loop: ThreadLoop) -> list[str]:
+    """After the row loop: each partial reduced over the block's rows and merged, then the last
+    block's finish (module docstring)."""
+    g, m = loop.g, loop.m
+    V, N, S = m.vec, g.N, _steps(loop)
+    out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
+    for ct in dict.fromkeys(g.statements[k].acc.compute for k in _owners(loop)):
+        out.append(f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{m.tx * m.ty}];")
+    for k in _owners(loop):
+        s = g.statements[k]
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        if m.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
+            write = f"ws{k}[(pn_idx)bx * {N} + j] = pn_p;"
+        elif s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
+            write = f"pn_atomic_ordered({s.combiner.functor}(), &ws{k}[j], pn_p);"
+        else:
+            write = f"pn_atomic({s.combiner.functor}(), &ws{k}[j], pn_p);"
+        out += [
+            "#pragma unroll",
+            f"  for (int pn_s = 0; pn_s < {S}; ++pn_s)",
+            "#pragma unroll",
+            f"  for (int v = 0; v < {V}; ++v) {{",
+            f"    const pn_idx j = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v;",
+            f"    const {s.acc.compute} pn_p = pn_reduce_y{tmpl}(pn_c{k}[pn_s * {V} + v], "
+            f"pn_csmem_{c_ident(s.acc.compute)});",
+            f"    if (ty == 0 && j < {N}) {write}",
+            "  }",
+        ]
+    if MergeMode.PARTIALS_GRID in m.merges:
+        return out + _grid_combine(loop)
+    out += [
+        "  __threadfence();",
+        "  __syncthreads();",
+        "  __shared__ int pn_is_last;",
+        "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[0], 1u) == gridDim.x - 1;",
+        "  __syncthreads();",
+        "  if (pn_is_last) {  // the last block: every column's final value",
+        "    __threadfence();",
+        f"    for (pn_idx j = (pn_idx)ty * {m.tx} + tx; j < {N}; j += {m.tx * m.ty}) {{",
+    ]
+    for k in _owners(loop):
+        s = g.statements[k]
+        if m.merges[k] == MergeMode.PARTIALS:
+            out += ["  " + ln for ln in _in_block_order(loop, k)]
+        else:
+            merged = f"pn_ldcg(&ws{k}[j])"
+            if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
+                merged = f"pn_unordered({merged})"
+            out += [f"      const {s.acc.compute} pn_f{k} = {merged};", f"      ws{k}[j] = {workspace_identity(s)};"]
+    out += ["  " + ln for ln in _stores(loop)]
+    return out + [
+        "    }",
+        "    if (tx == 0 && ty == 0) pn_counter[0] = 0u;  // resident: ready for the next call",
+        "  }",
+    ]
+
+
+def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical)."""
+    s = loop.g.statements[k]
+    return [
+        f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+    ]
+
+
+def _stores(loop: ThreadLoop) -> list[str]:
+    """Every column statement's final value of column j (a shared accumulator: its owner's)."""
+    g = loop.g
+    out = []
+    for k in g.columns:
+        s = g.statements[k]
+        final = convert(post(s, f"pn_f{g.accumulator_of[k]}"), post_dtype(s), s.result.dtype)
+        out.append(f"    pn_st(&out{k}[j], {final});")
+    return out
+
+
+def _grid_combine(loop: ThreadLoop) -> list[str]:
+    """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
+    then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
+    block order; the last block to depart resets both counters."""
+    g, m = loop.g, loop.m
+    T = m.tx * m.ty
+    out = [
+        "  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written",
+        f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{",
+    ]
+    for k in _owners(loop):
+        out += _in_block_order(loop, k)
+    out += _stores(loop)
+    return out + [
+        "  }",
+        "  __syncthreads();",
+        "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
+        "    pn_counter[0] = 0u;",
+        "    pn_counter[1] = 0u;",
+        "  }",
+    ]

@@ -1,0 +1,150 @@
+"""The mapping of a stitched row group with column partials (poly/row_columns.py): LayerNorm /
+RMSNorm backward's dx, dgamma and dbeta in one launch.
+
+The rows are bound as in every stitched kernel (a row tile of `ty` rows per block, `tx` threads
+along each row, whole rows: split 1), but the grid is persistent: `persistent` blocks are
+launched and block b loops over the row tiles b, b + persistent, ... of the logical `grid`. A
+thread strides over the same columns of every row it owns, so it keeps one register partial per
+column it touches per COLUMN statement: ceil(N / (vec * tx)) * vec of them, the column pass's
+steps fully unrolled so that every partial is a register (codegen/column_partials.py). After the
+last row tile the block reduces its partials over its rows (ty) and merges one partial per
+column: an atomic into a resident workspace whose values the last block to arrive stores and
+resets (ATOMIC_WS), or (deterministic) its partials to ws[b * N + j], which the last block sums
+in block order (PARTIALS), or, after a grid-wide wait, every block sums its share of the columns
+in block order (PARTIALS_GRID: a cooperative launch, every block resident; the bits are the
+same). The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
+
+Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
+  1. whole rows (split 1), no register tile, direct loads (stages 1);
+  2. 1 <= persistent <= the row tiles (grid[0]);
+  3. the column partials are at most `MAX_PARTIALS` per thread, and with two steps of the column
+     pass's vector loads they fit the registers the launch bounds leave (`column_registers`;
+     the bounds ask for room for `per_sm` = ceil(persistent / SMs) blocks per SM);
+  4. every column statement merges (atomics, or partials where `deterministic` or a struct
+     accumulator asks), every host statement stores;
+  5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ScheduleError
+from ..model.gpu import GPUSpec
+from ..poly.access import AccessKind, choose_vec
+from ..poly.program import KernelGroup
+from .cost import complete, joined_cost
+from .decision import Decision, Mapping, MergeMode, pow2ceil
+from .derived import access_for, co_resident, levels_for, merges_for, struct_accumulators, unroll_for
+from .rtile import register_budget
+
+MAX_PARTIALS = 32  # column partials a thread keeps in registers, all COLUMN statements together
+
+
+def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
+    """Register partials of one thread: per column statement that owns its accumulator, one per
+    column it touches (ceil(N / (vec * tx)) steps of `vec` lanes).
+
+    >>> import panamera as pn
+    >>> from panamera.poly.program import KernelGroup
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((8, 64))
+    >>> outs = [x - pn.sum(x, axis=1, keepdims=True), pn.sum(x, axis=0)]
+    >>> c = lower(outs, stop_after="program", target="emulator").program.column_candidates[0]
+    >>> partials_per_thread(KernelGroup(c.group + c.columns, True), 8, 4)
+    8
+    """
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    return math.ceil(group.N / (vec * tx)) * vec * len(owners)
+
+
+def column_registers(group: KernelGroup, d: Decision) -> int:
+    """4-byte registers the column pass holds: its partials, two unrolled steps of its distinct
+    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 16 for indices and the
+    row values (LayerNorm backward at 4096 x 16384 float32, 1024 threads: 32 partials and 12
+    float4 loads spilled under the 64-register bound)."""
+    here = [k for k, v in enumerate(d.levels) if v == max(d.levels[c] for c in group.columns)]
+    loads = {
+        (r.tensor.uid, str(r.addr)): r.tensor.dtype.itemsize
+        for k in here
+        for ri, r in enumerate(group.statements[k].reads)
+        if r.memory and d.access and d.access[k][ri] == AccessKind.CONTIG
+    }
+    steps = min(2, math.ceil(group.N / (d.vec * d.tx)))
+    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 16
+
+
+def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
+    """Persistent grids of k blocks per SM (k = 1, 2, 4, ... up to the resident blocks), and one
+    block per row tile, never more blocks than row tiles."""
+    most = min(tiles, gpu.sms * gpu.resident_blocks(threads))
+    return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
+
+
+def merge_options(group: KernelGroup, partials_only: bool, resident: bool) -> list[tuple[MergeMode, ...]]:
+    """The merges of a joined group: the host stores, the columns merge by atomics (unless
+    `partials_only`), partials and the last block, or (every block `resident`) partials
+    combined by every block after a grid-wide wait."""
+    grid = tuple(MergeMode.PARTIALS_GRID if k in group.columns else m for k, m in enumerate(merges_for(group, 1, True)))
+    return (
+        ([] if partials_only else [merges_for(group, 1, False)])
+        + [merges_for(group, 1, True)]
+        + ([grid] if resident else [])
+    )
+
+
+def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: bool = False) -> Mapping | None:
+    """The model's best persistent mapping of a joined group, or None when no block shape keeps
+    the column partials in registers (precondition 3)."""
+    M, N = group.M, group.N
+    vec = choose_vec(group.statements, "j", N)
+    G = N // vec
+    base = dict(
+        statements=group.names, form=group.form, M=M, N=N, stitched=True, vec=vec,
+        access=access_for(group, vec), levels=levels_for(group), atomic_vec=(1,) * len(group.statements),
+    )  # fmt: skip
+    partials_only = deterministic or struct_accumulators(group)
+    best = None
+    for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
+        if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
+            continue
+        ty = max(1, min(256 // tx, pow2ceil(M)))
+        tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
+        for blocks in block_counts(tiles, gpu, tx * ty):
+            for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty)):
+                d = Decision(
+                    **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
+                    merges=merges, persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
+                )  # fmt: skip
+                if column_registers(group, d) > register_budget(d):
+                    continue
+                cost = joined_cost(group, gpu, d)
+                if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
+                    best = (cost, d)
+    return None if best is None else complete(group, best[1], gpu, name, best[0])
+
+
+def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at: str) -> None:
+    """Preconditions 1 to 4 of a joined group's decision (a replayed one: ScheduleError)."""
+    if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:
+        raise ScheduleError(f"{at}: column partials need whole rows, no register tile and direct loads (1)")
+    if not 1 <= d.persistent <= d.grid[0]:
+        raise ScheduleError(f"{at}: persistent grid of {d.persistent} blocks for {d.grid[0]} row tiles (2)")
+    if d.per_sm != math.ceil(d.persistent / gpu.sms):
+        raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
+    if MergeMode.PARTIALS_GRID in d.merges and d.blocks > co_resident(gpu, d.threads):
+        raise ScheduleError(
+            f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
+            f"{gpu.name} (at most {co_resident(gpu, d.threads)}) (5)"
+        )
+    if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS or column_registers(group, d) > register_budget(d):
+        raise ScheduleError(
+            f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread (at most {MAX_PARTIALS}), "
+            f"{column_registers(group, d)} registers with the loads, {register_budget(d)} under the launch bounds (3)"
+        )
+    legal = merge_options(group, deterministic or struct_accumulators(group), True)
+    if d.merges not in legal:
+        raise ScheduleError(
+            f"{at}: merge modes {[str(m) for m in d.merges]} are not legal for column partials "
+            f"(legal: {[[str(m) for m in w] for w in legal]}) (4)"
+        )
