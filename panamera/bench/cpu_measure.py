@@ -40,6 +40,30 @@ MAX_INPUT_BYTES = 128 << 20
 SUITES = ("single", "subgraphs", "norms")
 
 
+INDUCTOR = True  # time torch.compile (each compile takes seconds; the tests turn it off)
+
+
+def measure_on_cpu() -> bool:
+    """Whether `bench --measure` times the CPU target: no GPU for CuPy here."""
+    from .runner import _gpu_available
+
+    return not _gpu_available()
+
+
+def bench_cpu(suite: str, out: str | None, plot: bool, rounds: int, command: str, progress=None) -> str:
+    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph
+    and norm suites (about three minutes), a suite name all of its workloads, "tiny" three small
+    ones; returns the markdown summary."""
+    from ..errors import OptionError
+    from .cpu_recipes import cpu_workloads, tiny_cpu
+
+    if suite == "contractions":
+        raise OptionError("bench --measure on the CPU: the contraction suite is not measured on the CPU target yet")
+    ws = tiny_cpu() if suite == "tiny" else select(cpu_workloads(), suite, default_only=suite == "all")
+    _, text = run_cpu_measure(ws, out, plot, rounds, command=command, progress=progress)
+    return text + (f"\nwrote {out}/results.json and {out}/results.md\n" if out else "")
+
+
 def select(workloads: list[CpuWorkload], suite: str = "all", default_only: bool = False) -> list[CpuWorkload]:
     """The workloads of `suite` ("all": every CPU suite), the default set only when asked."""
     return [w for w in workloads if (suite == "all" or w.suite == suite) and (w.default or not default_only)]
@@ -197,6 +221,7 @@ def run_cpu_measure(
     peers: bool = True,
     command: str = "panamera bench --measure",
     progress=None,
+    inductor: bool | None = None,
 ) -> tuple[dict, str]:
     """Measure `workloads` at 1 and every usable thread; returns ({"meta", "records"}, markdown)
     and, with `out`, writes results.json, results.md (and with `plot` the charts) there."""
@@ -209,7 +234,8 @@ def run_cpu_measure(
     machine = CpuMachine.detect()
     model = cpu_model(machine)
     threads = tuple(sorted({1, machine.cores}))
-    inductor = ort = peers
+    ort = peers
+    inductor = peers and (INDUCTOR if inductor is None else inductor)
     if peers:
         try:
             import onnx  # noqa: F401

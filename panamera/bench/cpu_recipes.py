@@ -366,6 +366,15 @@ def cpu_workloads() -> list[CpuWorkload]:
     return out
 
 
+def tiny_cpu() -> list[CpuWorkload]:
+    """Three small workloads for tests and smoke runs (a row sum, a full sum, a softmax)."""
+    return [
+        CpuWorkload("sum row 64x256", "tiny", ((64, 256),), lambda B, x: B.sum(x, 1), reduced=256),
+        CpuWorkload("sum all 4096", "tiny", ((4096,),), lambda B, x: B.sum(x), reduced=4096),
+        CpuWorkload("softmax [8x512]", "tiny", ((8, 512),), lambda B, x: B.softmax(x), reduced=512),
+    ]
+
+
 NOT_COVERED = {
     "single": "float16, int32 and bool variants (numpy and onnxruntime have no fast path to compare fairly)",
     "subgraphs": "A2#1, #3, #10, #12 (tiny, or the same kernels as listed ones)",
