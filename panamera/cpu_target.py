@@ -76,7 +76,7 @@ class CpuCompiled(Compiled):
     def modeled(self, threads: int | None = None) -> PlanTime:
         """The CPU model's time of this plan on `threads` threads (default: the decisions'), and its limit."""
         pairs = [(g, k.decision) for g, k in zip((g for g in self.stages.groups if g.M * g.N), self.cpu_kernels)]
-        return plan_time(pairs, self.cpu_model, _compulsory(self.stages), threads)
+        return plan_time(pairs, self.cpu_model, _compulsory(self.stages), threads, len(self.stages.graph))
 
     def explain(self, section=None) -> str:
         """The CPU kernels, their decisions and modeled times against the limit, and the
@@ -136,7 +136,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [(g, map_cpu(g, machine, options.split, model)) for g in a.groups if g.M * g.N]
-        return plan_time(pairs, model, _compulsory(a)).total_us
+        return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
     a = run_stages(graph, options, stop_after="groups")

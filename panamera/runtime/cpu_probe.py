@@ -2,9 +2,11 @@
 STREAM-like probe and kept on disk.
 
 A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
--fopenmp`, libmvec) times, each the fastest of a few runs of about 10 ms:
-- a read-only SIMD sum and a triad (a = b + 0.5 c) over arrays resident in L2, in L3 and, when
-  four times the L3 fits in `DRAM_PROBE_MAX` bytes, in DRAM, at one thread and at `threads`; the
+-fopenmp`, libmvec) times, each the fastest of 5 runs of about 4 ms:
+- a read-only SIMD sum and a triad (a = b + 0.5 c) over arrays resident in L2 (half of it per
+  thread), in L3 (8 x L2, at least 16 MiB, at most half the L3: the sizes of the bench's
+  workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's "DRAM" level, large arrays),
+  at one thread and at `threads`; the
   write rate is what the triad's time leaves after its two reads at the sum's rate;
 - one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 16 KiB (L1);
 - an empty parallel region, called from Python through ctypes.
@@ -12,12 +14,11 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
 The whole probe takes well under a second; its figures are cached as JSON in the library cache
 (runtime/diskcache.py) under a key of the CPU's model and flags, the thread count and the
 probe's version, so a machine probes once (a contended probe, whose all-thread samples waited
-for cores other processes held, is kept 10 minutes only). Without DRAM probe, DRAM is given the L3 figures
-(the source says so).
+for cores other processes held, is kept 10 minutes only).
 
 >>> r = rates(2)  # doctest: +SKIP
 >>> r.source  # doctest: +SKIP
-'probed 2026-11-24 12:40 UTC (DRAM not probed: L3 of 260 MiB)'
+'probed 2026-11-24 12:40 UTC (DRAM: 64 MiB arrays)'
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from ..model.cpu import LEVELS, Caches, Rates
 from . import diskcache
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 1
-DRAM_PROBE_MAX = 256 << 20
-TARGET_S = 0.006  # each sample runs for about this long
+VERSION = 3
+LARGE = 64 << 20
+TARGET_S = 0.004  # each sample runs for about this long
 CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
 CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machine is probed again
 
@@ -102,13 +103,13 @@ void pn_empty(int nt) {
 
 
 def _timed(call, per_rep: float | None = None) -> float:
-    """Seconds per repetition of `call(reps)`: the fastest of 3 samples of about TARGET_S each."""
+    """Seconds per repetition of `call(reps)`: the fastest of 5 samples of about TARGET_S each."""
     t0 = time.perf_counter()
     call(1)
     one = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(TARGET_S / one))
     best = math.inf
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
         call(reps)
         best = min(best, (time.perf_counter() - t0) / reps)
@@ -116,7 +117,8 @@ def _timed(call, per_rep: float | None = None) -> float:
 
 
 def measure(threads: int, caches: Caches) -> Rates:
-    """Run the probe now (about half a second) and return its rates."""
+    """Run the probe now (well under a second on an idle machine) and return its rates; when an
+    empty all-thread region shows other processes holding the cores, only one thread is timed."""
     from .cpu import SIMD_MATH, build
 
     lib = build(SIMD_MATH + SOURCE)
@@ -127,38 +129,34 @@ def measure(threads: int, caches: Caches) -> Rates:
         f.argtypes, f.restype = (P, L, I), ctypes.c_double
     lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
 
-    sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 3, 96 << 20)}
-    dram = 4 * caches.l3 <= DRAM_PROBE_MAX
-    if dram:
-        sizes["DRAM"] = 4 * caches.l3
+    fork = tuple(_timed(lambda reps, t=t: [lib.pn_empty(t) for _ in range(reps)]) * 1e6 for t in (1, threads))
+    contended = threads > 1 and (fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0])
+    counts = (1,) if contended or threads == 1 else (1, threads)
+    sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
+    sizes["DRAM"] = min(4 * caches.l3, LARGE)
     read, write = [], []
     for level in LEVELS:
-        if level not in sizes:
-            read.append(read[-1])
-            write.append(write[-1])
-            continue
         n = sizes[level] // 4 // 3  # three arrays for the triad
         a, b, c = (np.full(n, 1.0, np.float32) for _ in range(3))
         pa, pb, pc = (x.ctypes.data for x in (a, b, c))
         pair_r, pair_w = [], []
-        for t in (1, threads):
+        for t in counts:
             rs = _timed(lambda reps, t=t, pb=pb, n=n: lib.pn_sum(pb, n, reps, t))
             ts = _timed(lambda reps, t=t, p=(pa, pb, pc), n=n: lib.pn_triad(*p, n, reps, t))
             pair_r.append(4 * n / rs / 1e9)
             pair_w.append(12 * n / ts / 1e9)
-        read.append(tuple(pair_r))
-        write.append(tuple(pair_w))
+        read.append((pair_r[0], pair_r[-1]))
+        write.append((pair_w[0], pair_w[-1]))
     k = 6144  # 24 KiB: in L1
     x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
     px = x.ctypes.data
     add_ns, exp_ns, div_ns = (
         _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
     )
-    fork = tuple(_timed(lambda reps, t=t: [lib.pn_empty(t) for _ in range(reps)]) * 1e6 for t in (1, threads))
-    if threads > 1 and (fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0]):
+    if contended:
         return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], fork[1])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
-    note = "" if dram else f" (DRAM not probed: L3 of {caches.l3 >> 20} MiB; DRAM given the L3 figures)"
+    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays)"
     return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"probed {when}{note}")
 
 

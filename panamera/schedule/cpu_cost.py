@@ -18,7 +18,17 @@ import math
 from dataclasses import dataclass
 
 from ..algebra import WELFORD
-from ..model.cpu import DIVISION, FREE, TRANSCENDENTAL, CpuModel, CpuWork, KernelTime, kernel_time, limit_us
+from ..model.cpu import (
+    DIVISION,
+    FREE,
+    TRANSCENDENTAL,
+    CpuModel,
+    CpuWork,
+    KernelTime,
+    call_us,
+    kernel_time,
+    limit_us,
+)
 from ..poly.program import KernelGroup
 from ..poly.statement import StatementKind
 from ..poly.stitch import levels
@@ -26,10 +36,18 @@ from ..poly.stitch import levels
 MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
 
 
-def _ops(body) -> tuple[float, float, float]:
+def _ops(body, reads, on_chip) -> tuple[float, float, float]:
+    """Operations per element of `body`: those that depend on a value loaded from memory (what
+    depends only on constants and the group's own results, such as a row's 1/sqrt(sum), is
+    hoisted out of the SIMD loop by the compiler)."""
+    varying: set[int] = set()
     cheap = trans = div = 0.0
     for e in body.walk():
-        if e.op in FREE:
+        if e.op == "load" and reads[e.read].memory and reads[e.read].tensor.uid not in on_chip:
+            varying.add(id(e))
+        elif any(id(a) in varying for a in e.args):
+            varying.add(id(e))
+        if e.op in FREE or id(e) not in varying:
             continue
         if e.op in TRANSCENDENTAL:
             trans += 1
@@ -60,7 +78,7 @@ def work(g: KernelGroup) -> CpuWork:
     cheap = trans = div = 0.0
     for s in stmts:
         share = math.prod(s.extents) / space
-        c, t, d = _ops(s.body)
+        c, t, d = _ops(s.body, s.reads, on_chip)
         c += s.kind == StatementKind.REDUCE  # the combine
         cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
     passes = max(levels(stmts).values(), default=0) + 1 if g.stitched else 1
@@ -119,8 +137,10 @@ class PlanTime:
         return self.total_us / self.limit_us if self.limit_us else math.inf
 
 
-def plan_time(pairs, m: CpuModel, compulsory_bytes: int, threads: int | None = None) -> PlanTime:
-    """The modeled time of ((group, decision), ...) on `threads` threads (default: every core);
-    the limit of `compulsory_bytes` (the program's inputs and outputs, each once)."""
+def plan_time(pairs, m: CpuModel, compulsory_bytes: int, threads: int | None = None, outputs: int = 1) -> PlanTime:
+    """The modeled time of a call of ((group, decision), ...) returning `outputs` arrays on
+    `threads` threads (default: every core); the limit of `compulsory_bytes` (the program's
+    inputs and outputs, each once)."""
     ks = tuple(time_of(g, d, m, threads) for g, d in pairs)
-    return PlanTime(ks, sum(k.total_us for k in ks), limit_us(compulsory_bytes, m, threads))
+    total = call_us(outputs) + sum(k.total_us for k in ks)
+    return PlanTime(ks, total, limit_us(compulsory_bytes, m, threads, outputs))

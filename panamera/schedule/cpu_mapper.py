@@ -13,7 +13,7 @@ the number of threads that run it, so results are bit-identical for every thread
 >>> from panamera.compiler import lower
 >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
 >>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
-'ALL M=1 N=1048576 split=8 chunk=131072 block=1 threads=2 lanes=8'
+'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8'
 """
 
 from __future__ import annotations
