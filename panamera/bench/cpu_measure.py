@@ -35,6 +35,7 @@ from ..errors import PanameraError
 from .cpu_recipes import NOT_COVERED, CpuWorkload, NumpyBackend, OnnxBackend, PanameraBackend, TorchBackend
 
 PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
+COLOURS = dict(zip(PEERS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))  # one per peer, in every CPU chart
 LOAD_WARNING = 1.5
 MAX_INPUT_BYTES = 128 << 20
 SUITES = ("single", "subgraphs", "norms")
@@ -205,7 +206,7 @@ def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_samp
             "suite": w.suite, "workload": w.name, "threads": n, "measured": res, "missing_peers": missing,
             "modeled_us": round(modeled.total_us, 2), "limit_us": round(modeled.limit_us, 2),
             "model_over_measured": round(modeled.total_us / pan, 3),
-            "best_peer": best, "speedup_over_best_peer": round(peer_t[best] / pan, 3) if best else None,
+            "best_peer": best, "speedup_over_best_peer": peer_t[best] / pan if best else None,
             "max_rel_err": err, "tolerance": tol, "correct": ok,
             "plan": [d.describe() for d in k.decisions],
         })  # fmt: skip
@@ -260,7 +261,7 @@ def run_cpu_measure(
             r = rs[-1]
             progress(f"[{k + 1}/{len(workloads)}] {w.name}: t={r['threads']} panamera "
                      f"{r['measured']['panamera']['median_us']:.1f} us, modeled {r['modeled_us']:.1f} us, "
-                     f"speedup over best peer {r['speedup_over_best_peer']}")  # fmt: skip
+                     f"speedup over the best peer {r['speedup_over_best_peer'] or 0:.2f}x")  # fmt: skip
     versions = {"numpy": np.__version__, "torch": torch.__version__}
     try:
         import onnxruntime
@@ -331,7 +332,7 @@ def summary(result: dict) -> str:
             res = r["measured"]
             cell = lambda p, res=res: (f"{res[p]['median_us']:.1f} [{res[p]['p25_us']:.1f}-{res[p]['p75_us']:.1f}]"  # noqa: E731
                                        if p in res else "-")  # fmt: skip
-            sp = f"{r['speedup_over_best_peer']:.2f}x" if r["speedup_over_best_peer"] else "-"
+            sp = f"{r['speedup_over_best_peer']:.2f}x" if r["speedup_over_best_peer"] is not None else "-"
             lines.append(f"| {r['suite']} | {r['workload']} | {cell('panamera')} | "
                          + " | ".join(cell(p) for p in PEERS)
                          + f" | {sp} | {r['modeled_us']:.1f} | {r['model_over_measured']:.2f} | "
@@ -339,7 +340,7 @@ def summary(result: dict) -> str:
         lines.append("")
         for suite in dict.fromkeys(r["suite"] for r in rows):
             sr = [r for r in rows if r["suite"] == suite]
-            sp = [r["speedup_over_best_peer"] for r in sr if r["speedup_over_best_peer"]]
+            sp = [r["speedup_over_best_peer"] for r in sr if r["speedup_over_best_peer"] is not None]
             within = sum(1 for r in sr if 0.8 <= r["model_over_measured"] <= 1.2)
             low = f", lowest {min(sp):.2f}x" if sp else ""
             lines.append(f"- {suite}: geomean speedup over the best peer {_geo(sp):.2f}x{low}; "
@@ -361,7 +362,7 @@ def charts(records: list[dict]) -> list:
         names = tuple(f"{r['workload']}" for r in rows)
         pan = [r["measured"]["panamera"]["median_us"] for r in rows]
         series = tuple(
-            Series(p, colour(p), tuple(r["measured"][p]["median_us"] / t if p in r["measured"] else None
+            Series(p, COLOURS[p], tuple(r["measured"][p]["median_us"] / t if p in r["measured"] else None
                                        for r, t in zip(rows, pan)))
             for p in PEERS
         )  # fmt: skip
