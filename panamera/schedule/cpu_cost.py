@@ -33,6 +33,11 @@ from ..poly.program import KernelGroup
 from ..poly.statement import StatementKind
 from ..poly.stitch import levels
 
+# Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
+# a NaN-propagating max / min is a compare and a blend; an argmax key orders the float's bits
+# and packs the index), for the body's operations and the reduction's combine.
+OP_WEIGHT = {"maximum": 2.0, "minimum": 2.0, "argkey_max": 2.0, "argkey_min": 2.0}
+COMBINE_WEIGHT = {"max": 2.0, "min": 2.0}
 MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
 
 
@@ -54,7 +59,7 @@ def _ops(body, reads, on_chip) -> tuple[float, float, float]:
         elif e.op in DIVISION:
             div += 1
         else:
-            cheap += 1
+            cheap += OP_WEIGHT.get(e.op, 1.0)
     return cheap, trans, div
 
 
@@ -79,7 +84,9 @@ def work(g: KernelGroup) -> CpuWork:
     for s in stmts:
         share = math.prod(s.extents) / space
         c, t, d = _ops(s.body, s.reads, on_chip)
-        c += s.kind == StatementKind.REDUCE  # the combine
+        if s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
+            fma = s.combiner.name == "sum" and s.body.op == "mul"
+            c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
         cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
     passes = max(levels(stmts).values(), default=0) + 1 if g.stitched else 1
     row_bytes = sum(inputs.values())
