@@ -1,6 +1,7 @@
 """`target="cpu"`: the stages up to the kernel groups as for every target, then the CPU mapper
-(schedule/cpu_mapper.py), C++ with OpenMP + SIMD per group (codegen/cpu_kernel.py) and the
-CPU backend (runtime/cpu.py).
+(schedule/cpu_mapper.py) with the CPU model (model/cpu.py: this machine's caches and probed
+rates, runtime/cpu_probe.py) choosing splits and formulations, C++ with OpenMP + SIMD per group
+(codegen/cpu_kernel.py) and the CPU backend (runtime/cpu.py).
 
 Covered: element-wise groups, ROW / COLUMN / ALL reductions with fused element-wise producers
 and epilogues, split across cores when their outputs cannot occupy them, and stitched ROW groups

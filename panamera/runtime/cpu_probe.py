@@ -5,10 +5,10 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
 -fopenmp`, libmvec) times, each the fastest of 5 runs of about 4 ms:
 - a read-only SIMD sum and a triad (a = b + 0.5 c) over arrays resident in L2 (half of it per
   thread), in L3 (8 x L2, at least 16 MiB, at most half the L3: the sizes of the bench's
-  workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's "DRAM" level, large arrays),
-  at one thread and at `threads`; the
-  write rate is what the triad's time leaves after its two reads at the sum's rate;
-- one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 16 KiB (L1);
+  workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's "DRAM" level), at one
+  thread and at `threads`: the read rate is the sum's, the write rate the triad's (its 12 bytes
+  per element over its time);
+- one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
 - an empty parallel region, called from Python through ctypes.
 
 The whole probe takes well under a second; its figures are cached as JSON in the library cache
