@@ -13,7 +13,7 @@ import panamera as pn
 from panamera.bench import cpu_measure
 from panamera.bench.cpu_recipes import CpuWorkload, tiny_cpu
 from panamera.compiler import lower
-from panamera.model.cpu import Caches, CpuModel, CpuWork, call_us, kernel_time, limit_us
+from panamera.model.cpu import Caches, CpuModel, CpuWork, Rates, call_us, kernel_time, limit_us
 from panamera.runtime import cpu_probe
 from panamera.schedule.cpu_cost import best_split, work
 
@@ -136,3 +136,23 @@ def test_bench_measure_command(tmp_path, private_cache, monkeypatch, capsys):
     assert len(saved["records"]) == 3 * len(saved["meta"]["threads"]) and all(r["correct"] for r in saved["records"])
     assert "measured" in capsys.readouterr().out
     assert main(["bench", "--suite", "contractions", "--measure"]) == 2
+
+
+def test_contended_probe_kept_briefly(private_cache, monkeypatch):
+    import os
+
+    from panamera.model.cpu import NOMINAL
+
+    hot = cpu_probe._extrapolated(2, NOMINAL.read_gbs, NOMINAL.write_gbs, 0.1, 0.3, 0.2, 1.0, 9000.0)
+    assert hot.source.startswith("contended") and hot.read_gbs[0][1] == 2 * hot.read_gbs[0][0]
+    calm = Rates(**{**hot.__dict__, "source": "probed"})
+    runs = iter([hot, calm])
+    monkeypatch.setattr(cpu_probe, "measure", lambda *a: next(runs))
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)
+    assert cpu_probe.rates(2, caches) is hot
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches) == hot  # reused from disk while fresh
+    (path,) = private_cache.glob("cpu_probe_*.json")
+    os.utime(path, (0, 0))  # older than CONTENDED_TTL_S: probed again
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches).source == "probed"
