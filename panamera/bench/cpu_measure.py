@@ -342,9 +342,10 @@ def summary(result: dict) -> str:
             sr = [r for r in rows if r["suite"] == suite]
             sp = [r["speedup_over_best_peer"] for r in sr if r["speedup_over_best_peer"] is not None]
             within = sum(1 for r in sr if 0.8 <= r["model_over_measured"] <= 1.2)
+            fastest = sum(1 for r in sr if 0.8 <= r["modeled_us"] / r["measured"]["panamera"]["min_us"] <= 1.2)
             low = f", lowest {min(sp):.2f}x" if sp else ""
-            lines.append(f"- {suite}: geomean speedup over the best peer {_geo(sp):.2f}x{low}; "
-                         f"model within ±20 % on {within}/{len(sr)}")  # fmt: skip
+            lines.append(f"- {suite}: geomean speedup over the best peer {_geo(sp):.2f}x{low}; model within ±20 % "
+                         f"of the median on {within}/{len(sr)} (of the fastest sample on {fastest}/{len(sr)})")  # fmt: skip
     if m["skipped"]:
         lines += ["", "## Skipped", ""] + [f"- {n}: {why}" for n, why in m["skipped"]]
     lines += ["", "Not in the CPU bench: " + "; ".join(f"{k}: {v}" for k, v in m["not_covered"].items()) + "."]
