@@ -156,3 +156,20 @@ def test_contended_probe_kept_briefly(private_cache, monkeypatch):
     os.utime(path, (0, 0))  # older than CONTENDED_TTL_S: probed again
     cpu_probe.rates.cache_clear()
     assert cpu_probe.rates(2, caches).source == "probed"
+
+
+@pytest.mark.parametrize("split", [None, 2])
+def test_column_blocks_of_whole_rows_and_clipped_last_block(split):
+    """A COLUMN task holds whole rows up to 16 KiB of accumulators; wider rows make several
+    blocks, the last one clipped (float32: 4096 outputs a block, float64: 2048)."""
+    from conftest import tolerance
+
+    rng = np.random.default_rng(3)
+    for dtype, cols in (("float32", 4100), ("float64", 2100)):
+        a = rng.standard_normal((5, cols)).astype(dtype)
+        k = pn.compile(pn.sum(pn.placeholder(a.shape, dtype), axis=0), target="cpu", split=split)
+        (d,) = k.decisions
+        assert d.form == "COLUMN" and d.block * np.dtype(dtype).itemsize == 16384 and d.block < cols
+        np.testing.assert_allclose(
+            k(a), a.astype(np.float64).sum(0), rtol=tolerance(dtype, 5), atol=tolerance(dtype, 5)
+        )

@@ -27,7 +27,10 @@ from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 
-COLUMN_BLOCK_VECTORS = 16  # a COLUMN task's kept block, in SIMD vectors of the accumulator
+# A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
+# accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
+# sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector strips.
+COLUMN_BLOCK_VECTORS = 256
 
 
 @dataclass(frozen=True)
