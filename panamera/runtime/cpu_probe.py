@@ -3,11 +3,11 @@ STREAM-like probe and kept on disk.
 
 A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
 -fopenmp`, libmvec) times, each the fastest of 5 runs of about 4 ms:
-- a read-only SIMD sum and a triad (a = b + 0.5 c) over arrays resident in L2 (half of it per
-  thread), in L3 (8 x L2, at least 16 MiB, at most half the L3: the sizes of the bench's
-  workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's "DRAM" level), at one
-  thread and at `threads`: the read rate is the sum's, the write rate the triad's (its 12 bytes
-  per element over its time);
+- a read-only SIMD sum over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
+  resident in L2 (half of it per thread), in L3 (8 x L2, at least 16 MiB, at most half the L3:
+  the sizes of the bench's workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's
+  "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
+  the triad's (its 12 bytes per element over its time);
 - one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
 - an empty parallel region, called from Python through ctypes.
 
@@ -38,7 +38,7 @@ from ..model.cpu import LEVELS, Caches, Rates
 from . import diskcache
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 3
+VERSION = 4
 LARGE = 64 << 20
 TARGET_S = 0.004  # each sample runs for about this long
 CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
@@ -136,15 +136,15 @@ def measure(threads: int, caches: Caches) -> Rates:
     sizes["DRAM"] = min(4 * caches.l3, LARGE)
     read, write = [], []
     for level in LEVELS:
-        n = sizes[level] // 4 // 3  # three arrays for the triad
-        a, b, c = (np.full(n, 1.0, np.float32) for _ in range(3))
-        pa, pb, pc = (x.ctypes.data for x in (a, b, c))
+        buf = np.full(sizes[level] // 4, 1.0, np.float32)  # the sum reads all of it, the triad its thirds
+        n, n3 = buf.size, buf.size // 3
+        pb, p3 = buf.ctypes.data, tuple(buf[k * n3 :].ctypes.data for k in range(3))
         pair_r, pair_w = [], []
         for t in counts:
             rs = _timed(lambda reps, t=t, pb=pb, n=n: lib.pn_sum(pb, n, reps, t))
-            ts = _timed(lambda reps, t=t, p=(pa, pb, pc), n=n: lib.pn_triad(*p, n, reps, t))
+            ts = _timed(lambda reps, t=t, p=p3, n=n3: lib.pn_triad(*p, n, reps, t))
             pair_r.append(4 * n / rs / 1e9)
-            pair_w.append(12 * n / ts / 1e9)
+            pair_w.append(12 * n3 / ts / 1e9)
         read.append((pair_r[0], pair_r[-1]))
         write.append((pair_w[0], pair_w[-1]))
     k = 6144  # 24 KiB: in L1
