@@ -2,7 +2,7 @@
 STREAM-like probe and kept on disk.
 
 A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
--fopenmp`, libmvec) times, each the fastest of 5 runs of about 4 ms:
+-fopenmp`, libmvec) times, each the fastest of 9 runs of about 1 ms (or one repetition):
 - a read-only SIMD sum over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
   resident in L2 (half of it per thread), in L3 (8 x L2, at least 16 MiB, at most half the L3:
   the sizes of the bench's workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's
@@ -38,9 +38,10 @@ from ..model.cpu import LEVELS, Caches, Rates
 from . import diskcache
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 4
+VERSION = 5
 LARGE = 64 << 20
-TARGET_S = 0.004  # each sample runs for about this long
+TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
+SAMPLES = 9
 CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
 CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machine is probed again
 
@@ -103,13 +104,13 @@ void pn_empty(int nt) {
 
 
 def _timed(call, per_rep: float | None = None) -> float:
-    """Seconds per repetition of `call(reps)`: the fastest of 5 samples of about TARGET_S each."""
+    """Seconds per repetition of `call(reps)`: the fastest of SAMPLES samples of about TARGET_S each."""
     t0 = time.perf_counter()
     call(1)
     one = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(TARGET_S / one))
     best = math.inf
-    for _ in range(5):
+    for _ in range(SAMPLES):
         t0 = time.perf_counter()
         call(reps)
         best = min(best, (time.perf_counter() - t0) / reps)
