@@ -451,7 +451,12 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
 )
 @click.option("--out", type=click.Path(file_okay=False), help="write results.json and summary.md (and plots) here")
 @click.option("--plot", is_flag=True, help="write PNG bar charts to --out (needs matplotlib)")
-@click.option("--measure/--no-measure", default=None, help="time kernels on the GPU (default: when CuPy sees one)")
+@click.option(
+    "--measure/--no-measure",
+    default=None,
+    help="time kernels on the GPU (default: when CuPy sees one); without a GPU, --measure times the CPU target "
+    "against numpy, torch, Inductor and onnxruntime (bench/cpu/)",
+)
 @click.option("--repeat", default=20, show_default=True, help="timed runs per kernel (median) with --measure")
 def bench(suite, gpu, out, plot, measure, repeat):
     """Reproduce the paper's experiments: every workload planned as Panamera, deterministic,
@@ -468,6 +473,13 @@ def bench(suite, gpu, out, plot, measure, repeat):
     workloads = tiny() if suite == "tiny" else None
     argv = sys.argv[1:]  # the command as typed (options before `bench` too); else what it amounts to
     cmd = shlex.join(["panamera", *argv]) if "bench" in argv else f"panamera bench --suite {suite} --gpu {gpu}"
+    from .bench.cpu_measure import measure_on_cpu
+
+    if measure and measure_on_cpu():  # issue 24: no GPU, so the CPU target is timed against CPU peers
+        from .bench.cpu_measure import bench_cpu
+
+        console.print(bench_cpu(suite, out, plot, repeat, cmd, lambda m: console.print(m, markup=False)), markup=False)
+        return
     _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, None, cmd)
     console.print(summary, markup=False)
     if out:

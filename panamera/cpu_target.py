@@ -1,6 +1,7 @@
 """`target="cpu"`: the stages up to the kernel groups as for every target, then the CPU mapper
-(schedule/cpu_mapper.py), C++ with OpenMP + SIMD per group (codegen/cpu_kernel.py) and the
-CPU backend (runtime/cpu.py).
+(schedule/cpu_mapper.py) with the CPU model (model/cpu.py: this machine's caches and probed
+rates, runtime/cpu_probe.py) choosing splits and formulations, C++ with OpenMP + SIMD per group
+(codegen/cpu_kernel.py) and the CPU backend (runtime/cpu.py).
 
 Covered: element-wise groups, ROW / COLUMN / ALL reductions with fused element-wise producers
 and epilogues, split across cores when their outputs cannot occupy them, and stitched ROW groups
@@ -35,10 +36,13 @@ from .compiler import (
     write_out,
 )
 from .frontend.tensor import Tensor
+from .model.cpu import Caches, CpuModel
+from .runtime import cpu_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
 from .schedule.contraction import contraction_info
-from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu, modeled_steps
+from .schedule.cpu_cost import PlanTime, plan_time
+from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations
 
 
@@ -49,6 +53,7 @@ class CpuCompiled(Compiled):
 
     cpu_kernels: tuple[CpuKernel, ...] = ()
     cpu_source: str = ""
+    cpu_model: CpuModel | None = None
 
     source = property(lambda self: self.cpu_source)
     decisions = property(lambda self: tuple(k.decision for k in self.cpu_kernels))
@@ -69,13 +74,28 @@ class CpuCompiled(Compiled):
         ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads)
         return dataclasses.replace(self, stages=a, single=single, executor=ex)
 
+    def modeled(self, threads: int | None = None) -> PlanTime:
+        """The CPU model's time of this plan on `threads` threads (default: the decisions'), and its limit."""
+        pairs = [(g, k.decision) for g, k in zip((g for g in self.stages.groups if g.M * g.N), self.cpu_kernels)]
+        return plan_time(pairs, self.cpu_model, _compulsory(self.stages), threads, len(self.stages.graph))
+
     def explain(self, section=None) -> str:
-        """The CPU kernels, their decisions and the formulations chosen (one section: `section`
-        is accepted for the GPU explain's signature and ignored)."""
-        lines = [f"Panamera plan: {len(self.cpu_kernels)} CPU kernel(s), target cpu ({CpuMachine.detect().name})"]
-        for k in self.cpu_kernels:
-            lines.append(f"  kernel {k.name}: {k.decision.describe()}")
-        lines += [f"  formulation: {f.describe().replace(' us', ' SIMD steps')}" for f in self.formulations]
+        """The CPU kernels, their decisions and modeled times against the limit, and the
+        formulations chosen (one section: `section` is accepted for the GPU explain's signature
+        and ignored)."""
+        m = self.cpu_model
+        p = self.modeled()
+        lines = [
+            f"Panamera plan: {len(self.cpu_kernels)} CPU kernel(s), target cpu",
+            f"  machine: {m.describe()}",
+            f"  modeled {p.total_us:.1f} us on {m.cores} thread(s); limit {p.limit_us:.1f} us (ratio {p.ratio:.2f})",
+        ]
+        for k, t in zip(self.cpu_kernels, p.kernels):
+            lines.append(
+                f"  kernel {k.name}: {k.decision.describe()}; modeled {t.total_us:.1f} us ({t.bound}-bound, "
+                f"data in {t.level}, {t.threads} busy thread(s), fork {t.fork_us:.1f} + merge {t.merge_us:.1f} us)"
+            )
+        lines += [f"  formulation: {f.describe()}" for f in self.formulations]
         return "\n".join(lines)
 
 
@@ -93,15 +113,31 @@ def _refuse(a) -> None:
             )
 
 
+def _compulsory(a) -> int:
+    """Bytes no plan avoids: the program's inputs read once, its outputs written once."""
+    return sum(t.size * t.dtype.itemsize for t in (*a.program.inputs, *a.graph))
+
+
+def cpu_model(machine: CpuMachine | None = None) -> CpuModel:
+    """This machine's CPU model: cores and SIMD of `machine`, caches from /sys, rates probed once
+    (runtime/cpu_probe.py, cached on disk)."""
+    machine = machine or CpuMachine.detect()
+    caches = Caches.detect()
+    return CpuModel(machine.cores, machine.simd_bytes, machine.name, caches, cpu_probe.rates(machine.cores, caches))
+
+
 def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> CpuCompiled:
     """The stages through `groups`, then one CPU kernel per group."""
     if options.schedule is not None:
         raise CpuUnsupportedError("target='cpu': schedule= replays GPU decisions; it does not apply to the CPU")
     machine = CpuMachine.detect()
+    model = cpu_model(machine)
     alone = Options(Target.EMULATOR, False, options.gpu)
 
-    def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked for this CPU
-        return modeled_steps(run_stages(alternative, alone, stop_after="groups").groups, machine)
+    def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
+        a = run_stages(alternative, alone, stop_after="groups")
+        pairs = [(g, map_cpu(g, machine, options.split, model)) for g in a.groups if g.M * g.N]
+        return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
     a = run_stages(graph, options, stop_after="groups")
@@ -110,7 +146,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     kernels = []
     for k, g in enumerate(a.groups):
         if g.M * g.N:
-            d: CpuDecision = map_cpu(g, machine, options.split)
+            d: CpuDecision = map_cpu(g, machine, options.split, model)
             kernels.append(render_cpu(kernel_name(k, g), g, d))
     buffers = _output_specs(a.groups)
     for kern in kernels:
@@ -129,7 +165,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     calls = tuple((k.name, tuple(p.key for p in k.params)) for k in kernels)
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores)
-    return CpuCompiled(a, options, single, ex, "chosen by the CPU mapper", tuple(kernels), source)
+    return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)
 
 
 TARGET_COMPILERS[Target.CPU] = compile_cpu

@@ -90,7 +90,7 @@ def test_mapper_splits_few_outputs():
     from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
 
     two = CpuMachine(cores=2, simd_bytes=32, name="test")
-    g = lower(pn.sum(pn.placeholder((2, 1 << 18), "float32"), axis=1), stop_after="groups", target="emulator")
+    g = lower(pn.sum(pn.placeholder((1, 1 << 18), "float32"), axis=1), stop_after="groups", target="emulator")
     d = map_cpu(g.groups[0], two)
     assert d.split > 1 and d.chunk % d.lanes == 0 and d.split * d.chunk >= d.N
     many = lower(pn.sum(pn.placeholder((4096, 512), "float32"), axis=1), stop_after="groups", target="emulator")

@@ -31,7 +31,7 @@ from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
 log = logging.getLogger("panamera.cpu")
-BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 _loaded: dict[str, ctypes.CDLL] = {}
 _guard = threading.Lock()
 

@@ -1,0 +1,381 @@
+"""`panamera bench --measure` without a GPU: Panamera's CPU kernels (target="cpu") timed side by
+side with numpy, PyTorch eager, torch.compile (Inductor's CPU backend) and onnxruntime's CPU
+provider, in one run, with the CPU model's prediction beside each measured time.
+
+Per workload (bench/cpu_recipes.py) and thread count (1, and every usable core): each
+implementation is warmed up, then `rounds` rounds call every implementation in an order
+shuffled per round (interleaved: a burst of load from other processes hits all alike), each
+sample the mean of enough back-to-back calls to last `min_sample_s`; results give the median and
+the p25-p75 spread. numpy is single-threaded whatever the count; torch, Inductor (compiled per
+thread count) and onnxruntime (`intra_op_num_threads`) are given the count. Every Panamera result
+is checked against the recipe in float64 numpy first, with a tolerance from the output dtype
+and the reduction length. Workloads the CPU target refuses, or too large for this machine, are
+listed as skipped with the reason. The run is labelled with the CPU, thread counts, date and
+the load average at its start (over 1.5: the figures are marked untrustworthy).
+
+>>> from panamera.bench.cpu_recipes import cpu_workloads
+>>> [w.name for w in select(cpu_workloads(), "norms", default_only=True)][:2]
+['softmax [6144x128]', 'softmax [64x30522]']
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PanameraError
+from .cpu_recipes import NOT_COVERED, CpuWorkload, NumpyBackend, OnnxBackend, PanameraBackend, TorchBackend
+
+PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
+COLOURS = dict(zip(PEERS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))  # one per peer, in every CPU chart
+LOAD_WARNING = 1.5
+MAX_INPUT_BYTES = 128 << 20
+SUITES = ("single", "subgraphs", "norms")
+
+
+INDUCTOR = True  # time torch.compile (each compile takes seconds; the tests turn it off)
+
+
+def measure_on_cpu() -> bool:
+    """Whether `bench --measure` times the CPU target: no GPU for CuPy here."""
+    from .runner import _gpu_available
+
+    return not _gpu_available()
+
+
+def bench_cpu(suite: str, out: str | None, plot: bool, rounds: int, command: str, progress=None) -> str:
+    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph
+    and norm suites (about three minutes), a suite name all of its workloads, "tiny" three small
+    ones; returns the markdown summary."""
+    from ..errors import OptionError
+    from .cpu_recipes import cpu_workloads, tiny_cpu
+
+    if suite == "contractions":
+        raise OptionError("bench --measure on the CPU: the contraction suite is not measured on the CPU target yet")
+    ws = tiny_cpu() if suite == "tiny" else select(cpu_workloads(), suite, default_only=suite == "all")
+    _, text = run_cpu_measure(ws, out, plot, rounds, command=command, progress=progress)
+    return text + (f"\nwrote {out}/results.json and {out}/results.md\n" if out else "")
+
+
+def select(workloads: list[CpuWorkload], suite: str = "all", default_only: bool = False) -> list[CpuWorkload]:
+    """The workloads of `suite` ("all": every CPU suite), the default set only when asked."""
+    return [w for w in workloads if (suite == "all" or w.suite == suite) and (w.default or not default_only)]
+
+
+def _tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def tolerance(dtype: np.dtype, n: int) -> float:
+    """Relative tolerance of a float result reduced over n values (0: exact)."""
+    if dtype.kind != "f":
+        return 0.0
+    eps = float(np.finfo(dtype).eps) if dtype.itemsize >= 4 else 2.0**-23  # 16-bit inputs accumulate in fp32
+    return 4 * float(np.finfo(dtype).eps) + eps * math.sqrt(max(n, 1)) * 8 + 16 * eps  # + libmvec's ulps
+
+
+def check(got, ref, n: int) -> tuple[float, float, bool]:
+    """(max error relative to the largest |reference|, tolerance, within it) over every output."""
+    worst, tol, ok = 0.0, 0.0, True
+    for g, r in zip(_tuple(got), _tuple(ref)):
+        g = np.asarray(g)
+        t = tolerance(g.dtype, n)
+        if t == 0.0:
+            e = float(np.count_nonzero(g != np.asarray(r)))
+            good = e == 0
+        else:
+            e = float(np.max(np.abs(g.astype(np.float64) - r)) / max(float(np.max(np.abs(r))), 1e-30))
+            good = e <= t
+        worst, tol, ok = max(worst, e), max(tol, t), ok and good
+    return worst, tol, ok
+
+
+def _sample(fn, inner: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - t0) / inner * 1e6
+
+
+def measure(impls: dict, rounds: int, min_sample_s: float) -> dict:
+    """Median and spread (us) of each implementation over `rounds` interleaved rounds."""
+    inner = {}
+    for name, fn in impls.items():
+        fn()  # warm-up
+        t = _sample(fn, 1) * 1e-6
+        inner[name] = max(1, min(1000, int(min_sample_s / max(t, 1e-7))))
+    samples: dict[str, list[float]] = {k: [] for k in impls}
+    names = list(impls)
+    for _ in range(rounds):
+        random.shuffle(names)
+        for k in names:
+            samples[k].append(_sample(impls[k], inner[k]))
+    out = {}
+    for k, s in samples.items():
+        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
+        out[k] = {"median_us": statistics.median(s), "p25_us": q[0], "p75_us": q[2], "min_us": min(s)}
+    return out
+
+
+class _Peers:
+    """The peers' callables for one workload, built once (onnxruntime sessions and Inductor per thread count)."""
+
+    def __init__(self, w: CpuWorkload, arrays: list[np.ndarray], inductor: bool, ort: bool):
+        import torch
+
+        self.torch, self.w, self.arrays = torch, w, arrays
+        self.tensors = [torch.from_numpy(a) for a in arrays]
+        self.tb = TorchBackend()
+        self.inductor, self.ort = inductor, ort
+        self.model = OnnxBackend().model(w) if ort else None
+
+    def at(self, threads: int) -> tuple[dict, dict]:
+        """(implementations, reasons a peer is missing) at `threads`."""
+        torch, w, arrays, ts = self.torch, self.w, self.arrays, self.tensors
+        torch.set_num_threads(threads)
+        nb = NumpyBackend()
+        impls = {"numpy": lambda: w.recipe(nb, *arrays)}
+
+        def eager():
+            with torch.no_grad():
+                return w.recipe(self.tb, *ts)
+
+        impls["torch eager"] = eager
+        missing = {}
+        if self.inductor:
+            try:
+                torch._dynamo.reset()
+                fn = torch.compile(lambda *xs: w.recipe(self.tb, *xs))
+                with torch.no_grad():
+                    fn(*ts)
+                impls["torch.compile"] = lambda: fn(*ts)
+            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
+                missing["torch.compile"] = f"{type(e).__name__}: {str(e)[:120]}"
+        if self.ort:
+            try:
+                import onnxruntime as ort
+
+                so = ort.SessionOptions()
+                so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+                so.log_severity_level = 3
+                sess = ort.InferenceSession(self.model, so, providers=["CPUExecutionProvider"])
+                feed = {f"x{k}": a for k, a in enumerate(arrays)}
+                sess.run(None, feed)
+                impls["onnxruntime"] = lambda: sess.run(None, feed)
+            except Exception as e:  # noqa: BLE001
+                missing["onnxruntime"] = f"{type(e).__name__}: {str(e)[:120]}"
+        return impls, missing
+
+
+def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
+    return [rng.standard_normal(s).astype(d) for s, d in zip(w.shapes, w.input_dtypes)]
+
+
+def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float, peers: bool = True,
+                 inductor: bool = True, ort: bool = True, rng=None) -> list[dict]:  # fmt: skip
+    """The records of one workload, one per thread count (raises PanameraError when the CPU target refuses it)."""
+    from ..compiler import compile as pn_compile
+    from ..frontend.tensor import placeholder
+
+    rng = rng or np.random.default_rng(0)
+    holders = [placeholder(s, d, name=f"x{k}") for k, (s, d) in enumerate(zip(w.shapes, w.input_dtypes))]
+    outs = _tuple(w.recipe(PanameraBackend(), *holders))
+    k = pn_compile(list(outs), target="cpu")
+    arrays = _inputs(w, rng)
+    ref = w.recipe(NumpyBackend(ref=True), *[a.astype(np.float64) for a in arrays])
+    err, tol, ok = check(k(*arrays), ref, w.reduced)
+    built = _Peers(w, arrays, inductor, ort) if peers else None
+    records = []
+    for n in threads:
+        impls, missing = built.at(n) if built else ({}, {})
+        impls = {"panamera": lambda n=n: k(*arrays, threads=n), **impls}
+        res = measure(impls, rounds, min_sample_s)
+        modeled = k.modeled(n)
+        pan = res["panamera"]["median_us"]
+        peer_t = {p: v["median_us"] for p, v in res.items() if p != "panamera"}
+        best = min(peer_t, key=peer_t.get) if peer_t else None
+        records.append({
+            "suite": w.suite, "workload": w.name, "threads": n, "measured": res, "missing_peers": missing,
+            "modeled_us": round(modeled.total_us, 2), "limit_us": round(modeled.limit_us, 2),
+            "model_over_measured": round(modeled.total_us / pan, 3),
+            "best_peer": best, "speedup_over_best_peer": peer_t[best] / pan if best else None,
+            "max_rel_err": err, "tolerance": tol, "correct": ok,
+            "plan": [d.describe() for d in k.decisions],
+        })  # fmt: skip
+    return records
+
+
+def run_cpu_measure(
+    workloads: list[CpuWorkload],
+    out: str | None = None,
+    plot: bool = False,
+    rounds: int = 7,
+    min_sample_s: float = 0.002,
+    peers: bool = True,
+    command: str = "panamera bench --measure",
+    progress=None,
+    inductor: bool | None = None,
+) -> tuple[dict, str]:
+    """Measure `workloads` at 1 and every usable thread; returns ({"meta", "records"}, markdown)
+    and, with `out`, writes results.json, results.md (and with `plot` the charts) there."""
+    import torch
+
+    from ..cpu_target import cpu_model
+    from ..schedule.cpu_mapper import CpuMachine
+
+    load = os.getloadavg()
+    machine = CpuMachine.detect()
+    model = cpu_model(machine)
+    threads = tuple(sorted({1, machine.cores}))
+    ort = peers
+    inductor = peers and (INDUCTOR if inductor is None else inductor)
+    if peers:
+        try:
+            import onnx  # noqa: F401
+            import onnxruntime  # noqa: F401
+        except ImportError:
+            ort = False
+    records, skipped = [], []
+    rng = np.random.default_rng(0)
+    for k, w in enumerate(workloads):
+        if w.input_bytes > MAX_INPUT_BYTES:
+            skipped.append(
+                (w.name, f"inputs of {w.input_bytes >> 20} MiB exceed the bench's {MAX_INPUT_BYTES >> 20} MiB")
+            )
+            continue
+        try:
+            rs = run_workload(w, threads, rounds, min_sample_s, peers, inductor, ort, rng)
+        except PanameraError as e:
+            skipped.append((w.name, f"refused by target='cpu': {str(e).splitlines()[0][:160]}"))
+            continue
+        records += rs
+        if progress:
+            r = rs[-1]
+            progress(f"[{k + 1}/{len(workloads)}] {w.name}: t={r['threads']} panamera "
+                     f"{r['measured']['panamera']['median_us']:.1f} us, modeled {r['modeled_us']:.1f} us, "
+                     f"speedup over the best peer {r['speedup_over_best_peer'] or 0:.2f}x")  # fmt: skip
+    versions = {"numpy": np.__version__, "torch": torch.__version__}
+    try:
+        import onnxruntime
+
+        versions["onnxruntime"] = onnxruntime.__version__
+    except ImportError:
+        pass
+    meta = {
+        "cpu": machine.name,
+        "cores": machine.cores,
+        "threads": list(threads),
+        "model": model.describe(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
+        "load_average_start": [round(x, 2) for x in load],
+        "untrustworthy": load[0] > LOAD_WARNING,
+        "versions": versions,
+        "rounds": rounds,
+        "min_sample_s": min_sample_s,
+        "command": command,
+        "skipped": skipped,
+        "not_covered": NOT_COVERED,
+    }
+    result = {"meta": meta, "records": records}
+    text = summary(result)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+        (Path(out) / "results.md").write_text(text)
+        if plot:
+            from .plots import render
+
+            for c in charts(records):
+                render(c, out)
+    return result, text
+
+
+def _geo(xs) -> float:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
+
+
+def summary(result: dict) -> str:
+    """results.md: the label, then per thread count a table and the geomeans."""
+    m, recs = result["meta"], result["records"]
+    warn = (f"\n**Warning: load average {m['load_average_start'][0]:.2f} > {LOAD_WARNING} at the start: other "
+            "processes shared the cores, the figures are untrustworthy.**\n" if m["untrustworthy"] else "")  # fmt: skip
+    lines = [
+        f"# Panamera target='cpu', measured ({m['date']})",
+        "",
+        f"{m['cpu']}, {m['cores']} usable core(s), threads {m['threads']}; load average at the start "
+        f"{', '.join(f'{x:.2f}' for x in m['load_average_start'])}; "
+        + ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+        + f". Command: `{m['command']}`.",
+        warn,
+        f"CPU model: {m['model']}.",
+        "",
+        f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
+        "calls). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
+        "measured median (target 0.8-1.2). ok: Panamera's result within the tolerance of the float64 reference.",
+    ]
+    for n in m["threads"]:
+        rows = [r for r in recs if r["threads"] == n]
+        if not rows:
+            continue
+        lines += ["", f"## {n} thread(s)", "", "| suite | workload | Panamera | " + " | ".join(PEERS)
+                  + " | speedup | modeled us | model | ok |", "|---|---|---|" + "---|" * len(PEERS) + "---|---|---|---|"]  # fmt: skip
+        for r in rows:
+            res = r["measured"]
+            cell = lambda p, res=res: (f"{res[p]['median_us']:.1f} [{res[p]['p25_us']:.1f}-{res[p]['p75_us']:.1f}]"  # noqa: E731
+                                       if p in res else "-")  # fmt: skip
+            sp = f"{r['speedup_over_best_peer']:.2f}x" if r["speedup_over_best_peer"] is not None else "-"
+            lines.append(f"| {r['suite']} | {r['workload']} | {cell('panamera')} | "
+                         + " | ".join(cell(p) for p in PEERS)
+                         + f" | {sp} | {r['modeled_us']:.1f} | {r['model_over_measured']:.2f} | "
+                         f"{'yes' if r['correct'] else 'NO'} |")  # fmt: skip
+        lines.append("")
+        for suite in dict.fromkeys(r["suite"] for r in rows):
+            sr = [r for r in rows if r["suite"] == suite]
+            sp = [r["speedup_over_best_peer"] for r in sr if r["speedup_over_best_peer"] is not None]
+            within = sum(1 for r in sr if 0.8 <= r["model_over_measured"] <= 1.2)
+            fastest = sum(1 for r in sr if 0.8 <= r["modeled_us"] / r["measured"]["panamera"]["min_us"] <= 1.2)
+            low = f", lowest {min(sp):.2f}x" if sp else ""
+            lines.append(f"- {suite}: geomean speedup over the best peer {_geo(sp):.2f}x{low}; model within ±20 % "
+                         f"of the median on {within}/{len(sr)} (of the fastest sample on {fastest}/{len(sr)})")  # fmt: skip
+    if m["skipped"]:
+        lines += ["", "## Skipped", ""] + [f"- {n}: {why}" for n, why in m["skipped"]]
+    lines += ["", "Not in the CPU bench: " + "; ".join(f"{k}: {v}" for k, v in m["not_covered"].items()) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def charts(records: list[dict]) -> list:
+    """Per thread count: Panamera's measured speedup over each peer (bar: over the best), and the
+    model's time over the measured one (0.8-1.2: the target)."""
+    from .plots import BEST_BAR, Chart, Series, _cap, colour
+
+    out = []
+    for n in sorted({r["threads"] for r in records}):
+        rows = [r for r in records if r["threads"] == n]
+        names = tuple(f"{r['workload']}" for r in rows)
+        pan = [r["measured"]["panamera"]["median_us"] for r in rows]
+        series = tuple(
+            Series(p, COLOURS[p], tuple(r["measured"][p]["median_us"] / t if p in r["measured"] else None
+                                       for r, t in zip(rows, pan)))
+            for p in PEERS
+        )  # fmt: skip
+        best = Series("over the best peer", BEST_BAR, tuple(r["speedup_over_best_peer"] for r in rows))
+        hi = _cap(best.values, [v for s in series for v in s.values])
+        clipped = tuple((nm, s.name, v) for s in series for nm, v in zip(names, s.values) if v is not None and v > hi)
+        out.append(Chart(f"cpu_speedup_t{n}", f"Panamera's measured speedup over each peer, {n} thread(s)",
+                         "speedup of Panamera (measured; > 1: Panamera faster)", names, series, 0.0, hi, (1.0,), best,
+                         clipped=clipped))  # fmt: skip
+        ratio = Series("model / measured", colour("panamera"), tuple(r["model_over_measured"] for r in rows))
+        hi = _cap(ratio.values, ratio.values)
+        out.append(Chart(f"cpu_model_t{n}", f"The CPU model's time over the measured one, {n} thread(s)",
+                         "modeled / measured (target 0.8-1.2)", names, (ratio,), 0.0, hi, (1.0, 0.8, 1.2),
+                         clipped=tuple((nm, ratio.name, v) for nm, v in zip(names, ratio.values) if v > hi)))  # fmt: skip
+    return out

@@ -1,0 +1,261 @@
+"""The CPU model: the modeled time of one CPU kernel (schedule/cpu_mapper.py's decision) from the
+bytes it moves, the SIMD work per element and the threads that share it. Every figure is *modeled*.
+
+The machine is described by what it has (cores, SIMD width, cache sizes read from /sys) and by
+what it does, measured once per machine by the short probe of runtime/cpu_probe.py (`Rates`):
+read and write bandwidth with the data resident in L2, in L3 and beyond (`DRAM`), at one thread and at
+all of them; the time per element of a SIMD sum, of an `exp` and of a division with the data in
+L1; the cost of entering an OpenMP parallel region. Without a probe, `NOMINAL` stands in.
+
+A program's time is the Python side of its call (`call_us`, fitted here) plus each kernel's
+time (`kernel_time`):
+
+    fork + max(memory, compute) + merge
+
+- memory: the bytes the kernel moves (each input read once, each output written once, and the
+  re-reads of a stitched group's later passes at the L2 rate) over the bandwidth of the level the
+  kernel's bytes fit in (warm data: a benchmark calls the same kernel on the same arrays);
+- compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
+  whose combine does not vectorize pays one scalar step per element) / threads;
+- both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
+  (ceil(tasks / threads) waves of equal tasks);
+- merge (a split reduction): a second barrier and, per output, its partials combined in order.
+
+The limit is what no plan can beat: the compulsory bytes (inputs once, outputs once) at the best
+bandwidth any probe measured at that level, plus one parallel region's entry.
+
+>>> m = CpuModel.nominal(cores=2, simd_bytes=64, name="x")
+>>> w = CpuWork(M=1, N=1 << 20, elements=1 << 20, read_bytes=4 << 20, write_bytes=4)
+>>> one = kernel_time(w, m, tasks=1, split=1, threads=2)
+>>> two = kernel_time(w, m, tasks=2, split=2, threads=2)
+>>> two.total_us < one.total_us, one.level
+(True, 'L3')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
+DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
+FREE = frozenset({"load", "const"})
+LEVELS = ("L2", "L3", "DRAM")
+# The Python side of one call of a CPU program (CpuCompiled.__call__: binding the inputs,
+# allocating the outputs, ctypes), fitted on this project's machine (Xeon, Python 3.11): a
+# 16-element sum takes 14 us a call, each further output about 3 us more.
+CALL_US, OUTPUT_US = 14.0, 3.0
+CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this share of it
+# Beyond this many bytes the model uses the large-array rates even when the L3 the OS reports
+# is bigger: in a virtual machine that L3 is shared with other guests (here 260 MiB reported,
+# and a 64 MiB column sum ran at a third of the 16 MiB probe's rate).
+L3_MAX = 32 << 20
+
+
+@dataclass(frozen=True)
+class Caches:
+    """Data cache sizes in bytes: L1 and L2 per core, L3 shared."""
+
+    l1: int
+    l2: int
+    l3: int
+
+    @staticmethod
+    def detect(root: str = "/sys/devices/system/cpu/cpu0/cache") -> Caches:
+        """From /sys (index*/level, type, size); 48 KiB / 2 MiB / 32 MiB where it cannot be read."""
+        sizes = {1: 48 << 10, 2: 2 << 20, 3: 32 << 20}
+        found: dict[int, int] = {}
+        for d in sorted(Path(root).glob("index*")):
+            try:
+                level = int((d / "level").read_text())
+                kind = (d / "type").read_text().strip()
+                size = _size((d / "size").read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if kind in ("Data", "Unified"):
+                found[level] = size
+        sizes.update(found)
+        if 3 not in found and 2 in found:  # no L3: the "L3" level is the L2 of every core
+            sizes[3] = sizes[2]
+        return Caches(sizes[1], sizes[2], sizes[3])
+
+
+def _size(text: str) -> int:
+    """'48K' -> 49152; '2048K', '32M', '1G', '512'."""
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1].upper()] if text[-1].upper() in mult else int(text)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the machine does, measured (runtime/cpu_probe.py) or nominal.
+
+    read_gbs: per level of LEVELS, (one thread, `threads` threads) in GB/s of a SIMD sum;
+    write_gbs: the same of a triad (a = b + 0.5 c: two reads and a write), the rate of written bytes;
+    add_ns, exp_ns, div_ns: one thread's time per float32 element of `s += x[i]`,
+    `s += exp(x[i])`, `s += x[i] / (x[i] + 2)` (data in L1, SIMD); fork_us: entering and
+    leaving a parallel region from Python through ctypes, (one thread, `threads`)."""
+
+    threads: int
+    read_gbs: tuple[tuple[float, float], ...]
+    write_gbs: tuple[tuple[float, float], ...]
+    add_ns: float
+    exp_ns: float
+    div_ns: float
+    fork_us: tuple[float, float]
+    source: str = "nominal"
+
+    def bandwidth(self, level: str, threads: int, write: bool = False) -> float:
+        """GB/s at `level` with `threads` threads (linear between one and all threads, flat beyond)."""
+        one, full = (self.write_gbs if write else self.read_gbs)[LEVELS.index(level)]
+        return _between(one, full, threads, self.threads)
+
+    def fork(self, threads: int) -> float:
+        return _between(*self.fork_us, threads, self.threads)
+
+
+def _between(one: float, full: float, t: int, n: int) -> float:
+    if n <= 1 or t <= 1:
+        return one
+    return one + (full - one) * (min(t, n) - 1) / (n - 1)
+
+
+# Nominal rates (a 2020s server core; only used when no probe ran): per-core bandwidth that
+# scales with cores except from DRAM.
+NOMINAL = Rates(
+    threads=1,
+    read_gbs=((60.0, 60.0), (25.0, 25.0), (12.0, 12.0)),
+    write_gbs=((30.0, 30.0), (15.0, 15.0), (8.0, 8.0)),
+    add_ns=0.08,
+    exp_ns=0.35,
+    div_ns=0.2,
+    fork_us=(2.0, 2.0),
+)
+
+
+@dataclass(frozen=True)
+class CpuWork:
+    """What one kernel group asks of the CPU (schedule/cpu_cost.py's `work`).
+
+    M, N: kept and reduced extents; elements: iterations over all statements; read_bytes,
+    write_bytes: compulsory traffic; cheap, transcendental, division: operations per element
+    summed over the statements (a reduction's combine is one cheap operation); reread_bytes:
+    bytes a stitched group's later passes read again from cache; struct: an accumulator whose
+    combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
+    computed type (8: double lanes, half as many per vector)."""
+
+    M: int
+    N: int
+    elements: int
+    read_bytes: int
+    write_bytes: int
+    cheap: float = 1.0
+    transcendental: float = 0.0
+    division: float = 0.0
+    reread_bytes: int = 0
+    struct: bool = False
+    width: int = 4
+
+    @property
+    def bytes(self) -> int:
+        return self.read_bytes + self.write_bytes
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """The machine the model describes: cores, SIMD width, caches and rates."""
+
+    cores: int
+    simd_bytes: int
+    name: str
+    caches: Caches = field(default_factory=lambda: Caches(48 << 10, 2 << 20, 32 << 20))
+    rates: Rates = NOMINAL
+
+    @staticmethod
+    def nominal(cores: int, simd_bytes: int, name: str = "nominal CPU") -> CpuModel:
+        """A model with nominal rates and caches (no probe), scaled to `cores`."""
+        r = NOMINAL
+        scale = lambda pairs, last: tuple((a, a * (cores if k < last else 1)) for k, (a, _) in enumerate(pairs))  # noqa: E731
+        rates = Rates(cores, scale(r.read_gbs, 2), scale(r.write_gbs, 2), r.add_ns, r.exp_ns, r.div_ns, r.fork_us)
+        return CpuModel(cores, simd_bytes, name, Caches(48 << 10, 2 << 20, 32 << 20), rates)
+
+    def level(self, nbytes: int, threads: int) -> str:
+        """The cache level `nbytes` of warm data live in when `threads` cores work on them."""
+        if nbytes <= CACHE_FILL * self.caches.l2 * max(1, threads):
+            return "L2"
+        if nbytes <= min(CACHE_FILL * self.caches.l3, L3_MAX):
+            return "L3"
+        return "DRAM"
+
+    def describe(self) -> str:
+        c = self.caches
+        r = self.rates
+        return (
+            f"{self.name}: {self.cores} cores, SIMD {self.simd_bytes * 8} bits, L1 {c.l1 >> 10} KiB, L2 {c.l2 >> 10} KiB, "
+            f"L3 {c.l3 >> 20} MiB; read GB/s (1/{r.threads} threads) "
+            + ", ".join(f"{lvl} {a:.0f}/{b:.0f}" for lvl, (a, b) in zip(LEVELS, r.read_gbs))
+            + f"; {r.source}"
+        )
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """A kernel's modeled time and its parts, in microseconds."""
+
+    total_us: float
+    memory_us: float
+    compute_us: float
+    fork_us: float
+    merge_us: float
+    level: str
+    threads: int  # threads that have work
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_us >= self.compute_us else "compute"
+
+
+def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
+    """One thread's time per element (ns) of the body's operations, SIMD."""
+    ns = r.add_ns * max(w.cheap, 1.0) + (r.exp_ns - r.add_ns) * w.transcendental + (r.div_ns - r.add_ns) * w.division
+    ns *= max(1.0, w.width / 4)  # fewer lanes per vector for 8-byte types
+    if w.struct:  # the combine runs lane by lane
+        ns += r.add_ns * lanes
+    return ns
+
+
+def kernel_time(
+    w: CpuWork, m: CpuModel, tasks: int, split: int, threads: int | None = None, lanes: int = 16
+) -> KernelTime:
+    """The modeled time of `w` run as `tasks` equal tasks (`split` chunks per output) on `threads`
+    threads (default: every core) under a static schedule."""
+    t = max(1, threads or m.cores)
+    busy = max(1, min(t, tasks))
+    waves = math.ceil(max(tasks, 1) / busy)
+    imbalance = waves * busy / max(tasks, 1)
+    level = m.level(w.bytes, busy)
+    r = m.rates
+    mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
+    mem_s += w.reread_bytes / r.bandwidth("L2", busy) / 1e9
+    comp_s = w.elements * element_ns(w, r, lanes) / busy * 1e-9
+    fork = r.fork(t)
+    merge = 0.0
+    if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
+        merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
+    mem_us, comp_us = mem_s * 1e6 * imbalance, comp_s * 1e6 * imbalance
+    return KernelTime(fork + max(mem_us, comp_us) + merge, mem_us, comp_us, fork, merge, level, busy)
+
+
+def call_us(outputs: int) -> float:
+    """The Python side of one call returning `outputs` arrays (CALL_US, OUTPUT_US)."""
+    return CALL_US + OUTPUT_US * max(outputs - 1, 0)
+
+
+def limit_us(compulsory_bytes: int, m: CpuModel, threads: int | None = None, outputs: int = 1) -> float:
+    """What no plan of `compulsory_bytes` (inputs once, outputs once) beats on `threads` threads:
+    the call, one parallel region's entry and the bytes at the best rate of the level they fit in."""
+    t = max(1, threads or m.cores)
+    level = m.level(compulsory_bytes, t)
+    best = max(m.rates.bandwidth(level, t), m.rates.bandwidth(level, t, write=True))
+    return call_us(outputs) + m.rates.fork(t) + compulsory_bytes / best / 1e3

@@ -1,0 +1,217 @@
+"""The CPU model's measurements (model/cpu.py `Rates`), taken once per machine by a short
+STREAM-like probe and kept on disk.
+
+A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
+-fopenmp`, libmvec) times, each the fastest of 9 runs of about 1 ms (or one repetition):
+- a read-only SIMD sum over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
+  resident in L2 (half of it per thread), in L3 (8 x L2, at least 16 MiB, at most half the L3:
+  the sizes of the bench's workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's
+  "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
+  the triad's (its 12 bytes per element over its time);
+- one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
+- an empty parallel region, called from Python through ctypes.
+
+The whole probe takes well under a second; its figures are cached as JSON in the library cache
+(runtime/diskcache.py) under a key of the CPU's model and flags, the thread count and the
+probe's version, so a machine probes once (a contended probe, whose all-thread samples waited
+for cores other processes held, is kept 10 minutes only).
+
+>>> r = rates(2)  # doctest: +SKIP
+>>> r.source  # doctest: +SKIP
+'probed 2026-11-24 12:40 UTC (DRAM: 64 MiB arrays)'
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import hashlib
+import json
+import logging
+import math
+import time
+from functools import cache
+
+import numpy as np
+
+from ..model.cpu import LEVELS, Caches, Rates
+from . import diskcache
+
+log = logging.getLogger("panamera.cpu")
+VERSION = 5
+LARGE = 64 << 20
+TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
+SAMPLES = 9
+CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
+CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machine is probed again
+
+SOURCE = r"""
+#include <omp.h>
+extern "C" {
+double pn_sum(const float* a, long n, int reps, int nt) {
+  double keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    float s = 0;
+#pragma omp parallel for simd reduction(+ : s) num_threads(nt) schedule(static)
+    for (long i = 0; i < n; ++i) s += a[i];
+    keep += s;
+  }
+  return keep;
+}
+void pn_triad(float* a, const float* b, const float* c, long n, int reps, int nt) {
+  for (int r = 0; r < reps; ++r) {
+#pragma omp parallel for simd num_threads(nt) schedule(static)
+    for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
+  }
+}
+double pn_add(const float* a, long n, int reps) {
+  double keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (long i = 0; i < n; ++i) s += a[i];
+    keep += s;
+  }
+  return keep;
+}
+double pn_exp(const float* a, long n, int reps) {
+  double keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (long i = 0; i < n; ++i) s += expf(a[i]);
+    keep += s;
+  }
+  return keep;
+}
+double pn_div(const float* a, long n, int reps) {
+  double keep = 0;
+  for (int r = 0; r < reps; ++r) {
+    float s = 0;
+#pragma omp simd reduction(+ : s)
+    for (long i = 0; i < n; ++i) s += a[i] / (a[i] + 2.0f);
+    keep += s;
+  }
+  return keep;
+}
+void pn_empty(int nt) {
+  volatile int x = 0;
+#pragma omp parallel num_threads(nt)
+  { x = 1; }
+}
+}
+"""
+
+
+def _timed(call, per_rep: float | None = None) -> float:
+    """Seconds per repetition of `call(reps)`: the fastest of SAMPLES samples of about TARGET_S each."""
+    t0 = time.perf_counter()
+    call(1)
+    one = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, int(TARGET_S / one))
+    best = math.inf
+    for _ in range(SAMPLES):
+        t0 = time.perf_counter()
+        call(reps)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def measure(threads: int, caches: Caches) -> Rates:
+    """Run the probe now (well under a second on an idle machine) and return its rates; when an
+    empty all-thread region shows other processes holding the cores, only one thread is timed."""
+    from .cpu import SIMD_MATH, build
+
+    lib = build(SIMD_MATH + SOURCE)
+    P, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int  # noqa: E741, N806
+    lib.pn_sum.argtypes, lib.pn_sum.restype = (P, L, I, I), ctypes.c_double
+    lib.pn_triad.argtypes, lib.pn_triad.restype = (P, P, P, L, I, I), None
+    for f in (lib.pn_add, lib.pn_exp, lib.pn_div):
+        f.argtypes, f.restype = (P, L, I), ctypes.c_double
+    lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
+
+    fork = tuple(_timed(lambda reps, t=t: [lib.pn_empty(t) for _ in range(reps)]) * 1e6 for t in (1, threads))
+    contended = threads > 1 and (fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0])
+    counts = (1,) if contended or threads == 1 else (1, threads)
+    sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
+    sizes["DRAM"] = min(4 * caches.l3, LARGE)
+    read, write = [], []
+    for level in LEVELS:
+        buf = np.full(sizes[level] // 4, 1.0, np.float32)  # the sum reads all of it, the triad its thirds
+        n, n3 = buf.size, buf.size // 3
+        pb, p3 = buf.ctypes.data, tuple(buf[k * n3 :].ctypes.data for k in range(3))
+        pair_r, pair_w = [], []
+        for t in counts:
+            rs = _timed(lambda reps, t=t, pb=pb, n=n: lib.pn_sum(pb, n, reps, t))
+            ts = _timed(lambda reps, t=t, p=p3, n=n3: lib.pn_triad(*p, n, reps, t))
+            pair_r.append(4 * n / rs / 1e9)
+            pair_w.append(12 * n3 / ts / 1e9)
+        read.append((pair_r[0], pair_r[-1]))
+        write.append((pair_w[0], pair_w[-1]))
+    k = 6144  # 24 KiB: in L1
+    x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
+    px = x.ctypes.data
+    add_ns, exp_ns, div_ns = (
+        _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
+    )
+    if contended:
+        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], fork[1])
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays)"
+    return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"probed {when}{note}")
+
+
+def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn) -> Rates:
+    """Rates when the all-thread samples waited for busy cores (other processes hold them): the
+    all-thread bandwidth is the one-thread figure times the threads (L2, private per core) or
+    times at most 2 (L3, DRAM: shared), and a region's entry twice one thread's. Marked `contended`, and not cached: a later process on a quieter machine probes again."""
+    scaled = lambda pairs: tuple((a, a * threads if k == 0 else a * min(threads, 2)) for k, (a, _) in enumerate(pairs))  # noqa: E731
+    src = f"contended probe (a {threads}-thread region took {forkn:.0f} us): all-thread figures extrapolated from one thread"
+    return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, 2 * fork1), src)
+
+
+def _key(threads: int) -> str:
+    from .cpu import machine_key
+
+    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}".encode()).hexdigest()[:20]
+
+
+def _to_json(r: Rates) -> str:
+    return json.dumps({k: getattr(r, k) for k in Rates.__dataclass_fields__}, indent=1)
+
+
+def _from_json(text: str) -> Rates:
+    d = json.loads(text)
+    pairs = lambda v: tuple(tuple(map(float, p)) for p in v)  # noqa: E731
+    return Rates(
+        int(d["threads"]),
+        pairs(d["read_gbs"]),
+        pairs(d["write_gbs"]),
+        float(d["add_ns"]),
+        float(d["exp_ns"]),
+        float(d["div_ns"]),
+        tuple(map(float, d["fork_us"])),
+        str(d["source"]),
+    )
+
+
+@cache
+def rates(threads: int, caches: Caches | None = None) -> Rates:
+    """This machine's rates for `threads` threads: from the disk cache, else probed and stored."""
+    caches = caches or Caches.detect()
+    path = diskcache.directory() / f"cpu_probe_{_key(threads)}.json"
+    try:
+        if diskcache.verified(path):
+            r = _from_json(path.read_text())
+            if not r.source.startswith("contended") or time.time() - path.stat().st_mtime < CONTENDED_TTL_S:
+                return r
+    except (OSError, ValueError, KeyError, TypeError):
+        log.info("CPU probe cache %s unreadable: probing again", path)
+    r = measure(threads, caches)
+    if r.source.startswith("contended"):
+        log.info("CPU probe: %s", r.source)
+    try:
+        diskcache.store(path.parent, path.name, _to_json(r).encode())
+    except OSError as e:  # a read-only cache: probe again next process
+        log.info("CPU probe not cached (%s)", e)
+    return r

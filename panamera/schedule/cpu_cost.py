@@ -1,0 +1,153 @@
+"""A kernel group's demands on the CPU (`work`), the split the CPU model picks (`best_split`) and
+a whole CPU plan's modeled time against its limit (`plan_time`): model/cpu.py's formulas applied
+to schedule/cpu_mapper.py's decisions.
+
+>>> import panamera as pn
+>>> from panamera.compiler import lower
+>>> from panamera.model.cpu import CpuModel
+>>> g = lower(pn.sum(pn.exp(pn.placeholder((8, 4096), "float32")), axis=1), stop_after="groups",
+...           target="emulator").groups[0]
+>>> w = work(g)
+>>> w.elements, w.read_bytes, w.write_bytes, w.transcendental
+(32768, 131072, 32, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..algebra import WELFORD
+from ..model.cpu import (
+    DIVISION,
+    FREE,
+    TRANSCENDENTAL,
+    CpuModel,
+    CpuWork,
+    KernelTime,
+    call_us,
+    kernel_time,
+    limit_us,
+)
+from ..poly.program import KernelGroup
+from ..poly.statement import StatementKind
+from ..poly.stitch import levels
+
+# Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
+# a NaN-propagating max / min is a compare and a blend; an argmax key orders the float's bits
+# and packs the index), for the body's operations and the reduction's combine.
+OP_WEIGHT = {"maximum": 2.0, "minimum": 2.0, "argkey_max": 2.0, "argkey_min": 2.0}
+COMBINE_WEIGHT = {"max": 2.0, "min": 2.0}
+MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
+
+
+def _ops(body, reads, on_chip) -> tuple[float, float, float]:
+    """Operations per element of `body`: those that depend on a value loaded from memory (what
+    depends only on constants and the group's own results, such as a row's 1/sqrt(sum), is
+    hoisted out of the SIMD loop by the compiler)."""
+    varying: set[int] = set()
+    cheap = trans = div = 0.0
+    for e in body.walk():
+        if e.op == "load" and reads[e.read].memory and reads[e.read].tensor.uid not in on_chip:
+            varying.add(id(e))
+        elif any(id(a) in varying for a in e.args):
+            varying.add(id(e))
+        if e.op in FREE or id(e) not in varying:
+            continue
+        if e.op in TRANSCENDENTAL:
+            trans += 1
+        elif e.op in DIVISION:
+            div += 1
+        else:
+            cheap += OP_WEIGHT.get(e.op, 1.0)
+    return cheap, trans, div
+
+
+def work(g: KernelGroup) -> CpuWork:
+    """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element."""
+    stmts = g.statements
+    on_chip = g.on_chip
+    inputs: dict[int, int] = {}
+    for s in stmts:
+        for r in s.reads:
+            if r.memory and r.tensor.uid not in on_chip:
+                inputs[r.tensor.uid] = r.tensor.size * r.tensor.dtype.itemsize
+    read_by_group = {r.tensor.uid for s in stmts for r in s.reads}
+    written = [
+        s.result
+        for s in stmts
+        if not (g.stitched or g.epilogue) or s.result.uid in g.external or s.result.uid not in read_by_group
+    ]
+    write_bytes = sum(t.size * t.dtype.itemsize for t in written)
+    space = max(g.M * g.N, 1)  # operations per point of the group's M x N space, over its statements
+    cheap = trans = div = 0.0
+    for s in stmts:
+        share = math.prod(s.extents) / space
+        c, t, d = _ops(s.body, s.reads, on_chip)
+        if s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
+            fma = s.combiner.name == "sum" and s.body.op == "mul"
+            c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
+        cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
+    passes = max(levels(stmts).values(), default=0) + 1 if g.stitched else 1
+    row_bytes = sum(inputs.values())
+    struct = any(stmts[k].acc.is_struct and stmts[k].combiner.name != WELFORD.name for k in g.accumulators)
+    width = max((s.acc.itemsize for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
+    return CpuWork(
+        M=g.M,
+        N=g.N,
+        elements=g.M * g.N,
+        read_bytes=row_bytes,
+        write_bytes=write_bytes,
+        cheap=cheap,
+        transcendental=trans,
+        division=div,
+        reread_bytes=(passes - 1) * row_bytes,
+        struct=struct,
+        width=width,
+    )
+
+
+def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
+    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision)."""
+    return kernel_time(work(g), m, d.tasks, d.split, threads, d.lanes)
+
+
+def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int) -> int:
+    """The chunks per output the model finds fastest on every core: 1, or a multiple of the
+    cores (a static schedule gives each thread whole chunks) while a chunk keeps at least
+    MIN_TASK_ITERATIONS iterations (COLUMN: that many elements over its block); ties keep fewer."""
+    if m.cores <= 1:
+        return 1
+    w = work(g)
+    outputs = math.ceil(g.M / block)
+    min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / block))
+    best, best_t = 1, kernel_time(w, m, outputs, 1, m.cores, lanes).total_us
+    s = m.cores
+    while s <= 64 and g.N // s >= min_chunk:
+        t = kernel_time(w, m, outputs * s, s, m.cores, lanes).total_us
+        if t < best_t * 0.98:
+            best, best_t = s, t
+        s *= 2
+    return best
+
+
+@dataclass(frozen=True)
+class PlanTime:
+    """A CPU plan's modeled time: per kernel and in total, and the limit, in microseconds."""
+
+    kernels: tuple[KernelTime, ...]
+    total_us: float
+    limit_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.total_us / self.limit_us if self.limit_us else math.inf
+
+
+def plan_time(pairs, m: CpuModel, compulsory_bytes: int, threads: int | None = None, outputs: int = 1) -> PlanTime:
+    """The modeled time of a call of ((group, decision), ...) returning `outputs` arrays on
+    `threads` threads (default: every core); the limit of `compulsory_bytes` (the program's
+    inputs and outputs, each once)."""
+    ks = tuple(time_of(g, d, m, threads) for g, d in pairs)
+    total = call_us(outputs) + sum(k.total_us for k in ks)
+    return PlanTime(ks, total, limit_us(compulsory_bytes, m, threads, outputs))

@@ -1,0 +1,175 @@
+"""The CPU model (model/cpu.py), its probe (runtime/cpu_probe.py), the split it picks
+(schedule/cpu_cost.py) and `panamera bench --measure` on the CPU (bench/cpu_measure.py).
+Structure and correctness only: no figure is asserted (performance is shown by bench/cpu/)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import panamera as pn
+from panamera.bench import cpu_measure
+from panamera.bench.cpu_recipes import CpuWorkload, tiny_cpu
+from panamera.compiler import lower
+from panamera.model.cpu import Caches, CpuModel, CpuWork, Rates, call_us, kernel_time, limit_us
+from panamera.runtime import cpu_probe
+from panamera.schedule.cpu_cost import best_split, work
+
+
+def _group(t):
+    return lower(t, stop_after="groups", target="emulator").groups[0]
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
+    cpu_probe.rates.cache_clear()
+    yield tmp_path / "cache"
+    cpu_probe.rates.cache_clear()
+
+
+def test_probe_is_cached_and_reused(private_cache, monkeypatch):
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)  # small arrays: a quick probe
+    r = cpu_probe.rates(2, caches)
+    assert r.threads == 2 and len(r.read_gbs) == len(r.write_gbs) == 3
+    assert all(a > 0 and b > 0 for a, b in r.read_gbs + r.write_gbs) and r.add_ns > 0 and r.exp_ns > 0
+    assert list(private_cache.glob("cpu_probe_*.json"))
+    cpu_probe.rates.cache_clear()
+
+    def no_probe(*a):
+        raise AssertionError("probed again although cached")
+
+    monkeypatch.setattr(cpu_probe, "measure", no_probe)
+    assert cpu_probe.rates(2, caches) == r
+
+
+def test_caches_from_sys(tmp_path):
+    for k, (level, kind, size) in enumerate([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K")]):
+        d = tmp_path / f"index{k}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert Caches.detect(str(tmp_path)) == Caches(32 << 10, 1 << 20, 1 << 20)  # no L3: the L2
+
+
+def test_model_monotone_in_bytes_and_levels():
+    m = CpuModel.nominal(cores=4, simd_bytes=64)
+    times, levels = [], []
+    for shift in range(10, 31, 2):
+        w = CpuWork(M=1024, N=(1 << shift) // 4096, elements=(1 << shift) // 4, read_bytes=1 << shift, write_bytes=4096)
+        t = kernel_time(w, m, tasks=1024, split=1)
+        times.append(t.total_us)
+        levels.append(t.level)
+    assert times == sorted(times) and levels[0] == "L2" and levels[-1] == "DRAM"
+    assert limit_us(1 << 20, m) <= call_us(1) + kernel_time(CpuWork(1, 1 << 18, 1 << 18, 1 << 20, 4), m, 4, 4).total_us
+    # a transcendental per element costs more than a plain sum
+    plain = CpuWork(64, 4096, 64 * 4096, 64 * 4096 * 4, 256)
+    assert (
+        kernel_time(plain, m, 64, 1).compute_us
+        < kernel_time(CpuWork(**{**plain.__dict__, "transcendental": 1.0}), m, 64, 1).compute_us
+    )
+
+
+def test_work_counts_bytes_and_operations():
+    x = pn.placeholder((8, 4096), "float32")
+    w = work(_group(pn.sum(pn.exp(x) / 2.0, axis=1)))
+    assert (w.elements, w.read_bytes, w.write_bytes) == (8 * 4096, 8 * 4096 * 4, 8 * 4)
+    assert w.transcendental == 1.0 and w.division == 1.0 and w.cheap == 1.0
+
+
+def test_split_chosen_when_outputs_fewer_than_cores():
+    four = CpuModel.nominal(cores=4, simd_bytes=64)
+    few = _group(pn.sum(pn.placeholder((2, 1 << 20), "float32"), axis=1))
+    assert best_split(few, four, lanes=16, block=1) >= 2
+    many = _group(pn.sum(pn.placeholder((4096, 512), "float32"), axis=1))
+    assert best_split(many, four, lanes=16, block=1) == 1
+    assert best_split(few, CpuModel.nominal(cores=1, simd_bytes=64), lanes=16, block=1) == 1
+    short = _group(pn.sum(pn.placeholder((1, 512), "float32"), axis=1))  # too short to be worth a merge
+    assert best_split(short, four, lanes=16, block=1) == 1
+
+
+def test_explain_shows_modeled_time_and_limit(private_cache):
+    k = pn.compile(pn.sum(pn.placeholder((16, 1000), "float32"), axis=1), target="cpu")
+    text = k.explain()
+    assert "modeled" in text and "limit" in text and "machine:" in text
+    p = k.modeled(1)
+    assert p.total_us >= p.limit_us > 0 and len(p.kernels) == 1
+
+
+def test_measure_structure_and_skips(tmp_path, private_cache):
+    huge = CpuWorkload("sum all huge", "tiny", ((1 << 26,),), lambda B, x: B.sum(x), reduced=1 << 26)
+    result, text = cpu_measure.run_cpu_measure(
+        [*tiny_cpu()[1:], huge], out=str(tmp_path), rounds=2, min_sample_s=1e-4, inductor=False
+    )
+    recs = result["records"]
+    threads = result["meta"]["threads"]
+    assert {(r["workload"], r["threads"]) for r in recs} == {(w.name, n) for w in tiny_cpu()[1:] for n in threads}
+    for r in recs:
+        assert r["correct"] and r["modeled_us"] > 0 and r["limit_us"] > 0
+        assert {"panamera", "numpy", "torch eager"} <= set(r["measured"]) and "torch.compile" not in r["measured"]
+        assert all(v["p25_us"] <= v["median_us"] <= v["p75_us"] for v in r["measured"].values())
+    assert [n for n, _ in result["meta"]["skipped"]] == ["sum all huge"]
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["meta"]["load_average_start"] and "load average" in (tmp_path / "results.md").read_text()
+    assert "sum all huge" in text and "model" in text
+
+
+def test_measure_check_catches_wrong_results():
+    ref = np.ones(4)
+    assert cpu_measure.check(np.ones(4, np.float32), ref, 4)[2]
+    assert not cpu_measure.check(np.float32([1, 1, 1, 1.01]), ref, 4)[2]
+    assert not cpu_measure.check(np.int64([0, 1]), np.int64([0, 2]), 1)[2]
+
+
+def test_bench_measure_command(tmp_path, private_cache, monkeypatch, capsys):
+    from panamera.cli import main
+
+    if not cpu_measure.measure_on_cpu():
+        pytest.skip("a GPU is present: --measure times it (tests/test_bench.py)")
+    monkeypatch.setattr(cpu_measure, "INDUCTOR", False)
+    out = tmp_path / "cpu"
+    assert main(["bench", "--suite", "tiny", "--measure", "--out", str(out), "--repeat", "2"]) == 0
+    saved = json.loads((out / "results.json").read_text())
+    assert len(saved["records"]) == 3 * len(saved["meta"]["threads"]) and all(r["correct"] for r in saved["records"])
+    assert "measured" in capsys.readouterr().out
+    assert main(["bench", "--suite", "contractions", "--measure"]) == 2
+
+
+def test_contended_probe_kept_briefly(private_cache, monkeypatch):
+    import os
+
+    from panamera.model.cpu import NOMINAL
+
+    hot = cpu_probe._extrapolated(2, NOMINAL.read_gbs, NOMINAL.write_gbs, 0.1, 0.3, 0.2, 1.0, 9000.0)
+    assert hot.source.startswith("contended") and hot.read_gbs[0][1] == 2 * hot.read_gbs[0][0]
+    calm = Rates(**{**hot.__dict__, "source": "probed"})
+    runs = iter([hot, calm])
+    monkeypatch.setattr(cpu_probe, "measure", lambda *a: next(runs))
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)
+    assert cpu_probe.rates(2, caches) is hot
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches) == hot  # reused from disk while fresh
+    (path,) = private_cache.glob("cpu_probe_*.json")
+    os.utime(path, (0, 0))  # older than CONTENDED_TTL_S: probed again
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches).source == "probed"
+
+
+@pytest.mark.parametrize("split", [None, 2])
+def test_column_blocks_of_whole_rows_and_clipped_last_block(split):
+    """A COLUMN task holds whole rows up to 16 KiB of accumulators; wider rows make several
+    blocks, the last one clipped (float32: 4096 outputs a block, float64: 2048)."""
+    from conftest import tolerance
+
+    rng = np.random.default_rng(3)
+    for dtype, cols in (("float32", 4100), ("float64", 2100)):
+        a = rng.standard_normal((5, cols)).astype(dtype)
+        k = pn.compile(pn.sum(pn.placeholder(a.shape, dtype), axis=0), target="cpu", split=split)
+        (d,) = k.decisions
+        assert d.form == "COLUMN" and d.block * np.dtype(dtype).itemsize == 16384 and d.block < cols
+        np.testing.assert_allclose(
+            k(a), a.astype(np.float64).sum(0), rtol=tolerance(dtype, 5), atol=tolerance(dtype, 5)
+        )
