@@ -82,3 +82,114 @@ def test_batch_norm_backward_nchw_and_nhwc_with_their_kernels(layout):
     assert_match(got, ref, 4 * 5 * 6)
     bw = report(tb.Phase.BACKWARD)
     assert bw.kernels == (1 if layout == "nchw" else 2) and not bw.eager, tb.stats().describe()
+
+
+# -- gradient clipping -------------------------------------------------------------------------
+def clip_model():
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Linear(12, 20), nn.LayerNorm(20), nn.GELU(), nn.Linear(20, 3)).double()
+    m(torch.randn(5, 12, dtype=torch.float64)).square().sum().backward()
+    return m
+
+
+@pytest.mark.parametrize("order", [2.0, float("inf")])
+def test_clip_grad_norm_reduces_every_gradient_in_one_launch(order):
+    """clip_grad_norm_ compiled (torch.compile(step) captures it; inside the model's own graph
+    there are no gradients yet): the total norm of 6 gradients of 4 shapes is one reduction
+    launch; the scaling `_foreach_mul` stays eager. The clip coefficient joins the norm's kernel
+    for the max norm; the 2-norm's sqrt is a row epilogue, and an epilogue reading one does not
+    join (poly/stitch.py precondition 3), so the coefficient is a second, one-thread launch."""
+    m = clip_model()
+    ref = [p.grad.clone() for p in m.parameters()]
+    n = sum(g.numel() for g in ref)
+    eager_total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, order) for g in ref]), order)
+    clipped = [g * torch.clamp(0.05 / (eager_total + 1e-6), max=1.0) for g in ref]
+
+    f = torch.compile(lambda: torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05, order), backend="panamera",
+                      options=OPTIONS)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        total = f()
+    tol = tolerance("float64", n)
+    torch.testing.assert_close(total, eager_total, rtol=tol, atol=0)
+    for p, want in zip(m.parameters(), clipped):
+        torch.testing.assert_close(p.grad, want, rtol=tol, atol=tol * want.abs().max().item())
+    (r,) = tb.stats().reports
+    (sub,) = [s for s in r.subgraphs if s.kernels]
+    assert sub.ops[0] == "panamera.total_norm.default" and sub.kernels == (2 if order == 2 else 1)
+    assert {e.op for e in r.eager} == {"aten._foreach_mul.Tensor"}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_total_norm_is_one_reduction_split_across_blocks(deterministic):
+    """The builder itself: 3 tensors, 3 shapes, 40,000 elements in one launch of the ALL form,
+    split by the model, merged by one atomic per block (or ordered partials)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from panamera.torch_backend import foreach
+
+    rng = np.random.default_rng(0)
+    shapes = [(100, 300), (9999,), (1, 1)]
+    arrays = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    ts = [pn.placeholder(s, "float32", name=f"g{k}") for k, s in enumerate(shapes)]
+    node = SimpleNamespace(meta={"val": torch.empty((), dtype=torch.float32)})
+    k = pn.compile(foreach.total_norm(node, ts, 2.0), target="emulator", deterministic=deterministic)
+    (launch,) = k.plan.kernels
+    assert launch.form == "ALL" and launch.blocks_per_reduction > 1
+    assert set(launch.modes) <= ({"partials", "store"} if deterministic else {"atomic_ws", "store"})
+    want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in arrays))
+    n = sum(a.size for a in arrays)
+    assert abs(float(k(*arrays, order="reverse")) - want) <= tolerance("float32", n) * want
+
+
+def _traced(fn, *tensors):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    return make_fx(fn, tracing_mode="fake")(*tensors)
+
+
+def _ops(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_total_norm_rewrite_takes_foreach_and_single_norms():
+    from panamera.torch_backend.foreach import fuse_total_norms
+
+    def total(a, b, c):
+        ns = torch._foreach_norm([a, b], 2.0)
+        return torch.linalg.vector_norm(torch.stack([*ns, torch.linalg.vector_norm(c, 2.0)]), 2.0)
+
+    ts = [torch.randn(3, 4), torch.randn(5), torch.randn(2, 2, 2)]
+    gm = _traced(total, *ts)
+    assert fuse_total_norms(gm) == 1 and _ops(gm) == ["panamera.total_norm.default"]
+    torch.testing.assert_close(gm(*ts), total(*ts))
+
+
+def _dim(a, b):  # 1. the outer norm reduces along a dim
+    ns = torch._foreach_norm([a, b], 2.0)
+    return torch.linalg.vector_norm(torch.stack(ns), 2.0, dim=0)
+
+
+def _orders(a, b):  # 2. an inner norm of another order
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a, 1.0), torch.linalg.vector_norm(b)]))
+
+
+def _read_elsewhere(a, b):  # 3. a per-tensor norm is also returned
+    ns = torch._foreach_norm([a, b], 2.0)
+    return torch.linalg.vector_norm(torch.stack(ns), 2.0), ns[0]
+
+
+def _dtypes(a, b):  # 4. the stack promotes float32 and float64 norms
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a), torch.linalg.vector_norm(b.double())]))
+
+
+@pytest.mark.parametrize("fn", [_dim, _orders, _read_elsewhere, _dtypes], ids=lambda f: f.__name__)
+def test_total_norm_rewrite_refuses_off_its_preconditions(fn):
+    from panamera.torch_backend.foreach import fuse_total_norms
+
+    ts = [torch.randn(3, 4), torch.randn(5)]
+    gm = _traced(fn, *ts)
+    before = _ops(gm)
+    assert fuse_total_norms(gm) == 0 and _ops(gm) == before
