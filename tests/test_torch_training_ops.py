@@ -193,3 +193,86 @@ def test_total_norm_rewrite_refuses_off_its_preconditions(fn):
     gm = _traced(fn, *ts)
     before = _ops(gm)
     assert fuse_total_norms(gm) == 0 and _ops(gm) == before
+
+
+# -- EmbeddingBag backward, and a Wide&Deep-like recommender built on it -------------------------
+class Bags(nn.Module):
+    def __init__(self, mode: str, padding_idx=None, last=False):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(20, 4, mode=mode, padding_idx=padding_idx, include_last_offset=last)
+        self.register_buffer("w", torch.randn(4))
+
+    def forward(self, ids, offsets, weights=None):
+        return (self.bag(ids, offsets, per_sample_weights=weights) * self.w).square().sum()
+
+
+IDS = torch.tensor([3, 5, 3, 7, 3, 0, 19, 5, 5, 2])  # repeated ids, an empty bag (offsets 3, 3)
+BAGS = {
+    "sum": ("sum", None, False, [0, 3, 3, 7], False),
+    "mean_padding": ("mean", 3, False, [0, 3, 3, 7], False),
+    "sum_last_offset": ("sum", 5, True, [0, 3, 3, 7, 10], False),
+    "per_sample_weights": ("sum", None, False, [0, 3, 3, 7], True),
+}
+
+
+@pytest.mark.parametrize("case", list(BAGS))
+def test_embedding_bag_backward_with_repeated_ids(case):
+    mode, padding, last, offsets, weighted = BAGS[case]
+    torch.manual_seed(2)
+    m = Bags(mode, padding, last).double()
+    inputs = [IDS, torch.tensor(offsets)] + ([torch.randn(len(IDS), dtype=torch.float64)] if weighted else [])
+    _, got = grads(m, inputs, True)
+    _, ref = grads(m, inputs, False)
+    assert_match(got, ref, len(IDS))
+    ops = {op for s in report(tb.Phase.BACKWARD).subgraphs if s.kernels for op in s.ops}
+    assert "aten._embedding_bag_backward.default" in ops
+
+
+def test_embedding_bag_max_backward_stays_eager_with_its_reason():
+    torch.manual_seed(2)
+    m = Bags("max").double()
+    inputs = [IDS, torch.tensor([0, 3, 4, 7])]
+    _, got = grads(m, inputs, True)
+    _, ref = grads(m, inputs, False)
+    assert_match(got, ref, len(IDS))
+    reasons = {r for (op, r) in tb.stats().eager if op == "aten._embedding_bag_backward.default"}
+    assert reasons == {"EmbeddingBag backward of max bags (their argmax indices, not a sum)"}
+
+
+class WideDeepBags(nn.Module):
+    """A Wide&Deep-like recommender on EmbeddingBag: each sparse field is a multi-hot bag (a
+    user's recent items), the wide part one weight per id summed over the bag, the deep part the
+    bags' mean embeddings with dense features through an MLP; logistic loss."""
+
+    def __init__(self, vocab=30, d=6, dense=4):
+        super().__init__()
+        self.items, self.wide = nn.EmbeddingBag(vocab, d, mode="mean"), nn.EmbeddingBag(vocab, 1, mode="sum")
+        self.deep = nn.Sequential(nn.Linear(d + dense, 12), nn.ReLU(), nn.Linear(12, 1))
+
+    def forward(self, ids, offsets, dense, y):
+        deep = self.deep(torch.cat([self.items(ids, offsets), dense], 1)).squeeze(1)
+        return F.binary_cross_entropy_with_logits(deep + self.wide(ids, offsets).squeeze(1), y)
+
+
+def test_wide_and_deep_on_embedding_bags_one_training_step():
+    """Forward, backward and an AdamW step: the loss, every gradient and every updated weight
+    match eager PyTorch float64; both tables' gradients are Panamera kernels."""
+    torch.manual_seed(3)
+    ids, offsets = torch.randint(0, 30, (14,)), torch.tensor([0, 2, 2, 5, 9, 10])
+    dense, y = torch.randn(6, 4, dtype=torch.float64), torch.rand(6, dtype=torch.float64).round()
+    results = []
+    for compiled in (True, False):
+        torch.manual_seed(4)
+        m = WideDeepBags().double()
+        opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+        loss, g = grads(m, [ids, offsets, dense, y], compiled)
+        opt.step()
+        results.append((loss, g, {k: v.detach().clone() for k, v in m.state_dict().items()}))
+    (got_loss, got, got_w), (ref_loss, ref, ref_w) = results
+    tol = tolerance("float64", 14)
+    torch.testing.assert_close(got_loss, ref_loss, rtol=tol, atol=tol)
+    assert_match(got, ref, 14)
+    assert_match(got_w, ref_w, 14)
+    bw = report(tb.Phase.BACKWARD)
+    compiled = [op for s in bw.subgraphs if s.kernels for op in s.ops]
+    assert compiled.count("aten._embedding_bag_backward.default") == 2, tb.stats().describe()

@@ -104,6 +104,52 @@ def embedding_dense_backward_check(node) -> str | None:
     return None
 
 
+def embedding_bag_backward(
+    node, g, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, *rest
+):
+    """EmbeddingBag's table gradient (sum and mean bags): row r adds, for every id t equal to r,
+    the gradient of t's bag b(t) (over the bag's size for a mean, times t's per-sample weight).
+
+    b(t) comes from `offsets` alone, as a row reduction: the number of bag starts at or before t,
+    minus one (empty bags are starts that repeat). offset2bag is not read: eager PyTorch's CPU
+    forward leaves it empty for sum bags. With include_last_offset (B + 1 offsets for B bags)
+    the last offset is not read: as in eager PyTorch's CPU forward, the last bag runs to the end
+    of `indices`. The mean's bag sizes are the forward's own (they leave out padding ids). Then
+    an owner-computes scatter-add, as embedding's."""
+    sparse, per_sample_weights = (rest + (False, None))[:2]
+    padding_idx = rest[2] if len(rest) > 2 else -1
+    bags, t = g.shape[0], indices.shape[0]
+    pos = pn.arange(t).astype(offsets.dtype.name).reshape((t, 1))
+    starts = offsets[:bags].reshape((1, bags))
+    bag = pn.sum((starts <= pos).astype(offsets.dtype.name), axis=1) - 1
+    rows = pn.take(g, bag, axis=0)
+    if mode == 1:
+        size = pn.take(bag_size, bag, axis=0).astype(rows.dtype.name)
+        rows = rows / pn.maximum(size, 1.0).reshape((t, 1))
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(rows.dtype.name).reshape((t, 1))
+    skip = padding_idx if padding_idx >= 0 else None
+    return scatter_add_rows(indices, rows.astype(out_dtype(node)), int(num_weights), skip=skip)
+
+
+def embedding_bag_backward_check(node) -> str | None:
+    g, indices = meta(node.args[0]), meta(node.args[1])
+    rows, by_freq, mode = node.args[6], node.args[7], node.args[8]
+    if by_freq:
+        return "EmbeddingBag backward with scale_grad_by_freq"
+    if mode not in (0, 1):
+        return "EmbeddingBag backward of max bags (their argmax indices, not a sum)"
+    if indices.ndim != 1:
+        return f"EmbeddingBag backward of rank-{indices.ndim} indices"
+    terms = rows * indices.shape[0] * g.shape[-1]
+    if terms > MAX_TERMS:
+        return (
+            f"EmbeddingBag backward of {rows} rows × {indices.shape[0]} ids: {terms} owner-computes terms, over "
+            f"frontend/scatter.py's {MAX_TERMS} (the atomic indirect-write statement is not built yet)"
+        )
+    return None
+
+
 def embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """The forward lookup: a gather of the table's rows (a non-affine read, fused into its reader)."""
     return pn.take(weight, indices, axis=0)
