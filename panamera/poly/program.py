@@ -152,7 +152,9 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     """
     g = tensor_graph(outputs)
     order = list(nx.topological_sort(g))
-    materialized = {t for t in order if t.op == "reduce"} | {t for t in outputs if t.op != "placeholder"}
+    materialized = {t for t in order if t.op in ("reduce", "scatter_add")} | {
+        t for t in outputs if t.op != "placeholder"
+    }
     materialized |= must_materialize(order)  # what a gather reads exists in memory first
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     ctx = isl.Context()
@@ -205,6 +207,7 @@ def group_statements(
         for grp in groups[len(chosen) :]:
             h = grp[0]
             same = (h.form, h.M, h.N) == (s.form, s.M, s.N) and (h.kind == s.kind) and s.M * s.N > 0
+            same = same and h.scatter is None and s.scatter is None  # an indirect write has a kernel of its own
             if same and not any(nx.has_path(sg, m.name, s.name) or nx.has_path(sg, s.name, m.name) for m in grp):
                 grp.append(s)
                 break

@@ -71,6 +71,11 @@ class Statement:
     M: int = 0
     N: int = 0
     origin: Statement | None = None  # the statement before coalescing
+    # An indirect write (a scatter-add): the element written is `write + index * scatter.stride`,
+    # index the value of `scatter_index` (a row id; outside [0, scatter.extent) nothing is
+    # written), merged by an atomic add into an output zeroed every call.
+    scatter: Indirect | None = None
+    scatter_index: Expr | None = None
 
     def dim(self, name: str) -> int:
         return self.dims.index(name)
@@ -215,6 +220,8 @@ def broadcast_index(idx, shape, arg_shape, zero):
 
 def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
     """The statement computing tensor `t`, reading `materialized` tensors and placeholders."""
+    if t.op == "scatter_add":
+        return _scatter_statement(ctx, name, t, materialized)
     if t.op == "reduce":
         src = t.inputs[0]
         shape = src.shape
@@ -250,6 +257,34 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
         write=write.coalesce(),
         body=body,
         **extra,
+    )
+
+
+def _scatter_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
+    """`out[ids[t], d] += vals[t, d]` over the domain of `vals` (frontend/scatter.py's
+    scatter_add_atomic): an element-wise statement whose write goes through the index. Its
+    affine part is `d`; the index is an expression of its own (a load of ids at t, or what
+    computes it), evaluated per iteration."""
+    ids, vals = t.inputs
+    dims = ("d0", "d1")
+    domain, v = box(ctx, dims, vals.shape)
+    domain = domain.set_tuple_name(name)
+    b = _Builder(ctx, v[0], materialized - {t}, domain.reset_tuple_id())
+    body = b.expr(vals, [v["d0"], v["d1"]])
+    index = b.expr(ids, [v["d0"]])
+    return Statement(
+        name=name,
+        result=t,
+        kind=StatementKind.MAP,
+        dims=dims,
+        extents=tuple(vals.shape),
+        reduced=frozenset(),
+        domain=domain,
+        reads=tuple(b.reads),
+        write=v["d1"].coalesce(),
+        body=body,
+        scatter=Indirect(vals.shape[1], t.attr("rows")),
+        scatter_index=index,
     )
 
 

@@ -102,7 +102,7 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
             else:
                 open_groups[key] = [st]
                 groups.append(open_groups[key])
-        elif st.kind == StatementKind.MAP:
+        elif st.kind == StatementKind.MAP and st.scatter is None:  # an indirect write joins nothing
             for (extents, reduced), grp in open_groups.items():
                 members = {m.result.uid: m for m in grp if not is_epilogue(m)}
                 if not any(r.tensor.uid in members for r in st.reads) or _reads_unregistered(st, grp):

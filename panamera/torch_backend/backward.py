@@ -11,15 +11,18 @@ through an index tensor (`scatter`, `index_put(accumulate=True)`):
 
 - `nll_loss_backward`: the one-hot gradient `where(class == target, -g / total_weight, 0)`, an
   element-wise op of the class iota (no scatter);
-- `embedding_dense_backward`: the rows of the gradient added by token id, repeated ids included,
-  through frontend/scatter.py (owner computes: a column reduction over tokens; one atomic per
-  block, or ordered partials when deterministic).
+- `embedding_dense_backward` (and EmbeddingBag's `_embedding_bag_backward`): the rows of the
+  gradient added by token id, repeated ids included, through frontend/scatter.py: owner computes
+  (a column reduction over tokens; one atomic per block, or ordered partials when deterministic)
+  or the atomic indirect write (one atomic add per element, any table size), the cost model's
+  choice; a deterministic compile never takes the atomic one (and a table too large for owner
+  computes then stays in eager PyTorch, with that reason).
 
 Indexing is built here too: `index` (one index tensor), `index_select` and `gather` as gathers
-(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)`, `index_add` and
-`scatter_add` as the same owner-computes scatter-adds; each check refuses, with its reason, a
-call outside what the builder computes (several index tensors, a bool mask, a table too large
-for the owner-computes form).
+(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)` and `index_add`
+as the same scatter-adds of rows, `scatter_add` as an owner-computes scatter along an axis; each
+check refuses, with its reason, a call outside what the builder computes (several index tensors,
+a bool mask, a scatter along an axis too large for the owner-computes form).
 
 >>> import torch  # doctest: +SKIP
 >>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP
@@ -27,8 +30,6 @@ True
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch._decomp import get_decompositions
@@ -91,17 +92,8 @@ def embedding_dense_backward(node, g, indices, num_weights, padding_idx, scale_g
 
 
 def embedding_dense_backward_check(node) -> str | None:
-    g, indices = meta(node.args[0]), meta(node.args[1])
-    rows, by_freq = node.args[2], node.args[4]
-    if by_freq:
-        return "embedding backward with scale_grad_by_freq"
-    terms = rows * math.prod(indices.shape) * g.shape[-1]
-    if terms > MAX_TERMS:
-        return (
-            f"embedding backward of {rows} rows × {math.prod(indices.shape)} ids: {terms} owner-computes terms, over "
-            f"frontend/scatter.py's {MAX_TERMS} (the atomic indirect-write statement is not built yet)"
-        )
-    return None
+    by_freq = node.args[4]
+    return "embedding backward with scale_grad_by_freq" if by_freq else None
 
 
 def embedding_bag_backward(
@@ -133,21 +125,12 @@ def embedding_bag_backward(
 
 
 def embedding_bag_backward_check(node) -> str | None:
-    g, indices = meta(node.args[0]), meta(node.args[1])
-    rows, by_freq, mode = node.args[6], node.args[7], node.args[8]
+    indices, by_freq, mode = meta(node.args[1]), node.args[7], node.args[8]
     if by_freq:
         return "EmbeddingBag backward with scale_grad_by_freq"
     if mode not in (0, 1):
         return "EmbeddingBag backward of max bags (their argmax indices, not a sum)"
-    if indices.ndim != 1:
-        return f"EmbeddingBag backward of rank-{indices.ndim} indices"
-    terms = rows * indices.shape[0] * g.shape[-1]
-    if terms > MAX_TERMS:
-        return (
-            f"EmbeddingBag backward of {rows} rows × {indices.shape[0]} ids: {terms} owner-computes terms, over "
-            f"frontend/scatter.py's {MAX_TERMS} (the atomic indirect-write statement is not built yet)"
-        )
-    return None
+    return f"EmbeddingBag backward of rank-{indices.ndim} indices" if indices.ndim != 1 else None
 
 
 def embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
@@ -205,9 +188,7 @@ def index_put_check(node) -> str | None:
     one = _single_index(node.args[1])
     if one is None or one[0] != 0:
         return "index_put with an index tensor off axis 0 or several index tensors"
-    if meta(one[1]).dtype not in (torch.int64, torch.int32):
-        return "index_put by a bool mask"
-    return _terms_check(meta(node.args[0]).shape[0], meta(one[1]).numel(), meta(node.args[0]).numel())
+    return "index_put by a bool mask" if meta(one[1]).dtype not in (torch.int64, torch.int32) else None
 
 
 def index_add(node, x, dim, idx, source, alpha=1):
@@ -216,10 +197,8 @@ def index_add(node, x, dim, idx, source, alpha=1):
 
 
 def index_add_check(node) -> str | None:
-    x, dim, idx = meta(node.args[0]), node.args[1], meta(node.args[2])
-    if dim % x.ndim != 0:
-        return "index_add off axis 0"
-    return _terms_check(x.shape[0], idx.numel(), x.numel())
+    x, dim = meta(node.args[0]), node.args[1]
+    return "index_add off axis 0" if dim % x.ndim != 0 else None
 
 
 def scatter_add(node, x, dim, idx, src):
@@ -243,8 +222,8 @@ def _terms_check(rows: int, ids: int, total: int) -> str | None:
     terms = rows * ids * max(total // max(rows, 1), 1)
     if terms > MAX_TERMS:
         return (
-            f"a scatter-add of {ids} ids onto {rows} rows: {terms} owner-computes terms, over frontend/scatter.py's "
-            f"{MAX_TERMS} (the atomic indirect-write statement is not built yet)"
+            f"a scatter-add of {ids} ids onto {rows} positions along an axis: {terms} owner-computes terms, over "
+            f"frontend/scatter.py's {MAX_TERMS} (the indirect write takes rows only: scatter_add_atomic)"
         )
     return None
 
