@@ -120,28 +120,32 @@ def test_clip_grad_norm_reduces_every_gradient_in_one_launch(order):
     assert {e.op for e in r.eager} == {"aten._foreach_mul.Tensor"}
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_total_norm_is_one_reduction_split_across_blocks(deterministic):
+@pytest.mark.parametrize("dtype, deterministic", [("float32", False), ("float32", True), ("bfloat16", False)])
+def test_total_norm_is_one_reduction_split_across_blocks(dtype, deterministic):
     """The builder itself: 3 tensors, 3 shapes, 40,000 elements in one launch of the ALL form,
-    split by the model, merged by one atomic per block (or ordered partials)."""
+    split by the model, merged by one atomic per block (or ordered partials). bfloat16 gradients
+    are squared and summed in float32 (as torch's foreach norm does), the norm rounded once to
+    bfloat16: within tolerance("bfloat16", n) of the float64 norm of the same rounded values."""
     from types import SimpleNamespace
 
     import numpy as np
+    from conftest import np_dtype
 
     from panamera.torch_backend import foreach
 
     rng = np.random.default_rng(0)
     shapes = [(100, 300), (9999,), (1, 1)]
-    arrays = [rng.normal(size=s).astype(np.float32) for s in shapes]
-    ts = [pn.placeholder(s, "float32", name=f"g{k}") for k, s in enumerate(shapes)]
-    node = SimpleNamespace(meta={"val": torch.empty((), dtype=torch.float32)})
-    k = pn.compile(foreach.total_norm(node, ts, 2.0), target="emulator", deterministic=deterministic)
+    arrays = [rng.normal(size=s).astype(np_dtype(dtype)) for s in shapes]
+    ts = [pn.placeholder(s, dtype, name=f"g{k}") for k, s in enumerate(shapes)]
+    node = SimpleNamespace(meta={"val": torch.empty((), dtype=getattr(torch, dtype))})
+    out = foreach.total_norm(node, ts, 2.0).astype(dtype)  # as `fit` casts it in the backend
+    k = pn.compile(out, target="emulator", deterministic=deterministic)
     (launch,) = k.plan.kernels
     assert launch.form == "ALL" and launch.blocks_per_reduction > 1
     assert set(launch.modes) <= ({"partials", "store"} if deterministic else {"atomic_ws", "store"})
     want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in arrays))
     n = sum(a.size for a in arrays)
-    assert abs(float(k(*arrays, order="reverse")) - want) <= tolerance("float32", n) * want
+    assert abs(float(k(*arrays, order="reverse").astype(np.float64)) - want) <= tolerance(dtype, n) * want
 
 
 def _traced(fn, *tensors):
