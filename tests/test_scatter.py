@@ -64,8 +64,9 @@ def test_many_colliding_indices_split_across_blocks(rng, deterministic):
         assert np.array_equal(k(index, src), k(index, src, order="reverse", seed=5))
 
 
+@pytest.mark.parametrize("form", ["owner_computes", "atomic"])
 @pytest.mark.parametrize("axis", [0, 1, 2])
-def test_scatter_add_along_an_axis(rng, axis):
+def test_scatter_add_along_an_axis(rng, axis, form):
     from panamera.frontend.scatter import scatter_add_along
 
     shape, size = (3, 4, 5), 6
@@ -77,7 +78,9 @@ def test_scatter_add_along_an_axis(rng, axis):
         q[axis] = index[p]
         want[tuple(q)] += src[p]
     i, s = pn.placeholder(shape, "int64", name="i"), pn.placeholder(shape, "float64", name="s")
-    k = pn.compile(scatter_add_along(i, s, axis, size), target="emulator")
+    chosen = scatter_add_along(i, s, axis, size)  # both forms offered: each compiled as the model would take it
+    k = pn.compile(chosen.inputs[("owner_computes", "atomic").index(form)], target="emulator")
+    assert ("scatter_add" in k.explain()) == (form == "atomic")
     tol = tolerance("float64", shape[axis])
     np.testing.assert_allclose(k(index, src), want, rtol=tol, atol=tol)
     with pytest.raises(pn.ShapeError, match="is not index's"):

@@ -93,15 +93,20 @@ def scatter_add_atomic(index: Tensor, src: Tensor, rows: int, skip: int | None =
     (100000, 3)
     """
     tail, n, width = _check_rows(index, src, rows, "scatter_add_atomic")
-    if src.dtype.name == "bool":
-        raise DTypeError(f"scatter_add_atomic: src {src.label!r} is bool; atomic adds take numbers")
     ids = index.reshape((n,))
     if skip is not None:
         ids = where(ids == skip, full((), -1, index.dtype.name), ids)
-    acc = "float32" if src.dtype.is_16bit_float else src.dtype.name  # 16-bit atomics round every add
-    vals = src.reshape((n, width)).astype(acc)
-    out = Tensor("scatter_add", (ids, vals), (rows, width), vals.dtype, (("rows", rows),))
+    vals = _accumulated(src).reshape((n, width))
+    out = Tensor("scatter_add", (ids.reshape((n, 1)), vals), (rows, width), vals.dtype, (("axis", 0),))
     return out.astype(src.dtype.name).reshape((rows, *tail))
+
+
+def _accumulated(src: Tensor) -> Tensor:
+    """The values an indirect write adds: 16-bit floats in float32 (a 16-bit atomic would round
+    every add; the result is cast back once), bool refused."""
+    if src.dtype.name == "bool":
+        raise DTypeError(f"scatter-add: src {src.label!r} is bool; atomic adds take numbers")
+    return src.astype("float32") if src.dtype.is_16bit_float else src
 
 
 def _check_rows(index: Tensor, src: Tensor, rows: int, what: str) -> tuple[tuple[int, ...], int, int]:
@@ -123,8 +128,10 @@ def _check_rows(index: Tensor, src: Tensor, rows: int, what: str) -> tuple[tuple
 def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tensor:
     """torch's `zeros(...).scatter_add(axis, index, src)` for `index` and `src` of one shape S:
     `out[..., index[..., k, ...], ...] += src[..., k, ...]` along `axis`, out of shape S with
-    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same owner-computes
-    strategy as `scatter_add_rows`: each output element reduces over the k of its line.
+    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same two formulations
+    as `scatter_add_rows`, the model's choice: owner computes (each output element reduces over
+    the k of its line; bounded by `MAX_TERMS`) or the atomic indirect write (one atomic add per
+    element of src, its write through index along `axis`; never in a deterministic compile).
 
     >>> import panamera as pn
     >>> i = pn.placeholder((4, 2), "int64", name="i")
@@ -141,11 +148,12 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
         raise ShapeError(f"scatter_add_along: size must be positive, got {size}")
     a = axis % index.ndim
     shape = index.shape
+    out_shape = shape[:a] + (size,) + shape[a + 1 :]
+    vals = _accumulated(src)
+    atomic = Tensor("scatter_add", (index, vals), out_shape, vals.dtype, (("axis", a),)).astype(src.dtype.name)
     if size * math.prod(shape) > MAX_TERMS:
-        raise Unsupported(
-            f"scatter_add_along: {size} × {math.prod(shape)} terms, over the owner-computes form's {MAX_TERMS}"
-        )
+        return atomic
     spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
     r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
-    terms = where(index.reshape(spread) == r, src.reshape(spread), 0.0)
-    return sum(terms, axis=a)
+    owner = sum(where(index.reshape(spread) == r, src.reshape(spread), 0.0), axis=a)
+    return alternatives("scatter_add_along", ("owner_computes", "atomic"), (owner, atomic))

@@ -261,17 +261,22 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
 
 
 def _scatter_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
-    """`out[ids[t], d] += vals[t, d]` over the domain of `vals` (frontend/scatter.py's
-    scatter_add_atomic): an element-wise statement whose write goes through the index. Its
-    affine part is `d`; the index is an expression of its own (a load of ids at t, or what
-    computes it), evaluated per iteration."""
+    """`out[idx with axis a replaced by ids[idx]] += vals[idx]` over the domain of `vals`
+    (frontend/scatter.py's indirect writes; `ids` broadcasts to `vals`: one id per row of a
+    scatter of rows, one per element of a scatter along an axis): an element-wise statement whose
+    write goes through the index. Its affine part is the element's offset with subscript a set
+    to 0; the id is an expression of its own, evaluated per iteration."""
     ids, vals = t.inputs
-    dims = ("d0", "d1")
+    a = t.attr("axis")
+    dims = tuple(f"d{k}" for k in range(vals.ndim))
     domain, v = box(ctx, dims, vals.shape)
     domain = domain.set_tuple_name(name)
-    b = _Builder(ctx, v[0], materialized - {t}, domain.reset_tuple_id())
-    body = b.expr(vals, [v["d0"], v["d1"]])
-    index = b.expr(ids, [v["d0"]])
+    zero = v[0]
+    b = _Builder(ctx, zero, materialized - {t}, domain.reset_tuple_id())
+    idx = [v[d] for d in dims]
+    body = b.expr(vals, idx)
+    index = b.expr(ids, broadcast_index(idx, vals.shape, ids.shape, zero))
+    written = idx[:a] + [zero] + idx[a + 1 :]
     return Statement(
         name=name,
         result=t,
@@ -281,9 +286,9 @@ def _scatter_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set
         reduced=frozenset(),
         domain=domain,
         reads=tuple(b.reads),
-        write=v["d1"].coalesce(),
+        write=linear(written, t.shape, zero).coalesce(),
         body=body,
-        scatter=Indirect(vals.shape[1], t.attr("rows")),
+        scatter=Indirect(strides(t.shape)[a], t.shape[a]),
         scatter_index=index,
     )
 

@@ -172,7 +172,7 @@ def _scatter_atomics(group: KernelGroup) -> dict:
     scat = [s for s in group.statements if s.scatter is not None]
     if not scat:
         return {}
-    per_row = max(math.ceil(s.extents[0] / s.scatter.extent) for s in scat)
+    per_row = max(math.ceil(group.M / s.result.size) for s in scat)  # source elements per destination
     return dict(atomics=group.M * len(scat), same_address=per_row, atomic_dtype=scat[0].result.dtype.name)
 
 

@@ -20,9 +20,9 @@ through an index tensor (`scatter`, `index_put(accumulate=True)`):
 
 Indexing is built here too: `index` (one index tensor), `index_select` and `gather` as gathers
 (pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)` and `index_add`
-as the same scatter-adds of rows, `scatter_add` as an owner-computes scatter along an axis; each
-check refuses, with its reason, a call outside what the builder computes (several index tensors,
-a bool mask, a scatter along an axis too large for the owner-computes form).
+as the same scatter-adds of rows, `scatter_add` as the same two forms along an axis; each check
+refuses, with its reason, a call outside what the builder computes (several index tensors, a bool
+mask, an index smaller than the input).
 
 >>> import torch  # doctest: +SKIP
 >>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP
@@ -36,7 +36,7 @@ from torch._decomp import get_decompositions
 
 import panamera as pn
 
-from ..frontend.scatter import MAX_TERMS, scatter_add_along, scatter_add_rows
+from ..frontend.scatter import scatter_add_along, scatter_add_rows
 from .aten import meta, out_dtype
 
 aten = torch.ops.aten
@@ -215,16 +215,6 @@ def scatter_add_check(node) -> str | None:
     )
     if idx.shape != src.shape or any(i != n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim):
         return "scatter_add with index or src smaller than the input"
-    return _terms_check(x.shape[dim], idx.numel(), 1)
-
-
-def _terms_check(rows: int, ids: int, total: int) -> str | None:
-    terms = rows * ids * max(total // max(rows, 1), 1)
-    if terms > MAX_TERMS:
-        return (
-            f"a scatter-add of {ids} ids onto {rows} positions along an axis: {terms} owner-computes terms, over "
-            f"frontend/scatter.py's {MAX_TERMS} (the indirect write takes rows only: scatter_add_atomic)"
-        )
     return None
 
 
