@@ -138,7 +138,8 @@ def test_total_norm_is_one_reduction_split_across_blocks(dtype, deterministic):
     arrays = [rng.normal(size=s).astype(np_dtype(dtype)) for s in shapes]
     ts = [pn.placeholder(s, dtype, name=f"g{k}") for k, s in enumerate(shapes)]
     node = SimpleNamespace(meta={"val": torch.empty((), dtype=getattr(torch, dtype))})
-    out = foreach.total_norm(node, ts, 2.0).astype(dtype)  # as `fit` casts it in the backend
+    both = foreach.total_norm(node, ts, 2.0)  # the concatenated and the per-tensor formulations
+    out = both.inputs[0].astype(dtype)  # the concatenation, cast as `fit` casts it in the backend
     k = pn.compile(out, target="emulator", deterministic=deterministic)
     (launch,) = k.plan.kernels
     assert launch.form == "ALL" and launch.blocks_per_reduction > 1
@@ -146,6 +147,34 @@ def test_total_norm_is_one_reduction_split_across_blocks(dtype, deterministic):
     want = np.sqrt(sum((a.astype(np.float64) ** 2).sum() for a in arrays))
     n = sum(a.size for a in arrays)
     assert abs(float(k(*arrays, order="reverse").astype(np.float64)) - want) <= tolerance(dtype, n) * want
+
+
+@pytest.mark.parametrize("order", [2.0, float("inf")])
+def test_many_gradients_take_the_per_tensor_formulation(order):
+    """40 gradients of 4 sizes: over MAX_PIECES for the concatenation (it would load every piece
+    at each element), so one reduction per tensor, up to 8 tensors of a size sharing a kernel:
+    8 launches for 40 tensors (4 sizes × ⌈10 / 8⌉; the combine joins a kernel of 2 sums, stitched).
+    float64 against numpy."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from panamera.compiler import lower
+    from panamera.torch_backend import foreach
+
+    rng = np.random.default_rng(5)
+    shapes = [(64, 48), (48,), (48, 3), (7,)] * 10
+    arrays = [rng.normal(size=s) for s in shapes]
+    ts = [pn.placeholder(s, "float64", name=f"g{k}") for k, s in enumerate(shapes)]
+    node = SimpleNamespace(meta={"val": torch.empty((), dtype=torch.float64)})
+    out = foreach.total_norm(node, ts, order)
+    a = lower(out, target="emulator")
+    assert a.formulations == () and len(a.plan.kernels) == 8
+    assert max(len(g.statements) for g in a.groups) <= 8 + 1  # 8 sums (and the combine beside them)
+    k = pn.compile(out, target="emulator")
+    flat = np.concatenate([x.ravel() for x in arrays])
+    want = np.abs(flat).max() if order == float("inf") else np.sqrt((flat**2).sum())
+    assert abs(float(k(*arrays)) - want) <= tolerance("float64", flat.size) * want
 
 
 def _traced(fn, *tensors):

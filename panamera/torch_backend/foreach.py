@@ -1,16 +1,22 @@
-"""Norms over lists of tensors: gradient clipping's total norm as one multi-tensor reduction.
+"""Norms over lists of tensors: gradient clipping's total norm in one reduction launch, or one per size.
 
 `torch.nn.utils.clip_grad_norm_` computes one norm per gradient (`torch._foreach_norm`, or one
 `linalg_vector_norm` each where foreach is unsupported), stacks them and takes the norm of the
-stack. Run as it is written, that is one reduction per parameter tensor. The total is one
-reduction over every element of every tensor, so `fuse_total_norms` rewrites the pattern (in the
-ATen graph AOTAutograd hands over, before partitioning) into one node, `panamera::total_norm`,
-whose builder reduces the concatenation of the flattened tensors: a movement statement that
-fuses into its reader, so the plan is ONE reduction launch over a list of tensors of different
-shapes, split across blocks by the model (a block range over the concatenation, one atomic per
-block; ordered partials when deterministic). The clip coefficient and its element-wise chain
-join the same kernel; the scaling `_foreach_mul` of every gradient stays in eager PyTorch (one
-multi-tensor launch there; Panamera would launch one kernel per tensor).
+stack. `fuse_total_norms` rewrites that pattern (in the ATen graph AOTAutograd hands over,
+before partitioning) into one node, `panamera::total_norm`, whose builder offers two
+formulations and the cost model keeps one (schedule/formulation.py):
+
+- "concatenated": one reduction over the concatenation of the flattened tensors, a movement
+  statement fused into its reader: ONE launch over a list of tensors of different shapes, split
+  across blocks (one atomic per block; ordered partials when deterministic). A concatenation's
+  read loads every piece at each element (masked, wrapped), so it is offered for at most
+  `MAX_PIECES` tensors;
+- "per_tensor": one reduction per tensor, up to 8 tensors of one size sharing a kernel
+  (horizontal fusion, poly/program.py `MAX_HORIZONTAL`), and their combine.
+
+The clip coefficient and its element-wise chain join the subgraph; the scaling `_foreach_mul` of
+every gradient stays in eager PyTorch (one multi-tensor launch there; Panamera would launch one
+kernel per tensor).
 
 Preconditions for the rewrite of `vector_norm(stack([n_1 ... n_k]), p)`, each checked
 (negative tests in tests/test_torch_training_ops.py):
@@ -31,12 +37,15 @@ tensor(2.6458)
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 
 import torch
 
 import panamera as pn
+
+from ..frontend.tensor import alternatives
 
 aten = torch.ops.aten
 
@@ -58,6 +67,9 @@ def _(tensors, ord):
 
 
 TOTAL_NORM = torch.ops.panamera.total_norm.default
+# The most tensors the concatenated formulation takes: its read loads every piece at each element
+# (40 float64 pieces spilled 600 stores on sm_90), and past a few it never pays anyway.
+MAX_PIECES = 8
 
 
 def _norm_order(node) -> float | None:
@@ -142,18 +154,32 @@ def fuse_total_norms(gm: torch.fx.GraphModule) -> int:
     return count
 
 
-def _norm_of(flat, order: float, dtype: str):
-    """The `order`-norm of the 1-D tensor `flat`, reduced in `dtype`."""
+def _fold(flat, order: float, dtype: str):
+    """The reduction of a norm of order `order` over the 1-D tensor `flat`, in `dtype`, before
+    its finish: max |x| (inf), min |x| (-inf), or the sum of |x|^p."""
     a = pn.abs(flat.astype(dtype))
     if order == math.inf:
         return pn.max(a)
     if order == -math.inf:
         return pn.min(a)
-    if order == 1:
-        return pn.sum(a)
-    if order == 2:
-        return pn.sqrt(pn.sum(a * a))
-    return pn.power(pn.sum(pn.power(a, order)), 1.0 / order)
+    return pn.sum(a if order == 1 else a * a if order == 2 else pn.power(a, order))
+
+
+def _combine(parts: list, order: float):
+    """Folded parts of several tensors as one fold (max, min or sum of the parts)."""
+    op = pn.maximum if order == math.inf else pn.minimum if order == -math.inf else (lambda a, b: a + b)
+    return functools.reduce(op, parts)
+
+
+def _finish(folded, order: float):
+    if abs(order) == math.inf or order == 1:
+        return folded
+    return pn.sqrt(folded) if order == 2 else pn.power(folded, 1.0 / order)
+
+
+def _norm_of(flat, order: float, dtype: str):
+    """The `order`-norm of the 1-D tensor `flat`, reduced in `dtype`."""
+    return _finish(_fold(flat, order, dtype), order)
 
 
 def _accumulate(node) -> str:
@@ -164,9 +190,20 @@ def _accumulate(node) -> str:
 
 
 def total_norm(node, tensors, order):
-    """One reduction over the concatenation of every tensor, flattened (one launch)."""
+    """The norm of every element of `tensors`, two formulations the model chooses between
+    (schedule/formulation.py): "concatenated", one reduction over the concatenation of the
+    flattened tensors (one launch); "per_tensor", one reduction per tensor (tensors of one size
+    share a kernel: horizontal fusion) and their combine. The concatenation reads every piece at
+    each element (masked, wrapped loads: poly/movement.py), so it pays for a few tensors only."""
     flat = [t.reshape((-1,)) for t in tensors]
-    return _norm_of(pn.concatenate(flat) if len(flat) > 1 else flat[0], float(order), _accumulate(node))
+    order, dtype = float(order), _accumulate(node)
+    if len(flat) == 1:
+        return _norm_of(flat[0], order, dtype)
+    per_tensor = _finish(_combine([_fold(f, order, dtype) for f in flat], order), order)
+    if len(flat) > MAX_PIECES:
+        return per_tensor
+    concatenated = _norm_of(pn.concatenate(flat), order, dtype)
+    return alternatives("total_norm", ("concatenated", "per_tensor"), (concatenated, per_tensor))
 
 
 def vector_norm(node, x, order=2, dim=None, keepdim=False, *, dtype=None):
