@@ -38,7 +38,7 @@ from . import logs
 from .codegen import islast
 from .codegen.attention_kernel import AttentionKernels, render_attention
 from .codegen.header import prelude
-from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel
+from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel, render_zero
 from .enums import StrEnum
 from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
 from .explain import contraction_lines  # noqa: F401  (the public name it always had)
@@ -184,7 +184,7 @@ def _formulations(a: Artifacts, o: Options) -> Artifacts:
         return run_stages(outputs, alone).plan.modeled_us
 
     saved = o.schedule.formulations if o.schedule is not None else None
-    graph, chosen = choose_formulations(a.outputs, cost, saved)
+    graph, chosen = choose_formulations(a.outputs, cost, saved, o.deterministic)
     return dataclasses.replace(a, graph=graph, formulations=chosen)
 
 
@@ -242,6 +242,7 @@ def _kernels(a: Artifacts, o: Options) -> Artifacts:
             kernels.append(render_empty(kernel_name(k, grp), grp, specs))
         elif grp.M * grp.N:
             m = next(mappings)
+            kernels += [z for z in (render_zero(f"{m.name}_zero", grp, specs),) if z is not None]  # a scatter's output
             kernels.append(render_kernel(m.name, grp, m))
     return dataclasses.replace(a, kernels=tuple(kernels))
 

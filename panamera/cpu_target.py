@@ -7,7 +7,7 @@ Covered: element-wise groups, ROW / COLUMN / ALL reductions with fused element-w
 and epilogues, split across cores when their outputs cannot occupy them, and stitched ROW groups
 (softmax, layer_norm rows) and ALL groups (x - mean(x): one row, on one core). Refused with
 CpuUnsupportedError: fused attention, contractions (matmul, einsum), stitched COLUMN groups,
-reductions over an empty extent, and replaying a GPU `schedule=`.
+reductions over an empty extent, indirect writes (the atomic scatter-add), and replaying a GPU `schedule=`.
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), target="cpu")

@@ -200,3 +200,21 @@ def test_stitch_precondition_3_only_reductions_are_read_from_registers():
     ref = a - a.max(1, keepdims=True)
     np.testing.assert_allclose(outs[0], ref, rtol=1e-6)
     np.testing.assert_allclose(outs[1], (ref.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+
+
+def test_horizontal_fusion_takes_at_most_max_horizontal_statements():
+    """Nine independent sums of one extent: eight share a kernel, the ninth has its own (each
+    keeps an accumulator in registers: poly/stitch.py MAX_HORIZONTAL); the stitched combine of
+    all nine, likewise."""
+    from panamera.compiler import lower
+    from panamera.poly.stitch import MAX_HORIZONTAL
+
+    xs = [pn.placeholder((64,), "float32", name=f"x{k}") for k in range(MAX_HORIZONTAL + 1)]
+    sums = [pn.sum(x) for x in xs]
+    a = lower(sums, target="emulator", stop_after="groups")
+    assert sorted(len(g.statements) for g in a.groups) == [1, MAX_HORIZONTAL]
+    total = sums[0]
+    for t in sums[1:]:
+        total = total + t
+    a = lower(total, target="emulator", stop_after="groups")
+    assert max(sum(s.kind == "reduce" for s in g.statements) for g in a.groups) == MAX_HORIZONTAL

@@ -1,12 +1,13 @@
 """frontend/scatter.py: scatter-add of rows (an embedding's gradient) against numpy's
-`np.add.at`, repeated indices included, in both merge modes, and its clear errors."""
+`np.add.at`, repeated indices included: owner computes in both merge modes, the atomic indirect
+write, the model's choice between them, and the clear errors."""
 
 import numpy as np
 import pytest
 from conftest import tolerance
 
 import panamera as pn
-from panamera.frontend.scatter import MAX_TERMS, scatter_add_rows
+from panamera.frontend.scatter import MAX_TERMS, scatter_add_atomic, scatter_add_owner, scatter_add_rows
 
 
 def reference(index, src, rows, skip=None):
@@ -43,7 +44,9 @@ def test_clear_errors():
         scatter_add_rows(pn.placeholder((4,), "int64", name="i"), g, rows=0)
     big = pn.placeholder((1 << 12, 1 << 8), "float32", name="big")
     with pytest.raises(pn.PanameraError, match=f"over the owner-computes form's {MAX_TERMS}"):
-        scatter_add_rows(pn.placeholder((1 << 12,), "int64", name="i"), big, rows=1 << 12)
+        scatter_add_owner(pn.placeholder((1 << 12,), "int64", name="i"), big, rows=1 << 12)
+    with pytest.raises(pn.DTypeError, match="src 'b' is bool"):
+        scatter_add_atomic(pn.placeholder((4,), "int64", name="i"), pn.placeholder((4,), "bool", name="b"), rows=5)
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -51,7 +54,7 @@ def test_many_colliding_indices_split_across_blocks(rng, deterministic):
     index = rng.integers(0, 3, 4096)  # 4096 tokens onto 3 rows: every block collides
     src = rng.standard_normal((4096, 4)).astype(np.float32)
     ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
-    k = pn.compile(scatter_add_rows(ids, g, rows=3), target="emulator", deterministic=deterministic)
+    k = pn.compile(scatter_add_owner(ids, g, rows=3), target="emulator", deterministic=deterministic)
     mode = "partials" if deterministic else "atomic_ws"
     assert f"modes={mode}" in k.explain(), k.explain()  # the reduction's own merge: split over blocks
     want = reference(index, src, 3)
@@ -61,8 +64,9 @@ def test_many_colliding_indices_split_across_blocks(rng, deterministic):
         assert np.array_equal(k(index, src), k(index, src, order="reverse", seed=5))
 
 
+@pytest.mark.parametrize("form", ["owner_computes", "atomic"])
 @pytest.mark.parametrize("axis", [0, 1, 2])
-def test_scatter_add_along_an_axis(rng, axis):
+def test_scatter_add_along_an_axis(rng, axis, form):
     from panamera.frontend.scatter import scatter_add_along
 
     shape, size = (3, 4, 5), 6
@@ -74,8 +78,76 @@ def test_scatter_add_along_an_axis(rng, axis):
         q[axis] = index[p]
         want[tuple(q)] += src[p]
     i, s = pn.placeholder(shape, "int64", name="i"), pn.placeholder(shape, "float64", name="s")
-    k = pn.compile(scatter_add_along(i, s, axis, size), target="emulator")
+    chosen = scatter_add_along(i, s, axis, size)  # both forms offered: each compiled as the model would take it
+    k = pn.compile(chosen.inputs[("owner_computes", "atomic").index(form)], target="emulator")
+    assert ("scatter_add" in k.explain()) == (form == "atomic")
     tol = tolerance("float64", shape[axis])
     np.testing.assert_allclose(k(index, src), want, rtol=tol, atol=tol)
     with pytest.raises(pn.ShapeError, match="is not index's"):
         scatter_add_along(i, pn.placeholder((3, 4), "float64", name="s2"), axis, size)
+
+
+# -- the atomic indirect write -----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+def test_atomic_indirect_write_with_repeated_ids(rng, dtype):
+    """One statement over the source, its write through the ids: a zeroing launch and the
+    scatter every call (the second call does not add onto the first); ids out of range or equal
+    to `skip` write nothing; 16-bit sources accumulate in float32."""
+    from conftest import np_dtype
+
+    index = np.array([3, 3, 0, 7, 3, 1, 7, 7, 2, 9, -1, 5] * 20, np.int64)  # 3, 7 repeat; 9, -1 outside; 5 skipped
+    src = rng.standard_normal((index.size, 2, 3)).astype(np_dtype(dtype))
+    ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, dtype, name="g")
+    k = pn.compile(scatter_add_atomic(ids, g, rows=8, skip=5), target="emulator")
+    roles = [(x.role, x.form) for x in k.plan.per_call]
+    assert roles[:2] == [("init", ""), ("map", "MAP")], roles  # zeroed, then the scatter
+    want = reference(index.clip(-1, 8) % 9, src, 9, skip=5)[:8]  # 9 and -1 land on row 8: dropped
+    count = np.bincount(index[(index >= 0) & (index < 8)]).max()
+    tol = tolerance(dtype, int(count))
+    for order in ("forward", "shuffled"):
+        got = k(index, src, order=order, seed=4)
+        assert got.shape == (8, 2, 3) and got.dtype == np_dtype(dtype)
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * np.abs(want).max())
+        assert not got[5].any() and not got[4].any() and not got[6].any()
+
+
+def test_the_model_chooses_owner_computes_or_atomics_and_deterministic_never_atomics():
+    from panamera.compiler import lower
+
+    def chosen(n, rows, width, deterministic=False):
+        ids, g = pn.placeholder((n,), "int64", name="ids"), pn.placeholder((n, width), "float32", name="g")
+        a = lower(scatter_add_rows(ids, g, rows), target="emulator", deterministic=deterministic)
+        return [f.chosen for f in a.formulations], [f.describe() for f in a.formulations]
+
+    assert chosen(4096, 3, 4)[0] == ["owner_computes"]  # 3 rows: every atomic collides (modeled)
+    assert chosen(512, 1000, 64)[0] == ["atomic"]  # 1000 rows: owner computes reduces 1000x the ids
+    got, said = chosen(512, 1000, 64, deterministic=True)
+    assert got == ["owner_computes"] and "atomic (not deterministic)" in said[0]
+    assert chosen(8192, 50257, 8)[0] == []  # over MAX_TERMS: the indirect write is the only form
+    with pytest.raises(pn.PanameraError, match="not deterministic"):
+        chosen(8192, 50257, 8, deterministic=True)
+
+
+def test_an_indirect_write_has_a_kernel_of_its_own(rng):
+    """Grouping precondition (poly/program.py): an element-wise statement of the scatter's extents
+    would share its MAP kernel; it gets its own. And a scatter of a reduction's consumer joins no
+    stitched or epilogue kernel (poly/stitch.py, poly/epilogue.py): its element is no row's own."""
+    index = rng.integers(0, 6, 40)
+    src = rng.standard_normal((40, 4)).astype(np.float32)
+    ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
+    k = pn.compile([scatter_add_atomic(ids, g, rows=6), g * 2.0], target="emulator")
+    assert len(k.plan.kernels) == 2
+    got, twice = k(index, src)
+    np.testing.assert_allclose(got, reference(index, src, 6), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(twice, src * 2)
+    centered = g - pn.mean(g, axis=1, keepdims=True)
+    k = pn.compile(scatter_add_atomic(ids, centered, rows=6), target="emulator")
+    assert [x.form for x in k.plan.kernels] == ["ROW", "MAP"]
+    want = reference(index, src - src.mean(1, keepdims=True), 6)
+    np.testing.assert_allclose(k(index, src), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_cpu_target_refuses_an_indirect_write():
+    ids, g = pn.placeholder((5,), "int64", name="ids"), pn.placeholder((5, 3), "float32", name="g")
+    with pytest.raises(pn.PanameraError, match="indirect write"):
+        pn.compile(scatter_add_atomic(ids, g, rows=4), target="cpu")

@@ -139,6 +139,11 @@ class _Kernel:
             raise CpuUnsupportedError(f"target='cpu': stitched {g.form} groups are not supported yet ({g.names})")
         if g.form != Form.MAP and not self.reductions:
             raise CpuUnsupportedError(f"target='cpu': a {g.form} group without a reduction ({g.names})")
+        if any(s.scatter is not None for s in g.statements):
+            raise CpuUnsupportedError(
+                f"target='cpu': an indirect write (scatter-add with atomics, {g.names}) is not supported yet; "
+                "use target='emulator'"
+            )
         members = g.on_chip
         for k, s in enumerate(g.statements):
             if k in self.epilogues:

@@ -169,6 +169,17 @@ def render_empty(name: str, group: KernelGroup, specs: dict) -> InitKernel:
     return render_init(name, fills, specs)
 
 
+def render_zero(name: str, group: KernelGroup, specs: dict) -> InitKernel | None:
+    """Every call, before the group's kernel: its indirect writes' outputs zeroed (the atomic adds
+    of a scatter accumulate into them); None when the group has none."""
+    fills = [
+        Fill(f"out:{s.result.uid}", s.result.dtype.c_type, 0, literal(0, s.result.dtype))
+        for s in group.statements
+        if s.scatter is not None
+    ]
+    return render_init(name, fills, specs) if fills else None
+
+
 def render_init(name: str, fills, specs: dict) -> InitKernel:
     """One kernel that writes every fill's value over its whole buffer."""
     sig = ", ".join(f"{specs[f.buffer].ctype}* __restrict__ b{k}" for k, f in enumerate(fills))

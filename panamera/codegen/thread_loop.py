@@ -126,8 +126,9 @@ class ThreadLoop:
         return bool(m.rshared) and m.rshared[k][read], bool(m.cshared) and m.cshared[k][read]
 
     # -- loads and bodies ---------------------------------------------------------------------
-    def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None) -> tuple[list[str], str]:
-        """The C lines of statement k's body at the current (i, j) and the name of its value."""
+    def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None, expr=None) -> tuple[list[str], str]:
+        """The C lines of statement k's body (or of `expr`, another expression over its reads: a
+        scatter's index) at the current (i, j) and the name of its value."""
         s = self.g.statements[k]
         lines: list[str] = []
 
@@ -146,8 +147,26 @@ class ThreadLoop:
                 return f"{vregs[(k, read)]}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
 
-        value = ExprRenderer(lines, f"e{k}_").render(s.body, load)
+        value = ExprRenderer(lines, f"e{k}_" if expr is None else f"x{k}_").render(
+            s.body if expr is None else expr, load
+        )
         return lines, value
+
+    def scatter_store(self, k: int, value: str, vec_slot: str | None, vregs: dict) -> list[str]:
+        """An indirect write (poly/statement.py `scatter`): the row id computed, then one atomic
+        add at `write + id * stride` when the id is in [0, extent) (nothing otherwise)."""
+        s = self.g.statements[k]
+        lines, q = self.body_lines(k, vec_slot, vregs, expr=s.scatter_index)
+        n, stride = s.scatter.extent, s.scatter.stride
+        target = f"&out{k}[({self.address(s.write)}) + pn_q{k} * {stride}LL]"
+        add = (
+            f"atomicAdd(reinterpret_cast<unsigned long long*>({target}), (unsigned long long)({value}))"
+            if s.result.dtype.name == "int64"
+            else f"atomicAdd({target}, {value})"
+        )
+        return lines + [
+            f"{{ const long long pn_q{k} = (long long)({q}); if (pn_q{k} >= 0LL && pn_q{k} < {n}LL) {add}; }}"
+        ]
 
     def vector_loads(
         self, here: list[int], sharing: tuple[bool, bool] | None = None
@@ -204,6 +223,9 @@ class ThreadLoop:
                 acc = f"acc{k}[v]" if g.form == Form.COLUMN and V > 1 else f"acc{k}"
                 acc = self.accs.get(k, acc)
                 out.append(f"    {acc} = {s.combiner.functor}::apply({acc}, {accumuland(s, val)});")
+            elif s.scatter is not None:
+                value = convert(val, s.body.dtype, s.result.dtype)
+                out += ["    " + ln for ln in self.scatter_store(k, value, "v" if V > 1 else None, vregs)]
             else:
                 value = convert(val, s.body.dtype, s.result.dtype)
                 out.append(f"    pn_st(&out{k}[{self.address(s.write)}], {value});")

@@ -2,19 +2,29 @@
 `np.add.at(out, index, src)` on a zeroed `out`), the gradient of an embedding lookup or of a
 gather along axis 0.
 
-Strategy: **owner computes**. Each output row reduces over every source row, keeping those whose
-index names it::
+Two strategies, both planned by the polyhedral model, and the cost model chooses (a
+formulation choice, schedule/formulation.py):
+
+**Owner computes** (`scatter_add_owner`). Each output row reduces over every source row,
+keeping those whose index names it::
 
     for r, d:  out[r, d] = sum_t (index[t] == r ? src[t, d] : 0)
 
-This is a COLUMN reduction (reduce the outer extent t, the kept extent r·d contiguous) that the
-polyhedral model plans like any other: repeated indices are no special case (they are terms of
-the same sum), no sort is needed, and the merge is the reduction's own — one atomic per block
-per output element when the mapper splits t across blocks, partials combined in a fixed order
-by the last block when compiled with `deterministic=True` (bit-identical results run to run).
-The price is work: `rows × len(index) × row size` terms instead of `len(index) × row size`, so
-it suits small tables (`MAX_TERMS` bounds it); a statement whose *write* goes through the index
-(one atomicAdd per source element at `index[t]`) is the large-vocabulary form, not built yet.
+This is a COLUMN reduction (reduce the outer extent t, the kept extent r·d contiguous):
+repeated indices are terms of the same sum, no sort is needed, and the merge is the reduction's
+own — one atomic per block per output element when the mapper splits t across blocks, partials
+combined in a fixed order by the last block when compiled with `deterministic=True`
+(bit-identical results run to run). The price is work: `rows × len(index) × row size` terms, so
+it suits small tables (`MAX_TERMS` bounds it).
+
+**Atomic indirect write** (`scatter_add_atomic`). One element-wise statement over the source
+whose write goes through the index (poly/statement.py `scatter`)::
+
+    for t, d:  atomicAdd(&out[index[t], d], src[t, d])     # out zeroed first, every call
+
+`len(index) × row size` work for any table; repeated ids are atomics to one address, in any
+order, so the last bits may differ run to run: deterministic compiles take owner computes, and
+refuse a scatter too large for it.
 
 >>> import panamera as pn
 >>> ids = pn.placeholder((5,), "int64", name="ids")
@@ -29,7 +39,7 @@ import math
 
 from ..errors import DTypeError, ShapeError, Unsupported
 from .ops import arange, sum
-from .tensor import Tensor, where
+from .tensor import Tensor, alternatives, full, where
 
 MAX_TERMS = 1 << 26  # rows × len(index) × row size that the owner-computes form takes
 
@@ -37,23 +47,29 @@ MAX_TERMS = 1 << 26  # rows × len(index) × row size that the owner-computes fo
 def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
     """`out` of shape `(rows, *src.shape[index.ndim:])` with `out[index[t]] += src[t]` for every
     position t of `index` (any rank; `src` is indexed by the same leading axes); an index equal to
-    `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows)."""
-    if index.dtype.is_float or index.dtype.name == "bool":
-        raise DTypeError(f"scatter_add_rows: index {index.label!r} has dtype {index.dtype}, not an integer")
-    lead = index.ndim
-    if src.shape[:lead] != index.shape:
-        raise ShapeError(
-            f"scatter_add_rows: src {src.label!r} of shape {src.shape} does not start with the shape {index.shape} "
-            f"of index {index.label!r}"
-        )
-    if rows <= 0:
-        raise ShapeError(f"scatter_add_rows: rows must be positive, got {rows}")
-    tail = src.shape[lead:]
-    n, width = math.prod(index.shape), math.prod(tail)
+    `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows).
+
+    Two formulations, and the planner keeps the one the model prefers (schedule/formulation.py):
+    owner computes (`scatter_add_owner`) and the atomic indirect write (`scatter_add_atomic`).
+    Over `MAX_TERMS` owner-computes terms only the atomic one is offered; a deterministic compile
+    never takes it (and refuses a scatter that has no other)."""
+    tail, n, width = _check_rows(index, src, rows, "scatter_add_rows")
+    atomic = scatter_add_atomic(index, src, rows, skip)
+    if rows * n * width > MAX_TERMS:
+        return atomic
+    return alternatives(
+        "scatter_add", ("owner_computes", "atomic"), (scatter_add_owner(index, src, rows, skip), atomic)
+    )
+
+
+def scatter_add_owner(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
+    """`scatter_add_rows` by owner computes: each output element reduces over every id (a
+    COLUMN reduction; `rows × len(index) × row size` terms, at most `MAX_TERMS`)."""
+    tail, n, width = _check_rows(index, src, rows, "scatter_add_owner")
     if rows * n * width > MAX_TERMS:
         raise Unsupported(
-            f"scatter_add_rows: {rows} rows × {n} indices × {width} elements is {rows * n * width} terms, over the "
-            f"owner-computes form's {MAX_TERMS}; the atomic indirect-write statement for large tables is not built yet"
+            f"scatter_add_owner: {rows} rows × {n} indices × {width} elements is {rows * n * width} terms, over the "
+            f"owner-computes form's {MAX_TERMS}; scatter_add_atomic takes any table"
         )
     ids = index.reshape((n, 1, 1))
     hit = ids == arange(rows).astype(index.dtype.name).reshape((1, rows, 1))
@@ -63,11 +79,59 @@ def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = N
     return sum(terms, axis=0).reshape((rows, *tail))
 
 
+def scatter_add_atomic(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
+    """`scatter_add_rows` as an **indirect write**: one statement over the source elements
+    `(t, d)` whose write goes through the index, `out[index[t], d] += src[t, d]`, each element
+    one atomic add into an output zeroed every call (no terms for other rows: `len(index) × row
+    size` work, any table size). Repeated ids are atomics to one address; an id outside
+    [0, rows), or equal to `skip`, writes nothing. Atomic float adds run in any order, so the
+    result may differ in its last bits run to run: a deterministic compile refuses it.
+
+    >>> import panamera as pn
+    >>> ids = pn.placeholder((5,), "int64", name="ids")
+    >>> scatter_add_atomic(ids, pn.placeholder((5, 3), "float32", name="g"), rows=100000).shape
+    (100000, 3)
+    """
+    tail, n, width = _check_rows(index, src, rows, "scatter_add_atomic")
+    ids = index.reshape((n,))
+    if skip is not None:
+        ids = where(ids == skip, full((), -1, index.dtype.name), ids)
+    vals = _accumulated(src).reshape((n, width))
+    out = Tensor("scatter_add", (ids.reshape((n, 1)), vals), (rows, width), vals.dtype, (("axis", 0),))
+    return out.astype(src.dtype.name).reshape((rows, *tail))
+
+
+def _accumulated(src: Tensor) -> Tensor:
+    """The values an indirect write adds: 16-bit floats in float32 (a 16-bit atomic would round
+    every add; the result is cast back once), bool refused."""
+    if src.dtype.name == "bool":
+        raise DTypeError(f"scatter-add: src {src.label!r} is bool; atomic adds take numbers")
+    return src.astype("float32") if src.dtype.is_16bit_float else src
+
+
+def _check_rows(index: Tensor, src: Tensor, rows: int, what: str) -> tuple[tuple[int, ...], int, int]:
+    """(src's row shape, number of ids, row size) of a scatter-add of rows, its arguments checked."""
+    if index.dtype.is_float or index.dtype.name == "bool":
+        raise DTypeError(f"{what}: index {index.label!r} has dtype {index.dtype}, not an integer")
+    lead = index.ndim
+    if src.shape[:lead] != index.shape:
+        raise ShapeError(
+            f"{what}: src {src.label!r} of shape {src.shape} does not start with the shape {index.shape} "
+            f"of index {index.label!r}"
+        )
+    if rows <= 0:
+        raise ShapeError(f"{what}: rows must be positive, got {rows}")
+    tail = src.shape[lead:]
+    return tail, math.prod(index.shape), math.prod(tail)
+
+
 def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tensor:
     """torch's `zeros(...).scatter_add(axis, index, src)` for `index` and `src` of one shape S:
     `out[..., index[..., k, ...], ...] += src[..., k, ...]` along `axis`, out of shape S with
-    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same owner-computes
-    strategy as `scatter_add_rows`: each output element reduces over the k of its line.
+    extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same two formulations
+    as `scatter_add_rows`, the model's choice: owner computes (each output element reduces over
+    the k of its line; bounded by `MAX_TERMS`) or the atomic indirect write (one atomic add per
+    element of src, its write through index along `axis`; never in a deterministic compile).
 
     >>> import panamera as pn
     >>> i = pn.placeholder((4, 2), "int64", name="i")
@@ -84,11 +148,12 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
         raise ShapeError(f"scatter_add_along: size must be positive, got {size}")
     a = axis % index.ndim
     shape = index.shape
+    out_shape = shape[:a] + (size,) + shape[a + 1 :]
+    vals = _accumulated(src)
+    atomic = Tensor("scatter_add", (index, vals), out_shape, vals.dtype, (("axis", a),)).astype(src.dtype.name)
     if size * math.prod(shape) > MAX_TERMS:
-        raise Unsupported(
-            f"scatter_add_along: {size} × {math.prod(shape)} terms, over the owner-computes form's {MAX_TERMS}"
-        )
+        return atomic
     spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
     r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
-    terms = where(index.reshape(spread) == r, src.reshape(spread), 0.0)
-    return sum(terms, axis=a)
+    owner = sum(where(index.reshape(spread) == r, src.reshape(spread), 0.0), axis=a)
+    return alternatives("scatter_add_along", ("owner_computes", "atomic"), (owner, atomic))

@@ -52,7 +52,7 @@ def compute_dependences(stmts: list[Statement]) -> Dependences:
     ctx = stmts[0].domain.get_ctx()
     reads = writes = sched = isl.UnionMap.empty(isl.Space.params_alloc(ctx, 0))
     for k, st in enumerate(stmts):
-        w = _access(st, st.write, array_name(st.result))
+        w = _access(st, st.write, array_name(st.result), st.scatter)  # a scatter may write any row
         writes = writes.union(isl.UnionMap.from_map(w))
         for r in (r for r in st.reads if r.memory):
             reads = reads.union(isl.UnionMap.from_map(_access(st, r.addr, array_name(r.tensor), r.indirect)))

@@ -68,8 +68,8 @@ def is_head(st: Statement) -> bool:
 
 def joins(st: Statement, head: Statement, members: dict[int, Statement], reductions: set[int]) -> bool:
     """Preconditions 2 to 5 for `st` joining the group whose results are `members` (by uid)."""
-    if st.kind != StatementKind.MAP or st.M != head.M or st.N != 1 or not writes_index(st):
-        return False  # 2
+    if st.kind != StatementKind.MAP or st.M != head.M or st.N != 1 or not writes_index(st) or st.scatter is not None:
+        return False  # 2 (an indirect write's element is no row's own)
     mine = [r for r in st.reads if r.tensor.uid in members]
     if not mine:
         return False  # 5

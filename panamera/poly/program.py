@@ -21,7 +21,7 @@ from .fusion import Fusion, fuse_producers
 from .movement import must_materialize
 from .row_columns import ColumnJoin, column_candidates
 from .statement import Form, Statement, StatementKind, build_statement
-from .stitch import stitch_candidates
+from .stitch import MAX_HORIZONTAL, stitch_candidates
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,9 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
     """
     g = tensor_graph(outputs)
     order = list(nx.topological_sort(g))
-    materialized = {t for t in order if t.op == "reduce"} | {t for t in outputs if t.op != "placeholder"}
+    materialized = {t for t in order if t.op in ("reduce", "scatter_add")} | {
+        t for t in outputs if t.op != "placeholder"
+    }
     materialized |= must_materialize(order)  # what a gather reads exists in memory first
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     ctx = isl.Context()
@@ -200,8 +202,8 @@ def group_statements(
 ) -> tuple[KernelGroup, ...]:
     """Kernel groups: the chosen stitched groups and epilogue groups, then horizontal fusion of
     the rest: statements with the same form and extents and no dependence path between them
-    share a kernel (the paper's fusion of independent reductions, §4). Groups are ordered by
-    their dependences."""
+    share a kernel (the paper's fusion of independent reductions, §4), at most `MAX_HORIZONTAL`
+    of them, and never an indirect write. Groups are ordered by their dependences."""
     by_name = {s.name: s for s in stmts}
     chosen = tuple(stitched) + tuple(epilogues)
     taken = {s.name for grp in chosen for s in grp}
@@ -213,6 +215,8 @@ def group_statements(
         for grp in groups[len(chosen) :]:
             h = grp[0]
             same = (h.form, h.M, h.N) == (s.form, s.M, s.N) and (h.kind == s.kind) and s.M * s.N > 0
+            same = same and h.scatter is None and s.scatter is None  # an indirect write has a kernel of its own
+            same = same and len(grp) < MAX_HORIZONTAL
             if same and not any(nx.has_path(sg, m.name, s.name) or nx.has_path(sg, s.name, m.name) for m in grp):
                 grp.append(s)
                 break

@@ -71,6 +71,11 @@ class Statement:
     M: int = 0
     N: int = 0
     origin: Statement | None = None  # the statement before coalescing
+    # An indirect write (a scatter-add): the element written is `write + index * scatter.stride`,
+    # index the value of `scatter_index` (a row id; outside [0, scatter.extent) nothing is
+    # written), merged by an atomic add into an output zeroed every call.
+    scatter: Indirect | None = None
+    scatter_index: Expr | None = None
 
     def dim(self, name: str) -> int:
         return self.dims.index(name)
@@ -215,6 +220,8 @@ def broadcast_index(idx, shape, arg_shape, zero):
 
 def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
     """The statement computing tensor `t`, reading `materialized` tensors and placeholders."""
+    if t.op == "scatter_add":
+        return _scatter_statement(ctx, name, t, materialized)
     if t.op == "reduce":
         src = t.inputs[0]
         shape = src.shape
@@ -250,6 +257,39 @@ def build_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -
         write=write.coalesce(),
         body=body,
         **extra,
+    )
+
+
+def _scatter_statement(ctx: isl.Context, name: str, t: Tensor, materialized: set) -> Statement:
+    """`out[idx with axis a replaced by ids[idx]] += vals[idx]` over the domain of `vals`
+    (frontend/scatter.py's indirect writes; `ids` broadcasts to `vals`: one id per row of a
+    scatter of rows, one per element of a scatter along an axis): an element-wise statement whose
+    write goes through the index. Its affine part is the element's offset with subscript a set
+    to 0; the id is an expression of its own, evaluated per iteration."""
+    ids, vals = t.inputs
+    a = t.attr("axis")
+    dims = tuple(f"d{k}" for k in range(vals.ndim))
+    domain, v = box(ctx, dims, vals.shape)
+    domain = domain.set_tuple_name(name)
+    zero = v[0]
+    b = _Builder(ctx, zero, materialized - {t}, domain.reset_tuple_id())
+    idx = [v[d] for d in dims]
+    body = b.expr(vals, idx)
+    index = b.expr(ids, broadcast_index(idx, vals.shape, ids.shape, zero))
+    written = idx[:a] + [zero] + idx[a + 1 :]
+    return Statement(
+        name=name,
+        result=t,
+        kind=StatementKind.MAP,
+        dims=dims,
+        extents=tuple(vals.shape),
+        reduced=frozenset(),
+        domain=domain,
+        reads=tuple(b.reads),
+        write=linear(written, t.shape, zero).coalesce(),
+        body=body,
+        scatter=Indirect(strides(t.shape)[a], t.shape[a]),
+        scatter_index=index,
     )
 
 

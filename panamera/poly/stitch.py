@@ -26,7 +26,8 @@ Preconditions for a statement to join a reduction's stitched group, each checked
      (split = 1), so the value is final and on chip when read; there is no grid-wide barrier.
      Only reductions are read that way: an element-wise member or an epilogue exists in no
      register of a later pass, so a statement reading one does not join;
-  4. stitching keeps the kernel graph acyclic (no path leaves the group and comes back).
+  4. stitching keeps the kernel graph acyclic (no path leaves the group and comes back);
+  5. at most `MAX_HORIZONTAL` reductions share the group (registers: one accumulator each).
 Whether a legal candidate is actually stitched is the cost model's call (schedule/planner.py).
 """
 
@@ -37,6 +38,12 @@ import networkx as nx
 
 from .coalesce import coalesce
 from .statement import Form, Statement, StatementKind
+
+# At most this many independent statements share a kernel side by side (horizontal fusion, here
+# and in poly/program.py's grouping): each keeps its accumulator and its unrolled loads in
+# registers, and 75 float32 sums in one kernel (GPT-2 small's 768-element gradients, normed
+# together) spilled 676 stores on sm_80.
+MAX_HORIZONTAL = 8
 
 
 def row_space(st: Statement):
@@ -97,12 +104,13 @@ def stitch_candidates(stmts: list[Statement], sg: nx.DiGraph) -> list[list[State
             members = {m.result.uid: m for m in grp} if grp else {}
             # A reduction over the same rows joins: after the ones it reads (row-locally), or
             # beside them when it reads none (horizontal fusion, same pass).
-            if grp and row_local(st, members) and not _reads_unregistered(st, grp):
+            beside = sum(1 for m in grp if m.kind == StatementKind.REDUCE) if grp else 0
+            if grp and beside < MAX_HORIZONTAL and row_local(st, members) and not _reads_unregistered(st, grp):
                 grp.append(st)
             else:
                 open_groups[key] = [st]
                 groups.append(open_groups[key])
-        elif st.kind == StatementKind.MAP:
+        elif st.kind == StatementKind.MAP and st.scatter is None:  # an indirect write joins nothing
             for (extents, reduced), grp in open_groups.items():
                 members = {m.result.uid: m for m in grp if not is_epilogue(m)}
                 if not any(r.tensor.uid in members for r in st.reads) or _reads_unregistered(st, grp):

@@ -124,6 +124,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
             blocks=d.grid[0],
             threads=d.tx,
             bytes_in_flight_per_thread=in_flight(group, d),
+            **_scatter_atomics(group),
             **work,
         )
     s_eff = d.split
@@ -164,6 +165,17 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
         **work,
     )
+
+
+def _scatter_atomics(group: KernelGroup) -> dict:
+    """An indirect write's atomics (poly/statement.py `scatter`): one per element; the ids are
+    data, so the adds into one word are taken as the ids per row of the table, as uniform ids
+    would give (an assumption: repeated ids of a skewed vocabulary serialize more)."""
+    scat = [s for s in group.statements if s.scatter is not None]
+    if not scat:
+        return {}
+    per_row = max(math.ceil(group.M / s.result.size) for s in scat)  # source elements per destination
+    return dict(atomics=group.M * len(scat), same_address=per_row, atomic_dtype=scat[0].result.dtype.name)
 
 
 def _epilogue_cycles(group: KernelGroup, gpu: GPUSpec) -> int:

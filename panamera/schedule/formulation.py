@@ -10,10 +10,11 @@ compiled alone), or by the one a replayed schedule names, and records what it ch
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import ScheduleError
+from ..errors import ScheduleError, Unsupported
 from ..frontend.tensor import Tensor, _ids, topological
 from ..frontend.walk import evaluate
 
@@ -33,7 +34,10 @@ class Formulation:
     def describe(self) -> str:
         if not self.costs_us:
             return f"{self.op}: {self.chosen} (from the schedule)"
-        vs = " vs ".join(f"{n} {c:.1f} us" for n, c in zip(self.names, self.costs_us))
+        vs = " vs ".join(
+            f"{n} {c:.1f} us" if c != math.inf else f"{n} (not deterministic)"
+            for n, c in zip(self.names, self.costs_us)
+        )
         return f"{self.op}: {vs} (modeled) -> {self.chosen}"
 
 
@@ -59,13 +63,25 @@ def substitute(outputs: tuple[Tensor, ...], by: dict[int, Tensor]) -> tuple[Tens
     return tuple(evaluate(o, lambda t: t.uid, sources, rebuild, memo) for o in outputs)  # iterative
 
 
+# Ops whose result depends on the order of their atomic adds (frontend/scatter.py's indirect write).
+NONDETERMINISTIC = frozenset({"scatter_add"})
+
+
+def nondeterministic(outputs) -> Tensor | None:
+    """The first tensor of the graph whose value depends on the order of atomic adds, or None."""
+    return next((t for t in topological(outputs) if t.op in NONDETERMINISTIC), None)
+
+
 def choose_formulations(
     outputs: tuple[Tensor, ...],
     cost: Callable[[tuple[Tensor, ...]], float],
     saved: tuple[str, ...] | None = None,
+    deterministic: bool = False,
 ) -> tuple[tuple[Tensor, ...], tuple[Formulation, ...]]:
     """The outputs with every choose node replaced, and the choices made (in graph order).
-    `saved`: the choices of a replayed schedule ("op=name" each), checked against the graph."""
+    `saved`: the choices of a replayed schedule ("op=name" each), checked against the graph.
+    `deterministic`: a formulation with atomic adds in any order (`NONDETERMINISTIC`) is never
+    chosen, and a graph left with one is refused (`Unsupported`)."""
     points = _choice_points(outputs)
     if saved is not None and len(saved) != len(points):
         raise ScheduleError(f"schedule chooses {len(saved)} formulation(s), the program has {len(points)}")
@@ -82,8 +98,19 @@ def choose_formulations(
                 )
             f = Formulation(op, names, name)
         else:
-            costs = tuple(cost((alt,)) for alt in alternatives)
+            costs = tuple(
+                math.inf if deterministic and nondeterministic((alt,)) is not None else cost((alt,))
+                for alt in alternatives
+            )
             f = Formulation(op, names, names[costs.index(min(costs))], costs)
         chosen.append(f)
         by[t.uid] = alternatives[names.index(f.chosen)]
-    return (substitute(outputs, by) if by else outputs), tuple(chosen)
+    graph = substitute(outputs, by) if by else outputs
+    bad = nondeterministic(graph) if deterministic else None
+    if bad is not None:
+        raise Unsupported(
+            f"{bad.op} {bad.label!r}: atomic adds in any order are not deterministic, and no deterministic "
+            "formulation of it is offered (frontend/scatter.py: the owner-computes form is bounded by MAX_TERMS); "
+            "compile without deterministic=True"
+        )
+    return graph, tuple(chosen)

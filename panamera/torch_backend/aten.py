@@ -451,6 +451,11 @@ def _build_table() -> dict:
     add(A, bw.scatter_add, aten.scatter_add.default, check=bw.scatter_add_check)
     add(A, bw.nll_loss_backward, aten.nll_loss_backward.default, check=bw.nll_loss_backward_check)
     add(A, bw.embedding_dense_backward, aten.embedding_dense_backward.default, check=bw.embedding_dense_backward_check)
+    add(A, bw.embedding_bag_backward, aten._embedding_bag_backward.default, check=bw.embedding_bag_backward_check)
+    from . import foreach as fe
+
+    add(A, fe.vector_norm, aten.linalg_vector_norm.default, check=fe.norm_check)
+    add(A, fe.total_norm, fe.TOTAL_NORM, check=fe.norm_check)
     return t
 
 

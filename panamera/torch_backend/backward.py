@@ -11,15 +11,18 @@ through an index tensor (`scatter`, `index_put(accumulate=True)`):
 
 - `nll_loss_backward`: the one-hot gradient `where(class == target, -g / total_weight, 0)`, an
   element-wise op of the class iota (no scatter);
-- `embedding_dense_backward`: the rows of the gradient added by token id, repeated ids included,
-  through frontend/scatter.py (owner computes: a column reduction over tokens; one atomic per
-  block, or ordered partials when deterministic).
+- `embedding_dense_backward` (and EmbeddingBag's `_embedding_bag_backward`): the rows of the
+  gradient added by token id, repeated ids included, through frontend/scatter.py: owner computes
+  (a column reduction over tokens; one atomic per block, or ordered partials when deterministic)
+  or the atomic indirect write (one atomic add per element, any table size), the cost model's
+  choice; a deterministic compile never takes the atomic one (and a table too large for owner
+  computes then stays in eager PyTorch, with that reason).
 
 Indexing is built here too: `index` (one index tensor), `index_select` and `gather` as gathers
-(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)`, `index_add` and
-`scatter_add` as the same owner-computes scatter-adds; each check refuses, with its reason, a
-call outside what the builder computes (several index tensors, a bool mask, a table too large
-for the owner-computes form).
+(pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)` and `index_add`
+as the same scatter-adds of rows, `scatter_add` as the same two forms along an axis; each check
+refuses, with its reason, a call outside what the builder computes (several index tensors, a bool
+mask, an index smaller than the input).
 
 >>> import torch  # doctest: +SKIP
 >>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP
@@ -28,14 +31,12 @@ True
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch._decomp import get_decompositions
 
 import panamera as pn
 
-from ..frontend.scatter import MAX_TERMS, scatter_add_along, scatter_add_rows
+from ..frontend.scatter import scatter_add_along, scatter_add_rows
 from .aten import meta, out_dtype
 
 aten = torch.ops.aten
@@ -91,17 +92,45 @@ def embedding_dense_backward(node, g, indices, num_weights, padding_idx, scale_g
 
 
 def embedding_dense_backward_check(node) -> str | None:
-    g, indices = meta(node.args[0]), meta(node.args[1])
-    rows, by_freq = node.args[2], node.args[4]
+    by_freq = node.args[4]
+    return "embedding backward with scale_grad_by_freq" if by_freq else None
+
+
+def embedding_bag_backward(
+    node, g, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, *rest
+):
+    """EmbeddingBag's table gradient (sum and mean bags): row r adds, for every id t equal to r,
+    the gradient of t's bag b(t) (over the bag's size for a mean, times t's per-sample weight).
+
+    b(t) comes from `offsets` alone, as a row reduction: the number of bag starts at or before t,
+    minus one (empty bags are starts that repeat). offset2bag is not read: eager PyTorch's CPU
+    forward leaves it empty for sum bags. With include_last_offset (B + 1 offsets for B bags)
+    the last offset is not read: as in eager PyTorch's CPU forward, the last bag runs to the end
+    of `indices`. The mean's bag sizes are the forward's own (they leave out padding ids). Then
+    an owner-computes scatter-add, as embedding's."""
+    sparse, per_sample_weights = (rest + (False, None))[:2]
+    padding_idx = rest[2] if len(rest) > 2 else -1
+    bags, t = g.shape[0], indices.shape[0]
+    pos = pn.arange(t).astype(offsets.dtype.name).reshape((t, 1))
+    starts = offsets[:bags].reshape((1, bags))
+    bag = pn.sum((starts <= pos).astype(offsets.dtype.name), axis=1) - 1
+    rows = pn.take(g, bag, axis=0)
+    if mode == 1:
+        size = pn.take(bag_size, bag, axis=0).astype(rows.dtype.name)
+        rows = rows / pn.maximum(size, 1.0).reshape((t, 1))
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(rows.dtype.name).reshape((t, 1))
+    skip = padding_idx if padding_idx >= 0 else None
+    return scatter_add_rows(indices, rows.astype(out_dtype(node)), int(num_weights), skip=skip)
+
+
+def embedding_bag_backward_check(node) -> str | None:
+    indices, by_freq, mode = meta(node.args[1]), node.args[7], node.args[8]
     if by_freq:
-        return "embedding backward with scale_grad_by_freq"
-    terms = rows * math.prod(indices.shape) * g.shape[-1]
-    if terms > MAX_TERMS:
-        return (
-            f"embedding backward of {rows} rows × {math.prod(indices.shape)} ids: {terms} owner-computes terms, over "
-            f"frontend/scatter.py's {MAX_TERMS} (the atomic indirect-write statement is not built yet)"
-        )
-    return None
+        return "EmbeddingBag backward with scale_grad_by_freq"
+    if mode not in (0, 1):
+        return "EmbeddingBag backward of max bags (their argmax indices, not a sum)"
+    return f"EmbeddingBag backward of rank-{indices.ndim} indices" if indices.ndim != 1 else None
 
 
 def embedding(node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
@@ -159,9 +188,7 @@ def index_put_check(node) -> str | None:
     one = _single_index(node.args[1])
     if one is None or one[0] != 0:
         return "index_put with an index tensor off axis 0 or several index tensors"
-    if meta(one[1]).dtype not in (torch.int64, torch.int32):
-        return "index_put by a bool mask"
-    return _terms_check(meta(node.args[0]).shape[0], meta(one[1]).numel(), meta(node.args[0]).numel())
+    return "index_put by a bool mask" if meta(one[1]).dtype not in (torch.int64, torch.int32) else None
 
 
 def index_add(node, x, dim, idx, source, alpha=1):
@@ -170,10 +197,8 @@ def index_add(node, x, dim, idx, source, alpha=1):
 
 
 def index_add_check(node) -> str | None:
-    x, dim, idx = meta(node.args[0]), node.args[1], meta(node.args[2])
-    if dim % x.ndim != 0:
-        return "index_add off axis 0"
-    return _terms_check(x.shape[0], idx.numel(), x.numel())
+    x, dim = meta(node.args[0]), node.args[1]
+    return "index_add off axis 0" if dim % x.ndim != 0 else None
 
 
 def scatter_add(node, x, dim, idx, src):
@@ -190,16 +215,6 @@ def scatter_add_check(node) -> str | None:
     )
     if idx.shape != src.shape or any(i != n for k, (i, n) in enumerate(zip(idx.shape, x.shape)) if k != dim):
         return "scatter_add with index or src smaller than the input"
-    return _terms_check(x.shape[dim], idx.numel(), 1)
-
-
-def _terms_check(rows: int, ids: int, total: int) -> str | None:
-    terms = rows * ids * max(total // max(rows, 1), 1)
-    if terms > MAX_TERMS:
-        return (
-            f"a scatter-add of {ids} ids onto {rows} rows: {terms} owner-computes terms, over frontend/scatter.py's "
-            f"{MAX_TERMS} (the atomic indirect-write statement is not built yet)"
-        )
     return None
 
 

@@ -23,6 +23,7 @@ import panamera as pn
 
 from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
+from .foreach import fuse_total_norms
 
 PREFIX = "panamera_"
 aten = torch.ops.aten
@@ -246,6 +247,7 @@ def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
 def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False):
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
     graph module, a report per partition and every op left to eager PyTorch with its reason."""
+    fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
     eager = [
