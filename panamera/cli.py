@@ -438,7 +438,7 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
 @cli.command()
 @click.option(
     "--suite",
-    type=click.Choice(["single", "subgraphs", "norms", "contractions", "all", "tiny"]),
+    type=click.Choice(["single", "subgraphs", "norms", "contractions", "training", "all", "tiny"]),
     default="all",
     show_default=True,
 )
