@@ -93,3 +93,38 @@ def test_plan_all_and_the_runner_on_a_small_training_workload():
                                  measure=False, nvrtc_times=False)  # fmt: skip
     assert records[0]["plan"] == "panamera" and set(records[0]["peers"]) == {"pytorch-eager", "inductor", "liger"}
     assert "## Not planned" in summary and "huge float32: scatter_add_rows: too many terms" in summary
+
+
+# -- the training-step table (issue 23 item 4) ----------------------------------------------------------
+def test_eager_model_of_a_subgraph_counts_one_kernel_per_op_that_moves_bytes():
+    from panamera.bench.train_steps import eager_us
+
+    traffic = (
+        ("aten.view.default", 0, 0),
+        ("aten.add.Tensor", 2 << 20, 1 << 20),
+        ("aten.sum.dim_IntList", 1 << 20, 64),
+    )
+    us, kernels = eager_us(traffic, H100)
+    assert kernels == 2 and us > H100.launch_s * 1e6
+
+
+def test_one_training_step_row(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from panamera.bench import train_steps
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 8)
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.fc(x), y)
+
+    monkeypatch.setitem(train_steps.MODELS, "tiny", lambda: (Tiny(), [torch.randn(8, 16), torch.randint(0, 8, (8,))]))
+    row = train_steps.run_model("tiny")
+    assert row.kernels >= 2 and row.eager_kernels > row.kernels and row.eager_ops >= 1  # the matmuls stay eager
+    assert 0 < row.panamera_us and 0 < row.eager_us
+    assert row.grad_error <= 1e-5 and row.loss_error <= 1e-5  # float32 against eager PyTorch
+    assert "| tiny |" in train_steps.table([row])
