@@ -27,7 +27,8 @@ Sources (bench/README.md "Peers and their rules"):
 - **TorchInductor**: a row reduction kernel for dx (persistent up to 1024 values, else looped: the
   write loop re-reads the row, peers.py `reread`), and the column sums as an OUTER reduction split
   by `Reduction.num_splits` (ir.py) into partials and a final kernel; BatchNorm: the channel sums,
-  then a pointwise kernel for dx.
+  then a pointwise kernel for dx; embedding: torch/_decomp's `embedding_dense_backward` (`new_zeros`,
+  then `index_put(accumulate=True)`), lowered to a zeroing kernel and atomic_add stores.
 
 Every plan reads at least the workload's inputs and writes its outputs, so no peer is modeled
 below the limit (tests/test_train_bench.py checks it at every shape).
@@ -225,6 +226,16 @@ def inductor(b: Backward, gpu: GPUSpec) -> PeerPlan | None:
                                       written=k * cols * e)  # fmt: skip
             launches.append(k1)
             what.append(f"column sums: {c1}")
+    if b.pattern is Pattern.EMBEDDING:  # torch/_decomp embedding_dense_backward: new_zeros, then
+        # index_put(accumulate=True), which Inductor lowers to a store with mode "atomic_add"
+        T, D, V = M, N, b.rows
+        launches.append(kernel("triton_poi_fused_zeros", read=0, written=V * D * 4, blocks=cdiv(V * D, 1024),
+                               threads=128, in_flight=0))  # fmt: skip
+        # the rows the ids touch are read back into L2 and written again by the atomics
+        touched = min(T, V) * D * 4
+        launches.append(kernel("triton_poi_fused_index_put", read=T * 8 + T * D * e + touched, written=touched,
+                               blocks=cdiv(T * D, 1024), threads=128, in_flight=8 * e, atomics=T * D))  # fmt: skip
+        what.append("zeros, then index_put(accumulate=True) as atomic_add stores")
     if b.pattern is Pattern.BATCH_NORM:
         launches.append(kernel("triton_poi_fused_dx", read=2 * M * N * e + 4 * N * 4, written=M * N * e,
                                blocks=cdiv(M * N, 1024), threads=128, in_flight=2 * 8 * e))  # fmt: skip
