@@ -16,6 +16,7 @@ from configs; needs torch, and transformers for BERT and GPT-2).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -80,7 +81,8 @@ def _gpt2():
     import transformers
 
     cfg = transformers.GPT2Config(n_embd=64, n_head=4, n_layer=2, n_positions=32, vocab_size=256, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")  # fmt: skip
+                                  embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager", bos_token_id=0,
+                                  eos_token_id=0)  # fmt: skip
     ids = torch.randint(0, 256, (2, 32))
     return _HF.wrap(transformers.GPT2LMHeadModel(cfg), "input_ids", "labels"), [ids, ids]
 
@@ -196,9 +198,15 @@ def table(rows: list[StepRow], gpu: GPUSpec = H100) -> str:
 def run_steps(names=None, gpu: GPUSpec = H100) -> tuple[list[StepRow], str]:
     """Every model's row (a model whose library is missing gets a note) and the table."""
     rows = []
-    for name in names or MODELS:
-        try:
-            rows.append(run_model(name, gpu))
-        except ImportError as e:
-            rows.append(StepRow(name, 0, 0, 0, 0.0, 0.0, 0, 0.0, 0.0, note=f"not run: {e}"))
+    quiet = logging.getLogger("panamera.torch")  # one INFO line per compiled graph: the table says it all
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        for name in names or MODELS:
+            try:
+                rows.append(run_model(name, gpu))
+            except ImportError as e:
+                rows.append(StepRow(name, 0, 0, 0, 0.0, 0.0, 0, 0.0, 0.0, note=f"not run: {e}"))
+    finally:
+        quiet.setLevel(level)
     return rows, table(rows, gpu)
