@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from .. import nn
 from ..frontend import ops
 from ..frontend.tensor import placeholder as P
+from .train_peers import Backward
 
 # The paper's mean speedups of Panamera (docs/WORKLOADS.md), to stand next to ours.
 PAPER_MEANS = {
@@ -27,7 +28,7 @@ class Workload:
     suite: str
     dtype: str
     build: Callable  # () -> list of output tensors (fresh placeholders each call)
-    backward: object = None  # a training workload's train_peers.Backward: its peers plan from that
+    backward: Backward | None = None  # what a training workload computes: its peers plan from that
 
 
 A1_F32_I32 = [("ALL", (128,), None), ("ALL", (65536,), None), ("ALL", (1024, 1024), None), ("ALL", (21128, 768), None),
