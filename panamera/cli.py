@@ -438,7 +438,7 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
 @cli.command()
 @click.option(
     "--suite",
-    type=click.Choice(["single", "subgraphs", "norms", "contractions", "all", "tiny"]),
+    type=click.Choice(["single", "subgraphs", "norms", "contractions", "training", "steps", "all", "tiny"]),
     default="all",
     show_default=True,
 )
@@ -469,6 +469,16 @@ def bench(suite, gpu, out, plot, measure, repeat):
     if plot:
         logs.require_extra(logs.Extra.MATPLOTLIB, "bench --plot")
     console = _console()
+    if suite == "steps":  # training steps of small models through torch.compile (bench/train_steps.py)
+        from .bench.train_steps import run_steps
+
+        text = run_steps(gpu=GPUS[gpu])[1]
+        console.print(text, markup=False)
+        if out:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "steps.md"), "w") as f:
+                f.write(text)
+        return
     suites = list(SUITES) if suite == "all" else [suite]
     workloads = tiny() if suite == "tiny" else None
     argv = sys.argv[1:]  # the command as typed (options before `bench` too); else what it amounts to

@@ -29,6 +29,7 @@ from .contraction_peers import CONTRACTION_PEERS
 from .decode_peers import DECODE_PEERS
 from .peers import PEERS, PeerPlan, plan_peers
 from .row_peers import ROW_PEERS
+from .train_peers import plan_train_peers
 
 DETERMINISTIC, SINGLE, UNFUSED = (
     "panamera-deterministic",
@@ -131,14 +132,15 @@ def compulsory_traffic(outs) -> tuple[int, int]:
     )
 
 
-def plan_all(build, gpu: GPUSpec, plans=PLANS) -> dict[str, PlanResult]:
+def plan_all(build, gpu: GPUSpec, plans=PLANS, backward=None) -> dict[str, PlanResult]:
     """Every plan of one workload (a peer without a kernel for it is left out). `build()` returns
-    fresh output tensors."""
+    fresh output tensors; `backward` (train_peers.Backward) says what a training workload computes,
+    and its peers are then the training peers, planned from that."""
     outs = build()
     compulsory = compulsory_traffic(outs)
     results = {"panamera": _single("panamera", outs, gpu, compulsory)}
     t0 = time.perf_counter()
-    peers = plan_peers(build(), gpu)
+    peers = plan_peers(build(), gpu) if backward is None else plan_train_peers(backward, gpu)
     dt = time.perf_counter() - t0
     for p in plans:
         if p == UNFUSED:

@@ -157,6 +157,8 @@ class Work:
     in_bytes: int
     out_bytes: int
     pointwise: int  # element-wise ops fused before the reductions
+    input_bytes: int = 0  # every graph input's bytes (what a fully fused kernel reads)
+    output_bytes: int = 0  # every graph output's bytes
 
 
 def _root(t: Tensor) -> Tensor:
@@ -198,6 +200,8 @@ def describe(outs) -> Work:
     names = {t.attr("combiner").name for t in reduces}
     if choose is not None:
         pattern = choose.attr("formulation")
+    elif not reduces:  # an element-wise graph (a backward without a reduction, e.g. threshold_backward)
+        pattern = "elementwise"
     elif {"argkey_max", "argkey_min"} & ops:
         pattern = "argmax"
     elif {"iota", "eq", "where"} <= ops:
@@ -226,12 +230,14 @@ def describe(outs) -> Work:
             continue
         read = sum(i.size * i.dtype.itemsize for i in t.inputs if i.op not in ("const", "iota"))
         eager.append((t.op, t.size, read, t.size * t.dtype.itemsize))
-    first = reds[0]
     big = [t for t in order if t.op == "placeholder"]
-    in_bytes = max(big, key=lambda t: t.size).dtype.itemsize
+    in_bytes = max(big, key=lambda t: t.size).dtype.itemsize if big else outs[0].dtype.itemsize
     out = outs[0]
+    M, N = (reds[0].M, reds[0].N) if reds else (out.size, 1)
     pointwise = sum(1 for t in order if t.op not in INLINE and t.op != "reduce" and t.op != "choose")
-    return Work(pattern, tuple(reds), tuple(eager), first.M, first.N, in_bytes, out.dtype.itemsize, pointwise)
+    inputs = sum(t.size * t.dtype.itemsize for t in big)
+    written = sum(t.size * t.dtype.itemsize for t in outs)
+    return Work(pattern, tuple(reds), tuple(eager), M, N, in_bytes, out.dtype.itemsize, pointwise, inputs, written)
 
 
 # --- PyTorch eager ----------------------------------------------------------------------------------
@@ -352,6 +358,10 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         return _plan("pytorch-eager", [red, clamp, div], "F.normalize: norm, clamp_min, div", **c)
     # reduce / argmax: one kernel per op of the graph (the element-wise ones vectorized), reductions by ATen
     launches, facts = [], {}
+    if not w.reductions:  # element-wise graph: one vectorized kernel per op
+        launches = [aten_elementwise(op, numel, read, written, max(1, read // max(numel, 1)))
+                    for op, numel, read, written in w.eager_ops]  # fmt: skip
+        return _plan("pytorch-eager", launches, "one vectorized_elementwise_kernel per op") if launches else None
     for op, numel, read, written in w.eager_ops:
         launches.append(aten_elementwise(op, numel, read, written, max(1, read // max(numel, 1))))
     for r in w.reductions:  # the unfused reduction reads its direct operand
@@ -555,6 +565,11 @@ def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
                                     read=Mr * Nr * rs[0].in_bytes, written=outs * Mr * rs[0].out_bytes)  # fmt: skip
             launches.append(k)
             what.append(f"{hint}: {c}")
+    if w.pattern == "elementwise":  # the scheduler fuses every pointwise op into one kernel
+        n = w.M
+        launches.append(kernel("triton_poi_fused", read=w.input_bytes, written=w.output_bytes, blocks=cdiv(n, 1024),
+                               threads=128, in_flight=8 * w.in_bytes))  # fmt: skip
+        what.append("pointwise XBLOCK 1024")
     if w.pattern == "batch_norm":  # the normalize pass is a pointwise kernel after the statistics
         launches.append(kernel("triton_poi_fused", read=M * N * e, written=M * N * w.out_bytes, blocks=cdiv(M * N, 1024),
                                threads=128, in_flight=8 * e))  # fmt: skip

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import logs
 from ..compiler import compile as pn_compile
+from ..errors import Unsupported
 from ..model.gpu import GPUSpec
 from .baselines import DETERMINISTIC, PEER_NAMES, PLANS, SINGLE, STANDINS, UNFUSED, plan_all
 from .suites import PAPER_MEANS, SUITES, Workload
@@ -108,7 +109,7 @@ def run_workload(
 ) -> list[dict]:
     """One record per plan of `w` (PLANS order; a peer without a kernel for `w` has none). Panamera's
     record also carries every peer's modeled time, ratio and plan, and the best peer."""
-    plans = plan_all(w.build, gpu)
+    plans = plan_all(w.build, gpu, backward=w.backward)
     ct = compile_time(w.build, compiles)
     bt = binary_time(w.build, compiles) if nvrtc_times else None
     measured = _measured(w, gpu, repeat) if measure else {}
@@ -175,7 +176,8 @@ SHORT = {"pytorch-eager": "torch", "cub": "cub", "inductor": "inductor", "triton
          DETERMINISTIC: "det.", SINGLE: "1-block*", UNFUSED: "unfused*"}  # fmt: skip
 
 
-def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
+def summarize(records: list[dict], gpu: GPUSpec, command: str, skipped=()) -> str:
+    """The summary tables; `skipped`: (workload, reason) of the workloads Panamera refused."""
     by = {}
     for r in records:
         by.setdefault((r["suite"], r["workload"], r["dtype"]), {})[r["plan"]] = r
@@ -254,6 +256,10 @@ def summarize(records: list[dict], gpu: GPUSpec, command: str) -> str:
                 for n, r in meas
             ]
             lines.append("")
+    if skipped:
+        lines += ["## Not planned", ""]
+        lines += [f"- {w.suite} {w.name} {w.dtype}: {reason}" for w, reason in skipped]
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -328,7 +334,7 @@ def run_bench(
     if plot:  # before the work, not after it
         logs.require_extra(logs.Extra.MATPLOTLIB, "bench --plot")
     ws = workloads if workloads is not None else [w for s in suites for w in SUITES[s]()]
-    records = []
+    records, skipped = [], []
     with logs.steps("workload", len(ws), _log) as bar:
         for k, w in enumerate(ws):
             what = f"{w.suite} {w.name} {w.dtype}"
@@ -336,9 +342,13 @@ def run_bench(
             if progress:
                 progress(k, len(ws), what)
             t0 = time.perf_counter()
-            records += run_workload(w, gpu, measure, repeat, nvrtc_times=nvrtc_times)
+            try:
+                records += run_workload(w, gpu, measure, repeat, nvrtc_times=nvrtc_times)
+            except Unsupported as e:  # a graph Panamera refuses by name: listed, not planned
+                skipped.append((w, str(e)))
+                _log.warning("%s: not planned: %s", what, e)
             _log.debug("%s: %.2f s", what, time.perf_counter() - t0)
-    summary = summarize(records, gpu, command)
+    summary = summarize(records, gpu, command, skipped)
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "results.json"), "w") as f:

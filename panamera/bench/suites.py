@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from .. import nn
 from ..frontend import ops
 from ..frontend.tensor import placeholder as P
+from .train_peers import Backward
 
 # The paper's mean speedups of Panamera (docs/WORKLOADS.md), to stand next to ours.
 PAPER_MEANS = {
     "single": "33.7x over cuDNN, 3.5x over CUB (2.1x without CUB's transpose), 5.4x over TVM, 9.6x over Ansor",
     "subgraphs": "9.5x over cuDNN, 2.6x over TVM, 2.7x over Ansor",
     "norms": "(beyond the paper)",
+    "training": "(the paper's Table 2 sub-graphs 7 and 8 are read as LayerNorm/RMSNorm backward; the rest is beyond the paper)",
     "contractions": "Table 1: 2.7x over the vendor tensor-core path on 128x32x1024 (GEMV and decode attention are beyond the paper)",
 }
 
@@ -26,6 +28,7 @@ class Workload:
     suite: str
     dtype: str
     build: Callable  # () -> list of output tensors (fresh placeholders each call)
+    backward: Backward | None = None  # what a training workload computes: its peers plan from that
 
 
 A1_F32_I32 = [("ALL", (128,), None), ("ALL", (65536,), None), ("ALL", (1024, 1024), None), ("ALL", (21128, 768), None),
@@ -206,7 +209,14 @@ def contractions() -> list[Workload]:
     return out
 
 
-SUITES = {"single": single, "subgraphs": subgraphs, "norms": norms, "contractions": contractions}
+def training() -> list[Workload]:
+    """docs/WORKLOADS.md D: backward-pass reductions (train_suite.py)."""
+    from .train_suite import training as build
+
+    return build()
+
+
+SUITES = {"single": single, "subgraphs": subgraphs, "norms": norms, "contractions": contractions, "training": training}
 
 
 def model_contraction(w: Workload, gpu=None) -> dict:

@@ -220,6 +220,25 @@ class SubgraphReport:
     kernels: int  # Panamera kernels per call; 0 if it stayed eager
     eager_reason: str = ""  # why it stayed eager, if it did
     modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled
+    traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone
+
+
+FREE = {aten._unsafe_view.default, aten.alias.default, aten.detach.default}  # views AOTAutograd emits
+
+
+def op_traffic(node: torch.fx.Node) -> tuple[str, int, int]:
+    """(op, bytes read, bytes written) of one ATen node as eager PyTorch runs it, one kernel reading
+    each tensor argument once and writing its outputs (from torch's FakeTensor metadata); a view
+    moves nothing. Bench's training-step table models these as eager's kernels."""
+
+    def size(v) -> int:
+        if isinstance(v, (tuple, list)):
+            return sum(size(x) for x in v)
+        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+    if node.target in FREE or getattr(node.target, "is_view", False):
+        return str(node.target), 0, 0
+    return str(node.target), sum(size(meta(a)) for a in node.all_input_nodes), size(meta(node))
 
 
 class PanameraSubgraph(torch.nn.Module):
@@ -278,6 +297,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
         setattr(fused, node.target, PanameraSubgraph(k, used))
-        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us))
+        reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us,
+                                      traffic=tuple(op_traffic(n) for n in calls)))  # fmt: skip
     fused.recompile()
     return fused, reports, tuple(eager)
