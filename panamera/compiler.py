@@ -109,6 +109,9 @@ class Options:
 # cpu_target.py, which builds on this module's stages, for target="cpu").
 TARGET_COMPILERS: dict[Target, Callable] = {}
 
+# The compiler of graphs with symbolic extents (panamera/dynamic.py registers itself on import).
+SYMBOLIC: list[Callable] = []
+
 _warned: list[bool] = []
 
 
@@ -627,6 +630,8 @@ def compile(  # noqa: A001
     program compiled before costs well under a millisecond.
     """
     single, outs = _outputs(outputs)
+    if SYMBOLIC and any(t.symbolic for t in compile_cache.placeholders(outs)):  # issue 22: dynamic shapes
+        return SYMBOLIC[0](outs, single, target, deterministic, gpu, split, schedule, cache=cache)
     options = Options.make(target, deterministic, gpu, split, schedule)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None

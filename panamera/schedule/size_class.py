@@ -1,0 +1,125 @@
+"""Size classes of the symbols (issue 22): the mapper decides once per class, not per size.
+
+A class gives every symbol a power-of-two range [2**k, 2**(k+1)) (or exactly 0) and an alignment:
+the largest power of two up to `MAX_ALIGN` that divides the size (0 divides everything). The
+range bounds the extents (buffer capacities, the index type); the alignment is what a vector
+width needs (poly/params.py `Condition`). Each class is planned from one representative size,
+chosen from the class alone (never the first size met), so a schedule is a function of the class.
+
+>>> c = SizeClass.of({"B": 24, "S": 7})
+>>> c.describe(), c.representative()
+('B in [16, 32) align 8, S in [4, 8) align 1', {'B': 24, 'S': 5})
+>>> from panamera.poly.params import Condition
+>>> from panamera.frontend.symbolic import Dim
+>>> B, S = Dim(1, ("B",)), Dim(1, ("S",))
+>>> c.holds(Condition(B * 8, 64, "vec")), c.holds(Condition(S, 2, "vec"))
+(True, False)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_ALIGN = 16
+
+
+def _valuation(n: int) -> int:
+    """The largest power of two <= MAX_ALIGN dividing n (MAX_ALIGN for 0)."""
+    if n == 0:
+        return MAX_ALIGN
+    return min(MAX_ALIGN, n & -n)
+
+
+@dataclass(frozen=True)
+class SymbolClass:
+    name: str
+    k: int  # the size is in [2**k, 2**(k+1)); -1: the size is 0
+    align: int  # the largest power of two <= MAX_ALIGN dividing every size of the class
+
+    @property
+    def low(self) -> int:
+        return 0 if self.k < 0 else 2**self.k
+
+    @property
+    def high(self) -> int:
+        """The largest size of the class."""
+        return 0 if self.k < 0 else 2 ** (self.k + 1) - 1
+
+    def contains(self, n: int) -> bool:
+        return (n == 0 if self.k < 0 else self.low <= n <= self.high) and _valuation(n) == self.align
+
+    def representative(self) -> int:
+        """The size of the class nearest to sqrt(2) * 2**k (the middle of the range on a log scale)
+        whose alignment is exactly the class's."""
+        if self.k < 0:
+            return 0
+        target = round(self.low * math.sqrt(2) / self.align)
+        for d in range(0, 2**self.k + 2):
+            for q in (target - d, target + d):
+                n = q * self.align
+                if q > 0 and self.contains(n):
+                    return n
+        raise AssertionError(f"empty class {self}")
+
+    def describe(self) -> str:
+        if self.k < 0:
+            return f"{self.name} = 0"
+        return f"{self.name} in [{self.low}, {self.high + 1}) align {self.align}"
+
+
+@dataclass(frozen=True)
+class SizeClass:
+    symbols: tuple[SymbolClass, ...]  # sorted by name
+
+    @staticmethod
+    def of(sizes: dict[str, int]) -> SizeClass:
+        return SizeClass(
+            tuple(
+                SymbolClass(n, sizes[n].bit_length() - 1 if sizes[n] else -1, _valuation(sizes[n]))
+                for n in sorted(sizes)
+            )
+        )
+
+    def get(self, name: str) -> SymbolClass:
+        return next(s for s in self.symbols if s.name == name)
+
+    def representative(self) -> dict[str, int]:
+        return {s.name: s.representative() for s in self.symbols}
+
+    def upper(self) -> dict[str, int]:
+        """The largest size of every symbol in the class (capacities, index bounds)."""
+        return {s.name: s.high for s in self.symbols}
+
+    def alignment(self, extent) -> int:
+        """The largest power of two (<= 2**30) the class proves divides `extent` (an int or a Dim)."""
+        if isinstance(extent, int):
+            return _valuation(extent) if extent else 2**30
+        bits = (extent.coef & -extent.coef).bit_length() - 1
+        for n in extent.syms:
+            a = self.get(n).align
+            if self.get(n).k < 0:
+                return 2**30
+            bits += a.bit_length() - 1
+        return 2 ** min(bits, 30)
+
+    def holds(self, condition) -> bool:
+        """Whether a `Condition` (poly/params.py: an extent a multiple of a power of two) holds
+        for every size of the class."""
+        return self.alignment(condition.extent) % condition.multiple == 0
+
+    def describe(self) -> str:
+        return ", ".join(s.describe() for s in self.symbols)
+
+    def key(self) -> str:
+        """A compact, stable name of the class (schedule files, explain)."""
+        return ",".join(f"{s.name}:{s.k}:{s.align}" for s in self.symbols)
+
+    @staticmethod
+    def from_key(key: str) -> SizeClass:
+        out = []
+        for part in key.split(","):
+            if part:
+                name, k, align = part.split(":")
+                out.append(SymbolClass(name, int(k), int(align)))
+        return SizeClass(tuple(out))
