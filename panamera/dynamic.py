@@ -294,7 +294,13 @@ class DynamicCompiled:
         return bound
 
     def __call__(self, *arrays, **named):
+        """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
+        or by name; the emulator's `order=` and `seed=` set its thread order (options only where
+        no input has that name)."""
         names = [t.name for t in self.inputs]
+        order, seed = (
+            named.pop(k) if k in named and k not in names else d for k, d in (("order", "forward"), ("seed", 0))
+        )
         if named:
             unknown = sorted(set(named) - set(names))
             if unknown or arrays:
@@ -318,7 +324,7 @@ class DynamicCompiled:
             self.counters["calls"] += 1
             _count("calls")
             ck = self._class(SizeClass.of(sizes))
-            outs = self._run(ck, hosted, sizes)
+            outs = self._run(ck, hosted, sizes, order, seed)
         outs = arrays_mod.deliver(outs, caller)
         return outs[0] if self.single else tuple(outs)
 
@@ -356,7 +362,7 @@ class DynamicCompiled:
         return self._class(SizeClass.of(sizes)).source
 
     # -- running ---------------------------------------------------------------------------------
-    def _run(self, ck: _ClassKernels, hosted: list, sizes: dict[str, int]) -> list:
+    def _run(self, ck: _ClassKernels, hosted: list, sizes: dict[str, int], order: str, seed: int) -> list:
         bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, hosted)}
         for s, d, k in zip(self.program.statements, ck.plan.decisions, ck.kernels):
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
@@ -377,7 +383,7 @@ class DynamicCompiled:
                     args.append(ctypes.c_void_p(self._resident(ck, s, d, k, a.key, M, gx).ctypes.data))
                 else:
                     args.append(ctypes.c_void_p(bufs[a.key].ctypes.data))
-            emulator.launch(ck.library, k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
+            emulator.launch(ck.library, k.name, (gx, gy, 1), (d.tx, d.ty, 1), args, order, seed)
         results = []
         for o in self.program.outputs:
             buf = bufs[f"t:{storage(o).uid}"]

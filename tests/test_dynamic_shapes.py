@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
 import pytest
+from conftest import tolerance
 
 import panamera as pn
+from panamera.dynamic import SymbolicSchedule
 from panamera.errors import SymbolicShapeError
 from panamera.frontend.symbolic import Dim, sym
+from panamera.schedule.decision import MergeMode
+from panamera.schedule.size_class import SizeClass
 
 
 # -- the frontend -------------------------------------------------------------------------------
@@ -43,3 +50,157 @@ def test_unprovable_symbolic_ops_raise_at_build_time(build, words):
 def test_symbol_names_are_identifiers():
     with pytest.raises(SymbolicShapeError, match="identifier"):
         pn.placeholder(("B x", 4))
+
+
+# -- symbolic programs against numpy --------------------------------------------------------------
+def _softmax(x, b):
+    z = x + b
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _layer_norm(x, g, b):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+
+
+# (name, build(placeholders) -> output, numpy reference, placeholder shapes, reduced extent(sizes), sizes list)
+PROGRAMS = {
+    "softmax+bias (stitched ROW pair + MAP)": (
+        lambda x, b: pn.nn.softmax(x + b),
+        _softmax,
+        [("B", "S", 8), (8,)],
+        lambda z: 8,
+        [{"B": 0, "S": 3}, {"B": 1, "S": 1}, {"B": 3, "S": 7}, {"B": 2, "S": 13}],
+    ),
+    "layer_norm over a symbolic H": (
+        lambda x, g, b: pn.nn.layer_norm(x, g, b),
+        _layer_norm,
+        [("B", "H"), ("H",), ("H",)],
+        lambda z: z["H"],
+        [{"B": 1, "H": 1}, {"B": 3, "H": 31}, {"B": 2, "H": 96}],
+    ),
+    "mean over the leading axes (COLUMN)": (
+        lambda x: pn.mean(x, axis=(0, 1)),
+        lambda x: x.mean((0, 1)),
+        [("N", "T", "C")],
+        lambda z: z["N"] * z["T"],
+        [{"N": 1, "T": 1, "C": 1}, {"N": 5, "T": 3, "C": 7}, {"N": 17, "T": 2, "C": 64}],
+    ),
+    "sum of squares of everything (ALL)": (
+        lambda x: pn.sum(x * x),
+        lambda x: (x * x).sum(),
+        [("N",)],
+        lambda z: z["N"],
+        [{"N": 0}, {"N": 1}, {"N": 13}, {"N": 40009}],
+    ),
+    "row max with keepdims, minus it (ROW + MAP)": (
+        lambda x: x - pn.max(x, axis=1, keepdims=True),
+        lambda x: x - x.max(1, keepdims=True),
+        [("B", "N")],
+        lambda z: 1,
+        [{"B": 2, "N": 1}, {"B": 5, "N": 67}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_symbolic_program_matches_numpy_at_every_size(name, rng):
+    build, ref, shapes, reduced, sizes_list = PROGRAMS[name]
+    holders = [pn.placeholder(s, name=f"p{k}") for k, s in enumerate(shapes)]
+    k = pn.compile(build(*holders), target="emulator", cache=False)
+    for sizes in sizes_list:
+        arrays = [(rng.random([z if isinstance(z, int) else sizes[z] for z in s]) * 2 - 0.7).astype(np.float32)
+                  for s in shapes]  # fmt: skip
+        want = ref(*[a.astype(np.float64) for a in arrays])
+        tol = 4 * tolerance("float32", reduced(sizes))
+        for order in ("forward", "reverse"):
+            got = k(*arrays, order=order, seed=3)
+            assert got.shape == want.shape, sizes
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{name} at {sizes}")
+    classes = {SizeClass.of(s) for s in sizes_list}
+    assert k.stats()["classes_compiled"] == len(classes) and k.stats()["calls"] == 2 * len(sizes_list)
+    assert all(c.describe() in k.explain() for c in classes)
+
+
+def test_one_compilation_per_class_and_vector_width_only_where_the_class_proves_it():
+    x = pn.placeholder(("B", "N"), name="x")
+    k = pn.compile(pn.sum(x, axis=1), target="emulator", cache=False)
+    for n in (64, 96, 40, 33):  # 64 and 96: [64, 128) align 16, one class; 40: align 8; 33: align 1
+        a = np.arange(3 * n, dtype=np.float32).reshape(3, n) / n
+        np.testing.assert_allclose(k(a), a.astype(np.float64).sum(1), rtol=1e-5)
+    vecs = {p.cls.get("N").align: p.decisions[0].vec for p in k.schedule.classes}
+    assert vecs[1] == 1 and vecs[8] == 4 and vecs[16] == 4, vecs
+    assert k.stats()["classes_compiled"] == 3
+    k(np.ones((3, 80), np.float32))  # 80: [64, 128) align 16, as 64 and 96: no new compilation
+    assert k.stats()["classes_compiled"] == 3 and k.stats()["calls"] == 5
+
+
+@pytest.mark.parametrize("deterministic, merge", [(False, "atomic_ws"), (True, "partials")])
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_split_reductions_in_both_merge_modes_replayed_from_a_schedule(deterministic, merge, op, rng):
+    x = pn.placeholder(("B", "N"), name="x")
+    y = getattr(pn, op)(x, axis=1)
+    k = pn.compile(y, target="emulator", deterministic=deterministic, cache=False)
+    sizes = {"B": 3, "N": 1000}
+    plan = k.plan(SizeClass.of(sizes))
+    forced = dataclasses.replace(
+        plan, decisions=(dataclasses.replace(plan.decisions[0], split=4, merge=MergeMode(merge)),)
+    )
+    sched = SymbolicSchedule.from_json(dataclasses.replace(k.schedule, classes=(forced,)).to_json())
+    k2 = pn.compile(y, target="emulator", deterministic=deterministic, schedule=sched)
+    a = rng.standard_normal((3, 1000)).astype(np.float32)
+    want = getattr(np, op)(a.astype(np.float64), axis=1)
+    for _ in range(2):  # the resident workspace and counters are reset by the last block of every call
+        np.testing.assert_allclose(k2(a, order="shuffled", seed=5), want, rtol=tolerance("float32", 1000) * 4)
+    assert k2.stats()["classes_planned"] == 0 and "split=4" in k2.explain()
+    assert f"merge={merge}" in k2.explain()
+
+
+# -- legality conditions that depend on a parameter: one negative test each -------------------
+def test_a_replayed_vector_width_the_class_does_not_prove_is_refused():
+    y = pn.sum(pn.placeholder(("B", "N"), name="x"), axis=1)
+    k = pn.compile(y, target="emulator", cache=False)
+    plan = k.plan(SizeClass.of({"B": 2, "N": 33}))  # N odd: vec 1
+    bad = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], vec=4),))
+    with pytest.raises(pn.ScheduleError, match=r"vec=4 needs N % 4 == 0"):
+        pn.compile(y, target="emulator", schedule=dataclasses.replace(k.schedule, classes=(bad,)))
+
+
+def test_reductions_over_non_adjacent_or_middle_axes_are_refused():
+    x = pn.placeholder(("B", "S", 8), name="x")
+    with pytest.raises(pn.Unsupported, match="precondition 2"):
+        pn.compile(pn.sum(x, axis=(0, 2)), target="emulator")
+    with pytest.raises(pn.Unsupported, match="neither a prefix nor a suffix"):
+        pn.compile(pn.sum(x, axis=1), target="emulator")
+
+
+def test_ops_outside_the_parametric_cone_are_refused_naming_the_op():
+    x = pn.placeholder(("B", 8), name="x")
+    with pytest.raises(pn.Unsupported, match="transpose .*precondition 1"):
+        pn.compile(pn.sum(x.T, axis=0), target="emulator")
+
+
+# -- call-time shape errors ---------------------------------------------------------------------
+def test_call_time_shape_errors_name_the_symbol_tensor_and_sizes():
+    x, w = pn.placeholder(("B", "H"), name="x"), pn.placeholder(("H",), name="w")
+    k = pn.compile(pn.sum(x * w, axis=1), target="emulator", cache=False)
+    with pytest.raises(pn.SymbolBindingError, match=r"symbol 'H' is 5 at input 'w' axis 0 but 4 at input 'x' axis 1"):
+        k(np.ones((2, 4), np.float32), np.ones(5, np.float32))
+    with pytest.raises(pn.SymbolBindingError, match="input 'x': expected rank 2"):
+        k(np.ones(4, np.float32), np.ones(4, np.float32))
+    y = pn.placeholder(("B", 3), name="y")
+    with pytest.raises(pn.SymbolBindingError, match=r"input 'y' axis 1: expected extent 3, got 4"):
+        pn.compile(y * 2.0, target="emulator")(np.ones((2, 4), np.float32))
+    m = pn.compile(pn.max(x, axis=1), target="emulator", cache=False)
+    with pytest.raises(pn.EmptyReductionError, match="reduced extent H is 0"):
+        m(np.ones((2, 0), np.float32))
+
+
+def test_symbolic_schedule_round_trips_and_replays_to_the_same_source():
+    y = pn.nn.softmax(pn.placeholder(("B", 16), name="x"))
+    k = pn.compile(y, target="emulator", cache=False)
+    k(np.ones((5, 16), np.float32))
+    text = k.schedule.to_json()
+    again = pn.compile(y, target="emulator", schedule=SymbolicSchedule.from_json(text))
+    assert again.source(B=7) == k.source(B=7) and again.stats()["classes_planned"] == 0  # 7: the class of 5
+    assert again.schedule.to_json() == text
