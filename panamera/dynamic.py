@@ -30,7 +30,8 @@ from . import cache as compile_cache
 from . import compiler
 from .codegen import islast
 from .codegen.header import prelude
-from .codegen.param_kernel import ParamKernel, render
+from .codegen.param_kernel import ParamKernel
+from .codegen.param_stitched import render_group
 from .errors import (
     BackendError,
     DTypeError,
@@ -50,7 +51,7 @@ from .runtime import arrays as arrays_mod
 from .runtime import emulator
 from .runtime.executor import aligned_copy, aligned_empty, needs_copy
 from .schedule.decision import MergeMode
-from .schedule.param_mapping import ParamDecision, map_statement
+from .schedule.param_mapping import ParamDecision, group_name, map_group
 from .schedule.size_class import SizeClass
 
 FORMAT = "panamera-symbolic-schedule/1"
@@ -154,28 +155,40 @@ class SymbolicSchedule:
             raise ScheduleError(f"{where}: not a readable symbolic schedule ({type(e).__name__}: {e})") from None
 
 
+def members(program: ParamProgram) -> list[tuple[PStatement, ...]]:
+    """The statements of every kernel, in launch order."""
+    return [tuple(program.statements[k] for k in g) for g in program.groups]
+
+
 def index_type(program: ParamProgram, cls: SizeClass, plan: tuple[ParamDecision, ...]) -> str:
     """int while every extent, address and loop counter of every size of the class fits in 31
     bits with room (the static kernels' index_bound in spirit: twice the largest size)."""
     upper = cls.upper()
     sizes = [symbolic.evaluate((t.size,), upper)[0] for t in program.inputs]
-    for s, d in zip(program.statements, plan):
-        sizes.append(symbolic.evaluate((symbolic.prod(s.shape),), upper)[0] * max(1, d.vec) + d.threads * d.split)
+    for group, d in zip(members(program), plan):
+        for s in group:
+            sizes.append(symbolic.evaluate((symbolic.prod(s.shape),), upper)[0] * max(1, d.vec) + d.threads * d.split)
     return "int" if 4 * max(sizes, default=0) < 2**31 else "long long"
 
 
 def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
     """A replayed class plan fits the program: one decision per statement, same forms, and every
     vector width one the class proves legal (poly/params.py precondition 3)."""
-    if [d.statement for d in plan.decisions] != [s.name for s in program.statements]:
-        raise ScheduleError(f"{where}: class {plan.cls.describe()} plans statements "
-                            f"{[d.statement for d in plan.decisions]}, the program has {[s.name for s in program.statements]}")  # fmt: skip
-    for s, d in zip(program.statements, plan.decisions):
-        if d.form != str(s.form):
-            raise ScheduleError(f"{where}: {s.name} is {s.form}, the schedule says {d.form}")
-        cond = s.vector_condition(d.vec)
-        if cond is not None and not plan.cls.holds(cond):
-            raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
+    kernels = [group_name(g) for g in members(program)]
+    if [d.statement for d in plan.decisions] != kernels:
+        raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
+                            f"{[d.statement for d in plan.decisions]}, the program has {kernels}")  # fmt: skip
+    for group, d in zip(members(program), plan.decisions):
+        if d.form != str(group[0].form):
+            raise ScheduleError(f"{where}: {group_name(group)} is {group[0].form}, the schedule says {d.form}")
+        if len(group) > 1 and d.split != 1:
+            raise ScheduleError(f"{where}: stitched group {group_name(group)} cannot be split (split={d.split})")
+        for s in group:
+            cond = (
+                s if s.kind == StatementKind.REDUCE or len(group) == 1 else s.as_rows_of(group[0])
+            ).vector_condition(d.vec)
+            if cond is not None and not plan.cls.holds(cond):
+                raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
         if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1:
             raise ScheduleError(f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} is not launchable")
 
@@ -244,9 +257,13 @@ class DynamicCompiled:
 
     def explain(self) -> str:
         """The statements and every class planned so far with its decisions."""
-        lines = [f"symbolic program over {', '.join(self.symbols)}: {len(self.program.statements)} kernel(s)"]
-        for s in self.program.statements:
-            lines.append(f"  {s.name} {s.form} M={s.M} N={s.N} ({s.result.label})")
+        groups = members(self.program)
+        lines = [f"symbolic program over {', '.join(self.symbols)}: {len(groups)} kernel(s)"]
+        for g in groups:
+            how = "stitched " if len(g) > 1 else ""
+            lines.append(
+                f"  {group_name(g)} {how}{g[0].form} M={g[0].M} N={g[0].N} ({', '.join(s.result.label for s in g)})"
+            )
         if self.program.formulations:
             lines.append(f"  formulations: {', '.join(self.program.formulations)}")
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
@@ -336,7 +353,7 @@ class DynamicCompiled:
     def plan(self, cls: SizeClass) -> ClassPlan:
         """The class's plan: replayed from the schedule, or decided now by the model."""
         if cls not in self._plans:
-            decisions = tuple(map_statement(s, cls, self.gpu, self.deterministic) for s in self.program.statements)
+            decisions = tuple(map_group(g, cls, self.gpu, self.deterministic) for g in members(self.program))
             self._plans[cls] = ClassPlan(cls, decisions, index_type(self.program, cls, decisions))
             self.counters["classes_planned"] += 1
         return self._plans[cls]
@@ -346,8 +363,8 @@ class DynamicCompiled:
             return self._classes[cls]
         plan = self.plan(cls)
         kernels = tuple(
-            render(s, d, self.program, f"pn_d{k}_{cls_tag(cls)}", plan.index_type)
-            for k, (s, d) in enumerate(zip(self.program.statements, plan.decisions))
+            render_group(g, d, self.program, f"pn_d{k}_{cls_tag(cls)}", plan.index_type)
+            for k, (g, d) in enumerate(zip(members(self.program), plan.decisions))
         )
         body = "\n".join([islast.HELPERS] + [k.source for k in kernels]) + "\n"
         source = prelude(body) + body
@@ -364,14 +381,18 @@ class DynamicCompiled:
     # -- running ---------------------------------------------------------------------------------
     def _run(self, ck: _ClassKernels, hosted: list, sizes: dict[str, int], order: str, seed: int) -> list:
         bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, hosted)}
-        for s, d, k in zip(self.program.statements, ck.plan.decisions, ck.kernels):
+        for group, d, k in zip(members(self.program), ck.plan.decisions, ck.kernels):
+            for m in group:
+                n = math.prod(symbolic.evaluate(m.result.shape, sizes))
+                bufs[f"t:{m.result.uid}"] = aligned_empty(n, m.result.dtype.np)
+            s = group[0]
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
-            n = math.prod(symbolic.evaluate(s.result.shape, sizes))
-            out = bufs[f"t:{s.result.uid}"] = aligned_empty(n, s.result.dtype.np)
-            if M == 0 or n == 0:
+            if M == 0 or math.prod(symbolic.evaluate(s.shape, sizes)) == 0 and s.kind == StatementKind.MAP:
                 continue
             if s.kind == StatementKind.REDUCE and N == 0:
-                _empty_reduction(s, out)
+                for m in group:
+                    if m.kind == StatementKind.REDUCE:
+                        _empty_reduction(m, bufs[f"t:{m.result.uid}"])
                 continue
             gx, gy = d.grid(M)
             args = []

@@ -105,7 +105,7 @@ _compiler.render_empty = _recording_render_empty
 
 import panamera.dynamic as _dynamic  # noqa: E402  (issue 22: the kernels of symbolic programs, one per size class)
 
-_render_param = _dynamic.render
+_render_param = _dynamic.render_group
 
 
 def _recording_render_param(*args, **kw):
@@ -114,7 +114,7 @@ def _recording_render_param(*args, **kw):
     return pk
 
 
-_dynamic.render = _recording_render_param
+_dynamic.render_group = _recording_render_param
 
 
 def pytest_configure(config):

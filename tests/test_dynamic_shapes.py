@@ -12,6 +12,7 @@ import panamera as pn
 from panamera.dynamic import SymbolicSchedule
 from panamera.errors import SymbolicShapeError
 from panamera.frontend.symbolic import Dim, sym
+from panamera.poly.params import build
 from panamera.schedule.decision import MergeMode
 from panamera.schedule.size_class import SizeClass
 
@@ -92,6 +93,20 @@ PROGRAMS = {
         [("N",)],
         lambda z: z["N"],
         [{"N": 0}, {"N": 1}, {"N": 13}, {"N": 40009}],
+    ),
+    "two inputs of one shape, and a bias (MAP)": (
+        lambda x, y, b: x * y + b,
+        lambda x, y, b: x * y + b,
+        [("B", "H"), ("B", "H"), ("H",)],
+        lambda z: 1,
+        [{"B": 3, "H": 8}, {"B": 2, "H": 5}],
+    ),
+    "multipass softmax (stitched: the sum reads the max)": (
+        lambda x: pn.nn.softmax(x, method="multipass"),
+        lambda x: _softmax(x, 0.0),
+        [("B", "H")],
+        lambda z: z["H"],
+        [{"B": 2, "H": 1}, {"B": 3, "H": 1000}],
     ),
     "row max with keepdims, minus it (ROW + MAP)": (
         lambda x: x - pn.max(x, axis=1, keepdims=True),
@@ -178,6 +193,22 @@ def test_ops_outside_the_parametric_cone_are_refused_naming_the_op():
     x = pn.placeholder(("B", 8), name="x")
     with pytest.raises(pn.Unsupported, match="transpose .*precondition 1"):
         pn.compile(pn.sum(x.T, axis=0), target="emulator")
+
+
+def test_stitching_keeps_what_its_preconditions_allow():
+    x = pn.placeholder(("B", "H"), name="x")
+    assert build((pn.nn.layer_norm(x),)).groups == ((0, 1, 2),)  # mean and var share one accumulator
+    m = pn.max(x, axis=1, keepdims=True)
+    assert build((x - pn.sum(x, axis=0, keepdims=True) - m,)).groups == ((0,), (1,), (2,))  # 1: a COLUMN reduction
+    sq = pn.placeholder(("B", "B"), name="sq")
+    r = pn.sum(sq, axis=1, keepdims=True)  # (B, 1), read below along the row instead of the column
+    assert build((sq - r.reshape(1, "B"),)).groups == ((0,), (1,))  # 2: not read at its own row
+    assert build((m * 2.0, x - m)).groups == ((0,), (1,), (2,))  # 3: m * 2 runs between and reads m
+    k = pn.compile(pn.nn.layer_norm(x), target="emulator", cache=False)
+    plan = k.plan(SizeClass.of({"B": 2, "H": 3}))
+    split = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], split=2),))
+    with pytest.raises(pn.ScheduleError, match="cannot be split"):  # 4
+        pn.compile(pn.nn.layer_norm(x), target="emulator", schedule=dataclasses.replace(k.schedule, classes=(split,)))
 
 
 # -- call-time shape errors ---------------------------------------------------------------------

@@ -185,8 +185,11 @@ def finish(s: PStatement, a: str) -> str:
 
 
 class _Body:
-    def __init__(self, s: PStatement, d: ParamDecision, names: dict[int, str]):
-        self.s, self.d, self.names = s, d, names
+    """One statement's loop nest and iterations; `regs` holds the values already in registers
+    (a stitched group's finished reductions, by tensor uid)."""
+
+    def __init__(self, s: PStatement, d: ParamDecision, names: dict[int, str], regs: dict[int, str] | None = None):
+        self.s, self.d, self.names, self.regs = s, d, names, regs or {}
 
     # -- isl: the thread's loop nest over the parametric domain ---------------------------------
     def loops(self, user) -> list[str]:
@@ -220,14 +223,13 @@ class _Body:
         out = ["{", f"  {fixed} const pn_idx pn_first = ({first}) * {V};"]
         vregs = {}
         for k, r in enumerate(s.reads):
-            if vector_read(s, r, V):
-                key = address(s, r)[0]
+            if r.tensor.uid not in self.regs and vector_read(s, r, V):
+                key = (r.tensor.uid, address(s, r)[0])  # one register per tensor and address
                 if key not in vregs:
                     reg = f"pn_v{k}"
                     out.append(f"  {r.tensor.dtype.compute} {reg}[{V}];")
-                    out.append(
-                        f"  {{ const pn_idx {lane_index} = pn_first; pn_ldv(&{self.names[r.tensor.uid]}[{key}], {reg}); }}"
-                    )
+                    src = f"&{self.names[r.tensor.uid]}[{key[1]}]"
+                    out.append(f"  {{ const pn_idx {lane_index} = pn_first; pn_ldv({src}, {reg}); }}")
                     vregs[key] = reg
         out.append(f"  for (int v = 0; v < {V}; ++v) {{" if V > 1 else "  {")
         out.append(f"    const pn_idx {lane_index} = pn_first{' + v' if V > 1 else ''};")
@@ -235,12 +237,14 @@ class _Body:
 
         def load(read: int) -> str:
             r = s.reads[read]
-            key = address(s, r)[0]
+            if r.tensor.uid in self.regs:
+                return self.regs[r.tensor.uid]
+            key = (r.tensor.uid, address(s, r)[0])
             if key in vregs:
                 return f"{vregs[key]}[v]"
-            return f"pn_ld(&{self.names[r.tensor.uid]}[{key}])"
+            return f"pn_ld(&{self.names[r.tensor.uid]}[{key[1]}])"
 
-        val = ExprRenderer(lines, "e").render(s.body, load)
+        val = ExprRenderer(lines, f"e{s.name}_").render(s.body, load)
         out += ["    " + ln for ln in lines] + ["    " + ln for ln in emit(val)]
         return out + ["  }", "}"]
 

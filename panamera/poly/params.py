@@ -28,6 +28,7 @@ Preconditions (each a clear error naming the op, one negative test each):
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import islpy as isl
@@ -88,6 +89,16 @@ class PStatement:
     post: Finish | None = None
     mean: bool = False
     mean_count: int = 0  # thread_loop.post's static divisor: never used here (`mean` divides at run time)
+    source: int = -1  # a reduction's input tensor (uid): reductions of one source share an accumulator
+
+    def accumulator_key(self) -> tuple:
+        """Reductions with equal keys accumulate the same values (LayerNorm's mean and variance,
+        softmax's max and sum of the online formulation): one accumulator serves them all."""
+        return (self.source, self.i_axes, self.j_axes, self.combiner.name, self.acc.name)
+
+    def as_rows_of(self, other: PStatement) -> PStatement:
+        """This MAP statement iterated as `other`'s ROW form (same box: i its rows, j the row)."""
+        return dataclasses.replace(self, form=Form.ROW, i_axes=other.i_axes, j_axes=other.j_axes)
 
     @property
     def M(self) -> Extent:  # noqa: N802 - the paper's name
@@ -122,6 +133,7 @@ class ParamProgram:
     inputs: tuple[Tensor, ...]  # placeholders in creation order
     outputs: tuple[Tensor, ...]  # as given (a reshape of a stored tensor is a view of it)
     formulations: tuple[str, ...] = ()  # "op=choice" per alternative chosen
+    groups: tuple[tuple[int, ...], ...] = ()  # statement indices of each kernel, in launch order (param_stitch.py)
 
     @property
     def parameters(self) -> tuple[str, ...]:
@@ -172,7 +184,9 @@ def build(outputs: tuple[Tensor, ...]) -> ParamProgram:
     for t in inputs:
         if t.attr("bound") is not None:
             raise Unsupported(f"constant array {t.label!r}: a symbolic program reads only arrays passed at call time")
-    return ParamProgram(tuple(statements), inputs, tuple(graph), chosen)
+    from .param_stitch import kernel_groups
+
+    return ParamProgram(tuple(statements), inputs, tuple(graph), chosen, kernel_groups(tuple(statements)))
 
 
 def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
@@ -198,7 +212,7 @@ def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
         body = b.expr(src, tuple(range(rank)))
         return PStatement(
             name, t, StatementKind.REDUCE, form, shape, i_axes, j_axes, tuple(b.reads), body,
-            t.attr("combiner"), t.attr("acc"), t.attr("post"), bool(t.attr("mean")),
+            t.attr("combiner"), t.attr("acc"), t.attr("post"), bool(t.attr("mean")), source=src.uid,
         )  # fmt: skip
     b = _Body(t.shape, stored)
     body = b.compute(t, tuple(range(len(t.shape))))

@@ -91,21 +91,32 @@ def merge_mode(s: PStatement, split: int, deterministic: bool) -> MergeMode:
     return MergeMode.ATOMIC_WS
 
 
-def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
-    """The fastest modeled mapping of `s` at the class's representative size."""
-    rep = cls.representative()
-    M = _at(s.M, rep)  # noqa: N806
-    N = _at(s.N, rep)  # noqa: N806
-    vec = widest_vec(s, cls)
+def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
+    """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`."""
+    M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
     item = max([r.tensor.dtype.itemsize for r in s.reads] or [4])
     read_bytes = sum(r.tensor.dtype.itemsize for r in s.reads)
     out_item = s.result.dtype.itemsize
+    gx, gy = d.grid(M)
     if s.kind == StatementKind.MAP:
-        d = ParamDecision(s.name, str(Form.MAP), MAP_THREADS, 1, 1, vec, MergeMode.STORE)
-        cost = kernel_time(gpu, dram_bytes=M * (read_bytes + out_item), write_bytes=M * out_item,
-                           blocks=d.grid(M)[0], threads=MAP_THREADS, bytes_in_flight_per_thread=vec * item)  # fmt: skip
-        return _with_cost(d, cost)
-    best = None
+        return kernel_time(gpu, dram_bytes=M * (read_bytes + out_item), write_bytes=M * out_item,
+                           blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
+    outputs = M if d.merge != MergeMode.STORE else 0
+    atomics = gx * gy * (d.ty if s.form != Form.COLUMN else d.tx * d.vec) if d.merge == MergeMode.ATOMIC_WS else 0
+    partial_bytes = 2 * d.split * outputs * s.acc.itemsize if d.merge == MergeMode.PARTIALS else 0
+    return kernel_time(
+        gpu, dram_bytes=M * N * read_bytes + M * out_item + partial_bytes, write_bytes=M * out_item,
+        blocks=gx * gy, threads=d.threads, bytes_in_flight_per_thread=d.vec * item,
+        atomics=atomics + (gx * gy if d.split > 1 else 0), same_address=d.split if d.split > 1 else 0,
+    )  # fmt: skip
+
+
+def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: int):  # noqa: N803
+    """The decisions the mapper weighs: threads per row, rows per block, blocks per reduction."""
+    vec = widest_vec(s, cls)
+    if s.kind == StatementKind.MAP:
+        yield ParamDecision(s.name, str(Form.MAP), MAP_THREADS, 1, 1, vec, MergeMode.STORE)
+        return
     for tx in (32, 64, 128, 256, 512, 1024):
         for ty in (1, 2, 4, 8, 16, 32):
             if not 32 <= tx * ty <= 1024:
@@ -116,19 +127,14 @@ def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bo
             for split in (1, 2, 4, 8, 16, 32, 64):
                 if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
                     break
-                merge = merge_mode(s, split, deterministic)
-                d = ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge)
-                gx, gy = d.grid(M)
-                outputs = M if merge != MergeMode.STORE else 0
-                atomics = gx * gy * (ty if s.form != Form.COLUMN else tx * vec) if merge == MergeMode.ATOMIC_WS else 0
-                partial_bytes = 2 * split * outputs * s.acc.itemsize if merge == MergeMode.PARTIALS else 0
-                cost = kernel_time(
-                    gpu, dram_bytes=M * N * read_bytes + M * out_item + partial_bytes, write_bytes=M * out_item,
-                    blocks=gx * gy, threads=tx * ty, bytes_in_flight_per_thread=vec * item,
-                    atomics=atomics + (gx * gy if split > 1 else 0), same_address=split if split > 1 else 0,
-                )  # fmt: skip
-                if best is None or cost.total_s < best[0].total_s:
-                    best = (cost, d)
+                yield ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
+
+
+def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
+    """The fastest modeled mapping of `s` at the class's representative size."""
+    rep = cls.representative()
+    M, N = _at(s.M, rep), _at(s.N, rep)  # noqa: N806
+    best = min(((cost(s, d, rep, gpu), d) for d in candidates(s, cls, deterministic, N, M)), key=lambda p: p[0].total_s)
     return _with_cost(best[1], best[0])
 
 
@@ -138,3 +144,47 @@ def _with_cost(d: ParamDecision, cost) -> ParamDecision:
 
 def _at(extent, sizes: dict[str, int]) -> int:
     return symbolic.evaluate((extent,), sizes)[0]
+
+
+def group_name(members: tuple[PStatement, ...]) -> str:
+    return "+".join(s.name for s in members)
+
+
+def stitched_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
+    """A stitched ROW group (poly/param_stitch.py): its inputs read once from DRAM (the second pass
+    over a row hits L2), the MAP result and the reductions' results written once."""
+    red, s = members[0], members[-1]
+    M, N = _at(red.M, sizes), _at(red.N, sizes)  # noqa: N806
+    tensors = {
+        r.tensor.uid: r.tensor for m in members for r in m.reads if r.tensor.uid not in {x.result.uid for x in members}
+    }
+    read_bytes = sum(t.dtype.itemsize for t in tensors.values())
+    item = max([t.dtype.itemsize for t in tensors.values()] or [4])
+    out = M * N * s.result.dtype.itemsize + M * sum(m.result.dtype.itemsize for m in members[:-1])
+    gx, _ = d.grid(M)
+    return kernel_time(gpu, dram_bytes=M * N * read_bytes + out, write_bytes=out, l2_bytes=M * N * read_bytes,
+                       blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
+
+
+def map_group(members: tuple[PStatement, ...], cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
+    """One kernel's decision: a single statement's, or a stitched group's (ROW, no split:
+    precondition 4 of poly/param_stitch.py; the narrowest vector any member can take)."""
+    if len(members) == 1:
+        return map_statement(members[0], cls, gpu, deterministic)
+    rep = cls.representative()
+    red = members[0]
+    M, N = _at(red.M, rep), _at(red.N, rep)  # noqa: N806
+    vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls) for m in members)
+    best = None
+    for d in candidates(red, cls, deterministic, N, M):
+        if d.split != 1:
+            continue
+        d = ParamDecision(group_name(members), str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
+        c = stitched_cost(members, d, rep, gpu)
+        if best is None or c.total_s < best[0].total_s:
+            best = (c, d)
+    return _with_cost(best[1], best[0])
+
+
+def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
+    return cost(members[0], d, sizes, gpu) if len(members) == 1 else stitched_cost(members, d, sizes, gpu)
