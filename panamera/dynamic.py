@@ -178,12 +178,14 @@ def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
     if [d.statement for d in plan.decisions] != kernels:
         raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
                             f"{[d.statement for d in plan.decisions]}, the program has {kernels}")  # fmt: skip
-    for group, d in zip(members(program), plan.decisions):
+    for group, d, kind in zip(members(program), plan.decisions, program.kinds):
         if d.form != str(group[0].form):
             raise ScheduleError(f"{where}: {group_name(group)} is {group[0].form}, the schedule says {d.form}")
-        if len(group) > 1 and d.split != 1:
+        if kind == "stitched" and d.split != 1:
             raise ScheduleError(f"{where}: stitched group {group_name(group)} cannot be split (split={d.split})")
         for s in group:
+            if kind == "epilogue" and s.kind == StatementKind.MAP:
+                continue  # evaluated per output, without vectors
             cond = (
                 s if s.kind == StatementKind.REDUCE or len(group) == 1 else s.as_rows_of(group[0])
             ).vector_condition(d.vec)
@@ -259,8 +261,8 @@ class DynamicCompiled:
         """The statements and every class planned so far with its decisions."""
         groups = members(self.program)
         lines = [f"symbolic program over {', '.join(self.symbols)}: {len(groups)} kernel(s)"]
-        for g in groups:
-            how = "stitched " if len(g) > 1 else ""
+        for g, kind in zip(groups, self.program.kinds):
+            how = "" if kind == "single" else f"{kind} "
             lines.append(
                 f"  {group_name(g)} {how}{g[0].form} M={g[0].M} N={g[0].N} ({', '.join(s.result.label for s in g)})"
             )
@@ -353,7 +355,10 @@ class DynamicCompiled:
     def plan(self, cls: SizeClass) -> ClassPlan:
         """The class's plan: replayed from the schedule, or decided now by the model."""
         if cls not in self._plans:
-            decisions = tuple(map_group(g, cls, self.gpu, self.deterministic) for g in members(self.program))
+            decisions = tuple(
+                map_group(g, cls, self.gpu, self.deterministic, kind)
+                for g, kind in zip(members(self.program), self.program.kinds)
+            )
             self._plans[cls] = ClassPlan(cls, decisions, index_type(self.program, cls, decisions))
             self.counters["classes_planned"] += 1
         return self._plans[cls]
@@ -363,8 +368,8 @@ class DynamicCompiled:
             return self._classes[cls]
         plan = self.plan(cls)
         kernels = tuple(
-            render_group(g, d, self.program, f"pn_d{k}_{cls_tag(cls)}", plan.index_type)
-            for k, (g, d) in enumerate(zip(members(self.program), plan.decisions))
+            render_group(g, d, self.program, f"pn_d{k}_{cls_tag(cls)}", plan.index_type, kind)
+            for k, (g, d, kind) in enumerate(zip(members(self.program), plan.decisions, self.program.kinds))
         )
         body = "\n".join([islast.HELPERS] + [k.source for k in kernels]) + "\n"
         source = prelude(body) + body
@@ -389,11 +394,10 @@ class DynamicCompiled:
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
             if M == 0 or math.prod(symbolic.evaluate(s.shape, sizes)) == 0 and s.kind == StatementKind.MAP:
                 continue
-            if s.kind == StatementKind.REDUCE and N == 0:
+            if s.kind == StatementKind.REDUCE and N == 0:  # the kernel stores the identity's finish
                 for m in group:
                     if m.kind == StatementKind.REDUCE:
-                        _empty_reduction(m, bufs[f"t:{m.result.uid}"])
-                continue
+                        _refuse_empty(m)
             gx, gy = d.grid(M)
             args = []
             for a in k.args:
@@ -458,16 +462,15 @@ def _workspace_fill(s: PStatement, k: ParamKernel, dtype):
     return ident
 
 
-def _empty_reduction(s: PStatement, out: np.ndarray) -> None:
-    """A reduction over a zero extent (bound at call time): numpy's identity, NaN for a mean or
-    variance, or the error numpy raises for max/min."""
+def _refuse_empty(s: PStatement) -> None:
+    """A reduction over a zero extent (bound at call time) whose combiner has no identity: the
+    error numpy raises (max and min of nothing). The others store their identity's finish (0 for
+    a sum, NaN for a mean or variance: 0 / 0), as numpy."""
     if not s.combiner.has_identity:
         raise EmptyReductionError(
             f"{s.combiner.name} of {s.result.label!r}: the reduced extent {s.N} is 0 at this call; {s.combiner.name} "
             "of nothing has no identity"
         )
-    value = math.nan if s.mean or s.combiner.struct else s.combiner.identity(s.acc)
-    out[...] = np.array(value).astype(out.dtype)
 
 
 _PROGRAMS: dict = {}  # the in-memory cache of symbolic programs, by graph and options

@@ -37,7 +37,7 @@ from ..schedule.decision import MergeMode
 from ..schedule.param_mapping import ParamDecision
 from . import islast
 from .expr import ExprRenderer, convert
-from .thread_loop import accumuland, c_ident, identity_expr, post
+from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
 
 
 @dataclass(frozen=True)
@@ -133,22 +133,32 @@ def vector_read(s: PStatement, r: PRead, vec: int) -> bool:
     return along == 1 and (other == 0 or other == lead)
 
 
-def render(s: PStatement, d: ParamDecision, program: ParamProgram, name: str, idx: str) -> ParamKernel:
-    """The CUDA C of statement `s` under decision `d`; `idx` is the C index type of the class."""
-    inputs = list(dict.fromkeys(r.tensor.uid for r in s.reads))
-    dtype_of = {r.tensor.uid: r.tensor.dtype for r in s.reads}
-    args = [KernelArg(f"t:{u}", f"const {dtype_of[u].c_type}*", True) for u in inputs]
-    args.append(KernelArg(f"t:{s.result.uid}", f"{s.result.dtype.c_type}*", True))
+def render(
+    s: PStatement, d: ParamDecision, program: ParamProgram, name: str, idx: str, epilogue: PStatement | None = None
+) -> ParamKernel:
+    """The CUDA C of statement `s` under decision `d`; `idx` is the C index type of the class.
+    `epilogue`: a MAP over the reduction's result evaluated wherever an output becomes final
+    (poly/param_stitch.py), its result stored too."""
+    members = [s] + ([epilogue] if epilogue is not None else [])
+    own = {m.result.uid for m in members}
+    inputs = list(dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own))
+    dtype_of = {r.tensor.uid: r.tensor.dtype for m in members for r in m.reads}
+    bufs = [(KernelArg(f"t:{u}", f"const {dtype_of[u].c_type}*", True), f"in{k}") for k, u in enumerate(inputs)]
+    bufs.append((KernelArg(f"t:{s.result.uid}", f"{s.result.dtype.c_type}*", True), "out"))
+    if epilogue is not None:
+        bufs.append((KernelArg(f"t:{epilogue.result.uid}", f"{epilogue.result.dtype.c_type}*", True), "out_e"))
     ws_ctype = ws_ident = ""
     if d.merge != MergeMode.STORE:
         ws_ctype = workspace_ctype(s, d.merge)
         ws_ident = workspace_identity(s) if d.merge == MergeMode.ATOMIC_WS else ""
-        args += [KernelArg(f"ws:{s.name}", f"{ws_ctype}*", True), KernelArg(f"cnt:{s.name}", "unsigned*", True)]
-    args += [KernelArg("pn_M", "long long", False), KernelArg("pn_N", "long long", False)]
-    args += [KernelArg(f"pn_s_{n}", "long long", False) for n in program.parameters]
-    aliases = [f"in{k}" for k in range(len(inputs))] + ["out", "ws", "cnt"]
-    params = [f"{a.ctype} __restrict__ {alias}" for a, alias in zip([a for a in args if a.buffer], aliases)]
-    params += [f"{a.ctype} {a.key}" for a in args if not a.buffer]
+        bufs += [
+            (KernelArg(f"ws:{s.name}", f"{ws_ctype}*", True), "ws"),
+            (KernelArg(f"cnt:{s.name}", "unsigned*", True), "cnt"),
+        ]
+    scalars = [KernelArg("pn_M", "long long", False), KernelArg("pn_N", "long long", False)]
+    scalars += [KernelArg(f"pn_s_{n}", "long long", False) for n in program.parameters]
+    args = [a for a, _ in bufs] + scalars
+    params = [f"{a.ctype} __restrict__ {alias}" for a, alias in bufs] + [f"{a.ctype} {a.key}" for a in scalars]
     names = {u: f"in{k}" for k, u in enumerate(inputs)}
     lines = [
         f'extern "C" __global__ void __launch_bounds__({d.threads}) {name}({", ".join(params)}) {{',
@@ -158,12 +168,16 @@ def render(s: PStatement, d: ParamDecision, program: ParamProgram, name: str, id
     ]
     lines += [f"  (void)pn_s_{n};" for n in program.parameters]
     body = _Body(s, d, names)
+    if epilogue is not None:
+        one = ParamDecision(d.statement, d.form, d.tx, d.ty, d.split, 1, d.merge)
+        body.epilogue = _Body(epilogue, one, names, {s.result.uid: "pn_fin"})
     if s.kind == StatementKind.MAP:
         lines += body.loops(body.map_iteration)
     else:
         lines += body.reduce()
     lines.append("}")
-    return ParamKernel(name, s.name, "\n".join(lines), tuple(args), ws_ctype, ws_ident)
+    name_of = "+".join(m.name for m in members)
+    return ParamKernel(name, name_of, "\n".join(lines), tuple(args), ws_ctype, ws_ident)
 
 
 def workspace_ctype(s: PStatement, merge: MergeMode) -> str:
@@ -190,6 +204,24 @@ class _Body:
 
     def __init__(self, s: PStatement, d: ParamDecision, names: dict[int, str], regs: dict[int, str] | None = None):
         self.s, self.d, self.names, self.regs = s, d, names, regs or {}
+        self.epilogue: _Body | None = None  # an epilogue MAP at each final output (render's `epilogue`)
+
+    def store(self, o: str, final: str) -> list[str]:
+        """Output o's final value stored, and the epilogue evaluated at o with it in a register."""
+        s = self.s
+        if self.epilogue is None:
+            return [f"pn_st(&out[{o}], {final});"]
+        e = self.epilogue.s
+        reg = f"const {s.result.dtype.compute} pn_fin = {convert(final, post_dtype(s), s.result.dtype)};"
+
+        def put(val):
+            return [f"pn_st(&out_e[i], {convert(val, e.body.dtype, e.result.dtype)});"]
+
+        return (
+            ["{", reg, f"pn_st(&out[{o}], pn_fin);"]
+            + self.epilogue.lanes("const pn_idx j = 0; (void)j;", o, "i", put)
+            + ["}"]
+        )
 
     # -- isl: the thread's loop nest over the parametric domain ---------------------------------
     def loops(self, user) -> list[str]:
@@ -315,7 +347,7 @@ class _Body:
     def merge(self, o: str, a: str) -> list[str]:
         s, d = self.s, self.d
         if d.merge == MergeMode.STORE:
-            return [f"pn_st(&out[{o}], {finish(s, a)});"]
+            return self.store(o, finish(s, a))
         if d.merge == MergeMode.ATOMIC_WS:
             if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
                 return [f"pn_atomic_ordered({s.combiner.functor}(), &ws[{o}], {a});"]
@@ -329,7 +361,7 @@ class _Body:
         merged = f"pn_ldcg(&ws[{o}])"
         if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
             merged = f"pn_unordered({merged})"
-        return [f"pn_st(&out[{o}], {finish(s, merged)});", f"ws[{o}] = {workspace_identity(s)};"]
+        return self.store(o, finish(s, merged)) + [f"ws[{o}] = {workspace_identity(s)};"]
 
     def combine_partials(self, smem: str, fn: str, tmpl: str) -> list[str]:
         s, d = self.s, self.d
@@ -343,7 +375,9 @@ class _Body:
                 f"  if (o < pn_M) for (pn_idx b = ty; b < (pn_idx)gridDim.y; b += {d.ty}) "
                 f"p = {F}::apply(p, pn_ldcg(&ws[b * pn_M + o]));",
                 f"  p = {fn}{tmpl}(p, {smem});",
-                f"  if (ty == 0 && o < pn_M) pn_st(&out[o], {finish(s, 'p')});",
+                "  if (ty == 0 && o < pn_M) {",
+                *["    " + ln for ln in self.store("o", finish(s, "p"))],
+                "  }",
                 "}",
             ]
         m = c_m(s)
@@ -354,7 +388,9 @@ class _Body:
             f"  if (o < {m}) for (pn_idx b = tx; b < (pn_idx)gridDim.y; b += {d.tx}) "
             f"p = {F}::apply(p, pn_ldcg(&ws[o * (pn_idx)gridDim.y + b]));",
             f"  p = {fn}{tmpl}(p, {smem});",
-            f"  if (tx == 0 && o < {m}) pn_st(&out[o], {finish(s, 'p')});",
+            f"  if (tx == 0 && o < {m}) {{",
+            *["    " + ln for ln in self.store("o", finish(s, "p"))],
+            "  }",
             "}",
         ]
 

@@ -14,9 +14,10 @@ phase then scans the row once more (an L2 hit for the rows a block holds) and st
 >>> from panamera.model.gpu import H100
 >>> p = build((pn.nn.layer_norm(pn.placeholder(("B", 64), name="x")),))
 >>> members = tuple(p.statements[k] for k in p.groups[0])
->>> k = render_group(members, map_group(members, SizeClass.of({"B": 5}), H100, False), p, "pn_g0", "int")
+>>> d = map_group(members, SizeClass.of({"B": 5}), H100, False, "stitched")
+>>> k = render_group(members, d, p, "pn_g0", "int", "stitched")
 >>> k.statement, k.source.count("pn_reduce_x<")
-(1, 2)
+('S0+S1+S2', 1)
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from .thread_loop import accumuland, c_ident, identity_expr, post_dtype
 
 
 def render_group(
-    members: tuple[PStatement, ...], d: ParamDecision, program: ParamProgram, name: str, idx: str
+    members: tuple[PStatement, ...], d: ParamDecision, program: ParamProgram, name: str, idx: str, kind: str = "single"
 ) -> ParamKernel:
-    """One kernel for a group of statements (a single statement: param_kernel.render)."""
-    if len(members) == 1:
-        return render(members[0], d, program, name, idx)
+    """One kernel for a group of statements (a single statement or an epilogue group:
+    param_kernel.render)."""
+    if kind != "stitched":
+        return render(members[0], d, program, name, idx, members[1] if kind == "epilogue" else None)
     *reds, last = members
     row = last.as_rows_of(reds[0])
     own = {m.result.uid for m in members}

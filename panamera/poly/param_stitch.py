@@ -7,6 +7,11 @@ through shared memory) and then computes the MAP over the same rows, so no reduc
 a round trip through memory before its consumer reads it, and one launch does the work of three.
 Reductions of one source share one accumulator (`PStatement.accumulator_key`).
 
+An epilogue group is one reduction and a MAP over its result (`sqrt(mean(x * x))`): the MAP is
+evaluated wherever an output becomes final (the row leader without a split, the last block with
+one), so the reduction may still be split across blocks. Preconditions: E1 the MAP's shape is the
+reduction's result shape; E2 it reads the result at its own element only; E3 as 3 below.
+
 Preconditions of stitching a MAP statement S with the reductions R it reads (each checked here;
 a group that fails one stays unstitched, never wrong; one negative test each):
 1. Every R is ROW, over S's box (the same shape), with the same row axes: S's flat index is
@@ -21,8 +26,8 @@ a group that fails one stays unstitched, never wrong; one negative test each):
 >>> import panamera as pn
 >>> from panamera.poly.params import build
 >>> p = build((pn.nn.softmax(pn.placeholder(("B", 64), name="x"), method="multipass"),))
->>> p.groups
-((0, 1, 2),)
+>>> p.groups, p.kinds
+(((0, 1, 2),), ('stitched',))
 """
 
 from __future__ import annotations
@@ -64,11 +69,13 @@ def stitchable(members: list[PStatement]) -> bool:
     return True
 
 
-def kernel_groups(statements: tuple[PStatement, ...]) -> tuple[tuple[int, ...], ...]:
-    """The statements of each kernel in launch order: stitched groups where legal, else one each."""
+def kernel_groups(statements: tuple[PStatement, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """The statements of each kernel in launch order (stitched and epilogue groups where legal,
+    else one each) and each kernel's kind: "single", "stitched" or "epilogue"."""
     index = {s.result.uid: k for k, s in enumerate(statements)}
     taken: set[int] = set()
     groups: dict[int, tuple[int, ...]] = {}
+    epilogues: set[int] = set()
     for k, s in enumerate(statements):
         if s.kind != StatementKind.MAP:
             continue
@@ -93,13 +100,39 @@ def kernel_groups(statements: tuple[PStatement, ...]) -> tuple[tuple[int, ...], 
             continue  # precondition 3: a member reads a statement in between
         groups[k] = (*reds, k)
         taken |= set(reds) | {k}
+    for k, s in enumerate(statements):  # epilogues: a MAP over a reduction's result, in its kernel
+        if s.kind != StatementKind.MAP or k in taken:
+            continue
+        reds = sorted({index[r.tensor.uid] for r in s.reads if r.tensor.uid in index})
+        if len(reds) != 1 or reds[0] in taken or not epilogue_of(statements[reds[0]], s):
+            continue
+        between = range(reds[0] + 1, k)
+        red = statements[reds[0]]
+        if any(r.tensor.uid == red.result.uid for j in between for r in statements[j].reads):
+            continue  # E3: a statement in between reads the reduction
+        if any(index.get(r.tensor.uid) in between for r in s.reads):
+            continue  # E3: the epilogue reads a statement in between
+        groups[k] = (reds[0], k)
+        epilogues.add(k)
+        taken |= {reds[0], k}
     out = []
     for k in range(len(statements)):
         if k in groups:
             out.append(groups[k])
         elif k not in taken:
             out.append((k,))
-    return _launch_order(out, statements)
+    ordered = _launch_order(out, statements)
+    kinds = tuple("single" if len(g) == 1 else "epilogue" if g[-1] in epilogues else "stitched" for g in ordered)
+    return ordered, kinds
+
+
+def epilogue_of(red: PStatement, s: PStatement) -> bool:
+    """E1: S iterates the reduction's result (the same shape); E2: S reads that result at its
+    own element only (so the value is the one the kernel just finished)."""
+    if red.kind != StatementKind.REDUCE or s.kind != StatementKind.MAP or s.shape != red.result.shape:
+        return False
+    full = tuple(a for a, e in enumerate(s.shape) if not (e == 1))
+    return all(r.axes == full and r.shape == s.shape for r in s.reads if r.tensor.uid == red.result.uid)
 
 
 def _launch_order(groups: list[tuple[int, ...]], statements) -> tuple[tuple[int, ...], ...]:

@@ -134,6 +134,7 @@ class ParamProgram:
     outputs: tuple[Tensor, ...]  # as given (a reshape of a stored tensor is a view of it)
     formulations: tuple[str, ...] = ()  # "op=choice" per alternative chosen
     groups: tuple[tuple[int, ...], ...] = ()  # statement indices of each kernel, in launch order (param_stitch.py)
+    kinds: tuple[str, ...] = ()  # each kernel's: "single", "stitched" or "epilogue"
 
     @property
     def parameters(self) -> tuple[str, ...]:
@@ -186,7 +187,8 @@ def build(outputs: tuple[Tensor, ...]) -> ParamProgram:
             raise Unsupported(f"constant array {t.label!r}: a symbolic program reads only arrays passed at call time")
     from .param_stitch import kernel_groups
 
-    return ParamProgram(tuple(statements), inputs, tuple(graph), chosen, kernel_groups(tuple(statements)))
+    groups, kinds = kernel_groups(tuple(statements))
+    return ParamProgram(tuple(statements), inputs, tuple(graph), chosen, groups, kinds)
 
 
 def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:

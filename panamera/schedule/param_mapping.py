@@ -17,6 +17,7 @@ The result is one frozen `ParamDecision` per statement, serialized with the clas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
@@ -124,7 +125,7 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
             along = N if s.form != Form.COLUMN else M
             if s.form != Form.COLUMN and tx > 32 and tx * vec > 2 * max(1, along):
                 continue  # threads past the row's length idle
-            for split in (1, 2, 4, 8, 16, 32, 64):
+            for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
                 if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
                     break
                 yield ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
@@ -166,11 +167,15 @@ def stitched_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict
                        blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
 
 
-def map_group(members: tuple[PStatement, ...], cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
-    """One kernel's decision: a single statement's, or a stitched group's (ROW, no split:
-    precondition 4 of poly/param_stitch.py; the narrowest vector any member can take)."""
-    if len(members) == 1:
-        return map_statement(members[0], cls, gpu, deterministic)
+def map_group(
+    members: tuple[PStatement, ...], cls: SizeClass, gpu: GPUSpec, deterministic: bool, kind: str = "single"
+) -> ParamDecision:
+    """One kernel's decision: a single statement's, an epilogue group's (its reduction's), or a
+    stitched group's (ROW, no split: precondition 4 of poly/param_stitch.py; the narrowest vector
+    any member can take)."""
+    if kind != "stitched":
+        d = map_statement(members[0], cls, gpu, deterministic)
+        return dataclasses.replace(d, statement=group_name(members))
     rep = cls.representative()
     red = members[0]
     M, N = _at(red.M, rep), _at(red.N, rep)  # noqa: N806
@@ -186,5 +191,7 @@ def map_group(members: tuple[PStatement, ...], cls: SizeClass, gpu: GPUSpec, det
     return _with_cost(best[1], best[0])
 
 
-def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
-    return cost(members[0], d, sizes, gpu) if len(members) == 1 else stitched_cost(members, d, sizes, gpu)
+def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec, kind: str):
+    """The modeled time of one kernel (an epilogue adds nothing the model sees: its loads and
+    stores are per output, not per element of the reduction)."""
+    return stitched_cost(members, d, sizes, gpu) if kind == "stitched" else cost(members[0], d, sizes, gpu)
