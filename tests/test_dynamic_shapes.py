@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import tolerance
+from conftest import random_array, tolerance
 
 import panamera as pn
 from panamera.dynamic import SymbolicSchedule
@@ -145,6 +145,23 @@ def test_symbolic_program_matches_numpy_at_every_size(name, rng):
     classes = {SizeClass.of(s) for s in sizes_list}
     assert k.stats()["classes_compiled"] == len(classes) and k.stats()["calls"] == 2 * len(sizes_list)
     assert all(c.describe() in k.explain() for c in classes)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "int8"])
+def test_narrow_dtypes_load_in_vectors_of_their_width(dtype, rng):
+    x = pn.placeholder(("B", 64), dtype, name="x")
+    outs = [pn.sum(x, axis=1), x * 2] if dtype == "int8" else [pn.nn.softmax(x)]
+    k = pn.compile(outs, target="emulator", cache=False)
+    a = rng.integers(-9, 9, (3, 64)).astype(np.int8) if dtype == "int8" else random_array((3, 64), dtype, rng)
+    got = k(a)
+    if dtype == "int8":
+        np.testing.assert_array_equal(got[0], a.astype(np.int64).sum(1))
+        np.testing.assert_array_equal(got[1], (a * 2).astype(np.int8))
+    else:
+        tol = tolerance(dtype, 64) * 4
+        want = _softmax(a.astype(np.float64), 0.0)
+        np.testing.assert_allclose(got[0].astype(np.float64), want, rtol=tol, atol=tol)
+    assert k.plan(SizeClass.of({"B": 3})).decisions[0].vec == (16 if dtype == "int8" else 8)
 
 
 def test_one_compilation_per_class_and_vector_width_only_where_the_class_proves_it():

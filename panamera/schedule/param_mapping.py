@@ -73,11 +73,11 @@ class ParamDecision:
         return max(1, math.ceil(M / self.ty)), self.split
 
 
-def widest_vec(s: PStatement, cls: SizeClass) -> int:
-    """The widest vector (16 bytes at most) every contiguous read can take in this class."""
-    item = max([r.tensor.dtype.itemsize for r in s.reads] or [4])
-    if s.result.dtype.itemsize > item:
-        item = s.result.dtype.itemsize
+def widest_vec(s: PStatement, cls: SizeClass, registers: frozenset[int] = frozenset()) -> int:
+    """The widest vector (16 bytes at most) every contiguous read can take in this class (reads
+    of the tensors `registers`, a stitched group's own results, are registers, not loads)."""
+    loads = [r.tensor.dtype.itemsize for r in s.reads if r.tensor.uid not in registers]
+    item = max(loads or [4])  # results are stored per lane
     for v in (16 // item, 8 // item, 4 // item, 2, 1):
         if v >= 1 and (v == 1 or cls.holds(s.vector_condition(v))):
             return max(1, v)
@@ -179,7 +179,8 @@ def map_group(
     rep = cls.representative()
     red = members[0]
     M, N = _at(red.M, rep), _at(red.N, rep)  # noqa: N806
-    vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls) for m in members)
+    own = frozenset(m.result.uid for m in members)
+    vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls, own) for m in members)
     best = None
     for d in candidates(red, cls, deterministic, N, M):
         if d.split != 1:
