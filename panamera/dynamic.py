@@ -18,7 +18,6 @@ computes every grid from the bound sizes and passes the extents as kernel argume
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import threading
@@ -48,8 +47,9 @@ from .model.detect import resolve as resolve_gpu
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import StatementKind
 from .runtime import arrays as arrays_mod
+from .runtime import cuda as cuda_backend
 from .runtime import emulator
-from .runtime.executor import aligned_copy, aligned_empty, needs_copy
+from .runtime.param_backends import CudaBackend, EmulatorBackend
 from .schedule.decision import MergeMode
 from .schedule.param_mapping import ParamDecision, group_name, map_group
 from .schedule.size_class import SizeClass
@@ -200,8 +200,7 @@ class _ClassKernels:
     plan: ClassPlan
     kernels: tuple[ParamKernel, ...]
     source: str
-    library: object = None
-    resident: dict = field(default_factory=dict)  # ws/cnt buffers by key (grown on demand, initialised once)
+    resident: dict = field(default_factory=dict)  # per backend: ws/cnt buffers by key (grown on demand)
 
 
 class DynamicCompiled:
@@ -209,13 +208,15 @@ class DynamicCompiled:
 
     def __init__(self, outputs: tuple[Tensor, ...], single: bool, target: str, deterministic: bool, gpu,
                  schedule: SymbolicSchedule | None = None):  # fmt: skip
-        if target not in ("emulator", "auto"):
+        if target == "auto":
+            target = "cuda" if cuda_backend.available() else "emulator"
+        if target not in ("emulator", "cuda"):
             raise BackendError(
-                f"symbolic programs run on the emulator for now (target {target!r} asked); compile at concrete "
+                f"symbolic programs run on the emulator or cuda (target {target!r} asked); compile at concrete "
                 "sizes with DynamicCompiled.specialize or panamera.dynamic.specialize"
             )
         self.outputs, self.single, self.deterministic = tuple(outputs), single, bool(deterministic)
-        self.target = "emulator"
+        self.target = target
         self.gpu, _ = resolve_gpu(gpu)
         self.program = build(self.outputs)
         self._plans: dict[SizeClass, ClassPlan] = {}
@@ -254,7 +255,7 @@ class DynamicCompiled:
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
         outs = specialize(self.outputs, sizes)
-        return compiler.compile(outs[0] if self.single else list(outs), target="emulator",
+        return compiler.compile(outs[0] if self.single else list(outs), target=self.target,
                                 deterministic=self.deterministic, gpu=self.gpu)  # fmt: skip
 
     def explain(self) -> str:
@@ -338,12 +339,24 @@ class DynamicCompiled:
                 raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
         sizes = self.bind_sizes(args)
         caller = arrays_mod.caller_of(args)
-        hosted = [_host(arrays_mod.to_host(a)) for a in args]
+        if order not in emulator.ORDERS:
+            raise OptionError(f"unknown thread order {order!r}; use one of {sorted(emulator.ORDERS)}")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
+            raise OptionError(f"seed must be an int in [0, 2**32), got {seed!r}")
         with self._lock:
             self.counters["calls"] += 1
             _count("calls")
             ck = self._class(SizeClass.of(sizes))
-            outs = self._run(ck, hosted, sizes, order, seed)
+            signatures = {k.name: k.signature for k in ck.kernels}
+            if self.target == "cuda":
+                import cupy
+
+                with arrays_mod.cuda_context(caller, cupy):  # the caller's device and current stream
+                    backend = CudaBackend(ck.source, signatures)
+                    outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
+            else:
+                backend = EmulatorBackend(ck.source, signatures, order, int(seed))
+                outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
         outs = arrays_mod.deliver(outs, caller)
         return outs[0] if self.single else tuple(outs)
 
@@ -373,8 +386,9 @@ class DynamicCompiled:
         )
         body = "\n".join([islast.HELPERS] + [k.source for k in kernels]) + "\n"
         source = prelude(body) + body
-        lib = emulator.build(source, {k.name: k.signature for k in kernels})
-        ck = self._classes[cls] = _ClassKernels(plan, kernels, source, lib)
+        if self.target == "emulator":  # built now (memory and disk cache); cuda compiles at the first call
+            emulator.build(source, {k.name: k.signature for k in kernels})
+        ck = self._classes[cls] = _ClassKernels(plan, kernels, source)
         self.counters["classes_compiled"] += 1
         _count("classes_compiled")
         return ck
@@ -384,12 +398,15 @@ class DynamicCompiled:
         return self._class(SizeClass.of(sizes)).source
 
     # -- running ---------------------------------------------------------------------------------
-    def _run(self, ck: _ClassKernels, hosted: list, sizes: dict[str, int], order: str, seed: int) -> list:
-        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, hosted)}
+    def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:
+        """One call: every kernel of the class in order, grids and extents from the bound sizes."""
+        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        resident = ck.resident.setdefault(_resident_key(backend), {})
         for group, d, k in zip(members(self.program), ck.plan.decisions, ck.kernels):
             for m in group:
-                n = math.prod(symbolic.evaluate(m.result.shape, sizes))
-                bufs[f"t:{m.result.uid}"] = aligned_empty(n, m.result.dtype.np)
+                bufs[f"t:{m.result.uid}"] = backend.empty(
+                    math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np
+                )
             s = group[0]
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
             if M == 0 or math.prod(symbolic.evaluate(s.shape, sizes)) == 0 and s.kind == StatementKind.MAP:
@@ -403,37 +420,45 @@ class DynamicCompiled:
             for a in k.args:
                 if not a.buffer:
                     value = M if a.key == "pn_M" else N if a.key == "pn_N" else sizes[a.key.removeprefix("pn_s_")]
-                    args.append(ctypes.c_longlong(value))
+                    args.append(backend.scalar(value))
                 elif a.key.startswith(("ws:", "cnt:")):
-                    args.append(ctypes.c_void_p(self._resident(ck, s, d, k, a.key, M, gx).ctypes.data))
+                    args.append(backend.pointer(_resident(resident, backend, s, d, k, a.key, M, gx)))
                 else:
-                    args.append(ctypes.c_void_p(bufs[a.key].ctypes.data))
-            emulator.launch(ck.library, k.name, (gx, gy, 1), (d.tx, d.ty, 1), args, order, seed)
+                    args.append(backend.pointer(bufs[a.key]))
+            backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
         results = []
         for o in self.program.outputs:
             buf = bufs[f"t:{storage(o).uid}"]
-            results.append(np.array(buf, copy=True).reshape(symbolic.evaluate(o.shape, sizes)) if storage(o).op == "placeholder"
-                           else buf.reshape(symbolic.evaluate(o.shape, sizes)))  # fmt: skip
+            shape = symbolic.evaluate(o.shape, sizes)
+            results.append((backend.copy(buf) if storage(o).op == "placeholder" else buf).reshape(shape))
         return results
 
-    def _resident(self, ck: _ClassKernels, s: PStatement, d: ParamDecision, k: ParamKernel, key: str, M: int, gx: int):  # noqa: N803
-        """The class's resident workspace or counter, grown to this call's need (a new one is
-        initialised: the identity, or zero counters); the last block of every call resets it."""
-        if key.startswith("cnt:"):
-            need, dtype, fill = gx, np.uint32, 0
-        else:
-            need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
-            dtype = (
-                np.int32 if k.workspace_ctype == "int" else np.int64 if k.workspace_ctype == "long long" else s.acc.np
-            )
-            fill = _workspace_fill(s, k, dtype) if d.merge == MergeMode.ATOMIC_WS else None
-        have = ck.resident.get(key)
-        if have is None or have.size < need:
-            buf = aligned_empty(max(need, 1), dtype)
-            if fill is not None:
-                buf[...] = fill
-            ck.resident[key] = have = buf
-        return have
+
+def _resident_key(backend) -> str:
+    """Resident buffers per backend: the emulator's, or per CUDA device and stream."""
+    if backend.name != "cuda":
+        return backend.name
+    from .runtime.executor import current_cuda_key
+
+    return current_cuda_key(backend.cupy)
+
+
+def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, k: ParamKernel, key: str, M: int, gx: int):  # noqa: N803
+    """A class's resident workspace or counter, grown to this call's need (a new one is
+    initialised: the identity, or zero counters); the last block of every call resets it."""
+    if key.startswith("cnt:"):
+        need, dtype, fill = gx, np.uint32, 0
+    else:
+        need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
+        dtype = np.int32 if k.workspace_ctype == "int" else np.int64 if k.workspace_ctype == "long long" else s.acc.np
+        fill = _workspace_fill(s, k, dtype) if d.merge == MergeMode.ATOMIC_WS else None
+    have = resident.get(key)
+    if have is None or have[0] < need:
+        buf = backend.empty(max(need, 1), dtype)
+        if fill is not None:
+            backend.fill(buf, fill)
+        resident[key] = have = (max(need, 1), buf)
+    return have[1]
 
 
 def cls_tag(cls: SizeClass) -> str:
@@ -442,13 +467,6 @@ def cls_tag(cls: SizeClass) -> str:
 
 def _at(extent, sizes: dict[str, int]) -> int:
     return symbolic.evaluate((extent,), sizes)[0]
-
-
-def _host(a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a)
-    if needs_copy(a.ctypes.data, a.flags.c_contiguous, 16):
-        a = aligned_copy(np.ascontiguousarray(a))
-    return a.reshape(-1)
 
 
 def _workspace_fill(s: PStatement, k: ParamKernel, dtype):

@@ -14,6 +14,7 @@ from panamera.dynamic import SymbolicSchedule
 from panamera.errors import SymbolicShapeError
 from panamera.frontend.symbolic import Dim, sym
 from panamera.poly.params import build
+from panamera.runtime import cuda
 from panamera.schedule.decision import MergeMode
 from panamera.schedule.size_class import SizeClass
 
@@ -268,3 +269,20 @@ def test_symbolic_schedule_round_trips_and_replays_to_the_same_source():
     again = pn.compile(y, target="emulator", schedule=SymbolicSchedule.from_json(text))
     assert again.source(B=7) == k.source(B=7) and again.stats()["classes_planned"] == 0  # 7: the class of 5
     assert again.schedule.to_json() == text
+
+
+@pytest.mark.skipif(not cuda.available(), reason="no CUDA device (CuPy + GPU) present")
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_symbolic_programs_on_the_gpu(deterministic, rng):
+    import cupy
+
+    x, g = pn.placeholder(("B", "H"), name="x"), pn.placeholder(("H",), name="g")
+    k = pn.compile([pn.nn.layer_norm(x, g), pn.sum(x), pn.mean(x, axis=0)], target="cuda", deterministic=deterministic)
+    for b, h in ((1, 1), (3, 97), (64, 4096), (1000, 3)):
+        a, w = rng.standard_normal((b, h)).astype(np.float32), rng.standard_normal(h).astype(np.float32)
+        ln, total, col = (r.get() for r in k(cupy.asarray(a), cupy.asarray(w)))
+        a64 = a.astype(np.float64)
+        tol = 4 * tolerance("float32", b * h)
+        np.testing.assert_allclose(ln, _layer_norm(a64, w, 0.0), rtol=tol, atol=tol)
+        np.testing.assert_allclose(total, a64.sum(), rtol=tol, atol=tol * np.abs(a64).sum())
+        np.testing.assert_allclose(col, a64.mean(0), rtol=tol, atol=tol)
