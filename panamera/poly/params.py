@@ -13,8 +13,10 @@ address from the symbolic strides, so broadcasts (a bias, a row statistic) stay 
 Preconditions (each a clear error naming the op, one negative test each):
 1. A statement's cone is element-wise ops, casts, broadcasts, constants and reshapes of a stored
    tensor (no movement, gather, iota or contraction): else `Unsupported`.
-2. A reduction's axes are adjacent and a suffix (ROW), a prefix (COLUMN) or all (ALL) of its
-   input's axes: else `Unsupported`.
+2. A reduction reduces at least one axis: else `Unsupported`. Its form follows from the axes,
+   for every size: all of them ALL, a suffix ROW (threads along the contiguous row), any other
+   set COLUMN (threads along the kept axes, whose last is innermost); a read whose axes are not
+   contiguous in the canonical index is addressed through the symbolic strides (no vectors).
 3. A vector width V is used only where the class proves the contiguous extent a multiple of V
    (`Condition`, checked by `SizeClass.holds`): else the class maps with V = 1 and handles tails.
 
@@ -196,20 +198,15 @@ def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
         src = t.inputs[0]
         shape, axes = src.shape, tuple(t.attr("axes"))
         rank = len(shape)
-        if not axes or list(axes) != list(range(axes[0], axes[0] + len(axes))):
-            raise Unsupported(f"reduce {t.label!r}: axes {axes} of {shape} are not adjacent (precondition 2)")
+        if not axes:
+            raise Unsupported(f"reduce {t.label!r}: a reduction over no axes of {shape} (precondition 2)")
         kept = tuple(a for a in range(rank) if a not in axes)
         if len(axes) == rank:
             form, i_axes, j_axes = Form.ALL, (), tuple(range(rank))
-        elif axes[-1] == rank - 1:
+        elif list(axes) == list(range(rank - len(axes), rank)):
             form, i_axes, j_axes = Form.ROW, kept, axes
-        elif axes[0] == 0:
+        else:  # a prefix, middle or scattered axes: threads along the kept axes (the last one innermost)
             form, i_axes, j_axes = Form.COLUMN, kept, axes
-        else:
-            raise Unsupported(
-                f"reduce {t.label!r}: axes {axes} of {shape} are neither a prefix nor a suffix; a symbolic "
-                "program reduces ROW, COLUMN or ALL forms (precondition 2)"
-            )
         b = _Body(shape, stored)
         body = b.expr(src, tuple(range(rank)))
         return PStatement(
