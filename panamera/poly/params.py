@@ -11,8 +11,9 @@ Reads are kept as the tensor and the set of statement axes it varies along; code
 address from the symbolic strides, so broadcasts (a bias, a row statistic) stay exact.
 
 Preconditions (each a clear error naming the op, one negative test each):
-1. A statement's cone is element-wise ops, casts, broadcasts, constants and reshapes of a stored
-   tensor (no movement, gather, iota or contraction): else `Unsupported`.
+1. A statement's cone is element-wise ops, casts, broadcasts, transposes (index permutations),
+   constants and reshapes of a stored tensor (no reshape of a computed value, movement, gather,
+   iota or contraction): else `Unsupported`.
 2. A reduction reduces at least one axis: else `Unsupported`. Its form follows from the axes,
    for every size: all of them ALL, a suffix ROW (threads along the contiguous row), any other
    set COLUMN (threads along the kept axes, whose last is innermost); a read whose axes are not
@@ -256,10 +257,15 @@ class _Body:
         return e
 
     def compute(self, t: Tensor, axes) -> Expr:
+        if t.op == "transpose":  # an index permutation: t's axis k is its input's axis perm[k]
+            perm, inner = t.attr("perm"), [0] * len(t.shape)
+            for k, a in enumerate(tuple(axes[len(axes) - len(t.shape) :])):
+                inner[perm[k]] = a
+            return self.expr(t.inputs[0], tuple(inner))
         if t.op not in ELEMENTWISE:
             raise Unsupported(
                 f"{t.op} {t.label!r} of shape {t.shape}: a symbolic program fuses element-wise ops, casts, "
-                "broadcasts and reshapes of stored tensors only (precondition 1); compile it at concrete sizes "
+                "broadcasts, transposes and reshapes of stored tensors only (precondition 1); compile it at concrete sizes "
                 "(panamera.dynamic.specialize)"
             )
         axes = tuple(axes[len(axes) - len(t.shape) :])
