@@ -232,6 +232,34 @@ def test_transposes_are_index_permutations_and_a_reshape_of_a_computed_value_is_
         pn.compile(pn.sum((x * 2.0).reshape(-1)), target="emulator")
 
 
+def test_stitching_keeps_what_its_preconditions_allow():
+    x = pn.placeholder(("B", "H"), name="x")
+    assert build_program((pn.nn.layer_norm(x),)).groups == ((0, 1, 2),)  # mean and var share one accumulator
+    m = pn.max(x, axis=1, keepdims=True)
+    assert build_program((x - pn.sum(x, axis=0, keepdims=True) - m,)).groups == (
+        (0,),
+        (1,),
+        (2,),
+    )  # 1: a COLUMN reduction
+    sq = pn.placeholder(("B", "B"), name="sq")
+    r = pn.sum(sq, axis=1, keepdims=True)  # (B, 1), read below along the row instead of the column
+    assert build_program((sq - r.reshape(1, "B"),)).groups == ((0,), (1,))  # 2: not read at its own row
+    assert build_program((m.reshape(1, "B") * 2.0, x - m)).groups == ((0,), (1,), (2,))  # 3: a reader of m runs between
+    e = pn.sqrt(pn.sum(x, axis=1))
+    assert build_program((e,)).kinds == ("epilogue",)
+    assert build_program((pn.sum(x, axis=1, keepdims=True) + x,)).kinds == (
+        "stitched",
+    )  # E1: over the box, not the result
+    s1 = pn.sum(x, axis=1)  # (B,)
+    assert build_program((s1.reshape(1, "B") + pn.placeholder(("B", 1), name="c"),)).groups == ((0,), (1,))  # E1
+    assert build_program((s1 * 2.0, pn.sqrt(s1))).groups == ((0, 1), (2,))  # E3: the second MAP is not an epilogue
+    k = pn.compile(pn.nn.layer_norm(x), target="emulator", cache=False)
+    plan = k.plan(SizeClass.of({"B": 2, "H": 3}))
+    split = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], split=2),))
+    with pytest.raises(pn.ScheduleError, match="cannot be split"):  # 4
+        pn.compile(pn.nn.layer_norm(x), target="emulator", schedule=dataclasses.replace(k.schedule, classes=(split,)))
+
+
 # -- call-time shape errors ---------------------------------------------------------------------
 def test_call_time_shape_errors_name_the_symbol_tensor_and_sizes():
     x, w = pn.placeholder(("B", "H"), name="x"), pn.placeholder(("H",), name="w")
