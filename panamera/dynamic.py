@@ -45,7 +45,7 @@ from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
 from .poly.params import ParamProgram, PStatement, build, storage
-from .poly.statement import StatementKind
+from .poly.statement import Form, StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cuda as cuda_backend
 from .runtime import emulator
@@ -346,7 +346,7 @@ class DynamicCompiled:
         with self._lock:
             self.counters["calls"] += 1
             _count("calls")
-            ck = self._class(SizeClass.of(sizes))
+            ck = self._class(self.size_class(sizes))
             signatures = {k.name: k.signature for k in ck.kernels}
             if self.target == "cuda":
                 import cupy
@@ -365,6 +365,22 @@ class DynamicCompiled:
                 f"{len(self._classes)} class(es) compiled; target {self.target}>")  # fmt: skip
 
     # -- classes ---------------------------------------------------------------------------------
+    def size_class(self, sizes: dict[str, int]) -> SizeClass:
+        """The class of the bound sizes: a range per symbol, and an alignment for the symbols a
+        vector width depends on (those of a contiguous extent: N of a ROW/ALL kernel or a stitched
+        group, M of a MAP/COLUMN one); the others get none, so their sizes do not multiply the
+        classes."""
+        return SizeClass.of(sizes, self.aligned)
+
+    @property
+    def aligned(self) -> frozenset[str]:
+        out: set[str] = set()
+        for group in members(self.program):
+            for s in group:
+                n = s.N if s.form in (Form.ROW, Form.ALL) or len(group) > 1 else s.M
+                out |= set(n.syms) if isinstance(n, Dim) else set()
+        return frozenset(out)
+
     def plan(self, cls: SizeClass) -> ClassPlan:
         """The class's plan: replayed from the schedule, or decided now by the model."""
         if cls not in self._plans:
@@ -395,7 +411,7 @@ class DynamicCompiled:
 
     def source(self, **sizes: int) -> str:
         """The CUDA C of the class of these sizes (compiled if it was not)."""
-        return self._class(SizeClass.of(sizes)).source
+        return self._class(self.size_class(sizes)).source
 
     # -- running ---------------------------------------------------------------------------------
     def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:

@@ -16,7 +16,6 @@ from panamera.frontend.symbolic import Dim, sym
 from panamera.poly.params import build as build_program
 from panamera.runtime import cuda
 from panamera.schedule.decision import MergeMode
-from panamera.schedule.size_class import SizeClass
 
 
 # -- the frontend -------------------------------------------------------------------------------
@@ -143,7 +142,7 @@ def test_symbolic_program_matches_numpy_at_every_size(name, rng):
             got = k(*arrays, order=order, seed=3)
             assert got.shape == want.shape, sizes
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"{name} at {sizes}")
-    classes = {SizeClass.of(s) for s in sizes_list}
+    classes = {k.size_class(s) for s in sizes_list}
     assert k.stats()["classes_compiled"] == len(classes) and k.stats()["calls"] == 2 * len(sizes_list)
     assert all(c.describe() in k.explain() for c in classes)
 
@@ -162,7 +161,7 @@ def test_narrow_dtypes_load_in_vectors_of_their_width(dtype, rng):
         tol = tolerance(dtype, 64) * 4
         want = _softmax(a.astype(np.float64), 0.0)
         np.testing.assert_allclose(got[0].astype(np.float64), want, rtol=tol, atol=tol)
-    assert k.plan(SizeClass.of({"B": 3})).decisions[0].vec == (16 if dtype == "int8" else 8)
+    assert k.plan(k.size_class({"B": 3})).decisions[0].vec == (16 if dtype == "int8" else 8)
 
 
 def test_one_compilation_per_class_and_vector_width_only_where_the_class_proves_it():
@@ -185,7 +184,7 @@ def test_split_reductions_in_both_merge_modes_replayed_from_a_schedule(determini
     y = getattr(pn, op)(x, axis=1)
     k = pn.compile(y, target="emulator", deterministic=deterministic, cache=False)
     sizes = {"B": 3, "N": 1000}
-    plan = k.plan(SizeClass.of(sizes))
+    plan = k.plan(k.size_class(sizes))
     forced = dataclasses.replace(
         plan, decisions=(dataclasses.replace(plan.decisions[0], split=4, merge=MergeMode(merge)),)
     )
@@ -203,7 +202,7 @@ def test_split_reductions_in_both_merge_modes_replayed_from_a_schedule(determini
 def test_a_replayed_vector_width_the_class_does_not_prove_is_refused():
     y = pn.sum(pn.placeholder(("B", "N"), name="x"), axis=1)
     k = pn.compile(y, target="emulator", cache=False)
-    plan = k.plan(SizeClass.of({"B": 2, "N": 33}))  # N odd: vec 1
+    plan = k.plan(k.size_class({"B": 2, "N": 33}))  # N odd: vec 1
     bad = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], vec=4),))
     with pytest.raises(pn.ScheduleError, match=r"vec=4 needs N % 4 == 0"):
         pn.compile(y, target="emulator", schedule=dataclasses.replace(k.schedule, classes=(bad,)))
@@ -254,7 +253,7 @@ def test_stitching_keeps_what_its_preconditions_allow():
     assert build_program((s1.reshape(1, "B") + pn.placeholder(("B", 1), name="c"),)).groups == ((0,), (1,))  # E1
     assert build_program((s1 * 2.0, pn.sqrt(s1))).groups == ((0, 1), (2,))  # E3: the second MAP is not an epilogue
     k = pn.compile(pn.nn.layer_norm(x), target="emulator", cache=False)
-    plan = k.plan(SizeClass.of({"B": 2, "H": 3}))
+    plan = k.plan(k.size_class({"B": 2, "H": 3}))
     split = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], split=2),))
     with pytest.raises(pn.ScheduleError, match="cannot be split"):  # 4
         pn.compile(pn.nn.layer_norm(x), target="emulator", schedule=dataclasses.replace(k.schedule, classes=(split,)))

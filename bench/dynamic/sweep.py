@@ -23,7 +23,6 @@ from panamera.compiler import lower
 from panamera.dynamic import specialize
 from panamera.model.gpu import H100
 from panamera.schedule.param_mapping import cost
-from panamera.schedule.size_class import SizeClass
 
 
 def workloads():
@@ -59,14 +58,14 @@ def main() -> int:
         outs = make()
         k = pn.compile(list(outs), target="emulator", cache=False)
         for sizes in SIZES:
-            plan = k.plan(SizeClass.of(sizes))
+            plan = k.plan(k.size_class(sizes))
             dyn = sum(cost(s, d, sizes, H100).total_s for s, d in zip(k.program.statements, plan.decisions)) * 1e6
             static = lower(list(specialize(outs, sizes)), target="emulator", gpu="h100").plan.modeled_us
             arrays = [np.zeros([sizes.get(str(e), e) if not isinstance(e, int) else e for e in t.shape], t.dtype.np)
                       for t in k.inputs]  # fmt: skip
             t0 = time.perf_counter()
             for _ in range(200):
-                SizeClass.of(k.bind_sizes(arrays))
+                k.size_class(k.bind_sizes(arrays))
             host_us = (time.perf_counter() - t0) / 200 * 1e6
             rows.append({"workload": name, **sizes, "class": plan.cls.describe(), "dynamic_us": round(dyn, 2),
                          "static_us": round(static, 2), "ratio": round(dyn / static, 3), "bind_us": round(host_us, 1)})  # fmt: skip

@@ -35,7 +35,7 @@ def _valuation(n: int) -> int:
 class SymbolClass:
     name: str
     k: int  # the size is in [2**k, 2**(k+1)); -1: the size is 0
-    align: int  # the largest power of two <= MAX_ALIGN dividing every size of the class
+    align: int  # the largest power of two <= MAX_ALIGN dividing every size of the class; 0: not tracked
 
     @property
     def low(self) -> int:
@@ -47,17 +47,19 @@ class SymbolClass:
         return 0 if self.k < 0 else 2 ** (self.k + 1) - 1
 
     def contains(self, n: int) -> bool:
-        return (n == 0 if self.k < 0 else self.low <= n <= self.high) and _valuation(n) == self.align
+        in_range = n == 0 if self.k < 0 else self.low <= n <= self.high
+        return in_range and (self.align == 0 or _valuation(n) == self.align)
 
     def representative(self) -> int:
         """The size of the class nearest to sqrt(2) * 2**k (the middle of the range on a log scale)
         whose alignment is exactly the class's."""
         if self.k < 0:
             return 0
-        target = round(self.low * math.sqrt(2) / self.align)
+        step = self.align or 1
+        target = round(self.low * math.sqrt(2) / step)
         for d in range(0, 2**self.k + 2):
             for q in (target - d, target + d):
-                n = q * self.align
+                n = q * step
                 if q > 0 and self.contains(n):
                     return n
         raise AssertionError(f"empty class {self}")
@@ -65,7 +67,8 @@ class SymbolClass:
     def describe(self) -> str:
         if self.k < 0:
             return f"{self.name} = 0"
-        return f"{self.name} in [{self.low}, {self.high + 1}) align {self.align}"
+        align = f" align {self.align}" if self.align else ""
+        return f"{self.name} in [{self.low}, {self.high + 1}){align}"
 
 
 @dataclass(frozen=True)
@@ -73,12 +76,18 @@ class SizeClass:
     symbols: tuple[SymbolClass, ...]  # sorted by name
 
     @staticmethod
-    def of(sizes: dict[str, int]) -> SizeClass:
+    def of(sizes: dict[str, int], aligned: frozenset[str] | None = None) -> SizeClass:
+        """The class of `sizes`; only the symbols in `aligned` (default: all) get an alignment,
+        the others (no vector width depends on them) one class per range."""
         return SizeClass(
             tuple(
-                SymbolClass(n, sizes[n].bit_length() - 1 if sizes[n] else -1, _valuation(sizes[n]))
+                SymbolClass(
+                    n,
+                    sizes[n].bit_length() - 1 if sizes[n] else -1,
+                    _valuation(sizes[n]) if aligned is None or n in aligned else 0,
+                )
                 for n in sorted(sizes)
-            )
+            )  # fmt: skip
         )
 
     def get(self, name: str) -> SymbolClass:
@@ -97,7 +106,7 @@ class SizeClass:
             return _valuation(extent) if extent else 2**30
         bits = (extent.coef & -extent.coef).bit_length() - 1
         for n in extent.syms:
-            a = self.get(n).align
+            a = self.get(n).align or 1  # untracked: nothing proven
             if self.get(n).k < 0:
                 return 2**30
             bits += a.bit_length() - 1
