@@ -302,7 +302,13 @@ class DynamicCompiled:
         vector width depends on (those of a contiguous extent: N of a ROW/ALL kernel or a stitched
         group, M of a MAP/COLUMN one); the others get none, so their sizes do not multiply the
         classes."""
-        return SizeClass.of(sizes, self.aligned)
+        return SizeClass.of(sizes, self.aligned, self.max_vector)
+
+    @property
+    def max_vector(self) -> int:
+        """The widest vector any load of the program can take, in elements (16 bytes)."""
+        loads = [r.tensor.dtype.itemsize for s in self.program.statements for r in s.reads]
+        return max(1, 16 // min(loads or [4]))
 
     @property
     def aligned(self) -> frozenset[str]:

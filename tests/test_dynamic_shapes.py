@@ -167,14 +167,14 @@ def test_narrow_dtypes_load_in_vectors_of_their_width(dtype, rng):
 def test_one_compilation_per_class_and_vector_width_only_where_the_class_proves_it():
     x = pn.placeholder(("B", "N"), name="x")
     k = pn.compile(pn.sum(x, axis=1), target="emulator", cache=False)
-    for n in (64, 96, 40, 33):  # 64 and 96: [64, 128) align 16, one class; 40: align 8; 33: align 1
+    for n in (64, 96, 40, 33, 34):  # float32 vectors of 4 at most: alignments tracked up to 4
         a = np.arange(3 * n, dtype=np.float32).reshape(3, n) / n
         np.testing.assert_allclose(k(a), a.astype(np.float64).sum(1), rtol=1e-5)
-    vecs = {p.cls.get("N").align: p.decisions[0].vec for p in k.schedule.classes}
-    assert vecs[1] == 1 and vecs[8] == 4 and vecs[16] == 4, vecs
-    assert k.stats()["classes_compiled"] == 3
-    k(np.ones((3, 80), np.float32))  # 80: [64, 128) align 16, as 64 and 96: no new compilation
-    assert k.stats()["classes_compiled"] == 3 and k.stats()["calls"] == 5
+    vecs = {(p.cls.get("N").k, p.cls.get("N").align): p.decisions[0].vec for p in k.schedule.classes}
+    assert vecs == {(6, 4): 4, (5, 4): 4, (5, 1): 1, (5, 2): 2}, vecs  # 64 and 96 share [64, 128) align 4
+    assert k.stats()["classes_compiled"] == 4
+    k(np.ones((3, 80), np.float32))  # 80: [64, 128) align 4, as 64 and 96: no new compilation
+    assert k.stats()["classes_compiled"] == 4 and k.stats()["calls"] == 6
 
 
 @pytest.mark.parametrize("deterministic, merge", [(False, "atomic_ws"), (True, "partials")])
@@ -221,14 +221,17 @@ def test_reductions_over_middle_or_scattered_axes_read_through_symbolic_strides(
         pn.compile(pn.sum(x, axis=()), target="emulator")
 
 
-def test_transposes_are_index_permutations_and_a_reshape_of_a_computed_value_is_refused(rng):
+def test_transposes_and_reshapes_of_computed_values(rng):
     x = pn.placeholder(("B", 8), name="x")
     k = pn.compile([pn.sum(x.T, axis=0), (x * 2.0).T, pn.max(x.T * 1.0, axis=1)], target="emulator", cache=False)
     a = rng.standard_normal((5, 8)).astype(np.float32)
     for got, want in zip(k(a), (a.sum(1), (a * 2).T, a.max(0))):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    with pytest.raises(pn.Unsupported, match="reshape .*precondition 1"):
-        pn.compile(pn.sum((x * 2.0).reshape(-1)), target="emulator")
+    r = pn.compile(pn.sum((x * 2.0).reshape(-1, 4), axis=1), target="emulator", cache=False)  # x * 2 is stored
+    np.testing.assert_allclose(r(a), (a * 2).reshape(-1, 4).sum(1), rtol=1e-5)
+    assert [s.form for s in r.program.statements] == ["MAP", "ROW"]
+    with pytest.raises(pn.Unsupported, match="iota .*precondition 1"):
+        pn.compile(pn.broadcast_to(pn.placeholder(("B", 1), name="c"), (pn.sym("B"), 8)), target="emulator")
 
 
 def test_stitching_keeps_what_its_preconditions_allow():
@@ -300,3 +303,20 @@ def test_symbolic_programs_on_the_gpu(deterministic, rng):
         np.testing.assert_allclose(ln, _layer_norm(a64, w, 0.0), rtol=tol, atol=tol)
         np.testing.assert_allclose(total, a64.sum(), rtol=tol, atol=tol * np.abs(a64).sum())
         np.testing.assert_allclose(col, a64.mean(0), rtol=tol, atol=tol)
+
+
+def test_decode_attention_over_a_kv_length_symbol_compiles_once_per_class(rng):
+    h, d = 4, 16
+    q = pn.placeholder((1, h, 1, d), name="q")
+    kv = [pn.placeholder((1, h, "T", d), name=n) for n in ("k", "v")]
+    k = pn.compile(pn.nn.attention(q, *kv), target="emulator", cache=False)
+    assert k.program.formulations == ("attention=chain",)  # the fused plan's kernel has static extents
+    lengths = (1, 5, 7, 9, 11, 13, 15, 300)  # odd lengths of [4, 8) and [8, 16): one class each
+    for t in lengths:
+        a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((1, h, 1, d), (1, h, t, d), (1, h, t, d)))
+        s = a.astype(np.float64) @ b.transpose(0, 1, 3, 2) / np.sqrt(d)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = (p / p.sum(-1, keepdims=True)) @ c
+        tol = 4 * tolerance("float32", t * d)
+        np.testing.assert_allclose(k(a, b, c), want, rtol=tol, atol=tol)
+    assert k.stats()["classes_compiled"] == len({k.size_class({"T": t}) for t in lengths}) == 4

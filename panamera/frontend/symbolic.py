@@ -207,6 +207,23 @@ def prod(shape) -> int | Dim:
     return out
 
 
+def larger(a, b) -> bool:
+    """`a > b` for extents, where symbols stand for large sizes (a heuristic for choices such as
+    the streamed operand of a contraction, never for legality): more symbols first, then the
+    coefficient.
+
+    >>> larger(sym("T") * 64, 4096), larger(8, 4)
+    (True, True)
+    """
+    if isinstance(a, int) and isinstance(b, int):
+        return a > b
+
+    def key(e):
+        return (len(e.syms), e.coef) if isinstance(e, Dim) else (0, e)
+
+    return key(a) > key(b)
+
+
 def broadcast(*shapes, what: str = "operands") -> tuple:
     """numpy broadcasting where extents may be symbols: trailing dims align; equal extents, or
     1, broadcast. A symbol against a different symbol or a constant other than 1 cannot be

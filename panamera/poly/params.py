@@ -163,8 +163,8 @@ def _choose(outputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], tuple[str,
     for t in topological(outputs):
         ins = tuple(memo[a.uid] for a in t.inputs)
         if t.op == "choose":
-            counts = [sum(1 for u in topological((o,)) if u.op == "reduce") for o in ins]
-            k = counts.index(min(counts))
+            costs = [(not _supported(o), sum(1 for u in topological((o,)) if u.op == "reduce")) for o in ins]
+            k = costs.index(min(costs))  # one this path compiles, with the fewest passes
             chosen.append(f"{t.attr('formulation')}={t.attr('names')[k]}")
             memo[t.uid] = ins[k]
         elif ins != t.inputs:
@@ -174,12 +174,30 @@ def _choose(outputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], tuple[str,
     return tuple(memo[o.uid] for o in outputs), tuple(chosen)
 
 
+VIEWS = frozenset(("reshape", "transpose", "placeholder", "const", "reduce", "choose"))
+
+
+def _supported(t: Tensor) -> bool:
+    """Whether every op of `t`'s graph is one a symbolic program compiles (precondition 1)."""
+    return all(u.op in ELEMENTWISE or u.op in VIEWS for u in topological((t,)))
+
+
+def unsqueeze(t: Tensor) -> bool:
+    """A reshape that only inserts or drops extent-1 axes: an index map, whatever its input."""
+    keep = [e for e in t.shape if not (isinstance(e, int) and e == 1)]
+    return keep == [e for e in t.inputs[0].shape if not (isinstance(e, int) and e == 1)]
+
+
 def build(outputs: tuple[Tensor, ...]) -> ParamProgram:
     """The parametric program of symbolic `outputs`: one statement per output and per reduction."""
     graph, chosen = _choose(tuple(outputs))
     stored = {storage(o).uid for o in graph}
     order = topological(graph)
     stored |= {t.uid for t in order if t.op == "reduce"}
+    # A reshape that regroups axes of a computed value reads it from memory: its input is stored.
+    stored |= {
+        storage(t).uid for t in order if t.op == "reshape" and not unsqueeze(t) and storage(t).op != "placeholder"
+    }
     statements = []
     for t in order:
         if t.uid in stored and t.op not in ("placeholder", "const"):
@@ -257,6 +275,12 @@ class _Body:
         return e
 
     def compute(self, t: Tensor, axes) -> Expr:
+        if t.op == "reshape" and unsqueeze(t):  # extent-1 axes inserted or dropped: the same index
+            src = t.inputs[0]
+            live = iter(
+                a for a, e in zip(axes[len(axes) - len(t.shape) :], t.shape) if not (isinstance(e, int) and e == 1)
+            )
+            return self.expr(src, tuple(-1 if isinstance(e, int) and e == 1 else next(live) for e in src.shape))
         if t.op == "transpose":  # an index permutation: t's axis k is its input's axis perm[k]
             perm, inner = t.attr("perm"), [0] * len(t.shape)
             for k, a in enumerate(tuple(axes[len(axes) - len(t.shape) :])):

@@ -24,18 +24,19 @@ from dataclasses import dataclass
 MAX_ALIGN = 16
 
 
-def _valuation(n: int) -> int:
-    """The largest power of two <= MAX_ALIGN dividing n (MAX_ALIGN for 0)."""
+def _valuation(n: int, cap: int = MAX_ALIGN) -> int:
+    """The largest power of two <= cap dividing n (cap for 0)."""
     if n == 0:
-        return MAX_ALIGN
-    return min(MAX_ALIGN, n & -n)
+        return cap
+    return min(cap, n & -n)
 
 
 @dataclass(frozen=True)
 class SymbolClass:
     name: str
     k: int  # the size is in [2**k, 2**(k+1)); -1: the size is 0
-    align: int  # the largest power of two <= MAX_ALIGN dividing every size of the class; 0: not tracked
+    align: int  # the largest power of two <= cap dividing every size of the class; 0: not tracked
+    cap: int = MAX_ALIGN  # the widest alignment tracked (the program's widest vector, in elements)
 
     @property
     def low(self) -> int:
@@ -48,7 +49,7 @@ class SymbolClass:
 
     def contains(self, n: int) -> bool:
         in_range = n == 0 if self.k < 0 else self.low <= n <= self.high
-        return in_range and (self.align == 0 or _valuation(n) == self.align)
+        return in_range and (self.align == 0 or _valuation(n, self.cap) == self.align)
 
     def representative(self) -> int:
         """The size of the class nearest to sqrt(2) * 2**k (the middle of the range on a log scale)
@@ -76,19 +77,16 @@ class SizeClass:
     symbols: tuple[SymbolClass, ...]  # sorted by name
 
     @staticmethod
-    def of(sizes: dict[str, int], aligned: frozenset[str] | None = None) -> SizeClass:
-        """The class of `sizes`; only the symbols in `aligned` (default: all) get an alignment,
-        the others (no vector width depends on them) one class per range."""
-        return SizeClass(
-            tuple(
-                SymbolClass(
-                    n,
-                    sizes[n].bit_length() - 1 if sizes[n] else -1,
-                    _valuation(sizes[n]) if aligned is None or n in aligned else 0,
-                )
-                for n in sorted(sizes)
-            )  # fmt: skip
-        )
+    def of(sizes: dict[str, int], aligned: frozenset[str] | None = None, cap: int = MAX_ALIGN) -> SizeClass:
+        """The class of `sizes`; only the symbols in `aligned` (default: all) get an alignment, up
+        to `cap` (the widest vector the program can load, in elements); the others (no vector
+        width depends on them) get one class per range."""
+
+        def one(n: str) -> SymbolClass:
+            k = sizes[n].bit_length() - 1 if sizes[n] else -1
+            return SymbolClass(n, k, _valuation(sizes[n], cap) if aligned is None or n in aligned else 0, cap)
+
+        return SizeClass(tuple(one(n) for n in sorted(sizes)))
 
     def get(self, name: str) -> SymbolClass:
         return next(s for s in self.symbols if s.name == name)
@@ -122,13 +120,13 @@ class SizeClass:
 
     def key(self) -> str:
         """A compact, stable name of the class (schedule files, explain)."""
-        return ",".join(f"{s.name}:{s.k}:{s.align}" for s in self.symbols)
+        return ",".join(f"{s.name}:{s.k}:{s.align}:{s.cap}" for s in self.symbols)
 
     @staticmethod
     def from_key(key: str) -> SizeClass:
         out = []
         for part in key.split(","):
             if part:
-                name, k, align = part.split(":")
-                out.append(SymbolClass(name, int(k), int(align)))
+                name, k, align, cap = part.split(":")
+                out.append(SymbolClass(name, int(k), int(align), int(cap)))
         return SizeClass(tuple(out))
