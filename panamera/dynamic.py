@@ -250,6 +250,10 @@ class DynamicCompiled:
         or by name; the emulator's `order=` and `seed=` set its thread order (options only where
         no input has that name)."""
         names = [t.name for t in self.inputs]
+        if "out" in named and "out" not in names:
+            raise OptionError(
+                "out=: a symbolic program returns new arrays (out= is not supported yet); copy the result"
+            )
         order, seed = (
             named.pop(k) if k in named and k not in names else d for k, d in (("order", "forward"), ("seed", 0))
         )
@@ -380,11 +384,13 @@ class DynamicCompiled:
                 else:
                     args.append(backend.pointer(bufs[a.key]))
             backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
-        results = []
+        results, used = [], set()
         for o in self.program.outputs:
-            buf = bufs[f"t:{storage(o).uid}"]
+            key = f"t:{storage(o).uid}"
             shape = symbolic.evaluate(o.shape, sizes)
-            results.append((backend.copy(buf) if storage(o).op == "placeholder" else buf).reshape(shape))
+            fresh = storage(o).op != "placeholder" and key not in used  # two outputs never share memory
+            results.append((bufs[key] if fresh else backend.copy(bufs[key])).reshape(shape))
+            used.add(key)
         return results
 
 
