@@ -20,9 +20,9 @@ import numpy as np
 
 import panamera as pn
 from panamera.compiler import lower
-from panamera.dynamic import specialize
+from panamera.dynamic import members, specialize
 from panamera.model.gpu import H100
-from panamera.schedule.param_mapping import cost
+from panamera.schedule.param_mapping import group_cost
 
 
 def workloads():
@@ -59,7 +59,8 @@ def main() -> int:
         k = pn.compile(list(outs), target="emulator", cache=False)
         for sizes in SIZES:
             plan = k.plan(k.size_class(sizes))
-            dyn = sum(cost(s, d, sizes, H100).total_s for s, d in zip(k.program.statements, plan.decisions)) * 1e6
+            kernels = zip(members(k.program), plan.decisions, k.program.kinds)
+            dyn = sum(group_cost(g, d, sizes, H100, kind).total_s for g, d, kind in kernels) * 1e6
             static = lower(list(specialize(outs, sizes)), target="emulator", gpu="h100").plan.modeled_us
             arrays = [np.zeros([sizes.get(str(e), e) if not isinstance(e, int) else e for e in t.shape], t.dtype.np)
                       for t in k.inputs]  # fmt: skip

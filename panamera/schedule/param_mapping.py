@@ -92,21 +92,27 @@ def merge_mode(s: PStatement, split: int, deterministic: bool) -> MergeMode:
     return MergeMode.ATOMIC_WS
 
 
+def tensor_bytes(tensors, sizes: dict[str, int]) -> int:
+    """Bytes of the distinct tensors read, each once from DRAM (a broadcast operand, a bias, is
+    re-read from cache), at the bound sizes."""
+    return sum(_at(t.size, sizes) * t.dtype.itemsize for t in tensors)
+
+
 def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
     """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`."""
-    M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
+    M = _at(s.M, sizes)  # noqa: N806
     item = max([r.tensor.dtype.itemsize for r in s.reads] or [4])
-    read_bytes = sum(r.tensor.dtype.itemsize for r in s.reads)
+    read_bytes = tensor_bytes({r.tensor.uid: r.tensor for r in s.reads}.values(), sizes)
     out_item = s.result.dtype.itemsize
     gx, gy = d.grid(M)
     if s.kind == StatementKind.MAP:
-        return kernel_time(gpu, dram_bytes=M * (read_bytes + out_item), write_bytes=M * out_item,
+        return kernel_time(gpu, dram_bytes=read_bytes + M * out_item, write_bytes=M * out_item,
                            blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
     outputs = M if d.merge != MergeMode.STORE else 0
     atomics = gx * gy * (d.ty if s.form != Form.COLUMN else d.tx * d.vec) if d.merge == MergeMode.ATOMIC_WS else 0
     partial_bytes = 2 * d.split * outputs * s.acc.itemsize if d.merge == MergeMode.PARTIALS else 0
     return kernel_time(
-        gpu, dram_bytes=M * N * read_bytes + M * out_item + partial_bytes, write_bytes=M * out_item,
+        gpu, dram_bytes=read_bytes + M * out_item + partial_bytes, write_bytes=M * out_item,
         blocks=gx * gy, threads=d.threads, bytes_in_flight_per_thread=d.vec * item,
         atomics=atomics + (gx * gy if d.split > 1 else 0), same_address=d.split if d.split > 1 else 0,
     )  # fmt: skip
@@ -159,11 +165,11 @@ def stitched_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict
     tensors = {
         r.tensor.uid: r.tensor for m in members for r in m.reads if r.tensor.uid not in {x.result.uid for x in members}
     }
-    read_bytes = sum(t.dtype.itemsize for t in tensors.values())
+    read_bytes = tensor_bytes(tensors.values(), sizes)
     item = max([t.dtype.itemsize for t in tensors.values()] or [4])
     out = M * N * s.result.dtype.itemsize + M * sum(m.result.dtype.itemsize for m in members[:-1])
     gx, _ = d.grid(M)
-    return kernel_time(gpu, dram_bytes=M * N * read_bytes + out, write_bytes=out, l2_bytes=M * N * read_bytes,
+    return kernel_time(gpu, dram_bytes=read_bytes + out, write_bytes=out, l2_bytes=read_bytes,
                        blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
 
 
