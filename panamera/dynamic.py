@@ -123,6 +123,12 @@ def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
             ).vector_condition(d.vec)
             if cond is not None and not plan.cls.holds(cond):
                 raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
+        if d.atomic_vec > 1 and not (
+            kind != "stitched" and d.atomic_vec == d.vec and d.form == "COLUMN" and d.merge == MergeMode.ATOMIC_WS
+            and group[0].combiner.vector_atomic and group[0].acc.name == "float32"
+        ):  # fmt: skip
+            raise ScheduleError(f"{where}: {group_name(group)}: atomic_vec={d.atomic_vec} needs a COLUMN float32 sum "
+                                f"merged by atomics with vec={d.atomic_vec}")  # fmt: skip
         if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1:
             raise ScheduleError(f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} is not launchable")
 

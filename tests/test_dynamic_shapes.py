@@ -116,6 +116,13 @@ PROGRAMS = {
         lambda z: z["H"],
         [{"B": 3, "H": 0}, {"B": 5, "H": 37}],
     ),
+    "column sums merged by vector atomics (COLUMN split)": (
+        lambda x: pn.sum(x, axis=0),
+        lambda x: x.sum(0),
+        [("N", "C")],
+        lambda z: z["N"],
+        [{"N": 3000, "C": 64}],
+    ),
     "row max with keepdims, minus it (ROW + MAP)": (
         lambda x: x - pn.max(x, axis=1, keepdims=True),
         lambda x: x - x.max(1, keepdims=True),

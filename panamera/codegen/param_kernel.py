@@ -314,7 +314,11 @@ class _Body:
             out.append(f"  for (int v = 0; v < {V}; ++v) acc[v] = {fn}{tmpl}(acc[v], {smem});")
         else:
             out.append(f"  acc = {fn}{tmpl}(acc, {smem});")
-        out += self.outputs(lambda o, a: self.merge(o, a), inside_only=True)
+        if d.atomic_vec > 1:  # the thread's adjacent outputs in one float2/float4 atomicAdd (M % vec == 0)
+            out.append(f"  {{ const pn_idx o = (bx * {d.tx} + tx) * {V};")
+            out.append("    if (ty == 0 && o < pn_M) pn_atomic_v(&ws[o], acc); }")
+        else:
+            out += self.outputs(lambda o, a: self.merge(o, a), inside_only=True)
         if d.merge != MergeMode.STORE:
             out += [
                 "  __threadfence();",

@@ -44,6 +44,7 @@ class ParamDecision:
     vec: int
     merge: MergeMode
     modeled_us: float = 0.0
+    atomic_vec: int = 1  # outputs per atomic merge (a COLUMN thread's float2/float4 atomicAdd on sm_90)
 
     @property
     def threads(self) -> int:
@@ -58,11 +59,12 @@ class ParamDecision:
     def from_dict(d: dict) -> ParamDecision:
         return ParamDecision(
             str(d["statement"]), str(d["form"]), int(d["tx"]), int(d["ty"]), int(d["split"]), int(d["vec"]),
-            MergeMode(d["merge"]), float(d.get("modeled_us", 0.0)),
+            MergeMode(d["merge"]), float(d.get("modeled_us", 0.0)), int(d.get("atomic_vec", 1)),
         )  # fmt: skip
 
     def describe(self) -> str:
-        return f"{self.form} block=({self.tx},{self.ty}) split={self.split} vec={self.vec} merge={self.merge}"
+        atomics = f" atomic_vec={self.atomic_vec}" if self.atomic_vec > 1 else ""
+        return f"{self.form} block=({self.tx},{self.ty}) split={self.split} vec={self.vec} merge={self.merge}{atomics}"
 
     def grid(self, M: int) -> tuple[int, int]:  # noqa: N803
         """The grid at the bound canonical extent M."""
@@ -92,6 +94,16 @@ def merge_mode(s: PStatement, split: int, deterministic: bool) -> MergeMode:
     return MergeMode.ATOMIC_WS
 
 
+def atomic_width(s: PStatement, d: ParamDecision, gpu: GPUSpec) -> int:
+    """Outputs per atomic merge: a COLUMN thread's `vec` adjacent float32 sums merge as one
+    float2/float4 atomicAdd where the GPU has them (sm_90); the class proved M a multiple of vec."""
+    ok = (
+        gpu.vector_atomics and s.form == Form.COLUMN and d.vec in (2, 4) and d.merge == MergeMode.ATOMIC_WS
+        and s.combiner.vector_atomic and s.acc.name == "float32"
+    )  # fmt: skip
+    return d.vec if ok else 1
+
+
 def tensor_bytes(tensors, sizes: dict[str, int]) -> int:
     """Bytes of the distinct tensors read, each once from DRAM (a broadcast operand, a bias, is
     re-read from cache), at the bound sizes."""
@@ -108,17 +120,23 @@ def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
     if s.kind == StatementKind.MAP:
         return kernel_time(gpu, dram_bytes=read_bytes + M * out_item, write_bytes=M * out_item,
                            blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
-    outputs = M if d.merge != MergeMode.STORE else 0
-    atomics = gx * gy * (d.ty if s.form != Form.COLUMN else d.tx * d.vec) if d.merge == MergeMode.ATOMIC_WS else 0
-    partial_bytes = 2 * d.split * outputs * s.acc.itemsize if d.merge == MergeMode.PARTIALS else 0
+    split = d.split > 1
+    partials = d.merge == MergeMode.PARTIALS
+    width = d.atomic_vec
+    # as schedule/cost.py: one merge per output per block into a resident workspace (read back and
+    # reset by the last block) or the partials (all read by the last block), one arrival per block
+    ws_bytes = M * (d.split if partials else 2) * s.acc.itemsize if split else 0
+    merges = 0 if partials else (M // width) * d.split
+    cas = M * d.split if split and not partials and s.combiner.atomic(s.acc) == AtomicStrategy.CAS else 0
     return kernel_time(
-        gpu, dram_bytes=read_bytes + M * out_item + partial_bytes, write_bytes=M * out_item,
+        gpu, dram_bytes=read_bytes + M * out_item + ws_bytes, write_bytes=M * out_item,
         blocks=gx * gy, threads=d.threads, bytes_in_flight_per_thread=d.vec * item,
-        atomics=atomics + (gx * gy if d.split > 1 else 0), same_address=d.split if d.split > 1 else 0,
+        atomics=(gx * gy + merges) if split else 0, same_address=d.split if split else 0, cas_atomics=cas,
+        atomic_dtype=s.acc.name if split and not partials else "",
     )  # fmt: skip
 
 
-def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: int):  # noqa: N803
+def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: int, gpu: GPUSpec):  # noqa: N803
     """The decisions the mapper weighs: threads per row, rows per block, blocks per reduction."""
     vec = widest_vec(s, cls)
     if s.kind == StatementKind.MAP:
@@ -134,19 +152,22 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
             for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
                 if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
                     break
-                yield ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
+                d = ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
+                yield dataclasses.replace(d, atomic_vec=atomic_width(s, d, gpu))
 
 
 def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
     """The fastest modeled mapping of `s` at the class's representative size."""
     rep = cls.representative()
     M, N = _at(s.M, rep), _at(s.N, rep)  # noqa: N806
-    best = min(((cost(s, d, rep, gpu), d) for d in candidates(s, cls, deterministic, N, M)), key=lambda p: p[0].total_s)
+    best = min(
+        ((cost(s, d, rep, gpu), d) for d in candidates(s, cls, deterministic, N, M, gpu)), key=lambda p: p[0].total_s
+    )
     return _with_cost(best[1], best[0])
 
 
 def _with_cost(d: ParamDecision, cost) -> ParamDecision:
-    return ParamDecision(d.statement, d.form, d.tx, d.ty, d.split, d.vec, d.merge, cost.total_s * 1e6)
+    return dataclasses.replace(d, modeled_us=cost.total_s * 1e6)
 
 
 def _at(extent, sizes: dict[str, int]) -> int:
@@ -188,7 +209,7 @@ def map_group(
     own = frozenset(m.result.uid for m in members)
     vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls, own) for m in members)
     best = None
-    for d in candidates(red, cls, deterministic, N, M):
+    for d in candidates(red, cls, deterministic, N, M, gpu):
         if d.split != 1:
             continue
         d = ParamDecision(group_name(members), str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
