@@ -156,14 +156,28 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
                 yield dataclasses.replace(d, atomic_vec=atomic_width(s, d, gpu))
 
 
-def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
-    """The fastest modeled mapping of `s` at the class's representative size."""
+def robust(cands, cost_at, cls: SizeClass) -> tuple[ParamDecision, object]:
+    """The candidate whose worst ratio to the best candidate, over sizes spanning the class
+    (`SizeClass.samples`), is least (ties: the fastest at the representative size): one decision
+    holds for every size of the class. Returns it with its cost at the representative."""
+    cands = list(cands)
+    points = cls.samples()
     rep = cls.representative()
-    M, N = _at(s.M, rep), _at(s.N, rep)  # noqa: N806
-    best = min(
-        ((cost(s, d, rep, gpu), d) for d in candidates(s, cls, deterministic, N, M, gpu)), key=lambda p: p[0].total_s
-    )
-    return _with_cost(best[1], best[0])
+    rep_at = points.index(rep) if rep in points else 0
+    table = [[cost_at(d, p).total_s for p in points] for d in cands]
+    best = [min(col) for col in zip(*table)]
+    score = [max(c / b if b > 0 else 1.0 for c, b in zip(row, best)) for row in table]
+    k = min(range(len(cands)), key=lambda i: (round(score[i], 3), table[i][rep_at]))
+    return cands[k], cost_at(cands[k], rep)
+
+
+def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
+    """The mapping of `s` for its size class: the candidates (sized for the class's largest sizes)
+    weighed by the model over the class (`robust`)."""
+    top = cls.upper()
+    M, N = _at(s.M, top), _at(s.N, top)  # noqa: N806
+    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), lambda d, p: cost(s, d, p, gpu), cls)
+    return _with_cost(d, c)
 
 
 def _with_cost(d: ParamDecision, cost) -> ParamDecision:
@@ -203,20 +217,19 @@ def map_group(
     if kind != "stitched":
         d = map_statement(members[0], cls, gpu, deterministic)
         return dataclasses.replace(d, statement=group_name(members))
-    rep = cls.representative()
+    top = cls.upper()
     red = members[0]
-    M, N = _at(red.M, rep), _at(red.N, rep)  # noqa: N806
+    M, N = _at(red.M, top), _at(red.N, top)  # noqa: N806
     own = frozenset(m.result.uid for m in members)
     vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls, own) for m in members)
-    best = None
-    for d in candidates(red, cls, deterministic, N, M, gpu):
-        if d.split != 1:
-            continue
-        d = ParamDecision(group_name(members), str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
-        c = stitched_cost(members, d, rep, gpu)
-        if best is None or c.total_s < best[0].total_s:
-            best = (c, d)
-    return _with_cost(best[1], best[0])
+    name = group_name(members)
+    cands = {
+        (d.tx, d.ty): ParamDecision(name, str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
+        for d in candidates(red, cls, deterministic, N, M, gpu)
+        if d.split == 1
+    }
+    d, c = robust(cands.values(), lambda d, p: stitched_cost(members, d, p, gpu), cls)
+    return _with_cost(d, c)
 
 
 def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec, kind: str):

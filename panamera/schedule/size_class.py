@@ -65,6 +65,14 @@ class SymbolClass:
                     return n
         raise AssertionError(f"empty class {self}")
 
+    def extremes(self) -> tuple[int, int]:
+        """The smallest and the largest size of the class."""
+        if self.k < 0:
+            return 0, 0
+        lo = next(n for n in range(self.low, self.high + 1) if self.contains(n))
+        hi = next(n for n in range(self.high, self.low - 1, -1) if self.contains(n))
+        return lo, hi
+
     def describe(self) -> str:
         if self.k < 0:
             return f"{self.name} = 0"
@@ -93,6 +101,15 @@ class SizeClass:
 
     def representative(self) -> dict[str, int]:
         return {s.name: s.representative() for s in self.symbols}
+
+    def samples(self) -> list[dict[str, int]]:
+        """Sizes spanning the class (each symbol at its smallest, representative and largest
+        size): the mapper keeps the decision whose worst ratio to the best over them is least."""
+        points = [{}]
+        for sc in self.symbols:
+            values = sorted({*sc.extremes(), sc.representative()})
+            points = [{**p, sc.name: v} for p in points for v in values]
+        return points
 
     def upper(self) -> dict[str, int]:
         """The largest size of every symbol in the class (capacities, index bounds)."""
