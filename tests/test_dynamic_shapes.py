@@ -254,6 +254,8 @@ def test_stitching_keeps_what_its_preconditions_allow():
     r = pn.sum(sq, axis=1, keepdims=True)  # (B, 1), read below along the row instead of the column
     assert build_program((sq - r.reshape(1, "B"),)).groups == ((0,), (1,))  # 2: not read at its own row
     assert build_program((m.reshape(1, "B") * 2.0, x - m)).groups == ((0,), (1,), (2,))  # 3: a reader of m runs between
+    two = (pn.var(x, axis=0), pn.var(x, axis=0, ddof=1))  # one Welford pass, two finishes
+    assert build_program(two).kinds == ("siblings",)
     e = pn.sqrt(pn.sum(x, axis=1))
     assert build_program((e,)).kinds == ("epilogue",)
     assert build_program((pn.sum(x, axis=1, keepdims=True) + x,)).kinds == (
@@ -318,6 +320,7 @@ def test_decode_attention_over_a_kv_length_symbol_compiles_once_per_class(rng):
     kv = [pn.placeholder((1, h, "T", d), name=n) for n in ("k", "v")]
     k = pn.compile(pn.nn.attention(q, *kv), target="emulator", cache=False)
     assert k.program.formulations == ("attention=chain",)  # the fused plan's kernel has static extents
+    assert k.program.kinds == ("single", "siblings", "single")  # the softmax statistics share one pass
     lengths = (1, 5, 7, 9, 11, 13, 15, 300)  # odd lengths of [4, 8) and [8, 16): one class each
     for t in lengths:
         a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((1, h, 1, d), (1, h, t, d), (1, h, t, d)))

@@ -134,17 +134,25 @@ def vector_read(s: PStatement, r: PRead, vec: int) -> bool:
 
 
 def render(
-    s: PStatement, d: ParamDecision, program: ParamProgram, name: str, idx: str, epilogue: PStatement | None = None
+    s: PStatement,
+    d: ParamDecision,
+    program: ParamProgram,
+    name: str,
+    idx: str,
+    epilogue: PStatement | None = None,
+    siblings: tuple[PStatement, ...] = (),
 ) -> ParamKernel:
     """The CUDA C of statement `s` under decision `d`; `idx` is the C index type of the class.
     `epilogue`: a MAP over the reduction's result evaluated wherever an output becomes final
     (poly/param_stitch.py), its result stored too."""
-    members = [s] + ([epilogue] if epilogue is not None else [])
+    members = [s, *siblings] + ([epilogue] if epilogue is not None else [])
     own = {m.result.uid for m in members}
     inputs = list(dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own))
     dtype_of = {r.tensor.uid: r.tensor.dtype for m in members for r in m.reads}
     bufs = [(KernelArg(f"t:{u}", f"const {dtype_of[u].c_type}*", True), f"in{k}") for k, u in enumerate(inputs)]
     bufs.append((KernelArg(f"t:{s.result.uid}", f"{s.result.dtype.c_type}*", True), "out"))
+    for k, sib in enumerate(siblings):
+        bufs.append((KernelArg(f"t:{sib.result.uid}", f"{sib.result.dtype.c_type}*", True), f"out_s{k}"))
     if epilogue is not None:
         bufs.append((KernelArg(f"t:{epilogue.result.uid}", f"{epilogue.result.dtype.c_type}*", True), "out_e"))
     ws_ctype = ws_ident = ""
@@ -168,6 +176,7 @@ def render(
     ]
     lines += [f"  (void)pn_s_{n};" for n in program.parameters]
     body = _Body(s, d, names)
+    body.siblings = [(sib, f"out_s{k}") for k, sib in enumerate(siblings)]
     if epilogue is not None:
         one = ParamDecision(d.statement, d.form, d.tx, d.ty, d.split, 1, d.merge)
         body.epilogue = _Body(epilogue, one, names, {s.result.uid: "pn_fin"})
@@ -205,10 +214,18 @@ class _Body:
     def __init__(self, s: PStatement, d: ParamDecision, names: dict[int, str], regs: dict[int, str] | None = None):
         self.s, self.d, self.names, self.regs = s, d, names, regs or {}
         self.epilogue: _Body | None = None  # an epilogue MAP at each final output (render's `epilogue`)
+        self.siblings: list[tuple[PStatement, str]] = []  # reductions sharing the accumulator, their outputs
 
-    def store(self, o: str, final: str) -> list[str]:
-        """Output o's final value stored, and the epilogue evaluated at o with it in a register."""
+    def store(self, o: str, a: str) -> list[str]:
+        """Output o of accumulator value `a`: its finish stored (and the siblings' finishes), and
+        the epilogue evaluated at o with it in a register."""
         s = self.s
+        final = finish(s, a)
+        if self.siblings:
+            shared = [f"const {s.acc.compute} pn_a = {a};"]
+            out = [f"pn_st(&out[{o}], {finish(s, 'pn_a')});"]
+            out += [f"pn_st(&{alias}[{o}], {finish(sib, 'pn_a')});" for sib, alias in self.siblings]
+            return ["{", *shared, *out, "}"]
         if self.epilogue is None:
             return [f"pn_st(&out[{o}], {final});"]
         e = self.epilogue.s
@@ -351,7 +368,7 @@ class _Body:
     def merge(self, o: str, a: str) -> list[str]:
         s, d = self.s, self.d
         if d.merge == MergeMode.STORE:
-            return self.store(o, finish(s, a))
+            return self.store(o, a)
         if d.merge == MergeMode.ATOMIC_WS:
             if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
                 return [f"pn_atomic_ordered({s.combiner.functor}(), &ws[{o}], {a});"]
@@ -365,7 +382,7 @@ class _Body:
         merged = f"pn_ldcg(&ws[{o}])"
         if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
             merged = f"pn_unordered({merged})"
-        return self.store(o, finish(s, merged)) + [f"ws[{o}] = {workspace_identity(s)};"]
+        return self.store(o, merged) + [f"ws[{o}] = {workspace_identity(s)};"]
 
     def combine_partials(self, smem: str, fn: str, tmpl: str) -> list[str]:
         s, d = self.s, self.d
@@ -380,7 +397,7 @@ class _Body:
                 f"p = {F}::apply(p, pn_ldcg(&ws[b * pn_M + o]));",
                 f"  p = {fn}{tmpl}(p, {smem});",
                 "  if (ty == 0 && o < pn_M) {",
-                *["    " + ln for ln in self.store("o", finish(s, "p"))],
+                *["    " + ln for ln in self.store("o", "p")],
                 "  }",
                 "}",
             ]
@@ -393,7 +410,7 @@ class _Body:
             f"p = {F}::apply(p, pn_ldcg(&ws[o * (pn_idx)gridDim.y + b]));",
             f"  p = {fn}{tmpl}(p, {smem});",
             f"  if (tx == 0 && o < {m}) {{",
-            *["    " + ln for ln in self.store("o", finish(s, "p"))],
+            *["    " + ln for ln in self.store("o", "p")],
             "  }",
             "}",
         ]

@@ -32,8 +32,10 @@ from .thread_loop import accumuland, c_ident, identity_expr, post_dtype
 def render_group(
     members: tuple[PStatement, ...], d: ParamDecision, program: ParamProgram, name: str, idx: str, kind: str = "single"
 ) -> ParamKernel:
-    """One kernel for a group of statements (a single statement or an epilogue group:
-    param_kernel.render)."""
+    """One kernel for a group of statements (a single statement, an epilogue group or reductions
+    sharing one accumulator: param_kernel.render)."""
+    if kind == "siblings":
+        return render(members[0], d, program, name, idx, siblings=members[1:])
     if kind != "stitched":
         return render(members[0], d, program, name, idx, members[1] if kind == "epilogue" else None)
     *reds, last = members

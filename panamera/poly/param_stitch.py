@@ -7,6 +7,10 @@ through shared memory) and then computes the MAP over the same rows, so no reduc
 a round trip through memory before its consumer reads it, and one launch does the work of three.
 Reductions of one source share one accumulator (`PStatement.accumulator_key`).
 
+Reductions of one accumulator left unstitched (softmax's max and sum over scores a later
+reduction reads) are siblings: one kernel, one pass, each output its own finish; the group runs
+where its first member did (the members share their source, ready there).
+
 An epilogue group is one reduction and a MAP over its result (`sqrt(mean(x * x))`): the MAP is
 evaluated wherever an output becomes final (the row leader without a split, the last block with
 one), so the reduction may still be split across blocks. Preconditions: E1 the MAP's shape is the
@@ -70,8 +74,8 @@ def stitchable(members: list[PStatement]) -> bool:
 
 
 def kernel_groups(statements: tuple[PStatement, ...]) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
-    """The statements of each kernel in launch order (stitched and epilogue groups where legal,
-    else one each) and each kernel's kind: "single", "stitched" or "epilogue"."""
+    """The statements of each kernel in launch order (stitched, epilogue and sibling groups where
+    legal, else one each) and each kernel's kind: "single", "stitched", "epilogue" or "siblings"."""
     index = {s.result.uid: k for k, s in enumerate(statements)}
     taken: set[int] = set()
     groups: dict[int, tuple[int, ...]] = {}
@@ -115,15 +119,23 @@ def kernel_groups(statements: tuple[PStatement, ...]) -> tuple[tuple[tuple[int, 
         groups[k] = (reds[0], k)
         epilogues.add(k)
         taken |= {reds[0], k}
-    out = []
+    siblings: dict[tuple, list[int]] = {}  # reductions of one accumulator: one kernel, one pass
+    for k, s in enumerate(statements):
+        if s.kind == StatementKind.REDUCE and k not in taken:
+            siblings.setdefault(s.accumulator_key(), []).append(k)
+    at: dict[int, tuple[int, ...]] = {k: g for k, g in groups.items()}  # each group at its launch position
+    kinds = {k: ("epilogue" if k in epilogues else "stitched") for k in groups}
+    for ks in siblings.values():
+        if len(ks) > 1:  # one source, one body: legal where the first runs (its inputs are ready)
+            at[ks[0]] = tuple(ks)
+            kinds[ks[0]] = "siblings"
+            taken |= set(ks)
     for k in range(len(statements)):
-        if k in groups:
-            out.append(groups[k])
-        elif k not in taken:
-            out.append((k,))
-    ordered = _launch_order(out, statements)
-    kinds = tuple("single" if len(g) == 1 else "epilogue" if g[-1] in epilogues else "stitched" for g in ordered)
-    return ordered, kinds
+        if k not in taken:
+            at[k] = (k,)
+            kinds[k] = "single"
+    order = sorted(at)
+    return tuple(at[k] for k in order), tuple(kinds[k] for k in order)
 
 
 def epilogue_of(red: PStatement, s: PStatement) -> bool:
@@ -133,8 +145,3 @@ def epilogue_of(red: PStatement, s: PStatement) -> bool:
         return False
     full = tuple(a for a, e in enumerate(s.shape) if not (e == 1))
     return all(r.axes == full and r.shape == s.shape for r in s.reads if r.tensor.uid == red.result.uid)
-
-
-def _launch_order(groups: list[tuple[int, ...]], statements) -> tuple[tuple[int, ...], ...]:
-    """Groups in the order of their last member (a group runs where its consumer ran)."""
-    return tuple(sorted(groups, key=lambda g: g[-1]))
