@@ -149,6 +149,8 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
             along = N if s.form != Form.COLUMN else M
             if s.form != Form.COLUMN and tx > 32 and tx * vec > 2 * max(1, along):
                 continue  # threads past the row's length idle
+            if s.form != Form.COLUMN and ty > 1 and ty > M:
+                continue  # rows of the block past the last row idle (ALL has one)
             for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
                 if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
                     break
