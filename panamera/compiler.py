@@ -599,7 +599,11 @@ def _outputs(outputs) -> tuple[bool, tuple[Tensor, ...]]:
 def lower(outputs, stop_after: str | None = None, **options) -> Artifacts:
     """Run the stages up to and including `stop_after` (all of them by default); `options` as
     for `compile`."""
-    return run_stages(_outputs(outputs)[1], Options.make(**options), stop_after)
+    outs = _outputs(outputs)[1]
+    if any(t.symbolic for t in compile_cache.placeholders(outs)):
+        raise OptionError("lower: the stages are static; a graph with symbolic extents compiles with pn.compile "
+                          "(DynamicCompiled.explain() shows its plan; panamera.dynamic.specialize gives static shapes)")  # fmt: skip
+    return run_stages(outs, Options.make(**options), stop_after)
 
 
 def compile(  # noqa: A001

@@ -287,6 +287,13 @@ def test_call_time_shape_errors_name_the_symbol_tensor_and_sizes():
         m(np.ones((2, 0), np.float32))
 
 
+def test_the_static_stages_refuse_a_symbolic_graph_clearly():
+    from panamera.compiler import lower
+
+    with pytest.raises(pn.OptionError, match="symbolic extents"):
+        lower(pn.sum(pn.placeholder(("B", 8)), axis=1), target="emulator")
+
+
 def test_symbolic_schedule_round_trips_and_replays_to_the_same_source():
     y = pn.nn.softmax(pn.placeholder(("B", 16), name="x"))
     k = pn.compile(y, target="emulator", cache=False)
