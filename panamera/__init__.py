@@ -15,6 +15,7 @@ from . import cpu_target as _cpu_target  # noqa: F401  (registers target="cpu" w
 from . import dtypes, errors
 from ._version import __version__ as __version__
 from .compiler import Compiled, compile
+from .dynamic import DynamicCompiled, SymbolicSchedule
 from .errors import *  # noqa: F403  (every public error and warning, listed once in errors.__all__)
 from .errors import __all__ as _errors_api
 from .frontend import *  # noqa: F403  (the numpy-like API, listed once in frontend.__all__)
@@ -27,4 +28,16 @@ if "torch" in sys.modules:  # torch.compile(backend="panamera"); else torch find
 
     _register_torch_backend()
 
-__all__ = ["Compiled", "compile", "dtypes", "errors", "nn", "std", "var", *_errors_api, *_frontend_api]
+__all__ = [
+    "Compiled",
+    "DynamicCompiled",
+    "SymbolicSchedule",
+    "compile",
+    "dtypes",
+    "errors",
+    "nn",
+    "std",
+    "var",
+    *_errors_api,
+    *_frontend_api,
+]

@@ -75,7 +75,8 @@ def graph_key(outputs: tuple[Tensor, ...]) -> str:
     for t in postorder(outputs, lambda t: t.inputs, key=lambda t: t.uid):  # numbered in post order
         attrs = [[k, database._canonical(v)] for k, v in t.attrs]
         name = "" if t.op == "placeholder" else t.name
-        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs], name])
+        shape = [s if isinstance(s, int) else str(s) for s in t.shape]  # a symbolic Dim by its name
+        nodes.append([t.op, shape, t.dtype.name, attrs, [index[i.uid] for i in t.inputs], name])
         index[t.uid] = len(nodes) - 1
         if t.op == "placeholder":
             holders.append(t.uid)

@@ -109,6 +109,9 @@ class Options:
 # cpu_target.py, which builds on this module's stages, for target="cpu").
 TARGET_COMPILERS: dict[Target, Callable] = {}
 
+# The compiler of graphs with symbolic extents (panamera/dynamic.py registers itself on import).
+SYMBOLIC: list[Callable] = []
+
 _warned: list[bool] = []
 
 
@@ -598,7 +601,11 @@ def _outputs(outputs) -> tuple[bool, tuple[Tensor, ...]]:
 def lower(outputs, stop_after: str | None = None, **options) -> Artifacts:
     """Run the stages up to and including `stop_after` (all of them by default); `options` as
     for `compile`."""
-    return run_stages(_outputs(outputs)[1], Options.make(**options), stop_after)
+    outs = _outputs(outputs)[1]
+    if any(t.symbolic for t in compile_cache.placeholders(outs)):
+        raise OptionError("lower: the stages are static; a graph with symbolic extents compiles with pn.compile "
+                          "(DynamicCompiled.explain() shows its plan; panamera.dynamic.specialize gives static shapes)")  # fmt: skip
+    return run_stages(outs, Options.make(**options), stop_after)
 
 
 def compile(  # noqa: A001
@@ -629,6 +636,8 @@ def compile(  # noqa: A001
     program compiled before costs well under a millisecond.
     """
     single, outs = _outputs(outputs)
+    if SYMBOLIC and any(t.symbolic for t in compile_cache.placeholders(outs)):  # issue 22: dynamic shapes
+        return SYMBOLIC[0](outs, single, target, deterministic, gpu, split, schedule, cache=cache)
     options = Options.make(target, deterministic, gpu, split, schedule)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None

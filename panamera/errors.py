@@ -9,6 +9,17 @@ class ShapeError(PanameraError, ValueError):
     """Shapes that do not broadcast, reshape or match the placeholder."""
 
 
+class SymbolicShapeError(ShapeError):
+    """An op on symbolic extents (frontend/symbolic.py) that cannot be proven for every value of
+    the symbols at build time: a sum or comparison of extents, a slice bound, two symbols
+    broadcast together."""
+
+
+class SymbolBindingError(ShapeError):
+    """At call time: a symbol bound to two sizes, or an array whose static extent does not fit its
+    placeholder (runtime/dynamic.py); the message names the symbol, tensor, axis and sizes."""
+
+
 class AxisError(PanameraError, ValueError):
     """An axis out of range or repeated."""
 
@@ -95,7 +106,7 @@ class EmulatorWarning(PanameraWarning):
 
 
 __all__ = [
-    "OutOfMemoryError",
+    "OutOfMemoryError", "SymbolicShapeError", "SymbolBindingError",
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",

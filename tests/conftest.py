@@ -103,6 +103,20 @@ _compiler.render_kernel = _recording_render
 _compiler.render_empty = _recording_render_empty
 
 
+import panamera.dynamic as _dynamic  # noqa: E402  (issue 22: the kernels of symbolic programs, one per size class)
+
+_render_param = _dynamic.render_group
+
+
+def _recording_render_param(*args, **kw):
+    pk = _render_param(*args, **kw)
+    _record(pk.name, pk.source)
+    return pk
+
+
+_dynamic.render_group = _recording_render_param
+
+
 def pytest_configure(config):
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ[_LOG] = tempfile.mkdtemp(prefix="panamera-kernels-")

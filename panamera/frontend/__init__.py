@@ -64,10 +64,13 @@ from .ops import (
     tanh,
 )
 from .pool import avg_pool, global_avg_pool, global_max_pool, max_pool, max_pool_indices
+from .symbolic import Dim, sym
 from .tensor import Tensor, broadcast_to, full, placeholder, reshape, transpose, where
 
 __all__ = [
     "Tensor",
+    "Dim",
+    "sym",
     "broadcast_to",
     "full",
     "placeholder",

@@ -43,6 +43,7 @@ import string
 from .. import algebra, dtypes
 from ..dtypes import DType, promote
 from ..errors import AxisError, DTypeError, ShapeError
+from . import symbolic
 from .tensor import ARG_OPS, BINARY_ARITH, BITWISE, COMPARE, LOGICAL, UNARY, Tensor, binary, transpose
 
 Labels = tuple[str, ...]
@@ -200,7 +201,7 @@ def iteration_order(a: Tensor, la: Labels, b: Tensor, lb: Labels, out: Labels, e
     ('m', 'k', 'n')
     """
     contracted = [lab for lab in dict.fromkeys(la + lb) if lab not in out]
-    s, s_labels = (a, la) if a.size > b.size else (b, lb)
+    s, s_labels = (a, la) if symbolic.larger(a.size, b.size) else (b, lb)
     mem = [s_labels[k] for k in memory_order(s)]  # its labels, outermost to contiguous in storage
     live = [lab for lab in mem if ext[lab] != 1]
     contracted.sort(key=lambda lab: mem.index(lab) if lab in mem else -1)

@@ -88,7 +88,7 @@ def var(
     mask = mask_of(where, x, "var")
     if mask is not None:
         return masked_var(x, axes, keepdims, ddof, mask, x.dtype if x.dtype.is_float else dtypes.float64)
-    if math.prod(x.shape[a] for a in axes) - ddof <= 0:
+    if not x.symbolic and math.prod(x.shape[a] for a in axes) - ddof <= 0:
         warnings.warn("Degrees of freedom <= 0 for slice", RuntimeWarning, stacklevel=3)
     return ops.welford(x, axis=axes, keepdims=keepdims, field="var", ddof=ddof)
 

@@ -25,6 +25,7 @@ import numpy as np
 from .. import algebra, dtypes
 from ..dtypes import DType, as_dtype
 from ..errors import AxisError, DTypeError, EmptyReductionError, OptionError, ShapeError
+from .symbolic import Dim
 from .tensor import Tensor, binary, bound_array, broadcast_shapes, broadcast_to, constant, full, iota, where
 
 _BINARY_OF = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum"}  # how `initial` folds in
@@ -262,7 +263,8 @@ def welford(x: Tensor, axis=None, keepdims: bool = False, field: str = "var", dd
     if field == "mean":
         post = algebra.Finish(algebra.FinishKind.WELFORD_MEAN)
     else:  # numpy: max(n - ddof, 0)
-        post = algebra.Finish(algebra.FinishKind.WELFORD_VAR, ddof=min(int(ddof), n))
+        ddof = int(ddof) if isinstance(n, Dim) else min(int(ddof), n)  # symbolic n: the kernel's count
+        post = algebra.Finish(algebra.FinishKind.WELFORD_VAR, ddof=ddof)
     attrs = (("combiner", algebra.WELFORD), ("axes", axes), ("keepdims", bool(keepdims)), ("mean", False),
              ("acc", acc), ("post", post))  # fmt: skip
     return Tensor("reduce", (src,), reduced_shape(x.shape, axes, keepdims), res, attrs=attrs)

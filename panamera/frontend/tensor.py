@@ -19,6 +19,8 @@ import numpy as np
 from .. import dtypes
 from ..dtypes import DType, as_dtype, promote, promote_with_scalar
 from ..errors import AxisError, DTypeError, ShapeError
+from . import symbolic
+from .symbolic import Dim
 from .walk import postorder
 
 _ids = count()
@@ -52,14 +54,14 @@ class Tensor:
 
     op: str
     inputs: tuple[Tensor, ...]
-    shape: tuple[int, ...]
+    shape: tuple[int | Dim, ...]  # an extent is an int or a symbolic Dim (frontend/symbolic.py)
     dtype: DType
     attrs: tuple = ()
     name: str = ""
     uid: int = field(default_factory=lambda: next(_ids))
 
     def __post_init__(self):
-        if math.prod(self.shape) > MAX_ELEMENTS:
+        if not symbolic.is_symbolic(self.shape) and math.prod(self.shape) > MAX_ELEMENTS:
             what = f"placeholder {self.name!r}" if self.op == "placeholder" else f"{self.op} result {self.label!r}"
             raise ShapeError(
                 f"{what}: shape {self.shape} has {math.prod(self.shape)} elements, more than the {MAX_ELEMENTS} "
@@ -74,8 +76,13 @@ class Tensor:
         return len(self.shape)
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
+    def size(self) -> int | Dim:
+        return symbolic.prod(self.shape)
+
+    @property
+    def symbolic(self) -> bool:
+        """Whether an extent of this tensor is a symbol (bound when the compiled program is called)."""
+        return symbolic.is_symbolic(self.shape)
 
     def __repr__(self) -> str:
         label = f" {self.name!r}" if self.name else ""
@@ -295,18 +302,29 @@ class Tensor:
         return self.name or f"{self.op}#{self.uid}"
 
 
-def _check_shape(shape, what: str) -> tuple[int, ...]:
-    """A shape as a tuple of ints: a sequence of integers (numpy integers too) or one integer;
-    strings, floats and nested sequences are refused."""
+def _extent(s, what: str) -> int | Dim:
+    """One extent: an integer, a symbol's name ("B") or a symbolic Dim."""
+    if isinstance(s, (str, Dim)):
+        return symbolic.extent(s, what)
+    return operator.index(s)
+
+
+def _check_shape(shape, what: str) -> tuple[int | Dim, ...]:
+    """A shape as a tuple of extents: a sequence of integers (numpy integers too) and symbols
+    (names such as "B", frontend/symbolic.py), or one integer; a bare string, floats and nested
+    sequences are refused."""
     if isinstance(shape, (str, bytes)):
         raise ShapeError(f"{what}: shape {shape!r} is a string, not a sequence of integers")
     try:
-        shape = (operator.index(shape),) if not hasattr(shape, "__iter__") else tuple(map(operator.index, shape))
+        if not hasattr(shape, "__iter__"):
+            shape = (operator.index(shape),)
+        else:
+            shape = tuple(_extent(s, what) for s in shape)
     except TypeError as e:
-        raise ShapeError(f"{what}: shape {shape!r} is not a sequence of integers") from e
+        raise ShapeError(f"{what}: shape {shape!r} is not a sequence of integers and symbol names") from e
     if len(shape) > MAX_RANK:
         raise ShapeError(f"{what}: rank {len(shape)} exceeds Panamera's maximum rank {MAX_RANK}")
-    if any(s < 0 for s in shape):
+    if any(not isinstance(s, Dim) and s < 0 for s in shape):
         raise ShapeError(f"{what}: negative extent in shape {shape}")
     return shape
 
@@ -314,6 +332,11 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
 def placeholder(shape, dtype="float32", name: str | None = None) -> Tensor:
     """An input of the computation; `name` may be any string (it is sanitized for code).
     Unnamed placeholders are called x0, x1, ... in creation order, so no two share a name.
+    An extent may be a symbol's name: its size is bound when the compiled program is called
+    (frontend/symbolic.py; one name is one size across the program).
+
+    >>> placeholder(("B", "S", 64), name="h").shape
+    (B, S, 64)
 
     >>> placeholder((2, 3), "float16", name="onnx::ReduceMean_0").dtype.name
     'float16'
@@ -370,6 +393,8 @@ def full(shape, value, dtype) -> Tensor:
 
 
 def broadcast_shapes(*shapes: tuple[int, ...], what: str = "operands") -> tuple[int, ...]:
+    if any(symbolic.is_symbolic(s) for s in shapes):
+        return symbolic.broadcast(*shapes, what=what)
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
@@ -458,7 +483,15 @@ def where(cond, a, b) -> Tensor:
 
 
 def reshape(x: Tensor, shape) -> Tensor:
-    """A view with a new shape (C order); one extent may be -1."""
+    """A view with a new shape (C order); one extent may be -1. Symbolic shapes reshape where the
+    element counts are provably equal (frontend/symbolic.py).
+
+    >>> reshape(placeholder(("B", "S", 8), name="r"), (-1, 8)).shape
+    (B*S, 8)
+    """
+    if x.symbolic or any(isinstance(s, (str, Dim)) for s in shape):
+        new = symbolic.reshape_shape(x.shape, shape, f"reshape of {x.label!r}")
+        return x if new == x.shape else Tensor("reshape", (x,), new, x.dtype)
     shape = list(int(s) for s in shape)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape of {x.label!r}: more than one -1 in {tuple(shape)}")

@@ -1,0 +1,481 @@
+"""Compiled programs over symbolic shapes (issue 22): one program, kernels per size class.
+
+`pn.compile` of a graph with symbolic extents (frontend/symbolic.py) returns a
+`DynamicCompiled`. The program is built once (poly/params.py). At each call the executor binds
+every symbol from the arrays' shapes, picks the size class (schedule/size_class.py), maps the
+class from its representative size (schedule/param_mapping.py) and compiles the class's kernels
+(codegen/param_kernel.py) on first use, cached in memory here and on disk by the backend; it
+computes every grid from the bound sizes and passes the extents as kernel arguments.
+
+>>> import numpy as np, panamera as pn
+>>> x = pn.placeholder(("B", 8), name="x")
+>>> k = pn.compile(pn.sum(x, axis=1), target="emulator")
+>>> [k(np.ones((n, 8), np.float32)).tolist() for n in (1, 2)]
+[[8.0], [8.0, 8.0]]
+>>> k.stats()["classes_compiled"], k.stats()["calls"]
+(2, 2)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import cache as compile_cache
+from . import compiler
+from .codegen import islast
+from .codegen.header import prelude
+from .codegen.param_kernel import ParamKernel
+from .codegen.param_stitched import render_group
+from .errors import (
+    BackendError,
+    DTypeError,
+    EmptyReductionError,
+    InputError,
+    OptionError,
+    ScheduleError,
+    SymbolBindingError,
+)
+from .frontend import symbolic
+from .frontend.symbolic import Dim
+from .frontend.tensor import Tensor, topological
+from .model.detect import resolve as resolve_gpu
+from .poly.params import ParamProgram, PStatement, build, storage
+from .poly.statement import Form, StatementKind
+from .runtime import arrays as arrays_mod
+from .runtime import cuda as cuda_backend
+from .runtime import emulator
+from .runtime.param_backends import CudaBackend, EmulatorBackend
+from .schedule.decision import MergeMode
+from .schedule.param_mapping import ParamDecision, group_name, map_group
+from .schedule.param_schedule import ClassPlan, SymbolicSchedule
+from .schedule.size_class import SizeClass
+
+_STATS = {"programs_compiled": 0, "classes_compiled": 0, "calls": 0}
+_stats_lock = threading.Lock()
+
+
+def stats() -> dict[str, int]:
+    """Process-wide counters of symbolic programs: programs compiled, classes compiled, calls."""
+    return dict(_STATS)
+
+
+def _count(key: str) -> None:
+    with _stats_lock:
+        _STATS[key] += 1
+
+
+def is_symbolic(outputs) -> bool:
+    """Whether any tensor of the graph has a symbolic extent."""
+    return any(t.symbolic for t in topological(outputs))
+
+
+def specialize(outputs, sizes: dict[str, int]) -> tuple[Tensor, ...]:
+    """The graph at concrete sizes (every symbol replaced), for a static `pn.compile`.
+
+    >>> import panamera as pn
+    >>> specialize((pn.placeholder(("B", 4), name="x") * 2.0,), {"B": 3})[0].shape
+    (3, 4)
+    """
+    memo: dict[int, Tensor] = {}
+    for t in topological(outputs):
+        ins = tuple(memo[a.uid] for a in t.inputs)
+        memo[t.uid] = Tensor(t.op, ins, symbolic.evaluate(t.shape, sizes), t.dtype, t.attrs, t.name)
+    return tuple(memo[t.uid] for t in outputs)
+
+
+def members(program: ParamProgram) -> list[tuple[PStatement, ...]]:
+    """The statements of every kernel, in launch order."""
+    return [tuple(program.statements[k] for k in g) for g in program.groups]
+
+
+def index_type(program: ParamProgram, cls: SizeClass, plan: tuple[ParamDecision, ...]) -> str:
+    """int while every extent, address and loop counter of every size of the class fits in 31
+    bits with room (the static kernels' index_bound in spirit: twice the largest size)."""
+    upper = cls.upper()
+    sizes = [symbolic.evaluate((t.size,), upper)[0] for t in program.inputs]
+    for group, d in zip(members(program), plan):
+        for s in group:
+            sizes.append(symbolic.evaluate((symbolic.prod(s.shape),), upper)[0] * max(1, d.vec) + d.threads * d.split)
+    return "int" if 4 * max(sizes, default=0) < 2**31 else "long long"
+
+
+def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
+    """A replayed class plan fits the program: one decision per statement, same forms, and every
+    vector width one the class proves legal (poly/params.py precondition 3)."""
+    kernels = [group_name(g) for g in members(program)]
+    if [d.statement for d in plan.decisions] != kernels:
+        raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
+                            f"{[d.statement for d in plan.decisions]}, the program has {kernels}")  # fmt: skip
+    for group, d, kind in zip(members(program), plan.decisions, program.kinds):
+        if d.form != str(group[0].form):
+            raise ScheduleError(f"{where}: {group_name(group)} is {group[0].form}, the schedule says {d.form}")
+        if kind == "stitched" and d.split != 1:
+            raise ScheduleError(f"{where}: stitched group {group_name(group)} cannot be split (split={d.split})")
+        for s in group:
+            if kind == "epilogue" and s.kind == StatementKind.MAP:
+                continue  # evaluated per output, without vectors
+            cond = (
+                s if s.kind == StatementKind.REDUCE or len(group) == 1 else s.as_rows_of(group[0])
+            ).vector_condition(d.vec)
+            if cond is not None and not plan.cls.holds(cond):
+                raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
+        if d.atomic_vec > 1 and not (
+            kind != "stitched" and d.atomic_vec == d.vec and d.form == "COLUMN" and d.merge == MergeMode.ATOMIC_WS
+            and group[0].combiner.vector_atomic and group[0].acc.name == "float32"
+        ):  # fmt: skip
+            raise ScheduleError(f"{where}: {group_name(group)}: atomic_vec={d.atomic_vec} needs a COLUMN float32 sum "
+                                f"merged by atomics with vec={d.atomic_vec}")  # fmt: skip
+        if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1:
+            raise ScheduleError(f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} is not launchable")
+
+
+@dataclass
+class _ClassKernels:
+    plan: ClassPlan
+    kernels: tuple[ParamKernel, ...]
+    source: str
+    resident: dict = field(default_factory=dict)  # per backend: ws/cnt buffers by key (grown on demand)
+
+
+class DynamicCompiled:
+    """A compiled symbolic program: `k(*arrays)` binds the symbols and runs the class's kernels."""
+
+    def __init__(self, outputs: tuple[Tensor, ...], single: bool, target: str, deterministic: bool, gpu,
+                 schedule: SymbolicSchedule | None = None):  # fmt: skip
+        if target == "auto":
+            target = "cuda" if cuda_backend.available() else "emulator"
+        if target not in ("emulator", "cuda"):
+            raise BackendError(
+                f"symbolic programs run on the emulator or cuda (target {target!r} asked); compile at concrete "
+                "sizes with DynamicCompiled.specialize or panamera.dynamic.specialize"
+            )
+        self.outputs, self.single, self.deterministic = tuple(outputs), single, bool(deterministic)
+        self.target = target
+        self.gpu, _ = resolve_gpu(gpu)
+        self.program = build(self.outputs)
+        self._plans: dict[SizeClass, ClassPlan] = {}
+        self._classes: dict[SizeClass, _ClassKernels] = {}
+        self._lock = threading.Lock()
+        self.counters = {"programs_compiled": 1, "classes_compiled": 0, "classes_planned": 0, "calls": 0}
+        _count("programs_compiled")
+        if schedule is not None:
+            if schedule.gpu != self.gpu.name:
+                raise ScheduleError(f"schedule was made for {schedule.gpu}, not {self.gpu.name}")
+            if schedule.deterministic != self.deterministic:
+                raise ScheduleError(f"schedule was made with deterministic={schedule.deterministic}")
+            for p in schedule.classes:
+                check_plan(self.program, p, "schedule")
+                self._plans[p.cls] = p
+
+    # -- public ----------------------------------------------------------------------------------
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return self.program.parameters
+
+    @property
+    def inputs(self) -> tuple[Tensor, ...]:
+        return self.program.inputs
+
+    @property
+    def schedule(self) -> SymbolicSchedule:
+        """Every class planned so far, replayable with `pn.compile(..., schedule=)`."""
+        plans = tuple(sorted(self._plans.values(), key=lambda p: p.cls.key()))
+        return SymbolicSchedule(self.gpu.name, self.deterministic, plans, self.program.formulations)
+
+    def stats(self) -> dict[str, int]:
+        """This program's counters: programs compiled (1), classes planned and compiled, calls."""
+        return dict(self.counters)
+
+    def specialize(self, **sizes: int):
+        """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
+        outs = specialize(self.outputs, sizes)
+        return compiler.compile(outs[0] if self.single else list(outs), target=self.target,
+                                deterministic=self.deterministic, gpu=self.gpu)  # fmt: skip
+
+    def explain(self) -> str:
+        """The statements and every class planned so far with its decisions."""
+        groups = members(self.program)
+        lines = [f"symbolic program over {', '.join(self.symbols)}: {len(groups)} kernel(s)"]
+        for g, kind in zip(groups, self.program.kinds):
+            how = "" if kind == "single" else f"{kind} "
+            lines.append(
+                f"  {group_name(g)} {how}{g[0].form} M={g[0].M} N={g[0].N} ({', '.join(s.result.label for s in g)})"
+            )
+        if self.program.formulations:
+            lines.append(f"  formulations: {', '.join(self.program.formulations)}")
+        for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
+            compiled = "compiled" if p.cls in self._classes else "planned"
+            lines.append(f"  {compiled} {p.describe()}")
+        return "\n".join(lines)
+
+    def bind_sizes(self, arrays: list) -> dict[str, int]:
+        """Every symbol's size from the arrays' shapes (in placeholder order); a symbol bound to
+        two sizes, a wrong static extent or rank is a SymbolBindingError naming them."""
+        sizes: dict[str, tuple[int, str, int]] = {}
+        composite = []
+        for t, a in zip(self.inputs, arrays):
+            shape = tuple(a.shape)
+            if len(shape) != len(t.shape):
+                raise SymbolBindingError(
+                    f"input {t.name!r}: expected rank {len(t.shape)} (shape {t.shape}), got shape {shape}"
+                )
+            for axis, (e, n) in enumerate(zip(t.shape, shape)):
+                if isinstance(e, Dim) and e.coef == 1 and len(e.syms) == 1:
+                    name = e.syms[0]
+                    if name in sizes and sizes[name][0] != n:
+                        n0, t0, a0 = sizes[name]
+                        raise SymbolBindingError(
+                            f"symbol {name!r} is {n} at input {t.name!r} axis {axis} but {n0} at input {t0!r} axis {a0}"
+                        )
+                    sizes.setdefault(name, (n, t.name, axis))
+                elif isinstance(e, Dim):
+                    composite.append((t, axis, e, n))
+                elif e != n:
+                    raise SymbolBindingError(
+                        f"input {t.name!r} axis {axis}: expected extent {e}, got {n} (shape {shape})"
+                    )
+        bound = {k: v[0] for k, v in sizes.items()}
+        for t, axis, e, n in composite:
+            missing = sorted(set(e.syms) - set(bound))
+            if missing:
+                raise SymbolBindingError(
+                    f"input {t.name!r} axis {axis}: extent {e} needs symbol(s) {missing} bound by another axis"
+                )
+            if e.evaluate(bound) != n:
+                raise SymbolBindingError(
+                    f"input {t.name!r} axis {axis}: extent {e} is {e.evaluate(bound)} at {bound}, got {n}"
+                )
+        return bound
+
+    def __call__(self, *arrays, **named):
+        """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
+        or by name; the emulator's `order=` and `seed=` set its thread order (options only where
+        no input has that name)."""
+        names = [t.name for t in self.inputs]
+        if "out" in named and "out" not in names:
+            raise OptionError(
+                "out=: a symbolic program returns new arrays (out= is not supported yet); copy the result"
+            )
+        order, seed = (
+            named.pop(k) if k in named and k not in names else d for k, d in (("order", "forward"), ("seed", 0))
+        )
+        if named:
+            unknown = sorted(set(named) - set(names))
+            if unknown or arrays:
+                raise InputError(f"unknown input name(s) {unknown}; inputs are {names}" if unknown
+                                 else "pass inputs either positionally or by name, not both")  # fmt: skip
+            missing = [n for n in names if n not in named]
+            if missing:
+                raise InputError(f"missing input(s) {missing}")
+            arrays = tuple(named[n] for n in names)
+        if len(arrays) != len(names):
+            raise InputError(f"expected {len(names)} input(s) {names}, got {len(arrays)}")
+        args = [arrays_mod.adopt(a, t.name) for t, a in zip(self.inputs, arrays)]
+        for t, a in zip(self.inputs, args):
+            arrays_mod.refuse_grad(a, t.name)
+            if a.dtype != t.dtype.np:
+                raise DTypeError(f"input {t.name!r}: expected dtype {t.dtype}, got {a.dtype}")
+        sizes = self.bind_sizes(args)
+        caller = arrays_mod.caller_of(args)
+        if order not in emulator.ORDERS:
+            raise OptionError(f"unknown thread order {order!r}; use one of {sorted(emulator.ORDERS)}")
+        if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or not 0 <= seed < 2**32:
+            raise OptionError(f"seed must be an int in [0, 2**32), got {seed!r}")
+        with self._lock:
+            self.counters["calls"] += 1
+            _count("calls")
+            ck = self._class(self.size_class(sizes))
+            signatures = {k.name: k.signature for k in ck.kernels}
+            if self.target == "cuda":
+                import cupy
+
+                with arrays_mod.cuda_context(caller, cupy):  # the caller's device and current stream
+                    backend = CudaBackend(ck.source, signatures)
+                    outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
+            else:
+                backend = EmulatorBackend(ck.source, signatures, order, int(seed))
+                outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
+        outs = arrays_mod.deliver(outs, caller)
+        return outs[0] if self.single else tuple(outs)
+
+    def __repr__(self) -> str:
+        return (f"<DynamicCompiled over {', '.join(self.symbols)}: {len(self.program.statements)} kernel(s), "
+                f"{len(self._classes)} class(es) compiled; target {self.target}>")  # fmt: skip
+
+    # -- classes ---------------------------------------------------------------------------------
+    def size_class(self, sizes: dict[str, int]) -> SizeClass:
+        """The class of the bound sizes: a range per symbol, and an alignment for the symbols a
+        vector width depends on (those of a contiguous extent: N of a ROW/ALL kernel or a stitched
+        group, M of a MAP/COLUMN one); the others get none, so their sizes do not multiply the
+        classes."""
+        return SizeClass.of(sizes, self.aligned, self.max_vector)
+
+    @property
+    def max_vector(self) -> int:
+        """The widest vector any load of the program can take, in elements (16 bytes)."""
+        loads = [r.tensor.dtype.itemsize for s in self.program.statements for r in s.reads]
+        return max(1, 16 // min(loads or [4]))
+
+    @property
+    def aligned(self) -> frozenset[str]:
+        out: set[str] = set()
+        for group in members(self.program):
+            for s in group:
+                n = s.N if s.form in (Form.ROW, Form.ALL) or len(group) > 1 else s.M
+                out |= set(n.syms) if isinstance(n, Dim) else set()
+        return frozenset(out)
+
+    def plan(self, cls: SizeClass) -> ClassPlan:
+        """The class's plan: replayed from the schedule, or decided now by the model."""
+        if cls not in self._plans:
+            decisions = tuple(
+                map_group(g, cls, self.gpu, self.deterministic, kind)
+                for g, kind in zip(members(self.program), self.program.kinds)
+            )
+            self._plans[cls] = ClassPlan(cls, decisions, index_type(self.program, cls, decisions))
+            self.counters["classes_planned"] += 1
+        return self._plans[cls]
+
+    def _class(self, cls: SizeClass) -> _ClassKernels:
+        if cls in self._classes:
+            return self._classes[cls]
+        plan = self.plan(cls)
+        kernels = tuple(
+            render_group(g, d, self.program, f"pn_d{k}_{cls_tag(cls)}", plan.index_type, kind)
+            for k, (g, d, kind) in enumerate(zip(members(self.program), plan.decisions, self.program.kinds))
+        )
+        body = "\n".join([islast.HELPERS] + [k.source for k in kernels]) + "\n"
+        source = prelude(body) + body
+        if self.target == "emulator":  # built now (memory and disk cache); cuda compiles at the first call
+            emulator.build(source, {k.name: k.signature for k in kernels})
+        ck = self._classes[cls] = _ClassKernels(plan, kernels, source)
+        self.counters["classes_compiled"] += 1
+        _count("classes_compiled")
+        return ck
+
+    def source(self, **sizes: int) -> str:
+        """The CUDA C of the class of these sizes (compiled if it was not)."""
+        return self._class(self.size_class(sizes)).source
+
+    # -- running ---------------------------------------------------------------------------------
+    def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:
+        """One call: every kernel of the class in order, grids and extents from the bound sizes."""
+        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        resident = ck.resident.setdefault(_resident_key(backend), {})
+        for group, d, k in zip(members(self.program), ck.plan.decisions, ck.kernels):
+            for m in group:
+                bufs[f"t:{m.result.uid}"] = backend.empty(
+                    math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np
+                )
+            s = group[0]
+            M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
+            if M == 0 or math.prod(symbolic.evaluate(s.shape, sizes)) == 0 and s.kind == StatementKind.MAP:
+                continue
+            if s.kind == StatementKind.REDUCE and N == 0:  # the kernel stores the identity's finish
+                for m in group:
+                    if m.kind == StatementKind.REDUCE:
+                        _refuse_empty(m)
+            gx, gy = d.grid(M)
+            args = []
+            for a in k.args:
+                if not a.buffer:
+                    value = M if a.key == "pn_M" else N if a.key == "pn_N" else sizes[a.key.removeprefix("pn_s_")]
+                    args.append(backend.scalar(value))
+                elif a.key.startswith(("ws:", "cnt:")):
+                    args.append(backend.pointer(_resident(resident, backend, s, d, k, a.key, M, gx)))
+                else:
+                    args.append(backend.pointer(bufs[a.key]))
+            backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
+        results, used = [], set()
+        for o in self.program.outputs:
+            key = f"t:{storage(o).uid}"
+            shape = symbolic.evaluate(o.shape, sizes)
+            fresh = storage(o).op != "placeholder" and key not in used  # two outputs never share memory
+            results.append((bufs[key] if fresh else backend.copy(bufs[key])).reshape(shape))
+            used.add(key)
+        return results
+
+
+def _resident_key(backend) -> str:
+    """Resident buffers per backend: the emulator's, or per CUDA device and stream."""
+    if backend.name != "cuda":
+        return backend.name
+    from .runtime.executor import current_cuda_key
+
+    return current_cuda_key(backend.cupy)
+
+
+def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, k: ParamKernel, key: str, M: int, gx: int):  # noqa: N803
+    """A class's resident workspace or counter, grown to this call's need (a new one is
+    initialised: the identity, or zero counters); the last block of every call resets it."""
+    if key.startswith("cnt:"):
+        need, dtype, fill = gx, np.uint32, 0
+    else:
+        need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
+        dtype = np.int32 if k.workspace_ctype == "int" else np.int64 if k.workspace_ctype == "long long" else s.acc.np
+        fill = _workspace_fill(s, k, dtype) if d.merge == MergeMode.ATOMIC_WS else None
+    have = resident.get(key)
+    if have is None or have[0] < need:
+        buf = backend.empty(max(need, 1), dtype)
+        if fill is not None:
+            backend.fill(buf, fill)
+        resident[key] = have = (max(need, 1), buf)
+    return have[1]
+
+
+def cls_tag(cls: SizeClass) -> str:
+    return "_".join(f"{s.k + 1}a{s.align}" for s in cls.symbols) or "c"
+
+
+def _at(extent, sizes: dict[str, int]) -> int:
+    return symbolic.evaluate((extent,), sizes)[0]
+
+
+def _workspace_fill(s: PStatement, k: ParamKernel, dtype):
+    """The identity an atomic workspace starts from: the combiner's, or its ordered integer image."""
+    ident = s.combiner.identity(s.acc)
+    if np.dtype(dtype).kind != "f" and s.acc.is_float:  # ordered image of a float (codegen/header.py pn_ordered)
+        f = np.array(ident, dtype=s.acc.np)
+        bits = f.view(np.int32 if f.dtype == np.float32 else np.int64)
+        mask = np.array(0x7FFFFFFF if f.dtype == np.float32 else 0x7FFFFFFFFFFFFFFF, bits.dtype)
+        return bits if bits >= 0 else bits ^ mask
+    return ident
+
+
+def _refuse_empty(s: PStatement) -> None:
+    """A reduction over a zero extent (bound at call time) whose combiner has no identity: the
+    error numpy raises (max and min of nothing). The others store their identity's finish (0 for
+    a sum, NaN for a mean or variance: 0 / 0), as numpy."""
+    if not s.combiner.has_identity:
+        raise EmptyReductionError(
+            f"{s.combiner.name} of {s.result.label!r}: the reduced extent {s.N} is 0 at this call; {s.combiner.name} "
+            "of nothing has no identity"
+        )
+
+
+_PROGRAMS: dict = {}  # the in-memory cache of symbolic programs, by graph and options
+
+
+def compile_symbolic(outputs, single: bool, target: str, deterministic: bool, gpu, split, schedule, cache=True):
+    """The compiler's entry for symbolic graphs (registered in compiler.SYMBOLIC): a program
+    compiled before (the same graph and options) is returned with its classes."""
+    if split is not None:
+        raise OptionError("compile: split= is a static override; a symbolic program decides the split per size class")
+    if schedule is not None and not isinstance(schedule, SymbolicSchedule):
+        raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
+    key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), resolve_gpu(gpu)[0].name, single)
+    if cache and schedule is None and key in _PROGRAMS:
+        return _PROGRAMS[key]
+    k = DynamicCompiled(outputs, single, str(target), deterministic, gpu, schedule)
+    if cache and schedule is None:
+        if len(_PROGRAMS) >= 64:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[key] = k
+    return k
+
+
+compiler.SYMBOLIC.append(compile_symbolic)

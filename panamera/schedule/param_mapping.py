@@ -1,0 +1,240 @@
+"""The mapping of a parametric statement for one size class (issue 22).
+
+The mapper evaluates the GPU model (model/gpu.py `kernel_time`) at the class's representative
+size over a small space (threads per row, rows per block, blocks per reduction) and keeps the
+fastest; the vector width is the widest the class proves legal (poly/params.py precondition 3).
+The result is one frozen `ParamDecision` per statement, serialized with the class.
+
+>>> import panamera as pn
+>>> from panamera.poly.params import build
+>>> from panamera.schedule.size_class import SizeClass
+>>> p = build((pn.sum(pn.placeholder(("B", 4096), name="x"), axis=1),))
+>>> from panamera.model.gpu import H100
+>>> d = map_statement(p.statements[0], SizeClass.of({"B": 8}), H100, False)
+>>> d.vec, d.merge
+(4, <MergeMode.STORE: 'store'>)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass
+
+from ..algebra import AtomicStrategy
+from ..frontend import symbolic
+from ..model.gpu import GPUSpec, kernel_time
+from ..poly.params import PStatement
+from ..poly.statement import Form, StatementKind
+from .decision import MergeMode
+from .size_class import SizeClass
+
+MAP_THREADS = 256
+
+
+@dataclass(frozen=True)
+class ParamDecision:
+    """Every decision codegen and the executor need for one statement in one class."""
+
+    statement: str
+    form: str
+    tx: int  # threads along the row (ROW/ALL), along i (COLUMN, MAP)
+    ty: int  # rows per block (ROW), threads down the reduced extent (COLUMN)
+    split: int  # blocks per reduction (grid y)
+    vec: int
+    merge: MergeMode
+    modeled_us: float = 0.0
+    atomic_vec: int = 1  # outputs per atomic merge (a COLUMN thread's float2/float4 atomicAdd on sm_90)
+
+    @property
+    def threads(self) -> int:
+        return self.tx * self.ty
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["merge"] = str(self.merge)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> ParamDecision:
+        return ParamDecision(
+            str(d["statement"]), str(d["form"]), int(d["tx"]), int(d["ty"]), int(d["split"]), int(d["vec"]),
+            MergeMode(d["merge"]), float(d.get("modeled_us", 0.0)), int(d.get("atomic_vec", 1)),
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        atomics = f" atomic_vec={self.atomic_vec}" if self.atomic_vec > 1 else ""
+        return f"{self.form} block=({self.tx},{self.ty}) split={self.split} vec={self.vec} merge={self.merge}{atomics}"
+
+    def grid(self, M: int) -> tuple[int, int]:  # noqa: N803
+        """The grid at the bound canonical extent M."""
+        if self.form == Form.MAP:
+            return max(1, math.ceil(M / (self.tx * self.vec))), 1
+        if self.form == Form.COLUMN:
+            return max(1, math.ceil(M / (self.tx * self.vec))), self.split
+        return max(1, math.ceil(M / self.ty)), self.split
+
+
+def widest_vec(s: PStatement, cls: SizeClass, registers: frozenset[int] = frozenset()) -> int:
+    """The widest vector (16 bytes at most) every contiguous read can take in this class (reads
+    of the tensors `registers`, a stitched group's own results, are registers, not loads)."""
+    loads = [r.tensor.dtype.itemsize for r in s.reads if r.tensor.uid not in registers]
+    item = max(loads or [4])  # results are stored per lane
+    for v in (16 // item, 8 // item, 4 // item, 2, 1):
+        if v >= 1 and (v == 1 or cls.holds(s.vector_condition(v))):
+            return max(1, v)
+    return 1
+
+
+def merge_mode(s: PStatement, split: int, deterministic: bool) -> MergeMode:
+    if split == 1:
+        return MergeMode.STORE
+    if deterministic or s.combiner.atomic(s.acc) == AtomicStrategy.NONE:
+        return MergeMode.PARTIALS
+    return MergeMode.ATOMIC_WS
+
+
+def atomic_width(s: PStatement, d: ParamDecision, gpu: GPUSpec) -> int:
+    """Outputs per atomic merge: a COLUMN thread's `vec` adjacent float32 sums merge as one
+    float2/float4 atomicAdd where the GPU has them (sm_90); the class proved M a multiple of vec."""
+    ok = (
+        gpu.vector_atomics and s.form == Form.COLUMN and d.vec in (2, 4) and d.merge == MergeMode.ATOMIC_WS
+        and s.combiner.vector_atomic and s.acc.name == "float32"
+    )  # fmt: skip
+    return d.vec if ok else 1
+
+
+def tensor_bytes(tensors, sizes: dict[str, int]) -> int:
+    """Bytes of the distinct tensors read, each once from DRAM (a broadcast operand, a bias, is
+    re-read from cache), at the bound sizes."""
+    return sum(_at(t.size, sizes) * t.dtype.itemsize for t in tensors)
+
+
+def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
+    """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`."""
+    M = _at(s.M, sizes)  # noqa: N806
+    item = max([r.tensor.dtype.itemsize for r in s.reads] or [4])
+    read_bytes = tensor_bytes({r.tensor.uid: r.tensor for r in s.reads}.values(), sizes)
+    out_item = s.result.dtype.itemsize
+    gx, gy = d.grid(M)
+    if s.kind == StatementKind.MAP:
+        return kernel_time(gpu, dram_bytes=read_bytes + M * out_item, write_bytes=M * out_item,
+                           blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
+    split = d.split > 1
+    partials = d.merge == MergeMode.PARTIALS
+    width = d.atomic_vec
+    # as schedule/cost.py: one merge per output per block into a resident workspace (read back and
+    # reset by the last block) or the partials (all read by the last block), one arrival per block
+    ws_bytes = M * (d.split if partials else 2) * s.acc.itemsize if split else 0
+    merges = 0 if partials else (M // width) * d.split
+    cas = M * d.split if split and not partials and s.combiner.atomic(s.acc) == AtomicStrategy.CAS else 0
+    return kernel_time(
+        gpu, dram_bytes=read_bytes + M * out_item + ws_bytes, write_bytes=M * out_item,
+        blocks=gx * gy, threads=d.threads, bytes_in_flight_per_thread=d.vec * item,
+        atomics=(gx * gy + merges) if split else 0, same_address=d.split if split else 0, cas_atomics=cas,
+        atomic_dtype=s.acc.name if split and not partials else "",
+    )  # fmt: skip
+
+
+def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: int, gpu: GPUSpec):  # noqa: N803
+    """The decisions the mapper weighs: threads per row, rows per block, blocks per reduction."""
+    vec = widest_vec(s, cls)
+    if s.kind == StatementKind.MAP:
+        yield ParamDecision(s.name, str(Form.MAP), MAP_THREADS, 1, 1, vec, MergeMode.STORE)
+        return
+    for tx in (32, 64, 128, 256, 512, 1024):
+        for ty in (1, 2, 4, 8, 16, 32):
+            if not 32 <= tx * ty <= 1024:
+                continue
+            along = N if s.form != Form.COLUMN else M
+            if s.form != Form.COLUMN and tx > 32 and tx * vec > 2 * max(1, along):
+                continue  # threads past the row's length idle
+            if s.form != Form.COLUMN and ty > 1 and ty > M:
+                continue  # rows of the block past the last row idle (ALL has one)
+            for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
+                if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
+                    break
+                d = ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
+                yield dataclasses.replace(d, atomic_vec=atomic_width(s, d, gpu))
+
+
+def robust(cands, cost_at, cls: SizeClass) -> tuple[ParamDecision, object]:
+    """The candidate whose worst ratio to the best candidate, over sizes spanning the class
+    (`SizeClass.samples`), is least (ties: the fastest at the representative size): one decision
+    holds for every size of the class. Returns it with its cost at the representative."""
+    cands = list(cands)
+    points = cls.samples()
+    rep = cls.representative()
+    rep_at = points.index(rep) if rep in points else 0
+    table = [[cost_at(d, p).total_s for p in points] for d in cands]
+    best = [min(col) for col in zip(*table)]
+    score = [max(c / b if b > 0 else 1.0 for c, b in zip(row, best)) for row in table]
+    k = min(range(len(cands)), key=lambda i: (round(score[i], 3), table[i][rep_at]))
+    return cands[k], cost_at(cands[k], rep)
+
+
+def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
+    """The mapping of `s` for its size class: the candidates (sized for the class's largest sizes)
+    weighed by the model over the class (`robust`)."""
+    top = cls.upper()
+    M, N = _at(s.M, top), _at(s.N, top)  # noqa: N806
+    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), lambda d, p: cost(s, d, p, gpu), cls)
+    return _with_cost(d, c)
+
+
+def _with_cost(d: ParamDecision, cost) -> ParamDecision:
+    return dataclasses.replace(d, modeled_us=cost.total_s * 1e6)
+
+
+def _at(extent, sizes: dict[str, int]) -> int:
+    return symbolic.evaluate((extent,), sizes)[0]
+
+
+def group_name(members: tuple[PStatement, ...]) -> str:
+    return "+".join(s.name for s in members)
+
+
+def stitched_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
+    """A stitched ROW group (poly/param_stitch.py): its inputs read once from DRAM (the second pass
+    over a row hits L2), the MAP result and the reductions' results written once."""
+    red, s = members[0], members[-1]
+    M, N = _at(red.M, sizes), _at(red.N, sizes)  # noqa: N806
+    tensors = {
+        r.tensor.uid: r.tensor for m in members for r in m.reads if r.tensor.uid not in {x.result.uid for x in members}
+    }
+    read_bytes = tensor_bytes(tensors.values(), sizes)
+    item = max([t.dtype.itemsize for t in tensors.values()] or [4])
+    out = M * N * s.result.dtype.itemsize + M * sum(m.result.dtype.itemsize for m in members[:-1])
+    gx, _ = d.grid(M)
+    return kernel_time(gpu, dram_bytes=read_bytes + out, write_bytes=out, l2_bytes=read_bytes,
+                       blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
+
+
+def map_group(
+    members: tuple[PStatement, ...], cls: SizeClass, gpu: GPUSpec, deterministic: bool, kind: str = "single"
+) -> ParamDecision:
+    """One kernel's decision: a single statement's, an epilogue group's (its reduction's), or a
+    stitched group's (ROW, no split: precondition 4 of poly/param_stitch.py; the narrowest vector
+    any member can take)."""
+    if kind != "stitched":
+        d = map_statement(members[0], cls, gpu, deterministic)
+        return dataclasses.replace(d, statement=group_name(members))
+    top = cls.upper()
+    red = members[0]
+    M, N = _at(red.M, top), _at(red.N, top)  # noqa: N806
+    own = frozenset(m.result.uid for m in members)
+    vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls, own) for m in members)
+    name = group_name(members)
+    cands = {
+        (d.tx, d.ty): ParamDecision(name, str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
+        for d in candidates(red, cls, deterministic, N, M, gpu)
+        if d.split == 1
+    }
+    d, c = robust(cands.values(), lambda d, p: stitched_cost(members, d, p, gpu), cls)
+    return _with_cost(d, c)
+
+
+def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec, kind: str):
+    """The modeled time of one kernel (an epilogue adds nothing the model sees: its loads and
+    stores are per output, not per element of the reduction)."""
+    return stitched_cost(members, d, sizes, gpu) if kind == "stitched" else cost(members[0], d, sizes, gpu)

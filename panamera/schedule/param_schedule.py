@@ -1,0 +1,87 @@
+"""The plan of a symbolic program as data (issue 22): per size class, every kernel's decision.
+
+A `ClassPlan` holds the decisions of one size class (schedule/size_class.py) and the C index type
+its kernels use; a `SymbolicSchedule` is every class planned so far, serialized (readable JSON, one
+line per class) and replayed by `pn.compile(y, schedule=s)` (panamera/dynamic.py validates it
+against the program: statements, forms, vector widths the class proves).
+
+>>> SymbolicSchedule.from_json(SymbolicSchedule("H100", False, ()).to_json()).gpu
+'H100'
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import ScheduleError
+from .param_mapping import ParamDecision
+from .size_class import SizeClass
+
+FORMAT = "panamera-symbolic-schedule/1"
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """Every decision for one size class: per statement its mapping, and the index type."""
+
+    cls: SizeClass
+    decisions: tuple[ParamDecision, ...]
+    index_type: str  # int while every index of every size of the class fits
+
+    @property
+    def modeled_us(self) -> float:
+        """Modeled at the class's representative size."""
+        return sum(d.modeled_us for d in self.decisions)
+
+    def describe(self) -> str:
+        rep = ", ".join(f"{k}={v}" for k, v in self.cls.representative().items())
+        kernels = "; ".join(f"{d.statement}: {d.describe()}" for d in self.decisions)
+        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us:.2f} us modeled): {kernels}"
+
+    def to_dict(self) -> dict:
+        return {"class": self.cls.key(), "index": self.index_type, "kernels": [d.to_dict() for d in self.decisions]}
+
+    @staticmethod
+    def from_dict(d: dict) -> ClassPlan:
+        return ClassPlan(
+            SizeClass.from_key(str(d["class"])),
+            tuple(ParamDecision.from_dict(k) for k in d["kernels"]),
+            str(d["index"]),
+        )
+
+
+@dataclass(frozen=True)
+class SymbolicSchedule:
+    """The class plans of a symbolic program, serialized; `pn.compile(y, schedule=s)` replays them.
+
+    >>> SymbolicSchedule.from_json(SymbolicSchedule("H100", False, ()).to_json()).gpu
+    'H100'
+    """
+
+    gpu: str
+    deterministic: bool
+    classes: tuple[ClassPlan, ...]
+    formulations: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        head = {"format": FORMAT, "gpu": self.gpu, "deterministic": self.deterministic,
+                "formulations": list(self.formulations)}  # fmt: skip
+        lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+        classes = ",\n".join(f"    {json.dumps(c.to_dict())}" for c in self.classes)
+        return "{\n" + "\n".join(lines) + '\n  "classes": [\n' + classes + ("\n" if classes else "") + "  ]\n}\n"
+
+    @staticmethod
+    def from_json(text: str, where: str = "schedule") -> SymbolicSchedule:
+        try:
+            doc = json.loads(text)
+            if doc.get("format") != FORMAT:
+                raise ScheduleError(f"{where}: format {doc.get('format')!r} is not {FORMAT!r}")
+            return SymbolicSchedule(
+                str(doc["gpu"]), bool(doc["deterministic"]), tuple(ClassPlan.from_dict(c) for c in doc["classes"]),
+                tuple(str(f) for f in doc.get("formulations", ())),
+            )  # fmt: skip
+        except ScheduleError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ScheduleError(f"{where}: not a readable symbolic schedule ({type(e).__name__}: {e})") from None
