@@ -79,7 +79,8 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         "  __syncthreads();",
     ]
     mode = m.merges[0]
-    if mode == MergeMode.STORE and m.epilogue:
+    joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
+    if mode == MergeMode.STORE and joined:
         finish = apply_epilogue(loop, 0, st, "o", post(st, "pn_v"))
     else:
         finish = _write(0, st, "o", "pn_v", mode, 0)
@@ -96,6 +97,8 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         ]
         if mode == MergeMode.ATOMIC_WS:
             last = _final(loop, 0, st, "o", mode, 0) + _reset(0, st, "o", mode, 0)
+            if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
+                raise AssertionError("a stitched group's split merges partials")
         else:  # partials, combined in block order
             p = "pn_p"
             last = [
@@ -103,7 +106,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
                 f"for (pn_idx b = 0; b < (pn_idx)gridDim.y; ++b) "
                 f"{p} = {st.combiner.functor}::apply({p}, pn_ldcg(&ws0[o * (pn_idx)gridDim.y + b]));",
             ]
-            if m.epilogue:
+            if joined:
                 last += apply_epilogue(loop, 0, st, "o", post(st, p))
             else:
                 last.append(f"pn_st(&out0[o], {post(st, p)});")

@@ -49,7 +49,11 @@ def map_group(
     else the model's). `mma` forces tensor cores (True, where schedule/tensor_core.py's
     preconditions hold) or CUDA cores (False); None: the model's choice between the two best."""
     if group.stitched:
-        return _map_stitched(group, gpu, name, split, rtile, ctile)
+        m = _map_stitched(group, gpu, name, split, rtile, ctile)
+        tc = None if mma is False or rtile or ctile else choose_tensor_core(group, gpu, split, deterministic)
+        if tc is not None and (mma or tc[0].total_s < m.cost.total_s):  # a contraction + element-wise consumers
+            return complete(group, tc[1], gpu, name, tc[0])
+        return m
     form, M, N = group.form, group.M, group.N
     base = dict(
         statements=group.names, form=form, M=M, N=N, stitched=False, levels=levels_for(group), epilogue=group.epilogue

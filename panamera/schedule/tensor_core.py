@@ -12,8 +12,9 @@ atomic per block into the resident workspace, or partials the last block combine
 
 Preconditions (`analyse` returns the first that fails, by number; one negative test each in
 tests/test_tensor_core.py):
-  1. the group is one unstitched contraction (a SUM of a product, ROW form), possibly with an
-     element-wise epilogue (poly/epilogue.py);
+  1. the group is one contraction (a SUM of a product, ROW form), possibly followed by
+     element-wise consumers of its outputs at their own index (poly/epilogue.py's `joins`: an
+     epilogue group, or a stitched group of that shape), applied where an output is final;
   2. its outputs are rows x columns of the second operand's extent P (ContractionInfo.N), and
      isl proves one factor of the product reads the same address for the P columns of a row and
      the other the same address for every row (a plain `x @ W.T`, no batch axis both operands
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..poly.epilogue import joins
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
@@ -108,11 +110,8 @@ def analyse(group: KernelGroup) -> Operands | str:
     """The operands of a contraction tensor cores can run, or the precondition (module
     docstring) it fails, as "N: why"."""
     reds = [s for s in group.statements if s.kind == StatementKind.REDUCE]
-    maps_ok = all(s.kind == StatementKind.MAP for s in group.statements[1:]) and (
-        group.epilogue or len(group.statements) == 1
-    )
-    if group.stitched or len(reds) != 1 or group.statements[0] is not reds[0] or not maps_ok:
-        return "1: not one unstitched contraction (with at most an element-wise epilogue)"
+    if len(reds) != 1 or group.statements[0] is not reds[0] or not _joiners_only(group):
+        return "1: not one contraction with at most element-wise consumers of its outputs"
     st = reds[0]
     if not is_contraction(st) or st.combiner is not SUM or st.body.op != "mul" or group.form != Form.ROW:
         return "1: not a ROW sum of a product"
@@ -139,6 +138,19 @@ def analyse(group: KernelGroup) -> Operands | str:
     if not isinstance(kind, Mma):  # the failed precondition
         return kind
     return Operands(kind, a, b, Q, P, st.N)
+
+
+def _joiners_only(group: KernelGroup) -> bool:
+    """Every statement after the head is an element-wise consumer of its outputs at their own
+    index (poly/epilogue.py's `joins`): an epilogue group, or a stitched group that is one (a
+    bias, an activation, numpy's int8 wrap of an int32 sum)."""
+    head = group.statements[0]
+    members = {head.result.uid: head}
+    for st in group.statements[1:]:
+        if not joins(st, head, members, {head.result.uid}):
+            return False
+        members[st.result.uid] = st
+    return True
 
 
 def _kind(st, a: Expr, b: Expr) -> Mma | str:
@@ -179,9 +191,10 @@ def smem_bytes(kind: Mma, BM: int, BN: int, BK: int) -> int:
 
 def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | None, deterministic: bool):
     """Tensor-core decisions: warps 1-8 (wm along rows no more than the rows need), K slabs of
-    32-128, power-of-two splits (each at least one slab), atomics or partials."""
+    32-128, power-of-two splits (each at least one slab; none for a stitched group), atomics or
+    partials."""
     base = dict(
-        statements=group.names, form=group.form, M=group.M, N=group.N, stitched=False, levels=levels_for(group),
+        statements=group.names, form=group.form, M=group.M, N=group.N, stitched=group.stitched, levels=levels_for(group),
         epilogue=group.epilogue, vec=1, ty=1, unroll=1, access=access_for(group, 1),
         atomic_vec=(1,) * len(group.statements), mma=str(ops.kind),
     )  # fmt: skip
@@ -201,6 +214,8 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                 splits = [1 << e for e in range(min(MAX_GRID_Y, slabs).bit_length()) if 1 << e <= slabs]
                 if split is not None:
                     splits = [max(1, min(split, slabs))]
+                if group.stitched:  # its split would be a cooperative launch: whole K per block
+                    splits = [1]
                 for s in splits:
                     chunk = math.ceil(slabs / s) * bk
                     s_eff = math.ceil(ops.K / chunk)
@@ -309,6 +324,8 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"{at}: a tensor-core block is ({32 * wm * wn}, 1) threads without vectors, not ({d.tx}, {d.ty})"
         )
     MT, NT = grid_tiles(ops, d)
+    if d.stitched and d.split > 1:
+        raise ScheduleError(f"{at}: a stitched group on tensor cores is not split (split {d.split})")
     if d.grid[0] != MT * NT or d.chunk % bk or d.chunk * d.split < ops.K or d.chunk * (d.split - 1) >= ops.K:
         raise ScheduleError(
             f"{at}: grid {d.grid} with chunk {d.chunk} does not cover the {MT} x {NT} tiles and K {ops.K}"
