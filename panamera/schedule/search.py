@@ -51,7 +51,7 @@ def map_group(
     if group.stitched:
         m = _map_stitched(group, gpu, name, split, rtile, ctile)
         tc = None if mma is False or rtile or ctile else choose_tensor_core(group, gpu, split, deterministic)
-        if tc is not None and (mma or tc[0].total_s < m.cost.total_s):  # a contraction + element-wise consumers
+        if tc is not None and (mma or tc[0].total_s < m.cost.total_s * 0.97):  # a contraction + element-wise consumers
             return complete(group, tc[1], gpu, name, tc[0])
         return m
     form, M, N = group.form, group.M, group.N
@@ -124,7 +124,7 @@ def map_group(
     cost, d = best
     forced = rtile is not None or ctile is not None or stages is not None or threads is not None
     tc = None if mma is False or (forced and not mma) else choose_tensor_core(group, gpu, split, deterministic)
-    if tc is not None and (mma or tc[0].total_s < cost.total_s):
+    if tc is not None and (mma or tc[0].total_s < cost.total_s * 0.97):  # CUDA cores unless clearly slower
         return complete(group, tc[1], gpu, name, tc[0])
     if stages is None:
         stages = choose_stages(
