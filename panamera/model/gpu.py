@@ -345,8 +345,8 @@ def kernel_time(
     write_bytes: float = 0.0,
     atomic_dtype: str = "",
     round_trips: int = 0,
-    tc_flops: float = 0.0,
-    tc_dtype: str = "",
+    mma_flops: float = 0.0,
+    mma_dtype: str = "",
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -359,8 +359,8 @@ def kernel_time(
     `eta_write`); `atomic_dtype`: the merged words' type (its atomic rate, `atomic_rate_of`);
     `round_trips`: dependent DRAM round trips every block waits for in turn (a gather whose
     address is itself loaded: 2), so each wave lasts at least that many latencies at the load in
-    use (0: not modeled); `tc_flops`: the FLOPs of the kernel's MMAs on tensor cores with
-    operands of `tc_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies,
+    use (0: not modeled); `mma_flops`: the FLOPs of the kernel's MMAs on tensor cores with
+    operands of `mma_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies,
     an issue term beside the CUDA cores' (T_issue: the larger binds)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
@@ -374,8 +374,8 @@ def kernel_time(
         features += (("atomic_dtype", atomic_dtype),)
     if round_trips:
         features += (("round_trips", round_trips),)
-    if tc_flops:
-        features += (("tc_flops", tc_flops), ("tc_dtype", tc_dtype))
+    if mma_flops:
+        features += (("mma_flops", mma_flops), ("mma_dtype", mma_dtype))
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
@@ -398,10 +398,10 @@ def kernel_time(
     issue = max(
         (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
     )
-    if tc_flops:  # the tensor cores' issue (model/library.py imports this module: imported here)
+    if mma_flops:  # the tensor cores' issue (model/library.py imports this module: imported here)
         from .library import mma_sync_peak
 
-        issue = max(issue, tc_flops / (mma_sync_peak(gpu, tc_dtype) / gpu.sms * active))
+        issue = max(issue, mma_flops / (mma_sync_peak(gpu, mma_dtype) / gpu.sms * active))
     atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram, gpu.atomic_rate_of(atomic_dtype))
     sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
     return KernelCost(

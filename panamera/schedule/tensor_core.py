@@ -34,7 +34,7 @@ two best candidates) and is carried as data on the decision (`Decision.mma`, `De
 >>> ops = analyse(a.groups[0])
 >>> ops.kind, ops.rows, ops.cols, ops.K
 (<Mma.F16: 'f16'>, 32, 48, 64)
->>> analyse(lower(pn.placeholder((4, 8)) @ pn.placeholder((8, 16)), stop_after="groups", target="emulator").groups[0])
+>>> analyse(lower(pn.placeholder((4, 8)) @ pn.placeholder((16, 8)).T, stop_after="groups", target="emulator").groups[0])
 '3: operand types float32 x float32 have no MMA (16-bit floats, or int8 x int8)'
 """
 
@@ -241,7 +241,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     terms, with the operands staged once per tile (the other tiles' re-reads hit L2), the
     CUDA-core instructions of staging (the operand expression, its conversion and the shared
     store per staged element) and the MMAs' FLOPs at the tensor cores' rate (kernel_time's
-    `tc_flops`), on padded tiles."""
+    `mma_flops`), on padded tiles."""
     from .cost import _input_bytes  # cost.py dispatches here: imported late
 
     ops = analyse(group)
@@ -278,8 +278,8 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         epilogue_cycles=tail,
         l2_bytes=l2,
         fp32_ops=fp32,
-        tc_flops=2.0 * MT * BM * NT * BN * Kp,
-        tc_dtype=Mma(d.mma).dtype,
+        mma_flops=2.0 * MT * BM * NT * BN * Kp,
+        mma_dtype=Mma(d.mma).dtype,
     )
 
 
