@@ -22,7 +22,7 @@ partials in a fixed order.
 from __future__ import annotations
 
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, tiles
+from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -62,8 +62,12 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  {W}::fill_fragment(pn_acc, ({ACC})0);",
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
-    out += _stage(loop, kind, ops.a, "pn_sa", BM, BK, threads, "pn_r0", Q, f"pn_x * {P}", "a")
-    out += _stage(loop, kind, ops.b, "pn_sb", BN, BK, threads, "pn_c0", P, "pn_x", "b")
+    for rows, tag, e, first, extent, i_of in (
+        (BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"),
+        (BN, "b", ops.b, "pn_c0", P, "pn_x"),
+    ):
+        out.append(f"#pragma unroll {staging_unroll(e, rows, m)}  // loads in flight (the model's)")
+        out += _stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
     out += [
         "    __syncthreads();",
         f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{",

@@ -55,6 +55,8 @@ from .decision import MAX_GRID_Y, Decision
 from .derived import access_for, levels_for, merges_for, struct_accumulators
 
 FRAG = 16  # wmma m16n16k16
+UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
+UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
 SMEM_BYTES = 48 * 1024  # static shared memory per block
 
 
@@ -236,6 +238,18 @@ def _bytes_per_element(group: KernelGroup, e: Expr, elements: int) -> float:
     return sum(t.size * t.dtype.itemsize for t in ts.values()) / max(1, elements)
 
 
+def staging_steps(rows: int, d: Decision) -> int:
+    """Iterations of the loop staging `rows` x BK operand elements over the block's threads."""
+    return math.ceil(rows * tiles(d)[2] / d.threads)
+
+
+def staging_unroll(e: Expr, rows: int, d: Decision) -> int:
+    """Copies of the staging loop's body per step (its loads in flight): `UNROLL`, 2 for an
+    expression of more than `UNROLL_OPS` operations (ptxas spilled int4's unpacking at 4 under
+    the 64 registers of __launch_bounds__), at most the loop's iterations."""
+    return min(UNROLL if _ops(e) <= UNROLL_OPS else 2, staging_steps(rows, d))
+
+
 def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """The model's time of a tensor-core decision: the CUDA-core cost's DRAM, merge and tail
     terms, with the operands staged once per tile (the other tiles' re-reads hit L2), the
@@ -271,7 +285,8 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         write_bytes=out_bytes,
         blocks=blocks,
         threads=d.threads,
-        bytes_in_flight_per_thread=(BM * a_bytes + BN * b_bytes) * BK / d.threads,  # one slab's loads
+        # the staging loops run one after the other, `staging_unroll` loads of each in flight
+        bytes_in_flight_per_thread=max(staging_unroll(ops.a, BM, d) * a_bytes, staging_unroll(ops.b, BN, d) * b_bytes),
         atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
