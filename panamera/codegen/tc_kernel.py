@@ -21,6 +21,7 @@ partials in a fixed order.
 
 from __future__ import annotations
 
+from ..poly.access import AccessKind
 from ..schedule.mapping import MergeMode
 from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
 from .expr import ExprRenderer
@@ -123,32 +124,54 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
 def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,
            i_of: str, tag: str) -> list[str]:  # fmt: skip
     """The loop that fills one operand's slab: element (x, k) of the tile at
-    buf[(k / 16 * rows + x) * 16 + k % 16], consecutive threads along k (the operands'
-    contiguous axis)."""
-    st = loop.g.statements[0]
+    buf[(k / 16 * rows + x) * 16 + k % 16]; each step a thread takes `vec` consecutive k (the
+    operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
+    access kinds), the others per lane."""
+    st, V = loop.g.statements[0], loop.m.vec
+    reads = sorted({n.read for n in e.walk() if n.op == "load"})
+    vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
     lines: list[str] = []
 
     def load(read: int, index: str | None = None) -> str:
         r = st.reads[read]
+        if read in vector:
+            return f"pn_{tag}v{read}[v]"
         if not r.memory:  # iota: the index itself
             return f"((long long)({loop.address(r.addr)}))"
         return f"pn_ld(&{loop.in_name[r.tensor.uid]}[{loop.address(r.addr)}])"
 
     value = ExprRenderer(lines, f"pn_{tag}").render(e, load)
     zero = _convert(kind, "0")
-    return [
-        f"    for (int pn_e = tx; pn_e < {rows * BK}; pn_e += {threads}) {{",
-        f"      const int pn_q = pn_e / {BK}, pn_p = pn_e % {BK};",
+    out = [
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
         f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
-        f"      {kind.ctype} pn_val = {zero};",
-        f"      if (pn_x < {extent} && pn_k < pn_k1) {{",
-        f"        const pn_idx i = {i_of}; const pn_idx j = pn_k; (void)i; (void)j;",
-        *("        " + ln for ln in lines),
-        f"        pn_val = {_convert(kind, value)};",
+        f"      {kind.ctype} pn_val[{V}];",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // k1 and the vector width divide K: all lanes in range",
+        f"        const pn_idx i = {i_of}; (void)i;",
+    ]
+    if vector:
+        for r in vector:
+            out.append(f"        {st.reads[r].tensor.dtype.compute} pn_{tag}v{r}[{V}];")
+        out.append("        { const pn_idx j = pn_k;")
+        for r in vector:
+            addr = loop.address(st.reads[r].addr)
+            out.append(f"          pn_ldv(&{loop.in_name[st.reads[r].tensor.uid]}[{addr}], pn_{tag}v{r});")
+        out.append("        }")
+    out += [
+        "#pragma unroll",
+        f"        for (int v = 0; v < {V}; ++v) {{",
+        "          const pn_idx j = pn_k + v; (void)j;",
+        *("          " + ln for ln in lines),
+        f"          pn_val[v] = {_convert(kind, value)};",
+        "        }",
+        "      } else {",
+        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
         "      }",
-        f"      {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16] = pn_val;",
+        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "    }",
     ]
+    return out
 
 
 def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str]) -> list[str]:

@@ -46,13 +46,14 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..poly.access import choose_vec
 from ..poly.epilogue import joins
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
 from .decision import MAX_GRID_Y, Decision
-from .derived import access_for, levels_for, merges_for, struct_accumulators
+from .derived import access_for, along, levels_for, merges_for, struct_accumulators, vector_extent
 
 FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
@@ -195,9 +196,10 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
     """Tensor-core decisions: warps 1-8 (wm along rows no more than the rows need), K slabs of
     32-128, power-of-two splits (each at least one slab; none for a stitched group), atomics or
     partials."""
+    vec = choose_vec(group.statements, along(group), vector_extent(group))  # k lanes per staging load
     base = dict(
         statements=group.names, form=group.form, M=group.M, N=group.N, stitched=group.stitched, levels=levels_for(group),
-        epilogue=group.epilogue, vec=1, ty=1, unroll=1, access=access_for(group, 1),
+        epilogue=group.epilogue, vec=vec, ty=1, unroll=1, access=access_for(group, vec),
         atomic_vec=(1,) * len(group.statements), mma=str(ops.kind),
     )  # fmt: skip
     merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
@@ -239,8 +241,9 @@ def _bytes_per_element(group: KernelGroup, e: Expr, elements: int) -> float:
 
 
 def staging_steps(rows: int, d: Decision) -> int:
-    """Iterations of the loop staging `rows` x BK operand elements over the block's threads."""
-    return math.ceil(rows * tiles(d)[2] / d.threads)
+    """Iterations of the loop staging `rows` x BK operand elements, `vec` consecutive k per thread
+    and step, over the block's threads."""
+    return math.ceil(rows * tiles(d)[2] / d.vec / d.threads)
 
 
 def staging_unroll(e: Expr, rows: int, d: Decision) -> int:
@@ -285,8 +288,9 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         write_bytes=out_bytes,
         blocks=blocks,
         threads=d.threads,
-        # the staging loops run one after the other, `staging_unroll` loads of each in flight
-        bytes_in_flight_per_thread=max(staging_unroll(ops.a, BM, d) * a_bytes, staging_unroll(ops.b, BN, d) * b_bytes),
+        # the staging loops run one after the other, `staging_unroll` vector loads of each in flight
+        bytes_in_flight_per_thread=d.vec
+        * max(staging_unroll(ops.a, BM, d) * a_bytes, staging_unroll(ops.b, BN, d) * b_bytes),
         atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
@@ -316,7 +320,7 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
     """Replay's rules for a tensor-core decision (schedule/replay.py): the preconditions hold for
     the group, the tile is 1-8 warps of wmma tiles with a K slab that is a multiple of 16 and fits
     in shared memory, the block is one dimension of 32 x warps threads, the grid covers the row
-    and column tiles and the split covers K in whole slabs."""
+    and column tiles, the split covers K in whole slabs and the vector width divides 16."""
     from ..errors import ScheduleError
 
     if not d.mma:
@@ -334,9 +338,10 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
         raise ScheduleError(
             f"{at}: tensor-core tile {d.mma_tile} is not 1-8 warps with a K slab of 16s in shared memory"
         )
-    if d.tx != 32 * wm * wn or d.ty != 1 or d.vec != 1:
+    if d.tx != 32 * wm * wn or d.ty != 1 or FRAG % d.vec:
         raise ScheduleError(
-            f"{at}: a tensor-core block is ({32 * wm * wn}, 1) threads without vectors, not ({d.tx}, {d.ty})"
+            f"{at}: a tensor-core block is ({32 * wm * wn}, 1) threads with vectors dividing 16, "
+            f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
     if d.stitched and d.split > 1:
