@@ -67,7 +67,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         (BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"),
         (BN, "b", ops.b, "pn_c0", P, "pn_x"),
     ):
-        out.append(f"#pragma unroll {staging_unroll(e, rows, m)}  // loads in flight (the model's)")
+        out.append(f"#pragma unroll {staging_unroll(e, rows, m, g)}  // loads in flight (the model's)")
         out += _stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
     out += [
         "    __syncthreads();",

@@ -58,6 +58,7 @@ from .derived import access_for, along, levels_for, merges_for, struct_accumulat
 FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
 UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
+STAGING_REGISTERS = 32  # loaded lanes a thread's staging step may hold (staging_unroll)
 SMEM_BYTES = 48 * 1024  # static shared memory per block
 
 
@@ -246,11 +247,16 @@ def staging_steps(rows: int, d: Decision) -> int:
     return math.ceil(rows * tiles(d)[2] / d.vec / d.threads)
 
 
-def staging_unroll(e: Expr, rows: int, d: Decision) -> int:
-    """Copies of the staging loop's body per step (its loads in flight): `UNROLL`, 2 for an
-    expression of more than `UNROLL_OPS` operations (ptxas spilled int4's unpacking at 4 under
-    the 64 registers of __launch_bounds__), at most the loop's iterations."""
-    return min(UNROLL if _ops(e) <= UNROLL_OPS else 2, staging_steps(rows, d))
+def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
+    """Copies of the staging loop's body per step (its loads in flight): as many as keep the
+    loaded lanes (vec per memory read of the expression) within `STAGING_REGISTERS`, at most
+    `UNROLL`, 2 for an expression of more than `UNROLL_OPS` operations, and at most the loop's
+    iterations. (ptxas under the 64 registers of __launch_bounds__ spilled int4's unpacking at 4
+    copies and int8 weights with their scales at 4 x 8 lanes.)"""
+    st = group.statements[0]
+    lanes = d.vec * max(1, sum(1 for r in _reads(e) if st.reads[r].memory))
+    copies = max(1, min(UNROLL if _ops(e) <= UNROLL_OPS else 2, STAGING_REGISTERS // lanes))
+    return min(copies, staging_steps(rows, d))
 
 
 def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
@@ -290,7 +296,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         threads=d.threads,
         # the staging loops run one after the other, `staging_unroll` vector loads of each in flight
         bytes_in_flight_per_thread=d.vec
-        * max(staging_unroll(ops.a, BM, d) * a_bytes, staging_unroll(ops.b, BN, d) * b_bytes),
+        * max(staging_unroll(ops.a, BM, d, group) * a_bytes, staging_unroll(ops.b, BN, d, group) * b_bytes),
         atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
