@@ -48,6 +48,7 @@ def test_16bit_tiles_with_tails(dtype, tile, split, rng):
     """fp16 / bf16 operands, fp32 accumulators, one warp and 2 x 2 warps, split-K merged by atomics."""
     x, w = pn.placeholder((M, K), dtype, name="x"), pn.placeholder((N, K), dtype, name="w")
     k = tc_compile(x @ w.T, tile, split)
+    assert "mma_sync" in k.source and ".x[" not in k.source and "num_elements" not in k.source  # API only
     X, W = array((M, K), dtype, rng), array((N, K), dtype, rng)
     out = np.asarray(k(X, W)).astype(np.float64)
     ref = X.astype(np.float64) @ W.astype(np.float64).T
