@@ -90,7 +90,8 @@ def test_suites_cover_workloads_md():
     assert len(SUITES["subgraphs"]()) == 12
     assert len(SUITES["norms"]()) == 31  # 21 + the long rows of LLM sampling (WORKLOADS.md B)
     # C: Table 1 (3) + 3 rows x 3 weight shapes x 4 weight kinds (36) + 3 batches x 3 key lengths x 2 dtypes (18)
-    assert len(SUITES["contractions"]()) == 57
+    # + issue 25's 5 rows x (4096x4096, 12288x5376, 14336x4096) x bf16/int8/int4 not already there (27)
+    assert len(SUITES["contractions"]()) == 84
     assert geomean([1.0, 4.0]) == pytest.approx(2.0)
 
 

@@ -143,6 +143,9 @@ def tiny() -> list[Workload]:
 TABLE1 = ((128, 32, 64), (128, 32, 1024), (1024, 512, 1024))  # the paper's Table 1, M x N x K
 GEMV_WEIGHTS = ((4096, 4096), (4096, 14336), (14336, 4096))  # (N out, K in), stored N x K (torch Linear)
 GEMV_ROWS = (1, 4, 16)
+# issue 25 (tensor cores): skinny GEMMs past a few tokens, (N out, K in) x M rows, bf16 / int8 / int4
+TC_WEIGHTS = ((4096, 4096), (12288, 5376), (14336, 4096))
+TC_ROWS = (1, 4, 16, 32, 64)
 
 
 def _linear(M: int, N: int, K: int, weights: str, act: str = "float16"):
@@ -192,7 +195,8 @@ def _decode_attention(B: int, L: int, dtype: str, Hq: int = 32, Hkv: int = 8, D:
 
 def contractions() -> list[Workload]:
     """docs/WORKLOADS.md C: the paper's Table 1, the GEMV / skinny GEMMs of LLM decoding (16-bit,
-    int8 and int4 weights) and decode attention."""
+    int8 and int4 weights; bf16 / int8 / int4 also at 32 and 64 rows and 12288 x 5376, issue 25)
+    and decode attention."""
     out = [Workload(f"table1 {M}x{N}x{K}", "contractions", "float16", _linear(M, N, K, "float16"))
            for M, N, K in TABLE1]  # fmt: skip
     for wt in ("float16", "bfloat16", "int8", "int4"):
@@ -200,6 +204,14 @@ def contractions() -> list[Workload]:
         for N, K in GEMV_WEIGHTS:
             for M in GEMV_ROWS:
                 out.append(Workload(f"linear {M}x{N}x{K} w={wt}", "contractions", wt, _linear(M, N, K, wt, act)))
+    have = {w.name for w in out}
+    for wt in ("bfloat16", "int8", "int4"):  # issue 25: up to 64 rows, where tensor cores pay
+        act = "bfloat16" if wt == "bfloat16" else "float16"
+        for N, K in TC_WEIGHTS:
+            for M in TC_ROWS:
+                name = f"linear {M}x{N}x{K} w={wt}"
+                if name not in have:
+                    out.append(Workload(name, "contractions", wt, _linear(M, N, K, wt, act)))
     for dt in ("float16", "bfloat16"):
         for B in ATTENTION_BATCH:
             for L in ATTENTION_KEYS:

@@ -25,6 +25,8 @@ from .map_kernel import emit_map
 from .pipeline import INCLUDE as PIPELINE_INCLUDE
 from .reduce_kernel import emit_reduce, workspace_identity
 from .stitched_kernel import emit_stitched
+from .tc_kernel import INCLUDE as MMA_INCLUDE
+from .tc_kernel import emit_tc
 from .thread_loop import ThreadLoop, address_ast
 
 
@@ -120,12 +122,20 @@ class Template(StrEnum):
     MAP = "map"
     REDUCE = "reduce"
     STITCHED = "stitched"
+    TENSOR_CORE = "tensor_core"  # a contraction's tiles as wmma MMAs (codegen/tc_kernel.py)
 
 
-EMITTERS = {Template.MAP: emit_map, Template.REDUCE: emit_reduce, Template.STITCHED: emit_stitched}
+EMITTERS = {
+    Template.MAP: emit_map,
+    Template.REDUCE: emit_reduce,
+    Template.STITCHED: emit_stitched,
+    Template.TENSOR_CORE: emit_tc,
+}
 
 
-def template(group: KernelGroup) -> Template:
+def template(group: KernelGroup, m: Mapping | None = None) -> Template:
+    if m is not None and m.mma:  # the mapper chose tensor cores (schedule/tensor_core.py)
+        return Template.TENSOR_CORE
     if group.form == Form.MAP:
         return Template.MAP
     return Template.STITCHED if group.stitched else Template.REDUCE
@@ -142,10 +152,11 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     # minimum it sometimes caps at 32 and spills the unrolled loop's vectors).
     bounds = f"{m.threads}, {m.min_blocks}"  # fewer with a register tile (schedule/mapping.py)
     lines = list(PIPELINE_INCLUDE) if m.stages > 1 else []  # cuda_pipeline.h only where used
+    lines += list(MMA_INCLUDE) if m.mma else []  # and mma.h
     lines.append(f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
-    lines += EMITTERS[template(group)](ThreadLoop(group, m, idx))
+    lines += EMITTERS[template(group, m)](ThreadLoop(group, m, idx))
     lines.append("}")
     fills = resident_fills(group, m)
     init = render_init(f"{name}_init", fills, {p.key: p for p in m.buffers}) if fills else None

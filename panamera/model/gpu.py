@@ -21,7 +21,9 @@
     T_l2     = bytes re-read while resident in L2 / L2 bandwidth
     T_issue  = max(all FP and SFU instructions / 128, FP64 / 64, SFU / 16) per SM per clock, over
                the SMs the kernel occupies [spec: 4 schedulers x 32 lanes; H100 SXM FP64 64 and
-               SFU 16 lanes per SM per clock]: arithmetic that outlasts the DRAM time binds.
+               SFU 16 lanes per SM per clock]: arithmetic that outlasts the DRAM time binds; a
+               tensor-core kernel's MMA FLOPs / the mma.sync rate of the occupied SMs, the larger
+               of the two (model/library.py `mma_sync_peak`).
     T_tail   = the last wave's block epilogue (earlier waves' epilogues hide under streaming)
     T_atomic = the merges left exposed: those of the last wave, plus what earlier waves issue
                beyond the streaming time they overlap. Native atomics cost 1 / the merged type's
@@ -343,6 +345,8 @@ def kernel_time(
     write_bytes: float = 0.0,
     atomic_dtype: str = "",
     round_trips: int = 0,
+    mma_flops: float = 0.0,
+    mma_dtype: str = "",
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -355,7 +359,9 @@ def kernel_time(
     `eta_write`); `atomic_dtype`: the merged words' type (its atomic rate, `atomic_rate_of`);
     `round_trips`: dependent DRAM round trips every block waits for in turn (a gather whose
     address is itself loaded: 2), so each wave lasts at least that many latencies at the load in
-    use (0: not modeled)."""
+    use (0: not modeled); `mma_flops`: the FLOPs of the kernel's MMAs on tensor cores with
+    operands of `mma_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies,
+    an issue term beside the CUDA cores' (T_issue: the larger binds)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
@@ -368,6 +374,8 @@ def kernel_time(
         features += (("atomic_dtype", atomic_dtype),)
     if round_trips:
         features += (("round_trips", round_trips),)
+    if mma_flops:
+        features += (("mma_flops", mma_flops), ("mma_dtype", mma_dtype))
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
@@ -390,6 +398,10 @@ def kernel_time(
     issue = max(
         (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
     )
+    if mma_flops:  # the tensor cores' issue (model/library.py imports this module: imported here)
+        from .library import mma_sync_peak
+
+        issue = max(issue, mma_flops / (mma_sync_peak(gpu, mma_dtype) / gpu.sms * active))
     atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram, gpu.atomic_rate_of(atomic_dtype))
     sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
     return KernelCost(

@@ -41,6 +41,26 @@ def tensor_core_peak(gpu: GPUSpec, dtype: str) -> float:
     return table.get(key, gpu.sms * gpu.fp32_per_clock_sm * 2 * gpu.clock_hz)
 
 
+# mma.sync / wmma (what Panamera's tensor-core kernels issue) against the datasheet's dense peak:
+# on Hopper the full rate needs the asynchronous warpgroup wgmma, and the synchronous mma reaches
+# about half of it [measured: Luo et al., "Dissecting the NVIDIA Hopper Architecture through
+# Microbenchmarking and Multiple Level Analysis", arXiv 2501.12084 (mma vs wgmma on H800), and
+# WMMA at <= 50 % of H100's FP16 peak in waynehacking8/blackwell-tensorcore-kernels' and
+# r/CUDA's measurements]; on Ampere mma.sync is the native path (the datasheet peak) [spec].
+MMA_SYNC_FRACTION = {H100.name: 0.5}
+
+
+def mma_sync_peak(gpu: GPUSpec, dtype: str) -> float:
+    """The FLOP/s of mma.sync-class MMAs with operands of `dtype` (`tensor_core_peak` scaled by
+    `MMA_SYNC_FRACTION`: half on Hopper, whole on Ampere).
+
+    >>> round(mma_sync_peak(H100, "bfloat16") / 1e12), round(mma_sync_peak(A100, "float16") / 1e12)
+    (494, 312)
+    """
+    frac = MMA_SYNC_FRACTION.get(gpu.name, 1.0)
+    return tensor_core_peak(gpu, dtype) * frac
+
+
 @dataclass(frozen=True)
 class LibraryCost:
     """The library's modeled matmul: its parts, in seconds."""

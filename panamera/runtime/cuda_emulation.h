@@ -498,3 +498,4 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src_lane, int 
   int lane = pn_emu::cur->tid % 32;
   return pn_emu::shfl(v, (lane / width) * width + (src_lane % width), true);
 }
+#include "wmma_emulation.h"  // nvcuda::wmma for the tensor-core kernels

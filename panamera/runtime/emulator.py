@@ -31,6 +31,7 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
+HEADERS = (HEADER, HERE / "wmma_emulation.h")  # what the build reads: both in the cache key
 FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash
@@ -71,7 +72,7 @@ def build(source: str, signatures) -> ctypes.CDLL:
     if source in _by_source:  # the kernels, hence the signatures, are a function of the source
         return _by_source[source]
     text = source + "\n" + glue(signatures)
-    key = hashlib.sha256((text + HEADER.read_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
+    key = hashlib.sha256((text + "".join(h.read_text() for h in HEADERS) + " ".join(FLAGS)).encode()).hexdigest()[:24]
     if key in _loaded:
         _by_source[source] = _loaded[key]
         return _loaded[key]

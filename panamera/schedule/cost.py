@@ -112,6 +112,10 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         return joined_cost(group, gpu, d)
     if group.stitched:
         return stitched_cost(group, gpu, d)
+    if d.mma:  # tensor cores (tensor_core.py imports this module: imported here)
+        from .tensor_core import tc_cost
+
+        return tc_cost(group, gpu, d)
     kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)

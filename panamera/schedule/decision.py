@@ -62,6 +62,8 @@ class Decision:
     ctile: int = 1  # and ctile consecutive rows per thread (schedule/rtile.py)
     cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
     stages: int = 1  # K slabs of the block-shared operand in flight (schedule/pipeline.py; 1: direct loads)
+    mma: str = ""  # tensor cores' operand type (schedule/tensor_core.py's Mma); "": CUDA cores
+    mma_tile: tuple[int, ...] = ()  # tensor cores: (warps along rows, warps along columns, K slab)
 
     @property
     def tile_rows(self) -> int:
@@ -154,6 +156,11 @@ class Decision:
             + (f" stages={self.stages}" if self.stages > 1 else "")
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
+            + (
+                f" tensor-cores={self.mma} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
+                if self.mma
+                else ""
+            )
         )
 
     def to_dict(self) -> dict:
@@ -166,6 +173,10 @@ class Decision:
             del d["epilogue"]
         if not self.persistent:
             del d["persistent"], d["per_sm"]
+        if self.mma:
+            d["mma_tile"] = list(self.mma_tile)
+        else:  # likewise: CUDA cores
+            del d["mma"], d["mma_tile"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -202,6 +213,8 @@ class Decision:
             epilogue=bool(d.get("epilogue", False)),
             persistent=int(d.get("persistent", 0)),
             per_sm=int(d.get("per_sm", 0)),
+            mma=str(d.get("mma", "")),  # absent before tensor cores: CUDA cores
+            mma_tile=tuple(int(v) for v in d.get("mma_tile", ())),
         )
 
 
@@ -233,5 +246,7 @@ def covers(d: Decision) -> bool:
     A task mapping is a mixed-radix product of bounded factors, so it owns exactly the tasks
     [0, extent) once each (schedule/task.py): it covers its loop when its extent reaches the
     loop's. (tests/test_schedule.py checks this against isl's image of the mapping.)"""
+    if d.mma:  # tensor-core tiles own the outputs (schedule/tensor_core.py's check covers them)
+        return True
     tasks = d.tasks
     return all(tasks[loop].extent >= e for loop, e in zip(d.loops, d.extents))

@@ -12,6 +12,7 @@ from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges
 from .persistent import check as check_columns
 from .pipeline import check as check_pipeline
 from .rtile import check as check_tile
+from .tensor_core import check as check_tensor_core
 
 
 def replay(
@@ -37,6 +38,7 @@ def replay(
     10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
        the block's rows share, aligned copies, a block-uniform step count around the barriers);
     11. a persistent grid only with column partials, as schedule/persistent.py's preconditions allow.
+    12. tensor cores only as schedule/tensor_core.py's preconditions and `check` allow.
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -102,4 +104,5 @@ def replay(
         )
     check_tile(group, d, at)
     check_pipeline(group, d, at)
+    check_tensor_core(group, d, at)
     return complete(group, d, gpu, name)

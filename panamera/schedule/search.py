@@ -27,6 +27,7 @@ from .persistent import map_joined
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
+from .tensor_core import choose as choose_tensor_core
 
 
 def map_group(
@@ -39,6 +40,7 @@ def map_group(
     rtile: int | None = None,
     ctile: int | None = None,
     stages: int | None = None,
+    mma: bool | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
@@ -46,14 +48,19 @@ def map_group(
     keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
     group has no tile to share). `stages` forces the pipeline's stages (schedule/pipeline.py;
-    else the model's)."""
+    else the model's). `mma` forces tensor cores (True, where schedule/tensor_core.py's
+    preconditions hold) or CUDA cores (False); None: the model's choice between the two best."""
     if group.columns:  # column partials: a persistent row loop (schedule/persistent.py)
         m = map_joined(group, gpu, name, deterministic)
         if m is None:
             raise ScheduleError(f"kernel {name or '?'}: the column partials of {'+'.join(group.names)} fit no block")
         return m
     if group.stitched:
-        return _map_stitched(group, gpu, name, split, rtile, ctile)
+        m = _map_stitched(group, gpu, name, split, rtile, ctile)
+        tc = None if mma is False or rtile or ctile else choose_tensor_core(group, gpu, split, deterministic)
+        if tc is not None and (mma or tc[0].total_s < m.cost.total_s * 0.97):  # a contraction + element-wise consumers
+            return complete(group, tc[1], gpu, name, tc[0])
+        return m
     form, M, N = group.form, group.M, group.N
     base = dict(
         statements=group.names, form=form, M=M, N=N, stitched=False, levels=levels_for(group), epilogue=group.epilogue
@@ -122,6 +129,10 @@ def map_group(
                 if best is None or cost.total_s < best[0].total_s * 0.97:
                     best = (cost, d)
     cost, d = best
+    forced = rtile is not None or ctile is not None or stages is not None or threads is not None
+    tc = None if mma is False or (forced and not mma) else choose_tensor_core(group, gpu, split, deterministic)
+    if tc is not None and (mma or tc[0].total_s < cost.total_s * 0.97):  # CUDA cores unless clearly slower
+        return complete(group, tc[1], gpu, name, tc[0])
     if stages is None:
         stages = choose_stages(
             group, gpu, d, in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s

@@ -1,0 +1,187 @@
+"""The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs.
+
+The mapping's `mma` and `mma_tile` (schedule/tensor_core.py) fix everything: block bx owns the
+outputs rows [r0, r0 + BM) x columns [c0, c0 + BN) (column tiles fastest), block by the K range
+[by * chunk, min(K, (by + 1) * chunk)). Each K slab of BK, every thread evaluates its share of the
+two operand expressions (their fused producers too: a dequantized int8 / int4 weight is computed
+in registers) at canonical indices (i, j) = (row * P, k) for the rows' factor and (column, k) for
+the columns' factor (isl proved each reads one address along the other axis), converts it to the
+MMA's type and stores it to shared memory, zero outside the tile and the K range (the tails).
+Shared memory holds each 16-wide K step as a contiguous 16 x 16 block per fragment row or column
+(256-bit aligned, ldm 16: wmma's rules for every operand type). After a barrier each warp runs
+BK / 16 `mma_sync` on its 16 x 16 accumulator; a barrier guards the slab before it is refilled.
+
+The accumulators go through shared memory (`store_matrix_sync`, row-major): the code never reads
+a fragment's elements, whose lane layout CUDA leaves unspecified. Then every thread finishes its
+share of the tile's outputs as the reduction template does (codegen/reduce_kernel.py): stored
+(with the epilogue group's element-wise statements), one atomic into the resident workspace, or a
+partial; with a split, the last block to arrive finishes and resets the workspace or combines the
+partials in a fixed order.
+"""
+
+from __future__ import annotations
+
+from ..poly.access import AccessKind
+from ..schedule.mapping import MergeMode
+from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
+from .expr import ExprRenderer
+from .reduce_kernel import _final, _reset, _write, apply_epilogue
+from .thread_loop import ThreadLoop, identity_expr, post
+
+INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#endif")
+W = "nvcuda::wmma"
+
+
+def _convert(kind: Mma, v: str) -> str:
+    if kind is Mma.S8:
+        return f"(signed char)({v})"
+    return f"{'__float2half_rn' if kind is Mma.F16 else '__float2bfloat16_rn'}((float)({v}))"
+
+
+def emit_tc(loop: ThreadLoop) -> list[str]:
+    g, m = loop.g, loop.m
+    ops = analyse(g)
+    assert not isinstance(ops, str), ops
+    st = g.statements[0]
+    kind = Mma(m.mma)
+    T, ACC = kind.ctype, kind.acc_ctype
+    BM, BN, BK = tiles(m)
+    _, NT = grid_tiles(ops, m)
+    wn = m.mma_tile[1]
+    Q, P, K = ops.rows, ops.cols, ops.K
+    threads = m.threads
+    out = [
+        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+        f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
+        f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",
+        f"  __shared__ __align__(32) {ACC} pn_sc[{BM * BN}];",
+        f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
+        f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
+        f"  const pn_idx pn_k1 = pn_k0 + {m.chunk} < {K} ? pn_k0 + {m.chunk} : {K};",
+        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};",
+        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc;",
+        f"  {W}::fill_fragment(pn_acc, ({ACC})0);",
+        f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
+    ]
+    for rows, tag, e, first, extent, i_of in (
+        (BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"),
+        (BN, "b", ops.b, "pn_c0", P, "pn_x"),
+    ):
+        out.append(f"#pragma unroll {staging_unroll(e, rows, m, g)}  // loads in flight (the model's)")
+        out += _stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
+    out += [
+        "    __syncthreads();",
+        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{",
+        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa;",
+        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb;",
+        f"      {W}::load_matrix_sync(pn_fa, &pn_sa[(pn_t * {BM} + pn_wr * 16) * 16], 16);",
+        f"      {W}::load_matrix_sync(pn_fb, &pn_sb[(pn_t * {BN} + pn_wc * 16) * 16], 16);",
+        f"      {W}::mma_sync(pn_acc, pn_fa, pn_fb, pn_acc);",
+        "    }",
+        "    __syncthreads();  // the slab is refilled next step",
+        "  }",
+        f"  {W}::store_matrix_sync(&pn_sc[pn_wr * 16 * {BN} + pn_wc * 16], pn_acc, {BN}, {W}::mem_row_major);",
+        "  __syncthreads();",
+    ]
+    mode = m.merges[0]
+    joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
+    if mode == MergeMode.STORE and joined:
+        finish = apply_epilogue(loop, 0, st, "o", post(st, "pn_v"))
+    else:
+        finish = _write(0, st, "o", "pn_v", mode, 0)
+    out += _outputs(BN, BM, threads, P, Q, [f"const {st.acc.compute} pn_v = pn_sc[pn_e];", *finish])
+    if m.needs_last_block:
+        out += [
+            "  __threadfence();",
+            "  __syncthreads();",
+            "  __shared__ int pn_is_last;",
+            "  if (tx == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
+            "  __syncthreads();",
+            "  if (pn_is_last) {",
+            "    __threadfence();",
+        ]
+        if mode == MergeMode.ATOMIC_WS:
+            last = _final(loop, 0, st, "o", mode, 0) + _reset(0, st, "o", mode, 0)
+            if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
+                raise AssertionError("a stitched group's split merges partials")
+        else:  # partials, combined in block order
+            p = "pn_p"
+            last = [
+                f"{st.acc.compute} {p} = {identity_expr(st)};",
+                f"for (pn_idx b = 0; b < (pn_idx)gridDim.y; ++b) "
+                f"{p} = {st.combiner.functor}::apply({p}, pn_ldcg(&ws0[o * (pn_idx)gridDim.y + b]));",
+            ]
+            if joined:
+                last += apply_epilogue(loop, 0, st, "o", post(st, p))
+            else:
+                last.append(f"pn_st(&out0[o], {post(st, p)});")
+        out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
+        out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
+        out.append("  }")
+    return out
+
+
+def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,
+           i_of: str, tag: str) -> list[str]:  # fmt: skip
+    """The loop that fills one operand's slab: element (x, k) of the tile at
+    buf[(k / 16 * rows + x) * 16 + k % 16]; each step a thread takes `vec` consecutive k (the
+    operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
+    access kinds), the others per lane."""
+    st, V = loop.g.statements[0], loop.m.vec
+    reads = sorted({n.read for n in e.walk() if n.op == "load"})
+    vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
+    lines: list[str] = []
+
+    def load(read: int, index: str | None = None) -> str:
+        r = st.reads[read]
+        if read in vector:
+            return f"pn_{tag}v{read}[v]"
+        if not r.memory:  # iota: the index itself
+            return f"((long long)({loop.address(r.addr)}))"
+        return f"pn_ld(&{loop.in_name[r.tensor.uid]}[{loop.address(r.addr)}])"
+
+    value = ExprRenderer(lines, f"pn_{tag}").render(e, load)
+    zero = _convert(kind, "0")
+    out = [
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"      {kind.ctype} pn_val[{V}];",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // k1 and the vector width divide K: all lanes in range",
+        f"        const pn_idx i = {i_of}; (void)i;",
+    ]
+    if vector:
+        for r in vector:
+            out.append(f"        {st.reads[r].tensor.dtype.compute} pn_{tag}v{r}[{V}];")
+        out.append("        { const pn_idx j = pn_k;")
+        for r in vector:
+            addr = loop.address(st.reads[r].addr)
+            out.append(f"          pn_ldv(&{loop.in_name[st.reads[r].tensor.uid]}[{addr}], pn_{tag}v{r});")
+        out.append("        }")
+    out += [
+        "#pragma unroll",
+        f"        for (int v = 0; v < {V}; ++v) {{",
+        "          const pn_idx j = pn_k + v; (void)j;",
+        *("          " + ln for ln in lines),
+        f"          pn_val[v] = {_convert(kind, value)};",
+        "        }",
+        "      } else {",
+        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
+        "      }",
+        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        "    }",
+    ]
+    return out
+
+
+def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str]) -> list[str]:
+    """`body` for each output o of the block's tile in range (pn_e its place in the tile)."""
+    return [
+        f"  for (int pn_e = tx; pn_e < {BM * BN}; pn_e += {threads}) {{",
+        f"    const pn_idx pn_row = pn_r0 + pn_e / {BN}, pn_col = pn_c0 + pn_e % {BN};",
+        f"    if (pn_row < {Q} && pn_col < {P}) {{",
+        f"      const pn_idx o = pn_row * {P} + pn_col;",
+        *("      " + ln for ln in body),
+        "    }",
+        "  }",
+    ]

@@ -1,0 +1,358 @@
+"""Contractions on tensor cores: which contractions may run their tiles as `nvcuda::wmma`
+m16n16k16 MMAs, the tiling the model chooses, and its modeled cost.
+
+A contraction statement (frontend/contract.py) is a ROW sum over k of `mul(a, b)`, its outputs
+i = r * P + c (r the rows of the first operand, c the P columns of the second). On tensor cores a
+block owns BM x BN outputs (16 x 16 per warp, `wm` x `wn` warps) and a K range (split-K: one per
+gridDim.y); every K slab of BK, its threads evaluate the two operand expressions (with their
+fused producers: a dequantized weight `w.astype(float32) * scale` is computed in registers) into
+shared memory as the MMA's operand type, zero outside the tile, and each warp runs BK / 16 MMAs
+(codegen/tc_kernel.py). The result is merged as the CUDA-core template merges it (store, one
+atomic per block into the resident workspace, or partials the last block combines).
+
+Preconditions (`analyse` returns the first that fails, by number; one negative test each in
+tests/test_tensor_core.py):
+  1. the group is one contraction (a SUM of a product, ROW form), possibly followed by
+     element-wise consumers of its outputs at their own index (poly/epilogue.py's `joins`: an
+     epilogue group, or a stitched group of that shape), applied where an output is final;
+  2. its outputs are rows x columns of the second operand's extent P (ContractionInfo.N), and
+     isl proves one factor of the product reads the same address for the P columns of a row and
+     the other the same address for every row (a plain `x @ W.T`, no batch axis both operands
+     vary with), without gathers;
+  3. the operand types fit an MMA: both int8 with an int32 accumulator (s8), or one 16-bit float
+     type (float16 or bfloat16) that the other factor has too or that the other factor is
+     dequantized into (an expression of 1-byte integer weights and at most 16-bit scales; the
+     dequantized value is rounded to the 16-bit type before the MMA, as Marlin does).
+
+The choice between tensor cores and CUDA cores is the model's (schedule/search.py compares the
+two best candidates) and is carried as data on the decision (`Decision.mma`, `Decision.mma_tile`).
+
+>>> import panamera as pn
+>>> from panamera.compiler import lower
+>>> x, w = pn.placeholder((32, 64), "float16", name="x"), pn.placeholder((48, 64), "float16", name="w")
+>>> a = lower(x @ w.T, stop_after="groups", target="emulator")
+>>> ops = analyse(a.groups[0])
+>>> ops.kind, ops.rows, ops.cols, ops.K
+(<Mma.F16: 'f16'>, 32, 48, 64)
+>>> analyse(lower(pn.placeholder((4, 8)) @ pn.placeholder((16, 8)).T, stop_after="groups", target="emulator").groups[0])
+'3: operand types float32 x float32 have no MMA (16-bit floats, or int8 x int8)'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..algebra import SUM
+from ..enums import StrEnum
+from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..poly.access import choose_vec
+from ..poly.epilogue import joins
+from ..poly.expr import Expr
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, StatementKind
+from .contraction import contraction_info, is_contraction, shared_along_rows
+from .decision import MAX_GRID_Y, Decision
+from .derived import access_for, along, levels_for, merges_for, struct_accumulators, vector_extent
+
+FRAG = 16  # wmma m16n16k16
+UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
+UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
+STAGING_REGISTERS = 32  # loaded lanes a thread's staging step may hold (staging_unroll)
+SMEM_BYTES = 48 * 1024  # static shared memory per block
+
+
+class Mma(StrEnum):
+    """The MMA's operand type: its C type and the accumulator's."""
+
+    F16 = "f16"
+    BF16 = "bf16"
+    S8 = "s8"
+
+    @property
+    def ctype(self) -> str:
+        return {"f16": "__half", "bf16": "__nv_bfloat16", "s8": "signed char"}[self.value]
+
+    @property
+    def acc_ctype(self) -> str:
+        return "int" if self is Mma.S8 else "float"
+
+    @property
+    def itemsize(self) -> int:
+        return 1 if self is Mma.S8 else 2
+
+    @property
+    def dtype(self) -> str:
+        """The name model/library.py's tensor-core peaks use."""
+        return {"f16": "float16", "bf16": "bfloat16", "s8": "int8"}[self.value]
+
+
+@dataclass(frozen=True)
+class Operands:
+    """A contraction that tensor cores can run: `a` the rows' factor (r), `b` the columns' (c),
+    each the expression before its conversion to the accumulator."""
+
+    kind: Mma
+    a: Expr
+    b: Expr
+    rows: int
+    cols: int
+    K: int
+
+
+def _strip(e: Expr, acc) -> Expr:
+    while e.op == "cast" and e.dtype == acc and e.args:
+        e = e.args[0]
+    return e
+
+
+def _reads(e: Expr) -> list[int]:
+    return sorted({n.read for n in e.walk() if n.op == "load"})
+
+
+def analyse(group: KernelGroup) -> Operands | str:
+    """The operands of a contraction tensor cores can run, or the precondition (module
+    docstring) it fails, as "N: why"."""
+    reds = [s for s in group.statements if s.kind == StatementKind.REDUCE]
+    if len(reds) != 1 or group.statements[0] is not reds[0] or not _joiners_only(group):
+        return "1: not one contraction with at most element-wise consumers of its outputs"
+    st = reds[0]
+    if not is_contraction(st) or st.combiner is not SUM or st.body.op != "mul" or group.form != Form.ROW:
+        return "1: not a ROW sum of a product"
+    info = contraction_info(group)
+    P = info.N
+    if P < 1 or st.M % P:
+        return f"2: {st.M} outputs are not rows of {P} columns"
+    Q = st.M // P
+    factors = [_strip(x, st.acc) for x in st.body.args]
+    if any(st.reads[r].indirect is not None for r in range(len(st.reads))):
+        return "2: a gathered read"
+
+    def along_columns(e: Expr) -> bool:  # the same address for the P columns of a row
+        return P == 1 or all(shared_along_rows(st, r, 1, within=P) for r in _reads(e))
+
+    def along_rows(e: Expr) -> bool:  # the same address for every row
+        return Q == 1 or all(shared_along_rows(st, r, P) for r in _reads(e))
+
+    order = next(((a, b) for a, b in (factors, factors[::-1]) if along_columns(a) and along_rows(b)), None)
+    if order is None:
+        return "2: isl does not prove the factors are a rows' operand and a columns' operand (x @ W.T)"
+    a, b = order
+    kind = _kind(st, a, b)
+    if not isinstance(kind, Mma):  # the failed precondition
+        return kind
+    return Operands(kind, a, b, Q, P, st.N)
+
+
+def _joiners_only(group: KernelGroup) -> bool:
+    """Every statement after the head is an element-wise consumer of its outputs at their own
+    index (poly/epilogue.py's `joins`): an epilogue group, or a stitched group that is one (a
+    bias, an activation, numpy's int8 wrap of an int32 sum)."""
+    head = group.statements[0]
+    members = {head.result.uid: head}
+    for st in group.statements[1:]:
+        if not joins(st, head, members, {head.result.uid}):
+            return False
+        members[st.result.uid] = st
+    return True
+
+
+def _kind(st, a: Expr, b: Expr) -> Mma | str:
+    da, db = a.dtype, b.dtype
+    if st.acc.name == "int32" and da.name == db.name == "int8":
+        return Mma.S8
+    halves = {d.name for d in (da, db) if d.is_16bit_float}
+    if st.acc.name == "float32" and len(halves) == 1:
+        half = halves.pop()
+        other = b if da.is_16bit_float and da.name == half else a
+        if other.dtype.name == half or _dequantized(other, st):
+            return Mma.F16 if half == "float16" else Mma.BF16
+    return f"3: operand types {da.name} x {db.name} have no MMA (16-bit floats, or int8 x int8)"
+
+
+def _dequantized(e: Expr, st) -> bool:
+    """An expression of 1-byte integer weights (and at most 16-bit scales or constants)."""
+    loads = [st.reads[n.read].tensor.dtype for n in e.walk() if n.op == "load" and st.reads[n.read].memory]
+    return any(d.itemsize == 1 and not d.is_float for d in loads) and all(d.itemsize <= 2 for d in loads)
+
+
+# -- the tiling and its cost --------------------------------------------------------------------
+def tiles(d: Decision) -> tuple[int, int, int]:
+    """(BM, BN, BK) of a tensor-core decision."""
+    wm, wn, bk = d.mma_tile
+    return FRAG * wm, FRAG * wn, bk
+
+
+def grid_tiles(ops: Operands, d: Decision) -> tuple[int, int]:
+    """Row tiles and column tiles: gridDim.x = their product, column tiles fastest."""
+    BM, BN, _ = tiles(d)
+    return math.ceil(ops.rows / BM), math.ceil(ops.cols / BN)
+
+
+def smem_bytes(kind: Mma, BM: int, BN: int, BK: int) -> int:
+    return (BM + BN) * BK * kind.itemsize + BM * BN * 4
+
+
+def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | None, deterministic: bool):
+    """Tensor-core decisions: warps 1-8 (wm along rows no more than the rows need), K slabs of
+    32-128, power-of-two splits (each at least one slab; none for a stitched group), atomics or
+    partials."""
+    vec = choose_vec(group.statements, along(group), vector_extent(group))  # k lanes per staging load
+    base = dict(
+        statements=group.names, form=group.form, M=group.M, N=group.N, stitched=group.stitched, levels=levels_for(group),
+        epilogue=group.epilogue, vec=vec, ty=1, unroll=1, access=access_for(group, vec),
+        atomic_vec=(1,) * len(group.statements), mma=str(ops.kind),
+    )  # fmt: skip
+    merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    Kp = math.ceil(ops.K / FRAG) * FRAG
+    for wm in (1, 2, 4):
+        if wm > 1 and FRAG * wm > math.ceil(ops.rows / FRAG) * FRAG:
+            continue
+        for wn in (1, 2, 4, 8):
+            if wm * wn > 8 or (wn > 1 and FRAG * wn > math.ceil(ops.cols / FRAG) * FRAG):
+                continue
+            for bk in (32, 64, 128):
+                if bk > max(32, Kp) or smem_bytes(ops.kind, FRAG * wm, FRAG * wn, bk) > SMEM_BYTES:
+                    continue
+                slabs = math.ceil(ops.K / bk)
+                gx = math.ceil(ops.rows / (FRAG * wm)) * math.ceil(ops.cols / (FRAG * wn))
+                splits = [1 << e for e in range(min(MAX_GRID_Y, slabs).bit_length()) if 1 << e <= slabs]
+                if split is not None:
+                    splits = [max(1, min(split, slabs))]
+                if group.stitched:  # its split would be a cooperative launch: whole K per block
+                    splits = [1]
+                for s in splits:
+                    chunk = math.ceil(slabs / s) * bk
+                    s_eff = math.ceil(ops.K / chunk)
+                    for partials in merge_options if s_eff > 1 else merge_options[:1]:
+                        merges = merges_for(group, s_eff, partials)
+                        yield Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff),
+                                       merges=merges, mma_tile=(wm, wn, bk))  # fmt: skip
+
+
+def _ops(e: Expr) -> int:
+    return sum(1 for n in e.walk() if n.op not in ("load", "const"))
+
+
+def _bytes_per_element(group: KernelGroup, e: Expr, elements: int) -> float:
+    """Bytes of the distinct tensors an operand expression reads, per operand element."""
+    st = group.statements[0]
+    ts = {st.reads[r].tensor.uid: st.reads[r].tensor for r in _reads(e) if st.reads[r].memory}
+    return sum(t.size * t.dtype.itemsize for t in ts.values()) / max(1, elements)
+
+
+def staging_steps(rows: int, d: Decision) -> int:
+    """Iterations of the loop staging `rows` x BK operand elements, `vec` consecutive k per thread
+    and step, over the block's threads."""
+    return math.ceil(rows * tiles(d)[2] / d.vec / d.threads)
+
+
+def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
+    """Copies of the staging loop's body per step (its loads in flight): as many as keep the
+    loaded lanes (vec per memory read of the expression) within `STAGING_REGISTERS`, at most
+    `UNROLL`, 2 for an expression of more than `UNROLL_OPS` operations, and at most the loop's
+    iterations. (ptxas under the 64 registers of __launch_bounds__ spilled int4's unpacking at 4
+    copies and int8 weights with their scales at 4 x 8 lanes.)"""
+    st = group.statements[0]
+    lanes = d.vec * max(1, sum(1 for r in _reads(e) if st.reads[r].memory))
+    copies = max(1, min(UNROLL if _ops(e) <= UNROLL_OPS else 2, STAGING_REGISTERS // lanes))
+    return min(copies, staging_steps(rows, d))
+
+
+def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
+    """The model's time of a tensor-core decision: the CUDA-core cost's DRAM, merge and tail
+    terms, with the operands staged once per tile (the other tiles' re-reads hit L2), the
+    CUDA-core instructions of staging (the operand expression, its conversion and the shared
+    store per staged element) and the MMAs' FLOPs at the tensor cores' rate (kernel_time's
+    `mma_flops`), on padded tiles."""
+    from .cost import _input_bytes  # cost.py dispatches here: imported late
+
+    ops = analyse(group)
+    assert not isinstance(ops, str), ops
+    BM, BN, BK = tiles(d)
+    MT, NT = grid_tiles(ops, d)
+    Kp = d.chunk * d.split
+    st = group.statements[0]
+    a_bytes = _bytes_per_element(group, ops.a, ops.rows * ops.K)
+    b_bytes = _bytes_per_element(group, ops.b, ops.cols * ops.K)
+    l2 = a_bytes * ops.rows * ops.K * (NT - 1) + b_bytes * ops.cols * ops.K * (MT - 1)
+    staged_a, staged_b = MT * BM * Kp * NT, NT * BN * Kp * MT
+    fp32 = staged_a * (_ops(ops.a) + 2) + staged_b * (_ops(ops.b) + 2)
+    kept = group.on_chip - group.external
+    stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
+    out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
+    split = d.split > 1
+    partials = any(m.value == "partials" for m in d.merges)
+    ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
+    blocks = d.grid[0] * d.split
+    # the last block's element loop: its share of the tile's outputs, one L2 round trip each when merged
+    per_thread = math.ceil(BM * BN / d.threads)
+    tail = 400 + per_thread * (gpu.l2_latency_cycles if split else 4)
+    return kernel_time(
+        gpu,
+        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
+        write_bytes=out_bytes,
+        blocks=blocks,
+        threads=d.threads,
+        # the staging loops run one after the other, `staging_unroll` vector loads of each in flight
+        bytes_in_flight_per_thread=d.vec
+        * max(staging_unroll(ops.a, BM, d, group) * a_bytes, staging_unroll(ops.b, BN, d, group) * b_bytes),
+        atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
+        same_address=d.split if split else 0,
+        atomic_dtype=st.acc.name if split and not partials else "",
+        epilogue_cycles=tail,
+        l2_bytes=l2,
+        fp32_ops=fp32,
+        mma_flops=2.0 * MT * BM * NT * BN * Kp,
+        mma_dtype=Mma(d.mma).dtype,
+    )
+
+
+def choose(group: KernelGroup, gpu: GPUSpec, split: int | None = None, deterministic: bool = False):
+    """The tensor-core decision with the least modeled time and its cost, or None where the
+    preconditions fail."""
+    ops = analyse(group)
+    if isinstance(ops, str):
+        return None
+    best = None
+    for d in candidates(group, ops, gpu, split, deterministic):
+        c = tc_cost(group, gpu, d)
+        if best is None or c.total_s < best[0].total_s * 0.97:
+            best = (c, d)
+    return best
+
+
+def check(group: KernelGroup, d: Decision, at: str) -> None:
+    """Replay's rules for a tensor-core decision (schedule/replay.py): the preconditions hold for
+    the group, the tile is 1-8 warps of wmma tiles with a K slab that is a multiple of 16 and fits
+    in shared memory, the block is one dimension of 32 x warps threads, the grid covers the row
+    and column tiles, the split covers K in whole slabs and the vector width divides 16."""
+    from ..errors import ScheduleError
+
+    if not d.mma:
+        return
+    ops = analyse(group)
+    if isinstance(ops, str):
+        raise ScheduleError(f"{at}: tensor cores are not legal here (precondition {ops})")
+    if str(ops.kind) != d.mma:
+        raise ScheduleError(f"{at}: MMA type {d.mma}, the operands' is {ops.kind}")
+    if len(d.mma_tile) != 3:
+        raise ScheduleError(f"{at}: mma_tile {d.mma_tile} is not (warps along rows, along columns, K slab)")
+    wm, wn, bk = d.mma_tile
+    BM, BN = FRAG * wm, FRAG * wn
+    if wm < 1 or wn < 1 or wm * wn > 8 or bk < FRAG or bk % FRAG or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
+        raise ScheduleError(
+            f"{at}: tensor-core tile {d.mma_tile} is not 1-8 warps with a K slab of 16s in shared memory"
+        )
+    if d.tx != 32 * wm * wn or d.ty != 1 or FRAG % d.vec:
+        raise ScheduleError(
+            f"{at}: a tensor-core block is ({32 * wm * wn}, 1) threads with vectors dividing 16, "
+            f"not ({d.tx}, {d.ty}) x {d.vec}"
+        )
+    MT, NT = grid_tiles(ops, d)
+    if d.stitched and d.split > 1:
+        raise ScheduleError(f"{at}: a stitched group on tensor cores is not split (split {d.split})")
+    if d.grid[0] != MT * NT or d.chunk % bk or d.chunk * d.split < ops.K or d.chunk * (d.split - 1) >= ops.K:
+        raise ScheduleError(
+            f"{at}: grid {d.grid} with chunk {d.chunk} does not cover the {MT} x {NT} tiles and K {ops.K}"
+        )
