@@ -17,11 +17,7 @@ from panamera.cli import cli
 DATA = os.path.join(os.path.dirname(__file__), "data", "models")
 MODELS = sorted(os.path.basename(p)[: -len(".onnx")] for p in glob.glob(os.path.join(DATA, "*.onnx")))
 # name -> exact reason, for a model that is known to fail; xfail(strict=True) so that a fix shows up.
-_LOOP = (
-    "torch's EmbeddingBag exports as a Loop whose body reads outer-scope values; the constant folder and "
-    "the library's runner give a Loop only its explicit inputs (issue 20, open)"
-)
-KNOWN_FAILURES: dict[str, str] = {"widedeep-torchscript": _LOOP, "widedeep-dynamo": _LOOP}
+KNOWN_FAILURES: dict[str, str] = {}
 # Issue 20's families run once by default (their TorchScript export); their dynamo exports too with
 # PANAMERA_ALL_MODELS=1 (the pair costs about twice the CPU minutes; see tests/README or the issue note).
 FAMILIES = ("t5", "whisper", "distilbert", "qwen2", "gptneox", "bloom", "efficientnet", "mobilenetv3", "convnext",

@@ -2,7 +2,8 @@
 
 The result is an `OnnxModel`: the live nodes (those that depend on a graph input), the folded
 constants (initializers, Constant nodes and every node computable from them, evaluated with
-numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise) and the static shape and dtype of every value.
+numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise; an If with a constant
+condition inlined, a Loop with a constant trip count unrolled: unroll.py) and the static shape and dtype of every value.
 A dequantization of an 8-bit weight (DequantizeLinear, or a Cast of an int8 / uint8 constant) is
 not folded: it stays a live node, so that the kernel that reads the weight reads its bytes and
 widens them in registers (folding it would make every reader stream 2 to 4 times the bytes).
@@ -30,6 +31,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, Unsupported
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
+from .unroll import SEQUENCE_OPS, Unrolling, inline, loop_step, sequence_step
 
 # The names of ONNX's standard operator domain: Panamera converts (and folds) only its ops.
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
@@ -221,10 +223,19 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None, base: d
     live = []
     opsets = list(proto.opset_import)
     todo = list(reversed(proto.graph.node))
+    unrolling = Unrolling()
     while todo:
         n = todo.pop()
         if n.op_type == "If" and n.domain in DEFAULT_DOMAINS and n.input[0] in consts:
             todo += reversed(taken_branch(n, consts[n.input[0]], path))  # folded in turn, in place
+            continue
+        step = None
+        if n.op_type == "Loop" and n.domain in DEFAULT_DOMAINS:  # unroll.py: one iteration, then n again
+            step = loop_step(n, consts, unrolling, path)
+        elif n.op_type in SEQUENCE_OPS and n.domain in DEFAULT_DOMAINS:
+            step = sequence_step(n, consts, unrolling, path)
+        if step is not None:
+            todo += reversed(step)
             continue
         ins = [i for i in n.input if i]
         if n.op_type == "Shape" and n.input[0] in shapes and n.domain in DEFAULT_DOMAINS:
@@ -274,35 +285,20 @@ def taken_branch(n: onnx.NodeProto, cond, path: str) -> list[onnx.NodeProto]:
     which = "then_branch" if bool(c.reshape(-1)[0]) else "else_branch"
     g = next(a.g for a in n.attribute if a.name == which)
     prefix = f"{n.output[0]}/{which.removesuffix('_branch')}/"
-    local = {i.name for i in g.initializer} | {o for m in g.node for o in m.output if o}
-    rename = {v: prefix + v for v in local}
-    out = [helper.make_node("Constant", [], [rename[i.name]], name=prefix + i.name, value=i) for i in g.initializer]
-    for m in g.node:
-        m2 = onnx.NodeProto()
-        m2.CopyFrom(m)
-        m2.name = prefix + (m.name or m.op_type)
-        _rename_inputs(m2, rename)
-        m2.output[:] = [rename.get(o, o) for o in m.output]
-        out.append(m2)
+    out = inline(g, {}, prefix)
+    made = {o for m in out for o in m.output}
     if len(g.output) != len(n.output):
         raise ModelError(
             f"{path}: If {n.name or n.output[0]!r}: the {which} has {len(g.output)} outputs, the node {len(n.output)}"
         )
     out += [
-        helper.make_node("Identity", [rename.get(o.name, o.name)], [y], name=prefix + "out" + str(k))
+        helper.make_node(
+            "Identity", [prefix + o.name if prefix + o.name in made else o.name], [y], name=f"{prefix}out{k}"
+        )
         for k, (o, y) in enumerate(zip(g.output, n.output))
         if y
     ]
     return out
-
-
-def _rename_inputs(n: onnx.NodeProto, rename: dict) -> None:
-    """Rename the inputs of `n` and of the nodes of its subgraphs (their reads of outer values)."""
-    n.input[:] = [rename.get(i, i) for i in n.input]
-    for a in n.attribute:
-        for g in [a.g] if a.HasField("g") else list(a.graphs):
-            for m in g.node:
-                _rename_inputs(m, rename)
 
 
 def _with_weights(inferred: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
