@@ -69,16 +69,15 @@ def test_models_are_committed():
 
 
 @pytest.mark.parametrize("name", list(cases()))
-def test_optimize_verify(name):
-    r = invoke("optimize", os.path.join(DATA, f"{name}.onnx"), "--verify")
+def test_optimize_verify_and_run_match_onnxruntime(name, tmp_path):
+    """`optimize --verify` passes, then `run` matches onnxruntime. One test per model: `run`
+    compiles the same programs right after, from the in-memory compile cache (as two tests, every
+    model's were evicted by the others' before its second test)."""
+    path = os.path.join(DATA, f"{name}.onnx")
+    r = invoke("optimize", path, "--verify")
     assert r.exit_code == 0, r.output
     assert "values match" in r.output, r.output
-
-
-@pytest.mark.parametrize("name", list(cases()))
-def test_run_matches_onnxruntime(name, tmp_path):
     ort = pytest.importorskip("onnxruntime")
-    path = os.path.join(DATA, f"{name}.onnx")
     feeds = feeds_for(path)
     np.savez(tmp_path / "in.npz", **feeds)
     r = invoke("run", path, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "out.npz")
