@@ -30,6 +30,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, Unsupported
+from . import weights
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 from .unroll import SEQUENCE_OPS, Unrolling, inline, loop_step, sequence_step
 
@@ -303,14 +304,15 @@ def taken_branch(n: onnx.NodeProto, cond, path: str) -> list[onnx.NodeProto]:
 
 def _with_weights(inferred: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
     """`inferred` with the weights `_infer` passed as typed inputs made initializers again (the
-    model's proto is complete: the reference, onnxruntime and the deployable folder read it)."""
-    weights = [i.name for i in inferred.graph.input if i.name in consts]
-    if not weights:
+    model's proto is complete: the reference, onnxruntime and the deployable folder read it; a
+    memory-mapped weight as a stub naming its file: weights.py)."""
+    names = [i.name for i in inferred.graph.input if i.name in consts]
+    if not names:
         return inferred
     keep = [i for i in inferred.graph.input if i.name not in consts]
     del inferred.graph.input[:]
     inferred.graph.input.extend(keep)
-    inferred.graph.initializer.extend(numpy_helper.from_array(consts[k], k) for k in weights)
+    inferred.graph.initializer.extend(weights.initializer(k, consts[k]) for k in names)
     return inferred
 
 
@@ -403,8 +405,17 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
                 f"{path}: the model declares opset {o.version}; the installed onnx {onnx.__version__} supports "
                 f"opsets up to {newest}"
             )
+    ext = weights.external(proto) or any(
+        a.HasField("t") and a.t.data_location == onnx.TensorProto.EXTERNAL
+        for n in proto.graph.node
+        for a in n.attribute
+    )
+    if ext and not isinstance(source, (str, os.PathLike)):
+        raise ModelError(f"{path}: the model keeps its weights in external files: load it from its path")
+    if ext:
+        weights.load_constants(proto, path)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(path if ext else proto)  # by path: the checker finds the weight files
     except Exception as e:
         raise ModelError(f"{path}: onnx's checker rejects the model: {str(e).strip().splitlines()[0]}") from None
     _specialize(proto, specialize or {}, path)
@@ -414,7 +425,8 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
         if tt.HasField("shape") and not all(d.HasField("dim_value") for d in tt.shape.dim):
             tt.ClearField("shape")
     known, dry = {}, None
-    base = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    inside = [i for i in proto.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL]
+    base = {i.name: numpy_helper.to_array(i) for i in inside} | (weights.mapped(proto, path) if ext else {})
     for _ in range(8):  # Shape of a value whose shape became known folds, and so on downstream
         consts, live = _fold(proto, path, known, base)
         inferred, values = _infer(proto, consts, live)

@@ -1,0 +1,104 @@
+"""Weights stored outside the model file: memory-mapped, never copied (issue 20, scale).
+
+An ONNX model over 2 GB (protobuf's limit) keeps its initializers in files beside it: each
+TensorProto has `data_location = EXTERNAL` and `external_data` entries (location, offset,
+length). `mapped` maps each such weight read-only from its file (`np.memmap`): loading a 4 GB
+model reads none of it; the pages a kernel input or a folded constant touches are read on
+demand and shared with the page cache. `initializer` writes a weight back into a proto: a
+mapped one as an external-data stub naming its file (a few bytes, not a copy), any other by
+value.
+
+>>> import os, tempfile
+>>> from onnx import helper, TensorProto
+>>> d = tempfile.mkdtemp()
+>>> np.arange(6, dtype=np.float32).tofile(os.path.join(d, "w.bin"))
+>>> t = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3], data_location=TensorProto.EXTERNAL)
+>>> for k, v in (("location", "w.bin"), ("offset", "0"), ("length", "24")):
+...     e = t.external_data.add(); e.key, e.value = k, v
+>>> g = helper.make_graph([], "g", [], [], initializer=[t])
+>>> w = mapped(helper.make_model(g), os.path.join(d, "model.onnx"))["w"]
+>>> w.tolist(), w.flags.writeable
+([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], False)
+>>> initializer("w", w).external_data[1].value   # the stub's offset: no bytes copied
+'0'
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor
+
+from ..errors import ModelError
+
+
+def external(proto: onnx.ModelProto) -> bool:
+    """Whether any initializer of `proto` keeps its data in another file."""
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def mapped(proto: onnx.ModelProto, path: str) -> dict[str, np.ndarray]:
+    """name -> a read-only memory map of each external initializer of `proto`, whose model file
+    is `path` (locations are relative to its folder and must stay inside it)."""
+    base = os.path.dirname(os.path.abspath(path))
+    out = {}
+    for t in proto.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        f = os.path.normpath(os.path.join(base, loc))
+        if not loc or os.path.isabs(loc) or os.path.commonpath([base, f]) != base:
+            raise ModelError(
+                f"{path}: weights {t.name!r} name the file {loc!r}, which is not inside the model's folder"
+            )
+        if not os.path.isfile(f):
+            raise ModelError(f"{path}: weights {t.name!r} are in {loc!r}, which is not a file beside the model")
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).newbyteorder("<")
+        shape = tuple(int(d) for d in t.dims)
+        offset, want = int(info.get("offset", 0)), math.prod(shape) * dtype.itemsize
+        length = int(info.get("length", want))
+        if length != want or offset + length > os.path.getsize(f):
+            raise ModelError(
+                f"{path}: weights {t.name!r} ({shape} {dtype.name}: {want} bytes) do not fit {loc!r} at offset "
+                f"{offset} (length {length}, file {os.path.getsize(f)} bytes)"
+            )
+        out[t.name] = (
+            np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape) if want else np.zeros(shape, dtype)
+        )
+    return out
+
+
+def load_constants(proto: onnx.ModelProto, path: str) -> None:
+    """Read into `proto` the values of its Constant nodes kept in external files (small: an
+    exporter's tables, not weights), so that folding evaluates them."""
+    base = os.path.dirname(os.path.abspath(path))
+    for n in proto.graph.node:
+        for a in n.attribute:
+            if a.HasField("t") and a.t.data_location == onnx.TensorProto.EXTERNAL:
+                try:
+                    load_external_data_for_tensor(a.t, base)
+                except Exception as e:  # a missing or short file
+                    raise ModelError(
+                        f"{path}: the value of Constant {n.name or n.output[0]!r} cannot be read: {e}"
+                    ) from None
+                a.t.data_location = onnx.TensorProto.DEFAULT
+                del a.t.external_data[:]
+
+
+def initializer(name: str, a: np.ndarray) -> onnx.TensorProto:
+    """`a` as an initializer named `name`: a memory-mapped weight as an external-data stub naming
+    its file by absolute path (readers of the in-memory proto resolve it), any other by value."""
+    if not isinstance(a, np.memmap) or not isinstance(a.base, mmap.mmap) or a.filename is None:  # a view: by value
+        return numpy_helper.from_array(np.asarray(a), name)
+    t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype), dims=a.shape)
+    t.data_location = onnx.TensorProto.EXTERNAL
+    for k, v in (("location", a.filename), ("offset", str(a.offset)), ("length", str(a.nbytes))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
