@@ -9,7 +9,7 @@ from conftest import tolerance
 from onnx import TensorProto, helper, numpy_helper
 
 from panamera.errors import ModelError
-from panamera.subgraph import load_model, optimize
+from panamera.subgraph import load_model, load_optimized, optimize, write_deployable
 
 W = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)  # over INFER_INLINE: a typed input
 
@@ -32,14 +32,19 @@ def test_external_weights_are_memory_mapped_and_run(tmp_path):
     path = _save(tmp_path)
     model = load_model(str(path))
     w = model.constants["w"]
-    assert isinstance(w, np.memmap) and not w.flags.writeable
+    assert isinstance(w.base, np.memmap) and not w.flags.writeable and np.asarray(w) is w  # one object: one name
     stub = next(t for t in model.proto.graph.initializer if t.name == "w")
     assert stub.data_location == TensorProto.EXTERNAL and not stub.raw_data  # the proto names the file: no copy
     x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
-    got = optimize(str(path), target="emulator").run({"x": x})["y"]
+    opt = optimize(str(path), target="emulator")
+    got = opt.run({"x": x})["y"]
     want = x.astype(np.float64) @ W + 1
     tol = tolerance("float32", 64) * (np.abs(x).astype(np.float64) @ np.abs(W) + 1)
     assert (np.abs(got - want) <= tol).all()
+    # the deployable folder: the mapped weights are written out and the schedules replay (the
+    # subgraph signatures name the weights as at optimize time)
+    write_deployable(opt, str(tmp_path / "out"))
+    np.testing.assert_array_equal(load_optimized(str(tmp_path / "out"), target="emulator").run({"x": x})["y"], got)
 
 
 def test_external_weights_need_the_path(tmp_path):

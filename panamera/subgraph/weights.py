@@ -17,8 +17,8 @@ value.
 ...     e = t.external_data.add(); e.key, e.value = k, v
 >>> g = helper.make_graph([], "g", [], [], initializer=[t])
 >>> w = mapped(helper.make_model(g), os.path.join(d, "model.onnx"))["w"]
->>> w.tolist(), w.flags.writeable
-([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], False)
+>>> w.tolist(), w.flags.writeable, type(w.base).__name__
+([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], False, 'memmap')
 >>> initializer("w", w).external_data[1].value   # the stub's offset: no bytes copied
 '0'
 """
@@ -68,9 +68,8 @@ def mapped(proto: onnx.ModelProto, path: str) -> dict[str, np.ndarray]:
                 f"{path}: weights {t.name!r} ({shape} {dtype.name}: {want} bytes) do not fit {loc!r} at offset "
                 f"{offset} (length {length}, file {os.path.getsize(f)} bytes)"
             )
-        out[t.name] = (
-            np.memmap(f, dtype=dtype, mode="r", offset=offset, shape=shape) if want else np.zeros(shape, dtype)
-        )
+        # a plain ndarray over the map: np.asarray keeps it (a memmap it would rewrap, a new object each time)
+        out[t.name] = np.memmap(f, dtype, "r", offset, shape).view(np.ndarray) if want else np.zeros(shape, dtype)
     return out
 
 
@@ -94,11 +93,12 @@ def load_constants(proto: onnx.ModelProto, path: str) -> None:
 def initializer(name: str, a: np.ndarray) -> onnx.TensorProto:
     """`a` as an initializer named `name`: a memory-mapped weight as an external-data stub naming
     its file by absolute path (readers of the in-memory proto resolve it), any other by value."""
-    if not isinstance(a, np.memmap) or not isinstance(a.base, mmap.mmap) or a.filename is None:  # a view: by value
-        return numpy_helper.from_array(np.asarray(a), name)
+    m = a.base if isinstance(a, np.ndarray) and isinstance(a.base, np.memmap) else None
+    if m is None or not isinstance(m.base, mmap.mmap) or m.filename is None or (a.shape, a.dtype) != (m.shape, m.dtype):
+        return numpy_helper.from_array(np.asarray(a), name)  # not a whole mapped weight: by value
     t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(a.dtype), dims=a.shape)
     t.data_location = onnx.TensorProto.EXTERNAL
-    for k, v in (("location", a.filename), ("offset", str(a.offset)), ("length", str(a.nbytes))):
+    for k, v in (("location", m.filename), ("offset", str(m.offset)), ("length", str(m.nbytes))):
         e = t.external_data.add()
         e.key, e.value = k, v
     return t
