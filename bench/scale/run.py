@@ -2,10 +2,13 @@
 config (random weights, no download): wall time and peak memory (/usr/bin/time -v's maximum
 resident set), against the model's weight bytes. Not a test: figures go to bench/scale/README.md.
 
-    python bench/scale/run.py [--layers 12 --hidden 768 --heads 12 --seq 128] [--work /tmp/scale]
+    python bench/scale/run.py [--family gpt2|llama] [--layers 12 --hidden 768 --heads 12 --seq 128]
+                              [--kv-heads 4 --ffn 5632] [--deploy] [--work /tmp/panamera-scale]
 
-GPT-2 small by default (12 layers, 768 wide, sequence 128: 124 M parameters, 0.5 GB in float32).
-Needs torch and transformers (the dev extra) to export the model once (TorchScript exporter).
+GPT-2 small by default (12 layers, 768 wide, sequence 128: 124 M parameters, 0.5 GB in float32);
+`--family llama --layers 22 --hidden 2048 --heads 32` is a 1B-parameter LLaMA-like config (4 GB:
+external data). `--deploy` also writes the deployable folder and times loading it in a fresh
+process. Needs torch and transformers (the dev extra) to export the model once (TorchScript exporter).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--deploy", action="store_true", help="optimize --out a folder, then time loading it afresh")
     ap.add_argument("--family", choices=("gpt2", "llama"), default="gpt2")
     ap.add_argument("--kv-heads", type=int, default=4, help="llama: key/value heads (grouped-query attention)")
     ap.add_argument("--ffn", type=int, default=5632, help="llama: the MLP's intermediate size")
@@ -111,9 +115,19 @@ def main() -> int:
         return 0
     gb = sum(os.path.getsize(os.path.join(where, f)) for f in os.listdir(where)) / 2**30
     py = sys.executable
-    wall, rss, rc, tail = timed([py, "-m", "panamera.cli", "optimize", path, "--target", "emulator"])
-    print(f"model {os.path.basename(path)}: {gb:.2f} GB on disk")
-    print(f"optimize: {wall:.1f} s wall, peak RSS {rss:.2f} GB ({rss / gb:.1f}x the weights), exit {rc}")
+    print(f"model {path}: {gb:.2f} GB on disk", flush=True)
+    cmd = [py, "-m", "panamera.cli", "optimize", path, "--target", "emulator"]
+    if a.deploy:
+        out = os.path.join(where, "deployable")
+        cmd += ["--out", out, "--force"]
+    wall, rss, rc, tail = timed(cmd)
+    print(f"{' '.join(cmd[3:])}: {wall:.1f} s wall, peak RSS {rss:.2f} GB ({rss / gb:.2f}x the weights), exit {rc}")
+    print("  " + next((ln for ln in tail.splitlines() if ln.startswith("Whole model")), tail[-300:]), flush=True)
+    if rc or not a.deploy:
+        return rc
+    load = f"from panamera.subgraph import load_optimized; load_optimized({out!r}, target='emulator')"
+    wall, rss, rc, tail = timed([py, "-c", load])
+    print(f"load_optimized(folder) in a fresh process: {wall:.1f} s wall, peak RSS {rss:.2f} GB, exit {rc}")
     if rc:
         print(tail)
     return rc

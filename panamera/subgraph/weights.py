@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import struct
+import zipfile
 
 import numpy as np
 import onnx
@@ -88,6 +90,58 @@ def load_constants(proto: onnx.ModelProto, path: str) -> None:
                     ) from None
                 a.t.data_location = onnx.TensorProto.DEFAULT
                 del a.t.external_data[:]
+
+
+def npz_members(path: str) -> dict[str, np.ndarray]:
+    """Each array np.savez stored (uncompressed) in the .npz at `path`, memory-mapped read-only
+    from its offset in the file: a deployable folder's weights load without being read. A
+    compressed member or one of object dtype is left out (np.load reads it, or refuses it).
+
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.npz")
+    >>> np.savez(p, a=np.arange(3.0), b=np.eye(2, dtype=np.float32))
+    >>> m = npz_members(p)
+    >>> m["a"].tolist(), m["b"].dtype.name, type(m["b"].base).__name__
+    ([0.0, 1.0, 2.0], 'float32', 'memmap')
+    """
+    out = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            if info.compress_type != zipfile.ZIP_STORED or not info.filename.endswith(".npy"):
+                continue
+            f.seek(info.header_offset)
+            head = f.read(30)  # the local file header: its name and extra field precede the data
+            if len(head) < 30 or head[:4] != b"PK\x03\x04":
+                continue
+            names, extra = struct.unpack("<HH", head[26:30])
+            f.seek(info.header_offset + 30 + names + extra)
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            if dtype.hasobject or f.tell() + math.prod(shape) * dtype.itemsize > os.path.getsize(path):
+                continue
+            order = "F" if fortran else "C"
+            a = np.memmap(path, dtype, "r", f.tell(), shape, order) if math.prod(shape) else np.zeros(shape, dtype)
+            out[info.filename[: -len(".npy")]] = a.view(np.ndarray)
+    return out
+
+
+def resolved(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """`proto` with the stubs `initializer` wrote read into it (a copy; `proto` itself when it
+    has none): for onnx's reference evaluator, which reads only what the proto holds."""
+    if not external(proto):
+        return proto
+    p = onnx.ModelProto()
+    p.CopyFrom(proto)
+    for t in p.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}  # the stubs name their files by absolute path
+            with open(info["location"], "rb") as f:
+                f.seek(int(info.get("offset", 0)))
+                t.raw_data = f.read(int(info["length"]))
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+    return p
 
 
 def initializer(name: str, a: np.ndarray) -> onnx.TensorProto:
