@@ -144,6 +144,36 @@ def resolved(proto: onnx.ModelProto) -> onnx.ModelProto:
     return p
 
 
+def _copy_fields(src, dst, skip: str) -> None:
+    for fd, v in src.ListFields():
+        if fd.name == skip:
+            continue
+        if hasattr(v, "extend"):  # a repeated field
+            getattr(dst, fd.name).extend(v)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(v)
+        else:
+            setattr(dst, fd.name, v)
+
+
+def without_initializers(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `proto` without its initializers, made without copying them (the deployable
+    folder's graph.onnx: copying the whole proto to drop them held the weights three times).
+
+    >>> from onnx import helper
+    >>> g = helper.make_graph([], "g", [], [], initializer=[numpy_helper.from_array(np.zeros(4), "w")])
+    >>> p = without_initializers(helper.make_model(g))
+    >>> len(p.graph.initializer), p.graph.name
+    (0, 'g')
+    """
+    g = onnx.GraphProto()
+    _copy_fields(proto.graph, g, "initializer")
+    p = onnx.ModelProto()
+    _copy_fields(proto, p, "graph")
+    p.graph.CopyFrom(g)
+    return p
+
+
 def initializer(name: str, a: np.ndarray) -> onnx.TensorProto:
     """`a` as an initializer named `name`: a memory-mapped weight as an external-data stub naming
     its file by absolute path (readers of the in-memory proto resolve it), any other by value."""
