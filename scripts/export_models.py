@@ -5,8 +5,8 @@
 Each model is built from a config (no downloads: Hugging Face models come from their *Config and
 *Model classes, the others are written here), seeded, and exported with fixed small input shapes by
 the TorchScript exporter (dynamo=False) and the dynamo exporter (dynamo=True). A pair that fails is
-skipped with the reason printed. Needs torch and transformers (the dev extra), and onnxscript for
-the dynamo exporter (else its pairs are skipped); tests/test_exported_models.py, which uses the
+skipped with the reason printed. Needs torch, transformers and, for the dynamo exporter, onnxscript (all in
+the dev extra; without onnxscript the dynamo pairs are skipped); tests/test_exported_models.py, which uses the
 files, needs none of them. Small enough to commit: hidden size 32, 2 layers, vocabulary 128,
 sequence 8, 16x16 images. The hand-built families (EfficientNet, MobileNetV3, ConvNeXt, Swin, VGG,
 Wide&Deep) are in scripts/model_families.py.

@@ -27,15 +27,7 @@ def test_the_models_are_there():
     assert len(MODELS) == 36  # issue 11's six families and issue 20's twelve, two exporters each
 
 
-# torch's EmbeddingBag exports as a Loop reading outer-scope values (tests/test_exported_models.py)
-LOOP = pytest.mark.xfail(strict=True, reason="EmbeddingBag's Loop reads outer-scope values (issue 20, open)")
-
-
-@pytest.mark.parametrize(
-    "path",
-    [pytest.param(p, marks=[LOOP] if "widedeep" in p else []) for p in MODELS],
-    ids=[os.path.basename(p)[: -len(".onnx")] for p in MODELS],
-)
+@pytest.mark.parametrize("path", MODELS, ids=[os.path.basename(p)[: -len(".onnx")] for p in MODELS])
 def test_exported_model_has_no_host_node(path):
     assert host_nodes(path) == []
 

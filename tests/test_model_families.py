@@ -106,3 +106,39 @@ def test_a_dense_conv_stays_with_the_library():
     opt = optimize(proto, target="emulator")
     ((node, why),) = opt.partition.library
     assert node.op_type == "Conv" and "Panamera: " in why and "the library runs it" in why
+
+
+def _blocks(n: int, width: int = 24) -> bytes:
+    """n repeated blocks (Mul by the block's own gains, Softmax; a TopK the library runs between
+    blocks cuts the graph into one Panamera subgraph per block), each with its own weights."""
+    rng = np.random.default_rng(0)
+    nodes, inits, last = [], [], "x"
+    for k in range(n):
+        g = numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"g{k}")
+        inits += [g, numpy_helper.from_array(np.array([width // 2], np.int64), f"k{k}")]
+        nodes += [
+            helper.make_node("Mul", [last, f"g{k}"], [f"m{k}"]),
+            helper.make_node("Softmax", [f"m{k}"], [f"s{k}"]),
+            helper.make_node("TopK", [f"s{k}", f"k{k}"], [f"v{k}", f"i{k}"]),
+            helper.make_node("Concat", [f"v{k}", f"v{k}"], [f"c{k}"], axis=-1),
+        ]
+        last = f"c{k}"
+    g = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, width])],
+        [helper.make_tensor_value_info(last, TensorProto.FLOAT, [4, width])], inits,
+    )  # fmt: skip
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def test_repeated_blocks_are_planned_and_compiled_once():
+    """A transformer's layers: identical subgraphs with different weights are one program (the
+    compile cache keys a program by its structure, weights as arguments): 6 blocks make 7
+    subgraphs of 3 structures (the first, the middle ones, the last), so at most 3 compiles."""
+    before = pn.cache.info()
+    opt = optimize(_blocks(6), target="emulator")
+    after = pn.cache.info()
+    assert len(opt.subgraphs) == 7
+    assert after.misses - before.misses <= 3 and after.hits - before.hits >= 4
+    middle = [sg.compiled.source for sg in opt.subgraphs[1:-1]]
+    assert len(set(middle)) == 1  # one kernel source, each subgraph with its own block's gains:
+    assert [sorted(sg.weights) for sg in opt.subgraphs[1:-1]] == [[f"g{k}"] for k in range(1, 6)]

@@ -96,15 +96,18 @@ class KernelGroup:
 def _body_key(e: Expr, reads) -> tuple:
     """A structural key of a statement body: equal keys compute equal values per iteration. Flat,
     built without recursion: the distinct subexpressions in post order, each naming its
-    arguments by position in that list (bodies of any depth; shared subexpressions once)."""
+    arguments by position in that list (bodies of any depth; shared subexpressions once). A
+    gather's load has the loaded index as its argument: two gathers of one table at different
+    indices differ (EmbeddingBag's bags: one Gather per bag, each of its own slice of the ids)."""
     records: dict[tuple, int] = {}
     at: dict[int, int] = {}
-    for n in postorder([e], lambda n: () if n.op == "load" else n.args):
+    for n in postorder([e], lambda n: n.args):
+        args = tuple(at[id(a)] for a in n.args)
         if n.op == "load":
             r = reads[n.read]
-            rec = ("load", r.tensor.uid, str(r.addr))  # the domains are anonymous [i, j]: comparable
+            rec = ("load", r.tensor.uid, str(r.addr), r.indirect, args)  # anonymous domains [i, j]: comparable
         else:
-            rec = (n.op, n.dtype.name, repr(n.value), tuple(at[id(a)] for a in n.args))
+            rec = (n.op, n.dtype.name, repr(n.value), args)
         at[id(n)] = records.setdefault(rec, len(records))
     return tuple(records)
 

@@ -2,6 +2,7 @@
 
 Modules, each importing only those listed before it:
 numpy_ops.py evaluates index and shape ops with numpy (folding, library nodes, the reference);
+unroll.py unrolls constant Loops and sequence ops for the folder;
 model.py loads an ONNX model, fixes its input shapes, folds constants and infers shapes;
 convert.py holds the op table (CONVERTERS) and turns ONNX nodes into Panamera tensors;
 library.py runs the nodes Panamera leaves to the array library (numpy/CuPy, onnx's reference);

@@ -37,7 +37,6 @@ import os
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from .. import logs
 from ..errors import ModelError, PanameraError, ScheduleError
@@ -47,6 +46,7 @@ from . import folder
 from .library import LibraryNode
 from .model import Node, OnnxModel, Value, _node_attrs
 from .optimizer import OptimizedModel, Subgraph, compile_subgraph
+from .weights import initializer, npz_members, without_initializers
 
 FORMAT = "panamera-optimized/2"  # /2: files and their SHA-256, shared weights
 MANIFEST = "manifest.json"
@@ -102,8 +102,7 @@ def write_deployable(opt: OptimizedModel, out: str, cu_paths: dict | None = None
         weights[f"w{k}"] = stored
         names[f"w{k}"] = [name, dtype]
     np.savez(os.path.join(out, "weights.npz"), **weights)
-    graph = onnx.ModelProto.FromString(model.proto.SerializeToString())
-    del graph.graph.initializer[:]
+    graph = without_initializers(model.proto)
     onnx.save_model(graph, os.path.join(out, "graph.onnx"))
     manifest = {
         "format": FORMAT,
@@ -194,8 +193,9 @@ def _load(d: str, mpath: str, man: dict, target: str) -> OptimizedModel:
         raise ModelError(f"{gpath}: not a readable ONNX graph ({type(e).__name__})") from None
     wpath = os.path.join(d, "weights.npz")
     try:
+        mapped = npz_members(wpath)  # memory-mapped, not read (weights.py)
         with np.load(wpath, allow_pickle=False) as z:
-            stored = {key: z[key] for key in man["weights"] if key in z.files}
+            stored = {key: mapped[key] if key in mapped else z[key] for key in man["weights"] if key in z.files}
     except Exception as e:  # zipfile's BadZipFile, EOFError, a pickled array refused: not our weights
         raise ModelError(f"{wpath}: not a readable weights file ({type(e).__name__}: {e})") from None
     constants = {}
@@ -209,7 +209,7 @@ def _load(d: str, mpath: str, man: dict, target: str) -> OptimizedModel:
         constants[name] = constants[first]
     values = {k: Value(k, tuple(s) if s is not None else None, int(e)) for k, (s, e) in man["values"].items()}
     used = {i for n in graph.graph.node for i in n.input} | set(man["outputs"])
-    graph.graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in constants.items() if k in used)
+    graph.graph.initializer.extend(initializer(k, v) for k, v in constants.items() if k in used)
     opset = man["opset"]
     nodes = tuple(
         Node(k, n.name, n.op_type, n.domain, tuple(n.input), tuple(n.output), _node_attrs(n), opset)

@@ -2,7 +2,8 @@
 
 The result is an `OnnxModel`: the live nodes (those that depend on a graph input), the folded
 constants (initializers, Constant nodes and every node computable from them, evaluated with
-numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise) and the static shape and dtype of every value.
+numpy where numpy_ops.py has the op, by onnx's reference evaluator otherwise; an If with a constant
+condition inlined, a Loop with a constant trip count unrolled: unroll.py) and the static shape and dtype of every value.
 A dequantization of an 8-bit weight (DequantizeLinear, or a Cast of an int8 / uint8 constant) is
 not folded: it stays a live node, so that the kernel that reads the weight reads its bytes and
 widens them in registers (folding it would make every reader stream 2 to 4 times the bytes).
@@ -29,7 +30,9 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, Unsupported
+from . import weights
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
+from .unroll import SEQUENCE_OPS, Unrolling, inline, loop_step, sequence_step
 
 # The names of ONNX's standard operator domain: Panamera converts (and folds) only its ops.
 DEFAULT_DOMAINS = frozenset({"", "ai.onnx"})
@@ -221,10 +224,19 @@ def _fold(proto: onnx.ModelProto, path: str, shapes: dict | None = None, base: d
     live = []
     opsets = list(proto.opset_import)
     todo = list(reversed(proto.graph.node))
+    unrolling = Unrolling()
     while todo:
         n = todo.pop()
         if n.op_type == "If" and n.domain in DEFAULT_DOMAINS and n.input[0] in consts:
             todo += reversed(taken_branch(n, consts[n.input[0]], path))  # folded in turn, in place
+            continue
+        step = None
+        if n.op_type == "Loop" and n.domain in DEFAULT_DOMAINS:  # unroll.py: one iteration, then n again
+            step = loop_step(n, consts, unrolling, path)
+        elif n.op_type in SEQUENCE_OPS and n.domain in DEFAULT_DOMAINS:
+            step = sequence_step(n, consts, unrolling, path)
+        if step is not None:
+            todo += reversed(step)
             continue
         ins = [i for i in n.input if i]
         if n.op_type == "Shape" and n.input[0] in shapes and n.domain in DEFAULT_DOMAINS:
@@ -274,47 +286,33 @@ def taken_branch(n: onnx.NodeProto, cond, path: str) -> list[onnx.NodeProto]:
     which = "then_branch" if bool(c.reshape(-1)[0]) else "else_branch"
     g = next(a.g for a in n.attribute if a.name == which)
     prefix = f"{n.output[0]}/{which.removesuffix('_branch')}/"
-    local = {i.name for i in g.initializer} | {o for m in g.node for o in m.output if o}
-    rename = {v: prefix + v for v in local}
-    out = [helper.make_node("Constant", [], [rename[i.name]], name=prefix + i.name, value=i) for i in g.initializer]
-    for m in g.node:
-        m2 = onnx.NodeProto()
-        m2.CopyFrom(m)
-        m2.name = prefix + (m.name or m.op_type)
-        _rename_inputs(m2, rename)
-        m2.output[:] = [rename.get(o, o) for o in m.output]
-        out.append(m2)
+    out = inline(g, {}, prefix)
+    made = {o for m in out for o in m.output}
     if len(g.output) != len(n.output):
         raise ModelError(
             f"{path}: If {n.name or n.output[0]!r}: the {which} has {len(g.output)} outputs, the node {len(n.output)}"
         )
     out += [
-        helper.make_node("Identity", [rename.get(o.name, o.name)], [y], name=prefix + "out" + str(k))
+        helper.make_node(
+            "Identity", [prefix + o.name if prefix + o.name in made else o.name], [y], name=f"{prefix}out{k}"
+        )
         for k, (o, y) in enumerate(zip(g.output, n.output))
         if y
     ]
     return out
 
 
-def _rename_inputs(n: onnx.NodeProto, rename: dict) -> None:
-    """Rename the inputs of `n` and of the nodes of its subgraphs (their reads of outer values)."""
-    n.input[:] = [rename.get(i, i) for i in n.input]
-    for a in n.attribute:
-        for g in [a.g] if a.HasField("g") else list(a.graphs):
-            for m in g.node:
-                _rename_inputs(m, rename)
-
-
 def _with_weights(inferred: onnx.ModelProto, consts: dict) -> onnx.ModelProto:
     """`inferred` with the weights `_infer` passed as typed inputs made initializers again (the
-    model's proto is complete: the reference, onnxruntime and the deployable folder read it)."""
-    weights = [i.name for i in inferred.graph.input if i.name in consts]
-    if not weights:
+    model's proto is complete: the reference, onnxruntime and the deployable folder read it; a
+    memory-mapped weight as a stub naming its file: weights.py)."""
+    names = [i.name for i in inferred.graph.input if i.name in consts]
+    if not names:
         return inferred
     keep = [i for i in inferred.graph.input if i.name not in consts]
     del inferred.graph.input[:]
     inferred.graph.input.extend(keep)
-    inferred.graph.initializer.extend(numpy_helper.from_array(consts[k], k) for k in weights)
+    inferred.graph.initializer.extend(weights.initializer(k, consts[k]) for k in names)
     return inferred
 
 
@@ -407,8 +405,17 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
                 f"{path}: the model declares opset {o.version}; the installed onnx {onnx.__version__} supports "
                 f"opsets up to {newest}"
             )
+    ext = weights.external(proto) or any(
+        a.HasField("t") and a.t.data_location == onnx.TensorProto.EXTERNAL
+        for n in proto.graph.node
+        for a in n.attribute
+    )
+    if ext and not isinstance(source, (str, os.PathLike)):
+        raise ModelError(f"{path}: the model keeps its weights in external files: load it from its path")
+    if ext:
+        weights.load_constants(proto, path)
     try:
-        onnx.checker.check_model(proto)
+        onnx.checker.check_model(path if ext else proto)  # by path: the checker finds the weight files
     except Exception as e:
         raise ModelError(f"{path}: onnx's checker rejects the model: {str(e).strip().splitlines()[0]}") from None
     _specialize(proto, specialize or {}, path)
@@ -418,7 +425,8 @@ def load_model(source: ModelSource, shapes: dict | None = None, specialize: dict
         if tt.HasField("shape") and not all(d.HasField("dim_value") for d in tt.shape.dim):
             tt.ClearField("shape")
     known, dry = {}, None
-    base = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    inside = [i for i in proto.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL]
+    base = {i.name: numpy_helper.to_array(i) for i in inside} | (weights.mapped(proto, path) if ext else {})
     for _ in range(8):  # Shape of a value whose shape became known folds, and so on downstream
         consts, live = _fold(proto, path, known, base)
         inferred, values = _infer(proto, consts, live)

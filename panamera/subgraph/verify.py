@@ -70,6 +70,7 @@ from ..frontend.walk import evaluate
 from .library import to_host
 from .model import OnnxModel
 from .numpy_ops import REFERENCE_FIXES
+from .weights import resolved as _resolved
 
 
 class Reference(StrEnum):
@@ -149,7 +150,8 @@ def promote(proto: onnx.ModelProto) -> onnx.ModelProto:
 def _run(proto: onnx.ModelProto, names: list[str], feeds: dict) -> dict:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        return dict(zip(names, ReferenceEvaluator(proto, new_ops=REFERENCE_FIXES).run(names, feeds)))
+        ref = ReferenceEvaluator(_resolved(proto), new_ops=REFERENCE_FIXES)  # mapped weights read in
+        return dict(zip(names, ref.run(names, feeds)))
 
 
 def _is_float(a: np.ndarray) -> bool:
@@ -416,7 +418,7 @@ def _onnxruntime_checks(model: OnnxModel, feeds: dict, ours: dict, budget: dict,
         import onnxruntime as ort
     except ImportError:
         raise OptionError("--verify=onnxruntime: onnxruntime is not installed (pip install onnxruntime)") from None
-    proto = onnx.ModelProto.FromString(model.proto.SerializeToString())
+    proto = onnx.ModelProto.FromString(_resolved(model.proto).SerializeToString())
     known = {o.name for o in proto.graph.output}
     for n in ours:  # inner values become outputs too
         if n not in known and n in model.values and model.values[n].elem:
