@@ -92,33 +92,14 @@ def _scan(
     return isl.AstBuild.from_context(ctx_set).node_from_schedule_map(isl.UnionMap.from_map(sched))
 
 
-def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list[str], depth: int = 0) -> list[str]:
-    """C lines of an isl AST; `pragmas[d]` precedes the loops at depth d; `user(args)` renders
-    a statement instance from its argument expressions."""
-    t = n.get_type()
-    if t == isl.ast_node_type.block:
-        return [ln for c in n.block_get_children() for ln in _print(c, user, pragmas, depth)]
-    if t == isl.ast_node_type.for_:
-        it = islast.expr(n.for_get_iterator())
-        head = (
-            f"for (pn_idx {it} = {islast.expr(n.for_get_init())}; {islast.expr(n.for_get_cond())}; "
-            f"{it} += {islast.expr(n.for_get_inc())}) {{"
-        )
-        pre = [pragmas[depth]] if depth < len(pragmas) and pragmas[depth] else []
-        body = _print(n.for_get_body(), user, pragmas, depth + 1)
-        return pre + [head] + ["  " + ln for ln in body] + ["}"]
-    if t == isl.ast_node_type.if_:
-        out = [f"if ({islast.expr(n.if_get_cond())}) {{"]
-        out += ["  " + ln for ln in _print(n.if_get_then_node(), user, pragmas, depth)]
-        if n.if_has_else_node():
-            out += ["} else {"] + ["  " + ln for ln in _print(n.if_get_else_node(), user, pragmas, depth)]
-        return out + ["}"]
-    if t == isl.ast_node_type.user:
-        call = n.user_get_expr()
-        return user([islast.expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())])
-    if t == isl.ast_node_type.mark:
-        return _print(n.mark_get_node(), user, pragmas, depth)
-    raise NotImplementedError(f"isl AST node {t}")
+def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list[str]) -> list[str]:
+    """islast.node with the CPU's loop pragmas (`pragmas[d]` before the loops at depth d);
+    `user(args)` renders a statement instance from its argument expressions."""
+
+    def call(e: isl.AstExpr) -> list[str]:
+        return user([islast.expr(e.get_op_arg(k)) for k in range(1, e.get_op_n_arg())])
+
+    return islast.node(n, call, "pn_idx", 0, pragmas=pragmas)
 
 
 # -- the kernel ---------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendError, CompileError, OptionError, PanameraWarning
+from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
 from .executor import Executor, _alloc
@@ -37,10 +36,7 @@ _guard = threading.Lock()
 
 
 def _compiler() -> str:
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        raise BackendError("target='cpu': no C++ compiler (g++) found; install g++ or set CXX")
-    return cxx
+    return emulator.compiler("target='cpu'")
 
 
 @cache
@@ -130,20 +126,10 @@ def build(source: str) -> ctypes.CDLL:
 
 
 def _compile(source: str, fl: tuple[str, ...]) -> bytes:
-    """The shared library g++ builds from `source` with flags `fl` (in a temporary directory), as bytes."""
+    """The shared library g++ builds from `source` with flags `fl`, as bytes (emulator._compile)."""
     log.info("building a CPU library with %s", " ".join(fl))
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.cpp"
-        src.write_text(source)
-        out = Path(tmp) / "k.so"
-        r = subprocess.run(
-            [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode:
-            raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
-        return out.read_bytes()
+    compile_flags = tuple(f for f in fl if not f.startswith("-l"))
+    return emulator._compile(source, compile_flags, "cpu", tuple(_libs(fl)))
 
 
 class CpuExecutor(Executor):
