@@ -3,10 +3,14 @@
 CPU backend (runtime/cpu.py).
 
 Covered: element-wise groups, ROW / COLUMN / ALL reductions with fused element-wise producers
-and epilogues, split across cores when their outputs cannot occupy them, and stitched ROW groups
-(softmax, layer_norm rows) and ALL groups (x - mean(x): one row, on one core). Refused with
-CpuUnsupportedError: fused attention, contractions (matmul, einsum), stitched COLUMN groups,
-reductions over an empty extent, and replaying a GPU `schedule=`.
+and epilogues, split across cores when their outputs cannot occupy them (merged in chunk
+order, by the last task, or by atomics: schedule/cpu_mapper.py), stitched ROW groups (softmax,
+layer_norm rows) and ALL groups (x - mean(x): one row, on one core), reductions over an empty
+extent (numpy's values), contractions (generated as reductions, K split when the outputs are
+few; large float ones read straight from their operands run in numpy's BLAS:
+schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
+Refused with CpuUnsupportedError: replaying a GPU `schedule=`, and the group kinds
+cpu_kernel.py's `check` names.
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), target="cpu")
@@ -17,10 +21,11 @@ reductions over an empty extent, and replaying a GPU `schedule=`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from .codegen import islast
-from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
+from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.header import prelude
 from .compiler import (
     TARGET_COMPILERS,
@@ -35,11 +40,12 @@ from .compiler import (
     write_out,
 )
 from .frontend.tensor import Tensor
+from .poly import attention as fused_attention
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.plan import InputSpec, LaunchPlan
-from .schedule.contraction import contraction_info
+from .schedule.cpu_blas import blas_call
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu, modeled_steps
-from .schedule.formulation import choose_formulations
+from .schedule.formulation import choose_formulations, substitute
 
 
 @dataclass(frozen=True)
@@ -74,23 +80,28 @@ class CpuCompiled(Compiled):
         is accepted for the GPU explain's signature and ignored)."""
         lines = [f"Panamera plan: {len(self.cpu_kernels)} CPU kernel(s), target cpu ({CpuMachine.detect().name})"]
         for k in self.cpu_kernels:
-            lines.append(f"  kernel {k.name}: {k.decision.describe()}")
+            lines.append(f"  kernel {k.name}: {k.describe()}")
         lines += [f"  formulation: {f.describe().replace(' us', ' SIMD steps')}" for f in self.formulations]
         return "\n".join(lines)
 
 
-def _refuse(a) -> None:
-    if a.fused is not None:
-        raise CpuUnsupportedError("target='cpu': fused attention is not supported yet; use target='emulator'")
-    for g in a.groups:
-        if g.M > 0 and g.N == 0:
-            raise CpuUnsupportedError(
-                f"target='cpu': a reduction over an empty extent ({g.names}) is not supported yet"
-            )
-        if g.M * g.N and contraction_info(g) is not None:
-            raise CpuUnsupportedError(
-                f"target='cpu': contractions (matmul, einsum: {g.names}) are not supported yet; use target='emulator'"
-            )
+# The ATOMIC merge (schedule/cpu_mapper.py): a task's partial combined into a shared accumulator
+# by compare-and-swap, with the combiner's functor (header.py), for any scalar accumulator.
+ATOMIC_COMBINE = """#include <atomic>
+template <class F, class T> static inline void pn_atomic_combine(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load(std::memory_order_relaxed);
+  while (!r.compare_exchange_weak(old, F::apply(old, v), std::memory_order_relaxed)) {}
+}
+"""
+
+
+def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Fused attention nodes replaced by their chains (q @ k.T, a softmax per query row, @ v):
+    the CPU target has no fused attention template; the chain's contractions and stitched rows
+    are CPU kernels (materialized scores, not an online softmax)."""
+    nodes = fused_attention.chains_in(outs)
+    return substitute(outs, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else outs
 
 
 def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> CpuCompiled:
@@ -101,18 +112,23 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     alone = Options(Target.EMULATOR, False, options.gpu)
 
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked for this CPU
+        if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
+            return math.inf
         return modeled_steps(run_stages(alternative, alone, stop_after="groups").groups, machine)
 
     graph, chosen = choose_formulations(outs, cost)
-    a = run_stages(graph, options, stop_after="groups")
+    a = run_stages(_unfused(graph), options, stop_after="groups")
     a = dataclasses.replace(a, outputs=outs, formulations=chosen)
-    _refuse(a)
     kernels = []
-    for k, g in enumerate(a.groups):
-        if g.M * g.N:
-            d: CpuDecision = map_cpu(g, machine, options.split)
-            kernels.append(render_cpu(kernel_name(k, g), g, d))
     buffers = _output_specs(a.groups)
+    for k, g in enumerate(a.groups):
+        if g.M > 0 and g.N == 0:  # reductions over nothing
+            kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
+        elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
+            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores))
+        elif g.M * g.N:
+            d: CpuDecision = map_cpu(g, machine, options.split, options.deterministic)
+            kernels.append(render_cpu(kernel_name(k, g), g, d))
     for kern in kernels:
         for p in kern.params:
             buffers.setdefault(p.key, p)
@@ -124,9 +140,9 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
     decls = sorted({r for k in kernels for r in k.reductions})
-    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
-    source = "#include <cstdlib>\n" + SIMD_MATH + prelude(body) + body
-    calls = tuple((k.name, tuple(p.key for p in k.params)) for k in kernels)
+    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None)]) + "\n"
+    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
+    calls = tuple((k.name, tuple(p.key for p in k.params), k.host) for k in kernels)
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores)
     return CpuCompiled(a, options, single, ex, "chosen by the CPU mapper", tuple(kernels), source)

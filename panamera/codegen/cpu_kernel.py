@@ -11,8 +11,9 @@ from algebra.py): the reduction algebra is defined once.
 Stitched ROW groups make one pass over a row per level (schedule/mapping.py's `levels`), the
 row in cache; a row epilogue (and every element-wise statement of an epilogue group) runs once
 the values it reads are final, at (i, j = 0). A split reduction (decision.split > 1) writes one
-partial per (output, chunk) into a per-call array; after the tasks' barrier each output's
-partials are combined in chunk order, then finished: deterministic for every thread count.
+partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
+in chunk order after the tasks' barrier, by the last task of the output, or by atomic
+compare-and-swap into a shared accumulator), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
 of `CpuKernel.params`, `pn_nt` threads.
@@ -31,10 +32,12 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
-from ..schedule.cpu_mapper import CpuDecision
+from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
 from .expr import convert
+from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
 
 
@@ -49,6 +52,10 @@ class CpuKernel:
     params: tuple[BufferSpec, ...]
     decision: CpuDecision
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
+    host: BlasCall | None = None  # run on the host by numpy's BLAS instead (schedule/cpu_blas.py); no source
+
+    def describe(self) -> str:
+        return self.host.describe() if self.host is not None else self.decision.describe()
 
 
 @dataclass(frozen=True)
@@ -250,29 +257,70 @@ class _Kernel:
             )
         ]
 
-    def partial_decls(self) -> tuple[list[str], list[str]]:
+    def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
+        """The per-call arrays of a split plan: partials (ORDERED, LAST), a counter per output or
+        block (LAST), one shared accumulator per output (ATOMIC); and the lines that free them."""
         g, d = self.g, self.d
         alloc, free = [], []
         for k in self.owners(self.reductions):
             t = g.statements[k].acc.compute
-            alloc.append(f"{t}* __restrict__ pn_part{k} = ({t}*)malloc(sizeof({t}) * {d.M * d.split}LL);")
-            free.append(f"free(pn_part{k});")
+            name, n = (f"pn_acc{k}", d.M) if d.merge == CpuMerge.ATOMIC else (f"pn_part{k}", d.M * d.split)
+            alloc.append(f"{t}* __restrict__ {name} = ({t}*)malloc(sizeof({t}) * {n}LL);")
+            free.append(f"free({name});")
+        if d.merge == CpuMerge.LAST:
+            alloc.append(f"int* pn_cnt = (int*)calloc({counters}, sizeof(int));")
+            free.append("free(pn_cnt);")
         return alloc, free
 
-    def merge(self) -> list[str]:
-        """After the tasks: each output's partials combined in chunk order, finished, epilogues."""
+    def combine_partials(self) -> list[str]:
+        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
+        read (ATOMIC), then finished, and its epilogues."""
         g, d = self.g, self.d
-        owners = self.owners(self.reductions)
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
-        for k in owners:
+        out = []
+        for k in self.owners(self.reductions):
             s = g.statements[k]
-            out.append(f"  {s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
+            if d.merge == CpuMerge.ATOMIC:
+                out.append(f"{s.acc.compute} acc{k} = pn_acc{k}[i];")
+                continue
+            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
             out.append(
-                f"  for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
+                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
             )
-        out += ["  " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}")]
-        out += ["  " + ln for ln in self.run_epilogues(0)]
-        return out + ["}"]
+        out += self.finish(self.reductions, lambda k: f"acc{k}")
+        return out + self.run_epilogues(0)
+
+    def before_tasks(self) -> list[str]:
+        """ATOMIC: the shared accumulators set to the identity (the loop's barrier follows)."""
+        g, d = self.g, self.d
+        if d.merge != CpuMerge.ATOMIC:
+            return []
+        owners = self.owners(self.reductions)
+        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(g.statements[k])};" for k in owners)
+        return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{ {sets} }}"]
+
+    def deliver(self, value: Callable[[int], str]) -> list[str]:
+        """A task's partial of output i (`value(k)` for owner k): stored in its chunk's slot,
+        or combined into the shared accumulator by compare-and-swap (ATOMIC)."""
+        g, d = self.g, self.d
+        out = []
+        for k in self.owners(self.reductions):
+            if d.merge == CpuMerge.ATOMIC:
+                out.append(f"pn_atomic_combine<{g.statements[k].combiner.functor}>(&pn_acc{k}[i], {value(k)});")
+            else:
+                out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
+        return out
+
+    def last_of(self, counter: str) -> str:
+        """LAST: the condition that this task is the last of its output (or block) to finish; the
+        acquire-release increment makes the other tasks' partials visible to it."""
+        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
+
+    def after_tasks(self) -> list[str]:
+        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
+        if self.d.merge == CpuMerge.LAST:
+            return []
+        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
+        return out + ["  " + ln for ln in self.combine_partials()] + ["}"]
 
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d
@@ -289,17 +337,20 @@ class _Kernel:
                 out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
                 out += ["  " + ln for ln in self.run_epilogues(lv)]
             return out + ["}"]
-        alloc, free = self.partial_decls()
+        alloc, free = self.partial_decls(d.M)
         owners = self.owners(self.reductions)
-        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
+        out.append("#pragma omp for schedule(static)")
         out.append(f"for (pn_idx pn_t = 0; pn_t < {d.M * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
         out += ["  " + ln for ln in self.acc_decls(owners)]
         lo, hi = f"pn_p * {d.chunk}LL", f"pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL)"
         out += ["  " + ln for ln in self.row_pass(self.reductions, lo, hi)]
-        out += [f"  pn_part{k}[pn_t] = acc{k};" for k in owners]
+        out += ["  " + ln for ln in self.deliver(lambda k: f"acc{k}")]
+        if d.merge == CpuMerge.LAST:
+            out += ["  " + self.last_of("pn_cnt[i]")] + ["    " + ln for ln in self.combine_partials()] + ["  }"]
         out.append("}")
-        return out + self.merge() + ["}"] + free
+        return out + self.after_tasks() + ["}"] + free
 
     def emit_column(self) -> list[str]:
         g, d = self.g, self.d
@@ -322,22 +373,28 @@ class _Kernel:
             )
 
         nb = -(-d.M // B)
-        alloc, free = self.partial_decls() if d.split > 1 else ([], [])
-        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        alloc, free = self.partial_decls(nb) if d.split > 1 else ([], [])
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
+        out.append("#pragma omp for schedule(static)")
         out.append(f"for (pn_idx pn_t = 0; pn_t < {nb * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx pn_i0 = pn_t / {d.split} * {B}, pn_p = pn_t % {d.split};")
         out.append(f"  const pn_idx pn_lo = pn_p * {d.chunk}LL, pn_hi = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
         out += ["  " + ln for ln in self.acc_decls(owners, B)]
         out += ["  " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
-        out.append(f"  for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{")
+        block = f"for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{"
+        out.append("  " + block)
         if d.split == 1:
             out += ["    " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
             out += ["    " + ln for ln in self.run_epilogues(0)]
         else:
-            out += [f"    pn_part{k}[i * {d.split} + pn_p] = acc{k}[i - pn_i0];" for k in owners]
-        out += ["  }", "}"]
+            out += ["    " + ln for ln in self.deliver(lambda k: f"acc{k}[i - pn_i0]")]
+        out.append("  }")
+        if d.merge == CpuMerge.LAST:
+            out += ["  " + self.last_of(f"pn_cnt[pn_t / {d.split}]"), "    " + block]
+            out += ["      " + ln for ln in self.combine_partials()] + ["    }", "  }"]
+        out.append("}")
         if d.split > 1:
-            out += self.merge()
+            out += self.after_tasks()
         return out + ["}"] + free
 
     def emit_map(self) -> list[str]:
@@ -367,6 +424,29 @@ class _Kernel:
         lines.append("}")
         decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
+
+
+def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int) -> CpuKernel:
+    """A contraction group run by numpy's BLAS on the host (schedule/cpu_blas.py): no C++, its
+    buffers as a kernel's."""
+    params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
+    d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
+    return CpuKernel(name, "", params, d, (), call)
+
+
+def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:
+    """A group of reductions over an empty extent: each result filled with what numpy gives (the
+    combiner's identity: sum 0, prod 1, all True; NaN for a mean or variance), the values the
+    emulator's init kernel writes (codegen/kernel.py's render_empty)."""
+    fills = render_empty(name, group, specs).fills
+    params = tuple(specs[f.buffer] for f in fills)
+    lines = [f'extern "C" void {name}(void** pn_a, int pn_nt) {{']
+    for n, (f, p) in enumerate(zip(fills, params)):
+        lines.append(f"  {p.ctype}* __restrict__ b{n} = ({p.ctype}*)pn_a[{n}];")
+        lines.append("  #pragma omp parallel for simd schedule(static) num_threads(pn_nt)")
+        lines.append(f"  for (long long e = 0; e < {p.size}LL; ++e) b{n}[e] = {f.c_value};")
+    d = CpuDecision(group.form, group.M, 0, 1, 0, 1, threads, 1)
+    return CpuKernel(name, "\n".join(lines + ["}"]), params, d)
 
 
 def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:

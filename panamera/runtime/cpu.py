@@ -133,8 +133,10 @@ def _compile(source: str, fl: tuple[str, ...]) -> bytes:
 
 
 class CpuExecutor(Executor):
-    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys), ...) in
-    order; `threads` the default thread count of a call."""
+    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys, host),
+    ...) in order, `host` None for a compiled kernel, else the numpy BLAS call that computes it
+    (schedule/cpu_blas.py: its operands' keys, then its output's); `threads` the default thread
+    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool)."""
 
     def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
         super().__init__(plan, source, (), "cpu")
@@ -151,20 +153,29 @@ class CpuExecutor(Executor):
         hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
         return arrays_mod.deliver(self.run(hosted, threads or self.threads), caller)
 
-    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+    def _entry_points(self) -> list:
         if self._fns is None:
-            lib = build(self.source)
+            lib = build(self.source) if any(host is None for _, _, host in self.kernels) else None
             fns = []
-            for name, _ in self.kernels:
-                fn = getattr(lib, name)
-                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+            for name, _, host in self.kernels:
+                fn = host
+                if host is None:
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
                 fns.append(fn)
             self._fns = fns
+        return self._fns
+
+    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        fns = self._entry_points()
         bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
         for key, spec in self.plan.buffers.items():
             if key not in bufs:
                 bufs[key] = _alloc(np.empty, spec)
-        for fn, (_, keys) in zip(self._fns, self.kernels):
+        for fn, (_, keys, host) in zip(fns, self.kernels):
+            if host is not None:
+                host.run([bufs[op.key] for op in host.operands], bufs[host.out_key])
+                continue
             ptrs = (ctypes.c_void_p * max(1, len(keys)))(*[bufs[k].ctypes.data for k in keys])
             fn(ptrs, int(threads))
         return self._results(bufs, inputs)
