@@ -209,12 +209,13 @@ def _verify_and_print(console, opt, feeds, seed=0, rtol=None, atol=None, against
 shape_opt = click.option(
     "--shape", "shape", multiple=True, metavar="NAME=DIMS", help="fix a symbolic input shape, e.g. x=2x128"
 )
-target_opt = click.option(  # no "cpu" yet: the CPU target refuses contractions and attention, which every model has
+target_opt = click.option(
     "--target",
-    type=click.Choice(["auto", "cuda", "emulator"]),
+    type=click.Choice(["auto", "cpu", "cuda", "emulator"]),
     default="auto",
     show_default=True,
-    help="where the subgraphs run (the Python API's target='cpu' does not cover whole models yet)",
+    help="where the subgraphs run: auto is cuda with a GPU, else cpu (OpenMP C++; plans and reports stay the "
+    "GPU's, a subgraph cpu refuses runs on the emulator, the reason printed)",
 )
 verify_opt = click.option(
     "--verify",
@@ -298,6 +299,8 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     for s in report["subgraphs"]:
         for r in s["routed"]:
             console.print(f"{s['label']}: {r['op']} {r['name']!r} routed to Panamera: {r['reason']}", markup=False)
+        if s["runs_on_reason"]:
+            console.print(f"{s['label']}: runs on the emulator ({s['runs_on_reason']})", markup=False)
         if s["alone"]:
             console.print(f"{s['label']} is alone: {s['alone']}", markup=False)
     console.print(whole_model_line(report["whole_model"]) + f" ({opt.gpu.name}, modeled)", markup=False)

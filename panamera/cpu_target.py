@@ -34,6 +34,7 @@ from .compiler import (
     Target,
     _output_specs,
     _result_spec,
+    _tensors,
     kernel_name,
     rebind_stages,
     run_stages,
@@ -41,14 +42,15 @@ from .compiler import (
 )
 from .frontend.tensor import Tensor
 from .poly import attention as fused_attention
+from .poly.statement import Form
 from .runtime.cpu import SIMD_MATH, CpuExecutor
-from .runtime.plan import InputSpec, LaunchPlan
+from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
 from .schedule.cpu_blas import blas_call
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu, modeled_steps
 from .schedule.formulation import choose_formulations, substitute
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CpuCompiled(Compiled):
     """A program compiled for the CPU: `k(*arrays, threads=None)`; `k.cpu_kernels` holds each
     group's decision and C++."""
@@ -74,6 +76,16 @@ class CpuCompiled(Compiled):
         a = rebind_stages(self.stages, outs)
         ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads)
         return dataclasses.replace(self, stages=a, single=single, executor=ex)
+
+    def __repr__(self) -> str:
+        """A few lines: inputs and outputs, the CPU kernels and the machine (never the source)."""
+        names = [k.name for k in self.cpu_kernels]
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+        return (
+            f"<Compiled ({_tensors(self.inputs)}) -> ({_tensors(self.outputs)})\n"
+            f"  {len(names)} CPU kernel(s) [{shown}]; target cpu ({CpuMachine.detect().name}, "
+            f"{CpuMachine.detect().cores} core(s)); {self.origin}>"
+        )
 
     def explain(self, section=None) -> str:
         """The CPU kernels, their decisions and the formulations chosen (one section: `section`
@@ -102,6 +114,26 @@ def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     are CPU kernels (materialized scores, not an online softmax)."""
     nodes = fused_attention.chains_in(outs)
     return substitute(outs, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else outs
+
+
+def _launch(k: CpuKernel) -> Launch:
+    """One CPU kernel as a record of the plan (what reports and `repr` count; the CPU executor
+    calls the kernel itself): no grid, `threads` in the block's place, no modeled time (the CPU
+    has no fitted model yet)."""
+    d = k.decision
+    empty = d.N == 0
+    return Launch(
+        k.name,
+        (1, 1, 1),
+        (d.threads, 1, 1),
+        tuple(("buf", p.key) for p in k.params),
+        role=LaunchRole.INIT if empty else LaunchRole.MAP if d.form == Form.MAP else LaunchRole.REDUCE,
+        form="" if empty else d.form,
+        blocks_per_reduction=d.split,
+        bytes_read=sum(p.nbytes for p in k.params if p.role == BufferRole.INPUT),
+        bytes_written=sum(p.nbytes for p in k.params if p.role == BufferRole.OUTPUT),
+        mapping=k.describe(),
+    )
 
 
 def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> CpuCompiled:
@@ -134,7 +166,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
             buffers.setdefault(p.key, p)
     inputs = a.program.inputs
     plan = LaunchPlan(
-        (),
+        tuple(_launch(kern) for kern in kernels),
         buffers,
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),

@@ -50,6 +50,11 @@ class Unsupported(PanameraError):
     """An ONNX node Panamera leaves to the array library (the message says why)."""
 
 
+class TargetRefused(Unsupported):
+    """A target does not cover this program (the message names the kind and the statements);
+    another target may: `target="auto"` then runs it on the emulator."""
+
+
 class ScheduleError(PanameraError, ValueError):
     """A saved schedule that does not fit the subgraph or GPU it is loaded for."""
 
@@ -97,6 +102,6 @@ class EmulatorWarning(PanameraWarning):
 __all__ = [
     "OutOfMemoryError",
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
-    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
+    "BackendError", "LegalityError", "ModelError", "Unsupported", "TargetRefused", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",
 ]  # fmt: skip

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..algebra import WELFORD
-from ..errors import Unsupported
+from ..errors import TargetRefused
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
@@ -41,7 +41,7 @@ from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
 
 
-class CpuUnsupportedError(Unsupported):
+class CpuUnsupportedError(TargetRefused):
     """A program kind the CPU target does not cover yet."""
 
 

@@ -105,7 +105,8 @@ def machine_key() -> str:
     """What `-march=native` depends on: the CPU's model and feature flags (a cache directory
     shared between machines never hands one a library built for another's instruction set)."""
     try:
-        lines = open("/proc/cpuinfo").read().splitlines()  # noqa: SIM115
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
     except OSError:
         return os.uname().machine
     wanted = ("model name", "flags")

@@ -71,14 +71,16 @@ class CpuMachine:
             cores = min(cores, int(env))
         flags, name = set(), "unknown CPU"
         try:
-            for line in open("/proc/cpuinfo"):  # noqa: SIM115 - read once, closed by the GC
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "model name" and name == "unknown CPU":
-                    name = value.strip()
+            with open("/proc/cpuinfo") as f:
+                lines = f.read().splitlines()
         except OSError:
-            pass
+            lines = []
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
         simd = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
         return CpuMachine(max(1, cores), simd, name)
 
