@@ -96,7 +96,8 @@ class CacheWarning(PanameraWarning):
 
 
 class EmulatorWarning(PanameraWarning):
-    """`target="auto"` chose the CPU emulator: a correctness tool, not a fast CPU path."""
+    """`target="auto"` ran a program on the CPU emulator (the CPU target refused it; the message
+    says why): a correctness tool, not a fast CPU path."""
 
 
 __all__ = [
