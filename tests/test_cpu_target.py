@@ -323,3 +323,20 @@ def test_constant_inputs_and_the_compile_cache_on_the_cpu():
     k2 = pn.compile(pn.sum(y, axis=1, where=mask), target="cpu")
     assert cache.info().hits == before + 1 and [t.name for t in k2.inputs] == ["y"]
     np.testing.assert_array_equal(k2(y=a), k(a))
+
+
+def test_long_sums_keep_float32_precision_and_welford_handles_inf():
+    """A long row sums into fresh block accumulators every `decision.inner` iterations (a lane
+    never adds 2^21 / 16 values in a row: float32 would drift by ~1e-4 at mean 1e4); Welford's
+    shift is 0 for a non-finite first element, so inf rows give numpy's mean and a NaN variance."""
+    rng = np.random.default_rng(4)
+    a = (1e4 + rng.standard_normal(1 << 21)).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    m, v = pn.compile([pn.mean(x), pn.var(x)], target="cpu", split=1)(a)
+    a64 = a.astype(np.float64)
+    assert abs(m - a64.mean()) / a64.mean() < 2e-6 and abs(v - a64.var()) / a64.var() < 1e-4
+    b = np.array([[1, np.inf, 2], [np.inf, np.inf, np.inf], [-np.inf, 1, 1], [1, 2, np.nan]], np.float32)
+    y = pn.placeholder(b.shape, "float32", name="y")
+    mean, var = pn.compile([pn.mean(y, axis=1), pn.var(y, axis=1)], target="cpu")(b)
+    np.testing.assert_array_equal(mean, [np.inf, np.inf, -np.inf, np.nan])
+    assert np.isnan(var).all()

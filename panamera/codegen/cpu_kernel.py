@@ -194,21 +194,26 @@ class _Kernel:
             self.loop.regs[st.result.uid] = f"pn_r{e}"
         return out + ["}"]
 
-    def simd_clause(self, owners: list[int]) -> str:
+    def simd_clause(self, owners: list[int], var: Callable[[int], str] = lambda k: f"acc{k}") -> str:
         g = self.g
-        return " ".join(f"reduction({reduction_name(g.statements[k])} : acc{k})" for k in owners)
+        return " ".join(f"reduction({reduction_name(g.statements[k])} : {var(k)})" for k in owners)
 
     def owners(self, here: list[int]) -> list[int]:
         return [k for k in here if k in self.reductions and self.g.accumulator_of[k] == k]
 
     # -- templates ----------------------------------------------------------------------------
     def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
-        """One scan of j in [lo, hi) for the statements `here`, accumulators declared before.
+        """The scan of j in [lo, hi) for the statements `here`, accumulators declared before, in
+        blocks of `decision.inner` iterations: each block reduces into fresh block accumulators
+        (under `omp simd`, one partial per lane), merged into the running accumulator after the
+        block. A lane's float sum then adds at most inner / lanes values in a row, and the
+        running accumulator one value per block: the rounding of a long row stays that of a
+        tree of short sums (a GPU's threads and blocks have it by construction).
 
         A Welford accumulator (pn_welford: a struct whose combine divides and branches, which no
-        SIMD loop vectorizes) is lowered for the scan to the shifted sums of x - shift and
-        (x - shift)^2, shift = the scan's first element, two plain `+` reductions; after the
-        scan they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
+        SIMD loop vectorizes) is lowered for each block to the shifted sums of x - shift and
+        (x - shift)^2, shift = the block's first element (0 if not finite), two plain `+` reductions; after the
+        block they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
         accumulator by the combiner. The shift keeps the cancellation of m2 small: its error is
         that of (mean - shift)^2 against the variance, for rows of values near each other."""
         g = self.g
@@ -216,24 +221,34 @@ class _Kernel:
         ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
         shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
+        plain = [k for k in owners if k not in shifted]
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
-        clause = self.simd_clause([k for k in owners if k not in shifted])
+        clause = self.simd_clause(plain, lambda k: f"pn_blk{k}")
         clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
         pragma = f"#pragma omp simd {clause}".rstrip()
 
         def user(a: list[str]) -> list[str]:
-            body = self.body(here, lambda k: f"acc{k}", shifted)
+            body = self.body(here, lambda k: f"pn_blk{k}", shifted)
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
-        out = [f"{{ const pn_idx pn_lo = {lo}, pn_hi = {hi};"]
+        B = self.d.inner
+        out = [
+            f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b += {B}LL) {{",
+            f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, pn_b + {B}LL);",
+        ]
+        out += ["  " + ln for ln in self.acc_decls(plain, name="pn_blk")]
         for k in sorted(shifted):
             s = g.statements[k]
             t = s.acc.field.compute
             lines, val = self.loop.body_lines(k, None)
             out += [f"  {t} pn_sh{k}, pn_s1_{k} = 0, pn_s2_{k} = 0;", "  { const pn_idx j = pn_lo;"]
             out += ["    " + ln for ln in lines]
-            out += [f"    pn_sh{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}); }}"]
+            # a non-finite first element shifts by 0 (as pn_welford's constructor): inf - inf is no shift
+            out += [f"    const {t} pn_v = ({t})({convert(val, s.body.dtype, s.acc.field)});"]
+            out += [f"    pn_sh{k} = pn_v - pn_v == ({t})0 ? pn_v : ({t})0; }}"]
         out += ["  " + ln for ln in _print(ast, user, [pragma])]
+        for k in plain:
+            out.append(f"  acc{k} = {g.statements[k].combiner.functor}::apply(acc{k}, pn_blk{k});")
         for k in sorted(shifted):
             s = g.statements[k]
             t = s.acc.field.compute
@@ -244,16 +259,17 @@ class _Kernel:
             ]
         return out + ["}"]
 
-    def acc_decls(self, owners: list[int], n: int | None = None) -> list[str]:
+    def acc_decls(self, owners: list[int], n: int | None = None, name: str = "acc") -> list[str]:
+        """Accumulators `name`k set to the identity: one each, or arrays of `n` (a COLUMN block)."""
         g = self.g
         if n is None:
-            return [f"{g.statements[k].acc.compute} acc{k} = {identity_expr(g.statements[k])};" for k in owners]
+            return [f"{g.statements[k].acc.compute} {name}{k} = {identity_expr(g.statements[k])};" for k in owners]
         return [
             ln
             for k in owners
             for ln in (
-                f"{g.statements[k].acc.compute} acc{k}[{n}];",
-                f"for (int q = 0; q < {n}; ++q) acc{k}[q] = {identity_expr(g.statements[k])};",
+                f"{g.statements[k].acc.compute} {name}{k}[{n}];",
+                f"for (int q = 0; q < {n}; ++q) {name}{k}[q] = {identity_expr(g.statements[k])};",
             )
         ]
 
@@ -368,7 +384,7 @@ class _Kernel:
         def user(a: list[str]) -> list[str]:
             return (
                 ["{", f"  const pn_idx j = {a[0]}; const pn_idx i = {a[1]};"]
-                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
+                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"pn_blk{k}[i - pn_i0]")]
                 + ["}"]
             )
 
@@ -378,9 +394,17 @@ class _Kernel:
         out.append("#pragma omp for schedule(static)")
         out.append(f"for (pn_idx pn_t = 0; pn_t < {nb * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx pn_i0 = pn_t / {d.split} * {B}, pn_p = pn_t % {d.split};")
-        out.append(f"  const pn_idx pn_lo = pn_p * {d.chunk}LL, pn_hi = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
+        out.append(f"  const pn_idx pn_j0 = pn_p * {d.chunk}LL, pn_j1 = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
         out += ["  " + ln for ln in self.acc_decls(owners, B)]
-        out += ["  " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
+        # j in blocks of `inner` iterations, each into fresh block accumulators (row_pass says why)
+        out.append(f"  for (pn_idx pn_b = pn_j0; pn_b < pn_j1; pn_b += {d.inner}LL) {{")
+        out.append(f"    const pn_idx pn_lo = pn_b, pn_hi = pn_imin(pn_j1, pn_b + {d.inner}LL);")
+        out += ["    " + ln for ln in self.acc_decls(owners, B, "pn_blk")]
+        out += ["    " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
+        for k in owners:
+            f = g.statements[k].combiner.functor
+            out.append(f"    for (int q = 0; q < {B}; ++q) acc{k}[q] = {f}::apply(acc{k}[q], pn_blk{k}[q]);")
+        out.append("  }")
         block = f"for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{"
         out.append("  " + block)
         if d.split == 1:

@@ -41,6 +41,7 @@ MIN_CHUNK = 16384  # iterations per split task: below this a task costs more to 
 TASKS_PER_CORE = 4  # tasks per core a split aims at (load balance across unequal cores)
 MAX_SPLIT = 64
 COLUMN_BLOCK_VECTORS = 16  # a COLUMN task's kept block, in SIMD vectors of the accumulator
+INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
 
 
 class CpuMerge(StrEnum):
@@ -92,7 +93,8 @@ class CpuDecision:
     form: the canonical form; M, N: kept and reduced extents; split: chunks per reduction
     (1: none); chunk: reduced iterations per chunk; block: kept outputs per task (COLUMN, else
     1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator;
-    merge: how a split reduction's partials are merged."""
+    merge: how a split reduction's partials are merged; inner: reduced iterations a task scans
+    into fresh block accumulators before merging them into its own (the precision of long sums)."""
 
     form: Form
     M: int
@@ -103,6 +105,7 @@ class CpuDecision:
     threads: int
     lanes: int
     merge: CpuMerge = CpuMerge.NONE
+    inner: int = INNER
 
     @property
     def tasks(self) -> int:
