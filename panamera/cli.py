@@ -299,8 +299,6 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     for s in report["subgraphs"]:
         for r in s["routed"]:
             console.print(f"{s['label']}: {r['op']} {r['name']!r} routed to Panamera: {r['reason']}", markup=False)
-        if s["runs_on_reason"]:
-            console.print(f"{s['label']}: runs on the emulator ({s['runs_on_reason']})", markup=False)
         if s["alone"]:
             console.print(f"{s['label']} is alone: {s['alone']}", markup=False)
     console.print(whole_model_line(report["whole_model"]) + f" ({opt.gpu.name}, modeled)", markup=False)
@@ -428,6 +426,9 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
             f"({opt.target})",
             markup=False,
         )
+        for sg in opt.subgraphs:  # what the CPU target refused ran on the emulator: say why
+            if sg.runner_note:
+                console.print(f"{sg.label}: ran on the emulator: {sg.runner_note}", markup=False)
         if timing:
             console.print(timing.describe(), markup=False)
         if checked:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import networkx as nx
 import numpy as np
@@ -54,8 +55,28 @@ class Subgraph:
     compiled: Compiled  # the GPU plan (cuda, or the emulator without a GPU): reports, schedules, deploy folders
     compile_s: float
     signature: str  # what it computes (ops, input dtypes and shapes): a saved schedule must match
-    runner: Compiled | None = None  # what runs it, when not `compiled`: the CPU target's kernels
-    runner_note: str = ""  # why the CPU target does not run it, where it refused
+    on_cpu: bool = False  # run by the CPU target's kernels (compiled at the first run), not by `compiled`
+
+    @cached_property
+    def _cpu(self) -> tuple[Compiled | None, str]:
+        if not self.on_cpu:
+            return None, ""
+        try:
+            return pn_compile(list(self.compiled.outputs), target="cpu"), ""
+        except TargetRefused as e:  # the plan's emulator runs it; the reason is kept
+            _log.info("subgraph %d runs on the emulator: %s", self.id, e)
+            return None, str(e)
+
+    @property
+    def runner(self) -> Compiled | None:
+        """The CPU target's program of this subgraph (compiled on first use), or None: not
+        `on_cpu`, or refused by the CPU target (`runner_note` says why)."""
+        return self._cpu[0]
+
+    @property
+    def runner_note(self) -> str:
+        """Why the CPU target does not run this `on_cpu` subgraph ("" where it does)."""
+        return self._cpu[1]
 
     @property
     def runs(self) -> Compiled:
@@ -93,15 +114,8 @@ def compile_subgraph(
     schedule = schedules(k, sig) if schedules is not None else None
     plan_target, on_cpu = plan_and_run(target)
     compiled = pn_compile(tensors, target=plan_target, gpu=gpu, schedule=schedule)
-    runner, note = None, ""
-    if on_cpu:
-        try:
-            runner = pn_compile(tensors, target="cpu")
-        except TargetRefused as e:  # the plan's emulator runs it; the reason is in the report
-            note = str(e)
-            _log.info("subgraph %d runs on the emulator: %s", k, note)
     dt = time.perf_counter() - t0
-    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, dt, sig, runner, note)
+    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, dt, sig, on_cpu)
 
 
 def plan_and_run(target: str) -> tuple[str, bool]:
