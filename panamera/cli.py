@@ -209,12 +209,13 @@ def _verify_and_print(console, opt, feeds, seed=0, rtol=None, atol=None, against
 shape_opt = click.option(
     "--shape", "shape", multiple=True, metavar="NAME=DIMS", help="fix a symbolic input shape, e.g. x=2x128"
 )
-target_opt = click.option(  # no "cpu" yet: the CPU target refuses contractions and attention, which every model has
+target_opt = click.option(
     "--target",
-    type=click.Choice(["auto", "cuda", "emulator"]),
+    type=click.Choice(["auto", "cpu", "cuda", "emulator"]),
     default="auto",
     show_default=True,
-    help="where the subgraphs run (the Python API's target='cpu' does not cover whole models yet)",
+    help="where the subgraphs run: auto is cuda with a GPU, else cpu (OpenMP C++; plans and reports stay the "
+    "GPU's, a subgraph cpu refuses runs on the emulator, the reason printed)",
 )
 verify_opt = click.option(
     "--verify",
@@ -425,6 +426,9 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
             f"({opt.target})",
             markup=False,
         )
+        for sg in opt.subgraphs:  # what the CPU target refused ran on the emulator: say why
+            if sg.runner_note:
+                console.print(f"{sg.label}: ran on the emulator: {sg.runner_note}", markup=False)
         if timing:
             console.print(timing.describe(), markup=False)
         if checked:

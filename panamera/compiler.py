@@ -40,7 +40,7 @@ from .codegen.attention_kernel import AttentionKernels, render_attention
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel, render_zero
 from .enums import StrEnum
-from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError
+from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError, TargetRefused
 from .explain import contraction_lines  # noqa: F401  (the public name it always had)
 from .explain import render as explain_sections
 from .frontend.tensor import Tensor
@@ -65,7 +65,7 @@ _log = logs.get("compiler")
 
 
 class Target(StrEnum):
-    AUTO = "auto"  # cuda with a GPU, else the emulator
+    AUTO = "auto"  # cuda with a GPU, else cpu (what the CPU target refuses: the emulator, with the reason)
     CUDA = "cuda"
     EMULATOR = "emulator"
     CPU = "cpu"  # C++ with OpenMP + SIMD for this machine's cores (cpu_target.py)
@@ -81,6 +81,7 @@ class Options:
     split: int | None = None
     schedule: Schedule | None = None
     gpu_origin: str = field(default="", compare=False)  # why this GPU (explain): named, given or detected
+    auto: bool = field(default=False, compare=False)  # target="auto" chose `target`: a CPU refusal falls back
 
     @staticmethod
     def make(target="auto", deterministic=False, gpu=None, split=None, schedule=None) -> Options:
@@ -89,10 +90,9 @@ class Options:
             target = Target(target)
         except ValueError:
             raise OptionError(f"compile: unknown target {target!r}; use 'auto', 'cuda', 'emulator' or 'cpu'") from None
-        if target == Target.AUTO:
-            target = Target.CUDA if cuda_backend.available() else Target.EMULATOR
-            if target == Target.EMULATOR:
-                _warn_emulator_once()
+        auto = target == Target.AUTO
+        if auto:
+            target = auto_target()
         gpu, origin = resolve_gpu(gpu)  # a GPUSpec, a name ("a100"), or None: the GPU CuPy sees, else H100
         if isinstance(split, np.integer):
             split = int(split)
@@ -102,7 +102,20 @@ class Options:
             raise OptionError(f"compile: schedule must be a Schedule, got {type(schedule).__name__}")
         if schedule is not None and schedule.gpu != gpu.name:
             raise ScheduleError(f"schedule was made for {schedule.gpu}, not {gpu.name}")
-        return Options(target, bool(deterministic), gpu, split, schedule, origin)
+        return Options(target, bool(deterministic), gpu, split, schedule, origin, auto)
+
+
+def auto_target() -> Target:
+    """What `target="auto"` means on this machine: cuda with a GPU (CuPy sees one), else
+    `host_target()`."""
+    return Target.CUDA if cuda_backend.available() else host_target()
+
+
+def host_target() -> Target:
+    """Where programs on host arrays run by default (auto without a GPU, torch CPU tensors): the
+    CPU target. The test suite pins it to the emulator, which checks the CUDA source
+    (tests/conftest.py)."""
+    return Target.CPU
 
 
 # Targets compiled by a later module, which registers itself here on import (the package imports
@@ -112,25 +125,23 @@ TARGET_COMPILERS: dict[Target, Callable] = {}
 # The compiler of graphs with symbolic extents (panamera/dynamic.py registers itself on import).
 SYMBOLIC: list[Callable] = []
 
-_warned: list[bool] = []
 
-
-def _warn_emulator_once() -> None:
-    """target="auto" on a machine without a GPU: say once per process what the emulator is."""
-    if not _warned:
-        _warned.append(True)
-        text = (
-            "{auto} found no GPU: running on the CPU emulator, a correctness tool, not a fast CPU path{cpu}; "
-            "{emulator} says so and silences this"
-        )
-        cpu = ' (target="cpu" compiles OpenMP + SIMD C++ for this machine: reductions and norms)'
-        warnings.warn(
-            EmulatorWarning(
-                text.format(auto='target="auto"', emulator='target="emulator"', cpu=cpu),
-                shell=text.format(auto="--target auto", emulator="--target emulator", cpu=""),
-            ),
-            stacklevel=4,
-        )
+def _fall_back(options: Options, why: PanameraError) -> Options:
+    """target="auto" chose cpu, which refuses this program: the emulator runs it instead (a
+    correctness tool, not a fast path), and an EmulatorWarning says why."""
+    text = (
+        "{auto} chose the CPU target, which refuses this program ({why}); it runs on the CPU emulator "
+        "instead, a correctness tool, not a fast CPU path; {emulator} says so explicitly"
+    )
+    warnings.warn(
+        EmulatorWarning(
+            text.format(auto='target="auto"', why=why, emulator='target="emulator"'),
+            shell=text.format(auto="--target auto", why=why, emulator="--target emulator"),
+        ),
+        stacklevel=3,
+    )
+    _log.info("target auto: cpu refused the program (%s); emulator instead", why)
+    return dataclasses.replace(options, target=Target.EMULATOR)
 
 
 @dataclass(frozen=True)
@@ -620,8 +631,10 @@ def compile(  # noqa: A001
 ) -> Compiled:
     """Compile one tensor or a list of tensors into a Compiled computation.
 
-    target: "auto" (cuda with a GPU, else emulator), "cuda", "emulator" or "cpu" (OpenMP + SIMD
-    C++ for this machine; cpu_target.py lists what it covers).
+    target: "auto" (cuda with a GPU, else cpu), "cuda", "emulator" (the CUDA source run on the
+    CPU by g++: a correctness tool) or "cpu" (OpenMP + SIMD C++ for this machine; cpu_target.py
+    lists what it covers). A program "auto"'s cpu refuses runs on the emulator, with an
+    EmulatorWarning that says why.
     gpu: the GPU to plan for: a GPUSpec, a name ("h100", "h200", "a100", "v100"), or None: the GPU
     CuPy sees (from its properties, model/detect.py), else H100 (`explain()` says which).
     deterministic: merge block partials in a fixed order (no float atomics): identical bits
@@ -644,10 +657,18 @@ def compile(  # noqa: A001
     if options.target in TARGET_COMPILERS:  # target="cpu": cpu_target.py, cached as its Compiled
         if hit is not None:
             return hit.rebound(outs, single)
-        compiled = TARGET_COMPILERS[options.target](outs, options, single)
-        if cache:
-            compile_cache.COMPILED.put(key, compiled)
-        return compiled
+        try:
+            compiled = TARGET_COMPILERS[options.target](outs, options, single)
+        except TargetRefused as e:  # a kind the CPU target does not cover: the emulator, when "auto" chose cpu
+            if not options.auto:
+                raise
+            options = _fall_back(options, e)
+            key = (key[0], compile_cache.options_key(options, use_database)) if cache else None
+            hit = compile_cache.COMPILED.get(key) if cache else None
+        else:
+            if cache:
+                compile_cache.COMPILED.put(key, compiled)
+            return compiled
     if hit is not None:
         _log.debug("compile: in the compile cache")
         return _from_cache(hit, outs, options, single)

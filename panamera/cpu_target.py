@@ -4,10 +4,14 @@ rates, runtime/cpu_probe.py) choosing splits and formulations, C++ with OpenMP +
 (codegen/cpu_kernel.py) and the CPU backend (runtime/cpu.py).
 
 Covered: element-wise groups, ROW / COLUMN / ALL reductions with fused element-wise producers
-and epilogues, split across cores when their outputs cannot occupy them, and stitched ROW groups
-(softmax, layer_norm rows) and ALL groups (x - mean(x): one row, on one core). Refused with
-CpuUnsupportedError: fused attention, contractions (matmul, einsum), stitched COLUMN groups,
-reductions over an empty extent, indirect writes (the atomic scatter-add), and replaying a GPU `schedule=`.
+and epilogues, split across cores when their outputs cannot occupy them (merged in chunk
+order, by the last task, or by atomics: schedule/cpu_mapper.py), stitched ROW groups (softmax,
+layer_norm rows) and ALL groups (x - mean(x): one row, on one core), reductions over an empty
+extent (numpy's values), contractions (generated as reductions, K split when the outputs are
+few; large float ones read straight from their operands run in numpy's BLAS:
+schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
+Refused with CpuUnsupportedError: replaying a GPU `schedule=`, and the group kinds
+cpu_kernel.py's `check` names (indirect writes: the atomic scatter-add).
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), target="cpu")
@@ -18,10 +22,11 @@ reductions over an empty extent, indirect writes (the atomic scatter-add), and r
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from .codegen import islast
-from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
+from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.header import prelude
 from .compiler import (
     TARGET_COMPILERS,
@@ -30,6 +35,7 @@ from .compiler import (
     Target,
     _output_specs,
     _result_spec,
+    _tensors,
     kernel_name,
     rebind_stages,
     run_stages,
@@ -37,16 +43,18 @@ from .compiler import (
 )
 from .frontend.tensor import Tensor
 from .model.cpu import Caches, CpuModel
+from .poly import attention as fused_attention
+from .poly.statement import Form
 from .runtime import cpu_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
-from .runtime.plan import InputSpec, LaunchPlan
-from .schedule.contraction import contraction_info
+from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
+from .schedule.cpu_blas import blas_call
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
-from .schedule.formulation import choose_formulations
+from .schedule.formulation import choose_formulations, substitute
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class CpuCompiled(Compiled):
     """A program compiled for the CPU: `k(*arrays, threads=None)`; `k.cpu_kernels` holds each
     group's decision and C++."""
@@ -74,9 +82,21 @@ class CpuCompiled(Compiled):
         ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads)
         return dataclasses.replace(self, stages=a, single=single, executor=ex)
 
+    def __repr__(self) -> str:
+        """A few lines: inputs and outputs, the CPU kernels and the machine (never the source)."""
+        names = [k.name for k in self.cpu_kernels]
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)} in all)" if len(names) > 3 else "")
+        return (
+            f"<Compiled ({_tensors(self.inputs)}) -> ({_tensors(self.outputs)})\n"
+            f"  {len(names)} CPU kernel(s) [{shown}]; target cpu ({CpuMachine.detect().name}, "
+            f"{CpuMachine.detect().cores} core(s)); {self.origin}>"
+        )
+
     def modeled(self, threads: int | None = None) -> PlanTime:
-        """The CPU model's time of this plan on `threads` threads (default: the decisions'), and its limit."""
-        pairs = [(g, k.decision) for g, k in zip((g for g in self.stages.groups if g.M * g.N), self.cpu_kernels)]
+        """The CPU model's time of this plan on `threads` threads (default: the decisions'), and its
+        limit. Kernels run by numpy's BLAS are modeled as the generated kernel of their group."""
+        groups = [g for g in self.stages.groups if g.M * g.N or (g.M > 0 and g.N == 0)]
+        pairs = [(g, k.decision) for g, k in zip(groups, self.cpu_kernels) if g.N]
         return plan_time(pairs, self.cpu_model, _compulsory(self.stages), threads, len(self.stages.graph))
 
     def explain(self, section=None) -> str:
@@ -90,27 +110,57 @@ class CpuCompiled(Compiled):
             f"  machine: {m.describe()}",
             f"  modeled {p.total_us:.1f} us on {m.cores} thread(s); limit {p.limit_us:.1f} us (ratio {p.ratio:.2f})",
         ]
-        for k, t in zip(self.cpu_kernels, p.kernels):
+        times = iter(p.kernels)  # one per kernel over a non-empty extent (modeled())
+        for k in self.cpu_kernels:
+            if k.decision.N == 0:
+                lines.append(f"  kernel {k.name}: {k.describe()}; a reduction over nothing (its identity)")
+                continue
+            t = next(times)
             lines.append(
-                f"  kernel {k.name}: {k.decision.describe()}; modeled {t.total_us:.1f} us ({t.bound}-bound, "
+                f"  kernel {k.name}: {k.describe()}; modeled {t.total_us:.1f} us ({t.bound}-bound, "
                 f"data in {t.level}, {t.threads} busy thread(s), fork {t.fork_us:.1f} + merge {t.merge_us:.1f} us)"
             )
         lines += [f"  formulation: {f.describe()}" for f in self.formulations]
         return "\n".join(lines)
 
 
-def _refuse(a) -> None:
-    if a.fused is not None:
-        raise CpuUnsupportedError("target='cpu': fused attention is not supported yet; use target='emulator'")
-    for g in a.groups:
-        if g.M > 0 and g.N == 0:
-            raise CpuUnsupportedError(
-                f"target='cpu': a reduction over an empty extent ({g.names}) is not supported yet"
-            )
-        if g.M * g.N and contraction_info(g) is not None:
-            raise CpuUnsupportedError(
-                f"target='cpu': contractions (matmul, einsum: {g.names}) are not supported yet; use target='emulator'"
-            )
+# The ATOMIC merge (schedule/cpu_mapper.py): a task's partial combined into a shared accumulator
+# by compare-and-swap, with the combiner's functor (header.py), for any scalar accumulator.
+ATOMIC_COMBINE = """#include <atomic>
+template <class F, class T> static inline void pn_atomic_combine(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load(std::memory_order_relaxed);
+  while (!r.compare_exchange_weak(old, F::apply(old, v), std::memory_order_relaxed)) {}
+}
+"""
+
+
+def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Fused attention nodes replaced by their chains (q @ k.T, a softmax per query row, @ v):
+    the CPU target has no fused attention template; the chain's contractions and stitched rows
+    are CPU kernels (materialized scores, not an online softmax)."""
+    nodes = fused_attention.chains_in(outs)
+    return substitute(outs, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else outs
+
+
+def _launch(k: CpuKernel) -> Launch:
+    """One CPU kernel as a record of the plan (what reports and `repr` count; the CPU executor
+    calls the kernel itself): no grid, `threads` in the block's place, no modeled time here (the CPU
+    model's figures are `CpuCompiled.modeled()` and `explain()`)."""
+    d = k.decision
+    empty = d.N == 0
+    return Launch(
+        k.name,
+        (1, 1, 1),
+        (d.threads, 1, 1),
+        tuple(("buf", p.key) for p in k.params),
+        role=LaunchRole.INIT if empty else LaunchRole.MAP if d.form == Form.MAP else LaunchRole.REDUCE,
+        form="" if empty else d.form,
+        blocks_per_reduction=d.split,
+        bytes_read=sum(p.nbytes for p in k.params if p.role == BufferRole.INPUT),
+        bytes_written=sum(p.nbytes for p in k.params if p.role == BufferRole.OUTPUT),
+        mapping=k.describe(),
+    )
 
 
 def _compulsory(a) -> int:
@@ -135,34 +185,39 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     alone = Options(Target.EMULATOR, False, options.gpu)
 
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
+        if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
+            return math.inf
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [(g, map_cpu(g, machine, options.split, model)) for g in a.groups if g.M * g.N]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
-    a = run_stages(graph, options, stop_after="groups")
+    a = run_stages(_unfused(graph), options, stop_after="groups")
     a = dataclasses.replace(a, outputs=outs, formulations=chosen)
-    _refuse(a)
     kernels = []
-    for k, g in enumerate(a.groups):
-        if g.M * g.N:
-            d: CpuDecision = map_cpu(g, machine, options.split, model)
-            kernels.append(render_cpu(kernel_name(k, g), g, d))
     buffers = _output_specs(a.groups)
+    for k, g in enumerate(a.groups):
+        if g.M > 0 and g.N == 0:  # reductions over nothing
+            kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
+        elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
+            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores))
+        elif g.M * g.N:
+            d: CpuDecision = map_cpu(g, machine, options.split, model, options.deterministic)
+            kernels.append(render_cpu(kernel_name(k, g), g, d))
     for kern in kernels:
         for p in kern.params:
             buffers.setdefault(p.key, p)
     inputs = a.program.inputs
     plan = LaunchPlan(
-        (),
+        tuple(_launch(kern) for kern in kernels),
         buffers,
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
     decls = sorted({r for k in kernels for r in k.reductions})
-    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
-    source = "#include <cstdlib>\n" + SIMD_MATH + prelude(body) + body
-    calls = tuple((k.name, tuple(p.key for p in k.params)) for k in kernels)
+    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None)]) + "\n"
+    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
+    calls = tuple((k.name, tuple(p.key for p in k.params), k.host) for k in kernels)
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores)
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)

@@ -61,6 +61,11 @@ class Unsupported(PanameraError):
     """An ONNX node Panamera leaves to the array library (the message says why)."""
 
 
+class TargetRefused(Unsupported):
+    """A target does not cover this program (the message names the kind and the statements);
+    another target may: `target="auto"` then runs it on the emulator."""
+
+
 class ScheduleError(PanameraError, ValueError):
     """A saved schedule that does not fit the subgraph or GPU it is loaded for."""
 
@@ -102,12 +107,13 @@ class CacheWarning(PanameraWarning):
 
 
 class EmulatorWarning(PanameraWarning):
-    """`target="auto"` chose the CPU emulator: a correctness tool, not a fast CPU path."""
+    """`target="auto"` ran a program on the CPU emulator (the CPU target refused it; the message
+    says why): a correctness tool, not a fast CPU path."""
 
 
 __all__ = [
     "OutOfMemoryError", "SymbolicShapeError", "SymbolBindingError",
     "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
-    "BackendError", "LegalityError", "ModelError", "Unsupported", "ScheduleError", "OptionError", "MissingDependency",
+    "BackendError", "LegalityError", "ModelError", "Unsupported", "TargetRefused", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",
 ]  # fmt: skip

@@ -92,19 +92,23 @@ def test_bad_ddof_is_an_option_error():
         pn.var(x, ddof=1, correction=1)
 
 
-def test_auto_target_without_a_gpu_warns_once(monkeypatch):
+@pytest.mark.auto_default
+def test_auto_target_without_a_gpu_is_the_cpu(monkeypatch):
+    """Without a GPU, target="auto" is the CPU target, silently; a program it refuses (a replayed
+    GPU schedule) runs on the emulator with an EmulatorWarning that gives the reason."""
     monkeypatch.setattr(compiler.cuda_backend, "available", lambda: False)
-    monkeypatch.setattr(compiler, "_warned", [])
     x = pn.placeholder((4, 8), name="x")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         k = pn.compile(pn.sum(x, axis=1))
-        pn.compile(pn.max(x, axis=1))
-        pn.compile(pn.min(x, axis=1), target="emulator")
-    ours = [w for w in seen if issubclass(w.category, pn.PanameraWarning)]
-    assert len(ours) == 1 and ours[0].category is pn.EmulatorWarning and k.target == "emulator"
-    assert "correctness tool, not a fast CPU path" in str(ours[0].message)
-    assert ours[0].filename == __file__  # points at the user's pn.compile call
+        e = pn.compile(pn.min(x, axis=1), target="emulator")
+    assert k.target == "cpu" and not [w for w in seen if issubclass(w.category, pn.PanameraWarning)]
+    with pytest.warns(pn.EmulatorWarning, match="refuses this program .*schedule=") as w:
+        r = pn.compile(pn.min(x, axis=1), schedule=e.schedule)
+    assert r.target == "emulator" and "correctness tool, not a fast CPU path" in str(w[0].message)
+    assert w[0].filename == __file__  # points at the user's pn.compile call
+    with pytest.raises(pn.TargetRefused, match="schedule="):  # asked for by name: refused, no fallback
+        pn.compile(pn.min(x, axis=1), schedule=e.schedule, target="cpu")
 
 
 # -- the command line ---------------------------------------------------------------------------

@@ -96,20 +96,17 @@ def test_a_read_only_out_is_an_error_before_any_work(tmp_path, model, capsys, mo
     assert err.startswith(f"panamera: error: --out {tmp_path / 'ro'}: cannot write in {tmp_path}") and "denied" in err
 
 
-def test_the_emulator_warning_follows_results_and_never_precedes_an_error(tmp_path, model, capsys, monkeypatch):
-    monkeypatch.setattr(panamera.compiler, "_warned", [])
+def test_a_tampered_folder_fails_after_loading_and_no_warning_precedes_the_error(tmp_path, model, capsys):
     out = tmp_path / "out"
     assert main(["optimize", str(model), "--out", str(out)]) == 0  # --target auto, no GPU here
     io = capsys.readouterr()
-    assert "wrote" in io.out and io.err.count("warning: --target auto found no GPU") == 1
-    assert "--target emulator says so" in io.err and 'target="' not in io.err
+    assert "wrote" in io.out and "warning" not in io.err
     # A folder whose kernel was edited and its checksum rewritten: the load compiles, then fails.
     man = json.loads((out / "manifest.json").read_text())
     cu = out / next(u["cuda"] for u in man["units"] if "cuda" in u)
     cu.write_text(cu.read_text() + "// edited\n")
     man["files"][cu.relative_to(out).as_posix()] = folder.digest(str(cu))
     (out / "manifest.json").write_text(json.dumps(man))
-    monkeypatch.setattr(panamera.compiler, "_warned", [])
     assert main(["run", str(out)]) == 2
     err = capsys.readouterr().err
     assert (

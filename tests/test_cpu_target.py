@@ -66,23 +66,48 @@ def test_dtypes(dtype, rng):
     close(r[2], ref.max(), dtype, 1)
 
 
-def test_split_across_cores_and_deterministic(rng):
+@pytest.mark.parametrize("merge", ["ordered", "last", "atomic"])
+def test_split_merge_modes(merge, rng, monkeypatch):
     """Few outputs: the reduction is split in fixed chunks (forced here, so the plan does not
-    depend on this machine), partials combined in chunk order: bit-identical on 1 and 2
-    threads; ROW, ALL and COLUMN forms."""
+    depend on this machine), ROW, ALL and COLUMN forms, in each merge mode (forced through
+    cpu_mapper.merge_mode, the one rule that picks it). ORDERED and LAST combine the partials in
+    chunk order: bit-identical on 1 and 2 threads; ATOMIC within the derived tolerance."""
+    from panamera.schedule import cpu_mapper
+
+    mode = cpu_mapper.CpuMerge(merge)
+    monkeypatch.setattr(cpu_mapper, "merge_mode", lambda g, s, d: mode if s > 1 else cpu_mapper.CpuMerge.NONE)
     x = pn.placeholder((3, 40000), "float32", name="x")
     y = pn.placeholder((20000, 40), "float32", name="y")
-    k = pn.compile([pn.sum(x, axis=1), pn.sum(x), pn.sum(y, axis=0) * 0.5, pn.max(x, axis=1)], target="cpu", split=7)
-    assert all(d.split > 1 for d in k.decisions if d.form != "MAP"), [d.describe() for d in k.decisions]
+    outs = [pn.sum(x, axis=1), pn.sum(x), pn.sum(y, axis=0) * 0.5, pn.max(x, axis=1)]
+    k = pn.compile(outs, target="cpu", split=7, cache=False)
+    assert all(d.split > 1 and d.merge == mode for d in k.decisions if d.form != "MAP"), k.explain()
     a, b = random_array((3, 40000), "float32", rng), random_array((20000, 40), "float32", rng)
     one, two = k(a, b, threads=1), k(a, b, threads=2)
-    for p, q in zip(one, two):
-        np.testing.assert_array_equal(p, q)
+    if mode != cpu_mapper.CpuMerge.ATOMIC:
+        for p, q in zip(one, two):
+            np.testing.assert_array_equal(p, q)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    close(two[0], a64.sum(1), "float32", 40000, 1.3)
-    close(two[1], a64.sum(), "float32", a.size, 1.3)
-    close(two[2], b64.sum(0) * 0.5, "float32", 20000, 1.3)
-    close(two[3], a64.max(1), "float32", 1)
+    for r in (one, two):
+        close(r[0], a64.sum(1), "float32", 40000, 1.3)
+        close(r[1], a64.sum(), "float32", a.size, 1.3)
+        close(r[2], b64.sum(0) * 0.5, "float32", 20000, 1.3)
+        close(r[3], a64.max(1), "float32", 1)
+
+
+def test_merge_rule():
+    """deterministic=True: ORDERED; otherwise ATOMIC for scalar accumulators (argmax's is one
+    packed int64), LAST for struct ones (Welford's variance); not split, NONE."""
+    from panamera.compiler import lower
+    from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
+
+    x = pn.placeholder((2, 1 << 17), "float32", name="x")
+    two = CpuMachine(cores=2, simd_bytes=32, name="test")
+    modes = []
+    for y in (pn.sum(x, axis=1), pn.var(x, axis=1), pn.argmax(x, axis=1)):
+        g = lower(y, stop_after="groups", target="emulator").groups[0]
+        modes.append([str(map_cpu(g, two, 4, det).merge) for det in (True, False)])
+    assert modes == [["ordered", "atomic"], ["ordered", "last"], ["ordered", "atomic"]], modes
+    assert map_cpu(g, two, 1).merge == "none"
 
 
 def test_mapper_splits_few_outputs():
@@ -138,10 +163,86 @@ def test_torch_cpu_tensors(rng):
     close(out.numpy(), t.numpy().astype(np.float64).sum(1), "float32", 64, 1.3)
 
 
+def test_contractions_generated(rng):
+    """Small contractions are CPU kernels (a dot per output under `omp simd`): ROW (x @ w.T) and
+    COLUMN (a @ b) forms, a fused producer and epilogue, a batched broadcast matmul, float16
+    operands (float32 accumulation), and a K split with the LAST merge of few outputs."""
+    a, b = pn.placeholder((16, 40), "float32", name="a"), pn.placeholder((40, 8), "float32", name="b")
+    w = pn.placeholder((8, 40), "float32", name="w")
+    p, q = pn.placeholder((3, 1, 4, 5), "float32", name="p"), pn.placeholder((2, 5, 6), "float32", name="q")
+    h = pn.placeholder((6, 33), "float16", name="h")
+    v = pn.placeholder((2, 50000), "float32", name="v")
+    u = pn.placeholder((50000, 3), "float32", name="u")
+    outs = [a @ b, pn.maximum((a * 2.0) @ w.T + 1.0, 0.0), pn.matmul(p, q), h @ pn.transpose(h), v @ u]
+    k = pn.compile(outs, target="cpu", split=5, deterministic=True)
+    assert not any(c.host for c in k.cpu_kernels), k.explain()
+    A, B, W = (random_array(s, "float32", rng) for s in ((16, 40), (40, 8), (8, 40)))
+    P, Q, H = (
+        random_array((3, 1, 4, 5), "float32", rng),
+        random_array((2, 5, 6), "float32", rng),
+        random_array((6, 33), "float16", rng),
+    )
+    V, U = random_array((2, 50000), "float32", rng), random_array((50000, 3), "float32", rng)
+    r = k(A, B, W, P, Q, H, V, U)
+    f = lambda t: t.astype(np.float64)  # noqa: E731
+    close(r[0], f(A) @ f(B), "float32", 40, 1.3)
+    close(r[1], np.maximum(2 * f(A) @ f(W).T + 1, 0), "float32", 40, 2.6)
+    close(r[2], np.matmul(f(P), f(Q)), "float32", 5, 1.3)
+    close(r[3], f(H) @ f(H).T, "float16", 33, 1.3)
+    close(r[4], f(V) @ f(U), "float32", 50000, 1.3)
+
+
+def test_contraction_blas_routing(rng):
+    """A large float32 contraction read straight from its operands goes to numpy's BLAS
+    (schedule/cpu_blas.py); one with a fused producer, or a small one, stays generated; one
+    negative case per precondition of blas_call."""
+    from panamera.compiler import lower
+    from panamera.schedule.cpu_blas import blas_call
+
+    a, b = pn.placeholder((256, 128), "float32", name="a"), pn.placeholder((128, 512), "float32", name="b")
+    w = pn.placeholder((512, 128), "float32", name="w")
+    k = pn.compile([a @ b, pn.einsum("mk,nk->mn", a, w)], target="cpu")
+    assert [c.host is not None for c in k.cpu_kernels] == [True, True] and "BLAS" in k.explain()
+    A, B, W = (random_array(s, "float32", rng) for s in ((256, 128), (128, 512), (512, 128)))
+    r = k(A, B, W)
+    close(r[0], A.astype(np.float64) @ B.astype(np.float64), "float32", 128, 1.3)
+    close(r[1], A.astype(np.float64) @ W.astype(np.float64).T, "float32", 128, 1.3)
+
+    def routed(y):
+        return blas_call(lower(y, stop_after="groups", target="emulator").groups[0]) is not None
+
+    assert not routed(pn.maximum(a @ b, 0.0))  # 1: an epilogue fused after it
+    assert not routed(a.astype("float16") @ b.astype("float16"))  # 2: 16-bit operands
+    assert not routed((a * 2.0) @ b)  # 3: a producer fused into an operand
+    assert not routed(a[:4] @ b)  # 4: too few flops
+
+
+def test_empty_reductions(rng):
+    """Reductions over an empty extent give numpy's values: the identity, NaN for a mean."""
+    x = pn.placeholder((3, 0), "float32", name="x")
+    k = pn.compile([pn.sum(x, axis=1), pn.mean(x, axis=1), pn.prod(x, axis=1), pn.max(x, axis=0)], target="cpu")
+    s, m, p, e = k(np.zeros((3, 0), np.float32))
+    np.testing.assert_array_equal(s, np.zeros(3, np.float32))
+    assert np.isnan(m).all() and m.shape == (3,)
+    np.testing.assert_array_equal(p, np.ones(3, np.float32))
+    assert e.shape == (0,)
+
+
+def test_attention_as_chain(rng):
+    """No fused attention template on the CPU: the chain (q @ k.T, a softmax per query row, @ v)
+    is chosen, its contractions and stitched rows as CPU kernels."""
+    q, kk, v = (pn.placeholder((1, 2, n, 8), "float32", name=c) for c, n in (("q", 16), ("k", 24), ("v", 24)))
+    k = pn.compile(pn.nn.attention(q, kk, v), target="cpu")
+    assert "-> chain" in k.explain()
+    Q, K, V = (random_array((1, 2, n, 8), "float32", rng).astype(np.float64) for n in (16, 24, 24))
+    s = Q @ K.transpose(0, 1, 3, 2) / np.sqrt(8)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    ref = e / e.sum(-1, keepdims=True) @ V
+    close(k(*(t.astype(np.float32) for t in (Q, K, V))), ref, "float32", 24, float(np.abs(V).max()))
+
+
 def test_unsupported_refused():
-    a, b = pn.placeholder((16, 32), "float32", name="a"), pn.placeholder((32, 8), "float32", name="b")
-    with pytest.raises(CpuUnsupportedError, match="contraction"):
-        pn.compile(pn.matmul(a, b), target="cpu")
+    a = pn.placeholder((16, 32), "float32", name="a")
     assert issubclass(CpuUnsupportedError, pn.PanameraError)
     with pytest.raises(pn.OptionError, match="'cpu'"):
         pn.compile(pn.sum(a), target="cpus")
@@ -222,3 +323,20 @@ def test_constant_inputs_and_the_compile_cache_on_the_cpu():
     k2 = pn.compile(pn.sum(y, axis=1, where=mask), target="cpu")
     assert cache.info().hits == before + 1 and [t.name for t in k2.inputs] == ["y"]
     np.testing.assert_array_equal(k2(y=a), k(a))
+
+
+def test_long_sums_keep_float32_precision_and_welford_handles_inf():
+    """A long row sums into fresh block accumulators every `decision.inner` iterations (a lane
+    never adds 2^21 / 16 values in a row: float32 would drift by ~1e-4 at mean 1e4); Welford's
+    shift is 0 for a non-finite first element, so inf rows give numpy's mean and a NaN variance."""
+    rng = np.random.default_rng(4)
+    a = (1e4 + rng.standard_normal(1 << 21)).astype(np.float32)
+    x = pn.placeholder(a.shape, "float32", name="x")
+    m, v = pn.compile([pn.mean(x), pn.var(x)], target="cpu", split=1)(a)
+    a64 = a.astype(np.float64)
+    assert abs(m - a64.mean()) / a64.mean() < 2e-6 and abs(v - a64.var()) / a64.var() < 1e-4
+    b = np.array([[1, np.inf, 2], [np.inf, np.inf, np.inf], [-np.inf, 1, 1], [1, 2, np.nan]], np.float32)
+    y = pn.placeholder(b.shape, "float32", name="y")
+    mean, var = pn.compile([pn.mean(y, axis=1), pn.var(y, axis=1)], target="cpu")(b)
+    np.testing.assert_array_equal(mean, [np.inf, np.inf, -np.inf, np.nan])
+    assert np.isnan(var).all()

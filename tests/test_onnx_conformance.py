@@ -78,3 +78,26 @@ def test_node(case):
         for name, want in zip(out_names, _arrays(outputs)):
             check = compare(name, got[name], want, case.rtol, case.atol)
             assert check.ok, check.detail
+
+
+# One single-node case per op family the CPU target compiles (reductions, norms, softmax,
+# contractions, argmax), run with target="cpu": the plan stays the emulator's, the subgraphs run as
+# OpenMP C++ (each case is one g++ -O3 build: the subset stays small).
+CPU_OPS = ("ReduceSum", "ReduceLogSumExp", "Softmax", "LayerNormalization", "MatMul", "Gemm", "ArgMax",
+           "InstanceNormalization")  # fmt: skip
+CPU_CASES = [next(c for c in CASES if [n.op_type for n in c.model.graph.node] == [op]) for op in CPU_OPS]
+
+
+@pytest.mark.parametrize("case", CPU_CASES, ids=[c.name for c in CPU_CASES])
+def test_node_on_the_cpu_target(case):
+    in_names = [i.name for i in case.model.graph.input]
+    out_names = [o.name for o in case.model.graph.output]
+    inputs, outputs = case.data_sets[0]
+    feeds = dict(zip(in_names, _arrays(inputs)))
+    spec = {k: feeds[k] for k in shape_inputs(case.model)}
+    opt = optimize(case.model, target="cpu", specialize=spec, compile_views=True, routing="panamera")
+    assert opt.subgraphs and opt.backend == "cpu", [sg.runner_note for sg in opt.subgraphs]
+    got = opt.run(feeds)
+    for name, want in zip(out_names, _arrays(outputs)):
+        check = compare(name, got[name], want, case.rtol, case.atol)
+        assert check.ok, check.detail

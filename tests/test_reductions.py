@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import check, np_dtype, random_array, reference
+from conftest import check, np_dtype, random_array, reference, tolerance
 
 import panamera as pn
 
@@ -106,3 +106,46 @@ def test_results_are_numpy_dtype_for_bfloat16(rng):
     a = rng.random((4, 64)).astype(np_dtype("bfloat16"))
     out = pn.compile(pn.sum(pn.placeholder(a.shape, "bfloat16"), axis=1), target="emulator")(a)
     assert out.dtype == np_dtype("bfloat16")
+
+
+def _close(out, ref, dtype: str, n: int) -> None:
+    tol = tolerance(dtype, n)
+    if tol:
+        np.testing.assert_allclose(np.asarray(out, np.float64), np.asarray(ref, np.float64), rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_op_and_form_on_the_cpu_target(dtype, rng):
+    """The same cases on target="cpu" (OpenMP C++): every op and form of one dtype in one program
+    (one g++ build), against numpy in float64."""
+    xs = {form: pn.placeholder(shape, dtype, name=f"x{k}") for k, (form, (shape, _)) in enumerate(FORMS.items())}
+    cases = [(op, form) for op in OPS for form in FORMS]
+    k = pn.compile([getattr(pn, op)(xs[form], axis=FORMS[form][1]) for op, form in cases], target="cpu")
+    arrays = {form: random_array(FORMS[form][0], dtype, rng, "prod" if dtype != "bool" else "sum") for form in FORMS}
+    outs = k(*arrays.values())
+    for (op, form), out in zip(cases, outs):
+        a, axis = arrays[form], FORMS[form][1]
+        ref = reference(op, a, axis)
+        assert out.dtype == np.asarray(getattr(np, op)(a, axis=axis)).dtype, (op, form)
+        _close(out, ref, dtype, a.size // max(1, np.asarray(ref).size))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("dtype", ["float16", "int64"])  # float32: tests/test_cpu_target.py
+def test_multi_block_on_the_cpu_target(dtype, deterministic, rng):
+    """Split in 4 chunks on the CPU target: merged by atomics or the last task (not deterministic),
+    in chunk order (deterministic: bit-identical on 1 and 2 threads)."""
+    shapes = [((3, 8192), 1), ((1500, 5), 0)]
+    xs = [pn.placeholder(shape, dtype, name=f"x{k}") for k, (shape, _) in enumerate(shapes)]
+    cases = [(op, s) for op in OPS for s in range(len(shapes))]
+    k = pn.compile([getattr(pn, op)(xs[s], axis=shapes[s][1]) for op, s in cases], target="cpu", split=4,
+                   deterministic=deterministic)  # fmt: skip
+    assert all(d.split >= 2 for d in k.decisions), [d.describe() for d in k.decisions]
+    arrays = [random_array(shape, dtype, rng, "prod" if dtype != "bool" else "sum") for shape, _ in shapes]
+    one, two = k(*arrays, threads=1), k(*arrays, threads=2)
+    for (op, s), p, q in zip(cases, one, two):
+        if deterministic:
+            assert p.tobytes() == q.tobytes(), op
+        _close(q, reference(op, arrays[s], shapes[s][1]), dtype, math.prod(shapes[s][0]))

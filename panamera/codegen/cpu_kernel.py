@@ -11,8 +11,9 @@ from algebra.py): the reduction algebra is defined once.
 Stitched ROW groups make one pass over a row per level (schedule/mapping.py's `levels`), the
 row in cache; a row epilogue (and every element-wise statement of an epilogue group) runs once
 the values it reads are final, at (i, j = 0). A split reduction (decision.split > 1) writes one
-partial per (output, chunk) into a per-call array; after the tasks' barrier each output's
-partials are combined in chunk order, then finished: deterministic for every thread count.
+partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
+in chunk order after the tasks' barrier, by the last task of the output, or by atomic
+compare-and-swap into a shared accumulator), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
 of `CpuKernel.params`, `pn_nt` threads.
@@ -26,19 +27,21 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..algebra import WELFORD
-from ..errors import Unsupported
+from ..errors import TargetRefused
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
-from ..schedule.cpu_mapper import CpuDecision
+from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
 from .expr import convert
+from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
 
 
-class CpuUnsupportedError(Unsupported):
+class CpuUnsupportedError(TargetRefused):
     """A program kind the CPU target does not cover yet."""
 
 
@@ -49,6 +52,10 @@ class CpuKernel:
     params: tuple[BufferSpec, ...]
     decision: CpuDecision
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
+    host: BlasCall | None = None  # run on the host by numpy's BLAS instead (schedule/cpu_blas.py); no source
+
+    def describe(self) -> str:
+        return self.host.describe() if self.host is not None else self.decision.describe()
 
 
 @dataclass(frozen=True)
@@ -92,33 +99,14 @@ def _scan(
     return isl.AstBuild.from_context(ctx_set).node_from_schedule_map(isl.UnionMap.from_map(sched))
 
 
-def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list[str], depth: int = 0) -> list[str]:
-    """C lines of an isl AST; `pragmas[d]` precedes the loops at depth d; `user(args)` renders
-    a statement instance from its argument expressions."""
-    t = n.get_type()
-    if t == isl.ast_node_type.block:
-        return [ln for c in n.block_get_children() for ln in _print(c, user, pragmas, depth)]
-    if t == isl.ast_node_type.for_:
-        it = islast.expr(n.for_get_iterator())
-        head = (
-            f"for (pn_idx {it} = {islast.expr(n.for_get_init())}; {islast.expr(n.for_get_cond())}; "
-            f"{it} += {islast.expr(n.for_get_inc())}) {{"
-        )
-        pre = [pragmas[depth]] if depth < len(pragmas) and pragmas[depth] else []
-        body = _print(n.for_get_body(), user, pragmas, depth + 1)
-        return pre + [head] + ["  " + ln for ln in body] + ["}"]
-    if t == isl.ast_node_type.if_:
-        out = [f"if ({islast.expr(n.if_get_cond())}) {{"]
-        out += ["  " + ln for ln in _print(n.if_get_then_node(), user, pragmas, depth)]
-        if n.if_has_else_node():
-            out += ["} else {"] + ["  " + ln for ln in _print(n.if_get_else_node(), user, pragmas, depth)]
-        return out + ["}"]
-    if t == isl.ast_node_type.user:
-        call = n.user_get_expr()
-        return user([islast.expr(call.get_op_arg(k)) for k in range(1, call.get_op_n_arg())])
-    if t == isl.ast_node_type.mark:
-        return _print(n.mark_get_node(), user, pragmas, depth)
-    raise NotImplementedError(f"isl AST node {t}")
+def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list[str]) -> list[str]:
+    """islast.node with the CPU's loop pragmas (`pragmas[d]` before the loops at depth d);
+    `user(args)` renders a statement instance from its argument expressions."""
+
+    def call(e: isl.AstExpr) -> list[str]:
+        return user([islast.expr(e.get_op_arg(k)) for k in range(1, e.get_op_n_arg())])
+
+    return islast.node(n, call, "pn_idx", 0, pragmas=pragmas)
 
 
 # -- the kernel ---------------------------------------------------------------------------------
@@ -211,21 +199,26 @@ class _Kernel:
             self.loop.regs[st.result.uid] = f"pn_r{e}"
         return out + ["}"]
 
-    def simd_clause(self, owners: list[int]) -> str:
+    def simd_clause(self, owners: list[int], var: Callable[[int], str] = lambda k: f"acc{k}") -> str:
         g = self.g
-        return " ".join(f"reduction({reduction_name(g.statements[k])} : acc{k})" for k in owners)
+        return " ".join(f"reduction({reduction_name(g.statements[k])} : {var(k)})" for k in owners)
 
     def owners(self, here: list[int]) -> list[int]:
         return [k for k in here if k in self.reductions and self.g.accumulator_of[k] == k]
 
     # -- templates ----------------------------------------------------------------------------
     def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
-        """One scan of j in [lo, hi) for the statements `here`, accumulators declared before.
+        """The scan of j in [lo, hi) for the statements `here`, accumulators declared before, in
+        blocks of `decision.inner` iterations: each block reduces into fresh block accumulators
+        (under `omp simd`, one partial per lane), merged into the running accumulator after the
+        block. A lane's float sum then adds at most inner / lanes values in a row, and the
+        running accumulator one value per block: the rounding of a long row stays that of a
+        tree of short sums (a GPU's threads and blocks have it by construction).
 
         A Welford accumulator (pn_welford: a struct whose combine divides and branches, which no
-        SIMD loop vectorizes) is lowered for the scan to the shifted sums of x - shift and
-        (x - shift)^2, shift = the scan's first element, two plain `+` reductions; after the
-        scan they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
+        SIMD loop vectorizes) is lowered for each block to the shifted sums of x - shift and
+        (x - shift)^2, shift = the block's first element (0 if not finite), two plain `+` reductions; after the
+        block they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
         accumulator by the combiner. The shift keeps the cancellation of m2 small: its error is
         that of (mean - shift)^2 against the variance, for rows of values near each other."""
         g = self.g
@@ -233,24 +226,34 @@ class _Kernel:
         ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
         shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
+        plain = [k for k in owners if k not in shifted]
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
-        clause = self.simd_clause([k for k in owners if k not in shifted])
+        clause = self.simd_clause(plain, lambda k: f"pn_blk{k}")
         clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
         pragma = f"#pragma omp simd {clause}".rstrip()
 
         def user(a: list[str]) -> list[str]:
-            body = self.body(here, lambda k: f"acc{k}", shifted)
+            body = self.body(here, lambda k: f"pn_blk{k}", shifted)
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
-        out = [f"{{ const pn_idx pn_lo = {lo}, pn_hi = {hi};"]
+        B = self.d.inner
+        out = [
+            f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b += {B}LL) {{",
+            f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, pn_b + {B}LL);",
+        ]
+        out += ["  " + ln for ln in self.acc_decls(plain, name="pn_blk")]
         for k in sorted(shifted):
             s = g.statements[k]
             t = s.acc.field.compute
             lines, val = self.loop.body_lines(k, None)
             out += [f"  {t} pn_sh{k}, pn_s1_{k} = 0, pn_s2_{k} = 0;", "  { const pn_idx j = pn_lo;"]
             out += ["    " + ln for ln in lines]
-            out += [f"    pn_sh{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}); }}"]
+            # a non-finite first element shifts by 0 (as pn_welford's constructor): inf - inf is no shift
+            out += [f"    const {t} pn_v = ({t})({convert(val, s.body.dtype, s.acc.field)});"]
+            out += [f"    pn_sh{k} = pn_v - pn_v == ({t})0 ? pn_v : ({t})0; }}"]
         out += ["  " + ln for ln in _print(ast, user, [pragma])]
+        for k in plain:
+            out.append(f"  acc{k} = {g.statements[k].combiner.functor}::apply(acc{k}, pn_blk{k});")
         for k in sorted(shifted):
             s = g.statements[k]
             t = s.acc.field.compute
@@ -261,42 +264,84 @@ class _Kernel:
             ]
         return out + ["}"]
 
-    def acc_decls(self, owners: list[int], n: int | None = None) -> list[str]:
+    def acc_decls(self, owners: list[int], n: int | None = None, name: str = "acc") -> list[str]:
+        """Accumulators `name`k set to the identity: one each, or arrays of `n` (a COLUMN block)."""
         g = self.g
         if n is None:
-            return [f"{g.statements[k].acc.compute} acc{k} = {identity_expr(g.statements[k])};" for k in owners]
+            return [f"{g.statements[k].acc.compute} {name}{k} = {identity_expr(g.statements[k])};" for k in owners]
         return [
             ln
             for k in owners
             for ln in (
-                f"{g.statements[k].acc.compute} acc{k}[{n}];",
-                f"for (int q = 0; q < {n}; ++q) acc{k}[q] = {identity_expr(g.statements[k])};",
+                f"{g.statements[k].acc.compute} {name}{k}[{n}];",
+                f"for (int q = 0; q < {n}; ++q) {name}{k}[q] = {identity_expr(g.statements[k])};",
             )
         ]
 
-    def partial_decls(self) -> tuple[list[str], list[str]]:
+    def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
+        """The per-call arrays of a split plan: partials (ORDERED, LAST), a counter per output or
+        block (LAST), one shared accumulator per output (ATOMIC); and the lines that free them."""
         g, d = self.g, self.d
         alloc, free = [], []
         for k in self.owners(self.reductions):
             t = g.statements[k].acc.compute
-            alloc.append(f"{t}* __restrict__ pn_part{k} = ({t}*)malloc(sizeof({t}) * {d.M * d.split}LL);")
-            free.append(f"free(pn_part{k});")
+            name, n = (f"pn_acc{k}", d.M) if d.merge == CpuMerge.ATOMIC else (f"pn_part{k}", d.M * d.split)
+            alloc.append(f"{t}* __restrict__ {name} = ({t}*)malloc(sizeof({t}) * {n}LL);")
+            free.append(f"free({name});")
+        if d.merge == CpuMerge.LAST:
+            alloc.append(f"int* pn_cnt = (int*)calloc({counters}, sizeof(int));")
+            free.append("free(pn_cnt);")
         return alloc, free
 
-    def merge(self) -> list[str]:
-        """After the tasks: each output's partials combined in chunk order, finished, epilogues."""
+    def combine_partials(self) -> list[str]:
+        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
+        read (ATOMIC), then finished, and its epilogues."""
         g, d = self.g, self.d
-        owners = self.owners(self.reductions)
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
-        for k in owners:
+        out = []
+        for k in self.owners(self.reductions):
             s = g.statements[k]
-            out.append(f"  {s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
+            if d.merge == CpuMerge.ATOMIC:
+                out.append(f"{s.acc.compute} acc{k} = pn_acc{k}[i];")
+                continue
+            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
             out.append(
-                f"  for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
+                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
             )
-        out += ["  " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}")]
-        out += ["  " + ln for ln in self.run_epilogues(0)]
-        return out + ["}"]
+        out += self.finish(self.reductions, lambda k: f"acc{k}")
+        return out + self.run_epilogues(0)
+
+    def before_tasks(self) -> list[str]:
+        """ATOMIC: the shared accumulators set to the identity (the loop's barrier follows)."""
+        g, d = self.g, self.d
+        if d.merge != CpuMerge.ATOMIC:
+            return []
+        owners = self.owners(self.reductions)
+        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(g.statements[k])};" for k in owners)
+        return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{ {sets} }}"]
+
+    def deliver(self, value: Callable[[int], str]) -> list[str]:
+        """A task's partial of output i (`value(k)` for owner k): stored in its chunk's slot,
+        or combined into the shared accumulator by compare-and-swap (ATOMIC)."""
+        g, d = self.g, self.d
+        out = []
+        for k in self.owners(self.reductions):
+            if d.merge == CpuMerge.ATOMIC:
+                out.append(f"pn_atomic_combine<{g.statements[k].combiner.functor}>(&pn_acc{k}[i], {value(k)});")
+            else:
+                out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
+        return out
+
+    def last_of(self, counter: str) -> str:
+        """LAST: the condition that this task is the last of its output (or block) to finish; the
+        acquire-release increment makes the other tasks' partials visible to it."""
+        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
+
+    def after_tasks(self) -> list[str]:
+        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
+        if self.d.merge == CpuMerge.LAST:
+            return []
+        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
+        return out + ["  " + ln for ln in self.combine_partials()] + ["}"]
 
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d
@@ -313,17 +358,20 @@ class _Kernel:
                 out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
                 out += ["  " + ln for ln in self.run_epilogues(lv)]
             return out + ["}"]
-        alloc, free = self.partial_decls()
+        alloc, free = self.partial_decls(d.M)
         owners = self.owners(self.reductions)
-        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
+        out.append("#pragma omp for schedule(static)")
         out.append(f"for (pn_idx pn_t = 0; pn_t < {d.M * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
         out += ["  " + ln for ln in self.acc_decls(owners)]
         lo, hi = f"pn_p * {d.chunk}LL", f"pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL)"
         out += ["  " + ln for ln in self.row_pass(self.reductions, lo, hi)]
-        out += [f"  pn_part{k}[pn_t] = acc{k};" for k in owners]
+        out += ["  " + ln for ln in self.deliver(lambda k: f"acc{k}")]
+        if d.merge == CpuMerge.LAST:
+            out += ["  " + self.last_of("pn_cnt[i]")] + ["    " + ln for ln in self.combine_partials()] + ["  }"]
         out.append("}")
-        return out + self.merge() + ["}"] + free
+        return out + self.after_tasks() + ["}"] + free
 
     def emit_column(self) -> list[str]:
         g, d = self.g, self.d
@@ -341,27 +389,41 @@ class _Kernel:
         def user(a: list[str]) -> list[str]:
             return (
                 ["{", f"  const pn_idx j = {a[0]}; const pn_idx i = {a[1]};"]
-                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
+                + ["  " + ln for ln in self.body(self.reductions, lambda k: f"pn_blk{k}[i - pn_i0]")]
                 + ["}"]
             )
 
         nb = -(-d.M // B)
-        alloc, free = self.partial_decls() if d.split > 1 else ([], [])
-        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", "#pragma omp for schedule(static)"]
+        alloc, free = self.partial_decls(nb) if d.split > 1 else ([], [])
+        out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
+        out.append("#pragma omp for schedule(static)")
         out.append(f"for (pn_idx pn_t = 0; pn_t < {nb * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx pn_i0 = pn_t / {d.split} * {B}, pn_p = pn_t % {d.split};")
-        out.append(f"  const pn_idx pn_lo = pn_p * {d.chunk}LL, pn_hi = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
+        out.append(f"  const pn_idx pn_j0 = pn_p * {d.chunk}LL, pn_j1 = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")
         out += ["  " + ln for ln in self.acc_decls(owners, B)]
-        out += ["  " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
-        out.append(f"  for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{")
+        # j in blocks of `inner` iterations, each into fresh block accumulators (row_pass says why)
+        out.append(f"  for (pn_idx pn_b = pn_j0; pn_b < pn_j1; pn_b += {d.inner}LL) {{")
+        out.append(f"    const pn_idx pn_lo = pn_b, pn_hi = pn_imin(pn_j1, pn_b + {d.inner}LL);")
+        out += ["    " + ln for ln in self.acc_decls(owners, B, "pn_blk")]
+        out += ["    " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
+        for k in owners:
+            f = g.statements[k].combiner.functor
+            out.append(f"    for (int q = 0; q < {B}; ++q) acc{k}[q] = {f}::apply(acc{k}[q], pn_blk{k}[q]);")
+        out.append("  }")
+        block = f"for (pn_idx i = pn_i0; i < pn_imin({d.M}LL, pn_i0 + {B}); ++i) {{"
+        out.append("  " + block)
         if d.split == 1:
             out += ["    " + ln for ln in self.finish(self.reductions, lambda k: f"acc{k}[i - pn_i0]")]
             out += ["    " + ln for ln in self.run_epilogues(0)]
         else:
-            out += [f"    pn_part{k}[i * {d.split} + pn_p] = acc{k}[i - pn_i0];" for k in owners]
-        out += ["  }", "}"]
+            out += ["    " + ln for ln in self.deliver(lambda k: f"acc{k}[i - pn_i0]")]
+        out.append("  }")
+        if d.merge == CpuMerge.LAST:
+            out += ["  " + self.last_of(f"pn_cnt[pn_t / {d.split}]"), "    " + block]
+            out += ["      " + ln for ln in self.combine_partials()] + ["    }", "  }"]
+        out.append("}")
         if d.split > 1:
-            out += self.merge()
+            out += self.after_tasks()
         return out + ["}"] + free
 
     def emit_map(self) -> list[str]:
@@ -391,6 +453,29 @@ class _Kernel:
         lines.append("}")
         decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
+
+
+def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int) -> CpuKernel:
+    """A contraction group run by numpy's BLAS on the host (schedule/cpu_blas.py): no C++, its
+    buffers as a kernel's."""
+    params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
+    d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
+    return CpuKernel(name, "", params, d, (), call)
+
+
+def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:
+    """A group of reductions over an empty extent: each result filled with what numpy gives (the
+    combiner's identity: sum 0, prod 1, all True; NaN for a mean or variance), the values the
+    emulator's init kernel writes (codegen/kernel.py's render_empty)."""
+    fills = render_empty(name, group, specs).fills
+    params = tuple(specs[f.buffer] for f in fills)
+    lines = [f'extern "C" void {name}(void** pn_a, int pn_nt) {{']
+    for n, (f, p) in enumerate(zip(fills, params)):
+        lines.append(f"  {p.ctype}* __restrict__ b{n} = ({p.ctype}*)pn_a[{n}];")
+        lines.append("  #pragma omp parallel for simd schedule(static) num_threads(pn_nt)")
+        lines.append(f"  for (long long e = 0; e < {p.size}LL; ++e) b{n}[e] = {f.c_value};")
+    d = CpuDecision(group.form, group.M, 0, 1, 0, 1, threads, 1)
+    return CpuKernel(name, "\n".join(lines + ["}"]), params, d)
 
 
 def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:

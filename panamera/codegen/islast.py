@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import islpy as isl
 
@@ -162,32 +162,52 @@ def _unrolled(n: isl.AstNode, user, idx_t: str, indent: int, unroll: int) -> lis
 
 
 def node(
-    n: isl.AstNode, user: Callable[[isl.AstExpr], list[str]], idx_t: str, indent: int = 1, unroll: int = 1
+    n: isl.AstNode,
+    user: Callable[[isl.AstExpr], list[str]],
+    idx_t: str,
+    indent: int = 1,
+    unroll: int = 1,
+    pragmas: Sequence[str] = (),
+    depth: int = 0,
 ) -> list[str]:
     """C lines for an AST node; `user` renders a statement instance (a call expression).
-    Innermost loops are unrolled `unroll` times (see _unrolled)."""
+    Innermost loops are unrolled `unroll` times (see _unrolled). `pragmas[d]` (when not empty)
+    is printed before each `for` at loop depth d (the CPU target's `#pragma omp ...`); `depth` is
+    the loop depth of `n`.
+
+    >>> ast = isl.AstBuild.alloc(isl.DEFAULT_CONTEXT).node_from_schedule_map(
+    ...     isl.UnionMap("{ S[i] -> [i] : 0 <= i < 8 }"))
+    >>> print("\\n".join(node(ast, lambda c: ["f();"], "int", 0, pragmas=["#pragma omp simd"])))
+    #pragma omp simd
+    for (int c0 = 0; (c0 <= 7); c0 += 1) {
+      f();
+    }
+    """
     pad = "  " * indent
     t = n.get_type()
     if t == isl.ast_node_type.block:
         out = []
         for c in n.block_get_children():
-            out += node(c, user, idx_t, indent, unroll)
+            out += node(c, user, idx_t, indent, unroll, pragmas, depth)
         return out
     if t == isl.ast_node_type.for_:
+        pre = [pad + pragmas[depth]] if depth < len(pragmas) and pragmas[depth] else []
         if unroll > 1 and not _has_loop(n.for_get_body()):
             lines = _unrolled(n, user, idx_t, indent, unroll)
             if lines is not None:
-                return lines
+                return pre + lines
         it = expr(n.for_get_iterator())
         head = f"{pad}for ({idx_t} {it} = {expr(n.for_get_init())}; {expr(n.for_get_cond())}; {it} += {expr(n.for_get_inc())}) {{"
-        return [head] + node(n.for_get_body(), user, idx_t, indent + 1, unroll) + [f"{pad}}}"]
+        body = node(n.for_get_body(), user, idx_t, indent + 1, unroll, pragmas, depth + 1)
+        return pre + [head] + body + [f"{pad}}}"]
     if t == isl.ast_node_type.if_:
-        out = [f"{pad}if ({expr(n.if_get_cond())}) {{"] + node(n.if_get_then_node(), user, idx_t, indent + 1, unroll)
+        then = node(n.if_get_then_node(), user, idx_t, indent + 1, unroll, pragmas, depth)
+        out = [f"{pad}if ({expr(n.if_get_cond())}) {{"] + then
         if n.if_has_else_node():
-            out += [f"{pad}}} else {{"] + node(n.if_get_else_node(), user, idx_t, indent + 1, unroll)
+            out += [f"{pad}}} else {{"] + node(n.if_get_else_node(), user, idx_t, indent + 1, unroll, pragmas, depth)
         return out + [f"{pad}}}"]
     if t == isl.ast_node_type.user:
         return [pad + line for line in user(n.user_get_expr())]
     if t == isl.ast_node_type.mark:
-        return node(n.mark_get_node(), user, idx_t, indent, unroll)
+        return node(n.mark_get_node(), user, idx_t, indent, unroll, pragmas, depth)
     raise NotImplementedError(f"isl AST node {t}")

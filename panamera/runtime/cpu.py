@@ -14,7 +14,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendError, CompileError, OptionError, PanameraWarning
+from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
 from .executor import Executor, _alloc
@@ -37,10 +36,7 @@ _guard = threading.Lock()
 
 
 def _compiler() -> str:
-    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
-    if cxx is None:
-        raise BackendError("target='cpu': no C++ compiler (g++) found; install g++ or set CXX")
-    return cxx
+    return emulator.compiler("target='cpu'")
 
 
 @cache
@@ -109,7 +105,8 @@ def machine_key() -> str:
     """What `-march=native` depends on: the CPU's model and feature flags (a cache directory
     shared between machines never hands one a library built for another's instruction set)."""
     try:
-        lines = open("/proc/cpuinfo").read().splitlines()  # noqa: SIM115
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
     except OSError:
         return os.uname().machine
     wanted = ("model name", "flags")
@@ -130,25 +127,17 @@ def build(source: str) -> ctypes.CDLL:
 
 
 def _compile(source: str, fl: tuple[str, ...]) -> bytes:
-    """The shared library g++ builds from `source` with flags `fl` (in a temporary directory), as bytes."""
+    """The shared library g++ builds from `source` with flags `fl`, as bytes (emulator._compile)."""
     log.info("building a CPU library with %s", " ".join(fl))
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "kernel.cpp"
-        src.write_text(source)
-        out = Path(tmp) / "k.so"
-        r = subprocess.run(
-            [_compiler(), *fl, "-I", str(emulator.HERE), str(src), "-o", str(out), *_libs(fl)],
-            capture_output=True,
-            text=True,
-        )
-        if r.returncode:
-            raise CompileError(emulator._explain(r.stderr, source, "g++ (cpu)"))
-        return out.read_bytes()
+    compile_flags = tuple(f for f in fl if not f.startswith("-l"))
+    return emulator._compile(source, compile_flags, "cpu", tuple(_libs(fl)))
 
 
 class CpuExecutor(Executor):
-    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys), ...) in
-    order; `threads` the default thread count of a call."""
+    """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys, host),
+    ...) in order, `host` None for a compiled kernel, else the numpy BLAS call that computes it
+    (schedule/cpu_blas.py: its operands' keys, then its output's); `threads` the default thread
+    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool)."""
 
     def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
         super().__init__(plan, source, (), "cpu")
@@ -165,20 +154,29 @@ class CpuExecutor(Executor):
         hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
         return arrays_mod.deliver(self.run(hosted, threads or self.threads), caller)
 
-    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+    def _entry_points(self) -> list:
         if self._fns is None:
-            lib = build(self.source)
+            lib = build(self.source) if any(host is None for _, _, host in self.kernels) else None
             fns = []
-            for name, _ in self.kernels:
-                fn = getattr(lib, name)
-                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+            for name, _, host in self.kernels:
+                fn = host
+                if host is None:
+                    fn = getattr(lib, name)
+                    fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
                 fns.append(fn)
             self._fns = fns
+        return self._fns
+
+    def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        fns = self._entry_points()
         bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
         for key, spec in self.plan.buffers.items():
             if key not in bufs:
                 bufs[key] = _alloc(np.empty, spec)
-        for fn, (_, keys) in zip(self._fns, self.kernels):
+        for fn, (_, keys, host) in zip(fns, self.kernels):
+            if host is not None:
+                host.run([bufs[op.key] for op in host.operands], bufs[host.out_key])
+                continue
             ptrs = (ctypes.c_void_p * max(1, len(keys)))(*[bufs[k].ctypes.data for k in keys])
             fn(ptrs, int(threads))
         return self._results(bufs, inputs)

@@ -81,18 +81,26 @@ def build(source: str, signatures) -> ctypes.CDLL:
     return handle
 
 
-def _compile(text: str) -> bytes:
-    """The shared library g++ builds from `text` (in a temporary directory), as bytes."""
+def compiler(who: str = "emulator") -> str:
+    """The C++ compiler: $CXX, else g++, else c++; BackendError naming `who` without one."""
     cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if cxx is None:
-        raise BackendError("emulator: no C++ compiler (g++) found; install g++ or set CXX")
+        raise BackendError(f"{who}: no C++ compiler (g++) found; install g++ or set CXX")
+    return cxx
+
+
+def _compile(text: str, flags: tuple[str, ...] = FLAGS, who: str = "emulator", libs: tuple[str, ...] = ()) -> bytes:
+    """The shared library g++ builds from `text` with `flags` (in a temporary directory), as
+    bytes; `libs` follow the source on the command line (where the linker needs them). A
+    rejected source is a CompileError naming `who` and the offending line."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.cpp"
         src.write_text(text)
         out = Path(tmp) / "k.so"
-        r = subprocess.run([cxx, *FLAGS, "-I", str(HERE), str(src), "-o", str(out)], capture_output=True, text=True)
+        cmd = [compiler(who), *flags, "-I", str(HERE), str(src), "-o", str(out), *libs]
+        r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
-            raise CompileError(_explain(r.stderr, text, "g++ (emulator)"))
+            raise CompileError(_explain(r.stderr, text, f"g++ ({who})"))
         return out.read_bytes()
 
 

@@ -4,16 +4,27 @@ A reduction's kept loop runs over the cores (`#pragma omp parallel for`); its re
 the SIMD lanes (`#pragma omp simd reduction(...)`, or, for COLUMN, lanes along the contiguous
 kept extent). A reduction whose outputs cannot occupy the cores (ALL, or few rows / column
 blocks) is **split** when the CPU model (model/cpu.py, via schedule/cpu_cost.py) finds it faster:
-its reduced extent is cut into `split` fixed chunks of `chunk` iterations,
-one task per (output, chunk), each writing a partial; after the tasks the partials of each
-output are combined in chunk order. The partition is a function of the decision only, never of
-the number of threads that run it, so results are bit-identical for every thread count.
+its reduced extent is cut into `split` fixed chunks of `chunk` iterations, one task per
+(output, chunk). The partials of an output are merged in one of three ways
+(`CpuMerge`, chosen once by `merge_mode`):
+
+- ORDERED: each task writes its partial; after the tasks' barrier, each output's partials are
+  combined in chunk order (deterministic; asked for with `deterministic=True`);
+- LAST: each task writes its partial and counts itself in the output's counter (an atomic
+  fetch-add); the task that counts last combines the partials in chunk order and finishes the
+  output: no barrier, no second pass, and deterministic too;
+- ATOMIC: each task combines its partial into the output's accumulator with an atomic
+  compare-and-swap (std::atomic_ref); after the barrier each output is finished. No partials
+  array; the order of the combines, hence the last bits of a float result, varies from run to run.
+
+The partition is a function of the decision only, never of the number of threads that run it,
+so ORDERED and LAST results are bit-identical for every thread count.
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
 >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
 >>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
-'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8'
+'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=atomic'
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 
+from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
@@ -31,6 +43,16 @@ from ..poly.statement import Form, StatementKind
 # accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
 # sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector strips.
 COLUMN_BLOCK_VECTORS = 256
+INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
+
+
+class CpuMerge(StrEnum):
+    """How the tasks that share one split reduction merge their partials (module docstring)."""
+
+    NONE = "none"  # not split: each output's one task finishes it
+    ORDERED = "ordered"  # partials, then after a barrier combined in chunk order
+    LAST = "last"  # partials; the last task of an output (an atomic counter) combines them in chunk order
+    ATOMIC = "atomic"  # each task combines its partial into the output's accumulator by compare-and-swap
 
 
 @dataclass(frozen=True)
@@ -52,14 +74,16 @@ class CpuMachine:
             cores = min(cores, int(env))
         flags, name = set(), "unknown CPU"
         try:
-            for line in open("/proc/cpuinfo"):  # noqa: SIM115 - read once, closed by the GC
-                key, _, value = line.partition(":")
-                if key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-                elif key.strip() == "model name" and name == "unknown CPU":
-                    name = value.strip()
+            with open("/proc/cpuinfo") as f:
+                lines = f.read().splitlines()
         except OSError:
-            pass
+            lines = []
+        for line in lines:
+            key, _, value = line.partition(":")
+            if key.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
         simd = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
         return CpuMachine(max(1, cores), simd, name)
 
@@ -70,7 +94,9 @@ class CpuDecision:
 
     form: the canonical form; M, N: kept and reduced extents; split: chunks per reduction
     (1: none); chunk: reduced iterations per chunk; block: kept outputs per task (COLUMN, else
-    1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator."""
+    1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator;
+    merge: how a split reduction's partials are merged; inner: reduced iterations a task scans
+    into fresh block accumulators before merging them into its own (the precision of long sums)."""
 
     form: Form
     M: int
@@ -80,6 +106,8 @@ class CpuDecision:
     block: int
     threads: int
     lanes: int
+    merge: CpuMerge = CpuMerge.NONE
+    inner: int = INNER
 
     @property
     def tasks(self) -> int:
@@ -89,7 +117,7 @@ class CpuDecision:
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} split={self.split} chunk={self.chunk} block={self.block} "
-            f"threads={self.threads} lanes={self.lanes}"
+            f"threads={self.threads} lanes={self.lanes}" + (f" merge={self.merge}" if self.split > 1 else "")
         )
 
 
@@ -99,11 +127,35 @@ def _lanes(group: KernelGroup, simd_bytes: int) -> int:
     return max(1, simd_bytes // max(sizes, default=4))
 
 
+def merge_mode(group: KernelGroup, split: int, deterministic: bool) -> CpuMerge:
+    """How a group split in `split` chunks merges its partials: not split, NONE; asked to be
+    deterministic, ORDERED; else ATOMIC where every accumulator is one scalar (a
+    compare-and-swap per task), LAST where one is a struct (Welford, argmax pairs).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
+    >>> [str(merge_mode(g, s, d)) for s, d in ((1, False), (8, True), (8, False))]
+    ['none', 'ordered', 'atomic']
+    """
+    if split <= 1:
+        return CpuMerge.NONE
+    if deterministic:
+        return CpuMerge.ORDERED
+    structs = any(s.acc.is_struct for s in group.statements if s.kind == StatementKind.REDUCE)
+    return CpuMerge.LAST if structs else CpuMerge.ATOMIC
+
+
 def map_cpu(
-    group: KernelGroup, machine: CpuMachine, split: int | None = None, model: CpuModel | None = None
+    group: KernelGroup,
+    machine: CpuMachine,
+    split: int | None = None,
+    model: CpuModel | None = None,
+    deterministic: bool = False,
 ) -> CpuDecision:
     """The decision for one group; `split` overrides the chunks per reduction (clamped to N), else
-    the CPU `model` picks it (default: nominal rates for `machine`)."""
+    the CPU `model` picks it (default: nominal rates for `machine`); `deterministic`: a merge whose
+    bits do not depend on the threads or the run."""
     form, M, N = group.form, group.M, group.N
     lanes = _lanes(group, machine.simd_bytes)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
@@ -119,4 +171,4 @@ def map_cpu(
     if s > 1:  # chunks start on whole SIMD vectors
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
-    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes)
+    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes, merge_mode(group, s, deterministic))

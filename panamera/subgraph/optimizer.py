@@ -17,16 +17,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import networkx as nx
 import numpy as np
 from onnx import helper
 
 from .. import compile as pn_compile
+from .. import compiler as _compiler
 from .. import logs
 from ..cache import placeholders
-from ..compiler import Compiled
-from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError
+from ..compiler import Compiled, Target
+from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError, TargetRefused
 from ..frontend.tensor import Tensor
 from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
@@ -50,9 +52,36 @@ class Subgraph:
     inputs: tuple[str, ...]  # live values read from outside the subgraph
     weights: dict  # constant (non-scalar) values fed as kernel inputs: name -> array
     outputs: tuple[str, ...]  # values used outside the subgraph or graph outputs
-    compiled: Compiled
+    compiled: Compiled  # the GPU plan (cuda, or the emulator without a GPU): reports, schedules, deploy folders
     compile_s: float
     signature: str  # what it computes (ops, input dtypes and shapes): a saved schedule must match
+    on_cpu: bool = False  # run by the CPU target's kernels (compiled at the first run), not by `compiled`
+
+    @cached_property
+    def _cpu(self) -> tuple[Compiled | None, str]:
+        if not self.on_cpu:
+            return None, ""
+        try:
+            return pn_compile(list(self.compiled.outputs), target="cpu"), ""
+        except TargetRefused as e:  # the plan's emulator runs it; the reason is kept
+            _log.info("subgraph %d runs on the emulator: %s", self.id, e)
+            return None, str(e)
+
+    @property
+    def runner(self) -> Compiled | None:
+        """The CPU target's program of this subgraph (compiled on first use), or None: not
+        `on_cpu`, or refused by the CPU target (`runner_note` says why)."""
+        return self._cpu[0]
+
+    @property
+    def runner_note(self) -> str:
+        """Why the CPU target does not run this `on_cpu` subgraph ("" where it does)."""
+        return self._cpu[1]
+
+    @property
+    def runs(self) -> Compiled:
+        """The compiled program that runs this subgraph (`runner`, else the plan itself)."""
+        return self.runner if self.runner is not None else self.compiled
 
     @property
     def label(self) -> str:
@@ -83,8 +112,24 @@ def compile_subgraph(
     outputs, tensors, live, weights = build_subgraph_tensors(model, nodes)
     sig = signature(nodes, placeholders(tuple(tensors)))
     schedule = schedules(k, sig) if schedules is not None else None
-    compiled = pn_compile(tensors, target=target, gpu=gpu, schedule=schedule)
-    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, time.perf_counter() - t0, sig)
+    plan_target, on_cpu = plan_and_run(target)
+    compiled = pn_compile(tensors, target=plan_target, gpu=gpu, schedule=schedule)
+    dt = time.perf_counter() - t0
+    return Subgraph(k, tuple(nodes), live, weights, outputs, compiled, dt, sig, on_cpu)
+
+
+def plan_and_run(target: str) -> tuple[str, bool]:
+    """The target a subgraph is planned for (its schedule, CUDA source and modeled times: what
+    reports and deploy folders hold) and whether the CPU target runs it: "auto" without a GPU
+    and "cpu" plan on the emulator and run on the CPU (compiler.auto_target).
+
+    >>> plan_and_run("emulator"), plan_and_run("cpu")
+    (('emulator', False), ('emulator', True))
+    """
+    chosen = Target(target) if target != "auto" else _compiler.auto_target()  # looked up here: tests pin it
+    if chosen == Target.CPU:
+        return "emulator", True
+    return target, False
 
 
 def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[float, int]:
@@ -133,7 +178,9 @@ class Measured:
 
     def describe(self) -> str:
         """One line: the backend and the percentiles."""
-        where = {"emulator": "the CPU emulator", "cuda": "the GPU (CUDA)"}.get(self.backend, "the array library")
+        where = {"emulator": "the CPU emulator", "cuda": "the GPU (CUDA)", "cpu": "the CPU (OpenMP C++)"}.get(
+            self.backend, "the CPU (OpenMP C++) and the emulator" if "+" in self.backend else "the array library"
+        )
         return (
             f"measured on {where} ({self.backend} backend): p50 {self.median_s * 1e3:.3f} ms, "
             f"p90 {self.p90_s * 1e3:.3f} ms, min {self.min_s * 1e3:.3f} ms over {self.repeat} run(s) "
@@ -164,8 +211,9 @@ class OptimizedModel:
 
     @property
     def backend(self) -> str:
-        """Where the Panamera kernels run ("emulator" or "cuda"; "none" without subgraphs)."""
-        return self.subgraphs[0].compiled.target if self.subgraphs else "none"
+        """Where the Panamera kernels run ("cpu", "emulator" or "cuda"; "cpu+emulator" where the
+        CPU target refused some subgraphs; "none" without subgraphs)."""
+        return "+".join(dict.fromkeys(sg.runs.target for sg in self.subgraphs)) or "none"
 
     @property
     def library(self) -> tuple[LibraryNode, ...]:
@@ -212,8 +260,8 @@ class OptimizedModel:
                 if isinstance(u, Subgraph):
                     bar.step(u.label)
                     # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
-                    named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.compiled.inputs}
-                    outs = u.compiled(**named)
+                    named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.runs.inputs}
+                    outs = u.runs(**named)
                     outs = outs if isinstance(outs, tuple) else (outs,)
                     env.update(zip(u.outputs, outs))
                 else:

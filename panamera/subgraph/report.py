@@ -152,6 +152,7 @@ def _subgraph_record(opt: OptimizedModel, sg: Subgraph, cu_path: str | None, unf
         "cuda_file": cu_path,
         "alone": why_alone(opt, sg),
         "routed": [{"name": n.label, "op": n.op_type, "reason": r.reason} for n, r in routes if r is not None],
+        "runs_on": "cpu" if sg.on_cpu else sg.compiled.target,  # cpu: the CPU target's kernels (the plan is the GPU's)
     }
 
 

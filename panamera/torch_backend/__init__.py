@@ -25,8 +25,9 @@ and kernels, and lists the ops left to eager with their reasons (`Stats.eager`);
 `torch_dynamo_backends` entry point (pyproject.toml: torch finds it at the first lookup of a name
 it does not know), by importing this module, and by `import panamera` when torch is imported.
 
-Options (`torch.compile(..., options={...})`): `target` ("emulator" or "cuda"; by default the
-device of the graph's tensors: CPU tensors run on the emulator, a correctness tool) and
+Options (`torch.compile(..., options={...})`): `target` ("cpu", "emulator" or "cuda"; by default
+the device of the graph's tensors: CPU tensors run on the CPU target, OpenMP C++, a subgraph it
+refuses in eager PyTorch with the reason in its report; "emulator" runs the CUDA source) and
 `deterministic` (split reductions merge through ordered partials, not atomics: gradients are
 bit-identical run to run). `mode` takes torch.compile's documented modes (`MODES` says what each
 means here); torch allows `mode` or `options`, not both.
@@ -49,8 +50,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import compiler as _compiler
 from ..enums import StrEnum
-from ..errors import EagerFallbackWarning, EmulatorWarning, OptionError, PanameraWarning
+from ..errors import EagerFallbackWarning, OptionError, PanameraWarning
 
 if TYPE_CHECKING:
     from .partition import EagerOp, SubgraphReport
@@ -177,19 +179,17 @@ def _shapes(inputs) -> tuple:
 
 
 def _target(options: dict, inputs) -> str:
+    """The target of a graph: options' `target`, else cuda for GPU tensors and the CPU target for
+    CPU tensors (compiler.host_target); a subgraph the CPU target refuses stays eager, the reason
+    in its report."""
     target = options.get("target")
     if target is None:
         on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
-        target = "cuda" if on_gpu else "emulator"
-        if not on_gpu:
-            _warn_once(
-                "emulator",
-                "torch.compile(backend='panamera') with CPU tensors runs Panamera's kernels on the CPU emulator, a "
-                "correctness tool, not a fast CPU path; options={'target': 'emulator'} says so and silences this",
-                EmulatorWarning,
-            )
-    if target not in ("emulator", "cuda"):
-        raise OptionError(f"torch.compile(backend='panamera'): unknown target {target!r}; use 'emulator' or 'cuda'")
+        target = "cuda" if on_gpu else str(_compiler.host_target())
+    if target not in ("cpu", "emulator", "cuda"):
+        raise OptionError(
+            f"torch.compile(backend='panamera'): unknown target {target!r}; use 'cpu', 'emulator' or 'cuda'"
+        )
     return target
 
 
