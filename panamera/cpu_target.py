@@ -188,7 +188,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
         a = run_stages(alternative, alone, stop_after="groups")
-        pairs = [(g, map_cpu(g, machine, options.split, model)) for g in a.groups if g.M * g.N]
+        pairs = [(g, map_cpu(g, machine, options.split, model=model)) for g in a.groups if g.M * g.N]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
@@ -202,7 +202,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
             kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores))
         elif g.M * g.N:
-            d: CpuDecision = map_cpu(g, machine, options.split, model, options.deterministic)
+            d: CpuDecision = map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic)
             kernels.append(render_cpu(kernel_name(k, g), g, d))
     for kern in kernels:
         for p in kern.params:

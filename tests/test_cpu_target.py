@@ -105,7 +105,7 @@ def test_merge_rule():
     modes = []
     for y in (pn.sum(x, axis=1), pn.var(x, axis=1), pn.argmax(x, axis=1)):
         g = lower(y, stop_after="groups", target="emulator").groups[0]
-        modes.append([str(map_cpu(g, two, 4, det).merge) for det in (True, False)])
+        modes.append([str(map_cpu(g, two, 4, deterministic=det).merge) for det in (True, False)])
     assert modes == [["ordered", "atomic"], ["ordered", "last"], ["ordered", "atomic"]], modes
     assert map_cpu(g, two, 1).merge == "none"
 

@@ -150,6 +150,7 @@ def map_cpu(
     group: KernelGroup,
     machine: CpuMachine,
     split: int | None = None,
+    *,
     model: CpuModel | None = None,
     deterministic: bool = False,
 ) -> CpuDecision:
