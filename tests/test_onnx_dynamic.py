@@ -84,3 +84,46 @@ def test_two_sizes_for_one_dim_param_are_refused_naming_both():
     dm = optimize_dynamic(model(True), target="emulator", hints={"batch": 2, "seq": 2})
     with pytest.raises(pn.SymbolBindingError, match="'batch' is 3 at input 'ids' axis 0 but 2 at input 'x'"):
         dm.run({"x": np.zeros((2, 2, 16), np.float32), "ids": np.zeros((3, 2), np.int64)})
+
+
+def test_the_deployable_folder_runs_every_size_in_a_fresh_process(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from panamera.cli import cli
+    from panamera.subgraph.dynamic_deploy import load_dynamic
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import onnx_models
+
+    path, out = tmp_path / "encoder.onnx", tmp_path / "enc"
+    path.write_bytes(onnx_models.encoder(seq=8, hidden=32, heads=2))  # dim_param "batch"
+    r = CliRunner().invoke(cli, ["optimize", str(path), "--hint", "batch=2", "--out", str(out), "--target", "emulator"])
+    assert r.exit_code == 0 and "one symbolic program over batch" in r.output, r.output
+    dm = load_dynamic(str(out), target="emulator")
+    session = ort.InferenceSession(path.read_bytes())
+    rng = np.random.default_rng(3)
+    for batch in (3, 5):  # 3 in a fresh process (`panamera run DIR`), 5 here from the folder
+        feeds = {
+            i.name: rng.standard_normal([batch if isinstance(d, str) else d for d in i.shape]).astype(np.float32)
+            for i in session.get_inputs()
+        }
+        ref = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        if batch == 3:
+            np.savez(tmp_path / "in.npz", **feeds)
+            args = ["run", str(out), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npz")]
+            p = subprocess.run([sys.executable, "-m", "panamera.cli", *args, "--target", "emulator", "--json"],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+            assert p.returncode == 0, p.stderr
+            assert json.loads(p.stdout)["outputs"]["y"]["shape"][0] == 3
+            got = dict(np.load(tmp_path / "o.npz"))
+        else:
+            got = dm.run(feeds)
+        for name, want in ref.items():  # a row of 32 values through layer norm and a 32-term product
+            tol = tolerance("float32", 32) * max(1.0, float(np.abs(want).max()))
+            np.testing.assert_allclose(got[name], want, rtol=tol, atol=tol)
+    assert dm.stats()["symbolic_subgraphs"] >= 1 and dm.stats()["per_shape_compiles"] == 0

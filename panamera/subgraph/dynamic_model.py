@@ -96,6 +96,25 @@ def symbolic_shapes(a: OnnxModel, b: OnnxModel, sizes: dict[str, int], scale: di
     return out
 
 
+def bind(params: dict, feeds: dict) -> dict[str, int]:
+    """Each dim_param's size from the feeds' shapes (`params`: `dim_params`); a dim_param given two
+    sizes is a SymbolBindingError naming both inputs."""
+    sizes: dict[str, tuple[int, str, int]] = {}
+    for p, where in params.items():
+        for name, axis in where:
+            a = feeds.get(name)
+            if a is None or not hasattr(a, "shape") or len(a.shape) <= axis:
+                continue  # run() says what is missing or malformed
+            n = int(a.shape[axis])
+            if p in sizes and sizes[p][0] != n:
+                n0, name0, axis0 = sizes[p]
+                raise SymbolBindingError(
+                    f"dim_param {p!r} is {n} at input {name!r} axis {axis} but {n0} at input {name0!r} axis {axis0}"
+                )
+            sizes.setdefault(p, (n, name, axis))
+    return {p: v[0] for p, v in sizes.items()}
+
+
 @dataclasses.dataclass
 class _Unit:
     """How one unit of the hint's partition runs at any size."""
@@ -152,22 +171,8 @@ class DynamicModel:
 
     # -- public ----------------------------------------------------------------------------------
     def bind(self, feeds: dict) -> dict[str, int]:
-        """Each dim_param's size from the feeds' shapes; a dim_param given two sizes is a
-        SymbolBindingError naming both inputs."""
-        sizes: dict[str, tuple[int, str, int]] = {}
-        for p, where in self.params.items():
-            for name, axis in where:
-                a = feeds.get(name)
-                if a is None or not hasattr(a, "shape") or len(a.shape) <= axis:
-                    continue  # run() says what is missing or malformed
-                n = int(a.shape[axis])
-                if p in sizes and sizes[p][0] != n:
-                    n0, name0, axis0 = sizes[p]
-                    raise SymbolBindingError(
-                        f"dim_param {p!r} is {n} at input {name!r} axis {axis} but {n0} at input {name0!r} axis {axis0}"
-                    )
-                sizes.setdefault(p, (n, name, axis))
-        return {p: v[0] for p, v in sizes.items()}
+        """Each dim_param's size from the feeds' shapes (`bind`)."""
+        return bind(self.params, feeds)
 
     def at(self, sizes: dict[str, int]) -> OptimizedModel:
         """The model at concrete sizes: loaded there, the hint's partition with its symbolic
@@ -179,10 +184,13 @@ class DynamicModel:
                 self.counters["sizes"] += 1
             return self._at[key]
 
+    def sizes(self, feeds: dict) -> dict[str, int]:
+        """The dim_params' sizes at these feeds (a hint where no feed binds one)."""
+        return {**self.hints, **self.bind(feeds)}
+
     def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
         """Run at the feeds' sizes (see `at`)."""
-        sizes = {**self.hints, **self.bind(feeds)}
-        return self.at(sizes).run(feeds, keep)
+        return self.at(self.sizes(feeds)).run(feeds, keep)
 
     def stats(self) -> dict[str, int]:
         """Symbolic subgraphs (one program each), per-shape subgraphs and their compilations,
@@ -236,6 +244,14 @@ class DynamicModel:
         return [sg]
 
 
+def unfixed(source: ModelSource, shapes: dict) -> tuple[str, ...]:
+    """The model's dim_params that `shapes` (load_model's: input or dim_param name -> shape) leave
+    symbolic."""
+    return tuple(
+        p for p, where in dim_params(source).items() if p not in shapes and not any(i in shapes for i, _ in where)
+    )
+
+
 def optimize_dynamic(
     source: ModelSource, hints: dict[str, int] | None = None, target: str = "auto", gpu: GPUSpec = H100, **options
 ) -> DynamicModel:
@@ -244,4 +260,13 @@ def optimize_dynamic(
     return DynamicModel(source, dict(hints or {}), target, gpu, **options)
 
 
-__all__ = ["DEFAULT_HINT", "DynamicModel", "dim_params", "fit", "optimize_dynamic", "symbolic_shapes"]
+__all__ = [
+    "DEFAULT_HINT",
+    "DynamicModel",
+    "dim_params",
+    "fit",
+    "optimize_dynamic",
+    "symbolic_shapes",
+    "unfixed",
+    "bind",
+]
