@@ -23,8 +23,7 @@ from panamera.subgraph.dynamic_model import dim_params, fit, optimize_dynamic  #
 
 def model(gather: bool) -> bytes:
     """x (batch, seq, 16) [+ an embedding of ids (batch, seq)] -> LayerNorm -> MatMul -> Softmax
-    over the last axis: y (batch, seq, 16). (A reduction of the softmax's result is refused by the
-    symbolic path today: its formulation choice is not resolved there; helper dyn's.)"""
+    over the last axis: y (batch, seq, 16)."""
     rng = np.random.default_rng(0)
     f32 = TensorProto.FLOAT
     arrays = {"g": (16,), "b": (16,), "w": (16, 16), "emb": (50, 16)}

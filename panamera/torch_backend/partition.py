@@ -290,6 +290,7 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
     (a DynamicSubgraph), else per concrete shape at call time (a PerShapeSubgraph, with why)."""
     from ..cache import placeholders
     from ..dynamic import DynamicCompiled, members
+    from ..frontend.choices import resolve_choices
 
     ops = tuple(str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     try:
@@ -299,7 +300,8 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
         build = retraced(sub, translate)
     else:
         try:
-            k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
+            chosen = resolve_choices(tuple(outputs))
+            k = pn.compile(chosen[0] if single else list(chosen), target=target, deterministic=deterministic)
         except PanameraError as e:
             reason, build = str(e), specialized(outputs, single, holders)
         else:
