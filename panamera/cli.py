@@ -297,7 +297,7 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     feeds = _load_npz(inputs) if inputs else None
     spec = _specialize_from(model, feeds) if feeds else None
     reader = _schedule_reader(schedules, GPUS[gpu].name) if schedules else None
-    dm = _dynamic(model, _shapes(shape), hint, target, gpu, schedules=reader)
+    dm = _dynamic(model, _shapes(shape), hint, target, gpu, feeds, schedules=reader)
     opt = dm.hinted if dm else _optimize(model, _shapes(shape), target, gpu, spec, reader)
     if out:
         from .subgraph.dynamic_deploy import EXTRA, write_dynamic
