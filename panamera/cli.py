@@ -338,7 +338,8 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
             f"model ({out}/manifest.json; run it with `panamera run {out}`)",
             markup=False,
         )
-    if verify and not _verify_and_print(console, opt, feeds, seed, rtol, atol, verify):
+    checked = dm.at(dm.hints) if dm else opt  # the symbolic programs, at the hint
+    if verify and not _verify_and_print(console, checked, feeds, seed, rtol, atol, verify):
         sys.exit(1)
 
 
