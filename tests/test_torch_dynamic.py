@@ -109,3 +109,21 @@ def test_extents_of_dynamo_become_panamera_dims():
     assert symbolic.split((sym(name0) * 5, 16)) == (sym(name0), 5, 16)
     with pytest.raises(tb.aten.TranslationError, match="not a product of symbols"):
         symbolic.extent(s0 + 1)
+
+
+def test_a_dynamic_graph_aot_cannot_trace_symbolically_is_specialized_per_shape(monkeypatch):
+    real = tb._static
+
+    def refuse_symbolic(gm, inputs, *rest):
+        if any(isinstance(a, torch.SymInt) for a in inputs):
+            raise RuntimeError("no symbolic trace")
+        return real(gm, inputs, *rest)
+
+    monkeypatch.setattr(tb, "_static", refuse_symbolic)
+    f = torch.compile(lambda x: x.softmax(-1), backend="panamera", options=OPTIONS)
+    with torch.no_grad():
+        for rows in (2, 3, 4):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(f(x), x.softmax(-1), rtol=tolerance("float32", 8), atol=tolerance("float32", 8))
+    ids = [r.compile_id for r in tb.stats().reports]
+    assert ids == ["0/0", "0/1/shape0", "0/1/shape1"] and tb.stats().symbolic_programs == 0, ids
