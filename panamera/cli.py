@@ -159,6 +159,21 @@ def _optimize(model, shapes, target, gpu, specialize=None, schedules=None):
     return optimize(model, shapes, specialize, target=target, gpu=GPUS[gpu], schedules=schedules)
 
 
+def _dynamic(model, shapes: dict, hints, target, gpu, feeds=None, **options):
+    """The DynamicModel of an ONNX model whose dim_params `shapes` leave symbolic (issue 22), or
+    None; `hints` (DIM=N) or the feeds' sizes are where its figures are modeled."""
+    from .subgraph.dynamic_model import bind, dim_params, optimize_dynamic, unfixed
+
+    if not unfixed(model, shapes):
+        return None
+    sized = {k: v[0] for k, v in _shapes(hints).items() if len(v) == 1}
+    if len(sized) != len(hints):
+        raise InputError(f"--hint {hints!r}: expected DIM=N, one size per symbolic dim")
+    sized.update(bind(dim_params(model), feeds or {}))
+    sized.update({k: v[0] for k, v in shapes.items() if len(v) == 1 and k in dim_params(model)})
+    return optimize_dynamic(model, sized, target=target, gpu=GPUS[gpu], **options)
+
+
 def _specialize_from(model, feeds: dict) -> dict:
     from .subgraph.convert import shape_inputs
 
@@ -264,10 +279,14 @@ def demo():
 @click.option("--save-schedules", type=click.Path(file_okay=False), help="write one schedule file per subgraph here")
 @click.option("--schedules", type=click.Path(file_okay=False), help="replay the schedules saved here")
 @shape_opt
+@click.option("--hint", multiple=True, metavar="DIM=N",
+              help="a symbolic dim's size hint for the modeled figures (dims no --shape fixes stay symbolic)")  # fmt: skip
 @target_opt
 @gpu_opt
-def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules, schedules, shape, target, gpu):
-    """Partition MODEL, compile its memory-intensive subgraphs and report the plans."""
+def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules, schedules, shape, hint, target, gpu):
+    """Partition MODEL, compile its memory-intensive subgraphs and report the plans. Symbolic dims
+    (dim_param) that no --shape fixes stay symbolic: the subgraphs are compiled once for every size
+    (the figures are modeled at --hint sizes, 8 by default) and `--out` runs at every size."""
     from .subgraph import deploy, folder
     from .subgraph.report import build_report, whole_model_line, write_outputs
 
@@ -279,11 +298,14 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
     feeds = _load_npz(inputs) if inputs else None
     spec = _specialize_from(model, feeds) if feeds else None
     reader = _schedule_reader(schedules, GPUS[gpu].name) if schedules else None
-    opt = _optimize(model, _shapes(shape), target, gpu, spec, reader)
+    dm = _dynamic(model, _shapes(shape), hint, target, gpu, feeds, schedules=reader)
+    opt = dm.hinted if dm else _optimize(model, _shapes(shape), target, gpu, spec, reader)
     if out:
-        folder.clear_out(out, deploy.MANIFEST, deploy.FORMAT, ("report.md", "report.json"))
+        from .subgraph.dynamic_deploy import EXTRA, write_dynamic
+
+        folder.clear_out(out, deploy.MANIFEST, deploy.FORMAT, ("report.md", "report.json", *EXTRA))
         os.makedirs(out, exist_ok=True)
-        report = write_outputs(opt, out)
+        report = write_dynamic(dm, out) if dm else write_outputs(opt, out)
     else:
         report = build_report(opt)
     rows = [
@@ -302,6 +324,8 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
         if s["alone"]:
             console.print(f"{s['label']} is alone: {s['alone']}", markup=False)
     console.print(whole_model_line(report["whole_model"]) + f" ({opt.gpu.name}, modeled)", markup=False)
+    if dm:
+        console.print(f"kept symbolic: {dm.describe()}", markup=False)
     if save_schedules:
         os.makedirs(save_schedules, exist_ok=True)
         for sg in opt.subgraphs:
@@ -315,7 +339,8 @@ def optimize(model, out, force, verify, inputs, seed, rtol, atol, save_schedules
             f"model ({out}/manifest.json; run it with `panamera run {out}`)",
             markup=False,
         )
-    if verify and not _verify_and_print(console, opt, feeds, seed, rtol, atol, verify):
+    checked = dm.at(dm.hints) if dm else opt  # the symbolic programs, at the hint
+    if verify and not _verify_and_print(console, checked, feeds, seed, rtol, atol, verify):
         sys.exit(1)
 
 
@@ -392,14 +417,25 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
 
         writable_target(output, "--output", directory=False)
     feeds = _load_npz(inputs) if inputs else None
+    dm = None
     if os.path.isdir(model):
+        from .subgraph.dynamic_deploy import is_dynamic, load_dynamic
+
         if shape:
             raise InputError(f"--shape: {model} is an optimized directory; its shapes were fixed by `optimize`")
-        opt = load_optimized(model, target)
+        dm = load_dynamic(model, target) if is_dynamic(model) else None
+        opt = dm.hinted if dm else load_optimized(model, target)
     else:
-        opt = _optimize(model, _shapes(shape), target, gpu, _specialize_from(model, feeds) if feeds else None)
+        dm = _dynamic(model, _shapes(shape), (), target, gpu, feeds)
+        opt = (
+            dm.hinted
+            if dm
+            else _optimize(model, _shapes(shape), target, gpu, _specialize_from(model, feeds) if feeds else None)
+        )
     if feeds is None:
         feeds = {**random_inputs(opt.model, seed), **opt.model.specialized}
+    if dm:  # symbolic dims: the model at the feeds' sizes, its symbolic programs shared by every size
+        opt = dm.at(dm.sizes(feeds))
     t0 = time.perf_counter()
     outs = opt.run(feeds)
     dt = time.perf_counter() - t0

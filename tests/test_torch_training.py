@@ -249,7 +249,7 @@ def test_low_precision_gradients_within_derived_tolerances(dtype):
 def test_a_new_shape_recompiles_forward_and_backward():
     torch.manual_seed(0)
     m = Block().double()
-    for rows in (4, 6):  # the second shape: dynamo's dynamic graph, specialized by the backend
+    for rows in (4, 6):  # the second shape: dynamo's dynamic graph, compiled over its symbols (issue 22)
         x, target = torch.randn(rows, 32).double(), torch.randint(0, 10, (rows,))
         (got_loss, got), (ref_loss, ref) = step(m, [x, target], True), step(m, [x, target], False)
         torch.testing.assert_close(got_loss, ref_loss, rtol=tolerance("float64", 64), atol=tolerance("float64", 64))
@@ -259,7 +259,13 @@ def test_a_new_shape_recompiles_forward_and_backward():
             )
     s = tb.stats()
     assert [r.phase for r in s.reports] == [tb.Phase.FORWARD, tb.Phase.BACKWARD] * 2 and s.recompiles == 1
-    assert s.reports[2].compile_id.endswith("/shape0") and s.reports[3].compile_id == s.reports[2].compile_id
+    assert s.reports[2].compile_id == s.reports[3].compile_id == "0/1"  # dynamo's dynamic graph, compiled once
+    modes = sorted((r.phase, sub.mode) for r in s.reports[2:] for sub in r.subgraphs)
+    assert modes == sorted((p, m) for p in (tb.Phase.FORWARD, tb.Phase.BACKWARD) for m in ("per-shape", "symbolic"))
+    assert [name for name, _, why in s.specializations if "iota" in why] == ["panamera_0", "panamera_1"]  # nll_loss
+    assert s.programs == s.symbolic_programs + len(s.specializations) + sum(
+        1 for r in s.reports[:2] for sub in r.subgraphs if sub.kernels
+    )
 
 
 def test_a_backward_op_panamera_refuses_runs_eagerly_with_its_reason(monkeypatch):

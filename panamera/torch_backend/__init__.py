@@ -5,10 +5,12 @@ everything else in eager PyTorch.
 How a graph is compiled:
 
 1. dynamo captures the model's graph and guards it (shapes, dtypes, grad mode); `backend`
-   receives it. When dynamo hands over a dynamic graph (after a shape changed, dynamo's automatic
-   dynamic shapes), the backend specializes it per concrete shape at its first call instead:
-   Panamera's kernels are planned for static extents.
-2. AOTAutograd lowers it to ATen ops with static shapes, decomposing the backward ops through
+   receives it. A dynamic graph (after a shape changed, dynamo's automatic dynamic shapes, or
+   `torch._dynamo.mark_dynamic`) has SymInt extents (s0, 5*s0): its Panamera subgraphs are built
+   over those symbols and compiled ONCE each into a `DynamicCompiled` (kernels per size class,
+   issue 22; torch_backend/symbolic.py); a subgraph the symbolic path refuses is compiled per
+   concrete shape at call time (`Stats.specializations` says which and why).
+2. AOTAutograd lowers it to ATen ops (static or symbolic shapes), decomposing the backward ops through
    torch's own tables (backward.DECOMPOSITIONS). A graph that needs autograd (an input requires
    grad under grad mode) is split by torch's min-cut partitioner into a forward graph (which
    saves what the backward reads) and a backward graph, compiled when the backward first runs;
@@ -19,7 +21,8 @@ How a graph is compiled:
 
 `stats()` counts graphs (forward, backward and inference: `GraphReport.phase`), recompilations
 (dynamo's recompiles of a frame and the backend's own shape specializations), Panamera subgraphs
-and kernels, and lists the ops left to eager with their reasons (`Stats.eager`); each graph's
+and kernels, Panamera programs (`programs`: static, symbolic and per-shape ones) and the size
+classes the symbolic ones compiled (`size_classes`), and lists the ops left to eager with their reasons (`Stats.eager`); each graph's
 `GraphReport` shows the partition. Each compiled graph is logged to the "panamera.torch" logger
 (`TORCH_LOGS="+panamera"` shows it through torch's logging). Registered as "panamera" through the
 `torch_dynamo_backends` entry point (pyproject.toml: torch finds it at the first lookup of a name
@@ -106,7 +109,7 @@ class GraphReport:
         return tuple(e.op for e in self.eager)
 
     def describe(self) -> str:
-        compiled = [s for s in self.subgraphs if s.kernels]
+        compiled = [s for s in self.subgraphs if s.compiled]
         return (
             f"{self.phase} graph {self.compile_id} {self.shapes}: {len(compiled)} Panamera subgraph(s), "
             f"{self.kernels} kernel(s) ({self.modeled_us:.1f} us modeled), {len(self.eager)} op(s) in eager PyTorch"
@@ -120,10 +123,32 @@ class Stats:
     graphs: int = 0  # graphs compiled (dynamo's compiles, the backend's specializations; forward and backward)
     recompiles: int = 0  # of them, recompilations of a frame or a new shape of a dynamic graph
     reports: list[GraphReport] = field(default_factory=list)
+    # per-shape compilations of subgraphs the symbolic path refused: (subgraph, argument shapes, why)
+    specializations: list[tuple[str, tuple, str]] = field(default_factory=list)
 
     @property
     def subgraphs(self) -> int:
-        return sum(1 for r in self.reports for s in r.subgraphs if s.kernels)
+        return sum(1 for r in self.reports for s in r.subgraphs if s.compiled)
+
+    @property
+    def symbolic_programs(self) -> int:
+        """Distinct Panamera programs compiled over symbolic shapes (each serves every size)."""
+        return len(self._dynamic())
+
+    @property
+    def programs(self) -> int:
+        """Panamera programs compiled: one per static subgraph, one per symbolic subgraph (distinct
+        programs), one per shape of a per-shape fallback."""
+        static = sum(1 for r in self.reports for s in r.subgraphs if s.mode == "static" and s.kernels)
+        return static + self.symbolic_programs + len(self.specializations)
+
+    @property
+    def size_classes(self) -> int:
+        """Size classes the symbolic programs compiled kernels for (so far: they compile on first use)."""
+        return sum(k.stats()["classes_compiled"] for k in self._dynamic())
+
+    def _dynamic(self) -> list:
+        return list({id(s.program): s.program for r in self.reports for s in r.subgraphs if s.program}.values())
 
     @property
     def kernels(self) -> int:
@@ -137,6 +162,7 @@ class Stats:
     def describe(self) -> str:
         """One line per graph, then each op left to eager with its reason."""
         lines = [r.describe() for r in self.reports]
+        lines += [f"  per shape: {name} at {shapes}: {why}" for name, shapes, why in self.specializations]
         lines += [f"  eager: {op} x{n}: {reason}" for (op, reason), n in sorted(self.eager.items())]
         return "\n".join(lines)
 
@@ -203,9 +229,15 @@ def _record(report: GraphReport, recompile: bool) -> None:
         log.debug("  %s (%s) in eager PyTorch: %s", e.op, e.node, e.reason)
 
 
+def _specialized(name: str, shapes: tuple, reason: str) -> None:
+    with _lock:
+        _stats.specializations.append((name, shapes, reason))
+    log.info("per-shape Panamera subgraph %s at %s: %s", name, shapes, reason)
+
+
 def _static(gm: torch.fx.GraphModule, inputs: list, options: dict, compile_id: str, recompile: bool):
-    """AOTAutograd's graphs of `gm` at static shapes (inference, or forward and backward),
-    each partitioned and compiled."""
+    """AOTAutograd's graphs of `gm` (inference, or forward and backward; at static shapes, or
+    symbolic ones for a dynamic graph), each partitioned and compiled."""
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
@@ -217,9 +249,9 @@ def _static(gm: torch.fx.GraphModule, inputs: list, options: dict, compile_id: s
 
     def compiler(phase: Phase):
         def compile_aten(aten_gm: torch.fx.GraphModule, aten_inputs):
-            fused, reports, eager = partition.compile_partitions(aten_gm, target, deterministic)
+            fused, reports, eager = partition.compile_partitions(aten_gm, target, deterministic, _specialized)
             for r in reports:
-                if not r.kernels:
+                if not r.compiled:
                     _warn_once(
                         r.eager_reason, f"a subgraph runs in eager PyTorch: {r.eager_reason}", EagerFallbackWarning
                     )
@@ -300,7 +332,13 @@ def backend(gm: torch.fx.GraphModule, example_inputs: list, options: dict | None
         not isinstance(s, int) for t in example_inputs if isinstance(t, torch.Tensor) for s in t.shape
     )
     if dynamic:
-        return _Specializing(gm, options, compile_id)
+        try:
+            return _static(gm, list(example_inputs), options, compile_id, recompile)
+        except OptionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - AOTAutograd could not trace it symbolically: per concrete shape
+            log.info("dynamic graph %s compiled per shape: %s: %s", compile_id, type(e).__name__, e)
+            return _Specializing(gm, options, compile_id)
     return _static(gm, list(example_inputs), options, compile_id, recompile)
 
 

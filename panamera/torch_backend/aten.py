@@ -60,6 +60,13 @@ def meta(node):
     return node.meta.get("val") if hasattr(node, "meta") else None
 
 
+def shape(val) -> tuple:
+    """A FakeTensor's shape as Panamera extents: ints, and dynamo's SymInts as symbolic `Dim`s."""
+    from .symbolic import shape_of  # it imports this module
+
+    return shape_of(val)
+
+
 def out_dtype(node, k: int | None = None) -> str:
     v = meta(node)
     if isinstance(v, (tuple, list)):  # a multi-output op: output k (the first by default)
@@ -75,7 +82,7 @@ def fit(t, val, what: str):
         return tuple(None if x is None else fit(x, v, f"{what}[{k}]") for k, (x, v) in enumerate(zip(t, val)))
     if not isinstance(t, pn.Tensor):
         raise TranslationError(f"{what}: expected a tensor, got {type(t).__name__}")
-    if t.shape != tuple(val.shape):
+    if t.shape != shape(val):
         raise TranslationError(f"{what}: Panamera's shape {t.shape} is not torch's {tuple(val.shape)}")
     return t.astype(DTYPES[val.dtype])
 
@@ -158,7 +165,7 @@ def _where(node, c, a, b):
     d = out_dtype(node)
     a, b = _cast(a, d), _cast(b, d)
     if not isinstance(a, pn.Tensor) and not isinstance(b, pn.Tensor):
-        a = pn.full(node.meta["val"].shape, a, d)
+        a = pn.full(shape(node.meta["val"]), a, d)
     return pn.where(c, a, b)
 
 
@@ -200,7 +207,7 @@ def _to_copy_check(node):
 
 
 def _full(node, size, value, **kw):
-    return pn.full(tuple(meta(node).shape), value, out_dtype(node))
+    return pn.full(shape(meta(node)), value, out_dtype(node))
 
 
 def _scalar_tensor(node, value, **kw):
@@ -209,7 +216,7 @@ def _scalar_tensor(node, value, **kw):
 
 # -- views ------------------------------------------------------------------------------------
 def _reshape(node, x, *rest, **kw):
-    return x.reshape(tuple(meta(node).shape))
+    return x.reshape(shape(meta(node)))
 
 
 def _permute(node, x, dims):
@@ -225,7 +232,7 @@ def _transpose(node, x, d0=0, d1=1):
 
 
 def _expand(node, x, size, **kw):
-    return pn.broadcast_to(x, tuple(meta(node).shape))
+    return pn.broadcast_to(x, shape(meta(node)))
 
 
 # -- reductions -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ tensors (runtime/arrays.py). A subgraph Panamera cannot express stays eager, wit
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
@@ -24,6 +24,17 @@ import panamera as pn
 from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
+from .symbolic import (
+    DynamicSubgraph,
+    PerShapeSubgraph,
+    extent,
+    retraced,
+    shape_of,
+    signature,
+    specialized,
+    split,
+    why_not_symbolic,
+)
 
 PREFIX = "panamera_"
 aten = torch.ops.aten
@@ -64,15 +75,21 @@ def why_unsupported(node: torch.fx.Node) -> str | None:
     vals = [v for v in _tensor_vals(out) if v.numel() or not isinstance(out, (tuple, list))]  # batch norm's (0,)
     for a in node.all_input_nodes:
         v = meta(a)
+        if isinstance(v, torch.SymInt):  # an extent of a dynamic graph (a view's size): built by `extent`
+            reason = why_not_symbolic(v)
+            if reason:
+                return reason
+            continue
         if not isinstance(v, torch.Tensor):
             return f"input {a.name} is not a tensor"
         vals.append(v)
     for v in vals:
         if v.dtype not in DTYPES:
             return f"dtype {v.dtype}"
-        if not all(isinstance(s, int) for s in v.shape):
-            return "symbolic shape"
-        if v.numel() == 0:
+        reason = why_not_symbolic(v)
+        if reason:
+            return reason
+        if isinstance(v.numel(), int) and v.numel() == 0:
             return "an empty tensor"
         if v.device != vals[0].device:
             return "tensors on several devices"
@@ -175,19 +192,28 @@ def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]
     return partitioner, parts
 
 
-def translate(sub: torch.fx.GraphModule, vals: list) -> tuple[list, bool, list[int]]:
-    """Panamera tensors of a fused partition: (outputs, whether it returns one value, the indices
-    of the submodule's arguments the compiled program reads). `vals` are torch's values of the
-    arguments (FakeTensors or real tensors)."""
+def translate(sub: torch.fx.GraphModule, vals: list, split_products: bool = False) -> tuple[list, bool, list]:
+    """Panamera tensors of a fused partition: (outputs, whether it returns one value, the
+    submodule's arguments as Panamera values: placeholders, or extents for integer arguments).
+    `vals` are torch's values of the arguments (FakeTensors or real tensors; SymInts and ints for
+    a dynamic graph's extents). `split_products`: a placeholder's product extents are split into
+    their factors (symbolic.split) and reshaped back, so each symbol is bound by an axis."""
     env: dict = {}
     holders = []
     outputs, single = [], True
     for node in sub.graph.nodes:
         if node.op == "placeholder":
             v = vals[len(holders)]
-            if not isinstance(v, torch.Tensor) or v.dtype not in DTYPES:
+            if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):  # an extent (a view's size)
+                env[node] = extent(v)
+            elif not isinstance(v, torch.Tensor) or v.dtype not in DTYPES:
                 raise TranslationError(f"argument {node.name} is not a tensor Panamera supports")
-            env[node] = pn.placeholder(tuple(v.shape), DTYPES[v.dtype], name=node.name)
+            else:
+                shape = shape_of(v)
+                holder = pn.placeholder(split(shape) if split_products else shape, DTYPES[v.dtype], name=node.name)
+                env[node] = holder.reshape(shape) if holder.shape != shape else holder
+                holders.append(holder)
+                continue
             holders.append(env[node])
         elif node.op == "call_function" and node.target is operator.getitem:
             src = env[node.args[0]]
@@ -217,10 +243,18 @@ class SubgraphReport:
 
     name: str
     ops: tuple[str, ...]
-    kernels: int  # Panamera kernels per call; 0 if it stayed eager
+    kernels: int  # Panamera kernels per call; 0 if it stayed eager (or is compiled per shape at call time)
     eager_reason: str = ""  # why it stayed eager, if it did
-    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled
+    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled; 0 if symbolic
     traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone
+    mode: str = "static"  # "static", "symbolic" (one DynamicCompiled) or "per-shape" (symbolic path refused)
+    program: object = field(default=None, compare=False, repr=False)  # the DynamicCompiled of a symbolic one
+    symbolic_reason: str = ""  # of a per-shape one: why the symbolic path refused it
+
+    @property
+    def compiled(self) -> bool:
+        """Whether Panamera runs it (else eager PyTorch does)."""
+        return bool(self.kernels) or self.mode == "per-shape"
 
 
 FREE = {aten._unsafe_view.default, aten.alias.default, aten.detach.default}  # views AOTAutograd emits
@@ -263,16 +297,66 @@ def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
     return out
 
 
-def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False):
+def _is_dynamic(vals: list) -> bool:
+    return any(
+        isinstance(v, torch.SymInt)
+        or (isinstance(v, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in v.shape))
+        for v in vals
+    )
+
+
+def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_specialize):
+    """A partition of a dynamic graph: (module, report) compiled once over its symbolic shapes
+    (a DynamicSubgraph), else per concrete shape at call time (a PerShapeSubgraph, with why)."""
+    from ..cache import placeholders
+    from ..dynamic import DynamicCompiled, members
+    from ..frontend.choices import resolve_choices
+
+    ops = tuple(str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    try:
+        outputs, single, holders = translate(sub, vals, split_products=True)
+    except Exception as e:  # noqa: BLE001 - refused symbolically: re-traced per shape at call time
+        reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
+        build = retraced(sub, translate)
+    else:
+        try:
+            chosen = resolve_choices(tuple(outputs))
+            k = pn.compile(chosen[0] if single else list(chosen), target=target, deterministic=deterministic)
+        except PanameraError as e:
+            reason, build = str(e), specialized(outputs, single, holders)
+        else:
+            if isinstance(k, DynamicCompiled):
+                # a program compiled before for the same graph has its own placeholders: they match by
+                # position (both in creation order)
+                index = {h.uid: i for i, h in enumerate(holders) if isinstance(h, pn.Tensor)}
+                used = tuple(index[t.uid] for t in placeholders((outputs[0],) if single else tuple(outputs)))
+                kernels = len(members(k.program))
+                module = DynamicSubgraph(k, used, signature(vals), tuple(holders[i].shape for i in used))
+                return module, SubgraphReport(name, ops, kernels, mode="symbolic", program=k)
+            used_uids = {t.uid for t in k.inputs}
+            used = tuple(i for i, h in enumerate(holders) if isinstance(h, pn.Tensor) and h.uid in used_uids)
+            return PanameraSubgraph(k, used), SubgraphReport(
+                name, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us
+            )
+    module = PerShapeSubgraph(name, build, target, deterministic, reason, on_specialize, eager=sub)
+    return module, SubgraphReport(name, ops, 0, mode="per-shape", symbolic_reason=reason)
+
+
+def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False, on_specialize=None):
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
-    graph module, a report per partition and every op left to eager PyTorch with its reason."""
+    graph module, a report per partition and every op left to eager PyTorch with its reason.
+    A dynamic graph's partitions are compiled over their symbolic shapes (`_symbolic`);
+    `on_specialize(name, shapes, reason)` hears of each per-shape fallback compiled at call time."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
     eager = [
         EagerOp(str(n.target), n.name, why_unsupported(n) or NO_ANCHOR)
         for n in gm.graph.nodes
-        if n.op == "call_function" and n.target is not operator.getitem and n not in inside
+        if n.op == "call_function"
+        and n.target is not operator.getitem
+        and n not in inside
+        and not isinstance(meta(n), (torch.SymInt, int))  # a dynamic graph's arithmetic on extents
     ]
     if not parts:
         return gm, [], tuple(eager)
@@ -284,8 +368,14 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         sub = fused.get_submodule(node.target)
         calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
         ops = tuple(str(n.target) for n in calls)
+        vals = _values(fused, node)
+        if _is_dynamic(vals):
+            module, report = _symbolic(node.target, sub, vals, target, deterministic, on_specialize)
+            setattr(fused, node.target, module)
+            reports.append(report)
+            continue
         try:
-            outputs, single, holders = translate(sub, _values(fused, node))
+            outputs, single, holders = translate(sub, vals)
             k = pn.compile(outputs[0] if single else outputs, target=target, deterministic=deterministic)
         except Exception as e:  # noqa: BLE001 - a subgraph Panamera cannot take stays eager: never break the model
             reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
@@ -295,7 +385,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
             ]
             continue
         used_uids = {t.uid for t in k.inputs}
-        used = tuple(i for i, h in enumerate(holders) if h.uid in used_uids)
+        used = tuple(i for i, h in enumerate(holders) if isinstance(h, pn.Tensor) and h.uid in used_uids)
         setattr(fused, node.target, PanameraSubgraph(k, used))
         reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us,
                                       traffic=tuple(op_traffic(n) for n in calls)))  # fmt: skip
