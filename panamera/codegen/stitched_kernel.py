@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
+from ..schedule.decision import Residence
 from ..schedule.mapping import passes
+from ..schedule.onchip import kept_reads, steps
 from .expr import convert
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
@@ -44,6 +46,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         safe = c_ident(ct)
         out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
         out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+    out += _keep_rows(loop)
     exchange = 0
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
@@ -53,7 +56,10 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             s = g.statements[k]
             if s.kind == StatementKind.REDUCE and own[k] == k:
                 out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
-        out += loop.loops(lambda call, here=here: loop.iteration(call, here))
+        if m.onchip != Residence.MEMORY:
+            out += _kept_loop(loop, here)
+        else:
+            out += loop.loops(lambda call, here=here: loop.iteration(call, here))
         reduces = [k for k in here if g.statements[k].kind == StatementKind.REDUCE]
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
@@ -91,6 +97,45 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             "  }",
         ]
     return out
+
+
+def _keep_rows(loop: ThreadLoop) -> list[str]:
+    """The storage of the rows kept on chip (schedule/onchip.py), one per kept value: each thread's
+    `steps` vectors in registers, or the block's in shared memory ([ty][k][tx][vec]: a thread
+    reads back only what it wrote, so no barrier); `loop.kept` names each (statement, read)'s."""
+    g, m = loop.g, loop.m
+    if m.onchip == Residence.MEMORY:
+        return []
+    out = [f"  // rows kept in {m.onchip}: pass 0 loads each vector once, later passes read it back"]
+    level = m.levels
+    for n, pairs in enumerate(kept_reads(g, m.vec)):
+        k, ri = pairs[0]
+        ct = g.statements[k].reads[ri].tensor.dtype.compute
+        if m.onchip == Residence.REGISTERS:
+            out.append(f"  {ct} pn_row{n}[{steps(m)}][{m.vec}];")
+            name = f"pn_row{n}[pn_k]"
+        else:
+            out.append(f"  PN_BLOCK_SHARED({ct}, pn_rows{n}, [{m.ty}][{steps(m)}][{m.tx}][{m.vec}]);")
+            name = f"pn_rows{n}[ty][pn_k][tx]"
+        for pair in pairs:
+            loop.kept[pair] = name
+            if level[pair[0]] == 0:
+                loop.kept_loads.add(pair)
+    return out
+
+
+def _kept_loop(loop: ThreadLoop, here: list[int]) -> list[str]:
+    """One pass over the thread's vectors of its row when the row is kept on chip: the k loop of
+    the binding (g = by * chunk + k * tx + tx, schedule/mapping.py) written out and unrolled in
+    full, so that the kept vector of step k is a register (or a fixed shared-memory slot)."""
+    g, m = loop.g, loop.m
+    full = m.onchip == Residence.REGISTERS
+    out = ["#pragma unroll" if full else f"#pragma unroll {m.unroll}"]
+    out.append(f"  for (int pn_k = 0; pn_k < {steps(m)}; ++pn_k) {{")
+    out.append(f"    const pn_idx pn_g = by * {m.chunk} + pn_k * {m.tx} + tx;")
+    out.append(f"    if (o < {g.M} && pn_g < {m.N // m.vec}) {{")
+    out += ["      " + ln for ln in loop.iteration_at("o", "pn_g", here)]
+    return out + ["    }", "  }"]
 
 
 def _exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:

@@ -13,6 +13,9 @@
 // interleave only at grid-wide waits, so the static __shared__ stays correct under one contract
 // the generated code keeps: shared memory never carries a value across a grid-wide wait. When no
 // block can move, the launch fails with a deadlock report instead of hanging.
+// Shared memory that must hold a value while other blocks run (PN_BLOCK_SHARED: rows kept on chip,
+// a cluster's partials) is each block's own instead: a per-block arena of kArena bytes, every
+// declaration at its own offset, filled with 0xff bytes (NaN) when the block starts.
 // Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
 // though one host thread runs everything.
 #pragma once
@@ -198,6 +201,7 @@ struct Fiber {
 // One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
 struct Block {
   uint3 idx;
+  unsigned char* arena;  // PN_BLOCK_SHARED memory of this block (allocated at its first use)
   Fiber* fibers;
   int live, barrier_count;
   int warp_count[kMaxThreads / 32];
@@ -217,6 +221,28 @@ static void (*entry)(void**) = nullptr;
 static void** entry_args = nullptr;
 static const char* error = nullptr;
 static char error_text[192];
+static const size_t kArena = 256 * 1024;
+static size_t arena_used = 0;  // bytes the declarations seen so far take (offsets are per library)
+static inline size_t shared_slot(size_t bytes) {
+  size_t at = (arena_used + 15) / 16 * 16;
+  arena_used = at + bytes;
+  return at;
+}
+static inline unsigned char* arena_of(Block* b) {
+  if (!b->arena) {
+    b->arena = static_cast<unsigned char*>(std::malloc(kArena));
+    std::memset(b->arena, 0xff, kArena);
+  }
+  return b->arena;
+}
+static inline unsigned char* block_shared(size_t at, size_t bytes) {
+  if (at + bytes > kArena) {
+    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory exceeds the emulator's 256 KB arena";
+    static unsigned char scratch[16];
+    return scratch;
+  }
+  return arena_of(blk) + at;
+}
 
 // Records the launch's first fault (the launcher returns it once the block finishes): what a
 // GPU reports as a sticky launch error must fail the emulated launch too.
@@ -301,6 +327,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
 }
 static inline void reset_block(Block& b, Fiber* fs, uint3 idx) {
   b.idx = idx;
+  if (b.arena) std::memset(b.arena, 0xff, arena_used < kArena ? arena_used : kArena);  // stale: NaN
   b.fibers = fs;
   b.live = nthreads;
   b.barrier_count = 0;
@@ -381,7 +408,7 @@ static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid
   char* st = (char*)mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (st == MAP_FAILED) return "cooperative launch: cannot map the fibers' stacks";
   Fiber* fs = new Fiber[total];
-  Block* bs = new Block[nblocks];
+  Block* bs = new Block[nblocks]();
   long long* border = new long long[nblocks];
   int perm[kMaxThreads];
   unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -419,6 +446,7 @@ static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid
   }
   blk = &single;
   delete[] border;
+  for (long long b = 0; b < nblocks; ++b) std::free(bs[b].arena);
   delete[] bs;
   delete[] fs;
   munmap(st, stack_bytes);
@@ -434,6 +462,11 @@ template <class V, class T> static inline V pn_vload(const T* p) {
   std::memcpy(&v, p, sizeof(V));
   return v;
 }
+
+// Each block's own instance (see the top of this file); the offset is fixed at the first use.
+#define PN_BLOCK_SHARED(T, name, dims)                                              \
+  static const size_t name##_pn_at = pn_emu::shared_slot(sizeof(T dims));          \
+  T(&name) dims = *reinterpret_cast<T(*) dims>(pn_emu::block_shared(name##_pn_at, sizeof(T dims)))
 
 #define threadIdx (pn_emu::cur->tidx)
 #define blockIdx (pn_emu::blk->idx)

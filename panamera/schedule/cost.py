@@ -12,8 +12,9 @@ from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import l2_bytes as contraction_l2_bytes
-from .decision import Decision, Mapping, MergeMode
+from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import exchanges, kernel_buffers, passes
+from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
@@ -194,7 +195,12 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     The passes no longer overlap (a pass starts when every block has finished the one before),
     so the L2 re-reads add to the DRAM time (kernel_time's `grid_syncs`), and each exchange costs
     two L2 round trips (the arrival, seen by the poll) plus `_exchange_cycles`. Every row is in
-    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it."""
+    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it.
+
+    Rows kept on chip (d.onchip, schedule/onchip.py): the kept tensors are read once; only the
+    others are re-read. Kept in registers, the unrolled row's loads are all in flight at once;
+    either residence holds fewer blocks per SM (`onchip.blocks_per_sm`), which scales the bytes
+    in flight per SM (kernel_time counts blocks per SM from the threads alone)."""
     M = group.M
     in_bytes = _input_bytes(group)
     out_bytes = sum(
@@ -209,7 +215,13 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
     n_passes = passes(group, d.levels)
-    reread = (n_passes - 1) * in_bytes
+    kept = kept_bytes(group, d.vec) if d.onchip != Residence.MEMORY else 0
+    reread = (n_passes - 1) * (in_bytes - kept)
+    flight = in_flight(group, d)
+    if d.onchip == Residence.REGISTERS:
+        flight = flight // max(1, d.unroll) * steps(d)
+    if d.onchip != Residence.MEMORY:
+        flight = flight * blocks_per_sm(gpu, group, d) / gpu.resident_blocks(d.threads)
     in_l2 = resident * row_bytes <= gpu.l2_size / 2
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
@@ -219,7 +231,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
         blocks=gx * S,
         threads=d.tx * d.ty,
-        bytes_in_flight_per_thread=in_flight(group, d),
+        bytes_in_flight_per_thread=flight,
         epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
         grid_syncs=n_ex,
         sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,

@@ -30,6 +30,19 @@ class MergeMode(StrEnum):
     PARTIALS = "partials"  # each block writes its partial; the last block combines them in a fixed order
 
 
+class Residence(StrEnum):
+    """Where a stitched block keeps the row values it loaded in pass 0 (schedule/onchip.py)."""
+
+    MEMORY = "memory"  # nowhere: later passes re-read them
+    REGISTERS = "registers"
+    SHARED = "shared"
+
+
+REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
+REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the mapper decides for one kernel group: what a schedule saves and replays.
@@ -73,11 +86,15 @@ class Decision:
     def min_blocks(self) -> int:
         """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
         threads' worth (64 registers each), halved per doubling of a register tile beyond 2
-        (its accumulators and per-row loads need the registers)."""
+        (its accumulators and per-row loads need the registers); a row kept in registers asks
+        for REGISTER_VALUES + REGISTER_OTHERS registers per thread."""
+        if self.onchip == Residence.REGISTERS:
+            return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
     epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
+    onchip: Residence = Residence.MEMORY  # where a stitched block keeps pass 0's row values (schedule/onchip.py)
 
     @property
     def threads(self) -> int:
@@ -136,6 +153,7 @@ class Decision:
             f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
             + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
             + (f" stages={self.stages}" if self.stages > 1 else "")
+            + (f" rows in {self.onchip}" if self.onchip != Residence.MEMORY else "")
             + (" cooperative" if self.cooperative else "")
         )
 
@@ -147,6 +165,10 @@ class Decision:
         d["cshared"] = [[int(b) for b in a] for a in self.cshared]
         if not self.epilogue:  # saved only when set: schedules written before it read the same
             del d["epilogue"]
+        if self.onchip == Residence.MEMORY:  # likewise: schedules without rows on chip read the same
+            del d["onchip"]
+        else:
+            d["onchip"] = str(self.onchip)
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -181,6 +203,7 @@ class Decision:
             cshared=tuple(tuple(bool(int(b)) for b in a) for a in d.get("cshared", ())),
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
             epilogue=bool(d.get("epilogue", False)),
+            onchip=Residence(d.get("onchip", "memory")),
         )
 
 

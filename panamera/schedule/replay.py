@@ -9,6 +9,7 @@ from ..poly.program import KernelGroup
 from .cost import complete
 from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, MergeMode, covers, is_pow2
 from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
+from .onchip import check as check_onchip
 from .pipeline import check as check_pipeline
 from .rtile import check as check_tile
 
@@ -34,7 +35,8 @@ def replay(
     9. a register tile only as schedule/rtile.py's preconditions allow (ROW/ALL, unstitched,
        power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
     10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
-       the block's rows share, aligned copies, a block-uniform step count around the barriers).
+       the block's rows share, aligned copies, a block-uniform step count around the barriers);
+    11. rows kept on chip only as schedule/onchip.py's preconditions allow.
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -96,4 +98,5 @@ def replay(
         )
     check_tile(group, d, at)
     check_pipeline(group, d, at)
+    check_onchip(group, d, gpu, at)
     return complete(group, d, gpu, name)

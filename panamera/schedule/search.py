@@ -10,7 +10,7 @@ from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .cost import complete, decision_cost, in_flight, stitched_cost
-from .decision import MAX_GRID_Y, Decision, Mapping, pow2ceil
+from .decision import MAX_GRID_Y, Decision, Mapping, Residence, pow2ceil
 from .derived import (
     access_for,
     along,
@@ -22,6 +22,7 @@ from .derived import (
     unroll_for,
     vector_extent,
 )
+from .onchip import choose as onchip_choices
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
@@ -177,8 +178,11 @@ def _map_stitched(
         )  # fmt: skip
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
-        cost = stitched_cost(group, gpu, d)
-        # fewer blocks and threads unless clearly faster
-        if best is None or cost.total_s < best[0].total_s * 0.97:
-            best = (cost, d)
+        # the row re-read, else kept in registers or shared memory (schedule/onchip.py)
+        for res in (Residence.MEMORY, *onchip_choices(group, d, gpu)):
+            dd = replace(d, onchip=res)
+            cost = stitched_cost(group, gpu, dd)
+            # fewer blocks and threads, and the row re-read, unless clearly faster
+            if best is None or cost.total_s < best[0].total_s * 0.97:
+                best = (cost, dd)
     return complete(group, best[1], gpu, name, best[0])
