@@ -32,6 +32,8 @@ from ..schedule.onchip import kept_reads, steps
 from .expr import convert
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
+CLUSTER_INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <cooperative_groups.h>", "#endif")
+
 
 def emit_stitched(loop: ThreadLoop) -> list[str]:
     if loop.m.rtile * loop.m.ctile > 1:
@@ -46,6 +48,15 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         safe = c_ident(ct)
         out.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
         out.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+    clustered = m.cluster > 1
+    if clustered:  # schedule/cluster.py: sm_90 only
+        out = [
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900",
+            "  __trap();  // a thread-block cluster needs sm_90",
+            "#else",
+            *out,
+        ]
+        out.append("  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();")
     out += _keep_rows(loop)
     exchange = 0
     for lv in range(passes(g, level)):
@@ -64,7 +75,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
             exchange += 1
-            out += _exchange(loop, owners, exchange)
+            out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
         for k in reduces:
             s = g.statements[k]
             if own[k] == k:
@@ -87,6 +98,8 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
+    if clustered:
+        return out + ["  pn_cluster.sync();  // no block exits while a peer may still read its shared memory", "#endif"]
     if split:
         out += [
             "  // departure: the last block of the row group resets its counters for the next call",
@@ -96,6 +109,34 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             "    pn_counter[gridDim.x + bx] = 0u;",
             "  }",
         ]
+    return out
+
+
+def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
+    """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py):
+    each block's partial into its own shared memory (one buffer per exchange, so no barrier
+    guards its reuse), the cluster barrier, then every thread strides over the S partials in
+    rank order through distributed shared memory (the cooperative exchange's order)."""
+    g, m = loop.g, loop.m
+    S = m.cluster
+    out = [
+        f"  // exchange {e}: the {S} blocks of the row's cluster combine their partials in distributed shared memory"
+    ]
+    for k in reduces:
+        s = g.statements[k]
+        ct = s.acc.compute
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        out.append(f"  acc{k} = pn_reduce_x{tmpl}(acc{k}, pn_smem_{c_ident(ct)});")
+        out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}]);")
+        out.append(f"  if (tx == 0) pn_dsm{e}_{k}[ty] = acc{k};")
+    out.append("  pn_cluster.sync();  // every block's partials are written")
+    for k in reduces:
+        s = g.statements[k]
+        out.append(f"  acc{k} = {identity_expr(s)};")
+        out.append(
+            f"  for (unsigned b = tx; b < {S}u; b += {m.tx}u) acc{k} = "
+            f"{s.combiner.functor}::apply(acc{k}, *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty], b));"
+        )
     return out
 
 

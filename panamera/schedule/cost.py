@@ -11,6 +11,7 @@ from ..algebra import SUM, AtomicStrategy
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cluster import exchange_cycles as cluster_exchange_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import exchanges, kernel_buffers, passes
@@ -200,7 +201,11 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     Rows kept on chip (d.onchip, schedule/onchip.py): the kept tensors are read once; only the
     others are re-read. Kept in registers, the unrolled row's loads are all in flight at once;
     either residence holds fewer blocks per SM (`onchip.blocks_per_sm`), which scales the bytes
-    in flight per SM (kernel_time counts blocks per SM from the threads alone)."""
+    in flight per SM (kernel_time counts blocks per SM from the threads alone).
+
+    A split row that is one thread-block cluster (d.cluster, schedule/cluster.py) exchanges on
+    chip: no grid-wide wait (the clusters run in waves, their passes overlap other clusters'),
+    each exchange `cluster.exchange_cycles`, exposed once at the kernel's end."""
     M = group.M
     in_bytes = _input_bytes(group)
     out_bytes = sum(
@@ -210,7 +215,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
     row_bytes = in_bytes / max(M, 1)
     gx, S = d.grid
-    if S > 1:
+    if d.cluster > 1:  # clusters of S blocks in waves: the rows of the clusters resident at once
+        resident = max(1, min(gx, gpu.sms * blocks_per_sm(gpu, group, d) // S)) * d.ty
+    elif S > 1:
         resident = gx * d.ty
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
@@ -220,8 +227,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     flight = in_flight(group, d)
     if d.onchip == Residence.REGISTERS:
         flight = flight // max(1, d.unroll) * steps(d)
-    if d.onchip != Residence.MEMORY:
-        flight = flight * blocks_per_sm(gpu, group, d) / gpu.resident_blocks(d.threads)
+    if d.onchip != Residence.MEMORY:  # the blocks an SM holds: fewer where the grid has more
+        want = math.ceil(gx * S / gpu.sms)
+        flight = flight * min(want, blocks_per_sm(gpu, group, d)) / min(want, gpu.resident_blocks(d.threads))
     in_l2 = resident * row_bytes <= gpu.l2_size / 2
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
@@ -233,8 +241,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=flight,
         epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
-        grid_syncs=n_ex,
-        sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
+        grid_syncs=0 if d.cluster > 1 else n_ex,
+        sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         **arithmetic(group, d).features(),
     )
 
@@ -252,5 +260,5 @@ def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
 def complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
     partials = any(m == MergeMode.PARTIALS for m in d.merges)
     cost = cost if cost is not None else decision_cost(group, gpu, d, partials)
-    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid)
+    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid, d.cluster)
     return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)

@@ -95,6 +95,7 @@ class Decision:
 
     epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
     onchip: Residence = Residence.MEMORY  # where a stitched block keeps pass 0's row values (schedule/onchip.py)
+    cluster: int = 1  # blocks along y per thread-block cluster: a split row's blocks (schedule/cluster.py; 1: none)
 
     @property
     def threads(self) -> int:
@@ -113,8 +114,8 @@ class Decision:
     @property
     def cooperative(self) -> bool:
         """A stitched group split across blocks: its blocks wait for each other, so all of them
-        must be resident at once (a cooperative launch)."""
-        return self.stitched and self.split > 1
+        must be resident at once (a cooperative launch), unless they are one thread-block cluster."""
+        return self.stitched and self.split > 1 and self.cluster == 1
 
     @property
     def needs_last_block(self) -> bool:
@@ -155,6 +156,7 @@ class Decision:
             + (f" stages={self.stages}" if self.stages > 1 else "")
             + (f" rows in {self.onchip}" if self.onchip != Residence.MEMORY else "")
             + (" cooperative" if self.cooperative else "")
+            + (f" cluster={self.cluster}" if self.cluster > 1 else "")
         )
 
     def to_dict(self) -> dict:
@@ -169,6 +171,8 @@ class Decision:
             del d["onchip"]
         else:
             d["onchip"] = str(self.onchip)
+        if self.cluster == 1:
+            del d["cluster"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -204,6 +208,7 @@ class Decision:
             stages=int(d.get("stages", 1)),  # absent before pipelines: direct loads
             epilogue=bool(d.get("epilogue", False)),
             onchip=Residence(d.get("onchip", "memory")),
+            cluster=int(d.get("cluster", 1)),
         )
 
 

@@ -94,10 +94,14 @@ def levels_for(group: KernelGroup) -> tuple[int, ...]:
     return tuple(lv[s.name] for s in group.statements)
 
 
-def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
+def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid, cluster: int = 1) -> tuple[BufferSpec, ...]:
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
     then the counter of block arrivals (a split stitched group: per row group its arrivals at
-    the exchanges, then its departures, 2 x gridDim.x counters)."""
+    the exchanges, then its departures, 2 x gridDim.x counters). A split stitched group that is
+    one thread-block cluster (`cluster` = split) exchanges through distributed shared memory:
+    no workspace, no counter."""
+    if group.stitched and cluster > 1:
+        merges = tuple(MergeMode.STORE for _ in merges)
     stmts = group.statements
     inputs = []
     members = group.on_chip

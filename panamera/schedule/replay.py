@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup
+from .cluster import check as check_cluster
 from .cost import complete
 from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, MergeMode, covers, is_pow2
 from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
@@ -21,7 +22,7 @@ def replay(
 
     1. it maps the same statements, with the same canonical form and extents;
     2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
-       CUDA's limits, split = gridDim.y, and a split stitched group's blocks all co-resident;
+       CUDA's limits, split = gridDim.y, and a cooperative group's blocks all co-resident;
     3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
        every read has the access kind isl finds at that width (a read saved as contiguous must be
        aligned for it);
@@ -36,7 +37,9 @@ def replay(
        power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
     10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
        the block's rows share, aligned copies, a block-uniform step count around the barriers);
-    11. rows kept on chip only as schedule/onchip.py's preconditions allow.
+    11. rows kept on chip only as schedule/onchip.py's preconditions allow;
+    12. a thread-block cluster only as schedule/cluster.py's preconditions allow (every block of
+       a split stitched row, a cluster size the GPU has).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -63,7 +66,7 @@ def replay(
         raise ScheduleError(
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
-    if d.stitched and d.split > 1 and d.blocks > co_resident(gpu, d.threads):
+    if d.cooperative and d.blocks > co_resident(gpu, d.threads):
         raise ScheduleError(
             f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
             f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
@@ -99,4 +102,5 @@ def replay(
     check_tile(group, d, at)
     check_pipeline(group, d, at)
     check_onchip(group, d, gpu, at)
+    check_cluster(group, d, gpu, at)
     return complete(group, d, gpu, name)

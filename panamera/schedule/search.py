@@ -38,6 +38,7 @@ def map_group(
     rtile: int | None = None,
     ctile: int | None = None,
     stages: int | None = None,
+    cluster: bool | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
@@ -45,9 +46,10 @@ def map_group(
     keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
     group has no tile to share). `stages` forces the pipeline's stages (schedule/pipeline.py;
-    else the model's)."""
+    else the model's). `cluster` forces or forbids a stitched split row as one thread-block
+    cluster (schedule/cluster.py)."""
     if group.stitched:
-        return _map_stitched(group, gpu, name, split, rtile, ctile)
+        return _map_stitched(group, gpu, name, split, rtile, ctile, cluster)
     form, M, N = group.form, group.M, group.N
     base = dict(
         statements=group.names, form=form, M=M, N=N, stitched=False, levels=levels_for(group), epilogue=group.epilogue
@@ -133,6 +135,7 @@ def _map_stitched(
     split: int | None = None,
     rtile: int | None = None,
     ctile: int | None = None,
+    cluster: bool | None = None,
 ) -> Mapping:
     """A stitched group: threads per row and blocks per row (split) chosen by the model. More
     threads keep fewer rows resident, so later passes hit in L2; a split spreads rows too few to
@@ -140,7 +143,9 @@ def _map_stitched(
     reductions, and only while every block of the grid is co-resident (`co_resident`: the
     blocks wait for each other). Splits are powers of two with at least one step per thread;
     `split` forces one (1: whole rows). Unsplit rows may also take a register tile
-    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row."""
+    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row. On a GPU
+    with thread-block clusters, a split of 2 to `max_cluster` blocks may be one cluster instead
+    (schedule/cluster.py; no co-residency bound); `cluster` forces (True) or forbids (False) it."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
@@ -149,12 +154,19 @@ def _map_stitched(
         access=access_for(group, vec), levels=levels_for(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    candidates = []  # (tx, ty, gx, split, tile), fewer threads and blocks first
+    candidates = []  # (tx, ty, gx, split, tile, cluster), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
-        candidates += [(tx, ty, gx, 1 << e, NO_TILE) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        candidates += [
+            (tx, ty, gx, 1 << e, NO_TILE, False) for e in range(max_split.bit_length()) if 1 << e <= max_split
+        ]
+        # one thread-block cluster per split row (sm_90, schedule/cluster.py): no co-residency bound
+        max_cluster = min(gpu.max_cluster, G // tx)
+        candidates += [
+            (tx, ty, gx, 1 << e, NO_TILE, True) for e in range(1, max_cluster.bit_length()) if 1 << e <= max_cluster
+        ]
     tiles = tilings(group)[1:]
     if rtile is not None:
         candidates = [] if rtile * (ctile or 1) > 1 else candidates
@@ -164,25 +176,35 @@ def _map_stitched(
         rows = Decision(**base, **dummy, rtile=t[0], rstride=t[1], ctile=t[2]).tile_rows
         for tx in sorted({min(x, pow2ceil(G)) for x in (32, 64, 128)}):
             ty = max(1, min(256 // tx, pow2ceil(rows)))
-            candidates.append((tx, ty, math.ceil(rows / ty), 1, t))
+            candidates.append((tx, ty, math.ceil(rows / ty), 1, t, False))
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
-    best = None
-    for tx, ty, gx, s, (R, stride, C, rshared, cshared) in candidates:
+    if cluster is not None:  # forced: clusters (True) or none (False)
+        candidates = [c for c in candidates if c[5] == cluster] or candidates
+    best: dict[bool, tuple] = {}  # the best plan that re-reads its rows (True), that keeps them (False)
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared), clustered in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
             unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=merges_for(group, s_eff, True),
             rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
+            cluster=s_eff if clustered else 1,
         )  # fmt: skip
+        if clustered and s_eff == 1:
+            continue
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
-        # the row re-read, else kept in registers or shared memory (schedule/onchip.py)
-        for res in (Residence.MEMORY, *onchip_choices(group, d, gpu)):
+        # the row kept in registers or shared memory (schedule/onchip.py), or re-read
+        for res in (*onchip_choices(group, d, gpu), Residence.MEMORY):
             dd = replace(d, onchip=res)
             cost = stitched_cost(group, gpu, dd)
-            # fewer blocks and threads, and the row re-read, unless clearly faster
-            if best is None or cost.total_s < best[0].total_s * 0.97:
-                best = (cost, dd)
-    return complete(group, best[1], gpu, name, best[0])
+            kind = res == Residence.MEMORY
+            # fewer blocks and threads unless clearly faster
+            if kind not in best or cost.total_s < best[kind][0].total_s * 0.97:
+                best[kind] = (cost, dd)
+    # the best plan that keeps its rows on chip, unless re-reading them is clearly faster
+    cost, d = best[False] if False in best else best[True]
+    if True in best and best[True][0].total_s < cost.total_s * 0.97:
+        cost, d = best[True]
+    return complete(group, d, gpu, name, cost)
