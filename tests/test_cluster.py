@@ -148,5 +148,6 @@ def test_precondition_2_the_gpu_has_clusters_of_that_size(rng):
     outputs, _, _ = case("softmax", (2, 8192), "float32", rng)
     k = compile_split(outputs, 4, True)
     assert A100.max_cluster == 1
-    with pytest.raises(ScheduleError, match="precondition 2"):  # the H100 schedule replayed for an A100
-        pn.compile(outputs, target="emulator", gpu="a100", schedule=k.schedule)
+    a100 = dataclasses.replace(k.schedule, gpu=A100.name)  # the H100 schedule replayed for an A100
+    with pytest.raises(ScheduleError, match="precondition 2"):
+        pn.compile(outputs, target="emulator", gpu="a100", schedule=a100)
