@@ -91,6 +91,8 @@ def test_suites_cover_workloads_md():
     assert len(SUITES["norms"]()) == 31  # 21 + the long rows of LLM sampling (WORKLOADS.md B)
     # C: Table 1 (3) + 3 rows x 3 weight shapes x 4 weight kinds (36) + 3 batches x 3 key lengths x 2 dtypes (18)
     assert len(SUITES["contractions"]()) == 57
+    # issue 25: 4 row kernels x 2 dtypes x 6 shapes (QuACK's three, three LLM-sampling batches)
+    assert len(SUITES["long_rows"]()) == 48
     assert geomean([1.0, 4.0]) == pytest.approx(2.0)
 
 
