@@ -12,14 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_stitched_split import assert_close, case
+from test_stitched_split import assert_close, case, tolerance
 
 import panamera as pn
 from panamera.errors import BackendError, ScheduleError
 from panamera.model import A100, H100
 from panamera.runtime import nvcc
 from panamera.runtime.executor import Executor
-from panamera.schedule.decision import Residence
+from panamera.schedule.decision import MergeMode, Residence
+from panamera.schedule.derived import merges_for
 from panamera.schedule.mapping import map_group
 
 ORDERS = ("forward", "reverse", "shuffled")
@@ -64,6 +65,58 @@ def test_clusters_match_numpy_and_the_cooperative_plan(op, shape, dtype, split, 
         out = k(*arrays, order=order, seed=5)
         assert_close(out, ref, dtype, shape[1])
         np.testing.assert_array_equal(out, expect)  # the partials combine in the same rank order
+
+
+# -- split reduce kernels in clusters: the cluster combines in rank 0, the clusters merge ------------
+REDUCE_CASES = [  # op, shape, split, cluster, deterministic (partials) or atomics
+    ("sum", (2, 65536), 2, 2, False),  # one cluster: rank 0 stores
+    ("max", (3, 65536), 16, 4, False),  # 4 clusters merged by atomics
+    ("mean", (2, 65536), 16, 4, True),  # 4 clusters merged by partials
+    ("sum", (2, 131072), 32, 8, True),
+    ("var", (2, 131072), 32, 8, False),  # Welford: partials (no atomic merges a struct)
+    ("sum", (2, 131072), 64, 16, False),
+    ("max", (2, 131072), 64, 16, True),
+]
+
+
+def compile_reduce(y, split: int, cluster: int, det: bool):
+    """y's split reduction with its blocks in clusters of `cluster` (a replayed schedule)."""
+    k = pn.compile(y, target="emulator", use_database=False, deterministic=det)
+    (g,) = k.groups
+    d = map_group(g, H100, split=split, deterministic=det, cluster=True).decision
+    partials = det or any(m == MergeMode.PARTIALS for m in d.merges)
+    merges = merges_for(g, d.split // cluster, partials)
+    d = dataclasses.replace(d, cluster=cluster, merges=merges)
+    return pn.compile(y, target="emulator", deterministic=det, schedule=dataclasses.replace(k.schedule, kernels=(d,)))
+
+
+@pytest.mark.parametrize(
+    "op,shape,split,cluster,det",
+    REDUCE_CASES,
+    ids=[f"{c[0]}-s{c[2]}-c{c[3]}-{'partials' if c[4] else 'atomics'}" for c in REDUCE_CASES],
+)
+def test_split_reductions_in_clusters_match_numpy_in_both_merge_modes(op, shape, split, cluster, det, rng):
+    x = pn.placeholder(shape, "float32", name="x")
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    k = compile_reduce(getattr(pn, op)(x, axis=1), split, cluster, det)
+    (m,) = k.mappings
+    assert (m.split, m.cluster) == (split, cluster)
+    merge = {1: MergeMode.STORE}.get(
+        split // cluster, MergeMode.PARTIALS if det or op == "var" else MergeMode.ATOMIC_WS
+    )
+    assert set(m.merges) == {merge}
+    assert k.plan.per_call[-1].cluster == cluster and "map_shared_rank" in k.source
+    ref = getattr(np, op)(a.astype(np.float64), axis=1)
+    tol = tolerance("float32", shape[1])
+    scale = {"sum": np.abs(a).sum(1).max(), "mean": np.abs(a).mean(1).max()}.get(op, float(np.abs(ref).max()))
+    first = None
+    for order in ORDERS:
+        for call in range(2):  # the resident workspace and counters are back at their start
+            out = k(a, order=order, seed=call)
+            np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * scale)
+            if det:  # partials combine in one fixed order: bit-identical
+                first = out if first is None else first
+                np.testing.assert_array_equal(out, first)
 
 
 def _broken(k, pattern: str, repl: str) -> Executor:
@@ -139,9 +192,20 @@ def test_cluster_kernels_compile_for_sm80_and_sm90_and_use_distributed_shared_me
 def test_precondition_1_the_cluster_is_every_block_of_the_split(rng):
     outputs, _, _ = case("softmax", (2, 8192), "float32", rng)
     k = compile_split(outputs, 4, True)
-    bad = dataclasses.replace(k.schedule.kernels[0], cluster=2)
+    bad = dataclasses.replace(k.schedule.kernels[0], cluster=3)  # does not divide the split of 4
     with pytest.raises(ScheduleError, match="precondition 1"):
         pn.compile(outputs, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
+
+
+def test_precondition_3_a_reduce_kernel_cluster_combines_rows(rng):
+    x = pn.placeholder((4096, 64), "float32", name="x")
+    y = pn.sum(x, axis=0)  # COLUMN: a block's partials are a row of outputs, not one per row
+    k = pn.compile(y, target="emulator", use_database=False, split=4)
+    (m,) = k.mappings
+    assert m.split == 4
+    bad = dataclasses.replace(m.decision, cluster=4, merges=(MergeMode.STORE,), atomic_vec=(1,))
+    with pytest.raises(ScheduleError, match="precondition 3"):
+        pn.compile(y, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
 
 
 def test_precondition_2_the_gpu_has_clusters_of_that_size(rng):

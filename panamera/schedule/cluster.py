@@ -15,10 +15,17 @@ co-resident, so a grid of many split rows (32K rows of 65K) runs in waves.
 
 Splits larger than a cluster keep the cooperative plan.
 
+A split reduce kernel (codegen/reduce_kernel.py) may group its blocks into clusters of C too: the
+cluster's blocks combine their partials in its rank-0 block through distributed shared memory,
+and only the split / C rank-0 blocks merge as the merge mode says (atomics or partials and the
+last block; a split that is one cluster stores directly). `Decision.merges` are the merges of
+those split / C partials.
+
 Preconditions (`check`; one negative test each in tests/test_cluster.py):
-  1. a stitched group split across blocks (split > 1), all of whose blocks form one cluster
-     (cluster = split = gridDim.y);
-  2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before).
+  1. the cluster divides the split (= gridDim.y), and is every block of a split stitched row;
+  2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before);
+  3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
+     per row of the block).
 
 >>> from panamera.model import H100, A100
 >>> H100.max_cluster, A100.max_cluster
@@ -32,6 +39,7 @@ import math
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup
+from ..poly.statement import Form
 from .decision import Decision
 
 # [assumed] Hopper microbenchmarks (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU
@@ -45,8 +53,13 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
     """Why `d.cluster` is not legal (the module's preconditions), or "" when it is."""
     if d.cluster == 1:
         return ""
-    if not group.stitched or d.split < 2 or d.cluster != d.split or d.grid[1] != d.split:
-        return f"1: a cluster of {d.cluster} blocks must be every block of a split stitched row (split {d.split})"
+    if d.split < 2 or d.split % d.cluster or d.grid[1] != d.split or (group.stitched and d.cluster != d.split):
+        return (
+            f"1: a cluster of {d.cluster} blocks must divide the split ({d.split}) and, for a stitched row, "
+            "be all of its blocks"
+        )
+    if not group.stitched and (group.form not in (Form.ROW, Form.ALL) or d.rtile * d.ctile > 1 or d.stages > 1):
+        return "3: a reduce kernel's clusters combine one partial per row: ROW/ALL, no register tile, no pipeline"
     if not 2 <= d.cluster <= gpu.max_cluster:
         return f"2: {gpu.name} has no thread-block clusters of {d.cluster} blocks (at most {gpu.max_cluster})"
     return ""
@@ -57,6 +70,14 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
     why = problem(group, d, gpu)
     if why:
         raise ScheduleError(f"{at}: thread-block cluster: precondition {why} (schedule/cluster.py)")
+
+
+def merge_cycles(d: Decision) -> int:
+    """A reduce kernel's cluster combine (codegen/reduce_kernel.py): two barriers and the rank-0
+    thread's C loop-carried distributed-shared-memory loads (0 without clusters)."""
+    if d.cluster == 1 or d.stitched:
+        return 0
+    return 2 * CLUSTER_SYNC_CYCLES + d.cluster * DSMEM_CYCLES
 
 
 def exchange_cycles(d: Decision) -> int:

@@ -12,6 +12,7 @@ from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cluster import exchange_cycles as cluster_exchange_cycles
+from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import exchanges, kernel_buffers, passes
@@ -126,8 +127,8 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
             bytes_in_flight_per_thread=in_flight(group, d),
             **work,
         )
-    s_eff = d.split
-    blocks = d.grid[0] * s_eff
+    blocks = d.grid[0] * d.split
+    s_eff = d.split // d.cluster  # partials merged through memory: one per cluster (schedule/cluster.py)
     is_split = s_eff > 1
     own = group.accumulators  # an epilogue group's element-wise statements have none
     owners = [group.statements[k] for k in own]
@@ -158,6 +159,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
         # an L1-latency shuffle, ~30 cycles) more per further row
         epilogue_cycles=400
+        + cluster_merge_cycles(d)
         + 150 * (d.rtile * d.ctile - 1)
         + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
         + _epilogue_cycles(group, gpu),
@@ -180,10 +182,11 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     """The last block's combine of the partials (codegen/reduce_kernel.py): the threads of each
     output stride over its `split` partials, coalesced, one L2 round trip per step (the loop
     carries its accumulator), then reduce across the block as the main loop does."""
+    split = d.split // d.cluster
     if group.form == Form.COLUMN:
-        steps = math.ceil(d.split / d.ty) * d.vec
+        steps = math.ceil(split / d.ty) * d.vec
     else:
-        steps = math.ceil(d.split / d.tx) * d.rtile * d.ctile
+        steps = math.ceil(split / d.tx) * d.rtile * d.ctile
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
@@ -260,5 +263,5 @@ def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
 def complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
     partials = any(m == MergeMode.PARTIALS for m in d.merges)
     cost = cost if cost is not None else decision_cost(group, gpu, d, partials)
-    buffers = kernel_buffers(group, name, d.merges, d.split, d.grid, d.cluster)
+    buffers = kernel_buffers(group, name, d.merges, d.split // d.cluster, d.grid)
     return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)

@@ -39,7 +39,9 @@ def struct_accumulators(group: KernelGroup) -> bool:
 
 def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
     """Per statement: STORE without a split; a split reduction merges by atomics or partials (a
-    stitched group's split rows always exchange partials, combined by every block in one order)."""
+    stitched group's split rows always exchange partials, combined by every block in one order).
+    `split`: the partials merged through memory per output (under thread-block clusters, one per
+    cluster, schedule/cluster.py: a split that is one cluster stores)."""
     partials = partials or group.stitched
 
     def one(st) -> MergeMode:
@@ -94,14 +96,11 @@ def levels_for(group: KernelGroup) -> tuple[int, ...]:
     return tuple(lv[s.name] for s in group.statements)
 
 
-def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid, cluster: int = 1) -> tuple[BufferSpec, ...]:
+def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
     then the counter of block arrivals (a split stitched group: per row group its arrivals at
-    the exchanges, then its departures, 2 x gridDim.x counters). A split stitched group that is
-    one thread-block cluster (`cluster` = split) exchanges through distributed shared memory:
-    no workspace, no counter."""
-    if group.stitched and cluster > 1:
-        merges = tuple(MergeMode.STORE for _ in merges)
+    the exchanges, then its departures, 2 x gridDim.x counters). `split`: the partials merged
+    per output (under thread-block clusters, one per cluster)."""
     stmts = group.statements
     inputs = []
     members = group.on_chip

@@ -82,7 +82,7 @@ def replay(
     if not covers(d):
         raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
     partials = deterministic or struct_accumulators(group) or group.stitched
-    want = merges_for(group, d.split, partials)
+    want = merges_for(group, d.split // max(1, d.cluster), partials)
     if len(d.merges) != len(want) or any(
         (w == MergeMode.STORE) != (m == MergeMode.STORE) or (partials and m == MergeMode.ATOMIC_WS)
         for w, m in zip(want, d.merges)

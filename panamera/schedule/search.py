@@ -102,13 +102,16 @@ def map_group(
         for s in candidates:
             chunk = math.ceil(math.ceil(serial_extent / s) / per_split) * per_split
             s_eff = math.ceil(serial_extent / chunk)
-            for partials in merge_options if s_eff > 1 else merge_options[:1]:
+            clusters = _reduce_clusters(group, gpu, s_eff, R * C, cluster)
+            for partials, K in [
+                (p, K) for K in clusters for p in merge_options if s_eff // K > 1 or p == merge_options[0]
+            ]:
+                merges = merges_for(group, s_eff // K, partials)  # one partial per cluster of K blocks
                 d = Decision(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=merges_for(group, s_eff, partials),
-                    access=access,
-                    atomic_vec=atomic_vec_for(group, gpu, vec, merges_for(group, s_eff, partials)),
-                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
+                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=merges,
+                    access=access, atomic_vec=atomic_vec_for(group, gpu, vec, merges),
+                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared, cluster=K,
                 )  # fmt: skip
                 d = fit_unroll(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
@@ -118,6 +121,8 @@ def map_group(
                 if best is None or cost.total_s < best[0].total_s * 0.97:
                     best = (cost, d)
     cost, d = best
+    if d.cluster > 1:
+        stages = 1  # a cluster combines one partial per row: no pipeline (schedule/cluster.py)
     if stages is None:
         stages = choose_stages(
             group, gpu, d, in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s
@@ -126,6 +131,19 @@ def map_group(
 
 
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
+
+
+def _reduce_clusters(group: KernelGroup, gpu: GPUSpec, split: int, tile: int, cluster: bool | None) -> list[int]:
+    """Cluster sizes a split reduce kernel tries (schedule/cluster.py): none, and on a GPU with
+    clusters the largest power of two up to `max_cluster` that divides the split, for ROW/ALL
+    groups without a register tile; `cluster` forces (True) or forbids (False) one."""
+    K = 1
+    if cluster is not False and split > 1 and tile == 1 and group.form in (Form.ROW, Form.ALL):
+        while K * 2 <= min(gpu.max_cluster, split) and split % (K * 2) == 0:
+            K *= 2
+    if K == 1:
+        return [1]
+    return [K] if cluster else [1, K]
 
 
 def _map_stitched(
@@ -187,7 +205,8 @@ def _map_stitched(
         s_eff = math.ceil(G / chunk)
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=merges_for(group, s_eff, True),
+            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)),
+            merges=merges_for(group, 1 if clustered else s_eff, True),  # a cluster exchanges on chip
             rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
             cluster=s_eff if clustered else 1,
         )  # fmt: skip
