@@ -457,6 +457,7 @@ def _kernel_launch(rk: RenderedKernel, grp: KernelGroup, m: Mapping) -> Launch:
         modeled_us=m.cost.total_s * 1e6,
         cost_features=m.cost.features,
         cooperative=m.cooperative,
+        cluster=m.cluster,
     )
 
 

@@ -129,6 +129,8 @@ def _launches(k) -> list[str]:
             extra = f" initialises {when}: " + ", ".join(f"{key}={v}" for key, v in ln.atomic_outputs)
         if ln.cooperative:
             extra += " cooperative (all blocks resident: split rows exchange partials)"
+        if ln.cluster > 1:
+            extra += f" clusters of {ln.cluster} blocks (split rows exchange partials in distributed shared memory)"
         lines.append(f"  launch {ln.kernel} grid={ln.grid} block={ln.block}{extra}")
     return lines
 

@@ -120,8 +120,8 @@ def _kernel_text(k) -> str:
 
 def template_cases() -> list[Case]:
     """Map, reduce, split reduce, deterministic, stitched, stitched split across blocks (a
-    cooperative launch), Welford and argmax, at sizes the sanitizers (10-100x slower) run in
-    seconds."""
+    cooperative launch, and on sm_90 a thread-block cluster), Welford and argmax, at sizes the
+    sanitizers (10-100x slower) run in seconds."""
     import panamera as pn
 
     def modes(k) -> set[str]:
@@ -146,8 +146,10 @@ def template_cases() -> list[Case]:
              {"split": 8, "deterministic": True}, lambda k: "partials" in modes(k)),
         Case("stitched", row((64, 1024), lambda x: pn.nn.softmax(x), softmax), {},
              lambda k: any(g.stitched for g in k.groups)),
-        Case("stitched_split", row((2, 1 << 15), lambda x: pn.nn.softmax(x), softmax), {},
-             lambda k: any(m.cooperative for m in k.mappings)),
+        Case("stitched_split", row((2, 1 << 15), lambda x: pn.nn.softmax(x), softmax), {"gpu": "a100"},
+             lambda k: any(m.cooperative for m in k.mappings)),  # planned without clusters: cooperative
+        Case("cluster", row((2, 1 << 15), lambda x: pn.nn.softmax(x), softmax), {},  # the GPU's own plan:
+             lambda k: any(m.cluster > 1 for m in k.mappings) or k.gpu.max_cluster == 1),  # sm_90: clusters
         Case("welford", row((64, 4096), lambda x: pn.var(x, axis=1), lambda a: a.var(1)), {},
              lambda k: "pn_welford<" in _kernel_text(k)),
         Case("argmax", row((64, 4096), lambda x: pn.argmax(x, axis=1), lambda a: a.argmax(1)), {},

@@ -92,6 +92,8 @@ def test_suites_cover_workloads_md():
     # C: Table 1 (3) + 3 rows x 3 weight shapes x 4 weight kinds (36) + 3 batches x 3 key lengths x 2 dtypes (18)
     # + issue 25's 5 rows x (4096x4096, 12288x5376, 14336x4096) x bf16/int8/int4 not already there (27)
     assert len(SUITES["contractions"]()) == 84
+    # issue 25: 4 row kernels x 2 dtypes x 6 shapes (QuACK's three, three LLM-sampling batches)
+    assert len(SUITES["long_rows"]()) == 48
     assert geomean([1.0, 4.0]) == pytest.approx(2.0)
 
 

@@ -107,7 +107,7 @@ def test_sanitizer_step_with_a_stand_in_tool(tmp_path):
 def test_the_sanitizer_driver_covers_every_template_on_the_emulator():
     cases = gpucheck.template_cases()
     assert [c.name for c in cases] == [
-        "map", "reduce", "split_reduce", "deterministic", "stitched", "stitched_split", "welford", "argmax",
+        "map", "reduce", "split_reduce", "deterministic", "stitched", "stitched_split", "cluster", "welford", "argmax",
     ]  # fmt: skip
     for case in cases:
         assert gpucheck.run_case(case, "emulator") < 1e-4

@@ -18,7 +18,10 @@ from panamera.schedule.saved import Schedule
 
 
 def compiled(outputs, **kw):
-    return pn.compile(outputs, target="emulator", use_database=False, **kw)
+    """As the model plans it for an A100: no thread-block clusters, so a split's blocks merge
+    through memory (the path these tests check; on sm_90 a cluster may combine them on chip
+    instead: tests/test_cluster.py)."""
+    return pn.compile(outputs, target="emulator", use_database=False, **{"gpu": "a100", **kw})
 
 
 def only_kernel(k):
@@ -138,13 +141,13 @@ def test_a_schedule_replays_the_epilogue_and_refuses_a_misfit():
     kern = compiled(y)
     sched = Schedule.from_json(kern.schedule.to_json())
     assert sched == kern.schedule and sched.epilogues == (("S0", "S1"),)
-    again = pn.compile(y, target="emulator", schedule=sched)
+    again = pn.compile(y, target="emulator", gpu="a100", schedule=sched)
     assert [k.source for k in again.kernels] == [k.source for k in kern.kernels]
     with pytest.raises(ScheduleError, match="not a legal epilogue group"):
-        pn.compile(y, target="emulator", schedule=dataclasses.replace(sched, epilogues=(("S1",),)))
+        pn.compile(y, target="emulator", gpu="a100", schedule=dataclasses.replace(sched, epilogues=(("S1",),)))
     plain = dataclasses.replace(kern.schedule.kernels[0], epilogue=False)
     with pytest.raises(ScheduleError, match="epilogue"):
-        pn.compile(y, target="emulator", schedule=dataclasses.replace(sched, kernels=(plain,)))
+        pn.compile(y, target="emulator", gpu="a100", schedule=dataclasses.replace(sched, kernels=(plain,)))
     assert "epilogue" not in compiled(pn.sum(x, axis=1)).schedule.to_json()  # older files read the same
 
 

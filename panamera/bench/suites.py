@@ -18,6 +18,7 @@ PAPER_MEANS = {
     "subgraphs": "9.5x over cuDNN, 2.6x over TVM, 2.7x over Ansor",
     "norms": "(beyond the paper)",
     "training": "(the paper's Table 2 sub-graphs 7 and 8 are read as LayerNorm/RMSNorm backward; the rest is beyond the paper)",
+    "long_rows": "(beyond the paper: issue 25, QuACK's long rows)",
     "contractions": "Table 1: 2.7x over the vendor tensor-core path on 128x32x1024 (GEMV and decode attention are beyond the paper)",
 }
 
@@ -130,6 +131,34 @@ def norms() -> list[Workload]:
     return out
 
 
+LONG_ROW_SHAPES = ((32768, 65536), (16384, 131072), (8192, 262144), (1, 131072), (8, 128256), (64, 256000))
+LONG_ROW_PATTERNS = ("softmax", "log_softmax", "cross_entropy", "rms_norm")
+
+
+def long_row(pattern: str, shape: tuple[int, int], dt: str) -> Callable:
+    """The outputs of one long-row workload (issue 25: QuACK's shapes and LLM vocabularies)."""
+    M, N = shape
+    return {
+        "softmax": lambda: [nn.softmax(P(shape, dt, name="x"))],
+        "log_softmax": lambda: [nn.log_softmax(P(shape, dt, name="x"))],
+        "cross_entropy": lambda: [
+            nn.cross_entropy(P(shape, dt, name="x"), P((M,), "int64", name="t"), reduction="none")
+        ],
+        "rms_norm": lambda: [nn.rms_norm(P(shape, dt, name="x"), P((N,), dt, name="g"))],
+    }[pattern]
+
+
+def long_rows() -> list[Workload]:
+    """Rows of 65K-262K columns (issue 25): QuACK's three measured shapes, whose rows stay on chip
+    only across a thread-block cluster, and the LLM-sampling batches; bf16 and fp32."""
+    return [
+        Workload(f"{p} [{_shape(s)}]", "long_rows", dt, long_row(p, s, dt))
+        for p in LONG_ROW_PATTERNS
+        for dt in ("bfloat16", "float32")
+        for s in LONG_ROW_SHAPES
+    ]
+
+
 def tiny() -> list[Workload]:
     """A three-workload suite for tests and smoke runs."""
     return [
@@ -228,7 +257,14 @@ def training() -> list[Workload]:
     return build()
 
 
-SUITES = {"single": single, "subgraphs": subgraphs, "norms": norms, "contractions": contractions, "training": training}
+SUITES = {
+    "single": single,
+    "subgraphs": subgraphs,
+    "norms": norms,
+    "contractions": contractions,
+    "training": training,
+    "long_rows": long_rows,
+}
 
 
 def model_contraction(w: Workload, gpu=None) -> dict:

@@ -32,6 +32,15 @@ template <class V, class T> __device__ __forceinline__ V pn_vload(const T* p) { 
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
   while (*reinterpret_cast<const volatile unsigned*>(counter) < target) __nanosleep(64);
 }
+// Shared memory that holds a value across a grid-wide wait or a cluster barrier (rows kept on
+// chip, a cluster's partials): the emulator gives each block its own instance of it.
+#define PN_BLOCK_SHARED(T, name, dims) __shared__ __align__(16) T name dims
+// A thread-block cluster's shape (sm_90); compiled for an older GPU the kernel only traps.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define PN_CLUSTER_DIMS(x, y, z)
+#else
+#define PN_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
+#endif
 #endif
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)

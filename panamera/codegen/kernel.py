@@ -24,7 +24,7 @@ from .expr import literal
 from .map_kernel import emit_map
 from .pipeline import INCLUDE as PIPELINE_INCLUDE
 from .reduce_kernel import emit_reduce, workspace_identity
-from .stitched_kernel import emit_stitched
+from .stitched_kernel import CLUSTER_INCLUDE, emit_stitched
 from .tc_kernel import INCLUDE as MMA_INCLUDE
 from .tc_kernel import emit_tc
 from .thread_loop import ThreadLoop, address_ast
@@ -153,7 +153,11 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     bounds = f"{m.threads}, {m.min_blocks}"  # fewer with a register tile (schedule/mapping.py)
     lines = list(PIPELINE_INCLUDE) if m.stages > 1 else []  # cuda_pipeline.h only where used
     lines += list(MMA_INCLUDE) if m.mma else []  # and mma.h
-    lines.append(f'extern "C" __global__ void __launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
+    dims = ""
+    if m.cluster > 1:  # a thread-block cluster of the split row's blocks (schedule/cluster.py)
+        lines += CLUSTER_INCLUDE
+        dims = f"PN_CLUSTER_DIMS(1, {m.cluster}, 1) "
+    lines.append(f'extern "C" __global__ void {dims}__launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
     lines += EMITTERS[template(group, m)](ThreadLoop(group, m, idx))

@@ -78,6 +78,15 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             out.append(f"  for (int v = 0; v < {V}; ++v) acc{k}[v] = {fn}{tmpl}(acc{k}[v], pn_smem_{safe});")
         else:
             out.append(f"  acc{k} = {fn}{tmpl}(acc{k}, pn_smem_{safe});")
+    clustered = m.cluster > 1
+    if clustered:  # sm_90 only: compiled for an older GPU the kernel traps
+        out = [
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900",
+            "  __trap();  // a thread-block cluster needs sm_90",
+            "#else",
+            *out,
+        ]
+        out += _cluster_combine(loop) + ["  if (pn_cluster.block_rank() == 0) {"]
     out += _vector_atomics(loop)
     out += _per_output(
         loop, lambda k, s, o, a: _finish(loop, k, s, o, a, m.merges[k], g.accumulator_of[k], m.atomic_vec[k])
@@ -87,7 +96,7 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
             "  __threadfence();",
             "  __syncthreads();",
             "  __shared__ int pn_is_last;",
-            "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
+            f"  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == {_sn(m)} - 1;",
             "  __syncthreads();",
             "  if (pn_is_last) {",
             "    __threadfence();",
@@ -98,6 +107,50 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
         out += ["  " + ln for ln in _combine_partials(loop)]
         out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
+    if clustered:
+        out += ["  }", "#endif"]
+    return out
+
+
+def _sb(m) -> str:
+    """The index of the block's partial among the merged ones: its cluster's under clusters."""
+    return "pn_sb" if m.cluster > 1 else "by"
+
+
+def _sn(m) -> str:
+    """How many partials merge: the clusters' under clusters (schedule/cluster.py), else gridDim.y."""
+    return "pn_sn" if m.cluster > 1 else "(pn_idx)gridDim.y"
+
+
+def _cluster_combine(loop: ThreadLoop) -> list[str]:
+    """A cluster's blocks combine their partials in its rank-0 block (schedule/cluster.py): each
+    block's partial into its own shared memory, the cluster barrier, rank 0's output threads read
+    the C partials in rank order through distributed shared memory, and a second barrier keeps
+    every block's shared memory alive until then. Only rank 0 goes on to merge (its cluster's
+    partial is the cluster's one partial: `pn_sb` of `pn_sn`)."""
+    g, m = loop.g, loop.m
+    C = m.cluster
+    out = [
+        f"  // the {C} blocks of the cluster combine their partials in rank 0 (distributed shared memory)",
+        "  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();",
+    ]
+    owners = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE and g.accumulator_of[k] == k]
+    for k in owners:
+        ct = g.statements[k].acc.compute
+        out.append(f"  PN_BLOCK_SHARED({ct}, pn_csm{k}, [{m.ty}]);")
+        out.append(f"  if (tx == 0) pn_csm{k}[ty] = acc{k};")
+    out.append("  pn_cluster.sync();  // every block's partials are written")
+    out.append("  if (pn_cluster.block_rank() == 0 && tx == 0) {")
+    for k in owners:
+        s = g.statements[k]
+        out.append(f"    acc{k} = {identity_expr(s)};")
+        out.append(
+            f"    for (unsigned b = 0; b < {C}u; ++b) "
+            f"acc{k} = {s.combiner.functor}::apply(acc{k}, *pn_cluster.map_shared_rank(&pn_csm{k}[ty], b));"
+        )
+    out.append("  }")
+    out.append("  pn_cluster.sync();  // rank 0 has read them: the other blocks may exit")
+    out.append(f"  const pn_idx pn_sb = by / {C}, pn_sn = gridDim.y / {C};")
     return out
 
 
@@ -154,7 +207,7 @@ def _finish(loop: ThreadLoop, k, s, o, a, mode, owner, width) -> list[str]:
     """Output o of statement k from this block: final (STORE) and applied, or merged."""
     if mode == MergeMode.STORE and loop.m.epilogue:
         return apply_epilogue(loop, k, s, o, post(s, a))
-    return _write(k, s, o, a, mode, owner, width)
+    return _write(k, s, o, a, mode, owner, width, _sb(loop.m), _sn(loop.m))
 
 
 def apply_epilogue(loop: ThreadLoop, k: int, s: Statement, o: str, final: str) -> list[str]:
@@ -179,7 +232,17 @@ def apply_epilogue(loop: ThreadLoop, k: int, s: Statement, o: str, final: str) -
     return out + ["}"]
 
 
-def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, width: int = 1) -> list[str]:
+def _write(
+    k: int,
+    s: Statement,
+    o: str,
+    a: str,
+    mode: MergeMode,
+    owner: int,
+    width: int = 1,
+    sb: str = "by",
+    sn: str = "(pn_idx)gridDim.y",
+) -> list[str]:
     if mode == MergeMode.STORE:
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
     if owner != k or width > 1:
@@ -189,8 +252,8 @@ def _write(k: int, s: Statement, o: str, a: str, mode: MergeMode, owner: int, wi
     if mode == MergeMode.ATOMIC_WS:
         return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
     if s.form == Form.COLUMN:
-        return [f"ws{k}[(pn_idx)by * {s.M} + {o}] = {a};"]
-    return [f"ws{k}[{o} * (pn_idx)gridDim.y + by] = {a};"]
+        return [f"ws{k}[(pn_idx){sb} * {s.M} + {o}] = {a};"]
+    return [f"ws{k}[{o} * {sn} + {sb}] = {a};"]
 
 
 def _final(loop: ThreadLoop, k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
@@ -240,7 +303,7 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
             out += [f"for (int v = 0; v < {m.vec}; ++v) {{", f"  const pn_idx o = (bx * {m.tx} + tx) * {m.vec} + v;"]
             first = "ty"
         elif _tile(m) > 1:  # per row of the register tile
-            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
+            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", f"o * {_sn(m)} + b", "pn_reduce_x"
             row, inside = loop.tile_row("pn_t", f"pn_v / {m.ctile}", f"pn_v % {m.ctile}")
             out += [
                 f"for (int pn_v = 0; pn_v < {_tile(m)}; ++pn_v) {{",
@@ -248,12 +311,12 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
             ]
             first = "tx"
         else:
-            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", "o * (pn_idx)gridDim.y + b", "pn_reduce_x"
+            leader, step, index, reduce = "tx == 0", f"b += {m.tx}", f"o * {_sn(m)} + b", "pn_reduce_x"
             out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
             first = "tx"
         out += [
             f"  {s.acc.compute} {a} = {identity_expr(s)};",
-            f"  if ({inside}) for (pn_idx b = {first}; b < (pn_idx)gridDim.y; {step}) "
+            f"  if ({inside}) for (pn_idx b = {first}; b < {_sn(m)}; {step}) "
             f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
             f"  {a} = {reduce}{tmpl}({a}, {smem});",
         ]

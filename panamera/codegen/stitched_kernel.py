@@ -29,10 +29,14 @@ from __future__ import annotations
 
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
+from ..schedule.decision import Residence
 from ..schedule.mapping import passes
+from ..schedule.onchip import kept_reads, steps
 from . import column_partials
 from .expr import convert
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
+
+CLUSTER_INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <cooperative_groups.h>", "#endif")
 
 
 def emit_stitched(loop: ThreadLoop) -> list[str]:
@@ -49,6 +53,16 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         safe = c_ident(ct)
         head.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
         head.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+    clustered = m.cluster > 1
+    if clustered:  # schedule/cluster.py: sm_90 only
+        head = [
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900",
+            "  __trap();  // a thread-block cluster needs sm_90",
+            "#else",
+            *head,
+        ]
+        out.append("  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();")
+    out += _keep_rows(loop)
     exchange = 0
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
@@ -60,13 +74,15 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
                 out.append(f"  {s.acc.compute} acc{k} = {identity_expr(s)};")
         if columns & set(here):
             out += column_partials.column_pass(loop, here)
+        elif m.onchip != Residence.MEMORY:
+            out += _kept_loop(loop, here)
         else:
             out += loop.loops(lambda call, here=here: loop.iteration(call, here))
         reduces = [k for k in here if g.statements[k].kind == StatementKind.REDUCE and k not in columns]
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
             exchange += 1
-            out += _exchange(loop, owners, exchange)
+            out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
         for k in reduces:
             s = g.statements[k]
             if own[k] == k:
@@ -94,6 +110,12 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         out = [tiles, "    const pn_idx bx = pn_tile;  // the row tile"] + ["  " + ln for ln in out] + ["  }"]
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
+    if clustered:
+        return (
+            head
+            + out
+            + ["  pn_cluster.sync();  // no block exits while a peer may still read its shared memory", "#endif"]
+        )
     if split:
         out += [
             "  // departure: the last block of the row group resets its counters for the next call",
@@ -104,6 +126,73 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             "  }",
         ]
     return head + out
+
+
+def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
+    """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py):
+    each block's partial into its own shared memory (one buffer per exchange, so no barrier
+    guards its reuse), the cluster barrier, then every thread strides over the S partials in
+    rank order through distributed shared memory (the cooperative exchange's order)."""
+    g, m = loop.g, loop.m
+    S = m.cluster
+    out = [
+        f"  // exchange {e}: the {S} blocks of the row's cluster combine their partials in distributed shared memory"
+    ]
+    for k in reduces:
+        s = g.statements[k]
+        ct = s.acc.compute
+        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        out.append(f"  acc{k} = pn_reduce_x{tmpl}(acc{k}, pn_smem_{c_ident(ct)});")
+        out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}]);")
+        out.append(f"  if (tx == 0) pn_dsm{e}_{k}[ty] = acc{k};")
+    out.append("  pn_cluster.sync();  // every block's partials are written")
+    for k in reduces:
+        s = g.statements[k]
+        out.append(f"  acc{k} = {identity_expr(s)};")
+        out.append(
+            f"  for (unsigned b = tx; b < {S}u; b += {m.tx}u) acc{k} = "
+            f"{s.combiner.functor}::apply(acc{k}, *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty], b));"
+        )
+    return out
+
+
+def _keep_rows(loop: ThreadLoop) -> list[str]:
+    """The storage of the rows kept on chip (schedule/onchip.py), one per kept value: each thread's
+    `steps` vectors in registers, or the block's in shared memory ([ty][k][tx][vec]: a thread
+    reads back only what it wrote, so no barrier); `loop.kept` names each (statement, read)'s."""
+    g, m = loop.g, loop.m
+    if m.onchip == Residence.MEMORY:
+        return []
+    out = [f"  // rows kept in {m.onchip}: pass 0 loads each vector once, later passes read it back"]
+    level = m.levels
+    for n, pairs in enumerate(kept_reads(g, m.vec)):
+        k, ri = pairs[0]
+        ct = g.statements[k].reads[ri].tensor.dtype.compute
+        if m.onchip == Residence.REGISTERS:
+            out.append(f"  {ct} pn_row{n}[{steps(m)}][{m.vec}];")
+            name = f"pn_row{n}[pn_k]"
+        else:
+            out.append(f"  PN_BLOCK_SHARED({ct}, pn_rows{n}, [{m.ty}][{steps(m)}][{m.tx}][{m.vec}]);")
+            name = f"pn_rows{n}[ty][pn_k][tx]"
+        for pair in pairs:
+            loop.kept[pair] = name
+            if level[pair[0]] == 0:
+                loop.kept_loads.add(pair)
+    return out
+
+
+def _kept_loop(loop: ThreadLoop, here: list[int]) -> list[str]:
+    """One pass over the thread's vectors of its row when the row is kept on chip: the k loop of
+    the binding (g = by * chunk + k * tx + tx, schedule/mapping.py) written out and unrolled in
+    full, so that the kept vector of step k is a register (or a fixed shared-memory slot)."""
+    g, m = loop.g, loop.m
+    full = m.onchip == Residence.REGISTERS
+    out = ["#pragma unroll" if full else f"#pragma unroll {m.unroll}"]
+    out.append(f"  for (int pn_k = 0; pn_k < {steps(m)}; ++pn_k) {{")
+    out.append(f"    const pn_idx pn_g = by * {m.chunk} + pn_k * {m.tx} + tx;")
+    out.append(f"    if (o < {g.M} && pn_g < {m.N // m.vec}) {{")
+    out += ["      " + ln for ln in loop.iteration_at("o", "pn_g", here)]
+    return out + ["    }", "  }"]
 
 
 def _exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:

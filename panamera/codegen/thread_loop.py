@@ -78,6 +78,10 @@ class ThreadLoop:
         self.staged: dict[
             tuple[int, int], str
         ] = {}  # (statement, read) -> its shared-memory stage (codegen/pipeline.py)
+        # Rows kept on chip (schedule/onchip.py): (statement, read) -> the vector it is kept in,
+        # and the pairs whose iteration loads it there (pass 0's); the others read it back.
+        self.kept: dict[tuple[int, int], str] = {}
+        self.kept_loads: set[tuple[int, int]] = set()
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user: Callable[[isl.AstExpr], list[str]]) -> list[str]:
@@ -183,6 +187,12 @@ class ThreadLoop:
                 if sharing is not None and self.sharing(k, ri) != sharing:
                     continue
                 key = (r.tensor.uid, self.address(r.addr))
+                if (k, ri) in self.kept:  # on chip: pass 0 loads the vector there, later passes read it
+                    vregs[(k, ri)] = self.kept[(k, ri)]
+                    if (k, ri) in self.kept_loads and key not in by_access:
+                        by_access[key] = self.kept[(k, ri)]
+                        loads.append(f"pn_ldv(&{self.in_name[r.tensor.uid]}[{key[1]}], {self.kept[(k, ri)]});")
+                    continue
                 if key not in by_access:
                     by_access[key] = name = f"pn_v{k}_{ri}"
                     decl.append(f"{r.tensor.dtype.compute} {name}[{self.m.vec}];")

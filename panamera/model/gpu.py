@@ -92,6 +92,7 @@ class GPUSpec:
     atomic_rates: tuple[tuple[str, float], ...] = ()
     saturating_kb_per_sm: int = 24  # bytes in flight per SM (KB) that saturate the stream: the loaded latency
     measured_limit: Limit | None = None  # None: no measurements on this GPU (`limit` falls back to the model)
+    max_cluster: int = 1  # blocks of one thread-block cluster (sm_90: 16, with the non-portable attribute past 8)
 
     @property
     def limit(self) -> Limit:
@@ -207,12 +208,14 @@ _COMMON = (
     ("grid-wide wait", "[assumed] two L2 round trips per wait; no published measurement"),
 )
 H100 = GPUSpec(
-    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True,
+    "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True, max_cluster=16,
     eta_write=0.86, queued_launch_s=0.1e-6, atomic_rates=ATOMIC_RATES,
     measured_limit=Limit(4.85e-6, 0.96, 0.87, "CALIBRATION.md: CUB 2^8 on H200 (4.86 us measured, floor 4.85 us; the same GH100 chip); "
                          "QuACK cross-entropy 32Kx65K (reads), softmax 8Kx262K (read + write)"),
     sources=(
         ("sms/clock_hz/dram_bw/l2_size/smem", "[spec] NVIDIA H100 datasheet"),
+        ("max_cluster", "[spec] CUDA Programming Guide: thread-block clusters of 8 blocks (portable), 16 on H100 "
+         "with cudaFuncAttributeNonPortableClusterSizeAllowed"),
         ("eta", "[measured] read-mostly streams reach 0.95 of 3.35 TB/s: QuACK cross-entropy 32Kx65K bf16 at "
          "3182 GB/s (Dao-AILab/quack media/2025-07-10-membound-sol.md)"),
         ("eta_write", "[fitted] to QuACK's softmax and RMSNorm rows of 32K-262K elements (about 3.0 "

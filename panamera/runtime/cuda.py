@@ -46,6 +46,17 @@ def compile_error(log: str, source: str) -> CompileError:
     return CompileError(_explain(log, source, "NVRTC (cuda)"))
 
 
+def _cccl_include(cupy, source: str) -> tuple[str, ...]:
+    """cooperative_groups.h (thread-block clusters, schedule/cluster.py) includes libcu++, which
+    CUDA 13 keeps in include/cccl: that directory, where the toolkit has one."""
+    if "cooperative_groups.h" not in source:
+        return ()
+    from pathlib import Path
+
+    cccl = Path(cupy.cuda.get_cuda_path() or "/nonexistent", "include", "cccl")
+    return (f"-I{cccl}",) if cccl.is_dir() else ()
+
+
 def module(source: str):
     try:
         import cupy
@@ -54,7 +65,7 @@ def module(source: str):
     if not available():
         raise BackendError("cuda backend: no CUDA device is present; use target='emulator'")
     if source not in _modules:
-        mod = cupy.RawModule(code=source, options=NVRTC_OPTIONS)
+        mod = cupy.RawModule(code=source, options=NVRTC_OPTIONS + _cccl_include(cupy, source))
         try:
             mod.compile()  # NVRTC runs here, not at the first get_function: report it as ours
         except cupy.cuda.compiler.CompileException as e:

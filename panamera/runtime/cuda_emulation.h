@@ -13,6 +13,9 @@
 // interleave only at grid-wide waits, so the static __shared__ stays correct under one contract
 // the generated code keeps: shared memory never carries a value across a grid-wide wait. When no
 // block can move, the launch fails with a deadlock report instead of hanging.
+// Shared memory that must hold a value while other blocks run (PN_BLOCK_SHARED: rows kept on chip,
+// a cluster's partials) is each block's own instead: a per-block arena of kArena bytes, every
+// declaration at its own offset, filled with 0xff bytes (NaN) when the block starts.
 // Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
 // though one host thread runs everything.
 #pragma once
@@ -169,7 +172,8 @@ static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exc
 
 // ---------------------------------------------------------------- fibers and the block scheduler
 namespace pn_emu {
-enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4 };
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4, AT_CLUSTER = 5 };
+static const int kMaxCluster = 16;  // blocks of one thread-block cluster (sm_90, non-portable size)
 static const int kMaxThreads = 1024;
 // Asynchronous copies a thread has issued and not yet waited for (cuda_pipeline.h): the source is
 // read at the copy, the destination written only at the __pipeline_wait_prior that covers its
@@ -196,8 +200,18 @@ struct Fiber {
   AsyncCopies* async;       // allocated at the thread's first asynchronous copy
 };
 // One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
+struct Block;
+// The blocks of one thread-block cluster and its barrier: `live` threads not yet exited, `arrived`
+// of them at the cluster barrier now.
+struct Cluster {
+  Block* blocks[kMaxCluster];
+  int n, live, arrived;
+};
 struct Block {
   uint3 idx;
+  unsigned char* arena;  // PN_BLOCK_SHARED memory of this block (allocated at its first use)
+  Cluster* cluster;      // the block's cluster (nullptr outside a cluster launch) and its rank in it
+  int cluster_rank;
   Fiber* fibers;
   int live, barrier_count;
   int warp_count[kMaxThreads / 32];
@@ -217,6 +231,28 @@ static void (*entry)(void**) = nullptr;
 static void** entry_args = nullptr;
 static const char* error = nullptr;
 static char error_text[192];
+static const size_t kArena = 256 * 1024;
+static size_t arena_used = 0;  // bytes the declarations seen so far take (offsets are per library)
+static inline size_t shared_slot(size_t bytes) {
+  size_t at = (arena_used + 15) / 16 * 16;
+  arena_used = at + bytes;
+  return at;
+}
+static inline unsigned char* arena_of(Block* b) {
+  if (!b->arena) {
+    b->arena = static_cast<unsigned char*>(std::malloc(kArena));
+    std::memset(b->arena, 0xff, kArena);
+  }
+  return b->arena;
+}
+static inline unsigned char* block_shared(size_t at, size_t bytes) {
+  if (at + bytes > kArena) {
+    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory exceeds the emulator's 256 KB arena";
+    static unsigned char scratch[16];
+    return scratch;
+  }
+  return arena_of(blk) + at;
+}
 
 // Records the launch's first fault (the launcher returns it once the block finishes): what a
 // GPU reports as a sticky launch error must fail the emulated launch too.
@@ -235,6 +271,12 @@ static inline void release_barrier(Block* b) {
   for (int t = 0; t < nthreads; ++t)
     if (b->fibers[t].state == AT_BARRIER) b->fibers[t].state = RUNNABLE;
 }
+static inline void release_cluster(Cluster* c) {
+  c->arrived = 0;
+  for (int b = 0; b < c->n; ++b)
+    for (int t = 0; t < nthreads; ++t)
+      if (c->blocks[b]->fibers[t].state == AT_CLUSTER) c->blocks[b]->fibers[t].state = RUNNABLE;
+}
 static void fiber_main() {
   for (;;) {  // a plain launch reuses a fiber for the same thread index of every block
     entry(entry_args);
@@ -244,6 +286,10 @@ static void fiber_main() {
     blk->live--;
     // An exited thread no longer takes part in barriers: release them if it was the last awaited.
     if (blk->barrier_count > 0 && blk->barrier_count == blk->live) release_barrier(blk);
+    if (Cluster* c = blk->cluster) {  // likewise the cluster barrier
+      c->live--;
+      if (c->arrived > 0 && c->arrived == c->live) release_cluster(c);
+    }
     yield();
   }
 }
@@ -251,6 +297,40 @@ static inline void syncthreads() {
   cur->state = AT_BARRIER;
   if (++blk->barrier_count == blk->live) release_barrier(blk);  // the last to arrive releases everybody, then yields too
   yield();
+}
+// cluster.sync(): every live thread of every block of the cluster arrives, then all go on. The
+// block switches out once all its threads wait, so the cluster's other blocks run meanwhile.
+static inline void cluster_sync() {
+  Cluster* c = blk->cluster;
+  if (!c) {
+    if (!error) error = "cluster.sync() in a launch without thread-block clusters";
+    return;
+  }
+  cur->state = AT_CLUSTER;
+  if (++c->arrived == c->live) release_cluster(c);
+  yield();
+}
+// The address `p` (this block's PN_BLOCK_SHARED memory) in the shared memory of the cluster's block
+// `rank`: distributed shared memory. A block that has exited has no shared memory left to read.
+template <class T> static inline T* map_shared_rank(T* p, unsigned rank) {
+  Cluster* c = blk->cluster;
+  if (!c || rank >= (unsigned)c->n) {
+    if (!error) error = "map_shared_rank: no block of that rank in this block's cluster";
+    return p;
+  }
+  long long off = (long long)((unsigned char*)p - arena_of(blk));
+  if (off < 0 || off >= (long long)kArena) {
+    if (!error) error = "map_shared_rank: the address is not shared memory of the block (PN_BLOCK_SHARED)";
+    return p;
+  }
+  Block* peer = c->blocks[rank];
+  if (peer->live == 0 && !error) {
+    std::snprintf(error_text, sizeof error_text,
+                  "distributed shared memory of cluster block %u read after it exited (a missing cluster.sync "
+                  "before the exit)", rank);
+    error = error_text;
+  }
+  return reinterpret_cast<T*>(arena_of(peer) + off);
 }
 static inline int warp_members(int w) {
   int first = w * 32, n = nthreads - first;
@@ -301,6 +381,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
 }
 static inline void reset_block(Block& b, Fiber* fs, uint3 idx) {
   b.idx = idx;
+  if (b.arena) std::memset(b.arena, 0xff, arena_used < kArena ? arena_used : kArena);  // stale: NaN
   b.fibers = fs;
   b.live = nthreads;
   b.barrier_count = 0;
@@ -328,6 +409,9 @@ static const char* kDivergent = "deadlock: threads of a block wait at different 
 static const char* kGridDeadlock =
     "deadlock: every block waits at a grid-wide wait (pn_grid_wait) that no block can release "
     "(a missing arrival, a wrong target, or a grid-wide wait in a launch that is not cooperative)";
+static const char* kClusterDeadlock =
+    "deadlock: threads of a cluster wait at a cluster barrier (cluster.sync) that not every thread of the "
+    "cluster reaches (a block skipped or exited before it)";
 static inline uint3 block_index(long long b, dim3 grid) {
   return {(unsigned)(b % grid.x), (unsigned)((b / grid.x) % grid.y), (unsigned)(b / ((long long)grid.x * grid.y))};
 }
@@ -364,31 +448,33 @@ static const char* launch(void (*fn)(void**), void** args, dim3 grid, dim3 block
   }
   return error;
 }
-// Runs one cooperative launch: every thread of every block on its own fiber, a block switched
-// out when all its live threads wait, the blocks visited in the launch order (forward, reverse,
-// or shuffled by seed), the threads of each block in one order of the same kind.
-static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed) {
-  nthreads = (int)(block.x * block.y * block.z);
-  if (nthreads <= 0 || nthreads > kMaxThreads) return "invalid block size";
-  long long nblocks = (long long)grid.x * grid.y * grid.z;
-  if (nblocks * nthreads > kMaxCooperativeThreads)
-    return "a cooperative launch of more than 262144 threads is too large for the emulator";
-  entry = fn; entry_args = args; error = nullptr;
-  grid_dim = {grid.x, grid.y, grid.z};
-  block_dim = {block.x, block.y, block.z};
+// Runs the blocks `idx[0..n)` at once: every thread on its own fiber, a block switched out when
+// all its live threads wait (a barrier, a grid-wide wait, a cluster barrier), the blocks visited
+// in the order given, the threads of each block in one order of the launch's kind. `cluster_y`
+// > 1: consecutive runs of cluster_y blocks of idx form one thread-block cluster each.
+static const char* run_together(const uint3* idx, long long nblocks, dim3 block, int order, unsigned seed, int cluster_y) {
   size_t total = (size_t)nblocks * nthreads;
   size_t stack_bytes = total * kStack;  // pages are touched lazily: a fiber uses a few KB of its stack
   char* st = (char*)mmap(nullptr, stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (st == MAP_FAILED) return "cooperative launch: cannot map the fibers' stacks";
   Fiber* fs = new Fiber[total];
-  Block* bs = new Block[nblocks];
+  Block* bs = new Block[nblocks]();
+  long long nclusters = cluster_y > 1 ? nblocks / cluster_y : 0;
+  Cluster* cs = nclusters ? new Cluster[nclusters]() : nullptr;
   long long* border = new long long[nblocks];
   int perm[kMaxThreads];
   unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
   auto next = [&rng]() { rng = rng * 6364136223846793005ull + 1442695040888963407ull; return (unsigned)(rng >> 33); };
   for (long long b = 0; b < nblocks; ++b) {
-    reset_block(bs[b], fs + b * nthreads, block_index(b, grid));
+    reset_block(bs[b], fs + b * nthreads, idx[b]);
     for (int t = 0; t < nthreads; ++t) init_fiber(bs[b].fibers[t], t, block, st + ((size_t)b * nthreads + t) * kStack);
+    if (cs) {
+      Cluster& c = cs[b / cluster_y];
+      bs[b].cluster = &c;
+      bs[b].cluster_rank = (int)(b % cluster_y);
+      c.blocks[c.n++] = &bs[b];
+      c.live += nthreads;
+    }
     border[b] = order == 1 ? nblocks - 1 - b : b;
   }
   for (int t = 0; t < nthreads; ++t) perm[t] = order == 1 ? nthreads - 1 - t : t;
@@ -412,17 +498,61 @@ static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid
       if (error) result = error;
     }
     if (!progressed && left > 0 && !result) {
-      bool at_grid = false;
-      for (size_t t = 0; t < total; ++t) at_grid |= fs[t].state == AT_GRID;
-      result = at_grid ? kGridDeadlock : kDivergent;
+      bool at_grid = false, at_cluster = false;
+      for (size_t t = 0; t < total; ++t) {
+        at_grid |= fs[t].state == AT_GRID;
+        at_cluster |= fs[t].state == AT_CLUSTER;
+      }
+      result = at_cluster ? kClusterDeadlock : at_grid ? kGridDeadlock : kDivergent;
     }
   }
   blk = &single;
   delete[] border;
+  for (long long b = 0; b < nblocks; ++b) std::free(bs[b].arena);
+  delete[] cs;
   delete[] bs;
   delete[] fs;
   munmap(st, stack_bytes);
   return result ? result : error;
+}
+static inline bool set_launch(void (*fn)(void**), void** args, dim3 grid, dim3 block) {
+  nthreads = (int)(block.x * block.y * block.z);
+  entry = fn; entry_args = args; error = nullptr;
+  grid_dim = {grid.x, grid.y, grid.z};
+  block_dim = {block.x, block.y, block.z};
+  return nthreads > 0 && nthreads <= kMaxThreads;
+}
+// Runs one cooperative launch: every block resident at once (cudaLaunchCooperativeKernel).
+static const char* launch_cooperative(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed) {
+  if (!set_launch(fn, args, grid, block)) return "invalid block size";
+  long long nblocks = (long long)grid.x * grid.y * grid.z;
+  if (nblocks * nthreads > kMaxCooperativeThreads)
+    return "a cooperative launch of more than 262144 threads is too large for the emulator";
+  uint3* idx = new uint3[nblocks];
+  for (long long b = 0; b < nblocks; ++b) idx[b] = block_index(b, grid);
+  const char* r = run_together(idx, nblocks, block, order, seed, 1);
+  delete[] idx;
+  return r;
+}
+// Runs a launch of thread-block clusters of cluster_y blocks along y (__cluster_dims__(1, cluster_y,
+// 1)): the blocks of one cluster run at once (each thread on its own fiber, as a cooperative launch
+// runs the grid), one cluster after another in the launch order; blockIdx.y % cluster_y is the
+// block's rank in its cluster.
+static const char* launch_clusters(void (*fn)(void**), void** args, dim3 grid, dim3 block, int order, unsigned seed, int cluster_y) {
+  if (!set_launch(fn, args, grid, block)) return "invalid block size";
+  if (cluster_y < 1 || cluster_y > kMaxCluster || grid.y % cluster_y)
+    return "invalid cluster: 1 to 16 blocks along y that divide gridDim.y";
+  long long n = (long long)grid.x * (grid.y / cluster_y) * grid.z;
+  uint3 idx[kMaxCluster];
+  for (long long kk = 0; kk < n && !error; ++kk) {
+    long long k = order == 1 ? n - 1 - kk : kk;
+    if (order == 2 && n % 2654435761ull) k = (long long)((kk * 2654435761ull + seed) % (unsigned long long)n);
+    uint3 c = block_index(k, dim3{grid.x, grid.y / cluster_y, grid.z});
+    for (int r = 0; r < cluster_y; ++r) idx[r] = uint3{c.x, c.y * cluster_y + r, c.z};
+    const char* res = run_together(idx, cluster_y, block, order, seed + (unsigned)k, cluster_y);
+    if (res) return res;
+  }
+  return error;
 }
 }  // namespace pn_emu
 
@@ -434,6 +564,23 @@ template <class V, class T> static inline V pn_vload(const T* p) {
   std::memcpy(&v, p, sizeof(V));
   return v;
 }
+
+// Each block's own instance (see the top of this file); the offset is fixed at the first use.
+#define PN_BLOCK_SHARED(T, name, dims)                                              \
+  static const size_t name##_pn_at = pn_emu::shared_slot(sizeof(T dims));          \
+  T(&name) dims = *reinterpret_cast<T(*) dims>(pn_emu::block_shared(name##_pn_at, sizeof(T dims)))
+
+// cooperative_groups' thread-block cluster (sm_90), as the generated code uses it.
+namespace cooperative_groups {
+struct cluster_group {
+  void sync() const { pn_emu::cluster_sync(); }
+  unsigned block_rank() const { return pn_emu::blk->cluster ? (unsigned)pn_emu::blk->cluster_rank : 0u; }
+  unsigned num_blocks() const { return pn_emu::blk->cluster ? (unsigned)pn_emu::blk->cluster->n : 1u; }
+  template <class T> T* map_shared_rank(T* p, unsigned rank) const { return pn_emu::map_shared_rank(p, rank); }
+};
+static inline cluster_group this_cluster() { return cluster_group{}; }
+}  // namespace cooperative_groups
+#define PN_CLUSTER_DIMS(x, y, z)
 
 #define threadIdx (pn_emu::cur->tidx)
 #define blockIdx (pn_emu::blk->idx)

@@ -6,7 +6,8 @@ private directory whose entries are verified against their recorded SHA-256 befo
 loaded (runtime/diskcache.py).
 Launches run block by block; `order` picks the thread and block order (forward, reverse,
 shuffled), so that a missing barrier is caught. A cooperative launch runs every block at once
-(one fiber per thread of the grid, blocks switched at grid-wide waits; cuda_emulation.h).
+(one fiber per thread of the grid, blocks switched at grid-wide waits; cuda_emulation.h); a
+launch of thread-block clusters runs each cluster's blocks at once, one cluster after another.
 
 A loaded library keeps its scheduler state (fibers, the current block) in statics, and ctypes
 releases the GIL during a launch: every launch holds its library's lock, so that two threads
@@ -59,7 +60,9 @@ def glue(signatures) -> str:
         out.append(f"static void pn_call_{name}(void** a) {{ {name}({args}); }}")
         out.append(
             f'extern "C" const char* pn_emu_launch_{name}(void** a, unsigned gx, unsigned gy, unsigned gz, '
-            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed, int cooperative) {{ return "
+            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed, int cooperative, int cluster) {{ "
+            f"return cluster > 1 ? pn_emu::launch_clusters(&pn_call_{name}, a, dim3{{gx, gy, gz}}, "
+            f"dim3{{bx, by, bz}}, order, seed, cluster) : "
             f"(cooperative ? pn_emu::launch_cooperative : pn_emu::launch)("
             f"&pn_call_{name}, a, dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, order, seed); }}"
         )
@@ -136,11 +139,21 @@ def function(lib: ctypes.CDLL, kernel: str) -> Entry:
 
 
 def run(
-    entry: Entry, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0, cooperative: bool = False
+    entry: Entry,
+    kernel: str,
+    grid,
+    block,
+    args: list,
+    order: str = "forward",
+    seed: int = 0,
+    cooperative: bool = False,
+    cluster: int = 1,
 ) -> None:
     """Launch `entry` (from `function`) under its library's lock; args: ctypes objects, one per
-    kernel parameter (c_void_p for pointers); `cooperative`: every block resident at once. A
-    fault the emulator detects (a deadlock, a misaligned vector load) is a BackendError."""
+    kernel parameter (c_void_p for pointers); `cooperative`: every block resident at once;
+    `cluster` > 1: thread-block clusters of that many blocks along y, each cluster's blocks run
+    at once. A fault the emulator detects (a deadlock, a misaligned vector load, distributed
+    shared memory of an exited block) is a BackendError."""
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     with entry.lock:
         err = entry.fn(
@@ -150,6 +163,7 @@ def run(
             ctypes.c_int(ORDERS[order]),
             ctypes.c_uint(seed),
             ctypes.c_int(int(cooperative)),
+            ctypes.c_int(cluster),
         )
         err = err.decode() if err else None  # the message lives in the library's static buffer
     if err:
@@ -157,7 +171,15 @@ def run(
 
 
 def launch(
-    lib: ctypes.CDLL, kernel: str, grid, block, args: list, order: str = "forward", seed: int = 0, cooperative=False
+    lib: ctypes.CDLL,
+    kernel: str,
+    grid,
+    block,
+    args: list,
+    order: str = "forward",
+    seed: int = 0,
+    cooperative=False,
+    cluster: int = 1,
 ) -> None:
     """Look up and launch one kernel (tests and one-off launches)."""
-    run(function(lib, kernel), kernel, grid, block, args, order, seed, cooperative)
+    run(function(lib, kernel), kernel, grid, block, args, order, seed, cooperative, cluster)

@@ -196,7 +196,9 @@ class Executor:
 
             def launch(ln):
                 args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
-                emulator.run(fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed, ln.cooperative)
+                emulator.run(
+                    fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed, ln.cooperative, ln.cluster
+                )
 
             self._launches(EMULATOR, fresh, launch)
             return self._results(bufs, inputs)
@@ -216,6 +218,8 @@ class Executor:
 
             def launch(ln):
                 args = tuple(bufs[key] for _, key in ln.args)
+                if ln.cluster > 8:  # __cluster_dims__ past the portable 8: the function must allow it
+                    cupy.cuda.driver.funcSetAttribute(fns[ln.kernel].kernel.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
                 if ln.cooperative:  # cuLaunchCooperativeKernel: all blocks resident, or a launch error
                     fns[ln.kernel].kernel(ln.grid, ln.block, args, enable_cooperative_groups=True)
                 else:
@@ -223,6 +227,9 @@ class Executor:
 
             self._launches(backend, fresh, launch)
             return self._results(bufs, inputs)
+
+
+NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # CUfunction_attribute (cuda.h)
 
 
 def _host_input(a, align: int) -> np.ndarray:

@@ -39,12 +39,14 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _include_dirs() -> list[str]:
-    """The CUDA headers the 16-bit prelude includes (cuda_fp16.h): the nvcc wheel's."""
+    """The CUDA headers the 16-bit prelude includes (cuda_fp16.h): the nvcc wheel's, and its cccl/."""
     out = []
     for base in sys.path:
         out += glob.glob(os.path.join(base, "nvidia", "*", "include"))
         out += glob.glob(os.path.join(base, "nvidia", "cuda_runtime", "include"))
-    return [d for d in out if Path(d, "cuda_fp16.h").exists()]
+    found = [d for d in out if Path(d, "cuda_fp16.h").exists()]
+    # cooperative_groups.h (thread-block clusters) includes libcu++, which CUDA 13 keeps in cccl/
+    return found + [str(Path(d, "cccl")) for d in found if Path(d, "cccl").is_dir()]
 
 
 def available() -> bool:

@@ -83,6 +83,7 @@ class Launch:
     modeled_us: float = 0.0
     cost_features: tuple = ()  # what the model was given (model/estimate.py re-models from it)
     cooperative: bool = False  # every block resident at once (its blocks wait for each other)
+    cluster: int = 1  # blocks along y per thread-block cluster (__cluster_dims__; 1: no clusters)
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,12 @@ from ..algebra import SUM, AtomicStrategy
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cluster import exchange_cycles as cluster_exchange_cycles
+from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
-from .decision import Decision, Mapping, MergeMode
+from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import exchanges, kernel_buffers, passes
+from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
@@ -131,8 +134,8 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
             **_scatter_atomics(group),
             **work,
         )
-    s_eff = d.split
-    blocks = d.grid[0] * s_eff
+    blocks = d.grid[0] * d.split
+    s_eff = d.split // d.cluster  # partials merged through memory: one per cluster (schedule/cluster.py)
     is_split = s_eff > 1
     own = group.accumulators  # an epilogue group's element-wise statements have none
     owners = [group.statements[k] for k in own]
@@ -163,6 +166,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         # the block reduction; a register tile's rows reduce together, a shuffle chain (5 steps of
         # an L1-latency shuffle, ~30 cycles) more per further row
         epilogue_cycles=400
+        + cluster_merge_cycles(d)
         + 150 * (d.rtile * d.ctile - 1)
         + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
         + _epilogue_cycles(group, gpu),
@@ -196,10 +200,11 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     """The last block's combine of the partials (codegen/reduce_kernel.py): the threads of each
     output stride over its `split` partials, coalesced, one L2 round trip per step (the loop
     carries its accumulator), then reduce across the block as the main loop does."""
+    split = d.split // d.cluster
     if group.form == Form.COLUMN:
-        steps = math.ceil(d.split / d.ty) * d.vec
+        steps = math.ceil(split / d.ty) * d.vec
     else:
-        steps = math.ceil(d.split / d.tx) * d.rtile * d.ctile
+        steps = math.ceil(split / d.tx) * d.rtile * d.ctile
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
@@ -212,7 +217,16 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     The passes no longer overlap (a pass starts when every block has finished the one before),
     so the L2 re-reads add to the DRAM time (kernel_time's `grid_syncs`), and each exchange costs
     two L2 round trips (the arrival, seen by the poll) plus `_exchange_cycles`. Every row is in
-    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it."""
+    flight at the first exchange: the re-reads hit in L2 when all the input fits in half of it.
+
+    Rows kept on chip (d.onchip, schedule/onchip.py): the kept tensors are read once; only the
+    others are re-read. Kept in registers, the unrolled row's loads are all in flight at once;
+    either residence holds fewer blocks per SM (`onchip.blocks_per_sm`), which scales the bytes
+    in flight per SM (kernel_time counts blocks per SM from the threads alone).
+
+    A split row that is one thread-block cluster (d.cluster, schedule/cluster.py) exchanges on
+    chip: no grid-wide wait (the clusters run in waves, their passes overlap other clusters'),
+    each exchange `cluster.exchange_cycles`, exposed once at the kernel's end."""
     M = group.M
     in_bytes = _input_bytes(group)
     out_bytes = sum(
@@ -222,12 +236,21 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
     row_bytes = in_bytes / max(M, 1)
     gx, S = d.launch_grid  # a persistent grid: its blocks loop over the row tiles
-    if S > 1:
+    if d.cluster > 1:  # clusters of S blocks in waves: the rows of the clusters resident at once
+        resident = max(1, min(gx, gpu.sms * blocks_per_sm(gpu, group, d) // S)) * d.ty
+    elif S > 1:
         resident = gx * d.ty
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
     n_passes = passes(group, d.levels)
-    reread = (n_passes - 1) * in_bytes
+    kept = kept_bytes(group, d.vec) if d.onchip != Residence.MEMORY else 0
+    reread = (n_passes - 1) * (in_bytes - kept)
+    flight = in_flight(group, d)
+    if d.onchip == Residence.REGISTERS:
+        flight = flight // max(1, d.unroll) * steps(d)
+    if d.onchip != Residence.MEMORY:  # the blocks an SM holds: fewer where the grid has more
+        want = math.ceil(gx * S / gpu.sms)
+        flight = flight * min(want, blocks_per_sm(gpu, group, d)) / min(want, gpu.resident_blocks(d.threads))
     in_l2 = resident * row_bytes <= gpu.l2_size / 2
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
@@ -237,10 +260,10 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         l2_bytes=(reread if in_l2 else 0) + contraction_l2_bytes(group, d),
         blocks=gx * S,
         threads=d.tx * d.ty,
-        bytes_in_flight_per_thread=in_flight(group, d),
+        bytes_in_flight_per_thread=flight,
         epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
-        grid_syncs=n_ex,
-        sync_cycles=n_ex * _exchange_cycles(gpu, d) if n_ex else 0,
+        grid_syncs=0 if d.cluster > 1 else n_ex,
+        sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         **arithmetic(group, d).features(),
     )
 
@@ -299,5 +322,5 @@ def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
 def complete(group: KernelGroup, d: Decision, gpu: GPUSpec, name: str, cost: KernelCost | None = None) -> Mapping:
     partials = any(m in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for m in d.merges)
     cost = cost if cost is not None else decision_cost(group, gpu, d, partials)
-    buffers = kernel_buffers(group, name, d.merges, d.split, d.launch_grid)
+    buffers = kernel_buffers(group, name, d.merges, d.split // d.cluster, d.launch_grid)
     return Mapping(**{f.name: getattr(d, f.name) for f in fields(Decision)}, name=name, buffers=buffers, cost=cost)

@@ -33,6 +33,19 @@ class MergeMode(StrEnum):
     PARTIALS_GRID = "partials_grid"
 
 
+class Residence(StrEnum):
+    """Where a stitched block keeps the row values it loaded in pass 0 (schedule/onchip.py)."""
+
+    MEMORY = "memory"  # nowhere: later passes re-read them
+    REGISTERS = "registers"
+    SHARED = "shared"
+
+
+REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
+REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
+REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+
+
 @dataclass(frozen=True)
 class Decision:
     """What the mapper decides for one kernel group: what a schedule saves and replays.
@@ -78,9 +91,13 @@ class Decision:
     def min_blocks(self) -> int:
         """Blocks per SM the kernel's __launch_bounds__ asks ptxas to leave room for: 1024
         threads' worth (64 registers each), halved per doubling of a register tile beyond 2
-        (its accumulators and per-row loads need the registers)."""
+        (its accumulators and per-row loads need the registers); a row kept in registers asks
+        for REGISTER_VALUES + REGISTER_OTHERS registers per thread; a persistent grid asks for
+        exactly its blocks per SM."""
         if self.per_sm:  # a persistent grid: exactly its blocks per SM
             return self.per_sm
+        if self.onchip == Residence.REGISTERS:
+            return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
@@ -90,6 +107,8 @@ class Decision:
     # `grid`; 0: one block per row tile.
     persistent: int = 0
     per_sm: int = 0  # the persistent grid's blocks per SM: the launch bounds leave registers for that many
+    onchip: Residence = Residence.MEMORY  # where a stitched block keeps pass 0's row values (schedule/onchip.py)
+    cluster: int = 1  # blocks along y per thread-block cluster: a split row's blocks (schedule/cluster.py; 1: none)
 
     @property
     def threads(self) -> int:
@@ -114,8 +133,9 @@ class Decision:
     @property
     def cooperative(self) -> bool:
         """A stitched group split across blocks: its blocks wait for each other, so all of them
-        must be resident at once (a cooperative launch)."""
-        return self.stitched and (self.split > 1 or MergeMode.PARTIALS_GRID in self.merges)
+        must be resident at once (a cooperative launch), unless they are one thread-block
+        cluster; so must the blocks of column partials merged after a grid-wide wait."""
+        return self.stitched and ((self.split > 1 and self.cluster == 1) or MergeMode.PARTIALS_GRID in self.merges)
 
     @property
     def needs_last_block(self) -> bool:
@@ -154,6 +174,7 @@ class Decision:
             f"grid=({self.grid[0]},{self.grid[1]}) split={self.split}"
             + (f" rtile={self.rtile}x{self.ctile} stride={self.rstride}" if self.rtile * self.ctile > 1 else "")
             + (f" stages={self.stages}" if self.stages > 1 else "")
+            + (f" rows in {self.onchip}" if self.onchip != Residence.MEMORY else "")
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (
@@ -161,6 +182,7 @@ class Decision:
                 if self.mma
                 else ""
             )
+            + (f" cluster={self.cluster}" if self.cluster > 1 else "")
         )
 
     def to_dict(self) -> dict:
@@ -177,6 +199,12 @@ class Decision:
             d["mma_tile"] = list(self.mma_tile)
         else:  # likewise: CUDA cores
             del d["mma"], d["mma_tile"]
+        if self.onchip == Residence.MEMORY:  # likewise: schedules without rows on chip read the same
+            del d["onchip"]
+        else:
+            d["onchip"] = str(self.onchip)
+        if self.cluster == 1:
+            del d["cluster"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -215,6 +243,8 @@ class Decision:
             per_sm=int(d.get("per_sm", 0)),
             mma=str(d.get("mma", "")),  # absent before tensor cores: CUDA cores
             mma_tile=tuple(int(v) for v in d.get("mma_tile", ())),
+            onchip=Residence(d.get("onchip", "memory")),
+            cluster=int(d.get("cluster", 1)),
         )
 
 

@@ -42,7 +42,9 @@ def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMod
     """Per statement: STORE without a split; a split reduction merges by atomics or partials (a
     stitched group's split rows always exchange partials, combined by every block in one order).
     A stitched group's COLUMN statements (column partials, one per block) always merge, by
-    atomics or, with `partials`, through the last block."""
+    atomics or, with `partials`, through the last block. `split`: the partials merged through
+    memory per output (under thread-block clusters, one per cluster, schedule/cluster.py: a split
+    that is one cluster stores)."""
     columns = set(group.columns)
     col_mode = MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
     partials = partials or group.stitched
@@ -107,7 +109,8 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     """The kernel's parameters: every tensor read, then per statement its output and workspace,
     then the counter of block arrivals (a split stitched group: per row group its arrivals at
     the exchanges, then its departures, 2 x gridDim.x counters; column partials: the arrivals
-    and the departures, their partials `grid[0]` (the blocks launched) x the columns)."""
+    and the departures, their partials `grid[0]` (the blocks launched) x the columns). `split`:
+    the partials merged per output (under thread-block clusters, one per cluster)."""
     stmts = group.statements
     inputs = []
     members = group.on_chip

@@ -5,7 +5,8 @@ kernel against the unfused kernels of the same statements (each mapped freely, m
 that pays, plus its init launch). It keeps the stitched group when it is cheaper, as
 FusionStitching does, and records what it considered for `explain()`. The stitched kernel is
 itself the model's best over its splits: whole rows per block, or rows too few to fill the GPU
-split across co-resident blocks (one cooperative launch); `explain()` gives both figures.
+split across co-resident blocks (one cooperative launch) or, on sm_90, across the blocks of one
+thread-block cluster per row; `explain()` gives both figures.
 
 For every legal epilogue group (poly/epilogue.py: one reduction and its element-wise consumers
 in its output space) it compares one reduce kernel whose finishing threads apply the epilogue
@@ -36,15 +37,18 @@ class Considered:
     split: int = 1  # blocks per row of the stitched kernel
     whole_rows_us: float = 0.0  # the stitched kernel with whole rows per block, when split > 1
     superseded: bool = False  # the model preferred the epilogue group of the same statements
+    cluster: int = 1  # the split's blocks are one thread-block cluster (schedule/cluster.py)
 
     def describe(self) -> str:
         verdict = "stitched" if self.chosen else "epilogue group instead" if self.superseded else "left unfused"
         how = ""
         if self.split > 1:
-            how = (
-                f" (each row split across {self.split} co-resident blocks, one cooperative launch; "
-                f"whole rows per block {self.whole_rows_us:.1f} us)"
+            launch = (
+                "blocks of one thread-block cluster"
+                if self.cluster > 1
+                else "co-resident blocks, one cooperative launch"
             )
+            how = f" (each row split across {self.split} {launch}; whole rows per block {self.whole_rows_us:.1f} us)"
         return (
             f"{'+'.join(self.statements)}: 1 stitched kernel {self.stitched_us:.1f} us{how} vs "
             f"{self.unfused_kernels} kernels {self.unfused_us:.1f} us (modeled) -> {verdict}"
@@ -128,7 +132,9 @@ def plan_groups(
             unfused += m.cost.total_s
             kernels += 1
         take = fused < unfused
-        considered.append(Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6))
+        considered.append(
+            Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6, cluster=best.cluster)
+        )
         if take:
             chosen.append(tuple(cand))
     if replay is None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup
+from .cluster import check as check_cluster
 from .cost import complete
 from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, MergeMode, covers, is_pow2
 from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
+from .onchip import check as check_onchip
 from .persistent import check as check_columns
 from .pipeline import check as check_pipeline
 from .rtile import check as check_tile
@@ -22,7 +24,7 @@ def replay(
 
     1. it maps the same statements, with the same canonical form and extents;
     2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
-       CUDA's limits, split = gridDim.y, and a split stitched group's blocks all co-resident;
+       CUDA's limits, split = gridDim.y, and a cooperative group's blocks all co-resident;
     3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
        every read has the access kind isl finds at that width (a read saved as contiguous must be
        aligned for it);
@@ -37,8 +39,11 @@ def replay(
        power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
     10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
        the block's rows share, aligned copies, a block-uniform step count around the barriers);
-    11. a persistent grid only with column partials, as schedule/persistent.py's preconditions allow.
-    12. tensor cores only as schedule/tensor_core.py's preconditions and `check` allow.
+    11. a persistent grid only with column partials, as schedule/persistent.py's preconditions allow;
+    12. tensor cores only as schedule/tensor_core.py's preconditions and `check` allow;
+    13. rows kept on chip only as schedule/onchip.py's preconditions allow;
+    14. a thread-block cluster only as schedule/cluster.py's preconditions allow (every block of
+       a split stitched row, a cluster size the GPU has).
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -65,7 +70,7 @@ def replay(
         raise ScheduleError(
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
-    if d.stitched and d.split > 1 and d.blocks > co_resident(gpu, d.threads):
+    if d.cooperative and d.blocks > co_resident(gpu, d.threads):
         raise ScheduleError(
             f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
             f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
@@ -85,7 +90,7 @@ def replay(
     elif d.persistent or d.per_sm:
         raise ScheduleError(f"{at}: a persistent grid of {d.persistent} blocks, but no column partials to merge")
     partials = deterministic or struct_accumulators(group) or (group.stitched and not group.columns)
-    want = merges_for(group, d.split, partials)
+    want = merges_for(group, d.split // max(1, d.cluster), partials)
     if len(d.merges) != len(want) or any(
         (w == MergeMode.STORE) != (m == MergeMode.STORE) or (partials and m == MergeMode.ATOMIC_WS)
         for w, m in zip(want, d.merges)
@@ -105,4 +110,6 @@ def replay(
     check_tile(group, d, at)
     check_pipeline(group, d, at)
     check_tensor_core(group, d, at)
+    check_onchip(group, d, gpu, at)
+    check_cluster(group, d, gpu, at)
     return complete(group, d, gpu, name)

@@ -11,7 +11,7 @@ from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .cost import complete, decision_cost, in_flight, stitched_cost
-from .decision import MAX_GRID_Y, Decision, Mapping, pow2ceil
+from .decision import MAX_GRID_Y, Decision, Mapping, Residence, pow2ceil
 from .derived import (
     access_for,
     along,
@@ -23,6 +23,7 @@ from .derived import (
     unroll_for,
     vector_extent,
 )
+from .onchip import choose as onchip_choices
 from .persistent import map_joined
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
@@ -41,22 +42,25 @@ def map_group(
     ctile: int | None = None,
     stages: int | None = None,
     mma: bool | None = None,
+    cluster: bool | None = None,
 ) -> Mapping:
     """Choose block/thread binding, vector width and split for a kernel group: the candidate
     with the least modeled time, merging a split by atomics or by partials the last block
-    combines, whichever the model prefers (`deterministic` forces partials). `split` and `threads` force those choices (an explicit split alone
-    keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
+    combines, whichever the model prefers (`deterministic` forces partials). `split` and
+    `threads` force those choices (an explicit split alone keeps 256 threads per block). `name` names the kernel and its workspaces. `rtile` and
     `ctile` force the rows of a register tile (schedule/rtile.py; 1: none; ignored where the
     group has no tile to share). `stages` forces the pipeline's stages (schedule/pipeline.py;
     else the model's). `mma` forces tensor cores (True, where schedule/tensor_core.py's
-    preconditions hold) or CUDA cores (False); None: the model's choice between the two best."""
+    preconditions hold) or CUDA cores (False); None: the model's choice between the two best.
+    `cluster` forces or forbids a stitched split row as one thread-block cluster
+    (schedule/cluster.py)."""
     if group.columns:  # column partials: a persistent row loop (schedule/persistent.py)
         m = map_joined(group, gpu, name, deterministic)
         if m is None:
             raise ScheduleError(f"kernel {name or '?'}: the column partials of {'+'.join(group.names)} fit no block")
         return m
     if group.stitched:
-        m = _map_stitched(group, gpu, name, split, rtile, ctile)
+        m = _map_stitched(group, gpu, name, split, rtile, ctile, cluster)
         tc = None if mma is False or rtile or ctile else choose_tensor_core(group, gpu, split, deterministic)
         if tc is not None and (mma or tc[0].total_s < m.cost.total_s * 0.97):  # a contraction + element-wise consumers
             return complete(group, tc[1], gpu, name, tc[0])
@@ -113,13 +117,16 @@ def map_group(
         for s in candidates:
             chunk = math.ceil(math.ceil(serial_extent / s) / per_split) * per_split
             s_eff = math.ceil(serial_extent / chunk)
-            for partials in merge_options if s_eff > 1 else merge_options[:1]:
+            clusters = _reduce_clusters(group, gpu, s_eff, R * C, cluster)
+            for partials, K in [
+                (p, K) for K in clusters for p in merge_options if s_eff // K > 1 or p == merge_options[0]
+            ]:
+                merges = merges_for(group, s_eff // K, partials)  # one partial per cluster of K blocks
                 d = Decision(
                     **base, vec=vec, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=merges_for(group, s_eff, partials),
-                    access=access,
-                    atomic_vec=atomic_vec_for(group, gpu, vec, merges_for(group, s_eff, partials)),
-                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared,
+                    unroll=max(1, unroll_for(vec, chunk // per_split) // (R * C)), merges=merges,
+                    access=access, atomic_vec=atomic_vec_for(group, gpu, vec, merges),
+                    rtile=R, rstride=stride, rshared=rshared, ctile=C, cshared=cshared, cluster=K,
                 )  # fmt: skip
                 d = fit_unroll(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
@@ -133,6 +140,8 @@ def map_group(
     tc = None if mma is False or (forced and not mma) else choose_tensor_core(group, gpu, split, deterministic)
     if tc is not None and (mma or tc[0].total_s < cost.total_s * 0.97):  # CUDA cores unless clearly slower
         return complete(group, tc[1], gpu, name, tc[0])
+    if d.cluster > 1:
+        stages = 1  # a cluster combines one partial per row: no pipeline (schedule/cluster.py)
     if stages is None:
         stages = choose_stages(
             group, gpu, d, in_flight(group, d), dict(cost.features).get("dram_bytes", 0.0), cost.total_s
@@ -143,6 +152,19 @@ def map_group(
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
 
 
+def _reduce_clusters(group: KernelGroup, gpu: GPUSpec, split: int, tile: int, cluster: bool | None) -> list[int]:
+    """Cluster sizes a split reduce kernel tries (schedule/cluster.py): none, and on a GPU with
+    clusters the largest power of two up to `max_cluster` that divides the split, for ROW/ALL
+    groups without a register tile; `cluster` forces (True) or forbids (False) one."""
+    K = 1
+    if cluster is not False and split > 1 and tile == 1 and group.form in (Form.ROW, Form.ALL):
+        while K * 2 <= min(gpu.max_cluster, split) and split % (K * 2) == 0:
+            K *= 2
+    if K == 1:
+        return [1]
+    return [K] if cluster else [1, K]
+
+
 def _map_stitched(
     group: KernelGroup,
     gpu: GPUSpec,
@@ -150,6 +172,7 @@ def _map_stitched(
     split: int | None = None,
     rtile: int | None = None,
     ctile: int | None = None,
+    cluster: bool | None = None,
 ) -> Mapping:
     """A stitched group: threads per row and blocks per row (split) chosen by the model. More
     threads keep fewer rows resident, so later passes hit in L2; a split spreads rows too few to
@@ -157,7 +180,9 @@ def _map_stitched(
     reductions, and only while every block of the grid is co-resident (`co_resident`: the
     blocks wait for each other). Splits are powers of two with at least one step per thread;
     `split` forces one (1: whole rows). Unsplit rows may also take a register tile
-    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row."""
+    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row. On a GPU
+    with thread-block clusters, a split of 2 to `max_cluster` blocks may be one cluster instead
+    (schedule/cluster.py; no co-residency bound); `cluster` forces (True) or forbids (False) it."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
@@ -166,12 +191,19 @@ def _map_stitched(
         access=access_for(group, vec), levels=levels_for(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    candidates = []  # (tx, ty, gx, split, tile), fewer threads and blocks first
+    candidates = []  # (tx, ty, gx, split, tile, cluster), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
-        candidates += [(tx, ty, gx, 1 << e, NO_TILE) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        candidates += [
+            (tx, ty, gx, 1 << e, NO_TILE, False) for e in range(max_split.bit_length()) if 1 << e <= max_split
+        ]
+        # one thread-block cluster per split row (sm_90, schedule/cluster.py): no co-residency bound
+        max_cluster = min(gpu.max_cluster, G // tx)
+        candidates += [
+            (tx, ty, gx, 1 << e, NO_TILE, True) for e in range(1, max_cluster.bit_length()) if 1 << e <= max_cluster
+        ]
     tiles = tilings(group)[1:]
     if rtile is not None:
         candidates = [] if rtile * (ctile or 1) > 1 else candidates
@@ -181,22 +213,36 @@ def _map_stitched(
         rows = Decision(**base, **dummy, rtile=t[0], rstride=t[1], ctile=t[2]).tile_rows
         for tx in sorted({min(x, pow2ceil(G)) for x in (32, 64, 128)}):
             ty = max(1, min(256 // tx, pow2ceil(rows)))
-            candidates.append((tx, ty, math.ceil(rows / ty), 1, t))
+            candidates.append((tx, ty, math.ceil(rows / ty), 1, t, False))
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
-    best = None
-    for tx, ty, gx, s, (R, stride, C, rshared, cshared) in candidates:
+    if cluster is not None:  # forced: clusters (True) or none (False)
+        candidates = [c for c in candidates if c[5] == cluster] or candidates
+    best: dict[bool, tuple] = {}  # the best plan that re-reads its rows (True), that keeps them (False)
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared), clustered in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=merges_for(group, s_eff, True),
+            unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)),
+            merges=merges_for(group, 1 if clustered else s_eff, True),  # a cluster exchanges on chip
             rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
+            cluster=s_eff if clustered else 1,
         )  # fmt: skip
+        if clustered and s_eff == 1:
+            continue
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
-        cost = stitched_cost(group, gpu, d)
-        # fewer blocks and threads unless clearly faster
-        if best is None or cost.total_s < best[0].total_s * 0.97:
-            best = (cost, d)
-    return complete(group, best[1], gpu, name, best[0])
+        # the row kept in registers or shared memory (schedule/onchip.py), or re-read
+        for res in (*onchip_choices(group, d, gpu), Residence.MEMORY):
+            dd = replace(d, onchip=res)
+            cost = stitched_cost(group, gpu, dd)
+            kind = res == Residence.MEMORY
+            # fewer blocks and threads unless clearly faster
+            if kind not in best or cost.total_s < best[kind][0].total_s * 0.97:
+                best[kind] = (cost, dd)
+    # the best plan that keeps its rows on chip, unless re-reading them is clearly faster
+    cost, d = best[False] if False in best else best[True]
+    if True in best and best[True][0].total_s < cost.total_s * 0.97:
+        cost, d = best[True]
+    return complete(group, d, gpu, name, cost)

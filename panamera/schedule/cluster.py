@@ -1,0 +1,87 @@
+"""Thread-block clusters: the blocks that share a split row exchange partials on chip (sm_90).
+
+A stitched group split across S blocks (schedule/mapping.py) exchanges its partials after each
+pass with reductions. Without clusters they go through global memory and a grid-wide wait, so
+every block of the grid must be resident (a cooperative launch, `Decision.cooperative`). On
+sm_90 the S blocks of a row can be one thread-block cluster (`__cluster_dims__(1, S, 1)`,
+`Decision.cluster` = S): they are co-scheduled on neighbouring SMs, each block publishes its
+partial in its own shared memory, and after `cluster.sync()` every block reads the S partials
+through distributed shared memory (`cluster.map_shared_rank`) in one fixed order
+(codegen/stitched_kernel.py). No global round trip, no counter, and only the cluster must be
+co-resident, so a grid of many split rows (32K rows of 65K) runs in waves.
+
+    exchange (cooperative):  ws[o * S + by] = part; grid wait; acc = sum_b ws[o * S + b]
+    exchange (cluster):      dsm[ty] = part; cluster.sync(); acc = sum_b *map_shared_rank(&dsm[ty], b)
+
+Splits larger than a cluster keep the cooperative plan.
+
+A split reduce kernel (codegen/reduce_kernel.py) may group its blocks into clusters of C too: the
+cluster's blocks combine their partials in its rank-0 block through distributed shared memory,
+and only the split / C rank-0 blocks merge as the merge mode says (atomics or partials and the
+last block; a split that is one cluster stores directly). `Decision.merges` are the merges of
+those split / C partials.
+
+Preconditions (`check`; one negative test each in tests/test_cluster.py):
+  1. the cluster divides the split (= gridDim.y), and is every block of a split stitched row;
+  2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before);
+  3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
+     per row of the block).
+
+>>> from panamera.model import H100, A100
+>>> H100.max_cluster, A100.max_cluster
+(16, 1)
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ScheduleError
+from ..model.gpu import GPUSpec
+from ..poly.program import KernelGroup
+from ..poly.statement import Form
+from .decision import Decision
+
+# [assumed] Hopper microbenchmarks (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU
+# Architecture", 2024) put a distributed-shared-memory load at ~180-210 cycles; the cluster barrier
+# (arrive + wait) is taken as one such round trip.
+DSMEM_CYCLES = 200
+CLUSTER_SYNC_CYCLES = 200
+
+
+def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
+    """Why `d.cluster` is not legal (the module's preconditions), or "" when it is."""
+    if d.cluster == 1:
+        return ""
+    if d.split < 2 or d.split % d.cluster or d.grid[1] != d.split or (group.stitched and d.cluster != d.split):
+        return (
+            f"1: a cluster of {d.cluster} blocks must divide the split ({d.split}) and, for a stitched row, "
+            "be all of its blocks"
+        )
+    if not group.stitched and (group.form not in (Form.ROW, Form.ALL) or d.rtile * d.ctile > 1 or d.stages > 1):
+        return "3: a reduce kernel's clusters combine one partial per row: ROW/ALL, no register tile, no pipeline"
+    if not 2 <= d.cluster <= gpu.max_cluster:
+        return f"2: {gpu.name} has no thread-block clusters of {d.cluster} blocks (at most {gpu.max_cluster})"
+    return ""
+
+
+def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
+    """A replayed decision's cluster: a ScheduleError naming the kernel and the precondition."""
+    why = problem(group, d, gpu)
+    if why:
+        raise ScheduleError(f"{at}: thread-block cluster: precondition {why} (schedule/cluster.py)")
+
+
+def merge_cycles(d: Decision) -> int:
+    """A reduce kernel's cluster combine (codegen/reduce_kernel.py): two barriers and the rank-0
+    thread's C loop-carried distributed-shared-memory loads (0 without clusters)."""
+    if d.cluster == 1 or d.stitched:
+        return 0
+    return 2 * CLUSTER_SYNC_CYCLES + d.cluster * DSMEM_CYCLES
+
+
+def exchange_cycles(d: Decision) -> int:
+    """One exchange of a cluster's partials: the block reduction before it and the all-reduce
+    after it (400 cycles, as a pass of an unsplit row), the barrier, and ceil(S / tx)
+    loop-carried distributed-shared-memory loads per thread."""
+    return 400 + CLUSTER_SYNC_CYCLES + math.ceil(d.cluster / d.tx) * DSMEM_CYCLES

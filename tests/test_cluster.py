@@ -1,0 +1,217 @@
+"""Thread-block clusters (schedule/cluster.py): a split stitched row whose blocks are one cluster
+exchanges partials through distributed shared memory; the emulator runs each cluster's blocks
+together, so every cluster kernel runs here against numpy."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_stitched_split import assert_close, case, tolerance
+
+import panamera as pn
+from panamera.errors import BackendError, ScheduleError
+from panamera.model import A100, H100
+from panamera.runtime import nvcc
+from panamera.runtime.executor import Executor
+from panamera.schedule.decision import MergeMode, Residence
+from panamera.schedule.derived import merges_for
+from panamera.schedule.mapping import map_group
+
+ORDERS = ("forward", "reverse", "shuffled")
+
+
+def compile_split(outputs, split: int, cluster: bool, res: Residence = Residence.MEMORY, gpu=H100):
+    """The model's plan with its stitched group split `split` ways, as one cluster or a
+    cooperative launch, rows kept in `res` (a replayed schedule: validated as any saved one)."""
+    k = pn.compile(outputs, target="emulator", use_database=False, gpu=gpu)
+    kernels = tuple(
+        dataclasses.replace(map_group(g, gpu, split=split, cluster=cluster).decision, onchip=res)
+        if g.stitched
+        else m.decision
+        for g, m in zip(k.groups, k.mappings)
+    )
+    return pn.compile(outputs, target="emulator", gpu=gpu, schedule=dataclasses.replace(k.schedule, kernels=kernels))
+
+
+CASES = [
+    ("softmax", (2, 8192), "float32", 2, Residence.REGISTERS),
+    ("cross_entropy", (2, 8192), "bfloat16", 4, Residence.MEMORY),
+    ("rms_norm", (3, 8192), "bfloat16", 8, Residence.SHARED),
+    ("layer_norm", (1, 16384), "float32", 16, Residence.REGISTERS),
+    ("log_softmax", (2, 8192), "float16", 16, Residence.MEMORY),
+]
+
+
+@pytest.mark.parametrize("op,shape,dtype,split,res", CASES, ids=[f"{c[0]}-{c[2]}-c{c[3]}-{c[4]}" for c in CASES])
+def test_clusters_match_numpy_and_the_cooperative_plan(op, shape, dtype, split, res, rng):
+    outputs, arrays, ref = case(op, shape, dtype, rng)
+    k = compile_split(outputs, split, True, res)
+    (m,) = [m for m in k.mappings if m.stitched]
+    assert m.cluster == m.split == split and not m.cooperative and m.onchip == res
+    (ln,) = [ln for ln in k.plan.per_call if ln.cluster > 1]
+    assert ln.cluster == split and ln.grid[1] == split and not ln.cooperative
+    assert not [b for b in m.buffers if b.role in ("partials", "counter")]  # no global round trip
+    assert "map_shared_rank" in k.source and "pn_grid_sync(&" not in k.source
+    coop = compile_split(outputs, split, False, res)
+    assert coop.mappings[-1].cooperative
+    expect = coop(*arrays)
+    for order in ORDERS:
+        out = k(*arrays, order=order, seed=5)
+        assert_close(out, ref, dtype, shape[1])
+        np.testing.assert_array_equal(out, expect)  # the partials combine in the same rank order
+
+
+# -- split reduce kernels in clusters: the cluster combines in rank 0, the clusters merge ------------
+REDUCE_CASES = [  # op, shape, split, cluster, deterministic (partials) or atomics
+    ("sum", (2, 65536), 2, 2, False),  # one cluster: rank 0 stores
+    ("max", (3, 65536), 16, 4, False),  # 4 clusters merged by atomics
+    ("mean", (2, 65536), 16, 4, True),  # 4 clusters merged by partials
+    ("sum", (2, 131072), 32, 8, True),
+    ("var", (2, 131072), 32, 8, False),  # Welford: partials (no atomic merges a struct)
+    ("sum", (2, 131072), 64, 16, False),
+    ("max", (2, 131072), 64, 16, True),
+]
+
+
+def compile_reduce(y, split: int, cluster: int, det: bool):
+    """y's split reduction with its blocks in clusters of `cluster` (a replayed schedule)."""
+    k = pn.compile(y, target="emulator", use_database=False, deterministic=det)
+    (g,) = k.groups
+    d = map_group(g, H100, split=split, deterministic=det, cluster=True).decision
+    partials = det or any(m == MergeMode.PARTIALS for m in d.merges)
+    merges = merges_for(g, d.split // cluster, partials)
+    d = dataclasses.replace(d, cluster=cluster, merges=merges)
+    return pn.compile(y, target="emulator", deterministic=det, schedule=dataclasses.replace(k.schedule, kernels=(d,)))
+
+
+@pytest.mark.parametrize(
+    "op,shape,split,cluster,det",
+    REDUCE_CASES,
+    ids=[f"{c[0]}-s{c[2]}-c{c[3]}-{'partials' if c[4] else 'atomics'}" for c in REDUCE_CASES],
+)
+def test_split_reductions_in_clusters_match_numpy_in_both_merge_modes(op, shape, split, cluster, det, rng):
+    x = pn.placeholder(shape, "float32", name="x")
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    k = compile_reduce(getattr(pn, op)(x, axis=1), split, cluster, det)
+    (m,) = k.mappings
+    assert (m.split, m.cluster) == (split, cluster)
+    merge = {1: MergeMode.STORE}.get(
+        split // cluster, MergeMode.PARTIALS if det or op == "var" else MergeMode.ATOMIC_WS
+    )
+    assert set(m.merges) == {merge}
+    assert k.plan.per_call[-1].cluster == cluster and "map_shared_rank" in k.source
+    ref = getattr(np, op)(a.astype(np.float64), axis=1)
+    tol = tolerance("float32", shape[1])
+    scale = {"sum": np.abs(a).sum(1).max(), "mean": np.abs(a).mean(1).max()}.get(op, float(np.abs(ref).max()))
+    first = None
+    for order in ORDERS:
+        for call in range(2):  # the resident workspace and counters are back at their start
+            out = k(a, order=order, seed=call)
+            np.testing.assert_allclose(out, ref, rtol=tol, atol=tol * scale)
+            if det:  # partials combine in one fixed order: bit-identical
+                first = out if first is None else first
+                np.testing.assert_array_equal(out, first)
+
+
+def _broken(k, pattern: str, repl: str) -> Executor:
+    src, n = re.subn(pattern, repl, k.source)
+    assert n >= 1
+    return Executor(k.plan, src, k.signatures, "emulator")
+
+
+def test_a_missing_cluster_barrier_reads_unwritten_partials(rng):
+    """Without the barrier before the exchange, a block reads its peers' shared memory before
+    they wrote it: the emulator's fresh shared memory is NaN, so the result is wrong."""
+    outputs, arrays, ref = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    assert_close(k(*arrays), ref, "float32", 8192)
+    ex = _broken(k, r"pn_cluster\.sync\(\);  // every block's partials are written", "")
+    bad = ex(list(arrays), order="forward")
+    assert not np.allclose(bad, ref, equal_nan=False)
+
+
+def test_a_missing_departure_barrier_is_reported(rng):
+    outputs, arrays, _ = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    ex = _broken(k, r"pn_cluster\.sync\(\);  // no block exits[^\n]*", "")
+    with pytest.raises(BackendError, match="read after it exited"):
+        ex(list(arrays))
+
+
+def test_a_cluster_barrier_some_threads_skip_is_a_deadlock(rng):
+    """Block 0's other threads wait at a block barrier for its thread 0, which waits at the
+    cluster barrier for them: nobody can move, and the emulator says so instead of hanging."""
+    outputs, arrays, _ = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    sync = "if (tx == 0 || by != 0) pn_cluster.sync(); __syncthreads();  // every"
+    ex = _broken(k, r"pn_cluster\.sync\(\);  // every", sync)
+    with pytest.raises(BackendError, match="deadlock: threads of a cluster wait at a cluster barrier"):
+        ex(list(arrays))
+
+
+def test_the_model_takes_clusters_for_long_rows_on_h100_and_not_on_a100():
+    x = pn.placeholder((64, 256000), "float32", name="x")
+    k = pn.compile(pn.nn.softmax(x), target="emulator", use_database=False)
+    (m,) = k.mappings
+    assert 2 <= m.cluster == m.split <= 16 and not m.cooperative
+    assert "clusters of" in k.explain() and "thread-block cluster" in k.explain()
+    a = pn.compile(pn.nn.softmax(x), target="emulator", use_database=False, gpu="a100")
+    assert all(m.cluster == 1 for m in a.mappings)
+
+
+def test_cluster_kernels_compile_for_sm80_and_sm90_and_use_distributed_shared_memory(rng):
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        pytest.skip(str(e))
+    outputs, _, _ = case("rms_norm", (2, 8192), "bfloat16", rng)
+    k = compile_split(outputs, 16, True, Residence.REGISTERS)
+    res = nvcc.compile_cuda(k.source)
+    assert {r.arch for r in res} == {"sm_80", "sm_90"}
+    assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in res), res
+    with tempfile.TemporaryDirectory() as tmp:  # the PTX: mapa + ld.shared::cluster, the cluster barrier
+        Path(tmp, "k.cu").write_text(k.source)
+        cmd = [nvcc.find_nvcc(), "-ptx", "-arch=sm_90", "-std=c++17", f"{tmp}/k.cu", "-o", f"{tmp}/k.ptx"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        ptx = Path(tmp, "k.ptx").read_text()
+    assert "mapa" in ptx and "ld.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+    try:
+        sass = nvcc.sass(k.source, k.mappings[0].name)
+    except BackendError:
+        return
+    assert "UCGABAR_WAIT" in sass  # the cluster barrier in the sm_90 SASS
+
+
+# -- one negative test per precondition (schedule/cluster.py) -----------------------------------
+def test_precondition_1_the_cluster_is_every_block_of_the_split(rng):
+    outputs, _, _ = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    bad = dataclasses.replace(k.schedule.kernels[0], cluster=3)  # does not divide the split of 4
+    with pytest.raises(ScheduleError, match="precondition 1"):
+        pn.compile(outputs, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
+
+
+def test_precondition_3_a_reduce_kernel_cluster_combines_rows(rng):
+    x = pn.placeholder((4096, 64), "float32", name="x")
+    y = pn.sum(x, axis=0)  # COLUMN: a block's partials are a row of outputs, not one per row
+    k = pn.compile(y, target="emulator", use_database=False, split=4)
+    (m,) = k.mappings
+    assert m.split == 4
+    bad = dataclasses.replace(m.decision, cluster=4, merges=(MergeMode.STORE,), atomic_vec=(1,))
+    with pytest.raises(ScheduleError, match="precondition 3"):
+        pn.compile(y, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
+
+
+def test_precondition_2_the_gpu_has_clusters_of_that_size(rng):
+    outputs, _, _ = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    assert A100.max_cluster == 1
+    a100 = dataclasses.replace(k.schedule, gpu=A100.name)  # the H100 schedule replayed for an A100
+    with pytest.raises(ScheduleError, match="precondition 2"):
+        pn.compile(outputs, target="emulator", gpu="a100", schedule=a100)
