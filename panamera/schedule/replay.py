@@ -70,7 +70,8 @@ def replay(
         raise ScheduleError(
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
-    if d.cooperative and d.blocks > co_resident(gpu, d.threads):
+    # split rows outside a cluster wait for each other (column partials' grid-wide wait: rule 11)
+    if d.stitched and d.split > 1 and d.cluster == 1 and d.blocks > co_resident(gpu, d.threads):
         raise ScheduleError(
             f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
             f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
