@@ -40,3 +40,28 @@ def test_router_and_baseline_plan_each_distinct_conv_once():
     build_report(opt)  # the per-node baseline plans each Conv alone: the router's figures
     assert (plans.asked, plans.planned) == (6, 2)
     assert all(r.ok for r in opt.verify())
+
+
+def test_planner_maps_each_statement_alone_once(monkeypatch):
+    """A row sum and its scaling are both a stitched candidate and an epilogue candidate: the
+    planner weighs each against the same statements mapped alone, and maps each alone once."""
+    import panamera as pn
+    from panamera.compiler import lower
+    from panamera.model.gpu import H100
+    from panamera.schedule import planner
+
+    x = pn.placeholder((64, 256), name="x")
+    y = pn.sum(x, axis=1, keepdims=True) * 2.0
+    prog = lower(y, stop_after="program", target="emulator").program
+    alone = []
+    real = planner.map_group
+
+    def counted(group, *args, **kwargs):
+        if len(group.statements) == 1 and not group.stitched and not group.epilogue:
+            alone.append((group.statements[0].name, kwargs.get("deterministic", False)))
+        return real(group, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "map_group", counted)
+    _, considered = planner.plan_groups(prog, H100)
+    assert [type(c).__name__ for c in considered] == ["Considered", "EpilogueConsidered"]
+    assert sorted(alone) == [("S0", False), ("S1", False)]  # each once, not once per candidate
