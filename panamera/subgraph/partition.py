@@ -30,7 +30,7 @@ explain` print them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -62,7 +62,8 @@ class Partition:
     library: tuple[tuple[Node, str], ...]  # nodes left to the array library, with the reason
     routes: tuple[tuple[Node, Route], ...] = ()  # every contraction the model routed, either way
     alone: tuple[str, ...] = ()  # per group: why its one data-moving node could not join others ("" if it has more)
-    plans: Plans | None = None  # the router's modeled plans (plans.py), which the report's baseline reuses
+    # the router's modeled plans (plans.py), which the report's baseline reuses: a memo, not a decision
+    plans: Plans | None = field(default=None, compare=False, repr=False)
 
     def route(self, node: Node) -> Route | None:
         """The router's decision for `node` (None when it is no routed contraction)."""
