@@ -108,7 +108,7 @@ def plan_groups(
     and replay_epilogues the epilogue groups; each must be a legal candidate (a saved schedule
     that no longer fits is refused)."""
     considered, chosen = [], []
-    by_name = {s.name: s for s in prog.statements}
+    alone = _Alone(prog, gpu)
     if replay is not None:
         legal = list(prog.stitch_candidates)
         plain = {tuple(s.name for s in c) for c in legal}
@@ -126,11 +126,7 @@ def plan_groups(
         best = map_group(stitched, gpu, split=None if stitch_split else 1)
         fused = best.cost.total_s
         whole = map_group(stitched, gpu, split=1).cost.total_s if best.split > 1 else fused
-        unfused, kernels = 0.0, 0
-        for name in names:
-            m = map_group(KernelGroup((by_name[name],)), gpu)
-            unfused += m.cost.total_s
-            kernels += 1
+        unfused, kernels = sum(alone(name) for name in names), len(names)
         take = fused < unfused
         considered.append(
             Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6, cluster=best.cluster)
@@ -138,7 +134,7 @@ def plan_groups(
         if take:
             chosen.append(tuple(cand))
     if replay is None:
-        epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic) if allow_stitch else []
+        epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic, alone) if allow_stitch else []
         if columns and allow_stitch:
             chosen = _plan_columns(prog, gpu, considered, chosen, epilogues, deterministic, stitch_split)
     if not chosen and not epilogues:
@@ -170,6 +166,23 @@ def _plan_columns(prog: Program, gpu: GPUSpec, considered: list, chosen: list, e
     return out
 
 
+class _Alone:
+    """The modeled seconds of each statement of one program mapped alone (its own kernel), each
+    mapped once however many stitched and epilogue candidates hold it."""
+
+    def __init__(self, prog: Program, gpu: GPUSpec):
+        self.gpu = gpu
+        self.by_name = {s.name: s for s in prog.statements}
+        self.memo: dict[tuple[str, bool], float] = {}
+
+    def __call__(self, name: str, deterministic: bool = False) -> float:
+        key = (name, deterministic)
+        if key not in self.memo:
+            group = KernelGroup((self.by_name[name],))
+            self.memo[key] = map_group(group, self.gpu, deterministic=deterministic).cost.total_s
+        return self.memo[key]
+
+
 def _replayed(candidates, names_list, what: str) -> list:
     """The legal groups a schedule names, in its order; a name list that is no legal group is a
     ScheduleError (`what` is the message, `{}` the group)."""
@@ -185,10 +198,11 @@ def _replayed(candidates, names_list, what: str) -> list:
     return out
 
 
-def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list, deterministic: bool) -> list:
+def _plan_epilogues(
+    prog: Program, gpu: GPUSpec, considered: list, chosen: list, deterministic: bool, alone: _Alone
+) -> list:
     """The epilogue groups the model prefers (updates `considered` and `chosen` in place: a
     stitched group of the same statements that loses to its epilogue group is dropped)."""
-    by_name = {s.name: s for s in prog.statements}
     out = []
     for cand in prog.epilogue_candidates:
         names = tuple(s.name for s in cand)
@@ -199,9 +213,7 @@ def _plan_epilogues(prog: Program, gpu: GPUSpec, considered: list, chosen: list,
         group = KernelGroup(tuple(cand), external=external_results(cand, prog.statements, prog.outputs), epilogue=True)
         m = map_group(group, gpu, deterministic=deterministic)
         fused = m.cost.total_s
-        unfused = sum(
-            map_group(KernelGroup((by_name[n],)), gpu, deterministic=deterministic).cost.total_s for n in names
-        )
+        unfused = sum(alone(n, deterministic) for n in names)
         stitched = considered[same].stitched_us * 1e-6 if same is not None else 0.0
         take = fused < unfused and (same is None or fused < stitched)
         if take and rival:

@@ -37,6 +37,7 @@ from .convert import VIEWS
 from .library import LibraryNode, to_host
 from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import Partition, graph, partition
+from .plans import Plans
 from .route import Routing
 from .verify import Check, Reference, random_inputs, verify_values
 
@@ -132,19 +133,19 @@ def plan_and_run(target: str) -> tuple[str, bool]:
     return target, False
 
 
-def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec) -> tuple[float, int]:
+def unfused_baseline(model: OnnxModel, sg: Subgraph, gpu: GPUSpec, plans: Plans | None = None) -> tuple[float, int]:
     """Modeled µs and launches of the same nodes run one kernel per ONNX node (views free),
     each reading its inputs from and writing its outputs to DRAM: what a runtime without
-    cross-op fusion does."""
+    cross-op fusion does. `plans` (plans.py: the partition's, on `gpu`) gives the figures of a
+    node the router or an earlier baseline already planned, under any name."""
+    plans = Plans(gpu) if plans is None or plans.gpu != gpu else plans
     us, launches = 0.0, 0
     for n in sg.nodes:
         if n.op_type in VIEWS:
             continue
-        outs = tuple(o for o in n.outputs if o)
-        _, tensors, _, _ = build_subgraph_tensors(model, (n,), outs)
-        c = pn_compile(tensors, target="emulator", gpu=gpu)
-        us += c.plan.modeled_us
-        launches += len(c.plan.per_call)
+        fig = plans.figures(model, (n,), tuple(o for o in n.outputs if o))
+        us += fig.modeled_us
+        launches += fig.launches
     return us, launches
 
 

@@ -30,7 +30,7 @@ explain` print them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -39,6 +39,7 @@ from .build import QUANTIZED
 from .convert import CONVERTERS, VIEWS
 from .library import ARRAY_OPS
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
+from .plans import Plans
 from .route import ROUTED, Route, Routing, Runner, route_contraction
 
 # The ops Panamera takes: those it has a converter for (when their values fit, see why_library).
@@ -61,6 +62,8 @@ class Partition:
     library: tuple[tuple[Node, str], ...]  # nodes left to the array library, with the reason
     routes: tuple[tuple[Node, Route], ...] = ()  # every contraction the model routed, either way
     alone: tuple[str, ...] = ()  # per group: why its one data-moving node could not join others ("" if it has more)
+    # the router's modeled plans (plans.py), which the report's baseline reuses: a memo, not a decision
+    plans: Plans | None = field(default=None, compare=False, repr=False)
 
     def route(self, node: Node) -> Route | None:
         """The router's decision for `node` (None when it is no routed contraction)."""
@@ -115,8 +118,9 @@ def partition(
     (`routing` may pin the side instead)."""
     g = graph(model)
     reasons = {n.index: why_library(n, model) for n in model.nodes}
+    plans = Plans(gpu)
     routes = tuple(
-        (n, route_contraction(model, n, gpu, lambda m: reasons[m.index] is None, routing))
+        (n, route_contraction(model, n, gpu, lambda m: reasons[m.index] is None, routing, plans))
         for n in model.nodes
         if n.op_type in ROUTED and reasons[n.index] is None
     )
@@ -140,7 +144,7 @@ def partition(
             groups.append(nodes)
     library += [(by_index[k], r) for k, r in reasons.items() if r is not None]
     alone = tuple(why_alone(g, model, groups, k, {n.index for n, _ in library}) for k in range(len(groups)))
-    return Partition(tuple(groups), tuple(sorted(library, key=lambda nr: nr[0].index)), routes, alone)
+    return Partition(tuple(groups), tuple(sorted(library, key=lambda nr: nr[0].index)), routes, alone, plans)
 
 
 def _names(nodes) -> str:

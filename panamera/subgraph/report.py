@@ -30,6 +30,7 @@ from .deploy import write_deployable
 from .library import LibraryNode
 from .model import Node, OnnxModel
 from .optimizer import OptimizedModel, Subgraph, unfused_baseline
+from .plans import Plans
 
 # FP32 lanes per SM [spec]: NVIDIA's Hopper (H100 SXM5), Ampere GA100 and Volta V100 whitepapers.
 FP32_LANES_PER_SM = {"H100-SXM5": 128, "A100-SXM4-80GB": 64, "V100-SXM2": 64}
@@ -81,6 +82,11 @@ def roofline_us(model: OnnxModel, node: Node, gpu: GPUSpec) -> tuple[float, int]
     return t * 1e6, 1
 
 
+def _plans(opt: OptimizedModel) -> Plans | None:
+    """The router's plans (the partition's memo), which the per-node baseline reuses."""
+    return opt.partition.plans if opt.partition is not None else None
+
+
 def whole_model(opt: OptimizedModel, unfused: dict | None = None) -> dict:
     """The whole model's modeled time and launches, Panamera's plan against one kernel per ONNX
     node (`unfused`: subgraph id -> (us, launches), computed here if not given)."""
@@ -88,7 +94,9 @@ def whole_model(opt: OptimizedModel, unfused: dict | None = None) -> dict:
     launches = base_launches = 0
     for u in opt.units:
         if isinstance(u, Subgraph):
-            us, n = unfused[u.id] if unfused and u.id in unfused else unfused_baseline(opt.model, u, opt.gpu)
+            us, n = (
+                unfused[u.id] if unfused and u.id in unfused else unfused_baseline(opt.model, u, opt.gpu, _plans(opt))
+            )
             fused_us += u.compiled.plan.modeled_us
             launches += len(u.compiled.plan.per_call)
             base_us += us
@@ -160,7 +168,8 @@ def build_report(opt: OptimizedModel, cu_paths: dict | None = None) -> dict:
     """The report of `opt` as a JSON-able dict (`cu_paths`: subgraph id -> its kernel file)."""
     cu_paths = cu_paths or {}
     todo = logs.each(opt.subgraphs, "unfused baseline", logs.get("onnx"), lambda sg: sg.label)
-    unfused = {sg.id: unfused_baseline(opt.model, sg, opt.gpu) for sg in todo}
+    plans = _plans(opt)
+    unfused = {sg.id: unfused_baseline(opt.model, sg, opt.gpu, plans) for sg in todo}
     subgraphs = [_subgraph_record(opt, sg, cu_paths.get(sg.id), unfused[sg.id]) for sg in opt.subgraphs]
     return {
         "model": opt.model.path,

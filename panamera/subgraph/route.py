@@ -41,12 +41,11 @@ from enum import Enum
 
 import numpy as np
 
-from .. import compile as pn_compile
 from ..errors import PanameraError
 from ..model.gpu import GPUSpec
 from ..model.library import library_matmul
-from .build import build_subgraph_tensors
 from .model import Node, OnnxModel
+from .plans import Plans
 
 # The contraction ops the router decides (the rest of the compute-bound ops stay with the library).
 ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv"})
@@ -170,22 +169,20 @@ def neighbours(
     return tuple(sorted(pro, key=lambda n: n.index)), tuple(epi)
 
 
-def _plan(model: OnnxModel, nodes: tuple[Node, ...], gpu: GPUSpec, outputs: tuple[str, ...]):
-    """The modeled plan of `nodes` as one Panamera program with `outputs`."""
-    _, tensors, _, _ = build_subgraph_tensors(model, nodes, outputs)
-    return pn_compile(tensors, target="emulator", gpu=gpu).plan
-
-
 def route_contraction(
     model: OnnxModel,
     node: Node,
     gpu: GPUSpec,
     takes: Callable[[Node], bool] = lambda n: False,
     routing: Routing = Routing.MODEL,
+    plans: Plans | None = None,
 ) -> Route:
     """Panamera's modeled plan of `node` with its element-wise neighbours (those `takes` accepts)
     against the library's roofline on `gpu` plus those neighbours planned alone; the faster runs
-    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library)."""
+    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library).
+    `plans` (plans.py, on `gpu`): the memo shared by every route of one partition, so that a
+    program repeated under other names (a repeated block) is planned once."""
+    plans = Plans(gpu) if plans is None else plans
     shape = contraction_shape(model, node)
     m, n, k, batch = shape
     dtype = model.values[node.inputs[0]].dtype or "int8"
@@ -196,16 +193,16 @@ def route_contraction(
     outs = tuple(o for o in last.outputs if o)
     names = tuple(f"{x.op_type} {x.label}" for x in pro + epi)
     try:
-        plan = _plan(model, (*pro, node, *epi), gpu, outs)
+        plan = plans.figures(model, (*pro, node, *epi), outs)
         alone = 0.0
         if pro:  # the prologue alone writes the operands the library reads
             fed = tuple(i for i in node.inputs if any(i in p.outputs for p in pro))
-            alone += _plan(model, pro, gpu, fed).modeled_us
+            alone += plans.figures(model, pro, fed).modeled_us
         if epi:
-            alone += _plan(model, epi, gpu, outs).modeled_us
+            alone += plans.figures(model, epi, outs).modeled_us
     except PanameraError as e:
         return Route(Runner.LIBRARY, shape, lib, None, compute_bound=bound, note=str(e))
-    split = max((ln.blocks_per_reduction for ln in plan.per_call), default=1)
+    split = plan.split
     runner = Runner.PANAMERA if plan.modeled_us < lib + alone else Runner.LIBRARY
     if routing is not Routing.MODEL:
         runner = Runner.PANAMERA if routing is Routing.PANAMERA else Runner.LIBRARY
