@@ -1,0 +1,152 @@
+"""Multi-tensor kernels: one launch over a list of tensors of different shapes.
+
+`compile_norms` plans the norms of a list of tensors (what `_foreach_norm` and
+`clip_grad_norm_`'s total norm compute) as ONE launch: the multi-tensor statement set of
+poly/multitensor.py (the union of the pieces' domains and the block-range table), rendered by
+codegen/multitensor_kernel.py, run through the same LaunchPlan and executor as every compiled
+computation. The model chooses the chunk (elements per block) from `CHUNKS`; the merge is one
+atomic per block into its piece's slot, or ordered partials when deterministic.
+
+>>> import numpy as np
+>>> k = compile_norms([(300,), (4, 5)], "float64")
+>>> total, each = k(np.ones(300), np.ones((4, 5)))
+>>> round(float(total) ** 2, 9), np.allclose(each, [300 ** 0.5, 20 ** 0.5]), k.launches
+(320.0, True, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+from .codegen.multitensor_kernel import THREADS, NormKernel, NormMerge, render_norms
+from .dtypes import as_dtype
+from .errors import DTypeError, OptionError
+from .model.gpu import H100, GPUSpec, kernel_time
+from .poly.multitensor import MultiTensorSet
+from .runtime.executor import Executor
+from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
+
+CHUNKS = (2048, 8192, 32768, 65536)  # elements per block the model chooses from (torch: 65536)
+
+
+@dataclass(frozen=True)
+class MultiTensorNorm:
+    """A compiled multi-tensor norm: `k(*tensors)` returns (the total norm, each tensor's norm)."""
+
+    set: MultiTensorSet
+    order: float
+    merge: NormMerge
+    kernel: NormKernel
+    plan: LaunchPlan
+    target: str
+    executor: Executor = field(compare=False, repr=False)
+
+    @property
+    def source(self) -> str:
+        return self.executor.source
+
+    @property
+    def launches(self) -> int:
+        """Launches per call (the first call also initialises the resident workspace)."""
+        return len(self.plan.per_call)
+
+    @property
+    def modeled_us(self) -> float:
+        return self.plan.modeled_us
+
+    def __call__(self, *arrays, order: str = "forward", seed: int = 0):
+        return tuple(self.executor(self.executor.bind(arrays, {}), order=order, seed=seed))
+
+
+def _cost(s: MultiTensorSet, merge: NormMerge, order: float, itemsize: int, gpu: GPUSpec):
+    n = sum(p.size for p in s.pieces)
+    written = (len(s.pieces) + 1) * itemsize
+    partials = s.blocks if merge is NormMerge.PARTIALS else len(s.pieces)
+    return kernel_time(
+        gpu,
+        dram_bytes=n * itemsize + written + partials * itemsize,
+        write_bytes=written,
+        blocks=s.blocks,
+        threads=THREADS,
+        bytes_in_flight_per_thread=itemsize,
+        atomics=(2 if merge is NormMerge.ATOMIC_WS else 1) * s.blocks,
+        same_address=max(s.chunks(k) for k in range(len(s.pieces))),
+        cas_atomics=s.blocks if merge is NormMerge.ATOMIC_WS and abs(order) == math.inf else 0,
+        fp32_ops=2.0 * n if itemsize == 4 else 0.0,
+        fp64_ops=2.0 * n if itemsize == 8 else 0.0,
+        atomic_dtype="float32" if itemsize == 4 else "float64",
+    )
+
+
+def compile_norms(
+    shapes,
+    dtype: str,
+    order: float = 2.0,
+    deterministic: bool = False,
+    target: str = "emulator",
+    gpu: GPUSpec = H100,
+    chunk: int | None = None,
+) -> MultiTensorNorm:
+    """The `order`-norm of each tensor of shapes `shapes` and of all of them together, in one launch.
+
+    `chunk` pins the elements per block (else the model's choice among CHUNKS)."""
+    if dtype not in ("float32", "float64"):
+        raise DTypeError(f"multi-tensor norm: dtype {dtype!r} (float32 or float64; 16-bit lists stay eager)")
+    order = float(order)
+    if order == 0 or order != order:
+        raise OptionError(f"multi-tensor norm: order {order} (a positive order, inf or -inf)")
+    if target not in ("emulator", "cuda"):
+        raise OptionError(f"multi-tensor norm: target {target!r} ('emulator' or 'cuda')")
+    shapes = [tuple(int(d) for d in sh) for sh in shapes]
+    sizes = [(f"t{k}", math.prod(sh)) for k, sh in enumerate(shapes)]
+    merge = NormMerge.PARTIALS if deterministic else NormMerge.ATOMIC_WS
+    dt = as_dtype(dtype)
+    candidates = [chunk] if chunk is not None else list(CHUNKS)
+    sets = [MultiTensorSet.of(sizes, dtype, c) for c in candidates]
+    costs = [_cost(s, merge, order, dt.itemsize, gpu) for s in sets]
+    best = min(range(len(sets)), key=lambda i: (costs[i].total_s, -candidates[i]))
+    s, cost = sets[best], costs[best]
+    digest = hashlib.sha1(repr((sizes, dtype, order, merge, s.chunk)).encode()).hexdigest()[:8]
+    kern = render_norms(f"pn_mt_norm_{digest}", s, order, merge)
+    from .codegen.header import prelude
+    from .codegen.islast import HELPERS
+
+    body = HELPERS + kern.init_source + kern.source
+    source = prelude(body) + body
+    ws_role = BufferRole.WORKSPACE if merge is NormMerge.ATOMIC_WS else BufferRole.PARTIALS
+    buffers = {
+        f"in:{k}": BufferSpec(f"in:{k}", dt.c_type, dt, n, BufferRole.INPUT, f"in{k}", uid=k)
+        for k, (_, n) in enumerate(sizes)
+    }
+    buffers["out:each"] = BufferSpec("out:each", dt.c_type, dt, len(sizes), BufferRole.OUTPUT, "each")
+    buffers["out:total"] = BufferSpec("out:total", dt.c_type, dt, 1, BufferRole.OUTPUT, "total")
+    buffers["ws"] = BufferSpec("ws", dt.c_type, dt, kern.ws_size, ws_role, "ws")
+    buffers["cnt"] = BufferSpec("cnt", "unsigned", None, 1, BufferRole.COUNTER, "pn_counter")
+    args = tuple(("buf", f"in:{k}") for k in range(len(sizes))) + (
+        ("buf", "out:each"),
+        ("buf", "out:total"),
+        ("buf", "ws"),
+        ("buf", "cnt"),
+    )
+    init = Launch(kern.init_name, (1, 1, 1), (THREADS, 1, 1), (("buf", "ws"), ("buf", "cnt")), LaunchRole.INIT_ONCE)
+    main = Launch(
+        kern.name,
+        (s.blocks, 1, 1),
+        (THREADS, 1, 1),
+        args,
+        LaunchRole.REDUCE,
+        form="MULTI_TENSOR",
+        atomic_outputs=(("ws", 0.0),) if merge is NormMerge.ATOMIC_WS else (),
+        bytes_read=sum(n for _, n in sizes) * dt.itemsize,
+        bytes_written=(len(sizes) + 1) * dt.itemsize,
+        mapping=f"MULTI_TENSOR pieces={len(sizes)} chunk={s.chunk} blocks={s.blocks} merge={merge}",
+        modeled_us=cost.total_s * 1e6,
+        cost_features=cost.features,
+    )
+    inputs = tuple(InputSpec(f"t{k}", f"in:{k}", sh, dt, dt.itemsize) for k, sh in enumerate(shapes))
+    results = (ResultSpec((), 1, "out:total"), ResultSpec((len(sizes),), len(sizes), "out:each"))
+    plan = LaunchPlan((init, main), buffers, inputs, results)
+    signatures = ((kern.init_name, kern.init_signature), (kern.name, kern.signature))
+    return MultiTensorNorm(s, order, merge, kern, plan, target, Executor(plan, source, signatures, target))
