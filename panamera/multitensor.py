@@ -57,7 +57,9 @@ class MultiTensorNorm:
         return self.plan.modeled_us
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0):
-        return tuple(self.executor(self.executor.bind(arrays, {}), order=order, seed=seed))
+        scalars, each = self.executor(self.executor.bind(arrays, {}), order=order, seed=seed)
+        split = [scalars[i : i + 1].reshape(()) for i in range(scalars.shape[0])]
+        return (split[0], each, *split[1:])
 
 
 def _cost(s: MultiTensorSet, merge: NormMerge, order: float, itemsize: int, gpu: GPUSpec):
@@ -88,10 +90,13 @@ def compile_norms(
     target: str = "emulator",
     gpu: GPUSpec = H100,
     chunk: int | None = None,
+    epilogues: tuple[str, ...] = (),
 ) -> MultiTensorNorm:
     """The `order`-norm of each tensor of shapes `shapes` and of all of them together, in one launch.
 
-    `chunk` pins the elements per block (else the model's choice among CHUNKS)."""
+    `chunk` pins the elements per block (else the model's choice among CHUNKS); `epilogues` are
+    scalar C expressions of the total `tn` (and earlier ones `e0`, ...) the last block computes,
+    returned after the total: `k(...)` gives (total, each, e0, e1, ...)."""
     if dtype not in ("float32", "float64"):
         raise DTypeError(f"multi-tensor norm: dtype {dtype!r} (float32 or float64; 16-bit lists stay eager)")
     order = float(order)
@@ -108,8 +113,8 @@ def compile_norms(
     costs = [_cost(s, merge, order, dt.itemsize, gpu) for s in sets]
     best = min(range(len(sets)), key=lambda i: (costs[i].total_s, -candidates[i]))
     s, cost = sets[best], costs[best]
-    digest = hashlib.sha1(repr((sizes, dtype, order, merge, s.chunk)).encode()).hexdigest()[:8]
-    kern = render_norms(f"pn_mt_norm_{digest}", s, order, merge)
+    digest = hashlib.sha1(repr((sizes, dtype, order, merge, s.chunk, epilogues)).encode()).hexdigest()[:8]
+    kern = render_norms(f"pn_mt_norm_{digest}", s, order, merge, tuple(epilogues))
     from .codegen.header import prelude
     from .codegen.islast import HELPERS
 
@@ -121,7 +126,7 @@ def compile_norms(
         for k, (_, n) in enumerate(sizes)
     }
     buffers["out:each"] = BufferSpec("out:each", dt.c_type, dt, len(sizes), BufferRole.OUTPUT, "each")
-    buffers["out:total"] = BufferSpec("out:total", dt.c_type, dt, 1, BufferRole.OUTPUT, "total")
+    buffers["out:total"] = BufferSpec("out:total", dt.c_type, dt, 1 + len(epilogues), BufferRole.OUTPUT, "total")
     buffers["ws"] = BufferSpec("ws", dt.c_type, dt, kern.ws_size, ws_role, "ws")
     buffers["cnt"] = BufferSpec("cnt", "unsigned", None, 1, BufferRole.COUNTER, "pn_counter")
     args = tuple(("buf", f"in:{k}") for k in range(len(sizes))) + (
@@ -146,7 +151,8 @@ def compile_norms(
         cost_features=cost.features,
     )
     inputs = tuple(InputSpec(f"t{k}", f"in:{k}", sh, dt, dt.itemsize) for k, sh in enumerate(shapes))
-    results = (ResultSpec((), 1, "out:total"), ResultSpec((len(sizes),), len(sizes), "out:each"))
+    scalars = 1 + len(epilogues)  # the total, then each epilogue's scalar
+    results = (ResultSpec((scalars,), scalars, "out:total"), ResultSpec((len(sizes),), len(sizes), "out:each"))
     plan = LaunchPlan((init, main), buffers, inputs, results)
     signatures = ((kern.init_name, kern.init_signature), (kern.name, kern.signature))
     return MultiTensorNorm(s, order, merge, kern, plan, target, Executor(plan, source, signatures, target))

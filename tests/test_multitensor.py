@@ -136,3 +136,33 @@ def test_bad_options():
         compile_norms([(4,)], "float16")
     with pytest.raises(OptionError, match="order 0"):
         compile_norms([(4,)], "float32", 0)
+
+
+# -- through torch.compile (torch_backend/multitensor.py) ------------------------------------------
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_foreach_norm_of_twenty_tensors_is_one_launch_in_torch(rng, deterministic):
+    """`_foreach_norm` alone (it stayed eager before: no Panamera formulation): one multi-tensor
+    launch, float64 against eager. (The total norm: tests/test_torch_training_ops.py, clip.)"""
+    import warnings
+
+    import torch
+
+    import panamera.torch_backend as tb
+
+    ts = [torch.from_numpy(x) for x in _arrays(rng, np.float64)]
+
+    def norms(ts):
+        return torch._foreach_norm(ts, 2.0)
+
+    tb.reset_stats()
+    f = torch.compile(norms, backend="panamera", options={"target": "emulator", "deterministic": deterministic})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        each = f(ts)
+    ref_each = norms(ts)
+    eps = np.finfo(np.float64).eps
+    n = sum(t.numel() for t in ts)
+    torch.testing.assert_close(torch.stack(list(each)), torch.stack(list(ref_each)), rtol=4 * n * eps, atol=0)
+    (r,) = tb.stats().reports
+    kernels = [s for s in r.subgraphs if s.kernels]
+    assert sum(s.kernels for s in kernels) == 1 and not r.eager, (r.subgraphs, r.eager)

@@ -83,8 +83,13 @@ def _ops(order: float, c: str) -> tuple[str, str, str]:
     return "pn_op_sum", f"pow{suffix}(x, ({c}){order!r})", f"pow{suffix}(v, ({c})1 / ({c}){order!r})"
 
 
-def render_norms(name: str, s: MultiTensorSet, order: float, merge: NormMerge) -> NormKernel:
-    """The norm kernel of every piece of `s` and the total, merged by `merge`."""
+def render_norms(
+    name: str, s: MultiTensorSet, order: float, merge: NormMerge, epilogues: tuple[str, ...] = ()
+) -> NormKernel:
+    """The norm kernel of every piece of `s` and the total, merged by `merge`. `epilogues`: C
+    expressions of scalars the last block computes once the total `tn` is final (each may read
+    `tn` and the earlier ones, `e0`, `e1`, ...: clip_grad_norm_'s coefficient), stored after the
+    total in `total[1 + i]`."""
     c = CTYPES[s.pieces[0].dtype]
     op, fold, finish = _ops(order, c)
     suffix = "f" if c == "float" else ""
@@ -143,7 +148,12 @@ def render_norms(name: str, s: MultiTensorSet, order: float, merge: NormMerge) -
         "    }",
         f"    t = pn_reduce_x<{op}, {THREADS}, 1>(t, pn_smem);",
         "    if (tx == 0) {",
-        f"      {{ const {c} v = t; total[0] = {finish}; }}",
+        f"      const {c} v = t, tn = {finish};",
+        "      total[0] = tn;",
+        *(
+            f"      const {c} e{i} = ({c})({e}); total[{i + 1}] = e{i};  // an epilogue of the total"
+            for i, e in enumerate(epilogues)
+        ),
         "      pn_counter[0] = 0u;  // resident: ready for the next call",
         "    }",
         "  }",

@@ -24,6 +24,7 @@ import panamera as pn
 from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
+from .multitensor import lower_norms
 
 PREFIX = "panamera_"
 aten = torch.ops.aten
@@ -248,6 +249,9 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
     graph module, a report per partition and every op left to eager PyTorch with its reason."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
+    multi = [
+        SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lower_norms(gm, target, deterministic)
+    ]  # one multi-tensor launch
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
     eager = [
@@ -256,9 +260,9 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         if n.op == "call_function" and n.target is not operator.getitem and n not in inside
     ]
     if not parts:
-        return gm, [], tuple(eager)
+        return gm, multi, tuple(eager)
     fused = partitioner.fuse_partitions(parts, prefix=PREFIX)
-    reports = []
+    reports = multi
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith(PREFIX):
             continue
