@@ -20,7 +20,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from .codegen.multitensor_kernel import THREADS, NormKernel, NormMerge, render_norms
+from .codegen.multitensor_kernel import THREADS, MapList, NormKernel, NormMerge, map_signature, render_map, render_norms
 from .dtypes import as_dtype
 from .errors import DTypeError, OptionError
 from .model.gpu import H100, GPUSpec, kernel_time
@@ -156,3 +156,121 @@ def compile_norms(
     plan = LaunchPlan((init, main), buffers, inputs, results)
     signatures = ((kern.init_name, kern.init_signature), (kern.name, kern.signature))
     return MultiTensorNorm(s, order, merge, kern, plan, target, Executor(plan, source, signatures, target))
+
+
+CTYPE_DTYPES = {"float": "float32", "double": "float64"}
+
+
+@dataclass(frozen=True)
+class MultiTensorMap:
+    """A compiled element-wise multi-tensor statement set: `k(*inputs)` takes every input list's
+    pieces (list by list) and returns every output list's pieces (list by list), in ONE launch."""
+
+    set: MultiTensorSet
+    lists: tuple[MapList, ...]
+    plan: LaunchPlan
+    target: str
+    executor: Executor = field(compare=False, repr=False)
+
+    @property
+    def source(self) -> str:
+        return self.executor.source
+
+    @property
+    def launches(self) -> int:
+        return len(self.plan.per_call)
+
+    @property
+    def modeled_us(self) -> float:
+        return self.plan.modeled_us
+
+    def __call__(self, *arrays, order: str = "forward", seed: int = 0):
+        return tuple(self.executor(self.executor.bind(arrays, {}), order=order, seed=seed))
+
+
+def compile_map(
+    shapes, lists, target: str = "emulator", gpu: GPUSpec = H100, chunk: int | None = None
+) -> MultiTensorMap:
+    """One element-wise launch over pieces of shapes `shapes` and the lists `lists` (MapList:
+    inputs, expressions, outputs), e.g. an AdamW step over params, grads and states.
+
+    >>> import numpy as np
+    >>> from panamera.codegen.multitensor_kernel import MapList as L
+    >>> k = compile_map([(3,), (2, 2)], [L("p", "double"), L("g", "double"), L("r", "double", expr="p - 0.5 * g", output=True)])
+    >>> [a.tolist() for a in k(np.ones(3), np.ones((2, 2)), np.ones(3), np.ones((2, 2)))]
+    [[0.5, 0.5, 0.5], [[0.5, 0.5], [0.5, 0.5]]]
+    """
+    if target not in ("emulator", "cuda"):
+        raise OptionError(f"multi-tensor map: target {target!r} ('emulator' or 'cuda')")
+    lists = tuple(lists)
+    for m in lists:
+        if m.ctype not in CTYPE_DTYPES:
+            raise DTypeError(f"multi-tensor map: list {m.name!r} of C type {m.ctype!r} (float or double)")
+    shapes = [tuple(int(d) for d in sh) for sh in shapes]
+    sizes = [(f"t{k}", math.prod(sh)) for k, sh in enumerate(shapes)]
+    ins, outs = [m for m in lists if m.expr is None], [m for m in lists if m.output]
+    pointers = len(ins) + len(outs)
+    elem = [m for m in ins + outs if not m.scalar]
+    candidates = [chunk] if chunk is not None else list(CHUNKS)
+    # every list's pieces share the element set's block table (precondition 6: the lists are aligned)
+    sets = [MultiTensorSet.of(sizes, "float32", c, lists=pointers, extra_params=0) for c in candidates]
+    n = sum(sz for _, sz in sizes)
+    item = {m.name: CTYPE_DTYPES[m.ctype] for m in lists}
+    nbytes = sum(n * as_dtype(item[m.name]).itemsize for m in elem)
+    written = sum(n * as_dtype(item[m.name]).itemsize for m in outs if not m.scalar)
+
+    def cost(st):
+        return kernel_time(
+            gpu,
+            dram_bytes=nbytes,
+            write_bytes=written,
+            blocks=st.blocks,
+            threads=THREADS,
+            bytes_in_flight_per_thread=sum(as_dtype(item[m.name]).itemsize for m in ins if not m.scalar),
+            fp32_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "float")),
+            fp64_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "double")),
+        )
+
+    costs = [cost(st) for st in sets]
+    best = min(range(len(sets)), key=lambda i: (costs[i].total_s, -candidates[i]))
+    st, c = sets[best], costs[best]
+    digest = hashlib.sha1(repr((sizes, lists, st.chunk)).encode()).hexdigest()[:8]
+    name = f"pn_mt_map_{digest}"
+    from .codegen.header import prelude
+    from .codegen.islast import HELPERS
+
+    body = HELPERS + render_map(name, st, lists)
+    source = prelude(body) + body
+    buffers, args, inputs, results = {}, [], [], []
+    for m in ins:
+        dt = as_dtype(item[m.name])
+        for k, sh in enumerate(shapes):
+            key = f"in:{m.name}:{k}"
+            shape = () if m.scalar else sh
+            buffers[key] = BufferSpec(key, dt.c_type, dt, math.prod(shape), BufferRole.INPUT, f"{m.name}_{k}")
+            inputs.append(InputSpec(f"{m.name}{k}", key, shape, dt, dt.itemsize))
+            args.append(("buf", key))
+    for m in outs:
+        dt = as_dtype(item[m.name])
+        for k, sh in enumerate(shapes):
+            key = f"out:{m.name}:{k}"
+            shape = () if m.scalar else sh
+            buffers[key] = BufferSpec(key, dt.c_type, dt, math.prod(shape), BufferRole.OUTPUT, f"{m.name}_o{k}")
+            results.append(ResultSpec(shape, math.prod(shape), key))
+            args.append(("buf", key))
+    launch = Launch(
+        name,
+        (st.blocks, 1, 1),
+        (THREADS, 1, 1),
+        tuple(args),
+        LaunchRole.MAP,
+        form="MULTI_TENSOR",
+        bytes_read=nbytes - written,
+        bytes_written=written,
+        mapping=f"MULTI_TENSOR MAP pieces={len(sizes)} lists={len(lists)} chunk={st.chunk} blocks={st.blocks}",
+        modeled_us=c.total_s * 1e6,
+        cost_features=c.features,
+    )
+    plan = LaunchPlan((launch,), buffers, tuple(inputs), tuple(results))
+    signatures = ((name, map_signature(lists, len(sizes))),)
+    return MultiTensorMap(st, lists, plan, target, Executor(plan, source, signatures, target))

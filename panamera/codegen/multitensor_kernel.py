@@ -171,3 +171,60 @@ def render_norms(
     return NormKernel(
         name, "\n".join(body) + "\n", init_name, "\n".join(init) + "\n", sig, (f"{c}*", "unsigned*"), ws_size
     )
+
+
+@dataclass(frozen=True)
+class MapList:
+    """One list of an element-wise multi-tensor statement set (an optimizer step's params, grads,
+    states, steps). `scalar`: one value per piece (a 0-d tensor each, read at [0], broadcast over
+    the piece), else the piece's extent. `expr`: None for an input list, else the C expression of
+    its element over the earlier lists' names. `output`: written (fresh buffers, one per piece)."""
+
+    name: str
+    ctype: str
+    scalar: bool = False
+    expr: str | None = None
+    output: bool = False
+
+
+def map_signature(lists: tuple[MapList, ...], pieces: int) -> tuple[str, ...]:
+    """The kernel's parameters: every input list's pieces, then every output list's."""
+    ins = [f"const {m.ctype}*" for m in lists if m.expr is None for _ in range(pieces)]
+    return tuple(ins + [f"{m.ctype}*" for m in lists if m.output for _ in range(pieces)])
+
+
+def render_map(name: str, s: MultiTensorSet, lists: tuple[MapList, ...]) -> str:
+    """The element-wise kernel over every piece of `s`: each thread evaluates every list's
+    element at its indices of its block's chunk and stores the output lists; a scalar output
+    is stored once per piece (by the thread at index 0 of chunk 0)."""
+    k_count = len(s.pieces)
+    ins = [m for m in lists if m.expr is None]
+    outs = [m for m in lists if m.output]
+    params = [f"const {m.ctype}* __restrict__ {m.name}_{k}" for m in ins for k in range(k_count)]
+    params += [f"{m.ctype}* __restrict__ {m.name}_o{k}" for m in outs for k in range(k_count)]
+
+    def leaf(k: int) -> str:
+        ptrs = " ".join(f"{m.name}_p = {m.name}_{k};" for m in ins)
+        ptrs += " " + " ".join(f"{m.name}_q = {m.name}_o{k};" for m in outs)
+        return f"n = {s.pieces[k].size}; c = b - {s.starts[k]}; {ptrs.strip()}"
+
+    body = [
+        f'extern "C" __global__ void __launch_bounds__({THREADS}) {name}({", ".join(params)}) {{',
+        "  typedef int pn_idx;",
+        "  const pn_idx b = blockIdx.x, tx = threadIdx.x;",
+        "  pn_idx n, c;",
+        *(f"  const {m.ctype}* {m.name}_p;" for m in ins),
+        *(f"  {m.ctype}* {m.name}_q;" for m in outs),
+        "  // the block-range table (poly/multitensor.py): block b owns chunk c of piece k",
+        f"  {table_tree(s, 'b', leaf)}",
+        *(f"  const {m.ctype} {m.name} = {m.name}_p[0];  // one value per piece" for m in ins if m.scalar),
+        f"  const pn_idx end = pn_imin(n, (c + 1) * {s.chunk});",
+        f"  for (pn_idx i = c * {s.chunk} + tx; i < end; i += {THREADS}) {{",
+        *(f"    const {m.ctype} {m.name} = {m.name}_p[i];" for m in ins if not m.scalar),
+        *(f"    const {m.ctype} {m.name} = ({m.ctype})({m.expr});" for m in lists if m.expr is not None),
+        *(f"    {m.name}_q[i] = {m.name};" for m in outs if not m.scalar),
+        *(f"    if (i == 0) {m.name}_q[0] = {m.name};  // once per piece" for m in outs if m.scalar),
+        "  }",
+        "}",
+    ]
+    return "\n".join(body) + "\n"

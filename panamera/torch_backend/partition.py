@@ -24,6 +24,7 @@ import panamera as pn
 from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
+from .foreach_map import lower_foreach_maps
 from .multitensor import lower_norms
 
 PREFIX = "panamera_"
@@ -249,9 +250,8 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     """Fuse `gm`'s Panamera partitions into PanameraSubgraph modules, in place; returns the
     graph module, a report per partition and every op left to eager PyTorch with its reason."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
-    multi = [
-        SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lower_norms(gm, target, deterministic)
-    ]  # one multi-tensor launch
+    lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
+    multi = [SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lowered]
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
     eager = [
