@@ -24,7 +24,7 @@ from .codegen.multitensor_kernel import THREADS, MapList, NormKernel, NormMerge,
 from .dtypes import as_dtype
 from .errors import DTypeError, OptionError
 from .model.gpu import H100, GPUSpec, kernel_time
-from .poly.multitensor import MultiTensorSet
+from .poly.multitensor import PARAM_BYTES, POINTER_BYTES, MultiTensorSet
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 
@@ -166,7 +166,7 @@ class MultiTensorMap:
     """A compiled element-wise multi-tensor statement set: `k(*inputs)` takes every input list's
     pieces (list by list) and returns every output list's pieces (list by list), in ONE launch."""
 
-    set: MultiTensorSet
+    sets: tuple[MultiTensorSet, ...]  # one per launch (groups of pieces within the parameter space)
     lists: tuple[MapList, ...]
     plan: LaunchPlan
     target: str
@@ -192,7 +192,8 @@ def compile_map(
     shapes, lists, target: str = "emulator", gpu: GPUSpec = H100, chunk: int | None = None
 ) -> MultiTensorMap:
     """One element-wise launch over pieces of shapes `shapes` and the lists `lists` (MapList:
-    inputs, expressions, outputs), e.g. an AdamW step over params, grads and states.
+    inputs, expressions, outputs), e.g. an AdamW step over params, grads and states; one launch
+    per group of pieces whose pointers fit a kernel's parameters (torch splits its lists likewise).
 
     >>> import numpy as np
     >>> from panamera.codegen.multitensor_kernel import MapList as L
@@ -207,70 +208,75 @@ def compile_map(
         if m.ctype not in CTYPE_DTYPES:
             raise DTypeError(f"multi-tensor map: list {m.name!r} of C type {m.ctype!r} (float or double)")
     shapes = [tuple(int(d) for d in sh) for sh in shapes]
-    sizes = [(f"t{k}", math.prod(sh)) for k, sh in enumerate(shapes)]
     ins, outs = [m for m in lists if m.expr is None], [m for m in lists if m.output]
     pointers = len(ins) + len(outs)
-    elem = [m for m in ins + outs if not m.scalar]
-    candidates = [chunk] if chunk is not None else list(CHUNKS)
-    # every list's pieces share the element set's block table (precondition 6: the lists are aligned)
-    sets = [MultiTensorSet.of(sizes, "float32", c, lists=pointers, extra_params=0) for c in candidates]
-    n = sum(sz for _, sz in sizes)
-    item = {m.name: CTYPE_DTYPES[m.ctype] for m in lists}
-    nbytes = sum(n * as_dtype(item[m.name]).itemsize for m in elem)
-    written = sum(n * as_dtype(item[m.name]).itemsize for m in outs if not m.scalar)
-
-    def cost(st):
-        return kernel_time(
-            gpu,
-            dram_bytes=nbytes,
-            write_bytes=written,
-            blocks=st.blocks,
-            threads=THREADS,
-            bytes_in_flight_per_thread=sum(as_dtype(item[m.name]).itemsize for m in ins if not m.scalar),
-            fp32_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "float")),
-            fp64_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "double")),
-        )
-
-    costs = [cost(st) for st in sets]
-    best = min(range(len(sets)), key=lambda i: (costs[i].total_s, -candidates[i]))
-    st, c = sets[best], costs[best]
-    digest = hashlib.sha1(repr((sizes, lists, st.chunk)).encode()).hexdigest()[:8]
-    name = f"pn_mt_map_{digest}"
+    item = {m.name: as_dtype(CTYPE_DTYPES[m.ctype]) for m in lists}
+    # precondition 4 per launch: as torch's multi_tensor_apply, a list too long for one kernel's
+    # parameters is split into consecutive groups of pieces, one launch each
+    per = max(1, (PARAM_BYTES - 64) // (POINTER_BYTES * pointers))
+    groups = [list(range(g, min(g + per, len(shapes)))) for g in range(0, len(shapes), per)]
     from .codegen.header import prelude
     from .codegen.islast import HELPERS
 
-    body = HELPERS + render_map(name, st, lists)
+    bodies, launches, signatures, sets = [HELPERS], [], [], []
+    for gi, group in enumerate(groups):
+        sizes = [(f"t{k}", math.prod(shapes[k])) for k in group]
+        n = sum(sz for _, sz in sizes)
+        nbytes = sum(n * item[m.name].itemsize for m in ins + outs if not m.scalar)
+        written = sum(n * item[m.name].itemsize for m in outs if not m.scalar)
+
+        def cost(st, n=n, nbytes=nbytes, written=written):
+            return kernel_time(
+                gpu,
+                dram_bytes=nbytes,
+                write_bytes=written,
+                blocks=st.blocks,
+                threads=THREADS,
+                bytes_in_flight_per_thread=sum(item[m.name].itemsize for m in ins if not m.scalar),
+                fp32_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "float")),
+                fp64_ops=float(n * sum(1 for m in lists if m.expr and m.ctype == "double")),
+            )
+
+        candidates = [chunk] if chunk is not None else list(CHUNKS)
+        # every list's pieces share the element set's block table (precondition 6: the lists are aligned)
+        options = [MultiTensorSet.of(sizes, "float32", c, lists=pointers, extra_params=0) for c in candidates]
+        costs = [cost(st) for st in options]
+        best = min(range(len(options)), key=lambda i: (costs[i].total_s, -candidates[i]))
+        st, c = options[best], costs[best]
+        sets.append(st)
+        digest = hashlib.sha1(repr((sizes, lists, st.chunk)).encode()).hexdigest()[:8]
+        name = f"pn_mt_map_{digest}_{gi}"
+        bodies.append(render_map(name, st, lists))
+        keys = [f"in:{m.name}:{k}" for m in ins for k in group] + [f"out:{m.name}:{k}" for m in outs for k in group]
+        queued = 0.0 if gi == 0 else (gpu.launch_s - gpu.queued_s) * 1e6
+        launches.append(
+            Launch(
+                name,
+                (st.blocks, 1, 1),
+                (THREADS, 1, 1),
+                tuple(("buf", key) for key in keys),
+                LaunchRole.MAP,
+                form="MULTI_TENSOR",
+                bytes_read=nbytes - written,
+                bytes_written=written,
+                mapping=f"MULTI_TENSOR MAP pieces={len(sizes)} lists={len(lists)} chunk={st.chunk} blocks={st.blocks}",
+                modeled_us=c.total_s * 1e6 - queued,
+                cost_features=c.features,
+            )
+        )
+        signatures.append((name, map_signature(lists, len(group))))
+    body = "".join(bodies)
     source = prelude(body) + body
-    buffers, args, inputs, results = {}, [], [], []
+    buffers, inputs, results = {}, [], []
     for m in ins:
-        dt = as_dtype(item[m.name])
         for k, sh in enumerate(shapes):
-            key = f"in:{m.name}:{k}"
-            shape = () if m.scalar else sh
-            buffers[key] = BufferSpec(key, dt.c_type, dt, math.prod(shape), BufferRole.INPUT, f"{m.name}_{k}")
-            inputs.append(InputSpec(f"{m.name}{k}", key, shape, dt, dt.itemsize))
-            args.append(("buf", key))
+            key, shape = f"in:{m.name}:{k}", () if m.scalar else sh
+            buffers[key] = BufferSpec(key, item[m.name].c_type, item[m.name], math.prod(shape), BufferRole.INPUT)
+            inputs.append(InputSpec(f"{m.name}{k}", key, shape, item[m.name], item[m.name].itemsize))
     for m in outs:
-        dt = as_dtype(item[m.name])
         for k, sh in enumerate(shapes):
-            key = f"out:{m.name}:{k}"
-            shape = () if m.scalar else sh
-            buffers[key] = BufferSpec(key, dt.c_type, dt, math.prod(shape), BufferRole.OUTPUT, f"{m.name}_o{k}")
+            key, shape = f"out:{m.name}:{k}", () if m.scalar else sh
+            buffers[key] = BufferSpec(key, item[m.name].c_type, item[m.name], math.prod(shape), BufferRole.OUTPUT)
             results.append(ResultSpec(shape, math.prod(shape), key))
-            args.append(("buf", key))
-    launch = Launch(
-        name,
-        (st.blocks, 1, 1),
-        (THREADS, 1, 1),
-        tuple(args),
-        LaunchRole.MAP,
-        form="MULTI_TENSOR",
-        bytes_read=nbytes - written,
-        bytes_written=written,
-        mapping=f"MULTI_TENSOR MAP pieces={len(sizes)} lists={len(lists)} chunk={st.chunk} blocks={st.blocks}",
-        modeled_us=c.total_s * 1e6,
-        cost_features=c.features,
-    )
-    plan = LaunchPlan((launch,), buffers, tuple(inputs), tuple(results))
-    signatures = ((name, map_signature(lists, len(sizes))),)
-    return MultiTensorMap(st, lists, plan, target, Executor(plan, source, signatures, target))
+    plan = LaunchPlan(tuple(launches), buffers, tuple(inputs), tuple(results))
+    return MultiTensorMap(tuple(sets), lists, plan, target, Executor(plan, source, tuple(signatures), target))

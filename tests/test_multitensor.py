@@ -39,7 +39,7 @@ def test_adamw_like_map_against_numpy(rng):
     ins["v"] = [rng.random(s) for s in shapes]
     ins["t"] = [np.array(3.0, np.float32) for _ in shapes]
     k = compile_map(shapes, ADAM, chunk=256)
-    assert k.launches == 1 and k.set.blocks == 1 + 1 + 1 + 2
+    assert k.launches == 1 and k.sets[0].blocks == 1 + 1 + 1 + 2
     out = k(*(a for n in "pgmvt" for a in ins[n]))
     t1, m1, v1, p1 = (out[j * len(shapes) : (j + 1) * len(shapes)] for j in range(4))
     eps = np.finfo(np.float64).eps
@@ -279,7 +279,6 @@ def test_foreach_map_preconditions():
             lambda a, b, c: (torch._foreach_add([a, b], 1.0), torch._foreach_add([c, b], 1.0)),
             (a, b, c),
         ),
-        "4. parameter space": (lambda *ts: torch._foreach_add(list(ts), 1.0), tuple(torch.ones(1) for _ in range(300))),
     }
     for why, (fn, args) in cases.items():
         gm = _fx(fn, *args)
@@ -288,3 +287,22 @@ def test_foreach_map_preconditions():
         assert [str(n.target) for n in gm.graph.nodes] == before, why
     ok = _fx(lambda a, b: torch._foreach_sqrt(torch._foreach_add([a, b], 1.0)), a, b)
     assert lower_foreach_maps(ok, "emulator")[0][2] == 1
+
+
+def test_foreach_map_splits_a_long_list_into_launches():
+    """300 tensors x 2 lists of pointers exceed one kernel's 4 KiB of parameters: two launches
+    (groups of 252 and 48 pieces), as torch's multi_tensor_apply splits its lists."""
+    import torch
+
+    from panamera.torch_backend.foreach_map import lower_foreach_maps
+
+    ts = [torch.full((k % 5 + 1,), float(k)) for k in range(300)]
+
+    def fn(*ts):
+        return torch._foreach_mul(list(ts), 0.5)
+
+    gm = _fx(fn, *ts)
+    ((_, _, launches, _),) = lower_foreach_maps(gm, "emulator")
+    assert launches == 2
+    for got, want in zip(gm(*ts), fn(*ts)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -16,7 +16,8 @@ does for float32/float64. Preconditions (refused: the ops stay eager, as before)
      (placeholders), or `full_like`s of one region list with one value;
   3. each list is float32/float64, and element lists are aligned with the first (piece k: one
      shape) or scalar (0-d per piece: broadcast);
-  4. the kernel's parameters fit (poly/multitensor.py precondition 4).
+A list too long for one kernel's parameters (poly/multitensor.py precondition 4) is split into
+groups of pieces, one launch each, as torch's multi_tensor_apply does.
 
 >>> FOREACH_OPS[torch.ops.aten._foreach_sqrt.default](["a"], {}, "double")
 'sqrt(a)'
