@@ -20,7 +20,16 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-from .codegen.multitensor_kernel import THREADS, MapList, NormKernel, NormMerge, map_signature, render_map, render_norms
+from .codegen.multitensor_kernel import (
+    THREADS,
+    UNROLL,
+    MapList,
+    NormKernel,
+    NormMerge,
+    map_signature,
+    render_map,
+    render_norms,
+)
 from .dtypes import as_dtype
 from .errors import DTypeError, OptionError
 from .model.gpu import H100, GPUSpec, kernel_time
@@ -72,7 +81,7 @@ def _cost(s: MultiTensorSet, merge: NormMerge, order: float, itemsize: int, gpu:
         write_bytes=written,
         blocks=s.blocks,
         threads=THREADS,
-        bytes_in_flight_per_thread=itemsize,
+        bytes_in_flight_per_thread=UNROLL * itemsize,
         atomics=(2 if merge is NormMerge.ATOMIC_WS else 1) * s.blocks,
         same_address=max(s.chunks(k) for k in range(len(s.pieces))),
         cas_atomics=s.blocks if merge is NormMerge.ATOMIC_WS and abs(order) == math.inf else 0,

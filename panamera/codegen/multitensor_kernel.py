@@ -31,6 +31,7 @@ from ..enums import StrEnum
 from ..poly.multitensor import MultiTensorSet
 
 THREADS = 256
+UNROLL = 4  # independent loads per thread per step of the norm's loop (the model: bytes in flight)
 
 
 class NormMerge(StrEnum):
@@ -126,7 +127,12 @@ def render_norms(
         f"  {lookup}",
         f"  {c} acc = {ident};",
         f"  const pn_idx end = pn_imin(n, (c + 1) * {s.chunk});",
-        f"  for (pn_idx i = c * {s.chunk} + tx; i < end; i += {THREADS}) {{",
+        f"  pn_idx i = c * {s.chunk} + tx;",
+        f"  for (; i + {(UNROLL - 1) * THREADS} < end; i += {UNROLL * THREADS}) {{  // {UNROLL} loads in flight",
+        *(f"    const {c} x{u} = p[i + {u * THREADS}];" for u in range(UNROLL)),
+        *(f"    {{ const {c} x = fabs{suffix}(x{u}); acc = {op}::apply(acc, ({c})({fold})); }}" for u in range(UNROLL)),
+        "  }",
+        f"  for (; i < end; i += {THREADS}) {{",
         f"    const {c} x = fabs{suffix}(p[i]);",
         f"    acc = {op}::apply(acc, ({c})({fold}));",
         "  }",
