@@ -24,6 +24,8 @@ import panamera as pn
 from ..errors import PanameraError
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
+from .foreach_map import lower_foreach_maps
+from .multitensor import lower_norms
 from .symbolic import (
     DynamicSubgraph,
     PerShapeSubgraph,
@@ -348,6 +350,8 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     A dynamic graph's partitions are compiled over their symbolic shapes (`_symbolic`);
     `on_specialize(name, shapes, reason)` hears of each per-shape fallback compiled at call time."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
+    lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
+    multi = [SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lowered]
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
     eager = [
@@ -359,9 +363,9 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         and not isinstance(meta(n), (torch.SymInt, int))  # a dynamic graph's arithmetic on extents
     ]
     if not parts:
-        return gm, [], tuple(eager)
+        return gm, multi, tuple(eager)
     fused = partitioner.fuse_partitions(parts, prefix=PREFIX)
-    reports = []
+    reports = multi
     for node in list(fused.graph.nodes):
         if node.op != "call_module" or not str(node.target).startswith(PREFIX):
             continue
