@@ -43,6 +43,7 @@ from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
+from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
 from .runtime import arrays as arrays_mod
@@ -470,7 +471,13 @@ def compile_symbolic(outputs, single: bool, target: str, deterministic: bool, gp
     key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), resolve_gpu(gpu)[0].name, single)
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    k = DynamicCompiled(outputs, single, str(target), deterministic, gpu, schedule)
+    fused = recognize_symbolic(tuple(outputs)) if schedule is None else None
+    if fused is not None:  # decode attention's fused plan over the symbols (dynamic_attention.py)
+        from .dynamic_attention import DynamicAttention
+
+        k = DynamicAttention(outputs, single, str(target), deterministic, gpu, fused)
+    else:
+        k = DynamicCompiled(outputs, single, str(target), deterministic, gpu, schedule)
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
