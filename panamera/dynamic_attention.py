@@ -95,6 +95,7 @@ class DynamicAttention(dynamic.DynamicCompiled):
         self._classes: dict[SizeClass, _ClassKernels] = {}
         self._lock = threading.Lock()
         self.counters = {"programs_compiled": 1, "classes_compiled": 0, "classes_planned": 0, "calls": 0}
+        self.origin = "chosen by the model"
         dynamic._count("programs_compiled")
 
     @property

@@ -63,10 +63,11 @@ class SymbolicSchedule:
     deterministic: bool
     classes: tuple[ClassPlan, ...]
     formulations: tuple[str, ...] = ()
+    subgraph: str = ""  # the program's signature where the entry is in the schedule database (schedule/database.py)
 
     def to_json(self) -> str:
         head = {"format": FORMAT, "gpu": self.gpu, "deterministic": self.deterministic,
-                "formulations": list(self.formulations)}  # fmt: skip
+                "formulations": list(self.formulations), "subgraph": self.subgraph}  # fmt: skip
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
         classes = ",\n".join(f"    {json.dumps(c.to_dict())}" for c in self.classes)
         return "{\n" + "\n".join(lines) + '\n  "classes": [\n' + classes + ("\n" if classes else "") + "  ]\n}\n"
@@ -79,7 +80,7 @@ class SymbolicSchedule:
                 raise ScheduleError(f"{where}: format {doc.get('format')!r} is not {FORMAT!r}")
             return SymbolicSchedule(
                 str(doc["gpu"]), bool(doc["deterministic"]), tuple(ClassPlan.from_dict(c) for c in doc["classes"]),
-                tuple(str(f) for f in doc.get("formulations", ())),
+                tuple(str(f) for f in doc.get("formulations", ())), str(doc.get("subgraph", "")),
             )  # fmt: skip
         except ScheduleError:
             raise
