@@ -259,15 +259,13 @@ class DynamicCompiled:
 
     def __call__(self, *arrays, **named):
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
-        or by name; the emulator's `order=` and `seed=` set its thread order (options only where
-        no input has that name)."""
+        or by name; `out=` (an array, or a tuple for several outputs, of this call's result shapes
+        and dtypes) receives the results, as numpy's; the emulator's `order=` and `seed=` set its
+        thread order (options only where no input has that name)."""
         names = [t.name for t in self.inputs]
-        if "out" in named and "out" not in names:
-            raise OptionError(
-                "out=: a symbolic program returns new arrays (out= is not supported yet); copy the result"
-            )
-        order, seed = (
-            named.pop(k) if k in named and k not in names else d for k, d in (("order", "forward"), ("seed", 0))
+        out, order, seed = (
+            named.pop(k) if k in named and k not in names else d
+            for k, d in (("out", None), ("order", "forward"), ("seed", 0))
         )
         if named:
             unknown = sorted(set(named) - set(names))
@@ -306,6 +304,8 @@ class DynamicCompiled:
                 backend = EmulatorBackend(ck.source, signatures, order, int(seed))
                 outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
         outs = arrays_mod.deliver(outs, caller)
+        if out is not None:  # numpy's out=: the results written into the caller's arrays (sizes of this call)
+            return compiler.write_out(out, list(outs), self.single)
         return outs[0] if self.single else tuple(outs)
 
     def __repr__(self) -> str:
