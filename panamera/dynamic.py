@@ -173,6 +173,9 @@ class DynamicCompiled:
             if schedule.deterministic != self.deterministic:
                 raise ScheduleError(f"schedule was made with deterministic={schedule.deterministic}")
             for p in schedule.classes:
+                if not isinstance(p, ClassPlan):
+                    raise ScheduleError(f"schedule: class {p.cls.describe()} is a fused attention's, this program "
+                                        f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
                 check_plan(self.program, p, "schedule")
                 self._plans[p.cls] = p
 
@@ -463,6 +466,17 @@ def _refuse_empty(s: PStatement) -> None:
         )
 
 
+def _program(outputs, single: bool, target: str, deterministic: bool, gpu, schedule) -> DynamicCompiled:
+    """Decode attention's fused plan over the symbols where it is legal (dynamic_attention.py) and
+    the schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    fused = recognize_symbolic(tuple(outputs))
+    if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
+        from .dynamic_attention import DynamicAttention
+
+        return DynamicAttention(outputs, single, target, deterministic, gpu, fused, schedule)
+    return DynamicCompiled(outputs, single, target, deterministic, gpu, schedule)
+
+
 def _from_database(outputs, single: bool, target: str, deterministic: bool, gpu) -> DynamicCompiled | None:
     """The program with its class plans replayed from the database entry of its signature, or
     None (no entry, or a stale one: skipped with a one-line StaleScheduleWarning)."""
@@ -474,7 +488,7 @@ def _from_database(outputs, single: bool, target: str, deterministic: bool, gpu)
                       StaleScheduleWarning, stacklevel=4)  # fmt: skip
         return None
     try:
-        k = DynamicCompiled(outputs, single, target, deterministic, gpu, entry.schedule)
+        k = _program(outputs, single, target, deterministic, gpu, entry.schedule)
     except ScheduleError as e:
         warnings.warn(f"schedules/{entry.name}: skipped ({e})", StaleScheduleWarning, stacklevel=4)
         return None
@@ -500,17 +514,11 @@ def compile_symbolic(
     key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), gpu_name, single, bool(use_database))
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    fused = recognize_symbolic(tuple(outputs)) if schedule is None else None
-    if fused is not None:  # decode attention's fused plan over the symbols (dynamic_attention.py)
-        from .dynamic_attention import DynamicAttention
-
-        k = DynamicAttention(outputs, single, str(target), deterministic, gpu, fused)
-    else:
-        k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
-            schedule is not None or deterministic
-        ) else None  # fmt: skip
-        if k is None:
-            k = DynamicCompiled(outputs, single, str(target), deterministic, gpu, schedule)
+    k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
+        schedule is not None or deterministic
+    ) else None  # fmt: skip
+    if k is None:
+        k = _program(outputs, single, str(target), deterministic, gpu, schedule)
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))

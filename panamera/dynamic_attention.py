@@ -31,12 +31,13 @@ from . import dynamic
 from .codegen import islast
 from .codegen.attention_kernel import render_attention
 from .codegen.header import prelude
-from .errors import EmptyReductionError, OptionError, ScheduleError
+from .errors import EmptyReductionError, ScheduleError
 from .frontend import symbolic
 from .model.detect import resolve as resolve_gpu
 from .poly.param_attention import SymbolicAttention
 from .runtime.plan import BufferRole
-from .schedule.param_attention import AttentionClassPlan, plan_class
+from .schedule.param_attention import AttentionClassPlan, plan_class, replay_class
+from .schedule.param_schedule import AttentionClassDecision, SymbolicSchedule
 from .schedule.size_class import SizeClass
 
 
@@ -79,7 +80,8 @@ class _ClassKernels:
 class DynamicAttention(dynamic.DynamicCompiled):
     """A symbolic fused attention: `k(q, k, v)` at any batch and key length."""
 
-    def __init__(self, outputs, single: bool, target: str, deterministic: bool, gpu, attention: SymbolicAttention):
+    def __init__(self, outputs, single: bool, target: str, deterministic: bool, gpu, attention: SymbolicAttention,
+                 schedule: SymbolicSchedule | None = None):  # fmt: skip
         if target == "auto":
             target = "cuda" if dynamic.cuda_backend.available() else "emulator"
         if target not in ("emulator", "cuda"):
@@ -95,13 +97,25 @@ class DynamicAttention(dynamic.DynamicCompiled):
         self._classes: dict[SizeClass, _ClassKernels] = {}
         self._lock = threading.Lock()
         self.counters = {"programs_compiled": 1, "classes_compiled": 0, "classes_planned": 0, "calls": 0}
-        self.origin = "chosen by the model"
+        self.origin = "chosen by the model" if schedule is None else "replayed from the given schedule"
         dynamic._count("programs_compiled")
+        if schedule is not None:
+            if schedule.gpu != self.gpu.name:
+                raise ScheduleError(f"schedule was made for {schedule.gpu}, not {self.gpu.name}")
+            if schedule.formulations != FusedProgram.formulations:
+                raise ScheduleError(f"schedule is for formulations {schedule.formulations}, the program is fused "
+                                    "attention")  # fmt: skip
+            for d in schedule.classes:
+                if not isinstance(d, AttentionClassDecision):
+                    raise ScheduleError(f"schedule: class {d.cls.describe()} plans kernels, not fused attention")
+                self._plans[d.cls] = replay_class(attention, d.cls, self.gpu, d.split, d.launches, "schedule")
 
     @property
-    def schedule(self):
-        raise OptionError("schedule: symbolic fused attention has no replayable schedule yet (its class plans are "
-                          "listed by explain())")  # fmt: skip
+    def schedule(self) -> SymbolicSchedule:
+        """Every class planned so far (its split and merge), replayable with `pn.compile(..., schedule=)`."""
+        plans = sorted(self._plans.values(), key=lambda p: p.cls.key())
+        decisions = tuple(AttentionClassDecision(p.cls, p.plan.split, p.plan.launches) for p in plans)
+        return SymbolicSchedule(self.gpu.name, self.deterministic, decisions, FusedProgram.formulations)
 
     def explain(self) -> str:
         a = self.program.attention
@@ -109,6 +123,7 @@ class DynamicAttention(dynamic.DynamicCompiled):
         lines = [
             f"symbolic program over {', '.join(self.symbols)}: 1 kernel (fused attention, q {q.shape}, k/v {k.shape})",
             "  formulations: attention=fused",
+            f"  class plans: {self.origin} (a class without one is planned by the model on first use)",
         ]
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             lines.append(f"  {'compiled' if p.cls in self._classes else 'planned'} {p.describe()}")

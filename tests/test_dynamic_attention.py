@@ -116,3 +116,21 @@ def test_nvcc_compiles_the_symbolic_kernels_of_both_merges_without_spills():
         k._classes.clear()
         assert {r.arch for r in res} == {"sm_80", "sm_90"}
         assert all(r.spill_stores == r.spill_loads == 0 and r.registers <= 128 for r in res), res
+
+
+def test_class_decisions_replay_from_json_and_are_validated(rng):
+    k = _program(batch=1)
+    for t in (3, 40):
+        k.plan(k.size_class({"T": t}))
+    _force(k, {"T": 40}, 5, 2)
+    text = k.schedule.to_json()
+    assert '"attention": {"split": 5, "launches": 2}' in text
+    r = pn.compile(k.outputs[0], target="emulator", cache=False, schedule=pn.SymbolicSchedule.from_json(text))
+    assert r.origin == "replayed from the given schedule" and r.schedule.to_json() == text
+    a, kk, vv = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 1, 16), (1, 2, 40, 16), (1, 2, 40, 16)))
+    tol = 4 * tolerance("float32", 40 * 16)
+    np.testing.assert_allclose(r(a, kk, vv), _want(a, kk, vv), rtol=tol, atol=tol)
+    assert r.stats()["classes_planned"] == 0 and len(r._classes[r.size_class({"T": 40})].kernels) == 2
+    bad = text.replace('"split": 5', '"split": 33')  # the class [32, 64) has calls with 32 keys
+    with pytest.raises(pn.ScheduleError, match="split=33 launches=2 is not legal"):
+        pn.compile(k.outputs[0], target="emulator", cache=False, schedule=pn.SymbolicSchedule.from_json(bad))

@@ -68,3 +68,15 @@ def test_a_database_off_or_a_deterministic_compile_plans_by_the_model(db, monkey
     assert k.origin == "chosen by the model"
     monkeypatch.setenv(database.ENV, "off")
     assert pn.compile(_rowsum()[0], target="emulator", gpu="h100", cache=False).origin == "chosen by the model"
+
+
+def test_a_fused_attention_entry_is_replayed(tmp_path, monkeypatch):
+    def att():
+        q = pn.placeholder((1, 4, 1, 16), name="q")
+        return [pn.nn.attention(q, *(pn.placeholder((1, 2, "T", 16), name=n) for n in ("k", "v")))]
+
+    monkeypatch.setenv(database.ENV, str(tmp_path))
+    write_symbolic(tmp_path, [H100], [SymbolicWorkload("att", att, ({"T": 5}, {"T": 300}))])
+    k = pn.compile(att()[0], target="emulator", gpu="h100", cache=False)
+    assert k.origin.startswith("from schedules/") and k.program.formulations == ("attention=fused",)
+    assert len(k.schedule.classes) == 2 and k.stats()["classes_planned"] == 0

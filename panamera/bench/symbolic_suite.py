@@ -1,6 +1,7 @@
 """Symbolic workloads of the schedule database (issue 22): one entry per program and GPU.
 
-Each workload is a symbolic program (extents named "B", "S") with the sizes whose classes the
+Each workload is a symbolic program (extents named "B", "S"; "T" the key length of decode
+attention, planned by its fused plan: panamera/dynamic_attention.py) with the sizes whose classes the
 entry pre-plans (the sweep of issue 22: sequence lengths 1 ... 8192, batch 1 ... 64, powers of
 two). `write_symbolic` plans those classes with the model (no kernel built) and writes the
 program's `SymbolicSchedule` as `<root>/<gpu>/symbolic--<name>.json`, its `subgraph` field the
@@ -9,7 +10,7 @@ it, a class it does not hold being planned by the model on first use. `panamera 
 it after the static workloads (panamera/bench/schedules.py).
 
 >>> [w.name for w in SYMBOLIC]
-['rowsum-768', 'softmax-1024', 'layer-norm-768']
+['rowsum-768', 'softmax-1024', 'layer-norm-768', 'decode-attention-12x64']
 """
 
 from __future__ import annotations
@@ -41,10 +42,17 @@ def _layer_norm():
     return [nn.layer_norm(x, g, b)]
 
 
+def _decode_attention():
+    q = P((1, 12, 1, 64), name="q")
+    k, v = (P((1, 12, "T", 64), name=n) for n in ("k", "v"))
+    return [nn.attention(q, k, v)]
+
+
 SYMBOLIC = [
     SymbolicWorkload("rowsum-768", lambda: [ops.sum(P(("B", "S", 768), name="x"), axis=-1)]),
     SymbolicWorkload("softmax-1024", lambda: [nn.softmax(P(("B", "S", 1024), name="x"))]),
     SymbolicWorkload("layer-norm-768", _layer_norm),
+    SymbolicWorkload("decode-attention-12x64", _decode_attention, tuple({"T": 2**e} for e in range(14))),
 ]
 
 

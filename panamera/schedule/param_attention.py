@@ -27,6 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.param_attention import SymbolicAttention
 from .attention import AttentionPlan, _costs, plan_attention
@@ -76,6 +77,26 @@ def plan_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec) -> AttentionC
     c = a.at(rep)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, n)
     plan = dataclasses.replace(base, split=split, launches=n, chunk=math.ceil(c.Lk / split), costs=costs)
+    return AttentionClassPlan(cls, plan, round(worst, 4))
+
+
+def replay_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec, split: int, launches: int, where: str):
+    """A saved class decision (split, merge) as the class's plan, validated: a split the class's
+    smallest key length allows (every block owns a key) and a merge that exists; else ScheduleError."""
+    k_len = a.node.inputs[1].shape[2]
+    samples = [s for s in cls.samples() if all(v > 0 for v in s.values())]
+    if not samples:
+        raise ScheduleError(f"{where}: class {cls.describe()} has no keys to plan")
+    fewest = min(symbolic_at(k_len, s) for s in samples)
+    if not 1 <= split <= fewest or launches not in (1, 2) or (split == 1 and launches != 1):
+        raise ScheduleError(f"{where}: class {cls.describe()}: split={split} launches={launches} is not legal "
+                            f"(1 <= split <= {fewest}, the class's fewest keys; launches 1, or 2 with a split)")  # fmt: skip
+    rep = cls.representative()
+    base = plan_attention(a.at(rep), gpu)
+    c = a.at(rep)
+    costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, launches)
+    worst = max(_us(a, s, gpu, base, split, launches) / plan_attention(a.at(s), gpu).modeled_us for s in samples)
+    plan = dataclasses.replace(base, split=split, launches=launches, chunk=math.ceil(c.Lk / split), costs=costs)
     return AttentionClassPlan(cls, plan, round(worst, 4))
 
 
