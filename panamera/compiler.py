@@ -651,7 +651,9 @@ def compile(  # noqa: A001
     """
     single, outs = _outputs(outputs)
     if SYMBOLIC and any(t.symbolic for t in compile_cache.placeholders(outs)):  # issue 22: dynamic shapes
-        return SYMBOLIC[0](outs, single, target, deterministic, gpu, split, schedule, cache=cache)
+        return SYMBOLIC[0](
+            outs, single, target, deterministic, gpu, split, schedule, cache=cache, use_database=use_database
+        )
     options = Options.make(target, deterministic, gpu, split, schedule)
     key = (compile_cache.graph_key(outs), compile_cache.options_key(options, use_database)) if cache else None
     hit = compile_cache.COMPILED.get(key) if cache else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,18 +38,21 @@ from .errors import (
     InputError,
     OptionError,
     ScheduleError,
+    StaleScheduleWarning,
     SymbolBindingError,
 )
 from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
+from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cuda as cuda_backend
 from .runtime import emulator
 from .runtime.param_backends import CudaBackend, EmulatorBackend
+from .schedule import database
 from .schedule.decision import MergeMode
 from .schedule.param_mapping import ParamDecision, group_name, map_group
 from .schedule.param_schedule import ClassPlan, SymbolicSchedule
@@ -161,6 +165,7 @@ class DynamicCompiled:
         self._classes: dict[SizeClass, _ClassKernels] = {}
         self._lock = threading.Lock()
         self.counters = {"programs_compiled": 1, "classes_compiled": 0, "classes_planned": 0, "calls": 0}
+        self.origin = "chosen by the model" if schedule is None else "replayed from the given schedule"
         _count("programs_compiled")
         if schedule is not None:
             if schedule.gpu != self.gpu.name:
@@ -168,6 +173,9 @@ class DynamicCompiled:
             if schedule.deterministic != self.deterministic:
                 raise ScheduleError(f"schedule was made with deterministic={schedule.deterministic}")
             for p in schedule.classes:
+                if not isinstance(p, ClassPlan):
+                    raise ScheduleError(f"schedule: class {p.cls.describe()} is a fused attention's, this program "
+                                        f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
                 check_plan(self.program, p, "schedule")
                 self._plans[p.cls] = p
 
@@ -207,6 +215,7 @@ class DynamicCompiled:
             )
         if self.program.formulations:
             lines.append(f"  formulations: {', '.join(self.program.formulations)}")
+        lines.append(f"  class plans: {self.origin} (a class without one is planned by the model on first use)")
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             compiled = "compiled" if p.cls in self._classes else "planned"
             lines.append(f"  {compiled} {p.describe()}")
@@ -253,15 +262,13 @@ class DynamicCompiled:
 
     def __call__(self, *arrays, **named):
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
-        or by name; the emulator's `order=` and `seed=` set its thread order (options only where
-        no input has that name)."""
+        or by name; `out=` (an array, or a tuple for several outputs, of this call's result shapes
+        and dtypes) receives the results, as numpy's; the emulator's `order=` and `seed=` set its
+        thread order (options only where no input has that name)."""
         names = [t.name for t in self.inputs]
-        if "out" in named and "out" not in names:
-            raise OptionError(
-                "out=: a symbolic program returns new arrays (out= is not supported yet); copy the result"
-            )
-        order, seed = (
-            named.pop(k) if k in named and k not in names else d for k, d in (("order", "forward"), ("seed", 0))
+        out, order, seed = (
+            named.pop(k) if k in named and k not in names else d
+            for k, d in (("out", None), ("order", "forward"), ("seed", 0))
         )
         if named:
             unknown = sorted(set(named) - set(names))
@@ -300,6 +307,8 @@ class DynamicCompiled:
                 backend = EmulatorBackend(ck.source, signatures, order, int(seed))
                 outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
         outs = arrays_mod.deliver(outs, caller)
+        if out is not None:  # numpy's out=: the results written into the caller's arrays (sizes of this call)
+            return compiler.write_out(out, list(outs), self.single)
         return outs[0] if self.single else tuple(outs)
 
     def __repr__(self) -> str:
@@ -457,20 +466,59 @@ def _refuse_empty(s: PStatement) -> None:
         )
 
 
+def _program(outputs, single: bool, target: str, deterministic: bool, gpu, schedule) -> DynamicCompiled:
+    """Decode attention's fused plan over the symbols where it is legal (dynamic_attention.py) and
+    the schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    fused = recognize_symbolic(tuple(outputs))
+    if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
+        from .dynamic_attention import DynamicAttention
+
+        return DynamicAttention(outputs, single, target, deterministic, gpu, fused, schedule)
+    return DynamicCompiled(outputs, single, target, deterministic, gpu, schedule)
+
+
+def _from_database(outputs, single: bool, target: str, deterministic: bool, gpu) -> DynamicCompiled | None:
+    """The program with its class plans replayed from the database entry of its signature, or
+    None (no entry, or a stale one: skipped with a one-line StaleScheduleWarning)."""
+    entry = database.lookup(database.signature(tuple(outputs)), resolve_gpu(gpu)[0].name)
+    if entry is None:
+        return None
+    if not isinstance(entry.schedule, SymbolicSchedule):
+        warnings.warn(f"schedules/{entry.name}: skipped (a static schedule for a symbolic program)",
+                      StaleScheduleWarning, stacklevel=4)  # fmt: skip
+        return None
+    try:
+        k = _program(outputs, single, target, deterministic, gpu, entry.schedule)
+    except ScheduleError as e:
+        warnings.warn(f"schedules/{entry.name}: skipped ({e})", StaleScheduleWarning, stacklevel=4)
+        return None
+    k.origin = f"from schedules/{entry.name}"
+    return k
+
+
 _PROGRAMS: dict = {}  # the in-memory cache of symbolic programs, by graph and options
 
 
-def compile_symbolic(outputs, single: bool, target: str, deterministic: bool, gpu, split, schedule, cache=True):
+def compile_symbolic(
+    outputs, single: bool, target: str, deterministic: bool, gpu, split, schedule, cache=True, use_database=True
+):
     """The compiler's entry for symbolic graphs (registered in compiler.SYMBOLIC): a program
-    compiled before (the same graph and options) is returned with its classes."""
+    compiled before (the same graph and options) is returned with its classes. A plain compile
+    (no schedule, not deterministic) replays the schedule database's entry for the program's
+    signature (schedule/database.py); a stale one is skipped with a StaleScheduleWarning."""
     if split is not None:
         raise OptionError("compile: split= is a static override; a symbolic program decides the split per size class")
     if schedule is not None and not isinstance(schedule, SymbolicSchedule):
         raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
-    key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), resolve_gpu(gpu)[0].name, single)
+    gpu_name = resolve_gpu(gpu)[0].name
+    key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), gpu_name, single, bool(use_database))
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    k = DynamicCompiled(outputs, single, str(target), deterministic, gpu, schedule)
+    k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
+        schedule is not None or deterministic
+    ) else None  # fmt: skip
+    if k is None:
+        k = _program(outputs, single, str(target), deterministic, gpu, schedule)
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))

@@ -116,6 +116,20 @@ def _recording_render_param(*args, **kw):
 
 _dynamic.render_group = _recording_render_param
 
+import panamera.dynamic_attention as _dynamic_attention  # noqa: E402  (the symbolic fused attention's kernels)
+
+_render_dyn_attention = _dynamic_attention.render_attention
+
+
+def _recording_render_dyn_attention(*args, **kw):
+    rk = _render_dyn_attention(*args, **kw)
+    # the merge kernel, where there is one, is in the same source: both renamed from the main kernel's name
+    _record("PN_KERNEL_NAME", rk.source.replace(rk.main, "PN_KERNEL_NAME"))
+    return rk
+
+
+_dynamic_attention.render_attention = _recording_render_dyn_attention
+
 
 @pytest.fixture(autouse=True)
 def _auto_is_the_emulator(request, monkeypatch):

@@ -325,15 +325,33 @@ def test_decode_attention_over_a_kv_length_symbol_compiles_once_per_class(rng):
     h, d = 4, 16
     q = pn.placeholder((1, h, 1, d), name="q")
     kv = [pn.placeholder((1, h, "T", d), name=n) for n in ("k", "v")]
-    k = pn.compile(pn.nn.attention(q, *kv), target="emulator", cache=False)
-    assert k.program.formulations == ("attention=chain",)  # the fused plan's kernel has static extents
-    assert k.program.kinds == ("single", "siblings", "single")  # the softmax statistics share one pass
+    # a consumer of the attention (fused precondition 1, poly/param_attention.py): the chain form, then the product
+    k = pn.compile(pn.nn.attention(q, *kv) * 2.0, target="emulator", cache=False)
+    assert k.program.formulations == ("attention=chain",)
+    assert k.program.kinds == ("single", "siblings", "single", "single")  # the softmax statistics share one pass
     lengths = (1, 5, 7, 9, 11, 13, 15, 300)  # odd lengths of [4, 8) and [8, 16): one class each
     for t in lengths:
         a, b, c = (rng.standard_normal(s).astype(np.float32) for s in ((1, h, 1, d), (1, h, t, d), (1, h, t, d)))
         s = a.astype(np.float64) @ b.transpose(0, 1, 3, 2) / np.sqrt(d)
         p = np.exp(s - s.max(-1, keepdims=True))
-        want = (p / p.sum(-1, keepdims=True)) @ c
-        tol = 4 * tolerance("float32", t * d)
+        want = 2.0 * (p / p.sum(-1, keepdims=True)) @ c
+        tol = 8 * tolerance("float32", t * d)
         np.testing.assert_allclose(k(a, b, c), want, rtol=tol, atol=tol)
     assert k.stats()["classes_compiled"] == len({k.size_class({"T": t}) for t in lengths}) == 4
+
+
+def test_out_receives_the_results_at_each_calls_sizes(rng):
+    x = pn.placeholder(("B", 8), name="x")
+    k = pn.compile([pn.sum(x, axis=1), x * 2.0], target="emulator", cache=False)
+    for b in (1, 5):
+        a = rng.standard_normal((b, 8)).astype(np.float32)
+        bufs = (np.zeros(b, np.float32), np.zeros((b, 8), np.float32))
+        got = k(a, out=bufs)
+        assert got[0] is bufs[0] and got[1] is bufs[1]
+        tol = 4 * tolerance("float32", 8)
+        np.testing.assert_allclose(bufs[0], a.astype(np.float64).sum(1), rtol=tol, atol=tol * np.abs(a).sum())
+        np.testing.assert_array_equal(bufs[1], a * 2.0)
+    with pytest.raises(pn.InputError, match=r"out= output 0: expected shape \(5,\)"):
+        k(a, out=(np.zeros(4, np.float32), np.zeros((5, 8), np.float32)))  # B is 5 at this call
+    with pytest.raises(pn.InputError, match="one per output"):
+        k(a, out=np.zeros(5, np.float32))

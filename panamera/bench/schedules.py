@@ -2,7 +2,8 @@
 
 Every workload of docs/WORKLOADS.md (suites single = A1, subgraphs = A2, norms = B, training = D, ...) is planned by
 the model for each GPU, and its schedule is written as `<root>/<gpu>/<suite>--<workload>.json`,
-its `subgraph` field the program's signature. `panamera schedules` (`make schedules`) runs it.
+its `subgraph` field the program's signature; then the symbolic workloads (panamera/bench/symbolic_suite.py).
+`panamera schedules` (`make schedules`) runs it.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def entry_name(w: Workload, gpu: GPUSpec) -> str:
     return f"{slug(gpu.name)}/{w.suite}--{slug(f'{w.name} {w.dtype}')}.json"
 
 
-def write_database(root: str | Path, gpus: list[GPUSpec], suites=tuple(SUITES)) -> list[Path]:
-    """Plan every workload of `suites` on every GPU with the model and write its entry."""
+def write_database(root: str | Path, gpus: list[GPUSpec], suites=tuple(SUITES), symbolic: bool = True) -> list[Path]:
+    """Plan every workload of `suites` (and the symbolic ones) on every GPU with the model and write its entry."""
     root, written = Path(root), []
     todo = [(w, gpu) for suite in suites for w in SUITES[suite]() for gpu in gpus]
     with logs.steps("schedule", len(todo), logs.get("bench")) as bar:
@@ -40,4 +41,6 @@ def write_database(root: str | Path, gpus: list[GPUSpec], suites=tuple(SUITES)) 
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(s.to_json())
             written.append(path)
-    return written
+    from .symbolic_suite import write_symbolic  # issue 22: symbolic programs' class plans
+
+    return written + (write_symbolic(root, gpus) if symbolic else [])

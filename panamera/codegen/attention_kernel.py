@@ -65,13 +65,17 @@ def _signature(specs) -> str:
     )
 
 
-def _constants(p: AttentionPlan) -> list[str]:
+def _constants(p: AttentionPlan, lk_arg: bool = False) -> list[str]:
     c = p.chain
     a = c.acc.c_type
     vals = dict(D=c.D, VEC=p.vec, LANES=p.lanes, NV=p.slots, U=p.unroll, RT=p.rows_per_tile, S=p.split,
                 CHUNK=p.chunk, G=c.G, LQ=c.Lq, ROWS=c.rows, TILES=p.row_tiles, HKV=c.Hkv, HQ=c.Hq, LK=c.Lk,
                 NG=p.groups, T=p.threads)  # fmt: skip
+    if lk_arg:  # the key length is the call's (the argument pn_LK); the chunk follows from it
+        del vals["CHUNK"], vals["LK"]
     out = [f"  constexpr int {k} = {v};" for k, v in vals.items()]
+    if lk_arg:
+        out.append("  const int LK = (int)pn_LK;")
     out.append(f"  typedef {a} acc_t;")
     out.append(f"  const acc_t scale = {literal(c.scale, c.acc)};")
     out.append("  const acc_t ninf = pn_lim<acc_t>::lowest();")
@@ -106,13 +110,26 @@ def _load(ptr: str, dst: str, vec: int) -> str:
     return f"pn_ldv({ptr}, {dst});" if vec > 1 else f"{dst}[0] = pn_ld({ptr});"
 
 
-def _main(p: AttentionPlan, name: str, specs) -> list[str]:
+def _main(p: AttentionPlan, name: str, specs, lk_arg: bool = False) -> list[str]:
     c = p.chain
     f = ONLINE_SOFTMAX_VEC.functor
     sb, sh, si, sl = c.mask_strides
+    sig = _signature(specs) + (", long long pn_LK" if lk_arg else "")
+    if lk_arg:  # the call's keys split evenly: every block owns at least one where LK >= S
+        chunk = [
+            "  const int l0 = (int)((long long)z * LK / S), l1 = (int)((long long)(z + 1) * LK / S);",
+            "  // uniform trip count: every lane of a warp reaches every shuffle",
+            "  for (int it = 0; it < (l1 - l0 + NG * U - 1) / (NG * U); ++it) {",
+        ]
+    else:
+        chunk = [
+            "  const int l0 = z * CHUNK, l1 = l0 + CHUNK < LK ? l0 + CHUNK : LK;",
+            "  // uniform trip count: every lane of a warp reaches every shuffle",
+            "  for (int it = 0; it < (CHUNK + NG * U - 1) / (NG * U); ++it) {",
+        ]
     lines = [
-        f'extern "C" __global__ void __launch_bounds__({p.threads}, {max(1, 512 // p.threads)}) {name}({_signature(specs)}) {{',
-        *_constants(p),
+        f'extern "C" __global__ void __launch_bounds__({p.threads}, {max(1, 512 // p.threads)}) {name}({sig}) {{',
+        *_constants(p, lk_arg),
         "  const int tid = threadIdx.x, lane = tid % LANES, grp = tid / LANES;",
         "  const int z = blockIdx.x % S, tile = blockIdx.x / S, bh = blockIdx.y, b = bh / HKV, hkv = bh % HKV;",
         "  const long long kbase = (long long)bh * LK * D;",
@@ -132,9 +149,7 @@ def _main(p: AttentionPlan, name: str, specs) -> list[str]:
         "      for (int e = 0; e < VEC; ++e) { qf[r][t][e] = x[e] * scale; o[r][t][e] = 0; }",
         "    }",
         "  }",
-        "  const int l0 = z * CHUNK, l1 = l0 + CHUNK < LK ? l0 + CHUNK : LK;",
-        "  // uniform trip count: every lane of a warp reaches every shuffle",
-        "  for (int it = 0; it < (CHUNK + NG * U - 1) / (NG * U); ++it) {",
+        *chunk,
         "    acc_t kf[U][NV][VEC], vf[U][NV][VEC];",
         "    #pragma unroll",
         "    for (int u = 0; u < U; ++u) {",
@@ -241,10 +256,10 @@ def _main(p: AttentionPlan, name: str, specs) -> list[str]:
     return lines
 
 
-def _merge_kernel(p: AttentionPlan, name: str, specs) -> list[str]:
+def _merge_kernel(p: AttentionPlan, name: str, specs, lk_arg: bool = False) -> list[str]:
     return [
         f'extern "C" __global__ void __launch_bounds__({p.threads}) {name}({_signature(specs)}) {{',
-        *_constants(p),
+        *[line for line in _constants(p, lk_arg) if "pn_LK" not in line],  # the merge needs no key length
         "  const int tile = blockIdx.x, bh = blockIdx.y, b = bh / HKV, hkv = bh % HKV;",
         "  const long long pbase = ((long long)bh * TILES + tile) * S;",
         *_merge_partials(p),
@@ -252,18 +267,20 @@ def _merge_kernel(p: AttentionPlan, name: str, specs) -> list[str]:
     ]
 
 
-def render_attention(p: AttentionPlan, name: str) -> AttentionKernels:
-    """The CUDA C of plan `p`, its kernels named after `name`."""
+def render_attention(p: AttentionPlan, name: str, lk_arg: bool = False) -> AttentionKernels:
+    """The CUDA C of plan `p`, its kernels named after `name`. `lk_arg`: the key length is the main
+    kernel's last argument (`long long pn_LK`, symbolic programs: panamera/dynamic_attention.py),
+    its keys divided evenly among the plan's `split` blocks; else the plan's constants."""
     io, ws = _buffers(p, name)
     main_specs = tuple(io + ws)
-    parts = ["\n".join(_main(p, name, main_specs))]
+    parts = ["\n".join(_main(p, name, main_specs, lk_arg))]
     params = {name: main_specs}
     merge = ""
     if p.split > 1 and p.launches == 2:
         merge = f"{name}_merge"
         out = [b for b in io if b.role == BufferRole.OUTPUT]
         merge_specs = tuple(out + ws)
-        parts.append("\n".join(_merge_kernel(p, merge, merge_specs)))
+        parts.append("\n".join(_merge_kernel(p, merge, merge_specs, lk_arg)))
         params[merge] = merge_specs
     init = None
     counters = [b for b in ws if b.role == BufferRole.COUNTER]

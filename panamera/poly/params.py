@@ -167,7 +167,7 @@ def _choose(outputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], tuple[str,
             k = costs.index(min(costs))  # one this path compiles, with the fewest passes
             chosen.append(f"{t.attr('formulation')}={t.attr('names')[k]}")
             memo[t.uid] = ins[k]
-        elif ins != t.inputs:
+        elif any(a is not b for a, b in zip(ins, t.inputs)):  # identity: == on Tensors builds a comparison
             memo[t.uid] = Tensor(t.op, ins, t.shape, t.dtype, t.attrs, t.name)
         else:
             memo[t.uid] = t

@@ -9,7 +9,10 @@ longer validate against the program) is never a wrong kernel: it is skipped with
 `StaleScheduleWarning` and the model plans instead.
 
 Entries are made by `panamera schedules` (`make schedules`): every workload of docs/WORKLOADS.md
-(A1, A2, B) planned by the model for each GPU. The database answers only plain compiles (no
+(A1, A2, B) planned by the model for each GPU, and the symbolic workloads of
+panamera/bench/symbolic_suite.py (issue 22: a `SymbolicSchedule` whose `subgraph` is the signature of the
+symbolic program, a symbolic extent written by its symbols; its class plans are replayed and
+validated by panamera/dynamic.py, a stale one skipped with the same warning). The database answers only plain compiles (no
 `split`, not `deterministic`, no explicit `schedule`); `PANAMERA_SCHEDULES` names another
 directory, or `off`. The shipped directory is found with `importlib.resources`, so an installed
 package and a source tree consult the same entries.
@@ -38,6 +41,8 @@ from ..algebra import Combiner, Finish
 from ..dtypes import DType
 from ..errors import ScheduleError, StaleScheduleWarning
 from ..frontend.tensor import Tensor, topological
+from .param_schedule import FORMAT as SYMBOLIC_FORMAT
+from .param_schedule import SymbolicSchedule
 from .saved import Schedule
 
 ENV = "PANAMERA_SCHEDULES"
@@ -73,7 +78,8 @@ def signature(outputs: tuple[Tensor, ...]) -> str:
     nodes = []
     for t in topological(outputs):  # numbered in post order
         attrs = [[k, _canonical(v)] for k, v in t.attrs]
-        nodes.append([t.op, list(t.shape), t.dtype.name, attrs, [index[i.uid] for i in t.inputs]])
+        shape = [e if isinstance(e, int) else str(e) for e in t.shape]  # a symbolic extent by its symbols: "2*B*S"
+        nodes.append([t.op, shape, t.dtype.name, attrs, [index[i.uid] for i in t.inputs]])
         index[t.uid] = len(nodes) - 1
     roots = [index[o.uid] for o in outputs]
     text = json.dumps([nodes, roots], separators=(",", ":"))
@@ -83,7 +89,7 @@ def signature(outputs: tuple[Tensor, ...]) -> str:
 @dataclass(frozen=True)
 class Entry:
     name: str  # relative to the database directory, e.g. "h100/single--sum-all-128-float32.json"
-    schedule: Schedule
+    schedule: Schedule | SymbolicSchedule  # a symbolic program's (issue 22): its class plans
 
 
 def directory() -> Path | None:
@@ -108,10 +114,14 @@ def _index(root: Path) -> dict[tuple[str, str], Entry]:
     return out
 
 
-def _read_entry(path: Path, where: str) -> Schedule | None:
-    """The schedule in `path`, or None (with a notice) when the file is not a readable one."""
+def _read_entry(path: Path, where: str) -> Schedule | SymbolicSchedule | None:
+    """The schedule in `path` (a static or a symbolic one, by its format), or None (with a
+    notice) when the file is not a readable one."""
     try:
-        return Schedule.from_json(path.read_bytes().decode("utf-8"), where)
+        text = path.read_bytes().decode("utf-8")
+        if _format_of(text) == SYMBOLIC_FORMAT:
+            return SymbolicSchedule.from_json(text, where)
+        return Schedule.from_json(text, where)
     except UnicodeDecodeError as e:
         why = f"{where}: not UTF-8 text (byte {e.start})"
     except OSError as e:
@@ -123,6 +133,15 @@ def _read_entry(path: Path, where: str) -> Schedule | None:
     why = why.splitlines()[0] if why else where
     warnings.warn(f"schedule database: skipped ({why})", StaleScheduleWarning, stacklevel=4)
     return None
+
+
+def _format_of(text: str):
+    """The "format" field of a JSON object, or None (Schedule.from_json then says what is wrong)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
 
 
 def lookup(sig: str, gpu: str) -> Entry | None:

@@ -52,6 +52,32 @@ class ClassPlan:
 
 
 @dataclass(frozen=True)
+class AttentionClassDecision:
+    """One size class of a symbolic fused attention (schedule/param_attention.py): its key split
+    and merge (the block shape follows from the static extents); validated on replay by
+    panamera/dynamic_attention.py."""
+
+    cls: SizeClass
+    split: int
+    launches: int
+
+    def describe(self) -> str:
+        return f"class {self.cls.describe()}: fused attention split={self.split} launches={self.launches}"
+
+    def to_dict(self) -> dict:
+        return {"class": self.cls.key(), "attention": {"split": self.split, "launches": self.launches}}
+
+    @staticmethod
+    def from_dict(d: dict) -> AttentionClassDecision:
+        a = d["attention"]
+        return AttentionClassDecision(SizeClass.from_key(str(d["class"])), int(a["split"]), int(a["launches"]))
+
+
+def _class_from_dict(d: dict) -> ClassPlan | AttentionClassDecision:
+    return AttentionClassDecision.from_dict(d) if "attention" in d else ClassPlan.from_dict(d)
+
+
+@dataclass(frozen=True)
 class SymbolicSchedule:
     """The class plans of a symbolic program, serialized; `pn.compile(y, schedule=s)` replays them.
 
@@ -61,12 +87,13 @@ class SymbolicSchedule:
 
     gpu: str
     deterministic: bool
-    classes: tuple[ClassPlan, ...]
+    classes: tuple[ClassPlan | AttentionClassDecision, ...]  # the latter for a fused attention's program
     formulations: tuple[str, ...] = ()
+    subgraph: str = ""  # the program's signature where the entry is in the schedule database (schedule/database.py)
 
     def to_json(self) -> str:
         head = {"format": FORMAT, "gpu": self.gpu, "deterministic": self.deterministic,
-                "formulations": list(self.formulations)}  # fmt: skip
+                "formulations": list(self.formulations), "subgraph": self.subgraph}  # fmt: skip
         lines = [f"  {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
         classes = ",\n".join(f"    {json.dumps(c.to_dict())}" for c in self.classes)
         return "{\n" + "\n".join(lines) + '\n  "classes": [\n' + classes + ("\n" if classes else "") + "  ]\n}\n"
@@ -78,8 +105,8 @@ class SymbolicSchedule:
             if doc.get("format") != FORMAT:
                 raise ScheduleError(f"{where}: format {doc.get('format')!r} is not {FORMAT!r}")
             return SymbolicSchedule(
-                str(doc["gpu"]), bool(doc["deterministic"]), tuple(ClassPlan.from_dict(c) for c in doc["classes"]),
-                tuple(str(f) for f in doc.get("formulations", ())),
+                str(doc["gpu"]), bool(doc["deterministic"]), tuple(_class_from_dict(c) for c in doc["classes"]),
+                tuple(str(f) for f in doc.get("formulations", ())), str(doc.get("subgraph", "")),
             )  # fmt: skip
         except ScheduleError:
             raise
