@@ -22,6 +22,7 @@ partials in a fixed order.
 from __future__ import annotations
 
 from ..poly.access import AccessKind
+from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
 from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
 from .expr import ExprRenderer
@@ -128,6 +129,9 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
     operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
     access kinds), the others per lane."""
     st, V = loop.g.statements[0], loop.m.vec
+    packed = nibbles(e, st, str(kind), V, loop.m.access[0])
+    if isinstance(packed, Nibbles):
+        return _stage_int4(loop, kind, packed, buf, rows, BK, threads, r0, extent, i_of)
     reads = sorted({n.read for n in e.walk() if n.op == "load"})
     vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
     lines: list[str] = []
@@ -165,6 +169,48 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         *("          " + ln for ln in lines),
         f"          pn_val[v] = {_convert(kind, value)};",
         "        }",
+        "      } else {",
+        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
+        "      }",
+        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        "    }",
+    ]
+    return out
+
+
+def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,
+                extent: int, i_of: str) -> list[str]:  # fmt: skip
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step a thread loads its
+    vec / 8 words of packed bytes as one vector and the scale once, and `pn_i4x8` turns each word
+    into 8 weights of the MMA's type (the exponent trick), in k order (`flip`: low nibble at odd k)."""
+    st, V = loop.g.statements[0], loop.m.vec
+    T, words = kind.ctype, V // 8
+    pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
+            "__bfloat162bfloat162")}[kind]  # fmt: skip
+    pk, sc = st.reads[nib.packed], st.reads[nib.scale]
+    vtype = {1: "unsigned", 2: "uint2"}[words]
+    fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
+    zero = _convert(kind, "0")
+    out = [
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"      {T} pn_val[{V}];",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // int4 words by the exponent trick (pn_i4x8)",
+        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+        f"        const {vtype} pn_wv = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+        f"        const {pair[0]} pn_s2 = {pair[2]}({loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}]);",
+        f"        const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+    ]
+    for w, f in enumerate(fields):
+        out += [
+            f"        {{ {T} pn_n[8];",
+            f"          pn_i4x8({f}, pn_z2, pn_s2, pn_n);",
+            "#pragma unroll",
+            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * w} + v] = pn_n[v ^ {nib.flip}];",
+            "        }",
+        ]
+    out += [
         "      } else {",
         f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
         "      }",
