@@ -259,6 +259,17 @@ def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
     return min(copies, staging_steps(rows, d))
 
 
+def staging_ops(e: Expr, d: Decision, group: KernelGroup) -> float:
+    """CUDA-core instructions per staged element of operand `e`: a packed int4 weight by the
+    exponent trick (schedule/int4_dequant.py) `OPS_PER_WEIGHT`, else the expression's operations,
+    its conversion and the shared store."""
+    from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
+
+    if d.mma and isinstance(nibbles(e, group.statements[0], d.mma, d.vec, d.access[0]), Nibbles):
+        return OPS_PER_WEIGHT
+    return _ops(e) + 2
+
+
 def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """The model's time of a tensor-core decision: the CUDA-core cost's DRAM, merge and tail
     terms, with the operands staged once per tile (the other tiles' re-reads hit L2), the
@@ -277,7 +288,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     b_bytes = _bytes_per_element(group, ops.b, ops.cols * ops.K)
     l2 = a_bytes * ops.rows * ops.K * (NT - 1) + b_bytes * ops.cols * ops.K * (MT - 1)
     staged_a, staged_b = MT * BM * Kp * NT, NT * BN * Kp * MT
-    fp32 = staged_a * (_ops(ops.a) + 2) + staged_b * (_ops(ops.b) + 2)
+    fp32 = staged_a * staging_ops(ops.a, d, group) + staged_b * staging_ops(ops.b, d, group)
     kept = group.on_chip - group.external
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
