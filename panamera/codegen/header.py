@@ -27,6 +27,7 @@ _TEMPLATE = r"""
 // A vector load of sizeof(V) bytes from an address aligned to sizeof(V): a misaligned one is the
 // sticky cudaErrorMisalignedAddress (the emulator's pn_vload fails the launch instead).
 template <class V, class T> __device__ __forceinline__ V pn_vload(const T* p) { return *reinterpret_cast<const V*>(p); }
+template <class V, class T> __device__ __forceinline__ void pn_vstore(T* p, V v) { *reinterpret_cast<V*>(p) = v; }
 // Polls a counter other blocks raise until it reaches `target`: a volatile load (L2, never a
 // stale L1 line nor a value hoisted out of the loop), backing off between polls.
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
+from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, raw_copy, staging_unroll, tiles
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -134,6 +134,8 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         return _stage_int4(loop, kind, packed, buf, rows, BK, threads, r0, extent, i_of)
     reads = sorted({n.read for n in e.walk() if n.op == "load"})
     vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
+    if raw_copy(e, st, kind, V, loop.m.access[0]):
+        return _stage_raw(loop, kind, e.read, buf, rows, BK, threads, r0, extent, i_of)
     lines: list[str] = []
 
     def load(read: int, index: str | None = None) -> str:
@@ -176,6 +178,27 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         "    }",
     ]
     return out
+
+
+def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: int, threads: int, r0: str,
+               extent: int, i_of: str) -> list[str]:  # fmt: skip
+    """`_stage` for an operand that is a contiguous read of the MMA's type (`raw_copy`): each step
+    copies its vec lanes' bytes from global to shared memory as one vector, no conversion."""
+    r, V = loop.g.statements[0].reads[read], loop.m.vec
+    vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[V * kind.itemsize]
+    dst = f"&{buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16]"
+    return [
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"      {vt} pn_raw = {vt}{{}};  // zero outside the tile and the K range (the tails)",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // {V} lanes of {kind.ctype}, copied as they are",
+        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+        f"        pn_raw = pn_vload<{vt}>(&{loop.in_name[r.tensor.uid]}[{loop.address(r.addr)}]);",
+        "      }",
+        f"      pn_vstore({dst}, pn_raw);",
+        "    }",
+    ]
 
 
 def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,

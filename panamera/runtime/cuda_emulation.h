@@ -466,6 +466,11 @@ template <class V, class T> static inline V pn_vload(const T* p) {
   std::memcpy(&v, p, sizeof(V));
   return v;
 }
+// Its store (tensor-core staging copies raw 16-bit or int8 lanes to shared memory), checked alike.
+template <class V, class T> static inline void pn_vstore(T* p, V v) {
+  pn_emu::check_aligned(p, sizeof(V));
+  std::memcpy(p, &v, sizeof(V));
+}
 
 #define threadIdx (pn_emu::cur->tidx)
 #define blockIdx (pn_emu::blk->idx)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
-from ..poly.access import choose_vec
+from ..poly.access import AccessKind, choose_vec
 from ..poly.epilogue import joins
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
@@ -259,13 +259,27 @@ def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
     return min(copies, staging_steps(rows, d))
 
 
+RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
+
+
+def raw_copy(e: Expr, st, kind: Mma, vec: int, access: tuple) -> bool:
+    """Whether operand `e` is one contiguous read of the MMA's own type whose `vec` lanes are 4,
+    8 or 16 bytes: staged by copying them (codegen/tc_kernel.py), not converted lane by lane."""
+    if e.op != "load" or not st.reads[e.read].memory or access[e.read] != AccessKind.CONTIG:
+        return False
+    return st.reads[e.read].tensor.dtype.name == kind.dtype and vec * kind.itemsize in (4, 8, 16)
+
+
 def staging_ops(e: Expr, d: Decision, group: KernelGroup) -> float:
-    """CUDA-core instructions per staged element of operand `e`: a packed int4 weight by the
-    exponent trick (schedule/int4_dequant.py) `OPS_PER_WEIGHT`, else the expression's operations,
-    its conversion and the shared store."""
+    """CUDA-core instructions per staged element of operand `e`: a raw copy `RAW_OPS_PER_STEP`
+    per vec lanes, a packed int4 weight by the exponent trick (schedule/int4_dequant.py)
+    `OPS_PER_WEIGHT`, else the expression's operations, its conversion and the shared store."""
     from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
 
-    if d.mma and isinstance(nibbles(e, group.statements[0], d.mma, d.vec, d.access[0]), Nibbles):
+    st = group.statements[0]
+    if raw_copy(e, st, Mma(d.mma), d.vec, d.access[0]):
+        return RAW_OPS_PER_STEP / d.vec
+    if isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles):
         return OPS_PER_WEIGHT
     return _ops(e) + 2
 
