@@ -23,6 +23,18 @@ tests/test_int4_dequant.py):
   3. the scale's type is the MMA's and it is one value across each step's vec lanes (UNIFORM);
   4. isl proves the select's iota is k mod 2 and the packed read's address is floor(k / 2) plus
      a function of the row within each step's vec lanes, aligned to vec / 2 bytes at its first.
+
+>>> import panamera as pn
+>>> from panamera.compiler import lower
+>>> from panamera.schedule.tensor_core import analyse
+>>> p, s = pn.placeholder((16, 64), "uint8"), pn.placeholder((16, 1), "float16")
+>>> lo, hi = (p & 0xF).astype("float32") - 8.0, (p >> 4).astype("float32") - 8.0
+>>> nib = pn.where(pn.arange(2).reshape(1, 1, 2) == 0, lo.reshape(16, 64, 1), hi.reshape(16, 64, 1))
+>>> a = lower(pn.placeholder((4, 128), "float16") @ (nib.reshape(16, 128) * s.astype("float32")).T,
+...           stop_after="mappings", target="emulator")
+>>> ops, d = analyse(a.groups[0]), a.mappings[0].decision
+>>> nibbles(ops.b, a.groups[0].statements[0], "f16", d.vec, d.access[0]).zero
+8
 """
 
 from __future__ import annotations
