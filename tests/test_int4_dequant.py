@@ -99,3 +99,42 @@ def test_precondition_3_scale_type(rng):
 def test_precondition_4_aligned_words(rng):
     """Rows of 132 bytes: a 16-lane step's 8 bytes are not 8-byte aligned on odd rows."""
     assert _why(packed_weight(16, 264, 24, "float16", rng)[0], Ki=264, vec=16).startswith("4:")
+
+
+PAIRS = r"""
+extern "C" __global__ void pairs(const unsigned* w, const __half* s, __half* o, const __nv_bfloat16* sb,
+                                 __nv_bfloat16* ob) {
+  const int t = threadIdx.x;
+  __half h[8];
+  __nv_bfloat16 b[8];
+  pn_i4x8(w[t], pn_h2_bits(0x64086408u), __half2half2(s[t]), h);  // zero point 8
+  pn_i4x8(w[t], pn_b2_bits(0x43034303u), __bfloat162bfloat162(sb[t]), b);  // zero point 3
+  for (int k = 0; k < 8; ++k) { o[8 * t + k] = h[k]; ob[8 * t + k] = b[k]; }
+}
+"""
+
+
+def test_pn_i4x8_is_exact_on_the_emulator(rng):
+    """Every nibble, scales from subnormal to overflowing: pn_i4x8 equals (n - z) * s rounded
+    once to fp16 / bf16 in numpy (float64, exact here), bit for bit (the emulator's paired ops)."""
+    import ctypes
+
+    from panamera.codegen.header import PRELUDE
+    from panamera.runtime import emulator
+
+    T = 64
+    W = rng.integers(0, 2**32, T, dtype=np.uint64).astype(np.uint32)
+    W[0], W[1] = 0x76543210, 0xFEDCBA98  # nibbles 0..15 in order
+    S = np.concatenate([[1.0, -1.0, 6e-8, 6e4], rng.standard_normal(T - 4) * 10.0 ** rng.integers(-6, 4, T - 4)])
+    Sh, Sb = S.astype(np.float16), S.astype(ml_dtypes.bfloat16)  # 6e4 * 8 overflows fp16: inf either way
+    out, outb = np.zeros(8 * T, np.float16), np.zeros(8 * T, ml_dtypes.bfloat16)
+    lib = emulator.build(PRELUDE + PAIRS, {"pairs": ["unsigned*", "__half*", "__half*", "__nv_bfloat16*",
+                                                     "__nv_bfloat16*"]})  # fmt: skip
+    args = [ctypes.c_void_p(a.ctypes.data) for a in (W, Sh, out, Sb, outb)]
+    emulator.launch(lib, "pairs", (1, 1, 1), (T, 1, 1), args, "forward")
+    n = (W[:, None].astype(np.int64) >> (4 * np.arange(8))) & 0xF  # nibble b of word t at [t, b]
+    with np.errstate(over="ignore"):
+        ref = ((n - 8) * Sh.astype(np.float64)[:, None]).astype(np.float16).ravel()
+        refb = ((n - 3) * Sb.astype(np.float64)[:, None]).astype(ml_dtypes.bfloat16).ravel()
+    assert (out.view(np.uint16) == ref.view(np.uint16)).all()
+    assert (outb.view(np.uint16) == refb.view(np.uint16)).all()
