@@ -21,6 +21,8 @@ partials in a fixed order.
 
 from __future__ import annotations
 
+import math
+
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
@@ -102,9 +104,15 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             "    __threadfence();",
         ]
         if mode == MergeMode.ATOMIC_WS:
-            last = _final(loop, 0, st, "o", mode, 0) + _reset(0, st, "o", mode, 0)
             if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
                 raise AssertionError("a stitched group's split merges partials")
+            # the thread's merged outputs loaded together (one L2 round trip, not one per output), then finished
+            pt = math.ceil(BM * BN / threads)
+            load = ["pn_m[pn_u] = pn_ldcg(&ws0[o]);"]
+            out.append(f"    decltype(pn_ldcg(&ws0[0])) pn_m[{pt}];")
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)]
+            last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last, pt)]
         else:  # partials, combined in block order
             p = "pn_p"
             last = [
@@ -116,7 +124,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
                 last += apply_epilogue(loop, 0, st, "o", post(st, p))
             else:
                 last.append(f"pn_st(&out0[o], {post(st, p)});")
-        out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
@@ -243,12 +251,16 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
     return out
 
 
-def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str]) -> list[str]:
-    """`body` for each output o of the block's tile in range (pn_e its place in the tile)."""
+def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str], unrolled: int = 0) -> list[str]:
+    """`body` for each output o of the block's tile in range (pn_e its place in the tile); with
+    `unrolled` the loop's iterations (pn_u) are unrolled."""
+    head = [f"  for (int pn_e = tx; pn_e < {BM * BN}; pn_e += {threads}) {{"]
+    if unrolled:
+        head = ["#pragma unroll", f"  for (int pn_u = 0, pn_e = tx; pn_u < {unrolled}; ++pn_u, pn_e += {threads}) {{"]
     return [
-        f"  for (int pn_e = tx; pn_e < {BM * BN}; pn_e += {threads}) {{",
+        *head,
         f"    const pn_idx pn_row = pn_r0 + pn_e / {BN}, pn_col = pn_c0 + pn_e % {BN};",
-        f"    if (pn_row < {Q} && pn_col < {P}) {{",
+        f"    if (pn_e < {BM * BN} && pn_row < {Q} && pn_col < {P}) {{",
         f"      const pn_idx o = pn_row * {P} + pn_col;",
         *("      " + ln for ln in body),
         "    }",

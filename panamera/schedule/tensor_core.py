@@ -311,8 +311,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
     blocks = d.grid[0] * d.split
     # the last block's element loop: its share of the tile's outputs, one L2 round trip each when merged
+    # from partials (a loop over the blocks each), one for all of them from the atomic workspace (loaded
+    # together, codegen/tc_kernel.py)
     per_thread = math.ceil(BM * BN / d.threads)
-    tail = 400 + per_thread * (gpu.l2_latency_cycles if split else 4)
+    tail = 400 + per_thread * (gpu.l2_latency_cycles if split and partials else 4)
+    tail += gpu.l2_latency_cycles if split and not partials else 0
     return kernel_time(
         gpu,
         dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
