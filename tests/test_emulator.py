@@ -36,6 +36,11 @@ extern "C" __global__ void probe(float* f, double* d, int* i, long long* l, unsi
     d[2] = tanh(0.0) + erf(0.0) + floor(1.5) + ceil(0.5) + pow(2.0, 3.0);
     f[8] = sinf(0.f) + cosf(0.f) + fmodf(-5.f, 3.f);
     d[3] = sin(0.0) + cos(0.0) + fmod(-5.0, 3.0);
+    {  // the int4 dequantization's paired ops: (1029, 1024) - 1025 = (4, -1), * 0.5; (143, 128) - 136 = (7, -8), * 2
+      const __half2 a = __hmul2(__hsub2(__halves2half2(__ushort_as_half((unsigned short)0x6405), __ushort_as_half((unsigned short)0x6400)), __half2half2(__ushort_as_half((unsigned short)0x6401))), __half2half2(__float2half_rn(0.5f)));
+      const __nv_bfloat162 b = __hmul2(__hsub2(__halves2bfloat162(__ushort_as_bfloat16((unsigned short)0x430f), __ushort_as_bfloat16((unsigned short)0x4300)), __bfloat162bfloat162(__ushort_as_bfloat16((unsigned short)0x4308))), __bfloat162bfloat162(__float2bfloat16_rn(2.0f)));
+      f[9] = __half2float(__low2half(a)) + __half2float(__high2half(a)) + __bfloat162float(__low2bfloat16(b)) + __bfloat162float(__high2bfloat16(b));
+    }
     f[5] = __ldcg(&f[1]);
     f[6] = v;
   }
@@ -50,7 +55,7 @@ def test_every_intrinsic_runs_on_the_emulator_and_compiles_with_nvcc():
     lib = emulator.build(
         src, {"probe": ["float*", "double*", "int*", "long long*", "unsigned*", "unsigned long long*"]}
     )
-    f, d = np.zeros(9, np.float32), np.zeros(4)
+    f, d = np.zeros(10, np.float32), np.zeros(4)
     i = np.array([0, -1, 99, -1, 0], np.int32)
     ll, u, q = np.array([-5, 99], np.int64), np.zeros(1, np.uint32), np.zeros(1, np.uint64)
     args = [ctypes.c_void_p(a.ctypes.data) for a in (f, d, i, ll, u, q)]
@@ -62,6 +67,7 @@ def test_every_intrinsic_runs_on_the_emulator_and_compiles_with_nvcc():
     assert f[4] == 1 + 0 + 2 + 0.5 + 1 and d[1] == 4.5 and f[5] == f[1]
     assert f[6] == 62.0  # thread 0 reads lane 1's value s[63 - 1]
     assert f[7] == 10.0 and d[2] == 10.0
+    assert f[9] == 2.0 - 0.5 + 14.0 - 16.0
     assert f[8] == -1.0 and d[3] == -1.0  # sin 0 + cos 0 + fmod(-5, 3) (the dividend's sign)
     try:
         nvcc.find_nvcc()

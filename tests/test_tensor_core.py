@@ -185,7 +185,7 @@ def test_model_keeps_a_gemv_on_cuda_cores():
 def test_full_size_kernels_take_tensor_cores(weights):
     """Planned and rendered, not run (conftest compiles every rendered kernel with nvcc for sm_80
     and sm_90 and fails on a spill): issue 25's M = 64 linears on tensor cores, within 1.15x of
-    the limit for bf16 and int8 (modeled; int4 stays bound by its dequantization's CUDA-core issue)."""
+    the limit for bf16 and int8 (modeled; int4, staged by the exponent trick, models 1.30x here)."""
     from panamera.bench.suites import _linear
     from panamera.model import estimate
 

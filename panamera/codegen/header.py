@@ -27,6 +27,7 @@ _TEMPLATE = r"""
 // A vector load of sizeof(V) bytes from an address aligned to sizeof(V): a misaligned one is the
 // sticky cudaErrorMisalignedAddress (the emulator's pn_vload fails the launch instead).
 template <class V, class T> __device__ __forceinline__ V pn_vload(const T* p) { return *reinterpret_cast<const V*>(p); }
+template <class V, class T> __device__ __forceinline__ void pn_vstore(T* p, V v) { *reinterpret_cast<V*>(p) = v; }
 // Polls a counter other blocks raise until it reaches `target`: a volatile load (L2, never a
 // stale L1 line nor a value hoisted out of the loop), backing off between polls.
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
@@ -469,6 +470,31 @@ __device__ __forceinline__ float pn_half_bits(unsigned short b) { return __half2
 __device__ __forceinline__ float pn_bf16_bits(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
 __device__ __forceinline__ void pn_ldv(const __half* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_half_bits); }
 __device__ __forceinline__ void pn_ldv(const __nv_bfloat16* p, float (&r)[8]) { pn_ldv16_halves(p, r, pn_bf16_bits); }
+// int4 weights to 16-bit floats by the exponent trick (Marlin's dequant, FasterTransformer's int4
+// converter, arXiv 2211.10017): nibble n masked into the low mantissa bits of 1024.0 (fp16 0x6400,
+// spacing 1 on [1024, 2048)) or of 128.0 (bf16 0x4300, spacing 1 on [128, 256)) reads as 1024 + n
+// (128 + n); one __hsub2 of 1024 + z (128 + z) leaves n - z exactly for two weights, one __hmul2
+// by the scale rounds (n - z) * s once, as __float2half_rn((float)(n - z) * s) does. `w` holds 8
+// nibbles (nibble b at bits 4b..4b+3); nibbles b and b + 4 share a pair. `zs` is 1024 + z (128 + z)
+// in both halves, `s` the scale in both.
+__device__ __forceinline__ __half2 pn_h2_bits(unsigned u) { return __halves2half2(__ushort_as_half((unsigned short)(u & 0xffffu)), __ushort_as_half((unsigned short)(u >> 16))); }
+__device__ __forceinline__ __nv_bfloat162 pn_b2_bits(unsigned u) { return __halves2bfloat162(__ushort_as_bfloat16((unsigned short)(u & 0xffffu)), __ushort_as_bfloat16((unsigned short)(u >> 16))); }
+__device__ __forceinline__ void pn_i4x8(unsigned w, __half2 zs, __half2 s, __half (&out)[8]) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const __half2 v = __hmul2(__hsub2(pn_h2_bits(((w >> (4 * b)) & 0x000F000Fu) | 0x64006400u), zs), s);
+    out[b] = __low2half(v);
+    out[b + 4] = __high2half(v);
+  }
+}
+__device__ __forceinline__ void pn_i4x8(unsigned w, __nv_bfloat162 zs, __nv_bfloat162 s, __nv_bfloat16 (&out)[8]) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const __nv_bfloat162 v = __hmul2(__hsub2(pn_b2_bits(((w >> (4 * b)) & 0x000F000Fu) | 0x43004300u), zs), s);
+    out[b] = __low2bfloat16(v);
+    out[b + 4] = __high2bfloat16(v);
+  }
+}
 """
 
 PRELUDE = PRELUDE_BASE + PRELUDE_16BIT  # everything: for tests that compile arbitrary kernels
@@ -517,6 +543,16 @@ INTRINSICS = (
     "__float2bfloat16_rn",
     "__ushort_as_half",
     "__ushort_as_bfloat16",
+    "__halves2half2",
+    "__half2half2",
+    "__low2half",
+    "__high2half",
+    "__halves2bfloat162",
+    "__bfloat162bfloat162",
+    "__low2bfloat16",
+    "__high2bfloat16",
+    "__hsub2",
+    "__hmul2",
     "__float_as_uint",
     "__uint_as_float",
     "__double_as_longlong",

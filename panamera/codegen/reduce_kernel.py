@@ -256,9 +256,10 @@ def _write(
     return [f"ws{k}[{o} * {sn} + {sb}] = {a};"]
 
 
-def _final(loop: ThreadLoop, k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[str]:
+def _final(loop: ThreadLoop, k: int, s: Statement, o: str, mode: MergeMode, owner: int, merged: str = "") -> list[str]:
+    """`merged`: the merged workspace value where the caller loaded it already (tc_kernel.py)."""
     if mode == MergeMode.ATOMIC_WS:  # the output from the merged workspace (the owner's)
-        merged = f"pn_ldcg(&ws{owner}[{o}])"
+        merged = merged or f"pn_ldcg(&ws{owner}[{o}])"
         final = post(s, f"pn_unordered({merged})" if _ordered(s) else merged)
         if loop.m.epilogue:
             return apply_epilogue(loop, k, s, o, final)

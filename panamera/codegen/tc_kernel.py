@@ -21,9 +21,12 @@ partials in a fixed order.
 
 from __future__ import annotations
 
+import math
+
 from ..poly.access import AccessKind
+from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, staging_unroll, tiles
+from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, raw_copy, staging_unroll, tiles
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -101,9 +104,15 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             "    __threadfence();",
         ]
         if mode == MergeMode.ATOMIC_WS:
-            last = _final(loop, 0, st, "o", mode, 0) + _reset(0, st, "o", mode, 0)
             if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
                 raise AssertionError("a stitched group's split merges partials")
+            # the thread's merged outputs loaded together (one L2 round trip, not one per output), then finished
+            pt = math.ceil(BM * BN / threads)
+            load = ["pn_m[pn_u] = pn_ldcg(&ws0[o]);"]
+            out.append(f"    decltype(pn_ldcg(&ws0[0])) pn_m[{pt}];")
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)]
+            last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last, pt)]
         else:  # partials, combined in block order
             p = "pn_p"
             last = [
@@ -115,7 +124,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
                 last += apply_epilogue(loop, 0, st, "o", post(st, p))
             else:
                 last.append(f"pn_st(&out0[o], {post(st, p)});")
-        out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
+            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
@@ -128,8 +137,13 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
     operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
     access kinds), the others per lane."""
     st, V = loop.g.statements[0], loop.m.vec
+    packed = nibbles(e, st, str(kind), V, loop.m.access[0])
+    if isinstance(packed, Nibbles):
+        return _stage_int4(loop, kind, packed, buf, rows, BK, threads, r0, extent, i_of)
     reads = sorted({n.read for n in e.walk() if n.op == "load"})
     vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
+    if raw_copy(e, st, kind, V, loop.m.access[0]):
+        return _stage_raw(loop, kind, e.read, buf, rows, BK, threads, r0, extent, i_of)
     lines: list[str] = []
 
     def load(read: int, index: str | None = None) -> str:
@@ -174,12 +188,79 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
     return out
 
 
-def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str]) -> list[str]:
-    """`body` for each output o of the block's tile in range (pn_e its place in the tile)."""
+def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: int, threads: int, r0: str,
+               extent: int, i_of: str) -> list[str]:  # fmt: skip
+    """`_stage` for an operand that is a contiguous read of the MMA's type (`raw_copy`): each step
+    copies its vec lanes' bytes from global to shared memory as one vector, no conversion."""
+    r, V = loop.g.statements[0].reads[read], loop.m.vec
+    vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[V * kind.itemsize]
+    dst = f"&{buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16]"
     return [
-        f"  for (int pn_e = tx; pn_e < {BM * BN}; pn_e += {threads}) {{",
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"      {vt} pn_raw = {vt}{{}};  // zero outside the tile and the K range (the tails)",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // {V} lanes of {kind.ctype}, copied as they are",
+        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+        f"        pn_raw = pn_vload<{vt}>(&{loop.in_name[r.tensor.uid]}[{loop.address(r.addr)}]);",
+        "      }",
+        f"      pn_vstore({dst}, pn_raw);",
+        "    }",
+    ]
+
+
+def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,
+                extent: int, i_of: str) -> list[str]:  # fmt: skip
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step a thread loads its
+    vec / 8 words of packed bytes as one vector and the scale once, and `pn_i4x8` turns each word
+    into 8 weights of the MMA's type (the exponent trick), in k order (`flip`: low nibble at odd k)."""
+    st, V = loop.g.statements[0], loop.m.vec
+    T, words = kind.ctype, V // 8
+    pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
+            "__bfloat162bfloat162")}[kind]  # fmt: skip
+    pk, sc = st.reads[nib.packed], st.reads[nib.scale]
+    vtype = {1: "unsigned", 2: "uint2"}[words]
+    fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
+    zero = _convert(kind, "0")
+    out = [
+        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
+        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"      {T} pn_val[{V}];",
+        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // int4 words by the exponent trick (pn_i4x8)",
+        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+        f"        const {vtype} pn_wv = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+        f"        const {pair[0]} pn_s2 = {pair[2]}({loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}]);",
+        f"        const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+    ]
+    for w, f in enumerate(fields):
+        out += [
+            f"        {{ {T} pn_n[8];",
+            f"          pn_i4x8({f}, pn_z2, pn_s2, pn_n);",
+            "#pragma unroll",
+            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * w} + v] = pn_n[v ^ {nib.flip}];",
+            "        }",
+        ]
+    out += [
+        "      } else {",
+        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
+        "      }",
+        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        "    }",
+    ]
+    return out
+
+
+def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str], unrolled: int = 0) -> list[str]:
+    """`body` for each output o of the block's tile in range (pn_e its place in the tile); with
+    `unrolled` the loop's iterations (pn_u) are unrolled."""
+    head = [f"  for (int pn_e = tx; pn_e < {BM * BN}; pn_e += {threads}) {{"]
+    if unrolled:
+        head = ["#pragma unroll", f"  for (int pn_u = 0, pn_e = tx; pn_u < {unrolled}; ++pn_u, pn_e += {threads}) {{"]
+    return [
+        *head,
         f"    const pn_idx pn_row = pn_r0 + pn_e / {BN}, pn_col = pn_c0 + pn_e % {BN};",
-        f"    if (pn_row < {Q} && pn_col < {P}) {{",
+        f"    if (pn_e < {BM * BN} && pn_row < {Q} && pn_col < {P}) {{",
         f"      const pn_idx o = pn_row * {P} + pn_col;",
         *("      " + ln for ln in body),
         "    }",

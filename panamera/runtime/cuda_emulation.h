@@ -97,6 +97,38 @@ static inline unsigned short __half_as_ushort(__half h) { return h.x; }
 static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short v) { __nv_bfloat16 b; b.x = v; return b; }
 static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
 
+// Pairs of 16-bit floats (x the low 16 bits, as CUDA's) and the paired operations the int4
+// dequantization uses (codegen/header.py, pn_i4x8). Each result is the float32 result of the
+// 16-bit operands rounded once to the 16-bit type: correctly rounded, as the hardware's, since
+// float32's 24 bits are at least 2p + 2 for fp16's p = 11 and bf16's p = 8 (double rounding is
+// innocuous for + - *; Figueroa 1995).
+struct __half2 { __half x, y; };
+struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+static inline __half2 __halves2half2(__half a, __half b) { return __half2{a, b}; }
+static inline __half2 __half2half2(__half a) { return __half2{a, a}; }
+static inline __half __low2half(__half2 h) { return h.x; }
+static inline __half __high2half(__half2 h) { return h.y; }
+static inline __half pn_emu_hop(__half a, __half b, int op) {
+  const float x = __half2float(a), y = __half2float(b);
+  return __float2half_rn(op ? x * y : x - y);
+}
+static inline __half2 __hsub2(__half2 a, __half2 b) { return __half2{pn_emu_hop(a.x, b.x, 0), pn_emu_hop(a.y, b.y, 0)}; }
+static inline __half2 __hmul2(__half2 a, __half2 b) { return __half2{pn_emu_hop(a.x, b.x, 1), pn_emu_hop(a.y, b.y, 1)}; }
+static inline __nv_bfloat162 __halves2bfloat162(__nv_bfloat16 a, __nv_bfloat16 b) { return __nv_bfloat162{a, b}; }
+static inline __nv_bfloat162 __bfloat162bfloat162(__nv_bfloat16 a) { return __nv_bfloat162{a, a}; }
+static inline __nv_bfloat16 __low2bfloat16(__nv_bfloat162 h) { return h.x; }
+static inline __nv_bfloat16 __high2bfloat16(__nv_bfloat162 h) { return h.y; }
+static inline __nv_bfloat16 pn_emu_bop(__nv_bfloat16 a, __nv_bfloat16 b, int op) {
+  const float x = __bfloat162float(a), y = __bfloat162float(b);
+  return __float2bfloat16_rn(op ? x * y : x - y);
+}
+static inline __nv_bfloat162 __hsub2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __nv_bfloat162{pn_emu_bop(a.x, b.x, 0), pn_emu_bop(a.y, b.y, 0)};
+}
+static inline __nv_bfloat162 __hmul2(__nv_bfloat162 a, __nv_bfloat162 b) {
+  return __nv_bfloat162{pn_emu_bop(a.x, b.x, 1), pn_emu_bop(a.y, b.y, 1)};
+}
+
 // ---------------------------------------------------------------- math and bit intrinsics
 static inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 static inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
@@ -563,6 +595,11 @@ template <class V, class T> static inline V pn_vload(const T* p) {
   V v;
   std::memcpy(&v, p, sizeof(V));
   return v;
+}
+// Its store (tensor-core staging copies raw 16-bit or int8 lanes to shared memory), checked alike.
+template <class V, class T> static inline void pn_vstore(T* p, V v) {
+  pn_emu::check_aligned(p, sizeof(V));
+  std::memcpy(p, &v, sizeof(V));
 }
 
 // Each block's own instance (see the top of this file); the offset is fixed at the first use.

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
-from ..poly.access import choose_vec
+from ..poly.access import AccessKind, choose_vec
 from ..poly.epilogue import joins
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
@@ -259,6 +259,31 @@ def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
     return min(copies, staging_steps(rows, d))
 
 
+RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
+
+
+def raw_copy(e: Expr, st, kind: Mma, vec: int, access: tuple) -> bool:
+    """Whether operand `e` is one contiguous read of the MMA's own type whose `vec` lanes are 4,
+    8 or 16 bytes: staged by copying them (codegen/tc_kernel.py), not converted lane by lane."""
+    if e.op != "load" or not st.reads[e.read].memory or access[e.read] != AccessKind.CONTIG:
+        return False
+    return st.reads[e.read].tensor.dtype.name == kind.dtype and vec * kind.itemsize in (4, 8, 16)
+
+
+def staging_ops(e: Expr, d: Decision, group: KernelGroup) -> float:
+    """CUDA-core instructions per staged element of operand `e`: a raw copy `RAW_OPS_PER_STEP`
+    per vec lanes, a packed int4 weight by the exponent trick (schedule/int4_dequant.py)
+    `OPS_PER_WEIGHT`, else the expression's operations, its conversion and the shared store."""
+    from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
+
+    st = group.statements[0]
+    if raw_copy(e, st, Mma(d.mma), d.vec, d.access[0]):
+        return RAW_OPS_PER_STEP / d.vec
+    if isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles):
+        return OPS_PER_WEIGHT
+    return _ops(e) + 2
+
+
 def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """The model's time of a tensor-core decision: the CUDA-core cost's DRAM, merge and tail
     terms, with the operands staged once per tile (the other tiles' re-reads hit L2), the
@@ -277,7 +302,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     b_bytes = _bytes_per_element(group, ops.b, ops.cols * ops.K)
     l2 = a_bytes * ops.rows * ops.K * (NT - 1) + b_bytes * ops.cols * ops.K * (MT - 1)
     staged_a, staged_b = MT * BM * Kp * NT, NT * BN * Kp * MT
-    fp32 = staged_a * (_ops(ops.a) + 2) + staged_b * (_ops(ops.b) + 2)
+    fp32 = staged_a * staging_ops(ops.a, d, group) + staged_b * staging_ops(ops.b, d, group)
     kept = group.on_chip - group.external
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
@@ -286,8 +311,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
     blocks = d.grid[0] * d.split
     # the last block's element loop: its share of the tile's outputs, one L2 round trip each when merged
+    # from partials (a loop over the blocks each), one for all of them from the atomic workspace (loaded
+    # together, codegen/tc_kernel.py)
     per_thread = math.ceil(BM * BN / d.threads)
-    tail = 400 + per_thread * (gpu.l2_latency_cycles if split else 4)
+    tail = 400 + per_thread * (gpu.l2_latency_cycles if split and partials else 4)
+    tail += gpu.l2_latency_cycles if split and not partials else 0
     return kernel_time(
         gpu,
         dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
