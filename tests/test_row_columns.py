@@ -267,3 +267,49 @@ def test_columns_reading_a_row_sum_max_and_mean(deterministic, rng):
     scales = [np.abs(a64).sum(1, keepdims=True) * 2, (np.abs(a64) * np.abs(r64)).sum(0), np.abs(a64), np.abs(a64)]
     for out, ref, scale, n in zip(k(a), refs, scales, [12, 70, 1, 70]):
         np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+
+
+@pytest.mark.parametrize(
+    "op, deterministic", [("layer_norm", False), ("layer_norm", True), ("rms_norm", True)]
+)  # fmt: skip
+def test_columns_carry_their_cast_back_to_bf16(op, deterministic, rng):
+    """torch's decomposition casts dgamma / dbeta back to bf16 (bench/train_suite.py): the cast is
+    the column's epilogue, applied where each column becomes final, so dx, dgamma and dbeta are
+    still one launch (poly/row_columns.py `with_epilogues`), against numpy float64."""
+    from panamera.bench.train_suite import layer_norm_backward as ln_bf16
+    from panamera.bench.train_suite import rms_norm_backward as rms_bf16
+
+    M, N = 48, 40
+    a, d, g, mean, rstd = _inputs(rng, M, N, "bfloat16")
+    a64, d64, g64 = (v.astype(np.float64) for v in (a, d, g))
+    if op == "layer_norm":
+        k = pn.compile(ln_bf16(M, N, "bfloat16"), target="emulator", deterministic=deterministic)
+        outs = k(a, d, g, mean, rstd)
+        refs, scales = _layer_norm64(a64, d64, g64, mean.astype(np.float64), rstd.astype(np.float64))
+    else:
+        k = pn.compile(rms_bf16(M, N, "bfloat16"), target="emulator", deterministic=deterministic)
+        outs = k(a, d, g, rstd)
+        refs, scales = _rms_norm64(a64, d64, g64, rstd.astype(np.float64))
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    assert "pays, one launch" in k.explain()
+    for out, ref, scale, n in zip(outs, refs, scales, [N] + [M] * (len(refs) - 1)):
+        assert out.dtype == np_dtype("bfloat16")
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance("bfloat16", n) * scale.max())
+
+
+def test_a_column_carries_an_elementwise_epilogue(rng):
+    """Any element-wise consumer of a column in its output space joins with it (not only a cast):
+    the column stored too where it is read outside the kernel."""
+    x = pn.placeholder((70, 12), name="x")
+    b = pn.placeholder((12,), name="b")
+    s = pn.sum(x, axis=0)
+    k = pn.compile([x - pn.sum(x, axis=1, keepdims=True), s, pn.sqrt(s * s + b)], target="emulator")
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    a = rng.standard_normal((70, 12)).astype(np.float32)
+    bb = np.abs(rng.standard_normal(12)).astype(np.float32)
+    a64 = a.astype(np.float64)
+    s64 = a64.sum(0)
+    refs = [a64 - a64.sum(1, keepdims=True), s64, np.sqrt(s64 * s64 + bb)]
+    scales = [np.abs(a64).sum(1) * 2, np.abs(a64).sum(0), np.abs(a64).sum(0)]
+    for out, ref, scale, n in zip(k(a, bb), refs, scales, [12, 70, 70]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())

@@ -81,7 +81,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
                 out.append(f"  if ({leader} && o < {g.M}) pn_st(&out{k}[o], {reg});")
         for k in epilogues:  # the row's leader, once every value the epilogue reads is final
             s = g.statements[k]
-            if level[k] != lv + 1:
+            if level[k] != lv + 1 or k in g.column_epilogues:  # a column's: where it is final
                 continue
             body, val = loop.body_lines(k, None)
             out.append(f"  if ({leader} && o < {g.M}) {{")
