@@ -19,7 +19,9 @@ from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
 from panamera.schedule.decision import MergeMode
+from panamera.schedule.persistent import column_registers
 from panamera.schedule.row_columns import plan_columns
+from panamera.schedule.rtile import register_budget
 from panamera.schedule.saved import Schedule
 
 
@@ -120,10 +122,22 @@ def test_the_model_weighs_one_launch_at_liger_shapes(N, deterministic):
 
 
 def test_the_model_refuses_partials_that_do_not_fit_registers():
-    """LayerNorm backward at 4096 x 16384 float32: 32 partials per thread at 1024 threads and the
-    loads spilled under the 64-register bound (nvcc); no mapping fits, so two launches."""
-    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, 16384))), H100)
+    """LayerNorm backward at 4096 x 32768 float32: 64 partials per thread at 1024 threads and the
+    loads do not fit the 64-register bound, and 512 threads would keep 128 (over `MAX_PARTIALS`):
+    no mapping fits, so two launches."""
+    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, 32768))), H100)
     assert not c.pays and c.blocks == 0, c.describe()
+
+
+def test_wide_rows_keep_their_partials_at_fewer_threads():
+    """LayerNorm backward at 4096 x 16384 float32 (1024 threads: 32 partials and the loads spill
+    under 64 registers): one launch at fewer threads per block, one block per SM, the launch
+    bounds leaving the registers its 64 partials need (the kernel is rendered, so the suite's nvcc
+    check sees it compile without spills)."""
+    k = pn.compile(layer_norm_backward(4096, 16384), target="emulator")
+    (m,) = k.mappings
+    assert len(k.plan.per_call) == 1 and m.persistent and m.tx * m.ty < 1024, k.explain()
+    assert column_registers(k.groups[0], m) <= register_budget(m) and m.per_sm == 1
 
 
 def _layer_norm64(a, d, g, mean, rstd):
@@ -223,13 +237,13 @@ def test_the_persistent_row_loop_replayed(rng):
 def test_replay_preconditions_of_the_persistent_grid(rng):
     """One negative test per precondition of schedule/persistent.py (and a persistent grid
     without column partials)."""
-    outs = layer_norm_backward(40, 24)
+    outs = layer_norm_backward(40, 40)
     k = pn.compile(outs, target="emulator")
     (m,) = k.mappings
     bad = {
         "(1)": dict(split=2, grid=(m.grid[0], 2)),  # whole rows
         "(2)": dict(persistent=m.grid[0] + 1),  # more blocks than row tiles
-        "(3)": dict(tx=1, chunk=m.chunk * m.tx),  # one thread per row: every column's partial
+        "(3)": dict(tx=1, chunk=m.chunk * m.tx),  # one thread per row: every column's partial, 80
         "(4)": dict(merges=(MergeMode.STORE,) * len(m.merges)),  # the columns never merge
     }
     grid = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
