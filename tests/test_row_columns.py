@@ -15,6 +15,7 @@ from conftest import np_dtype, tolerance
 
 import panamera as pn
 from panamera.errors import ScheduleError
+from panamera.model import estimate
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
@@ -261,7 +262,7 @@ def test_replay_preconditions_of_the_persistent_grid(rng):
         pn.compile(outs, target="emulator", deterministic=True, schedule=k.schedule)
     x = pn.placeholder((16, 8), name="x")
     plain = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
-    with pytest.raises(ScheduleError, match="no column partials"):
+    with pytest.raises(ScheduleError, match=re.escape("(2)")):  # a persistent row loop's blocks per SM
         pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator", schedule=_with(plain, persistent=1))
 
 
@@ -327,3 +328,37 @@ def test_a_column_carries_an_elementwise_epilogue(rng):
     scales = [np.abs(a64).sum(1) * 2, np.abs(a64).sum(0), np.abs(a64).sum(0)]
     for out, ref, scale, n in zip(k(a, bb), refs, scales, [12, 70, 70]):
         np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+
+
+def _softmax_backward(M: int, N: int):
+    y, dy = pn.placeholder((M, N), name="y"), pn.placeholder((M, N), name="dy")
+    return y * (dy - pn.sum(dy * y, axis=1, keepdims=True))
+
+
+def test_rows_reread_from_l2_through_a_persistent_row_loop(rng):
+    """Softmax backward reads y and dy in both passes. At 4096 x 16384 float32 one block per row
+    tile keeps more rows in flight than half the L2 holds, so the second pass re-read DRAM
+    (modeled 436 us, 1.65x the limit); the model takes a persistent row loop of one block per SM
+    (schedule/persistent.py `row_grids`) whose re-read hits L2. The loop, replayed at a small
+    size (4 blocks over 10 row tiles), against numpy float64; its preconditions refused."""
+    big = pn.compile(_softmax_backward(4096, 16384), target="emulator")
+    (b,) = big.mappings
+    assert b.persistent == H100.sms and b.per_sm == 1 and set(b.merges) == {MergeMode.STORE}, big.explain()
+    assert estimate(big.plan, H100).ratio_to_limit < 1.1  # modeled
+    M, N = 40, 256
+    plain = pn.compile(_softmax_backward(M, N), target="emulator")
+    (m,) = plain.mappings
+    k = pn.compile(_softmax_backward(M, N), target="emulator", schedule=_with(plain, persistent=4, per_sm=1))
+    assert k.mappings[0].persistent == 4 < m.grid[0] and k.plan.per_call[0].grid[0] == 4, k.explain()
+    y = rng.random((M, N)).astype(np.float32)
+    d = rng.standard_normal((M, N)).astype(np.float32)
+    y64, d64 = y.astype(np.float64), d.astype(np.float64)
+    s64 = (d64 * y64).sum(1, keepdims=True)
+    scale = np.abs(y64) * (np.abs(d64) + (np.abs(d64) * y64).sum(1, keepdims=True))
+    np.testing.assert_allclose(k(y, d), y64 * (d64 - s64), rtol=0, atol=tolerance("float32", N) * scale.max())
+    with pytest.raises(ScheduleError, match=re.escape("(1)")):  # whole rows only
+        pn.compile(_softmax_backward(M, N), target="emulator", schedule=_with(k, split=2, grid=(m.grid[0], 2)))
+    y1 = pn.placeholder((M, N), name="y")
+    red = pn.compile(pn.sum(y1, axis=1), target="emulator")
+    with pytest.raises(ScheduleError, match="no stitched rows"):
+        pn.compile(pn.sum(y1, axis=1), target="emulator", schedule=_with(red, persistent=1, per_sm=1))

@@ -89,9 +89,10 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
-    if columns:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
+    if m.persistent:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
         tiles = f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {m.grid[0]}; pn_tile += gridDim.x) {{"
         out = [tiles, "    const pn_idx bx = pn_tile;  // the row tile"] + ["  " + ln for ln in out] + ["  }"]
+    if columns:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
     if split:

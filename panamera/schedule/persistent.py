@@ -128,6 +128,39 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     return None if best is None else complete(group, best[1], gpu, name, best[0])
 
 
+def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list[int]:
+    """Persistent grids for a stitched group WITHOUT column partials whose later passes re-read
+    the row (softmax backward: sum(dy * y), then dx reads y and dy again; `tile_bytes`: the input
+    bytes of one block's row tile): the most blocks, k per SM, whose row tiles in flight fit in
+    half the L2 (schedule/cost.py `stitched_cost`: then the re-read hits L2), where one block per
+    row tile keeps every resident block's tile in flight (4096 x 16384 float32 at 1024 threads:
+    264 rows of 128 KiB, 34 MiB, re-read from DRAM). Empty when one block per row tile fits
+    already, or no grid does.
+
+    >>> from panamera.model.gpu import H100
+    >>> row_grids(4096, H100, 1024, 16384 * 8), row_grids(4096, H100, 1024, 1024 * 8)
+    ([132], [])
+    """
+    half = gpu.l2_size / 2
+    if min(tiles, gpu.sms * gpu.resident_blocks(threads)) * tile_bytes <= half:
+        return []
+    return [b for b in block_counts(tiles, gpu, threads) if b * tile_bytes <= half and b < tiles][-1:]
+
+
+def check_rows(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
+    """A persistent grid of a stitched group without column partials (a replayed decision):
+    preconditions 1 and 2 (whole rows, no register tile, direct loads; 1 <= blocks <= row tiles,
+    `per_sm` consistent), else a ScheduleError."""
+    if not group.stitched:
+        raise ScheduleError(f"{at}: a persistent grid of {d.persistent} blocks, but no stitched rows to loop over")
+    if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:
+        raise ScheduleError(f"{at}: a persistent row loop needs whole rows, no register tile and direct loads (1)")
+    if not 1 <= d.persistent <= d.grid[0] or d.per_sm != math.ceil(d.persistent / gpu.sms):
+        raise ScheduleError(
+            f"{at}: persistent grid of {d.persistent} blocks ({d.per_sm} per SM) for {d.grid[0]} row tiles (2)"
+        )
+
+
 def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at: str) -> None:
     """Preconditions 1 to 4 of a joined group's decision (a replayed one: ScheduleError)."""
     if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:

@@ -10,7 +10,7 @@ from ..model.gpu import H100, GPUSpec
 from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
-from .cost import complete, decision_cost, in_flight, stitched_cost
+from .cost import _input_bytes, complete, decision_cost, in_flight, stitched_cost
 from .decision import MAX_GRID_Y, Decision, Mapping, pow2ceil
 from .derived import (
     access_for,
@@ -19,11 +19,12 @@ from .derived import (
     co_resident,
     levels_for,
     merges_for,
+    passes,
     struct_accumulators,
     unroll_for,
     vector_extent,
 )
-from .persistent import map_joined
+from .persistent import map_joined, row_grids
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
@@ -161,6 +162,9 @@ def _map_stitched(
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
         candidates += [(tx, ty, gx, 1 << e, NO_TILE) for e in range(max_split.bit_length()) if 1 << e <= max_split]
+        if passes(group, base["levels"]) > 1:  # later passes re-read the rows: fewer tiles in flight
+            tile_bytes = ty * _input_bytes(group) / max(M, 1)
+            candidates += [(tx, ty, gx, 1, NO_TILE, b) for b in row_grids(gx, gpu, tx * ty, tile_bytes)]
     tiles = tilings(group)[1:]
     if rtile is not None:
         candidates = [] if rtile * (ctile or 1) > 1 else candidates
@@ -174,13 +178,15 @@ def _map_stitched(
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
     best = None
-    for tx, ty, gx, s, (R, stride, C, rshared, cshared) in candidates:
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared), *grid in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
+        persistent = grid[0] if grid else 0  # a persistent row loop over the gx row tiles
         d = Decision(
             **base, tx=tx, ty=ty, split=s_eff, chunk=chunk, grid=(gx, s_eff),
             unroll=max(1, unroll_for(vec, chunk // tx) // (R * C)), merges=merges_for(group, s_eff, True),
             rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
+            persistent=persistent, per_sm=math.ceil(persistent / gpu.sms) if persistent else 0,
         )  # fmt: skip
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
