@@ -147,7 +147,9 @@ def _map_stitched(
     reductions, and only while every block of the grid is co-resident (`co_resident`: the
     blocks wait for each other). Splits are powers of two with at least one step per thread;
     `split` forces one (1: whole rows). Unsplit rows may also take a register tile
-    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row."""
+    (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row. Whole
+    rows whose later passes re-read them may also loop persistently over their row tiles on fewer
+    blocks (schedule/persistent.py `row_grids`), so the tiles in flight fit half the L2."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
