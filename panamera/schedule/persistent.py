@@ -64,9 +64,10 @@ def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
 
 def column_registers(group: KernelGroup, d: Decision) -> int:
     """4-byte registers the column pass holds: its partials, two unrolled steps of its distinct
-    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 16 for indices and the
-    row values (LayerNorm backward at 4096 x 16384 float32, 1024 threads: 32 partials and 12
-    float4 loads spilled under the 64-register bound)."""
+    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 24 for indices, the
+    row values and the 16-bit loads' conversions (LayerNorm backward at 4096 x 16384 float32,
+    1024 threads: 32 partials and 12 float4 loads spilled under the 64-register bound; in
+    bfloat16, 32 partials and 6 loads of 8 bytes spilled 12 stores with 16 counted)."""
     here = [k for k, v in enumerate(d.levels) if v == max(d.levels[c] for c in group.columns)]
     loads = {
         (r.tensor.uid, str(r.addr)): r.tensor.dtype.itemsize
@@ -75,7 +76,7 @@ def column_registers(group: KernelGroup, d: Decision) -> int:
         if r.memory and d.access and d.access[k][ri] == AccessKind.CONTIG
     }
     steps = min(2, math.ceil(group.N / (d.vec * d.tx)))
-    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 16
+    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 24
 
 
 def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
@@ -109,7 +110,10 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     )  # fmt: skip
     partials_only = deterministic or struct_accumulators(group)
     best = None
-    for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
+    # blocks of at most 32 partials per thread first: more only where clearly faster (the model
+    # does not price the register pressure; RMSNorm backward 4096 x 8192 keeps 512 threads)
+    widths = {min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}
+    for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec) > 32, t)):
         if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
             continue
         ty = max(1, min(256 // tx, pow2ceil(M)))
