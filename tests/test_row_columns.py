@@ -307,6 +307,9 @@ def test_columns_carry_their_cast_back_to_bf16(op, deterministic, rng):
         refs, scales = _rms_norm64(a64, d64, g64, rstd.astype(np.float64))
     assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
     assert "pays, one launch" in k.explain()
+    build = ln_bf16 if op == "layer_norm" else rms_bf16  # the saved schedule names the joined group
+    again = pn.compile(build(M, N, "bfloat16"), target="emulator", deterministic=deterministic, schedule=k.schedule)
+    assert again.source == k.source
     for out, ref, scale, n in zip(outs, refs, scales, [N] + [M] * (len(refs) - 1)):
         assert out.dtype == np_dtype("bfloat16")
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance("bfloat16", n) * scale.max())
