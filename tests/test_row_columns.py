@@ -15,11 +15,14 @@ from conftest import np_dtype, tolerance
 
 import panamera as pn
 from panamera.errors import ScheduleError
+from panamera.model import estimate
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
 from panamera.schedule.decision import MergeMode
+from panamera.schedule.persistent import column_registers
 from panamera.schedule.row_columns import plan_columns
+from panamera.schedule.rtile import register_budget
 from panamera.schedule.saved import Schedule
 
 
@@ -120,10 +123,22 @@ def test_the_model_weighs_one_launch_at_liger_shapes(N, deterministic):
 
 
 def test_the_model_refuses_partials_that_do_not_fit_registers():
-    """LayerNorm backward at 4096 x 16384 float32: 32 partials per thread at 1024 threads and the
-    loads spilled under the 64-register bound (nvcc); no mapping fits, so two launches."""
-    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, 16384))), H100)
+    """LayerNorm backward at 4096 x 32768 float32: 64 partials per thread at 1024 threads and the
+    loads do not fit the 64-register bound, and 512 threads would keep 128 (over `MAX_PARTIALS`):
+    no mapping fits, so two launches."""
+    (c,) = plan_columns(build_program(tuple(layer_norm_backward(4096, 32768))), H100)
     assert not c.pays and c.blocks == 0, c.describe()
+
+
+def test_wide_rows_keep_their_partials_at_fewer_threads():
+    """LayerNorm backward at 4096 x 16384 float32 (1024 threads: 32 partials and the loads spill
+    under 64 registers): one launch at fewer threads per block, one block per SM, the launch
+    bounds leaving the registers its 64 partials need (the kernel is rendered, so the suite's nvcc
+    check sees it compile without spills)."""
+    k = pn.compile(layer_norm_backward(4096, 16384), target="emulator")
+    (m,) = k.mappings
+    assert len(k.plan.per_call) == 1 and m.persistent and m.tx * m.ty < 1024, k.explain()
+    assert column_registers(k.groups[0], m) <= register_budget(m) and m.per_sm == 1
 
 
 def _layer_norm64(a, d, g, mean, rstd):
@@ -223,13 +238,13 @@ def test_the_persistent_row_loop_replayed(rng):
 def test_replay_preconditions_of_the_persistent_grid(rng):
     """One negative test per precondition of schedule/persistent.py (and a persistent grid
     without column partials)."""
-    outs = layer_norm_backward(40, 24)
+    outs = layer_norm_backward(40, 40)
     k = pn.compile(outs, target="emulator")
     (m,) = k.mappings
     bad = {
         "(1)": dict(split=2, grid=(m.grid[0], 2)),  # whole rows
         "(2)": dict(persistent=m.grid[0] + 1),  # more blocks than row tiles
-        "(3)": dict(tx=1, chunk=m.chunk * m.tx),  # one thread per row: every column's partial
+        "(3)": dict(tx=1, chunk=m.chunk * m.tx),  # one thread per row: every column's partial, 80
         "(4)": dict(merges=(MergeMode.STORE,) * len(m.merges)),  # the columns never merge
     }
     grid = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
@@ -247,7 +262,7 @@ def test_replay_preconditions_of_the_persistent_grid(rng):
         pn.compile(outs, target="emulator", deterministic=True, schedule=k.schedule)
     x = pn.placeholder((16, 8), name="x")
     plain = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
-    with pytest.raises(ScheduleError, match="no column partials"):
+    with pytest.raises(ScheduleError, match=re.escape("(2)")):  # a persistent row loop's blocks per SM
         pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator", schedule=_with(plain, persistent=1))
 
 
@@ -267,3 +282,86 @@ def test_columns_reading_a_row_sum_max_and_mean(deterministic, rng):
     scales = [np.abs(a64).sum(1, keepdims=True) * 2, (np.abs(a64) * np.abs(r64)).sum(0), np.abs(a64), np.abs(a64)]
     for out, ref, scale, n in zip(k(a), refs, scales, [12, 70, 1, 70]):
         np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+
+
+@pytest.mark.parametrize(
+    "op, deterministic", [("layer_norm", False), ("layer_norm", True), ("rms_norm", True)]
+)  # fmt: skip
+def test_columns_carry_their_cast_back_to_bf16(op, deterministic, rng):
+    """torch's decomposition casts dgamma / dbeta back to bf16 (bench/train_suite.py): the cast is
+    the column's epilogue, applied where each column becomes final, so dx, dgamma and dbeta are
+    still one launch (poly/row_columns.py `with_epilogues`), against numpy float64."""
+    from panamera.bench.train_suite import layer_norm_backward as ln_bf16
+    from panamera.bench.train_suite import rms_norm_backward as rms_bf16
+
+    M, N = 48, 40
+    a, d, g, mean, rstd = _inputs(rng, M, N, "bfloat16")
+    a64, d64, g64 = (v.astype(np.float64) for v in (a, d, g))
+    if op == "layer_norm":
+        k = pn.compile(ln_bf16(M, N, "bfloat16"), target="emulator", deterministic=deterministic)
+        outs = k(a, d, g, mean, rstd)
+        refs, scales = _layer_norm64(a64, d64, g64, mean.astype(np.float64), rstd.astype(np.float64))
+    else:
+        k = pn.compile(rms_bf16(M, N, "bfloat16"), target="emulator", deterministic=deterministic)
+        outs = k(a, d, g, rstd)
+        refs, scales = _rms_norm64(a64, d64, g64, rstd.astype(np.float64))
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    assert "pays, one launch" in k.explain()
+    build = ln_bf16 if op == "layer_norm" else rms_bf16  # the saved schedule names the joined group
+    again = pn.compile(build(M, N, "bfloat16"), target="emulator", deterministic=deterministic, schedule=k.schedule)
+    assert again.source == k.source
+    for out, ref, scale, n in zip(outs, refs, scales, [N] + [M] * (len(refs) - 1)):
+        assert out.dtype == np_dtype("bfloat16")
+        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance("bfloat16", n) * scale.max())
+
+
+def test_a_column_carries_an_elementwise_epilogue(rng):
+    """Any element-wise consumer of a column in its output space joins with it (not only a cast):
+    the column stored too where it is read outside the kernel."""
+    x = pn.placeholder((70, 12), name="x")
+    b = pn.placeholder((12,), name="b")
+    s = pn.sum(x, axis=0)
+    k = pn.compile([x - pn.sum(x, axis=1, keepdims=True), s, pn.sqrt(s * s + b)], target="emulator")
+    assert len(k.plan.per_call) == 1 and k.mappings[0].persistent, k.explain()
+    a = rng.standard_normal((70, 12)).astype(np.float32)
+    bb = np.abs(rng.standard_normal(12)).astype(np.float32)
+    a64 = a.astype(np.float64)
+    s64 = a64.sum(0)
+    refs = [a64 - a64.sum(1, keepdims=True), s64, np.sqrt(s64 * s64 + bb)]
+    scales = [np.abs(a64).sum(1) * 2, np.abs(a64).sum(0), np.abs(a64).sum(0)]
+    for out, ref, scale, n in zip(k(a, bb), refs, scales, [12, 70, 70]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+
+
+def _softmax_backward(M: int, N: int):
+    y, dy = pn.placeholder((M, N), name="y"), pn.placeholder((M, N), name="dy")
+    return y * (dy - pn.sum(dy * y, axis=1, keepdims=True))
+
+
+def test_rows_reread_from_l2_through_a_persistent_row_loop(rng):
+    """Softmax backward reads y and dy in both passes. At 4096 x 16384 float32 one block per row
+    tile keeps more rows in flight than half the L2 holds, so the second pass re-read DRAM
+    (modeled 436 us, 1.65x the limit); the model takes a persistent row loop of one block per SM
+    (schedule/persistent.py `row_grids`) whose re-read hits L2. The loop, replayed at a small
+    size (4 blocks over 10 row tiles), against numpy float64; its preconditions refused."""
+    big = pn.compile(_softmax_backward(4096, 16384), target="emulator")
+    (b,) = big.mappings
+    assert b.persistent == H100.sms and b.per_sm == 1 and set(b.merges) == {MergeMode.STORE}, big.explain()
+    assert estimate(big.plan, H100).ratio_to_limit < 1.1  # modeled
+    M, N = 40, 256
+    plain = pn.compile(_softmax_backward(M, N), target="emulator")
+    (m,) = plain.mappings
+    k = pn.compile(_softmax_backward(M, N), target="emulator", schedule=_with(plain, persistent=4, per_sm=1))
+    assert k.mappings[0].persistent == 4 < m.grid[0] and k.plan.per_call[0].grid[0] == 4, k.explain()
+    y = rng.random((M, N)).astype(np.float32)
+    d = rng.standard_normal((M, N)).astype(np.float32)
+    y64, d64 = y.astype(np.float64), d.astype(np.float64)
+    s64 = (d64 * y64).sum(1, keepdims=True)
+    scale = np.abs(y64) * (np.abs(d64) + (np.abs(d64) * y64).sum(1, keepdims=True))
+    np.testing.assert_allclose(k(y, d), y64 * (d64 - s64), rtol=0, atol=tolerance("float32", N) * scale.max())
+    with pytest.raises(ScheduleError, match=re.escape("(1)")):  # whole rows only
+        pn.compile(_softmax_backward(M, N), target="emulator", schedule=_with(k, split=2, grid=(m.grid[0], 2)))
+    y1 = pn.placeholder((M, N), name="y")
+    red = pn.compile(pn.sum(y1, axis=1), target="emulator")
+    with pytest.raises(ScheduleError, match="no stitched rows"):
+        pn.compile(pn.sum(y1, axis=1), target="emulator", schedule=_with(red, persistent=1, per_sm=1))

@@ -141,13 +141,34 @@ def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
 
 
 def _stores(loop: ThreadLoop) -> list[str]:
-    """Every column statement's final value of column j (a shared accumulator: its owner's)."""
+    """Every column statement's final value of column j (a shared accumulator: its owner's),
+    stored if read outside the kernel, then the columns' epilogue statements at index j
+    (poly/row_columns.py `with_epilogues`: torch's cast of dgamma back to bf16), in registers,
+    each stored."""
     g = loop.g
     out = []
     for k in g.columns:
         s = g.statements[k]
         final = convert(post(s, f"pn_f{g.accumulator_of[k]}"), post_dtype(s), s.result.dtype)
-        out.append(f"    pn_st(&out{k}[j], {final});")
+        if not g.column_epilogues:
+            out.append(f"    pn_st(&out{k}[j], {final});")
+            continue
+        out.append(f"    const {s.result.dtype.compute} pn_r{k} = {final};")
+        loop.regs[s.result.uid] = f"pn_r{k}"
+        if s.result.uid in g.external:
+            out.append(f"    pn_st(&out{k}[j], pn_r{k});")
+    if g.column_epilogues:  # an epilogue statement's instance (i, 0) is column i
+        out.append("    { const pn_idx i = j; { const pn_idx j = 0; (void)j;")
+        for e in g.column_epilogues:
+            st = g.statements[e]
+            body, val = loop.body_lines(e, None)
+            out += ["      " + ln for ln in body]
+            out.append(
+                f"      const {st.result.dtype.compute} pn_r{e} = {convert(val, st.body.dtype, st.result.dtype)};"
+            )
+            out.append(f"      pn_st(&out{e}[{loop.address(st.write)}], pn_r{e});")
+            loop.regs[st.result.uid] = f"pn_r{e}"
+        out.append("    } }")
     return out
 
 

@@ -97,7 +97,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
                 out.append(f"  if ({leader} && o < {g.M}) pn_st(&out{k}[o], {reg});")
         for k in epilogues:  # the row's leader, once every value the epilogue reads is final
             s = g.statements[k]
-            if level[k] != lv + 1:
+            if level[k] != lv + 1 or k in g.column_epilogues:  # a column's: where it is final
                 continue
             body, val = loop.body_lines(k, None)
             out.append(f"  if ({leader} && o < {g.M}) {{")
@@ -105,9 +105,10 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
-    if columns:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
+    if m.persistent:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
         tiles = f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {m.grid[0]}; pn_tile += gridDim.x) {{"
         out = [tiles, "    const pn_idx bx = pn_tile;  // the row tile"] + ["  " + ln for ln in out] + ["  }"]
+    if columns:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
     if clustered:

@@ -19,7 +19,7 @@ from .epilogue import epilogue_candidates
 from .expr import Expr
 from .fusion import Fusion, fuse_producers
 from .movement import must_materialize
-from .row_columns import ColumnJoin, column_candidates
+from .row_columns import ColumnJoin, column_candidates, column_epilogues
 from .statement import Form, Statement, StatementKind, build_statement
 from .stitch import MAX_HORIZONTAL, stitch_candidates
 
@@ -54,6 +54,12 @@ class KernelGroup:
         if not self.stitched:
             return ()
         return tuple(k for k, s in enumerate(self.statements) if s.form == Form.COLUMN)
+
+    @cached_property
+    def column_epilogues(self) -> tuple[int, ...]:
+        """The element-wise consumers of the columns (poly/row_columns.py `with_epilogues`), by
+        index: applied where each column's value becomes final, not as row epilogues."""
+        return column_epilogues(self.statements) if self.columns else ()
 
     @property
     def M(self) -> int:

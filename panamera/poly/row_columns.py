@@ -59,10 +59,15 @@ class ColumnJoin:
     group: tuple[Statement, ...]
     columns: tuple[Statement, ...]
     passes: tuple[int, ...]
+    epilogues: tuple[Statement, ...] = ()  # columns' element-wise consumers (`with_epilogues`)
+
+    @property
+    def statements(self) -> tuple[Statement, ...]:
+        return self.group + self.columns + self.epilogues
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.group + self.columns)
+        return tuple(s.name for s in self.statements)
 
 
 def _var(st: Statement, name: str):
@@ -143,6 +148,53 @@ def column_candidates(stmts, sg: nx.DiGraph, stitched) -> tuple[ColumnJoin, ...]
             current.append(st)
         if joined:
             out.append(ColumnJoin(tuple(group), tuple(joined), tuple(passes)))
+    return tuple(out)
+
+
+def with_epilogues(join: ColumnJoin, epilogue_groups, sg: nx.DiGraph) -> ColumnJoin | None:
+    """`join` carrying the element-wise consumers of its columns (torch's cast of dgamma and dbeta
+    back to bf16): each of `epilogue_groups` (poly/epilogue.py's legal groups, head first) whose
+    head is one of the columns joins whole, applied where the column's value becomes final (the
+    merge's last block, or each block's share after a grid-wide wait). None when no group's head
+    is a column, or when joining them would close a cycle through another kernel (precondition 5).
+    The epilogue group's own preconditions (element-wise at the column's index, reading no other
+    reduction) hold for the joined kernel: a column's final value is at hand where it is stored.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((8, 4))
+    >>> outs = [x - pn.sum(x, axis=1, keepdims=True), pn.sum(x, axis=0).astype("bfloat16")]
+    >>> p = lower(outs, stop_after="program", target="emulator").program
+    >>> with_epilogues(p.column_candidates[0], p.epilogue_candidates, p.statement_graph).names
+    ('S1', 'S3', 'S0', 'S2')
+    """
+    heads = {c.name for c in join.columns}
+    epis = tuple(s for grp in epilogue_groups if grp[0].name in heads for s in grp[1:])
+    if not epis or not acyclic_after_contraction(sg, set(join.names) | {s.name for s in epis}):
+        return None
+    return replace(join, epilogues=epis)
+
+
+def column_epilogues(statements) -> tuple[int, ...]:
+    """Indices of the element-wise statements of a joined group that read a COLUMN statement's
+    result (or an earlier such statement's): they run where the columns become final, never as
+    row epilogues.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((8, 4))
+    >>> outs = [x - pn.sum(x, axis=1, keepdims=True), pn.sum(x, axis=0).astype("bfloat16")]
+    >>> p = lower(outs, stop_after="program", target="emulator").program
+    >>> j = with_epilogues(p.column_candidates[0], p.epilogue_candidates, p.statement_graph)
+    >>> column_epilogues(j.statements)
+    (3,)
+    """
+    after = {s.result.uid for s in statements if s.form == Form.COLUMN}
+    out = []
+    for k, s in enumerate(statements):
+        if s.kind == StatementKind.MAP and any(r.tensor.uid in after for r in s.reads):
+            out.append(k)
+            after.add(s.result.uid)
     return tuple(out)
 
 

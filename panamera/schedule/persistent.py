@@ -38,7 +38,11 @@ from .decision import Decision, Mapping, MergeMode, pow2ceil
 from .derived import access_for, co_resident, levels_for, merges_for, struct_accumulators, unroll_for
 from .rtile import register_budget
 
-MAX_PARTIALS = 32  # column partials a thread keeps in registers, all COLUMN statements together
+# column partials a thread keeps in registers, all COLUMN statements together: the register rule
+# (`column_registers`) decides within it. LayerNorm backward at 4096 x 16384 float32 keeps 64 at 512
+# threads, one block per SM (128 registers under the launch bounds; nvcc: 128 used, 0 spills), where
+# 1024 threads with 32 spilled under 64.
+MAX_PARTIALS = 64
 
 
 def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
@@ -60,9 +64,10 @@ def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
 
 def column_registers(group: KernelGroup, d: Decision) -> int:
     """4-byte registers the column pass holds: its partials, two unrolled steps of its distinct
-    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 16 for indices and the
-    row values (LayerNorm backward at 4096 x 16384 float32, 1024 threads: 32 partials and 12
-    float4 loads spilled under the 64-register bound)."""
+    contiguous vector loads (nvcc hoists the unrolled steps' loads), and 24 for indices, the
+    row values and the 16-bit loads' conversions (LayerNorm backward at 4096 x 16384 float32,
+    1024 threads: 32 partials and 12 float4 loads spilled under the 64-register bound; in
+    bfloat16, 32 partials and 6 loads of 8 bytes spilled 12 stores with 16 counted)."""
     here = [k for k, v in enumerate(d.levels) if v == max(d.levels[c] for c in group.columns)]
     loads = {
         (r.tensor.uid, str(r.addr)): r.tensor.dtype.itemsize
@@ -71,7 +76,7 @@ def column_registers(group: KernelGroup, d: Decision) -> int:
         if r.memory and d.access and d.access[k][ri] == AccessKind.CONTIG
     }
     steps = min(2, math.ceil(group.N / (d.vec * d.tx)))
-    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 16
+    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 24
 
 
 def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
@@ -105,7 +110,10 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     )  # fmt: skip
     partials_only = deterministic or struct_accumulators(group)
     best = None
-    for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
+    # blocks of at most 32 partials per thread first: more only where clearly faster (the model
+    # does not price the register pressure; RMSNorm backward 4096 x 8192 keeps 512 threads)
+    widths = {min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}
+    for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec) > 32, t)):
         if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
             continue
         ty = max(1, min(256 // tx, pow2ceil(M)))
@@ -122,6 +130,39 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
                 if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
                     best = (cost, d)
     return None if best is None else complete(group, best[1], gpu, name, best[0])
+
+
+def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list[int]:
+    """Persistent grids for a stitched group WITHOUT column partials whose later passes re-read
+    the row (softmax backward: sum(dy * y), then dx reads y and dy again; `tile_bytes`: the input
+    bytes of one block's row tile): the most blocks, k per SM, whose row tiles in flight fit in
+    half the L2 (schedule/cost.py `stitched_cost`: then the re-read hits L2), where one block per
+    row tile keeps every resident block's tile in flight (4096 x 16384 float32 at 1024 threads:
+    264 rows of 128 KiB, 34 MiB, re-read from DRAM). Empty when one block per row tile fits
+    already, or no grid does.
+
+    >>> from panamera.model.gpu import H100
+    >>> row_grids(4096, H100, 1024, 16384 * 8), row_grids(4096, H100, 1024, 1024 * 8)
+    ([132], [])
+    """
+    half = gpu.l2_size / 2
+    if min(tiles, gpu.sms * gpu.resident_blocks(threads)) * tile_bytes <= half:
+        return []
+    return [b for b in block_counts(tiles, gpu, threads) if b * tile_bytes <= half and b < tiles][-1:]
+
+
+def check_rows(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
+    """A persistent grid of a stitched group without column partials (a replayed decision):
+    preconditions 1 and 2 (whole rows, no register tile, direct loads; 1 <= blocks <= row tiles,
+    `per_sm` consistent), else a ScheduleError."""
+    if not group.stitched:
+        raise ScheduleError(f"{at}: a persistent grid of {d.persistent} blocks, but no stitched rows to loop over")
+    if d.split != 1 or d.rtile * d.ctile != 1 or d.stages != 1:
+        raise ScheduleError(f"{at}: a persistent row loop needs whole rows, no register tile and direct loads (1)")
+    if not 1 <= d.persistent <= d.grid[0] or d.per_sm != math.ceil(d.persistent / gpu.sms):
+        raise ScheduleError(
+            f"{at}: persistent grid of {d.persistent} blocks ({d.per_sm} per SM) for {d.grid[0]} row tiles (2)"
+        )
 
 
 def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at: str) -> None:

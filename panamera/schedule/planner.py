@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup, Program, external_results, group_statements
+from ..poly.row_columns import with_epilogues
 from ..poly.statement import Form, StatementKind
 from .mapping import Mapping, MergeMode, map_group
 from .row_columns import consider
@@ -113,7 +114,8 @@ def plan_groups(
         legal = list(prog.stitch_candidates)
         plain = {tuple(s.name for s in c) for c in legal}
         if any(tuple(n) not in plain for n in replay):  # a stitched group with column partials
-            legal += [j.group + j.columns for j in prog.column_candidates]
+            legal += [j.statements for j in prog.column_candidates]
+            legal += [j.statements for j in _with_epilogues(prog)]
         chosen = _replayed(legal, replay, "stitches {}, which is not a legal stitched group")
         epilogues = _replayed(
             prog.epilogue_candidates,
@@ -147,23 +149,39 @@ def plan_groups(
 
 def _plan_columns(prog: Program, gpu: GPUSpec, considered: list, chosen: list, epilogues, deterministic, split):
     """The chosen stitched groups, each with the COLUMN reductions that join it where the model
-    prefers one launch (appends the figures to `considered`). Asks isl for the column
-    candidates only when a chosen stitched group and a COLUMN reduction outside it exist."""
-    taken = {s.name for grp in list(chosen) + list(epilogues) for s in grp}
+    prefers one launch (appends the figures to `considered`). A column that heads a chosen
+    epilogue group (torch's cast of dgamma back to bf16) joins with its epilogue
+    (poly/row_columns.py `with_epilogues`), weighed against the epilogue group's kernel, and the
+    epilogue group is dropped from `epilogues` (in place) when the join pays. Asks isl for the
+    column candidates only when a chosen stitched group and a COLUMN reduction outside it exist."""
     if not chosen or not any(s.form == Form.COLUMN and s.kind == StatementKind.REDUCE for s in prog.statements):
         return chosen
     out = list(chosen)
     for join in prog.column_candidates:
         names = tuple(s.name for s in join.group)
         at = next((k for k, c in enumerate(out) if tuple(s.name for s in c) == names), None)
+        heads = {c.name for c in join.columns}
+        mine = [e for e in epilogues if e[0].name in heads]
+        others = [e for e in epilogues if e[0].name not in heads]
+        taken = {s.name for grp in out[:at] + out[at + 1 :] + others for s in grp} if at is not None else set()
         if at is None or any(c.name in taken for c in join.columns):
             continue
-        c = consider(join, prog, gpu, deterministic, None if split else 1)
+        if mine:
+            join = with_epilogues(join, mine, prog.statement_graph)
+            if join is None or any(e[0].name in taken for e in mine):
+                continue
+        c = consider(join, prog, gpu, deterministic, None if split else 1, tuple(mine))
         considered.append(replace(c, chosen=c.pays))
         if c.pays:
-            out[at] = tuple(join.group) + tuple(join.columns)
-            taken |= {s.name for s in join.columns}
+            out[at] = join.statements
+            epilogues[:] = others
     return out
+
+
+def _with_epilogues(prog: Program) -> list:
+    """Every column join with its columns' epilogue groups (a replayed schedule may name one)."""
+    joins = (with_epilogues(j, prog.epilogue_candidates, prog.statement_graph) for j in prog.column_candidates)
+    return [j for j in joins if j is not None]
 
 
 class _Alone:

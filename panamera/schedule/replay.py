@@ -12,6 +12,7 @@ from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, Me
 from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
 from .onchip import check as check_onchip
 from .persistent import check as check_columns
+from .persistent import check_rows
 from .pipeline import check as check_pipeline
 from .rtile import check as check_tile
 from .tensor_core import check as check_tensor_core
@@ -39,7 +40,8 @@ def replay(
        power-of-two rows, a row stride of the group, exactly the shared reads isl finds);
     10. a pipeline only as schedule/pipeline.py's preconditions allow (stages 1, 2 or 4; a read
        the block's rows share, aligned copies, a block-uniform step count around the barriers);
-    11. a persistent grid only with column partials, as schedule/persistent.py's preconditions allow;
+    11. a persistent grid only for stitched rows (with or without column partials), as
+       schedule/persistent.py's preconditions allow;
     12. tensor cores only as schedule/tensor_core.py's preconditions and `check` allow;
     13. rows kept on chip only as schedule/onchip.py's preconditions allow;
     14. a thread-block cluster only as schedule/cluster.py's preconditions allow (every block of
@@ -88,8 +90,8 @@ def replay(
         raise ScheduleError(f"{at}: the task mappings {d.describe()} do not cover the domain")
     if group.columns:  # column partials: schedule/persistent.py's preconditions
         check_columns(group, d, gpu, deterministic, at)
-    elif d.persistent or d.per_sm:
-        raise ScheduleError(f"{at}: a persistent grid of {d.persistent} blocks, but no column partials to merge")
+    elif d.persistent or d.per_sm:  # a persistent row loop: schedule/persistent.py `check_rows`
+        check_rows(group, d, gpu, at)
     partials = deterministic or struct_accumulators(group) or (group.stitched and not group.columns)
     want = merges_for(group, d.split // max(1, d.cluster), partials)
     if len(d.merges) != len(want) or any(

@@ -87,19 +87,25 @@ def bytes_saved(join: ColumnJoin) -> int:
 
 def joined_group(join: ColumnJoin, prog: Program) -> KernelGroup:
     """The one-launch kernel group of `join`: the host rows, then the columns placed in them."""
-    stmts = join.group + join.columns
+    stmts = join.statements
     return KernelGroup(stmts, True, external_results(stmts, prog.statements, prog.outputs))
 
 
 def consider(
-    join: ColumnJoin, prog: Program, gpu: GPUSpec, deterministic: bool = False, split: int | None = None
+    join: ColumnJoin,
+    prog: Program,
+    gpu: GPUSpec,
+    deterministic: bool = False,
+    split: int | None = None,
+    epilogues: tuple = (),
 ) -> ColumnConsidered:
     """One launch against two for `join`, by the model (figures in microseconds, modeled): the
     mapper's persistent kernel (schedule/persistent.py) against the stitched kernel as the
-    planner maps it (`split`: forced blocks per row, None: the model's) plus the columns' kernels."""
+    planner maps it (`split`: forced blocks per row, None: the model's) plus the columns' kernels
+    (`epilogues`: the epilogue groups the planner chose for columns, each one reduce kernel)."""
     ext = external_results(join.group, prog.statements, prog.outputs)
     row = map_group(KernelGroup(join.group, True, ext), gpu, split=split)
-    cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog)]
+    cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog, epilogues)]
     two = row.cost.total_s + sum(c.cost.total_s for c in cols)
     one = map_joined(joined_group(join, prog), gpu, deterministic=deterministic)
     if one is None:  # the partials fit no block's registers: never pays
@@ -113,11 +119,17 @@ def consider(
     )  # fmt: skip
 
 
-def _column_kernels(join: ColumnJoin, prog: Program) -> list[KernelGroup]:
-    """The kernels the columns run in today: the program's horizontally fused groups that hold
-    only joiners, and a kernel of its own for any other joiner."""
-    names = {c.name for c in join.columns}
-    fused = [g for g in prog.groups if {s.name for s in g.statements} <= names]
+def _column_kernels(join: ColumnJoin, prog: Program, epilogues: tuple = ()) -> list[KernelGroup]:
+    """The kernels the columns run in today: their chosen epilogue groups (one reduce kernel
+    each), the program's horizontally fused groups that hold only joiners, and a kernel of its
+    own for any other joiner or column epilogue."""
+    names = {c.name for c in join.columns + join.epilogues}
+    epis = [
+        KernelGroup(tuple(e), external=external_results(e, prog.statements, prog.outputs), epilogue=True)
+        for e in epilogues
+    ]
+    names -= {s.name for e in epilogues for s in e}
+    fused = epis + [g for g in prog.groups if {s.name for s in g.statements} <= names]
     inside = {s.name for g in fused for s in g.statements}
     by_name = {s.name: s for s in prog.statements}
     return fused + [KernelGroup((by_name[n],)) for n in sorted(names - inside)]

@@ -10,7 +10,7 @@ from ..model.gpu import H100, GPUSpec
 from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
-from .cost import complete, decision_cost, in_flight, stitched_cost
+from .cost import _input_bytes, complete, decision_cost, in_flight, stitched_cost
 from .decision import MAX_GRID_Y, Decision, Mapping, Residence, pow2ceil
 from .derived import (
     access_for,
@@ -19,12 +19,13 @@ from .derived import (
     co_resident,
     levels_for,
     merges_for,
+    passes,
     struct_accumulators,
     unroll_for,
     vector_extent,
 )
 from .onchip import choose as onchip_choices
-from .persistent import map_joined
+from .persistent import map_joined, row_grids
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
@@ -182,7 +183,9 @@ def _map_stitched(
     `split` forces one (1: whole rows). Unsplit rows may also take a register tile
     (schedule/rtile.py; `rtile` and `ctile` force one), with 32 to 128 threads per row. On a GPU
     with thread-block clusters, a split of 2 to `max_cluster` blocks may be one cluster instead
-    (schedule/cluster.py; no co-residency bound); `cluster` forces (True) or forbids (False) it."""
+    (schedule/cluster.py; no co-residency bound); `cluster` forces (True) or forbids (False) it. Whole
+    rows whose later passes re-read them may also loop persistently over their row tiles on fewer
+    blocks (schedule/persistent.py `row_grids`), so the tiles in flight fit half the L2."""
     M, N = group.M, group.N
     vec = choose_vec(group.statements, "j", N)
     G = N // vec
@@ -191,19 +194,22 @@ def _map_stitched(
         access=access_for(group, vec), levels=levels_for(group),
         atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
-    candidates = []  # (tx, ty, gx, split, tile, cluster), fewer threads and blocks first
+    candidates = []  # (tx, ty, gx, split, tile, cluster, persistent blocks), fewer threads and blocks first
     for tx in sorted({min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}):
         ty = max(1, min(256 // tx, pow2ceil(M)))
         gx = math.ceil(M / ty)
         max_split = max(1, min(MAX_GRID_Y, G // tx, co_resident(gpu, tx * ty) // gx))
         candidates += [
-            (tx, ty, gx, 1 << e, NO_TILE, False) for e in range(max_split.bit_length()) if 1 << e <= max_split
+            (tx, ty, gx, 1 << e, NO_TILE, False, 0) for e in range(max_split.bit_length()) if 1 << e <= max_split
         ]
         # one thread-block cluster per split row (sm_90, schedule/cluster.py): no co-residency bound
         max_cluster = min(gpu.max_cluster, G // tx)
         candidates += [
-            (tx, ty, gx, 1 << e, NO_TILE, True) for e in range(1, max_cluster.bit_length()) if 1 << e <= max_cluster
+            (tx, ty, gx, 1 << e, NO_TILE, True, 0) for e in range(1, max_cluster.bit_length()) if 1 << e <= max_cluster
         ]
+        if passes(group, base["levels"]) > 1:  # later passes re-read the rows: fewer tiles in flight
+            tile_bytes = ty * _input_bytes(group) / max(M, 1)
+            candidates += [(tx, ty, gx, 1, NO_TILE, False, b) for b in row_grids(gx, gpu, tx * ty, tile_bytes)]
     tiles = tilings(group)[1:]
     if rtile is not None:
         candidates = [] if rtile * (ctile or 1) > 1 else candidates
@@ -213,13 +219,13 @@ def _map_stitched(
         rows = Decision(**base, **dummy, rtile=t[0], rstride=t[1], ctile=t[2]).tile_rows
         for tx in sorted({min(x, pow2ceil(G)) for x in (32, 64, 128)}):
             ty = max(1, min(256 // tx, pow2ceil(rows)))
-            candidates.append((tx, ty, math.ceil(rows / ty), 1, t, False))
+            candidates.append((tx, ty, math.ceil(rows / ty), 1, t, False, 0))
     if split is not None:
         candidates = [c for c in candidates if c[3] == split] or [c for c in candidates if c[3] == 1]
     if cluster is not None:  # forced: clusters (True) or none (False)
         candidates = [c for c in candidates if c[5] == cluster] or candidates
     best: dict[bool, tuple] = {}  # the best plan that re-reads its rows (True), that keeps them (False)
-    for tx, ty, gx, s, (R, stride, C, rshared, cshared), clustered in candidates:
+    for tx, ty, gx, s, (R, stride, C, rshared, cshared), clustered, persistent in candidates:
         chunk = math.ceil(math.ceil(G / s) / tx) * tx
         s_eff = math.ceil(G / chunk)
         d = Decision(
@@ -228,19 +234,26 @@ def _map_stitched(
             merges=merges_for(group, 1 if clustered else s_eff, True),  # a cluster exchanges on chip
             rtile=R, rstride=stride, ctile=C, rshared=rshared, cshared=cshared,
             cluster=s_eff if clustered else 1,
+            persistent=persistent, per_sm=math.ceil(persistent / gpu.sms) if persistent else 0,
         )  # fmt: skip
         if clustered and s_eff == 1:
             continue
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
         # the row kept in registers or shared memory (schedule/onchip.py), or re-read
-        for res in (*onchip_choices(group, d, gpu), Residence.MEMORY):
+        # (a persistent row loop is the re-reading plan's alternative: its rows are re-read from L2)
+        for res in (*(() if persistent else onchip_choices(group, d, gpu)), Residence.MEMORY):
             dd = replace(d, onchip=res)
             cost = stitched_cost(group, gpu, dd)
             kind = res == Residence.MEMORY
             # fewer blocks and threads unless clearly faster
             if kind not in best or cost.total_s < best[kind][0].total_s * 0.97:
                 best[kind] = (cost, dd)
+    if not best:
+        raise ScheduleError(
+            f"kernel {name or '?'}: no stitched plan of {'+'.join(group.names)} meets the forced "
+            f"split={split} rtile={rtile} ctile={ctile} cluster={cluster}"
+        )
     # the best plan that keeps its rows on chip, unless re-reading them is clearly faster
     cost, d = best[False] if False in best else best[True]
     if True in best and best[True][0].total_s < cost.total_s * 0.97:
