@@ -127,3 +127,15 @@ def test_precondition_5_a_cooperative_split_stays_co_resident(rng):
     outputs, _, _ = case("softmax", (300, 8192), "float32", rng)  # 150 x 2 blocks: 4 per SM, 2 with registers
     with pytest.raises(ScheduleError, match="precondition 5"):
         compile_with(outputs, 2, Residence.REGISTERS)
+
+
+def test_precondition_1_column_partials_keep_no_row(rng):
+    """A joined LayerNorm backward (column partials on a persistent row loop) replayed with its rows
+    kept on chip: refused, not a kernel that reads a kept row outside its loop."""
+    from test_row_columns import _with, layer_norm_backward
+
+    outs = layer_norm_backward(64, 64)
+    k = pn.compile(outs, target="emulator", cache=False, use_database=False)
+    assert k.groups[0].columns, "the join is the model's plan at this size"
+    with pytest.raises(ScheduleError, match="precondition 1"):
+        pn.compile(outs, target="emulator", schedule=_with(k, onchip=Residence.REGISTERS), use_database=False)

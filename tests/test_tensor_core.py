@@ -20,7 +20,7 @@ import panamera as pn
 from panamera.compiler import lower
 from panamera.errors import ScheduleError
 from panamera.model import H100
-from panamera.schedule.mapping import map_group, replay
+from panamera.schedule.mapping import MergeMode, map_group, replay
 from panamera.schedule.tensor_core import Mma, analyse, candidates
 
 M, N, K = 20, 40, 100
@@ -230,6 +230,17 @@ def test_replay_refuses_a_bad_tile():
     f32 = lower(pn.placeholder((M, K)) @ pn.placeholder((N, K)).T, stop_after="groups", target="emulator").groups[0]
     with pytest.raises(ScheduleError, match="not legal"):
         replay(f32, dataclasses.replace(d, statements=f32.names), H100, "k")
+
+
+def test_replay_refuses_tensor_cores_in_a_cluster():
+    """A split contraction on tensor cores replayed as a thread-block cluster: refused (the
+    tensor-core kernel does not exchange partials through a cluster; each block would store its own)."""
+    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
+    g = lower(x @ w.T, stop_after="groups", target="emulator", gpu=H100).groups[0]
+    d = map_group(g, H100, mma=True, split=2).decision
+    bad = dataclasses.replace(d, cluster=2, merges=tuple(MergeMode.STORE for _ in d.merges))
+    with pytest.raises(ScheduleError, match="neither a thread-block cluster"):
+        replay(g, bad, H100, "k")
 
 
 def test_decision_round_trips():

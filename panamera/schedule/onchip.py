@@ -22,7 +22,9 @@ The cost (schedule/cost.py `stitched_cost`) then counts only the bytes really re
 later passes' reads of the tensors not kept, and the occupancy the residence leaves.
 
 Preconditions (`check`; one negative test each in tests/test_onchip.py):
-  1. a stitched group with more than one pass, rows unsplit by a register tile (rtile = ctile = 1);
+  1. a stitched group with more than one pass, rows unsplit by a register tile (rtile = ctile = 1),
+     neither with column partials nor a persistent row loop (schedule/persistent.py: its later
+     passes re-read the row from L2 by design, and its column pass has no kept-row loop);
   2. vectors of at least two lanes (vec > 1: the row is kept as the vectors it was loaded as);
   3. some read of a later pass is one of pass 0's contiguous loads (same tensor, same address);
   4. REGISTERS: at most `REGISTER_VALUES` values per thread and at most 512 threads per block;
@@ -137,6 +139,8 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec, res: Residence) -> st
         return ""
     if not group.stitched or passes_of(group) < 2 or d.rtile * d.ctile > 1:
         return "1: rows on chip need a stitched group of two or more passes without a register tile"
+    if group.columns or d.persistent:
+        return "1: rows on chip are not kept by column partials or a persistent row loop"
     if d.vec < 2:
         return "2: rows on chip are kept as loaded vectors (vec > 1)"
     if not kept_reads(group, d.vec):

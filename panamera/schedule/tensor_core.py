@@ -359,6 +359,10 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
 
     if not d.mma:
         return
+    if d.cluster > 1 or d.persistent or str(d.onchip) != "memory":
+        raise ScheduleError(
+            f"{at}: a tensor-core kernel is neither a thread-block cluster, a persistent grid nor a row kept on chip"
+        )
     ops = analyse(group)
     if isinstance(ops, str):
         raise ScheduleError(f"{at}: tensor cores are not legal here (precondition {ops})")
