@@ -188,7 +188,11 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
         a = run_stages(alternative, alone, stop_after="groups")
-        pairs = [(g, map_cpu(g, machine, options.split, model=model)) for g in a.groups if g.M * g.N]
+        pairs = [
+            (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
+            for g in a.groups
+            if g.M * g.N
+        ]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)

@@ -131,7 +131,7 @@ def measure(threads: int, caches: Caches) -> Rates:
     lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
 
     fork = tuple(_timed(lambda reps, t=t: [lib.pn_empty(t) for _ in range(reps)]) * 1e6 for t in (1, threads))
-    contended = threads > 1 and (fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0])
+    contended = threads > 1 and slowed(fork)
     counts = (1,) if contended or threads == 1 else (1, threads)
     sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
     sizes["DRAM"] = min(4 * caches.l3, LARGE)
@@ -154,11 +154,24 @@ def measure(threads: int, caches: Caches) -> Rates:
     add_ns, exp_ns, div_ns = (
         _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
     )
+    contended = contended or slowed(fork, read + write)
     if contended:
         return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], fork[1])
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
     note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays)"
     return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"probed {when}{note}")
+
+
+def slowed(fork: tuple[float, float], rates: list | tuple = ()) -> bool:
+    """Whether other processes held the cores while the probe ran: an empty all-thread region
+    slow to enter, or all threads streaming slower than one did (an empty region can still enter
+    quickly between two preemptions: a probe here read 0.18 GB/s from L2 on two threads against 54
+    on one, and was cached as this machine's rate).
+
+    >>> slowed((0.7, 1.5), [(54.0, 0.18)]), slowed((0.7, 1.5), [(54.0, 100.0)]), slowed((0.7, 80.0))
+    (True, False, True)
+    """
+    return fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0] or any(n < 0.5 * one for one, n in rates)
 
 
 def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn) -> Rates:

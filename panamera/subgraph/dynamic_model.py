@@ -32,7 +32,6 @@ from .. import compile as pn_compile
 from .. import logs
 from ..dynamic import DynamicCompiled
 from ..errors import PanameraError, SymbolBindingError
-from ..frontend.choices import resolve_choices
 from ..frontend.symbolic import NAME, Dim, make
 from ..model.gpu import H100, GPUSpec
 from .build import build_subgraph_tensors
@@ -162,7 +161,7 @@ class DynamicModel:
             return _Unit("library", u)
         try:
             _, tensors, _, weights = build_subgraph_tensors(symbolic_model, u.nodes, u.outputs)
-            k = pn_compile(list(resolve_choices(tuple(tensors))), target=self.target, gpu=self.gpu)
+            k = pn_compile(list(tensors), target=self.target, gpu=self.gpu)
         except Exception as e:  # noqa: BLE001 - refused symbolically: compiled per call shape instead
             reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
             return _Unit("per-shape", u, reason=reason)

@@ -312,7 +312,6 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
     (a DynamicSubgraph), else per concrete shape at call time (a PerShapeSubgraph, with why)."""
     from ..cache import placeholders
     from ..dynamic import DynamicCompiled, members
-    from ..frontend.choices import resolve_choices
 
     ops = tuple(str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     try:
@@ -322,10 +321,10 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
         build = retraced(sub, translate)
     else:
         try:
-            chosen = resolve_choices(tuple(outputs))
-            k = pn.compile(chosen[0] if single else list(chosen), target=target, deterministic=deterministic)
-        except PanameraError as e:
-            reason, build = str(e), specialized(outputs, single, holders)
+            k = pn.compile(outputs[0] if single else list(outputs), target=target, deterministic=deterministic)
+        except Exception as e:  # noqa: BLE001 - refused symbolically: compiled per concrete shape at call time
+            reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
+            build = specialized(outputs, single, holders)
         else:
             if isinstance(k, DynamicCompiled):
                 # a program compiled before for the same graph has its own placeholders: they match by
