@@ -509,7 +509,7 @@ def bench(suite, gpu, out, plot, measure, repeat):
     if plot:
         logs.require_extra(logs.Extra.MATPLOTLIB, "bench --plot")
     console = _console()
-    if suite == "steps":  # training steps of small models through torch.compile (bench/train_steps.py)
+    if suite == "steps":  # training steps of small models through torch.compile (panamera/bench/train_steps.py)
         from .bench.train_steps import run_steps
 
         text = run_steps(gpu=GPUS[gpu])[1]

@@ -18,6 +18,7 @@ import pytest
 from conftest import np_dtype, tolerance
 
 import panamera as pn
+from panamera.model.gpu import A100
 
 LAYOUTS = {"nchw": ((0, 2, 3), lambda n, c, h, w: (n, c, h, w)), "nhwc": ((0, 1, 2), lambda n, c, h, w: (n, h, w, c))}
 
@@ -109,10 +110,11 @@ def test_nhwc_split_across_blocks_one_merge_per_block(deterministic, rng):
 
 def test_nchw_rows_split_across_blocks_in_one_cooperative_launch(rng):
     """2 channels of 65536: the model splits each row across blocks and keeps dx in the kernel
-    (a cooperative launch: the blocks of a row exchange partials, then compute dx)."""
+    (a cooperative launch: the blocks of a row exchange partials, then compute dx). Planned for an
+    A100: on sm_90 the model makes each row's blocks one thread-block cluster (tests/test_cluster.py)."""
     shape = (16, 2, 64, 64)
     outs, _ = bn_backward(shape, "nchw", "float64")
-    k = pn.compile(list(outs), target="emulator")
+    k = pn.compile(list(outs), target="emulator", gpu=A100)
     (launch,) = k.plan.kernels
     assert launch.form == "ROW" and launch.blocks_per_reduction > 1 and launch.cooperative
     check(k, inputs(shape, "nchw", "float64", rng), "nchw", "float64", order="reverse", seed=5)

@@ -253,12 +253,16 @@ def test_every_shipped_entry_replays(gpu):
     shipped = sorted(
         p.relative_to(root).as_posix() for p in root.glob(f"{entry_name(WORKLOADS[0], gpu).split('/')[0]}/*.json")
     )
-    assert len(shipped) == len(WORKLOADS)
     by_name = {entry_name(w, gpu): w for w in WORKLOADS}
-    for name in shipped:
+    # every workload replayed here has its entry (the training rows not replayed here, for the
+    # suite's time, and the symbolic workloads have theirs too: tests/test_dynamic_database.py)
+    assert set(by_name) <= set(shipped), sorted(set(by_name) - set(shipped))
+    for name in sorted(by_name):
         outs = by_name[name].build()
         k = pn.compile(outs, target="emulator", gpu=gpu)
-        assert k.origin == f"from schedules/{name}", name
+        # a workload two suites share (norms' and long_rows' cross-entropy 1x131072) has one program:
+        # either suite's entry answers it
+        assert k.origin.startswith("from schedules/") and k.origin.split("--", 1)[1] == name.split("--", 1)[1], name
         _same(k, pn.compile(by_name[name].build(), target="emulator", gpu=gpu, use_database=False))
 
 

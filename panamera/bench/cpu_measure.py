@@ -2,7 +2,7 @@
 side with numpy, PyTorch eager, torch.compile (Inductor's CPU backend) and onnxruntime's CPU
 provider, in one run, with the CPU model's prediction beside each measured time.
 
-Per workload (bench/cpu_recipes.py) and thread count (1, and every usable core): each
+Per workload (panamera/bench/cpu_recipes.py) and thread count (1, and every usable core): each
 implementation is warmed up, then `rounds` rounds call every implementation in an order
 shuffled per round (interleaved: a burst of load from other processes hits all alike), each
 sample the mean of enough back-to-back calls to last `min_sample_s`; results give the median and

@@ -27,7 +27,7 @@ LN_EPS, RMS_EPS, L2_EPS = 1e-5, 1e-6, 1e-12
 
 @dataclass(frozen=True)
 class CpuWorkload:
-    """One workload: its name (as in bench/suites.py), suite, input shapes and dtypes, and recipe
+    """One workload: its name (as in panamera/bench/suites.py), suite, input shapes and dtypes, and recipe
     `recipe(backend, *inputs)`, which returns one output or a tuple of them."""
 
     name: str
