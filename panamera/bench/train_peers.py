@@ -36,9 +36,9 @@ below the limit (tests/test_train_bench.py checks it at every shape).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
+from ..enums import StrEnum
 from ..model.gpu import GPUSpec
 from .peers import (
     PeerPlan,
@@ -56,7 +56,7 @@ from .peers import (
 from .row_peers import liger_settings
 
 
-class Pattern(enum.StrEnum):
+class Pattern(StrEnum):
     LAYER_NORM = "layer_norm"
     RMS_NORM = "rms_norm"
     SOFTMAX = "softmax"
