@@ -40,17 +40,11 @@ from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan,
 CHUNKS = (2048, 8192, 32768, 65536)  # elements per block the model chooses from (torch: 65536)
 
 
-@dataclass(frozen=True)
-class MultiTensorNorm:
-    """A compiled multi-tensor norm: `k(*tensors)` returns (the total norm, each tensor's norm)."""
+class _Launched:
+    """What a compiled multi-tensor program says of itself, from its `plan` and `executor`."""
 
-    set: MultiTensorSet
-    order: float
-    merge: NormMerge
-    kernel: NormKernel
     plan: LaunchPlan
-    target: str
-    executor: Executor = field(compare=False, repr=False)
+    executor: Executor
 
     @property
     def source(self) -> str:
@@ -64,6 +58,19 @@ class MultiTensorNorm:
     @property
     def modeled_us(self) -> float:
         return self.plan.modeled_us
+
+
+@dataclass(frozen=True)
+class MultiTensorNorm(_Launched):
+    """A compiled multi-tensor norm: `k(*tensors)` returns (the total norm, each tensor's norm)."""
+
+    set: MultiTensorSet
+    order: float
+    merge: NormMerge
+    kernel: NormKernel
+    plan: LaunchPlan
+    target: str
+    executor: Executor = field(compare=False, repr=False)
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0):
         scalars, each = self.executor(self.executor.bind(arrays, {}), order=order, seed=seed)
@@ -171,7 +178,7 @@ CTYPE_DTYPES = {"float": "float32", "double": "float64"}
 
 
 @dataclass(frozen=True)
-class MultiTensorMap:
+class MultiTensorMap(_Launched):
     """A compiled element-wise multi-tensor statement set: `k(*inputs)` takes every input list's
     pieces (list by list) and returns every output list's pieces (list by list), in ONE launch."""
 
@@ -180,18 +187,6 @@ class MultiTensorMap:
     plan: LaunchPlan
     target: str
     executor: Executor = field(compare=False, repr=False)
-
-    @property
-    def source(self) -> str:
-        return self.executor.source
-
-    @property
-    def launches(self) -> int:
-        return len(self.plan.per_call)
-
-    @property
-    def modeled_us(self) -> float:
-        return self.plan.modeled_us
 
     def __call__(self, *arrays, order: str = "forward", seed: int = 0):
         return tuple(self.executor(self.executor.bind(arrays, {}), order=order, seed=seed))
