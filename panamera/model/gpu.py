@@ -328,6 +328,20 @@ class KernelCost:
         return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s
 
 
+def sequence_s(costs, gpu: GPUSpec) -> float:
+    """Seconds of kernels launched back to back by one call: the first pays the per-kernel floor
+    (`gpu.launch_s`), every later one only the gap of a queued launch (`gpu.queued_s`) — the rule
+    model/estimate.py applies to a whole plan, so that the planner weighs alternatives (one
+    stitched kernel against the unfused kernels, one launch against two) as the plan is modeled.
+
+    >>> c = KernelCost(H100.launch_s, 1e-6, 0.0, 0.0)
+    >>> round((sequence_s([c, c], H100) - c.total_s) * 1e6, 3) == round(1.0 + H100.queued_s * 1e6, 3)
+    True
+    """
+    costs = list(costs)
+    return sum(c.total_s for c in costs) - max(0, len(costs) - 1) * (gpu.launch_s - gpu.queued_s)
+
+
 def kernel_time(
     gpu: GPUSpec,
     *,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..algebra import ONLINE_SOFTMAX_VEC
 from ..errors import OptionError
-from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.gpu import GPUSpec, KernelCost, kernel_time, sequence_s
 from ..poly.attention import AttentionChain
 
 THREADS = 128
@@ -58,6 +58,7 @@ class AttentionPlan:
     threads: int = THREADS
     peer_split: int = 1  # Flash-Decoding's rule on the same GPU, for comparison (not used)
     peer_us: float = 0.0  # this kernel at the peer's split with the peer's separate combine kernel, modeled
+    queued_s: float | None = None  # the planned GPU's queued-launch gap (model/gpu.sequence_s); None: every floor
 
     @property
     def groups(self) -> int:
@@ -79,7 +80,11 @@ class AttentionPlan:
 
     @property
     def modeled_us(self) -> float:
-        return sum(c.total_s for c in self.costs) * 1e6
+        """The launches back to back: a merge kernel queued behind the main one pays only the gap."""
+        total = sum(c.total_s for c in self.costs)
+        if self.queued_s is not None and len(self.costs) > 1:
+            total -= (len(self.costs) - 1) * (self.costs[0].launch_s - self.queued_s)
+        return total * 1e6
 
     def describe(self) -> str:
         c = self.chain
@@ -215,7 +220,7 @@ def plan_attention(
         s = math.ceil(c.Lk / chunk)  # no empty block
         for n in (1,) if s == 1 else (launches,) if launches else (1, 2):
             costs = _costs(c, gpu, vec, lanes, slots, unroll, rt, s, n)
-            considered.append((s, n, chunk, costs, sum(x.total_s for x in costs) * 1e6))
+            considered.append((s, n, chunk, costs, sequence_s(costs, gpu) * 1e6))
     s, n, chunk, costs, _ = min(considered, key=lambda t: t[4])
     peer = min(flash_decoding_split(base, c.Lk, gpu.sms), most)
     return AttentionPlan(
@@ -231,6 +236,6 @@ def plan_attention(
         costs,
         tuple((a, b, round(us, 3)) for a, b, _, _, us in considered),
         peer_split=peer,
-        peer_us=sum(x.total_s for x in _costs(c, gpu, vec, lanes, slots, unroll, rt, peer, 1 if peer == 1 else 2))
-        * 1e6,
+        peer_us=sequence_s(_costs(c, gpu, vec, lanes, slots, unroll, rt, peer, 1 if peer == 1 else 2), gpu) * 1e6,
+        queued_s=gpu.queued_s,
     )

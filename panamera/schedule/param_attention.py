@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, sequence_s
 from ..poly.param_attention import SymbolicAttention
 from .attention import AttentionPlan, _costs, plan_attention
 from .size_class import SizeClass
@@ -56,7 +56,7 @@ class AttentionClassPlan:
 def _us(a: SymbolicAttention, sizes: dict[str, int], gpu: GPUSpec, base: AttentionPlan, split: int, n: int) -> float:
     c = a.at(sizes)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, n)
-    return sum(x.total_s for x in costs) * 1e6
+    return sequence_s(costs, gpu) * 1e6
 
 
 def plan_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec) -> AttentionClassPlan:

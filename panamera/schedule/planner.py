@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, KernelCost, sequence_s
 from ..poly.program import KernelGroup, Program, external_results, group_statements
 from ..poly.row_columns import with_epilogues
 from ..poly.statement import Form, StatementKind
@@ -128,7 +128,7 @@ def plan_groups(
         best = map_group(stitched, gpu, split=None if stitch_split else 1)
         fused = best.cost.total_s
         whole = map_group(stitched, gpu, split=1).cost.total_s if best.split > 1 else fused
-        unfused, kernels = sum(alone(name) for name in names), len(names)
+        unfused, kernels = sequence_s((alone(name) for name in names), gpu), len(names)
         take = fused < unfused
         considered.append(
             Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6, cluster=best.cluster)
@@ -185,19 +185,19 @@ def _with_epilogues(prog: Program) -> list:
 
 
 class _Alone:
-    """The modeled seconds of each statement of one program mapped alone (its own kernel), each
+    """The modeled cost of each statement of one program mapped alone (its own kernel), each
     mapped once however many stitched and epilogue candidates hold it."""
 
     def __init__(self, prog: Program, gpu: GPUSpec):
         self.gpu = gpu
         self.by_name = {s.name: s for s in prog.statements}
-        self.memo: dict[tuple[str, bool], float] = {}
+        self.memo: dict[tuple[str, bool], KernelCost] = {}
 
-    def __call__(self, name: str, deterministic: bool = False) -> float:
+    def __call__(self, name: str, deterministic: bool = False) -> KernelCost:
         key = (name, deterministic)
         if key not in self.memo:
             group = KernelGroup((self.by_name[name],))
-            self.memo[key] = map_group(group, self.gpu, deterministic=deterministic).cost.total_s
+            self.memo[key] = map_group(group, self.gpu, deterministic=deterministic).cost
         return self.memo[key]
 
 
@@ -231,7 +231,7 @@ def _plan_epilogues(
         group = KernelGroup(tuple(cand), external=external_results(cand, prog.statements, prog.outputs), epilogue=True)
         m = map_group(group, gpu, deterministic=deterministic)
         fused = m.cost.total_s
-        unfused = sum(alone(n, deterministic) for n in names)
+        unfused = sequence_s((alone(n, deterministic) for n in names), gpu)
         stitched = considered[same].stitched_us * 1e-6 if same is not None else 0.0
         take = fused < unfused and (same is None or fused < stitched)
         if take and rival:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, sequence_s
 from ..poly.program import KernelGroup, Program, external_results
 from ..poly.row_columns import ColumnJoin
 from .mapping import MergeMode, map_group
@@ -106,7 +106,7 @@ def consider(
     ext = external_results(join.group, prog.statements, prog.outputs)
     row = map_group(KernelGroup(join.group, True, ext), gpu, split=split)
     cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog, epilogues)]
-    two = row.cost.total_s + sum(c.cost.total_s for c in cols)
+    two = sequence_s([row.cost, *(c.cost for c in cols)], gpu)
     one = map_joined(joined_group(join, prog), gpu, deterministic=deterministic)
     if one is None:  # the partials fit no block's registers: never pays
         return ColumnConsidered(join.names, math.inf, two * 1e6, 1 + len(cols), bytes_saved(join), 0, 0, deterministic)
