@@ -72,6 +72,16 @@ def test_class_plans_stay_near_the_static_plan_and_split_long_caches():
     assert short.worst <= 1.05 and long.worst <= 1.05  # modeled: the class plan / the static plan, worst sample
 
 
+@pytest.mark.parametrize("hq, hkv, d, dtype", [(12, 12, 64, "float32"), (32, 8, 128, "float16")])
+def test_every_key_length_class_is_within_1_05_of_the_static_plans(hq, hkv, d, dtype):
+    """Issue 22's target over T = 1 ... 16383 (modeled, no kernel built): each class's split is any
+    within the static model's limits, not only a power of two (T in [32, 64) of the LLaMA-like
+    config took split 2, 1.054 of the static plan at T = 63, whose split is 4; [64, 128) now splits 6 ways)."""
+    k = _program(hq=hq, hkv=hkv, d=d, batch=1, dtype=dtype)
+    plans = [k.plan(k.size_class({"T": 2**e})) for e in range(14)]
+    assert max(p.worst for p in plans) <= 1.05
+
+
 def test_no_keys_is_a_clear_error(rng):
     k = _program(batch=1)
     with pytest.raises(EmptyReductionError, match="no keys"):
