@@ -56,7 +56,7 @@ from .runtime.param_backends import CudaBackend, EmulatorBackend
 from .schedule import database
 from .schedule.decision import MergeMode
 from .schedule.derived import vector_atomic, workspace_dtype
-from .schedule.param_mapping import ParamDecision, group_name, map_group
+from .schedule.param_mapping import ParamDecision, group_cost, group_name, map_group
 from .schedule.param_schedule import ClassPlan, SymbolicSchedule
 from .schedule.size_class import SizeClass
 
@@ -200,6 +200,19 @@ class DynamicCompiled:
     def stats(self) -> dict[str, int]:
         """This program's counters: programs compiled (1), classes planned and compiled, calls."""
         return dict(self.counters)
+
+    def modeled_us(self, **sizes: int) -> float:
+        """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
+        (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
+
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="emulator")
+        >>> k.modeled_us(B=64) > k.modeled_us(B=1) > 0
+        True
+        """
+        plan = self.plan(self.size_class(sizes))
+        kernels = zip(members(self.program), plan.decisions, self.program.kinds)
+        return sum(group_cost(g, d, sizes, self.gpu, kind).total_s for g, d, kind in kernels) * 1e6
 
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""

@@ -55,7 +55,10 @@ class AttentionClassPlan:
         )
 
 
-def _us(a: SymbolicAttention, sizes: dict[str, int], gpu: GPUSpec, base: AttentionPlan, split: int, n: int) -> float:
+def split_us(
+    a: SymbolicAttention, sizes: dict[str, int], gpu: GPUSpec, base: AttentionPlan, split: int, n: int
+) -> float:
+    """The modeled µs of `base`'s block shape with `split` blocks per row tile and `n` launches at `sizes`."""
     c = a.at(sizes)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, n)
     return sum(x.total_s for x in costs) * 1e6
@@ -77,7 +80,7 @@ def plan_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec) -> AttentionC
     static = [plan_attention(a.at(s), gpu).modeled_us for s in samples]
     best, worst = None, math.inf
     for split, n in candidates:
-        w = max(_us(a, s, gpu, base, split, n) / ref for s, ref in zip(samples, static))
+        w = max(split_us(a, s, gpu, base, split, n) / ref for s, ref in zip(samples, static))
         if w < worst - 1e-12:
             best, worst = (split, n), w
     split, n = best
@@ -102,7 +105,7 @@ def replay_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec, split: int,
     base = plan_attention(a.at(rep), gpu)
     c = a.at(rep)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, launches)
-    worst = max(_us(a, s, gpu, base, split, launches) / plan_attention(a.at(s), gpu).modeled_us for s in samples)
+    worst = max(split_us(a, s, gpu, base, split, launches) / plan_attention(a.at(s), gpu).modeled_us for s in samples)
     plan = dataclasses.replace(base, split=split, launches=launches, chunk=math.ceil(c.Lk / split), costs=costs)
     return AttentionClassPlan(cls, plan, round(worst, 4))
 
