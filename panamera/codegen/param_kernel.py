@@ -37,7 +37,14 @@ from ..schedule.derived import workspace_dtype
 from ..schedule.param_mapping import ParamDecision
 from . import islast
 from .expr import ExprRenderer, convert
-from .reduce_kernel import last_block_close, last_block_open, merge_write, merged_value, workspace_identity
+from .reduce_kernel import (
+    fold_partials,
+    last_block_close,
+    last_block_open,
+    merge_write,
+    merged_value,
+    workspace_identity,
+)
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
 
 
@@ -352,35 +359,20 @@ class _Body:
         return self.store(o, merged_value(s, f"pn_ldcg(&ws[{o}])")) + [f"ws[{o}] = {workspace_identity(s)};"]
 
     def combine_partials(self, smem: str, fn: str, tmpl: str) -> list[str]:
+        """The last block's combine of the partials: the static kernels' fold (codegen/reduce_kernel.py
+        `fold_partials`), COLUMN partials split-major down the ty threads, the others along tx."""
         s, d = self.s, self.d
-        F = s.combiner.functor  # noqa: N806
+        n = "(pn_idx)gridDim.y"
         if s.form == Form.COLUMN:
             V = d.vec  # noqa: N806
-            return [
-                f"for (int v = 0; v < {V}; ++v) {{",
-                f"  const pn_idx o = (bx * {d.tx} + tx) * {V} + v;",
-                f"  {s.acc.compute} p = {identity_expr(s)};",
-                f"  if (o < pn_M) for (pn_idx b = ty; b < (pn_idx)gridDim.y; b += {d.ty}) "
-                f"p = {F}::apply(p, pn_ldcg(&ws[b * pn_M + o]));",
-                f"  p = {fn}{tmpl}(p, {smem});",
-                "  if (ty == 0 && o < pn_M) {",
-                *["    " + ln for ln in self.store("o", "p")],
-                "  }",
-                "}",
-            ]
-        m = c_m(s)
-        return [
-            "{",
-            f"  const pn_idx o = bx * {d.ty} + ty;",
-            f"  {s.acc.compute} p = {identity_expr(s)};",
-            f"  if (o < {m}) for (pn_idx b = tx; b < (pn_idx)gridDim.y; b += {d.tx}) "
-            f"p = {F}::apply(p, pn_ldcg(&ws[o * (pn_idx)gridDim.y + b]));",
-            f"  p = {fn}{tmpl}(p, {smem});",
-            f"  if (tx == 0 && o < {m}) {{",
-            *["    " + ln for ln in self.store("o", "p")],
-            "  }",
-            "}",
-        ]
+            fold = fold_partials(s, "p", "o < pn_M", "ty", n, f"b += {d.ty}", "ws[b * pn_M + o]", fn + tmpl, smem)
+            head = [f"for (int v = 0; v < {V}; ++v) {{", f"  const pn_idx o = (bx * {d.tx} + tx) * {V} + v;"]
+            leader = "  if (ty == 0 && o < pn_M) {"
+        else:
+            m = c_m(s)
+            fold = fold_partials(s, "p", f"o < {m}", "tx", n, f"b += {d.tx}", f"ws[o * {n} + b]", fn + tmpl, smem)
+            head, leader = ["{", f"  const pn_idx o = bx * {d.ty} + ty;"], f"  if (tx == 0 && o < {m}) {{"
+        return [*head, *fold, leader, *["    " + ln for ln in self.store("o", "p")], "  }", "}"]
 
 
 def c_m(s: PStatement) -> str:

@@ -314,6 +314,20 @@ def _reset(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[st
     return []
 
 
+def fold_partials(
+    s, a: str, inside: str, first: str, n: str, step: str, load: str, reduce: str, smem: str
+) -> list[str]:
+    """The last block's fold of output o's `n` partials into `a` (static or parametric statement
+    `s`): where `inside`, each thread from partial `first` on (`step`) folds `load` (read past the
+    fence, from L2), in a fixed order, then the block reduces (`reduce`, through `smem`): coalesced
+    loads, bit-identical results run to run."""
+    return [
+        f"  {s.acc.compute} {a} = {identity_expr(s)};",
+        f"  if ({inside}) for (pn_idx b = {first}; b < {n}; {step}) {a} = {s.combiner.functor}::apply({a}, pn_ldcg(&{load}));",
+        f"  {a} = {reduce}({a}, {smem});",
+    ]
+
+
 def _combine_partials(loop: ThreadLoop) -> list[str]:
     """The last block's combine of every PARTIALS output: all threads load, then reduce; the
     outputs that share the accumulator store their finishes of the same combined value."""
@@ -344,12 +358,7 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
             leader, step, index, reduce = "tx == 0", f"b += {m.tx}", f"o * {_sn(m)} + b", "pn_reduce_x"
             out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
             first = "tx"
-        out += [
-            f"  {s.acc.compute} {a} = {identity_expr(s)};",
-            f"  if ({inside}) for (pn_idx b = {first}; b < {_sn(m)}; {step}) "
-            f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
-            f"  {a} = {reduce}{tmpl}({a}, {smem});",
-        ]
+        out += fold_partials(s, a, inside, first, _sn(m), step, f"ws{k}[{index}]", reduce + tmpl, smem)
         if m.epilogue:  # one reduction: its finish, then the epilogue statements
             out.append(f"  if ({leader} && {inside}) {{")
             out += ["    " + ln for ln in apply_epilogue(loop, k, s, "o", post(s, a))]

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 from ..frontend import symbolic
 from ..model.gpu import GPUSpec
+from ..poly.access import vector_widths
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .bound import as_decision, bound
@@ -92,10 +93,9 @@ def widest_vec(s: PStatement, cls: SizeClass, registers: frozenset[int] = frozen
     """The widest vector (16 bytes at most) every contiguous read can take in this class (reads
     of the tensors `registers`, a stitched group's own results, are registers, not loads)."""
     loads = [r.tensor.dtype.itemsize for r in s.reads if r.tensor.uid not in registers]
-    item = max(loads or [4])  # results are stored per lane
-    for v in (16 // item, 8 // item, 4 // item, 2, 1):
-        if v >= 1 and (v == 1 or cls.holds(s.vector_condition(v))):
-            return max(1, v)
+    for v in vector_widths(loads):  # the static mapper's widths (poly/access.py); results are stored per lane
+        if cls.holds(s.vector_condition(v)):
+            return v
     return 1
 
 
