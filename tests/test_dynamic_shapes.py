@@ -10,7 +10,8 @@ import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
-from panamera.dynamic import SymbolicSchedule
+from panamera.compiler import lower
+from panamera.dynamic import SymbolicSchedule, specialize
 from panamera.errors import SymbolicShapeError
 from panamera.frontend.symbolic import Dim, sym
 from panamera.poly.params import build as build_program
@@ -243,6 +244,28 @@ def test_a_replayed_unroll_below_one_is_refused():
     bad = dataclasses.replace(plan, decisions=(dataclasses.replace(plan.decisions[0], unroll=0),))
     with pytest.raises(pn.ScheduleError, match=r"unroll 0 is not launchable"):
         pn.compile(y, target="emulator", schedule=dataclasses.replace(k.schedule, classes=(bad,)))
+
+
+def _layer_norm_768():
+    x, g, b = (pn.placeholder(s, name=n) for s, n in ((("B", "S", 768), "x"), ((768,), "g"), ((768,), "b")))
+    return pn.nn.layer_norm(x, g, b)
+
+
+@pytest.mark.parametrize(
+    "make, sizes",
+    [
+        (_layer_norm_768, {"B": 1, "S": 1}),  # was 1.094: the class plan's own stitched cost
+        (lambda: pn.mean(pn.placeholder(("B", "S", 768), name="x"), axis=(0, 1)), {"B": 1, "S": 1000}),  # was 1.061
+        (lambda: pn.nn.softmax(pn.placeholder(("B", "S", 1024), name="x")), {"B": 64, "S": 128}),
+    ],
+)
+def test_the_class_plan_is_within_1_05_of_the_static_plan(make, sizes):
+    """Issue 22's target, modeled (no kernel built): the class plan at a size, costed by the static
+    model (schedule/bound.py), against the plan a static compile chooses for that size."""
+    y = make()
+    k = pn.compile(y, target="emulator", cache=False, use_database=False)
+    static = lower(list(specialize((y,), sizes)), target="emulator", gpu=k.gpu).plan.modeled_us
+    assert k.modeled_us(**sizes) <= 1.05 * static
 
 
 # -- legality conditions that depend on a parameter: one negative test each -------------------
