@@ -128,8 +128,8 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
             if not 32 <= tx * ty <= 1024:
                 continue
             along = N if s.form != Form.COLUMN else M
-            if s.form != Form.COLUMN and tx > 32 and tx * vec > 2 * max(1, along):
-                continue  # threads past the row's length idle
+            if tx > 32 and tx * vec > 2 * max(1, along):
+                continue  # threads past the row's length (a COLUMN block's columns) idle
             if s.form != Form.COLUMN and ty > 1 and ty > M:
                 continue  # rows of the block past the last row idle (ALL has one)
             for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
@@ -165,7 +165,7 @@ def map_statement(
     top = cls.upper()
     M, N = _at(s.M, top), _at(s.N, top)  # noqa: N806
     members, kind = members or (s,), kind or "single"
-    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), lambda d, p: group_cost(members, d, p, gpu, kind), cls)
+    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), costing(members, kind, gpu), cls)
     return _with_cost(d, c)
 
 
@@ -205,7 +205,7 @@ def map_group(
     rows = {(d.tx, d.ty): ParamDecision(name, str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
             for d in candidates(red, cls, deterministic, N, M, gpu) if d.split == 1}  # fmt: skip
     cands = [dataclasses.replace(d, unroll=unroll_for(vec, d.iterations(M, N))) for d in rows.values()]
-    d, c = robust(cands, lambda d, p: stitched_cost(members, d, p, gpu), cls)
+    d, c = robust(cands, costing(members, "stitched", gpu), cls)
     return _with_cost(d, c)
 
 
@@ -213,5 +213,19 @@ def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[st
     """The modeled time of one kernel at `sizes`: the static model's (schedule/cost.py
     `decision_cost`) of the kernel's static view (schedule/bound.py), so a class plan and a static
     plan are weighed by the same terms."""
-    group = bound(members, kind, sizes)
-    return decision_cost(group, gpu, as_decision(group, members, d, kind), d.merge == MergeMode.PARTIALS)
+    return costing(members, kind, gpu)(d, sizes)
+
+
+def costing(members: tuple[PStatement, ...], kind: str, gpu: GPUSpec):
+    """`group_cost` as a function of (decision, sizes) that builds the kernel's static view once
+    per sizes (the mapper weighs every candidate at the same few sizes)."""
+    views: dict[tuple, object] = {}
+
+    def cost_at(d: ParamDecision, sizes: dict[str, int]):
+        key = tuple(sorted(sizes.items()))
+        if key not in views:
+            views[key] = bound(members, kind, sizes)
+        group = views[key]
+        return decision_cost(group, gpu, as_decision(group, members, d, kind), d.merge == MergeMode.PARTIALS)
+
+    return cost_at
