@@ -27,6 +27,7 @@ import numpy as np
 
 from . import cache as compile_cache
 from . import compiler
+from .algebra import AtomicStrategy, ordered
 from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
@@ -54,7 +55,8 @@ from .runtime import emulator
 from .runtime.param_backends import CudaBackend, EmulatorBackend
 from .schedule import database
 from .schedule.decision import MergeMode
-from .schedule.param_mapping import ParamDecision, group_name, map_group
+from .schedule.derived import vector_atomic, workspace_dtype
+from .schedule.param_mapping import ParamDecision, group_cost, group_name, map_group
 from .schedule.param_schedule import ClassPlan, SymbolicSchedule
 from .schedule.size_class import SizeClass
 
@@ -107,9 +109,10 @@ def index_type(program: ParamProgram, cls: SizeClass, plan: tuple[ParamDecision,
     return "int" if 4 * max(sizes, default=0) < 2**31 else "long long"
 
 
-def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
-    """A replayed class plan fits the program: one decision per statement, same forms, and every
-    vector width one the class proves legal (poly/params.py precondition 3)."""
+def check_plan(program: ParamProgram, plan: ClassPlan, where: str, gpu) -> None:
+    """A replayed class plan fits the program: one decision per statement, same forms, every
+    vector width one the class proves legal (poly/params.py precondition 3), vector atomics only
+    where schedule/derived.py `vector_atomic` allows them on `gpu`, a launchable block."""
     kernels = [group_name(g) for g in members(program)]
     if [d.statement for d in plan.decisions] != kernels:
         raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
@@ -127,14 +130,14 @@ def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
             ).vector_condition(d.vec)
             if cond is not None and not plan.cls.holds(cond):
                 raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
-        if d.atomic_vec > 1 and not (
-            kind != "stitched" and d.atomic_vec == d.vec and d.form == "COLUMN" and d.merge == MergeMode.ATOMIC_WS
-            and group[0].combiner.vector_atomic and group[0].acc.name == "float32"
-        ):  # fmt: skip
+        legal = kind != "stitched" and vector_atomic(gpu, group[0].form, d.vec, True, d.merge, group[0])
+        if d.atomic_vec > 1 and not (d.atomic_vec == d.vec and legal):
             raise ScheduleError(f"{where}: {group_name(group)}: atomic_vec={d.atomic_vec} needs a COLUMN float32 sum "
-                                f"merged by atomics with vec={d.atomic_vec}")  # fmt: skip
-        if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1:
-            raise ScheduleError(f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} is not launchable")
+                                f"merged by atomics with vec={d.atomic_vec} on a GPU with vector atomics")  # fmt: skip
+        if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1 or not 1 <= d.unroll <= 32:
+            raise ScheduleError(
+                f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} unroll {d.unroll} is not launchable"
+            )
 
 
 @dataclass
@@ -176,7 +179,7 @@ class DynamicCompiled:
                 if not isinstance(p, ClassPlan):
                     raise ScheduleError(f"schedule: class {p.cls.describe()} is a fused attention's, this program "
                                         f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
-                check_plan(self.program, p, "schedule")
+                check_plan(self.program, p, "schedule", self.gpu)
                 self._plans[p.cls] = p
 
     # -- public ----------------------------------------------------------------------------------
@@ -197,6 +200,19 @@ class DynamicCompiled:
     def stats(self) -> dict[str, int]:
         """This program's counters: programs compiled (1), classes planned and compiled, calls."""
         return dict(self.counters)
+
+    def modeled_us(self, **sizes: int) -> float:
+        """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
+        (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
+
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="emulator")
+        >>> k.modeled_us(B=64) > k.modeled_us(B=1) > 0
+        True
+        """
+        plan = self.plan(self.size_class(sizes))
+        kernels = zip(members(self.program), plan.decisions, self.program.kinds)
+        return sum(group_cost(g, d, sizes, self.gpu, kind).total_s for g, d, kind in kernels) * 1e6
 
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
@@ -395,7 +411,7 @@ class DynamicCompiled:
                     value = M if a.key == "pn_M" else N if a.key == "pn_N" else sizes[a.key.removeprefix("pn_s_")]
                     args.append(backend.scalar(value))
                 elif a.key.startswith(("ws:", "cnt:")):
-                    args.append(backend.pointer(_resident(resident, backend, s, d, k, a.key, M, gx)))
+                    args.append(backend.pointer(_resident(resident, backend, s, d, a.key, M, gx)))
                 else:
                     args.append(backend.pointer(bufs[a.key]))
             backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
@@ -418,15 +434,15 @@ def _resident_key(backend) -> str:
     return current_cuda_key(backend.cupy)
 
 
-def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, k: ParamKernel, key: str, M: int, gx: int):  # noqa: N803
+def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, key: str, M: int, gx: int):  # noqa: N803
     """A class's resident workspace or counter, grown to this call's need (a new one is
     initialised: the identity, or zero counters); the last block of every call resets it."""
     if key.startswith("cnt:"):
         need, dtype, fill = gx, np.uint32, 0
     else:
         need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
-        dtype = np.int32 if k.workspace_ctype == "int" else np.int64 if k.workspace_ctype == "long long" else s.acc.np
-        fill = _workspace_fill(s, k, dtype) if d.merge == MergeMode.ATOMIC_WS else None
+        dtype = workspace_dtype(s, d.merge).np
+        fill = _workspace_fill(s) if d.merge == MergeMode.ATOMIC_WS else None
     have = resident.get(key)
     if have is None or have[0] < need:
         buf = backend.empty(max(need, 1), dtype)
@@ -444,14 +460,13 @@ def _at(extent, sizes: dict[str, int]) -> int:
     return symbolic.evaluate((extent,), sizes)[0]
 
 
-def _workspace_fill(s: PStatement, k: ParamKernel, dtype):
-    """The identity an atomic workspace starts from: the combiner's, or its ordered integer image."""
+def _workspace_fill(s: PStatement):
+    """The identity an atomic workspace starts from: the combiner's, or its integer image
+    (algebra.ordered, the numpy definition of codegen/header.py's pn_ordered), as the static
+    kernels' workspace_identity (codegen/reduce_kernel.py) prints it."""
     ident = s.combiner.identity(s.acc)
-    if np.dtype(dtype).kind != "f" and s.acc.is_float:  # ordered image of a float (codegen/header.py pn_ordered)
-        f = np.array(ident, dtype=s.acc.np)
-        bits = f.view(np.int32 if f.dtype == np.float32 else np.int64)
-        mask = np.array(0x7FFFFFFF if f.dtype == np.float32 else 0x7FFFFFFFFFFFFFFF, bits.dtype)
-        return bits if bits >= 0 else bits ^ mask
+    if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
+        return ordered(np.array([ident], s.acc.np), s.combiner.ordered_top)[0]
     return ident
 
 

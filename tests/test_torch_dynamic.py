@@ -17,6 +17,7 @@ nn = torch.nn
 
 import panamera as pn  # noqa: E402  (after torch: `import panamera` registers the backend)
 import panamera.torch_backend as tb  # noqa: E402
+from panamera.bench.train_steps import eager_us  # noqa: E402
 from panamera.frontend.symbolic import sym  # noqa: E402
 from panamera.torch_backend import symbolic  # noqa: E402
 
@@ -67,6 +68,13 @@ def test_automatic_dynamic_compiles_one_panamera_program_for_every_batch():
     (sub,) = s.reports[1].subgraphs
     assert sub.mode == "symbolic" and sub.program.stats()["calls"] == 3
     assert 1 <= s.size_classes <= 2  # 16 and 24 share [16, 32); 40 is in [32, 64)
+    # traffic and modeled time at dynamo's size hint (batch 16: the shape the dynamic graph was traced at),
+    # so `bench --suite steps` models the eager side of a dynamic graph too
+    moved = {op: (r, w) for op, r, w in sub.traffic}
+    assert moved["aten._softmax.default"] == (16 * 5 * 32 * 4,) * 2  # a (16, 5, 32) float32 tensor read and written
+    assert eager_us(sub.traffic, pn.model.gpu.H100)[0] > 0
+    assert sub.modeled_us == pytest.approx(sub.program.modeled_us(**{sub.program.symbols[0]: 16}))
+    assert sub.modeled_us < sub.program.modeled_us(**{sub.program.symbols[0]: 40})
 
 
 def test_mark_dynamic_compiles_once_from_the_first_call():

@@ -69,10 +69,23 @@ def access_kinds(statements, along: str, vec: int) -> tuple[tuple[AccessKind, ..
     return tuple(tuple(access_kind(r, along, vec, s.domain) for r in s.reads) for s in statements)
 
 
+def vector_widths(itemsizes) -> tuple[int, ...]:
+    """The vector widths a load may take, widest first: at most 16 bytes of the widest element (4
+    floats, 8 halves, 16 bools). The static mapper (`choose_vec`) and the class plans
+    (schedule/param_mapping.py `widest_vec`) try these.
+
+    >>> vector_widths([4, 2]), vector_widths([1]), vector_widths([8])
+    ((4, 2), (16, 8, 4, 2), (2,))
+    """
+    widest = max(itemsizes, default=4)
+    return tuple(v for v in (16, 8, 4, 2) if v * widest <= 16)
+
+
 def choose_vec(statements: tuple[Statement, ...], along: str, extent: int) -> int:
-    """The widest vector (at most 16 bytes of the widest input: 4 floats, 8 halves, 16 bools) that
-    divides the extent and keeps every contiguous read aligned."""
-    for vec in (16, 8, 4, 2):
+    """The widest vector (`vector_widths` of the inputs) that divides the extent and keeps every
+    contiguous read aligned."""
+    widths = [r.tensor.dtype.itemsize for s in statements for r in s.reads if r.memory]
+    for vec in vector_widths(widths):
         if vec_fits(statements, along, extent, vec):
             return vec
     return 1

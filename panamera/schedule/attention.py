@@ -194,6 +194,19 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     return main, merge
 
 
+def split_limits(c: AttentionChain, gpu: GPUSpec) -> tuple[int, int]:
+    """The most blocks the model splits `c`'s keys over: (one key step per block at least, every
+    block resident in one wave: the model's `_costs` assumes one). The static plan weighs the
+    powers of two within both; a size class (schedule/param_attention.py) every split within them."""
+    vec, lanes, slots = _vector(c)
+    rt, unroll = _tile(c, vec, lanes, slots)
+    step = (THREADS // lanes) * unroll  # keys a block takes per step
+    words = c.acc.itemsize // 4
+    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
+    base = math.ceil(c.rows / rt) * c.B * c.Hkv
+    return max(1, math.ceil(c.Lk / step)), max(1, gpu.sms * per_sm // base)
+
+
 def plan_attention(
     c: AttentionChain, gpu: GPUSpec, split: int | None = None, launches: int | None = None
 ) -> AttentionPlan:
@@ -205,15 +218,12 @@ def plan_attention(
         )
     vec, lanes, slots = _vector(c)
     rt, unroll = _tile(c, vec, lanes, slots)
-    step = (THREADS // lanes) * unroll  # keys a block takes per step
-    most = max(1, math.ceil(c.Lk / step))
-    words = c.acc.itemsize // 4
-    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
     base = math.ceil(c.rows / rt) * c.B * c.Hkv
+    most, resident = split_limits(c, gpu)
     if split is not None:
         splits = [max(1, min(split, most))]
     else:
-        splits = [1] + [s for s in (2**e for e in range(1, 12)) if s <= most and base * s <= gpu.sms * per_sm]
+        splits = [1] + [s for s in (2**e for e in range(1, 12)) if s <= most and s <= resident]
     considered = []
     for s in splits:
         chunk = math.ceil(c.Lk / s)

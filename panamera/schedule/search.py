@@ -19,8 +19,8 @@ from .derived import (
     co_resident,
     levels_for,
     merges_for,
+    partials_options,
     passes,
-    struct_accumulators,
     unroll_for,
     vector_extent,
 )
@@ -86,7 +86,7 @@ def map_group(
     G = N // vec if form in (Form.ROW, Form.ALL) else M // vec
     serial_extent = G if form != Form.COLUMN else N  # iterations along the reduced split dimension
     # Partials or atomics: forced by `deterministic` and struct accumulators, else the model's.
-    merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    merge_options = partials_options(group.statements, deterministic)
     best = None
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.

@@ -53,7 +53,7 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
 from .decision import MAX_GRID_Y, Decision
-from .derived import access_for, along, levels_for, merges_for, struct_accumulators, vector_extent
+from .derived import access_for, along, levels_for, merges_for, partials_options, vector_extent
 
 FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
@@ -203,7 +203,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
         epilogue=group.epilogue, vec=vec, ty=1, unroll=1, access=access_for(group, vec),
         atomic_vec=(1,) * len(group.statements), mma=str(ops.kind),
     )  # fmt: skip
-    merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    merge_options = partials_options(group.statements, deterministic)
     Kp = math.ceil(ops.K / FRAG) * FRAG
     for wm in (1, 2, 4):
         if wm > 1 and FRAG * wm > math.ceil(ops.rows / FRAG) * FRAG:

@@ -247,8 +247,8 @@ class SubgraphReport:
     ops: tuple[str, ...]
     kernels: int  # Panamera kernels per call; 0 if it stayed eager (or is compiled per shape at call time)
     eager_reason: str = ""  # why it stayed eager, if it did
-    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled; 0 if symbolic
-    traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone
+    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/); a symbolic one's at the size hint
+    traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone (at the hint)
     mode: str = "static"  # "static", "symbolic" (one DynamicCompiled) or "per-shape" (symbolic path refused)
     program: object = field(default=None, compare=False, repr=False)  # the DynamicCompiled of a symbolic one
     symbolic_reason: str = ""  # of a per-shape one: why the symbolic path refused it
@@ -262,15 +262,24 @@ class SubgraphReport:
 FREE = {aten._unsafe_view.default, aten.alias.default, aten.detach.default}  # views AOTAutograd emits
 
 
+def hint(n) -> int:
+    """An extent as an int: a dynamic graph's SymInt at its size hint (the sizes dynamo traced it
+    at: torch's `optimization_hint`, which adds no guard)."""
+    if isinstance(n, torch.SymInt):
+        return int(torch.fx.experimental.symbolic_shapes.optimization_hint(n, fallback=0))
+    return int(n)
+
+
 def op_traffic(node: torch.fx.Node) -> tuple[str, int, int]:
     """(op, bytes read, bytes written) of one ATen node as eager PyTorch runs it, one kernel reading
-    each tensor argument once and writing its outputs (from torch's FakeTensor metadata); a view
-    moves nothing. Bench's training-step table models these as eager's kernels."""
+    each tensor argument once and writing its outputs (from torch's FakeTensor metadata; a dynamic
+    graph's at its size hint, `hint`); a view moves nothing. Bench's training-step table models
+    these as eager's kernels."""
 
     def size(v) -> int:
         if isinstance(v, (tuple, list)):
             return sum(size(x) for x in v)
-        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+        return hint(v.numel()) * v.element_size() if isinstance(v, torch.Tensor) else 0
 
     if node.target in FREE or getattr(node.target, "is_view", False):
         return str(node.target), 0, 0
@@ -313,7 +322,8 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
     from ..cache import placeholders
     from ..dynamic import DynamicCompiled, members
 
-    ops = tuple(str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    ops, traffic = tuple(str(n.target) for n in calls), tuple(op_traffic(n) for n in calls)  # traffic at the hint
     try:
         outputs, single, holders = translate(sub, vals, split_products=True)
     except Exception as e:  # noqa: BLE001 - refused symbolically: re-traced per shape at call time
@@ -333,14 +343,30 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
                 used = tuple(index[t.uid] for t in placeholders((outputs[0],) if single else tuple(outputs)))
                 kernels = len(members(k.program))
                 module = DynamicSubgraph(k, used, signature(vals), tuple(holders[i].shape for i in used))
-                return module, SubgraphReport(name, ops, kernels, mode="symbolic", program=k)
+                at = hints(vals)  # modeled at the size hint, as the traffic (0 if a symbol has no hint)
+                us = k.modeled_us(**at) if set(k.symbols) <= set(at) else 0.0
+                return module, SubgraphReport(name, ops, kernels, modeled_us=us, traffic=traffic, mode="symbolic",
+                                              program=k)  # fmt: skip
             used_uids = {t.uid for t in k.inputs}
             used = tuple(i for i, h in enumerate(holders) if isinstance(h, pn.Tensor) and h.uid in used_uids)
             return PanameraSubgraph(k, used), SubgraphReport(
-                name, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us
+                name, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us, traffic=traffic
             )
     module = PerShapeSubgraph(name, build, target, deterministic, reason, on_specialize, eager=sub)
-    return module, SubgraphReport(name, ops, 0, mode="per-shape", symbolic_reason=reason)
+    return module, SubgraphReport(name, ops, 0, traffic=traffic, mode="per-shape", symbolic_reason=reason)
+
+
+def hints(vals) -> dict[str, int]:
+    """The symbols of a dynamic partition's arguments at their size hints (`hint`), by name: each
+    from an extent that is the symbol times a constant (s0, 5*s0)."""
+    out: dict[str, int] = {}
+    for v in vals:
+        for s in (v,) if isinstance(v, torch.SymInt) else v.shape if isinstance(v, torch.Tensor) else ():
+            if isinstance(s, torch.SymInt):
+                coef, rest = s.node.expr.as_coeff_Mul()
+                if rest.is_Symbol and coef.is_Integer and coef > 0:
+                    out[str(rest)] = hint(s) // int(coef)
+    return out
 
 
 def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False, on_specialize=None):
