@@ -123,3 +123,27 @@ def test_concurrent_calls(chain, rng):
     for t in ts:
         t.join()
     assert not errors
+
+
+def test_torch_cpu_tensors_in_place(rng):
+    """Contiguous torch CPU tensors are read in place and give torch tensors (bfloat16 too); a
+    transposed view, a tensor requiring grad and numpy mixed in behave as on the general path."""
+    torch = pytest.importorskip("torch")
+    x = pn.placeholder((6, 40), "float32", name="x")
+    b = pn.placeholder((6, 40), "bfloat16", name="b")
+    k = pn.compile([pn.max(x, axis=0), pn.sum(b, axis=1)], target="cpu")
+    a = random_array((6, 40), "float32", rng)
+    tb = torch.from_numpy(random_array((6, 40), "float32", rng)).to(torch.bfloat16)
+    want_b = tb.double().sum(1).numpy()
+    for first in (torch.from_numpy(a), a, torch.from_numpy(a.T.copy()).T):  # last: a transposed view
+        got = k(first, tb, threads=1)
+        assert all(isinstance(g, torch.Tensor) for g in got) and got[1].dtype == torch.bfloat16
+        np.testing.assert_array_equal(got[0].numpy(), a.max(0))
+        np.testing.assert_allclose(got[1].double().numpy(), want_b, rtol=2**-7, atol=2**-7 * 40)
+    grad = torch.from_numpy(a).requires_grad_()
+    with pytest.raises(pn.InputError, match="requires grad"):
+        k(grad, tb)
+    with torch.no_grad():
+        np.testing.assert_array_equal(k(grad, tb)[0].numpy(), a.max(0))
+    with pytest.raises(pn.DTypeError, match="input 'b'"):
+        k(a, tb.float())

@@ -9,9 +9,10 @@ per call it writes the inputs' and outputs' pointers and makes one ctypes call.
 
 `FastCall.call` is the whole call for plain numpy inputs: an exact type, shape and dtype compare
 and a contiguity flag per input, `threads` an int, outputs from `np.empty` (or the caller's
-`out=` arrays, written in place when they are contiguous and do not overlap an input). Anything
-else (torch tensors, views that need a copy, names, a wrong shape) returns None and takes the
-general path (`Compiled._bind`), which raises the specific error. Calls are serialized by a lock:
+`out=` arrays, written in place when they are contiguous and do not overlap an input). Contiguous
+torch CPU tensors are read in place likewise, and give torch outputs (`torch.empty`). Anything
+else (views that need a copy, names, a wrong shape, a tensor requiring grad) returns None and
+takes the general path (`Compiled._bind`), which raises the specific error. Calls are serialized by a lock:
 the pointer table and the intermediates are shared.
 
 >>> import numpy as np, panamera as pn
@@ -23,10 +24,12 @@ the pointer table and the intermediates are shared.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 import numpy as np
 
+from .arrays import numpy_to_torch_dtype
 from .executor import _alloc
 from .plan import LaunchPlan
 
@@ -69,6 +72,21 @@ def address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
+def _torch_of(a):
+    """torch, when `a` is exactly a torch.Tensor (not a subclass: FakeTensor, Parameter), else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and type(a) is torch.Tensor else None
+
+
+def _plain_tensor(torch, t, shape: tuple, dtype) -> bool:
+    """Whether torch tensor `t` can be read in place as an input of `shape` and `dtype`: on the
+    CPU, contiguous, no lazy negation, not requiring grad under grad mode (refused by the general
+    path)."""
+    if t.dtype != dtype or t.shape != shape or not t.is_cpu or not t.is_contiguous() or t.is_neg():
+        return False
+    return not (t.requires_grad and torch.is_grad_enabled())
+
+
 def simple(plan: LaunchPlan) -> bool:
     """Whether every result is a whole buffer of its own (not an input, not shared, not a prefix
     of a larger buffer), so that it can be allocated as the result itself."""
@@ -87,6 +105,7 @@ class FastCall:
         order = buffer_order(plan)
         slot = {k: n for n, k in enumerate(order)}
         self.entry, self.threads, self.lock = entry, threads, threading.Lock()
+        self._torch_dtypes: dict = {}
         self.ptrs = (ctypes.c_void_p * max(1, len(order)))()
         self.keep: list[np.ndarray] = []  # arrays whose pointers the table holds between calls
         for k, arr in bound.items():
@@ -110,10 +129,18 @@ class FastCall:
         check fails: that call takes the general path, which explains the failure."""
         if len(arrays) != len(self.specs) or not (threads is None or (type(threads) is int and threads > 0)):
             return None
+        torch = None
         for a, (shape, dt) in zip(arrays, self.specs):
-            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dt or not a.flags.c_contiguous:
+            if type(a) is np.ndarray:
+                if a.shape != shape or a.dtype != dt or not a.flags.c_contiguous:
+                    return None
+            elif (torch := _torch_of(a)) is None or not _plain_tensor(torch, a, shape, self._torch_dtype(dt)):
                 return None
-        if out is None:
+        if torch is not None:  # torch in, torch out (runtime/arrays.py's rule); out= takes the general path
+            if out is not None:
+                return None
+            results = [torch.empty(shape, dtype=self._torch_dtype(dt)) for _, shape, dt in self.outs]
+        elif out is None:
             results = [np.empty(shape, dt) for _, shape, dt in self.outs]
         else:
             results = list(out) if isinstance(out, tuple | list) else [out]
@@ -121,6 +148,13 @@ class FastCall:
                 return None
         self.launch(arrays, results, threads)
         return results
+
+    def _torch_dtype(self, dt: np.dtype):
+        """torch's dtype of numpy's `dt` (looked up once)."""
+        t = self._torch_dtypes.get(dt)
+        if t is None:
+            t = self._torch_dtypes[dt] = numpy_to_torch_dtype(dt)
+        return t
 
     def _writable(self, outs: list, arrays: tuple) -> bool:
         """Whether the caller's `out=` arrays can be written in place: numpy, of the results'
@@ -142,7 +176,7 @@ class FastCall:
         with self.lock:
             p = self.ptrs
             for k, a in zip(self.free, inputs):
-                p[k] = address(a)
+                p[k] = address(a) if type(a) is np.ndarray else a.data_ptr()
             for (k, _, _), r in zip(self.outs, results):
-                p[k] = address(r)
+                p[k] = address(r) if type(r) is np.ndarray else r.data_ptr()
             self.entry(p, threads or self.threads)
