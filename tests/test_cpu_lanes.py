@@ -1,4 +1,4 @@
-"""target="cpu": row scans with W accumulator lanes (codegen/cpu_kernel.py `lanes_pass`), and
+"""target="cpu": row scans with W accumulator lanes (codegen/cpu_lanes.py `lanes_pass`), and
 argmax/argmin kept per lane as (value, index) in the value's type. Every case against numpy:
 argmax/argmin exactly (numpy's tie rule: the first index; the first NaN wins), sums within
 conftest's tolerance. Shapes cover rows shorter than W (the tail alone), exactly W, several
@@ -9,7 +9,7 @@ import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
-from panamera.codegen.cpu_kernel import LANE_VECTORS
+from panamera.codegen.cpu_lanes import LANE_VECTORS
 
 # rows: shorter than W, W (float lanes 16 x 4), a tail past W, several 4096-blocks and a tail
 LENGTHS = (5, 16 * LANE_VECTORS, 16 * LANE_VECTORS + 7, 2 * 4096 + 77)
