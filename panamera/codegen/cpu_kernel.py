@@ -36,6 +36,7 @@ from ..schedule.cpu_blas import BlasCall
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
+from .cpu_lanes import LaneKind, lane_kind, lanes_pass
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
@@ -227,6 +228,8 @@ class _Kernel:
         owners = self.owners(here)
         shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
         plain = [k for k in owners if k not in shifted]
+        if owners and not shifted and all(lane_kind(g.statements[k]) != LaneKind.NONE for k in owners):
+            return lanes_pass(self, here, lo, hi, owners, _scan, _print)  # codegen/cpu_lanes.py
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
         clause = self.simd_clause(plain, lambda k: f"pn_blk{k}")
         clause += f" reduction(+ : {', '.join(sums)})" if sums else ""

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
+from .cpu_call import PROGRAM_ENTRY, FastCall, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
@@ -137,12 +138,27 @@ class CpuExecutor(Executor):
     """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys, host),
     ...) in order, `host` None for a compiled kernel, else the numpy BLAS call that computes it
     (schedule/cpu_blas.py: its operands' keys, then its output's); `threads` the default thread
-    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool)."""
+    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool); `bound` the
+    arrays of the inputs the program supplies itself (constant masks, by input position).
 
-    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
+    A program of compiled kernels only runs through its one C entry (runtime/cpu_call.py)."""
+
+    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int, bound: dict | None = None):
         super().__init__(plan, source, (), "cpu")
-        self.kernels, self.threads = kernels, threads
+        self.kernels, self.threads, self.bound = kernels, threads, dict(bound or {})
         self._fns: list | None = None
+        self._fast: FastCall | None | bool = None  # None: not looked up yet; False: none
+
+    def fast(self) -> FastCall | None:
+        """The program's one-entry call path, or None (a numpy BLAS kernel, or results that are
+        not whole buffers of their own: runtime/cpu_call.py's `simple`)."""
+        if self._fast is None:
+            ok = all(host is None for _, _, host in self.kernels) and simple(self.plan)
+            if ok:
+                fn = getattr(build(self.source), PROGRAM_ENTRY)
+                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+            self._fast = FastCall(self.plan, fn, self.bound, self.threads) if ok else False
+        return self._fast or None
 
     def __call__(self, args: list, order: str = "forward", seed: int = 0, threads: int | None = None) -> list:
         args = [
@@ -168,6 +184,12 @@ class CpuExecutor(Executor):
         return self._fns
 
     def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        """The results on contiguous numpy `inputs` (every input, the program's own included)."""
+        fast = self.fast()
+        if fast is not None:
+            results = [np.empty(shape, dt) for _, shape, dt in fast.outs]
+            fast.launch([inputs[k] for k in fast.free], results, threads)
+            return results
         fns = self._entry_points()
         bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
         for key, spec in self.plan.buffers.items():
