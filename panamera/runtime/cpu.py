@@ -114,17 +114,20 @@ def machine_key() -> str:
     return "|".join(dict.fromkeys(ln for ln in lines if ln.split(":")[0].strip() in wanted))
 
 
+def library_path(source: str) -> Path:
+    """Where the shared library of `source` lives in the disk cache: one per content, flags and machine."""
+    text = source + emulator.HEADER.read_text() + " ".join(flags()) + machine_key()
+    return emulator.cache_dir() / f"cpu_{hashlib.sha256(text.encode()).hexdigest()[:24]}.so"
+
+
 def build(source: str) -> ctypes.CDLL:
     """The shared library of `source`, built once per content, flags and machine (kept on disk)."""
-    fl = flags()
-    text = source + emulator.HEADER.read_text() + " ".join(fl) + machine_key()
-    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    lib = library_path(source)
     with _guard:
-        if key in _loaded:
-            return _loaded[key]
-        lib = emulator.cache_dir() / f"cpu_{key}.so"
-        _loaded[key] = diskcache.load(lib, lambda: _compile(source, fl), "target='cpu'")
-        return _loaded[key]
+        if lib.name in _loaded:
+            return _loaded[lib.name]
+        _loaded[lib.name] = diskcache.load(lib, lambda: _compile(source, flags()), "target='cpu'")
+        return _loaded[lib.name]
 
 
 def _compile(source: str, fl: tuple[str, ...]) -> bytes:
