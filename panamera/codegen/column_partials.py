@@ -73,9 +73,10 @@ def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
     return out + ["    }", "  }"]
 
 
-def merge(loop: ThreadLoop) -> list[str]:
+def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     """After the row loop: each partial reduced over the block's rows and merged, then the last
-    block's finish (module docstring)."""
+    block's finish (module docstring). `depart`: a grid-wide combine ends the kernel (False: a
+    pass after it reads the columns, codegen/column_stitch.py, and departs itself)."""
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
     out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
@@ -102,7 +103,9 @@ def merge(loop: ThreadLoop) -> list[str]:
             "  }",
         ]
     if MergeMode.PARTIALS_GRID in m.merges:
-        return out + _grid_combine(loop)
+        return out + _grid_combine(loop, depart)
+    if MergeMode.ATOMIC_GRID in m.merges:  # codegen/column_stitch.py waits and reads them back
+        return out
     out += [
         "  __threadfence();",
         "  __syncthreads();",
@@ -172,7 +175,7 @@ def _stores(loop: ThreadLoop) -> list[str]:
     return out
 
 
-def _grid_combine(loop: ThreadLoop) -> list[str]:
+def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
     """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
     then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
     block order; the last block to depart resets both counters."""
@@ -185,11 +188,29 @@ def _grid_combine(loop: ThreadLoop) -> list[str]:
     for k in _owners(loop):
         out += _in_block_order(loop, k)
     out += _stores(loop)
-    return out + [
-        "  }",
+    return out + ["  }"] + (departure() if depart else [])
+
+
+def departure(resets: list[str] = ()) -> list[str]:
+    """A grid-wide combine's end: the last block to depart resets the arrival and departure
+    counters (every block has passed its last wait, so none reads them any more), and runs
+    `resets` with all its threads."""
+    if not resets:
+        return [
+            "  __syncthreads();",
+            "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
+            "    pn_counter[0] = 0u;",
+            "    pn_counter[1] = 0u;",
+            "  }",
+        ]
+    return [
         "  __syncthreads();",
-        "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
-        "    pn_counter[0] = 0u;",
-        "    pn_counter[1] = 0u;",
+        "  __shared__ int pn_is_last;",
+        "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1;",
+        "  __syncthreads();",
+        "  if (pn_is_last) {  // the last to depart",
+        "    __threadfence();",
+        *resets,
+        "    if (tx == 0 && ty == 0) { pn_counter[0] = 0u; pn_counter[1] = 0u; }",
         "  }",
     ]

@@ -242,6 +242,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         resident = gx * d.ty
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    if group.consumed:  # poly/column_stitch.py: every row is read before any is re-read
+        resident = M
     n_passes = passes(group, d.levels)
     kept = kept_bytes(group, d.vec) if d.onchip != Residence.MEMORY else 0
     reread = (n_passes - 1) * (in_bytes - kept)
@@ -277,7 +279,9 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     resets; or (partials) every block's partials written and read back by the last block, which
     sums each column in block order. The last block's pass over the columns is one SM's work at
     its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
-    grid-wide wait every block sums its share of the columns in block order: one sync."""
+    grid-wide wait every block sums its share of the columns in block order: one sync. Columns
+    the group's own statements read (poly/column_stitch.py) wait a second time, and every thread
+    loads its columns' final values from L2 before the consumers' pass."""
     f = dict(stitched_cost(group, gpu, d).features)
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
@@ -295,6 +299,10 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         share = math.ceil(width / (B * d.threads)) * len(cols)
         f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
         last = 0
+        if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
+            f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+            f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
+            f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += B
@@ -304,6 +312,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["same_address"] = B
         f["atomic_dtype"] = max((c.acc for c in cols), key=lambda a: a.itemsize).name
         last = width * len(cols) * 2 * acc + outputs
+    if any(d.merges[k] == MergeMode.ATOMIC_GRID for k in owners):  # poly/column_stitch.py
+        f["atomics"] += B  # the departures
+        f["grid_syncs"] = 1  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+        f["sync_cycles"] = (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles  # the wait, then the columns
+        f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+        last = width * len(cols) * acc  # the last to depart resets the workspace
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)

@@ -136,6 +136,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
         on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        on_chip = on_chip and not (group.consumed and k in group.columns)  # every block reads it back
         if not on_chip:
             out.append(
                 BufferSpec(
