@@ -24,15 +24,16 @@ when all of the input fits in half the L2, since every row is read before any is
 Preconditions for a group of COLUMN reductions and their consumers, each checked:
   1. the columns are COLUMN reductions over one domain (same dimensions, extents and reduced
      dimensions), at most `MAX_HORIZONTAL` of them, placed in the row space (i: the reduced
-     dimensions, j: the kept ones; isl: the write is `j`);
+     dimensions, j: the kept ones; isl: the write is `j`), independent of each other (isl: no
+     dependence path between two of them; they all run in pass 0);
   2. a consumer is an element-wise statement (no indirect write) over that same domain,
      re-coalesced into the row space;
   3. every read of a column by a consumer is column-local (isl: at (i, j) the read's access
      relation equals the column's write, `j`), and no consumer reads another consumer (an
      element-wise result lives in no register of the kernel);
-  4. no column reads a consumer (isl: no flow dependence from a consumer into a column): the
-     consumers run after the grid-wide merge, the columns before it;
-  5. the stitch keeps the kernel graph acyclic (no dependence path leaves it and comes back).
+  4. the stitch keeps the kernel graph acyclic (no dependence path leaves it and comes back).
+No column reads a consumer (the consumers run after the grid-wide merge, the columns before it):
+a consumer reads a column, so that would be a path between two columns, refused by 1.
 """
 
 from __future__ import annotations
@@ -117,8 +118,11 @@ def column_stitches(stmts, sg: nx.DiGraph) -> tuple[ColumnStitch, ...]:
     spaces: dict[tuple, list[Statement]] = {}
     for st in stmts:
         placed = place_column(st) if st.M * st.N else None
-        if placed is not None and len(spaces.setdefault(_space(st), [])) < MAX_HORIZONTAL:  # 1
-            spaces[_space(st)].append(placed)
+        if placed is None:
+            continue
+        here = spaces.setdefault(_space(st), [])
+        if len(here) < MAX_HORIZONTAL and not any(nx.has_path(sg, c.name, st.name) for c in here):  # 1
+            here.append(placed)
     out = []
     for cols in spaces.values():
         uids = {c.result.uid for c in cols}
@@ -137,14 +141,11 @@ def column_stitches(stmts, sg: nx.DiGraph) -> tuple[ColumnStitch, ...]:
 
 
 def _legal(columns, consumers, sg: nx.DiGraph) -> ColumnStitch | None:
-    """Preconditions 4 and 5 for the whole stitch, dropping the columns no consumer reads."""
+    """Precondition 4 for the whole stitch, dropping the columns no consumer reads."""
     read = {r.tensor.uid for s in consumers for r in s.reads}
     columns = tuple(c for c in columns if c.result.uid in read)
     if not columns or not consumers:
         return None
-    names = {s.name for s in columns + consumers}
-    if any(b in {c.name for c in columns} for s in consumers for b in sg.successors(s.name)):
+    if not acyclic_after_contraction(sg, {s.name for s in columns + consumers}):
         return None  # 4
-    if not acyclic_after_contraction(sg, names):
-        return None  # 5
     return ColumnStitch(columns, consumers)
