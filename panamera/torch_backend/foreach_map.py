@@ -23,7 +23,8 @@ In place: the backend keeps an inference graph's input mutations in it (`copy_`s
 values into the graph inputs at its end, `keep_inference_input_mutations`). An output list
 copied item by item into one input list of element pieces that nothing outside the region
 reads is written into that list's memory by the kernel (`MapList.into`; the params and the two
-moments of AdamW) and its copies go; the 0-d steps' copies stay, as one `_foreach_copy_`.
+moments of AdamW) and its copies go; the 0-d steps' copies stay (torch_backend/mutations.py
+makes them one `_foreach_copy_`).
 
 >>> FOREACH_OPS[torch.ops.aten._foreach_sqrt.default](["a"], {}, "double")
 'sqrt(a)'
@@ -227,26 +228,6 @@ def _is_const(node) -> bool:
     return node.op == "call_function" and node.target is aten.full_like.default
 
 
-def _one_copy(gm: torch.fx.GraphModule, call) -> None:
-    """The copies back into graph inputs left after the launch (the 0-d steps: no block may write
-    a scalar piece that every block reads) as one `_foreach_copy_`, one launch as torch's own."""
-    copies = [
-        n
-        for n in gm.graph.nodes
-        if n.target is aten.copy_.default
-        and not n.users
-        and n.args[0].op == "placeholder"
-        and n.args[1].target is operator.getitem
-        and n.args[1].args[0] is call
-    ]
-    if len(copies) < 2:
-        return
-    with gm.graph.inserting_after(copies[-1]):
-        gm.graph.call_function(aten._foreach_copy_.default, ([c.args[0] for c in copies], [c.args[1] for c in copies]))
-    for c in copies:
-        gm.graph.erase_node(c)
-
-
 def lower_foreach_maps(gm: torch.fx.GraphModule, target: str) -> list:
     """Replace the graph's element-wise foreach region by one multi-tensor launch, in place;
     returns (module name, ops, kernels, modeled us) per region (none when refused)."""
@@ -287,7 +268,6 @@ def lower_foreach_maps(gm: torch.fx.GraphModule, target: str) -> list:
         dead = n in region or (n.op == "call_function" and n.target is operator.getitem and n.args[0] in region)
         if (dead or _is_const(n)) and not n.users:
             gm.graph.erase_node(n)
-    _one_copy(gm, call)
     gm.graph.lint()
     gm.recompile()
     ops = tuple(str(n.target) for n in nodes)
