@@ -11,7 +11,8 @@ needs the final columns)::
     block b sums its share of the columns in block order, stores out_k[j]
     pn_grid_sync (arrivals = 2 gridDim.x): every column is final
     float pn_fin0[S * V] = out0[j], ...                 // the thread's columns, once, from L2
-    for (tile = blockIdx.x; ...) pass 1: dx[i, j] = f(x[i, j], dy[i, j], pn_fin0[s * V + v], ...)
+    for (tile = its last; tile >= blockIdx.x; tile -= gridDim.x)   // backwards: the L2's tiles first
+      pass 1: dx[i, j] = f(x[i, j], dy[i, j], pn_fin0[s * V + v], ...)
     departure: the last block resets both counters (resident, ready for the next call)
 
 Or (ATOMIC_GRID, not deterministic) one atomic per block per column into a resident workspace,
@@ -32,10 +33,19 @@ from .reduce_kernel import workspace_identity
 from .thread_loop import ThreadLoop, post, post_dtype
 
 
-def _tiles(loop: ThreadLoop, body: list[str]) -> list[str]:
+def _tiles(loop: ThreadLoop, body: list[str], backwards: bool = False) -> list[str]:
+    """The block's row tiles: blockIdx.x, + gridDim.x, ... (`backwards`: the last first, so the
+    tiles the columns' pass read last, still in L2, are re-read first)."""
     m = loop.m
+    T = m.grid[0]
+    loop_head = (
+        f"  for (pn_idx pn_tile = blockIdx.x + ({T} - 1 - (pn_idx)blockIdx.x) / (pn_idx)gridDim.x * (pn_idx)gridDim.x;"
+        f" pn_tile >= (pn_idx)blockIdx.x; pn_tile -= (pn_idx)gridDim.x) {{"
+        if backwards
+        else f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {T}; pn_tile += gridDim.x) {{"
+    )
     return [
-        f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {m.grid[0]}; pn_tile += gridDim.x) {{",
+        loop_head,
         "    const pn_idx bx = pn_tile;  // the row tile",
         f"    const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on",
         *["  " + ln for ln in body],
@@ -105,7 +115,7 @@ def emit(loop: ThreadLoop) -> list[str]:
     out += column_partials.merge(loop, depart=False)
     out += _finals(loop)
     out += ["  // pass 1: " + ", ".join(g.statements[k].name for k in second)]
-    out += _tiles(loop, column_partials.column_pass(loop, second))
+    out += _tiles(loop, column_partials.column_pass(loop, second), backwards=True)
     return out + column_partials.departure(_resets(loop))
 
 

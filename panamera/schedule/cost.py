@@ -281,8 +281,14 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
     grid-wide wait every block sums its share of the columns in block order: one sync. Columns
     the group's own statements read (poly/column_stitch.py) wait a second time, and every thread
-    loads its columns' final values from L2 before the consumers' pass."""
+    loads its columns' final values from L2 before the consumers' pass, which re-reads the row
+    tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
+    reread = _input_bytes(group)
+    if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
+        hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
+        f["dram_bytes"] -= hits
+        f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group.N
