@@ -15,7 +15,7 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import exchanges, kernel_buffers, passes
+from .derived import combine_lanes, exchanges, kernel_buffers, passes
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -302,8 +302,10 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
-        share = math.ceil(width / (B * d.threads)) * len(cols)
-        f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
+        lanes = combine_lanes(B, d.threads, width)
+        share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
+        shuffles = share * (lanes.bit_length() - 1) * 30
+        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / 4)) * gpu.l2_latency_cycles + shuffles
         last = 0
         if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
             f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first

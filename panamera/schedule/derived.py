@@ -159,6 +159,22 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     return tuple(out)
 
 
+def combine_lanes(blocks: int, threads: int, columns: int) -> int:
+    """Threads that sum one column's partials after a grid-wide wait (PARTIALS_GRID): the most, a
+    power of two up to a warp, with every column still taken in one sweep of the grid's threads.
+    Lane l sums partials l, l + lanes, ... in block order; the lanes then combine by shuffles in a
+    fixed tree (LayerNorm backward 4096 x 4096 on 132 blocks of 256: 8 lanes of 17 loads each,
+    where one thread per column made 132 dependent-in-turn loads, 4 in flight).
+
+    >>> combine_lanes(132, 256, 4096), combine_lanes(132, 256, 65536), combine_lanes(4, 256, 8)
+    (8, 1, 32)
+    """
+    lanes = 1
+    while lanes < 32 and blocks * threads // (2 * lanes) >= columns:
+        lanes *= 2
+    return lanes
+
+
 def co_resident(gpu: GPUSpec, threads: int) -> int:
     """Blocks of `threads` threads that are surely resident at once: the kernels carry
     __launch_bounds__(threads, 1024 / threads) (codegen/kernel.py), so ptxas leaves room for that

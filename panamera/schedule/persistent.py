@@ -11,9 +11,11 @@ last row tile the block reduces its partials over its rows (ty) and merges one p
 column: an atomic into a resident workspace whose values the last block to arrive stores and
 resets (ATOMIC_WS), or (deterministic) its partials to ws[b * N + j], which the last block sums
 in block order (PARTIALS), or, after a grid-wide wait, every block sums its share of the columns
-in block order (PARTIALS_GRID: a cooperative launch, every block resident; the bits are the
-same). Columns the group's own statements read (poly/column_stitch.py) merge after a grid-wide
-wait only: PARTIALS_GRID, or (not deterministic) ATOMIC_GRID, atomics that every block reads back. The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
+with `derived.combine_lanes` threads per column (PARTIALS_GRID: a cooperative launch, every block
+resident; one fixed order, so bit-identical run to run, though not to PARTIALS' bits). Columns
+the group's own statements read (poly/column_stitch.py) merge after a grid-wide wait only:
+PARTIALS_GRID, or (not deterministic) ATOMIC_GRID, atomics that every block reads back. The
+blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
 
 Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
   1. whole rows (split 1), no register tile, direct loads (stages 1);
