@@ -341,3 +341,40 @@ def test_foreach_map_splits_a_long_list_into_launches():
     assert launches == 2
     for got, want in zip(gm(*ts), fn(*ts)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_write_back_of_the_mutations_left():
+    """torch_backend/mutations.py: (1) a functional foreach op copied back into its own first list
+    becomes its in-place overload, unless something reads that list after it; (2) copies that end
+    the graph become one `_foreach_copy_`."""
+    import torch
+
+    from panamera.torch_backend.mutations import write_back
+
+    def ops(fn, *tensors):
+        gm = _fx(fn, *tensors)
+        write_back(gm)
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    def scaled(a, b):
+        new = torch.ops.aten._foreach_mul.Scalar([a, b], 0.5)
+        a.copy_(new[0]), b.copy_(new[1])
+
+    def read_after(a, b):
+        new = torch.ops.aten._foreach_mul.Scalar([a, b], 0.5)
+        s = a + 1  # reads a's old value after the op
+        a.copy_(new[0]), b.copy_(new[1])
+        return s
+
+    def two(a, b):
+        x, y = b * 2, b + 1
+        a.copy_(x), b.copy_(y)
+
+    def between(a, b):
+        a.copy_(b * 2), b.copy_(b + 1)  # the add runs between the copies
+
+    a, b = torch.ones(3), torch.ones(3)
+    assert ops(scaled, a, b) == ["aten._foreach_mul_.Scalar"]
+    assert "aten._foreach_mul_.Scalar" not in ops(read_after, a, b)
+    assert ops(two, a, b) == ["aten.mul.Tensor", "aten.add.Tensor", "aten._foreach_copy_.default"]
+    assert ops(between, a, b).count("aten.copy_.default") == 2

@@ -9,8 +9,9 @@ drops their copies; `write_back` rewrites the copies left (ops that stay eager):
 1. a functional `_foreach_*` op whose every result item k is only copied back into item k of
    its first list, whose items are graph inputs, becomes the op's in-place overload on that list
    (clip_grad_norm_'s `_foreach_mul` of the gradients: `_foreach_mul_`, as eager runs it);
-2. the other copies into graph inputs, two or more, become one `_foreach_copy_` (one multi-tensor
-   launch, where AOTAutograd's epilogue copies each tensor on its own).
+2. the other copies into graph inputs, two or more, where they end the graph, become one
+   `_foreach_copy_` (one multi-tensor launch, where AOTAutograd's epilogue copies each tensor on
+   its own).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def write_back(gm: torch.fx.GraphModule) -> None:
     """
     _foreach_in_place(gm)
     copies = _copies(gm)
-    if len(copies) >= 2:
+    nodes = list(gm.graph.nodes)
+    tail = nodes[nodes.index(copies[0]) :] if copies else []
+    if len(copies) >= 2 and all(n in copies or n.op == "output" for n in tail):  # nothing runs between them
         with gm.graph.inserting_after(copies[-1]):
             gm.graph.call_function(
                 aten._foreach_copy_.default, ([c.args[0] for c in copies], [c.args[1] for c in copies])
