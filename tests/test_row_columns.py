@@ -20,6 +20,7 @@ from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
 from panamera.schedule.decision import MergeMode, Residence
+from panamera.schedule.derived import combine_lanes
 from panamera.schedule.mapping import map_group
 from panamera.schedule.persistent import column_registers
 from panamera.schedule.row_columns import plan_columns
@@ -215,7 +216,8 @@ def _with(k, **changes) -> Schedule:
 def test_the_persistent_row_loop_replayed(rng):
     """Fewer blocks than row tiles (each block loops over several), in each merge: a replayed
     schedule. The atomic merge within float32 rounding; the two partials merges (the last block,
-    or every block after a grid-wide wait) bit-identical to each other, across calls and the
+    or every block after a grid-wide wait; 2 blocks: one partial per shuffle lane, so the same
+    bits as the last block's sum) bit-identical to each other, across calls and the
     emulator's thread orders. The replay reproduces the source; the workspaces and counters are
     reset for the next call."""
     M, N = 100, 24  # 4 row tiles of 32 rows, the last one partial
@@ -239,6 +241,28 @@ def test_the_persistent_row_loop_replayed(rng):
     first = runs[MergeMode.PARTIALS][0]
     for got in runs[MergeMode.PARTIALS] + runs[MergeMode.PARTIALS_GRID]:
         assert all(np.array_equal(x, y) for x, y in zip(first, got))
+
+
+def test_the_grid_combine_sums_each_column_with_several_lanes(rng):
+    """PARTIALS_GRID with 8 blocks of 1024 columns: 2 lanes per column (derived.combine_lanes), each
+    summing 4 blocks' partials, then a shuffle: within float32 rounding of numpy float64 and
+    bit-identical across the emulator's thread orders."""
+    M, N = 64, 1024
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator", deterministic=True)
+    (m,) = k.mappings
+    merges = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
+    r = pn.compile(
+        outs, target="emulator", deterministic=True, schedule=_with(k, persistent=8, per_sm=1, merges=merges)
+    )
+    assert 1 < combine_lanes(8, r.mappings[0].threads, N) < 8 and "pn_shfl_down(pn_f" in r.source
+    refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
+    runs = [r(a, d, g, mean, rstd, order=o, seed=9) for o in ("forward", "reverse", "shuffled")]
+    for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+    for got in runs[1:]:
+        assert all(np.array_equal(x, y) for x, y in zip(runs[0], got))
 
 
 def test_replay_preconditions_of_the_persistent_grid(rng):

@@ -32,7 +32,7 @@ from ..poly.stitch import is_epilogue
 from ..schedule.decision import Residence
 from ..schedule.mapping import passes
 from ..schedule.onchip import kept_reads, steps
-from . import column_partials
+from . import column_partials, column_stitch
 from .expr import convert
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
@@ -40,6 +40,8 @@ CLUSTER_INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <cooperative_groups.h>
 
 
 def emit_stitched(loop: ThreadLoop) -> list[str]:
+    if loop.g.consumed:  # columns read in the kernel: codegen/column_stitch.py
+        return column_stitch.emit(loop)
     if loop.m.rtile * loop.m.ctile > 1:
         return _emit_tiled(loop)
     g, m = loop.g, loop.m

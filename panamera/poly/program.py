@@ -14,6 +14,7 @@ import networkx as nx
 from ..frontend.tensor import Tensor
 from ..frontend.walk import postorder
 from .coalesce import coalesce
+from .column_stitch import ColumnStitch, column_stitches
 from .dependences import Dependences, compute_dependences, schedule
 from .epilogue import epilogue_candidates
 from .expr import Expr
@@ -45,6 +46,8 @@ class KernelGroup:
 
     @property
     def form(self) -> Form:
+        if self.stitched and self.statements[0].form == Form.COLUMN:  # poly/column_stitch.py: the row space
+            return Form.ROW
         return self.statements[0].form
 
     @cached_property
@@ -54,6 +57,17 @@ class KernelGroup:
         if not self.stitched:
             return ()
         return tuple(k for k, s in enumerate(self.statements) if s.form == Form.COLUMN)
+
+    @cached_property
+    def consumed(self) -> bool:
+        """Row-space statements of the group read its columns' final values (poly/column_stitch.py:
+        a grid-wide merge between the columns' pass and theirs)."""
+        cols = {self.statements[k].result.uid for k in self.columns}
+        return any(
+            k not in self.columns and any(r.tensor.uid in cols for r in s.reads)
+            for k, s in enumerate(self.statements)
+            if s.form != Form.MAP
+        )
 
     @cached_property
     def column_epilogues(self) -> tuple[int, ...]:
@@ -136,6 +150,12 @@ class Program:
         """COLUMN reductions legal in a stitched row kernel (poly/row_columns.py); asked for only by
         the model's one- vs two-launch comparison, so isl answers it on demand, not for every program."""
         return column_candidates(list(self.statements), self.statement_graph, self.stitch_candidates)
+
+    @cached_property
+    def column_stitches(self) -> tuple[ColumnStitch, ...]:
+        """COLUMN reductions stitched with the consumers of their final values
+        (poly/column_stitch.py); on demand, as `column_candidates`."""
+        return column_stitches(list(self.statements), self.statement_graph)
 
     @cached_property
     def schedule(self) -> isl.Schedule | None:

@@ -15,7 +15,7 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import exchanges, kernel_buffers, passes
+from .derived import combine_lanes, exchanges, kernel_buffers, passes
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -242,6 +242,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         resident = gx * d.ty
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    if group.consumed:  # poly/column_stitch.py: every row is read before any is re-read
+        resident = M
     n_passes = passes(group, d.levels)
     kept = kept_bytes(group, d.vec) if d.onchip != Residence.MEMORY else 0
     reread = (n_passes - 1) * (in_bytes - kept)
@@ -277,8 +279,16 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     resets; or (partials) every block's partials written and read back by the last block, which
     sums each column in block order. The last block's pass over the columns is one SM's work at
     its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
-    grid-wide wait every block sums its share of the columns in block order: one sync."""
+    grid-wide wait every block sums its share of the columns in block order: one sync. Columns
+    the group's own statements read (poly/column_stitch.py) wait a second time, and every thread
+    loads its columns' final values from L2 before the consumers' pass, which re-reads the row
+    tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
+    reread = _input_bytes(group)
+    if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
+        hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
+        f["dram_bytes"] -= hits
+        f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group.N
@@ -292,9 +302,15 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
-        share = math.ceil(width / (B * d.threads)) * len(cols)
-        f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
+        lanes = combine_lanes(B, d.threads, width)
+        share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
+        shuffles = share * (lanes.bit_length() - 1) * 30
+        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / 4)) * gpu.l2_latency_cycles + shuffles
         last = 0
+        if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
+            f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+            f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
+            f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += B
@@ -304,6 +320,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["same_address"] = B
         f["atomic_dtype"] = max((c.acc for c in cols), key=lambda a: a.itemsize).name
         last = width * len(cols) * 2 * acc + outputs
+    if any(d.merges[k] == MergeMode.ATOMIC_GRID for k in owners):  # poly/column_stitch.py
+        f["atomics"] += B  # the departures
+        f["grid_syncs"] = 1  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+        f["sync_cycles"] = (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles  # the wait, then the columns
+        f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+        last = width * len(cols) * acc  # the last to depart resets the workspace
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)

@@ -170,6 +170,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
         on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        on_chip = on_chip and not (group.consumed and k in group.columns)  # every block reads it back
         if not on_chip:
             out.append(
                 BufferSpec(
@@ -188,6 +189,22 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
         n = 2 if group.columns else grid[0] * (2 if group.stitched else 1)
         out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
     return tuple(out)
+
+
+def combine_lanes(blocks: int, threads: int, columns: int) -> int:
+    """Threads that sum one column's partials after a grid-wide wait (PARTIALS_GRID): the most, a
+    power of two up to a warp, with every column still taken in one sweep of the grid's threads.
+    Lane l sums partials l, l + lanes, ... in block order; the lanes then combine by shuffles in a
+    fixed tree (LayerNorm backward 4096 x 4096 on 132 blocks of 256: 8 lanes of 17 loads each,
+    where one thread per column made 132 dependent-in-turn loads, 4 in flight).
+
+    >>> combine_lanes(132, 256, 4096), combine_lanes(132, 256, 65536), combine_lanes(4, 256, 8)
+    (8, 1, 32)
+    """
+    lanes = 1
+    while lanes < 32 and blocks * threads // (2 * lanes) >= columns:
+        lanes *= 2
+    return lanes
 
 
 def co_resident(gpu: GPUSpec, threads: int) -> int:

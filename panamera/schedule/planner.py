@@ -25,7 +25,7 @@ from ..poly.program import KernelGroup, Program, external_results, group_stateme
 from ..poly.row_columns import with_epilogues
 from ..poly.statement import Form, StatementKind
 from .mapping import Mapping, MergeMode, map_group
-from .row_columns import consider
+from .row_columns import consider, consider_stitch
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ def plan_groups(
         if any(tuple(n) not in plain for n in replay):  # a stitched group with column partials
             legal += [j.statements for j in prog.column_candidates]
             legal += [j.statements for j in _with_epilogues(prog)]
+            legal += [c.statements for c in prog.column_stitches]
         chosen = _replayed(legal, replay, "stitches {}, which is not a legal stitched group")
         epilogues = _replayed(
             prog.epilogue_candidates,
@@ -139,6 +140,7 @@ def plan_groups(
         epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic, alone) if allow_stitch else []
         if columns and allow_stitch:
             chosen = _plan_columns(prog, gpu, considered, chosen, epilogues, deterministic, stitch_split)
+            chosen += _plan_stitches(prog, gpu, considered, chosen, epilogues, deterministic)
     if not chosen and not epilogues:
         return prog.groups, tuple(considered)
     groups = group_statements(
@@ -175,6 +177,25 @@ def _plan_columns(prog: Program, gpu: GPUSpec, considered: list, chosen: list, e
         if c.pays:
             out[at] = join.statements
             epilogues[:] = others
+    return out
+
+
+def _plan_stitches(prog: Program, gpu: GPUSpec, considered: list, chosen: list, epilogues, deterministic) -> list:
+    """The COLUMN reductions stitched with their consumers (poly/column_stitch.py) where the model
+    prefers one cooperative launch, none of whose statements another chosen group holds (appends
+    the figures to `considered`). Asks isl only when a COLUMN reduction exists."""
+    if not any(s.form == Form.COLUMN and s.kind == StatementKind.REDUCE for s in prog.statements):
+        return []
+    taken = {s.name for grp in list(chosen) + list(epilogues) for s in grp}
+    out = []
+    for stitch in prog.column_stitches:
+        if taken & set(stitch.names):
+            continue
+        c = consider_stitch(stitch, prog, gpu, deterministic)
+        considered.append(replace(c, chosen=c.pays))
+        if c.pays:
+            out.append(stitch.statements)
+            taken |= set(stitch.names)
     return out
 
 

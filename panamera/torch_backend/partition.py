@@ -26,6 +26,7 @@ from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
 from .foreach_map import lower_foreach_maps
 from .multitensor import lower_norms
+from .mutations import write_back
 from .symbolic import (
     DynamicSubgraph,
     PerShapeSubgraph,
@@ -376,6 +377,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     `on_specialize(name, shapes, reason)` hears of each per-shape fallback compiled at call time."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
     lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
+    write_back(gm)  # the input mutations left: in place, or one _foreach_copy_
     multi = [SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lowered]
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}
