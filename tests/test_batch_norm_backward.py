@@ -85,7 +85,7 @@ def check(k, arrays, layout, dtype, **call):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_float64_both_layouts_with_the_kernels_coalescing_gives(layout, rng):
+def test_float64_both_layouts_with_the_kernels_coalescing_gives(layout, rng, launches_pay_the_floor):
     shape = LAYOUTS[layout][1](2, 4, 5, 6)
     outs, ins = bn_backward(shape, layout, "float64")
     k = pn.compile(list(outs), target="emulator")
@@ -124,7 +124,7 @@ def test_nchw_rows_split_across_blocks_in_one_cooperative_launch(rng):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_bfloat16_within_tolerances_from_dtype_and_length(layout, rng):
+def test_bfloat16_within_tolerances_from_dtype_and_length(layout, rng, launches_pay_the_floor):
     shape = LAYOUTS[layout][1](4, 3, 6, 6)
     outs, _ = bn_backward(shape, layout, "bfloat16")
     k = pn.compile(list(outs), target="emulator")

@@ -22,6 +22,9 @@ from panamera.model.gpu import H100
 from panamera.poly.column_stitch import column_stitches
 from panamera.schedule.decision import MergeMode
 
+# one launch at the emulator's small shapes: planned for an H100 whose every launch pays the floor
+pytestmark = pytest.mark.usefixtures("launches_pay_the_floor")
+
 
 def stitches(outputs) -> list[tuple[str, ...]]:
     p = lower(list(outputs), stop_after="program", target="emulator").program
@@ -158,7 +161,7 @@ def test_replay_rules_of_a_stitch(rng):
         pn.compile(list(outs), target="emulator", schedule=_with(k, merges=last_block))
     with pytest.raises(ScheduleError, match=re.escape("(4)")):  # atomics where deterministic asks partials
         pn.compile(list(outs), target="emulator", deterministic=True, schedule=k.schedule)
-    one_sm = dataclasses.replace(H100, sms=1)  # 4 co-resident blocks of 256 threads
+    one_sm = dataclasses.replace(H100, sms=1, queued_launch_s=-1.0)  # 4 co-resident blocks of 256 threads
     k1 = pn.compile(list(outs), target="emulator", gpu=one_sm)
     with pytest.raises(ScheduleError, match=re.escape("(5)")):
         pn.compile(list(outs), target="emulator", gpu=one_sm, schedule=_with(k1, persistent=5, per_sm=5))

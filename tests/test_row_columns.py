@@ -243,7 +243,7 @@ def test_the_persistent_row_loop_replayed(rng):
         assert all(np.array_equal(x, y) for x, y in zip(first, got))
 
 
-def test_the_grid_combine_sums_each_column_with_several_lanes(rng):
+def test_the_grid_combine_sums_each_column_with_several_lanes(rng, launches_pay_the_floor):
     """PARTIALS_GRID with 8 blocks of 1024 columns: 2 lanes per column (derived.combine_lanes), each
     summing 4 blocks' partials, then a shuffle: within float32 rounding of numpy float64 and
     bit-identical across the emulator's thread orders."""

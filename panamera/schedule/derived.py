@@ -134,7 +134,8 @@ def workspace_dtype(st, mode: MergeMode) -> dtypes.DType:
     """The element type of statement `st`'s (static or parametric) merge workspace under `mode`:
     its accumulator's, or for float max/min merged by integer atomics (AtomicStrategy.ORDERED)
     the integer images' (int32 of float32, int64 of float64: codegen/header.py pn_ordered)."""
-    if mode == MergeMode.ATOMIC_WS and st.combiner.atomic(st.acc) == AtomicStrategy.ORDERED:
+    atomics = mode in (MergeMode.ATOMIC_WS, MergeMode.ATOMIC_GRID)  # merged by atomics, not partials
+    if atomics and st.combiner.atomic(st.acc) == AtomicStrategy.ORDERED:
         return dtypes.int32 if st.acc.itemsize == 4 else dtypes.int64
     return st.acc
 
