@@ -13,8 +13,9 @@ time (`kernel_time`):
     fork + max(memory, compute) + merge
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
-  re-reads of a stitched group's later passes at the L2 rate) over the bandwidth of the level the
-  kernel's bytes fit in (warm data: a benchmark calls the same kernel on the same arrays);
+  re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
+  the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
+  calls the same kernel on the same arrays);
 - compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
   whose combine does not vectorize pays one scalar step per element) / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
@@ -225,6 +226,14 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     return ns
 
 
+def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
+    """The rate of a stitched row's re-reads: from L1 when what one row re-reads fits there (the
+    probe's SIMD add over L1 data, 4 bytes per add_ns, one per thread), else from L2."""
+    if w.reread_bytes <= CACHE_FILL * m.caches.l1 * max(w.M, 1):
+        return 4.0 / m.rates.add_ns * threads
+    return m.rates.bandwidth("L2", threads)
+
+
 def kernel_time(
     w: CpuWork, m: CpuModel, tasks: int, split: int, threads: int | None = None, lanes: int = 16
 ) -> KernelTime:
@@ -237,7 +246,7 @@ def kernel_time(
     level = m.level(w.bytes, busy)
     r = m.rates
     mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem_s += w.reread_bytes / r.bandwidth("L2", busy) / 1e9
+    mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
     comp_s = w.elements * element_ns(w, r, lanes) / busy * 1e-9
     fork = r.fork(t)
     merge = 0.0
