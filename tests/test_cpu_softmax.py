@@ -141,3 +141,34 @@ def test_reuse_precondition_4_model_decides():
     sm = _group(pn.nn.softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
     slow = Rates(1, ((1.0, 1.0),) * 3, ((1.0, 1.0),) * 3, 0.05, 0.2, 0.2, (1.0, 1.0))  # 1 GB/s everywhere
     assert candidates(sm) and choose(sm, CpuModel(2, 64, "slow memory", rates=slow)) == ()
+
+
+def _edge_floats(rng) -> np.ndarray:
+    """float32 values around every float16 range: subnormals, normals, the overflow threshold
+    65520, ties, inf, NaN and signed zeros."""
+    halves = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    scaled = [rng.standard_normal(20000).astype(np.float32) * s for s in (1e-8, 3e-8, 1e-6, 1e-4, 1.0, 1e3, 6e4)]
+    ties = (halves[np.isfinite(halves)][:-1] + np.diff(halves[np.isfinite(halves)]) / 2).astype(np.float32)
+    special = np.array([np.inf, -np.inf, np.nan, 65519.99, 65520.0, -65520.0, 2**-25, 3 * 2**-25, 2**-26, -0.0, 1e-40])
+    return np.concatenate([halves, ties, *scaled, special.astype(np.float32)])
+
+
+@pytest.mark.parametrize("target", ["cpu", "emulator"])
+def test_16bit_conversions_exact(target, rng):
+    """The branch-free conversions of runtime/cuda_emulation.h (vectorized on the CPU) round as numpy:
+    every float16 to float32, and float32 values around every float16 range to float16 and bfloat16."""
+    f = _edge_floats(rng)
+    if target == "emulator":
+        f = f[rng.choice(f.size, 3000, replace=False)]
+    with np.errstate(over="ignore"):
+        h = np.arange(65536, dtype=np.uint16).view(np.float16) if target == "cpu" else f.astype(np.float16)
+    x16, x32 = pn.placeholder(h.shape, "float16"), pn.placeholder(f.shape, "float32")
+    k = pn.compile([x16.astype("float32"), x32.astype("float16"), x32.astype("bfloat16")], target=target)
+    up, down, bf = k(h, f)
+    with np.errstate(all="ignore"):
+        refs = (h.astype(np.float32), f.astype(np.float16), f.astype(ml_dtypes.bfloat16))
+    for got, ref in zip((up, down, bf), refs):
+        bits = {2: np.uint16, 4: np.uint32}[ref.dtype.itemsize]
+        nan = np.isnan(ref.astype(np.float32))
+        assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
+        np.testing.assert_array_equal(got[~nan].view(bits), ref[~nan].view(bits))
