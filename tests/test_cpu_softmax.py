@@ -172,3 +172,42 @@ def test_16bit_conversions_exact(target, rng):
         nan = np.isnan(ref.astype(np.float32))
         assert np.array_equal(np.isnan(got.astype(np.float32)), nan)
         np.testing.assert_array_equal(got[~nan].view(bits), ref[~nan].view(bits))
+
+
+SMALL = {  # the new norm recipes of the CPU bench at small shapes
+    "cross_entropy [64x30522]": ((6, 37), (6,)),
+    "batch_norm train [32x64x56x56]": ((3, 4, 5, 5), (4,), (4,)),
+    "group_norm 8g [4x64x16x16]": ((2, 16, 3, 3), (16,), (16,)),
+    "softmax [6144x128] float16": ((5, 33),),
+    "rms_norm [1024x512] bfloat16": ((4, 24), (24,)),
+}
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_bench_recipes_agree(name, rng):
+    """Each new recipe of panamera/bench/cpu_recipes.py gives the float64 reference's values in Panamera
+    (target cpu), torch eager and onnxruntime (their ONNX graphs: BatchNormalization in training
+    mode, GroupNormalization, LogSoftmax + GatherElements)."""
+    import dataclasses
+
+    import onnxruntime as ort
+    import torch
+
+    from panamera.bench import cpu_measure as cm
+    from panamera.bench import cpu_recipes as cr
+
+    w = next(w for w in cr.cpu_workloads() if w.name == name)
+    w = dataclasses.replace(w, shapes=SMALL[name], reduced=max(SMALL[name][0][-1], 2))
+    arrays = cm._inputs(w, rng)
+    ref = w.recipe(cr.NumpyBackend(ref=True), *[a.astype(np.float64) for a in arrays])
+    holders = [pn.placeholder(s, d) for s, d in zip(w.shapes, w.input_dtypes)]
+    got = {"panamera": pn.compile(w.recipe(cr.PanameraBackend(), *holders), target="cpu")(*arrays)}
+    with torch.no_grad():
+        got["torch"] = w.recipe(cr.TorchBackend(), *[cm._tensor(torch, a) for a in arrays]).float().numpy()
+    if w.input_dtypes[0] != "bfloat16":  # onnxruntime's CPU provider has no bfloat16 RMSNormalization
+        sess = ort.InferenceSession(cr.OnnxBackend().model(w), providers=["CPUExecutionProvider"])
+        got["onnxruntime"] = sess.run(None, {f"x{k}": a for k, a in enumerate(arrays)})[0]
+    out_dtype = np.dtype(w.input_dtypes[0])
+    for who, g in got.items():
+        err, tol, ok = cm.check(np.asarray(g).astype(out_dtype), ref, w.reduced)
+        assert ok, f"{name}: {who} off by {err:.3g} (tolerance {tol:.3g})"
