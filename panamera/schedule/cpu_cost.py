@@ -30,7 +30,7 @@ from ..model.cpu import (
     limit_us,
 )
 from ..poly.program import KernelGroup
-from ..poly.statement import StatementKind
+from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
 from .cpu_reuse import Reuse, saved_work
 
@@ -114,6 +114,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         reread_bytes=max((passes - 1) * row_bytes + kept, 0),
         struct=struct,
         width=width,
+        row_combines=len(g.accumulators) if g.form in (Form.ROW, Form.ALL) else 0,
     )
 
 
