@@ -141,6 +141,8 @@ def test_reuse_precondition_4_model_decides():
     sm = _group(pn.nn.softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
     slow = Rates(1, ((1.0, 1.0),) * 3, ((1.0, 1.0),) * 3, 0.05, 0.2, 0.2, (1.0, 1.0))  # 1 GB/s everywhere
     assert candidates(sm) and choose(sm, CpuModel(2, 64, "slow memory", rates=slow)) == ()
+    long = _group(pn.nn.softmax(pn.placeholder((2, 1 << 20), "float32"), axis=1, method="multipass"))
+    assert candidates(long) and choose(long, MODEL) == ()  # 4 MiB of scratch a row: beyond L2
 
 
 def _edge_floats(rng) -> np.ndarray:

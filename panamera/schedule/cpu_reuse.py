@@ -13,8 +13,8 @@ constants) is a *reuse* candidate; the earlier pass stores it to a per-thread ro
 
 Whether that pays is the model's call (model/cpu.py's probed rates, per element): recomputing
 costs the subexpression's operations in every later pass that uses it; keeping it costs one
-store and one load per such pass at the bandwidth of the cache level the scratch row lives in,
-less the loads of the later passes that the reuse makes unnecessary. exp(x - m) (0.22 ns on the
+store and one load per such pass at the L2 bandwidth (the scratch row must fit L2), less the
+loads of the later passes that the reuse makes unnecessary. exp(x - m) (0.22 ns on the
 project's machine) is kept when the row fits L2 (8 bytes at ~48 GB/s, 0.17 ns, less the reread
 of x); x - m (one subtraction) never is; log_softmax's last pass (x - m - log(s)) shares only
 x - m and stays as it is, as in onnxruntime.
@@ -24,7 +24,8 @@ Preconditions (each returns no reuse; tests/test_cpu_softmax.py has one negative
 2. the subexpression varies along the row (a row invariant costs nothing to recompute) and has
    a key: no gathered load (its address is not affine);
 3. the later statement makes its own pass over the row (an epilogue at j = 0 has no elements);
-4. the model finds keeping it cheaper than recomputing it.
+4. the model finds keeping it cheaper than recomputing it, its scratch row in L2 (a longer row
+   would be stored to and read back from memory: no scratch row of that size is allocated).
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
@@ -165,8 +166,8 @@ def candidates(g: KernelGroup) -> list[tuple[int, tuple[int, ...], Expr]]:
 
 def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
     """The candidates the model keeps (precondition 4): per element, the operations a consumer
-    would recompute against a store and a load per consumer of the scratch row (at the level a
-    row of N values per thread fits in), less the loads a consumer no longer makes."""
+    would recompute against a store and a load per consumer of the scratch row at the L2 rate
+    (a row of N values per thread must fit L2), less the loads a consumer no longer makes."""
     r = m.rates
     out = []
     for p, users, e in candidates(g):
@@ -175,8 +176,9 @@ def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
         recompute = r.add_ns * cheap + (r.exp_ns - r.add_ns) * trans + (r.div_ns - r.add_ns) * div
         recompute *= max(1.0, e.dtype.itemsize / 4) * len(users)
         size = 8 if e.dtype.compute == "double" else 4
-        level = m.level(g.N * size, 1)
-        keep = size / r.bandwidth(level, 1, write=True) + len(users) * size / r.bandwidth(level, 1)
+        if m.level(g.N * size, 1) != "L2":  # a scratch row beyond L2 would come back from memory
+            continue
+        keep = size / r.bandwidth("L2", 1, write=True) + len(users) * size / r.bandwidth("L2", 1)
         for c in users:  # loads of the consumer that only the reused value needed
             key = keys(s)[id(e)]
             rest = _remaining_loads(g.statements[c], key)
