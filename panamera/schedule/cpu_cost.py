@@ -39,6 +39,10 @@ from .cpu_reuse import Reuse, saved_work
 # and packs the index), for the body's operations and the reduction's combine.
 OP_WEIGHT = {"maximum": 2.0, "minimum": 2.0, "argkey_max": 2.0, "argkey_min": 2.0}
 COMBINE_WEIGHT = {"max": 2.0, "min": 2.0}
+# A float16 value converted to or from float (runtime/cuda_emulation.h: exact, branch-free, about
+# ten integer SIMD instructions; bfloat16 is one shift) costs this many cheap operations more: a
+# float16 load, store or rounding cast. Fitted on softmax 64x30522 float16 against bfloat16.
+F16_CONVERT = 2.0
 MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
 
 
@@ -52,10 +56,13 @@ def _ops(body, reads, on_chip, reciprocal: bool = False) -> tuple[float, float, 
     for e in body.walk():
         if e.op == "load" and reads[e.read].memory and reads[e.read].tensor.uid not in on_chip:
             varying.add(id(e))
+            cheap += F16_CONVERT if reads[e.read].tensor.dtype.name == "float16" else 0.0
         elif any(id(a) in varying for a in e.args):
             varying.add(id(e))
         if e.op in FREE or id(e) not in varying:
             continue
+        if e.op == "cast" and e.dtype.name == "float16":
+            cheap += 2 * F16_CONVERT  # to float16 and back
         if e.op in TRANSCENDENTAL:
             trans += 1
         elif reciprocal and e.op == "div" and e.dtype.is_float and id(e.args[1]) not in varying:
@@ -89,7 +96,11 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
     lv = levels(stmts) if g.stitched else {}
     for s in stmts:
         share = math.prod(s.extents) / space
-        c, t, d = _ops(s.body, s.reads, on_chip, s.kind == StatementKind.MAP and lv.get(s.name, 0) > 0)
+        body = s.body
+        if s.kind == StatementKind.MAP and s.result.dtype.name == "float16":  # its store (and no final cast)
+            body = body.args[0] if body.op == "cast" and body.args[0].dtype.compute == "float" else body
+        c, t, d = _ops(body, s.reads, on_chip, s.kind == StatementKind.MAP and lv.get(s.name, 0) > 0)
+        c += F16_CONVERT if s.kind == StatementKind.MAP and s.result.dtype.name == "float16" else 0.0
         if s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
             fma = s.combiner.name == "sum" and s.body.op == "mul"
             c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
