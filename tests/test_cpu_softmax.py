@@ -213,3 +213,25 @@ def test_bench_recipes_agree(name, rng):
     for who, g in got.items():
         err, tol, ok = cm.check(np.asarray(g).astype(out_dtype), ref, w.reduced)
         assert ok, f"{name}: {who} off by {err:.3g} (tolerance {tol:.3g})"
+
+
+def test_fused_rows_evaluate_each_value_once(rng):
+    """Softmaxes of producer expressions in one stitched group: each exp (and the shared producers
+    later passes need) evaluated once per element, a value kept by one pass and read back by the
+    next reused again by the pass that stores another; results within the derived bounds of
+    their float32 inputs."""
+    x = pn.placeholder((7, 301), "float32", name="x")
+    m = pn.placeholder((7, 301), "bool", name="m")
+    masked = pn.where(m, x * 0.5 + 1.0, -np.inf)
+    k = pn.compile([pn.nn.softmax(masked, axis=-1), pn.nn.log_softmax(x * 3.0, axis=-1)], target="cpu")
+    src = "".join(kern.source for kern in k.cpu_kernels)
+    assert src.count("expf(") == 2
+    a = (rng.standard_normal((7, 301)) * 3).astype(np.float32)
+    mm = rng.random((7, 301)) > 0.3
+    sm, lsm = k(a, mm)
+    ref_sm, sm_tol, _, _ = _bounds(
+        np.where(mm, a * np.float32(0.5) + np.float32(1.0), -np.inf).astype(np.float32), "float32"
+    )
+    _, _, ref_lsm, lsm_tol = _bounds(a * np.float32(3.0), "float32")
+    _within(sm, ref_sm, sm_tol, "masked softmax of a producer")
+    _within(lsm, ref_lsm, lsm_tol, "log_softmax of a producer")

@@ -195,7 +195,9 @@ class _Kernel:
         for n, x in enumerate(self.d.reuse):
             if x.producer == k:
                 node = nodes_with(self.g.statements[k], x.key)[0]
-                lines, val = self.loop.body_lines(k, None, expr=node)
+                lines, val = self.loop.body_lines(
+                    k, None, expr=node, given=self.held.get(k)
+                )  # earlier reuses read back
                 out += ["{"] + ["  " + ln for ln in lines] + [f"  pn_cse{n}[j] = {val};", "}"]
                 self.held.setdefault(k, {})[id(node)] = f"pn_cse{n}[j]"
         return out
