@@ -172,6 +172,7 @@ def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
     out = []
     for p, users, e in candidates(g):
         s = g.statements[p]
+        key = keys(s)[id(e)]
         cheap, trans, div = op_counts(e)
         recompute = r.add_ns * cheap + (r.exp_ns - r.add_ns) * trans + (r.div_ns - r.add_ns) * div
         recompute *= max(1.0, e.dtype.itemsize / 4) * len(users)
@@ -180,12 +181,10 @@ def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
             continue
         keep = size / r.bandwidth("L2", 1, write=True) + len(users) * size / r.bandwidth("L2", 1)
         for c in users:  # loads of the consumer that only the reused value needed
-            key = keys(s)[id(e)]
-            rest = _remaining_loads(g.statements[c], key)
-            saved = _loads(e, s, g.on_chip) - rest
-            keep -= sum(_itemsize(g, uid) for _, uid in saved) / r.bandwidth("L2", 1)
+            saved = _loads(e, s, g.on_chip) - _remaining_loads(g.statements[c], key)
+            keep -= sum(_tensor(g, uid).dtype.itemsize for _, uid in saved) / r.bandwidth("L2", 1)
         if recompute > keep:
-            out.append(Reuse(p, users, keys(s)[id(e)], e.dtype.compute, _describe(e), recompute - keep))
+            out.append(Reuse(p, users, key, e.dtype.compute, _describe(e), recompute - keep))
     return tuple(out)
 
 
@@ -206,12 +205,9 @@ def _remaining_loads(c: Statement, key: tuple) -> set[tuple]:
     return out
 
 
-def _itemsize(g: KernelGroup, uid: int) -> int:
-    for s in g.statements:
-        for r in s.reads:
-            if r.tensor.uid == uid:
-                return r.tensor.dtype.itemsize
-    return 4
+def _tensor(g: KernelGroup, uid: int):
+    """The tensor a read of group g names by `uid`."""
+    return next(r.tensor for s in g.statements for r in s.reads if r.tensor.uid == uid)
 
 
 def saved_work(g: KernelGroup, reuse: tuple[Reuse, ...]) -> tuple[float, float, float, int]:
@@ -231,14 +227,6 @@ def saved_work(g: KernelGroup, reuse: tuple[Reuse, ...]) -> tuple[float, float, 
                 a, b, d = op_counts(n, var)
                 cheap, trans, div = cheap + a, trans + b, div + d
             saved = _loads(node, producer, g.on_chip) - _remaining_loads(s, x.key)
-            moved -= sum(_tensor_bytes(g, uid) for _, uid in saved)
+            moved -= sum(_tensor(g, uid).size * _tensor(g, uid).dtype.itemsize for _, uid in saved)
         moved += g.M * g.N * (8 if x.ctype == "double" else 4) * (1 + len(x.consumers))
     return cheap, trans, div, moved
-
-
-def _tensor_bytes(g: KernelGroup, uid: int) -> int:
-    for s in g.statements:
-        for r in s.reads:
-            if r.tensor.uid == uid:
-                return r.tensor.size * r.tensor.dtype.itemsize
-    return 0
