@@ -27,7 +27,6 @@ of `CpuKernel.params`, `pn_nt` threads.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,9 +41,9 @@ from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_blas import BlasCall
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
-from ..schedule.cpu_reuse import nodes_with
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
+from .cpu_rows import RowValues
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
@@ -119,7 +118,7 @@ def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list
 
 
 # -- the kernel ---------------------------------------------------------------------------------
-class _Kernel:
+class _Kernel(RowValues):
     def __init__(self, name: str, g: KernelGroup, d: CpuDecision):
         self.name, self.g, self.d = name, g, d
         merges = tuple(MergeMode.STORE for _ in g.statements)
@@ -185,61 +184,6 @@ class _Kernel:
             else:
                 value = val if store16 and body.dtype.compute == "float" else convert(val, body.dtype, s.result.dtype)
                 out.append(f"pn_st(&out{k}[{self.loop.address(s.write)}], {value});")
-        return out
-
-    def store_reused(self, k: int) -> list[str]:
-        """Statement k's values that later passes read back (decision.reuse): each evaluated in a
-        block of its own and stored to its scratch row at j, where k's own body reads it (the
-        compiler forwards the store)."""
-        out = []
-        for n, x in enumerate(self.d.reuse):
-            if x.producer == k:
-                node = nodes_with(self.g.statements[k], x.key)[0]
-                lines, val = self.loop.body_lines(
-                    k, None, expr=node, given=self.held.get(k)
-                )  # earlier reuses read back
-                out += ["{"] + ["  " + ln for ln in lines] + [f"  pn_cse{n}[j] = {val};", "}"]
-                self.held.setdefault(k, {})[id(node)] = f"pn_cse{n}[j]"
-        return out
-
-    def read_back(self) -> None:
-        """The consumers of each reused value read it from its scratch row at j."""
-        for n, x in enumerate(self.d.reuse):
-            for c in x.consumers:
-                for node in nodes_with(self.g.statements[c], x.key):
-                    self.held.setdefault(c, {})[id(node)] = f"pn_cse{n}[j]"
-
-    def reciprocals(self, here: list[int]) -> list[str]:
-        """A division by a row invariant (a value of the group's earlier passes or a constant) in
-        the statements `here` becomes a product with its reciprocal, computed here once per row."""
-        g, out = self.g, []
-        for k in here:
-            s = g.statements[k]
-            if k in self.epilogues or k in self.reductions:
-                continue
-            varying: set[int] = set()
-            for e in s.body.walk():
-                if (e.op == "load" and s.reads[e.read].memory and s.reads[e.read].tensor.uid not in g.on_chip) or any(
-                    id(a) in varying for a in e.args
-                ):
-                    varying.add(id(e))
-            table = {}
-            for e in s.body.walk():
-                if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in varying and id(e.args[0]) in varying:
-                    name = f"pn_rcp{k}_{len(table)}"
-                    lines, val = self.loop.body_lines(k, None, expr=e.args[1])
-                    t = e.dtype.compute
-                    out += (
-                        ["{"]
-                        + ["  " + ln for ln in lines]
-                        + [f"  {name}_v = ({t})1 / {convert(val, e.args[1].dtype, e.dtype)};", "}"]
-                    )
-                    out.insert(0, f"{t} {name}_v;")
-                    r = Expr("load", (), e.dtype)
-                    self.held.setdefault(k, {})[id(r)] = f"{name}_v"
-                    table[id(e)] = Expr("mul", (e.args[0], r), e.dtype)
-            if table:
-                self.bodies[k] = _substitute(s.body, table)
         return out
 
     def finish(self, here: list[int], acc: Callable[[int], str]) -> list[str]:
@@ -535,18 +479,6 @@ class _Kernel:
         lines.append("}")
         decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
-
-
-def _substitute(e: Expr, table: dict[int, Expr]) -> Expr:
-    """Expression e with the nodes of `table` (by id) replaced; the other nodes kept as they are."""
-    memo: dict[int, Expr] = {}
-    for n in e.walk():
-        if id(n) in table:
-            memo[id(n)] = table[id(n)]
-            continue
-        args = tuple(memo[id(a)] for a in n.args)
-        memo[id(n)] = n if all(a is b for a, b in zip(args, n.args)) else dataclasses.replace(n, args=args)
-    return memo[id(e)]
 
 
 def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int) -> CpuKernel:
