@@ -29,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import PanameraError
@@ -76,10 +77,11 @@ def _tuple(x) -> tuple:
 
 def tolerance(dtype: np.dtype, n: int) -> float:
     """Relative tolerance of a float result reduced over n values (0: exact)."""
-    if dtype.kind != "f":
+    if dtype.kind != "f" and dtype != ml_dtypes.bfloat16:
         return 0.0
-    eps = float(np.finfo(dtype).eps) if dtype.itemsize >= 4 else 2.0**-23  # 16-bit inputs accumulate in fp32
-    return 4 * float(np.finfo(dtype).eps) + eps * math.sqrt(max(n, 1)) * 8 + 16 * eps  # + libmvec's ulps
+    own = float(ml_dtypes.finfo(dtype).eps)
+    eps = own if dtype.itemsize >= 4 else 2.0**-23  # 16-bit inputs accumulate in fp32
+    return 4 * own + eps * math.sqrt(max(n, 1)) * 8 + 16 * eps  # + libmvec's ulps
 
 
 def check(got, ref, n: int) -> tuple[float, float, bool]:
@@ -125,6 +127,13 @@ def measure(impls: dict, rounds: int, min_sample_s: float) -> dict:
     return out
 
 
+def _tensor(torch, a: np.ndarray):
+    """A torch view of a numpy array (bfloat16, which torch.from_numpy does not take, through its bits)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 class _Peers:
     """The peers' callables for one workload, built once (onnxruntime sessions and Inductor per thread count)."""
 
@@ -132,7 +141,7 @@ class _Peers:
         import torch
 
         self.torch, self.w, self.arrays = torch, w, arrays
-        self.tensors = [torch.from_numpy(a) for a in arrays]
+        self.tensors = [_tensor(torch, a) for a in arrays]
         self.tb = TorchBackend()
         self.inductor, self.ort = inductor, ort
         self.model = OnnxBackend().model(w) if ort else None
@@ -176,7 +185,11 @@ class _Peers:
 
 
 def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
-    return [rng.standard_normal(s).astype(d) for s, d in zip(w.shapes, w.input_dtypes)]
+    """Standard normal floats; integer inputs are class indices in [0, w.reduced)."""
+    return [
+        rng.integers(0, w.reduced, s).astype(d) if np.dtype(d).kind in "iu" else rng.standard_normal(s).astype(d)
+        for s, d in zip(w.shapes, w.input_dtypes)
+    ]
 
 
 def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float, peers: bool = True,

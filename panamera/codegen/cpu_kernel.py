@@ -10,7 +10,13 @@ from algebra.py): the reduction algebra is defined once.
 
 Stitched ROW groups make one pass over a row per level (schedule/mapping.py's `levels`), the
 row in cache; a row epilogue (and every element-wise statement of an epilogue group) runs once
-the values it reads are final, at (i, j = 0). A split reduction (decision.split > 1) writes one
+the values it reads are final, at (i, j = 0). A value an earlier pass evaluates per element and
+a later one needs again (the decision's `reuse`, schedule/cpu_reuse.py: softmax's exp(x - m)) is
+stored by the earlier pass to a row of scratch per thread (`pn_cseK`, allocated once per
+thread and call) and read back by the later ones. A later pass's division by a row invariant
+(softmax's / s) multiplies by its reciprocal, computed once per row (`pn_rcp`), as onnxruntime
+and torch do: at most one more rounding (<= 1.5 ulp instead of 0.5), one division per row
+instead of one per element. A split reduction (decision.split > 1) writes one
 partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
 in chunk order after the tasks' barrier, by the last task of the output, or by atomic
 compare-and-swap into a shared accumulator), then finished.
@@ -28,6 +34,7 @@ import islpy as isl
 
 from ..algebra import WELFORD
 from ..errors import TargetRefused
+from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
@@ -37,6 +44,7 @@ from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
 from .cpu_lanes import LaneKind, lane_kind, lanes_pass
+from .cpu_rows import RowValues
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
@@ -111,7 +119,7 @@ def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list
 
 
 # -- the kernel ---------------------------------------------------------------------------------
-class _Kernel:
+class _Kernel(RowValues):
     def __init__(self, name: str, g: KernelGroup, d: CpuDecision):
         self.name, self.g, self.d = name, g, d
         merges = tuple(MergeMode.STORE for _ in g.statements)
@@ -121,6 +129,8 @@ class _Kernel:
         self.level = _levels(g)
         self.epilogues = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.MAP and s.form == Form.MAP]
         self.reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
+        self.bodies: dict[int, Expr] = {}  # statements whose body is rewritten (reciprocals)
+        self.held: dict[int, dict[int, str]] = {}  # statement -> nodes whose values are held (reuse, reciprocals)
 
     def check(self) -> None:
         g = self.g
@@ -155,7 +165,15 @@ class _Kernel:
             s = g.statements[k]
             if g.accumulator_of[k] != k:
                 continue
-            lines, val = self.loop.body_lines(k, None)
+            out += self.store_reused(k)
+            body = self.bodies.get(k, s.body)
+            # a 16-bit result is stored from the float register by pn_st, which rounds once: the
+            # body's own final cast to that type (the same rounding) is left out, and so is convert's
+            store16 = s.kind == StatementKind.MAP and k not in shifted and s.result.dtype.is_16bit_float
+            if store16 and body.op == "cast" and body.dtype == s.result.dtype and body.args[0].dtype.compute == "float":
+                body = body.args[0]
+            expr = None if body is s.body else body
+            lines, val = self.loop.body_lines(k, None, expr=expr, given=self.held.get(k))
             out += lines
             if k in shifted:
                 t = s.acc.field.compute
@@ -165,9 +183,8 @@ class _Kernel:
                 a = acc(k)
                 out.append(f"{a} = {s.combiner.functor}::apply({a}, {accumuland(s, val)});")
             else:
-                out.append(
-                    f"pn_st(&out{k}[{self.loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});"
-                )
+                value = val if store16 and body.dtype.compute == "float" else convert(val, body.dtype, s.result.dtype)
+                out.append(f"pn_st(&out{k}[{self.loop.address(s.write)}], {value});")
         return out
 
     def finish(self, here: list[int], acc: Callable[[int], str]) -> list[str]:
@@ -349,18 +366,27 @@ class _Kernel:
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d
         if d.split == 1:
-            out = [
-                "#pragma omp parallel for schedule(static) num_threads(pn_nt)",
-                f"for (pn_idx i = 0; i < {d.M}; ++i) {{",
-            ]
+            out = [f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
+            self.read_back()
             passes = max((v for k, v in enumerate(self.level) if k not in self.epilogues), default=0) + 1
             for lv in range(passes):
                 here = [k for k in range(len(g.statements)) if self.level[k] == lv and k not in self.epilogues]
                 out += ["  " + ln for ln in self.acc_decls(self.owners(here))]
+                out += ["  " + ln for ln in self.reciprocals(here)] if lv else []
                 out += ["  " + ln for ln in self.row_pass(here, "0", str(d.N))]
                 out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
                 out += ["  " + ln for ln in self.run_epilogues(lv)]
-            return out + ["}"]
+            out.append("}")
+            if not d.reuse:
+                return ["#pragma omp parallel for schedule(static) num_threads(pn_nt)", *out]
+            rows = [  # one scratch row per reused value and thread, 64-byte aligned
+                (f"pn_cse{n}", x.ctype, f"(({d.N}LL * sizeof({x.ctype}) + 63) / 64 * 64)")
+                for n, x in enumerate(d.reuse)
+            ]
+            alloc = [f"{t}* __restrict__ {v} = ({t}*)aligned_alloc(64, {size});" for v, t, size in rows]
+            loop = ["#pragma omp for schedule(static)", *out]
+            free = [f"free({v});" for v, _, _ in rows]
+            return ["#pragma omp parallel num_threads(pn_nt)", "{", *["  " + ln for ln in alloc + loop + free], "}"]
         alloc, free = self.partial_decls(d.M)
         owners = self.owners(self.reductions)
         out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]

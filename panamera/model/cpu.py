@@ -13,10 +13,12 @@ time (`kernel_time`):
     fork + max(memory, compute) + merge
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
-  re-reads of a stitched group's later passes at the L2 rate) over the bandwidth of the level the
-  kernel's bytes fit in (warm data: a benchmark calls the same kernel on the same arrays);
+  re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
+  the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
+  calls the same kernel on the same arrays);
 - compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
-  whose combine does not vectorize pays one scalar step per element) / threads;
+  whose combine does not vectorize pays one scalar step per element), plus per output row the
+  combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
   (ceil(tasks / threads) waves of equal tasks);
 - merge (a split reduction): a second barrier and, per output, its partials combined in order.
@@ -145,7 +147,8 @@ class CpuWork:
     summed over the statements (a reduction's combine is one cheap operation); reread_bytes:
     bytes a stitched group's later passes read again from cache; struct: an accumulator whose
     combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
-    computed type (8: double lanes, half as many per vector)."""
+    computed type (8: double lanes, half as many per vector); row_combines: reductions whose
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms)."""
 
     M: int
     N: int
@@ -158,6 +161,7 @@ class CpuWork:
     reread_bytes: int = 0
     struct: bool = False
     width: int = 4
+    row_combines: int = 0
 
     @property
     def bytes(self) -> int:
@@ -227,6 +231,22 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     return ns
 
 
+def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
+    """The rate of a stitched row's re-reads: from L1 when what one row re-reads fits there (the
+    probe's SIMD add over L1 data, 4 bytes per add_ns, one per thread), else from L2."""
+    if w.reread_bytes <= CACHE_FILL * m.caches.l1 * max(w.M, 1):
+        return 4.0 / m.rates.add_ns * threads
+    return m.rates.bandwidth("L2", threads)
+
+
+def combine_ns(r: Rates, lanes: int) -> float:
+    """One output's combine of its accumulator's SIMD lanes: `lanes` dependent scalar steps, each
+    the latency of a dependent SIMD add (the probe's add is one: add_ns x lanes). Fitted on
+    softmax rows: 6144 x 128 takes ~20 ns a row more than 768 x 1024 (loaded machine, two
+    reductions a row); a declared OpenMP reduction's lanes are combined in order."""
+    return lanes * lanes * r.add_ns
+
+
 def kernel_time(
     w: CpuWork, m: CpuModel, tasks: int, split: int, threads: int | None = None, lanes: int = 16
 ) -> KernelTime:
@@ -239,8 +259,8 @@ def kernel_time(
     level = m.level(w.bytes, busy)
     r = m.rates
     mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem_s += w.reread_bytes / r.bandwidth("L2", busy) / 1e9
-    comp_s = w.elements * element_ns(w, r, lanes) / busy * 1e-9
+    mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
+    comp_s = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes)) / busy * 1e-9
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)

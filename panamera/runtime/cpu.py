@@ -31,7 +31,12 @@ from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
 log = logging.getLogger("panamera.cpu")
-BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+# -fno-trapping-math: no kernel reads the floating-point exception flags, so g++ may if-convert
+# selects over float operations (the 16-bit conversions of cuda_emulation.h vectorize).
+BASE_FLAGS = (
+    "-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
+    "-DPANAMERA_EMULATOR", "-w",
+)  # fmt: skip
 _loaded: dict[str, ctypes.CDLL] = {}
 _guard = threading.Lock()
 
