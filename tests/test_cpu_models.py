@@ -1,0 +1,60 @@
+"""Whole models on target="cpu" (issue 24): the contraction operands the CPU target stores
+(schedule/cpu_operands.py) against numpy in float64, one negative case per precondition."""
+
+import numpy as np
+from conftest import random_array, tolerance
+
+import panamera as pn
+from panamera.schedule.cpu_operands import stored_operands
+
+
+def close(out, ref, dtype: str, n: int, scale: float):
+    """`out` within the float32 tolerance of n rounded terms (conftest.tolerance), absolute errors
+    scaled by `scale`: the largest sum of |terms| of a dot product."""
+    tol = tolerance(dtype, n)
+    np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=tol, atol=tol * scale)
+
+
+def test_stored_operands_preconditions():
+    """A computed operand used by several outputs is stored; one negative case per precondition."""
+    x, w = pn.placeholder((8, 64), name="x"), pn.placeholder((64, 32), name="w")
+    assert {t.op for t in stored_operands((pn.exp(x) @ w,))} == {"exp"}
+    assert {t.op for t in stored_operands((pn.exp(x).T.T @ w,))} == {"exp"}  # seen through views
+    assert not stored_operands((pn.sum(pn.exp(x), axis=1),))  # 1: a reduction that is no contraction
+    assert not stored_operands((x @ w,))  # 2: stored already (placeholders)
+    assert not stored_operands((pn.sum(x, axis=0, keepdims=True).T @ x[:1],))  # 2: a reduction's result
+    assert not stored_operands((x[:1] @ pn.exp(w),))  # 3: one row, each element of exp(w) used once
+
+
+def test_stored_operand_chains_match_numpy(rng):
+    """A GELU MLP and a normalized projection on the CPU target: the GELU and the normalization
+    are computed once (stored), the contractions read them; results against float64 numpy; a
+    large product with a stored producer runs in BLAS (schedule/cpu_blas.py, precondition 3)."""
+    x = pn.placeholder((8, 32), "float32", name="x")
+    w1, w2 = pn.placeholder((32, 64), "float32", name="w1"), pn.placeholder((64, 32), "float32", name="w2")
+    h = x @ w1
+    mlp = pn.gelu(h) @ w2
+    mu = pn.mean(x, axis=1, keepdims=True)
+    normed = (x - mu) * pn.rsqrt(pn.mean((x - mu) * (x - mu), axis=1, keepdims=True) + 1e-5)
+    proj = normed @ w1
+    k = pn.compile([mlp, proj], target="cpu")
+    # the GELU once, not once per output of the down-projection
+    assert sum(c.source.count("erff(") for c in k.cpu_kernels) == 1
+    X, W1, W2 = (random_array(s, "float32", rng).astype(np.float64) for s in ((8, 32), (32, 64), (64, 32)))
+    from math import erf
+
+    H = X @ W1
+    G = 0.5 * H * (1 + np.vectorize(erf)(H / np.sqrt(2)))
+    d = X - X.mean(1, keepdims=True)
+    N = d / np.sqrt((d * d).mean(1, keepdims=True) + 1e-5)
+    got = k(X.astype(np.float32), W1.astype(np.float32), W2.astype(np.float32))
+    # errors of the chain add up: its reductions' lengths (32 then 64; 32, 32 then 32)
+    close(got[0], G @ W2, "float32", 32 + 64, float((np.abs(G) @ np.abs(W2)).max()))
+    close(got[1], N @ W1, "float32", 32 * 3, float((np.abs(N) @ np.abs(W1)).max()))
+
+    a, b = pn.placeholder((256, 128), "float32", name="a"), pn.placeholder((128, 512), "float32", name="b")
+    big = pn.compile(pn.exp(a) @ b, target="cpu")
+    assert [c.host is not None for c in big.cpu_kernels] == [False, True]  # exp(a) stored, then BLAS
+    A, B = random_array((256, 128), "float32", rng), random_array((128, 512), "float32", rng)
+    E = np.exp(A.astype(np.float64))
+    close(big(A, B), E @ B, "float32", 128, float((E @ np.abs(B)).max()))
