@@ -2,6 +2,7 @@
 (schedule/cpu_operands.py) against numpy in float64, one negative case per precondition."""
 
 import numpy as np
+import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
@@ -58,3 +59,29 @@ def test_stored_operand_chains_match_numpy(rng):
     A, B = random_array((256, 128), "float32", rng), random_array((128, 512), "float32", rng)
     E = np.exp(A.astype(np.float64))
     close(big(A, B), E @ B, "float32", 128, float((E @ np.abs(B)).max()))
+
+
+def test_bench_models_and_contractions(tmp_path):
+    """`bench --measure --suite models` on the smallest exported model: both thread counts timed
+    against onnxruntime, the output checked within the error budget, the counts reported; the
+    contraction suite is selectable and its recipes build for every backend."""
+    import json
+
+    pytest.importorskip("onnxruntime")
+    from panamera.bench.cpu_measure import bench_models, select
+    from panamera.bench.cpu_models import TINY_MODELS, model_names
+    from panamera.bench.cpu_recipes import NumpyBackend, OnnxBackend, cpu_workloads
+
+    assert set(TINY_MODELS) <= set(model_names())
+    text = bench_models(str(tmp_path), 1, "test", names=list(TINY_MODELS) + ["no-such-model"])
+    recs = json.loads((tmp_path / "results.json").read_text())["records"]
+    assert {r["workload"] for r in recs} == set(TINY_MODELS) and all(r["correct"] for r in recs)
+    assert all(r["kernels"] >= 1 and r["measured"]["onnxruntime"]["median_us"] > 0 for r in recs)
+    assert "| widedeep-torchscript |" in text and "no-such-model: no " in text
+
+    ws = select(cpu_workloads(), "contractions")
+    assert {w.name for w in ws} >= {"table1 128x32x1024", "linear 16x4096x4096 w=int8"}
+    w = next(w for w in ws if w.name == "linear 4x4096x4096 w=int8")
+    assert OnnxBackend().model(w)  # builds
+    x, q, s = np.ones((4, 4096), np.float32), np.full((4096, 4096), 2, np.int8), np.full((4096, 1), 0.5, np.float32)
+    assert w.recipe(NumpyBackend(), x, q, s).tolist()[0][:2] == [4096.0, 4096.0]

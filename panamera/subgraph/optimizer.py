@@ -251,9 +251,10 @@ class OptimizedModel:
             out[name] = a
         return out
 
-    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
+    def run(self, feeds: dict, keep: tuple[str, ...] = (), threads: int | None = None) -> dict:
         """Run the whole model: Panamera kernels for the subgraphs, the array library for the
-        rest. Returns the graph outputs (and the values named in `keep`)."""
+        rest. Returns the graph outputs (and the values named in `keep`). `threads`: the CPU
+        target's thread count (default: the machine's cores; numpy's BLAS keeps its own pool)."""
         env = dict(self.model.constants)
         env.update(self._check_feeds(feeds))
         with logs.steps("running unit", len(self.units), _log) as bar:
@@ -262,7 +263,9 @@ class OptimizedModel:
                     bar.step(u.label)
                     # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
                     named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.runs.inputs}
-                    outs = u.runs(**named)
+                    outs = (
+                        u.runs(**named) if threads is None or u.runner is None else u.runner(**named, threads=threads)
+                    )
                     outs = outs if isinstance(outs, tuple) else (outs,)
                     env.update(zip(u.outputs, outs))
                 else:
