@@ -78,6 +78,9 @@ def test_bench_models_and_contractions(tmp_path):
     assert {r["workload"] for r in recs} == set(TINY_MODELS) and all(r["correct"] for r in recs)
     assert all(r["kernels"] >= 1 and r["measured"]["onnxruntime"]["median_us"] > 0 for r in recs)
     assert "| widedeep-torchscript |" in text and "no-such-model: no " in text
+    from panamera.cli import main
+
+    assert main(["bench", "--suite", "models", "--no-measure"]) == 2  # measured on the CPU target only
 
     ws = select(cpu_workloads(), "contractions")
     assert {w.name for w in ws} >= {"table1 128x32x1024", "linear 16x4096x4096 w=int8"}
