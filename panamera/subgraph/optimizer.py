@@ -341,7 +341,7 @@ def optimize(
     `routing`: who runs each MatMul / Gemm Panamera can plan: "model" (the faster, modeled on
     `gpu`: route.py), or "panamera" / "library" to pin it."""
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
-    part = partition(model, compile_views, gpu, _routing(routing))
+    part = partition(model, compile_views, gpu, _routing(routing), host=plan_and_run(target)[1])
     units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
     _log.debug("partitioned: %d subgraph(s), %d library node(s)", len(part.groups), len(part.library))
     with logs.steps("compiling subgraph", len(part.groups), _log) as bar:

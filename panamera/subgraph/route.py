@@ -20,6 +20,13 @@ partition does not make.
 A compute-bound GEMM (large M, N and K) keeps the library; a GEMV or a skinny product, which
 streams its weights once, goes to Panamera and fuses with those neighbours.
 
+When the CPU target runs the subgraphs (`host=True`), one rule comes first (`host_rule`):
+a Conv runs in the library's host convolution (conv.host_conv: numpy's strided window view and
+one BLAS matmul per group). The CPU target has no convolution template: its generated kernel
+evaluates the im2col address arithmetic (divisions, modulos and padding tests) at every
+multiply-add, 10-70x the host convolution's time on the exported ResNet, VGG and UNet (measured,
+`panamera bench --measure --suite models`). The GPU figures are still computed for the report.
+
 >>> from onnx import helper, TensorProto
 >>> from panamera.model import H100
 >>> from panamera.subgraph.model import load_model
@@ -87,6 +94,7 @@ class Route:
     neighbours: tuple[str, ...] = ()  # the element-wise nodes both figures include
     neighbours_us: float = 0.0  # their plan alone, added to the library's figure
     routing: Routing = Routing.MODEL  # who decided
+    host: str = ""  # the CPU target's rule that decided instead of the model (host_rule), if one did
 
     @property
     def reason(self) -> str:
@@ -109,6 +117,7 @@ class Route:
         pinned = (
             f" (pinned by routing={self.routing.value}, not the model)" if self.routing is not Routing.MODEL else ""
         )
+        pinned = f" ({self.host})" if self.host else pinned
         return f"{bound} {size}: {lib}, {pn}: {who} runs it{pinned}"
 
 
@@ -169,6 +178,20 @@ def neighbours(
     return tuple(sorted(pro, key=lambda n: n.index)), tuple(epi)
 
 
+def host_rule(node: Node) -> str:
+    """Why the CPU target's library runs `node` whatever the model says ("" where the model decides):
+    a Conv runs in the host convolution (module docstring).
+
+    >>> host_rule(Node(0, "c", "Conv", "", ("x", "w"), ("y",), {}))
+    'the CPU target: the host convolution (numpy window view + BLAS), no generated conv template'
+    >>> host_rule(Node(1, "m", "MatMul", "", ("a", "b"), ("c",), {}))
+    ''
+    """
+    if node.op_type == "Conv":
+        return "the CPU target: the host convolution (numpy window view + BLAS), no generated conv template"
+    return ""
+
+
 def route_contraction(
     model: OnnxModel,
     node: Node,
@@ -176,10 +199,12 @@ def route_contraction(
     takes: Callable[[Node], bool] = lambda n: False,
     routing: Routing = Routing.MODEL,
     plans: Plans | None = None,
+    host: bool = False,
 ) -> Route:
     """Panamera's modeled plan of `node` with its element-wise neighbours (those `takes` accepts)
     against the library's roofline on `gpu` plus those neighbours planned alone; the faster runs
-    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library).
+    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library), or,
+    with `host` (the CPU target runs the subgraphs), `host_rule` gives it to the library.
     `plans` (plans.py, on `gpu`): the memo shared by every route of one partition, so that a
     program repeated under other names (a repeated block) is planned once."""
     plans = Plans(gpu) if plans is None else plans
@@ -206,4 +231,6 @@ def route_contraction(
     runner = Runner.PANAMERA if plan.modeled_us < lib + alone else Runner.LIBRARY
     if routing is not Routing.MODEL:
         runner = Runner.PANAMERA if routing is Routing.PANAMERA else Runner.LIBRARY
-    return Route(runner, shape, lib, plan.modeled_us, split, bound, "", names, alone, routing)
+    rule = host_rule(node) if host and routing is Routing.MODEL else ""
+    runner = Runner.LIBRARY if rule else runner
+    return Route(runner, shape, lib, plan.modeled_us, split, bound, "", names, alone, routing, rule)
