@@ -117,3 +117,39 @@ def test_cpu_target_runs_conv_in_the_host_convolution():
     assert all(c.ok for c in opt.verify())
     (model_route,) = [r for _, r in partition(opt.model).routes]  # not the CPU target: the model decides
     assert "host convolution" not in model_route.reason
+
+
+def test_blas_takes_split_groups_and_small_products(rng):
+    """Small float32 products run in BLAS as one np.matmul (schedule/cpu_blas.py): a contraction's
+    element-wise consumer becomes a MAP kernel after it, two independent contractions two calls,
+    a batched einsum with a transposed result; against float64 numpy. split_for_blas: one
+    negative case per precondition."""
+    from panamera.compiler import lower
+    from panamera.schedule.cpu_blas import split_for_blas
+
+    a, b = pn.placeholder((16, 40), "float32", name="a"), pn.placeholder((40, 8), "float32", name="b")
+    c, d = pn.placeholder((40, 24), "float32", name="c"), pn.placeholder((40, 24), "float32", name="d")
+    p, q = pn.placeholder((3, 5, 70), "float32", name="p"), pn.placeholder((3, 6, 70), "float32", name="q")
+    outs = [pn.maximum(a @ b + 1.0, 0.0), a @ c, a @ d, pn.einsum("bmk,bnk->nbm", p, q)]
+    k = pn.compile(outs, target="cpu")
+    assert [x.host is not None for x in k.cpu_kernels].count(True) == 4, k.explain()
+    A, B, C, D = (random_array(s, "float32", rng) for s in ((16, 40), (40, 8), (40, 24), (40, 24)))
+    P, Q = random_array((3, 5, 70), "float32", rng), random_array((3, 6, 70), "float32", rng)
+    r = k(A, B, C, D, P, Q)
+    f = lambda t: t.astype(np.float64)  # noqa: E731
+    close(r[0], np.maximum(f(A) @ f(B) + 1, 0), "float32", 40, float((abs(f(A)) @ abs(f(B))).max()) + 1)
+    close(r[1], f(A) @ f(C), "float32", 40, float((abs(f(A)) @ abs(f(C))).max()))
+    close(r[2], f(A) @ f(D), "float32", 40, float((abs(f(A)) @ abs(f(D))).max()))
+    ref = np.einsum("bmk,bnk->nbm", f(P), f(Q))
+    close(r[3], ref, "float32", 70, float(np.einsum("bmk,bnk->nbm", abs(f(P)), abs(f(Q))).max()))
+
+    def pieces(y):
+        return [len(split_for_blas(g)) for g in lower(y, stop_after="groups", target="cpu").groups]
+
+    assert pieces(pn.maximum(a @ b + 1.0, 0.0)) == [2] and pieces([a @ c, a @ d]) == [2]
+    assert set(pieces(pn.nn.softmax(a))) == {1}  # S1: a stitched row with reductions keeps its rows
+    h = pn.placeholder((16, 40), "float16", name="h")
+    assert set(pieces(pn.maximum(h @ pn.transpose(h) + 1.0, 0.0))) == {1}  # S1: BLAS refuses 16-bit operands
+    t = pn.placeholder((2, 8), "float32", name="t")
+    w1, w2 = pn.placeholder((8, 16), "float32", name="w1"), pn.placeholder((8, 16), "float32", name="w2")
+    assert set(pieces([t @ w1, t @ w2])) == {1}  # S2: too small for BLAS
