@@ -90,33 +90,40 @@ def test_bench_models_and_contractions(tmp_path):
     assert w.recipe(NumpyBackend(), x, q, s).tolist()[0][:2] == [4096.0, 4096.0]
 
 
-def test_cpu_target_runs_conv_in_the_host_convolution():
-    """With the CPU target running the subgraphs, a Conv goes to the library's host convolution
-    (route.host_rule) whatever the GPU model prefers; the ReLU after it stays a Panamera kernel;
-    the model matches the float64 reference. Planned for the emulator, the model decides."""
+def _conv_model(c: int, hw: int, m: int, rng) -> bytes:
     from onnx import TensorProto, helper, numpy_helper
 
-    from panamera.subgraph.optimizer import optimize
-    from panamera.subgraph.partition import partition
-    from panamera.subgraph.route import Runner
-
-    rng = np.random.default_rng(0)
-    w = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    w = numpy_helper.from_array(rng.standard_normal((m, c, 3, 3)).astype(np.float32), "w")
     g = helper.make_graph(
         [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
         "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, hw, hw])],
         [w],
     )
-    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
-    opt = optimize(proto, target="cpu")
-    (route,) = [r for _, r in opt.partition.routes]
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_cpu_target_runs_large_convs_in_the_host_convolution():
+    """With the CPU target running the subgraphs, a Conv of at least HOST_CONV_MIN_MACS goes to
+    the library's host convolution (route.host_rule) whatever the GPU model prefers; the ReLU
+    after it stays a Panamera kernel; the model matches the float64 reference. A smaller Conv,
+    or one planned for the emulator, is routed by the model."""
+    from panamera.subgraph.optimizer import optimize
+    from panamera.subgraph.partition import partition
+    from panamera.subgraph.route import HOST_CONV_MIN_MACS, Runner, contraction_shape
+
+    rng = np.random.default_rng(0)
+    opt = optimize(_conv_model(8, 32, 16, rng), target="cpu")
+    (node, route) = opt.partition.routes[0]
+    assert np.prod(contraction_shape(opt.model, node)) >= HOST_CONV_MIN_MACS
     assert route.runner is Runner.LIBRARY and "host convolution" in route.reason
     assert [u.node.op_type for u in opt.library] == ["Conv"] and opt.backend == "cpu"
     assert all(c.ok for c in opt.verify())
     (model_route,) = [r for _, r in partition(opt.model).routes]  # not the CPU target: the model decides
     assert "host convolution" not in model_route.reason
+    small = optimize(_conv_model(4, 8, 8, rng), target="cpu")  # 18 K multiply-adds
+    assert "host convolution" not in small.partition.routes[0][1].reason
 
 
 def test_blas_takes_split_groups_and_small_products(rng):
