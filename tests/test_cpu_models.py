@@ -25,6 +25,8 @@ def test_stored_operands_preconditions():
     assert not stored_operands((x @ w,))  # 2: stored already (placeholders)
     assert not stored_operands((pn.sum(x, axis=0, keepdims=True).T @ x[:1],))  # 2: a reduction's result
     assert not stored_operands((x[:1] @ pn.exp(w),))  # 3: one row, each element of exp(w) used once
+    wide = pn.exp(pn.broadcast_to(pn.placeholder((1, 64), name="v"), (8, 64)))
+    assert not stored_operands((wide @ w,))  # 4: 8x the elements of what it reads (as im2col's remap)
 
 
 def test_stored_operand_chains_match_numpy(rng):

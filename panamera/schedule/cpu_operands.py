@@ -18,7 +18,11 @@ Preconditions for an operand to be stored, each checked by `stored_operands`:
      gather source is stored already);
   3. it would be recomputed: the product has at least `MIN_RECOMPUTE` points per element of the
      operand (the extents of the labels it lacks). A GEMV's weights (M = 1) are read once and
-     keep their fused dequantization: storing them would write and re-read every byte.
+     keep their fused dequantization: storing them would write and re-read every byte;
+  4. it has no more elements than the largest stored tensor (placeholder or reduction result)
+     its chain reads: a chain that expands its inputs (a convolution's im2col window remap, K
+     times its input) would write and read back K times the bytes, and its buffer, fresh at
+     every call, costs page faults (the exported EfficientNet ran 7x slower).
 
 Storing costs one write and one read per element of the operand; recomputing re-reads at least
 one load per element per extra use, so from 2 uses on storing costs no more memory traffic and
@@ -43,6 +47,7 @@ from ..poly.fusion import ELEMENTWISE
 
 MIN_RECOMPUTE = 2  # uses per element from which the operand is stored (precondition 3)
 VIEWS = ("transpose", "reshape")
+STORED = ("placeholder", "reduce", "scatter_add")  # tensors in memory before any kernel reads them
 
 
 def _under_views(t: Tensor) -> Tensor:
@@ -57,9 +62,18 @@ def _uses(factor: Tensor, prod: Tensor) -> int:
     return math.prod(p for f, p in zip(factor.shape, prod.shape) if f == 1 and p != 1)
 
 
+def _largest_stored(t: Tensor) -> int:
+    """The size of the largest stored tensor (placeholder or reduction result) under `t`."""
+    best = 0
+    for x in postorder((t,), lambda x: () if x.op in STORED else x.inputs):
+        if x.op in STORED:
+            best = max(best, x.size)
+    return best
+
+
 def stored_operands(outputs: tuple[Tensor, ...]) -> frozenset[Tensor]:
     """The computed contraction operands of the graph under `outputs` that the CPU target stores
-    (module docstring: preconditions 1-3)."""
+    (module docstring: preconditions 1-4)."""
     out = set()
     for t in postorder(outputs, lambda t: t.inputs):
         if t.op != "reduce" or t.attr("contraction") is None or t.inputs[0].op not in ("mul", "and"):
@@ -69,6 +83,8 @@ def stored_operands(outputs: tuple[Tensor, ...]) -> frozenset[Tensor]:
             src = _under_views(factor)
             if src.op not in ELEMENTWISE:  # precondition 2
                 continue
-            if _uses(factor, prod) >= MIN_RECOMPUTE:  # precondition 3
+            if _uses(factor, prod) < MIN_RECOMPUTE:  # precondition 3
+                continue
+            if src.size <= _largest_stored(src):  # precondition 4
                 out.add(src)
     return frozenset(out)
