@@ -56,6 +56,7 @@ from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule import database
 from .schedule.attention import AttentionPlan, plan_attention
+from .schedule.cpu_operands import stored_operands
 from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, EpilogueConsidered, plan_groups
@@ -208,7 +209,9 @@ def _program(a: Artifacts, o: Options) -> Artifacts:
         return dataclasses.replace(a, program=fused_attention.program_of(fused), fused=fused)
     nodes = fused_attention.chains_in(a.graph)  # fused attention where it is not legal: its chain
     graph = substitute(a.graph, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else a.graph
-    return dataclasses.replace(a, graph=graph, program=build_program(tuple(view_source(t) for t in graph)))
+    outs = tuple(view_source(t) for t in graph)
+    stored = stored_operands(outs) if o.target == Target.CPU else frozenset()  # no on-chip operand tiles
+    return dataclasses.replace(a, graph=graph, program=build_program(outs, stored))
 
 
 def _groups(a: Artifacts, o: Options) -> Artifacts:

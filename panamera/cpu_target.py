@@ -49,7 +49,7 @@ from .runtime import cpu_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
-from .schedule.cpu_blas import blas_call
+from .schedule.cpu_blas import blas_call, split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations, substitute
@@ -208,7 +208,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
 
     graph, chosen = choose_formulations(outs, cost)
     a = run_stages(_unfused(graph), options, stop_after="groups")
-    a = dataclasses.replace(a, outputs=outs, formulations=chosen)
+    groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
+    a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
     kernels = []
     buffers = _output_specs(a.groups)
     for k, g in enumerate(a.groups):

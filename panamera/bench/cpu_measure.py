@@ -39,7 +39,7 @@ PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
 COLOURS = dict(zip(PEERS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))  # one per peer, in every CPU chart
 LOAD_WARNING = 1.5
 MAX_INPUT_BYTES = 128 << 20
-SUITES = ("single", "subgraphs", "norms")
+SUITES = ("single", "subgraphs", "norms", "contractions", "models")
 
 
 INDUCTOR = True  # time torch.compile (each compile takes seconds; the tests turn it off)
@@ -53,17 +53,46 @@ def measure_on_cpu() -> bool:
 
 
 def bench_cpu(suite: str, out: str | None, plot: bool, rounds: int, command: str, progress=None) -> str:
-    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph
-    and norm suites (about three minutes), a suite name all of its workloads, "tiny" three small
-    ones; returns the markdown summary."""
-    from ..errors import OptionError
+    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph,
+    norm and contraction suites (about three minutes), a suite name all of its workloads, "tiny"
+    four small ones, "models" the exported models against onnxruntime (cpu_models.py); returns
+    the markdown summary."""
     from .cpu_recipes import cpu_workloads, tiny_cpu
 
-    if suite == "contractions":
-        raise OptionError("bench --measure on the CPU: the contraction suite is not measured on the CPU target yet")
+    if suite == "models":
+        return bench_models(out, rounds, command, progress)
     ws = tiny_cpu() if suite == "tiny" else select(cpu_workloads(), suite, default_only=suite == "all")
     _, text = run_cpu_measure(ws, out, plot, rounds, command=command, progress=progress)
     return text + (f"\nwrote {out}/results.json and {out}/results.md\n" if out else "")
+
+
+def bench_models(out: str | None, rounds: int, command: str, progress=None, names: list[str] | None = None) -> str:
+    """The exported models against onnxruntime (cpu_models.py); with `out`, writes
+    results.json and results.md there."""
+    from ..schedule.cpu_mapper import CpuMachine
+    from .cpu_models import run_models, table
+
+    load = os.getloadavg()
+    machine = CpuMachine.detect()
+    records, skipped = run_models(names, rounds=rounds, progress=progress)
+    meta = {"cpu": machine.name, "cores": machine.cores, "command": command, "rounds": rounds,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
+            "load_average_start": [round(x, 2) for x in load], "untrustworthy": load[0] > LOAD_WARNING,
+            "skipped": skipped}  # fmt: skip
+    warn = f" **Load average {load[0]:.2f} > {LOAD_WARNING}: untrustworthy.**" if meta["untrustworthy"] else ""
+    text = (f"# Whole exported models: Panamera target='cpu' vs onnxruntime, measured ({meta['date']})\n\n"
+            f"{machine.name}, {machine.cores} usable core(s); load average {load[0]:.2f}.{warn} Command: `{command}`. "
+            f"Median [p25-p75] us of {rounds} interleaved rounds of whole-model runs (`OptimizedModel.run`, "
+            "Panamera's CPU kernels and library nodes) and of an onnxruntime CPU session; ok: every output within "
+            "twice verify.py's error budget of onnxruntime's.\n" + table(records))  # fmt: skip
+    if skipped:
+        text += "\n## Skipped\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+        (Path(out) / "results.md").write_text(text)
+        text += f"\nwrote {out}/results.json and {out}/results.md\n"
+    return text
 
 
 def select(workloads: list[CpuWorkload], suite: str = "all", default_only: bool = False) -> list[CpuWorkload]:
@@ -185,11 +214,15 @@ class _Peers:
 
 
 def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
-    """Standard normal floats; integer inputs are class indices in [0, w.reduced)."""
-    return [
-        rng.integers(0, w.reduced, s).astype(d) if np.dtype(d).kind in "iu" else rng.standard_normal(s).astype(d)
-        for s, d in zip(w.shapes, w.input_dtypes)
-    ]
+    """Standard normal floats; int8 inputs are quantized weights in [-127, 127], other integer inputs
+    class indices in [0, w.reduced)."""
+
+    def one(s, d):
+        if np.dtype(d) == np.int8:
+            return rng.integers(-127, 128, s).astype(d)
+        return rng.integers(0, w.reduced, s).astype(d) if np.dtype(d).kind in "iu" else rng.standard_normal(s).astype(d)
+
+    return [one(s, d) for s, d in zip(w.shapes, w.input_dtypes)]
 
 
 def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float, peers: bool = True,

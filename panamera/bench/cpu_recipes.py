@@ -126,6 +126,12 @@ class NumpyBackend:
         shape = (1, c) + (1,) * (x.ndim - 2)
         return y.reshape(x.shape) * g.reshape(shape) + b.reshape(shape)
 
+    def linear(self, x, w):
+        return x @ w.T
+
+    def dequant(self, w, s):
+        return w.astype(np.float64 if self.ref else np.float32) * s
+
 
 class TorchBackend:
     """PyTorch eager (torch.compile traces the same recipe)."""
@@ -190,6 +196,12 @@ class TorchBackend:
     def group_norm(self, x, groups, g, b):
         return self.F.group_norm(x, groups, g, b, GN_EPS)
 
+    def linear(self, x, w):
+        return self.F.linear(x, w)
+
+    def dequant(self, w, s):
+        return w.to(self.t.float32) * s
+
 
 class PanameraBackend:
     """Panamera's graph (frontend ops and nn)."""
@@ -253,6 +265,12 @@ class PanameraBackend:
 
     def group_norm(self, x, groups, g, b):
         return self.nn.group_norm(x, groups, g, b, eps=GN_EPS)
+
+    def linear(self, x, w):
+        return x @ w.T
+
+    def dequant(self, w, s):
+        return w.astype("float32") * s
 
 
 class OnnxBackend:
@@ -359,6 +377,14 @@ class OnnxBackend:
     def group_norm(self, x, groups, g, b):
         return self._node("GroupNormalization", [x[0], g[0], b[0]], x[1], x[2], epsilon=GN_EPS, num_groups=groups)
 
+    def linear(self, x, w):
+        wt = self._node("Transpose", [w[0]], w[1], w[2][::-1], perm=[1, 0])
+        return self._node("MatMul", [x[0], wt[0]], x[1], (*x[2][:-1], w[2][0]))
+
+    def dequant(self, w, s):
+        f = self._node("Cast", [w[0]], self.T.FLOAT, w[2], to=self.T.FLOAT)
+        return self._node("Mul", [f[0], s[0]], self.T.FLOAT, w[2])
+
     def model(self, workload: CpuWorkload) -> bytes:
         """The serialized ONNX model of `workload`."""
         ins = []
@@ -444,15 +470,42 @@ def cpu_workloads() -> list[CpuWorkload]:
     s = (16 * 64, 512)
     out.append(CpuWorkload("rms_norm [1024x512] bfloat16", "norms", (s, s[1:]), lambda B, x, g: B.rms_norm(x, g),
                            ("bfloat16",) * 2, s[1]))  # fmt: skip
+    out += contractions()
+    return out
+
+
+# The contraction suite at CPU sizes (panamera/bench/suites.py's, float32 here: numpy, torch and
+# onnxruntime have no fast 16-bit CPU GEMM to compare with): the paper's Table 1 (M x N x K) and
+# GEMV / skinny products of decoding (N x K weights stored as torch's Linear, M rows), with float32
+# weights and with int8 weights dequantized by a per-channel scale.
+CPU_TABLE1 = ((128, 32, 64), (128, 32, 1024), (1024, 512, 1024))
+CPU_GEMV = ((4096, 4096),)
+CPU_GEMV_ROWS = (1, 4, 16)
+
+
+def contractions() -> list[CpuWorkload]:
+    """The CPU bench's contraction workloads (`x @ W.T`)."""
+    out = []
+    lin = lambda B, x, w: B.linear(x, w)  # noqa: E731
+    for M, N, K in CPU_TABLE1:
+        out.append(CpuWorkload(f"table1 {M}x{N}x{K}", "contractions", ((M, K), (N, K)), lin, reduced=K,
+                               default=(M, N, K) == (128, 32, 1024)))  # fmt: skip
+    for N, K in CPU_GEMV:
+        for M in CPU_GEMV_ROWS:
+            out.append(CpuWorkload(f"linear {M}x{N}x{K} w=float32", "contractions", ((M, K), (N, K)), lin, reduced=K))
+            out.append(CpuWorkload(f"linear {M}x{N}x{K} w=int8", "contractions", ((M, K), (N, K), (N, 1)),
+                                   lambda B, x, w, s: B.linear(x, B.dequant(w, s)), ("float32", "int8", "float32"),
+                                   reduced=K))  # fmt: skip
     return out
 
 
 def tiny_cpu() -> list[CpuWorkload]:
-    """Three small workloads for tests and smoke runs (a row sum, a full sum, a softmax)."""
+    """Four small workloads for tests and smoke runs (a row sum, a full sum, a softmax, a linear)."""
     return [
         CpuWorkload("sum row 64x256", "tiny", ((64, 256),), lambda B, x: B.sum(x, 1), reduced=256),
         CpuWorkload("sum all 4096", "tiny", ((4096,),), lambda B, x: B.sum(x), reduced=4096),
         CpuWorkload("softmax [8x512]", "tiny", ((8, 512),), lambda B, x: B.softmax(x), reduced=512),
+        CpuWorkload("linear 4x64x128", "tiny", ((4, 128), (64, 128)), lambda B, x, w: B.linear(x, w), reduced=128),
     ]
 
 
@@ -460,4 +513,6 @@ NOT_COVERED = {
     "single": "float16, int32 and bool variants (numpy and onnxruntime have no fast path to compare fairly)",
     "subgraphs": "A2#1, #3, #10, #12 (tiny, or the same kernels as listed ones)",
     "norms": "bfloat16 long-row softmax and cross_entropy over 131072-256000 columns (the float32 ones stand for them)",
+    "contractions": "16-bit and int4 weights, 14336-wide GEMVs and decode attention (float32 and int8 weights "
+    "at CPU sizes instead)",
 }

@@ -180,12 +180,13 @@ def tensor_graph(outputs) -> nx.DiGraph:
     return g
 
 
-def build_program(outputs: tuple[Tensor, ...]) -> Program:
+def build_program(outputs: tuple[Tensor, ...], stored: frozenset[Tensor] = frozenset()) -> Program:
     """Statements for every output and reduction, coalesced, dependences, kernel groups.
 
     Element-wise producers are inlined into their consumer statement (reduction propagation);
     a statement boundary (a tensor written to global memory) is placed at every output and at
-    every reduction result, since a reduction's final value exists only after its last block.
+    every reduction result, since a reduction's final value exists only after its last block,
+    and at the tensors of `stored` (a target's choice: schedule/cpu_operands.py).
     """
     g = tensor_graph(outputs)
     order = list(nx.topological_sort(g))
@@ -193,6 +194,7 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
         t for t in outputs if t.op != "placeholder"
     }
     materialized |= must_materialize(order)  # what a gather reads exists in memory first
+    materialized |= {t for t in order if t in stored}
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     ctx = isl.Context()
     stmts = []
