@@ -95,7 +95,10 @@ def test_exp_evaluated_once():
     (kern,) = k.cpu_kernels
     assert [r.ops for r in kern.decision.reuse] == ["exp(sub)"]
     assert "reuse=exp(sub)" in kern.describe()
-    assert kern.source.count("expf(") == 1 and "pn_cse0[j]" in kern.source and "pn_rcp" in kern.source
+    # exp only where its value is stored (the sum pass prints its body for the lanes and for the tail):
+    # the last pass reads it back
+    src = kern.source
+    assert src.count("expf(") == src.count("pn_cse0[j] = ") >= 1 and "pn_rcp" in src
     lsm = pn.compile(
         pn.nn.log_softmax(pn.placeholder((16, 1000), "float32"), axis=-1, method="multipass"), target="cpu"
     )
@@ -225,7 +228,10 @@ def test_fused_rows_evaluate_each_value_once(rng):
     masked = pn.where(m, x * 0.5 + 1.0, -np.inf)
     k = pn.compile([pn.nn.softmax(masked, axis=-1), pn.nn.log_softmax(x * 3.0, axis=-1)], target="cpu")
     src = "".join(kern.source for kern in k.cpu_kernels)
-    assert src.count("expf(") == 2
+    # two exps, each printed once per copy of the one pass that evaluates it (the lanes' scan and the
+    # tail's: codegen/cpu_lanes.py); no later pass evaluates one again
+    exps = [ln.strip() for ln in src.splitlines() if "expf(" in ln]
+    assert len(set(exps)) == 2 and len(exps) == 4, exps
     a = (rng.standard_normal((7, 301)) * 3).astype(np.float32)
     mm = rng.random((7, 301)) > 0.3
     sm, lsm = k(a, mm)
