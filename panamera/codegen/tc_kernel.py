@@ -26,7 +26,7 @@ import math
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, raw_copy, staging_unroll, tiles
+from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, partial_batch, raw_copy, staging_unroll, tiles
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -113,21 +113,42 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)]
             last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
             out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last, pt)]
-        else:  # partials, combined in block order
-            p = "pn_p"
-            last = [
-                f"{st.acc.compute} {p} = {identity_expr(st)};",
-                f"for (pn_idx b = 0; b < (pn_idx)gridDim.y; ++b) "
-                f"{p} = {st.combiner.functor}::apply({p}, pn_ldcg(&ws0[o * (pn_idx)gridDim.y + b]));",
-            ]
-            if joined:
-                last += apply_epilogue(loop, 0, st, "o", post(st, p))
-            else:
-                last.append(f"pn_st(&out0[o], {post(st, p)});")
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
+        else:  # partials, combined in block order: each batch of blocks' partials loaded together, then folded
+            out += ["  " + ln for ln in _combine_partials(loop, st, BN, BM, threads, P, Q)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
+
+
+def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
+    """The last block's combine of the split's partials, for each of its `pt` outputs in block
+    order (deterministic): `partial_batch` blocks' partials of all `pt` outputs are loaded into
+    registers first (one L2 round trip per batch, the model's), then folded in."""
+    S, pt = loop.m.split, math.ceil(BM * BN / threads)
+    nb = partial_batch(pt, S)
+    T, F = st.acc.compute, st.combiner.functor
+    load = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {nb}; ++pn_j)",
+        f"  if (pn_b0 + pn_j < {S}) pn_m[pn_u][pn_j] = pn_ldcg(&ws0[o * {S} + pn_b0 + pn_j]);",
+    ]
+    fold = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {nb}; ++pn_j)",
+        f"  if (pn_b0 + pn_j < {S}) pn_p[pn_u] = {F}::apply(pn_p[pn_u], pn_m[pn_u][pn_j]);",
+    ]
+    value = post(st, "pn_p[pn_u]")
+    done = apply_epilogue(loop, 0, st, "o", value) if len(loop.g.statements) > 1 else [f"pn_st(&out0[o], {value});"]
+    return [
+        f"  {T} pn_p[{pt}];",
+        f"  for (int pn_u = 0; pn_u < {pt}; ++pn_u) pn_p[pn_u] = {identity_expr(st)};",
+        f"  for (int pn_b0 = 0; pn_b0 < {S}; pn_b0 += {nb}) {{  // {nb} blocks' partials of each output in flight",
+        f"    {T} pn_m[{pt}][{nb}];",
+        *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)),
+        *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, fold, pt)),
+        "  }",
+        *_outputs(BN, BM, threads, P, Q, done, pt),
+    ]
 
 
 def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,

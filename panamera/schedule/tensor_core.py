@@ -259,6 +259,21 @@ def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
     return min(copies, staging_steps(rows, d))
 
 
+PARTIAL_REGISTERS = 16  # partials a thread of the last block holds at once (ptxas spilled 32 at 8 outputs x 4 blocks)
+
+
+def partial_batch(per_thread: int, split: int) -> int:
+    """Blocks whose partials the last block's threads load together in one batch: each thread's
+    `per_thread` outputs x that many blocks stay within `PARTIAL_REGISTERS` loads in flight
+    (codegen/tc_kernel.py); the partials then cost ceil(split / batch) L2 round trips, not one per
+    output and block.
+
+    >>> partial_batch(8, 2), partial_batch(4, 16), partial_batch(64, 2)
+    (2, 4, 1)
+    """
+    return max(1, min(split, PARTIAL_REGISTERS // max(1, per_thread)))
+
+
 RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
 
 
@@ -310,12 +325,12 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     partials = any(m.value == "partials" for m in d.merges)
     ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
     blocks = d.grid[0] * d.split
-    # the last block's element loop: its share of the tile's outputs, one L2 round trip each when merged
-    # from partials (a loop over the blocks each), one for all of them from the atomic workspace (loaded
-    # together, codegen/tc_kernel.py)
+    # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
+    # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
+    # workspace, one per batch of blocks' partials (`partial_batch`)
     per_thread = math.ceil(BM * BN / d.threads)
-    tail = 400 + per_thread * (gpu.l2_latency_cycles if split and partials else 4)
-    tail += gpu.l2_latency_cycles if split and not partials else 0
+    trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
+    tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
         gpu,
         dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
@@ -342,12 +357,8 @@ def choose(group: KernelGroup, gpu: GPUSpec, split: int | None = None, determini
     ops = analyse(group)
     if isinstance(ops, str):
         return None
-    best = None
-    for d in candidates(group, ops, gpu, split, deterministic):
-        c = tc_cost(group, gpu, d)
-        if best is None or c.total_s < best[0].total_s * 0.97:
-            best = (c, d)
-    return best
+    costed = ((tc_cost(group, gpu, d), d) for d in candidates(group, ops, gpu, split, deterministic))
+    return min(costed, key=lambda cd: cd[0].total_s, default=None)
 
 
 def check(group: KernelGroup, d: Decision, at: str) -> None:
