@@ -25,6 +25,7 @@ Sources (bench/README.md, "Contraction peers"):
   kBlockM 64, `num_splits_heuristic(batch * heads * m_blocks, 2 x SMs, n_blocks, 128)`),
   `flash_fwd_launch_template.h` (`run_flash_splitkv_fwd`: grid (m_blocks, splits, batch x heads) of
   4 warps, then `flash_fwd_splitkv_combine_kernel` with kBlockM 4 for head dim 128).
+- Marlin (int4 weights): IST-DASLab/marlin `marlin/marlin_cuda_kernel.cu`, bench/marlin_peer.py.
 - PyTorch eager: `aten/src/ATen/native/transformers/attention.cpp`
   `_scaled_dot_product_attention_math` (q and k each scaled by sqrt(scale), matmul, softmax,
   matmul; `pre_process_group_query_attention_input` repeat_interleaves K and V for grouped heads);
@@ -351,11 +352,19 @@ def _sdpa_math(a: DecodeAttention, gpu: GPUSpec) -> ContractionPlan:
     return _contraction_plan("pytorch-eager", launches, f"SDPA math: scale, repeat_interleave K/V, bmm, {how}, bmm")
 
 
+def marlin(c, gpu: GPUSpec) -> ContractionPlan | None:
+    """Marlin on int4 weights (bench/marlin_peer.py: its rules, imported here late)."""
+    from .marlin_peer import marlin as plan
+
+    return plan(c, gpu)
+
+
 CONTRACTION_PEERS: dict[str, Callable] = {
     "cublas": cublas,
     "triton-splitk": triton_splitk,
     "flash-decoding": flash_decoding,
     "pytorch-eager": pytorch_eager,
+    "marlin": marlin,
 }
 
 
