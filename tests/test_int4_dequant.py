@@ -47,6 +47,9 @@ def test_packed_int4_matches_float64(act, lo_at, zero, rng):
     wd, P, S, Wd = packed_weight(Ni, Ki, G, act, rng, lo_at, zero)
     k = tc_compile(pn.einsum("mk,nk->mn", x, wd), (1, 2, 64))
     assert "pn_i4x8(pn_wv" in k.source and "mma_sync" in k.source
+    # the slab's words are loaded first (all in flight), then the activations staged, then converted
+    src = k.source
+    assert src.index("pn_bw[pn_u] = pn_vload") < src.index("pn_vstore(&pn_sa[") < src.index("pn_i4x8(pn_wv")
     X = array((Mi, Ki), act, rng)
     out = np.asarray(k(X, P, S)).astype(np.float64)
     Wr = Wd.astype(NP[act]).astype(np.float64)  # each weight rounded once to the MMA's type

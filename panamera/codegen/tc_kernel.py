@@ -26,7 +26,18 @@ import math
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, partial_batch, raw_copy, staging_unroll, tiles
+from ..schedule.tensor_core import (
+    FRAG,
+    Mma,
+    analyse,
+    grid_tiles,
+    loads_first,
+    partial_batch,
+    raw_copy,
+    staging_steps,
+    staging_unroll,
+    tiles,
+)
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -66,14 +77,22 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  {W}::fill_fragment(pn_acc, ({ACC})0);",
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
-    for rows, tag, e, first, extent, i_of in (
-        (BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"),
-        (BN, "b", ops.b, "pn_c0", P, "pn_x"),
-    ):
-        out.append(f"#pragma unroll {staging_unroll(e, rows, m, g)}  // loads in flight (the model's)")
-        out += _stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
+    operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
+    held = any(loads_first(e, m, g) for e in (ops.a, ops.b))
+    staged = []
+    for rows, tag, e, first, extent, i_of in operands:
+        packed = nibbles(e, st, str(kind), m.vec, m.access[0])
+        if isinstance(packed, Nibbles):  # its loads issued first, in flight while the other operand is staged
+            loads, convert = _stage_int4(loop, kind, packed, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
+            out[len(out) :] = loads
+            staged.append(convert)
+        else:
+            pragma = f"#pragma unroll {staging_unroll(e, rows, m, g, held)}  // loads in flight (the model's)"
+            staged.append([pragma, *_stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)])
+    out += [ln for lines in staged for ln in lines]
     out += [
         "    __syncthreads();",
+        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
         f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{",
         f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa;",
         f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb;",
@@ -158,9 +177,6 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
     operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
     access kinds), the others per lane."""
     st, V = loop.g.statements[0], loop.m.vec
-    packed = nibbles(e, st, str(kind), V, loop.m.access[0])
-    if isinstance(packed, Nibbles):
-        return _stage_int4(loop, kind, packed, buf, rows, BK, threads, r0, extent, i_of)
     reads = sorted({n.read for n in e.walk() if n.op == "load"})
     vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
     if raw_copy(e, st, kind, V, loop.m.access[0]):
@@ -231,10 +247,12 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
 
 
 def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,
-                extent: int, i_of: str) -> list[str]:  # fmt: skip
-    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step a thread loads its
-    vec / 8 words of packed bytes as one vector and the scale once, and `pn_i4x8` turns each word
-    into 8 weights of the MMA's type (the exponent trick), in k order (`flip`: low nibble at odd k)."""
+                extent: int, i_of: str, tag: str) -> tuple[list[str], list[str]]:  # fmt: skip
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py), in two phases: first every
+    step's vec / 8 words of packed bytes (one vector load) and its scale, all the thread's steps of
+    the slab into registers (`staging_steps`: all in flight together, and while the other operand is
+    staged); then `pn_i4x8` turns each word into 8 weights of the MMA's type (the exponent trick),
+    in k order (`flip`: low nibble at odd k), stored to the slab."""
     st, V = loop.g.statements[0], loop.m.vec
     T, words = kind.ctype, V // 8
     pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
@@ -243,33 +261,53 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
     vtype = {1: "unsigned", 2: "uint2"}[words]
     fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
     zero = _convert(kind, "0")
-    out = [
-        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
-        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
-        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
-        f"      {T} pn_val[{V}];",
-        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // int4 words by the exponent trick (pn_i4x8)",
-        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
-        f"        const {vtype} pn_wv = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
-        f"        const {pair[0]} pn_s2 = {pair[2]}({loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}]);",
-        f"        const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+    total, steps = rows * BK // V, staging_steps(rows, loop.m)
+    w, s = f"pn_{tag}w", f"pn_{tag}sc"
+    where = [
+        f"    const int pn_e = tx + pn_u * {threads};",
+        f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+        f"    const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
+        f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
     ]
-    for w, f in enumerate(fields):
-        out += [
+    loads = [
+        f"    {vtype} {w}[{steps}];  // int4 words of the slab, all loads in flight before any is used",
+        f"    {T} {s}[{steps}];",
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
+        *("  " + ln for ln in where),
+        f"      {w}[pn_u] = {vtype}{{}};",
+        f"      {s}[pn_u] = {zero};",
+        "      if (pn_in) {",
+        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+        f"        {w}[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+        f"        {s}[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
+        "      }",
+        "    }",
+    ]
+    convert = [
+        f"    const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // the words by the exponent trick (pn_i4x8)",
+        *("  " + ln for ln in where),
+        f"      if (pn_e < {total}) {{",
+        f"        {T} pn_val[{V}];",
+        f"        const {vtype} pn_wv = {w}[pn_u];",
+        f"        const {pair[0]} pn_s2 = {pair[2]}({s}[pn_u]);",
+    ]
+    for k, f in enumerate(fields):
+        convert += [
             f"        {{ {T} pn_n[8];",
             f"          pn_i4x8({f}, pn_z2, pn_s2, pn_n);",
             "#pragma unroll",
-            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * w} + v] = pn_n[v ^ {nib.flip}];",
+            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * k} + v] = pn_in ? pn_n[v ^ {nib.flip}] : {zero};",
             "        }",
         ]
-    out += [
-        "      } else {",
-        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
+    convert += [
+        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "      }",
-        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "    }",
     ]
-    return out
+    return loads, convert
 
 
 def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str], unrolled: int = 0) -> list[str]:

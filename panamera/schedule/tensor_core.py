@@ -247,12 +247,24 @@ def staging_steps(rows: int, d: Decision) -> int:
     return math.ceil(rows * tiles(d)[2] / d.vec / d.threads)
 
 
-def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
+def loads_first(e: Expr, d: Decision, group: KernelGroup) -> bool:
+    """Whether operand `e` is a packed int4 weight (schedule/int4_dequant.py), whose slab the
+    thread loads whole (`staging_steps` words, all in flight) before it stages the other operand
+    and then converts the words (codegen/tc_kernel.py)."""
+    from .int4_dequant import Nibbles, nibbles
+
+    return isinstance(nibbles(e, group.statements[0], d.mma, d.vec, d.access[0]), Nibbles)
+
+
+def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup, held: bool = False) -> int:
     """Copies of the staging loop's body per step (its loads in flight): as many as keep the
     loaded lanes (vec per memory read of the expression) within `STAGING_REGISTERS`, at most
     `UNROLL`, 2 for an expression of more than `UNROLL_OPS` operations, and at most the loop's
-    iterations. (ptxas under the 64 registers of __launch_bounds__ spilled int4's unpacking at 4
-    copies and int8 weights with their scales at 4 x 8 lanes.)"""
+    iterations; 1 while the other operand's int4 words are `held` (`loads_first`). (ptxas under
+    the 64 registers of __launch_bounds__ spilled int4's unpacking at 4 copies, int8 weights with
+    their scales at 4 x 8 lanes, and the activations' raw copies at 2 beside 8 held words.)"""
+    if held:
+        return 1
     st = group.statements[0]
     lanes = d.vec * max(1, sum(1 for r in _reads(e) if st.reads[r].memory))
     copies = max(1, min(UNROLL if _ops(e) <= UNROLL_OPS else 2, STAGING_REGISTERS // lanes))
@@ -318,6 +330,15 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     l2 = a_bytes * ops.rows * ops.K * (NT - 1) + b_bytes * ops.cols * ops.K * (MT - 1)
     staged_a, staged_b = MT * BM * Kp * NT, NT * BN * Kp * MT
     fp32 = staged_a * staging_ops(ops.a, d, group) + staged_b * staging_ops(ops.b, d, group)
+    # bytes in flight from DRAM: an operand's loads in flight times the share of its staged bytes that
+    # DRAM serves (the other tiles' re-reads hit L2: 1 / NT of the rows' operand, 1 / MT of the columns');
+    # a packed int4 operand's whole slab is in flight while the other is staged, else the loops take turns
+    first = [loads_first(e, d, group) for e in (ops.a, ops.b)]
+    lanes = [
+        staging_steps(rows, d) if held else staging_unroll(e, rows, d, group, any(first))
+        for e, rows, held in ((ops.a, BM, first[0]), (ops.b, BN, first[1]))
+    ]
+    flights = (d.vec * lanes[0] * a_bytes / NT, d.vec * lanes[1] * b_bytes / MT)
     kept = group.on_chip - group.external
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
@@ -337,9 +358,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         write_bytes=out_bytes,
         blocks=blocks,
         threads=d.threads,
-        # the staging loops run one after the other, `staging_unroll` vector loads of each in flight
-        bytes_in_flight_per_thread=d.vec
-        * max(staging_unroll(ops.a, BM, d, group) * a_bytes, staging_unroll(ops.b, BN, d, group) * b_bytes),
+        bytes_in_flight_per_thread=sum(flights) if any(first) else max(flights),
         atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
