@@ -83,8 +83,9 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     for rows, tag, e, first, extent, i_of in operands:
         packed = nibbles(e, st, str(kind), m.vec, m.access[0])
         if isinstance(packed, Nibbles):  # its loads issued first, in flight while the other operand is staged
-            loads, convert = _stage_int4(loop, kind, packed, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
-            out[len(out) :] = loads
+            pre, loads, convert = _stage_int4(loop, kind, packed, f"pn_s{tag}", rows, first, extent, i_of, tag)
+            out[-1:-1] = pre  # before the slab loop: the first slab of a double buffer
+            out += loads
             staged.append(convert)
         else:
             pragma = f"#pragma unroll {staging_unroll(e, rows, m, g, held)}  // loads in flight (the model's)"
@@ -246,14 +247,17 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
     ]
 
 
-def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,
-                extent: int, i_of: str, tag: str) -> tuple[list[str], list[str]]:  # fmt: skip
-    """`_stage` for a packed int4 operand (schedule/int4_dequant.py), in two phases: first every
-    step's vec / 8 words of packed bytes (one vector load) and its scale, all the thread's steps of
-    the slab into registers (`staging_steps`: all in flight together, and while the other operand is
-    staged); then `pn_i4x8` turns each word into 8 weights of the MMA's type (the exponent trick),
-    in k order (`flip`: low nibble at odd k), stored to the slab."""
-    st, V = loop.g.statements[0], loop.m.vec
+def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, r0: str, extent: int, i_of: str,
+                tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py) in phases: the loads of every
+    step's vec / 8 words of packed bytes (one vector load) and its scale, all the thread's
+    `staging_steps` of the slab into registers, in flight together and while the other operand
+    is staged; then `pn_i4x8` turns each word into 8 weights of the MMA's type (the exponent
+    trick), in k order (`flip`: low nibble at odd k), stored to the slab. Double-buffered: the
+    next slab's words are loaded while this one is converted and multiplied (the first slab's
+    before the loop). Returns (before the slab loop, at the top of its body, the conversion)."""
+    st, m = loop.g.statements[0], loop.m
+    V, BK, threads = m.vec, tiles(m)[2], m.threads
     T, words = kind.ctype, V // 8
     pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
             "__bfloat162bfloat162")}[kind]  # fmt: skip
@@ -261,34 +265,48 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
     vtype = {1: "unsigned", 2: "uint2"}[words]
     fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
     zero = _convert(kind, "0")
-    total, steps = rows * BK // V, staging_steps(rows, loop.m)
+    total, steps = rows * BK // V, staging_steps(rows, m)
     w, s = f"pn_{tag}w", f"pn_{tag}sc"
-    where = [
-        f"    const int pn_e = tx + pn_u * {threads};",
-        f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
-        f"    const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
-        f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
-    ]
-    loads = [
-        f"    {vtype} {w}[{steps}];  // int4 words of the slab, all loads in flight before any is used",
-        f"    {T} {s}[{steps}];",
+
+    def where(slab: str) -> list[str]:
+        return [
+            f"    const int pn_e = tx + pn_u * {threads};",
+            f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+            f"    const pn_idx pn_x = {r0} + pn_q, pn_k = {slab} + pn_p;",
+            f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
+        ]
+
+    def load(slab: str, into: str) -> list[str]:
+        return [
+            "#pragma unroll",
+            f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
+            *("  " + ln for ln in where(slab)),
+            f"      {into}w[pn_u] = {vtype}{{}};",
+            f"      {into}sc[pn_u] = {zero};",
+            "      if (pn_in) {",
+            f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+            f"        {into}w[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+            f"        {into}sc[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
+            "      }",
+            "    }",
+        ]
+
+    decl = f"    {vtype} {{0}}w[{steps}];  // int4 words of a slab, all loads in flight before any is used\n    {T} {{0}}sc[{steps}];"
+    nxt = f"pn_{tag}n"  # the next slab's words, loaded while this one's are converted and multiplied
+    pre = [ln[2:] if ln.startswith("  ") else ln for ln in [*decl.format(nxt).split("\n"), *load("pn_k0", nxt)]]
+    top = [
+        *decl.format(f"pn_{tag}").split("\n"),
         "#pragma unroll",
-        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
-        *("  " + ln for ln in where),
-        f"      {w}[pn_u] = {vtype}{{}};",
-        f"      {s}[pn_u] = {zero};",
-        "      if (pn_in) {",
-        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
-        f"        {w}[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
-        f"        {s}[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
-        "      }",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{ {w}[pn_u] = {nxt}w[pn_u]; {s}[pn_u] = {nxt}sc[pn_u]; }}",
+        f"    if (pn_ks + {BK} < pn_k1) {{  // the next slab's words in flight during this one",
+        *("  " + ln for ln in load(f"(pn_ks + {BK})", nxt)),
         "    }",
     ]
     convert = [
         f"    const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
         "#pragma unroll",
         f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // the words by the exponent trick (pn_i4x8)",
-        *("  " + ln for ln in where),
+        *("  " + ln for ln in where("pn_ks")),
         f"      if (pn_e < {total}) {{",
         f"        {T} pn_val[{V}];",
         f"        const {vtype} pn_wv = {w}[pn_u];",
@@ -307,7 +325,7 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
         "      }",
         "    }",
     ]
-    return loads, convert
+    return pre, top, convert
 
 
 def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str], unrolled: int = 0) -> list[str]:

@@ -221,6 +221,11 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                     splits = [max(1, min(split, slabs))]
                 if group.stitched:  # its split would be a cooperative launch: whole K per block
                     splits = [1]
+                probe = Decision(
+                    **base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=(wm, wn, bk)
+                )
+                if int4_held(ops, probe, group) > INT4_STEPS:
+                    continue
                 for s in splits:
                     chunk = math.ceil(slabs / s) * bk
                     s_eff = math.ceil(ops.K / chunk)
@@ -248,12 +253,29 @@ def staging_steps(rows: int, d: Decision) -> int:
 
 
 def loads_first(e: Expr, d: Decision, group: KernelGroup) -> bool:
-    """Whether operand `e` is a packed int4 weight (schedule/int4_dequant.py), whose slab the
-    thread loads whole (`staging_steps` words, all in flight) before it stages the other operand
-    and then converts the words (codegen/tc_kernel.py)."""
+    """Whether operand `e` is a packed int4 weight (schedule/int4_dequant.py), whose slabs the
+    thread loads whole (`staging_steps` words, all in flight), double-buffered: the next slab's
+    words are loaded before this slab's other operand is staged and its words converted
+    (codegen/tc_kernel.py). Its tiles hold at most `INT4_STEPS` words per thread a slab (ptxas
+    spilled 8 held words of bf16 beside the MMA's fragments)."""
     from .int4_dequant import Nibbles, nibbles
 
     return isinstance(nibbles(e, group.statements[0], d.mma, d.vec, d.access[0]), Nibbles)
+
+
+INT4_STEPS = 4  # words of a packed int4 operand's slab a thread holds (x 2 buffers, with their scales: 16 registers)
+
+
+def int4_held(ops: Operands, d: Decision, group: KernelGroup) -> int:
+    """Words per thread of a slab of the packed int4 operand (`loads_first`), 0 without one."""
+    return max(
+        (
+            staging_steps(rows, d)
+            for e, rows in ((ops.a, tiles(d)[0]), (ops.b, tiles(d)[1]))
+            if loads_first(e, d, group)
+        ),
+        default=0,
+    )
 
 
 def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup, held: bool = False) -> int:
@@ -332,10 +354,12 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     fp32 = staged_a * staging_ops(ops.a, d, group) + staged_b * staging_ops(ops.b, d, group)
     # bytes in flight from DRAM: an operand's loads in flight times the share of its staged bytes that
     # DRAM serves (the other tiles' re-reads hit L2: 1 / NT of the rows' operand, 1 / MT of the columns');
-    # a packed int4 operand's whole slab is in flight while the other is staged, else the loops take turns
+    # a packed int4 operand has its slab and the next in flight while the other is staged, else the loops take turns
     first = [loads_first(e, d, group) for e in (ops.a, ops.b)]
     lanes = [
-        staging_steps(rows, d) if held else staging_unroll(e, rows, d, group, any(first))
+        2 * staging_steps(rows, d)  # double-buffered
+        if held
+        else staging_unroll(e, rows, d, group, any(first))
         for e, rows, held in ((ops.a, BM, first[0]), (ops.b, BN, first[1]))
     ]
     flights = (d.vec * lanes[0] * a_bytes / NT, d.vec * lanes[1] * b_bytes / MT)
@@ -412,6 +436,11 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
+    if int4_held(ops, d, group) > INT4_STEPS:
+        raise ScheduleError(
+            f"{at}: tile {d.mma_tile} holds {int4_held(ops, d, group)} int4 words per thread a slab, "
+            f"more than {INT4_STEPS} (a smaller K slab or more warps)"
+        )
     if d.stitched and d.split > 1:
         raise ScheduleError(f"{at}: a stitched group on tensor cores is not split (split {d.split})")
     if d.grid[0] != MT * NT or d.chunk % bk or d.chunk * d.split < ops.K or d.chunk * (d.split - 1) >= ops.K:
