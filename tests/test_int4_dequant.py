@@ -112,10 +112,10 @@ def test_precondition_4_aligned_words(rng):
     assert _why(packed_weight(16, 264, 24, "float16", rng)[0], Ki=264, vec=16).startswith("4:")
 
 
-def test_int4_tiles_hold_at_most_four_words_a_slab(rng):
-    """Precondition of the int4 staging (schedule/tensor_core.py `loads_first`, INT4_STEPS): a
-    tile whose slab is 8 words per thread (one warp, K slab 128) is no candidate, and replay
-    refuses it."""
+def test_int4_tiles_hold_at_most_sixteen_registers_of_loads(rng):
+    """Precondition of the loads-first staging (schedule/tensor_core.py `held_registers`): a tile
+    whose two int4 slabs are 8 words and scales per thread each (one warp, K slab 128: 32
+    registers) is no candidate, and replay refuses it."""
     x = pn.placeholder((5, 256), "float16", name="x")
     wd = packed_weight(32, 256, 128, "float16", rng)[0]
     y = pn.einsum("mk,nk->mn", x, wd)
@@ -123,7 +123,7 @@ def test_int4_tiles_hold_at_most_four_words_a_slab(rng):
     tiles = {d.mma_tile for d in candidates(g, analyse(g), H100, None, False)}
     assert (1, 1, 64) in tiles and (1, 1, 128) not in tiles and (1, 2, 128) not in tiles
     d = map_group(g, H100, mma=True).decision
-    with pytest.raises(ScheduleError, match="int4 words per thread"):
+    with pytest.raises(ScheduleError, match="registers of loads per thread"):
         replay(g, dataclasses.replace(d, tx=32, mma_tile=(1, 1, 128), grid=(2, d.grid[1])), H100, "k")
 
 

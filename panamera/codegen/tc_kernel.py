@@ -37,6 +37,7 @@ from ..schedule.tensor_core import (
     staging_steps,
     staging_unroll,
     tiles,
+    words_first,
 )
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
@@ -82,8 +83,10 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     staged = []
     for rows, tag, e, first, extent, i_of in operands:
         packed = nibbles(e, st, str(kind), m.vec, m.access[0])
-        if isinstance(packed, Nibbles):  # its loads issued first, in flight while the other operand is staged
-            pre, loads, convert = _stage_int4(loop, kind, packed, f"pn_s{tag}", rows, first, extent, i_of, tag)
+        if isinstance(packed, Nibbles) or words_first(e, st, m):  # loads first, in flight while the other is staged
+            stage = _stage_int4 if isinstance(packed, Nibbles) else _stage_words
+            pre, loads, convert = stage(loop, kind, packed if isinstance(packed, Nibbles) else e, f"pn_s{tag}", rows,
+                                        first, extent, i_of, tag)  # fmt: skip
             out[-1:-1] = pre  # before the slab loop: the first slab of a double buffer
             out += loads
             staged.append(convert)
@@ -249,15 +252,12 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
 
 def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, r0: str, extent: int, i_of: str,
                 tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
-    """`_stage` for a packed int4 operand (schedule/int4_dequant.py) in phases: the loads of every
-    step's vec / 8 words of packed bytes (one vector load) and its scale, all the thread's
-    `staging_steps` of the slab into registers, in flight together and while the other operand
-    is staged; then `pn_i4x8` turns each word into 8 weights of the MMA's type (the exponent
-    trick), in k order (`flip`: low nibble at odd k), stored to the slab. Double-buffered: the
-    next slab's words are loaded while this one is converted and multiplied (the first slab's
-    before the loop). Returns (before the slab loop, at the top of its body, the conversion)."""
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step's vec / 8 words of
+    packed bytes (one vector load) and its scale held in registers, double-buffered
+    (`_double_buffered`); then `pn_i4x8` turns each word into 8 weights of the MMA's type (the
+    exponent trick), in k order (`flip`: low nibble at odd k), stored to the slab."""
     st, m = loop.g.statements[0], loop.m
-    V, BK, threads = m.vec, tiles(m)[2], m.threads
+    V, BK = m.vec, tiles(m)[2]
     T, words = kind.ctype, V // 8
     pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
             "__bfloat162bfloat162")}[kind]  # fmt: skip
@@ -266,47 +266,20 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
     fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
     zero = _convert(kind, "0")
     total, steps = rows * BK // V, staging_steps(rows, m)
+
+    def fill(into: str) -> list[str]:
+        return [
+            f"{into}w[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+            f"{into}sc[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
+        ]
+
+    pre, top, where = _double_buffered(loop, tag, rows, r0, extent, i_of, [(vtype, "w"), (T, "sc")], fill)
     w, s = f"pn_{tag}w", f"pn_{tag}sc"
-
-    def where(slab: str) -> list[str]:
-        return [
-            f"    const int pn_e = tx + pn_u * {threads};",
-            f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
-            f"    const pn_idx pn_x = {r0} + pn_q, pn_k = {slab} + pn_p;",
-            f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
-        ]
-
-    def load(slab: str, into: str) -> list[str]:
-        return [
-            "#pragma unroll",
-            f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
-            *("  " + ln for ln in where(slab)),
-            f"      {into}w[pn_u] = {vtype}{{}};",
-            f"      {into}sc[pn_u] = {zero};",
-            "      if (pn_in) {",
-            f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
-            f"        {into}w[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
-            f"        {into}sc[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
-            "      }",
-            "    }",
-        ]
-
-    decl = f"    {vtype} {{0}}w[{steps}];  // int4 words of a slab, all loads in flight before any is used\n    {T} {{0}}sc[{steps}];"
-    nxt = f"pn_{tag}n"  # the next slab's words, loaded while this one's are converted and multiplied
-    pre = [ln[2:] if ln.startswith("  ") else ln for ln in [*decl.format(nxt).split("\n"), *load("pn_k0", nxt)]]
-    top = [
-        *decl.format(f"pn_{tag}").split("\n"),
-        "#pragma unroll",
-        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{ {w}[pn_u] = {nxt}w[pn_u]; {s}[pn_u] = {nxt}sc[pn_u]; }}",
-        f"    if (pn_ks + {BK} < pn_k1) {{  // the next slab's words in flight during this one",
-        *("  " + ln for ln in load(f"(pn_ks + {BK})", nxt)),
-        "    }",
-    ]
     convert = [
         f"    const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
         "#pragma unroll",
         f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // the words by the exponent trick (pn_i4x8)",
-        *("  " + ln for ln in where("pn_ks")),
+        *("  " + ln for ln in where),
         f"      if (pn_e < {total}) {{",
         f"        {T} pn_val[{V}];",
         f"        const {vtype} pn_wv = {w}[pn_u];",
@@ -321,6 +294,111 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
             "        }",
         ]
     convert += [
+        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        "      }",
+        "    }",
+    ]
+    return pre, top, convert
+
+
+def _double_buffered(loop: ThreadLoop, tag: str, rows: int, r0: str, extent: int, i_of: str, held: list[tuple[str, str]],
+                     fill) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """The loads of a `loads_first` operand, double-buffered: `held` the (type, name) register
+    arrays of a slab's steps, `fill(into)` the lines loading one step's values into
+    `into{name}[pn_u]` where `pn_in`. Returns (before the slab loop: the first slab's loads into
+    the next-slab buffer; at the top of the loop: this slab's values from it and the next slab's
+    loads issued; the `where` lines that place step pn_u of this slab)."""
+    m = loop.m
+    V, BK, threads = m.vec, tiles(m)[2], m.threads
+    total, steps = rows * BK // V, staging_steps(rows, m)
+
+    def where(slab: str) -> list[str]:
+        return [
+            f"    const int pn_e = tx + pn_u * {threads};",
+            f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+            f"    const pn_idx pn_x = {r0} + pn_q, pn_k = {slab} + pn_p;",
+            f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
+        ]
+
+    def load(slab: str, into: str) -> list[str]:
+        return [
+            "#pragma unroll",
+            f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
+            *("  " + ln for ln in where(slab)),
+            *(f"      {into}{n}[pn_u] = {t}{{}};" for t, n in held),
+            "      if (pn_in) {",
+            f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+            *("        " + ln for ln in fill(into)),
+            "      }",
+            "    }",
+        ]
+
+    cur, nxt = f"pn_{tag}", f"pn_{tag}n"  # this slab's values; the next slab's, loaded while this one is used
+    decl = [f"    {t} {{0}}{n}[{steps}];" for t, n in held]
+    pre = [ln[2:] if ln.startswith("  ") else ln for ln in [*(d.format(nxt) for d in decl), *load("pn_k0", nxt)]]
+    top = [
+        "    // the slab's loads, all in flight before any is used, double-buffered",
+        *(d.format(cur) for d in decl),
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{ "
+        + " ".join(f"{cur}{n}[pn_u] = {nxt}{n}[pn_u];" for _, n in held)
+        + " }",
+        f"    if (pn_ks + {BK} < pn_k1) {{  // the next slab's loads in flight during this one",
+        *("  " + ln for ln in load(f"(pn_ks + {BK})", nxt)),
+        "    }",
+    ]
+    return pre, top, where("pn_ks")
+
+
+def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, extent: int, i_of: str,
+                 tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """`_stage` for a `words_first` operand (schedule/tensor_core.py): each step's contiguous reads
+    loaded as raw vectors and its uniform reads as one value, double-buffered
+    (`_double_buffered`); then each lane's expression over them, converted to the MMA's type."""
+    st, m = loop.g.statements[0], loop.m
+    V, BK = m.vec, tiles(m)[2]
+    total, steps = rows * BK // V, staging_steps(rows, m)
+    reads = sorted({n.read for n in e.walk() if n.op == "load"})
+    contig = [r for r in reads if m.access[0][r] == AccessKind.CONTIG]
+    vt = {4: "unsigned", 8: "uint2", 16: "uint4"}
+    held = [(vt[V * st.reads[r].tensor.dtype.itemsize], f"c{r}") for r in contig]
+    held += [(st.reads[r].tensor.dtype.c_type, f"u{r}") for r in reads if r not in contig]
+
+    def fill(into: str) -> list[str]:
+        out = []
+        for r in reads:
+            rd, name = st.reads[r], loop.in_name[st.reads[r].tensor.uid]
+            if r in contig:
+                out.append(
+                    f"{into}c{r}[pn_u] = pn_vload<{vt[V * rd.tensor.dtype.itemsize]}>(&{name}[{loop.address(rd.addr)}]);"
+                )
+            else:
+                out.append(f"{into}u{r}[pn_u] = {name}[{loop.address(rd.addr)}];")
+        return out
+
+    pre, top, where = _double_buffered(loop, tag, rows, r0, extent, i_of, held, fill)
+    cur = f"pn_{tag}"
+
+    def load(read: int, index: str | None = None) -> str:
+        if read in contig:
+            c = st.reads[read].tensor.dtype.c_type
+            return f"pn_ld(&reinterpret_cast<const {c}*>(&{cur}c{read}[pn_u])[v])"
+        return f"pn_ld(&{cur}u{read}[pn_u])"
+
+    lines: list[str] = []
+    value = ExprRenderer(lines, f"pn_{tag}").render(e, load)
+    zero = _convert(kind, "0")
+    convert = [
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // each lane's value from the held loads",
+        *("  " + ln for ln in where),
+        f"      if (pn_e < {total}) {{",
+        f"        {kind.ctype} pn_val[{V}];",
+        "#pragma unroll",
+        f"        for (int v = 0; v < {V}; ++v) {{",
+        *("          " + ln for ln in lines),
+        f"          pn_val[v] = pn_in ? {_convert(kind, value)} : {zero};",
+        "        }",
         f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "      }",
         "    }",

@@ -224,7 +224,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                 probe = Decision(
                     **base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=(wm, wn, bk)
                 )
-                if int4_held(ops, probe, group) > INT4_STEPS:
+                if held_registers(ops, probe, group) > HELD_REGISTERS:
                     continue
                 for s in splits:
                     chunk = math.ceil(slabs / s) * bk
@@ -253,29 +253,55 @@ def staging_steps(rows: int, d: Decision) -> int:
 
 
 def loads_first(e: Expr, d: Decision, group: KernelGroup) -> bool:
-    """Whether operand `e` is a packed int4 weight (schedule/int4_dequant.py), whose slabs the
-    thread loads whole (`staging_steps` words, all in flight), double-buffered: the next slab's
-    words are loaded before this slab's other operand is staged and its words converted
-    (codegen/tc_kernel.py). Its tiles hold at most `INT4_STEPS` words per thread a slab (ptxas
-    spilled 8 held words of bf16 beside the MMA's fragments)."""
+    """Whether operand `e`'s slabs are loaded whole into registers (`staging_steps` vectors per
+    thread, all in flight), double-buffered: the next slab's loads are issued before this slab's
+    other operand is staged and its values converted (codegen/tc_kernel.py). So are a packed int4
+    weight (schedule/int4_dequant.py) and `words_first` operands (an int8 weight and its scale).
+    Their tiles hold at most `HELD_REGISTERS` registers of loads per thread (`held_registers`;
+    ptxas spilled 8 held int4 words of bf16, and 24 registers of int8 loads, beside the MMA's
+    fragments)."""
     from .int4_dequant import Nibbles, nibbles
 
-    return isinstance(nibbles(e, group.statements[0], d.mma, d.vec, d.access[0]), Nibbles)
+    st = group.statements[0]
+    return isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles) or words_first(e, st, d)
 
 
-INT4_STEPS = 4  # words of a packed int4 operand's slab a thread holds (x 2 buffers, with their scales: 16 registers)
+def words_first(e: Expr, st, d: Decision) -> bool:
+    """An operand that is not a raw copy, whose reads are all in memory (no gather, no index),
+    each a contiguous vector of 4, 8 or 16 bytes over the step's vec lanes or one value for all
+    of them (UNIFORM), at least one contiguous: loaded raw first, converted lane by lane later."""
+    access = d.access[0]
+    reads = _reads(e)
+    if raw_copy(e, st, Mma(d.mma), d.vec, access) or any(not st.reads[r].memory for r in reads):
+        return False
+    contig = [
+        r for r in reads if access[r] == AccessKind.CONTIG and d.vec * st.reads[r].tensor.dtype.itemsize in (4, 8, 16)
+    ]
+    return bool(contig) and all(r in contig or access[r] == AccessKind.UNIFORM for r in reads)
 
 
-def int4_held(ops: Operands, d: Decision, group: KernelGroup) -> int:
-    """Words per thread of a slab of the packed int4 operand (`loads_first`), 0 without one."""
-    return max(
-        (
-            staging_steps(rows, d)
-            for e, rows in ((ops.a, tiles(d)[0]), (ops.b, tiles(d)[1]))
-            if loads_first(e, d, group)
-        ),
-        default=0,
-    )
+HELD_REGISTERS = 16  # registers of the `loads_first` loads a thread holds, both buffers (ptxas spilled 24 at M 64)
+
+
+def held_registers(ops: Operands, d: Decision, group: KernelGroup) -> int:
+    """Registers per thread that a `loads_first` operand's two slabs of loads hold: per staging
+    step a 32-bit register per 4 bytes of each vector load and one per uniform value (an int4
+    step: its word and scale; an int8 step of 8 lanes: 2 and the scale); 0 without one."""
+    from .int4_dequant import Nibbles, nibbles
+
+    st, total = group.statements[0], 0
+    for e, rows in ((ops.a, tiles(d)[0]), (ops.b, tiles(d)[1])):
+        if not loads_first(e, d, group):
+            continue
+        if isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles):
+            per_step = d.vec // 8 + 1
+        else:
+            per_step = sum(
+                d.vec * st.reads[r].tensor.dtype.itemsize // 4 if d.access[0][r] == AccessKind.CONTIG else 1
+                for r in _reads(e)
+            )
+        total += 2 * staging_steps(rows, d) * per_step
+    return total
 
 
 def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup, held: bool = False) -> int:
@@ -436,10 +462,10 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
-    if int4_held(ops, d, group) > INT4_STEPS:
+    if held_registers(ops, d, group) > HELD_REGISTERS:
         raise ScheduleError(
-            f"{at}: tile {d.mma_tile} holds {int4_held(ops, d, group)} int4 words per thread a slab, "
-            f"more than {INT4_STEPS} (a smaller K slab or more warps)"
+            f"{at}: tile {d.mma_tile} holds {held_registers(ops, d, group)} registers of loads per thread, "
+            f"more than {HELD_REGISTERS} (a smaller K slab or more warps)"
         )
     if d.stitched and d.split > 1:
         raise ScheduleError(f"{at}: a stitched group on tensor cores is not split (split {d.split})")
