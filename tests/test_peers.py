@@ -111,6 +111,8 @@ def test_describe_contraction_reads_the_workload():
     from panamera.bench.suites import _decode_attention, _linear
 
     assert describe_contraction(_linear(4, 256, 512, "int4")()) == Linear(4, 256, 512, "int4", "float16", 128)
+    # 32 rows of 4096 x 4096: the group scales (4096 x 32) have as many values as the activations
+    assert describe_contraction(_linear(32, 4096, 4096, "int4")()).group == 128
     assert describe_contraction(_linear(1, 64, 128, "int8")()) == Linear(1, 64, 128, "int8", "float16", 128)
     assert describe_contraction(_linear(2, 64, 128, "bfloat16", "bfloat16")()).weights == "bfloat16"
     assert describe_contraction(_decode_attention(2, 1024, "bfloat16")()) == DecodeAttention(

@@ -114,10 +114,10 @@ def describe_contraction(outs) -> Linear | DecodeAttention | None:
     N = w.shape[0]
     M = node.size // N
     kind = "int4" if w.dtype.name == "uint8" else w.dtype.name
-    act = next((t.dtype.name for t in inputs.values() if t is not w and t.size == M * K), "float16")
-    scales = [
-        t for t in inputs.values() if t is not w and t.dtype.is_16bit_float and t.size % N == 0 and t.size != M * K
-    ]
+    # the activations are M x K (an int4 weight's group scales may have as many values: N x K / 128)
+    x = next((t for t in inputs.values() if t is not w and t.size == M * K and t.shape[-1] == K), None)
+    act = x.dtype.name if x is not None else "float16"
+    scales = [t for t in inputs.values() if t is not w and t is not x and t.dtype.is_16bit_float and t.size % N == 0]
     group = K // (scales[0].size // N) if scales and kind in ("int8", "int4") else 0
     return Linear(M, N, K, kind, act, group)
 
