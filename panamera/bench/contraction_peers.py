@@ -25,7 +25,7 @@ Sources (bench/README.md, "Contraction peers"):
   kBlockM 64, `num_splits_heuristic(batch * heads * m_blocks, 2 x SMs, n_blocks, 128)`),
   `flash_fwd_launch_template.h` (`run_flash_splitkv_fwd`: grid (m_blocks, splits, batch x heads) of
   4 warps, then `flash_fwd_splitkv_combine_kernel` with kBlockM 4 for head dim 128).
-- Marlin (int4 weights): IST-DASLab/marlin `marlin/marlin_cuda_kernel.cu`, bench/marlin_peer.py.
+- Marlin (int4 weights): IST-DASLab/marlin `marlin/marlin_cuda_kernel.cu`, panamera/bench/marlin_peer.py.
 - PyTorch eager: `aten/src/ATen/native/transformers/attention.cpp`
   `_scaled_dot_product_attention_math` (q and k each scaled by sqrt(scale), matmul, softmax,
   matmul; `pre_process_group_query_attention_input` repeat_interleaves K and V for grouped heads);
@@ -353,7 +353,7 @@ def _sdpa_math(a: DecodeAttention, gpu: GPUSpec) -> ContractionPlan:
 
 
 def marlin(c, gpu: GPUSpec) -> ContractionPlan | None:
-    """Marlin on int4 weights (bench/marlin_peer.py: its rules, imported here late)."""
+    """Marlin on int4 weights (panamera/bench/marlin_peer.py: its rules, imported here late)."""
     from .marlin_peer import marlin as plan
 
     return plan(c, gpu)
