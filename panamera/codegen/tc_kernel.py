@@ -109,13 +109,14 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  {W}::store_matrix_sync(&pn_sc[pn_wr * 16 * {BN} + pn_wc * 16], pn_acc, {BN}, {W}::mem_row_major);",
         "  __syncthreads();",
     ]
+    RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
     mode = m.merges[0]
     joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
     if mode == MergeMode.STORE and joined:
         finish = apply_epilogue(loop, 0, st, "o", post(st, "pn_v"))
     else:
         finish = _write(0, st, "o", "pn_v", mode, 0)
-    out += _outputs(BN, BM, threads, P, Q, [f"const {st.acc.compute} pn_v = pn_sc[pn_e];", *finish])
+    out += _outputs(BN, RM, threads, P, Q, [f"const {st.acc.compute} pn_v = pn_sc[pn_e];", *finish])
     if m.needs_last_block:
         out += [
             "  __threadfence();",
@@ -130,14 +131,14 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
                 raise AssertionError("a stitched group's split merges partials")
             # the thread's merged outputs loaded together (one L2 round trip, not one per output), then finished
-            pt = math.ceil(BM * BN / threads)
+            pt = math.ceil(RM * BN / threads)
             load = ["pn_m[pn_u] = pn_ldcg(&ws0[o]);"]
             out.append(f"    decltype(pn_ldcg(&ws0[0])) pn_m[{pt}];")
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)]
+            out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, load, pt)]
             last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last, pt)]
+            out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, last, pt)]
         else:  # partials, combined in block order: each batch of blocks' partials loaded together, then folded
-            out += ["  " + ln for ln in _combine_partials(loop, st, BN, BM, threads, P, Q)]
+            out += ["  " + ln for ln in _combine_partials(loop, st, BN, RM, threads, P, Q)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out

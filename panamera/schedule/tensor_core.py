@@ -399,7 +399,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
     # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
     # workspace, one per batch of blocks' partials (`partial_batch`)
-    per_thread = math.ceil(BM * BN / d.threads)
+    per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
     trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
