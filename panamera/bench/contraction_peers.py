@@ -25,6 +25,7 @@ Sources (bench/README.md, "Contraction peers"):
   kBlockM 64, `num_splits_heuristic(batch * heads * m_blocks, 2 x SMs, n_blocks, 128)`),
   `flash_fwd_launch_template.h` (`run_flash_splitkv_fwd`: grid (m_blocks, splits, batch x heads) of
   4 warps, then `flash_fwd_splitkv_combine_kernel` with kBlockM 4 for head dim 128).
+- Marlin (int4 weights): IST-DASLab/marlin `marlin/marlin_cuda_kernel.cu`, panamera/bench/marlin_peer.py.
 - PyTorch eager: `aten/src/ATen/native/transformers/attention.cpp`
   `_scaled_dot_product_attention_math` (q and k each scaled by sqrt(scale), matmul, softmax,
   matmul; `pre_process_group_query_attention_input` repeat_interleaves K and V for grouped heads);
@@ -113,10 +114,10 @@ def describe_contraction(outs) -> Linear | DecodeAttention | None:
     N = w.shape[0]
     M = node.size // N
     kind = "int4" if w.dtype.name == "uint8" else w.dtype.name
-    act = next((t.dtype.name for t in inputs.values() if t is not w and t.size == M * K), "float16")
-    scales = [
-        t for t in inputs.values() if t is not w and t.dtype.is_16bit_float and t.size % N == 0 and t.size != M * K
-    ]
+    # the activations are M x K (an int4 weight's group scales may have as many values: N x K / 128)
+    x = next((t for t in inputs.values() if t is not w and t.size == M * K and t.shape[-1] == K), None)
+    act = x.dtype.name if x is not None else "float16"
+    scales = [t for t in inputs.values() if t is not w and t is not x and t.dtype.is_16bit_float and t.size % N == 0]
     group = K // (scales[0].size // N) if scales and kind in ("int8", "int4") else 0
     return Linear(M, N, K, kind, act, group)
 
@@ -351,11 +352,19 @@ def _sdpa_math(a: DecodeAttention, gpu: GPUSpec) -> ContractionPlan:
     return _contraction_plan("pytorch-eager", launches, f"SDPA math: scale, repeat_interleave K/V, bmm, {how}, bmm")
 
 
+def marlin(c, gpu: GPUSpec) -> ContractionPlan | None:
+    """Marlin on int4 weights (panamera/bench/marlin_peer.py: its rules, imported here late)."""
+    from .marlin_peer import marlin as plan
+
+    return plan(c, gpu)
+
+
 CONTRACTION_PEERS: dict[str, Callable] = {
     "cublas": cublas,
     "triton-splitk": triton_splitk,
     "flash-decoding": flash_decoding,
     "pytorch-eager": pytorch_eager,
+    "marlin": marlin,
 }
 
 
