@@ -179,7 +179,8 @@ def map_cpu_group(
     block = block_of(members, lanes)
     options = candidates(members, kind, cls, m)
     if split is not None:
-        best = max(1, split) if len(options) > 1 or split == 1 else 1
+        can = lead.kind != StatementKind.MAP and kind != "stitched"
+        best = max(1, min(split, MAX_SPLIT)) if can else 1
     else:
         samples = cls.samples()
         times = {s: [time_at(members, kind, z, s, block, lanes, m).total_us for z in samples] for s in options}
