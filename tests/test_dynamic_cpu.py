@@ -163,3 +163,49 @@ def test_auto_without_a_gpu_is_the_cpu_target():
     k = pn.compile(pn.sum(pn.placeholder(("B", 8), name="x"), axis=1))
     assert isinstance(k, DynamicCpuCompiled) and k.target == "cpu"
     assert k(np.ones((3, 8), np.float32)).tolist() == [8.0] * 3
+
+
+@pytest.mark.auto_default
+def test_torch_compile_dynamic_on_cpu_tensors_compiles_one_cpu_program():
+    torch = pytest.importorskip("torch")
+    from test_torch_dynamic import Block, check_close
+
+    import panamera.torch_backend as tb
+
+    torch._dynamo.reset()
+    tb.reset_stats()
+    try:
+        torch.manual_seed(0)
+        m = Block().eval()
+        f = torch.compile(m, backend="panamera")  # CPU tensors: the host target, cpu without a GPU
+        with torch.no_grad():
+            for batch in (8, 16, 24, 40):
+                x = torch.randn(batch, 5, 16)
+                check_close(m, x, f(x), 32)
+        s = tb.stats()
+        # batch 8: dynamo's static graph; then its dynamic graph: one symbolic CPU program for 16, 24 and 40
+        assert (s.graphs, s.symbolic_programs, s.specializations) == (2, 1, []), s.describe()
+        (sub,) = s.reports[1].subgraphs
+        assert sub.mode == "symbolic" and isinstance(sub.program, DynamicCpuCompiled), s.describe()
+        assert sub.program.stats()["calls"] == 3 and 1 <= s.size_classes <= 2
+    finally:
+        torch._dynamo.reset()
+
+
+def test_an_onnx_model_with_dim_params_runs_at_two_sizes_on_the_cpu():
+    ort = pytest.importorskip("onnxruntime")
+    from test_onnx_dynamic import feeds, model
+
+    from panamera.subgraph.dynamic_model import optimize_dynamic
+
+    data, rng = model(False), np.random.default_rng(1)
+    dm = optimize_dynamic(data, target="cpu", hints={"seq": 4})
+    session = ort.InferenceSession(data)
+    for batch, seq in ((2, 3), (5, 7)):
+        f = feeds(rng, batch, seq, False)
+        got, ref = dm.run(f)["y"], session.run(None, f)[0]
+        tol = tolerance("float32", 16) * 4  # as tests/test_onnx_dynamic.py says why
+        np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    s = dm.stats()
+    assert (s["symbolic_subgraphs"], s["per_shape_compiles"], s["sizes"]) == (1, 0, 2), dm.describe()
+    assert all(isinstance(u.compiled, DynamicCpuCompiled) for u in dm.units if u.compiled), dm.describe()
