@@ -43,6 +43,15 @@ from .schedule.cpu_mapper import CpuMachine
 from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group
 from .schedule.size_class import SizeClass
 
+MAX_CALLS = 256  # the sizes whose calls are kept prepared (DynamicCpuCompiled._prepare)
+
+
+@dataclass(frozen=True)
+class _Call:
+    allocs: tuple  # (buffer key, elements, numpy dtype) of every statement's result
+    steps: tuple  # (entry point, buffer keys, extents array, reductions to refuse) of every kernel run
+    results: tuple  # (buffer key, shape, copied) of every output
+
 
 @dataclass
 class _CpuClass:
@@ -64,6 +73,7 @@ class DynamicCpuCompiled(DynamicCompiled):
         self.model = cpu_model(self.machine)
         self.split = split  # an override of the model's chunks per reduction (tests, experiments)
         self._libs: dict[str, ctypes.CDLL] = {}
+        self._calls: dict[tuple[int, ...], _Call] = {}
         self.counters["sources_built"] = 0
         self.origin = "chosen by the CPU model"
 
@@ -119,34 +129,47 @@ class DynamicCpuCompiled(DynamicCompiled):
     def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise OptionError(f"target='cpu': threads must be a positive int, got {threads!r}")
-        ck = self._class(self.size_class(sizes))
+        key = tuple(sizes[n] for n in self.program.parameters)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._prepare(sizes)
         hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
-        return self._run_cpu(ck, hosted, sizes, threads or self.machine.cores)
+        return self._run_cpu(call, hosted, threads or self.machine.cores)
 
-    def _run_cpu(self, ck: _CpuClass, inputs: list[np.ndarray], sizes: dict[str, int], threads: int) -> list:
-        """One call: every kernel of the class in order, its extents [M, N, symbols] from the sizes."""
-        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+    def _prepare(self, sizes: dict[str, int]) -> _Call:
+        """What every call at these sizes does (kept for the next call at them, up to MAX_CALLS
+        sizes): the class's entry points with their extents, the buffers to allocate, the results."""
+        ck = self._class(self.size_class(sizes))
         symbols = [sizes[n] for n in self.program.parameters]
+        allocs, steps = [], []
         for group, k, fn in zip(members(self.program), ck.kernels, ck.entries):
-            for m in group:
-                bufs[f"t:{m.result.uid}"] = np.empty(
-                    math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np
-                )
+            allocs += [(f"t:{m.result.uid}", math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np)
+                       for m in group]  # fmt: skip
             s = group[0]
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
             if M == 0:
                 continue
-            if s.kind == StatementKind.REDUCE and N == 0:  # the kernel stores the identity's finish
-                for m in group:
-                    if m.kind == StatementKind.REDUCE:
-                        _refuse_empty(m)
-            ptrs = (ctypes.c_void_p * len(k.buffers))(*[bufs[key].ctypes.data for key in k.buffers])
+            empty = tuple(m for m in group if m.kind == StatementKind.REDUCE and N == 0 and not m.combiner.has_identity)
             xs = (ctypes.c_longlong * len(scalars(self.program)))(M, N, *symbols)
-            fn(ptrs, xs, int(threads))
+            steps.append((fn, k.buffers, xs, empty))
         results, used = [], set()
         for o in self.program.outputs:
             key = f"t:{storage(o).uid}"
             fresh = storage(o).op != "placeholder" and key not in used  # two outputs never share memory
-            results.append((bufs[key] if fresh else bufs[key].copy()).reshape(symbolic.evaluate(o.shape, sizes)))
+            results.append((key, symbolic.evaluate(o.shape, sizes), not fresh))
             used.add(key)
-        return results
+        if len(self._calls) >= MAX_CALLS:
+            self._calls.clear()
+        call = self._calls[tuple(symbols)] = _Call(tuple(allocs), tuple(steps), tuple(results))
+        return call
+
+    def _run_cpu(self, call: _Call, inputs: list[np.ndarray], threads: int) -> list:
+        """One call: the outputs allocated, every kernel of the class in order."""
+        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        for key, n, dtype in call.allocs:
+            bufs[key] = np.empty(n, dtype)
+        for fn, keys, xs, empty in call.steps:
+            for m in empty:  # a reduction over nothing without an identity (max, min): numpy's error
+                _refuse_empty(m)
+            fn((ctypes.c_void_p * len(keys))(*[bufs[key].ctypes.data for key in keys]), xs, threads)
+        return [(bufs[key].copy() if copy else bufs[key]).reshape(shape) for key, shape, copy in call.results]
