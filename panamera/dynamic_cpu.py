@@ -32,9 +32,9 @@ from .codegen.cpu_param_kernel import CpuParamKernel, render_cpu_group, scalars
 from .codegen.header import prelude
 from .cpu_target import ATOMIC_COMBINE, cpu_model
 from .dynamic import DynamicCompiled, _at, _count, _refuse_empty, members
-from .errors import OptionError
+from .errors import OptionError, PanameraError
 from .frontend import symbolic
-from .poly.params import storage
+from .poly.params import build, storage
 from .poly.statement import StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cpu as cpu_backend
@@ -43,6 +43,7 @@ from .schedule.cpu_mapper import CpuMachine
 from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group
 from .schedule.size_class import SizeClass
 
+FORMULATION_HINT = 1024  # the size of every symbol a formulation is chosen at
 MAX_CALLS = 256  # the sizes whose calls are kept prepared (DynamicCpuCompiled._prepare)
 
 
@@ -76,6 +77,22 @@ class DynamicCpuCompiled(DynamicCompiled):
         self._calls: dict[tuple[int, ...], _Call] = {}
         self.counters["sources_built"] = 0
         self.origin = "chosen by the CPU model"
+        if self.program.formulations:  # ranked by the CPU model instead of by their reductions
+            self.program = build(self.outputs, cost=self.formulation_cost)
+
+    def formulation_cost(self, outputs) -> float:
+        """The CPU model's time of a formulation's kernels (the best split of each) at a size hint
+        of FORMULATION_HINT per symbol: the formulation is one for the program, not per class (an
+        online softmax's struct accumulator costs more here than a second pass over a row in cache)."""
+        try:
+            p = build(outputs)
+        except PanameraError:
+            return math.inf
+        hint = SizeClass.of({n: FORMULATION_HINT for n in p.parameters}, frozenset(), 1)
+        return sum(
+            map_cpu_group(g, kind, hint, self.model, self.deterministic).modeled_us
+            for g, kind in zip(members(p), p.kinds)
+        )
 
     @property
     def schedule(self):
