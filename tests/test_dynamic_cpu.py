@@ -209,3 +209,11 @@ def test_an_onnx_model_with_dim_params_runs_at_two_sizes_on_the_cpu():
     s = dm.stats()
     assert (s["symbolic_subgraphs"], s["per_shape_compiles"], s["sizes"]) == (1, 0, 2), dm.describe()
     assert all(isinstance(u.compiled, DynamicCpuCompiled) for u in dm.units if u.compiled), dm.describe()
+
+
+def test_formulations_are_ranked_by_the_cpu_model():
+    x = pn.placeholder(("B", 1024), name="x")
+    k = pn.compile(pn.nn.softmax(x), target="cpu", cache=False)
+    assert k.program.formulations == ("softmax=multipass",) and "softmax=multipass" in k.explain()
+    # the GPU path keeps the fewest reductions (one pass: the online form)
+    assert pn.compile(pn.nn.softmax(x), target="emulator", cache=False).program.formulations == ("softmax=online",)
