@@ -217,3 +217,22 @@ def test_formulations_are_ranked_by_the_cpu_model():
     assert k.program.formulations == ("softmax=multipass",) and "softmax=multipass" in k.explain()
     # the GPU path keeps the fewest reductions (one pass: the online form)
     assert pn.compile(pn.nn.softmax(x), target="emulator", cache=False).program.formulations == ("softmax=online",)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64", "int8", "bool"])
+def test_every_dtype_on_the_cpu(dtype, rng):
+    from conftest import random_array
+
+    x = pn.placeholder(("B", "N"), dtype, name="x")
+    logical = dtype == "bool"
+    outs = [pn.all(x, axis=1), pn.any(x, axis=0)] if logical else [pn.sum(x, axis=1), pn.max(x, axis=0)]
+    k = pn.compile(outs, target="cpu", cache=False)
+    a = random_array((3, 37), dtype, rng)
+    wide = a if logical or dtype == "int8" else a.astype(np.float64)
+    refs = [wide.all(1), wide.any(0)] if logical else [wide.sum(1), wide.max(0)]
+    for got, want, n in zip(k(a), refs, (37, 3)):
+        tol = tolerance(dtype, n) * max(1.0, float(np.max(np.abs(want))))  # the result rounded to the dtype
+        if tol:
+            np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+        else:
+            np.testing.assert_array_equal(got, want)
