@@ -35,11 +35,13 @@ from .errors import (
     BackendError,
     DTypeError,
     EmptyReductionError,
+    EmulatorWarning,
     InputError,
     OptionError,
     ScheduleError,
     StaleScheduleWarning,
     SymbolBindingError,
+    TargetRefused,
 )
 from .frontend import symbolic
 from .frontend.symbolic import Dim
@@ -490,6 +492,11 @@ def _program(outputs, single: bool, target: str, deterministic: bool, gpu, sched
 
         if schedule is not None:
             raise OptionError("target='cpu': schedule= replays GPU class plans; a symbolic CPU program has none")
+        if recognize_symbolic(tuple(outputs)) is not None:
+            raise TargetRefused(
+                "target='cpu': a symbolic fused attention has no CPU kernels (its chain's contractions are not "
+                "symbolic either); compile it at concrete sizes (DynamicCompiled.specialize) or on the emulator"
+            )
         return DynamicCpuCompiled(outputs, single, deterministic, gpu)
     fused = recognize_symbolic(tuple(outputs))
     if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
@@ -533,16 +540,32 @@ def compile_symbolic(
     if schedule is not None and not isinstance(schedule, SymbolicSchedule):
         raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
     gpu_name = resolve_gpu(gpu)[0].name
-    target = resolve_target(target)
-    use_database = use_database and target != "cpu"  # the database holds GPU class plans
-    key = (compile_cache.graph_key(outputs), target, bool(deterministic), gpu_name, single, bool(use_database))
+    auto, target = str(target) == "auto", resolve_target(target)
+    database_ok = use_database and target != "cpu"  # the database holds GPU class plans
+    key = (compile_cache.graph_key(outputs), target, bool(deterministic), gpu_name, single, bool(database_ok))
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
+    k = _from_database(outputs, single, target, deterministic, gpu) if database_ok and not (
         schedule is not None or deterministic
     ) else None  # fmt: skip
     if k is None:
-        k = _program(outputs, single, str(target), deterministic, gpu, schedule)
+        try:
+            k = _program(outputs, single, target, deterministic, gpu, schedule)
+        except TargetRefused as e:  # auto chose cpu, which refuses: the emulator, as for static programs
+            if not auto:
+                raise
+            text = ("{auto} chose the CPU target, which refuses this symbolic program ({why}); it runs on the CPU "
+                    "emulator instead, a correctness tool, not a fast CPU path; {emulator} says so explicitly")  # fmt: skip
+            warnings.warn(
+                EmulatorWarning(
+                    text.format(auto='target="auto"', why=e, emulator='target="emulator"'),
+                    shell=text.format(auto="--target auto", why=e, emulator="--target emulator"),
+                ),
+                stacklevel=3,
+            )
+            return compile_symbolic(
+                outputs, single, "emulator", deterministic, gpu, split, schedule, cache, use_database
+            )
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))

@@ -236,3 +236,20 @@ def test_every_dtype_on_the_cpu(dtype, rng):
             np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
         else:
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.auto_default
+def test_a_symbolic_fused_attention_is_refused_by_the_cpu_and_auto_runs_it_on_the_emulator():
+    from panamera.dynamic_attention import DynamicAttention
+    from panamera.errors import TargetRefused
+    from panamera.runtime import cuda
+
+    if cuda.available():
+        pytest.skip("a GPU: auto is cuda")
+    q = pn.placeholder(("B", 2, 1, 8), name="q")
+    kv = [pn.placeholder(("B", 2, "T", 8), name=n) for n in ("k", "v")]
+    with pytest.raises(TargetRefused, match="fused attention has no CPU kernels"):
+        pn.compile(pn.nn.attention(q, *kv), target="cpu", cache=False)
+    with pytest.warns(pn.EmulatorWarning, match="refuses this symbolic program"):
+        k = pn.compile(pn.nn.attention(q, *kv), cache=False)
+    assert isinstance(k, DynamicAttention) and k.target == "emulator"

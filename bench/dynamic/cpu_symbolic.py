@@ -66,7 +66,7 @@ def _kernels_static(s, a: np.ndarray):
     for fn, (_, keys, host) in zip(fns, ex.kernels):
         if host is None:
             calls.append((fn, (ctypes.c_void_p * max(1, len(keys)))(*[bufs[key].ctypes.data for key in keys]), None))
-    return calls
+    return calls, bufs
 
 
 def _time(f, reps: int) -> float:
@@ -78,8 +78,8 @@ def _time(f, reps: int) -> float:
 
 def measure(dyn, st, a: np.ndarray, sizes: dict, threads: int, rounds: int) -> dict[str, list[float]]:
     """`rounds` interleaved rounds of the five timings (us per call), each ~2 ms of repeats."""
-    scalls, _ = _kernels_symbolic(dyn, a, sizes)
-    tcalls = _kernels_static(st, a)
+    scalls, sbufs = _kernels_symbolic(dyn, a, sizes)  # the buffers stay alive while the kernels write them
+    tcalls, tbufs = _kernels_static(st, a)
 
     def ksym():
         for fn, p, x in scalls:
@@ -101,6 +101,7 @@ def measure(dyn, st, a: np.ndarray, sizes: dict, threads: int, rounds: int) -> d
     for _ in range(rounds):
         for k, f in timed.items():
             rows[k].append(_time(f, reps[k]))
+    del sbufs, tbufs
     return rows
 
 
