@@ -267,7 +267,8 @@ class DynamicCompiled:
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
         or by name; `out=` (an array, or a tuple for several outputs, of this call's result shapes
         and dtypes) receives the results, as numpy's; the emulator's `order=` and `seed=` set its
-        thread order (options only where no input has that name)."""
+        thread order, the CPU target's `threads=` its OpenMP threads (options only where no input
+        has that name)."""
         names = [t.name for t in self.inputs]
         out, order, seed, threads = (
             named.pop(k) if k in named and k not in names else d
