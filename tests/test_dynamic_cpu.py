@@ -137,6 +137,8 @@ def test_the_split_is_decided_per_class_by_the_cpu_model():
     assert split(1, 1 << 20) > 1  # one row: split across the cores
     assert split(1024, 1 << 12) == 1  # rows enough for every core
     assert split(1, 100) == 1  # too short to pay for a fork
+    col = build((pn.sum(pn.placeholder(("N", 768), name="y"), axis=0),))  # 768 outputs: one task's block
+    assert map_cpu_group(col.statements, "single", SizeClass.of({"N": 1024}, frozenset(), 1), m, False).split > 1
 
 
 def test_options_and_errors_name_the_cpu_target(rng):

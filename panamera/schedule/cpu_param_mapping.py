@@ -147,16 +147,21 @@ def time_at(
     return kernel_time(w, m, tasks, s, threads, lanes)
 
 
-def candidates(members: tuple[PStatement, ...], kind: str, cls: SizeClass, m: CpuModel) -> list[int]:
+def candidates(
+    members: tuple[PStatement, ...], kind: str, cls: SizeClass, m: CpuModel, lanes: int, block: int
+) -> list[int]:
     """The splits worth comparing: 1 (and only 1 for a MAP, a stitched group and a single core),
     else multiples of the cores up to MAX_SPLIT whose chunks keep MIN_TASK_ITERATIONS iterations
-    at the class's largest reduced extent."""
+    (a COLUMN chunk: that many elements over its block of outputs; whole vectors) at the class's
+    largest sizes, as `cpu_cost.best_split`."""
     lead = members[0]
     if lead.kind == StatementKind.MAP or kind == "stitched" or m.cores <= 1:
         return [1]
-    n_max = _at(lead.N, cls.upper())
+    up = cls.upper()
+    n_max, outputs = _at(lead.N, up), max(1, min(block, _at(lead.M, up)))
+    min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / outputs))
     out, s = [1], m.cores
-    while s <= MAX_SPLIT and n_max // s >= MIN_TASK_ITERATIONS:
+    while s <= MAX_SPLIT and n_max // s >= min_chunk:
         out.append(s)
         s *= 2
     return out
@@ -177,7 +182,7 @@ def map_cpu_group(
     group = SimpleNamespace(statements=members)
     lanes = _lanes(group, m.simd_bytes)
     block = block_of(members, lanes)
-    options = candidates(members, kind, cls, m)
+    options = candidates(members, kind, cls, m, lanes, block)
     if split is not None:
         can = lead.kind != StatementKind.MAP and kind != "stitched"
         best = max(1, min(split, MAX_SPLIT)) if can else 1
