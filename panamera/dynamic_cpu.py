@@ -79,6 +79,7 @@ class DynamicCpuCompiled(DynamicCompiled):
         self.origin = "chosen by the CPU model"
         if self.program.formulations:  # ranked by the CPU model instead of by their reductions
             self.program = build(self.outputs, cost=self.formulation_cost)
+        self._symbols = self.program.parameters  # (a property that sorts them: once, not per call)
 
     def formulation_cost(self, outputs) -> float:
         """The CPU model's time of a formulation's kernels (the best split of each) at a size hint
@@ -146,7 +147,7 @@ class DynamicCpuCompiled(DynamicCompiled):
     def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise OptionError(f"target='cpu': threads must be a positive int, got {threads!r}")
-        key = tuple(sizes[n] for n in self.program.parameters)
+        key = tuple(sizes[n] for n in self._symbols)
         call = self._calls.get(key)
         if call is None:
             call = self._prepare(sizes)
