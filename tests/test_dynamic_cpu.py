@@ -255,3 +255,19 @@ def test_a_symbolic_fused_attention_is_refused_by_the_cpu_and_auto_runs_it_on_th
     with pytest.warns(pn.EmulatorWarning, match="refuses this symbolic program"):
         k = pn.compile(pn.nn.attention(q, *kv), cache=False)
     assert isinstance(k, DynamicAttention) and k.target == "emulator"
+
+
+def test_a_split_stitched_or_map_kernel_is_a_schedule_error():
+    import dataclasses
+
+    from panamera.codegen.cpu_param_kernel import render_cpu_group
+    from panamera.errors import ScheduleError
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_param_mapping import CpuParamDecision
+
+    p = build((pn.nn.layer_norm(pn.placeholder(("B", 64), name="x")),))
+    d = CpuParamDecision("S0+S1+S2", p.statements[0].form, "stitched", 1, 1, 16)
+    members = tuple(p.statements[k] for k in p.groups[0])
+    assert "pn_c0" in render_cpu_group(members, d, p, "pn_c0").source
+    with pytest.raises(ScheduleError, match="cannot be split"):
+        render_cpu_group(members, dataclasses.replace(d, split=2), p, "pn_c0")

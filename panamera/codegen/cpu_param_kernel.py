@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..algebra import WELFORD
+from ..errors import ScheduleError
 from ..poly.params import ParamProgram, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.cpu_mapper import CpuMerge
@@ -363,5 +364,5 @@ def render_cpu_group(
 ) -> CpuParamKernel:
     """The C++ of one kernel of a parametric program under its class decision."""
     if d.split > 1 and (d.kind == "stitched" or members[0].kind == StatementKind.MAP):
-        raise ValueError(f"{d.statement}: a {d.kind} {members[0].form} kernel cannot be split (split={d.split})")
+        raise ScheduleError(f"{d.statement}: a {d.kind} {members[0].form} kernel cannot be split (split={d.split})")
     return _Kernel(tuple(members), d, program, name).render()
