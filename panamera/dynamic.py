@@ -36,11 +36,13 @@ from .errors import (
     BackendError,
     DTypeError,
     EmptyReductionError,
+    EmulatorWarning,
     InputError,
     OptionError,
     ScheduleError,
     StaleScheduleWarning,
     SymbolBindingError,
+    TargetRefused,
 )
 from .frontend import symbolic
 from .frontend.symbolic import Dim
@@ -151,14 +153,15 @@ class _ClassKernels:
 class DynamicCompiled:
     """A compiled symbolic program: `k(*arrays)` binds the symbols and runs the class's kernels."""
 
+    TARGETS = ("emulator", "cuda")  # the CPU target's programs are dynamic_cpu.DynamicCpuCompiled
+
     def __init__(self, outputs: tuple[Tensor, ...], single: bool, target: str, deterministic: bool, gpu,
                  schedule: SymbolicSchedule | None = None):  # fmt: skip
-        if target == "auto":
-            target = "cuda" if cuda_backend.available() else "emulator"
-        if target not in ("emulator", "cuda"):
+        target = resolve_target(target)
+        if target not in self.TARGETS:
             raise BackendError(
-                f"symbolic programs run on the emulator or cuda (target {target!r} asked); compile at concrete "
-                "sizes with DynamicCompiled.specialize or panamera.dynamic.specialize"
+                f"{type(self).__name__} runs on {' or '.join(self.TARGETS)} (target {target!r} asked); "
+                "compile with pn.compile, which picks the program of the target"
             )
         self.outputs, self.single, self.deterministic = tuple(outputs), single, bool(deterministic)
         self.target = target
@@ -280,11 +283,12 @@ class DynamicCompiled:
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
         or by name; `out=` (an array, or a tuple for several outputs, of this call's result shapes
         and dtypes) receives the results, as numpy's; the emulator's `order=` and `seed=` set its
-        thread order (options only where no input has that name)."""
+        thread order, the CPU target's `threads=` its OpenMP threads (options only where no input
+        has that name)."""
         names = [t.name for t in self.inputs]
-        out, order, seed = (
+        out, order, seed, threads = (
             named.pop(k) if k in named and k not in names else d
-            for k, d in (("out", None), ("order", "forward"), ("seed", 0))
+            for k, d in (("out", None), ("order", "forward"), ("seed", 0), ("threads", None))
         )
         if named:
             unknown = sorted(set(named) - set(names))
@@ -311,21 +315,27 @@ class DynamicCompiled:
         with self._lock:
             self.counters["calls"] += 1
             _count("calls")
-            ck = self._class(self.size_class(sizes))
-            signatures = {k.name: k.signature for k in ck.kernels}
-            if self.target == "cuda":
-                import cupy
-
-                with arrays_mod.cuda_context(caller, cupy):  # the caller's device and current stream
-                    backend = CudaBackend(ck.source, signatures)
-                    outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
-            else:
-                backend = EmulatorBackend(ck.source, signatures, order, int(seed))
-                outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
+            outs = self._execute(args, sizes, order, int(seed), threads)
         outs = arrays_mod.deliver(outs, caller)
         if out is not None:  # numpy's out=: the results written into the caller's arrays (sizes of this call)
             return compiler.write_out(out, list(outs), self.single)
         return outs[0] if self.single else tuple(outs)
+
+    def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
+        """The class's kernels on the target's backend (the emulator's thread `order` and `seed`;
+        `threads` is the CPU target's option)."""
+        if threads is not None:
+            raise OptionError(f"threads= sets the CPU target's OpenMP threads; this program runs on {self.target}")
+        ck = self._class(self.size_class(sizes))
+        signatures = {k.name: k.signature for k in ck.kernels}
+        if self.target == "cuda":
+            import cupy
+
+            with arrays_mod.cuda_context(arrays_mod.caller_of(args), cupy):  # the caller's device and stream
+                backend = CudaBackend(ck.source, signatures)
+                return self._run(ck, [backend.input(a) for a in args], sizes, backend)
+        backend = EmulatorBackend(ck.source, signatures, order, seed)
+        return self._run(ck, [backend.input(a) for a in args], sizes, backend)
 
     def __repr__(self) -> str:
         return (f"<DynamicCompiled over {', '.join(self.symbols)}: {len(self.program.statements)} kernel(s), "
@@ -481,9 +491,29 @@ def _refuse_empty(s: PStatement) -> None:
         )
 
 
+def resolve_target(target) -> str:
+    """`target="auto"`: cuda with a GPU, else the host target (compiler.host_target: cpu)."""
+    target = str(target)
+    if target == "auto":
+        return "cuda" if cuda_backend.available() else str(compiler.host_target())
+    return target
+
+
 def _program(outputs, single: bool, target: str, deterministic: bool, gpu, schedule) -> DynamicCompiled:
-    """Decode attention's fused plan over the symbols where it is legal (dynamic_attention.py) and
-    the schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    """On the CPU target, the parametric program's CPU kernels (dynamic_cpu.py); else decode
+    attention's fused plan over the symbols where it is legal (dynamic_attention.py) and the
+    schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    if resolve_target(target) == "cpu":
+        from .dynamic_cpu import DynamicCpuCompiled
+
+        if schedule is not None:
+            raise OptionError("target='cpu': schedule= replays GPU class plans; a symbolic CPU program has none")
+        if recognize_symbolic(tuple(outputs)) is not None:
+            raise TargetRefused(
+                "target='cpu': a symbolic fused attention has no CPU kernels (its chain's contractions are not "
+                "symbolic either); compile it at concrete sizes (DynamicCompiled.specialize) or on the emulator"
+            )
+        return DynamicCpuCompiled(outputs, single, deterministic, gpu)
     fused = recognize_symbolic(tuple(outputs))
     if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
         from .dynamic_attention import DynamicAttention
@@ -526,14 +556,32 @@ def compile_symbolic(
     if schedule is not None and not isinstance(schedule, SymbolicSchedule):
         raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
     gpu_name = resolve_gpu(gpu)[0].name
-    key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), gpu_name, single, bool(use_database))
+    auto, target = str(target) == "auto", resolve_target(target)
+    database_ok = use_database and target != "cpu"  # the database holds GPU class plans
+    key = (compile_cache.graph_key(outputs), target, bool(deterministic), gpu_name, single, bool(database_ok))
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
+    k = _from_database(outputs, single, target, deterministic, gpu) if database_ok and not (
         schedule is not None or deterministic
     ) else None  # fmt: skip
     if k is None:
-        k = _program(outputs, single, str(target), deterministic, gpu, schedule)
+        try:
+            k = _program(outputs, single, target, deterministic, gpu, schedule)
+        except TargetRefused as e:  # auto chose cpu, which refuses: the emulator, as for static programs
+            if not auto:
+                raise
+            text = ("{auto} chose the CPU target, which refuses this symbolic program ({why}); it runs on the CPU "
+                    "emulator instead, a correctness tool, not a fast CPU path; {emulator} says so explicitly")  # fmt: skip
+            warnings.warn(
+                EmulatorWarning(
+                    text.format(auto='target="auto"', why=e, emulator='target="emulator"'),
+                    shell=text.format(auto="--target auto", why=e, emulator="--target emulator"),
+                ),
+                stacklevel=3,
+            )
+            return compile_symbolic(
+                outputs, single, "emulator", deterministic, gpu, split, schedule, cache, use_database
+            )
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
