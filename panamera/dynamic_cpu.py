@@ -40,7 +40,7 @@ from .runtime import arrays as arrays_mod
 from .runtime import cpu as cpu_backend
 from .runtime.cpu import SIMD_MATH
 from .schedule.cpu_mapper import CpuMachine
-from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group
+from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group, time_at
 from .schedule.size_class import SizeClass
 
 FORMULATION_HINT = 1024  # the size of every symbol a formulation is chosen at
@@ -94,6 +94,19 @@ class DynamicCpuCompiled(DynamicCompiled):
             map_cpu_group(g, kind, hint, self.model, self.deterministic).modeled_us
             for g, kind in zip(members(p), p.kinds)
         )
+
+    def modeled_us(self, **sizes: int) -> float:
+        """The CPU model's time (µs) of one call's kernels at `sizes` with its class's decisions (the
+        figure a report gives at a size hint; DynamicCompiled's is the GPU model's).
+
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="cpu")
+        >>> k.modeled_us(B=4096) > k.modeled_us(B=1) > 0
+        True
+        """
+        plan = self.plan(self.size_class(sizes))
+        kernels = zip(members(self.program), self.program.kinds, plan.decisions)
+        return sum(time_at(g, kind, sizes, d.split, d.block, d.lanes, self.model).total_us for g, kind, d in kernels)
 
     @property
     def schedule(self):
