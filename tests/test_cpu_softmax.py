@@ -16,6 +16,7 @@ Tolerances are derived per element, in units of the compute dtype's unit roundof
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import tolerance
 
 import panamera as pn
 from panamera.compiler import lower
@@ -241,3 +242,30 @@ def test_fused_rows_evaluate_each_value_once(rng):
     _, _, ref_lsm, lsm_tol = _bounds(a * np.float32(3.0), "float32")
     _within(sm, ref_sm, sm_tol, "masked softmax of a producer")
     _within(lsm, ref_lsm, lsm_tol, "log_softmax of a producer")
+
+
+@pytest.mark.parametrize("scale", [1e-41, 3e36])
+def test_row_reciprocal_keeps_subnormal_and_huge_rows_finite(scale, rng):
+    """x / rowsum(x) prints x * (1/s) only where s and 1/s are both normal: a row of subnormals
+    (1/s = inf) or of huge values (1/s subnormal) divides as numpy does."""
+    x = pn.placeholder((4, 100), "float32", name="x")
+    k = pn.compile(x / pn.sum(x, axis=1, keepdims=True), target="cpu")
+    assert "pn_rcp" in k.source
+    a = (rng.random((4, 100)) * scale).astype(np.float32)
+    ref = a.astype(np.float64) / a.astype(np.float64).sum(1, keepdims=True)
+    got = k(a)
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, ref, rtol=tolerance("float32", 100), atol=0)
+
+
+def test_a_divisor_that_varies_along_the_row_is_not_hoisted(rng):
+    """An index read (iota) varies along j though nothing is loaded: the division stays in the row
+    loop (hoisting it printed code over an undeclared j)."""
+    from panamera.frontend.tensor import iota
+
+    x = pn.placeholder((4, 100), "float32", name="x")
+    y = (x - pn.max(x, axis=1, keepdims=True)) / (iota((4, 100), axis=1) + 1).astype("float32")
+    k = pn.compile(y, target="cpu")
+    a = rng.standard_normal((4, 100)).astype(np.float32)
+    ref = (a.astype(np.float64) - a.max(1, keepdims=True)) / np.arange(1, 101)
+    np.testing.assert_allclose(k(a), ref, rtol=0, atol=tolerance("float32", 1) * np.abs(ref).max() * 4)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..dtypes import bool_
 from ..poly.expr import Expr
-from ..schedule.cpu_reuse import nodes_with
+from ..schedule.cpu_reuse import nodes_with, varying
 from .expr import convert
 
 
@@ -50,27 +51,29 @@ class RowValues:
             s = g.statements[k]
             if k in self.epilogues or k in self.reductions:
                 continue
-            varying: set[int] = set()
-            for e in s.body.walk():
-                if (e.op == "load" and s.reads[e.read].memory and s.reads[e.read].tensor.uid not in g.on_chip) or any(
-                    id(a) in varying for a in e.args
-                ):
-                    varying.add(id(e))
+            along = varying(s, g.on_chip)
             table = {}
             for e in s.body.walk():
-                if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in varying and id(e.args[0]) in varying:
+                if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
                     name = f"pn_rcp{k}_{len(table)}"
                     lines, val = self.loop.body_lines(k, None, expr=e.args[1])
                     t = e.dtype.compute
+                    # x * (1/s) is x / s within one more rounding only where s and 1/s are both normal
+                    # (1/s of a subnormal s is inf); other rows divide (a row invariant: g++ unswitches)
                     out += (
                         ["{"]
                         + ["  " + ln for ln in lines]
-                        + [f"  {name}_v = ({t})1 / {convert(val, e.args[1].dtype, e.dtype)};", "}"]
+                        + [
+                            f"  const {t} pn_d = {convert(val, e.args[1].dtype, e.dtype)};",
+                            f"  {name}_v = ({t})1 / pn_d;",
+                            f"  {name}_ok = std::isnormal(pn_d) && std::isnormal({name}_v);",
+                            "}",
+                        ]
                     )
-                    out.insert(0, f"{t} {name}_v;")
-                    r = Expr("load", (), e.dtype)
-                    self.held.setdefault(k, {})[id(r)] = f"{name}_v"
-                    table[id(e)] = Expr("mul", (e.args[0], r), e.dtype)
+                    out[:0] = [f"{t} {name}_v;", f"bool {name}_ok;"]
+                    r, ok = Expr("load", (), e.dtype), Expr("load", (), bool_)
+                    self.held.setdefault(k, {}).update({id(r): f"{name}_v", id(ok): f"{name}_ok"})
+                    table[id(e)] = Expr("where", (ok, Expr("mul", (e.args[0], r), e.dtype), e), e.dtype)
             if table:
                 self.bodies[k] = _substitute(s.body, table)
         return out

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import islpy as isl
+
 from ..model.cpu import DIVISION, FREE, TRANSCENDENTAL, CpuModel
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
@@ -84,15 +86,27 @@ def nodes_with(s: Statement, key: tuple) -> list[Expr]:
     return [e for e in s.body.walk() if k[id(e)] == key]
 
 
-def _varying(s: Statement, on_chip: frozenset[int]) -> set[int]:
-    """The nodes of s's body that depend on a value loaded from memory per element."""
+def varying(s: Statement, on_chip: frozenset[int]) -> set[int]:
+    """The nodes of s's body whose value changes along the row (j): a value loaded from memory per
+    element, a read whose address depends on j (an iota's index, an on-chip value per element) or
+    goes through an index (a gather), and every node over one of them. The rest is a row invariant,
+    hoisted out of the row loop (codegen/cpu_rows.py) or costed once per row."""
     out: set[int] = set()
     for e in s.body.walk():
-        if e.op == "load" and s.reads[e.read].memory and s.reads[e.read].tensor.uid not in on_chip:
+        if e.op == "load" and _varies(s.reads[e.read], on_chip):
             out.add(id(e))
         elif any(id(a) in out for a in e.args):
             out.add(id(e))
     return out
+
+
+def _varies(r, on_chip: frozenset[int]) -> bool:
+    if r.indirect is not None or (r.memory and r.tensor.uid not in on_chip):
+        return True
+    pos = r.addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
+    return pos >= 0 and any(
+        not aff.get_coefficient_val(isl.dim_type.in_, pos).is_zero() for _, aff in r.addr.get_pieces()
+    )
 
 
 def op_counts(e: Expr, varying: set[int] | None = None) -> tuple[float, float, float]:
@@ -146,7 +160,7 @@ def candidates(g: KernelGroup) -> list[tuple[int, tuple[int, ...], Expr]]:
     key_of = {k: keys(stmts[k]) for k in passes}
     out, taken = [], set()
     for p in sorted(passes, key=lambda k: passes[k]):
-        var = _varying(stmts[p], on_chip)
+        var = varying(stmts[p], on_chip)
         later = [c for c in passes if passes[c] > passes[p]]
         common = {}
         for e in stmts[p].body.walk():
@@ -222,7 +236,7 @@ def saved_work(g: KernelGroup, reuse: tuple[Reuse, ...]) -> tuple[float, float, 
         node = nodes_with(producer, x.key)[0]
         for c in x.consumers:
             s = g.statements[c]
-            var = _varying(s, g.on_chip)
+            var = varying(s, g.on_chip)
             for n in nodes_with(s, x.key)[:1]:
                 a, b, d = op_counts(n, var)
                 cheap, trans, div = cheap + a, trans + b, div + d
