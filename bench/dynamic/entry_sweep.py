@@ -10,6 +10,7 @@ Per entry point:
   much relative error, plus one float32 reduction's over S (eps = 2^-23);
 - compilations: size classes compiled against the distinct classes the run sizes fall in (at
   most one each);
+- host cost per call (measured, CPU): binding the symbols and picking the class, median over sizes;
 - modeled: at every size, the symbolic program's figure (`DynamicCompiled.modeled_us`, the
   class plan costed at that size) against the static plan a compile at that size chooses
   (compiler.lower, nothing built), modeled on the H100 spec. torch: dynamo specializes extents
@@ -137,6 +138,17 @@ def onnx_entry():
     return (lambda a: dm.run({"x": a})["y"]), programs, dm.stats
 
 
+def host_us(k, bound: dict[str, int], number: int = 200) -> float:
+    """Measured µs per call of the host's part of a symbolic call before the launch: binding the
+    symbols from the arguments' shapes and picking the size class (arrays of zero stride: no data)."""
+    arrays = [np.broadcast_to(np.zeros((), t.dtype.np), [bound.get(str(e), e) if not isinstance(e, int) else e
+                                                        for e in t.shape]) for t in k.inputs]  # fmt: skip
+    t0 = time.perf_counter()
+    for _ in range(number):
+        k.size_class(k.bind_sizes(arrays))
+    return (time.perf_counter() - t0) / number * 1e6
+
+
 def sweep(name: str, entry) -> dict:
     t0 = time.perf_counter()
     run, programs, extra = entry()
@@ -159,7 +171,13 @@ def sweep(name: str, entry) -> dict:
             dyn = k.modeled_us(**bound)
             static = lower(list(specialize(k.outputs, bound)), target="emulator", gpu="h100").plan.modeled_us
             modeled.append(
-                {**at, "class_us": round(dyn, 3), "static_us": round(static, 3), "ratio": round(dyn / static, 4)}
+                {
+                    **at,
+                    "class_us": round(dyn, 3),
+                    "static_us": round(static, 3),
+                    "ratio": round(dyn / static, 4),
+                    "host_us": round(host_us(k, bound), 2),
+                }  # fmt: skip
             )
     compiled = sum(k.stats()["classes_compiled"] for k, _ in progs)
     out = {
@@ -168,11 +186,12 @@ def sweep(name: str, entry) -> dict:
         "classes_met_by_runs": len(classes_met), "one_compile_per_class": compiled <= len(classes_met),
         "modeled_sizes": len(modeled), "worst_ratio": max(m["ratio"] for m in modeled),
         "best_ratio": min(m["ratio"] for m in modeled), "wall_s": round(time.perf_counter() - t0, 1),
+        "host_us_median": sorted(m["host_us"] for m in modeled)[len(modeled) // 2],
         **(extra() or {}), "runs": runs, "modeled": modeled,
     }  # fmt: skip
     print(f"{name:8s} programs {out['programs']}  {out['run_sizes']} sizes run, all right: {out['all_right']}"
           f"  classes compiled {compiled} (met {len(classes_met)})  class/static over {len(modeled)} sizes: "
-          f"{out['best_ratio']:.3f}–{out['worst_ratio']:.3f}  ({out['wall_s']} s)")  # fmt: skip
+          f"{out['best_ratio']:.3f}–{out['worst_ratio']:.3f}  bind+class {out['host_us_median']:.1f} us  ({out['wall_s']} s)")  # fmt: skip
     return out
 
 
