@@ -23,6 +23,7 @@ import argparse
 import copy
 import json
 import platform
+import re
 import sys
 import time
 import warnings
@@ -114,6 +115,11 @@ def run(kind: str, tokens: int, prompt: int, layers: int, hidden: int, heads: in
     }  # fmt: skip
 
 
+def compact(text: str) -> str:
+    """JSON text with each innermost object (a row) on one line."""
+    return re.sub(r"\{[^{}\[\]\"]*(?:\"[^\"]*\"[^{}\[\]\"]*)*\}", lambda m: " ".join(m.group(0).split()), text)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=("gpt2", "llama"), default="gpt2")
@@ -133,7 +139,7 @@ def main() -> int:
         if key not in ("describe", "steps"):
             print(f"{key}: {value}")
     path = Path(args.out or Path(__file__).with_name(f"decode_{args.model}.json"))
-    path.write_text(json.dumps(out, indent=1))
+    path.write_text(compact(json.dumps(out, indent=1)) + "\n")
     return 0 if out["all_tokens_right"] and out["per_shape"] == [] else 1
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 import time
 import warnings
@@ -195,6 +196,11 @@ def sweep(name: str, entry) -> dict:
     return out
 
 
+def compact(text: str) -> str:
+    """JSON text with each innermost object (a row) on one line."""
+    return re.sub(r"\{[^{}\[\]\"]*(?:\"[^\"]*\"[^{}\[\]\"]*)*\}", lambda m: " ".join(m.group(0).split()), text)
+
+
 def main() -> int:
     warnings.simplefilter("ignore", pn.EmulatorWarning)
     entries = {"pn": panamera_entry, "torch": torch_entry, "onnx": onnx_entry}
@@ -202,7 +208,9 @@ def main() -> int:
     results = [sweep(n, entries[n]) for n in chosen]
     meta = {"machine": f"{platform.machine()} CPU (emulator), shared and loaded",
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "modeled_on": "H100 spec"}  # fmt: skip
-    Path(__file__).with_name("entry_sweep.json").write_text(json.dumps({**meta, "entries": results}, indent=1) + "\n")
+    Path(__file__).with_name("entry_sweep.json").write_text(
+        compact(json.dumps({**meta, "entries": results}, indent=1)) + "\n"
+    )
     ok = all(r["all_right"] and r["one_compile_per_class"] and r["worst_ratio"] <= 1.05 for r in results)
     return 0 if ok else 1
 
