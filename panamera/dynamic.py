@@ -48,6 +48,7 @@ from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
+from .model.gpu import sequence_s
 from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
@@ -207,6 +208,8 @@ class DynamicCompiled:
     def modeled_us(self, **sizes: int) -> float:
         """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
         (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
+        Its kernels run back to back, as a static plan's: every one after the first pays only the
+        queued-launch gap (model/gpu.sequence_s).
 
         >>> import panamera as pn
         >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="emulator")
@@ -215,7 +218,7 @@ class DynamicCompiled:
         """
         plan = self.plan(self.size_class(sizes))
         kernels = zip(members(self.program), plan.decisions, self.program.kinds)
-        return sum(group_cost(g, d, sizes, self.gpu, kind).total_s for g, d, kind in kernels) * 1e6
+        return sequence_s((group_cost(g, d, sizes, self.gpu, kind) for g, d, kind in kernels), self.gpu) * 1e6
 
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""

@@ -22,6 +22,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 import panamera as pn
 
 from ..errors import PanameraError
+from ..frontend.symbolic import Dim
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
 from .foreach_map import lower_foreach_maps
@@ -31,6 +32,7 @@ from .symbolic import (
     DynamicSubgraph,
     PerShapeSubgraph,
     extent,
+    number,
     retraced,
     shape_of,
     signature,
@@ -195,6 +197,16 @@ def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]
     return partitioner, parts
 
 
+def is_value(node: torch.fx.Node) -> bool:
+    """Whether an integer argument of a partition is read as a number (an operand of element-wise
+    arithmetic: a position `arange(n) + past_length`), not as an extent (a view's size). A dynamic
+    graph's such SymInt becomes a 0-d int64 input (`symbolic.number` passes its value at each call)
+    instead of a constant that would need a compilation per value."""
+    return bool(node.users) and all(
+        kind_of(u) is OpKind.ELEMENTWISE and any(a is node for a in (*u.args, *u.kwargs.values())) for u in node.users
+    )
+
+
 def translate(sub: torch.fx.GraphModule, vals: list, split_products: bool = False) -> tuple[list, bool, list]:
     """Panamera tensors of a fused partition: (outputs, whether it returns one value, the
     submodule's arguments as Panamera values: placeholders, or extents for integer arguments).
@@ -207,6 +219,10 @@ def translate(sub: torch.fx.GraphModule, vals: list, split_products: bool = Fals
     for node in sub.graph.nodes:
         if node.op == "placeholder":
             v = vals[len(holders)]
+            if isinstance(v, torch.SymInt) and is_value(node):  # a size read as a number: a 0-d input
+                env[node] = holder = pn.placeholder((), DTYPES[torch.int64], name=node.name)
+                holders.append(holder)
+                continue
             if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):  # an extent (a view's size)
                 env[node] = extent(v)
             elif not isinstance(v, torch.Tensor) or v.dtype not in DTYPES:
@@ -295,7 +311,7 @@ class PanameraSubgraph(torch.nn.Module):
         self.compiled, self.used = compiled, used
 
     def forward(self, *args):
-        return self.compiled(*(args[k] for k in self.used))
+        return self.compiled(*(number(args, k) for k in self.used))
 
 
 def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
@@ -359,14 +375,13 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
 
 def hints(vals) -> dict[str, int]:
     """The symbols of a dynamic partition's arguments at their size hints (`hint`), by name: each
-    from an extent that is the symbol times a constant (s0, 5*s0)."""
+    from an extent that is the symbol times a constant (s0, 5*s0; a sum's own symbol, `extent`)."""
     out: dict[str, int] = {}
     for v in vals:
         for s in (v,) if isinstance(v, torch.SymInt) else v.shape if isinstance(v, torch.Tensor) else ():
-            if isinstance(s, torch.SymInt):
-                coef, rest = s.node.expr.as_coeff_Mul()
-                if rest.is_Symbol and coef.is_Integer and coef > 0:
-                    out[str(rest)] = hint(s) // int(coef)
+            e = extent(s) if isinstance(s, torch.SymInt) and why_not_symbolic(s) is None else None
+            if isinstance(e, Dim) and len(e.syms) == 1:
+                out[e.syms[0]] = hint(s) // e.coef
     return out
 
 
