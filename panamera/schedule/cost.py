@@ -15,7 +15,7 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import combine_strands, exchanges, kernel_buffers, passes, row_reductions
+from .derived import combine_strands, exchanges, kernel_buffers, passes
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -261,9 +261,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=flight,
-        # a block reduction's barrier per pass that reduces rows (an element-wise last pass, dx,
-        # ends without one, as every peer's row kernel pays one epilogue), each tile row's
-        epilogue_cycles=400 * (1 if S > 1 else row_reductions(group, d.levels)) * d.rtile * d.ctile,
+        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
         grid_syncs=0 if d.cluster > 1 else n_ex,
         sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         **arithmetic(group, d).features(),
@@ -276,10 +274,10 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     row's, their operations `arithmetic`'s), then per block the reduction of the column partials
     over its rows (a shared-memory tree per partial, log2(ty) steps) and the merge: one atomic
     per block per column into the resident workspace, whose values the last block stores and
-    resets; or (partials) every block's partials written (DRAM) and read back (L2, where they fit
-    half of it) by the last block, which sums each column in strands. The last block's pass over the columns is one SM's work at
+    resets; or (partials) every block's partials written and read back by the last block, which
+    sums each column in block order. The last block's pass over the columns is one SM's work at
     its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
-    grid-wide wait every block sums its share of the columns in strands: one sync."""
+    grid-wide wait every block sums its share of the columns in block order: one sync."""
     f = dict(stitched_cost(group, gpu, d).features)
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
@@ -289,22 +287,16 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
     tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
-    partials = any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners)
-    if partials:  # written to DRAM; read back in this kernel from L2 where they fit half of it (as
-        # stitched_cost's re-read), the round trips in the combine's cycles
-        ws = merges * acc
-        in_l2 = ws <= gpu.l2_size / 2
-        f["dram_bytes"] += ws if in_l2 else 2 * ws
-        f["write_bytes"] = f.get("write_bytes", 0) + ws
-        f["l2_bytes"] += ws if in_l2 else 0
     if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
+        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then per owner and round of columns each thread's strand of the partials
         # (4 loads in flight), and the strands' shared-memory tree (a step and its barrier each)
         f["sync_cycles"] = 2 * gpu.l2_latency_cycles + len(cols) * _strand_cycles(gpu, width, B, d.threads)
         last = 0
-    elif partials:
+    elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
+        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += B
         last = merges * acc + outputs
     else:

@@ -202,22 +202,6 @@ def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
     return len({v for s, v in zip(group.statements, lv) if s.kind == StatementKind.REDUCE})
 
 
-def row_reductions(group: KernelGroup, lv: tuple[int, ...]) -> int:
-    """Passes of a stitched group that end in a block reduction of its rows (at least one): the
-    levels of its row REDUCE statements (a column statement's partials merge once, after the
-    row loop). Softmax backward: 1 (sum(dy * y), then dx element-wise); softmax: 2.
-
-    >>> import panamera as pn
-    >>> x = pn.placeholder((8, 64))
-    >>> k = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
-    >>> passes(k.groups[0], k.mappings[0].levels), row_reductions(k.groups[0], k.mappings[0].levels)
-    (2, 1)
-    """
-    cols = set(group.columns)
-    rows = {v for k, (s, v) in enumerate(zip(group.statements, lv)) if s.kind == StatementKind.REDUCE and k not in cols}
-    return max(1, len(rows))
-
-
 def combine_strands(columns: int, blocks: int, threads: int) -> int:
     """Strands per column when a block sums the `blocks` partials of its share of `columns`
     (codegen/column_partials.py, the partials merges of a joined group): thread t takes column

@@ -10,9 +10,9 @@ steps fully unrolled so that every partial is a register (codegen/column_partial
 last row tile the block reduces its partials over its rows (ty) and merges one partial per
 column: an atomic into a resident workspace whose values the last block to arrive stores and
 resets (ATOMIC_WS), or (deterministic) its partials to ws[b * N + j], which the last block sums
-(PARTIALS), or, after a grid-wide wait, every block sums its share of the columns (PARTIALS_GRID:
-a cooperative launch, every block resident); both sum a column's partials in the same fixed order,
-strands of block order met in a tree (derived.py `combine_strands`), so the bits are the same. The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
+in block order (PARTIALS), or, after a grid-wide wait, every block sums its share of the columns
+in block order (PARTIALS_GRID: a cooperative launch, every block resident; the bits are the
+same). The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
 
 Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
   1. whole rows (split 1), no register tile, direct loads (stages 1);

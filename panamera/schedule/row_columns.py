@@ -61,8 +61,8 @@ class ColumnConsidered:
 
 _HOW = {
     MergeMode.ATOMIC_WS: "one atomic per block per column",
-    MergeMode.PARTIALS: "partials, the last block sums each column in a fixed order",
-    MergeMode.PARTIALS_GRID: "partials, after a grid-wide wait every block sums its columns in a fixed order",
+    MergeMode.PARTIALS: "partials, the last block sums each column in block order",
+    MergeMode.PARTIALS_GRID: "partials, after a grid-wide wait every block sums its columns in block order",
 }
 
 
