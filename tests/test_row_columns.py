@@ -20,7 +20,6 @@ from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
 from panamera.schedule.decision import MergeMode, Residence
-from panamera.schedule.derived import combine_strands
 from panamera.schedule.mapping import map_group
 from panamera.schedule.persistent import column_registers
 from panamera.schedule.row_columns import plan_columns
@@ -376,28 +375,3 @@ def test_rows_reread_from_l2_through_a_persistent_row_loop(rng):
     red = pn.compile(pn.sum(y1, axis=1), target="emulator")
     with pytest.raises(ScheduleError, match="no stitched rows"):
         pn.compile(pn.sum(y1, axis=1), target="emulator", schedule=_with(red, persistent=1, per_sm=1))
-
-
-def test_partials_combine_in_strands(rng):
-    """The partials merges sum each column's block partials in strands (schedule/derived.py
-    `combine_strands`): 13 blocks, 40 columns, 256 threads -> 8 strands of 2 or 1 partials per
-    column, met in a fixed tree; within float32 rounding of numpy float64, and bit-identical
-    across the two merges, calls and the emulator's thread orders."""
-    M, N = 1000, 40
-    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
-    outs = layer_norm_backward(M, N)
-    k = pn.compile(outs, target="emulator", gpu=FLOORED)
-    (m,) = k.mappings
-    assert m.threads == 256 and m.grid[0] > 13 and combine_strands(N, 13, 256) == 8, m.describe()
-    refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
-    runs = []
-    for mode in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
-        merges = tuple(MergeMode.STORE if x == MergeMode.STORE else mode for x in m.merges)
-        r = pn.compile(outs, target="emulator", schedule=_with(k, persistent=13, per_sm=1, merges=merges))
-        assert "pn_strand" in r.source
-        for o in ("forward", "reverse", "shuffled"):
-            got = r(a, d, g, mean, rstd, order=o)
-            for out, ref, scale, n in zip(got, refs, scales, [N, M, M]):
-                np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
-            runs.append(got)
-    assert all(np.array_equal(x, y) for got in runs for x, y in zip(runs[0], got))

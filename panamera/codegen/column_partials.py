@@ -17,19 +17,17 @@ run-time counter, and the partials in local memory):
       PARTIALS   ws5[blockIdx.x * N + j] = partial
     __threadfence; the block arrives on pn_counter[0]; the last block to arrive:
       ATOMIC_WS  out5[j] = ws5[j]; ws5[j] = identity  (ready for the next call)
-      PARTIALS   out5[j] = ws5[b * N + j] summed over the blocks b in P strands per column (strand p:
-                 b = p, p + P, ... in block order), the strands met in a fixed shared-memory tree
-                 (schedule/derived.py `combine_strands`): bit-identical whatever the blocks' order
+      PARTIALS   out5[j] = sum over b = 0, 1, ... gridDim.x - 1 of ws5[b * N + j]: one fixed order,
+                 bit-identical whatever the blocks' order
       and resets the counter.
     PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
-    (pn_grid_sync), then every block sums its share of the columns in the same strands; the
-    last block to depart resets the arrival and departure counters.
+    (pn_grid_sync), then every block sums its share of the columns in the same block order;
+    the last block to depart resets the arrival and departure counters.
 """
 
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..schedule.derived import combine_strands
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -113,20 +111,17 @@ def merge(loop: ThreadLoop) -> list[str]:
         "  __syncthreads();",
         "  if (pn_is_last) {  // the last block: every column's final value",
         "    __threadfence();",
+        f"    for (pn_idx j = (pn_idx)ty * {m.tx} + tx; j < {N}; j += {m.tx * m.ty}) {{",
     ]
-    if MergeMode.PARTIALS in m.merges:  # the partials in strands (`_strands`), as the grid-wide combine
-        out += ["  " + ln for ln in _strands(loop, "0", "1")]
-        return out + [
-            "    if (tx == 0 && ty == 0) pn_counter[0] = 0u;  // resident: ready for the next call",
-            "  }",
-        ]
-    out.append(f"    for (pn_idx j = (pn_idx)ty * {m.tx} + tx; j < {N}; j += {m.tx * m.ty}) {{")
     for k in _owners(loop):
         s = g.statements[k]
-        merged = f"pn_ldcg(&ws{k}[j])"
-        if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-            merged = f"pn_unordered({merged})"
-        out += [f"      const {s.acc.compute} pn_f{k} = {merged};", f"      ws{k}[j] = {workspace_identity(s)};"]
+        if m.merges[k] == MergeMode.PARTIALS:
+            out += ["  " + ln for ln in _in_block_order(loop, k)]
+        else:
+            merged = f"pn_ldcg(&ws{k}[j])"
+            if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
+                merged = f"pn_unordered({merged})"
+            out += [f"      const {s.acc.compute} pn_f{k} = {merged};", f"      ws{k}[j] = {workspace_identity(s)};"]
     out += ["  " + ln for ln in _stores(loop)]
     return out + [
         "    }",
@@ -135,47 +130,14 @@ def merge(loop: ThreadLoop) -> list[str]:
     ]
 
 
-def _strands(loop: ThreadLoop, first: str, step: str) -> list[str]:
-    """Every column of this block's rounds (column lanes `first`, `first` + `step` * C, ... of C
-    = threads / P lanes each): per owner, thread (lane c, strand p) sums the partials of blocks
-    p, p + P, ... in block order, then the P strands meet in a fixed tree in shared memory
-    (schedule/derived.py `combine_strands`): one order, so the bits are the same whatever the
-    blocks' order, in both partials merges. The strand-0 threads store."""
-    g, m = loop.g, loop.m
-    T = m.tx * m.ty
-    P = combine_strands(g.N, m.blocks, T)
-    C = T // P
-    out = [
-        f"  const int pn_t = ty * {m.tx} + tx, pn_lane = pn_t % {C}, pn_strand = pn_t / {C};",
-        f"  for (pn_idx pn_j0 = ({first}) * (pn_idx){C}; pn_j0 < {g.N}; pn_j0 += ({step}) * (pn_idx){C}) {{",
-        "    const pn_idx j = pn_j0 + pn_lane;",
+def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical)."""
+    s = loop.g.statements[k]
+    return [
+        f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
     ]
-    for k in _owners(loop):
-        s = g.statements[k]
-        sm = f"pn_csmem_{c_ident(s.acc.compute)}"
-        apply = s.combiner.functor + "::apply"
-        out += [
-            f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-            f"    if (j < {g.N}) {{",
-            "#pragma unroll 4",
-            f"      for (pn_idx b = pn_strand; b < (pn_idx)gridDim.x; b += {P}) "
-            f"pn_f{k} = {apply}(pn_f{k}, pn_ldcg(&ws{k}[b * {g.N} + j]));",
-            "    }",
-        ]
-        if P > 1:
-            out += [
-                "    __syncthreads();",
-                f"    {sm}[pn_t] = pn_f{k};",
-                "    __syncthreads();",
-                f"    for (int pn_h = {P // 2}; pn_h > 0; pn_h >>= 1) {{  // strand p takes p + h: a fixed tree",
-                f"      if (pn_strand < pn_h) {sm}[pn_t] = {apply}({sm}[pn_t], {sm}[pn_t + pn_h * {C}]);",
-                "      __syncthreads();",
-                "    }",
-                f"    pn_f{k} = {sm}[pn_lane];",
-            ]
-    out.append(f"    if (pn_strand == 0 && j < {g.N}) {{")
-    out += ["  " + ln for ln in _stores(loop)]
-    return out + ["    }", "  }"]
 
 
 def _stores(loop: ThreadLoop) -> list[str]:
@@ -212,11 +174,19 @@ def _stores(loop: ThreadLoop) -> list[str]:
 
 def _grid_combine(loop: ThreadLoop) -> list[str]:
     """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
-    then block b sums the column lanes b, b + gridDim.x, ... in strands (`_strands`); the last
-    block to depart resets both counters."""
-    out = ["  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written"]
-    out += _strands(loop, "bx", "gridDim.x")
+    then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
+    block order; the last block to depart resets both counters."""
+    g, m = loop.g, loop.m
+    T = m.tx * m.ty
+    out = [
+        "  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written",
+        f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{",
+    ]
+    for k in _owners(loop):
+        out += _in_block_order(loop, k)
+    out += _stores(loop)
     return out + [
+        "  }",
         "  __syncthreads();",
         "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
         "    pn_counter[0] = 0u;",

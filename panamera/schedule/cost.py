@@ -15,7 +15,7 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import combine_strands, exchanges, kernel_buffers, passes
+from .derived import exchanges, kernel_buffers, passes
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -291,9 +291,9 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
-        # not phased), then per owner and round of columns each thread's strand of the partials
-        # (4 loads in flight), and the strands' shared-memory tree (a step and its barrier each)
-        f["sync_cycles"] = 2 * gpu.l2_latency_cycles + len(cols) * _strand_cycles(gpu, width, B, d.threads)
+        # not phased), then each thread's columns: B partial loads (4 in flight) each
+        share = math.ceil(width / (B * d.threads)) * len(cols)
+        f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
         last = 0
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["dram_bytes"] += 2 * merges * acc
@@ -307,18 +307,6 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)
-
-
-def _strand_cycles(gpu: GPUSpec, width: int, blocks: int, threads: int) -> int:
-    """One owner's combine of its `blocks` partials per column after the grid-wide wait, each
-    block its share of the `width` columns (derived.py `combine_strands`: P strands per column):
-    per round of columns, a strand's ceil(blocks / P) loop-carried L2 loads, 4 in flight, then
-    log2(P) tree steps and the read of the result, 40 cycles each (a shared-memory step and its
-    barrier)."""
-    P = combine_strands(width, blocks, threads)
-    rounds = math.ceil(width / (blocks * (threads // P)))
-    trips = math.ceil(math.ceil(blocks / P) / 4)
-    return rounds * (trips * gpu.l2_latency_cycles + 40 * P.bit_length())
 
 
 def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:

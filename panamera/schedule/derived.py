@@ -200,21 +200,3 @@ def co_resident(gpu: GPUSpec, threads: int) -> int:
 def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
     """Grid-wide exchanges of a split stitched group: one after each pass that has reductions."""
     return len({v for s, v in zip(group.statements, lv) if s.kind == StatementKind.REDUCE})
-
-
-def combine_strands(columns: int, blocks: int, threads: int) -> int:
-    """Strands per column when a block sums the `blocks` partials of its share of `columns`
-    (codegen/column_partials.py, the partials merges of a joined group): thread t takes column
-    lane t % (threads / P) and strand p = t // (threads / P), sums the partials p, p + P, ... in
-    block order, then the P strands meet in a fixed shared-memory tree. P is the most strands (a
-    power of two, at most `blocks`) that still give every column of a block's share of one round
-    (ceil(columns / blocks)) its lane: the partials' loads spread over the block's threads
-    instead of one thread loading all of a column's. Both partials merges use the same P, so
-    their bits agree.
-
-    >>> combine_strands(1024, 264, 256), combine_strands(4096, 132, 256), combine_strands(24, 2, 256)
-    (64, 8, 2)
-    """
-    share = -(-columns // max(1, blocks))
-    p = max(1, threads // max(1, share))
-    return min(1 << (p.bit_length() - 1), 1 << (max(1, blocks).bit_length() - 1))
