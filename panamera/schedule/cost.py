@@ -208,6 +208,22 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
+def row_reductions(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Passes of a stitched group that end in a block reduction of its rows (at least one): the
+    levels of its row REDUCE statements (a column statement's partials merge once, after the
+    row loop). Softmax backward: 1 (sum(dy * y), then dx element-wise); softmax: 2.
+
+    >>> import panamera as pn
+    >>> x = pn.placeholder((8, 64))
+    >>> k = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
+    >>> passes(k.groups[0], k.mappings[0].levels), row_reductions(k.groups[0], k.mappings[0].levels)
+    (2, 1)
+    """
+    cols = set(group.columns)
+    rows = {v for k, (s, v) in enumerate(zip(group.statements, lv)) if s.kind == StatementKind.REDUCE and k not in cols}
+    return max(1, len(rows))
+
+
 def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
     L2 when the rows in flight fit in half of it.
@@ -263,7 +279,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=flight,
-        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
+        # a block reduction's barrier per pass that reduces rows (an element-wise last pass, dx,
+        # ends without one, as every peer's row kernel pays one epilogue), each tile row's
+        epilogue_cycles=400 * (1 if S > 1 else row_reductions(group, d.levels)) * d.rtile * d.ctile,
         grid_syncs=0 if d.cluster > 1 else n_ex,
         sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         **arithmetic(group, d).features(),
@@ -297,6 +315,11 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
     tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
+    ws = merges * acc  # the partials merges' bytes: written to DRAM, read back in this kernel from L2
+    if ws <= gpu.l2_size / 2 and any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
+        f["dram_bytes"] -= ws  # where they fit half of it (as stitched_cost's re-read); the round trips
+        f["write_bytes"] = f.get("write_bytes", 0) + ws  # are the combine's cycles or the last block's tail
+        f["l2_bytes"] += ws
     if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
         f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += 2 * B  # arrivals and departures

@@ -166,6 +166,14 @@ def _reduce_clusters(group: KernelGroup, gpu: GPUSpec, split: int, tile: int, cl
     return [K] if cluster else [1, K]
 
 
+def _no_larger(d: Decision, than: Decision) -> bool:
+    """`d` launches no more threads than `than` and splits its rows no more: the preference for
+    fewer blocks and threads (a later candidate must be clearly faster) does not hold it back.
+    Softmax backward 4096 x 4096: one block of 256 threads per row, the row in registers (Liger's
+    plan, 71.2 us modeled), after a cluster of two blocks per row with the same threads (71.6)."""
+    return d.blocks * d.threads <= than.blocks * than.threads and d.split <= than.split
+
+
 def _map_stitched(
     group: KernelGroup,
     gpu: GPUSpec,
@@ -246,8 +254,10 @@ def _map_stitched(
             dd = replace(d, onchip=res)
             cost = stitched_cost(group, gpu, dd)
             kind = res == Residence.MEMORY
-            # fewer blocks and threads unless clearly faster
-            if kind not in best or cost.total_s < best[kind][0].total_s * 0.97:
+            # fewer blocks and threads unless clearly faster; no more of them and faster at all
+            if kind not in best or cost.total_s < best[kind][0].total_s * (
+                1.0 if _no_larger(dd, best[kind][1]) else 0.97
+            ):
                 best[kind] = (cost, dd)
     if not best:
         raise ScheduleError(
