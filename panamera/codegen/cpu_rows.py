@@ -27,8 +27,10 @@ class RowValues:
         for n, x in enumerate(self.d.reuse):
             if x.producer == k:
                 node = nodes_with(self.g.statements[k], x.key)[0]
-                # values of earlier reuses inside it are read back too
-                lines, val = self.loop.body_lines(k, None, expr=node, given=self.held.get(k))
+                # values of earlier reuses inside it are read back too, never its own: a pass
+                # rendered twice (cpu_lanes' lanes and tail) evaluates and stores it in both
+                given = {key: v for key, v in self.held.get(k, {}).items() if key != id(node)}
+                lines, val = self.loop.body_lines(k, None, expr=node, given=given)
                 out += ["{"] + ["  " + ln for ln in lines] + [f"  pn_cse{n}[j] = {val};", "}"]
                 self.held.setdefault(k, {})[id(node)] = f"pn_cse{n}[j]"
         return out
