@@ -72,6 +72,8 @@ class CpuCompiled(Compiled):
         constant inputs and `out=` as `Compiled.__call__`. `order=` and `seed=` (the emulator's
         thread order) are accepted and have no effect: the CPU kernels' results do not depend on it."""
         fast = self.executor.fast()
+        if fast is not None and not arrays and named.keys() == fast.names:  # every input by name
+            arrays, named = tuple(named[n] for n in fast.order), {}
         if fast is not None and (not named or (len(named) == 1 and "out" in named and "out" not in fast.names)):
             outs = fast.call(arrays, threads, named.get("out"))  # plain numpy arrays: checked and run
             if outs is not None:
@@ -232,7 +234,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     )
     calls = tuple((k.name, tuple(p.key for p in k.params), k.host) for k in kernels)
     decls = sorted({r for k in kernels for r in k.reductions})
-    entry = [program_entry(plan, calls)] if all(k.host is None for k in kernels) else []  # runtime/cpu_call.py
+    entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)

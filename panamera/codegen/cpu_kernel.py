@@ -45,9 +45,10 @@ from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
 from .cpu_lanes import LaneKind, lane_kind, lanes_pass
 from .cpu_rows import RowValues
+from .cpu_runs import RunLoop, block_head, row_run
 from .expr import convert
 from .kernel import render_empty
-from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
+from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
 
 
 class CpuUnsupportedError(TargetRefused):
@@ -124,13 +125,16 @@ class _Kernel(RowValues):
         self.name, self.g, self.d = name, g, d
         merges = tuple(MergeMode.STORE for _ in g.statements)
         self.params = kernel_buffers(g, name, merges, 1, (1, 1))
-        self.loop = ThreadLoop(g, _Params(self.params), "long long")
+        self.loop = RunLoop(g, _Params(self.params), "long long")
         self.outputs = {b.statement for b in self.params if b.role == BufferRole.OUTPUT}
         self.level = _levels(g)
         self.epilogues = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.MAP and s.form == Form.MAP]
         self.reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
         self.bodies: dict[int, Expr] = {}  # statements whose body is rewritten (reciprocals)
         self.held: dict[int, dict[int, str]] = {}  # statement -> nodes whose values are held (reuse, reciprocals)
+        addrs = [a for s in g.statements for a in (s.write, *(r.addr for r in s.reads)) if a is not None]
+        dom = g.statements[0].domain.reset_tuple_id()  # codegen/cpu_runs.py: j's runs without a division
+        self.run = row_run(addrs, dom, d.N) if g.form in (Form.ROW, Form.ALL) else None
 
     def check(self) -> None:
         g = self.g
@@ -226,6 +230,10 @@ class _Kernel(RowValues):
 
     # -- templates ----------------------------------------------------------------------------
     def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
+        with self.loop.over(self.run):
+            return self._row_pass(here, lo, hi)
+
+    def _row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
         """The scan of j in [lo, hi) for the statements `here`, accumulators declared before, in
         blocks of `decision.inner` iterations: each block reduces into fresh block accumulators
         (under `omp simd`, one partial per lane), merged into the running accumulator after the
@@ -256,11 +264,7 @@ class _Kernel(RowValues):
             body = self.body(here, lambda k: f"pn_blk{k}", shifted)
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
-        B = self.d.inner
-        out = [
-            f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b += {B}LL) {{",
-            f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, pn_b + {B}LL);",
-        ]
+        out = block_head(self.run, lo, hi, self.d.inner)
         out += ["  " + ln for ln in self.acc_decls(plain, name="pn_blk")]
         for k in sorted(shifted):
             s = g.statements[k]

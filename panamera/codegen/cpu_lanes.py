@@ -14,6 +14,7 @@ import islpy as isl
 
 from ..enums import StrEnum
 from ..poly.statement import Statement
+from .cpu_runs import block_head
 from .thread_loop import identity_expr
 
 LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan (lanes_pass)
@@ -91,10 +92,7 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         body = kern.body(here, lambda k: f"pn_blk{k}")
         return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
-    out = [
-        f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b += {B}LL) {{",
-        f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, pn_b + {B}LL);",
-    ]
+    out = block_head(kern.run, lo, hi, B)
     out += ["  " + ln for ln in kern.acc_decls(owners, name="pn_blk")]
     for k in owners:
         s = g.statements[k]

@@ -450,7 +450,11 @@ PRELUDE_16BIT = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #endif
+#ifdef PANAMERA_EMULATOR
+__device__ __forceinline__ float pn_round_half(float v) { return pn_emu_round_half(v); }
+#else
 __device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
+#endif
 __device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float pn_ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float pn_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }

@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
-from .cpu_call import PROGRAM_ENTRY, FastCall, simple
+from .cpu_call import FastCall, HostStep, buffer_order, entry_name, segments, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
@@ -161,12 +161,27 @@ class CpuExecutor(Executor):
         """The program's one-entry call path, or None (a numpy BLAS kernel, or results that are
         not whole buffers of their own: runtime/cpu_call.py's `simple`)."""
         if self._fast is None:
-            ok = all(host is None for _, _, host in self.kernels) and simple(self.plan)
+            ok = simple(self.plan)
             if ok:
-                fn = getattr(build(self.source), PROGRAM_ENTRY)
-                fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
-            self._fast = FastCall(self.plan, fn, self.bound, self.threads) if ok else False
+                self._fast = FastCall(self.plan, self._steps(), self.bound, self.threads)
+            else:
+                self._fast = False
         return self._fast or None
+
+    def _steps(self) -> tuple:
+        """The program's C entries (ctypes) and numpy BLAS steps in order (runtime/cpu_call.py)."""
+        slot = {k: n for n, k in enumerate(buffer_order(self.plan))}
+        lib = build(self.source) if any(host is None for _, _, host in self.kernels) else None
+        steps = []
+        for seg in segments(self.kernels):
+            host = self.kernels[seg[0]][2]
+            if host is not None:
+                steps.append(HostStep(host, tuple(slot[op.key] for op in host.operands), slot[host.out_key]))
+                continue
+            fn = getattr(lib, entry_name(self.kernels, seg))
+            fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+            steps.append(fn)
+        return tuple(steps)
 
     def __call__(self, args: list, order: str = "forward", seed: int = 0, threads: int | None = None) -> list:
         args = [

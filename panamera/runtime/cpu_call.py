@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -42,9 +43,31 @@ def buffer_order(plan: LaunchPlan) -> tuple[str, ...]:
     return ins + tuple(k for k in plan.buffers if k not in ins)
 
 
+def segments(kernels: tuple) -> list[tuple[int, ...]]:
+    """The program's steps: runs of consecutive compiled kernels (one C entry each) and each numpy
+    BLAS kernel alone, as kernel indices in order.
+
+    >>> segments((("a", (), None), ("b", (), None), ("mm", (), "blas"), ("c", (), None)))
+    [(0, 1), (2,), (3,)]
+    """
+    out: list[list[int]] = []
+    for n, (_, _, host) in enumerate(kernels):
+        if host is None and out and kernels[out[-1][-1]][2] is None:
+            out[-1].append(n)
+        else:
+            out.append([n])
+    return [tuple(x) for x in out]
+
+
+def entry_name(kernels: tuple, segment: tuple[int, ...]) -> str:
+    """`pn_program` for a program of compiled kernels only, else `pn_program_s{first kernel}`."""
+    return PROGRAM_ENTRY if all(h is None for _, _, h in kernels) else f"{PROGRAM_ENTRY}_s{segment[0]}"
+
+
 def program_entry(plan: LaunchPlan, kernels: tuple) -> str:
     """The C source of `pn_program`: each kernel of `kernels` ((name, parameter keys, host), in
-    order; all compiled) called with its parameters taken from the table.
+    order) called with its parameters taken from the table; with numpy BLAS kernels among them,
+    one entry per run of compiled kernels (`segments`, `entry_name`), called between the BLAS calls.
 
     >>> import panamera as pn
     >>> x = pn.placeholder((4, 8), "float32")
@@ -56,11 +79,16 @@ def program_entry(plan: LaunchPlan, kernels: tuple) -> str:
     }
     """
     slot = {k: n for n, k in enumerate(buffer_order(plan))}
-    lines = [f'extern "C" void {PROGRAM_ENTRY}(void** pn_b, int pn_nt) {{']
-    for name, keys, _ in kernels:
-        args = ", ".join(f"pn_b[{slot[k]}]" for k in keys)
-        lines.append(f"  {{ void* a[] = {{{args}}}; {name}(a, pn_nt); }}" if keys else f"  {name}(nullptr, pn_nt);")
-    return "\n".join(lines + ["}"])
+    lines = []
+    for seg in segments(kernels):
+        if kernels[seg[0]][2] is not None:
+            continue
+        lines.append(f'extern "C" void {entry_name(kernels, seg)}(void** pn_b, int pn_nt) {{')
+        for name, keys, _ in (kernels[n] for n in seg):
+            args = ", ".join(f"pn_b[{slot[k]}]" for k in keys)
+            lines.append(f"  {{ void* a[] = {{{args}}}; {name}(a, pn_nt); }}" if keys else f"  {name}(nullptr, pn_nt);")
+        lines.append("}")
+    return "\n".join(lines)
 
 
 def address(a: np.ndarray) -> int:
@@ -96,33 +124,46 @@ def simple(plan: LaunchPlan) -> bool:
     ) and len(set(keys)) == len(keys)
 
 
-class FastCall:
-    """A program's C entry with its pointer table, its intermediates allocated once; `bound` the
-    arrays of the inputs the program supplies itself (constant masks, by input position);
-    `threads` the default thread count of a call."""
+@dataclass(frozen=True)
+class HostStep:
+    """A numpy BLAS kernel between the C entries: its operands' and output's slots in the table."""
 
-    def __init__(self, plan: LaunchPlan, entry, bound: dict[int, np.ndarray], threads: int):
+    host: object  # schedule/cpu_blas.py's BlasCall
+    ins: tuple[int, ...]
+    out: int
+
+
+class FastCall:
+    """A program's C entries with their pointer table, its intermediates allocated once; `steps`
+    the entries (ctypes functions of the table and the thread count) and the HostSteps between
+    them, in order; `bound` the arrays of the inputs the program supplies itself (constant masks,
+    by input position); `threads` the default thread count of a call."""
+
+    def __init__(self, plan: LaunchPlan, steps: tuple, bound: dict[int, np.ndarray], threads: int):
         order = buffer_order(plan)
         slot = {k: n for n, k in enumerate(order)}
-        self.entry, self.threads, self.lock = entry, threads, threading.Lock()
+        self.steps, self.threads, self.lock = steps, threads, threading.Lock()
+        self.hosts = any(isinstance(st, HostStep) for st in steps)  # numpy arrays needed per call
+        self.arrays: list = [None] * len(order)  # slot -> its resident array (HostSteps read them)
         self._torch_dtypes: dict = {}
         self.ptrs = (ctypes.c_void_p * max(1, len(order)))()
         self.keep: list[np.ndarray] = []  # arrays whose pointers the table holds between calls
         for k, arr in bound.items():
             arr = np.ascontiguousarray(arr)
             self.keep.append(arr)
-            self.ptrs[k] = address(arr)
+            self.ptrs[k], self.arrays[k] = address(arr), arr
         free = [k for k in range(len(plan.inputs)) if k not in bound]
         self.free = tuple(free)  # slots of the caller's inputs (input k is slot k)
         self.specs = tuple((plan.inputs[k].shape, plan.inputs[k].dtype.np) for k in free)
-        self.names = frozenset(plan.inputs[k].name for k in free)
+        self.order = tuple(plan.inputs[k].name for k in free)  # a call by name passes them in this order
+        self.names = frozenset(self.order)
         results = {r.key for r in plan.results}
         self.outs = tuple((slot[r.key], r.shape, plan.buffers[r.key].dtype.np) for r in plan.results)
         for key in order[len(plan.inputs) :]:
             if key not in results:  # an intermediate between kernels: resident
                 arr = _alloc(np.empty, plan.buffers[key])
                 self.keep.append(arr)
-                self.ptrs[slot[key]] = address(arr)
+                self.ptrs[slot[key]], self.arrays[slot[key]] = address(arr), arr
 
     def call(self, arrays: tuple, threads, out) -> list | None:
         """The results of one call on the caller's arrays (free inputs in order), or None when a
@@ -137,7 +178,7 @@ class FastCall:
             elif (torch := _torch_of(a)) is None or not _plain_tensor(torch, a, shape, self._torch_dtype(dt)):
                 return None
         if torch is not None:  # torch in, torch out (runtime/arrays.py's rule); out= takes the general path
-            if out is not None:
+            if out is not None or self.hosts:  # numpy's BLAS reads numpy arrays
                 return None
             results = [torch.empty(shape, dtype=self._torch_dtype(dt)) for _, shape, dt in self.outs]
         elif out is None:
@@ -179,4 +220,17 @@ class FastCall:
                 p[k] = address(a) if type(a) is np.ndarray else a.data_ptr()
             for (k, _, _), r in zip(self.outs, results):
                 p[k] = address(r) if type(r) is np.ndarray else r.data_ptr()
-            self.entry(p, threads or self.threads)
+            nt = threads or self.threads
+            if not self.hosts:
+                self.steps[0](p, nt)
+                return
+            arrays = self.arrays.copy()
+            for k, a in zip(self.free, inputs):
+                arrays[k] = a
+            for (k, _, _), r in zip(self.outs, results):
+                arrays[k] = r
+            for st in self.steps:
+                if type(st) is HostStep:
+                    st.host.run([arrays[k] for k in st.ins], arrays[st.out])
+                else:
+                    st(p, nt)

@@ -81,6 +81,20 @@ static inline uint32_t pn_emu_f2h(float f) {
   r = a > 0x7f800000u ? 0x7e00u : r;
   return r | s;
 }
+// float -> fp16 -> float (pn_round_half) in float arithmetic, ~8 SIMD operations instead of both
+// conversions' ~30: for |f| in [2^e, 2^(e+1)), |f| + B with B = 2^(e+13) (0.5 below 2^-14, where
+// the fp16 quantum is 2^-24) lies where the float ulp is the fp16 quantum 2^(e-10), so the sum
+// rounds |f| to it, ties to even (B is a multiple of two quanta), and - B is exact; |f| >= 65520
+// -> inf, a NaN stays NaN, the sign is kept (every float32 checked against numpy's astype).
+static inline float pn_emu_round_half(float f) {
+  const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
+  const float x = pn_emu_bits_to_float(a);
+  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  b = b > 0.5f ? b : 0.5f;
+  float r = (x + b) - b;
+  r = x >= 65520.0f ? pn_emu_bits_to_float(0x7f800000u) : r;
+  return pn_emu_bits_to_float(pn_emu_float_to_bits(r) | (u & 0x80000000u));
+}
 static inline float __half2float(__half h) { return pn_emu_h2f(h.x); }
 static inline __half __float2half_rn(float f) {
   __half h;
