@@ -1,0 +1,24 @@
+"""float16 -> float32 loads (cuda_emulation.h's pn_emu_h2f: the half's bits shifted into a float's
+and one multiply by 2^112) give numpy's astype for all 65536 float16 bit patterns — zeros of both
+signs, every subnormal, normals, infinities and NaN (a NaN stays a NaN) — on the CPU target and the
+emulator, which share the conversion."""
+
+import numpy as np
+import pytest
+
+import panamera as pn
+
+
+@pytest.mark.parametrize("target", ["cpu", "emulator"])
+def test_every_half_loads_as_numpy(target):
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    if target == "emulator":
+        h = np.concatenate([h[:2048], h[0x7800:0x8800], h[-2048:], h[::97]])  # a thread per element: a sample
+    x = pn.placeholder(h.shape, "float16", name="x")
+    k = pn.compile(x.astype("float32") * 1.0, target=target)
+    got = np.asarray(k(h), np.float32)
+    ref = h.astype(np.float32)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.array_equal(np.signbit(got), np.signbit(ref))  # the sign of zeros and of NaN
