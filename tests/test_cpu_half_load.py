@@ -22,3 +22,25 @@ def test_every_half_loads_as_numpy(target):
     np.testing.assert_array_equal(np.isnan(got), nan)
     np.testing.assert_array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
     assert np.array_equal(np.signbit(got), np.signbit(ref))  # the sign of zeros and of NaN
+
+
+@pytest.mark.parametrize("target", ["cpu", "emulator"])
+def test_half_stores_round_as_numpy(target, rng):
+    """float32 -> float16 stores (pn_emu_f2h: the float-arithmetic rounding, then the load's trick
+    backwards) give numpy's astype bits: every half value, the midpoints and their neighbours,
+    subnormals, the overflow threshold, infinities, zeros and NaN, random bit patterns."""
+    from test_cpu_round_half import _hard_floats
+
+    a = _hard_floats(rng)
+    if target == "emulator":
+        a = a[:: max(1, a.size // 20000)]
+    x = pn.placeholder(a.shape, "float32", name="x")
+    k = pn.compile((x * 1.0).astype("float16"), target=target)
+    got = np.asarray(k(a))
+    with np.errstate(all="ignore"):
+        ref = a.astype(np.float16)
+    assert got.dtype == np.float16
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), ref[~nan].view(np.uint16))
+    assert np.array_equal(np.signbit(got), np.signbit(ref))

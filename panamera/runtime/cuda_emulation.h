@@ -72,17 +72,20 @@ static inline float pn_emu_h2f(uint32_t h) {
                                    : pn_emu_float_to_bits(pn_emu_bits_to_float(em << 13) * 0x1p112f);
   return pn_emu_bits_to_float(r | s);
 }
-// float -> fp16 bits: NaN -> quiet NaN, |f| >= 65520 -> inf; a normal result rounds by adding half
-// an ulp less one plus the kept lsb (ties to even) before the shift; below 2^-14 the float's
-// significand (implicit bit included) is shifted to units of 2^-24 with the same rounding.
+// float -> fp16 bits: |f| rounded to the fp16 grid in float arithmetic as pn_emu_round_half does
+// (below), then the load's trick backwards: times 2^-112 (exact: a half value, subnormals becoming
+// float subnormals) its bits >> 13 are the half's exponent and mantissa; |f| >= 65520 -> inf,
+// NaN -> quiet NaN, the sign OR'd. ~13 SIMD operations, no variable shifts. Needs subnormal
+// results kept (MXCSR's FTZ clear, the default).
 static inline uint32_t pn_emu_f2h(float f) {
-  const uint32_t u = pn_emu_float_to_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  const uint32_t e = a >> 23, sh = e < 95u ? 31u : 126u - e, m = (a & 0x7fffffu) | 0x800000u;
-  uint32_t r = a < 0x38800000u ? (m + ((1u << (sh - 1)) - 1u) + ((m >> sh) & 1u)) >> sh
-                               : (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
+  const float x = pn_emu_bits_to_float(a);
+  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  b = b > 0.5f ? b : 0.5f;
+  uint32_t r = pn_emu_float_to_bits(((x + b) - b) * 0x1p-112f) >> 13;
   r = a >= 0x477ff000u ? 0x7c00u : r;
   r = a > 0x7f800000u ? 0x7e00u : r;
-  return r | s;
+  return r | ((u >> 16) & 0x8000u);
 }
 // float -> fp16 -> float (pn_round_half) in float arithmetic, ~8 SIMD operations instead of both
 // conversions' ~30: for |f| in [2^e, 2^(e+1)), |f| + B with B = 2^(e+13) (0.5 below 2^-14, where
