@@ -1,7 +1,6 @@
-"""float16 -> float32 loads (cuda_emulation.h's pn_emu_h2f: the half's bits shifted into a float's
-and one multiply by 2^112) give numpy's astype for all 65536 float16 bit patterns — zeros of both
-signs, every subnormal, normals, infinities and NaN (a NaN stays a NaN) — on the CPU target and the
-emulator, which share the conversion."""
+"""float16 <-> float32 conversions of cuda_emulation.h (pn_emu_h2f, pn_emu_f2h), shared by the CPU
+target and the emulator: loads give numpy's astype for all 65536 float16 bit patterns (zeros of
+both signs, every subnormal, normals, infinities, NaN), stores round as numpy's astype."""
 
 import numpy as np
 import pytest
@@ -26,8 +25,7 @@ def test_every_half_loads_as_numpy(target):
 
 @pytest.mark.parametrize("target", ["cpu", "emulator"])
 def test_half_stores_round_as_numpy(target, rng):
-    """float32 -> float16 stores (pn_emu_f2h: the float-arithmetic rounding, then the load's trick
-    backwards) give numpy's astype bits: every half value, the midpoints and their neighbours,
+    """float32 -> float16 stores (pn_emu_f2h: the rounding in float arithmetic, then the bits) give numpy's astype bits: every half value, the midpoints and their neighbours,
     subnormals, the overflow threshold, infinities, zeros and NaN, random bit patterns."""
     from test_cpu_round_half import _hard_floats
 

@@ -60,29 +60,32 @@ static inline uint32_t pn_emu_float_to_bits(float f) { uint32_t u; std::memcpy(&
 // on the CPU target (codegen/cpu_kernel.py; g++ -fno-trapping-math if-converts them): exact,
 // round to nearest even, as numpy's astype (every fp16 value, and 21 M float32 values around
 // every fp16 range, checked against numpy).
-// fp16 -> float: the half's exponent and mantissa shifted to a float's places (em << 13) read as a
-// float are its magnitude x 2^-112 (bias 127 against 15), a subnormal half becoming a subnormal
-// float (m x 2^-136, representable); one multiply by 2^112 gives the magnitude exactly (the product
-// is a half value: no rounding). inf and NaN (exponent 31) take the float's top exponent, payload
-// kept; the sign is OR'd. ~8 SIMD operations. Needs subnormal operands kept (MXCSR's DAZ clear,
-// the default; -ffast-math code's startup would set it).
+// fp16 -> float: a normal number by rebiasing its exponent, zero and subnormals as m * 2^-24
+// (exact), inf and NaN by the top exponent. No float operation has a subnormal operand or result:
+// those take a microcode assist (~100 cycles) on x86 without DAZ/FTZ, so the shorter trick of one
+// multiply of the shifted bits by 2^112 (a subnormal float for a subnormal half) runs 3x slower on
+// rows of small values (softmax 64x30522 float16's outputs).
 static inline float pn_emu_h2f(uint32_t h) {
   const uint32_t s = (h & 0x8000u) << 16, em = h & 0x7fffu;
-  const uint32_t r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u)
-                                   : pn_emu_float_to_bits(pn_emu_bits_to_float(em << 13) * 0x1p112f);
+  const uint32_t sub = pn_emu_float_to_bits((float)(int)em * 5.9604644775390625e-08f);
+  uint32_t r = em < 0x0400u ? sub : (em << 13) + 0x38000000u;
+  r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u) : r;
   return pn_emu_bits_to_float(r | s);
 }
 // float -> fp16 bits: |f| rounded to the fp16 grid in float arithmetic as pn_emu_round_half does
-// (below), then the load's trick backwards: times 2^-112 (exact: a half value, subnormals becoming
-// float subnormals) its bits >> 13 are the half's exponent and mantissa; |f| >= 65520 -> inf,
-// NaN -> quiet NaN, the sign OR'd. ~13 SIMD operations, no variable shifts. Needs subnormal
-// results kept (MXCSR's FTZ clear, the default).
+// (below): x + B with B = 2^(e+13) (0.5 below 2^-14) has the fp16 quantum as its ulp, so below
+// 2^-14 the bits of x + 0.5 less those of 0.5 are the subnormal half's m (1024: the smallest
+// normal), and above, r = (x + B) - B is a half value whose float bits, rebiased, >> 13 are the
+// half's; |f| >= 65520 -> inf, NaN -> quiet NaN, the sign OR'd. No variable shifts and no
+// subnormal float result (see pn_emu_h2f), ~12 SIMD operations.
 static inline uint32_t pn_emu_f2h(float f) {
   const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
   const float x = pn_emu_bits_to_float(a);
   float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
   b = b > 0.5f ? b : 0.5f;
-  uint32_t r = pn_emu_float_to_bits(((x + b) - b) * 0x1p-112f) >> 13;
+  const float xb = x + b;
+  uint32_t r = a < 0x38800000u ? pn_emu_float_to_bits(xb) - 0x3f000000u
+                               : (pn_emu_float_to_bits(xb - b) - 0x38000000u) >> 13;
   r = a >= 0x477ff000u ? 0x7c00u : r;
   r = a > 0x7f800000u ? 0x7e00u : r;
   return r | ((u >> 16) & 0x8000u);
