@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
+from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.header import prelude
 from .compiler import (
     TARGET_COMPILERS,
@@ -236,7 +237,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     decls = sorted({r for k in kernels for r in k.reductions})
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None), *entry]) + "\n"
-    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
+    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)

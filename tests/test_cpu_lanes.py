@@ -107,3 +107,31 @@ def test_lane_sums_and_max(n, rng):
     np.testing.assert_array_equal(got[2], (a * np.float32(2) + np.float32(1)).min(1))
     np.testing.assert_array_equal(got[3], b.sum(1))
     np.testing.assert_allclose(got[4], q.astype(np.float64).prod(1), rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_lane_fold_nan_and_extreme_in_every_lane(dtype, rng):
+    """The fold of the W lanes (cpu_lanes.LANE_FOLD, a tree of vector halves): a NaN in any one
+    lane, first or not, makes max and min NaN; an extreme in any one lane is the result."""
+    W = LANE_VECTORS * 64 // np.dtype(dtype).itemsize  # the lanes of a 64-byte vector, LANE_VECTORS of them
+    n = 2 * W + 3  # two W-steps, then a tail
+    x = pn.placeholder((3 * W, n), dtype, name="x")
+    k = pn.compile([pn.max(x, axis=1), pn.min(x, axis=1)], target="cpu")
+    a = random_array((3 * W, n), dtype, rng)
+    for q in range(W):
+        a[q, W + q] = np.nan  # row q: a NaN in lane q (the second W-step)
+        a[W + q, q] = a[W + q].max() + 1  # row W + q: the maximum in lane q
+        a[2 * W + q, W + q] = a[2 * W + q].min() - 1  # row 2W + q: the minimum in lane q
+    got = k(a)
+    np.testing.assert_array_equal(got[0], a.max(1))
+    np.testing.assert_array_equal(got[1], a.min(1))
+    assert np.isnan(got[0][:W]).all() and np.isnan(got[1][:W]).all()
+
+
+def test_lane_fold_is_a_vector_tree():
+    """Float and integer reductions fold their lanes with pn_fold_lanes (no scalar w-loop)."""
+    x = pn.placeholder((4, 300), "float32", name="x")
+    i = pn.placeholder((4, 300), "int32", name="i")
+    k = pn.compile([pn.max(x, axis=1), pn.sum(x, axis=1), pn.sum(i, axis=1)], target="cpu")
+    src = "\n".join(c.source for c in k.cpu_kernels)
+    assert src.count("pn_fold_lanes<") == 3 and "w /= 2" not in src

@@ -19,7 +19,7 @@ and torch do: at most one more rounding (<= 1.5 ulp instead of 0.5), one divisio
 instead of one per element. A split reduction (decision.split > 1) writes one
 partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
 in chunk order after the tasks' barrier, by the last task of the output, or by atomic
-compare-and-swap into a shared accumulator), then finished.
+compare-and-swap into a shared accumulator; codegen/cpu_merge.py), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
 of `CpuKernel.params`, `pn_nt` threads.
@@ -44,6 +44,7 @@ from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
 from .cpu_lanes import LaneKind, lane_kind, lanes_pass
+from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, row_run
 from .expr import convert
@@ -120,7 +121,7 @@ def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list
 
 
 # -- the kernel ---------------------------------------------------------------------------------
-class _Kernel(RowValues):
+class _Kernel(RowValues, SplitMerge):
     def __init__(self, name: str, g: KernelGroup, d: CpuDecision):
         self.name, self.g, self.d = name, g, d
         merges = tuple(MergeMode.STORE for _ in g.statements)
@@ -301,71 +302,6 @@ class _Kernel(RowValues):
                 f"for (int q = 0; q < {n}; ++q) {name}{k}[q] = {identity_expr(g.statements[k])};",
             )
         ]
-
-    def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
-        """The per-call arrays of a split plan: partials (ORDERED, LAST), a counter per output or
-        block (LAST), one shared accumulator per output (ATOMIC); and the lines that free them."""
-        g, d = self.g, self.d
-        alloc, free = [], []
-        for k in self.owners(self.reductions):
-            t = g.statements[k].acc.compute
-            name, n = (f"pn_acc{k}", d.M) if d.merge == CpuMerge.ATOMIC else (f"pn_part{k}", d.M * d.split)
-            alloc.append(f"{t}* __restrict__ {name} = ({t}*)malloc(sizeof({t}) * {n}LL);")
-            free.append(f"free({name});")
-        if d.merge == CpuMerge.LAST:
-            alloc.append(f"int* pn_cnt = (int*)calloc({counters}, sizeof(int));")
-            free.append("free(pn_cnt);")
-        return alloc, free
-
-    def combine_partials(self) -> list[str]:
-        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
-        read (ATOMIC), then finished, and its epilogues."""
-        g, d = self.g, self.d
-        out = []
-        for k in self.owners(self.reductions):
-            s = g.statements[k]
-            if d.merge == CpuMerge.ATOMIC:
-                out.append(f"{s.acc.compute} acc{k} = pn_acc{k}[i];")
-                continue
-            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
-            out.append(
-                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
-            )
-        out += self.finish(self.reductions, lambda k: f"acc{k}")
-        return out + self.run_epilogues(0)
-
-    def before_tasks(self) -> list[str]:
-        """ATOMIC: the shared accumulators set to the identity (the loop's barrier follows)."""
-        g, d = self.g, self.d
-        if d.merge != CpuMerge.ATOMIC:
-            return []
-        owners = self.owners(self.reductions)
-        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(g.statements[k])};" for k in owners)
-        return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{ {sets} }}"]
-
-    def deliver(self, value: Callable[[int], str]) -> list[str]:
-        """A task's partial of output i (`value(k)` for owner k): stored in its chunk's slot,
-        or combined into the shared accumulator by compare-and-swap (ATOMIC)."""
-        g, d = self.g, self.d
-        out = []
-        for k in self.owners(self.reductions):
-            if d.merge == CpuMerge.ATOMIC:
-                out.append(f"pn_atomic_combine<{g.statements[k].combiner.functor}>(&pn_acc{k}[i], {value(k)});")
-            else:
-                out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
-        return out
-
-    def last_of(self, counter: str) -> str:
-        """LAST: the condition that this task is the last of its output (or block) to finish; the
-        acquire-release increment makes the other tasks' partials visible to it."""
-        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
-
-    def after_tasks(self) -> list[str]:
-        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
-        if self.d.merge == CpuMerge.LAST:
-            return []
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
-        return out + ["  " + ln for ln in self.combine_partials()] + ["}"]
 
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d

@@ -21,6 +21,36 @@ LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan
 _LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
 
 
+# The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
+# that order (a float sum's rounding is that of this fixed tree): while a half is wider than a vector
+# register, a loop of constant trip count (g++ vectorizes it); then halves of GCC vector types, so
+# each step is one vector operation on a register and its upper half (`F::apply` on vector types:
+# the combiners' expressions are element-wise there, a max's `a != a || a > b` included, so NaN
+# semantics are the scalar ones), the last step scalar. log2(W) dependent vector steps a row
+# instead of the W - 1 scalar, branchy (NaN-aware max) steps g++ made of the generic loop.
+LANE_FOLD = """#include <cstring>
+template <class F, int N, class T> static inline T pn_fold_lanes(const T* l) {
+  static_assert(N >= 2 && (N & (N - 1)) == 0, "pn_fold_lanes: N a power of two");
+  if constexpr (N == 2) {
+    return F::apply(l[0], l[1]);
+  } else if constexpr (N / 2 * sizeof(T) > 64) {
+    T t[N / 2];
+    for (int q = 0; q < N / 2; ++q) t[q] = F::apply(l[q], l[q + N / 2]);
+    return pn_fold_lanes<F, N / 2>(t);
+  } else {
+    typedef T H __attribute__((vector_size(N / 2 * sizeof(T))));
+    H a, b;
+    std::memcpy(&a, l, sizeof(H));
+    std::memcpy(&b, l + N / 2, sizeof(H));
+    const H r = F::apply(a, b);
+    T t[N / 2];
+    std::memcpy(t, &r, sizeof(H));
+    return pn_fold_lanes<F, N / 2>(t);
+  }
+}
+"""
+
+
 class LaneKind(StrEnum):
     """How a reduction's accumulator spreads over W lanes in `lanes_pass`."""
 
@@ -63,7 +93,7 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     `inner` iterations scans j in steps of W under `omp simd`, lane q accumulating j = c + q
     (W independent chains, several vector registers: the loop runs at the speed of the
     loads, not of one register's add latency), then folds its lanes pairwise into the
-    block accumulator; the last < W iterations run as `row_pass` runs them. Every combiner
+    block accumulator (LANE_FOLD: log2 W vector steps); the last < W iterations run as `row_pass` runs them. Every combiner
     of algebra.py is associative, and a float sum's rounding stays that of a tree of short
     sums (no -ffast-math: the tree is explicit).
 
@@ -115,6 +145,9 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         if k in arg:
             key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
             out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
+            continue
+        if s.acc.compute in _LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
+            out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
             continue
         out.append(f"    for (int w = {W // 2}; w > 0; w /= 2)")
         out.append(f"      for (int q = 0; q < w; ++q) pn_lane{k}[q] = {f}::apply(pn_lane{k}[q], pn_lane{k}[q + w]);")

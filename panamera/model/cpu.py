@@ -40,6 +40,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..codegen.cpu_lanes import LANE_VECTORS
+
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
 FREE = frozenset({"load", "const"})
@@ -239,12 +241,24 @@ def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
     return m.rates.bandwidth("L2", threads)
 
 
-def combine_ns(r: Rates, lanes: int) -> float:
-    """One output's combine of its accumulator's SIMD lanes: `lanes` dependent scalar steps, each
-    the latency of a dependent SIMD add (the probe's add is one: add_ns x lanes). Fitted on
-    softmax rows: 6144 x 128 takes ~20 ns a row more than 768 x 1024 (loaded machine, two
-    reductions a row); a declared OpenMP reduction's lanes are combined in order."""
-    return lanes * lanes * r.add_ns
+def combine_ns(r: Rates, lanes: int, struct: bool = False) -> float:
+    """One output's combine of its accumulators' lanes, each step the latency of a dependent
+    SIMD add (the probe's add_ns x lanes). A scalar accumulator's LANE_VECTORS x lanes lanes
+    fold as a tree (codegen/cpu_lanes.py's LANE_FOLD): log2(LANE_VECTORS) whole-register steps,
+    then log2(lanes) steps of an operation and a move of the upper half, 2 latencies each; with
+    the probe's add_ns, 16 lanes: 10 x 0.89 = 8.9 ns (softmax 6144 x 128 on one thread measured
+    ~41 ns a row less than with the former w-loop, whose max g++ left scalar and branchy, ~20 ns
+    a fold). A struct accumulator (Welford, log-sum-exp: a declared OpenMP reduction) combines
+    its lanes in order: `lanes` dependent steps.
+
+    >>> r = CpuModel.nominal(cores=2, simd_bytes=64).rates
+    >>> round(combine_ns(r, 16) / (r.add_ns * 16)), round(combine_ns(r, 16, struct=True) / (r.add_ns * 16))
+    (10, 16)
+    """
+    step = lanes * r.add_ns
+    if struct:
+        return lanes * step
+    return (math.log2(LANE_VECTORS) + 2 * math.log2(max(lanes, 1))) * step
 
 
 def kernel_time(
@@ -260,7 +274,9 @@ def kernel_time(
     r = m.rates
     mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
     mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
-    comp_s = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes)) / busy * 1e-9
+    comp_s = (
+        (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    )
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)

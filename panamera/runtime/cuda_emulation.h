@@ -61,7 +61,10 @@ static inline uint32_t pn_emu_float_to_bits(float f) { uint32_t u; std::memcpy(&
 // round to nearest even, as numpy's astype (every fp16 value, and 21 M float32 values around
 // every fp16 range, checked against numpy).
 // fp16 -> float: a normal number by rebiasing its exponent, zero and subnormals as m * 2^-24
-// (exact), inf and NaN by the top exponent.
+// (exact), inf and NaN by the top exponent. No float operation has a subnormal operand or result:
+// those take a microcode assist (~100 cycles) on x86 without DAZ/FTZ, so the shorter trick of one
+// multiply of the shifted bits by 2^112 (a subnormal float for a subnormal half) runs 3x slower on
+// rows of small values (softmax 64x30522 float16's outputs).
 static inline float pn_emu_h2f(uint32_t h) {
   const uint32_t s = (h & 0x8000u) << 16, em = h & 0x7fffu;
   const uint32_t sub = pn_emu_float_to_bits((float)(int)em * 5.9604644775390625e-08f);
@@ -69,17 +72,23 @@ static inline float pn_emu_h2f(uint32_t h) {
   r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u) : r;
   return pn_emu_bits_to_float(r | s);
 }
-// float -> fp16 bits: NaN -> quiet NaN, |f| >= 65520 -> inf; a normal result rounds by adding half
-// an ulp less one plus the kept lsb (ties to even) before the shift; below 2^-14 the float's
-// significand (implicit bit included) is shifted to units of 2^-24 with the same rounding.
+// float -> fp16 bits: |f| rounded to the fp16 grid in float arithmetic as pn_emu_round_half does
+// (below): x + B with B = 2^(e+13) (0.5 below 2^-14) has the fp16 quantum as its ulp, so below
+// 2^-14 the bits of x + 0.5 less those of 0.5 are the subnormal half's m (1024: the smallest
+// normal), and above, r = (x + B) - B is a half value whose float bits, rebiased, >> 13 are the
+// half's; |f| >= 65520 -> inf, NaN -> quiet NaN, the sign OR'd. No variable shifts and no
+// subnormal float result (see pn_emu_h2f), ~12 SIMD operations.
 static inline uint32_t pn_emu_f2h(float f) {
-  const uint32_t u = pn_emu_float_to_bits(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-  const uint32_t e = a >> 23, sh = e < 95u ? 31u : 126u - e, m = (a & 0x7fffffu) | 0x800000u;
-  uint32_t r = a < 0x38800000u ? (m + ((1u << (sh - 1)) - 1u) + ((m >> sh) & 1u)) >> sh
-                               : (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+  const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
+  const float x = pn_emu_bits_to_float(a);
+  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  b = b > 0.5f ? b : 0.5f;
+  const float xb = x + b;
+  uint32_t r = a < 0x38800000u ? pn_emu_float_to_bits(xb) - 0x3f000000u
+                               : (pn_emu_float_to_bits(xb - b) - 0x38000000u) >> 13;
   r = a >= 0x477ff000u ? 0x7c00u : r;
   r = a > 0x7f800000u ? 0x7e00u : r;
-  return r | s;
+  return r | ((u >> 16) & 0x8000u);
 }
 // float -> fp16 -> float (pn_round_half) in float arithmetic, ~8 SIMD operations instead of both
 // conversions' ~30: for |f| in [2^e, 2^(e+1)), |f| + B with B = 2^(e+13) (0.5 below 2^-14, where
