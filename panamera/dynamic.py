@@ -240,8 +240,12 @@ class DynamicCompiled:
         lines.append(f"  class plans: {self.origin} (a class without one is planned by the model on first use)")
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             compiled = "compiled" if p.cls in self._classes else "planned"
-            lines.append(f"  {compiled} {p.describe()}")
+            lines.append(f"  {compiled} {self.describe_plan(p)}")
         return "\n".join(lines)
+
+    def describe_plan(self, plan: ClassPlan) -> str:
+        """One class plan's line in `explain()`, modeled on this program's GPU."""
+        return plan.describe(self.gpu)
 
     def bind_sizes(self, arrays: list) -> dict[str, int]:
         """Every symbol's size from the arrays' shapes (in placeholder order); a symbol bound to

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
+from ..model.gpu import GPUSpec, chain_s
 from .param_mapping import ParamDecision
 from .size_class import SizeClass
 
@@ -29,15 +30,24 @@ class ClassPlan:
     decisions: tuple[ParamDecision, ...]
     index_type: str  # int while every index of every size of the class fits
 
-    @property
-    def modeled_us(self) -> float:
-        """Modeled at the class's representative size."""
-        return sum(d.modeled_us for d in self.decisions)
+    def modeled_us(self, gpu: GPUSpec) -> float:
+        """Modeled at the class's representative size on `gpu`: the kernels back to back, each
+        after the first paying only the queued-launch gap, as a static plan is modeled
+        (model/gpu.py `sequence_s`, applied to each kernel's single-launch figure by `chain_s`).
 
-    def describe(self) -> str:
+        >>> from panamera.model.gpu import H100
+        >>> from panamera.schedule.decision import MergeMode
+        >>> d = ParamDecision("S0", "ROW", 32, 1, 1, 1, MergeMode.STORE, modeled_us=5.0)
+        >>> p = ClassPlan(SizeClass.of({"B": 3}, frozenset()), (d, d), "int")
+        >>> round(p.modeled_us(H100), 3) == round(10.0 - (H100.launch_s - H100.queued_s) * 1e6, 3)
+        True
+        """
+        return chain_s([d.modeled_us * 1e-6 for d in self.decisions], gpu) * 1e6
+
+    def describe(self, gpu: GPUSpec) -> str:
         rep = ", ".join(f"{k}={v}" for k, v in self.cls.representative().items())
         kernels = "; ".join(f"{d.statement}: {d.describe()}" for d in self.decisions)
-        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us:.2f} us modeled): {kernels}"
+        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us(gpu):.2f} us modeled): {kernels}"
 
     def to_dict(self) -> dict:
         return {"class": self.cls.key(), "index": self.index_type, "kernels": [d.to_dict() for d in self.decisions]}
