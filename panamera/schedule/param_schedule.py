@@ -11,11 +11,15 @@ against the program: statements, forms, vector widths the class proves).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec, chain_s
+from ..poly.params import PStatement
+from . import replay
+from .bound import as_decision, bound
 from .param_mapping import ParamDecision
 from .size_class import SizeClass
 
@@ -59,6 +63,38 @@ class ClassPlan:
             tuple(ParamDecision.from_dict(k) for k in d["kernels"]),
             str(d["index"]),
         )
+
+
+def check_bound(
+    members: tuple[PStatement, ...], d: ParamDecision, kind: str, sizes: dict[str, int], gpu: GPUSpec,
+    deterministic: bool, at: str,
+) -> None:  # fmt: skip
+    """Class decision `d` of one kernel held to schedule/replay.py's rules at `sizes`, by replay's
+    own code on the kernel's static view (schedule/bound.py): launch (rule 2), vector bytes (3),
+    cover (4), merges (5), unroll (7) and vector atomics (8); a ScheduleError naming `at` and the rule.
+    The rules that read isl domains (access kinds, stitching levels) have their class forms in
+    panamera/dynamic.py `check_plan` (the vector proof) and poly/param_stitch.py.
+
+    >>> import panamera as pn
+    >>> from panamera.model.gpu import H100
+    >>> from panamera.poly.params import build
+    >>> from panamera.schedule.decision import MergeMode
+    >>> s = build((pn.sum(pn.placeholder(("B", 768), name="x"), axis=1),)).statements[0]
+    >>> d = ParamDecision("S0", "ROW", 32, 1, 2, 4, MergeMode.STORE)
+    >>> check_bound((s,), d, "single", {"B": 8}, H100, False, "kernel S0")
+    Traceback (most recent call last):
+    panamera.errors.ScheduleError: kernel S0: merge modes ['store'] are not legal here (legal: ['atomic_ws'])
+    """
+    view = bound(members, kind, sizes)
+    dec = dataclasses.replace(  # the plan's own unroll (unclamped) and vector atomics (its kernel's reduction's)
+        as_decision(view, members, d, kind), unroll=d.unroll, atomic_vec=(d.atomic_vec,) + (1,) * (len(members) - 1)
+    )
+    replay.check_launch(view, dec, gpu, at)
+    replay.check_vector_bytes(view, dec, at)
+    replay.check_cover(dec, at)
+    replay.check_merges(view, dec, deterministic, at)
+    replay.check_unroll(dec, at)
+    replay.check_atomics(view, dec, gpu, at)
 
 
 @dataclass(frozen=True)
