@@ -58,9 +58,9 @@ from .runtime import emulator
 from .runtime.param_backends import CudaBackend, EmulatorBackend
 from .schedule import database
 from .schedule.decision import MergeMode
-from .schedule.derived import vector_atomic, workspace_dtype
+from .schedule.derived import workspace_dtype
 from .schedule.param_mapping import ParamDecision, group_cost, group_name, map_group
-from .schedule.param_schedule import ClassPlan, SymbolicSchedule
+from .schedule.param_schedule import ClassPlan, SymbolicSchedule, check_bound
 from .schedule.size_class import SizeClass
 
 _STATS = {"programs_compiled": 0, "classes_compiled": 0, "calls": 0}
@@ -112,10 +112,17 @@ def index_type(program: ParamProgram, cls: SizeClass, plan: tuple[ParamDecision,
     return "int" if 4 * max(sizes, default=0) < 2**31 else "long long"
 
 
-def check_plan(program: ParamProgram, plan: ClassPlan, where: str, gpu) -> None:
-    """A replayed class plan fits the program: one decision per statement, same forms, every
-    vector width one the class proves legal (poly/params.py precondition 3), vector atomics only
-    where schedule/derived.py `vector_atomic` allows them on `gpu`, a launchable block."""
+def check_plan(program: ParamProgram, plan: ClassPlan, where: str, gpu, deterministic: bool = False) -> None:
+    """A replayed class plan fits the program:
+
+    1. one decision per kernel, in launch order, each of its kernel's form;
+    2. a stitched group is never split (poly/param_stitch.py precondition 4);
+    3. every vector width one the class proves legal (poly/params.py precondition 3);
+    4. schedule/replay.py's rules that read a kernel's statements, not its isl domains (2 launch,
+       3 vector bytes, 4 cover, 5 merges, 7 unroll, 8 vector atomics), held by replay's own code
+       on the kernel's static view (schedule/bound.py) at every sample size of the class.
+    Anything else is a ScheduleError naming the class, the kernel and the rule.
+    """
     kernels = [group_name(g) for g in members(program)]
     if [d.statement for d in plan.decisions] != kernels:
         raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
@@ -133,14 +140,9 @@ def check_plan(program: ParamProgram, plan: ClassPlan, where: str, gpu) -> None:
             ).vector_condition(d.vec)
             if cond is not None and not plan.cls.holds(cond):
                 raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
-        legal = kind != "stitched" and vector_atomic(gpu, group[0].form, d.vec, True, d.merge, group[0])
-        if d.atomic_vec > 1 and not (d.atomic_vec == d.vec and legal):
-            raise ScheduleError(f"{where}: {group_name(group)}: atomic_vec={d.atomic_vec} needs a COLUMN float32 sum "
-                                f"merged by atomics with vec={d.atomic_vec} on a GPU with vector atomics")  # fmt: skip
-        if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1 or not 1 <= d.unroll <= 32:
-            raise ScheduleError(
-                f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} unroll {d.unroll} is not launchable"
-            )
+        for sizes in plan.cls.samples():
+            at = f"{where}: class {plan.cls.describe()} at {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+            check_bound(group, d, kind, sizes, gpu, deterministic, f"{at}kernel {group_name(group)}")
 
 
 @dataclass
@@ -183,7 +185,7 @@ class DynamicCompiled:
                 if not isinstance(p, ClassPlan):
                     raise ScheduleError(f"schedule: class {p.cls.describe()} is a fused attention's, this program "
                                         f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
-                check_plan(self.program, p, "schedule", self.gpu)
+                check_plan(self.program, p, "schedule", self.gpu, self.deterministic)
                 self._plans[p.cls] = p
 
     # -- public ----------------------------------------------------------------------------------
@@ -240,8 +242,12 @@ class DynamicCompiled:
         lines.append(f"  class plans: {self.origin} (a class without one is planned by the model on first use)")
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             compiled = "compiled" if p.cls in self._classes else "planned"
-            lines.append(f"  {compiled} {p.describe()}")
+            lines.append(f"  {compiled} {self.describe_plan(p)}")
         return "\n".join(lines)
+
+    def describe_plan(self, plan: ClassPlan) -> str:
+        """One class plan's line in `explain()`, modeled on this program's GPU."""
+        return plan.describe(self.gpu)
 
     def bind_sizes(self, arrays: list) -> dict[str, int]:
         """Every symbol's size from the arrays' shapes (in placeholder order); a symbol bound to

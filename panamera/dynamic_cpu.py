@@ -122,6 +122,10 @@ class DynamicCpuCompiled(DynamicCompiled):
         """The kernels, every class planned so far with its CPU decisions, and the machine."""
         return super().explain() + f"\n  machine: {self.model.describe()}"
 
+    def describe_plan(self, plan: CpuClassPlan) -> str:
+        """One CPU class plan's line in `explain()` (the CPU model's figure: no launches)."""
+        return plan.describe()
+
     def plan(self, cls: SizeClass) -> CpuClassPlan:
         """The class's CPU plan, decided now by the CPU model (once per class)."""
         if cls not in self._plans:

@@ -135,16 +135,19 @@ def passes_of(members: tuple[PStatement, ...]) -> tuple[int, ...]:
 
 def as_decision(group: BoundGroup, members: tuple[PStatement, ...], d, kind: str) -> Decision:
     """The static Decision of class decision `d` (a ParamDecision) on `group` (`bound`): its
-    block, grid, split, vector, unroll and merges; no register tile, cluster or on-chip rows."""
+    block, grid, split, chunk (the steps each split block's threads take), vector, unroll and
+    merges; no register tile, cluster or on-chip rows."""
     gx, gy = d.grid(group.M)
     merges = tuple(
         MergeMode.STORE if st.kind == StatementKind.MAP or kind == "stitched" else d.merge for st in group.statements
     )
     widths = tuple(d.atomic_vec if m == MergeMode.ATOMIC_WS else 1 for m in merges)
     levels = passes_of(members) if kind == "stitched" else (0,) * len(members)
-    unroll = max(1, min(d.unroll, d.iterations(group.M, group.N)))  # the unrolled steps a thread has at this size
+    steps = d.iterations(group.M, group.N)  # a thread's serial steps at this size, each split block's share
+    unroll = max(1, min(d.unroll, steps))  # the unrolled steps a thread has at this size
+    chunk = steps * {Form.MAP: 1, Form.COLUMN: d.ty}.get(Form(d.form), d.tx)  # Decision.tasks' serial extent
     return Decision(
         statements=group.names, form=Form(d.form), M=group.M, N=group.N, stitched=kind == "stitched", vec=d.vec,
-        tx=d.tx, ty=d.ty, split=d.split, chunk=1, grid=(gx, gy), unroll=unroll, merges=merges, access=(), levels=levels,
+        tx=d.tx, ty=d.ty, split=d.split, chunk=chunk, grid=(gx, gy), unroll=unroll, merges=merges, access=(), levels=levels,
         atomic_vec=widths, epilogue=kind == "epilogue",
     )  # fmt: skip

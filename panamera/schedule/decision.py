@@ -20,6 +20,7 @@ from .task import TaskMapping, serial, spatial
 MAX_GRID_Y = 65535
 MAX_GRID_X = 2**31 - 1
 MAX_THREADS = 1024
+MAX_UNROLL = 32  # loop copies per step a saved decision may ask (derived.unroll_for chooses at most 4)
 
 
 class MergeMode(StrEnum):
