@@ -16,14 +16,15 @@ def _features(group, gpu, d) -> dict:
     return dict(decision_cost(group, gpu, d, any(str(m) == "partials" for m in d.merges)).features)
 
 
-def _charged(group, d, ws: float) -> None:
+def _charged(group, d, ws: float, discarded: bool = False) -> None:
     """The same decision, on H100 (fits: read from L2) and on a GPU whose L2 is the workspace's size
-    (half of it does not hold it)."""
+    (half of it does not hold it): the read-back moves from L2 to DRAM; the write-back is a DRAM
+    write either way, unless the reader discards the lines (then only where they do not fit)."""
     assert ws <= H100.l2_size / 2
     fits, spills = _features(group, H100, d), _features(group, dataclasses.replace(H100, l2_size=int(ws)), d)
-    assert fits["l2_bytes"] - spills["l2_bytes"] == ws  # the read-back moved from L2 ...
-    assert spills["dram_bytes"] - fits["dram_bytes"] == ws  # ... to DRAM
-    assert fits["write_bytes"] == spills["write_bytes"]  # the write-back stays a DRAM write
+    assert fits["l2_bytes"] - spills["l2_bytes"] == ws
+    assert spills["dram_bytes"] - fits["dram_bytes"] == (2 * ws if discarded else ws)
+    assert spills["write_bytes"] - fits["write_bytes"] == (ws if discarded else 0)
 
 
 def test_rule():
@@ -39,8 +40,8 @@ def test_tensor_core_split_k_partials_charged_l2_where_they_fit():
     a = lower(_linear(16, 4096, 4096, "int4")(), stop_after="mappings", target="emulator")
     g, d = a.groups[0], a.mappings[0]
     assert d.mma and d.split > 1
-    ws = g.M * d.split * 4 if str(d.merges[0]) == "partials" else g.M * 4
-    _charged(g, d, ws)
+    partials = str(d.merges[0]) == "partials"  # the last block discards the partials' lines
+    _charged(g, d, g.M * d.split * 4 if partials else g.M * 4, discarded=partials)
 
 
 def test_cuda_core_split_workspace_charged_l2_where_it_fits():
@@ -61,3 +62,30 @@ def test_cublas_split_k_reduce_reads_partials_from_l2_where_they_fit():
     launches, facts = cublas_gemm(1, 512, 16384, 1, "bfloat16", 2, dataclasses.replace(H100, l2_size=partial))
     assert facts["split"] > 1
     assert launches[1].features["l2_bytes"] == 0 and launches[1].features["dram_bytes"] == partial + 512 * 2
+
+
+def test_discarded_partials_cost_no_dram_where_they_fit():
+    """The tensor-core kernel's last block drops the partials' lines it read (discard.global.L2):
+    where they fit, no byte of them reaches DRAM; where they do not, written back and read again."""
+    from panamera.model.workspace import workspace_traffic
+
+    assert workspace_traffic(H100, 2**20, discarded=True) == {"dram_bytes": 0.0, "write_bytes": 0.0, "l2_bytes": 2**20}
+    assert workspace_traffic(H100, H100.l2_size, discarded=True)["dram_bytes"] == 2 * H100.l2_size
+
+
+def test_discarded_partials_are_rewritten_before_the_next_read(rng):
+    """Split-K partials on tensor cores (deterministic: combined by the last block), called twice
+    with different inputs: the emulator poisons every discarded line (NaN), so a partial read
+    before it is written again would show; both calls match numpy in float64."""
+    import numpy as np
+    from test_contract import array, bound
+    from test_tensor_core import tc_compile
+
+    x, w = pn.placeholder((20, 100), "float16", name="x"), pn.placeholder((40, 100), "float16", name="w")
+    k = tc_compile(x @ w.T, (1, 2, 32), 4, deterministic=True)
+    assert [str(m) for m in k.schedule.kernels[0].merges] == ["partials"] and "pn_discard_l2(" in k.source
+    for _ in range(2):
+        X, W = array((20, 100), "float16", rng), array((40, 100), "float16", rng)
+        out = np.asarray(k(X, W)).astype(np.float64)
+        ref = X.astype(np.float64) @ W.astype(np.float64).T
+        assert (np.abs(out - ref) <= bound(X, W.T, "mk,kn->mn", "float32", "float16")).all()

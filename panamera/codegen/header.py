@@ -33,6 +33,9 @@ template <class V, class T> __device__ __forceinline__ void pn_vstore(T* p, V v)
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
   while (*reinterpret_cast<const volatile unsigned*>(counter) < target) __nanosleep(64);
 }
+// Drops one 128-byte L2 line without writing it back (discard.global.L2, sm_80+): a split's partials
+// once the last block has read them; reads see an indeterminate value until the line is written again.
+__device__ __forceinline__ void pn_discard_l2(void* p) { asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory"); }
 // Shared memory that holds a value across a grid-wide wait or a cluster barrier (rows kept on
 // chip, a cluster's partials): the emulator gives each block its own instance of it.
 #define PN_BLOCK_SHARED(T, name, dims) __shared__ __align__(16) T name dims

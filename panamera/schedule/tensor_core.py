@@ -396,8 +396,9 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     split = d.split > 1
     partials = any(m.value == "partials" for m in d.merges)
     # the workspace (every block's partials, or the words the atomics merge into): written back, read from
-    # L2 where it fits (model/workspace.py, the one rule of every split plan)
-    ws = workspace_traffic(gpu, group.M * (d.split if partials else 1) * st.acc.itemsize if split else 0)
+    # L2 where it fits (model/workspace.py, the one rule of every split plan); the last block discards the
+    # partials' lines it has read (codegen/tc_kernel.py), an atomic workspace stays resident
+    ws = workspace_traffic(gpu, group.M * (d.split if partials else 1) * st.acc.itemsize if split else 0, partials)
     blocks = d.grid[0] * d.split
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
     # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
