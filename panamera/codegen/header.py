@@ -46,6 +46,14 @@ __device__ __forceinline__ void pn_discard_l2(void* p) { asm volatile("discard.g
 #define PN_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
 #endif
 #endif
+// The whole 128-byte lines of [begin, end) dropped from L2 without a write-back (pn_discard_l2), by
+// `threads` threads from `tid`: a split's workspace once every thread that reads it has (a barrier).
+__device__ __forceinline__ void pn_discard_range(const void* begin, const void* end, int tid, int threads) {
+  const unsigned long long z = (unsigned long long)end;
+  for (unsigned long long l = (((unsigned long long)begin + 127) & ~127ull) + 128ull * tid; l + 128 <= z;
+       l += 128ull * threads)
+    pn_discard_l2((void*)l);
+}
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define PN_NAN_F __int_as_float(0x7fc00000)

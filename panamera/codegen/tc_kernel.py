@@ -178,19 +178,14 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
 
 def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
     """Once every thread of the last block has read them, the 128-byte L2 lines that hold only this
-    tile's partials (ws0[o * S ...] of each row's outputs, whole lines by their real addresses) are
-    dropped without a write-back (`pn_discard_l2`): the next call writes every partial before any is
-    read, so the workspace never costs DRAM bandwidth (model/workspace.py `discarded`)."""
-    span = f"(unsigned long long)&ws0[(pn_r * {P} + pn_c0) * {S}]"
-    end = f"(unsigned long long)&ws0[(pn_r * {P} + (pn_c0 + {BN} < {P} ? pn_c0 + {BN} : {P})) * {S}]"
+    tile's partials (ws0[o * S ...] of each row's outputs) are dropped without a write-back
+    (`pn_discard_range`): the next call writes every partial before any is read, so the workspace
+    never costs DRAM bandwidth where it fits in L2 (model/workspace.py `discarded`)."""
+    end = f"(pn_c0 + {BN} < {P} ? pn_c0 + {BN} : {P})"
     return [
         "  __syncthreads();  // every partial of the tile read: its lines are dropped, never written back",
-        f"  for (pn_idx pn_r = pn_r0; pn_r < pn_r0 + {BM} && pn_r < {Q}; ++pn_r) {{",
-        f"    const unsigned long long pn_a = {span}, pn_z = {end};",
-        f"    for (unsigned long long pn_l = ((pn_a + 127) & ~127ull) + tx * 128ull; pn_l + 128 <= pn_z; "
-        f"pn_l += {threads * 128}ull)",
-        "      pn_discard_l2((void*)pn_l);",
-        "  }",
+        f"  for (pn_idx pn_r = pn_r0; pn_r < pn_r0 + {BM} && pn_r < {Q}; ++pn_r)",
+        f"    pn_discard_range(&ws0[(pn_r * {P} + pn_c0) * {S}], &ws0[(pn_r * {P} + {end}) * {S}], tx, {threads});",
     ]
 
 

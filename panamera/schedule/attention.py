@@ -164,9 +164,9 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     if split > 1 and launches == 1:  # the last block merges: its S partial loads, after an arrival
         epilogue += 2 * gpu.l2_latency_cycles + split * merge_elems * ONLINE_SOFTMAX_VEC.merge_instructions_per_element
         atomics = blocks
-    # the partials: written back, read (by the last block or the merge kernel) from L2 where they fit
-    # (model/workspace.py, the one rule of every split plan)
-    ws = workspace_traffic(gpu, part_bytes)
+    # the partials: read (by the last block or the merge kernel) from L2 where they fit, and discarded
+    # there, never written back (codegen/attention_kernel.py; model/workspace.py, the one rule of every split)
+    ws = workspace_traffic(gpu, part_bytes, discarded=True)
     read_back = ws["dram_bytes"] - ws["write_bytes"]  # the read's DRAM bytes: 0 where they fit
     main = kernel_time(
         gpu,
