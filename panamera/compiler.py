@@ -317,6 +317,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
     for (name, specs), cost in zip(rk.params.items(), p.costs):
         signatures[name] = tuple(f"{'const ' if b.role == BufferRole.INPUT else ''}{b.ctype}*" for b in specs)
         io = {b.key: b for b in specs if b.role in (BufferRole.INPUT, BufferRole.OUTPUT)}.values()
+        stores = name != rk.main or not rk.merge  # a two-launch split's main kernel writes partials only
         launches.append(
             Launch(
                 name,
@@ -327,7 +328,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
                 form="ATTENTION",
                 blocks_per_reduction=p.split if name == rk.main else 1,
                 bytes_read=sum(b.nbytes for b in io if b.role == BufferRole.INPUT),
-                bytes_written=sum(b.nbytes for b in io if b.role == BufferRole.OUTPUT),
+                bytes_written=sum(b.nbytes for b in io if b.role == BufferRole.OUTPUT) if stores else 0,
                 mapping=p.describe(),
                 modeled_us=cost.total_s * 1e6,
                 cost_features=cost.features,

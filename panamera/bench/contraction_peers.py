@@ -45,7 +45,7 @@ from ..frontend.tensor import topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
 from ..model.library import tensor_core_peak
-from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, kernel
+from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, from_workspace, kernel
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int4": 0.5}
 
@@ -191,8 +191,9 @@ def cublas_gemm(M: int, N: int, K: int, batch: int, dtype: str, out_bytes: int, 
                       l2=(cdiv(N, tn) - 1) * a_bytes)  # the activations re-read by every N tile  # fmt: skip
         launches = [_mma(main, 2.0 * cdiv(M, tm) * tm * N * K * batch, dtype)]
         if s > 1:
-            launches.append(kernel("splitKreduce_kernel", read=partial, written=out,
-                                   blocks=cdiv(batch * M * N, 32 * 16), threads=32 * 16, in_flight=16))  # fmt: skip
+            reduce = kernel("splitKreduce_kernel", read=partial, written=out, blocks=cdiv(batch * M * N, 32 * 16),
+                            threads=32 * 16, in_flight=16)  # fmt: skip
+            launches.append(from_workspace(reduce, partial, gpu))
         candidates.append((launches, {"tile": (tm, tn), "split": s, "kernels": len(launches)}))
     return min(candidates, key=lambda p: ContractionPlan("", tuple(p[0]), "").estimate(gpu, 0).total_us)
 
@@ -307,8 +308,9 @@ def flash_decoding(c, gpu: GPUSpec) -> ContractionPlan | None:
     launches = [_mma(main, flops, c.dtype)]
     what = f"flash_fwd_splitkv_kernel {s} split(s) of {f['n_blocks']} key blocks of {f['block_n']}"
     if s > 1:
-        launches.append(kernel("flash_fwd_splitkv_combine_kernel", read=accum, written=out, blocks=cdiv(rows, 4),
-                               threads=128, in_flight=16))  # fmt: skip
+        combine = kernel("flash_fwd_splitkv_combine_kernel", read=accum, written=out, blocks=cdiv(rows, 4),
+                         threads=128, in_flight=16)  # fmt: skip
+        launches.append(from_workspace(combine, accum, gpu))
         what += " + combine"
     return _contraction_plan("flash-decoding", launches, what, **f)
 

@@ -33,6 +33,9 @@ template <class V, class T> __device__ __forceinline__ void pn_vstore(T* p, V v)
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
   while (*reinterpret_cast<const volatile unsigned*>(counter) < target) __nanosleep(64);
 }
+// Drops one 128-byte L2 line without writing it back (discard.global.L2, sm_80+): a split's partials
+// once the last block has read them; reads see an indeterminate value until the line is written again.
+__device__ __forceinline__ void pn_discard_l2(void* p) { asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory"); }
 // Shared memory that holds a value across a grid-wide wait or a cluster barrier (rows kept on
 // chip, a cluster's partials): the emulator gives each block its own instance of it.
 #define PN_BLOCK_SHARED(T, name, dims) __shared__ __align__(16) T name dims
@@ -43,6 +46,14 @@ __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned t
 #define PN_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
 #endif
 #endif
+// The whole 128-byte lines of [begin, end) dropped from L2 without a write-back (pn_discard_l2), by
+// `threads` threads from `tid`: a split's workspace once every thread that reads it has (a barrier).
+__device__ __forceinline__ void pn_discard_range(const void* begin, const void* end, int tid, int threads) {
+  const unsigned long long z = (unsigned long long)end;
+  for (unsigned long long l = (((unsigned long long)begin + 127) & ~127ull) + 128ull * tid; l + 128 <= z;
+       l += 128ull * threads)
+    pn_discard_l2((void*)l);
+}
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define PN_NAN_F __int_as_float(0x7fc00000)

@@ -172,6 +172,20 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
         *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, fold, pt)),
         "  }",
         *_outputs(BN, BM, threads, P, Q, done, pt),
+        *_discard_partials(S, BN, BM, threads, P, Q),
+    ]
+
+
+def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
+    """Once every thread of the last block has read them, the 128-byte L2 lines that hold only this
+    tile's partials (ws0[o * S ...] of each row's outputs) are dropped without a write-back
+    (`pn_discard_range`): the next call writes every partial before any is read, so the workspace
+    never costs DRAM bandwidth where it fits in L2 (model/workspace.py `discarded`)."""
+    end = f"(pn_c0 + {BN} < {P} ? pn_c0 + {BN} : {P})"
+    return [
+        "  __syncthreads();  // every partial of the tile read: its lines are dropped, never written back",
+        f"  for (pn_idx pn_r = pn_r0; pn_r < pn_r0 + {BM} && pn_r < {Q}; ++pn_r)",
+        f"    pn_discard_range(&ws0[(pn_r * {P} + pn_c0) * {S}], &ws0[(pn_r * {P} + {end}) * {S}], tx, {threads});",
     ]
 
 

@@ -654,6 +654,9 @@ static inline void __syncthreads() { pn_emu::syncthreads(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { pn_emu::warp_barrier(); }
 // A GPU thread backs off while it polls; here a poll that fails suspends the fiber (pn_grid_wait).
 static inline void __nanosleep(unsigned) {}
+// discard.global.L2 of one 128-byte line: the line's values become indeterminate until written
+// again; here they are poisoned (all bits set: NaN for floats) so that a read before the rewrite shows.
+static inline void pn_discard_l2(void* p) { std::memset(p, 0xff, 128); }
 static inline void pn_grid_wait(const unsigned* counter, unsigned target) { pn_emu::grid_wait(counter, target); }
 // cuda_pipeline.h's primitives, run lazily (pn_emu::AsyncCopies): the copy reads its source now,
 // commit closes the thread's current batch, and __pipeline_wait_prior(n) lands every committed

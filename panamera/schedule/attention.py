@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from ..algebra import ONLINE_SOFTMAX_VEC
 from ..errors import OptionError
 from ..model.gpu import GPUSpec, KernelCost, kernel_time, sequence_s
+from ..model.workspace import workspace_traffic
 from ..poly.attention import AttentionChain
 
 THREADS = 128
@@ -163,17 +164,21 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     if split > 1 and launches == 1:  # the last block merges: its S partial loads, after an arrival
         epilogue += 2 * gpu.l2_latency_cycles + split * merge_elems * ONLINE_SOFTMAX_VEC.merge_instructions_per_element
         atomics = blocks
+    # the partials: read (by the last block or the merge kernel) from L2 where they fit, and discarded
+    # there, never written back (codegen/attention_kernel.py; model/workspace.py, the one rule of every split)
+    ws = workspace_traffic(gpu, part_bytes, discarded=True)
+    read_back = ws["dram_bytes"] - ws["write_bytes"]  # the read's DRAM bytes: 0 where they fit
     main = kernel_time(
         gpu,
-        dram_bytes=q_bytes + kv + spill + mask + main_out + (part_bytes if launches == 2 else 0),
-        write_bytes=main_out + (part_bytes if launches == 2 else 0),
+        dram_bytes=q_bytes + kv + spill + mask + main_out + ws["write_bytes"] + (read_back if launches == 1 else 0),
+        write_bytes=main_out + ws["write_bytes"],
         blocks=min(blocks, gpu.sms * per_sm),  # one wave of register-bound resident blocks (the split keeps it so)
         threads=THREADS,
         bytes_in_flight_per_thread=in_flight,
         atomics=atomics,
         same_address=split if atomics else 0,
         epilogue_cycles=epilogue,
-        l2_bytes=reread - spill + 2 * part_bytes,
+        l2_bytes=reread - spill + (ws["l2_bytes"] if launches == 1 else 0),
         sfu_ops=pairs * ONLINE_SOFTMAX_VEC.merge_transcendentals,
         fp32_ops=pairs * (4 * c.D + shuffles + 10),
     )
@@ -181,13 +186,13 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
         return (main,)
     merge = kernel_time(
         gpu,
-        dram_bytes=out_bytes,
+        dram_bytes=out_bytes + read_back,
         write_bytes=out_bytes,
         blocks=tiles * c.B * c.Hkv,
         threads=THREADS,
         bytes_in_flight_per_thread=4 * split,
         epilogue_cycles=400,
-        l2_bytes=part_bytes,
+        l2_bytes=ws["l2_bytes"],
         sfu_ops=2 * split * c.B * c.Hq * c.Lq,
         fp32_ops=2 * split * c.node.size,
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 
 from ..algebra import SUM, AtomicStrategy
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.workspace import workspace_traffic
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cluster import exchange_cycles as cluster_exchange_cycles
@@ -145,16 +146,17 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
     acc_bytes = max(st.acc.itemsize for st in owners)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
-    # partials: every block writes its partials and the last block reads them all.
-    merges = s_eff if partials else 2
-    ws_bytes = outputs * merges * acc_bytes if is_split else 0
+    # partials: every block writes its partials and the last block reads them all. Written back,
+    # read from L2 where it fits (model/workspace.py, the one rule of every split plan).
+    merges = s_eff if partials else 1
+    ws = workspace_traffic(gpu, outputs * merges * acc_bytes if is_split else 0)
     cas = 0
     if is_split and not partials:
         cas = sum(group.M * s_eff for st in owners if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
     return kernel_time(
         gpu,
-        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
-        write_bytes=out_bytes,
+        dram_bytes=_input_bytes(group) + out_bytes + ws["dram_bytes"],
+        write_bytes=out_bytes + ws["write_bytes"],
         blocks=blocks,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=in_flight(group, d),  # unroll unguarded loads per step
@@ -170,7 +172,8 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         + 150 * (d.rtile * d.ctile - 1)
         + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
         + _epilogue_cycles(group, gpu),
-        l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
+        # a contraction's shared operand, re-read by every row, and the workspace's read where it fits
+        l2_bytes=contraction_l2_bytes(group, d) + ws["l2_bytes"],
         **work,
     )
 
@@ -315,13 +318,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
     tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
-    ws = merges * acc  # the partials merges' bytes: written to DRAM, read back in this kernel from L2
-    if ws <= gpu.l2_size / 2 and any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
-        f["dram_bytes"] -= ws  # where they fit half of it (as stitched_cost's re-read); the round trips
-        f["write_bytes"] = f.get("write_bytes", 0) + ws  # are the combine's cycles or the last block's tail
-        f["l2_bytes"] += ws
+    if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
+        # the partials' bytes: written back, read in this kernel from L2 where they fit (model/workspace.py);
+        # the round trips are the combine's cycles or the last block's tail
+        for key, nbytes in workspace_traffic(gpu, merges * acc).items():
+            f[key] = f.get(key, 0) + nbytes
     if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
-        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
@@ -335,7 +337,6 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
             f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
             f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
-        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += B
         last = merges * acc + outputs
     else:

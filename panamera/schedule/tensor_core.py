@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.workspace import workspace_traffic
 from ..poly.access import AccessKind, choose_vec
 from ..poly.epilogue import joins
 from ..poly.expr import Expr
@@ -394,7 +395,10 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
     split = d.split > 1
     partials = any(m.value == "partials" for m in d.merges)
-    ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
+    # the workspace (every block's partials, or the words the atomics merge into): written back, read from
+    # L2 where it fits (model/workspace.py, the one rule of every split plan); the last block discards the
+    # partials' lines it has read (codegen/tc_kernel.py), an atomic workspace stays resident
+    ws = workspace_traffic(gpu, group.M * (d.split if partials else 1) * st.acc.itemsize if split else 0, partials)
     blocks = d.grid[0] * d.split
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
     # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
@@ -404,8 +408,8 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
         gpu,
-        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
-        write_bytes=out_bytes,
+        dram_bytes=_input_bytes(group) + out_bytes + ws["dram_bytes"],
+        write_bytes=out_bytes + ws["write_bytes"],
         blocks=blocks,
         threads=d.threads,
         bytes_in_flight_per_thread=sum(flights) if any(first) else max(flights),
@@ -413,7 +417,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
         epilogue_cycles=tail,
-        l2_bytes=l2,
+        l2_bytes=l2 + ws["l2_bytes"],
         fp32_ops=fp32,
         mma_flops=2.0 * MT * BM * NT * BN * Kp,
         mma_dtype=Mma(d.mma).dtype,
