@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
+from ..poly.access import too_wide
 from ..poly.program import KernelGroup
 from .cluster import check as check_cluster
 from .cost import complete
 from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, Decision, Mapping, MergeMode, covers, is_pow2
-from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
+from .derived import (
+    access_for,
+    along,
+    atomic_vec_for,
+    co_resident,
+    levels_for,
+    merges_for,
+    struct_accumulators,
+    vector_extent,
+)
 from .onchip import check as check_onchip
 from .persistent import check as check_columns
 from .persistent import check_rows
@@ -26,7 +36,8 @@ def replay(
     1. it maps the same statements, with the same canonical form and extents;
     2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
        CUDA's limits, split = gridDim.y, and a cooperative group's blocks all co-resident;
-    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
+    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input (a read
+       isl finds UNIFORM along the vector is one scalar: poly/access.py `loads_fit`), and
        every read has the access kind isl finds at that width (a read saved as contiguous must be
        aligned for it);
     4. the task mappings own every iteration of the canonical domain (isl checks the cover);
@@ -80,8 +91,12 @@ def replay(
         )
     if d.vec not in (1, 2, 4, 8, 16) or vector_extent(group) % d.vec:
         raise ScheduleError(f"{at}: vector width {d.vec} does not divide the contiguous extent {vector_extent(group)}")
-    if any(d.vec * r.tensor.dtype.itemsize > 16 for s in group.statements for r in s.reads if r.memory and d.vec > 1):
-        raise ScheduleError(f"{at}: vector width {d.vec} loads more than 16 bytes of an input")
+    wide = too_wide(group.statements, along(group), d.vec)
+    if wide:
+        raise ScheduleError(
+            f"{at}: vector width {d.vec} loads more than 16 bytes of input {wide[0].tensor.name!r} "
+            f"({wide[0].tensor.dtype.name}), which is not uniform along the vector"
+        )
     if d.access != access_for(group, d.vec):
         raise ScheduleError(
             f"{at}: access kinds {d.to_dict()['access']} are not what isl finds at vector width {d.vec}"
