@@ -20,7 +20,7 @@ from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
 from panamera.schedule.decision import MergeMode, Residence
-from panamera.schedule.derived import combine_lanes
+from panamera.schedule.derived import combine_lanes, tree_chunk
 from panamera.schedule.mapping import map_group
 from panamera.schedule.persistent import column_registers
 from panamera.schedule.row_columns import plan_columns
@@ -399,3 +399,23 @@ def test_rows_reread_from_l2_through_a_persistent_row_loop(rng):
     red = pn.compile(pn.sum(y1, axis=1), target="emulator")
     with pytest.raises(ScheduleError, match="no stitched rows"):
         pn.compile(pn.sum(y1, axis=1), target="emulator", schedule=_with(red, persistent=1, per_sm=1))
+
+
+@pytest.mark.parametrize("mode", [MergeMode.ATOMIC_WS, MergeMode.PARTIALS])
+def test_partials_reduced_over_the_rows_in_chunks(mode, rng):
+    """A block of 8 x 32 threads keeps 3 steps x 4 lanes = 12 partials per column statement: its
+    rows reduce them through shared memory 8 at a time (`tree_chunk`: 8 KiB over 256 threads),
+    a full chunk then a partial one (`pn_reduce_y_all`), against numpy float64 (a replayed
+    schedule; M = 64 leaves 2 row tiles of 32)."""
+    M, N = 64, 96
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator", gpu=FLOORED)
+    merges = tuple(MergeMode.STORE if x == MergeMode.STORE else mode for x in k.mappings[0].merges)
+    change = dict(tx=8, ty=32, chunk=24, grid=(2, 1), persistent=2, per_sm=1, unroll=1, merges=merges)
+    r = pn.compile(outs, target="emulator", gpu=FLOORED, schedule=_with(k, **change))
+    assert tree_chunk(256, 12, 4) == 8 and "pn_reduce_y_all<pn_op_sum, 8, 32, 12, 8>" in r.source
+    refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
+    for order in ("forward", "reverse"):
+        for out, ref, scale, n in zip(r(a, d, g, mean, rstd, order=order), refs, scales, [N, M, M]):
+            np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
