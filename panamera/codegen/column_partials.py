@@ -12,7 +12,8 @@ run-time counter, and the partials in local memory):
     for (tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       ... pass p:  for s < S: for v < V: dx[i, j] = ...;  pn_c5[s * V + v] += dy[i, j] * xhat[i, j];
     }
-    pn_reduce_y over the block's rows (shared memory), then per column j, by the rows' leaders:
+    pn_reduce_y_all over the block's rows (shared memory, `tree_chunk` partials at a time), then
+    per column j, by the rows' leaders:
       ATOMIC_WS  atomicAdd(&ws5[j], partial)         the workspace is resident, at the identity
       PARTIALS   ws5[blockIdx.x * N + j] = partial
     __threadfence; the block arrives on pn_counter[0]; the last block to arrive:
@@ -30,7 +31,7 @@ run-time counter, and the partials in local memory):
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..schedule.derived import combine_lanes
+from ..schedule.derived import combine_lanes, tree_chunk
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -83,11 +84,18 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
     out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
-    for ct in dict.fromkeys(g.statements[k].acc.compute for k in _owners(loop)):
-        out.append(f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{m.tx * m.ty}];")
+    chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize) for k in _owners(loop)}
+    if m.ty > 1:
+        sizes: dict[str, int] = {}
+        for k in _owners(loop):
+            ct = g.statements[k].acc.compute
+            sizes[ct] = max(sizes.get(ct, 0), m.tx * m.ty * chunk[k])
+        out += [f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{n}];" for ct, n in sizes.items()]
     for k in _owners(loop):
         s = g.statements[k]
-        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        if m.ty > 1:
+            tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}, {S * V}, {chunk[k]}>"
+            out.append(f"  pn_reduce_y_all{tmpl}(pn_c{k}, pn_csmem_{c_ident(s.acc.compute)});")
         if m.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
             write = f"ws{k}[(pn_idx)bx * {N} + j] = pn_p;"
         elif s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
@@ -100,8 +108,7 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
             "#pragma unroll",
             f"  for (int v = 0; v < {V}; ++v) {{",
             f"    const pn_idx j = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v;",
-            f"    const {s.acc.compute} pn_p = pn_reduce_y{tmpl}(pn_c{k}[pn_s * {V} + v], "
-            f"pn_csmem_{c_ident(s.acc.compute)});",
+            f"    const {s.acc.compute} pn_p = pn_c{k}[pn_s * {V} + v];",
             f"    if (ty == 0 && j < {N}) {write}",
             "  }",
         ]

@@ -313,6 +313,38 @@ __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {
   return smem[threadIdx.x];
 }
 
+// Reduce P register partials across threadIdx.y, C at a time (schedule/derived.py `tree_chunk`):
+// every thread stores C partials (smem: [C][TY][TX]), one barrier, each thread sums its share of
+// the C * TX (partial, column) pairs over the TY rows in row order, a barrier, and the rows'
+// leaders (threadIdx.y == 0) read the sums back into v. Three barriers per chunk, where
+// pn_reduce_y takes 2 + log2(TY) per partial.
+template <class OP, int TX, int TY, int P, int C, class T>
+__device__ __forceinline__ void pn_reduce_y_all(T (&v)[P], T* smem) {
+  if (TY == 1) return;
+#pragma unroll
+  for (int c0 = 0; c0 < P; c0 += C) {
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (c0 + c < P) smem[(c * TY + threadIdx.y) * TX + threadIdx.x] = v[c0 + c];
+    __syncthreads();
+    for (int q = threadIdx.y * TX + threadIdx.x; q < C * TX; q += TX * TY) {
+      const int c = q / TX, x = q % TX;
+      if (c0 + c < P) {
+        T a = smem[c * TY * TX + x];
+        for (int y = 1; y < TY; ++y) a = OP::apply(a, smem[(c * TY + y) * TX + x]);
+        smem[c * TY * TX + x] = a;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (c0 + c < P) v[c0 + c] = smem[c * TY * TX + threadIdx.x];
+    }
+  }
+}
+
 // One atomic per block per output: native where the hardware has it, a CAS loop otherwise.
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(float* p, float v) {
   unsigned* q = reinterpret_cast<unsigned*>(p);

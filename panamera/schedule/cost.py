@@ -16,7 +16,7 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import combine_lanes, exchanges, kernel_buffers, passes
+from .derived import column_tree_cycles, combine_lanes, exchanges, kernel_buffers, passes, tree_chunk
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -295,7 +295,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """A stitched row group with column partials (schedule/persistent.py): the stitched kernel
     on the persistent grid, whose passes also accumulate the columns (their loads are the
     row's, their operations `arithmetic`'s), then per block the reduction of the column partials
-    over its rows (a shared-memory tree per partial, log2(ty) steps) and the merge: one atomic
+    over its rows (`column_tree_cycles`: chunks of partials through shared memory) and the merge: one atomic
     per block per column into the resident workspace, whose values the last block stores and
     resets; or (partials) every block's partials written and read back by the last block, which
     sums each column in block order. The last block's pass over the columns is one SM's work at
@@ -316,7 +316,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     merges = B * width * len(cols)
     acc = max(c.acc.itemsize for c in cols)
     per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
-    tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
+    steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
+    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
         # the partials' bytes: written back, read in this kernel from L2 where they fit (model/workspace.py);

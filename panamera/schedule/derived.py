@@ -208,6 +208,36 @@ def combine_lanes(blocks: int, threads: int, columns: int) -> int:
     return lanes
 
 
+COLUMN_TREE_BYTES = 8192  # shared memory a block's rows reduce their column partials through, per chunk
+
+
+def tree_chunk(threads: int, partials: int, acc_bytes: int) -> int:
+    """Column partials of one statement a block's rows reduce together (codegen/column_partials.py,
+    `pn_reduce_y_all`): every thread stores that many to shared memory, one barrier, then each
+    thread sums a share of the (partial, column) pairs over the block's rows; within
+    `COLUMN_TREE_BYTES`.
+
+    >>> tree_chunk(256, 16, 4), tree_chunk(256, 4, 4), tree_chunk(1024, 16, 8)
+    (8, 4, 1)
+    """
+    return max(1, min(partials, COLUMN_TREE_BYTES // (threads * acc_bytes)))
+
+
+def column_tree_cycles(partials: int, ty: int, chunk: int) -> int:
+    """Cycles of the reduction of one statement's `partials` register partials over a block's
+    `ty` rows, `chunk` at a time: per chunk three barriers and shared-memory round trips (30
+    cycles each: store, sum over the rows, read back), and about three shared-memory accesses
+    per partial (its store, its share of the sums, its read). The tree it replaces paid 2 +
+    log2(ty) round trips for every partial in turn.
+
+    >>> column_tree_cycles(16, 2, 8), column_tree_cycles(16, 1, 8)
+    (228, 0)
+    """
+    if ty <= 1:
+        return 0
+    return -(-partials // chunk) * 3 * 30 + 3 * partials
+
+
 def co_resident(gpu: GPUSpec, threads: int) -> int:
     """Blocks of `threads` threads that are surely resident at once: the kernels carry
     __launch_bounds__(threads, 1024 / threads) (codegen/kernel.py), so ptxas leaves room for that

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
+from ..poly.access import too_wide
 from ..poly.program import KernelGroup
+from .bound import BoundStatement
 from .cluster import check as check_cluster
 from .cost import complete
 from .decision import MAX_GRID_X, MAX_GRID_Y, MAX_THREADS, MAX_UNROLL, Decision, Mapping, MergeMode, covers, is_pow2
-from .derived import access_for, atomic_vec_for, co_resident, levels_for, merges_for, struct_accumulators, vector_extent
+from .derived import (
+    access_for,
+    along,
+    atomic_vec_for,
+    co_resident,
+    levels_for,
+    merges_for,
+    struct_accumulators,
+    vector_extent,
+)
 from .onchip import check as check_onchip
 from .persistent import check as check_columns
 from .persistent import check_rows
@@ -26,7 +37,8 @@ def replay(
     1. it maps the same statements, with the same canonical form and extents;
     2. launch limits: tx and ty powers of two, at most 1024 threads per block, grid within
        CUDA's limits, split = gridDim.y, and a cooperative group's blocks all co-resident;
-    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input, and
+    3. the vector width divides the contiguous extent, loads at most 16 bytes of any input (a read
+       isl finds UNIFORM along the vector is one scalar: poly/access.py `loads_fit`), and
        every read has the access kind isl finds at that width (a read saved as contiguous must be
        aligned for it);
     4. the task mappings own every iteration of the canonical domain (isl checks the cover);
@@ -120,11 +132,21 @@ def check_launch(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None
 
 
 def check_vector_bytes(group: KernelGroup, d: Decision, at: str) -> None:
-    """Rule 3, its width part: a vector of 1, 2, 4, 8 or 16 elements loads at most 16 bytes of any input."""
+    """Rule 3, its width part: a vector of 1, 2, 4, 8 or 16 elements loads at most 16 bytes of any
+    input that is not UNIFORM along the vector (poly/access.py `too_wide`: a uniform read is one
+    scalar per row). A parametric kernel's view (schedule/bound.py) has no isl domains to prove a
+    read uniform, and its planner caps the vector by every read: there every input counts."""
     if d.vec not in (1, 2, 4, 8, 16):
         raise ScheduleError(f"{at}: vector width {d.vec} is not 1, 2, 4, 8 or 16")
-    if any(d.vec * r.tensor.dtype.itemsize > 16 for s in group.statements for r in s.reads if r.memory and d.vec > 1):
-        raise ScheduleError(f"{at}: vector width {d.vec} loads more than 16 bytes of an input")
+    if any(isinstance(s, BoundStatement) for s in group.statements):
+        wide = tuple(r for s in group.statements for r in s.reads if r.memory and d.vec * r.tensor.dtype.itemsize > 16)
+    else:
+        wide = too_wide(group.statements, along(group), d.vec)
+    if wide:
+        raise ScheduleError(
+            f"{at}: vector width {d.vec} loads more than 16 bytes of input {wide[0].tensor.name!r} "
+            f"({wide[0].tensor.dtype.name}), which is not uniform along the vector"
+        )
 
 
 def check_cover(d: Decision, at: str) -> None:
