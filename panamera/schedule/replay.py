@@ -143,9 +143,10 @@ def check_vector_bytes(group: KernelGroup, d: Decision, at: str) -> None:
     else:
         wide = too_wide(group.statements, along(group), d.vec)
     if wide:
+        t = wide[0].tensor
+        what = f"input {t.name!r} ({t.dtype.name})" if hasattr(t, "name") else f"a {t.dtype.name} input"
         raise ScheduleError(
-            f"{at}: vector width {d.vec} loads more than 16 bytes of input {wide[0].tensor.name!r} "
-            f"({wide[0].tensor.dtype.name}), which is not uniform along the vector"
+            f"{at}: vector width {d.vec} loads more than 16 bytes of {what}, which is not uniform along the vector"
         )
 
 
