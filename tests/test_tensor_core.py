@@ -262,3 +262,14 @@ def test_emulated_fragments_have_no_elements():
 
 
 _ = ml_dtypes  # bf16 arrays come from test_contract.array
+
+
+def test_a_tensor_core_kernel_indexes_in_int_where_its_addresses_fit():
+    """64 x 14336 x 4096 bf16: 3.8e9 canonical points but no address past 5.9e7 (a quotient by a
+    constant bounds its products: 4096 * (i / 14336)); 64-bit indices spilled its staging on sm_80."""
+    from panamera.bench.suites import _linear
+    from panamera.codegen.kernel import index_type
+    from panamera.compiler import lower
+
+    a = lower(_linear(64, 14336, 4096, "bfloat16", "bfloat16")(), stop_after="mappings", target="emulator")
+    assert a.mappings[0].mma and index_type(a.groups[0], a.mappings[0]) == "int"
