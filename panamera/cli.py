@@ -30,7 +30,7 @@ import numpy as np
 from . import __version__, logs
 from . import compile as pn_compile
 from .cli_base import PanameraGroup
-from .errors import EmulatorWarning, InputError, ModelError, PanameraError, ScheduleError
+from .errors import EmulatorWarning, InputError, ModelError, OptionError, PanameraError, ScheduleError
 from .explain import DEFAULT as DEFAULT_SECTIONS
 from .explain import Section
 from .frontend import ops, placeholder
@@ -478,7 +478,7 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
 @cli.command()
 @click.option(
     "--suite",
-    type=click.Choice(["single", "subgraphs", "norms", "contractions", "training", "steps", "all", "tiny"]),
+    type=click.Choice(["single", "subgraphs", "norms", "contractions", "training", "steps", "models", "all", "tiny"]),
     default="all",
     show_default=True,
 )
@@ -530,6 +530,8 @@ def bench(suite, gpu, out, plot, measure, repeat):
 
         console.print(bench_cpu(suite, out, plot, repeat, cmd, lambda m: console.print(m, markup=False)), markup=False)
         return
+    if suite == "models":  # whole exported models vs onnxruntime: measured on the CPU target only
+        raise OptionError("bench --suite models times the CPU target against onnxruntime: give --measure (no GPU)")
     _, summary = run_bench(suites, GPUS[gpu], out, plot, measure, repeat, workloads, None, cmd)
     console.print(summary, markup=False)
     if out:

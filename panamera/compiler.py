@@ -56,6 +56,7 @@ from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule import database
 from .schedule.attention import AttentionPlan, plan_attention
+from .schedule.cpu_operands import stored_operands
 from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, EpilogueConsidered, plan_groups
@@ -208,7 +209,9 @@ def _program(a: Artifacts, o: Options) -> Artifacts:
         return dataclasses.replace(a, program=fused_attention.program_of(fused), fused=fused)
     nodes = fused_attention.chains_in(a.graph)  # fused attention where it is not legal: its chain
     graph = substitute(a.graph, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else a.graph
-    return dataclasses.replace(a, graph=graph, program=build_program(tuple(view_source(t) for t in graph)))
+    outs = tuple(view_source(t) for t in graph)
+    stored = stored_operands(outs) if o.target == Target.CPU else frozenset()  # no on-chip operand tiles
+    return dataclasses.replace(a, graph=graph, program=build_program(outs, stored))
 
 
 def _groups(a: Artifacts, o: Options) -> Artifacts:
@@ -314,6 +317,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
     for (name, specs), cost in zip(rk.params.items(), p.costs):
         signatures[name] = tuple(f"{'const ' if b.role == BufferRole.INPUT else ''}{b.ctype}*" for b in specs)
         io = {b.key: b for b in specs if b.role in (BufferRole.INPUT, BufferRole.OUTPUT)}.values()
+        stores = name != rk.main or not rk.merge  # a two-launch split's main kernel writes partials only
         launches.append(
             Launch(
                 name,
@@ -324,7 +328,7 @@ def _attention_plan(a: Artifacts, o: Options) -> Artifacts:
                 form="ATTENTION",
                 blocks_per_reduction=p.split if name == rk.main else 1,
                 bytes_read=sum(b.nbytes for b in io if b.role == BufferRole.INPUT),
-                bytes_written=sum(b.nbytes for b in io if b.role == BufferRole.OUTPUT),
+                bytes_written=sum(b.nbytes for b in io if b.role == BufferRole.OUTPUT) if stores else 0,
                 mapping=p.describe(),
                 modeled_us=cost.total_s * 1e6,
                 cost_features=cost.features,

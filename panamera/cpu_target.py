@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
+from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.header import prelude
 from .compiler import (
     TARGET_COMPILERS,
@@ -47,8 +48,9 @@ from .poly import attention as fused_attention
 from .poly.statement import Form
 from .runtime import cpu_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
+from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
-from .schedule.cpu_blas import blas_call
+from .schedule.cpu_blas import blas_call, split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations, substitute
@@ -70,6 +72,13 @@ class CpuCompiled(Compiled):
         """Run on the CPU with `threads` OpenMP threads (default: the machine's cores); inputs,
         constant inputs and `out=` as `Compiled.__call__`. `order=` and `seed=` (the emulator's
         thread order) are accepted and have no effect: the CPU kernels' results do not depend on it."""
+        fast = self.executor.fast()
+        if fast is not None and not arrays and named.keys() == fast.names:  # every input by name
+            arrays, named = tuple(named[n] for n in fast.order), {}
+        if fast is not None and (not named or (len(named) == 1 and "out" in named and "out" not in fast.names)):
+            outs = fast.call(arrays, threads, named.get("out"))  # plain numpy arrays: checked and run
+            if outs is not None:
+                return outs[0] if self.single else tuple(outs)
         args, out, _, _ = self._bind(arrays, named)
         outs = self.executor(args, threads=threads)
         if out is not None:
@@ -79,7 +88,7 @@ class CpuCompiled(Compiled):
     def rebound(self, outs: tuple[Tensor, ...], single: bool) -> CpuCompiled:
         """This program (from the compile cache) for a graph of the same signature, with its own executor."""
         a = rebind_stages(self.stages, outs)
-        ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads)
+        ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads, _bound(a))
         return dataclasses.replace(self, stages=a, single=single, executor=ex)
 
     def __repr__(self) -> str:
@@ -163,6 +172,11 @@ def _launch(k: CpuKernel) -> Launch:
     )
 
 
+def _bound(a) -> dict:
+    """The arrays of the inputs the program supplies itself (constant masks), by input position."""
+    return {k: t.attr("bound") for k, t in enumerate(a.program.inputs) if t.attr("bound") is not None}
+
+
 def _compulsory(a) -> int:
     """Bytes no plan avoids: the program's inputs read once, its outputs written once."""
     return sum(t.size * t.dtype.itemsize for t in (*a.program.inputs, *a.graph))
@@ -197,7 +211,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
 
     graph, chosen = choose_formulations(outs, cost)
     a = run_stages(_unfused(graph), options, stop_after="groups")
-    a = dataclasses.replace(a, outputs=outs, formulations=chosen)
+    groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
+    a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
     kernels = []
     buffers = _output_specs(a.groups)
     for k, g in enumerate(a.groups):
@@ -218,12 +233,13 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
-    decls = sorted({r for k in kernels for r in k.reductions})
-    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None)]) + "\n"
-    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
     calls = tuple((k.name, tuple(p.key for p in k.params), k.host) for k in kernels)
+    decls = sorted({r for k in kernels for r in k.reductions})
+    entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
+    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None), *entry]) + "\n"
+    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
-    ex = CpuExecutor(plan, source, calls, machine.cores)
+    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import cache as compile_cache
 from . import compiler
+from .algebra import AtomicStrategy, ordered
 from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
@@ -35,16 +36,19 @@ from .errors import (
     BackendError,
     DTypeError,
     EmptyReductionError,
+    EmulatorWarning,
     InputError,
     OptionError,
     ScheduleError,
     StaleScheduleWarning,
     SymbolBindingError,
+    TargetRefused,
 )
 from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
+from .model.gpu import sequence_s
 from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
@@ -54,8 +58,9 @@ from .runtime import emulator
 from .runtime.param_backends import CudaBackend, EmulatorBackend
 from .schedule import database
 from .schedule.decision import MergeMode
-from .schedule.param_mapping import ParamDecision, group_name, map_group
-from .schedule.param_schedule import ClassPlan, SymbolicSchedule
+from .schedule.derived import workspace_dtype
+from .schedule.param_mapping import ParamDecision, group_cost, group_name, map_group
+from .schedule.param_schedule import ClassPlan, SymbolicSchedule, check_bound
 from .schedule.size_class import SizeClass
 
 _STATS = {"programs_compiled": 0, "classes_compiled": 0, "calls": 0}
@@ -107,9 +112,17 @@ def index_type(program: ParamProgram, cls: SizeClass, plan: tuple[ParamDecision,
     return "int" if 4 * max(sizes, default=0) < 2**31 else "long long"
 
 
-def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
-    """A replayed class plan fits the program: one decision per statement, same forms, and every
-    vector width one the class proves legal (poly/params.py precondition 3)."""
+def check_plan(program: ParamProgram, plan: ClassPlan, where: str, gpu, deterministic: bool = False) -> None:
+    """A replayed class plan fits the program:
+
+    1. one decision per kernel, in launch order, each of its kernel's form;
+    2. a stitched group is never split (poly/param_stitch.py precondition 4);
+    3. every vector width one the class proves legal (poly/params.py precondition 3);
+    4. schedule/replay.py's rules that read a kernel's statements, not its isl domains (2 launch,
+       3 vector bytes, 4 cover, 5 merges, 7 unroll, 8 vector atomics), held by replay's own code
+       on the kernel's static view (schedule/bound.py) at every sample size of the class.
+    Anything else is a ScheduleError naming the class, the kernel and the rule.
+    """
     kernels = [group_name(g) for g in members(program)]
     if [d.statement for d in plan.decisions] != kernels:
         raise ScheduleError(f"{where}: class {plan.cls.describe()} plans kernels "
@@ -127,14 +140,9 @@ def check_plan(program: ParamProgram, plan: ClassPlan, where: str) -> None:
             ).vector_condition(d.vec)
             if cond is not None and not plan.cls.holds(cond):
                 raise ScheduleError(f"{where}: class {plan.cls.describe()}: vec={d.vec} needs {cond}, not proven")
-        if d.atomic_vec > 1 and not (
-            kind != "stitched" and d.atomic_vec == d.vec and d.form == "COLUMN" and d.merge == MergeMode.ATOMIC_WS
-            and group[0].combiner.vector_atomic and group[0].acc.name == "float32"
-        ):  # fmt: skip
-            raise ScheduleError(f"{where}: {group_name(group)}: atomic_vec={d.atomic_vec} needs a COLUMN float32 sum "
-                                f"merged by atomics with vec={d.atomic_vec}")  # fmt: skip
-        if d.threads > 1024 or d.tx < 1 or d.ty < 1 or d.split < 1:
-            raise ScheduleError(f"{where}: {s.name}: block ({d.tx}, {d.ty}) split {d.split} is not launchable")
+        for sizes in plan.cls.samples():
+            at = f"{where}: class {plan.cls.describe()} at {', '.join(f'{k}={v}' for k, v in sizes.items())}: "
+            check_bound(group, d, kind, sizes, gpu, deterministic, f"{at}kernel {group_name(group)}")
 
 
 @dataclass
@@ -148,14 +156,15 @@ class _ClassKernels:
 class DynamicCompiled:
     """A compiled symbolic program: `k(*arrays)` binds the symbols and runs the class's kernels."""
 
+    TARGETS = ("emulator", "cuda")  # the CPU target's programs are dynamic_cpu.DynamicCpuCompiled
+
     def __init__(self, outputs: tuple[Tensor, ...], single: bool, target: str, deterministic: bool, gpu,
                  schedule: SymbolicSchedule | None = None):  # fmt: skip
-        if target == "auto":
-            target = "cuda" if cuda_backend.available() else "emulator"
-        if target not in ("emulator", "cuda"):
+        target = resolve_target(target)
+        if target not in self.TARGETS:
             raise BackendError(
-                f"symbolic programs run on the emulator or cuda (target {target!r} asked); compile at concrete "
-                "sizes with DynamicCompiled.specialize or panamera.dynamic.specialize"
+                f"{type(self).__name__} runs on {' or '.join(self.TARGETS)} (target {target!r} asked); "
+                "compile with pn.compile, which picks the program of the target"
             )
         self.outputs, self.single, self.deterministic = tuple(outputs), single, bool(deterministic)
         self.target = target
@@ -176,7 +185,7 @@ class DynamicCompiled:
                 if not isinstance(p, ClassPlan):
                     raise ScheduleError(f"schedule: class {p.cls.describe()} is a fused attention's, this program "
                                         f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
-                check_plan(self.program, p, "schedule")
+                check_plan(self.program, p, "schedule", self.gpu, self.deterministic)
                 self._plans[p.cls] = p
 
     # -- public ----------------------------------------------------------------------------------
@@ -198,6 +207,21 @@ class DynamicCompiled:
         """This program's counters: programs compiled (1), classes planned and compiled, calls."""
         return dict(self.counters)
 
+    def modeled_us(self, **sizes: int) -> float:
+        """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
+        (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
+        Its kernels run back to back, as a static plan's: every one after the first pays only the
+        queued-launch gap (model/gpu.sequence_s).
+
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="emulator")
+        >>> k.modeled_us(B=64) > k.modeled_us(B=1) > 0
+        True
+        """
+        plan = self.plan(self.size_class(sizes))
+        kernels = zip(members(self.program), plan.decisions, self.program.kinds)
+        return sequence_s((group_cost(g, d, sizes, self.gpu, kind) for g, d, kind in kernels), self.gpu) * 1e6
+
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
         outs = specialize(self.outputs, sizes)
@@ -218,8 +242,12 @@ class DynamicCompiled:
         lines.append(f"  class plans: {self.origin} (a class without one is planned by the model on first use)")
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             compiled = "compiled" if p.cls in self._classes else "planned"
-            lines.append(f"  {compiled} {p.describe()}")
+            lines.append(f"  {compiled} {self.describe_plan(p)}")
         return "\n".join(lines)
+
+    def describe_plan(self, plan: ClassPlan) -> str:
+        """One class plan's line in `explain()`, modeled on this program's GPU."""
+        return plan.describe(self.gpu)
 
     def bind_sizes(self, arrays: list) -> dict[str, int]:
         """Every symbol's size from the arrays' shapes (in placeholder order); a symbol bound to
@@ -264,11 +292,12 @@ class DynamicCompiled:
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
         or by name; `out=` (an array, or a tuple for several outputs, of this call's result shapes
         and dtypes) receives the results, as numpy's; the emulator's `order=` and `seed=` set its
-        thread order (options only where no input has that name)."""
+        thread order, the CPU target's `threads=` its OpenMP threads (options only where no input
+        has that name)."""
         names = [t.name for t in self.inputs]
-        out, order, seed = (
+        out, order, seed, threads = (
             named.pop(k) if k in named and k not in names else d
-            for k, d in (("out", None), ("order", "forward"), ("seed", 0))
+            for k, d in (("out", None), ("order", "forward"), ("seed", 0), ("threads", None))
         )
         if named:
             unknown = sorted(set(named) - set(names))
@@ -295,21 +324,27 @@ class DynamicCompiled:
         with self._lock:
             self.counters["calls"] += 1
             _count("calls")
-            ck = self._class(self.size_class(sizes))
-            signatures = {k.name: k.signature for k in ck.kernels}
-            if self.target == "cuda":
-                import cupy
-
-                with arrays_mod.cuda_context(caller, cupy):  # the caller's device and current stream
-                    backend = CudaBackend(ck.source, signatures)
-                    outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
-            else:
-                backend = EmulatorBackend(ck.source, signatures, order, int(seed))
-                outs = self._run(ck, [backend.input(a) for a in args], sizes, backend)
+            outs = self._execute(args, sizes, order, int(seed), threads)
         outs = arrays_mod.deliver(outs, caller)
         if out is not None:  # numpy's out=: the results written into the caller's arrays (sizes of this call)
             return compiler.write_out(out, list(outs), self.single)
         return outs[0] if self.single else tuple(outs)
+
+    def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
+        """The class's kernels on the target's backend (the emulator's thread `order` and `seed`;
+        `threads` is the CPU target's option)."""
+        if threads is not None:
+            raise OptionError(f"threads= sets the CPU target's OpenMP threads; this program runs on {self.target}")
+        ck = self._class(self.size_class(sizes))
+        signatures = {k.name: k.signature for k in ck.kernels}
+        if self.target == "cuda":
+            import cupy
+
+            with arrays_mod.cuda_context(arrays_mod.caller_of(args), cupy):  # the caller's device and stream
+                backend = CudaBackend(ck.source, signatures)
+                return self._run(ck, [backend.input(a) for a in args], sizes, backend)
+        backend = EmulatorBackend(ck.source, signatures, order, seed)
+        return self._run(ck, [backend.input(a) for a in args], sizes, backend)
 
     def __repr__(self) -> str:
         return (f"<DynamicCompiled over {', '.join(self.symbols)}: {len(self.program.statements)} kernel(s), "
@@ -395,7 +430,7 @@ class DynamicCompiled:
                     value = M if a.key == "pn_M" else N if a.key == "pn_N" else sizes[a.key.removeprefix("pn_s_")]
                     args.append(backend.scalar(value))
                 elif a.key.startswith(("ws:", "cnt:")):
-                    args.append(backend.pointer(_resident(resident, backend, s, d, k, a.key, M, gx)))
+                    args.append(backend.pointer(_resident(resident, backend, s, d, a.key, M, gx)))
                 else:
                     args.append(backend.pointer(bufs[a.key]))
             backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
@@ -418,15 +453,15 @@ def _resident_key(backend) -> str:
     return current_cuda_key(backend.cupy)
 
 
-def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, k: ParamKernel, key: str, M: int, gx: int):  # noqa: N803
+def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, key: str, M: int, gx: int):  # noqa: N803
     """A class's resident workspace or counter, grown to this call's need (a new one is
     initialised: the identity, or zero counters); the last block of every call resets it."""
     if key.startswith("cnt:"):
         need, dtype, fill = gx, np.uint32, 0
     else:
         need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
-        dtype = np.int32 if k.workspace_ctype == "int" else np.int64 if k.workspace_ctype == "long long" else s.acc.np
-        fill = _workspace_fill(s, k, dtype) if d.merge == MergeMode.ATOMIC_WS else None
+        dtype = workspace_dtype(s, d.merge).np
+        fill = _workspace_fill(s) if d.merge == MergeMode.ATOMIC_WS else None
     have = resident.get(key)
     if have is None or have[0] < need:
         buf = backend.empty(max(need, 1), dtype)
@@ -444,14 +479,13 @@ def _at(extent, sizes: dict[str, int]) -> int:
     return symbolic.evaluate((extent,), sizes)[0]
 
 
-def _workspace_fill(s: PStatement, k: ParamKernel, dtype):
-    """The identity an atomic workspace starts from: the combiner's, or its ordered integer image."""
+def _workspace_fill(s: PStatement):
+    """The identity an atomic workspace starts from: the combiner's, or its integer image
+    (algebra.ordered, the numpy definition of codegen/header.py's pn_ordered), as the static
+    kernels' workspace_identity (codegen/reduce_kernel.py) prints it."""
     ident = s.combiner.identity(s.acc)
-    if np.dtype(dtype).kind != "f" and s.acc.is_float:  # ordered image of a float (codegen/header.py pn_ordered)
-        f = np.array(ident, dtype=s.acc.np)
-        bits = f.view(np.int32 if f.dtype == np.float32 else np.int64)
-        mask = np.array(0x7FFFFFFF if f.dtype == np.float32 else 0x7FFFFFFFFFFFFFFF, bits.dtype)
-        return bits if bits >= 0 else bits ^ mask
+    if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
+        return ordered(np.array([ident], s.acc.np), s.combiner.ordered_top)[0]
     return ident
 
 
@@ -466,9 +500,29 @@ def _refuse_empty(s: PStatement) -> None:
         )
 
 
+def resolve_target(target) -> str:
+    """`target="auto"`: cuda with a GPU, else the host target (compiler.host_target: cpu)."""
+    target = str(target)
+    if target == "auto":
+        return "cuda" if cuda_backend.available() else str(compiler.host_target())
+    return target
+
+
 def _program(outputs, single: bool, target: str, deterministic: bool, gpu, schedule) -> DynamicCompiled:
-    """Decode attention's fused plan over the symbols where it is legal (dynamic_attention.py) and
-    the schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    """On the CPU target, the parametric program's CPU kernels (dynamic_cpu.py); else decode
+    attention's fused plan over the symbols where it is legal (dynamic_attention.py) and the
+    schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
+    if resolve_target(target) == "cpu":
+        from .dynamic_cpu import DynamicCpuCompiled
+
+        if schedule is not None:
+            raise OptionError("target='cpu': schedule= replays GPU class plans; a symbolic CPU program has none")
+        if recognize_symbolic(tuple(outputs)) is not None:
+            raise TargetRefused(
+                "target='cpu': a symbolic fused attention has no CPU kernels (its chain's contractions are not "
+                "symbolic either); compile it at concrete sizes (DynamicCompiled.specialize) or on the emulator"
+            )
+        return DynamicCpuCompiled(outputs, single, deterministic, gpu)
     fused = recognize_symbolic(tuple(outputs))
     if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
         from .dynamic_attention import DynamicAttention
@@ -511,14 +565,32 @@ def compile_symbolic(
     if schedule is not None and not isinstance(schedule, SymbolicSchedule):
         raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
     gpu_name = resolve_gpu(gpu)[0].name
-    key = (compile_cache.graph_key(outputs), str(target), bool(deterministic), gpu_name, single, bool(use_database))
+    auto, target = str(target) == "auto", resolve_target(target)
+    database_ok = use_database and target != "cpu"  # the database holds GPU class plans
+    key = (compile_cache.graph_key(outputs), target, bool(deterministic), gpu_name, single, bool(database_ok))
     if cache and schedule is None and key in _PROGRAMS:
         return _PROGRAMS[key]
-    k = _from_database(outputs, single, str(target), deterministic, gpu) if use_database and not (
+    k = _from_database(outputs, single, target, deterministic, gpu) if database_ok and not (
         schedule is not None or deterministic
     ) else None  # fmt: skip
     if k is None:
-        k = _program(outputs, single, str(target), deterministic, gpu, schedule)
+        try:
+            k = _program(outputs, single, target, deterministic, gpu, schedule)
+        except TargetRefused as e:  # auto chose cpu, which refuses: the emulator, as for static programs
+            if not auto:
+                raise
+            text = ("{auto} chose the CPU target, which refuses this symbolic program ({why}); it runs on the CPU "
+                    "emulator instead, a correctness tool, not a fast CPU path; {emulator} says so explicitly")  # fmt: skip
+            warnings.warn(
+                EmulatorWarning(
+                    text.format(auto='target="auto"', why=e, emulator='target="emulator"'),
+                    shell=text.format(auto="--target auto", why=e, emulator="--target emulator"),
+                ),
+                stacklevel=3,
+            )
+            return compile_symbolic(
+                outputs, single, "emulator", deterministic, gpu, split, schedule, cache, use_database
+            )
     if cache and schedule is None:
         if len(_PROGRAMS) >= 64:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))

@@ -36,7 +36,7 @@ from .frontend import symbolic
 from .model.detect import resolve as resolve_gpu
 from .poly.param_attention import SymbolicAttention
 from .runtime.plan import BufferRole
-from .schedule.param_attention import AttentionClassPlan, plan_class, replay_class
+from .schedule.param_attention import AttentionClassPlan, plan_class, replay_class, split_us
 from .schedule.param_schedule import AttentionClassDecision, SymbolicSchedule
 from .schedule.size_class import SizeClass
 
@@ -128,6 +128,11 @@ class DynamicAttention(dynamic.DynamicCompiled):
         for p in sorted(self._plans.values(), key=lambda p: p.cls.key()):
             lines.append(f"  {'compiled' if p.cls in self._classes else 'planned'} {p.describe()}")
         return "\n".join(lines)
+
+    def modeled_us(self, **sizes: int) -> float:
+        """The modeled time (µs) of one call at `sizes`: its class's split and merge costed there."""
+        p = self.plan(self.size_class(sizes)).plan
+        return split_us(self.program.attention, sizes, self.gpu, p, p.split, p.launches)
 
     def size_class(self, sizes: dict[str, int]) -> SizeClass:
         """A range per symbol, no alignment: the vector loads run along the static head dim."""

@@ -31,7 +31,7 @@ from .codegen.multitensor_kernel import (
     render_norms,
 )
 from .dtypes import as_dtype
-from .errors import DTypeError, OptionError
+from .errors import DTypeError, LegalityError, OptionError
 from .model.gpu import H100, GPUSpec, kernel_time
 from .poly.multitensor import PARAM_BYTES, POINTER_BYTES, MultiTensorSet
 from .runtime.executor import Executor
@@ -192,6 +192,34 @@ class MultiTensorMap(_Launched):
         return tuple(self.executor(self.executor.bind(arrays, {}), order=order, seed=seed))
 
 
+def _out_key(m: MapList, k: int) -> str:
+    return f"in:{m.into}:{k}" if m.into else f"out:{m.name}:{k}"
+
+
+def _check_in_place(lists: tuple[MapList, ...]) -> None:
+    """An output written in place (`MapList.into`), each a LegalityError: (a) into an input
+    list (b) of element pieces, not scalars (every thread reads a scalar piece: another block
+    could read it after the write), (c) of the output's C type, (d) one output per input list.
+    Each element of an element list is read and then written by the one thread that owns it,
+    so the other elements' values are never read after they change."""
+    ins = {m.name: m for m in lists if m.expr is None}
+    taken: set[str] = set()
+    for m in lists:
+        if not m.into:
+            continue
+        src = ins.get(m.into)
+        why = (
+            "is not an input list (a)" if src is None or not m.output
+            else "is a list of scalars (b)" if src.scalar or m.scalar
+            else f"has C type {src.ctype}, not {m.ctype} (c)" if src.ctype != m.ctype
+            else "already takes another output (d)" if m.into in taken
+            else ""
+        )  # fmt: skip
+        if why:
+            raise LegalityError(f"multi-tensor map: output list {m.name!r} in place into {m.into!r}, which {why}")
+        taken.add(m.into)
+
+
 def compile_map(
     shapes, lists, target: str = "emulator", gpu: GPUSpec = H100, chunk: int | None = None
 ) -> MultiTensorMap:
@@ -211,6 +239,7 @@ def compile_map(
     for m in lists:
         if m.ctype not in CTYPE_DTYPES:
             raise DTypeError(f"multi-tensor map: list {m.name!r} of C type {m.ctype!r} (float or double)")
+    _check_in_place(lists)
     shapes = [tuple(int(d) for d in sh) for sh in shapes]
     ins, outs = [m for m in lists if m.expr is None], [m for m in lists if m.output]
     pointers = len(ins) + len(outs)
@@ -251,7 +280,7 @@ def compile_map(
         digest = hashlib.sha1(repr((sizes, lists, st.chunk)).encode()).hexdigest()[:8]
         name = f"pn_mt_map_{digest}_{gi}"
         bodies.append(render_map(name, st, lists))
-        keys = [f"in:{m.name}:{k}" for m in ins for k in group] + [f"out:{m.name}:{k}" for m in outs for k in group]
+        keys = [f"in:{m.name}:{k}" for m in ins for k in group] + [_out_key(m, k) for m in outs for k in group]
         queued = 0.0 if gi == 0 else (gpu.launch_s - gpu.queued_s) * 1e6
         launches.append(
             Launch(
@@ -279,8 +308,9 @@ def compile_map(
             inputs.append(InputSpec(f"{m.name}{k}", key, shape, item[m.name], item[m.name].itemsize))
     for m in outs:
         for k, sh in enumerate(shapes):
-            key, shape = f"out:{m.name}:{k}", () if m.scalar else sh
-            buffers[key] = BufferSpec(key, item[m.name].c_type, item[m.name], math.prod(shape), BufferRole.OUTPUT)
+            key, shape = _out_key(m, k), () if m.scalar else sh
+            if not m.into:  # in place: the input's buffer, the caller's own memory where it needs no copy
+                buffers[key] = BufferSpec(key, item[m.name].c_type, item[m.name], math.prod(shape), BufferRole.OUTPUT)
             results.append(ResultSpec(shape, math.prod(shape), key))
     plan = LaunchPlan(tuple(launches), buffers, tuple(inputs), tuple(results))
     return MultiTensorMap(tuple(sets), lists, plan, target, Executor(plan, source, tuple(signatures), target))

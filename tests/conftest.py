@@ -53,6 +53,22 @@ def check(k, arrays, ref, dtype, n, orders=("forward", "reverse")):
 
 
 @pytest.fixture
+def launches_pay_the_floor(monkeypatch):
+    """Plan for an H100 on which every launch pays the per-kernel floor (no queued-launch gap,
+    model/gpu.sequence_s). On the real H100 a second kernel queued behind the first costs 0.1 us,
+    so the tiny shapes the emulator runs quickly take two launches; tests of a one-launch kernel
+    (column partials, column stitches) use this GPU to check that kernel at those shapes."""
+    import dataclasses
+
+    from panamera.model import detect
+    from panamera.model.gpu import H100
+
+    floored = dataclasses.replace(H100, queued_launch_s=-1.0)
+    monkeypatch.setattr(detect, "default_gpu", lambda: (floored, "H100-SXM5 whose every launch pays the floor"))
+    return floored
+
+
+@pytest.fixture
 def rng():
     return np.random.default_rng(1234)
 

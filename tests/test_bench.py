@@ -130,14 +130,14 @@ def test_contraction_workloads_are_benched_against_their_peers(tmp_path):
     records, summary = run_bench([], H100, out=str(tmp_path), measure=False, workloads=ws, nvrtc_times=False)
     pan = {r["workload"]: r for r in records if r["plan"] == "panamera"}
     assert set(pan["linear 4x512x1024 w=float16"]["peers"]) == {"pytorch-eager", "cublas", "triton-splitk"}
-    assert set(pan["linear 1x256x512 w=int4"]["peers"]) == {"pytorch-eager"}
+    assert set(pan["linear 1x256x512 w=int4"]["peers"]) == {"pytorch-eager", "marlin"}
     assert set(pan["decode_attention b1 L2048"]["peers"]) == {"pytorch-eager", "flash-decoding", *DECODE_PEERS}
     # the limit: q, K, V read once and the output written once (not the scores between kernels)
     kv = 2 * 8 * 2048 * 128 * 2
     assert pan["decode_attention b1 L2048"]["compulsory_bytes"] == kv + 2 * 32 * 128 * 2
     assert all(r["modeled_us"] >= r["limit_us"] * 0.999 for r in records)
     assert all(r["splits"] and "split=" in r["plan_description"] for r in pan.values())
-    assert "cublas us" in summary and "flash-dec. us" in summary and "cub us" not in summary
+    assert "cublas us" in summary and "flash-dec. us" in summary and "marlin us" in summary and "cub us" not in summary
 
 
 def test_bench_command(tmp_path, capsys):

@@ -8,6 +8,8 @@ dequantized weight (u_16 sum |a w| more). Shapes have row and column tails (M 5,
 K (264) that is not a multiple of the K slab.
 """
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,8 +18,11 @@ from test_tensor_core import tc_compile
 
 import panamera as pn
 from panamera.compiler import lower
+from panamera.errors import ScheduleError
+from panamera.model import H100
 from panamera.schedule.int4_dequant import Nibbles, nibbles
-from panamera.schedule.tensor_core import analyse
+from panamera.schedule.mapping import map_group, replay
+from panamera.schedule.tensor_core import analyse, candidates
 
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -38,15 +43,21 @@ def packed_weight(N, K, G, scale_dtype, rng, lo_at=0, zero=8):
     return wd, P, S, q * np.repeat(S.astype(np.float64), G, axis=1)
 
 
-@pytest.mark.parametrize("act, lo_at, zero", [("float16", 0, 8), ("bfloat16", 1, 0)])
-def test_packed_int4_matches_float64(act, lo_at, zero, rng):
-    """fp16 (low nibble at even k, zero point 8) and bf16 (low nibble at odd k, zero point 0):
-    the staging uses pn_i4x8, and the result is the fp32 sum of the weights rounded once."""
+@pytest.mark.parametrize("act, lo_at, zero, tile", [("float16", 0, 8, (1, 2, 64)), ("bfloat16", 1, 0, (1, 1, 32))])
+def test_packed_int4_matches_float64(act, lo_at, zero, tile, rng):
+    """fp16 (low nibble at even k, zero point 8; 4 words per thread a slab) and bf16 (low nibble
+    at odd k, zero point 0; 2 words, 9 slabs with a tail): the staging uses pn_i4x8, and the result
+    is the fp32 sum of the weights rounded once."""
     Mi, Ni, Ki, G = 5, 24, 264, 24
     x = pn.placeholder((Mi, Ki), act, name="x")
     wd, P, S, Wd = packed_weight(Ni, Ki, G, act, rng, lo_at, zero)
-    k = tc_compile(pn.einsum("mk,nk->mn", x, wd), (1, 2, 64))
+    k = tc_compile(pn.einsum("mk,nk->mn", x, wd), tile)
     assert "pn_i4x8(pn_wv" in k.source and "mma_sync" in k.source
+    # the slab's words are loaded first (all in flight), then the activations staged, then converted;
+    # double-buffered: the first slab's before the loop, the next one's at the top of each step
+    src, words = k.source, "pn_bnw[pn_u] = pn_vload"
+    assert src.count(words) == 2 and src.index(words) < src.index("for (pn_idx pn_ks")
+    assert src.rindex(words) < src.index("pn_vstore(&pn_sa[") < src.index("pn_i4x8(pn_wv")
     X = array((Mi, Ki), act, rng)
     out = np.asarray(k(X, P, S)).astype(np.float64)
     Wr = Wd.astype(NP[act]).astype(np.float64)  # each weight rounded once to the MMA's type
@@ -99,6 +110,21 @@ def test_precondition_3_scale_type(rng):
 def test_precondition_4_aligned_words(rng):
     """Rows of 132 bytes: a 16-lane step's 8 bytes are not 8-byte aligned on odd rows."""
     assert _why(packed_weight(16, 264, 24, "float16", rng)[0], Ki=264, vec=16).startswith("4:")
+
+
+def test_int4_tiles_hold_at_most_sixteen_registers_of_loads(rng):
+    """Precondition of the loads-first staging (schedule/tensor_core.py `held_registers`): a tile
+    whose two int4 slabs are 8 words and scales per thread each (one warp, K slab 128: 32
+    registers) is no candidate, and replay refuses it."""
+    x = pn.placeholder((5, 256), "float16", name="x")
+    wd = packed_weight(32, 256, 128, "float16", rng)[0]
+    y = pn.einsum("mk,nk->mn", x, wd)
+    g = lower(y, stop_after="groups", target="emulator").groups[0]
+    tiles = {d.mma_tile for d in candidates(g, analyse(g), H100, None, False)}
+    assert (1, 1, 64) in tiles and (1, 1, 128) not in tiles and (1, 2, 128) not in tiles
+    d = map_group(g, H100, mma=True).decision
+    with pytest.raises(ScheduleError, match="registers of loads per thread"):
+        replay(g, dataclasses.replace(d, tx=32, mma_tile=(1, 1, 128), grid=(2, d.grid[1])), H100, "k")
 
 
 PAIRS = r"""

@@ -2,6 +2,7 @@
 the norms of a list of tensors of different shapes in ONE launch, against numpy float64."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -51,6 +52,31 @@ def test_adamw_like_map_against_numpy(rng):
         c2 = np.sqrt(np.float32(1) - np.float32(0.999) ** np.float32(4))  # float32, as the kernel
         want = p * 0.999 - 0.01 * m1[i] / (1.0 - np.float32(0.9) ** np.float32(4)) / (np.sqrt(v1[i]) / c2 + 1e-8)
         np.testing.assert_allclose(p1[i], want, rtol=64 * eps)
+
+
+def test_a_map_writes_in_place(rng):
+    """An output list `into` an input list: the kernel writes the caller's arrays (the results
+    are those arrays), under every thread order; one negative test per rule (a)-(d)."""
+    shapes = [(5, 3), (700,), (1,)]
+    lists = (MapList("p", "double"), MapList("g", "double"), MapList("r", "double", False, "p - 0.5 * g", True, "p"))
+    k = compile_map(shapes, lists, chunk=256)
+    for order in ("reverse", "shuffled"):
+        p, g = [rng.standard_normal(s) for s in shapes], [rng.standard_normal(s) for s in shapes]
+        want = [a - 0.5 * b for a, b in zip(p, g)]
+        out = k(*p, *g, order=order, seed=4)
+        assert [o.ctypes.data for o in out] == [a.ctypes.data for a in p]
+        for a, w in zip(p, want):
+            np.testing.assert_array_equal(a, w)  # one rounding, as numpy's
+    t = MapList("t", "float", scalar=True)
+    bad = {
+        "(a)": (lists[:2] + (MapList("r", "double", False, "p - g", True, "q"),)),
+        "(b)": (t, MapList("t1", "float", True, "t + 1.0f", True, "t")),
+        "(c)": (MapList("f", "float"), MapList("r", "double", False, "f * 2.0", True, "f")),
+        "(d)": lists + (MapList("s", "double", False, "p + g", True, "p"),),
+    }
+    for rule, case in bad.items():
+        with pytest.raises(LegalityError, match=re.escape(rule)):
+            compile_map(shapes, case)
 
 
 def _arrays(rng, dtype):
@@ -127,6 +153,9 @@ def test_nvcc_sm80_sm90_no_spills():
     res = nvcc.compile_cuda(compile_norms(SHAPES, "float32", 2.0).source)
     res += nvcc.compile_cuda(compile_norms(SHAPES, "float64", 3.0, deterministic=True).source)
     res += nvcc.compile_cuda(compile_map([(k * 31 + 1,) for k in range(40)], ADAM).source)  # 40 x 9 pointers
+    in_place = tuple(MapList(m.name, m.ctype, m.scalar, m.expr, m.output, m.name[0] if m.name in ("m1", "v1", "p1") else "")
+                     for m in ADAM)  # fmt: skip
+    res += nvcc.compile_cuda(compile_map([(k * 31 + 1,) for k in range(40)], in_place).source)
     assert {r.arch for r in res} == {"sm_80", "sm_90"}
     assert all(r.spill_stores == 0 and r.spill_loads == 0 for r in res), res
 
@@ -219,10 +248,12 @@ def _mlp():
 
 def test_adamw_step_is_one_launch_and_matches_torch():
     """torch.compile(opt.step) of a foreach AdamW: its 19 `_foreach_*` ops over params, grads,
-    exp_avg, exp_avg_sq and the 0-d steps are ONE multi-tensor launch, nothing eager. Two steps,
-    float64: parameters and states match torch's own compiled step (aot_eager) within a few ulps,
-    and eager's within the float32 step tensor's precision (the captured bias corrections are
-    powers of a float32 step: torch's capture, not Panamera's)."""
+    exp_avg, exp_avg_sq and the 0-d steps are ONE multi-tensor launch. In place: the launch writes
+    the parameters and both moments into their own memory (data_ptr unchanged, no copy op left);
+    the 0-d steps alone are copied back, by one `_foreach_copy_`. Two steps, float64: parameters
+    and states match torch's own compiled step (aot_eager) within a few ulps, and eager's within
+    the float32 step tensor's precision (the captured bias corrections are powers of a float32
+    step: torch's capture, not Panamera's)."""
     import warnings
 
     import torch
@@ -236,8 +267,10 @@ def test_adamw_step_is_one_launch_and_matches_torch():
     theirs = torch.compile(opts[1].step, backend="aot_eager")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(2):
-            ours(), theirs(), opts[2].step()
+        ours(), theirs(), opts[2].step()  # the states exist after the first step
+        where = [t.data_ptr() for p in models[0].parameters() for t in (p, *opts[0].state[p].values())]
+        ours(), theirs(), opts[2].step()
+    assert [t.data_ptr() for p in models[0].parameters() for t in (p, *opts[0].state[p].values())] == where
     eps64, eps32 = np.finfo(np.float64).eps, float(np.finfo(np.float32).eps)
     for p, q, e in zip(*(m.parameters() for m in models)):
         s, r, t = (o.state[x] for o, x in zip(opts, (p, q, e)))
@@ -251,7 +284,9 @@ def test_adamw_step_is_one_launch_and_matches_torch():
         rel = eps32 * (0.9**2 / (1 - 0.9**2) + 0.5 * 0.999**2 / (1 - 0.999**2))
         torch.testing.assert_close(p, e, rtol=0, atol=2 * 2 * 0.01 * rel + 32 * eps64)
     (r,) = [r for r in tb.stats().reports if r.subgraphs]
-    assert [s.kernels for s in r.subgraphs] == [1] and not r.eager, (r.subgraphs, r.eager)
+    assert [s.kernels for s in r.subgraphs] == [1], r.subgraphs
+    # every op outside Panamera is listed: no copy_ is left but the steps' one _foreach_copy_
+    assert [e.op for e in r.eager] == ["aten._foreach_copy_.default"], r.eager
     assert "aten._foreach_addcdiv.Scalar" in r.subgraphs[0].ops
 
 
@@ -306,3 +341,40 @@ def test_foreach_map_splits_a_long_list_into_launches():
     assert launches == 2
     for got, want in zip(gm(*ts), fn(*ts)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_write_back_of_the_mutations_left():
+    """torch_backend/mutations.py: (1) a functional foreach op copied back into its own first list
+    becomes its in-place overload, unless something reads that list after it; (2) copies that end
+    the graph become one `_foreach_copy_`."""
+    import torch
+
+    from panamera.torch_backend.mutations import write_back
+
+    def ops(fn, *tensors):
+        gm = _fx(fn, *tensors)
+        write_back(gm)
+        return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+    def scaled(a, b):
+        new = torch.ops.aten._foreach_mul.Scalar([a, b], 0.5)
+        a.copy_(new[0]), b.copy_(new[1])
+
+    def read_after(a, b):
+        new = torch.ops.aten._foreach_mul.Scalar([a, b], 0.5)
+        s = a + 1  # reads a's old value after the op
+        a.copy_(new[0]), b.copy_(new[1])
+        return s
+
+    def two(a, b):
+        x, y = b * 2, b + 1
+        a.copy_(x), b.copy_(y)
+
+    def between(a, b):
+        a.copy_(b * 2), b.copy_(b + 1)  # the add runs between the copies
+
+    a, b = torch.ones(3), torch.ones(3)
+    assert ops(scaled, a, b) == ["aten._foreach_mul_.Scalar"]
+    assert "aten._foreach_mul_.Scalar" not in ops(read_after, a, b)
+    assert ops(two, a, b) == ["aten.mul.Tensor", "aten.add.Tensor", "aten._foreach_copy_.default"]
+    assert ops(between, a, b).count("aten.copy_.default") == 2

@@ -21,12 +21,15 @@ from panamera.schedule.onchip import kept_bytes, kept_reads
 ORDERS = ("forward", "reverse", "shuffled")
 
 
-def compile_with(outputs, split: int, res: Residence, **kw):
-    """The model's plan with its stitched group split `split` ways and its rows kept in `res`
-    (a replayed schedule: validated as any saved one)."""
+def compile_with(outputs, split: int, res: Residence, cluster: bool | None = None, **kw):
+    """The model's plan with its stitched group split `split` ways (`cluster`: forced one
+    thread-block cluster per row, or none) and its rows kept in `res` (a replayed schedule:
+    validated as any saved one)."""
     k = pn.compile(outputs, target="emulator", use_database=False)
     kernels = tuple(
-        dataclasses.replace(map_group(g, k.gpu, split=split).decision, onchip=res, **kw) if g.stitched else m.decision
+        dataclasses.replace(map_group(g, k.gpu, split=split, cluster=cluster).decision, onchip=res, **kw)
+        if g.stitched
+        else m.decision
         for g, m in zip(k.groups, k.mappings)
     )
     return pn.compile(outputs, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=kernels))
@@ -125,17 +128,17 @@ def test_precondition_4_the_row_must_fit(rng):
 
 def test_precondition_5_a_cooperative_split_stays_co_resident(rng):
     outputs, _, _ = case("softmax", (300, 8192), "float32", rng)  # 150 x 2 blocks: 4 per SM, 2 with registers
-    with pytest.raises(ScheduleError, match="precondition 5"):
-        compile_with(outputs, 2, Residence.REGISTERS)
+    with pytest.raises(ScheduleError, match="precondition 5"):  # a cooperative split, not a cluster
+        compile_with(outputs, 2, Residence.REGISTERS, cluster=False)
 
 
 def test_precondition_1_column_partials_keep_no_row(rng):
     """A joined LayerNorm backward (column partials on a persistent row loop) replayed with its rows
     kept on chip: refused, not a kernel that reads a kept row outside its loop."""
-    from test_row_columns import _with, layer_norm_backward
+    from test_row_columns import FLOORED, _with, layer_norm_backward
 
-    outs = layer_norm_backward(64, 64)
-    k = pn.compile(outs, target="emulator", cache=False, use_database=False)
+    outs = layer_norm_backward(64, 64)  # one launch on an H100 whose launches all pay the floor (test_row_columns)
+    k = pn.compile(outs, target="emulator", cache=False, use_database=False, gpu=FLOORED)
     assert k.groups[0].columns, "the join is the model's plan at this size"
     with pytest.raises(ScheduleError, match="precondition 1"):
         pn.compile(outs, target="emulator", schedule=_with(k, onchip=Residence.REGISTERS), use_database=False)

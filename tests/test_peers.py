@@ -100,6 +100,7 @@ def test_contractions_go_to_the_contraction_peers():
 
     lin = _peers(_linear(4, 256, 512, "int4")())
     assert lin["pytorch-eager"] is not None and lin["cublas"] is None and lin["triton-splitk"] is None
+    assert lin["marlin"] is not None  # int4 (group 128) x fp16 with N, K multiples of Marlin's 128 x 128 tile
     assert "cub" not in lin  # the reductions' peers do not see a contraction
     att = _peers(_decode_attention(2, 1024, "float16")())
     assert att["flash-decoding"] is not None and att["cublas"] is None
@@ -110,6 +111,8 @@ def test_describe_contraction_reads_the_workload():
     from panamera.bench.suites import _decode_attention, _linear
 
     assert describe_contraction(_linear(4, 256, 512, "int4")()) == Linear(4, 256, 512, "int4", "float16", 128)
+    # 32 rows of 4096 x 4096: the group scales (4096 x 32) have as many values as the activations
+    assert describe_contraction(_linear(32, 4096, 4096, "int4")()).group == 128
     assert describe_contraction(_linear(1, 64, 128, "int8")()) == Linear(1, 64, 128, "int8", "float16", 128)
     assert describe_contraction(_linear(2, 64, 128, "bfloat16", "bfloat16")()).weights == "bfloat16"
     assert describe_contraction(_decode_attention(2, 1024, "bfloat16")()) == DecodeAttention(
@@ -154,6 +157,31 @@ def test_triton_splitk_autotunes_over_the_matmul_configs():
     assert p.facts["split"] == 16 and p.facts["block"][0] == 16
     assert p.launches[0].name == "zero_" and p.launches[1].features["atomics"] == 16 * 64 * 16
     assert triton_splitk(Linear(1024, 512, 1024, "float16"), H100).facts["split"] == 1  # tiles fill the GPU
+
+
+def test_marlin_stripes_and_serial_reduction():
+    # marlin_cuda: 128 x 128 tiles up to 16 rows, 64 x 256 beyond; blocks = SMs, stripes of
+    # ceil(tiles / SMs) tiles, k fastest, rounded to whole groups of 128 along K.
+    from panamera.bench.contraction_peers import Linear
+    from panamera.bench.marlin_peer import marlin, marlin_config
+    from panamera.model.library import mma_sync_peak
+
+    # 4096^2: 32 x 32 tiles over 132 SMs -> stripes of 8 on 128 blocks, 4 blocks per column slice
+    (f,) = marlin_config(Linear(1, 4096, 4096, "int4", group=128), H100)
+    assert (f["thread_k"], f["thread_n"], f["iters"], f["blocks"], f["chain"]) == (128, 128, 8, 128, 4)
+    # 32 rows of 12288 x 5376: 84 x 48 tiles of 64 x 256, ceil(4032 / 132) = 31 rounded to 2 K tiles a group
+    (f,) = marlin_config(Linear(32, 12288, 5376, "int4", group=128), H100)
+    assert (f["thread_k"], f["thread_n"], f["m_blocks"], f["iters"], f["blocks"]) == (64, 256, 2, 32, 126)
+    assert len(marlin_config(Linear(200, 4096, 4096, "int4", group=128), H100)) == 2  # 3 x 64 rows side by side, 8 more
+    for c in (Linear(1, 4096, 4096, "bfloat16"), Linear(1, 4160, 4096, "int4", group=128),
+              Linear(1, 4096, 4096, "int4", "bfloat16", 128)):  # fmt: skip
+        assert marlin(c, H100) is None  # no kernel: not int4 x fp16, or N not a multiple of the tile
+    # 64 rows are bound by mma.sync on H100 (the tensor cores' issue, padded to 4 m blocks), plus the serial chain
+    p = marlin(Linear(64, 12288, 5376, "int4", group=128), H100)
+    ln = p.launches[0]
+    assert ln.features["mma_flops"] == 2.0 * 64 * 12288 * 5376
+    mma_us = ln.features["mma_flops"] / (mma_sync_peak(H100, "float16") * ln.features["blocks"] / H100.sms) * 1e6
+    assert p.estimate(H100, 0).total_us >= H100.launch_s * 1e6 + mma_us
 
 
 def test_flash_decoding_split_rule():

@@ -91,12 +91,15 @@ def _dequant_bound(X, Wd, out: str):
 
 def test_int8_weights_dequantized_to_fp16(rng):
     """fp16 x (int8 * per-channel fp16 scale): the weight dequantized in registers, rounded to
-    fp16, then the MMA; split over K."""
+    fp16, then the MMA; split over K. The weights' vectors and scales of a slab are loaded first,
+    double-buffered (tensor_core.py `words_first`): before the loop, then the next slab's each step."""
     x = pn.placeholder((M, K), "float16", name="x")
     w, sc = pn.placeholder((N, K), "int8", name="w"), pn.placeholder((N, 1), "float16", name="scale")
     y = x @ (w.astype("float32") * sc.astype("float32")).T
     k = tc_compile(y, (1, 2, 32), 2)
     assert k.schedule.kernels[0].mma == Mma.F16
+    held = "pn_bnc1[pn_u] = pn_vload"
+    assert k.source.count(held) == 2 and k.source.index(held) < k.source.index("for (pn_idx pn_ks")
     X, Q = array((M, K), "float16", rng), array((N, K), "int8", rng)
     S = (rng.random((N, 1)) * 0.01).astype(np.float16)
     Wd = dequant_reference(Q, S[:, 0], 0)
@@ -185,7 +188,7 @@ def test_model_keeps_a_gemv_on_cuda_cores():
 def test_full_size_kernels_take_tensor_cores(weights):
     """Planned and rendered, not run (conftest compiles every rendered kernel with nvcc for sm_80
     and sm_90 and fails on a spill): issue 25's M = 64 linears on tensor cores, within 1.15x of
-    the limit for bf16 and int8 (modeled; int4, staged by the exponent trick, models 1.30x here)."""
+    the limit for bf16 and int8 (modeled; int4, bound by mma.sync, models 1.31x here)."""
     from panamera.bench.suites import _linear
     from panamera.model import estimate
 
@@ -259,3 +262,14 @@ def test_emulated_fragments_have_no_elements():
 
 
 _ = ml_dtypes  # bf16 arrays come from test_contract.array
+
+
+def test_a_tensor_core_kernel_indexes_in_int_where_its_addresses_fit():
+    """64 x 14336 x 4096 bf16: 3.8e9 canonical points but no address past 5.9e7 (a quotient by a
+    constant bounds its products: 4096 * (i / 14336)); 64-bit indices spilled its staging on sm_80."""
+    from panamera.bench.suites import _linear
+    from panamera.codegen.kernel import index_type
+    from panamera.compiler import lower
+
+    a = lower(_linear(64, 14336, 4096, "bfloat16", "bfloat16")(), stop_after="mappings", target="emulator")
+    assert a.mappings[0].mma and index_type(a.groups[0], a.mappings[0]) == "int"

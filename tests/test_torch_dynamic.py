@@ -17,6 +17,7 @@ nn = torch.nn
 
 import panamera as pn  # noqa: E402  (after torch: `import panamera` registers the backend)
 import panamera.torch_backend as tb  # noqa: E402
+from panamera.bench.train_steps import eager_us  # noqa: E402
 from panamera.frontend.symbolic import sym  # noqa: E402
 from panamera.torch_backend import symbolic  # noqa: E402
 
@@ -67,6 +68,13 @@ def test_automatic_dynamic_compiles_one_panamera_program_for_every_batch():
     (sub,) = s.reports[1].subgraphs
     assert sub.mode == "symbolic" and sub.program.stats()["calls"] == 3
     assert 1 <= s.size_classes <= 2  # 16 and 24 share [16, 32); 40 is in [32, 64)
+    # traffic and modeled time at dynamo's size hint (batch 16: the shape the dynamic graph was traced at),
+    # so `bench --suite steps` models the eager side of a dynamic graph too
+    moved = {op: (r, w) for op, r, w in sub.traffic}
+    assert moved["aten._softmax.default"] == (16 * 5 * 32 * 4,) * 2  # a (16, 5, 32) float32 tensor read and written
+    assert eager_us(sub.traffic, pn.model.gpu.H100)[0] > 0
+    assert sub.modeled_us == pytest.approx(sub.program.modeled_us(**{sub.program.symbols[0]: 16}))
+    assert sub.modeled_us < sub.program.modeled_us(**{sub.program.symbols[0]: 40})
 
 
 def test_mark_dynamic_compiles_once_from_the_first_call():
@@ -107,8 +115,51 @@ def test_extents_of_dynamo_become_panamera_dims():
     assert symbolic.extent(s0 * 5) == sym(name0) * 5
     assert symbolic.extent(s0 * s1) == sym(name0) * sym(name1)
     assert symbolic.split((sym(name0) * 5, 16)) == (sym(name0), 5, 16)
+    # a sum (a KV cache after cat) is a symbol of its own, the same name wherever it appears
+    assert symbolic.extent(s0 + 1) == sym(f"{name0}p1")
+    assert symbolic.extent((s0 + 1) * 4) == sym(f"{name0}p1") * 4
     with pytest.raises(tb.aten.TranslationError, match="not a product of symbols"):
-        symbolic.extent(s0 + 1)
+        symbolic.extent(s0 // 2)
+
+
+def test_a_kv_cache_grown_by_cat_keeps_softmax_in_one_symbolic_program():
+    """Decode attention as GPT-2 writes it: the cache (T) and the new key cat into T + 1 keys;
+    the softmax over them is one program for every T (it used to run in eager PyTorch)."""
+    torch.manual_seed(2)
+
+    def fn(q, k, new):
+        return torch.softmax(q @ torch.cat([k, new], dim=1).transpose(-1, -2) * 0.25, -1)
+
+    f = torch.compile(fn, backend="panamera", options=OPTIONS)
+    with torch.no_grad():
+        for t in (2, 3, 6, 7):
+            q, k, new = torch.randn(2, 1, 8), torch.randn(2, t, 8), torch.randn(2, 1, 8)
+            got, ref = f(q, k, new), fn(q.double(), k.double(), new.double())
+            eager = (fn(q, k, new).double() - ref).abs().max().item()
+            assert (got.double() - ref).abs().max().item() <= 2 * eager + tolerance("float32", t + 1)
+    s = tb.stats()
+    assert s.graphs == 2 and s.symbolic_programs == 1 and not s.specializations, s.describe()
+    assert not [op for op, _ in s.eager if "softmax" in op], s.describe()
+
+
+def test_a_size_read_as_a_number_is_an_input_not_a_compilation_per_value():
+    """GPT-2's positions: `arange(n) + past_length`, a SymInt added to a tensor whose shape is
+    static. The partition is one static program taking the number as a 0-d input, not one
+    compilation per value."""
+    torch.manual_seed(3)
+
+    def fn(x, past):
+        return torch.softmax(x * past.shape[0], -1)
+
+    f = torch.compile(fn, backend="panamera", options=OPTIONS)
+    with torch.no_grad():
+        x = torch.randn(3, 8)
+        for t in (2, 3, 5, 9):
+            past = torch.zeros(t)
+            tol = tolerance("float32", 8) * t  # the logits grow with t
+            torch.testing.assert_close(f(x, past), fn(x.double(), past).float(), rtol=tol, atol=tol)
+    s = tb.stats()
+    assert s.graphs == 2 and s.programs == 2 and not s.specializations, s.describe()
 
 
 def test_a_dynamic_graph_aot_cannot_trace_symbolically_is_specialized_per_shape(monkeypatch):

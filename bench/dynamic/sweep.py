@@ -1,9 +1,10 @@
 """Dynamic shapes sweep (issue 22), modeled: each size class's plan against the static plan.
 
 For every workload and size, the class plan a symbolic program uses at that size (decided once
-per class from the representative size, schedule/param_mapping.py) is evaluated by the GPU model
-at the actual size, beside the plan a static compile would choose for that size (compiler.lower,
-no kernel built). Also: kernels compiled (one per class) and the host cost per call of binding
+per class, robust over the class's sizes, schedule/param_mapping.py; planned by the model, not
+read from the schedule database) is costed at the actual size by the static cost model
+(schedule/cost.py on the kernel's static view, schedule/bound.py: `DynamicCompiled.modeled_us`),
+beside the plan a static compile would choose for that size (compiler.lower, no kernel built). Also: kernels compiled (one per class) and the host cost per call of binding
 the symbols and picking the class. Figures are modeled on the H100 spec; nothing is launched.
 
     PYTHONPATH=. python bench/dynamic/sweep.py            # prints a table, writes sweep.json here
@@ -20,9 +21,8 @@ import numpy as np
 
 import panamera as pn
 from panamera.compiler import lower
-from panamera.dynamic import members, specialize
+from panamera.dynamic import specialize
 from panamera.model.gpu import H100
-from panamera.schedule.param_mapping import group_cost
 
 
 def workloads():
@@ -56,11 +56,10 @@ def main() -> int:
     rows = []
     for name, make in workloads().items():
         outs = make()
-        k = pn.compile(list(outs), target="emulator", cache=False)
+        k = pn.compile(list(outs), target="emulator", gpu="h100", cache=False, use_database=False)  # by the model
         for sizes in SIZES:
             plan = k.plan(k.size_class(sizes))
-            kernels = zip(members(k.program), plan.decisions, k.program.kinds)
-            dyn = sum(group_cost(g, d, sizes, H100, kind).total_s for g, d, kind in kernels) * 1e6
+            dyn = k.modeled_us(**sizes)
             static = lower(list(specialize(outs, sizes)), target="emulator", gpu="h100").plan.modeled_us
             arrays = [np.zeros([sizes.get(str(e), e) if not isinstance(e, int) else e for e in t.shape], t.dtype.np)
                       for t in k.inputs]  # fmt: skip

@@ -4,7 +4,7 @@
 - **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
 - The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
   **inductor**, **triton-tutorial**, **tvm-default**, and row_peers.py's **quack** and **liger**; for contractions those of contraction_peers.py:
-  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager**, and decode_peers.py's **fa3-decode** and
+  **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager**, **marlin** (marlin_peer.py), and decode_peers.py's **fa3-decode** and
   **flashinfer-decode** (absent where the peer has no kernel).
 - Two stand-ins, planned by *Panamera's* machinery and named for what they are:
   - **panamera-single-block (stand-in)**: Panamera with `split=1` (producers fused, one block per

@@ -25,6 +25,7 @@ Sources (bench/README.md, "Contraction peers"):
   kBlockM 64, `num_splits_heuristic(batch * heads * m_blocks, 2 x SMs, n_blocks, 128)`),
   `flash_fwd_launch_template.h` (`run_flash_splitkv_fwd`: grid (m_blocks, splits, batch x heads) of
   4 warps, then `flash_fwd_splitkv_combine_kernel` with kBlockM 4 for head dim 128).
+- Marlin (int4 weights): IST-DASLab/marlin `marlin/marlin_cuda_kernel.cu`, panamera/bench/marlin_peer.py.
 - PyTorch eager: `aten/src/ATen/native/transformers/attention.cpp`
   `_scaled_dot_product_attention_math` (q and k each scaled by sqrt(scale), matmul, softmax,
   matmul; `pre_process_group_query_attention_input` repeat_interleaves K and V for grouped heads);
@@ -44,7 +45,7 @@ from ..frontend.tensor import topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
 from ..model.library import tensor_core_peak
-from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, kernel
+from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, from_workspace, kernel
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int4": 0.5}
 
@@ -113,10 +114,10 @@ def describe_contraction(outs) -> Linear | DecodeAttention | None:
     N = w.shape[0]
     M = node.size // N
     kind = "int4" if w.dtype.name == "uint8" else w.dtype.name
-    act = next((t.dtype.name for t in inputs.values() if t is not w and t.size == M * K), "float16")
-    scales = [
-        t for t in inputs.values() if t is not w and t.dtype.is_16bit_float and t.size % N == 0 and t.size != M * K
-    ]
+    # the activations are M x K (an int4 weight's group scales may have as many values: N x K / 128)
+    x = next((t for t in inputs.values() if t is not w and t.size == M * K and t.shape[-1] == K), None)
+    act = x.dtype.name if x is not None else "float16"
+    scales = [t for t in inputs.values() if t is not w and t is not x and t.dtype.is_16bit_float and t.size % N == 0]
     group = K // (scales[0].size // N) if scales and kind in ("int8", "int4") else 0
     return Linear(M, N, K, kind, act, group)
 
@@ -190,8 +191,9 @@ def cublas_gemm(M: int, N: int, K: int, batch: int, dtype: str, out_bytes: int, 
                       l2=(cdiv(N, tn) - 1) * a_bytes)  # the activations re-read by every N tile  # fmt: skip
         launches = [_mma(main, 2.0 * cdiv(M, tm) * tm * N * K * batch, dtype)]
         if s > 1:
-            launches.append(kernel("splitKreduce_kernel", read=partial, written=out,
-                                   blocks=cdiv(batch * M * N, 32 * 16), threads=32 * 16, in_flight=16))  # fmt: skip
+            reduce = kernel("splitKreduce_kernel", read=partial, written=out, blocks=cdiv(batch * M * N, 32 * 16),
+                            threads=32 * 16, in_flight=16)  # fmt: skip
+            launches.append(from_workspace(reduce, partial, gpu))
         candidates.append((launches, {"tile": (tm, tn), "split": s, "kernels": len(launches)}))
     return min(candidates, key=lambda p: ContractionPlan("", tuple(p[0]), "").estimate(gpu, 0).total_us)
 
@@ -306,8 +308,9 @@ def flash_decoding(c, gpu: GPUSpec) -> ContractionPlan | None:
     launches = [_mma(main, flops, c.dtype)]
     what = f"flash_fwd_splitkv_kernel {s} split(s) of {f['n_blocks']} key blocks of {f['block_n']}"
     if s > 1:
-        launches.append(kernel("flash_fwd_splitkv_combine_kernel", read=accum, written=out, blocks=cdiv(rows, 4),
-                               threads=128, in_flight=16))  # fmt: skip
+        combine = kernel("flash_fwd_splitkv_combine_kernel", read=accum, written=out, blocks=cdiv(rows, 4),
+                         threads=128, in_flight=16)  # fmt: skip
+        launches.append(from_workspace(combine, accum, gpu))
         what += " + combine"
     return _contraction_plan("flash-decoding", launches, what, **f)
 
@@ -351,11 +354,19 @@ def _sdpa_math(a: DecodeAttention, gpu: GPUSpec) -> ContractionPlan:
     return _contraction_plan("pytorch-eager", launches, f"SDPA math: scale, repeat_interleave K/V, bmm, {how}, bmm")
 
 
+def marlin(c, gpu: GPUSpec) -> ContractionPlan | None:
+    """Marlin on int4 weights (panamera/bench/marlin_peer.py: its rules, imported here late)."""
+    from .marlin_peer import marlin as plan
+
+    return plan(c, gpu)
+
+
 CONTRACTION_PEERS: dict[str, Callable] = {
     "cublas": cublas,
     "triton-splitk": triton_splitk,
     "flash-decoding": flash_decoding,
     "pytorch-eager": pytorch_eager,
+    "marlin": marlin,
 }
 
 

@@ -29,6 +29,7 @@ import statistics
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import PanameraError
@@ -38,7 +39,7 @@ PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
 COLOURS = dict(zip(PEERS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))  # one per peer, in every CPU chart
 LOAD_WARNING = 1.5
 MAX_INPUT_BYTES = 128 << 20
-SUITES = ("single", "subgraphs", "norms")
+SUITES = ("single", "subgraphs", "norms", "contractions", "models")
 
 
 INDUCTOR = True  # time torch.compile (each compile takes seconds; the tests turn it off)
@@ -52,17 +53,46 @@ def measure_on_cpu() -> bool:
 
 
 def bench_cpu(suite: str, out: str | None, plot: bool, rounds: int, command: str, progress=None) -> str:
-    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph
-    and norm suites (about three minutes), a suite name all of its workloads, "tiny" three small
-    ones; returns the markdown summary."""
-    from ..errors import OptionError
+    """`panamera bench --measure` on the CPU: "all" is the default set of the single, sub-graph,
+    norm and contraction suites (about three minutes), a suite name all of its workloads, "tiny"
+    four small ones, "models" the exported models against onnxruntime (cpu_models.py); returns
+    the markdown summary."""
     from .cpu_recipes import cpu_workloads, tiny_cpu
 
-    if suite == "contractions":
-        raise OptionError("bench --measure on the CPU: the contraction suite is not measured on the CPU target yet")
+    if suite == "models":
+        return bench_models(out, rounds, command, progress)
     ws = tiny_cpu() if suite == "tiny" else select(cpu_workloads(), suite, default_only=suite == "all")
     _, text = run_cpu_measure(ws, out, plot, rounds, command=command, progress=progress)
     return text + (f"\nwrote {out}/results.json and {out}/results.md\n" if out else "")
+
+
+def bench_models(out: str | None, rounds: int, command: str, progress=None, names: list[str] | None = None) -> str:
+    """The exported models against onnxruntime (cpu_models.py); with `out`, writes
+    results.json and results.md there."""
+    from ..schedule.cpu_mapper import CpuMachine
+    from .cpu_models import run_models, table
+
+    load = os.getloadavg()
+    machine = CpuMachine.detect()
+    records, skipped = run_models(names, rounds=rounds, progress=progress)
+    meta = {"cpu": machine.name, "cores": machine.cores, "command": command, "rounds": rounds,
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
+            "load_average_start": [round(x, 2) for x in load], "untrustworthy": load[0] > LOAD_WARNING,
+            "skipped": skipped}  # fmt: skip
+    warn = f" **Load average {load[0]:.2f} > {LOAD_WARNING}: untrustworthy.**" if meta["untrustworthy"] else ""
+    text = (f"# Whole exported models: Panamera target='cpu' vs onnxruntime, measured ({meta['date']})\n\n"
+            f"{machine.name}, {machine.cores} usable core(s); load average {load[0]:.2f}.{warn} Command: `{command}`. "
+            f"Median [p25-p75] us of {rounds} interleaved rounds of whole-model runs (`OptimizedModel.run`, "
+            "Panamera's CPU kernels and library nodes) and of an onnxruntime CPU session; ok: every output within "
+            "twice verify.py's error budget of onnxruntime's.\n" + table(records))  # fmt: skip
+    if skipped:
+        text += "\n## Skipped\n\n" + "".join(f"- {n}: {why}\n" for n, why in skipped)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")
+        (Path(out) / "results.md").write_text(text)
+        text += f"\nwrote {out}/results.json and {out}/results.md\n"
+    return text
 
 
 def select(workloads: list[CpuWorkload], suite: str = "all", default_only: bool = False) -> list[CpuWorkload]:
@@ -76,10 +106,11 @@ def _tuple(x) -> tuple:
 
 def tolerance(dtype: np.dtype, n: int) -> float:
     """Relative tolerance of a float result reduced over n values (0: exact)."""
-    if dtype.kind != "f":
+    if dtype.kind != "f" and dtype != ml_dtypes.bfloat16:
         return 0.0
-    eps = float(np.finfo(dtype).eps) if dtype.itemsize >= 4 else 2.0**-23  # 16-bit inputs accumulate in fp32
-    return 4 * float(np.finfo(dtype).eps) + eps * math.sqrt(max(n, 1)) * 8 + 16 * eps  # + libmvec's ulps
+    own = float(ml_dtypes.finfo(dtype).eps)
+    eps = own if dtype.itemsize >= 4 else 2.0**-23  # 16-bit inputs accumulate in fp32
+    return 4 * own + eps * math.sqrt(max(n, 1)) * 8 + 16 * eps  # + libmvec's ulps
 
 
 def check(got, ref, n: int) -> tuple[float, float, bool]:
@@ -125,6 +156,13 @@ def measure(impls: dict, rounds: int, min_sample_s: float) -> dict:
     return out
 
 
+def _tensor(torch, a: np.ndarray):
+    """A torch view of a numpy array (bfloat16, which torch.from_numpy does not take, through its bits)."""
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 class _Peers:
     """The peers' callables for one workload, built once (onnxruntime sessions and Inductor per thread count)."""
 
@@ -132,7 +170,7 @@ class _Peers:
         import torch
 
         self.torch, self.w, self.arrays = torch, w, arrays
-        self.tensors = [torch.from_numpy(a) for a in arrays]
+        self.tensors = [_tensor(torch, a) for a in arrays]
         self.tb = TorchBackend()
         self.inductor, self.ort = inductor, ort
         self.model = OnnxBackend().model(w) if ort else None
@@ -176,7 +214,15 @@ class _Peers:
 
 
 def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
-    return [rng.standard_normal(s).astype(d) for s, d in zip(w.shapes, w.input_dtypes)]
+    """Standard normal floats; int8 inputs are quantized weights in [-127, 127], other integer inputs
+    class indices in [0, w.reduced)."""
+
+    def one(s, d):
+        if np.dtype(d) == np.int8:
+            return rng.integers(-127, 128, s).astype(d)
+        return rng.integers(0, w.reduced, s).astype(d) if np.dtype(d).kind in "iu" else rng.standard_normal(s).astype(d)
+
+    return [one(s, d) for s, d in zip(w.shapes, w.input_dtypes)]
 
 
 def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float, peers: bool = True,

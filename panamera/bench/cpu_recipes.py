@@ -3,8 +3,10 @@ sizes that fit this machine), each written once as a *recipe* against a small ba
 and so built four ways: a Panamera graph, numpy (and numpy in float64: the reference), PyTorch
 (eager, and through torch.compile) and a small ONNX graph (onnx.helper) for onnxruntime. The
 peers use their own fused operators where they have one (torch's softmax / layer_norm /
-rms_norm / normalize / logsumexp, ONNX's Softmax, LayerNormalization, RMSNormalization,
-LpNormalization, ReduceLogSumExp).
+rms_norm / normalize / logsumexp / cross_entropy / batch_norm / group_norm, ONNX's Softmax,
+LayerNormalization, RMSNormalization, LpNormalization, ReduceLogSumExp, BatchNormalization in
+training mode, GroupNormalization; cross_entropy's loss per row is LogSoftmax then
+GatherElements).
 
 >>> w = next(w for w in cpu_workloads() if w.name == "softmax [6144x128]")
 >>> w.suite, w.shapes
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LN_EPS, RMS_EPS, L2_EPS = 1e-5, 1e-6, 1e-12
+LN_EPS, RMS_EPS, L2_EPS, BN_EPS, GN_EPS = 1e-5, 1e-6, 1e-12, 1e-5, 1e-5
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,32 @@ class NumpyBackend:
     def argmax(self, x, axis):
         return np.argmax(x, axis=axis)
 
+    def cross_entropy(self, x, t):
+        """The loss per row (reduction "none"); t holds class indices (float64 in the reference)."""
+        m = x.max(-1, keepdims=True)
+        lse = (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[:, 0]
+        return lse - np.take_along_axis(x, t.astype(np.int64)[:, None], 1)[:, 0]
+
+    def batch_norm(self, x, g, b):
+        """Training mode over N, H, W: the normalized output (the batch statistics stay internal)."""
+        axes = (0, *range(2, x.ndim))
+        mu, var = x.mean(axes, keepdims=True), x.var(axes, keepdims=True)
+        c = (1, -1) + (1,) * (x.ndim - 2)
+        return (x - mu) / np.sqrt(var + BN_EPS) * g.reshape(c) + b.reshape(c)
+
+    def group_norm(self, x, groups, g, b):
+        n, c = x.shape[:2]
+        v = x.reshape(n, groups, -1)
+        y = (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + GN_EPS)
+        shape = (1, c) + (1,) * (x.ndim - 2)
+        return y.reshape(x.shape) * g.reshape(shape) + b.reshape(shape)
+
+    def linear(self, x, w):
+        return x @ w.T
+
+    def dequant(self, w, s):
+        return w.astype(np.float64 if self.ref else np.float32) * s
+
 
 class TorchBackend:
     """PyTorch eager (torch.compile traces the same recipe)."""
@@ -159,6 +187,21 @@ class TorchBackend:
     def argmax(self, x, axis):
         return self.t.argmax(x, dim=axis)
 
+    def cross_entropy(self, x, t):
+        return self.F.cross_entropy(x, t, reduction="none")
+
+    def batch_norm(self, x, g, b):
+        return self.F.batch_norm(x, None, None, g, b, training=True, eps=BN_EPS)
+
+    def group_norm(self, x, groups, g, b):
+        return self.F.group_norm(x, groups, g, b, GN_EPS)
+
+    def linear(self, x, w):
+        return self.F.linear(x, w)
+
+    def dequant(self, w, s):
+        return w.to(self.t.float32) * s
+
 
 class PanameraBackend:
     """Panamera's graph (frontend ops and nn)."""
@@ -213,6 +256,21 @@ class PanameraBackend:
 
     def argmax(self, x, axis):
         return self.ops.argmax(x, axis=axis)
+
+    def cross_entropy(self, x, t):
+        return self.nn.cross_entropy(x, t, reduction="none")
+
+    def batch_norm(self, x, g, b):
+        return self.nn.batch_norm(x, g, b, eps=BN_EPS)[0]
+
+    def group_norm(self, x, groups, g, b):
+        return self.nn.group_norm(x, groups, g, b, eps=GN_EPS)
+
+    def linear(self, x, w):
+        return x @ w.T
+
+    def dequant(self, w, s):
+        return w.astype("float32") * s
 
 
 class OnnxBackend:
@@ -299,6 +357,34 @@ class OnnxBackend:
         shape = tuple(s for k, s in enumerate(x[2]) if k != axis % len(x[2]))
         return self._node("ArgMax", [x[0]], self.T.INT64, shape, axis=axis, keepdims=0)
 
+    def cross_entropy(self, x, t):
+        n = x[2][0]
+        lsm = self._node("LogSoftmax", [x[0]], x[1], x[2], axis=-1)
+        idx = self._node("Unsqueeze", [t[0], self._const(np.array([1], np.int64))], t[1], (n, 1))
+        picked = self._node("GatherElements", [lsm[0], idx[0]], x[1], (n, 1), axis=1)
+        flat = self._node("Squeeze", [picked[0], self._const(np.array([1], np.int64))], x[1], (n,))
+        return self._node("Neg", [flat[0]], x[1], (n,))
+
+    def batch_norm(self, x, g, b):
+        c = x[2][1]
+        zeros, ones = (self._const(np.full(c, v, self.h.tensor_dtype_to_np_dtype(x[1]))) for v in (0, 1))
+        out = self._name()
+        stats = [self._name(), self._name()]
+        self.nodes.append(self.h.make_node("BatchNormalization", [x[0], g[0], b[0], zeros, ones], [out, *stats],
+                                           epsilon=BN_EPS, training_mode=1))  # fmt: skip
+        return (out, x[1], x[2])
+
+    def group_norm(self, x, groups, g, b):
+        return self._node("GroupNormalization", [x[0], g[0], b[0]], x[1], x[2], epsilon=GN_EPS, num_groups=groups)
+
+    def linear(self, x, w):
+        wt = self._node("Transpose", [w[0]], w[1], w[2][::-1], perm=[1, 0])
+        return self._node("MatMul", [x[0], wt[0]], x[1], (*x[2][:-1], w[2][0]))
+
+    def dequant(self, w, s):
+        f = self._node("Cast", [w[0]], self.T.FLOAT, w[2], to=self.T.FLOAT)
+        return self._node("Mul", [f[0], s[0]], self.T.FLOAT, w[2])
+
     def model(self, workload: CpuWorkload) -> bytes:
         """The serialized ONNX model of `workload`."""
         ins = []
@@ -363,20 +449,70 @@ def cpu_workloads() -> list[CpuWorkload]:
         norm(f"argmax [{s[0]}x{s[1]}]", (s,), lambda B, x: B.argmax(x, 1), s[1], d)
     for s, d in (((65536, 64), True), ((802816, 256), False)):
         norm(f"bias_grad [{s[0]}x{s[1]}]", (s,), lambda B, x: B.sum(x, 0), s[0], d)
+    ce = lambda B, x, t: B.cross_entropy(x, t)  # noqa: E731
+    out.append(CpuWorkload("cross_entropy [64x30522]", "norms", ((64, 30522), (64,)), ce, (f32, "int64"), 30522, True))
+    bn = (32, 64, 56, 56)
+    norm(
+        "batch_norm train [32x64x56x56]", (bn, bn[1:2], bn[1:2]), lambda B, x, g, b: B.batch_norm(x, g, b), 32 * 56 * 56
+    )
+    gn = (4, 64, 16, 16)
+    norm("group_norm 8g [4x64x16x16]", (gn, gn[1:2], gn[1:2]), lambda B, x, g, b: B.group_norm(x, 8, g, b), 8 * 16 * 16)
+    # 16-bit variants (docs/WORKLOADS.md's norms): float16 softmax and layer_norm, bfloat16 rms_norm
+    for s in ((4 * 12 * 128, 128), (64, 30522)):
+        out.append(
+            CpuWorkload(
+                f"softmax [{s[0]}x{s[1]}] float16", "norms", (s,), lambda B, x: B.softmax(x), ("float16",), s[1]
+            )
+        )
+    s = (8 * 128, 768)
+    out.append(CpuWorkload("layer_norm [1024x768] float16", "norms", (s, s[1:], s[1:]),
+                           lambda B, x, g, b: B.layer_norm(x, g, b), ("float16",) * 3, s[1]))  # fmt: skip
+    s = (16 * 64, 512)
+    out.append(CpuWorkload("rms_norm [1024x512] bfloat16", "norms", (s, s[1:]), lambda B, x, g: B.rms_norm(x, g),
+                           ("bfloat16",) * 2, s[1]))  # fmt: skip
+    out += contractions()
+    return out
+
+
+# The contraction suite at CPU sizes (panamera/bench/suites.py's, float32 here: numpy, torch and
+# onnxruntime have no fast 16-bit CPU GEMM to compare with): the paper's Table 1 (M x N x K) and
+# GEMV / skinny products of decoding (N x K weights stored as torch's Linear, M rows), with float32
+# weights and with int8 weights dequantized by a per-channel scale.
+CPU_TABLE1 = ((128, 32, 64), (128, 32, 1024), (1024, 512, 1024))
+CPU_GEMV = ((4096, 4096),)
+CPU_GEMV_ROWS = (1, 4, 16)
+
+
+def contractions() -> list[CpuWorkload]:
+    """The CPU bench's contraction workloads (`x @ W.T`)."""
+    out = []
+    lin = lambda B, x, w: B.linear(x, w)  # noqa: E731
+    for M, N, K in CPU_TABLE1:
+        out.append(CpuWorkload(f"table1 {M}x{N}x{K}", "contractions", ((M, K), (N, K)), lin, reduced=K,
+                               default=(M, N, K) == (128, 32, 1024)))  # fmt: skip
+    for N, K in CPU_GEMV:
+        for M in CPU_GEMV_ROWS:
+            out.append(CpuWorkload(f"linear {M}x{N}x{K} w=float32", "contractions", ((M, K), (N, K)), lin, reduced=K))
+            out.append(CpuWorkload(f"linear {M}x{N}x{K} w=int8", "contractions", ((M, K), (N, K), (N, 1)),
+                                   lambda B, x, w, s: B.linear(x, B.dequant(w, s)), ("float32", "int8", "float32"),
+                                   reduced=K))  # fmt: skip
     return out
 
 
 def tiny_cpu() -> list[CpuWorkload]:
-    """Three small workloads for tests and smoke runs (a row sum, a full sum, a softmax)."""
+    """Four small workloads for tests and smoke runs (a row sum, a full sum, a softmax, a linear)."""
     return [
         CpuWorkload("sum row 64x256", "tiny", ((64, 256),), lambda B, x: B.sum(x, 1), reduced=256),
         CpuWorkload("sum all 4096", "tiny", ((4096,),), lambda B, x: B.sum(x), reduced=4096),
         CpuWorkload("softmax [8x512]", "tiny", ((8, 512),), lambda B, x: B.softmax(x), reduced=512),
+        CpuWorkload("linear 4x64x128", "tiny", ((4, 128), (64, 128)), lambda B, x, w: B.linear(x, w), reduced=128),
     ]
 
 
 NOT_COVERED = {
     "single": "float16, int32 and bool variants (numpy and onnxruntime have no fast path to compare fairly)",
     "subgraphs": "A2#1, #3, #10, #12 (tiny, or the same kernels as listed ones)",
-    "norms": "cross_entropy, batch_norm, group_norm, 16-bit variants (no recipe in the CPU bench yet)",
+    "norms": "bfloat16 long-row softmax and cross_entropy over 131072-256000 columns (the float32 ones stand for them)",
+    "contractions": "16-bit and int4 weights, 14336-wide GEMVs and decode attention (float32 and int8 weights "
+    "at CPU sizes instead)",
 }

@@ -25,7 +25,7 @@ import math
 
 from ..model.gpu import GPUSpec
 from .contraction_peers import ContractionPlan, DecodeAttention, _contraction_plan, _mma
-from .peers import cdiv, kernel
+from .peers import cdiv, from_workspace, kernel
 
 FA3_BLOCK_N = {128: 176}  # hopper tile_size_fwd_sm90, non-causal (other head dims: not modeled)
 FA3_THREADS = 384  # a producer warpgroup and two consumer warpgroups
@@ -66,8 +66,9 @@ def fa3_decode(c, gpu: GPUSpec) -> ContractionPlan | None:
     launches = [_mma(main, flops, c.dtype)]
     what = f"FA3 sm90 PackGQA: {s} split(s) of {n_blocks} key blocks of {block_n}"
     if s > 1:
-        launches.append(kernel("flash_fwd_combine", read=accum, written=out, blocks=cdiv(rows, 8), threads=256,
-                               in_flight=4 * 16))  # fmt: skip
+        combine = kernel("flash_fwd_combine", read=accum, written=out, blocks=cdiv(rows, 8), threads=256,
+                         in_flight=4 * 16)  # fmt: skip
+        launches.append(from_workspace(combine, accum, gpu))
         what += " + combine"
     return _contraction_plan("fa3-decode", launches, what, splits=s, block_n=block_n, m_blocks=m_blocks)
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from ..frontend.tensor import Tensor, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
+from ..model.workspace import workspace_fits
 
 _KT_ARGS = set(inspect.signature(kernel_time).parameters) - {"gpu"}
 INLINE = ("const", "iota", "argkey_max", "argkey_min", "placeholder", "reshape")
@@ -97,6 +98,26 @@ def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0
     if round_trips:
         f["round_trips"] = int(round_trips)
     return PeerLaunch(name, f, int(read), int(written))
+
+
+def from_workspace(ln: PeerLaunch, nbytes: float, gpu: GPUSpec) -> PeerLaunch:
+    """`ln` with `nbytes` of its DRAM reads taken from L2 where they fit: the read-back of a
+    workspace a kernel (this one or the one before) wrote, its partials or staging buffer
+    (model/workspace.py: the rule of Panamera's own splits; the write stays a DRAM write).
+
+    >>> from panamera.model import H100
+    >>> k = kernel("splitKreduce_kernel", read=4 * 2**20, written=2**17, blocks=8, threads=512, in_flight=16)
+    >>> f = from_workspace(k, 4 * 2**20, H100).features
+    >>> f["dram_bytes"], f["l2_bytes"]
+    (131072.0, 4194304.0)
+    >>> from_workspace(k, 4 * 2**20, dataclasses.replace(H100, l2_size=6 * 2**20)).features["dram_bytes"]
+    4325376.0
+    """
+    if not nbytes or not workspace_fits(gpu, nbytes):
+        return ln
+    f = {**ln.features, "dram_bytes": ln.features["dram_bytes"] - nbytes}
+    f["l2_bytes"] = f.get("l2_bytes", 0.0) + nbytes
+    return dataclasses.replace(ln, features=f, bytes_read=int(ln.bytes_read - nbytes))
 
 
 def _plan(peer: str, launches, what: str, **facts) -> PeerPlan:
@@ -293,7 +314,7 @@ def _aten_reduce_launch(r: Reduction, gpu: GPUSpec, acc: int, what: str = "reduc
         same=ctas if ctas > 1 else 0,  # one semaphore per output group; the last block folds the staging buffer
         epilogue=400 + (DRAM_ROUND_TRIP_CYCLES if ctas > 1 else 0),
     )  # fmt: skip
-    return ln, c
+    return from_workspace(ln, staging, gpu), c  # the last block folds the staging buffer
 
 
 def aten_elementwise(name: str, numel: int, read: int, written: int, elem_in: int) -> PeerLaunch:
@@ -421,9 +442,9 @@ def cub_device_reduce(n: int, elem: int, acc: int, gpu: GPUSpec, out_bytes: int)
     k1 = kernel(
         "DeviceReduceKernel", read=n * elem, written=grid * acc, blocks=grid, threads=threads, in_flight=items * elem
     )
-    # the partials were just written by k1: the second kernel reads them from L2
-    k2 = kernel("DeviceReduceSingleTileKernel", read=0, written=out_bytes, blocks=1, threads=threads,
-                in_flight=items * acc, l2=grid * acc)  # fmt: skip
+    k2 = kernel("DeviceReduceSingleTileKernel", read=grid * acc, written=out_bytes, blocks=1, threads=threads,
+                in_flight=items * acc)  # fmt: skip
+    k2 = from_workspace(k2, grid * acc, gpu)  # the partials were just written by k1
     return [k1, k2], {"grid": grid, "kernels": 2, "threads": threads, "items": items, "vec": vec}
 
 
@@ -558,6 +579,7 @@ def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
                                       read=Mr * Nr * rs[0].in_bytes, written=outs * Mr * split * acc)  # fmt: skip
             k2, c2 = _inductor_kernel("triton_red_final", Mr, split, hint, acc, gpu, read=outs * Mr * split * acc,
                                       written=outs * Mr * rs[0].out_bytes)  # fmt: skip
+            k2 = from_workspace(k2, outs * Mr * split * acc, gpu)  # k1's partials
             launches += [k1, k2]
             what.append(f"split {split} ({hint}): {c1}; then {c2}")
         else:

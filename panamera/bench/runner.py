@@ -172,7 +172,7 @@ def geomean(xs) -> float:
 
 SHORT = {"pytorch-eager": "torch", "cub": "cub", "inductor": "inductor", "triton-tutorial": "triton",
          "tvm-default": "tvm", "quack": "quack", "liger": "liger", "fa3-decode": "fa3", "flashinfer-decode": "flashinfer",
-         "cublas": "cublas", "triton-splitk": "triton split-K", "flash-decoding": "flash-dec.",
+         "cublas": "cublas", "triton-splitk": "triton split-K", "flash-decoding": "flash-dec.", "marlin": "marlin",
          DETERMINISTIC: "det.", SINGLE: "1-block*", UNFUSED: "unfused*"}  # fmt: skip
 
 

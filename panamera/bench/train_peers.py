@@ -48,6 +48,7 @@ from .peers import (
     _plan,
     aten_elementwise,
     cdiv,
+    from_workspace,
     inductor_num_splits,
     kernel,
     next_pow2,
@@ -187,6 +188,7 @@ def liger(b: Backward, gpu: GPUSpec) -> PeerPlan | None:
                       in_flight=2 * max(1, block // (32 * warps)) * e)  # fmt: skip
         r = Reduction("COLUMN", N, progs, "sum", 4, e)
         fin, _ = _aten_reduce_launch(r, gpu, 4, "_DW.sum(dim=0)")
+        fin = from_workspace(fin, progs * N * 4, gpu)  # the dW partials the main kernel wrote
         return _plan("liger", [main, *[fin] * k], f"Liger {b.pattern} backward: {progs} programs x {rows} rows, "
                      f"dW partials ({progs} x {N} fp32) then .sum(dim=0)", rows_per_program=rows)  # fmt: skip
     if b.pattern is Pattern.SOFTMAX and block >= N:
@@ -219,6 +221,7 @@ def inductor(b: Backward, gpu: GPUSpec) -> PeerPlan | None:
                                       written=k * cols * split * 4)  # fmt: skip
             k2, c2 = _inductor_kernel("triton_red_final_dw", cols, split, "OUTER", 4, gpu, read=k * cols * split * 4,
                                       written=k * cols * e)  # fmt: skip
+            k2 = from_workspace(k2, k * cols * split * 4, gpu)  # k1's partials
             launches += [k1, k2]
             what.append(f"column sums split {split}: {c1}; then {c2}")
         else:

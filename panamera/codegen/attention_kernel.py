@@ -84,7 +84,8 @@ def _constants(p: AttentionPlan, lk_arg: bool = False) -> list[str]:
 
 def _merge_partials(p: AttentionPlan) -> list[str]:
     """Threads stride over (row, d) of the tile; each merges the S partials in split order and
-    stores o / s. Needs `tile`, `bh`, `b`, `hkv` and the partial index base `pbase`."""
+    stores o / s; then the tile's partials are discarded from L2. Needs `tile`, `bh`, `b`, `hkv` and
+    the partial index base `pbase`, every thread of the block."""
     f = ONLINE_SOFTMAX_VEC.functor
     return [
         "  for (int e = threadIdx.x; e < RT * D; e += T) {",
@@ -102,6 +103,12 @@ def _merge_partials(p: AttentionPlan) -> list[str]:
         "    const int g = row / LQ, i = row % LQ;",
         f"    pn_st(&out[(((long long)b * HQ + hkv * G + g) * LQ + i) * D + d], {f}::finish(o, s));",
         "  }",
+        "  // every partial of the tile read: their L2 lines dropped, never written back (the next call",
+        "  // writes them all before any is read; model/workspace.py `discarded`)",
+        "  __syncthreads();",
+        "  pn_discard_range(&ws_m[pbase * RT], &ws_m[(pbase + S) * RT], threadIdx.x, T);",
+        "  pn_discard_range(&ws_s[pbase * RT], &ws_s[(pbase + S) * RT], threadIdx.x, T);",
+        "  pn_discard_range(&ws_o[pbase * RT * D], &ws_o[(pbase + S) * RT * D], threadIdx.x, T);",
     ]
 
 

@@ -12,7 +12,8 @@ run-time counter, and the partials in local memory):
     for (tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       ... pass p:  for s < S: for v < V: dx[i, j] = ...;  pn_c5[s * V + v] += dy[i, j] * xhat[i, j];
     }
-    pn_reduce_y over the block's rows (shared memory), then per column j, by the rows' leaders:
+    pn_reduce_y_all over the block's rows (shared memory, `tree_chunk` partials at a time), then
+    per column j, by the rows' leaders:
       ATOMIC_WS  atomicAdd(&ws5[j], partial)         the workspace is resident, at the identity
       PARTIALS   ws5[blockIdx.x * N + j] = partial
     __threadfence; the block arrives on pn_counter[0]; the last block to arrive:
@@ -21,13 +22,16 @@ run-time counter, and the partials in local memory):
                  bit-identical whatever the blocks' order
       and resets the counter.
     PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
-    (pn_grid_sync), then every block sums its share of the columns in the same block order;
-    the last block to depart resets the arrival and departure counters.
+    (pn_grid_sync), then every block sums its share of the columns, `combine_lanes` threads per
+    column (schedule/persistent.py), each over every lanes-th block in block order, then a fixed
+    shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run; the last
+    block to depart resets the arrival and departure counters.
 """
 
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
+from ..schedule.derived import combine_lanes, tree_chunk
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -73,17 +77,25 @@ def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
     return out + ["    }", "  }"]
 
 
-def merge(loop: ThreadLoop) -> list[str]:
+def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     """After the row loop: each partial reduced over the block's rows and merged, then the last
-    block's finish (module docstring)."""
+    block's finish (module docstring). `depart`: a grid-wide combine ends the kernel (False: a
+    pass after it reads the columns, codegen/column_stitch.py, and departs itself)."""
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
     out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
-    for ct in dict.fromkeys(g.statements[k].acc.compute for k in _owners(loop)):
-        out.append(f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{m.tx * m.ty}];")
+    chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize) for k in _owners(loop)}
+    if m.ty > 1:
+        sizes: dict[str, int] = {}
+        for k in _owners(loop):
+            ct = g.statements[k].acc.compute
+            sizes[ct] = max(sizes.get(ct, 0), m.tx * m.ty * chunk[k])
+        out += [f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{n}];" for ct, n in sizes.items()]
     for k in _owners(loop):
         s = g.statements[k]
-        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
+        if m.ty > 1:
+            tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}, {S * V}, {chunk[k]}>"
+            out.append(f"  pn_reduce_y_all{tmpl}(pn_c{k}, pn_csmem_{c_ident(s.acc.compute)});")
         if m.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID):
             write = f"ws{k}[(pn_idx)bx * {N} + j] = pn_p;"
         elif s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
@@ -96,13 +108,14 @@ def merge(loop: ThreadLoop) -> list[str]:
             "#pragma unroll",
             f"  for (int v = 0; v < {V}; ++v) {{",
             f"    const pn_idx j = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v;",
-            f"    const {s.acc.compute} pn_p = pn_reduce_y{tmpl}(pn_c{k}[pn_s * {V} + v], "
-            f"pn_csmem_{c_ident(s.acc.compute)});",
+            f"    const {s.acc.compute} pn_p = pn_c{k}[pn_s * {V} + v];",
             f"    if (ty == 0 && j < {N}) {write}",
             "  }",
         ]
     if MergeMode.PARTIALS_GRID in m.merges:
-        return out + _grid_combine(loop)
+        return out + _grid_combine(loop, depart)
+    if MergeMode.ATOMIC_GRID in m.merges:  # codegen/column_stitch.py waits and reads them back
+        return out
     out += [
         "  __threadfence();",
         "  __syncthreads();",
@@ -130,13 +143,23 @@ def merge(loop: ThreadLoop) -> list[str]:
     ]
 
 
-def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
-    """Column j of owner k: its blocks' partials summed in block order (bit-identical)."""
+def _in_block_order(loop: ThreadLoop, k: int, lanes: int = 1) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical); with
+    `lanes` > 1 lane l sums the blocks l, l + lanes, ... and a fixed shuffle tree combines the
+    lanes (lane 0 holds the value; `pn_ok`: j is a column, else the lane adds nothing)."""
     s = loop.g.statements[k]
+    if lanes == 1:
+        return [
+            f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+            f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+            f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+        ]
     return [
         f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"    if (pn_ok) for (pn_idx b = pn_lane; b < (pn_idx)gridDim.x; b += {lanes}) "
         f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+        f"    for (int o = {lanes // 2}; o > 0; o >>= 1) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));",
     ]
 
 
@@ -172,24 +195,56 @@ def _stores(loop: ThreadLoop) -> list[str]:
     return out
 
 
-def _grid_combine(loop: ThreadLoop) -> list[str]:
+def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
     """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
     then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
     block order; the last block to depart resets both counters."""
     g, m = loop.g, loop.m
     T = m.tx * m.ty
-    out = [
-        "  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written",
-        f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{",
+    L = combine_lanes(m.blocks, T, g.N)
+    out = ["  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written"]
+    if L == 1:
+        out.append(
+            f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{"
+        )
+        for k in _owners(loop):
+            out += _in_block_order(loop, k)
+        out += _stores(loop)
+        return out + ["  }"] + (departure() if depart else [])
+    # L lanes per column; every thread sweeps the same count, so whole warps shuffle together
+    out += [
+        f"  const pn_idx pn_t = (pn_idx)bx * {T} + ty * {m.tx} + tx, pn_lane = pn_t % {L};",
+        f"  for (pn_idx pn_j0 = 0; pn_j0 < {g.N}; pn_j0 += (pn_idx)gridDim.x * {T // L}) {{",
+        f"    const pn_idx j = pn_j0 + pn_t / {L};",
+        f"    const bool pn_ok = j < {g.N};",
     ]
     for k in _owners(loop):
-        out += _in_block_order(loop, k)
-    out += _stores(loop)
-    return out + [
-        "  }",
+        out += _in_block_order(loop, k, L)
+    out.append("    if (pn_ok && pn_lane == 0) {")
+    out += ["  " + ln for ln in _stores(loop)]
+    return out + ["    }", "  }"] + (departure() if depart else [])
+
+
+def departure(resets: list[str] = ()) -> list[str]:
+    """A grid-wide combine's end: the last block to depart resets the arrival and departure
+    counters (every block has passed its last wait, so none reads them any more), and runs
+    `resets` with all its threads."""
+    if not resets:
+        return [
+            "  __syncthreads();",
+            "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
+            "    pn_counter[0] = 0u;",
+            "    pn_counter[1] = 0u;",
+            "  }",
+        ]
+    return [
         "  __syncthreads();",
-        "  if (tx == 0 && ty == 0 && atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1) {  // the last to depart",
-        "    pn_counter[0] = 0u;",
-        "    pn_counter[1] = 0u;",
+        "  __shared__ int pn_is_last;",
+        "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[1], 1u) == gridDim.x - 1;",
+        "  __syncthreads();",
+        "  if (pn_is_last) {  // the last to depart",
+        "    __threadfence();",
+        *resets,
+        "    if (tx == 0 && ty == 0) { pn_counter[0] = 0u; pn_counter[1] = 0u; }",
         "  }",
     ]

@@ -10,10 +10,16 @@ from algebra.py): the reduction algebra is defined once.
 
 Stitched ROW groups make one pass over a row per level (schedule/mapping.py's `levels`), the
 row in cache; a row epilogue (and every element-wise statement of an epilogue group) runs once
-the values it reads are final, at (i, j = 0). A split reduction (decision.split > 1) writes one
+the values it reads are final, at (i, j = 0). A value an earlier pass evaluates per element and
+a later one needs again (the decision's `reuse`, schedule/cpu_reuse.py: softmax's exp(x - m)) is
+stored by the earlier pass to a row of scratch per thread (`pn_cseK`, allocated once per
+thread and call) and read back by the later ones. A later pass's division by a row invariant
+(softmax's / s) multiplies by its reciprocal, computed once per row (`pn_rcp`), as onnxruntime
+and torch do: at most one more rounding (<= 1.5 ulp instead of 0.5), one division per row
+instead of one per element. A split reduction (decision.split > 1) writes one
 partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
 in chunk order after the tasks' barrier, by the last task of the output, or by atomic
-compare-and-swap into a shared accumulator), then finished.
+compare-and-swap into a shared accumulator; codegen/cpu_merge.py), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
 of `CpuKernel.params`, `pn_nt` threads.
@@ -28,6 +34,7 @@ import islpy as isl
 
 from ..algebra import WELFORD
 from ..errors import TargetRefused
+from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
@@ -36,9 +43,13 @@ from ..schedule.cpu_blas import BlasCall
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
+from .cpu_lanes import LaneKind, lane_kind, lanes_pass
+from .cpu_merge import SplitMerge
+from .cpu_rows import RowValues
+from .cpu_runs import RunLoop, block_head, row_run
 from .expr import convert
 from .kernel import render_empty
-from .thread_loop import ThreadLoop, accumuland, c_ident, identity_expr, post, post_dtype
+from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
 
 
 class CpuUnsupportedError(TargetRefused):
@@ -110,16 +121,21 @@ def _print(n: isl.AstNode, user: Callable[[list[str]], list[str]], pragmas: list
 
 
 # -- the kernel ---------------------------------------------------------------------------------
-class _Kernel:
+class _Kernel(RowValues, SplitMerge):
     def __init__(self, name: str, g: KernelGroup, d: CpuDecision):
         self.name, self.g, self.d = name, g, d
         merges = tuple(MergeMode.STORE for _ in g.statements)
         self.params = kernel_buffers(g, name, merges, 1, (1, 1))
-        self.loop = ThreadLoop(g, _Params(self.params), "long long")
+        self.loop = RunLoop(g, _Params(self.params), "long long")
         self.outputs = {b.statement for b in self.params if b.role == BufferRole.OUTPUT}
         self.level = _levels(g)
         self.epilogues = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.MAP and s.form == Form.MAP]
         self.reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
+        self.bodies: dict[int, Expr] = {}  # statements whose body is rewritten (reciprocals)
+        self.held: dict[int, dict[int, str]] = {}  # statement -> nodes whose values are held (reuse, reciprocals)
+        addrs = [a for s in g.statements for a in (s.write, *(r.addr for r in s.reads)) if a is not None]
+        dom = g.statements[0].domain.reset_tuple_id()  # codegen/cpu_runs.py: j's runs without a division
+        self.run = row_run(addrs, dom, d.N) if g.form in (Form.ROW, Form.ALL) else None
 
     def check(self) -> None:
         g = self.g
@@ -154,7 +170,15 @@ class _Kernel:
             s = g.statements[k]
             if g.accumulator_of[k] != k:
                 continue
-            lines, val = self.loop.body_lines(k, None)
+            out += self.store_reused(k)
+            body = self.bodies.get(k, s.body)
+            # a 16-bit result is stored from the float register by pn_st, which rounds once: the
+            # body's own final cast to that type (the same rounding) is left out, and so is convert's
+            store16 = s.kind == StatementKind.MAP and k not in shifted and s.result.dtype.is_16bit_float
+            if store16 and body.op == "cast" and body.dtype == s.result.dtype and body.args[0].dtype.compute == "float":
+                body = body.args[0]
+            expr = None if body is s.body else body
+            lines, val = self.loop.body_lines(k, None, expr=expr, given=self.held.get(k))
             out += lines
             if k in shifted:
                 t = s.acc.field.compute
@@ -164,9 +188,8 @@ class _Kernel:
                 a = acc(k)
                 out.append(f"{a} = {s.combiner.functor}::apply({a}, {accumuland(s, val)});")
             else:
-                out.append(
-                    f"pn_st(&out{k}[{self.loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});"
-                )
+                value = val if store16 and body.dtype.compute == "float" else convert(val, body.dtype, s.result.dtype)
+                out.append(f"pn_st(&out{k}[{self.loop.address(s.write)}], {value});")
         return out
 
     def finish(self, here: list[int], acc: Callable[[int], str]) -> list[str]:
@@ -208,6 +231,10 @@ class _Kernel:
 
     # -- templates ----------------------------------------------------------------------------
     def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
+        with self.loop.over(self.run):
+            return self._row_pass(here, lo, hi)
+
+    def _row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
         """The scan of j in [lo, hi) for the statements `here`, accumulators declared before, in
         blocks of `decision.inner` iterations: each block reduces into fresh block accumulators
         (under `omp simd`, one partial per lane), merged into the running accumulator after the
@@ -227,6 +254,8 @@ class _Kernel:
         owners = self.owners(here)
         shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
         plain = [k for k in owners if k not in shifted]
+        if owners and not shifted and all(lane_kind(g.statements[k]) != LaneKind.NONE for k in owners):
+            return lanes_pass(self, here, lo, hi, owners, _scan, _print)  # codegen/cpu_lanes.py
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
         clause = self.simd_clause(plain, lambda k: f"pn_blk{k}")
         clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
@@ -236,11 +265,7 @@ class _Kernel:
             body = self.body(here, lambda k: f"pn_blk{k}", shifted)
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
 
-        B = self.d.inner
-        out = [
-            f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b += {B}LL) {{",
-            f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, pn_b + {B}LL);",
-        ]
+        out = block_head(self.run, lo, hi, self.d.inner)
         out += ["  " + ln for ln in self.acc_decls(plain, name="pn_blk")]
         for k in sorted(shifted):
             s = g.statements[k]
@@ -278,86 +303,30 @@ class _Kernel:
             )
         ]
 
-    def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
-        """The per-call arrays of a split plan: partials (ORDERED, LAST), a counter per output or
-        block (LAST), one shared accumulator per output (ATOMIC); and the lines that free them."""
-        g, d = self.g, self.d
-        alloc, free = [], []
-        for k in self.owners(self.reductions):
-            t = g.statements[k].acc.compute
-            name, n = (f"pn_acc{k}", d.M) if d.merge == CpuMerge.ATOMIC else (f"pn_part{k}", d.M * d.split)
-            alloc.append(f"{t}* __restrict__ {name} = ({t}*)malloc(sizeof({t}) * {n}LL);")
-            free.append(f"free({name});")
-        if d.merge == CpuMerge.LAST:
-            alloc.append(f"int* pn_cnt = (int*)calloc({counters}, sizeof(int));")
-            free.append("free(pn_cnt);")
-        return alloc, free
-
-    def combine_partials(self) -> list[str]:
-        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
-        read (ATOMIC), then finished, and its epilogues."""
-        g, d = self.g, self.d
-        out = []
-        for k in self.owners(self.reductions):
-            s = g.statements[k]
-            if d.merge == CpuMerge.ATOMIC:
-                out.append(f"{s.acc.compute} acc{k} = pn_acc{k}[i];")
-                continue
-            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
-            out.append(
-                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
-            )
-        out += self.finish(self.reductions, lambda k: f"acc{k}")
-        return out + self.run_epilogues(0)
-
-    def before_tasks(self) -> list[str]:
-        """ATOMIC: the shared accumulators set to the identity (the loop's barrier follows)."""
-        g, d = self.g, self.d
-        if d.merge != CpuMerge.ATOMIC:
-            return []
-        owners = self.owners(self.reductions)
-        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(g.statements[k])};" for k in owners)
-        return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{ {sets} }}"]
-
-    def deliver(self, value: Callable[[int], str]) -> list[str]:
-        """A task's partial of output i (`value(k)` for owner k): stored in its chunk's slot,
-        or combined into the shared accumulator by compare-and-swap (ATOMIC)."""
-        g, d = self.g, self.d
-        out = []
-        for k in self.owners(self.reductions):
-            if d.merge == CpuMerge.ATOMIC:
-                out.append(f"pn_atomic_combine<{g.statements[k].combiner.functor}>(&pn_acc{k}[i], {value(k)});")
-            else:
-                out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
-        return out
-
-    def last_of(self, counter: str) -> str:
-        """LAST: the condition that this task is the last of its output (or block) to finish; the
-        acquire-release increment makes the other tasks' partials visible to it."""
-        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
-
-    def after_tasks(self) -> list[str]:
-        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
-        if self.d.merge == CpuMerge.LAST:
-            return []
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
-        return out + ["  " + ln for ln in self.combine_partials()] + ["}"]
-
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d
         if d.split == 1:
-            out = [
-                "#pragma omp parallel for schedule(static) num_threads(pn_nt)",
-                f"for (pn_idx i = 0; i < {d.M}; ++i) {{",
-            ]
+            out = [f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
+            self.read_back()
             passes = max((v for k, v in enumerate(self.level) if k not in self.epilogues), default=0) + 1
             for lv in range(passes):
                 here = [k for k in range(len(g.statements)) if self.level[k] == lv and k not in self.epilogues]
                 out += ["  " + ln for ln in self.acc_decls(self.owners(here))]
+                out += ["  " + ln for ln in self.reciprocals(here)] if lv else []
                 out += ["  " + ln for ln in self.row_pass(here, "0", str(d.N))]
                 out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
                 out += ["  " + ln for ln in self.run_epilogues(lv)]
-            return out + ["}"]
+            out.append("}")
+            if not d.reuse:
+                return ["#pragma omp parallel for schedule(static) num_threads(pn_nt)", *out]
+            rows = [  # one scratch row per reused value and thread, 64-byte aligned
+                (f"pn_cse{n}", x.ctype, f"(({d.N}LL * sizeof({x.ctype}) + 63) / 64 * 64)")
+                for n, x in enumerate(d.reuse)
+            ]
+            alloc = [f"{t}* __restrict__ {v} = ({t}*)aligned_alloc(64, {size});" for v, t, size in rows]
+            loop = ["#pragma omp for schedule(static)", *out]
+            free = [f"free({v});" for v, _, _ in rows]
+            return ["#pragma omp parallel num_threads(pn_nt)", "{", *["  " + ln for ln in alloc + loop + free], "}"]
         alloc, free = self.partial_decls(d.M)
         owners = self.owners(self.reductions)
         out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..dtypes import DType, promote
+from ..frontend.walk import postorder
 from ..poly.expr import Expr
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
@@ -79,13 +80,14 @@ def _mod(x: list[str], d: DType, c_fmod: bool) -> str:
 
 
 class ExprRenderer:
-    """Emits one `const` register per expression node (SSA), each node once."""
+    """Emits one `const` register per expression node (SSA), each node once; `given` maps nodes
+    (by id) to C expressions that already hold their values (their subtrees are not rendered)."""
 
-    def __init__(self, lines: list[str], prefix: str):
-        self.lines, self.prefix, self.names = lines, prefix, {}
+    def __init__(self, lines: list[str], prefix: str, given: dict[int, str] | None = None):
+        self.lines, self.prefix, self.names = lines, prefix, dict(given or {})
 
     def render(self, e: Expr, load) -> str:
-        for n in e.walk():
+        for n in postorder([e], lambda x: () if id(x) in self.names else x.args):
             if id(n) not in self.names:
                 name = f"{self.prefix}{len(self.names)}"
                 self.lines.append(f"const {n.dtype.compute} {name} = {self._value(n, load)};")

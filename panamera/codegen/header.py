@@ -33,6 +33,9 @@ template <class V, class T> __device__ __forceinline__ void pn_vstore(T* p, V v)
 __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned target) {
   while (*reinterpret_cast<const volatile unsigned*>(counter) < target) __nanosleep(64);
 }
+// Drops one 128-byte L2 line without writing it back (discard.global.L2, sm_80+): a split's partials
+// once the last block has read them; reads see an indeterminate value until the line is written again.
+__device__ __forceinline__ void pn_discard_l2(void* p) { asm volatile("discard.global.L2 [%0], 128;" ::"l"(p) : "memory"); }
 // Shared memory that holds a value across a grid-wide wait or a cluster barrier (rows kept on
 // chip, a cluster's partials): the emulator gives each block its own instance of it.
 #define PN_BLOCK_SHARED(T, name, dims) __shared__ __align__(16) T name dims
@@ -43,6 +46,14 @@ __device__ __forceinline__ void pn_grid_wait(const unsigned* counter, unsigned t
 #define PN_CLUSTER_DIMS(x, y, z) __cluster_dims__(x, y, z)
 #endif
 #endif
+// The whole 128-byte lines of [begin, end) dropped from L2 without a write-back (pn_discard_l2), by
+// `threads` threads from `tid`: a split's workspace once every thread that reads it has (a barrier).
+__device__ __forceinline__ void pn_discard_range(const void* begin, const void* end, int tid, int threads) {
+  const unsigned long long z = (unsigned long long)end;
+  for (unsigned long long l = (((unsigned long long)begin + 127) & ~127ull) + 128ull * tid; l + 128 <= z;
+       l += 128ull * threads)
+    pn_discard_l2((void*)l);
+}
 #define PN_INF_F __int_as_float(0x7f800000)
 #define PN_INF_D __longlong_as_double(0x7ff0000000000000LL)
 #define PN_NAN_F __int_as_float(0x7fc00000)
@@ -302,6 +313,38 @@ __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {
   return smem[threadIdx.x];
 }
 
+// Reduce P register partials across threadIdx.y, C at a time (schedule/derived.py `tree_chunk`):
+// every thread stores C partials (smem: [C][TY][TX]), one barrier, each thread sums its share of
+// the C * TX (partial, column) pairs over the TY rows in row order, a barrier, and the rows'
+// leaders (threadIdx.y == 0) read the sums back into v. Three barriers per chunk, where
+// pn_reduce_y takes 2 + log2(TY) per partial.
+template <class OP, int TX, int TY, int P, int C, class T>
+__device__ __forceinline__ void pn_reduce_y_all(T (&v)[P], T* smem) {
+  if (TY == 1) return;
+#pragma unroll
+  for (int c0 = 0; c0 < P; c0 += C) {
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      if (c0 + c < P) smem[(c * TY + threadIdx.y) * TX + threadIdx.x] = v[c0 + c];
+    __syncthreads();
+    for (int q = threadIdx.y * TX + threadIdx.x; q < C * TX; q += TX * TY) {
+      const int c = q / TX, x = q % TX;
+      if (c0 + c < P) {
+        T a = smem[c * TY * TX + x];
+        for (int y = 1; y < TY; ++y) a = OP::apply(a, smem[(c * TY + y) * TX + x]);
+        smem[c * TY * TX + x] = a;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.y == 0) {
+#pragma unroll
+      for (int c = 0; c < C; ++c)
+        if (c0 + c < P) v[c0 + c] = smem[c * TY * TX + threadIdx.x];
+    }
+  }
+}
+
 // One atomic per block per output: native where the hardware has it, a CAS loop otherwise.
 template <class OP> __device__ __forceinline__ void pn_atomic_cas(float* p, float v) {
   unsigned* q = reinterpret_cast<unsigned*>(p);
@@ -450,7 +493,11 @@ PRELUDE_16BIT = r"""
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #endif
+#ifdef PANAMERA_EMULATOR
+__device__ __forceinline__ float pn_round_half(float v) { return pn_emu_round_half(v); }
+#else
 __device__ __forceinline__ float pn_round_half(float v) { return __half2float(__float2half_rn(v)); }
+#endif
 __device__ __forceinline__ float pn_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 __device__ __forceinline__ float pn_ld(const __half* p) { return __half2float(*p); }
 __device__ __forceinline__ float pn_ld(const __nv_bfloat16* p) { return __bfloat162float(*p); }

@@ -62,8 +62,17 @@ def magnitude(e: isl.AstExpr, ranges: dict[str, tuple[int, int]]) -> int:
     >>> e = i.mul(c(32767)).add(c(32767)).pdiv_q(c(32768))
     >>> expr(e), magnitude(e, {"i": (0, 327679)})
     ('(((i * 32767) + 32767) / 32768)', 10737090560)
+    >>> magnitude(i.pdiv_q(c(14336)).mul(c(4096)), {"i": (0, 1835008)})  # a quotient by a constant shrinks
+    1835008
     """
     return _interval(e, ranges)[2]
+
+
+_QUOTIENTS = (
+    isl.ast_expr_op_type.div,
+    isl.ast_expr_op_type.fdiv_q,
+    isl.ast_expr_op_type.pdiv_q,
+)
 
 
 def _interval(e: isl.AstExpr, ranges) -> tuple[int, int, int]:
@@ -96,7 +105,10 @@ def _interval(e: isl.AstExpr, ranges) -> tuple[int, int, int]:
                 isl.ast_expr_op_type.select):  # fmt: skip
         vals = args if op in (isl.ast_expr_op_type.max, isl.ast_expr_op_type.min) else args[1:]
         lo, hi = min(a[0] for a in vals), max(a[1] for a in vals)
-    else:  # divisions (by a positive constant: no larger than the dividend), comparisons, calls
+    elif op in _QUOTIENTS and args[1][0] == args[1][1] and args[1][0] > 0:  # by a positive constant c:
+        c = args[1][0]  # between floor(lo / c) and ceil(hi / c), however it rounds
+        lo, hi = args[0][0] // c, -(-args[0][1] // c)
+    else:  # other divisions (no larger than the dividend), comparisons, calls
         lo, hi = -inner, inner
     return lo, hi, max(inner, abs(lo), abs(hi))
 

@@ -72,7 +72,11 @@ def index_bound(group: KernelGroup, m: Mapping) -> int:
     such as `256*bx + tx + c` are values of a counter too, but leave some room).
     """
     extent = max(t.extent for t in m.tasks.values())
-    sizes = [group.M * group.N, m.split * group.M, m.rtile * m.rstride * (m.tile_rows + 1)]
+    # a tensor-core kernel never forms the canonical linear index i * N + j: its counters are tile rows,
+    # columns and K slabs (codegen/tc_kernel.py), its addresses bounded below (a 64 x 14336 x 4096
+    # contraction's 3.8e9 canonical points asked for 64-bit indices, whose registers spilled on sm_80)
+    sizes = [] if m.mma else [group.M * group.N]
+    sizes += [m.split * group.M, m.rtile * m.rstride * (m.tile_rows + 1)]
     sizes += [s.result.size for s in group.statements]
     sizes += [r.tensor.size for s in group.statements for r in s.reads if r.memory]
     if group.columns:  # column partials: ws[b * N + j] over the launched blocks

@@ -184,13 +184,16 @@ class MapList:
     """One list of an element-wise multi-tensor statement set (an optimizer step's params, grads,
     states, steps). `scalar`: one value per piece (a 0-d tensor each, read at [0], broadcast over
     the piece), else the piece's extent. `expr`: None for an input list, else the C expression of
-    its element over the earlier lists' names. `output`: written (fresh buffers, one per piece)."""
+    its element over the earlier lists' names. `output`: written (fresh buffers, one per piece),
+    or, `into` an input list's name, in place into that list's buffers (an optimizer step's new
+    params and moments: panamera/multitensor.py `compile_map` checks that it may)."""
 
     name: str
     ctype: str
     scalar: bool = False
     expr: str | None = None
     output: bool = False
+    into: str = ""
 
 
 def map_signature(lists: tuple[MapList, ...], pieces: int) -> tuple[str, ...]:
@@ -202,12 +205,15 @@ def map_signature(lists: tuple[MapList, ...], pieces: int) -> tuple[str, ...]:
 def render_map(name: str, s: MultiTensorSet, lists: tuple[MapList, ...]) -> str:
     """The element-wise kernel over every piece of `s`: each thread evaluates every list's
     element at its indices of its block's chunk and stores the output lists; a scalar output
-    is stored once per piece (by the thread at index 0 of chunk 0)."""
+    is stored once per piece (by the thread at index 0 of chunk 0). An output written in place
+    aliases its input list's pointers: then no pointer is `__restrict__` (each element is still
+    loaded, by the thread that owns it, before that thread stores it)."""
     k_count = len(s.pieces)
     ins = [m for m in lists if m.expr is None]
     outs = [m for m in lists if m.output]
-    params = [f"const {m.ctype}* __restrict__ {m.name}_{k}" for m in ins for k in range(k_count)]
-    params += [f"{m.ctype}* __restrict__ {m.name}_o{k}" for m in outs for k in range(k_count)]
+    r = "" if any(m.into for m in outs) else " __restrict__"
+    params = [f"const {m.ctype}*{r} {m.name}_{k}" for m in ins for k in range(k_count)]
+    params += [f"{m.ctype}*{r} {m.name}_o{k}" for m in outs for k in range(k_count)]
 
     def leaf(k: int) -> str:
         ptrs = " ".join(f"{m.name}_p = {m.name}_{k};" for m in ins)

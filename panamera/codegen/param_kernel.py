@@ -29,14 +29,22 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from ..algebra import AtomicStrategy
 from ..frontend.symbolic import Dim, prod
 from ..poly.params import ParamProgram, PRead, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.decision import MergeMode
+from ..schedule.derived import workspace_dtype
 from ..schedule.param_mapping import ParamDecision
 from . import islast
 from .expr import ExprRenderer, convert
+from .reduce_kernel import (
+    fold_partials,
+    last_block_close,
+    last_block_open,
+    merge_write,
+    merged_value,
+    workspace_identity,
+)
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
 
 
@@ -56,8 +64,6 @@ class ParamKernel:
     statement: str
     source: str
     args: tuple[KernelArg, ...]
-    workspace_ctype: str = ""  # ws element type ("" without a workspace)
-    workspace_identity: str = ""
 
     @property
     def signature(self) -> tuple[str, ...]:
@@ -155,12 +161,9 @@ def render(
         bufs.append((KernelArg(f"t:{sib.result.uid}", f"{sib.result.dtype.c_type}*", True), f"out_s{k}"))
     if epilogue is not None:
         bufs.append((KernelArg(f"t:{epilogue.result.uid}", f"{epilogue.result.dtype.c_type}*", True), "out_e"))
-    ws_ctype = ws_ident = ""
     if d.merge != MergeMode.STORE:
-        ws_ctype = workspace_ctype(s, d.merge)
-        ws_ident = workspace_identity(s) if d.merge == MergeMode.ATOMIC_WS else ""
         bufs += [
-            (KernelArg(f"ws:{s.name}", f"{ws_ctype}*", True), "ws"),
+            (KernelArg(f"ws:{s.name}", f"{workspace_dtype(s, d.merge).c_type}*", True), "ws"),
             (KernelArg(f"cnt:{s.name}", "unsigned*", True), "cnt"),
         ]
     scalars = [KernelArg("pn_M", "long long", False), KernelArg("pn_N", "long long", False)]
@@ -186,19 +189,7 @@ def render(
         lines += body.reduce()
     lines.append("}")
     name_of = "+".join(m.name for m in members)
-    return ParamKernel(name, name_of, "\n".join(lines), tuple(args), ws_ctype, ws_ident)
-
-
-def workspace_ctype(s: PStatement, merge: MergeMode) -> str:
-    if merge == MergeMode.ATOMIC_WS and s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-        return "int" if s.acc.compute == "float" else "long long"
-    return s.acc.compute
-
-
-def workspace_identity(s: PStatement) -> str:
-    if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-        return f"pn_ordered({identity_expr(s)}, {'true' if s.combiner.ordered_top else 'false'})"
-    return identity_expr(s)
+    return ParamKernel(name, name_of, "\n".join(lines), tuple(args))
 
 
 def finish(s: PStatement, a: str) -> str:
@@ -263,7 +254,7 @@ class _Body:
         )
         sched = isl.Map.identity(dom.space.map_from_set()).intersect_domain(dom)
         ast = isl.AstBuild.from_context(context).node_from_schedule_map(isl.UnionMap.from_map(sched))
-        return islast.node(ast, user, "pn_idx", 1, 1)
+        return islast.node(ast, user, "pn_idx", 1, d.unroll)  # unguarded copies: loads in flight
 
     # -- one iteration: loads and the body per vector lane -------------------------------------
     def lanes(self, fixed: str, first: str, lane_index: str, emit) -> list[str]:
@@ -336,21 +327,13 @@ class _Body:
             out.append("    if (ty == 0 && o < pn_M) pn_atomic_v(&ws[o], acc); }")
         else:
             out += self.outputs(lambda o, a: self.merge(o, a), inside_only=True)
-        if d.merge != MergeMode.STORE:
-            out += [
-                "  __threadfence();",
-                "  __syncthreads();",
-                "  __shared__ int pn_is_last;",
-                "  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&cnt[bx], 1u) == gridDim.y - 1;",
-                "  __syncthreads();",
-                "  if (pn_is_last) {",
-                "    __threadfence();",
-            ]
+        if d.merge != MergeMode.STORE:  # the static kernels' last block (codegen/reduce_kernel.py)
+            out += last_block_open("cnt[bx]", "(pn_idx)gridDim.y")
             if d.merge == MergeMode.ATOMIC_WS:
                 out += ["  " + ln for ln in self.outputs(self.final_from_workspace, inside_only=True)]
             else:
                 out += ["  " + ln for ln in self.combine_partials(smem, fn, tmpl)]
-            out += ["    if (tx == 0 && ty == 0) cnt[bx] = 0u;  // resident: ready for the next call", "  }"]
+            out += last_block_close("cnt[bx]")
         return out
 
     def outputs(self, emit, inside_only: bool) -> list[str]:
@@ -369,51 +352,27 @@ class _Body:
         s, d = self.s, self.d
         if d.merge == MergeMode.STORE:
             return self.store(o, a)
-        if d.merge == MergeMode.ATOMIC_WS:
-            if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-                return [f"pn_atomic_ordered({s.combiner.functor}(), &ws[{o}], {a});"]
-            return [f"pn_atomic({s.combiner.functor}(), &ws[{o}], {a});"]
-        if s.form == Form.COLUMN:
-            return [f"ws[(pn_idx)by * pn_M + {o}] = {a};"]
-        return [f"ws[{o} * (pn_idx)gridDim.y + by] = {a};"]
+        return merge_write(s, "ws", o, a, d.merge, "pn_M")
 
     def final_from_workspace(self, o: str, a: str) -> list[str]:
         s = self.s
-        merged = f"pn_ldcg(&ws[{o}])"
-        if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-            merged = f"pn_unordered({merged})"
-        return self.store(o, merged) + [f"ws[{o}] = {workspace_identity(s)};"]
+        return self.store(o, merged_value(s, f"pn_ldcg(&ws[{o}])")) + [f"ws[{o}] = {workspace_identity(s)};"]
 
     def combine_partials(self, smem: str, fn: str, tmpl: str) -> list[str]:
+        """The last block's combine of the partials: the static kernels' fold (codegen/reduce_kernel.py
+        `fold_partials`), COLUMN partials split-major down the ty threads, the others along tx."""
         s, d = self.s, self.d
-        F = s.combiner.functor  # noqa: N806
+        n = "(pn_idx)gridDim.y"
         if s.form == Form.COLUMN:
             V = d.vec  # noqa: N806
-            return [
-                f"for (int v = 0; v < {V}; ++v) {{",
-                f"  const pn_idx o = (bx * {d.tx} + tx) * {V} + v;",
-                f"  {s.acc.compute} p = {identity_expr(s)};",
-                f"  if (o < pn_M) for (pn_idx b = ty; b < (pn_idx)gridDim.y; b += {d.ty}) "
-                f"p = {F}::apply(p, pn_ldcg(&ws[b * pn_M + o]));",
-                f"  p = {fn}{tmpl}(p, {smem});",
-                "  if (ty == 0 && o < pn_M) {",
-                *["    " + ln for ln in self.store("o", "p")],
-                "  }",
-                "}",
-            ]
-        m = c_m(s)
-        return [
-            "{",
-            f"  const pn_idx o = bx * {d.ty} + ty;",
-            f"  {s.acc.compute} p = {identity_expr(s)};",
-            f"  if (o < {m}) for (pn_idx b = tx; b < (pn_idx)gridDim.y; b += {d.tx}) "
-            f"p = {F}::apply(p, pn_ldcg(&ws[o * (pn_idx)gridDim.y + b]));",
-            f"  p = {fn}{tmpl}(p, {smem});",
-            f"  if (tx == 0 && o < {m}) {{",
-            *["    " + ln for ln in self.store("o", "p")],
-            "  }",
-            "}",
-        ]
+            fold = fold_partials(s, "p", "o < pn_M", "ty", n, f"b += {d.ty}", "ws[b * pn_M + o]", fn + tmpl, smem)
+            head = [f"for (int v = 0; v < {V}; ++v) {{", f"  const pn_idx o = (bx * {d.tx} + tx) * {V} + v;"]
+            leader = "  if (ty == 0 && o < pn_M) {"
+        else:
+            m = c_m(s)
+            fold = fold_partials(s, "p", f"o < {m}", "tx", n, f"b += {d.tx}", f"ws[o * {n} + b]", fn + tmpl, smem)
+            head, leader = ["{", f"  const pn_idx o = bx * {d.ty} + ty;"], f"  if (tx == 0 && o < {m}) {{"
+        return [*head, *fold, leader, *["    " + ln for ln in self.store("o", "p")], "  }", "}"]
 
 
 def c_m(s: PStatement) -> str:

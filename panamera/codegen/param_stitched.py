@@ -2,9 +2,10 @@
 
 Each block owns `ty` rows; `tx` threads share a row. The reductions run in phases, one per
 accumulator (reductions of one source share it): the threads accumulate over the row (isl's loop
-nest over the parametric domain, as codegen/param_kernel.py), reduce across the row, and the
-row's leader finishes every reduction of the accumulator, stores it and broadcasts it through
-shared memory; a later phase and the final MAP read the finished values from registers. The MAP
+nest over the parametric domain, as codegen/param_kernel.py), then the phase ends as a static
+stitched pass does (codegen/row_finish.py, the one printer): the accumulator all-reduced across
+the row, every reduction's value in a register, stored by the row's leader; a later phase and
+the final MAP read the finished values from registers. The MAP
 phase then scans the row once more (an L2 hit for the rows a block holds) and stores the result.
 
 >>> import panamera as pn
@@ -16,7 +17,7 @@ phase then scans the row once more (an L2 hit for the rows a block holds) and st
 >>> members = tuple(p.statements[k] for k in p.groups[0])
 >>> d = map_group(members, SizeClass.of({"B": 5}), H100, False, "stitched")
 >>> k = render_group(members, d, p, "pn_g0", "int", "stitched")
->>> k.statement, k.source.count("pn_reduce_x<")
+>>> k.statement, k.source.count("pn_allreduce_x<")
 ('S0+S1+S2', 1)
 """
 
@@ -26,7 +27,8 @@ from ..poly.params import ParamProgram, PStatement
 from ..schedule.param_mapping import ParamDecision
 from .expr import convert
 from .param_kernel import KernelArg, ParamKernel, _Body, c_m, finish, render
-from .thread_loop import accumuland, c_ident, identity_expr, post_dtype
+from .row_finish import finish_pass, shared_buffers
+from .thread_loop import accumuland, identity_expr
 
 
 def render_group(
@@ -58,14 +60,21 @@ def render_group(
         "  (void)bx; (void)by; (void)tx; (void)ty; (void)pn_M; (void)pn_N;",
     ]
     lines += [f"  (void)pn_s_{n};" for n in program.parameters]
+    lines += shared_buffers(reds, d.tx, d.ty)
+    lines.append(f"  const pn_idx o = bx * {d.ty} + ty;  // the row this thread works on")
     regs: dict[int, str] = {}
     phases: dict[tuple, list[int]] = {}
     for k, red in enumerate(reds):
         phases.setdefault(red.accumulator_key(), []).append(k)
-    for p, ks in enumerate(phases.values()):
+    owner = [0] * len(reds)
+    for ks in phases.values():
+        for k in ks:
+            owner[k] = ks[0]
+    every = {red.result.uid for red in reds}  # every reduction's result is stored (schedule/bound.py)
+    for ks in phases.values():
         lead = reds[ks[0]]
-        acc, t = f"acc{p}", lead.acc.compute
-        lines.append(f"  {t} {acc} = {identity_expr(lead)};")
+        acc = f"acc{ks[0]}"
+        lines.append(f"  {lead.acc.compute} {acc} = {identity_expr(lead)};")
         body = _Body(lead, d, names, dict(regs))
 
         def fold(val, lead=lead, acc=acc):
@@ -78,22 +87,9 @@ def render_group(
             return body.lanes(f"const pn_idx i = {a0};", a1, "j", fold)
 
         lines += body.loops(iteration)
-        smem = f"pn_smem{p}_{c_ident(t)}"
-        lines.append(f"  __shared__ {t} {smem}[{d.ty * max(1, d.tx // 32)}];")
-        lines.append(f"  {acc} = pn_reduce_x<{lead.combiner.functor}, {d.tx}, {d.ty}>({acc}, {smem});")
-        lines += [f"  __shared__ {reds[k].result.dtype.compute} pn_b{k}[{d.ty}];" for k in ks]
-        lines.append(f"  {{ const pn_idx o = bx * {d.ty} + ty;")
-        for k in ks:
-            red = reds[k]
-            value = convert(finish(red, acc), post_dtype(red), red.result.dtype)
-            lines.append(
-                f"    if (tx == 0) {{ pn_b{k}[ty] = {value}; if (o < {c_m(red)}) pn_st(&out{k}[o], pn_b{k}[ty]); }}"
-            )
-        lines.append("  }")
-        lines.append("  __syncthreads();")
-        for k in ks:
-            lines.append(f"  const {reds[k].result.dtype.compute} pn_r{k} = pn_b{k}[ty];")
-            regs[reds[k].result.uid] = f"pn_r{k}"
+        done, got = finish_pass(reds, ks, owner, d.tx, d.ty, "tx == 0", c_m(lead), every, finish)
+        lines += done
+        regs.update(got)
     out = len(reds)
     body = _Body(row, d, names, regs)
 

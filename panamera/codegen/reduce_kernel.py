@@ -92,24 +92,40 @@ def _epilogue(loop: ThreadLoop) -> list[str]:
         loop, lambda k, s, o, a: _finish(loop, k, s, o, a, m.merges[k], g.accumulator_of[k], m.atomic_vec[k])
     )
     if m.needs_last_block:
-        out += [
-            "  __threadfence();",
-            "  __syncthreads();",
-            "  __shared__ int pn_is_last;",
-            f"  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == {_sn(m)} - 1;",
-            "  __syncthreads();",
-            "  if (pn_is_last) {",
-            "    __threadfence();",
-        ]
+        out += last_block_open("pn_counter[bx]", _sn(m))
         own = g.accumulator_of
         out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _final(loop, k, s, o, m.merges[k], own[k]))]
         out += ["  " + ln for ln in _per_output(loop, lambda k, s, o, a: _reset(k, s, o, m.merges[k], own[k]))]
         out += ["  " + ln for ln in _combine_partials(loop)]
-        out.append("    if (tx == 0 && ty == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
-        out.append("  }")
+        out += last_block_close("pn_counter[bx]")
     if clustered:
         out += ["  }", "#endif"]
     return out
+
+
+def last_block_open(counter: str, merged: str) -> list[str]:
+    """The last block's protocol, its arrival: every block fences its merges, one thread counts
+    the block on `counter`, and the block whose arrival makes `merged` (the partials merged per
+    output, a C expression) goes on, fenced again, into the block `last_block_close` ends. The
+    static and the parametric (codegen/param_kernel.py) reduce kernels print it.
+
+    >>> last_block_open("cnt[bx]", "(pn_idx)gridDim.y")[3]
+    '  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&cnt[bx], 1u) == (pn_idx)gridDim.y - 1;'
+    """
+    return [
+        "  __threadfence();",
+        "  __syncthreads();",
+        "  __shared__ int pn_is_last;",
+        f"  if (tx == 0 && ty == 0) pn_is_last = atomicAdd(&{counter}, 1u) == {merged} - 1;",
+        "  __syncthreads();",
+        "  if (pn_is_last) {",
+        "    __threadfence();",
+    ]
+
+
+def last_block_close(counter: str) -> list[str]:
+    """The last block's departure: the counter back to zero for the next call (it is resident)."""
+    return [f"    if (tx == 0 && ty == 0) {counter} = 0u;  // resident: ready for the next call", "  }"]
 
 
 def _sb(m) -> str:
@@ -247,20 +263,33 @@ def _write(
         return [f"pn_st(&out{k}[{o}], {post(s, a)});"]
     if owner != k or width > 1:
         return []  # the owner merges the shared accumulator; vector atomics merged already
+    return merge_write(s, f"ws{k}", o, a, mode, str(s.M), sb, sn)
+
+
+def merge_write(s, ws: str, o: str, a: str, mode: MergeMode, m: str, sb: str = "by", sn: str = "(pn_idx)gridDim.y"):
+    """Block partial `a` of output o of statement `s` (static or parametric) merged into workspace
+    `ws` (`m`: the outputs M, a C expression): one atomic (an ordered one for float max/min), or
+    written as the block's partial `sb` of `sn` (COLUMN partials split-major, the others
+    output-major: codegen/reduce_kernel.py's last block reads them coalesced)."""
     if mode == MergeMode.ATOMIC_WS and _ordered(s):
-        return [f"pn_atomic_ordered({s.combiner.functor}(), &ws{k}[{o}], {a});"]
+        return [f"pn_atomic_ordered({s.combiner.functor}(), &{ws}[{o}], {a});"]
     if mode == MergeMode.ATOMIC_WS:
-        return [f"pn_atomic({s.combiner.functor}(), &ws{k}[{o}], {a});"]
+        return [f"pn_atomic({s.combiner.functor}(), &{ws}[{o}], {a});"]
     if s.form == Form.COLUMN:
-        return [f"ws{k}[(pn_idx){sb} * {s.M} + {o}] = {a};"]
-    return [f"ws{k}[{o} * {sn} + {sb}] = {a};"]
+        return [f"{ws}[(pn_idx){sb} * {m} + {o}] = {a};"]
+    return [f"{ws}[{o} * {sn} + {sb}] = {a};"]
+
+
+def merged_value(s, loaded: str) -> str:
+    """An output's merged accumulator from its atomic workspace word `loaded` (the last block
+    reads it past its fence, from L2: `pn_ldcg`): the float of an integer image for float max/min."""
+    return f"pn_unordered({loaded})" if _ordered(s) else loaded
 
 
 def _final(loop: ThreadLoop, k: int, s: Statement, o: str, mode: MergeMode, owner: int, merged: str = "") -> list[str]:
     """`merged`: the merged workspace value where the caller loaded it already (tc_kernel.py)."""
     if mode == MergeMode.ATOMIC_WS:  # the output from the merged workspace (the owner's)
-        merged = merged or f"pn_ldcg(&ws{owner}[{o}])"
-        final = post(s, f"pn_unordered({merged})" if _ordered(s) else merged)
+        final = post(s, merged_value(s, merged or f"pn_ldcg(&ws{owner}[{o}])"))
         if loop.m.epilogue:
             return apply_epilogue(loop, k, s, o, final)
         return [f"pn_st(&out{k}[{o}], {final});"]
@@ -283,6 +312,20 @@ def _reset(k: int, s: Statement, o: str, mode: MergeMode, owner: int) -> list[st
     if mode == MergeMode.ATOMIC_WS and owner == k:  # back to the identity for the next call
         return [f"ws{k}[{o}] = {workspace_identity(s)};"]
     return []
+
+
+def fold_partials(
+    s, a: str, inside: str, first: str, n: str, step: str, load: str, reduce: str, smem: str
+) -> list[str]:
+    """The last block's fold of output o's `n` partials into `a` (static or parametric statement
+    `s`): where `inside`, each thread from partial `first` on (`step`) folds `load` (read past the
+    fence, from L2), in a fixed order, then the block reduces (`reduce`, through `smem`): coalesced
+    loads, bit-identical results run to run."""
+    return [
+        f"  {s.acc.compute} {a} = {identity_expr(s)};",
+        f"  if ({inside}) for (pn_idx b = {first}; b < {n}; {step}) {a} = {s.combiner.functor}::apply({a}, pn_ldcg(&{load}));",
+        f"  {a} = {reduce}({a}, {smem});",
+    ]
 
 
 def _combine_partials(loop: ThreadLoop) -> list[str]:
@@ -315,12 +358,7 @@ def _combine_partials(loop: ThreadLoop) -> list[str]:
             leader, step, index, reduce = "tx == 0", f"b += {m.tx}", f"o * {_sn(m)} + b", "pn_reduce_x"
             out += ["{", f"  const pn_idx o = bx * {m.ty} + ty;"]
             first = "tx"
-        out += [
-            f"  {s.acc.compute} {a} = {identity_expr(s)};",
-            f"  if ({inside}) for (pn_idx b = {first}; b < {_sn(m)}; {step}) "
-            f"{a} = {s.combiner.functor}::apply({a}, pn_ldcg(&ws{k}[{index}]));",
-            f"  {a} = {reduce}{tmpl}({a}, {smem});",
-        ]
+        out += fold_partials(s, a, inside, first, _sn(m), step, f"ws{k}[{index}]", reduce + tmpl, smem)
         if m.epilogue:  # one reduction: its finish, then the epilogue statements
             out.append(f"  if ({leader} && {inside}) {{")
             out += ["    " + ln for ln in apply_epilogue(loop, k, s, "o", post(s, a))]

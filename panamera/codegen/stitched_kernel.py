@@ -32,14 +32,17 @@ from ..poly.stitch import is_epilogue
 from ..schedule.decision import Residence
 from ..schedule.mapping import passes
 from ..schedule.onchip import kept_reads, steps
-from . import column_partials
+from . import column_partials, column_stitch
 from .expr import convert
+from .row_finish import finish_pass, shared_buffers
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
 
 CLUSTER_INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <cooperative_groups.h>", "#endif")
 
 
 def emit_stitched(loop: ThreadLoop) -> list[str]:
+    if loop.g.consumed:  # columns read in the kernel: codegen/column_stitch.py
+        return column_stitch.emit(loop)
     if loop.m.rtile * loop.m.ctile > 1:
         return _emit_tiled(loop)
     g, m = loop.g, loop.m
@@ -49,10 +52,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
     columns = set(g.columns)  # column partials (codegen/column_partials.py): a persistent row loop
     head, out = [], [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
-    for ct in dict.fromkeys(s.acc.compute for s in g.statements if s.kind == StatementKind.REDUCE):
-        safe = c_ident(ct)
-        head.append(f"  __shared__ {ct} pn_smem_{safe}[{m.ty * max(1, m.tx // 32)}];")
-        head.append(f"  __shared__ {ct} pn_bcast_{safe}[{m.ty}];")
+    head += shared_buffers(g.statements, m.tx, m.ty)
     clustered = m.cluster > 1
     if clustered:  # schedule/cluster.py: sm_90 only
         head = [
@@ -83,18 +83,9 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         if split and owners:
             exchange += 1
             out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
-        for k in reduces:
-            s = g.statements[k]
-            if own[k] == k:
-                safe = c_ident(s.acc.compute)
-                tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-                out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")
-            reg = f"r{k}"
-            final = convert(post(s, f"acc{own[k]}"), post_dtype(s), s.result.dtype)
-            out.append(f"  const {s.result.dtype.compute} {reg} = {final};")
-            loop.regs[s.result.uid] = reg
-            if s.result.uid in g.external:
-                out.append(f"  if ({leader} && o < {g.M}) pn_st(&out{k}[o], {reg});")
+        lines, regs = finish_pass(g.statements, reduces, own, m.tx, m.ty, leader, g.M, g.external, post)
+        out += lines
+        loop.regs.update(regs)
         for k in epilogues:  # the row's leader, once every value the epilogue reads is final
             s = g.statements[k]
             if level[k] != lv + 1 or k in g.column_epilogues:  # a column's: where it is final

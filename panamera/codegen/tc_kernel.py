@@ -26,7 +26,19 @@ import math
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import FRAG, Mma, analyse, grid_tiles, raw_copy, staging_unroll, tiles
+from ..schedule.tensor_core import (
+    FRAG,
+    Mma,
+    analyse,
+    grid_tiles,
+    loads_first,
+    partial_batch,
+    raw_copy,
+    staging_steps,
+    staging_unroll,
+    tiles,
+    words_first,
+)
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -66,14 +78,25 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  {W}::fill_fragment(pn_acc, ({ACC})0);",
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
-    for rows, tag, e, first, extent, i_of in (
-        (BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"),
-        (BN, "b", ops.b, "pn_c0", P, "pn_x"),
-    ):
-        out.append(f"#pragma unroll {staging_unroll(e, rows, m, g)}  // loads in flight (the model's)")
-        out += _stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)
+    operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
+    held = any(loads_first(e, m, g) for e in (ops.a, ops.b))
+    staged = []
+    for rows, tag, e, first, extent, i_of in operands:
+        packed = nibbles(e, st, str(kind), m.vec, m.access[0])
+        if isinstance(packed, Nibbles) or words_first(e, st, m):  # loads first, in flight while the other is staged
+            stage = _stage_int4 if isinstance(packed, Nibbles) else _stage_words
+            pre, loads, convert = stage(loop, kind, packed if isinstance(packed, Nibbles) else e, f"pn_s{tag}", rows,
+                                        first, extent, i_of, tag)  # fmt: skip
+            out[-1:-1] = pre  # before the slab loop: the first slab of a double buffer
+            out += loads
+            staged.append(convert)
+        else:
+            pragma = f"#pragma unroll {staging_unroll(e, rows, m, g, held)}  // loads in flight (the model's)"
+            staged.append([pragma, *_stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)])
+    out += [ln for lines in staged for ln in lines]
     out += [
         "    __syncthreads();",
+        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
         f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{",
         f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa;",
         f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb;",
@@ -86,13 +109,14 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  {W}::store_matrix_sync(&pn_sc[pn_wr * 16 * {BN} + pn_wc * 16], pn_acc, {BN}, {W}::mem_row_major);",
         "  __syncthreads();",
     ]
+    RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
     mode = m.merges[0]
     joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
     if mode == MergeMode.STORE and joined:
         finish = apply_epilogue(loop, 0, st, "o", post(st, "pn_v"))
     else:
         finish = _write(0, st, "o", "pn_v", mode, 0)
-    out += _outputs(BN, BM, threads, P, Q, [f"const {st.acc.compute} pn_v = pn_sc[pn_e];", *finish])
+    out += _outputs(BN, RM, threads, P, Q, [f"const {st.acc.compute} pn_v = pn_sc[pn_e];", *finish])
     if m.needs_last_block:
         out += [
             "  __threadfence();",
@@ -107,27 +131,62 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             if joined and not m.epilogue:  # _final applies the consumers only in epilogue groups
                 raise AssertionError("a stitched group's split merges partials")
             # the thread's merged outputs loaded together (one L2 round trip, not one per output), then finished
-            pt = math.ceil(BM * BN / threads)
+            pt = math.ceil(RM * BN / threads)
             load = ["pn_m[pn_u] = pn_ldcg(&ws0[o]);"]
             out.append(f"    decltype(pn_ldcg(&ws0[0])) pn_m[{pt}];")
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)]
+            out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, load, pt)]
             last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last, pt)]
-        else:  # partials, combined in block order
-            p = "pn_p"
-            last = [
-                f"{st.acc.compute} {p} = {identity_expr(st)};",
-                f"for (pn_idx b = 0; b < (pn_idx)gridDim.y; ++b) "
-                f"{p} = {st.combiner.functor}::apply({p}, pn_ldcg(&ws0[o * (pn_idx)gridDim.y + b]));",
-            ]
-            if joined:
-                last += apply_epilogue(loop, 0, st, "o", post(st, p))
-            else:
-                last.append(f"pn_st(&out0[o], {post(st, p)});")
-            out += ["  " + ln for ln in _outputs(BN, BM, threads, P, Q, last)]
+            out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, last, pt)]
+        else:  # partials, combined in block order: each batch of blocks' partials loaded together, then folded
+            out += ["  " + ln for ln in _combine_partials(loop, st, BN, RM, threads, P, Q)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
+
+
+def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
+    """The last block's combine of the split's partials, for each of its `pt` outputs in block
+    order (deterministic): `partial_batch` blocks' partials of all `pt` outputs are loaded into
+    registers first (one L2 round trip per batch, the model's), then folded in."""
+    S, pt = loop.m.split, math.ceil(BM * BN / threads)
+    nb = partial_batch(pt, S)
+    T, F = st.acc.compute, st.combiner.functor
+    load = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {nb}; ++pn_j)",
+        f"  if (pn_b0 + pn_j < {S}) pn_m[pn_u][pn_j] = pn_ldcg(&ws0[o * {S} + pn_b0 + pn_j]);",
+    ]
+    fold = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {nb}; ++pn_j)",
+        f"  if (pn_b0 + pn_j < {S}) pn_p[pn_u] = {F}::apply(pn_p[pn_u], pn_m[pn_u][pn_j]);",
+    ]
+    value = post(st, "pn_p[pn_u]")
+    done = apply_epilogue(loop, 0, st, "o", value) if len(loop.g.statements) > 1 else [f"pn_st(&out0[o], {value});"]
+    return [
+        f"  {T} pn_p[{pt}];",
+        f"  for (int pn_u = 0; pn_u < {pt}; ++pn_u) pn_p[pn_u] = {identity_expr(st)};",
+        f"  for (int pn_b0 = 0; pn_b0 < {S}; pn_b0 += {nb}) {{  // {nb} blocks' partials of each output in flight",
+        f"    {T} pn_m[{pt}][{nb}];",
+        *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, load, pt)),
+        *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, fold, pt)),
+        "  }",
+        *_outputs(BN, BM, threads, P, Q, done, pt),
+        *_discard_partials(S, BN, BM, threads, P, Q),
+    ]
+
+
+def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
+    """Once every thread of the last block has read them, the 128-byte L2 lines that hold only this
+    tile's partials (ws0[o * S ...] of each row's outputs) are dropped without a write-back
+    (`pn_discard_range`): the next call writes every partial before any is read, so the workspace
+    never costs DRAM bandwidth where it fits in L2 (model/workspace.py `discarded`)."""
+    end = f"(pn_c0 + {BN} < {P} ? pn_c0 + {BN} : {P})"
+    return [
+        "  __syncthreads();  // every partial of the tile read: its lines are dropped, never written back",
+        f"  for (pn_idx pn_r = pn_r0; pn_r < pn_r0 + {BM} && pn_r < {Q}; ++pn_r)",
+        f"    pn_discard_range(&ws0[(pn_r * {P} + pn_c0) * {S}], &ws0[(pn_r * {P} + {end}) * {S}], tx, {threads});",
+    ]
 
 
 def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,
@@ -137,9 +196,6 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
     operands' contiguous axis), its contiguous reads loaded as one vector each (the mapping's
     access kinds), the others per lane."""
     st, V = loop.g.statements[0], loop.m.vec
-    packed = nibbles(e, st, str(kind), V, loop.m.access[0])
-    if isinstance(packed, Nibbles):
-        return _stage_int4(loop, kind, packed, buf, rows, BK, threads, r0, extent, i_of)
     reads = sorted({n.read for n in e.walk() if n.op == "load"})
     vector = [r for r in reads if V > 1 and loop.m.access[0][r] == AccessKind.CONTIG and st.reads[r].memory]
     if raw_copy(e, st, kind, V, loop.m.access[0]):
@@ -209,12 +265,14 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
     ]
 
 
-def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, BK: int, threads: int, r0: str,
-                extent: int, i_of: str) -> list[str]:  # fmt: skip
-    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step a thread loads its
-    vec / 8 words of packed bytes as one vector and the scale once, and `pn_i4x8` turns each word
-    into 8 weights of the MMA's type (the exponent trick), in k order (`flip`: low nibble at odd k)."""
-    st, V = loop.g.statements[0], loop.m.vec
+def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, r0: str, extent: int, i_of: str,
+                tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """`_stage` for a packed int4 operand (schedule/int4_dequant.py): each step's vec / 8 words of
+    packed bytes (one vector load) and its scale held in registers, double-buffered
+    (`_double_buffered`); then `pn_i4x8` turns each word into 8 weights of the MMA's type (the
+    exponent trick), in k order (`flip`: low nibble at odd k), stored to the slab."""
+    st, m = loop.g.statements[0], loop.m
+    V, BK = m.vec, tiles(m)[2]
     T, words = kind.ctype, V // 8
     pair = {Mma.F16: ("__half2", "pn_h2_bits", "__half2half2"), Mma.BF16: ("__nv_bfloat162", "pn_b2_bits",
             "__bfloat162bfloat162")}[kind]  # fmt: skip
@@ -222,33 +280,145 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
     vtype = {1: "unsigned", 2: "uint2"}[words]
     fields = ["pn_wv"] if words == 1 else ["pn_wv.x", "pn_wv.y"]
     zero = _convert(kind, "0")
-    out = [
-        f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
-        f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
-        f"      const pn_idx pn_x = {r0} + pn_q, pn_k = pn_ks + pn_p;",
-        f"      {T} pn_val[{V}];",
-        f"      if (pn_x < {extent} && pn_k < pn_k1) {{  // int4 words by the exponent trick (pn_i4x8)",
-        f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
-        f"        const {vtype} pn_wv = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
-        f"        const {pair[0]} pn_s2 = {pair[2]}({loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}]);",
-        f"        const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+    total, steps = rows * BK // V, staging_steps(rows, m)
+
+    def fill(into: str) -> list[str]:
+        return [
+            f"{into}w[pn_u] = pn_vload<{vtype}>(&{loop.in_name[pk.tensor.uid]}[{loop.address(pk.addr)}]);",
+            f"{into}sc[pn_u] = {loop.in_name[sc.tensor.uid]}[{loop.address(sc.addr)}];",
+        ]
+
+    pre, top, where = _double_buffered(loop, tag, rows, r0, extent, i_of, [(vtype, "w"), (T, "sc")], fill)
+    w, s = f"pn_{tag}w", f"pn_{tag}sc"
+    convert = [
+        f"    const {pair[0]} pn_z2 = {pair[1]}(0x{nib.bias_bits(str(kind)):08x}u);  // 1024 (fp16) or 128 (bf16) + zero point",
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // the words by the exponent trick (pn_i4x8)",
+        *("  " + ln for ln in where),
+        f"      if (pn_e < {total}) {{",
+        f"        {T} pn_val[{V}];",
+        f"        const {vtype} pn_wv = {w}[pn_u];",
+        f"        const {pair[0]} pn_s2 = {pair[2]}({s}[pn_u]);",
     ]
-    for w, f in enumerate(fields):
-        out += [
+    for k, f in enumerate(fields):
+        convert += [
             f"        {{ {T} pn_n[8];",
             f"          pn_i4x8({f}, pn_z2, pn_s2, pn_n);",
             "#pragma unroll",
-            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * w} + v] = pn_n[v ^ {nib.flip}];",
+            f"          for (int v = 0; v < 8; ++v) pn_val[{8 * k} + v] = pn_in ? pn_n[v ^ {nib.flip}] : {zero};",
             "        }",
         ]
-    out += [
-        "      } else {",
-        f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
+    convert += [
+        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "      }",
-        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
         "    }",
     ]
-    return out
+    return pre, top, convert
+
+
+def _double_buffered(loop: ThreadLoop, tag: str, rows: int, r0: str, extent: int, i_of: str, held: list[tuple[str, str]],
+                     fill) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """The loads of a `loads_first` operand, double-buffered: `held` the (type, name) register
+    arrays of a slab's steps, `fill(into)` the lines loading one step's values into
+    `into{name}[pn_u]` where `pn_in`. Returns (before the slab loop: the first slab's loads into
+    the next-slab buffer; at the top of the loop: this slab's values from it and the next slab's
+    loads issued; the `where` lines that place step pn_u of this slab)."""
+    m = loop.m
+    V, BK, threads = m.vec, tiles(m)[2], m.threads
+    total, steps = rows * BK // V, staging_steps(rows, m)
+
+    def where(slab: str) -> list[str]:
+        return [
+            f"    const int pn_e = tx + pn_u * {threads};",
+            f"    const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
+            f"    const pn_idx pn_x = {r0} + pn_q, pn_k = {slab} + pn_p;",
+            f"    const bool pn_in = pn_e < {total} && pn_x < {extent} && pn_k < pn_k1;  // the tails: zeros",
+        ]
+
+    def load(slab: str, into: str) -> list[str]:
+        return [
+            "#pragma unroll",
+            f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{",
+            *("  " + ln for ln in where(slab)),
+            *(f"      {into}{n}[pn_u] = {t}{{}};" for t, n in held),
+            "      if (pn_in) {",
+            f"        const pn_idx i = {i_of}, j = pn_k; (void)i;",
+            *("        " + ln for ln in fill(into)),
+            "      }",
+            "    }",
+        ]
+
+    cur, nxt = f"pn_{tag}", f"pn_{tag}n"  # this slab's values; the next slab's, loaded while this one is used
+    decl = [f"    {t} {{0}}{n}[{steps}];" for t, n in held]
+    pre = [ln[2:] if ln.startswith("  ") else ln for ln in [*(d.format(nxt) for d in decl), *load("pn_k0", nxt)]]
+    top = [
+        "    // the slab's loads, all in flight before any is used, double-buffered",
+        *(d.format(cur) for d in decl),
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{ "
+        + " ".join(f"{cur}{n}[pn_u] = {nxt}{n}[pn_u];" for _, n in held)
+        + " }",
+        f"    if (pn_ks + {BK} < pn_k1) {{  // the next slab's loads in flight during this one",
+        *("  " + ln for ln in load(f"(pn_ks + {BK})", nxt)),
+        "    }",
+    ]
+    return pre, top, where("pn_ks")
+
+
+def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, extent: int, i_of: str,
+                 tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
+    """`_stage` for a `words_first` operand (schedule/tensor_core.py): each step's contiguous reads
+    loaded as raw vectors and its uniform reads as one value, double-buffered
+    (`_double_buffered`); then each lane's expression over them, converted to the MMA's type."""
+    st, m = loop.g.statements[0], loop.m
+    V, BK = m.vec, tiles(m)[2]
+    total, steps = rows * BK // V, staging_steps(rows, m)
+    reads = sorted({n.read for n in e.walk() if n.op == "load"})
+    contig = [r for r in reads if m.access[0][r] == AccessKind.CONTIG]
+    vt = {4: "unsigned", 8: "uint2", 16: "uint4"}
+    held = [(vt[V * st.reads[r].tensor.dtype.itemsize], f"c{r}") for r in contig]
+    held += [(st.reads[r].tensor.dtype.c_type, f"u{r}") for r in reads if r not in contig]
+
+    def fill(into: str) -> list[str]:
+        out = []
+        for r in reads:
+            rd, name = st.reads[r], loop.in_name[st.reads[r].tensor.uid]
+            if r in contig:
+                out.append(
+                    f"{into}c{r}[pn_u] = pn_vload<{vt[V * rd.tensor.dtype.itemsize]}>(&{name}[{loop.address(rd.addr)}]);"
+                )
+            else:
+                out.append(f"{into}u{r}[pn_u] = {name}[{loop.address(rd.addr)}];")
+        return out
+
+    pre, top, where = _double_buffered(loop, tag, rows, r0, extent, i_of, held, fill)
+    cur = f"pn_{tag}"
+
+    def load(read: int, index: str | None = None) -> str:
+        if read in contig:
+            c = st.reads[read].tensor.dtype.c_type
+            return f"pn_ld(&reinterpret_cast<const {c}*>(&{cur}c{read}[pn_u])[v])"
+        return f"pn_ld(&{cur}u{read}[pn_u])"
+
+    lines: list[str] = []
+    value = ExprRenderer(lines, f"pn_{tag}").render(e, load)
+    zero = _convert(kind, "0")
+    convert = [
+        "#pragma unroll",
+        f"    for (int pn_u = 0; pn_u < {steps}; ++pn_u) {{  // each lane's value from the held loads",
+        *("  " + ln for ln in where),
+        f"      if (pn_e < {total}) {{",
+        f"        {kind.ctype} pn_val[{V}];",
+        "#pragma unroll",
+        f"        for (int v = 0; v < {V}; ++v) {{",
+        *("          " + ln for ln in lines),
+        f"          pn_val[v] = pn_in ? {_convert(kind, value)} : {zero};",
+        "        }",
+        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        "      }",
+        "    }",
+    ]
+    return pre, top, convert
 
 
 def _outputs(BN: int, BM: int, threads: int, P: int, Q: int, body: list[str], unrolled: int = 0) -> list[str]:

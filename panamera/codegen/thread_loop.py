@@ -130,9 +130,12 @@ class ThreadLoop:
         return bool(m.rshared) and m.rshared[k][read], bool(m.cshared) and m.cshared[k][read]
 
     # -- loads and bodies ---------------------------------------------------------------------
-    def body_lines(self, k: int, vec_slot: str | None, vregs: dict | None = None, expr=None) -> tuple[list[str], str]:
+    def body_lines(
+        self, k: int, vec_slot: str | None, vregs: dict | None = None, expr=None, given: dict[int, str] | None = None
+    ) -> tuple[list[str], str]:
         """The C lines of statement k's body (or of `expr`, another expression over its reads: a
-        scatter's index) at the current (i, j) and the name of its value."""
+        scatter's index) at the current (i, j) and the name of its value; `given`: nodes whose
+        values are already held (ExprRenderer)."""
         s = self.g.statements[k]
         lines: list[str] = []
 
@@ -151,7 +154,7 @@ class ThreadLoop:
                 return f"{vregs[(k, read)]}[{vec_slot}]"
             return f"pn_ld(&{self.in_name[r.tensor.uid]}[{self.address(r.addr)}])"
 
-        value = ExprRenderer(lines, f"e{k}_" if expr is None else f"x{k}_").render(
+        value = ExprRenderer(lines, f"e{k}_" if expr is None else f"x{k}_", given).render(
             s.body if expr is None else expr, load
         )
         return lines, value

@@ -13,10 +13,12 @@ time (`kernel_time`):
     fork + max(memory, compute) + merge
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
-  re-reads of a stitched group's later passes at the L2 rate) over the bandwidth of the level the
-  kernel's bytes fit in (warm data: a benchmark calls the same kernel on the same arrays);
+  re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
+  the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
+  calls the same kernel on the same arrays);
 - compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
-  whose combine does not vectorize pays one scalar step per element) / threads;
+  whose combine does not vectorize pays one scalar step per element), plus per output row the
+  combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
   (ceil(tasks / threads) waves of equal tasks);
 - merge (a split reduction): a second barrier and, per output, its partials combined in order.
@@ -38,14 +40,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..codegen.cpu_lanes import LANE_VECTORS
+
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
 FREE = frozenset({"load", "const"})
 LEVELS = ("L2", "L3", "DRAM")
-# The Python side of one call of a CPU program (CpuCompiled.__call__: binding the inputs,
-# allocating the outputs, ctypes), fitted on this project's machine (Xeon, Python 3.11): a
-# 16-element sum takes 14 us a call, each further output about 3 us more.
-CALL_US, OUTPUT_US = 14.0, 3.0
+# The Python side of one call of a CPU program on numpy arrays (CpuCompiled.__call__ through
+# runtime/cpu_call.py: a shape/dtype compare per input, np.empty per output, one ctypes call),
+# fitted on this project's machine (Xeon, Python 3.11, the bench's interleaved samples): a
+# 16-element sum takes 3.5 us a call (its kernel 0.8 of it), each further output about 0.7 us
+# more. Other inputs (torch tensors, views to copy) take the general path, about 14 us.
+CALL_US, OUTPUT_US = 3.0, 0.7
 CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this share of it
 # Beyond this many bytes the model uses the large-array rates even when the L3 the OS reports
 # is bigger: in a virtual machine that L3 is shared with other guests (here 260 MiB reported,
@@ -143,7 +149,8 @@ class CpuWork:
     summed over the statements (a reduction's combine is one cheap operation); reread_bytes:
     bytes a stitched group's later passes read again from cache; struct: an accumulator whose
     combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
-    computed type (8: double lanes, half as many per vector)."""
+    computed type (8: double lanes, half as many per vector); row_combines: reductions whose
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms)."""
 
     M: int
     N: int
@@ -156,6 +163,7 @@ class CpuWork:
     reread_bytes: int = 0
     struct: bool = False
     width: int = 4
+    row_combines: int = 0
 
     @property
     def bytes(self) -> int:
@@ -225,6 +233,34 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     return ns
 
 
+def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
+    """The rate of a stitched row's re-reads: from L1 when what one row re-reads fits there (the
+    probe's SIMD add over L1 data, 4 bytes per add_ns, one per thread), else from L2."""
+    if w.reread_bytes <= CACHE_FILL * m.caches.l1 * max(w.M, 1):
+        return 4.0 / m.rates.add_ns * threads
+    return m.rates.bandwidth("L2", threads)
+
+
+def combine_ns(r: Rates, lanes: int, struct: bool = False) -> float:
+    """One output's combine of its accumulators' lanes, each step the latency of a dependent
+    SIMD add (the probe's add_ns x lanes). A scalar accumulator's LANE_VECTORS x lanes lanes
+    fold as a tree (codegen/cpu_lanes.py's LANE_FOLD): log2(LANE_VECTORS) whole-register steps,
+    then log2(lanes) steps of an operation and a move of the upper half, 2 latencies each; with
+    the probe's add_ns, 16 lanes: 10 x 0.89 = 8.9 ns (softmax 6144 x 128 on one thread measured
+    ~41 ns a row less than with the former w-loop, whose max g++ left scalar and branchy, ~20 ns
+    a fold). A struct accumulator (Welford, log-sum-exp: a declared OpenMP reduction) combines
+    its lanes in order: `lanes` dependent steps.
+
+    >>> r = CpuModel.nominal(cores=2, simd_bytes=64).rates
+    >>> round(combine_ns(r, 16) / (r.add_ns * 16)), round(combine_ns(r, 16, struct=True) / (r.add_ns * 16))
+    (10, 16)
+    """
+    step = lanes * r.add_ns
+    if struct:
+        return lanes * step
+    return (math.log2(LANE_VECTORS) + 2 * math.log2(max(lanes, 1))) * step
+
+
 def kernel_time(
     w: CpuWork, m: CpuModel, tasks: int, split: int, threads: int | None = None, lanes: int = 16
 ) -> KernelTime:
@@ -237,8 +273,10 @@ def kernel_time(
     level = m.level(w.bytes, busy)
     r = m.rates
     mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem_s += w.reread_bytes / r.bandwidth("L2", busy) / 1e9
-    comp_s = w.elements * element_ns(w, r, lanes) / busy * 1e-9
+    mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
+    comp_s = (
+        (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    )
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)

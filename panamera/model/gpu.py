@@ -328,6 +328,30 @@ class KernelCost:
         return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s
 
 
+def sequence_s(costs, gpu: GPUSpec) -> float:
+    """Seconds of kernels launched back to back by one call: the first pays the per-kernel floor
+    (`gpu.launch_s`), every later one only the gap of a queued launch (`gpu.queued_s`) — the rule
+    model/estimate.py applies to a whole plan, so that the planner weighs alternatives (one
+    stitched kernel against the unfused kernels, one launch against two) as the plan is modeled.
+
+    >>> c = KernelCost(H100.launch_s, 1e-6, 0.0, 0.0)
+    >>> round((sequence_s([c, c], H100) - c.total_s) * 1e6, 3) == round(1.0 + H100.queued_s * 1e6, 3)
+    True
+    """
+    return chain_s([c.total_s for c in costs], gpu)
+
+
+def chain_s(totals_s, gpu: GPUSpec) -> float:
+    """`sequence_s` of kernels known only by their single-launch totals (seconds), as a plan kept
+    as data holds them (schedule/param_schedule.py `ClassPlan`): the one rule, on figures.
+
+    >>> round(chain_s([5e-6, 5e-6], H100) * 1e6, 3) == round(10.0 - (H100.launch_s - H100.queued_s) * 1e6, 3)
+    True
+    """
+    totals = list(totals_s)
+    return sum(totals) - max(0, len(totals) - 1) * (gpu.launch_s - gpu.queued_s)
+
+
 def kernel_time(
     gpu: GPUSpec,
     *,

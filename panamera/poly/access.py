@@ -69,21 +69,64 @@ def access_kinds(statements, along: str, vec: int) -> tuple[tuple[AccessKind, ..
     return tuple(tuple(access_kind(r, along, vec, s.domain) for r in s.reads) for s in statements)
 
 
+def vector_widths(itemsizes) -> tuple[int, ...]:
+    """The vector widths a load may take, widest first: at most 16 bytes of the widest element (4
+    floats, 8 halves, 16 bools). The static mapper (`choose_vec`) and the class plans
+    (schedule/param_mapping.py `widest_vec`) try these.
+
+    >>> vector_widths([4, 2]), vector_widths([1]), vector_widths([8])
+    ((4, 2), (16, 8, 4, 2), (2,))
+    """
+    widest = max(itemsizes, default=4)
+    return tuple(v for v in (16, 8, 4, 2) if v * widest <= 16)
+
+
 def choose_vec(statements: tuple[Statement, ...], along: str, extent: int) -> int:
-    """The widest vector (at most 16 bytes of the widest input: 4 floats, 8 halves, 16 bools) that
-    divides the extent and keeps every contiguous read aligned."""
-    for vec in (16, 8, 4, 2):
+    """The widest vector that divides the extent, keeps every contiguous read aligned and every
+    read loaded per lane within 16 bytes (`loads_fit`): tried from `vector_widths` of the
+    narrowest input, since a read UNIFORM along `along` (a row's fp32 mean beside its bf16
+    values) is one scalar, not a vector."""
+    widths = [r.tensor.dtype.itemsize for s in statements for r in s.reads if r.memory]
+    for vec in vector_widths([min(widths, default=4)]):
         if vec_fits(statements, along, extent, vec):
             return vec
     return 1
 
 
+def loads_fit(statements, along: str, vec: int) -> bool:
+    """Whether every read keeps within 16 bytes per load at vector width `vec`: `vec` lanes of
+    its type, unless isl finds it UNIFORM along `along` (one scalar every lane shares). The one
+    rule the mapper (`vec_fits`) and replay (schedule/replay.py rule 3) apply.
+
+    >>> import islpy as isl
+    >>> from types import SimpleNamespace
+    >>> from panamera.poly.statement import box
+    >>> from panamera.frontend.tensor import placeholder
+    >>> dom, v = box(isl.Context(), ["i", "j"], [4, 8])
+    >>> row = Read(placeholder((4, 8), "bfloat16", name="x"), v["i"] * 8 + v["j"])
+    >>> mean = Read(placeholder((4, 1), name="mean"), v["i"])
+    >>> st = SimpleNamespace(domain=dom, reads=(row, mean))  # the parts of a Statement it reads
+    >>> loads_fit([st], "j", 8), [r.tensor.name for r in too_wide([st], "i", 8)]
+    (True, ['mean'])
+    """
+    return not too_wide(statements, along, vec)
+
+
+def too_wide(statements, along: str, vec: int) -> tuple[Read, ...]:
+    """The reads `vec` lanes of which exceed 16 bytes and that are not UNIFORM along `along`."""
+    return tuple(
+        r
+        for s in statements
+        for r in s.reads
+        if r.memory
+        and vec * r.tensor.dtype.itemsize > 16
+        and access_kind(r, along, vec, s.domain) != AccessKind.UNIFORM
+    )
+
+
 def vec_fits(statements, along: str, extent: int, vec: int) -> bool:
-    """`vec` divides the extent, every input keeps within 16 bytes per load, and at least one
-    read is contiguous at that width (else a vector gains nothing)."""
-    if extent % vec:
-        return False
-    widths = [r.tensor.dtype.itemsize for s in statements for r in s.reads if r.memory]
-    if not all(vec * w <= 16 for w in widths):
+    """`vec` divides the extent, every input keeps within 16 bytes per load (`loads_fit`), and at
+    least one read is contiguous at that width (else a vector gains nothing)."""
+    if extent % vec or not loads_fit(statements, along, vec):
         return False
     return any(k == AccessKind.CONTIG for kinds in access_kinds(statements, along, vec) for k in kinds)

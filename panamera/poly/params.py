@@ -155,15 +155,19 @@ def storage(t: Tensor) -> Tensor:
     return t
 
 
-def _choose(outputs: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], tuple[str, ...]]:
+def _choose(outputs: tuple[Tensor, ...], cost=None) -> tuple[tuple[Tensor, ...], tuple[str, ...]]:
     """Each `choose` node replaced by its formulation with the fewest reductions (the fewest
-    passes over memory, the model's first-order term); the choices recorded."""
+    passes over memory, the model's first-order term), or the least `cost((alternative,))` where
+    a target's model gives one (dynamic_cpu.py); the choices recorded."""
     memo: dict[int, Tensor] = {}
     chosen = []
     for t in topological(outputs):
         ins = tuple(memo[a.uid] for a in t.inputs)
         if t.op == "choose":
-            costs = [(not _supported(o), sum(1 for u in topological((o,)) if u.op == "reduce")) for o in ins]
+            costs = [
+                (not _supported(o), cost((o,)) if cost else sum(1 for u in topological((o,)) if u.op == "reduce"))
+                for o in ins
+            ]
             k = costs.index(min(costs))  # one this path compiles, with the fewest passes
             chosen.append(f"{t.attr('formulation')}={t.attr('names')[k]}")
             memo[t.uid] = ins[k]
@@ -188,9 +192,10 @@ def unsqueeze(t: Tensor) -> bool:
     return keep == [e for e in t.inputs[0].shape if not (isinstance(e, int) and e == 1)]
 
 
-def build(outputs: tuple[Tensor, ...]) -> ParamProgram:
-    """The parametric program of symbolic `outputs`: one statement per output and per reduction."""
-    graph, chosen = _choose(tuple(outputs))
+def build(outputs: tuple[Tensor, ...], cost=None) -> ParamProgram:
+    """The parametric program of symbolic `outputs`: one statement per output and per reduction;
+    `cost` ranks the formulations of a `choose` (default: the fewest reductions)."""
+    graph, chosen = _choose(tuple(outputs), cost)
     stored = {storage(o).uid for o in graph}
     order = topological(graph)
     stored |= {t.uid for t in order if t.op == "reduce"}

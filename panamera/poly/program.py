@@ -14,6 +14,7 @@ import networkx as nx
 from ..frontend.tensor import Tensor
 from ..frontend.walk import postorder
 from .coalesce import coalesce
+from .column_stitch import ColumnStitch, column_stitches
 from .dependences import Dependences, compute_dependences, schedule
 from .epilogue import epilogue_candidates
 from .expr import Expr
@@ -45,6 +46,8 @@ class KernelGroup:
 
     @property
     def form(self) -> Form:
+        if self.stitched and self.statements[0].form == Form.COLUMN:  # poly/column_stitch.py: the row space
+            return Form.ROW
         return self.statements[0].form
 
     @cached_property
@@ -54,6 +57,17 @@ class KernelGroup:
         if not self.stitched:
             return ()
         return tuple(k for k, s in enumerate(self.statements) if s.form == Form.COLUMN)
+
+    @cached_property
+    def consumed(self) -> bool:
+        """Row-space statements of the group read its columns' final values (poly/column_stitch.py:
+        a grid-wide merge between the columns' pass and theirs)."""
+        cols = {self.statements[k].result.uid for k in self.columns}
+        return any(
+            k not in self.columns and any(r.tensor.uid in cols for r in s.reads)
+            for k, s in enumerate(self.statements)
+            if s.form != Form.MAP
+        )
 
     @cached_property
     def column_epilogues(self) -> tuple[int, ...]:
@@ -138,6 +152,12 @@ class Program:
         return column_candidates(list(self.statements), self.statement_graph, self.stitch_candidates)
 
     @cached_property
+    def column_stitches(self) -> tuple[ColumnStitch, ...]:
+        """COLUMN reductions stitched with the consumers of their final values
+        (poly/column_stitch.py); on demand, as `column_candidates`."""
+        return column_stitches(list(self.statements), self.statement_graph)
+
+    @cached_property
     def schedule(self) -> isl.Schedule | None:
         """isl's schedule of the whole program (validity: non-relaxed flow dependences). Only
         informational, so computed on first use: on large element-wise statements with modulo
@@ -160,12 +180,13 @@ def tensor_graph(outputs) -> nx.DiGraph:
     return g
 
 
-def build_program(outputs: tuple[Tensor, ...]) -> Program:
+def build_program(outputs: tuple[Tensor, ...], stored: frozenset[Tensor] = frozenset()) -> Program:
     """Statements for every output and reduction, coalesced, dependences, kernel groups.
 
     Element-wise producers are inlined into their consumer statement (reduction propagation);
     a statement boundary (a tensor written to global memory) is placed at every output and at
-    every reduction result, since a reduction's final value exists only after its last block.
+    every reduction result, since a reduction's final value exists only after its last block,
+    and at the tensors of `stored` (a target's choice: schedule/cpu_operands.py).
     """
     g = tensor_graph(outputs)
     order = list(nx.topological_sort(g))
@@ -173,6 +194,7 @@ def build_program(outputs: tuple[Tensor, ...]) -> Program:
         t for t in outputs if t.op != "placeholder"
     }
     materialized |= must_materialize(order)  # what a gather reads exists in memory first
+    materialized |= {t for t in order if t in stored}
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     ctx = isl.Context()
     stmts = []

@@ -192,7 +192,7 @@ def column_epilogues(statements) -> tuple[int, ...]:
     after = {s.result.uid for s in statements if s.form == Form.COLUMN}
     out = []
     for k, s in enumerate(statements):
-        if s.kind == StatementKind.MAP and any(r.tensor.uid in after for r in s.reads):
+        if is_epilogue(s) and any(r.tensor.uid in after for r in s.reads):  # a row-space consumer: column_stitch.py
             out.append(k)
             after.add(s.result.uid)
     return tuple(out)
@@ -202,6 +202,8 @@ def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
     """The pass of every statement of a joined group (host and COLUMN statements, `lv` their
     `stitch.levels`, which for a column is its earliest pass): a column moves to the latest
     pass at or after its earliest whose host statements load every tensor it loads from memory.
+    A host statement that reads a column (poly/column_stitch.py: it runs after the grid-wide
+    merge) shares no loads: the columns stay in their earliest pass.
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -213,7 +215,12 @@ def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
     {'S1': 0, 'S2': 1, 'S0': 1}
     """
     out = dict(lv)
-    host = [s for s in statements if s.form != Form.COLUMN and not is_epilogue(s)]
+    cols = {s.result.uid for s in statements if s.form == Form.COLUMN}
+    host = [
+        s
+        for s in statements
+        if s.form != Form.COLUMN and not is_epilogue(s) and not any(r.tensor.uid in cols for r in s.reads)
+    ]
     for s in statements:
         if s.form != Form.COLUMN:
             continue

@@ -26,11 +26,17 @@ import numpy as np
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import diskcache, emulator
+from .cpu_call import FastCall, HostStep, buffer_order, entry_name, segments, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
 
 log = logging.getLogger("panamera.cpu")
-BASE_FLAGS = ("-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+# -fno-trapping-math: no kernel reads the floating-point exception flags, so g++ may if-convert
+# selects over float operations (the 16-bit conversions of cuda_emulation.h vectorize).
+BASE_FLAGS = (
+    "-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
+    "-DPANAMERA_EMULATOR", "-w",
+)  # fmt: skip
 _loaded: dict[str, ctypes.CDLL] = {}
 _guard = threading.Lock()
 
@@ -113,17 +119,20 @@ def machine_key() -> str:
     return "|".join(dict.fromkeys(ln for ln in lines if ln.split(":")[0].strip() in wanted))
 
 
+def library_path(source: str) -> Path:
+    """Where the shared library of `source` lives in the disk cache: one per content, flags and machine."""
+    text = source + emulator.HEADER.read_text() + " ".join(flags()) + machine_key()
+    return emulator.cache_dir() / f"cpu_{hashlib.sha256(text.encode()).hexdigest()[:24]}.so"
+
+
 def build(source: str) -> ctypes.CDLL:
     """The shared library of `source`, built once per content, flags and machine (kept on disk)."""
-    fl = flags()
-    text = source + emulator.HEADER.read_text() + " ".join(fl) + machine_key()
-    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    lib = library_path(source)
     with _guard:
-        if key in _loaded:
-            return _loaded[key]
-        lib = emulator.cache_dir() / f"cpu_{key}.so"
-        _loaded[key] = diskcache.load(lib, lambda: _compile(source, fl), "target='cpu'")
-        return _loaded[key]
+        if lib.name in _loaded:
+            return _loaded[lib.name]
+        _loaded[lib.name] = diskcache.load(lib, lambda: _compile(source, flags()), "target='cpu'")
+        return _loaded[lib.name]
 
 
 def _compile(source: str, fl: tuple[str, ...]) -> bytes:
@@ -137,12 +146,42 @@ class CpuExecutor(Executor):
     """Runs the CPU kernels of one program: `kernels` is ((name, parameter buffer keys, host),
     ...) in order, `host` None for a compiled kernel, else the numpy BLAS call that computes it
     (schedule/cpu_blas.py: its operands' keys, then its output's); `threads` the default thread
-    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool)."""
+    count of a call (compiled kernels; numpy's BLAS keeps its own thread pool); `bound` the
+    arrays of the inputs the program supplies itself (constant masks, by input position).
 
-    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int):
+    A program of compiled kernels only runs through its one C entry (runtime/cpu_call.py)."""
+
+    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int, bound: dict | None = None):
         super().__init__(plan, source, (), "cpu")
-        self.kernels, self.threads = kernels, threads
+        self.kernels, self.threads, self.bound = kernels, threads, dict(bound or {})
         self._fns: list | None = None
+        self._fast: FastCall | None | bool = None  # None: not looked up yet; False: none
+
+    def fast(self) -> FastCall | None:
+        """The program's one-entry call path, or None (a numpy BLAS kernel, or results that are
+        not whole buffers of their own: runtime/cpu_call.py's `simple`)."""
+        if self._fast is None:
+            ok = simple(self.plan)
+            if ok:
+                self._fast = FastCall(self.plan, self._steps(), self.bound, self.threads)
+            else:
+                self._fast = False
+        return self._fast or None
+
+    def _steps(self) -> tuple:
+        """The program's C entries (ctypes) and numpy BLAS steps in order (runtime/cpu_call.py)."""
+        slot = {k: n for n, k in enumerate(buffer_order(self.plan))}
+        lib = build(self.source) if any(host is None for _, _, host in self.kernels) else None
+        steps = []
+        for seg in segments(self.kernels):
+            host = self.kernels[seg[0]][2]
+            if host is not None:
+                steps.append(HostStep(host, tuple(slot[op.key] for op in host.operands), slot[host.out_key]))
+                continue
+            fn = getattr(lib, entry_name(self.kernels, seg))
+            fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_int), None
+            steps.append(fn)
+        return tuple(steps)
 
     def __call__(self, args: list, order: str = "forward", seed: int = 0, threads: int | None = None) -> list:
         args = [
@@ -168,6 +207,12 @@ class CpuExecutor(Executor):
         return self._fns
 
     def run(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        """The results on contiguous numpy `inputs` (every input, the program's own included)."""
+        fast = self.fast()
+        if fast is not None:
+            results = [np.empty(shape, dt) for _, shape, dt in fast.outs]
+            fast.launch([inputs[k] for k in fast.free], results, threads)
+            return results
         fns = self._entry_points()
         bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
         for key, spec in self.plan.buffers.items():

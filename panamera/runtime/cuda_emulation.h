@@ -56,40 +56,66 @@ struct __nv_bfloat16 { unsigned short x; };
 static inline float pn_emu_bits_to_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline uint32_t pn_emu_float_to_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
-static inline float __half2float(__half h) {
-  uint32_t s = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ffu;
-  if (e == 0) {  // zero or subnormal: m * 2^-24
-    float f = (float)m * 5.9604644775390625e-08f;
-    return s ? -f : f;
-  }
-  if (e == 31) return pn_emu_bits_to_float(s | 0x7f800000u | (m << 13));
-  return pn_emu_bits_to_float(s | ((e + 112) << 23) | (m << 13));
+// Conversions without branches (selects only), so that a SIMD loop over 16-bit values vectorizes
+// on the CPU target (codegen/cpu_kernel.py; g++ -fno-trapping-math if-converts them): exact,
+// round to nearest even, as numpy's astype (every fp16 value, and 21 M float32 values around
+// every fp16 range, checked against numpy).
+// fp16 -> float: a normal number by rebiasing its exponent, zero and subnormals as m * 2^-24
+// (exact), inf and NaN by the top exponent. No float operation has a subnormal operand or result:
+// those take a microcode assist (~100 cycles) on x86 without DAZ/FTZ, so the shorter trick of one
+// multiply of the shifted bits by 2^112 (a subnormal float for a subnormal half) runs 3x slower on
+// rows of small values (softmax 64x30522 float16's outputs).
+static inline float pn_emu_h2f(uint32_t h) {
+  const uint32_t s = (h & 0x8000u) << 16, em = h & 0x7fffu;
+  const uint32_t sub = pn_emu_float_to_bits((float)(int)em * 5.9604644775390625e-08f);
+  uint32_t r = em < 0x0400u ? sub : (em << 13) + 0x38000000u;
+  r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u) : r;
+  return pn_emu_bits_to_float(r | s);
 }
+// float -> fp16 bits: |f| rounded to the fp16 grid in float arithmetic as pn_emu_round_half does
+// (below): x + B with B = 2^(e+13) (0.5 below 2^-14) has the fp16 quantum as its ulp, so below
+// 2^-14 the bits of x + 0.5 less those of 0.5 are the subnormal half's m (1024: the smallest
+// normal), and above, r = (x + B) - B is a half value whose float bits, rebiased, >> 13 are the
+// half's; |f| >= 65520 -> inf, NaN -> quiet NaN, the sign OR'd. No variable shifts and no
+// subnormal float result (see pn_emu_h2f), ~12 SIMD operations.
+static inline uint32_t pn_emu_f2h(float f) {
+  const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
+  const float x = pn_emu_bits_to_float(a);
+  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  b = b > 0.5f ? b : 0.5f;
+  const float xb = x + b;
+  uint32_t r = a < 0x38800000u ? pn_emu_float_to_bits(xb) - 0x3f000000u
+                               : (pn_emu_float_to_bits(xb - b) - 0x38000000u) >> 13;
+  r = a >= 0x477ff000u ? 0x7c00u : r;
+  r = a > 0x7f800000u ? 0x7e00u : r;
+  return r | ((u >> 16) & 0x8000u);
+}
+// float -> fp16 -> float (pn_round_half) in float arithmetic, ~8 SIMD operations instead of both
+// conversions' ~30: for |f| in [2^e, 2^(e+1)), |f| + B with B = 2^(e+13) (0.5 below 2^-14, where
+// the fp16 quantum is 2^-24) lies where the float ulp is the fp16 quantum 2^(e-10), so the sum
+// rounds |f| to it, ties to even (B is a multiple of two quanta), and - B is exact; |f| >= 65520
+// -> inf, a NaN stays NaN, the sign is kept (every float32 checked against numpy's astype).
+static inline float pn_emu_round_half(float f) {
+  const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
+  const float x = pn_emu_bits_to_float(a);
+  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  b = b > 0.5f ? b : 0.5f;
+  float r = (x + b) - b;
+  r = x >= 65520.0f ? pn_emu_bits_to_float(0x7f800000u) : r;
+  return pn_emu_bits_to_float(pn_emu_float_to_bits(r) | (u & 0x80000000u));
+}
+static inline float __half2float(__half h) { return pn_emu_h2f(h.x); }
 static inline __half __float2half_rn(float f) {
-  uint32_t u = pn_emu_float_to_bits(f), s = (u >> 16) & 0x8000u;
-  uint32_t a = u & 0x7fffffffu;
   __half h;
-  if (a > 0x7f800000u) { h.x = (unsigned short)(s | 0x7e00u); return h; }       // NaN
-  if (a >= 0x477ff000u) { h.x = (unsigned short)(s | 0x7c00u); return h; }      // overflow: inf
-  if (a < 0x38800000u) {                                                         // subnormal / 0
-    float q = pn_emu_bits_to_float(a) * 16777216.0f;                             // units of 2^-24
-    float r = std::nearbyint(q);                                                 // ties to even
-    h.x = (unsigned short)(s | (uint32_t)r);
-    return h;
-  }
-  uint32_t mant = a & 0x7fffffu, exp = (a >> 23) - 112;
-  uint32_t bits = (exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (bits & 1u))) bits += 1;
-  h.x = (unsigned short)(s | bits);
+  h.x = (unsigned short)pn_emu_f2h(f);
   return h;
 }
 static inline float __bfloat162float(__nv_bfloat16 b) { return pn_emu_bits_to_float((uint32_t)b.x << 16); }
-static inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t u = pn_emu_float_to_bits(f);
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) {  // NaN stays a (quiet) NaN; else nearest even
+  const uint32_t u = pn_emu_float_to_bits(f);
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? (u | 0x400000u) : u + 0x7fffu + ((u >> 16) & 1u);
   __nv_bfloat16 b;
-  if ((u & 0x7fffffffu) > 0x7f800000u) { b.x = (unsigned short)((u >> 16) | 0x40u); return b; }
-  u += 0x7fffu + ((u >> 16) & 1u);
-  b.x = (unsigned short)(u >> 16);
+  b.x = (unsigned short)(r >> 16);
   return b;
 }
 static inline __half __ushort_as_half(unsigned short v) { __half h; h.x = v; return h; }
@@ -628,6 +654,9 @@ static inline void __syncthreads() { pn_emu::syncthreads(); }
 static inline void __syncwarp(unsigned = 0xffffffffu) { pn_emu::warp_barrier(); }
 // A GPU thread backs off while it polls; here a poll that fails suspends the fiber (pn_grid_wait).
 static inline void __nanosleep(unsigned) {}
+// discard.global.L2 of one 128-byte line: the line's values become indeterminate until written
+// again; here they are poisoned (all bits set: NaN for floats) so that a read before the rewrite shows.
+static inline void pn_discard_l2(void* p) { std::memset(p, 0xff, 128); }
 static inline void pn_grid_wait(const unsigned* counter, unsigned target) { pn_emu::grid_wait(counter, target); }
 // cuda_pipeline.h's primitives, run lazily (pn_emu::AsyncCopies): the copy reads its source now,
 // commit closes the thread's current batch, and __pipeline_wait_prior(n) lands every committed

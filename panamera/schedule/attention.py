@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from ..algebra import ONLINE_SOFTMAX_VEC
 from ..errors import OptionError
-from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.gpu import GPUSpec, KernelCost, kernel_time, sequence_s
+from ..model.workspace import workspace_traffic
 from ..poly.attention import AttentionChain
 
 THREADS = 128
@@ -58,6 +59,7 @@ class AttentionPlan:
     threads: int = THREADS
     peer_split: int = 1  # Flash-Decoding's rule on the same GPU, for comparison (not used)
     peer_us: float = 0.0  # this kernel at the peer's split with the peer's separate combine kernel, modeled
+    queued_s: float | None = None  # the planned GPU's queued-launch gap (model/gpu.sequence_s); None: every floor
 
     @property
     def groups(self) -> int:
@@ -79,7 +81,11 @@ class AttentionPlan:
 
     @property
     def modeled_us(self) -> float:
-        return sum(c.total_s for c in self.costs) * 1e6
+        """The launches back to back: a merge kernel queued behind the main one pays only the gap."""
+        total = sum(c.total_s for c in self.costs)
+        if self.queued_s is not None and len(self.costs) > 1:
+            total -= (len(self.costs) - 1) * (self.costs[0].launch_s - self.queued_s)
+        return total * 1e6
 
     def describe(self) -> str:
         c = self.chain
@@ -158,17 +164,21 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     if split > 1 and launches == 1:  # the last block merges: its S partial loads, after an arrival
         epilogue += 2 * gpu.l2_latency_cycles + split * merge_elems * ONLINE_SOFTMAX_VEC.merge_instructions_per_element
         atomics = blocks
+    # the partials: read (by the last block or the merge kernel) from L2 where they fit, and discarded
+    # there, never written back (codegen/attention_kernel.py; model/workspace.py, the one rule of every split)
+    ws = workspace_traffic(gpu, part_bytes, discarded=True)
+    read_back = ws["dram_bytes"] - ws["write_bytes"]  # the read's DRAM bytes: 0 where they fit
     main = kernel_time(
         gpu,
-        dram_bytes=q_bytes + kv + spill + mask + main_out + (part_bytes if launches == 2 else 0),
-        write_bytes=main_out + (part_bytes if launches == 2 else 0),
+        dram_bytes=q_bytes + kv + spill + mask + main_out + ws["write_bytes"] + (read_back if launches == 1 else 0),
+        write_bytes=main_out + ws["write_bytes"],
         blocks=min(blocks, gpu.sms * per_sm),  # one wave of register-bound resident blocks (the split keeps it so)
         threads=THREADS,
         bytes_in_flight_per_thread=in_flight,
         atomics=atomics,
         same_address=split if atomics else 0,
         epilogue_cycles=epilogue,
-        l2_bytes=reread - spill + 2 * part_bytes,
+        l2_bytes=reread - spill + (ws["l2_bytes"] if launches == 1 else 0),
         sfu_ops=pairs * ONLINE_SOFTMAX_VEC.merge_transcendentals,
         fp32_ops=pairs * (4 * c.D + shuffles + 10),
     )
@@ -176,17 +186,30 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
         return (main,)
     merge = kernel_time(
         gpu,
-        dram_bytes=out_bytes,
+        dram_bytes=out_bytes + read_back,
         write_bytes=out_bytes,
         blocks=tiles * c.B * c.Hkv,
         threads=THREADS,
         bytes_in_flight_per_thread=4 * split,
         epilogue_cycles=400,
-        l2_bytes=part_bytes,
+        l2_bytes=ws["l2_bytes"],
         sfu_ops=2 * split * c.B * c.Hq * c.Lq,
         fp32_ops=2 * split * c.node.size,
     )
     return main, merge
+
+
+def split_limits(c: AttentionChain, gpu: GPUSpec) -> tuple[int, int]:
+    """The most blocks the model splits `c`'s keys over: (one key step per block at least, every
+    block resident in one wave: the model's `_costs` assumes one). The static plan weighs the
+    powers of two within both; a size class (schedule/param_attention.py) every split within them."""
+    vec, lanes, slots = _vector(c)
+    rt, unroll = _tile(c, vec, lanes, slots)
+    step = (THREADS // lanes) * unroll  # keys a block takes per step
+    words = c.acc.itemsize // 4
+    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
+    base = math.ceil(c.rows / rt) * c.B * c.Hkv
+    return max(1, math.ceil(c.Lk / step)), max(1, gpu.sms * per_sm // base)
 
 
 def plan_attention(
@@ -200,22 +223,19 @@ def plan_attention(
         )
     vec, lanes, slots = _vector(c)
     rt, unroll = _tile(c, vec, lanes, slots)
-    step = (THREADS // lanes) * unroll  # keys a block takes per step
-    most = max(1, math.ceil(c.Lk / step))
-    words = c.acc.itemsize // 4
-    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
     base = math.ceil(c.rows / rt) * c.B * c.Hkv
+    most, resident = split_limits(c, gpu)
     if split is not None:
         splits = [max(1, min(split, most))]
     else:
-        splits = [1] + [s for s in (2**e for e in range(1, 12)) if s <= most and base * s <= gpu.sms * per_sm]
+        splits = [1] + [s for s in (2**e for e in range(1, 12)) if s <= most and s <= resident]
     considered = []
     for s in splits:
         chunk = math.ceil(c.Lk / s)
         s = math.ceil(c.Lk / chunk)  # no empty block
         for n in (1,) if s == 1 else (launches,) if launches else (1, 2):
             costs = _costs(c, gpu, vec, lanes, slots, unroll, rt, s, n)
-            considered.append((s, n, chunk, costs, sum(x.total_s for x in costs) * 1e6))
+            considered.append((s, n, chunk, costs, sequence_s(costs, gpu) * 1e6))
     s, n, chunk, costs, _ = min(considered, key=lambda t: t[4])
     peer = min(flash_decoding_split(base, c.Lk, gpu.sms), most)
     return AttentionPlan(
@@ -231,6 +251,6 @@ def plan_attention(
         costs,
         tuple((a, b, round(us, 3)) for a, b, _, _, us in considered),
         peer_split=peer,
-        peer_us=sum(x.total_s for x in _costs(c, gpu, vec, lanes, slots, unroll, rt, peer, 1 if peer == 1 else 2))
-        * 1e6,
+        peer_us=sequence_s(_costs(c, gpu, vec, lanes, slots, unroll, rt, peer, 1 if peer == 1 else 2), gpu) * 1e6,
+        queued_s=gpu.queued_s,
     )

@@ -9,13 +9,14 @@ from dataclasses import dataclass, fields
 
 from ..algebra import SUM, AtomicStrategy
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.workspace import workspace_traffic
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import exchanges, kernel_buffers, passes
+from .derived import column_tree_cycles, combine_lanes, exchanges, kernel_buffers, passes, tree_chunk
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -145,16 +146,17 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
     acc_bytes = max(st.acc.itemsize for st in owners)
     # A split merges into a resident workspace (one atomic per block per output, plus the
     # block's arrival on the counter) that the last block reads, stores and resets; or,
-    # partials: every block writes its partials and the last block reads them all.
-    merges = s_eff if partials else 2
-    ws_bytes = outputs * merges * acc_bytes if is_split else 0
+    # partials: every block writes its partials and the last block reads them all. Written back,
+    # read from L2 where it fits (model/workspace.py, the one rule of every split plan).
+    merges = s_eff if partials else 1
+    ws = workspace_traffic(gpu, outputs * merges * acc_bytes if is_split else 0)
     cas = 0
     if is_split and not partials:
         cas = sum(group.M * s_eff for st in owners if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
     return kernel_time(
         gpu,
-        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
-        write_bytes=out_bytes,
+        dram_bytes=_input_bytes(group) + out_bytes + ws["dram_bytes"],
+        write_bytes=out_bytes + ws["write_bytes"],
         blocks=blocks,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=in_flight(group, d),  # unroll unguarded loads per step
@@ -170,7 +172,8 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         + 150 * (d.rtile * d.ctile - 1)
         + (_combine_cycles(group, gpu, d) if is_split and partials else 0)
         + _epilogue_cycles(group, gpu),
-        l2_bytes=contraction_l2_bytes(group, d),  # a contraction's shared operand, re-read by every row
+        # a contraction's shared operand, re-read by every row, and the workspace's read where it fits
+        l2_bytes=contraction_l2_bytes(group, d) + ws["l2_bytes"],
         **work,
     )
 
@@ -208,6 +211,22 @@ def _combine_cycles(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     return steps * gpu.l2_latency_cycles * len(set(group.accumulator_of))
 
 
+def row_reductions(group: KernelGroup, lv: tuple[int, ...]) -> int:
+    """Passes of a stitched group that end in a block reduction of its rows (at least one): the
+    levels of its row REDUCE statements (a column statement's partials merge once, after the
+    row loop). Softmax backward: 1 (sum(dy * y), then dx element-wise); softmax: 2.
+
+    >>> import panamera as pn
+    >>> x = pn.placeholder((8, 64))
+    >>> k = pn.compile(x - pn.sum(x, axis=1, keepdims=True), target="emulator")
+    >>> passes(k.groups[0], k.mappings[0].levels), row_reductions(k.groups[0], k.mappings[0].levels)
+    (2, 1)
+    """
+    cols = set(group.columns)
+    rows = {v for k, (s, v) in enumerate(zip(group.statements, lv)) if s.kind == StatementKind.REDUCE and k not in cols}
+    return max(1, len(rows))
+
+
 def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """Blocks own whole rows; one pass per level. Passes after the first re-read the inputs, from
     L2 when the rows in flight fit in half of it.
@@ -242,6 +261,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         resident = gx * d.ty
     else:
         resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+    if group.consumed:  # poly/column_stitch.py: every row is read before any is re-read
+        resident = M
     n_passes = passes(group, d.levels)
     kept = kept_bytes(group, d.vec) if d.onchip != Residence.MEMORY else 0
     reread = (n_passes - 1) * (in_bytes - kept)
@@ -261,7 +282,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         blocks=gx * S,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=flight,
-        epilogue_cycles=400 * (1 if S > 1 else n_passes) * d.rtile * d.ctile,  # each tile row's
+        # a block reduction's barrier per pass that reduces rows (an element-wise last pass, dx,
+        # ends without one, as every peer's row kernel pays one epilogue), each tile row's
+        epilogue_cycles=400 * (1 if S > 1 else row_reductions(group, d.levels)) * d.rtile * d.ctile,
         grid_syncs=0 if d.cluster > 1 else n_ex,
         sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         **arithmetic(group, d).features(),
@@ -272,31 +295,49 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """A stitched row group with column partials (schedule/persistent.py): the stitched kernel
     on the persistent grid, whose passes also accumulate the columns (their loads are the
     row's, their operations `arithmetic`'s), then per block the reduction of the column partials
-    over its rows (a shared-memory tree per partial, log2(ty) steps) and the merge: one atomic
+    over its rows (`column_tree_cycles`: chunks of partials through shared memory) and the merge: one atomic
     per block per column into the resident workspace, whose values the last block stores and
     resets; or (partials) every block's partials written and read back by the last block, which
     sums each column in block order. The last block's pass over the columns is one SM's work at
     its share of the L2 bandwidth, after every other block: a tail. Or (PARTIALS_GRID) after a
-    grid-wide wait every block sums its share of the columns in block order: one sync."""
+    grid-wide wait every block sums its share of the columns in block order: one sync. Columns
+    the group's own statements read (poly/column_stitch.py) wait a second time, and every thread
+    loads its columns' final values from L2 before the consumers' pass, which re-reads the row
+    tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
+    reread = _input_bytes(group)
+    if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
+        hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
+        f["dram_bytes"] -= hits
+        f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group.N
     merges = B * width * len(cols)
     acc = max(c.acc.itemsize for c in cols)
     per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
-    tree = per_thread * (2 + max(0, d.ty.bit_length() - 1)) * 30 if d.ty > 1 else 0
+    steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
+    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
+    if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
+        # the partials' bytes: written back, read in this kernel from L2 where they fit (model/workspace.py);
+        # the round trips are the combine's cycles or the last block's tail
+        for key, nbytes in workspace_traffic(gpu, merges * acc).items():
+            f[key] = f.get(key, 0) + nbytes
     if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
-        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
-        share = math.ceil(width / (B * d.threads)) * len(cols)
-        f["sync_cycles"] = (2 + share * math.ceil(B / 4)) * gpu.l2_latency_cycles
+        lanes = combine_lanes(B, d.threads, width)
+        share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
+        shuffles = share * (lanes.bit_length() - 1) * 30
+        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / 4)) * gpu.l2_latency_cycles + shuffles
         last = 0
+        if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
+            f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+            f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
+            f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
-        f["dram_bytes"] += 2 * merges * acc
         f["atomics"] += B
         last = merges * acc + outputs
     else:
@@ -304,6 +345,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         f["same_address"] = B
         f["atomic_dtype"] = max((c.acc for c in cols), key=lambda a: a.itemsize).name
         last = width * len(cols) * 2 * acc + outputs
+    if any(d.merges[k] == MergeMode.ATOMIC_GRID for k in owners):  # poly/column_stitch.py
+        f["atomics"] += B  # the departures
+        f["grid_syncs"] = 1  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+        f["sync_cycles"] = (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles  # the wait, then the columns
+        f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+        last = width * len(cols) * acc  # the last to depart resets the workspace
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)

@@ -8,14 +8,28 @@ cache blocking), so the target routes it there: `np.einsum(..., optimize=True)` 
 which calls the BLAS gemm through `tensordot`, into the group's output buffer.
 
 Preconditions for a group to go to BLAS, each checked by `blas_call` (None when one fails):
-  1. the group is one contraction statement (nothing fused after it: no epilogue, not stitched);
+  1. the group is one contraction statement (nothing fused after it: no epilogue, not stitched;
+     `split_for_blas` first splits the groups it can into such groups);
   2. its operands and result are float32 or float64, all the same dtype (BLAS's sgemm / dgemm;
      16-bit and integer contractions stay generated, with their float32 / int32 accumulators);
   3. each factor of the product is a stored tensor read whole from memory, seen through views
      only (transposes, reshapes): no producer is fused into the operand;
   4. it does at least `BLAS_MIN_FLOPS` flops (2 M N K): below that, a generated kernel's single
-     pass costs about what the call into numpy does.
+     pass costs about what the call into numpy does (np.matmul: about 1 us on 8 x 32 x 64, where
+     the generated dot products took 15-30 us, measured on the exported models).
 The rule lives here alone; a fitted CPU model may replace precondition 4.
+
+The call is `np.matmul` over the operands' views arranged as (batch, rows, contracted) and
+(batch, contracted, columns), the einsum's labels sorted into those roles once (`BlasCall`);
+np.einsum's path search costs about 10 us a call.
+
+`split_for_blas(group)`: a group the planner made of several statements runs as one kernel per
+statement where that lets BLAS take its contractions; it is one of (each checked):
+  S1. a contraction `blas_call` accepts alone and one element-wise (MAP) consumer of it, as an
+      epilogue group or a stitched row: the consumer then reads the stored product (a MAP
+      kernel). A stitched group with another reduction (a softmax row) keeps its rows on chip;
+  S2. a horizontal group (neither stitched nor an epilogue) of contractions, each of which
+      `blas_call` accepts alone.
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
@@ -36,9 +50,10 @@ import numpy as np
 
 from ..frontend.tensor import Tensor
 from ..poly.program import KernelGroup
+from ..poly.statement import Form
 from .contraction import is_contraction
 
-BLAS_MIN_FLOPS = 1 << 24  # 2 M N K: e.g. 256 x 256 x 256
+BLAS_MIN_FLOPS = 1 << 12  # 2 M N K: e.g. 8 x 16 x 16
 
 
 @dataclass(frozen=True)
@@ -52,24 +67,96 @@ class Operand:
 
 
 @dataclass(frozen=True)
+class MatmulForm:
+    """The einsum `a,b->out` as one np.matmul: each operand transposed to (batch, own, contracted)
+    labels (b: (batch, contracted, own)) and reshaped to 3-D; the product's (batch, a's own,
+    b's own) labels transposed back to `out`'s order by `perm`."""
+
+    a_perm: tuple[int, ...]
+    a_shape: tuple[int, int, int]
+    b_perm: tuple[int, ...]
+    b_shape: tuple[int, int, int]
+    mid_shape: tuple[int, ...]
+    perm: tuple[int, ...]
+
+
+def matmul_form(subscripts: str, shapes: tuple[tuple[int, ...], ...]) -> MatmulForm | None:
+    """The matmul of an einsum over two operands, or None where a label is summed in one operand
+    alone (no matmul role).
+
+    >>> matmul_form("ab,bc->ac", ((2, 3), (3, 4))).a_shape
+    (1, 2, 3)
+    """
+    (sa, sb), out = subscripts.split("->")[0].split(","), subscripts.split("->")[1]
+    ext = dict(zip(sa, shapes[0])) | dict(zip(sb, shapes[1]))
+    batch = [c for c in out if c in sa and c in sb]
+    own_a, own_b = [c for c in out if c in sa and c not in sb], [c for c in out if c in sb and c not in sa]
+    con = [c for c in sa if c in sb and c not in out]
+    if any(c not in out and c not in sb for c in sa) or any(c not in out and c not in sa for c in sb):
+        return None
+
+    def n(labels) -> int:
+        return math.prod(ext[c] for c in labels)
+
+    order = batch + own_a + own_b
+    return MatmulForm(
+        tuple(sa.index(c) for c in batch + own_a + con),
+        (n(batch), n(own_a), n(con)),
+        tuple(sb.index(c) for c in batch + con + own_b),
+        (n(batch), n(con), n(own_b)),
+        tuple(ext[c] for c in order),
+        tuple(order.index(c) for c in out),
+    )
+
+
+def _strided(op: Operand, itemsize: int, perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple | None:
+    """(shape, byte strides) of operand `op`'s matmul view of its flat buffer, found once on a
+    stand-in array; None where a step of the chain copies (then each call builds the view)."""
+    base = np.empty(op.shape, np.dtype(f"u{itemsize}"))
+    v = base
+    for kind, arg in op.views:
+        v = v.transpose(arg) if kind == "transpose" else v.reshape(arg)
+    v = v.squeeze(tuple(k for k, e in enumerate(v.shape) if e == 1)).transpose(perm).reshape(shape)
+    same = v.__array_interface__["data"][0] == base.__array_interface__["data"][0] and np.shares_memory(v, base)
+    return (v.shape, v.strides) if same else None
+
+
+@dataclass(frozen=True)
 class BlasCall:
-    """`out = einsum(subscripts, *operands)`, reshaped to `out_shape`, into buffer `out_key`."""
+    """`out = einsum(subscripts, *operands)`, reshaped to `out_shape`, into buffer `out_key`,
+    computed as `form` (one np.matmul) where it has one."""
 
     subscripts: str
     operands: tuple[Operand, ...]
     out_key: str
     out_shape: tuple[int, ...]
     flops: int
+    form: MatmulForm | None = None
+    strided: tuple | None = None  # each operand's (shape, strides) under `form`, where no step copies
 
     def run(self, arrays: list[np.ndarray], out: np.ndarray) -> None:
         """Compute into `out` (flat, the group's output buffer) from the operands' flat buffers."""
+        f, st = self.form, self.strided
+        if st is not None:  # the views precomputed: about 1 us of Python around the matmul
+            (sa, da), (sb, db) = st
+            a, b = np.ndarray(sa, arrays[0].dtype, arrays[0], 0, da), np.ndarray(sb, arrays[1].dtype, arrays[1], 0, db)
+            if f.perm == tuple(range(len(f.perm))):
+                np.matmul(a, b, out=out.reshape(a.shape[0], a.shape[1], b.shape[2]))
+            else:
+                np.copyto(out.reshape(self.out_shape), np.matmul(a, b).reshape(f.mid_shape).transpose(f.perm))
+            return
         views = []
         for op, a in zip(self.operands, arrays):
             v = a.reshape(op.shape)
             for kind, arg in op.views:
                 v = v.transpose(arg) if kind == "transpose" else v.reshape(arg)
             views.append(v.squeeze(tuple(k for k, e in enumerate(v.shape) if e == 1)))
-        r = np.einsum(self.subscripts, *views, optimize=True)
+        if f is None:
+            r = np.einsum(self.subscripts, *views, optimize=True)
+        else:
+            a = views[0].transpose(f.a_perm).reshape(f.a_shape)
+            b = views[1].transpose(f.b_perm).reshape(f.b_shape)
+            r = np.matmul(a, b).reshape(f.mid_shape).transpose(f.perm)
         np.copyto(out.reshape(self.out_shape), r.reshape(self.out_shape), casting="same_kind")
 
     def describe(self) -> str:
@@ -117,4 +204,34 @@ def blas_call(group: KernelGroup) -> BlasCall | None:
     axes = set(node.attr("axes"))
     subs = ["".join(c for c, e in zip(letters, f.shape) if e != 1) for f in prod.inputs]
     out = "".join(c for k, c in enumerate(letters) if k not in axes and prod.shape[k] != 1)
-    return BlasCall(f"{subs[0]},{subs[1]}->{out}", tuple(operands), f"out:{node.uid}", tuple(node.shape), flops)
+    sub = f"{subs[0]},{subs[1]}->{out}"
+    shapes = tuple(tuple(e for e in f.shape if e != 1) for f in prod.inputs)
+    form = matmul_form(sub, shapes)
+    strided = None
+    if form is not None:
+        size = node.dtype.itemsize
+        pair = (_strided(operands[0], size, form.a_perm, form.a_shape),
+                _strided(operands[1], size, form.b_perm, form.b_shape))  # fmt: skip
+        strided = pair if None not in pair else None
+    return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided)
+
+
+def split_for_blas(group: KernelGroup) -> tuple[KernelGroup, ...]:
+    """`group` as one group per statement where that lets BLAS run its contractions (module
+    docstring: S1-S2), else `(group,)`.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> a, b = pn.placeholder((64, 64), name="a"), pn.placeholder((64, 64), name="b")
+    >>> g = lower(pn.maximum(a @ b, 0.0), stop_after="groups", target="emulator").groups[0]
+    >>> [len(x.statements) for x in split_for_blas(g)] if g.epilogue else [1, 1]
+    [1, 1]
+    """
+    if len(group.statements) < 2:
+        return (group,)
+    alone = tuple(KernelGroup((st,)) for st in group.statements)
+    if group.stitched or group.epilogue:  # S1: one contraction and one element-wise consumer
+        ok = len(alone) == 2 and blas_call(alone[0]) is not None and group.statements[1].form == Form.MAP
+    else:  # S2: independent contractions
+        ok = all(blas_call(g) is not None for g in alone)
+    return alone if ok else (group,)

@@ -30,32 +30,47 @@ from ..model.cpu import (
     limit_us,
 )
 from ..poly.program import KernelGroup
-from ..poly.statement import StatementKind
+from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
+from .cpu_reuse import Reuse, saved_work
 
 # Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
 # a NaN-propagating max / min is a compare and a blend; an argmax key orders the float's bits
 # and packs the index), for the body's operations and the reduction's combine.
 OP_WEIGHT = {"maximum": 2.0, "minimum": 2.0, "argkey_max": 2.0, "argkey_min": 2.0}
 COMBINE_WEIGHT = {"max": 2.0, "min": 2.0}
+# A float16 value converted to or from float (runtime/cuda_emulation.h: exact, branch-free, about
+# ten integer SIMD instructions; bfloat16 is one shift) costs this many cheap operations more: a
+# float16 load, store or rounding cast. Fitted on softmax 64x30522 float16 against bfloat16.
+F16_CONVERT = 2.0
+# A float16 store (pn_emu_f2h: the rounding in float arithmetic, then the bits; ~12 instructions
+# where the load's pn_emu_h2f has ~12 and the former integer rounding ~25): layer_norm 1024x768
+# float16's kernel measured 949 -> 840 us on one thread when the store became this.
+F16_STORE = 1.0
 MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
 
 
-def _ops(body, reads, on_chip) -> tuple[float, float, float]:
+def _ops(body, reads, on_chip, reciprocal: bool = False) -> tuple[float, float, float]:
     """Operations per element of `body`: those that depend on a value loaded from memory (what
     depends only on constants and the group's own results, such as a row's 1/sqrt(sum), is
-    hoisted out of the SIMD loop by the compiler)."""
+    hoisted out of the SIMD loop by the compiler). `reciprocal`: a float division by such a
+    value is a product with its reciprocal (a stitched row's later passes, codegen/cpu_kernel.py)."""
     varying: set[int] = set()
     cheap = trans = div = 0.0
     for e in body.walk():
         if e.op == "load" and reads[e.read].memory and reads[e.read].tensor.uid not in on_chip:
             varying.add(id(e))
+            cheap += F16_CONVERT if reads[e.read].tensor.dtype.name == "float16" else 0.0
         elif any(id(a) in varying for a in e.args):
             varying.add(id(e))
         if e.op in FREE or id(e) not in varying:
             continue
+        if e.op == "cast" and e.dtype.name == "float16":
+            cheap += 2 * F16_CONVERT  # to float16 and back
         if e.op in TRANSCENDENTAL:
             trans += 1
+        elif reciprocal and e.op == "div" and e.dtype.is_float and id(e.args[1]) not in varying:
+            cheap += 1
         elif e.op in DIVISION:
             div += 1
         else:
@@ -63,8 +78,9 @@ def _ops(body, reads, on_chip) -> tuple[float, float, float]:
     return cheap, trans, div
 
 
-def work(g: KernelGroup) -> CpuWork:
-    """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element."""
+def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
+    """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
+    `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing."""
     stmts = g.statements
     on_chip = g.on_chip
     inputs: dict[int, int] = {}
@@ -81,15 +97,24 @@ def work(g: KernelGroup) -> CpuWork:
     write_bytes = sum(t.size * t.dtype.itemsize for t in written)
     space = max(g.M * g.N, 1)  # operations per point of the group's M x N space, over its statements
     cheap = trans = div = 0.0
+    lv = levels(stmts) if g.stitched else {}
     for s in stmts:
         share = math.prod(s.extents) / space
-        c, t, d = _ops(s.body, s.reads, on_chip)
+        body = s.body
+        if s.kind == StatementKind.MAP and s.result.dtype.name == "float16":  # its store (and no final cast)
+            body = body.args[0] if body.op == "cast" and body.args[0].dtype.compute == "float" else body
+        c, t, d = _ops(body, s.reads, on_chip, s.kind == StatementKind.MAP and lv.get(s.name, 0) > 0)
+        c += F16_STORE if s.kind == StatementKind.MAP and s.result.dtype.name == "float16" else 0.0
         if s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
             fma = s.combiner.name == "sum" and s.body.op == "mul"
             c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
         cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
     passes = max(levels(stmts).values(), default=0) + 1 if g.stitched else 1
     row_bytes = sum(inputs.values())
+    kept = 0
+    if reuse:
+        c, t, d, kept = saved_work(g, reuse)
+        cheap, trans, div = max(cheap - c, 0.0), max(trans - t, 0.0), max(div - d, 0.0)
     struct = any(stmts[k].acc.is_struct and stmts[k].combiner.name != WELFORD.name for k in g.accumulators)
     width = max((s.acc.itemsize for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
     return CpuWork(
@@ -101,15 +126,16 @@ def work(g: KernelGroup) -> CpuWork:
         cheap=cheap,
         transcendental=trans,
         division=div,
-        reread_bytes=(passes - 1) * row_bytes,
+        reread_bytes=max((passes - 1) * row_bytes + kept, 0),
         struct=struct,
         width=width,
+        row_combines=len(g.accumulators) if g.form in (Form.ROW, Form.ALL) else 0,
     )
 
 
 def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
     """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision)."""
-    return kernel_time(work(g), m, d.tasks, d.split, threads, d.lanes)
+    return kernel_time(work(g, d.reuse), m, d.tasks, d.split, threads, d.lanes)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int) -> int:

@@ -38,6 +38,7 @@ from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cpu_reuse import Reuse, choose
 
 # A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
 # accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
@@ -96,7 +97,9 @@ class CpuDecision:
     (1: none); chunk: reduced iterations per chunk; block: kept outputs per task (COLUMN, else
     1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator;
     merge: how a split reduction's partials are merged; inner: reduced iterations a task scans
-    into fresh block accumulators before merging them into its own (the precision of long sums)."""
+    into fresh block accumulators before merging them into its own (the precision of long sums);
+    reuse: values a stitched row stores in one pass and reads back in later ones
+    (schedule/cpu_reuse.py)."""
 
     form: Form
     M: int
@@ -108,6 +111,7 @@ class CpuDecision:
     lanes: int
     merge: CpuMerge = CpuMerge.NONE
     inner: int = INNER
+    reuse: tuple[Reuse, ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -117,7 +121,9 @@ class CpuDecision:
     def describe(self) -> str:
         return (
             f"{self.form} M={self.M} N={self.N} split={self.split} chunk={self.chunk} block={self.block} "
-            f"threads={self.threads} lanes={self.lanes}" + (f" merge={self.merge}" if self.split > 1 else "")
+            f"threads={self.threads} lanes={self.lanes}"
+            + (f" merge={self.merge}" if self.split > 1 else "")
+            + "".join(f" reuse={r.ops}" for r in self.reuse)
         )
 
 
@@ -159,6 +165,7 @@ def map_cpu(
     bits do not depend on the threads or the run."""
     form, M, N = group.form, group.M, group.N
     lanes = _lanes(group, machine.simd_bytes)
+    model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
     if form == Form.MAP or group.stitched:
         s = 1
@@ -167,9 +174,10 @@ def map_cpu(
     else:  # the CPU model's choice (schedule/cpu_cost.py, model/cpu.py)
         from .cpu_cost import best_split
 
-        s = best_split(group, model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name), lanes, block)
+        s = best_split(group, model, lanes, block)
     chunk = math.ceil(N / s)
     if s > 1:  # chunks start on whole SIMD vectors
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
-    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes, merge_mode(group, s, deterministic))
+    merge = merge_mode(group, s, deterministic)
+    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes, merge, reuse=choose(group, model))

@@ -20,6 +20,7 @@ from .task import TaskMapping, serial, spatial
 MAX_GRID_Y = 65535
 MAX_GRID_X = 2**31 - 1
 MAX_THREADS = 1024
+MAX_UNROLL = 32  # loop copies per step a saved decision may ask (derived.unroll_for chooses at most 4)
 
 
 class MergeMode(StrEnum):
@@ -31,6 +32,9 @@ class MergeMode(StrEnum):
     # each block writes its partial; after a grid-wide wait (every block resident: a cooperative
     # launch) every block combines its share of the outputs in a fixed order (column partials)
     PARTIALS_GRID = "partials_grid"
+    # one atomic per block into a resident workspace; after a grid-wide wait (a cooperative launch)
+    # every block reads the merged values (columns read in their kernel, poly/column_stitch.py)
+    ATOMIC_GRID = "atomic_grid"
 
 
 class Residence(StrEnum):
@@ -135,7 +139,8 @@ class Decision:
         """A stitched group split across blocks: its blocks wait for each other, so all of them
         must be resident at once (a cooperative launch), unless they are one thread-block
         cluster; so must the blocks of column partials merged after a grid-wide wait."""
-        return self.stitched and ((self.split > 1 and self.cluster == 1) or MergeMode.PARTIALS_GRID in self.merges)
+        grid = MergeMode.PARTIALS_GRID in self.merges or MergeMode.ATOMIC_GRID in self.merges
+        return self.stitched and ((self.split > 1 and self.cluster == 1) or grid)
 
     @property
     def needs_last_block(self) -> bool:

@@ -32,10 +32,49 @@ def unroll_for(vec: int, iterations: int) -> int:
     return max(1, min(4, 32 // vec, iterations))
 
 
+def atomicless(statements) -> bool:
+    """Whether a reduction among `statements` (static or parametric) has a combiner no atomic
+    merges (struct accumulators: Welford, online softmax): its split merges its block partials
+    through the last block."""
+    return any(st.combiner is not None and st.combiner.atomic(st.acc) == AtomicStrategy.NONE for st in statements)
+
+
 def struct_accumulators(group: KernelGroup) -> bool:
     """A reduction no atomic merges (struct accumulators: Welford, online softmax) always merges
     its block partials through the last block."""
-    return any(st.combiner is not None and st.combiner.atomic(st.acc) == AtomicStrategy.NONE for st in group.statements)
+    return atomicless(group.statements)
+
+
+def partials_options(statements, deterministic: bool) -> tuple[bool, ...]:
+    """How a split may merge, partials (True) or atomics (False), atomics first: partials only
+    when `deterministic` or a combiner has no atomic (`atomicless`); the model picks among them."""
+    return (True,) if deterministic or atomicless(statements) else (False, True)
+
+
+def merge_of(kind: StatementKind, split: int, partials: bool) -> MergeMode:
+    """One statement's merge: STORE without a split (`split` partials per output) or for an
+    element-wise statement, else through the last block's partials or atomics into a workspace.
+    The static kernel groups (`merges_for`) and the parametric class plans
+    (schedule/param_mapping.py) decide by it."""
+    if split == 1 or kind == StatementKind.MAP:
+        return MergeMode.STORE
+    return MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
+
+
+def vector_atomic(gpu: GPUSpec, form: Form, vec: int, divides: bool, merge: MergeMode, st) -> bool:
+    """Whether statement `st` (static or parametric) merges `vec` adjacent outputs per atomic: a
+    COLUMN thread's float32 sums as one float2/float4 atomicAdd where the GPU has them (sm_90),
+    merged by atomics, every thread's outputs all in range (`divides`: vec divides M)."""
+    return bool(
+        gpu.vector_atomics
+        and form == Form.COLUMN
+        and vec in (2, 4)
+        and divides
+        and merge == MergeMode.ATOMIC_WS
+        and st.combiner is not None
+        and st.combiner.vector_atomic
+        and st.acc.name == "float32"
+    )
 
 
 def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMode, ...]:
@@ -50,11 +89,7 @@ def merges_for(group: KernelGroup, split: int, partials: bool) -> tuple[MergeMod
     partials = partials or group.stitched
 
     def one(k: int, st) -> MergeMode:
-        if k in columns:
-            return col_mode
-        if split == 1 or st.kind == StatementKind.MAP:
-            return MergeMode.STORE
-        return MergeMode.PARTIALS if partials else MergeMode.ATOMIC_WS
+        return col_mode if k in columns else merge_of(st.kind, split, partials)
 
     return tuple(one(k, st) for k, st in enumerate(group.statements))
 
@@ -65,18 +100,8 @@ def atomic_vec_for(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[Mer
     outputs are all in range (vec divides M); everything else merges one output per atomic."""
 
     def one(k: int, st) -> int:
-        ok = (
-            gpu.vector_atomics
-            and group.form == Form.COLUMN
-            and vec in (2, 4)
-            and group.M % vec == 0
-            and merges[k] == MergeMode.ATOMIC_WS
-            and group.accumulator_of[k] == k
-            and st.combiner is not None
-            and st.combiner.vector_atomic
-            and st.acc.name == "float32"
-        )
-        return vec if ok else 1
+        own = group.accumulator_of[k] == k
+        return vec if own and vector_atomic(gpu, group.form, vec, group.M % vec == 0, merges[k], st) else 1
 
     return tuple(one(k, st) for k, st in enumerate(group.statements))
 
@@ -103,6 +128,16 @@ def levels_for(group: KernelGroup) -> tuple[int, ...]:
     if group.columns:
         lv = column_levels(group.statements, lv)
     return tuple(lv[s.name] for s in group.statements)
+
+
+def workspace_dtype(st, mode: MergeMode) -> dtypes.DType:
+    """The element type of statement `st`'s (static or parametric) merge workspace under `mode`:
+    its accumulator's, or for float max/min merged by integer atomics (AtomicStrategy.ORDERED)
+    the integer images' (int32 of float32, int64 of float64: codegen/header.py pn_ordered)."""
+    atomics = mode in (MergeMode.ATOMIC_WS, MergeMode.ATOMIC_GRID)  # merged by atomics, not partials
+    if atomics and st.combiner.atomic(st.acc) == AtomicStrategy.ORDERED:
+        return dtypes.int32 if st.acc.itemsize == 4 else dtypes.int64
+    return st.acc
 
 
 def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> tuple[BufferSpec, ...]:
@@ -136,6 +171,7 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
     for k, (s, mode) in enumerate(zip(stmts, merges)):
         res = s.result
         on_chip = res.uid in group.on_chip and s.kind == StatementKind.REDUCE and res.uid not in group.external
+        on_chip = on_chip and not (group.consumed and k in group.columns)  # every block reads it back
         if not on_chip:
             out.append(
                 BufferSpec(
@@ -148,14 +184,58 @@ def kernel_buffers(group: KernelGroup, name: str, merges, split: int, grid) -> t
             size = s.M * (split if partials else 1)
             if s.form == Form.COLUMN and group.stitched:  # column partials: one per launched block
                 size = s.result.size * (grid[0] if partials else 1)
-            ws = s.acc
-            if not partials and s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:  # integer images
-                ws = dtypes.int32 if s.acc.itemsize == 4 else dtypes.int64
+            ws = workspace_dtype(s, mode)
             out.append(BufferSpec(f"ws:{name}:{k}", ws.c_type, ws, size, role, f"ws{k}", k))
     if any(m != MergeMode.STORE for m in merges):
         n = 2 if group.columns else grid[0] * (2 if group.stitched else 1)
         out.append(BufferSpec(f"cnt:{name}", "unsigned", None, n, BufferRole.COUNTER, "pn_counter"))
     return tuple(out)
+
+
+def combine_lanes(blocks: int, threads: int, columns: int) -> int:
+    """Threads that sum one column's partials after a grid-wide wait (PARTIALS_GRID): the most, a
+    power of two up to a warp, with every column still taken in one sweep of the grid's threads.
+    Lane l sums partials l, l + lanes, ... in block order; the lanes then combine by shuffles in a
+    fixed tree (LayerNorm backward 4096 x 4096 on 132 blocks of 256: 8 lanes of 17 loads each,
+    where one thread per column made 132 dependent-in-turn loads, 4 in flight).
+
+    >>> combine_lanes(132, 256, 4096), combine_lanes(132, 256, 65536), combine_lanes(4, 256, 8)
+    (8, 1, 32)
+    """
+    lanes = 1
+    while lanes < 32 and blocks * threads // (2 * lanes) >= columns:
+        lanes *= 2
+    return lanes
+
+
+COLUMN_TREE_BYTES = 8192  # shared memory a block's rows reduce their column partials through, per chunk
+
+
+def tree_chunk(threads: int, partials: int, acc_bytes: int) -> int:
+    """Column partials of one statement a block's rows reduce together (codegen/column_partials.py,
+    `pn_reduce_y_all`): every thread stores that many to shared memory, one barrier, then each
+    thread sums a share of the (partial, column) pairs over the block's rows; within
+    `COLUMN_TREE_BYTES`.
+
+    >>> tree_chunk(256, 16, 4), tree_chunk(256, 4, 4), tree_chunk(1024, 16, 8)
+    (8, 4, 1)
+    """
+    return max(1, min(partials, COLUMN_TREE_BYTES // (threads * acc_bytes)))
+
+
+def column_tree_cycles(partials: int, ty: int, chunk: int) -> int:
+    """Cycles of the reduction of one statement's `partials` register partials over a block's
+    `ty` rows, `chunk` at a time: per chunk three barriers and shared-memory round trips (30
+    cycles each: store, sum over the rows, read back), and about three shared-memory accesses
+    per partial (its store, its share of the sums, its read). The tree it replaces paid 2 +
+    log2(ty) round trips for every partial in turn.
+
+    >>> column_tree_cycles(16, 2, 8), column_tree_cycles(16, 1, 8)
+    (228, 0)
+    """
+    if ty <= 1:
+        return 0
+    return -(-partials // chunk) * 3 * 30 + 3 * partials
 
 
 def co_resident(gpu: GPUSpec, threads: int) -> int:

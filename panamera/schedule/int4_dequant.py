@@ -126,7 +126,21 @@ def nibbles(e: Expr, st, kind: str, vec: int, access: tuple) -> Nibbles | str:
     return Nibbles(packed=ra, scale=scale, zero=z, flip=lo_parity)
 
 
+_PROVEN: dict[tuple[int, int, int, int], tuple[object, bool]] = {}  # id(st), iota, packed, vec -> (st, proven)
+
+
 def _proven(st, iota: int, packed: int, vec: int) -> bool:
+    """`_prove`, once per statement and vector width (the mapper asks for every tensor-core candidate)."""
+    key = (id(st), iota, packed, vec)
+    hit = _PROVEN.get(key)
+    if hit is None or hit[0] is not st:  # the statement itself is kept: an id is never reused while cached
+        if len(_PROVEN) > 512:
+            _PROVEN.clear()
+        hit = _PROVEN[key] = (st, _prove(st, iota, packed, vec))
+    return hit[1]
+
+
+def _prove(st, iota: int, packed: int, vec: int) -> bool:
     """isl: iota(i, j) = j mod 2 on the domain, and for the packed read's address a(i, j) -
     floor(j / 2) is constant across each aligned group of vec lanes, a(i, j) = 0 mod vec / 2 at
     its first lane."""

@@ -2,10 +2,12 @@
 
 The block shape of fused attention (schedule/attention.py: rows per tile, vector loads, lanes per
 key, unroll) depends only on static extents; the key split and the merge depend on the key
-length (and the batch). For a size class (schedule/size_class.py) the candidates are the static
-plan's at the class's representative size, each split capped at the class's smallest key length
-(every block of every call then owns at least one key: the kernel divides a call's keys evenly
-among its `split` blocks). Each candidate is costed with schedule/attention.py's model at the
+length (and the batch). For a size class (schedule/size_class.py) the candidates are every split
+(not only the static plan's powers of two) within the static model's limits over the class
+(schedule/attention.py `split_limits`: a key step per block at the class's most keys, one wave of
+blocks), capped at the class's smallest key length (every block of every call then owns at least
+one key: the kernel divides a call's keys evenly among its `split` blocks), with either merge.
+Each candidate is costed with schedule/attention.py's model at the
 class's samples (smallest, representative, largest sizes) and divided by the static plan's
 figure at that size; the one whose worst ratio is least is kept, as schedule/param_mapping.py
 does for the other kernels.
@@ -28,9 +30,9 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, sequence_s
 from ..poly.param_attention import SymbolicAttention
-from .attention import AttentionPlan, _costs, plan_attention
+from .attention import AttentionPlan, _costs, plan_attention, split_limits
 from .size_class import SizeClass
 
 
@@ -53,10 +55,13 @@ class AttentionClassPlan:
         )
 
 
-def _us(a: SymbolicAttention, sizes: dict[str, int], gpu: GPUSpec, base: AttentionPlan, split: int, n: int) -> float:
+def split_us(
+    a: SymbolicAttention, sizes: dict[str, int], gpu: GPUSpec, base: AttentionPlan, split: int, n: int
+) -> float:
+    """The modeled µs of `base`'s block shape with `split` blocks per row tile and `n` launches at `sizes`."""
     c = a.at(sizes)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, n)
-    return sum(x.total_s for x in costs) * 1e6
+    return sequence_s(costs, gpu) * 1e6
 
 
 def plan_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec) -> AttentionClassPlan:
@@ -66,11 +71,16 @@ def plan_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec) -> AttentionC
     k_len = a.node.inputs[1].shape[2]
     samples = [s for s in cls.samples() if all(v > 0 for v in s.values())]
     fewest = min(symbolic_at(k_len, s) for s in samples)
-    candidates = sorted({(min(s, fewest), n if min(s, fewest) > 1 else 1) for s, n, _ in base.considered})
+    limits = [split_limits(a.at(s), gpu) for s in samples]
+    # every split some static plan of the class could weigh (a key step per block at its largest
+    # keys, one wave of blocks at its largest batch), each block owning a key at the fewest keys:
+    # not only the powers of two (a split of 3 serves T in [32, 64) within 1.05 of each static plan)
+    top = min(fewest, max(m for m, _ in limits), min(r for _, r in limits))
+    candidates = [(1, 1)] + [(s, n) for s in range(2, top + 1) for n in (1, 2)]
     static = [plan_attention(a.at(s), gpu).modeled_us for s in samples]
     best, worst = None, math.inf
     for split, n in candidates:
-        w = max(_us(a, s, gpu, base, split, n) / ref for s, ref in zip(samples, static))
+        w = max(split_us(a, s, gpu, base, split, n) / ref for s, ref in zip(samples, static))
         if w < worst - 1e-12:
             best, worst = (split, n), w
     split, n = best
@@ -95,7 +105,7 @@ def replay_class(a: SymbolicAttention, cls: SizeClass, gpu: GPUSpec, split: int,
     base = plan_attention(a.at(rep), gpu)
     c = a.at(rep)
     costs = _costs(c, gpu, base.vec, base.lanes, base.slots, base.unroll, base.rows_per_tile, split, launches)
-    worst = max(_us(a, s, gpu, base, split, launches) / plan_attention(a.at(s), gpu).modeled_us for s in samples)
+    worst = max(split_us(a, s, gpu, base, split, launches) / plan_attention(a.at(s), gpu).modeled_us for s in samples)
     plan = dataclasses.replace(base, split=split, launches=launches, chunk=math.ceil(c.Lk / split), costs=costs)
     return AttentionClassPlan(cls, plan, round(worst, 4))
 

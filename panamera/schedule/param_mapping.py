@@ -21,12 +21,15 @@ import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
-from ..algebra import AtomicStrategy
 from ..frontend import symbolic
-from ..model.gpu import GPUSpec, kernel_time
+from ..model.gpu import GPUSpec
+from ..poly.access import vector_widths
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
+from .bound import as_decision, bound
+from .cost import decision_cost
 from .decision import MergeMode
+from .derived import merge_of, partials_options, unroll_for, vector_atomic
 from .size_class import SizeClass
 
 MAP_THREADS = 256
@@ -45,6 +48,7 @@ class ParamDecision:
     merge: MergeMode
     modeled_us: float = 0.0
     atomic_vec: int = 1  # outputs per atomic merge (a COLUMN thread's float2/float4 atomicAdd on sm_90)
+    unroll: int = 1  # copies of the innermost loop's body per step: vector loads in flight per thread
 
     @property
     def threads(self) -> int:
@@ -59,12 +63,13 @@ class ParamDecision:
     def from_dict(d: dict) -> ParamDecision:
         return ParamDecision(
             str(d["statement"]), str(d["form"]), int(d["tx"]), int(d["ty"]), int(d["split"]), int(d["vec"]),
-            MergeMode(d["merge"]), float(d.get("modeled_us", 0.0)), int(d.get("atomic_vec", 1)),
+            MergeMode(d["merge"]), float(d.get("modeled_us", 0.0)), int(d.get("atomic_vec", 1)), int(d.get("unroll", 1)),
         )  # fmt: skip
 
     def describe(self) -> str:
         atomics = f" atomic_vec={self.atomic_vec}" if self.atomic_vec > 1 else ""
-        return f"{self.form} block=({self.tx},{self.ty}) split={self.split} vec={self.vec} merge={self.merge}{atomics}"
+        unroll = f" unroll={self.unroll}" if self.unroll > 1 else ""
+        return f"{self.form} block=({self.tx},{self.ty}) split={self.split} vec={self.vec} merge={self.merge}{atomics}{unroll}"
 
     def grid(self, M: int) -> tuple[int, int]:  # noqa: N803
         """The grid at the bound canonical extent M."""
@@ -74,66 +79,42 @@ class ParamDecision:
             return max(1, math.ceil(M / (self.tx * self.vec))), self.split
         return max(1, math.ceil(M / self.ty)), self.split
 
+    def iterations(self, M: int, N: int) -> int:  # noqa: N803
+        """Steps of a thread's innermost loop at the bound canonical extents M, N (schedule/derived.py
+        `unroll_for` caps the unroll by them)."""
+        if self.form == Form.MAP:
+            return 1
+        if self.form == Form.COLUMN:
+            return max(1, math.ceil(N / (self.split * self.ty)))
+        return max(1, math.ceil(N / (self.vec * self.split * self.tx)))
+
 
 def widest_vec(s: PStatement, cls: SizeClass, registers: frozenset[int] = frozenset()) -> int:
     """The widest vector (16 bytes at most) every contiguous read can take in this class (reads
     of the tensors `registers`, a stitched group's own results, are registers, not loads)."""
     loads = [r.tensor.dtype.itemsize for r in s.reads if r.tensor.uid not in registers]
-    item = max(loads or [4])  # results are stored per lane
-    for v in (16 // item, 8 // item, 4 // item, 2, 1):
-        if v >= 1 and (v == 1 or cls.holds(s.vector_condition(v))):
-            return max(1, v)
+    for v in vector_widths(loads):  # the static mapper's widths (poly/access.py); results are stored per lane
+        if cls.holds(s.vector_condition(v)):
+            return v
     return 1
 
 
 def merge_mode(s: PStatement, split: int, deterministic: bool) -> MergeMode:
-    if split == 1:
-        return MergeMode.STORE
-    if deterministic or s.combiner.atomic(s.acc) == AtomicStrategy.NONE:
-        return MergeMode.PARTIALS
-    return MergeMode.ATOMIC_WS
+    """The merge a split of `split` blocks takes when the model has no choice (schedule/derived.py
+    `merge_of`, `partials_options`: partials where deterministic or no atomic merges the combiner)."""
+    return merge_of(s.kind, split, partials_options((s,), deterministic)[0])
 
 
 def atomic_width(s: PStatement, d: ParamDecision, gpu: GPUSpec) -> int:
-    """Outputs per atomic merge: a COLUMN thread's `vec` adjacent float32 sums merge as one
-    float2/float4 atomicAdd where the GPU has them (sm_90); the class proved M a multiple of vec."""
-    ok = (
-        gpu.vector_atomics and s.form == Form.COLUMN and d.vec in (2, 4) and d.merge == MergeMode.ATOMIC_WS
-        and s.combiner.vector_atomic and s.acc.name == "float32"
-    )  # fmt: skip
-    return d.vec if ok else 1
-
-
-def tensor_bytes(tensors, sizes: dict[str, int]) -> int:
-    """Bytes of the distinct tensors read, each once from DRAM (a broadcast operand, a bias, is
-    re-read from cache), at the bound sizes."""
-    return sum(_at(t.size, sizes) * t.dtype.itemsize for t in tensors)
+    """Outputs per atomic merge (schedule/derived.py `vector_atomic`): the class proved M a
+    multiple of vec (a COLUMN vector's condition, poly/params.py precondition 3)."""
+    return d.vec if vector_atomic(gpu, s.form, d.vec, True, d.merge, s) else 1
 
 
 def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
-    """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`."""
-    M = _at(s.M, sizes)  # noqa: N806
-    item = max([r.tensor.dtype.itemsize for r in s.reads] or [4])
-    read_bytes = tensor_bytes({r.tensor.uid: r.tensor for r in s.reads}.values(), sizes)
-    out_item = s.result.dtype.itemsize
-    gx, gy = d.grid(M)
-    if s.kind == StatementKind.MAP:
-        return kernel_time(gpu, dram_bytes=read_bytes + M * out_item, write_bytes=M * out_item,
-                           blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
-    split = d.split > 1
-    partials = d.merge == MergeMode.PARTIALS
-    width = d.atomic_vec
-    # as schedule/cost.py: one merge per output per block into a resident workspace (read back and
-    # reset by the last block) or the partials (all read by the last block), one arrival per block
-    ws_bytes = M * (d.split if partials else 2) * s.acc.itemsize if split else 0
-    merges = 0 if partials else (M // width) * d.split
-    cas = M * d.split if split and not partials and s.combiner.atomic(s.acc) == AtomicStrategy.CAS else 0
-    return kernel_time(
-        gpu, dram_bytes=read_bytes + M * out_item + ws_bytes, write_bytes=M * out_item,
-        blocks=gx * gy, threads=d.threads, bytes_in_flight_per_thread=d.vec * item,
-        atomics=(gx * gy + merges) if split else 0, same_address=d.split if split else 0, cas_atomics=cas,
-        atomic_dtype=s.acc.name if split and not partials else "",
-    )  # fmt: skip
+    """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`:
+    schedule/cost.py's, on the kernel's static view (schedule/bound.py)."""
+    return group_cost((s,), d, sizes, gpu, "single")
 
 
 def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: int, gpu: GPUSpec):  # noqa: N803
@@ -147,15 +128,17 @@ def candidates(s: PStatement, cls: SizeClass, deterministic: bool, N: int, M: in
             if not 32 <= tx * ty <= 1024:
                 continue
             along = N if s.form != Form.COLUMN else M
-            if s.form != Form.COLUMN and tx > 32 and tx * vec > 2 * max(1, along):
-                continue  # threads past the row's length idle
+            if tx > 32 and tx * vec > 2 * max(1, along):
+                continue  # threads past the row's length (a COLUMN block's columns) idle
             if s.form != Form.COLUMN and ty > 1 and ty > M:
                 continue  # rows of the block past the last row idle (ALL has one)
             for split in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
                 if split > 1 and split * (ty if s.form == Form.COLUMN else tx) * vec > max(1, N):
                     break
-                d = ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_mode(s, split, deterministic))
-                yield dataclasses.replace(d, atomic_vec=atomic_width(s, d, gpu))
+                for partials in partials_options((s,), deterministic) if split > 1 else (False,):
+                    d = ParamDecision(s.name, str(s.form), tx, ty, split, vec, merge_of(s.kind, split, partials))
+                    d = dataclasses.replace(d, unroll=unroll_for(vec, d.iterations(M, N)))
+                    yield dataclasses.replace(d, atomic_vec=atomic_width(s, d, gpu))
 
 
 def robust(cands, cost_at, cls: SizeClass) -> tuple[ParamDecision, object]:
@@ -173,12 +156,16 @@ def robust(cands, cost_at, cls: SizeClass) -> tuple[ParamDecision, object]:
     return cands[k], cost_at(cands[k], rep)
 
 
-def map_statement(s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool) -> ParamDecision:
+def map_statement(
+    s: PStatement, cls: SizeClass, gpu: GPUSpec, deterministic: bool, members: tuple[PStatement, ...] = (), kind=""
+) -> ParamDecision:
     """The mapping of `s` for its size class: the candidates (sized for the class's largest sizes)
-    weighed by the model over the class (`robust`)."""
+    weighed by the model over the class (`robust`); `members` and `kind`: the kernel `s` leads
+    (an epilogue group, siblings), costed whole."""
     top = cls.upper()
     M, N = _at(s.M, top), _at(s.N, top)  # noqa: N806
-    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), lambda d, p: cost(s, d, p, gpu), cls)
+    members, kind = members or (s,), kind or "single"
+    d, c = robust(candidates(s, cls, deterministic, N, M, gpu), costing(members, kind, gpu), cls)
     return _with_cost(d, c)
 
 
@@ -195,19 +182,9 @@ def group_name(members: tuple[PStatement, ...]) -> str:
 
 
 def stitched_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
-    """A stitched ROW group (poly/param_stitch.py): its inputs read once from DRAM (the second pass
-    over a row hits L2), the MAP result and the reductions' results written once."""
-    red, s = members[0], members[-1]
-    M, N = _at(red.M, sizes), _at(red.N, sizes)  # noqa: N806
-    tensors = {
-        r.tensor.uid: r.tensor for m in members for r in m.reads if r.tensor.uid not in {x.result.uid for x in members}
-    }
-    read_bytes = tensor_bytes(tensors.values(), sizes)
-    item = max([t.dtype.itemsize for t in tensors.values()] or [4])
-    out = M * N * s.result.dtype.itemsize + M * sum(m.result.dtype.itemsize for m in members[:-1])
-    gx, _ = d.grid(M)
-    return kernel_time(gpu, dram_bytes=read_bytes + out, write_bytes=out, l2_bytes=read_bytes,
-                       blocks=gx, threads=d.threads, bytes_in_flight_per_thread=d.vec * item)  # fmt: skip
+    """A stitched ROW group (poly/param_stitch.py) at `sizes`: schedule/cost.py's stitched cost
+    (its passes, their L2 or DRAM re-reads, the block reductions, the arithmetic)."""
+    return group_cost(members, d, sizes, gpu, "stitched")
 
 
 def map_group(
@@ -217,7 +194,7 @@ def map_group(
     stitched group's (ROW, no split: precondition 4 of poly/param_stitch.py; the narrowest vector
     any member can take)."""
     if kind != "stitched":
-        d = map_statement(members[0], cls, gpu, deterministic)
+        d = map_statement(members[0], cls, gpu, deterministic, members, kind)
         return dataclasses.replace(d, statement=group_name(members))
     top = cls.upper()
     red = members[0]
@@ -225,16 +202,30 @@ def map_group(
     own = frozenset(m.result.uid for m in members)
     vec = min(widest_vec(m if m.kind == StatementKind.REDUCE else m.as_rows_of(red), cls, own) for m in members)
     name = group_name(members)
-    cands = {
-        (d.tx, d.ty): ParamDecision(name, str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
-        for d in candidates(red, cls, deterministic, N, M, gpu)
-        if d.split == 1
-    }
-    d, c = robust(cands.values(), lambda d, p: stitched_cost(members, d, p, gpu), cls)
+    rows = {(d.tx, d.ty): ParamDecision(name, str(Form.ROW), d.tx, d.ty, 1, vec, MergeMode.STORE)
+            for d in candidates(red, cls, deterministic, N, M, gpu) if d.split == 1}  # fmt: skip
+    cands = [dataclasses.replace(d, unroll=unroll_for(vec, d.iterations(M, N))) for d in rows.values()]
+    d, c = robust(cands, costing(members, "stitched", gpu), cls)
     return _with_cost(d, c)
 
 
 def group_cost(members: tuple[PStatement, ...], d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec, kind: str):
-    """The modeled time of one kernel (an epilogue adds nothing the model sees: its loads and
-    stores are per output, not per element of the reduction)."""
-    return stitched_cost(members, d, sizes, gpu) if kind == "stitched" else cost(members[0], d, sizes, gpu)
+    """The modeled time of one kernel at `sizes`: the static model's (schedule/cost.py
+    `decision_cost`) of the kernel's static view (schedule/bound.py), so a class plan and a static
+    plan are weighed by the same terms."""
+    return costing(members, kind, gpu)(d, sizes)
+
+
+def costing(members: tuple[PStatement, ...], kind: str, gpu: GPUSpec):
+    """`group_cost` as a function of (decision, sizes) that builds the kernel's static view once
+    per sizes (the mapper weighs every candidate at the same few sizes)."""
+    views: dict[tuple, object] = {}
+
+    def cost_at(d: ParamDecision, sizes: dict[str, int]):
+        key = tuple(sorted(sizes.items()))
+        if key not in views:
+            views[key] = bound(members, kind, sizes)
+        group = views[key]
+        return decision_cost(group, gpu, as_decision(group, members, d, kind), d.merge == MergeMode.PARTIALS)
+
+    return cost_at

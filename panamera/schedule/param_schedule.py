@@ -11,10 +11,15 @@ against the program: statements, forms, vector widths the class proves).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
+from ..model.gpu import GPUSpec, chain_s
+from ..poly.params import PStatement
+from . import replay
+from .bound import as_decision, bound
 from .param_mapping import ParamDecision
 from .size_class import SizeClass
 
@@ -29,15 +34,24 @@ class ClassPlan:
     decisions: tuple[ParamDecision, ...]
     index_type: str  # int while every index of every size of the class fits
 
-    @property
-    def modeled_us(self) -> float:
-        """Modeled at the class's representative size."""
-        return sum(d.modeled_us for d in self.decisions)
+    def modeled_us(self, gpu: GPUSpec) -> float:
+        """Modeled at the class's representative size on `gpu`: the kernels back to back, each
+        after the first paying only the queued-launch gap, as a static plan is modeled
+        (model/gpu.py `sequence_s`, applied to each kernel's single-launch figure by `chain_s`).
 
-    def describe(self) -> str:
+        >>> from panamera.model.gpu import H100
+        >>> from panamera.schedule.decision import MergeMode
+        >>> d = ParamDecision("S0", "ROW", 32, 1, 1, 1, MergeMode.STORE, modeled_us=5.0)
+        >>> p = ClassPlan(SizeClass.of({"B": 3}, frozenset()), (d, d), "int")
+        >>> round(p.modeled_us(H100), 3) == round(10.0 - (H100.launch_s - H100.queued_s) * 1e6, 3)
+        True
+        """
+        return chain_s([d.modeled_us * 1e-6 for d in self.decisions], gpu) * 1e6
+
+    def describe(self, gpu: GPUSpec) -> str:
         rep = ", ".join(f"{k}={v}" for k, v in self.cls.representative().items())
         kernels = "; ".join(f"{d.statement}: {d.describe()}" for d in self.decisions)
-        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us:.2f} us modeled): {kernels}"
+        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us(gpu):.2f} us modeled): {kernels}"
 
     def to_dict(self) -> dict:
         return {"class": self.cls.key(), "index": self.index_type, "kernels": [d.to_dict() for d in self.decisions]}
@@ -49,6 +63,38 @@ class ClassPlan:
             tuple(ParamDecision.from_dict(k) for k in d["kernels"]),
             str(d["index"]),
         )
+
+
+def check_bound(
+    members: tuple[PStatement, ...], d: ParamDecision, kind: str, sizes: dict[str, int], gpu: GPUSpec,
+    deterministic: bool, at: str,
+) -> None:  # fmt: skip
+    """Class decision `d` of one kernel held to schedule/replay.py's rules at `sizes`, by replay's
+    own code on the kernel's static view (schedule/bound.py): launch (rule 2), vector bytes (3),
+    cover (4), merges (5), unroll (7) and vector atomics (8); a ScheduleError naming `at` and the rule.
+    The rules that read isl domains (access kinds, stitching levels) have their class forms in
+    panamera/dynamic.py `check_plan` (the vector proof) and poly/param_stitch.py.
+
+    >>> import panamera as pn
+    >>> from panamera.model.gpu import H100
+    >>> from panamera.poly.params import build
+    >>> from panamera.schedule.decision import MergeMode
+    >>> s = build((pn.sum(pn.placeholder(("B", 768), name="x"), axis=1),)).statements[0]
+    >>> d = ParamDecision("S0", "ROW", 32, 1, 2, 4, MergeMode.STORE)
+    >>> check_bound((s,), d, "single", {"B": 8}, H100, False, "kernel S0")
+    Traceback (most recent call last):
+    panamera.errors.ScheduleError: kernel S0: merge modes ['store'] are not legal here (legal: ['atomic_ws'])
+    """
+    view = bound(members, kind, sizes)
+    dec = dataclasses.replace(  # the plan's own unroll (unclamped) and vector atomics (its kernel's reduction's)
+        as_decision(view, members, d, kind), unroll=d.unroll, atomic_vec=(d.atomic_vec,) + (1,) * (len(members) - 1)
+    )
+    replay.check_launch(view, dec, gpu, at)
+    replay.check_vector_bytes(view, dec, at)
+    replay.check_cover(dec, at)
+    replay.check_merges(view, dec, deterministic, at)
+    replay.check_unroll(dec, at)
+    replay.check_atomics(view, dec, gpu, at)
 
 
 @dataclass(frozen=True)

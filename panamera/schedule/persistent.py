@@ -11,8 +11,11 @@ last row tile the block reduces its partials over its rows (ty) and merges one p
 column: an atomic into a resident workspace whose values the last block to arrive stores and
 resets (ATOMIC_WS), or (deterministic) its partials to ws[b * N + j], which the last block sums
 in block order (PARTIALS), or, after a grid-wide wait, every block sums its share of the columns
-in block order (PARTIALS_GRID: a cooperative launch, every block resident; the bits are the
-same). The blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
+with `derived.combine_lanes` threads per column (PARTIALS_GRID: a cooperative launch, every block
+resident; one fixed order, so bit-identical run to run, though not to PARTIALS' bits). Columns
+the group's own statements read (poly/column_stitch.py) merge after a grid-wide wait only:
+PARTIALS_GRID, or (not deterministic) ATOMIC_GRID, atomics that every block reads back. The
+blocks, threads and merge are the model's pick (schedule/cost.py `joined_cost`).
 
 Preconditions the mapping holds (`check`, also for a replayed decision), each a ScheduleError:
   1. whole rows (split 1), no register tile, direct loads (stages 1);
@@ -22,7 +25,8 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
      the bounds ask for room for `per_sm` = ceil(persistent / SMs) blocks per SM);
   4. every column statement merges (atomics, or partials where `deterministic` or a struct
      accumulator asks), every host statement stores;
-  5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident.
+  5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident; columns the group's
+     own statements read (poly/column_stitch.py) merge only that way (checked as 4).
 """
 
 from __future__ import annotations
@@ -89,8 +93,12 @@ def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
 def merge_options(group: KernelGroup, partials_only: bool, resident: bool) -> list[tuple[MergeMode, ...]]:
     """The merges of a joined group: the host stores, the columns merge by atomics (unless
     `partials_only`), partials and the last block, or (every block `resident`) partials
-    combined by every block after a grid-wide wait."""
+    combined by every block after a grid-wide wait: the only merge when the group's own
+    statements read the columns (`consumed`, poly/column_stitch.py)."""
     grid = tuple(MergeMode.PARTIALS_GRID if k in group.columns else m for k, m in enumerate(merges_for(group, 1, True)))
+    if group.consumed:  # every block reads the merged columns: after a grid-wide wait only
+        atomic = tuple(MergeMode.ATOMIC_GRID if k in group.columns else m for k, m in enumerate(grid))
+        return ([] if partials_only else [atomic]) + [grid] if resident else []
     return (
         ([] if partials_only else [merges_for(group, 1, False)])
         + [merges_for(group, 1, True)]
@@ -111,12 +119,19 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     partials_only = deterministic or struct_accumulators(group)
     best = None
     # blocks of at most 32 partials per thread first: more only where clearly faster (the model
-    # does not price the register pressure; RMSNorm backward 4096 x 8192 keeps 512 threads)
+    # does not price the register pressure; RMSNorm backward 4096 x 8192 keeps 512 threads).
+    # Blocks of 256 threads first, then more
+    # rows per block (512, 1024 threads) where clearly faster: fewer blocks' partials to merge
+    # (LayerNorm backward 4096 x 1024 bf16: 132 blocks of 128 x 8, 17.1 -> 15.6 us modeled).
     widths = {min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}
-    for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec) > 32, t)):
+    shapes = [
+        (tx, ty)
+        for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec) > 32, t))
+        for ty in sorted({max(1, min(n // tx, pow2ceil(M))) for n in (256, 512, 1024)})
+    ]
+    for tx, ty in shapes:
         if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
             continue
-        ty = max(1, min(256 // tx, pow2ceil(M)))
         tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
         for blocks in block_counts(tiles, gpu, tx * ty):
             for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty)):
@@ -173,7 +188,8 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
         raise ScheduleError(f"{at}: persistent grid of {d.persistent} blocks for {d.grid[0]} row tiles (2)")
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
-    if MergeMode.PARTIALS_GRID in d.merges and d.blocks > co_resident(gpu, d.threads):
+    grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
+    if grid and d.blocks > co_resident(gpu, d.threads):
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
             f"{gpu.name} (at most {co_resident(gpu, d.threads)}) (5)"

@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, KernelCost, sequence_s
 from ..poly.program import KernelGroup, Program, external_results, group_statements
 from ..poly.row_columns import with_epilogues
 from ..poly.statement import Form, StatementKind
 from .mapping import Mapping, MergeMode, map_group
-from .row_columns import consider
+from .row_columns import consider, consider_stitch
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ def plan_groups(
         if any(tuple(n) not in plain for n in replay):  # a stitched group with column partials
             legal += [j.statements for j in prog.column_candidates]
             legal += [j.statements for j in _with_epilogues(prog)]
+            legal += [c.statements for c in prog.column_stitches]
         chosen = _replayed(legal, replay, "stitches {}, which is not a legal stitched group")
         epilogues = _replayed(
             prog.epilogue_candidates,
@@ -128,7 +129,7 @@ def plan_groups(
         best = map_group(stitched, gpu, split=None if stitch_split else 1)
         fused = best.cost.total_s
         whole = map_group(stitched, gpu, split=1).cost.total_s if best.split > 1 else fused
-        unfused, kernels = sum(alone(name) for name in names), len(names)
+        unfused, kernels = sequence_s((alone(name) for name in names), gpu), len(names)
         take = fused < unfused
         considered.append(
             Considered(names, fused * 1e6, unfused * 1e6, kernels, take, best.split, whole * 1e6, cluster=best.cluster)
@@ -139,6 +140,7 @@ def plan_groups(
         epilogues = _plan_epilogues(prog, gpu, considered, chosen, deterministic, alone) if allow_stitch else []
         if columns and allow_stitch:
             chosen = _plan_columns(prog, gpu, considered, chosen, epilogues, deterministic, stitch_split)
+            chosen += _plan_stitches(prog, gpu, considered, chosen, epilogues, deterministic)
     if not chosen and not epilogues:
         return prog.groups, tuple(considered)
     groups = group_statements(
@@ -178,6 +180,25 @@ def _plan_columns(prog: Program, gpu: GPUSpec, considered: list, chosen: list, e
     return out
 
 
+def _plan_stitches(prog: Program, gpu: GPUSpec, considered: list, chosen: list, epilogues, deterministic) -> list:
+    """The COLUMN reductions stitched with their consumers (poly/column_stitch.py) where the model
+    prefers one cooperative launch, none of whose statements another chosen group holds (appends
+    the figures to `considered`). Asks isl only when a COLUMN reduction exists."""
+    if not any(s.form == Form.COLUMN and s.kind == StatementKind.REDUCE for s in prog.statements):
+        return []
+    taken = {s.name for grp in list(chosen) + list(epilogues) for s in grp}
+    out = []
+    for stitch in prog.column_stitches:
+        if taken & set(stitch.names):
+            continue
+        c = consider_stitch(stitch, prog, gpu, deterministic)
+        considered.append(replace(c, chosen=c.pays))
+        if c.pays:
+            out.append(stitch.statements)
+            taken |= set(stitch.names)
+    return out
+
+
 def _with_epilogues(prog: Program) -> list:
     """Every column join with its columns' epilogue groups (a replayed schedule may name one)."""
     joins = (with_epilogues(j, prog.epilogue_candidates, prog.statement_graph) for j in prog.column_candidates)
@@ -185,19 +206,19 @@ def _with_epilogues(prog: Program) -> list:
 
 
 class _Alone:
-    """The modeled seconds of each statement of one program mapped alone (its own kernel), each
+    """The modeled cost of each statement of one program mapped alone (its own kernel), each
     mapped once however many stitched and epilogue candidates hold it."""
 
     def __init__(self, prog: Program, gpu: GPUSpec):
         self.gpu = gpu
         self.by_name = {s.name: s for s in prog.statements}
-        self.memo: dict[tuple[str, bool], float] = {}
+        self.memo: dict[tuple[str, bool], KernelCost] = {}
 
-    def __call__(self, name: str, deterministic: bool = False) -> float:
+    def __call__(self, name: str, deterministic: bool = False) -> KernelCost:
         key = (name, deterministic)
         if key not in self.memo:
             group = KernelGroup((self.by_name[name],))
-            self.memo[key] = map_group(group, self.gpu, deterministic=deterministic).cost.total_s
+            self.memo[key] = map_group(group, self.gpu, deterministic=deterministic).cost
         return self.memo[key]
 
 
@@ -231,7 +252,7 @@ def _plan_epilogues(
         group = KernelGroup(tuple(cand), external=external_results(cand, prog.statements, prog.outputs), epilogue=True)
         m = map_group(group, gpu, deterministic=deterministic)
         fused = m.cost.total_s
-        unfused = sum(alone(n, deterministic) for n in names)
+        unfused = sequence_s((alone(n, deterministic) for n in names), gpu)
         stitched = considered[same].stitched_us * 1e-6 if same is not None else 0.0
         take = fused < unfused and (same is None or fused < stitched)
         if take and rival:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, sequence_s
+from ..poly.column_stitch import ColumnStitch
 from ..poly.program import KernelGroup, Program, external_results
 from ..poly.row_columns import ColumnJoin
 from .mapping import MergeMode, map_group
@@ -63,6 +64,7 @@ _HOW = {
     MergeMode.ATOMIC_WS: "one atomic per block per column",
     MergeMode.PARTIALS: "partials, the last block sums each column in block order",
     MergeMode.PARTIALS_GRID: "partials, after a grid-wide wait every block sums its columns in block order",
+    MergeMode.ATOMIC_GRID: "one atomic per block per column, read back by every block after a grid-wide wait",
 }
 
 
@@ -106,7 +108,7 @@ def consider(
     ext = external_results(join.group, prog.statements, prog.outputs)
     row = map_group(KernelGroup(join.group, True, ext), gpu, split=split)
     cols = [map_group(g, gpu, deterministic=deterministic) for g in _column_kernels(join, prog, epilogues)]
-    two = row.cost.total_s + sum(c.cost.total_s for c in cols)
+    two = sequence_s([row.cost, *(c.cost for c in cols)], gpu)
     one = map_joined(joined_group(join, prog), gpu, deterministic=deterministic)
     if one is None:  # the partials fit no block's registers: never pays
         return ColumnConsidered(join.names, math.inf, two * 1e6, 1 + len(cols), bytes_saved(join), 0, 0, deterministic)
@@ -133,6 +135,33 @@ def _column_kernels(join: ColumnJoin, prog: Program, epilogues: tuple = ()) -> l
     inside = {s.name for g in fused for s in g.statements}
     by_name = {s.name: s for s in prog.statements}
     return fused + [KernelGroup((by_name[n],)) for n in sorted(names - inside)]
+
+
+def consider_stitch(stitch: ColumnStitch, prog: Program, gpu: GPUSpec, deterministic: bool = False) -> ColumnConsidered:
+    """One cooperative launch of COLUMN reductions and their consumers (poly/column_stitch.py)
+    against the kernels they run in today (the program's groups that hold only its statements,
+    and a kernel of its own for any other), by the model (microseconds, modeled)."""
+    names = set(stitch.names)
+    today = [g for g in prog.groups if {s.name for s in g.statements} <= names]
+    inside = {s.name for g in today for s in g.statements}
+    by_name = {s.name: s for s in prog.statements}
+    today += [KernelGroup((by_name[n],)) for n in sorted(names - inside)]
+    two = sequence_s((map_group(g, gpu, deterministic=deterministic).cost for g in today), gpu)
+    group = KernelGroup(stitch.statements, True, external_results(stitch.statements, prog.statements, prog.outputs))
+    one = map_joined(group, gpu, deterministic=deterministic)
+    width, owners = group.N, sum(1 for k in group.columns if group.accumulator_of[k] == k)
+    if one is None:  # no block shape keeps the partials, or no grid is co-resident: never pays
+        return ColumnConsidered(stitch.names, math.inf, two * 1e6, len(today), 0, 0, 0, True)
+    cols = {r.tensor.uid: r.tensor for s in stitch.columns for r in s.reads if r.memory}
+    both = {r.tensor.uid: r.tensor for s in stitch.consumers for r in s.reads if r.memory and r.tensor.uid in cols}
+    reads = {r.tensor.uid: r.tensor for s in stitch.statements for r in s.reads if r.memory}
+    # the consumers' re-read (cost.py `joined_cost`): all from L2 where it fits in half of it, else that half
+    hits = min(sum(_bytes(t) for t in reads.values()), gpu.l2_size / 2)
+    saved = int(min(sum(_bytes(t) for t in both.values()), hits))
+    return ColumnConsidered(
+        stitch.names, one.cost.total_s * 1e6, two * 1e6, len(today), saved, one.blocks, one.blocks * width * owners,
+        one.merges[group.columns[0]] == MergeMode.PARTIALS_GRID, merge=str(one.merges[group.columns[0]]),
+    )  # fmt: skip
 
 
 def plan_columns(prog: Program, gpu: GPUSpec, deterministic: bool = False) -> tuple[ColumnConsidered, ...]:

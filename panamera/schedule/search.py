@@ -19,8 +19,8 @@ from .derived import (
     co_resident,
     levels_for,
     merges_for,
+    partials_options,
     passes,
-    struct_accumulators,
     unroll_for,
     vector_extent,
 )
@@ -86,7 +86,7 @@ def map_group(
     G = N // vec if form in (Form.ROW, Form.ALL) else M // vec
     serial_extent = G if form != Form.COLUMN else N  # iterations along the reduced split dimension
     # Partials or atomics: forced by `deterministic` and struct accumulators, else the model's.
-    merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    merge_options = partials_options(group.statements, deterministic)
     best = None
     # Threads per block: more threads keep more bytes in flight when there are few blocks; the
     # model decides, preferring the smaller block unless the larger is clearly faster.
@@ -164,6 +164,14 @@ def _reduce_clusters(group: KernelGroup, gpu: GPUSpec, split: int, tile: int, cl
     if K == 1:
         return [1]
     return [K] if cluster else [1, K]
+
+
+def _no_larger(d: Decision, than: Decision) -> bool:
+    """`d` launches no more threads than `than` and splits its rows no more: the preference for
+    fewer blocks and threads (a later candidate must be clearly faster) does not hold it back.
+    Softmax backward 4096 x 4096: one block of 256 threads per row, the row in registers (Liger's
+    plan, 71.2 us modeled), after a cluster of two blocks per row with the same threads (71.6)."""
+    return d.blocks * d.threads <= than.blocks * than.threads and d.split <= than.split
 
 
 def _map_stitched(
@@ -246,8 +254,10 @@ def _map_stitched(
             dd = replace(d, onchip=res)
             cost = stitched_cost(group, gpu, dd)
             kind = res == Residence.MEMORY
-            # fewer blocks and threads unless clearly faster
-            if kind not in best or cost.total_s < best[kind][0].total_s * 0.97:
+            # fewer blocks and threads unless clearly faster; no more of them and faster at all
+            if kind not in best or cost.total_s < best[kind][0].total_s * (
+                1.0 if _no_larger(dd, best[kind][1]) else 0.97
+            ):
                 best[kind] = (cost, dd)
     if not best:
         raise ScheduleError(

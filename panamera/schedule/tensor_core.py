@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from ..algebra import SUM
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.workspace import workspace_traffic
 from ..poly.access import AccessKind, choose_vec
 from ..poly.epilogue import joins
 from ..poly.expr import Expr
@@ -53,7 +54,7 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
 from .decision import MAX_GRID_Y, Decision
-from .derived import access_for, along, levels_for, merges_for, struct_accumulators, vector_extent
+from .derived import access_for, along, levels_for, merges_for, partials_options, vector_extent
 
 FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
@@ -203,7 +204,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
         epilogue=group.epilogue, vec=vec, ty=1, unroll=1, access=access_for(group, vec),
         atomic_vec=(1,) * len(group.statements), mma=str(ops.kind),
     )  # fmt: skip
-    merge_options = (True,) if deterministic or struct_accumulators(group) else (False, True)
+    merge_options = partials_options(group.statements, deterministic)
     Kp = math.ceil(ops.K / FRAG) * FRAG
     for wm in (1, 2, 4):
         if wm > 1 and FRAG * wm > math.ceil(ops.rows / FRAG) * FRAG:
@@ -221,6 +222,11 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                     splits = [max(1, min(split, slabs))]
                 if group.stitched:  # its split would be a cooperative launch: whole K per block
                     splits = [1]
+                probe = Decision(
+                    **base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=(wm, wn, bk)
+                )
+                if held_registers(ops, probe, group) > HELD_REGISTERS:
+                    continue
                 for s in splits:
                     chunk = math.ceil(slabs / s) * bk
                     s_eff = math.ceil(ops.K / chunk)
@@ -247,16 +253,86 @@ def staging_steps(rows: int, d: Decision) -> int:
     return math.ceil(rows * tiles(d)[2] / d.vec / d.threads)
 
 
-def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup) -> int:
+def loads_first(e: Expr, d: Decision, group: KernelGroup) -> bool:
+    """Whether operand `e`'s slabs are loaded whole into registers (`staging_steps` vectors per
+    thread, all in flight), double-buffered: the next slab's loads are issued before this slab's
+    other operand is staged and its values converted (codegen/tc_kernel.py). So are a packed int4
+    weight (schedule/int4_dequant.py) and `words_first` operands (an int8 weight and its scale).
+    Their tiles hold at most `HELD_REGISTERS` registers of loads per thread (`held_registers`;
+    ptxas spilled 8 held int4 words of bf16, and 24 registers of int8 loads, beside the MMA's
+    fragments)."""
+    from .int4_dequant import Nibbles, nibbles
+
+    st = group.statements[0]
+    return isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles) or words_first(e, st, d)
+
+
+def words_first(e: Expr, st, d: Decision) -> bool:
+    """An operand that is not a raw copy, whose reads are all in memory (no gather, no index),
+    each a contiguous vector of 4, 8 or 16 bytes over the step's vec lanes or one value for all
+    of them (UNIFORM), at least one contiguous: loaded raw first, converted lane by lane later."""
+    access = d.access[0]
+    reads = _reads(e)
+    if raw_copy(e, st, Mma(d.mma), d.vec, access) or any(not st.reads[r].memory for r in reads):
+        return False
+    contig = [
+        r for r in reads if access[r] == AccessKind.CONTIG and d.vec * st.reads[r].tensor.dtype.itemsize in (4, 8, 16)
+    ]
+    return bool(contig) and all(r in contig or access[r] == AccessKind.UNIFORM for r in reads)
+
+
+HELD_REGISTERS = 16  # registers of the `loads_first` loads a thread holds, both buffers (ptxas spilled 24 at M 64)
+
+
+def held_registers(ops: Operands, d: Decision, group: KernelGroup) -> int:
+    """Registers per thread that a `loads_first` operand's two slabs of loads hold: per staging
+    step a 32-bit register per 4 bytes of each vector load and one per uniform value (an int4
+    step: its word and scale; an int8 step of 8 lanes: 2 and the scale); 0 without one."""
+    from .int4_dequant import Nibbles, nibbles
+
+    st, total = group.statements[0], 0
+    for e, rows in ((ops.a, tiles(d)[0]), (ops.b, tiles(d)[1])):
+        if not loads_first(e, d, group):
+            continue
+        if isinstance(nibbles(e, st, d.mma, d.vec, d.access[0]), Nibbles):
+            per_step = d.vec // 8 + 1
+        else:
+            per_step = sum(
+                d.vec * st.reads[r].tensor.dtype.itemsize // 4 if d.access[0][r] == AccessKind.CONTIG else 1
+                for r in _reads(e)
+            )
+        total += 2 * staging_steps(rows, d) * per_step
+    return total
+
+
+def staging_unroll(e: Expr, rows: int, d: Decision, group: KernelGroup, held: bool = False) -> int:
     """Copies of the staging loop's body per step (its loads in flight): as many as keep the
     loaded lanes (vec per memory read of the expression) within `STAGING_REGISTERS`, at most
     `UNROLL`, 2 for an expression of more than `UNROLL_OPS` operations, and at most the loop's
-    iterations. (ptxas under the 64 registers of __launch_bounds__ spilled int4's unpacking at 4
-    copies and int8 weights with their scales at 4 x 8 lanes.)"""
+    iterations; 1 while the other operand's int4 words are `held` (`loads_first`). (ptxas under
+    the 64 registers of __launch_bounds__ spilled int4's unpacking at 4 copies, int8 weights with
+    their scales at 4 x 8 lanes, and the activations' raw copies at 2 beside 8 held words.)"""
+    if held:
+        return 1
     st = group.statements[0]
     lanes = d.vec * max(1, sum(1 for r in _reads(e) if st.reads[r].memory))
     copies = max(1, min(UNROLL if _ops(e) <= UNROLL_OPS else 2, STAGING_REGISTERS // lanes))
     return min(copies, staging_steps(rows, d))
+
+
+PARTIAL_REGISTERS = 16  # partials a thread of the last block holds at once (ptxas spilled 32 at 8 outputs x 4 blocks)
+
+
+def partial_batch(per_thread: int, split: int) -> int:
+    """Blocks whose partials the last block's threads load together in one batch: each thread's
+    `per_thread` outputs x that many blocks stay within `PARTIAL_REGISTERS` loads in flight
+    (codegen/tc_kernel.py); the partials then cost ceil(split / batch) L2 round trips, not one per
+    output and block.
+
+    >>> partial_batch(8, 2), partial_batch(4, 16), partial_batch(64, 2)
+    (2, 4, 1)
+    """
+    return max(1, min(split, PARTIAL_REGISTERS // max(1, per_thread)))
 
 
 RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
@@ -303,33 +379,45 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     l2 = a_bytes * ops.rows * ops.K * (NT - 1) + b_bytes * ops.cols * ops.K * (MT - 1)
     staged_a, staged_b = MT * BM * Kp * NT, NT * BN * Kp * MT
     fp32 = staged_a * staging_ops(ops.a, d, group) + staged_b * staging_ops(ops.b, d, group)
+    # bytes in flight from DRAM: an operand's loads in flight times the share of its staged bytes that
+    # DRAM serves (the other tiles' re-reads hit L2: 1 / NT of the rows' operand, 1 / MT of the columns');
+    # a packed int4 operand has its slab and the next in flight while the other is staged, else the loops take turns
+    first = [loads_first(e, d, group) for e in (ops.a, ops.b)]
+    lanes = [
+        2 * staging_steps(rows, d)  # double-buffered
+        if held
+        else staging_unroll(e, rows, d, group, any(first))
+        for e, rows, held in ((ops.a, BM, first[0]), (ops.b, BN, first[1]))
+    ]
+    flights = (d.vec * lanes[0] * a_bytes / NT, d.vec * lanes[1] * b_bytes / MT)
     kept = group.on_chip - group.external
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
     out_bytes = group.M * sum(s.result.dtype.itemsize for s in stored)
     split = d.split > 1
     partials = any(m.value == "partials" for m in d.merges)
-    ws_bytes = group.M * (d.split if partials else 2) * st.acc.itemsize if split else 0
+    # the workspace (every block's partials, or the words the atomics merge into): written back, read from
+    # L2 where it fits (model/workspace.py, the one rule of every split plan); the last block discards the
+    # partials' lines it has read (codegen/tc_kernel.py), an atomic workspace stays resident
+    ws = workspace_traffic(gpu, group.M * (d.split if partials else 1) * st.acc.itemsize if split else 0, partials)
     blocks = d.grid[0] * d.split
-    # the last block's element loop: its share of the tile's outputs, one L2 round trip each when merged
-    # from partials (a loop over the blocks each), one for all of them from the atomic workspace (loaded
-    # together, codegen/tc_kernel.py)
-    per_thread = math.ceil(BM * BN / d.threads)
-    tail = 400 + per_thread * (gpu.l2_latency_cycles if split and partials else 4)
-    tail += gpu.l2_latency_cycles if split and not partials else 0
+    # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
+    # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
+    # workspace, one per batch of blocks' partials (`partial_batch`)
+    per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
+    trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
+    tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
         gpu,
-        dram_bytes=_input_bytes(group) + out_bytes + ws_bytes,
-        write_bytes=out_bytes,
+        dram_bytes=_input_bytes(group) + out_bytes + ws["dram_bytes"],
+        write_bytes=out_bytes + ws["write_bytes"],
         blocks=blocks,
         threads=d.threads,
-        # the staging loops run one after the other, `staging_unroll` vector loads of each in flight
-        bytes_in_flight_per_thread=d.vec
-        * max(staging_unroll(ops.a, BM, d, group) * a_bytes, staging_unroll(ops.b, BN, d, group) * b_bytes),
+        bytes_in_flight_per_thread=sum(flights) if any(first) else max(flights),
         atomics=(blocks + (0 if partials else group.M * d.split)) if split else 0,
         same_address=d.split if split else 0,
         atomic_dtype=st.acc.name if split and not partials else "",
         epilogue_cycles=tail,
-        l2_bytes=l2,
+        l2_bytes=l2 + ws["l2_bytes"],
         fp32_ops=fp32,
         mma_flops=2.0 * MT * BM * NT * BN * Kp,
         mma_dtype=Mma(d.mma).dtype,
@@ -342,12 +430,8 @@ def choose(group: KernelGroup, gpu: GPUSpec, split: int | None = None, determini
     ops = analyse(group)
     if isinstance(ops, str):
         return None
-    best = None
-    for d in candidates(group, ops, gpu, split, deterministic):
-        c = tc_cost(group, gpu, d)
-        if best is None or c.total_s < best[0].total_s * 0.97:
-            best = (c, d)
-    return best
+    costed = ((tc_cost(group, gpu, d), d) for d in candidates(group, ops, gpu, split, deterministic))
+    return min(costed, key=lambda cd: cd[0].total_s, default=None)
 
 
 def check(group: KernelGroup, d: Decision, at: str) -> None:
@@ -382,6 +466,11 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
+    if held_registers(ops, d, group) > HELD_REGISTERS:
+        raise ScheduleError(
+            f"{at}: tile {d.mma_tile} holds {held_registers(ops, d, group)} registers of loads per thread, "
+            f"more than {HELD_REGISTERS} (a smaller K slab or more warps)"
+        )
     if d.stitched and d.split > 1:
         raise ScheduleError(f"{at}: a stitched group on tensor cores is not split (split {d.split})")
     if d.grid[0] != MT * NT or d.chunk % bk or d.chunk * d.split < ops.K or d.chunk * (d.split - 1) >= ops.K:

@@ -1,11 +1,13 @@
 """The deployable folder of a model whose dim_params stay symbolic (issue 22, item 4).
 
 `write_dynamic(dm, out)` writes what `optimize --out` writes for the model at its size hints
-(report, kernels, manifest: deploy.py) and beside it `dynamic.json` (the dim_params, their hints
-and the SHA-256 of `model.onnx`, the model as given, with its dim_params). `load_dynamic(out)`
+(report, kernels, manifest: deploy.py) and beside it `dynamic.json` (the dim_params, their hints,
+the SHA-256 of `model.onnx`, the model as given, with its dim_params, and each symbolic subgraph's
+class plans: `DynamicModel.schedules`). `load_dynamic(out)`
 checks that checksum and rebuilds the `DynamicModel` from it, on the manifest's GPU: a fresh
-process runs the folder at every size (its symbolic programs compile on load; their kernels per
-size class come from the on-disk cache when met before).
+process runs the folder at every size (its symbolic programs compile on load and replay the saved
+class plans instead of planning them again; their kernels per size class come from the on-disk
+cache when met before).
 
 >>> import os, tempfile
 >>> from onnx import helper, TensorProto
@@ -24,8 +26,9 @@ import hashlib
 import json
 import os
 
-from ..errors import ModelError
+from ..errors import ModelError, ScheduleError
 from ..model.gpu import GPUS
+from ..schedule.param_schedule import SymbolicSchedule
 from .deploy import MANIFEST
 from .dynamic_model import DynamicModel
 from .model import decode
@@ -55,6 +58,8 @@ def write_dynamic(dm: DynamicModel, out: str) -> dict:
         "hints": dm.hints,
         "model": MODEL,
         "sha256": hashlib.sha256(data).hexdigest(),
+        # the symbolic subgraphs' class plans (the hints' classes and any planned before): a fresh process replays them
+        "schedules": {label: json.loads(s.to_json()) for label, s in dm.schedules().items()},
     }
     with open(os.path.join(out, DYNAMIC), "w") as f:
         json.dump(doc, f, indent=1)
@@ -88,4 +93,11 @@ def load_dynamic(directory: str, target: str = "auto") -> DynamicModel:
     gpu = next((g for g in GPUS.values() if g.name == gpu_name), None)
     if gpu is None:
         raise ModelError(f"{directory}/{MANIFEST}: GPU {gpu_name!r} is not one of {[g.name for g in GPUS.values()]}")
-    return DynamicModel(data, hints, target, gpu)
+    saved = doc.get("schedules", {})  # absent in folders written before schedules were saved
+    if not isinstance(saved, dict):
+        raise ModelError(f"{path}: 'schedules' must be a map of subgraph label to symbolic schedule")
+    try:
+        schedules = {k: SymbolicSchedule.from_json(json.dumps(v), f"{path}: schedules.{k}") for k, v in saved.items()}
+    except ScheduleError as e:
+        raise ModelError(str(e)) from None
+    return DynamicModel(data, hints, target, gpu, schedules=schedules)

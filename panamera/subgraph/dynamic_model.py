@@ -31,9 +31,10 @@ import threading
 from .. import compile as pn_compile
 from .. import logs
 from ..dynamic import DynamicCompiled
-from ..errors import PanameraError, SymbolBindingError
+from ..errors import PanameraError, ScheduleError, SymbolBindingError
 from ..frontend.symbolic import NAME, Dim, make
 from ..model.gpu import H100, GPUSpec
+from ..schedule.param_schedule import SymbolicSchedule
 from .build import build_subgraph_tensors
 from .library import LibraryNode
 from .model import ModelError, ModelSource, OnnxModel, decode, load_model
@@ -129,8 +130,10 @@ class _Unit:
 class DynamicModel:
     """An ONNX model optimized once for every size of its dim_params (see the module doc)."""
 
-    def __init__(self, source: ModelSource, hints: dict[str, int], target: str, gpu: GPUSpec, **options):
+    def __init__(self, source: ModelSource, hints: dict[str, int], target: str, gpu: GPUSpec,
+                 schedules: dict[str, SymbolicSchedule] | None = None, **options):  # fmt: skip
         self.source, self.target, self.gpu, self.options = source, target, gpu, options
+        self.replay = dict(schedules or {})  # a symbolic subgraph's class plans by label (a deploy folder's)
         self.params = dim_params(source)
         bad = [p for p in self.params if not NAME.match(p)]
         if bad:
@@ -159,9 +162,12 @@ class DynamicModel:
     def _unit(self, symbolic_model: OnnxModel, u) -> _Unit:
         if isinstance(u, LibraryNode):
             return _Unit("library", u)
+        schedule = self.replay.get(u.label)
         try:
             _, tensors, _, weights = build_subgraph_tensors(symbolic_model, u.nodes, u.outputs)
-            k = pn_compile(list(tensors), target=self.target, gpu=self.gpu)
+            k = pn_compile(list(tensors), target=self.target, gpu=self.gpu, schedule=schedule)
+        except ScheduleError as e:  # a saved schedule that does not fit its subgraph: never replanned silently
+            raise ModelError(f"{u.label}: its saved symbolic schedule does not replay: {e}") from None
         except Exception as e:  # noqa: BLE001 - refused symbolically: compiled per call shape instead
             reason = str(e) if isinstance(e, PanameraError) else f"{type(e).__name__}: {e}"
             return _Unit("per-shape", u, reason=reason)
@@ -204,6 +210,17 @@ class DynamicModel:
             "sizes": self.counters["sizes"],
             "size_classes": sum(u.compiled.stats()["classes_compiled"] for u in self.units if u.compiled),
         }
+
+    def schedules(self, plan: tuple[dict[str, int], ...] = ()) -> dict[str, SymbolicSchedule]:
+        """Each symbolic subgraph's class plans by label (what a deploy folder saves, replayed by
+        `DynamicModel(..., schedules=)`), after planning the classes of the hints and of `plan`'s sizes."""
+        out = {}
+        for u in self.units:
+            if u.kind == "symbolic":
+                for sizes in (self.hints, *plan):
+                    u.compiled.plan(u.compiled.size_class({p: sizes[p] for p in u.compiled.symbols}))
+                out[u.hinted.label] = u.compiled.schedule
+        return out
 
     def describe(self) -> str:
         """One line per Panamera subgraph: symbolic, or per shape with the reason."""

@@ -251,25 +251,40 @@ class OptimizedModel:
             out[name] = a
         return out
 
-    def run(self, feeds: dict, keep: tuple[str, ...] = ()) -> dict:
+    def run(self, feeds: dict, keep: tuple[str, ...] = (), threads: int | None = None) -> dict:
         """Run the whole model: Panamera kernels for the subgraphs, the array library for the
-        rest. Returns the graph outputs (and the values named in `keep`)."""
+        rest. Returns the graph outputs (and the values named in `keep`). `threads`: the CPU
+        target's thread count (default: the machine's cores; numpy's BLAS keeps its own pool)."""
         env = dict(self.model.constants)
         env.update(self._check_feeds(feeds))
         with logs.steps("running unit", len(self.units), _log) as bar:
-            for u in self.units:
+            for u, label, ins, outs_of in self._steps:
+                bar.step(label)
                 if isinstance(u, Subgraph):
-                    bar.step(u.label)
                     # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
-                    named = {t.name: env[t.name] if t.name in env else u.weights[t.name] for t in u.runs.inputs}
-                    outs = u.runs(**named)
-                    outs = outs if isinstance(outs, tuple) else (outs,)
-                    env.update(zip(u.outputs, outs))
+                    named = {i: env[i] if i in env else u.weights[i] for i in ins}
+                    outs = (
+                        u.runs(**named) if threads is None or u.runner is None else u.runner(**named, threads=threads)
+                    )
+                    env.update(zip(outs_of, outs if isinstance(outs, tuple) else (outs,)))
                 else:
-                    bar.step(f"{u.node.op_type} (library)")
-                    outs = u.run(self.model, [env[i] for i in u.node.inputs if i])
-                    env.update(zip([o for o in u.node.outputs if o], outs))
+                    env.update(zip(outs_of, u.run(self.model, [env[i] for i in ins])))
         return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
+
+    @cached_property
+    def _steps(self) -> tuple:
+        """Per unit in run order, what `run` needs, found once: (unit, progress label, the names
+        it reads, the names it writes). A subgraph's runner is compiled here (CPU target)."""
+        out = []
+        for u in self.units:
+            if isinstance(u, Subgraph):
+                out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs)))
+            else:
+                n = u.node
+                out.append(
+                    (u, f"{n.op_type} (library)", tuple(i for i in n.inputs if i), tuple(o for o in n.outputs if o))
+                )
+        return tuple(out)
 
     def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:
         """Time `repeat` runs of the whole model on `feeds` after `warmup` untimed ones, wall
@@ -338,7 +353,7 @@ def optimize(
     `routing`: who runs each MatMul / Gemm Panamera can plan: "model" (the faster, modeled on
     `gpu`: route.py), or "panamera" / "library" to pin it."""
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
-    part = partition(model, compile_views, gpu, _routing(routing))
+    part = partition(model, compile_views, gpu, _routing(routing), host=plan_and_run(target)[1])
     units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
     _log.debug("partitioned: %d subgraph(s), %d library node(s)", len(part.groups), len(part.library))
     with logs.steps("compiling subgraph", len(part.groups), _log) as bar:

@@ -109,18 +109,23 @@ def graph(model: OnnxModel) -> nx.DiGraph:
 
 
 def partition(
-    model: OnnxModel, compile_views: bool = False, gpu: GPUSpec = H100, routing: Routing = Routing.MODEL
+    model: OnnxModel,
+    compile_views: bool = False,
+    gpu: GPUSpec = H100,
+    routing: Routing = Routing.MODEL,
+    host: bool = False,
 ) -> Partition:
     """Group the live nodes. A group made only of views (Reshape, Squeeze, ...) moves no data and
     stays with the array library unless `compile_views` (conformance tests use it). Each
     contraction Panamera can take is routed by the model on `gpu` (route.py): the library keeps
     it where its tensor-core roofline is modeled faster, with both figures in the reason
-    (`routing` may pin the side instead)."""
+    (`routing` may pin the side instead; `host`: the CPU target runs the subgraphs, and
+    route.host_rule comes first)."""
     g = graph(model)
     reasons = {n.index: why_library(n, model) for n in model.nodes}
     plans = Plans(gpu)
     routes = tuple(
-        (n, route_contraction(model, n, gpu, lambda m: reasons[m.index] is None, routing, plans))
+        (n, route_contraction(model, n, gpu, lambda m: reasons[m.index] is None, routing, plans, host))
         for n in model.nodes
         if n.op_type in ROUTED and reasons[n.index] is None
     )

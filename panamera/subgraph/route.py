@@ -20,6 +20,18 @@ partition does not make.
 A compute-bound GEMM (large M, N and K) keeps the library; a GEMV or a skinny product, which
 streams its weights once, goes to Panamera and fuses with those neighbours.
 
+When the CPU target runs the subgraphs (`host=True`), one rule comes first (`host_rule`):
+a Conv of at least `HOST_CONV_MIN_MACS` multiply-adds (M N K batch of its implicit GEMM) runs in
+the library's host convolution (conv.host_conv: numpy's strided window view and one BLAS matmul
+per group). The CPU target has no convolution template: its generated kernel evaluates the
+im2col address arithmetic (divisions, modulos and padding tests) at every multiply-add, about
+8 ns each on the exported ResNet's convolutions (1.2 M multiply-adds: 9.8 ms), 10-70x the host
+convolution's time on the exported ResNet, VGG and UNet; the host convolution costs a fixed
+~0.1 ms of numpy calls and splits the subgraph around it, so the small depthwise and pointwise
+convolutions of the MobileNetV3 and EfficientNet exports (<= 74 K multiply-adds) stay generated
+(with them in the library both models ran about 2x slower; measured, interleaved, 1 thread).
+The GPU figures are still computed for the report.
+
 >>> from onnx import helper, TensorProto
 >>> from panamera.model import H100
 >>> from panamera.subgraph.model import load_model
@@ -46,6 +58,8 @@ from ..model.gpu import GPUSpec
 from ..model.library import library_matmul
 from .model import Node, OnnxModel
 from .plans import Plans
+
+HOST_CONV_MIN_MACS = 1 << 17  # a Conv's multiply-adds from which the CPU target's library runs it
 
 # The contraction ops the router decides (the rest of the compute-bound ops stay with the library).
 ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv"})
@@ -87,6 +101,7 @@ class Route:
     neighbours: tuple[str, ...] = ()  # the element-wise nodes both figures include
     neighbours_us: float = 0.0  # their plan alone, added to the library's figure
     routing: Routing = Routing.MODEL  # who decided
+    host: str = ""  # the CPU target's rule that decided instead of the model (host_rule), if one did
 
     @property
     def reason(self) -> str:
@@ -109,6 +124,7 @@ class Route:
         pinned = (
             f" (pinned by routing={self.routing.value}, not the model)" if self.routing is not Routing.MODEL else ""
         )
+        pinned = f" ({self.host})" if self.host else pinned
         return f"{bound} {size}: {lib}, {pn}: {who} runs it{pinned}"
 
 
@@ -169,6 +185,14 @@ def neighbours(
     return tuple(sorted(pro, key=lambda n: n.index)), tuple(epi)
 
 
+def host_rule(model: OnnxModel, node: Node) -> str:
+    """Why the CPU target's library runs `node` whatever the model says ("" where the model decides):
+    a Conv of at least HOST_CONV_MIN_MACS runs in the host convolution (module docstring)."""
+    if node.op_type == "Conv" and math.prod(contraction_shape(model, node)) >= HOST_CONV_MIN_MACS:
+        return "the CPU target: the host convolution (numpy window view + BLAS), no generated conv template"
+    return ""
+
+
 def route_contraction(
     model: OnnxModel,
     node: Node,
@@ -176,10 +200,12 @@ def route_contraction(
     takes: Callable[[Node], bool] = lambda n: False,
     routing: Routing = Routing.MODEL,
     plans: Plans | None = None,
+    host: bool = False,
 ) -> Route:
     """Panamera's modeled plan of `node` with its element-wise neighbours (those `takes` accepts)
     against the library's roofline on `gpu` plus those neighbours planned alone; the faster runs
-    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library).
+    it, unless `routing` pins the side (a node Panamera cannot plan stays with the library), or,
+    with `host` (the CPU target runs the subgraphs), `host_rule` gives it to the library.
     `plans` (plans.py, on `gpu`): the memo shared by every route of one partition, so that a
     program repeated under other names (a repeated block) is planned once."""
     plans = Plans(gpu) if plans is None else plans
@@ -206,4 +232,6 @@ def route_contraction(
     runner = Runner.PANAMERA if plan.modeled_us < lib + alone else Runner.LIBRARY
     if routing is not Routing.MODEL:
         runner = Runner.PANAMERA if routing is Routing.PANAMERA else Runner.LIBRARY
-    return Route(runner, shape, lib, plan.modeled_us, split, bound, "", names, alone, routing)
+    rule = host_rule(model, node) if host and routing is Routing.MODEL else ""
+    runner = Runner.LIBRARY if rule else runner
+    return Route(runner, shape, lib, plan.modeled_us, split, bound, "", names, alone, routing, rule)

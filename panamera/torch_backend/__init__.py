@@ -267,6 +267,10 @@ def _static(gm: torch.fx.GraphModule, inputs: list, options: dict, compile_id: s
         inference_compiler=compiler(Phase.INFERENCE),
         decompositions=DECOMPOSITIONS,
         partition_fn=min_cut_rematerialization_partition,
+        # an inference graph's input mutations stay in it as `copy_`s at its end (not AOTAutograd's
+        # copies after the call), so a foreach optimizer step can write them in place
+        # (torch_backend/foreach_map.py)
+        keep_inference_input_mutations=True,
     )(gm, inputs)
 
 

@@ -19,6 +19,13 @@ does for float32/float64. Preconditions (refused: the ops stay eager, as before)
 A list too long for one kernel's parameters (poly/multitensor.py precondition 4) is split into
 groups of pieces, one launch each, as torch's multi_tensor_apply does.
 
+In place: the backend keeps an inference graph's input mutations in it (`copy_`s of the new
+values into the graph inputs at its end, `keep_inference_input_mutations`). An output list
+copied item by item into one input list of element pieces that nothing outside the region
+reads is written into that list's memory by the kernel (`MapList.into`; the params and the two
+moments of AdamW) and its copies go; the 0-d steps' copies stay (torch_backend/mutations.py
+makes them one `_foreach_copy_`).
+
 >>> FOREACH_OPS[torch.ops.aten._foreach_sqrt.default](["a"], {}, "double")
 'sqrt(a)'
 """
@@ -90,14 +97,20 @@ class _Refused(Exception):
 
 
 class MultiTensorMapModule(torch.nn.Module):
-    """The region's launch in the eager graph: the flattened output lists, list by list."""
+    """The region's launch in the eager graph: the flattened output lists, list by list. `in_place`:
+    (output index, argument index) of the outputs the kernel writes into their argument's memory;
+    where the backend had to copy that argument (alignment), the result is copied back into it."""
 
-    def __init__(self, compiled: MultiTensorMap):
+    def __init__(self, compiled: MultiTensorMap, in_place: tuple[tuple[int, int], ...] = ()):
         super().__init__()
-        self.compiled = compiled
+        self.compiled, self.in_place = compiled, in_place
 
     def forward(self, *tensors):
-        return self.compiled(*(t.detach() for t in tensors))
+        outs = self.compiled(*(t.detach() for t in tensors))
+        for o, a in self.in_place:
+            if outs[o].data_ptr() != tensors[a].data_ptr():
+                tensors[a].detach().copy_(outs[o])
+        return outs
 
 
 def _region(gm) -> list:
@@ -174,7 +187,41 @@ def _plan(nodes: list):
     if shapes is None:
         raise _Refused("no element list")
     leaves = [list(key) for key in inputs]
-    return tuple(lists), leaves, outputs, shapes
+    return _in_place(tuple(lists), leaves, outputs, region), leaves, outputs, shapes
+
+
+def _copied_into(node, k: int, region: set):
+    """The `copy_` node that writes item k of region list `node` back into a graph input (what
+    `keep_inference_input_mutations` leaves at the end of an optimizer step), if that is the
+    item's only use outside the region, else None."""
+    items = [u for u in node.users if u.target is operator.getitem and u.args[1] == k]
+    users = [w for u in items for w in u.users if w not in region and not _is_const(w)]
+    if len(users) != 1 or users[0].target is not aten.copy_.default or users[0].args[1] not in items:
+        return None
+    return users[0] if users[0].args[0].op == "placeholder" else None
+
+
+def _in_place(lists: tuple, leaves: list, outputs: list, region: set) -> tuple:
+    """The lists with `into` set where an output list is copied back, item by item, into one
+    input list of element pieces that nothing outside the region reads (the graph's functional
+    step: the kernel then writes the new values into the inputs' memory, and the copies go)."""
+    out_lists = [m for m in lists if m.output]
+    by_name = {f"x{i}": leaf for i, leaf in enumerate(leaves)}
+    scalar = {m.name for m in lists if m.scalar}
+    taken, result = set(), list(lists)
+    for n, m in zip(outputs, out_lists):
+        copies = [_copied_into(n, k, region) for k in range(len(leaves[0]))]
+        if m.scalar or any(c is None for c in copies):
+            continue
+        targets = [c.args[0] for c in copies]
+        src = next((name for name, leaf in by_name.items() if leaf == targets), None)
+        if src is None or src in scalar or src in taken:
+            continue
+        if any(w not in region and not _is_const(w) and w not in copies for t in targets for w in t.users):
+            continue  # read outside the step: it must keep its old value
+        taken.add(src)
+        result[lists.index(m)] = MapList(m.name, m.ctype, m.scalar, m.expr, m.output, into=src)
+    return tuple(result)
 
 
 def _is_const(node) -> bool:
@@ -193,14 +240,22 @@ def lower_foreach_maps(gm: torch.fx.GraphModule, target: str) -> list:
     except (_Refused, PanameraError):
         return []  # off the preconditions: the foreach ops stay eager, as before
     name = f"{PREFIX}0"
-    gm.add_submodule(name, MultiTensorMapModule(k))
+    k_len = len(leaves[0])
+    outs = [m for m in lists if m.output]
+    in_place = tuple(
+        (j * k_len + i, int(m.into[1:]) * k_len + i) for j, m in enumerate(outs) if m.into for i in range(k_len)
+    )
+    gm.add_submodule(name, MultiTensorMapModule(k, in_place))
     first = nodes[0]
     with gm.graph.inserting_before(first):
         call = gm.graph.call_module(name, tuple(a for leaf in leaves for a in leaf))
-    k_len = len(leaves[0])
     offset = {n: j * k_len for j, n in enumerate(outputs)}
     region = set(nodes)
-    for n in outputs:
+    for n, m in zip(outputs, outs):
+        if m.into:  # written in place: its copies back into the inputs go
+            for i in range(k_len):
+                gm.graph.erase_node(_copied_into(n, i, region))
+            continue
         for u in list(n.users):
             if u.target is operator.getitem and any(w not in region and not _is_const(w) for w in u.users):
                 with gm.graph.inserting_before(u):

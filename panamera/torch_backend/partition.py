@@ -22,14 +22,17 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 import panamera as pn
 
 from ..errors import PanameraError
+from ..frontend.symbolic import Dim
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
 from .foreach_map import lower_foreach_maps
 from .multitensor import lower_norms
+from .mutations import write_back
 from .symbolic import (
     DynamicSubgraph,
     PerShapeSubgraph,
     extent,
+    number,
     retraced,
     shape_of,
     signature,
@@ -194,6 +197,16 @@ def propose(gm: torch.fx.GraphModule) -> tuple[CapabilityBasedPartitioner, list]
     return partitioner, parts
 
 
+def is_value(node: torch.fx.Node) -> bool:
+    """Whether an integer argument of a partition is read as a number (an operand of element-wise
+    arithmetic: a position `arange(n) + past_length`), not as an extent (a view's size). A dynamic
+    graph's such SymInt becomes a 0-d int64 input (`symbolic.number` passes its value at each call)
+    instead of a constant that would need a compilation per value."""
+    return bool(node.users) and all(
+        kind_of(u) is OpKind.ELEMENTWISE and any(a is node for a in (*u.args, *u.kwargs.values())) for u in node.users
+    )
+
+
 def translate(sub: torch.fx.GraphModule, vals: list, split_products: bool = False) -> tuple[list, bool, list]:
     """Panamera tensors of a fused partition: (outputs, whether it returns one value, the
     submodule's arguments as Panamera values: placeholders, or extents for integer arguments).
@@ -206,6 +219,10 @@ def translate(sub: torch.fx.GraphModule, vals: list, split_products: bool = Fals
     for node in sub.graph.nodes:
         if node.op == "placeholder":
             v = vals[len(holders)]
+            if isinstance(v, torch.SymInt) and is_value(node):  # a size read as a number: a 0-d input
+                env[node] = holder = pn.placeholder((), DTYPES[torch.int64], name=node.name)
+                holders.append(holder)
+                continue
             if isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool):  # an extent (a view's size)
                 env[node] = extent(v)
             elif not isinstance(v, torch.Tensor) or v.dtype not in DTYPES:
@@ -247,8 +264,8 @@ class SubgraphReport:
     ops: tuple[str, ...]
     kernels: int  # Panamera kernels per call; 0 if it stayed eager (or is compiled per shape at call time)
     eager_reason: str = ""  # why it stayed eager, if it did
-    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/), modeled; 0 if symbolic
-    traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone
+    modeled_us: float = 0.0  # the plan's modeled time per call on its GPU (model/); a symbolic one's at the size hint
+    traffic: tuple[tuple[str, int, int], ...] = ()  # (op, bytes read, bytes written) of each op run alone (at the hint)
     mode: str = "static"  # "static", "symbolic" (one DynamicCompiled) or "per-shape" (symbolic path refused)
     program: object = field(default=None, compare=False, repr=False)  # the DynamicCompiled of a symbolic one
     symbolic_reason: str = ""  # of a per-shape one: why the symbolic path refused it
@@ -262,15 +279,24 @@ class SubgraphReport:
 FREE = {aten._unsafe_view.default, aten.alias.default, aten.detach.default}  # views AOTAutograd emits
 
 
+def hint(n) -> int:
+    """An extent as an int: a dynamic graph's SymInt at its size hint (the sizes dynamo traced it
+    at: torch's `optimization_hint`, which adds no guard)."""
+    if isinstance(n, torch.SymInt):
+        return int(torch.fx.experimental.symbolic_shapes.optimization_hint(n, fallback=0))
+    return int(n)
+
+
 def op_traffic(node: torch.fx.Node) -> tuple[str, int, int]:
     """(op, bytes read, bytes written) of one ATen node as eager PyTorch runs it, one kernel reading
-    each tensor argument once and writing its outputs (from torch's FakeTensor metadata); a view
-    moves nothing. Bench's training-step table models these as eager's kernels."""
+    each tensor argument once and writing its outputs (from torch's FakeTensor metadata; a dynamic
+    graph's at its size hint, `hint`); a view moves nothing. Bench's training-step table models
+    these as eager's kernels."""
 
     def size(v) -> int:
         if isinstance(v, (tuple, list)):
             return sum(size(x) for x in v)
-        return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+        return hint(v.numel()) * v.element_size() if isinstance(v, torch.Tensor) else 0
 
     if node.target in FREE or getattr(node.target, "is_view", False):
         return str(node.target), 0, 0
@@ -285,7 +311,7 @@ class PanameraSubgraph(torch.nn.Module):
         self.compiled, self.used = compiled, used
 
     def forward(self, *args):
-        return self.compiled(*(args[k] for k in self.used))
+        return self.compiled(*(number(args, k) for k in self.used))
 
 
 def _values(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list:
@@ -313,7 +339,8 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
     from ..cache import placeholders
     from ..dynamic import DynamicCompiled, members
 
-    ops = tuple(str(n.target) for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    calls = [n for n in sub.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    ops, traffic = tuple(str(n.target) for n in calls), tuple(op_traffic(n) for n in calls)  # traffic at the hint
     try:
         outputs, single, holders = translate(sub, vals, split_products=True)
     except Exception as e:  # noqa: BLE001 - refused symbolically: re-traced per shape at call time
@@ -333,14 +360,29 @@ def _symbolic(name: str, sub, vals, target: str, deterministic: bool, on_special
                 used = tuple(index[t.uid] for t in placeholders((outputs[0],) if single else tuple(outputs)))
                 kernels = len(members(k.program))
                 module = DynamicSubgraph(k, used, signature(vals), tuple(holders[i].shape for i in used))
-                return module, SubgraphReport(name, ops, kernels, mode="symbolic", program=k)
+                at = hints(vals)  # modeled at the size hint, as the traffic (0 if a symbol has no hint)
+                us = k.modeled_us(**at) if set(k.symbols) <= set(at) else 0.0
+                return module, SubgraphReport(name, ops, kernels, modeled_us=us, traffic=traffic, mode="symbolic",
+                                              program=k)  # fmt: skip
             used_uids = {t.uid for t in k.inputs}
             used = tuple(i for i, h in enumerate(holders) if isinstance(h, pn.Tensor) and h.uid in used_uids)
             return PanameraSubgraph(k, used), SubgraphReport(
-                name, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us
+                name, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us, traffic=traffic
             )
     module = PerShapeSubgraph(name, build, target, deterministic, reason, on_specialize, eager=sub)
-    return module, SubgraphReport(name, ops, 0, mode="per-shape", symbolic_reason=reason)
+    return module, SubgraphReport(name, ops, 0, traffic=traffic, mode="per-shape", symbolic_reason=reason)
+
+
+def hints(vals) -> dict[str, int]:
+    """The symbols of a dynamic partition's arguments at their size hints (`hint`), by name: each
+    from an extent that is the symbol times a constant (s0, 5*s0; a sum's own symbol, `extent`)."""
+    out: dict[str, int] = {}
+    for v in vals:
+        for s in (v,) if isinstance(v, torch.SymInt) else v.shape if isinstance(v, torch.Tensor) else ():
+            e = extent(s) if isinstance(s, torch.SymInt) and why_not_symbolic(s) is None else None
+            if isinstance(e, Dim) and len(e.syms) == 1:
+                out[e.syms[0]] = hint(s) // e.coef
+    return out
 
 
 def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: bool = False, on_specialize=None):
@@ -350,6 +392,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     `on_specialize(name, shapes, reason)` hears of each per-shape fallback compiled at call time."""
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
     lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
+    write_back(gm)  # the input mutations left: in place, or one _foreach_copy_
     multi = [SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lowered]
     partitioner, parts = propose(gm)
     inside = {n for p in parts for n in p.nodes}

@@ -16,6 +16,8 @@ at call time (`panamera.dynamic.specialize`), each specialization counted with i
 
 from __future__ import annotations
 
+import hashlib
+
 import sympy
 import torch
 
@@ -23,13 +25,15 @@ import panamera as pn
 
 from ..dynamic import specialize
 from ..errors import PanameraError
-from ..frontend.symbolic import Dim, make
+from ..frontend.symbolic import NAME, Dim, make
 from .aten import TranslationError
 
 
 def extent(s) -> int | Dim:
-    """torch's extent (an int or a SymInt) as a Panamera extent; a SymInt must be a product of
-    symbols times a positive constant (s0, 5*s0, s0*s1), else TranslationError names it.
+    """torch's extent (an int or a SymInt) as a Panamera extent: a product of factors times a
+    positive constant (s0, 5*s0, s0*s1). A factor is one of torch's symbols, or a sum of them (a
+    KV cache after `cat`: s0 + 1), which becomes a symbol of its own (`opaque`), bound at each
+    call from the axis that has that extent; anything else raises TranslationError naming it.
 
     >>> extent(7)
     7
@@ -41,16 +45,47 @@ def extent(s) -> int | Dim:
     expr = s.node.expr
     if expr.is_Integer:
         return int(expr)
-    coef, rest = expr.as_coeff_Mul()
+    coef, syms = monomial(expr)
+    return make(coef, tuple(sorted(syms)))
+
+
+def monomial(expr) -> tuple[int, list[str]]:
+    """A sympy extent as (constant, factor names): sums are factored first (4*s0 + 4 -> 4*(s0 + 1)),
+    and each sum factor is named by `opaque`.
+
+    >>> s0 = sympy.Symbol("s0")
+    >>> monomial(4 * s0 + 4)
+    (4, ['s0p1'])
+    """
+    coef, rest = sympy.factor(expr).as_coeff_Mul() if expr.is_Add else expr.as_coeff_Mul()
     syms: list[str] = []
     for f in sympy.Mul.make_args(rest):
         base, power = f.as_base_exp()
-        if not (isinstance(base, sympy.Symbol) and power.is_Integer and power > 0):
-            raise TranslationError(f"symbolic extent {expr} is not a product of symbols (Panamera keeps monomials)")
-        syms += [str(base)] * int(power)
+        if isinstance(base, sympy.Symbol):
+            name = str(base)
+        elif base.is_Add and base.free_symbols and all(a.is_Integer or a.is_Symbol or a.is_Mul for a in base.args):
+            name = opaque(base)
+        else:
+            name = ""
+        if not (name and power.is_Integer and power > 0):
+            raise TranslationError(f"symbolic extent {expr} is not a product of symbols or their sums")
+        syms += [name] * int(power)
     if not (coef.is_Integer and coef > 0):
         raise TranslationError(f"symbolic extent {expr} has coefficient {coef}")
-    return make(int(coef), tuple(sorted(syms)))
+    return int(coef), syms
+
+
+def opaque(expr) -> str:
+    """The symbol that stands for a sum of torch's symbols: one name per expression, the same in
+    every partition (s0 + 1 -> s0p1, s0 - 1 -> s0m1, s0*s1 + s2 -> s0xs1ps2). Panamera treats it as
+    independent of its terms (it never proves two such extents equal), which is safe: an op that
+    needs them related is refused and runs per shape.
+
+    >>> opaque(sympy.Symbol("s0") - 1)
+    's0m1'
+    """
+    text = str(expr).replace(" ", "").replace("+", "p").replace("-", "m").replace("*", "x")
+    return text if NAME.match(text) else "e" + hashlib.sha1(str(expr).encode()).hexdigest()[:10]
 
 
 def shape_of(val) -> tuple:
@@ -108,6 +143,15 @@ def split(shape: tuple) -> tuple:
     return tuple(out)
 
 
+def number(args: tuple, k: int) -> torch.Tensor:
+    """Argument `k` as a tensor: an integer (a size read as a number, partition.is_value) as a 0-d
+    int64 tensor on the arguments' device."""
+    a = args[k]
+    if isinstance(a, torch.Tensor):
+        return a
+    return torch.tensor(int(a), device=next((x.device for x in args if isinstance(x, torch.Tensor)), None))
+
+
 class DynamicSubgraph(torch.nn.Module):
     """A partition compiled once over symbolic shapes: torch tensors in, torch tensors out. Each
     argument the program reads (`used`) is viewed at its placeholder's shape (`split`), evaluated
@@ -122,7 +166,7 @@ class DynamicSubgraph(torch.nn.Module):
         sizes = bind(self.shapes, args)
         arrays = []
         for k, shape in zip(self.used, self.placeholders):
-            a = args[k]
+            a = number(args, k)
             if a.ndim != len(shape):
                 a = a.reshape(tuple(e.evaluate(sizes) if isinstance(e, Dim) else e for e in shape))
             arrays.append(a)
@@ -167,7 +211,7 @@ class PerShapeSubgraph(torch.nn.Module):
         k, used = entry
         if k is None:
             return self.eager(*args)
-        return k(*(args[i] for i in used))
+        return k(*(number(args, i) for i in used))
 
 
 def specialized(outputs: list, single: bool, holders: list):

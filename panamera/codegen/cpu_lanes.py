@@ -1,0 +1,184 @@
+"""Row scans of the CPU target in W accumulator lanes (`lanes_pass`, called by codegen/cpu_kernel.py's
+`row_pass`): W = LANE_VECTORS x the decision's SIMD lanes accumulators per reduction, so that a
+scan runs at the speed of its loads rather than of one vector register's add latency, folded by
+an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
+value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block.
+
+`kern` is cpu_kernel's `_Kernel` (its group, decision, ThreadLoop, bodies and accumulators);
+`scan` and `emit` are its isl helpers (`_scan`, `_print`), passed in: this module sits beside it.
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from ..enums import StrEnum
+from ..poly.statement import Statement
+from .cpu_runs import block_head
+from .thread_loop import identity_expr
+
+LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan (lanes_pass)
+_LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
+
+
+# The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
+# that order (a float sum's rounding is that of this fixed tree): while a half is wider than a vector
+# register, a loop of constant trip count (g++ vectorizes it); then halves of GCC vector types, so
+# each step is one vector operation on a register and its upper half (`F::apply` on vector types:
+# the combiners' expressions are element-wise there, a max's `a != a || a > b` included, so NaN
+# semantics are the scalar ones), the last step scalar. log2(W) dependent vector steps a row
+# instead of the W - 1 scalar, branchy (NaN-aware max) steps g++ made of the generic loop.
+LANE_FOLD = """#include <cstring>
+template <class F, int N, class T> static inline T pn_fold_lanes(const T* l) {
+  static_assert(N >= 2 && (N & (N - 1)) == 0, "pn_fold_lanes: N a power of two");
+  if constexpr (N == 2) {
+    return F::apply(l[0], l[1]);
+  } else if constexpr (N / 2 * sizeof(T) > 64) {
+    T t[N / 2];
+    for (int q = 0; q < N / 2; ++q) t[q] = F::apply(l[q], l[q + N / 2]);
+    return pn_fold_lanes<F, N / 2>(t);
+  } else {
+    typedef T H __attribute__((vector_size(N / 2 * sizeof(T))));
+    H a, b;
+    std::memcpy(&a, l, sizeof(H));
+    std::memcpy(&b, l + N / 2, sizeof(H));
+    const H r = F::apply(a, b);
+    T t[N / 2];
+    std::memcpy(t, &r, sizeof(H));
+    return pn_fold_lanes<F, N / 2>(t);
+  }
+}
+"""
+
+
+class LaneKind(StrEnum):
+    """How a reduction's accumulator spreads over W lanes in `lanes_pass`."""
+
+    NONE = "none"  # a struct accumulator (Welford, log-sum-exp): one per scan, as before
+    PLAIN = "plain"  # a scalar accumulator: W of them, folded by the combiner
+    ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, index) per lane
+
+
+def lane_kind(s: Statement) -> LaneKind:
+    """The lanes of reduction statement s (LaneKind).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((4, 50), "float32")
+    >>> [lane_kind(lower(y, target="cpu", stop_after="groups").groups[0].statements[0]).value
+    ...  for y in (pn.sum(x, axis=1), pn.argmax(x, axis=1), pn.argmax(x, axis=1, last=True), pn.var(x, axis=1))]
+    ['plain', 'arg', 'plain', 'none']
+    """
+    if s.acc.is_struct:
+        return LaneKind.NONE
+    b = s.body
+    if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in _LANE_TYPES:
+        return LaneKind.PLAIN
+    x = b.args[1]
+    if x.op == "load" and not s.reads[x.read].memory and _rises_with_j(s.reads[x.read].addr):
+        return LaneKind.ARG
+    return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
+
+
+def _rises_with_j(addr: isl.PwAff) -> bool:
+    """Whether an index (an iota's address over the canonical domain) grows with j, one per step."""
+    pos = addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
+    if pos < 0:
+        return False
+    return all(aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in addr.get_pieces())
+
+
+def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit) -> list[str]:
+    """`row_pass` with W = LANE_VECTORS x lanes accumulators per reduction: each block of
+    `inner` iterations scans j in steps of W under `omp simd`, lane q accumulating j = c + q
+    (W independent chains, several vector registers: the loop runs at the speed of the
+    loads, not of one register's add latency), then folds its lanes pairwise into the
+    block accumulator (LANE_FOLD: log2 W vector steps); the last < W iterations run as `row_pass` runs them. Every combiner
+    of algebra.py is associative, and a float sum's rounding stays that of a tree of short
+    sums (no -ffast-math: the tree is explicit).
+
+    An argmax/argmin whose index rises with j keeps per lane its best (value, index) in the
+    value's own type (LaneKind.ARG): a lane takes a value greater (less) than its best, or the
+    first NaN, so it holds the first index of its extreme; the lanes become keys
+    (pn_argkey_*) only once, at the fold, and the keys' order resolves ties across lanes as
+    numpy does (the first index, the first NaN)."""
+    g, d = kern.g, kern.d
+    ctx = g.statements[0].domain.get_ctx()
+    W, B = LANE_VECTORS * d.lanes, d.inner
+    lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
+    tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
+    arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
+
+    def lane(q: str) -> list[str]:
+        out = [f"const pn_idx j = pn_c + {q};"]
+        for k in here:
+            if k in arg:
+                out += arg_lane(kern, k, q)
+            else:
+                out += kern.body([k], lambda k: f"pn_lane{k}[{q}]")
+        return ["{"] + ["  " + ln for ln in out] + ["}"]
+
+    def tail(a: list[str]) -> list[str]:
+        body = kern.body(here, lambda k: f"pn_blk{k}")
+        return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
+
+    out = block_head(kern.run, lo, hi, B)
+    out += ["  " + ln for ln in kern.acc_decls(owners, name="pn_blk")]
+    for k in owners:
+        s = g.statements[k]
+        if k in arg:
+            v = s.body.args[0].dtype.compute
+            init = "lowest" if s.combiner.name == "max" else "highest"
+            lines, x = kern.loop.body_lines(k, None, expr=s.body.args[1])
+            out += [f"  {v} pn_lv{k}[{W}]; long long pn_li{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) {{"]
+            out += ["    const pn_idx j = pn_lo + q;"] + ["    " + ln for ln in lines]
+            out += [f"    pn_lv{k}[q] = pn_lim<{v}>::{init}(); pn_li{k}[q] = (long long)({x});", "  }"]
+        else:
+            out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
+            out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
+    out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
+    out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
+    out += ["  }", "  if (pn_c > pn_lo) {"]
+    for k in owners:
+        s = g.statements[k]
+        f = s.combiner.functor
+        if k in arg:
+            key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
+            out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
+            continue
+        if s.acc.compute in _LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
+            out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
+            continue
+        out.append(f"    for (int w = {W // 2}; w > 0; w /= 2)")
+        out.append(f"      for (int q = 0; q < w; ++q) pn_lane{k}[q] = {f}::apply(pn_lane{k}[q], pn_lane{k}[q + w]);")
+        out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_lane{k}[0]);")
+    out += ["  }", "  { const pn_idx pn_lo = pn_c;  // the last < W iterations"]
+    pragma = f"#pragma omp simd {kern.simd_clause(owners, lambda k: f'pn_blk{k}')}"
+    out += ["    " + ln for ln in emit(tail_ast, tail, [pragma])] + ["  }"]
+    for k in owners:
+        out.append(f"  acc{k} = {g.statements[k].combiner.functor}::apply(acc{k}, pn_blk{k});")
+    return out + ["}"]
+
+
+def arg_lane(kern, k: int, q: str) -> list[str]:
+    """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and index, and
+    the lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
+    s = kern.g.statements[k]
+    v = s.body.args[0].dtype.compute
+    vl, val = kern.loop.body_lines(k, None, expr=s.body.args[0])
+    xl, idx = kern.loop.body_lines(k, None, expr=s.body.args[1])
+    keep = "<=" if s.combiner.name == "max" else ">="
+    best, at = f"pn_lv{k}[{q}]", f"pn_li{k}[{q}]"
+    return [
+        f"{{ {v} pn_v; long long pn_x;",  # each in its own scope: the two renderings share register names
+        "  {",
+        *["    " + ln for ln in vl],
+        f"    pn_v = {val};",
+        "  }",
+        "  {",
+        *["    " + ln for ln in xl],
+        f"    pn_x = (long long)({idx});",
+        "  }",
+        f"  const bool pn_t = !(pn_v {keep} {best}) & ({best} == {best});",
+        f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_x : {at}; }}",
+    ]

@@ -1,0 +1,91 @@
+"""The values a stitched CPU row carries between its passes (codegen/cpu_kernel.py's `_Kernel`
+mixes these in): a value an earlier pass evaluates and later ones need again (the decision's
+`reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row
+`pn_cseK` and read back by the later ones; a later pass's division by a row invariant as a
+product with its reciprocal `pn_rcp...`, computed once per row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..dtypes import bool_
+from ..poly.expr import Expr
+from ..schedule.cpu_reuse import nodes_with, varying
+from .expr import convert
+
+
+class RowValues:
+    """Needs of its host: `g` (the group), `d` (the CpuDecision), `loop` (a ThreadLoop), `held`
+    (statement -> {node id: C expression holding its value}), `bodies` (statement -> its
+    rewritten body), `epilogues` and `reductions` (statement indices)."""
+
+    def store_reused(self, k: int) -> list[str]:
+        """Statement k's values that later passes read back (decision.reuse): each evaluated in a
+        block of its own and stored to its scratch row at j, where k's own body reads it (the
+        compiler forwards the store)."""
+        out = []
+        for n, x in enumerate(self.d.reuse):
+            if x.producer == k:
+                node = nodes_with(self.g.statements[k], x.key)[0]
+                # values of earlier reuses inside it are read back too, never the value itself: the
+                # body may be printed several times (cpu_lanes prints it per lane and for the tail)
+                given = {i: v for i, v in self.held.get(k, {}).items() if i != id(node)}
+                lines, val = self.loop.body_lines(k, None, expr=node, given=given)
+                out += ["{"] + ["  " + ln for ln in lines] + [f"  pn_cse{n}[j] = {val};", "}"]
+                self.held.setdefault(k, {})[id(node)] = f"pn_cse{n}[j]"
+        return out
+
+    def read_back(self) -> None:
+        """The consumers of each reused value read it from its scratch row at j."""
+        for n, x in enumerate(self.d.reuse):
+            for c in x.consumers:
+                for node in nodes_with(self.g.statements[c], x.key):
+                    self.held.setdefault(c, {})[id(node)] = f"pn_cse{n}[j]"
+
+    def reciprocals(self, here: list[int]) -> list[str]:
+        """A division by a row invariant (a value of the group's earlier passes or a constant) in
+        the statements `here` becomes a product with its reciprocal, computed here once per row."""
+        g, out = self.g, []
+        for k in here:
+            s = g.statements[k]
+            if k in self.epilogues or k in self.reductions:
+                continue
+            along = varying(s, g.on_chip)
+            table = {}
+            for e in s.body.walk():
+                if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
+                    name = f"pn_rcp{k}_{len(table)}"
+                    lines, val = self.loop.body_lines(k, None, expr=e.args[1])
+                    t = e.dtype.compute
+                    # x * (1/s) is x / s within one more rounding only where s and 1/s are both normal
+                    # (1/s of a subnormal s is inf); other rows divide (a row invariant: g++ unswitches)
+                    out += (
+                        ["{"]
+                        + ["  " + ln for ln in lines]
+                        + [
+                            f"  const {t} pn_d = {convert(val, e.args[1].dtype, e.dtype)};",
+                            f"  {name}_v = ({t})1 / pn_d;",
+                            f"  {name}_ok = std::isnormal(pn_d) && std::isnormal({name}_v);",
+                            "}",
+                        ]
+                    )
+                    out[:0] = [f"{t} {name}_v;", f"bool {name}_ok;"]
+                    r, ok = Expr("load", (), e.dtype), Expr("load", (), bool_)
+                    self.held.setdefault(k, {}).update({id(r): f"{name}_v", id(ok): f"{name}_ok"})
+                    table[id(e)] = Expr("where", (ok, Expr("mul", (e.args[0], r), e.dtype), e), e.dtype)
+            if table:
+                self.bodies[k] = _substitute(s.body, table)
+        return out
+
+
+def _substitute(e: Expr, table: dict[int, Expr]) -> Expr:
+    """Expression e with the nodes of `table` (by id) replaced; the other nodes kept as they are."""
+    memo: dict[int, Expr] = {}
+    for n in e.walk():
+        if id(n) in table:
+            memo[id(n)] = table[id(n)]
+            continue
+        args = tuple(memo[id(a)] for a in n.args)
+        memo[id(n)] = n if all(a is b for a, b in zip(args, n.args)) else dataclasses.replace(n, args=args)
+    return memo[id(e)]

@@ -1,0 +1,210 @@
+"""Symbolic programs on the CPU target (issues 22 and 24): one program, a CPU library per class plan.
+
+`pn.compile` of a graph with symbolic extents with `target="cpu"` (or "auto" without a GPU)
+returns a `DynamicCpuCompiled`: the program is built once (poly/params.py); at each call the
+symbols are bound from the arrays' shapes (as `DynamicCompiled`), the size class is a
+power-of-two range per symbol (no alignment: a CPU's `omp simd` loops have scalar tails), the
+class's kernels are mapped by the CPU model (schedule/cpu_param_mapping.py: the split, robust
+over the class) and printed as C++ with OpenMP + SIMD whose extents are arguments
+(codegen/cpu_param_kernel.py). A class's source is built by g++ once (runtime/cpu.py: memory and
+disk cache by content), so classes with equal plans share one library; every call passes the
+bound extents to the kernels through ctypes.
+
+>>> import numpy as np, panamera as pn
+>>> x = pn.placeholder(("B", 8), name="x")
+>>> k = pn.compile(pn.sum(x, axis=1), target="cpu")
+>>> [k(np.ones((n, 8), np.float32)).tolist() for n in (1, 3)]
+[[8.0], [8.0, 8.0, 8.0]]
+>>> k.stats()["classes_compiled"], k.stats()["sources_built"]
+(2, 1)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codegen import islast
+from .codegen.cpu_param_kernel import CpuParamKernel, render_cpu_group, scalars
+from .codegen.header import prelude
+from .cpu_target import ATOMIC_COMBINE, cpu_model
+from .dynamic import DynamicCompiled, _at, _count, _refuse_empty, members
+from .errors import OptionError, PanameraError
+from .frontend import symbolic
+from .poly.params import build, storage
+from .poly.statement import StatementKind
+from .runtime import arrays as arrays_mod
+from .runtime import cpu as cpu_backend
+from .runtime.cpu import SIMD_MATH
+from .schedule.cpu_mapper import CpuMachine
+from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group, time_at
+from .schedule.size_class import SizeClass
+
+FORMULATION_HINT = 1024  # the size of every symbol a formulation is chosen at
+MAX_CALLS = 256  # the sizes whose calls are kept prepared (DynamicCpuCompiled._prepare)
+
+
+@dataclass(frozen=True)
+class _Call:
+    allocs: tuple  # (buffer key, elements, numpy dtype) of every statement's result
+    steps: tuple  # (entry point, buffer keys, extents array, reductions to refuse) of every kernel run
+    results: tuple  # (buffer key, shape, copied) of every output
+
+
+@dataclass
+class _CpuClass:
+    plan: CpuClassPlan
+    kernels: tuple[CpuParamKernel, ...]
+    source: str
+    entries: tuple  # the kernels' ctypes functions, in order
+
+
+class DynamicCpuCompiled(DynamicCompiled):
+    """A symbolic program on the CPU: `k(*arrays, threads=None)` binds the symbols and runs the
+    class's CPU kernels on `threads` OpenMP threads (default: the machine's cores)."""
+
+    TARGETS = ("cpu",)
+
+    def __init__(self, outputs, single: bool, deterministic: bool, gpu, split: int | None = None):
+        super().__init__(outputs, single, "cpu", deterministic, gpu)
+        self.machine = CpuMachine.detect()
+        self.model = cpu_model(self.machine)
+        self.split = split  # an override of the model's chunks per reduction (tests, experiments)
+        self._libs: dict[str, ctypes.CDLL] = {}
+        self._calls: dict[tuple[int, ...], _Call] = {}
+        self.counters["sources_built"] = 0
+        self.origin = "chosen by the CPU model"
+        if self.program.formulations:  # ranked by the CPU model instead of by their reductions
+            self.program = build(self.outputs, cost=self.formulation_cost)
+        self._symbols = self.program.parameters  # (a property that sorts them: once, not per call)
+
+    def formulation_cost(self, outputs) -> float:
+        """The CPU model's time of a formulation's kernels (the best split of each) at a size hint
+        of FORMULATION_HINT per symbol: the formulation is one for the program, not per class (an
+        online softmax's struct accumulator costs more here than a second pass over a row in cache)."""
+        try:
+            p = build(outputs)
+        except PanameraError:
+            return math.inf
+        hint = SizeClass.of({n: FORMULATION_HINT for n in p.parameters}, frozenset(), 1)
+        return sum(
+            map_cpu_group(g, kind, hint, self.model, self.deterministic).modeled_us
+            for g, kind in zip(members(p), p.kinds)
+        )
+
+    def modeled_us(self, **sizes: int) -> float:
+        """The CPU model's time (µs) of one call's kernels at `sizes` with its class's decisions (the
+        figure a report gives at a size hint; DynamicCompiled's is the GPU model's).
+
+        >>> import panamera as pn
+        >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="cpu")
+        >>> k.modeled_us(B=4096) > k.modeled_us(B=1) > 0
+        True
+        """
+        plan = self.plan(self.size_class(sizes))
+        kernels = zip(members(self.program), self.program.kinds, plan.decisions)
+        return sum(time_at(g, kind, sizes, d.split, d.block, d.lanes, self.model).total_us for g, kind, d in kernels)
+
+    @property
+    def schedule(self):
+        raise OptionError(
+            "target='cpu': a symbolic CPU program has no replayable schedule (its class plans are in explain())"
+        )
+
+    def size_class(self, sizes: dict[str, int]) -> SizeClass:
+        """A power-of-two range per symbol, no alignment: no CPU decision needs one."""
+        return SizeClass.of(sizes, frozenset(), 1)
+
+    def explain(self) -> str:
+        """The kernels, every class planned so far with its CPU decisions, and the machine."""
+        return super().explain() + f"\n  machine: {self.model.describe()}"
+
+    def describe_plan(self, plan: CpuClassPlan) -> str:
+        """One CPU class plan's line in `explain()` (the CPU model's figure: no launches)."""
+        return plan.describe()
+
+    def plan(self, cls: SizeClass) -> CpuClassPlan:
+        """The class's CPU plan, decided now by the CPU model (once per class)."""
+        if cls not in self._plans:
+            decisions = tuple(
+                map_cpu_group(g, kind, cls, self.model, self.deterministic, self.split)
+                for g, kind in zip(members(self.program), self.program.kinds)
+            )
+            self._plans[cls] = CpuClassPlan(cls, decisions)
+            self.counters["classes_planned"] += 1
+        return self._plans[cls]
+
+    def _class(self, cls: SizeClass) -> _CpuClass:
+        if cls in self._classes:
+            return self._classes[cls]
+        plan = self.plan(cls)
+        kernels = tuple(
+            render_cpu_group(g, d, self.program, f"pn_c{k}")
+            for k, (g, d) in enumerate(zip(members(self.program), plan.decisions))
+        )
+        decls = sorted({r for k in kernels for r in k.reductions})
+        body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
+        source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
+        if source not in self._libs:  # classes with equal plans print equal sources: one library
+            self._libs[source] = cpu_backend.build(source)
+            self.counters["sources_built"] += 1
+        entries = []
+        for k in kernels:
+            fn = getattr(self._libs[source], k.name)
+            fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int), None
+            entries.append(fn)
+        ck = self._classes[cls] = _CpuClass(plan, kernels, source, tuple(entries))
+        self.counters["classes_compiled"] += 1
+        _count("classes_compiled")
+        return ck
+
+    def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise OptionError(f"target='cpu': threads must be a positive int, got {threads!r}")
+        key = tuple(sizes[n] for n in self._symbols)
+        call = self._calls.get(key)
+        if call is None:
+            call = self._prepare(sizes)
+        hosted = [np.ascontiguousarray(arrays_mod.to_host(a)) for a in args]  # a view when already contiguous
+        return self._run_cpu(call, hosted, threads or self.machine.cores)
+
+    def _prepare(self, sizes: dict[str, int]) -> _Call:
+        """What every call at these sizes does (kept for the next call at them, up to MAX_CALLS
+        sizes): the class's entry points with their extents, the buffers to allocate, the results."""
+        ck = self._class(self.size_class(sizes))
+        symbols = [sizes[n] for n in self.program.parameters]
+        allocs, steps = [], []
+        for group, k, fn in zip(members(self.program), ck.kernels, ck.entries):
+            allocs += [(f"t:{m.result.uid}", math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np)
+                       for m in group]  # fmt: skip
+            s = group[0]
+            M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
+            if M == 0:
+                continue
+            empty = tuple(m for m in group if m.kind == StatementKind.REDUCE and N == 0 and not m.combiner.has_identity)
+            xs = (ctypes.c_longlong * len(scalars(self.program)))(M, N, *symbols)
+            steps.append((fn, k.buffers, xs, empty))
+        results, used = [], set()
+        for o in self.program.outputs:
+            key = f"t:{storage(o).uid}"
+            fresh = storage(o).op != "placeholder" and key not in used  # two outputs never share memory
+            results.append((key, symbolic.evaluate(o.shape, sizes), not fresh))
+            used.add(key)
+        if len(self._calls) >= MAX_CALLS:
+            self._calls.clear()
+        call = self._calls[tuple(symbols)] = _Call(tuple(allocs), tuple(steps), tuple(results))
+        return call
+
+    def _run_cpu(self, call: _Call, inputs: list[np.ndarray], threads: int) -> list:
+        """One call: the outputs allocated, every kernel of the class in order."""
+        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
+        for key, n, dtype in call.allocs:
+            bufs[key] = np.empty(n, dtype)
+        for fn, keys, xs, empty in call.steps:
+            for m in empty:  # a reduction over nothing without an identity (max, min): numpy's error
+                _refuse_empty(m)
+            fn((ctypes.c_void_p * len(keys))(*[bufs[key].ctypes.data for key in keys]), xs, threads)
+        return [(bufs[key].copy() if copy else bufs[key]).reshape(shape) for key, shape, copy in call.results]

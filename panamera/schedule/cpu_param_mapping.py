@@ -1,0 +1,202 @@
+"""The CPU mapping of a symbolic program's kernels per size class (issues 22 and 24).
+
+A kernel of a parametric program (poly/params.py, poly/param_stitch.py) runs on the CPU as the
+static CPU target runs a group (schedule/cpu_mapper.py): kept outputs over the cores, the reduced
+loop over the SIMD lanes, and a reduction whose outputs cannot occupy the cores split into
+`split` chunks per output, merged as `cpu_mapper.merge_mode` says. On a CPU no vector width needs
+a proof (`#pragma omp simd` loops have scalar tails), so a class is only a power-of-two range per
+symbol (schedule/size_class.py, no alignment), and the one decision that depends on the sizes is
+the split. It is chosen by the CPU model (model/cpu.py) once per class: the candidate (1, or a
+multiple of the cores, as `cpu_cost.best_split`) whose worst ratio to the best candidate over the
+class's smallest, representative and largest sizes is least: robust over the class, as the GPU
+classes are (schedule/param_mapping.py). The chunk length is computed from the bound N at run
+time (whole SIMD vectors), so one kernel serves every size of the class.
+
+>>> import panamera as pn
+>>> from panamera.poly.params import build
+>>> from panamera.model.cpu import CpuModel
+>>> from panamera.schedule.size_class import SizeClass
+>>> p = build((pn.sum(pn.placeholder(("N",), name="x")),))
+>>> m = CpuModel.nominal(4, 32)
+>>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 1 << 20}, frozenset()), m, False).describe()
+'ALL split=4 block=1 lanes=8 merge=atomic'
+>>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), m, False).describe()
+'ALL split=1 block=1 lanes=8'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ..algebra import WELFORD
+from ..frontend import symbolic
+from ..model.cpu import CpuModel, CpuWork, KernelTime, kernel_time
+from ..poly.params import PStatement
+from ..poly.statement import Form, StatementKind
+from .cpu_cost import MIN_TASK_ITERATIONS, _ops
+from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
+from .size_class import SizeClass
+
+MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
+
+
+@dataclass(frozen=True)
+class CpuParamDecision:
+    """One kernel's CPU decision for a size class: `split` chunks per output (1: none, chunk
+    length from N at run time), `block` kept outputs per COLUMN task (1 otherwise), `lanes` of
+    the accumulator, `merge` of a split's partials, `inner` reduced iterations per block of fresh
+    accumulators (cpu_kernel.row_pass: the rounding of long rows); `modeled_us` at the class's
+    representative size."""
+
+    statement: str
+    form: Form
+    kind: str  # the kernel's kind (poly/param_stitch.py): single, stitched, epilogue or siblings
+    split: int
+    block: int
+    lanes: int
+    merge: CpuMerge = CpuMerge.NONE
+    inner: int = INNER
+    modeled_us: float = 0.0
+
+    def describe(self) -> str:
+        merge = f" merge={self.merge}" if self.split > 1 else ""
+        return f"{self.form} split={self.split} block={self.block} lanes={self.lanes}{merge}"
+
+
+@dataclass(frozen=True)
+class CpuClassPlan:
+    """Every kernel's CPU decision for one size class."""
+
+    cls: SizeClass
+    decisions: tuple[CpuParamDecision, ...]
+
+    @property
+    def modeled_us(self) -> float:
+        """The kernels' modeled time at the class's representative size (the call excluded)."""
+        return sum(d.modeled_us for d in self.decisions)
+
+    def describe(self) -> str:
+        rep = ", ".join(f"{k}={v}" for k, v in self.cls.representative().items())
+        kernels = "; ".join(f"{d.statement}: {d.describe()}" for d in self.decisions)
+        return f"class {self.cls.describe()} (planned at {rep}, {self.modeled_us:.1f} us modeled): {kernels}"
+
+
+def _at(extent, sizes: dict[str, int]) -> int:
+    return symbolic.evaluate((extent,), sizes)[0]
+
+
+def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]) -> CpuWork:
+    """What a parametric kernel asks of the CPU at `sizes` (schedule/cpu_cost.py's `work` for a
+    static group): iterations, compulsory bytes (inputs once, every member's result once), the
+    operations per element on loaded values, and a stitched group's re-reads of its row."""
+    own = {m.result.uid for m in members}
+    lead = members[0]
+    M, N = _at(lead.M, sizes), _at(lead.N, sizes)  # noqa: N806
+    inputs = {
+        r.tensor.uid: math.prod(symbolic.evaluate(r.tensor.shape, sizes)) * r.tensor.dtype.itemsize
+        for m in members
+        for r in m.reads
+        if r.tensor.uid not in own
+    }
+    write = sum(math.prod(symbolic.evaluate(m.result.shape, sizes)) * m.result.dtype.itemsize for m in members)
+    space = max(M * max(N, 1), 1)
+    cheap = trans = div = 0.0
+    for m in members:
+        share = math.prod(symbolic.evaluate(m.shape, sizes)) / space
+        reads = [SimpleNamespace(memory=True, tensor=r.tensor) for r in m.reads]
+        c, t, d = _ops(m.body, reads, own)
+        if m.kind == StatementKind.REDUCE:
+            fma = m.combiner.name == "sum" and m.body.op == "mul"
+            c += 0.0 if fma else (2.0 if m.combiner.name in ("max", "min") else 1.0)
+        cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
+    reds = [m for m in members if m.kind == StatementKind.REDUCE]
+    passes = len({m.accumulator_key() for m in reds}) + 1 if kind == "stitched" else 1
+    row = sum(inputs.values())
+    return CpuWork(
+        M=M,
+        N=N,
+        elements=M * N if reds else M,
+        read_bytes=row,
+        write_bytes=write,
+        cheap=cheap,
+        transcendental=trans,
+        division=div,
+        reread_bytes=(passes - 1) * row,
+        struct=any(m.acc.is_struct and m.combiner.name != WELFORD.name for m in reds),
+        width=max((m.acc.itemsize for m in reds if not m.acc.is_struct), default=4),
+    )
+
+
+def block_of(members: tuple[PStatement, ...], lanes: int) -> int:
+    """A COLUMN task's kept outputs (a compile-time constant: whole rows of accumulators in L1,
+    as cpu_mapper.COLUMN_BLOCK_VECTORS; the last block is clipped to M at run time)."""
+    return lanes * COLUMN_BLOCK_VECTORS if members[0].form == Form.COLUMN else 1
+
+
+def time_at(
+    members, kind: str, sizes: dict[str, int], split: int, block: int, lanes: int, m: CpuModel, threads=None
+) -> KernelTime:
+    """The modeled time of the kernel at `sizes` with `split` chunks per output."""
+    w = param_work(members, kind, sizes)
+    if w.elements == 0:
+        return KernelTime(0.0, 0.0, 0.0, 0.0, 0.0, "L2", 0)
+    s = max(1, min(split, w.N)) if w.N else 1
+    tasks = math.ceil(w.M / min(block, max(w.M, 1))) * s
+    return kernel_time(w, m, tasks, s, threads, lanes)
+
+
+def candidates(
+    members: tuple[PStatement, ...], kind: str, cls: SizeClass, m: CpuModel, lanes: int, block: int
+) -> list[int]:
+    """The splits worth comparing: 1 (and only 1 for a MAP, a stitched group and a single core),
+    else multiples of the cores up to MAX_SPLIT whose chunks keep MIN_TASK_ITERATIONS iterations
+    (a COLUMN chunk: that many elements over its block of outputs; whole vectors) at the class's
+    largest sizes, as `cpu_cost.best_split`."""
+    lead = members[0]
+    if lead.kind == StatementKind.MAP or kind == "stitched" or m.cores <= 1:
+        return [1]
+    up = cls.upper()
+    n_max, outputs = _at(lead.N, up), max(1, min(block, _at(lead.M, up)))
+    min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / outputs))
+    out, s = [1], m.cores
+    while s <= MAX_SPLIT and n_max // s >= min_chunk:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def map_cpu_group(
+    members: tuple[PStatement, ...],
+    kind: str,
+    cls: SizeClass,
+    m: CpuModel,
+    deterministic: bool,
+    split: int | None = None,
+) -> CpuParamDecision:
+    """The class's decision for one kernel: `split` forced (an override for tests and
+    experiments, 1 for kernels that cannot split), else the candidate with the least worst ratio
+    to the best over the class's sample sizes (ties keep fewer chunks)."""
+    lead = members[0]
+    group = SimpleNamespace(statements=members)
+    lanes = _lanes(group, m.simd_bytes)
+    block = block_of(members, lanes)
+    options = candidates(members, kind, cls, m, lanes, block)
+    if split is not None:
+        can = lead.kind != StatementKind.MAP and kind != "stitched"
+        best = max(1, min(split, MAX_SPLIT)) if can else 1
+    else:
+        samples = cls.samples()
+        times = {s: [time_at(members, kind, z, s, block, lanes, m).total_us for z in samples] for s in options}
+        floor = [min(times[s][k] for s in options) for k in range(len(samples))]
+
+        def worst(s: int) -> float:
+            return max(t / f if f > 0 else 1.0 for t, f in zip(times[s], floor))
+
+        best = min(options, key=lambda s: (round(worst(s), 2), s))
+    rep = time_at(members, kind, cls.representative(), best, block, lanes, m).total_us
+    return CpuParamDecision(
+        "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
+        merge_mode(group, best, deterministic), INNER, rep,
+    )  # fmt: skip
