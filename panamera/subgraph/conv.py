@@ -15,6 +15,7 @@ the grouped product W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O) lands directly in NC
 
 from __future__ import annotations
 
+import itertools
 import math
 from types import ModuleType
 
@@ -85,38 +86,72 @@ def _library_conv(xp: ModuleType):
 
 
 def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.ndarray:
-    """The convolution with numpy: a strided window view of the padded input (no copy until the
-    matmul's operand) and one matmul per group. The host's library convolution: on the CPU an
-    im2col kernel on the emulator would compile and run CUDA C for what numpy does in
-    microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run that way).
+    """The convolution with numpy, written straight into NCHW order. The host's library
+    convolution: on the CPU an im2col kernel on the emulator would compile and run CUDA C for
+    what numpy does in microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run
+    that way). Three forms, by the window (each one BLAS call or a few numpy passes):
+
+    - pointwise (a 1-wide kernel, stride 1, no padding): the product W[g] (M/G, Cg) @ x[n, g] (Cg, O)
+      with no column tensor at all;
+    - depthwise (one input channel and one output per group): the sum over the kernel's taps
+      of each shifted input window times its channel's weight (no BLAS call of one row);
+    - otherwise the column tensor (N, G, Cg, K, O), filled by one strided slice copy per kernel tap
+      (contiguous runs along the output row; a 5-D transposed copy of numpy's window view cost
+      5x that), then the product W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O).
 
     >>> w = pool.Window((3,), (2,), ((1, 1),), (1,), (3,))
     >>> host_conv(np.arange(6.0).reshape(1, 1, 6), np.ones((1, 1, 3)), w, 1)
     array([[[ 1.,  6., 12.]]])
     """
-    d = len(win.kernel)
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
-    xp = np.pad(x, ((0, 0), (0, 0), *win.pads))
-    span = tuple((k - 1) * dl + 1 for k, dl in zip(win.kernel, win.dilations))
-    v = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + d)))
-    v = v[(slice(None), slice(None)) + tuple(slice(None, o * s, s) for o, s in zip(win.out, win.strides))]
-    v = v[(Ellipsis,) + tuple(slice(None, None, dl) for dl in win.dilations)]  # (N, C, O..., K...)
     o, k = math.prod(win.out), math.prod(win.kernel)
-    cols = v.reshape(n, group, cg, o, k).transpose(0, 1, 3, 2, 4).reshape(n, group, o, cg * k)
-    wg = w.reshape(group, m // group, cg * k).transpose(0, 2, 1)  # (G, Cg*K, M/G)
-    y = np.matmul(cols, wg)  # (N, G, O, M/G)
-    return y.transpose(0, 1, 3, 2).reshape(n, m, *win.out)
+    dtype = np.result_type(x, w)
+    if k == 1 and all(s == 1 for s in win.strides) and not any(p for pair in win.pads for p in pair):
+        y = np.matmul(w.reshape(group, m // group, cg), x.reshape(n, group, cg, o))  # (N, G, M/G, O)
+        return y.reshape(n, m, *win.out)
+    xp = x
+    if any(p for pair in win.pads for p in pair):
+        xp = np.zeros((n, c, *(s + a + b for s, (a, b) in zip(x.shape[2:], win.pads))), dtype=x.dtype)
+        xp[(slice(None), slice(None)) + tuple(slice(a, a + s) for s, (a, _) in zip(x.shape[2:], win.pads))] = x
+    taps = itertools.product(*(range(kk) for kk in win.kernel))
+
+    def window(tap):  # the input each output position reads at this kernel tap: (N, C, O...)
+        return xp[(slice(None), slice(None)) + tuple(
+            slice(t * dl, t * dl + (out - 1) * s + 1, s) for t, dl, out, s in zip(tap, win.dilations, win.out, win.strides)
+        )]  # fmt: skip
+
+    if cg == 1 and m == group:  # depthwise
+        wk = w.reshape(m, k).astype(dtype, copy=False)
+        y = np.zeros((n, m, *win.out), dtype=dtype)
+        scale = (slice(None),) + (None,) * len(win.out)
+        for j, tap in enumerate(taps):
+            y += window(tap) * wk[scale + (j,)]
+        return y
+    cols = np.empty((n, group, cg, k, *win.out), dtype=x.dtype)
+    for j, tap in enumerate(taps):
+        cols[:, :, :, j] = window(tap).reshape(n, group, cg, *win.out)
+    y = np.matmul(w.reshape(group, m // group, cg * k), cols.reshape(n, group, cg * k, o))  # (N, G, M/G, O)
+    return y.reshape(n, m, *win.out)
+
+
+_GEOMETRY: dict = {}  # (x shape, w shape, attributes' repr) -> geometry(...): a model's run asks every time
 
 
 def conv(xp: ModuleType, attrs: dict, x, w, b=None):
     """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations."""
-    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
-    if xp is np:
+    if xp is np:  # the geometry found once per shapes and attributes (a model's run calls it every time)
+        key = (tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
+        if key not in _GEOMETRY:
+            if len(_GEOMETRY) >= 1024:  # bounded: shapes that change every call (dynamic ones) start over
+                _GEOMETRY.clear()
+            _GEOMETRY[key] = geometry(key[0], key[1], attrs)
+        win, group = _GEOMETRY[key]
         y = host_conv(np.asarray(x), np.asarray(w), win, group)
         if b is not None:
-            y = y + np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
+            y += np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
         return y.astype(x.dtype, copy=False)
+    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
     cudnn = _library_conv(xp)
     if cudnn is not None and len(win.kernel) >= 2:
         pads = tuple(p for p, _ in win.pads)
