@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from enum import Enum
 from types import ModuleType
 
 import numpy as np
@@ -85,11 +86,31 @@ def _library_conv(xp: ModuleType):
     return cudnn
 
 
+class HostForm(Enum):
+    """How `host_conv` computes a convolution (`host_form`)."""
+
+    POINTWISE = "pointwise"  # a 1-wide kernel, stride 1, no padding: one matmul on the input itself
+    DEPTHWISE = "depthwise"  # one input channel and one output per group: window view, per-channel matmul
+    COLUMNS = "columns"  # the column tensor, one slice copy per kernel tap, then one matmul
+
+
+def host_form(w_shape: tuple, win: pool.Window, group: int) -> HostForm:
+    """The form `host_conv` takes for weights of `w_shape` over `win` in `group` groups.
+
+    >>> host_form((8, 1, 3, 3), geometry((1, 8, 6, 6), (8, 1, 3, 3), {"group": 8})[0], 8)
+    <HostForm.DEPTHWISE: 'depthwise'>
+    """
+    m, cg = w_shape[:2]
+    if math.prod(win.kernel) == 1 and all(s == 1 for s in win.strides) and not any(p for ps in win.pads for p in ps):
+        return HostForm.POINTWISE
+    return HostForm.DEPTHWISE if cg == 1 and m == group else HostForm.COLUMNS
+
+
 def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.ndarray:
     """The convolution with numpy, written straight into NCHW order. The host's library
     convolution: on the CPU an im2col kernel on the emulator would compile and run CUDA C for
     what numpy does in microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run
-    that way). Three forms, by the window (each one BLAS call or a few numpy passes):
+    that way). Three forms, by the window (`host_form`):
 
     - pointwise (a 1-wide kernel, stride 1, no padding): the product W[g] (M/G, Cg) @ x[n, g] (Cg, O)
       with no column tensor at all;
@@ -107,7 +128,8 @@ def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
     o, k = math.prod(win.out), math.prod(win.kernel)
-    if k == 1 and all(s == 1 for s in win.strides) and not any(p for pair in win.pads for p in pair):
+    form = host_form(w.shape, win, group)
+    if form is HostForm.POINTWISE:
         y = np.matmul(w.reshape(group, m // group, cg), x.reshape(n, group, cg, o))  # (N, G, M/G, O)
         return y.reshape(n, m, *win.out)
     xp = x
@@ -121,7 +143,7 @@ def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.
             slice(t * dl, t * dl + (out - 1) * s + 1, s) for t, dl, out, s in zip(tap, win.dilations, win.out, win.strides)
         )]  # fmt: skip
 
-    if cg == 1 and m == group:  # depthwise: the windows (N, C, O..., K...) as a strided view, one copy
+    if form is HostForm.DEPTHWISE:  # the windows (N, C, O..., K...) as a strided view, one copy
         st = xp.strides[2:]
         v = np.lib.stride_tricks.as_strided(
             xp,
