@@ -27,8 +27,8 @@ arithmetic). The CPU target has no convolution template: its generated kernel ev
 im2col address arithmetic (divisions, modulos and padding tests) at every multiply-add, about
 8 ns each on the exported ResNet's convolutions (1.2 M multiply-adds: 9.8 ms), 10-70x the host
 convolution's time on the exported ResNet, VGG and UNet. The host convolution (pointwise: one
-matmul; depthwise: one window copy and a per-channel matmul; else one slice copy per kernel
-tap and a matmul) costs 15-50 us of numpy calls at these sizes and splits the subgraph around
+matmul; depthwise: one window copy and a per-channel matmul; else one strided column copy
+and a matmul) costs 15-50 us of numpy calls at these sizes and splits the subgraph around
 it, so the threshold, 2^14 (a generated conv of that size costs ~130 us), keeps only the
 smallest convolutions (squeeze-excite 1x1s, a 2x16x8x8 depthwise) generated: measured,
 interleaved, 1 thread, MobileNetV3 1050 -> 674 us and EfficientNet 935 -> 595 us against 2^17,
