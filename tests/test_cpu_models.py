@@ -124,8 +124,60 @@ def test_cpu_target_runs_large_convs_in_the_host_convolution():
     assert all(c.ok for c in opt.verify())
     (model_route,) = [r for _, r in partition(opt.model).routes]  # not the CPU target: the model decides
     assert "host convolution" not in model_route.reason
-    small = optimize(_conv_model(4, 8, 8, rng), target="cpu")  # 18 K multiply-adds
+    small = optimize(_conv_model(2, 8, 8, rng), target="cpu")  # 9 K multiply-adds
     assert "host convolution" not in small.partition.routes[0][1].reason
+
+
+def _conv_reference(x, w, win, group):
+    """Conv in float64, one kernel tap at a time (independent of host_conv's three forms)."""
+    import itertools
+
+    n, m, cg = x.shape[0], w.shape[0], w.shape[1]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *win.pads))
+    y = np.zeros((n, m, *win.out))
+    for tap in itertools.product(*(range(k) for k in win.kernel)):
+        at = zip(tap, win.dilations, win.out, win.strides)
+        v = xp[(slice(None), slice(None)) + tuple(slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in at)]
+        for g in range(group):
+            wg = w[(slice(g * (m // group), (g + 1) * (m // group)), slice(None), *tap)].astype(np.float64)
+            y[:, g * (m // group) : (g + 1) * (m // group)] += np.einsum(
+                "mc,nc...->nm...", wg, v[:, g * cg : (g + 1) * cg]
+            )
+    return y
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, form",
+    [
+        ((2, 16, 4, 4), (24, 16, 1, 1), {}, "pointwise"),
+        ((2, 8, 3, 5), (6, 4, 1, 1), {"group": 2}, "pointwise"),
+        ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "depthwise"),
+        ((1, 6, 9, 9), (6, 1, 3, 3), {"group": 6, "dilations": [2, 1], "pads": [1, 0, 2, 1]}, "depthwise"),
+        ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]}, "columns"),
+        ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "dilations": [1, 2], "pads": [1, 0, 2, 1]}, "columns"),
+        ((1, 4, 6, 6), (8, 1, 3, 3), {"group": 4}, "columns"),  # two outputs per group: not depthwise
+        ((2, 6, 5, 5), (4, 6, 1, 1), {"strides": [2, 2]}, "columns"),  # strided 1x1
+        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "columns"),
+        ((1, 2, 3, 4, 5), (3, 2, 2, 2, 2), {"pads": [1, 0, 1, 0, 1, 0]}, "columns"),
+    ],
+)
+def test_host_conv_forms_against_float64(x_shape, w_shape, attrs, form, rng):
+    """The CPU target's library convolution (conv.host_conv): each form (pointwise matmul, depthwise
+    window view, per-tap columns) picked where expected, with bias, against a float64 tap-by-tap
+    reference within the float32 bound of its Cg*K-term dot products; float32 out."""
+    from panamera.subgraph.conv import HostForm, conv, geometry, host_form
+
+    win, group = geometry(x_shape, w_shape, attrs)
+    assert host_form(w_shape, win, group) is HostForm(form)
+    x, w = random_array(x_shape, "float32", rng), random_array(w_shape, "float32", rng)
+    b = random_array((w_shape[0],), "float32", rng)
+    y = conv(np, attrs, x, w, b)
+    assert y.dtype == np.float32 and y.flags.c_contiguous
+    bias = b.astype(np.float64).reshape((1, -1) + (1,) * len(win.out))
+    scale = float((_conv_reference(np.abs(x), np.abs(w), win, group) + np.abs(bias)).max())
+    close(y, _conv_reference(x, w, win, group) + bias, "float32", int(np.prod(w_shape[1:])) + 1, scale)
+    assert conv(np, attrs, x, w, b) is not y  # the second call (cached geometry) gives a fresh array
+    np.testing.assert_array_equal(conv(np, attrs, x, w, b), y)
 
 
 def test_blas_takes_split_groups_and_small_products(rng):

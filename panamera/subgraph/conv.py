@@ -16,9 +16,11 @@ the grouped product W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O) lands directly in NC
 from __future__ import annotations
 
 import math
+from enum import Enum
 from types import ModuleType
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .. import compile as pn_compile
 from ..errors import ShapeError
@@ -84,39 +86,87 @@ def _library_conv(xp: ModuleType):
     return cudnn
 
 
+class HostForm(Enum):
+    """How `host_conv` computes a convolution (`host_form`)."""
+
+    POINTWISE = "pointwise"  # a 1-wide kernel, stride 1, no padding: one matmul on the input itself
+    DEPTHWISE = "depthwise"  # one input channel and one output per group: window view, per-channel matmul
+    COLUMNS = "columns"  # the column tensor, one strided copy, then one matmul
+
+
+def host_form(w_shape: tuple, win: pool.Window, group: int) -> HostForm:
+    """The form `host_conv` takes for weights of `w_shape` over `win` in `group` groups.
+
+    >>> host_form((8, 1, 3, 3), geometry((1, 8, 6, 6), (8, 1, 3, 3), {"group": 8})[0], 8)
+    <HostForm.DEPTHWISE: 'depthwise'>
+    """
+    m, cg = w_shape[:2]
+    if math.prod(win.kernel) == 1 and all(s == 1 for s in win.strides) and not any(p for ps in win.pads for p in ps):
+        return HostForm.POINTWISE
+    return HostForm.DEPTHWISE if cg == 1 and m == group else HostForm.COLUMNS
+
+
 def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.ndarray:
-    """The convolution with numpy: a strided window view of the padded input (no copy until the
-    matmul's operand) and one matmul per group. The host's library convolution: on the CPU an
-    im2col kernel on the emulator would compile and run CUDA C for what numpy does in
-    microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run that way).
+    """The convolution with numpy, written straight into NCHW order. The host's library
+    convolution: on the CPU an im2col kernel on the emulator would compile and run CUDA C for
+    what numpy does in microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run
+    that way). Three forms, by the window (`host_form`):
+
+    - pointwise (a 1-wide kernel, stride 1, no padding): the product W[g] (M/G, Cg) @ x[n, g] (Cg, O)
+      with no column tensor at all;
+    - depthwise (one input channel and one output per group): the input's windows as one strided
+      view, copied once in their own order (N, C, O, K), times each channel's K weights (a sum over
+      taps in numpy passes cost 3-5x that: a few microseconds of numpy per tap);
+    - otherwise the column tensor (N, G, Cg*K, O): the windows as a strided view (N, C, K..., O...),
+      copied once in that order (contiguous runs along the output rows; numpy's window view copied
+      as (N, O, C, K) cost 5x that, one slice copy per tap 1.3x), then the product
+      W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O).
 
     >>> w = pool.Window((3,), (2,), ((1, 1),), (1,), (3,))
     >>> host_conv(np.arange(6.0).reshape(1, 1, 6), np.ones((1, 1, 3)), w, 1)
     array([[[ 1.,  6., 12.]]])
     """
-    d = len(win.kernel)
     n, c = x.shape[:2]
     m, cg = w.shape[:2]
-    xp = np.pad(x, ((0, 0), (0, 0), *win.pads))
-    span = tuple((k - 1) * dl + 1 for k, dl in zip(win.kernel, win.dilations))
-    v = np.lib.stride_tricks.sliding_window_view(xp, span, axis=tuple(range(2, 2 + d)))
-    v = v[(slice(None), slice(None)) + tuple(slice(None, o * s, s) for o, s in zip(win.out, win.strides))]
-    v = v[(Ellipsis,) + tuple(slice(None, None, dl) for dl in win.dilations)]  # (N, C, O..., K...)
     o, k = math.prod(win.out), math.prod(win.kernel)
-    cols = v.reshape(n, group, cg, o, k).transpose(0, 1, 3, 2, 4).reshape(n, group, o, cg * k)
-    wg = w.reshape(group, m // group, cg * k).transpose(0, 2, 1)  # (G, Cg*K, M/G)
-    y = np.matmul(cols, wg)  # (N, G, O, M/G)
-    return y.transpose(0, 1, 3, 2).reshape(n, m, *win.out)
+    form = host_form(w.shape, win, group)
+    if form is HostForm.POINTWISE:
+        y = np.matmul(w.reshape(group, m // group, cg), x.reshape(n, group, cg, o))  # (N, G, M/G, O)
+        return y.reshape(n, m, *win.out)
+    xp = x
+    if any(p for pair in win.pads for p in pair):
+        xp = np.zeros((n, c, *(s + a + b for s, (a, b) in zip(x.shape[2:], win.pads))), dtype=x.dtype)
+        xp[(slice(None), slice(None)) + tuple(slice(a, a + s) for s, (a, _) in zip(x.shape[2:], win.pads))] = x
+    st = xp.strides[2:]
+    at_out = tuple(a * s for a, s in zip(st, win.strides))  # one output position further
+    at_tap = tuple(a * dl for a, dl in zip(st, win.dilations))  # one kernel tap further
+    if form is HostForm.DEPTHWISE:  # the windows (N, C, O..., K...), copied once in that order
+        v = as_strided(xp, (n, c, *win.out, *win.kernel), xp.strides[:2] + at_out + at_tap, writeable=False)
+        y = np.matmul(v.reshape(n, c, o, k), w.reshape(c, k, 1))  # (N, C, O, 1): one row of K per channel
+        return y.reshape(n, m, *win.out)
+    v = as_strided(xp, (n, c, *win.kernel, *win.out), xp.strides[:2] + at_tap + at_out, writeable=False)
+    cols = v.reshape(n, group, cg * k, o)  # one copy, contiguous runs along the output rows
+    y = np.matmul(w.reshape(group, m // group, cg * k), cols)  # (N, G, M/G, O)
+    return y.reshape(n, m, *win.out)
+
+
+_GEOMETRY: dict = {}  # (x shape, w shape, attributes' repr) -> geometry(...): a model's run asks every time
 
 
 def conv(xp: ModuleType, attrs: dict, x, w, b=None):
     """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations."""
-    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
-    if xp is np:
+    if xp is np:  # the geometry found once per shapes and attributes (a model's run calls it every time)
+        key = (tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
+        if key not in _GEOMETRY:
+            if len(_GEOMETRY) >= 1024:  # bounded: shapes that change every call (dynamic ones) start over
+                _GEOMETRY.clear()
+            _GEOMETRY[key] = geometry(key[0], key[1], attrs)
+        win, group = _GEOMETRY[key]
         y = host_conv(np.asarray(x), np.asarray(w), win, group)
         if b is not None:
-            y = y + np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
+            y += np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
         return y.astype(x.dtype, copy=False)
+    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
     cudnn = _library_conv(xp)
     if cudnn is not None and len(win.kernel) >= 2:
         pads = tuple(p for p, _ in win.pads)

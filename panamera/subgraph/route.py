@@ -22,14 +22,17 @@ streams its weights once, goes to Panamera and fuses with those neighbours.
 
 When the CPU target runs the subgraphs (`host=True`), one rule comes first (`host_rule`):
 a Conv of at least `HOST_CONV_MIN_MACS` multiply-adds (M N K batch of its implicit GEMM) runs in
-the library's host convolution (conv.host_conv: numpy's strided window view and one BLAS matmul
-per group). The CPU target has no convolution template: its generated kernel evaluates the
+the library's host convolution (conv.host_conv: numpy copies and BLAS matmuls, no per-MAC index
+arithmetic). The CPU target has no convolution template: its generated kernel evaluates the
 im2col address arithmetic (divisions, modulos and padding tests) at every multiply-add, about
 8 ns each on the exported ResNet's convolutions (1.2 M multiply-adds: 9.8 ms), 10-70x the host
-convolution's time on the exported ResNet, VGG and UNet; the host convolution costs a fixed
-~0.1 ms of numpy calls and splits the subgraph around it, so the small depthwise and pointwise
-convolutions of the MobileNetV3 and EfficientNet exports (<= 74 K multiply-adds) stay generated
-(with them in the library both models ran about 2x slower; measured, interleaved, 1 thread).
+convolution's time on the exported ResNet, VGG and UNet. The host convolution (pointwise: one
+matmul; depthwise: one window copy and a per-channel matmul; else one strided column copy
+and a matmul) costs 15-50 us of numpy calls at these sizes and splits the subgraph around
+it, so the threshold, 2^14 (a generated conv of that size costs ~130 us), keeps only the
+smallest convolutions (squeeze-excite 1x1s, a 2x16x8x8 depthwise) generated: measured,
+interleaved, 1 thread, MobileNetV3 1050 -> 674 us and EfficientNet 935 -> 595 us against 2^17,
+2^15, 2^13 and 2^12 worse or no better.
 The GPU figures are still computed for the report.
 
 >>> from onnx import helper, TensorProto
@@ -59,7 +62,7 @@ from ..model.library import library_matmul
 from .model import Node, OnnxModel
 from .plans import Plans
 
-HOST_CONV_MIN_MACS = 1 << 17  # a Conv's multiply-adds from which the CPU target's library runs it
+HOST_CONV_MIN_MACS = 1 << 14  # a Conv's multiply-adds from which the CPU target's library runs it
 
 # The contraction ops the router decides (the rest of the compute-bound ops stay with the library).
 ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv"})
