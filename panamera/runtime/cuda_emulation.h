@@ -72,6 +72,12 @@ static inline float pn_emu_h2f(uint32_t h) {
   r = em >= 0x7c00u ? ((em << 13) | 0x7f800000u) : r;
   return pn_emu_bits_to_float(r | s);
 }
+// B = 2^(e+13) for |f| = a's bits in [2^e, 2^(e+1)), 0.5 below 2^-14: |f| + B lies where the float
+// ulp is the fp16 quantum, so the sum rounds |f| to the fp16 grid (pn_emu_f2h, pn_emu_round_half).
+static inline float pn_emu_half_bias(uint32_t a) {
+  const float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
+  return b > 0.5f ? b : 0.5f;
+}
 // float -> fp16 bits: |f| rounded to the fp16 grid in float arithmetic as pn_emu_round_half does
 // (below): x + B with B = 2^(e+13) (0.5 below 2^-14) has the fp16 quantum as its ulp, so below
 // 2^-14 the bits of x + 0.5 less those of 0.5 are the subnormal half's m (1024: the smallest
@@ -80,10 +86,7 @@ static inline float pn_emu_h2f(uint32_t h) {
 // subnormal float result (see pn_emu_h2f), ~12 SIMD operations.
 static inline uint32_t pn_emu_f2h(float f) {
   const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
-  const float x = pn_emu_bits_to_float(a);
-  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
-  b = b > 0.5f ? b : 0.5f;
-  const float xb = x + b;
+  const float x = pn_emu_bits_to_float(a), b = pn_emu_half_bias(a), xb = x + b;
   uint32_t r = a < 0x38800000u ? pn_emu_float_to_bits(xb) - 0x3f000000u
                                : (pn_emu_float_to_bits(xb - b) - 0x38000000u) >> 13;
   r = a >= 0x477ff000u ? 0x7c00u : r;
@@ -97,9 +100,7 @@ static inline uint32_t pn_emu_f2h(float f) {
 // -> inf, a NaN stays NaN, the sign is kept (every float32 checked against numpy's astype).
 static inline float pn_emu_round_half(float f) {
   const uint32_t u = pn_emu_float_to_bits(f), a = u & 0x7fffffffu;
-  const float x = pn_emu_bits_to_float(a);
-  float b = pn_emu_bits_to_float((a & 0x7f800000u) + (13u << 23));
-  b = b > 0.5f ? b : 0.5f;
+  const float x = pn_emu_bits_to_float(a), b = pn_emu_half_bias(a);
   float r = (x + b) - b;
   r = x >= 65520.0f ? pn_emu_bits_to_float(0x7f800000u) : r;
   return pn_emu_bits_to_float(pn_emu_float_to_bits(r) | (u & 0x80000000u));

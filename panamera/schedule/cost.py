@@ -315,8 +315,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     B, width = d.blocks, group.N
     merges = B * width * len(cols)
     acc = max(c.acc.itemsize for c in cols)
-    per_thread = math.ceil(width / (d.vec * d.tx)) * d.vec * len(cols)  # partials in a thread's registers
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
+    per_thread = steps * len(cols)  # partials in a thread's registers
     tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):

@@ -15,6 +15,7 @@ the grouped product W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O) lands directly in NC
 
 from __future__ import annotations
 
+import functools
 import math
 from enum import Enum
 from types import ModuleType
@@ -150,23 +151,21 @@ def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.
     return y.reshape(n, m, *win.out)
 
 
-_GEOMETRY: dict = {}  # (x shape, w shape, attributes' repr) -> geometry(...): a model's run asks every time
+@functools.lru_cache(maxsize=1024)
+def _geometry_of(x_shape: tuple, w_shape: tuple, attrs: tuple) -> tuple[pool.Window, int]:
+    """`geometry` found once per shapes and attributes (a model's run asks for it every call)."""
+    return geometry(x_shape, w_shape, dict(attrs))
 
 
 def conv(xp: ModuleType, attrs: dict, x, w, b=None):
     """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations."""
-    if xp is np:  # the geometry found once per shapes and attributes (a model's run calls it every time)
-        key = (tuple(x.shape), tuple(w.shape), repr(sorted(attrs.items())))
-        if key not in _GEOMETRY:
-            if len(_GEOMETRY) >= 1024:  # bounded: shapes that change every call (dynamic ones) start over
-                _GEOMETRY.clear()
-            _GEOMETRY[key] = geometry(key[0], key[1], attrs)
-        win, group = _GEOMETRY[key]
+    attrs_key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+    win, group = _geometry_of(tuple(x.shape), tuple(w.shape), attrs_key)
+    if xp is np:
         y = host_conv(np.asarray(x), np.asarray(w), win, group)
         if b is not None:
             y += np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
         return y.astype(x.dtype, copy=False)
-    win, group = geometry(tuple(x.shape), tuple(w.shape), attrs)
     cudnn = _library_conv(xp)
     if cudnn is not None and len(win.kernel) >= 2:
         pads = tuple(p for p, _ in win.pads)
