@@ -55,16 +55,25 @@ def test_registers_bound_the_blocks_whose_frames_share_an_sm():
     assert one == pytest.approx(spill_s(H100, stores=GB, loads=GB, frame_per_sm=336 * 1024))
 
 
-@pytest.mark.parametrize(("pattern", "N"), sorted(LIGER_SPILLS))
-def test_liger_pays_its_spills(pattern, N):
+@pytest.mark.parametrize(("pattern", "N", "elem"), sorted(LIGER_SPILLS))
+def test_liger_pays_its_spills(pattern, N, elem):
     """Each configuration ptxas spilled costs more than the same plan without the spill."""
-    w = Work(pattern, (), (), 4096, N, 2, 2, 0)
+    w = Work(pattern, (), (), 4096, N, elem, elem, 0)
     ln = liger(w, H100).launches[0]
-    assert ln.features["spill_stores"] == LIGER_SPILLS[(pattern, N)][0] * ln.features["blocks"] * 1024 // (
-        1024 // ln.features["threads"]
-    )
+    per_thread = LIGER_SPILLS[(pattern, N, elem)][0]
+    assert ln.features["spill_stores"] == per_thread * ln.features["blocks"] * ln.features["threads"]
     bare = dataclasses.replace(
         ln, features={k: v for k, v in ln.features.items() if not k.startswith(("spill", "shared"))}
     )
     traffic = (ln.bytes_read, ln.bytes_written)
     assert estimate([ln], H100, traffic).total_us > estimate([bare], H100, traffic).total_us
+
+
+def test_the_estimate_shows_the_spill_apart():
+    """A plan's estimate carries the spill's time as its own part, inside the total."""
+    w = Work("softmax", (), (), 32768, 65536, 2, 2, 0)
+    ln = liger(w, H100).launches[0]
+    e = estimate([ln], H100, (ln.bytes_read, ln.bytes_written))
+    assert e.spill_us > 0
+    parts = e.launch_us + max(e.dram_us, e.l2_us, e.issue_us) + e.tail_us + e.atomic_us + e.sync_us + e.spill_us
+    assert e.total_us == pytest.approx(parts)
