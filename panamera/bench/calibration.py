@@ -133,10 +133,9 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     ("Q", "inductor", "cross_entropy", None): "as for RMSNorm: 2-4x slower than the model of its launch. Two full "
     "DRAM reads of the logits (a max loop, then a sum-exp loop, no L2 re-use) would land 4096-65536 within 10 % but "
     "not 256-2048 or 131072-262144, and contradict the L2 re-read rule that the rows in flight (4-17 MB) imply",
-    ("Q", "liger", "rms_norm", (16384, 65536)): "65536: a register spill of the 64-value row per thread (the QuACK "
-    "blog's NCU profile shows LDL), not modeled; 16384 is 12 % slower than modeled and slower per byte than the "
-    "32768 row of the same series (811.9 vs 751 us per 2 GB): an outlier no smooth term follows",
-    ("Q", "liger", "softmax", (65536,)): "a register spill of the 64-value row per thread (QuACK blog), not modeled",
+    ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
+    "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
+    "spills, so one block per SM, as its softmax at 16384 (80 registers), which fits: an outlier no term follows",
     ("Q", "quack", "cross_entropy", (256, 512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
     "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
@@ -144,13 +143,16 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
     "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
     "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law at 16 "
-    "blocks per SM; a register-limited occupancy of 8 blocks would fit 3 of 5 rows but the kernel's register count "
-    "is not published",
+    "blocks per SM. Its register count does not explain it: the kernel re-typed from layer_norm_kernel.cu compiles "
+    "to 39 registers (nvcc 13, sm_90, -O3; 32 for bf16, 0 spills), 12 blocks of 128 per SM, which moves the model "
+    "0-8 % the wrong way (fewer rows in flight: more of the second pass hits L2) and puts eager RMSNorm 12-19 % over",
     ("L", "pytorch-eager", "rms_norm", (8192,)): "10.2 % under the measurement: at the edge of the L2 re-read model",
     ("C", "cub", "reduce", (2**24,)): "2^20 to 2^24 runs at 3.25 TB/s and 2^24 to 2^28 at 4.5 (-19 %). The plan is "
     "CCCL's sm60+ policy (256 threads x 16 items, vector 4; tuning_reduce.cuh: sm100 tunings only), 4096 one-tile "
-    "blocks with 128 KB per SM in flight, so neither latency nor occupancy explains it; a write-back of the dirty "
-    "lines NVBench's L2 flush leaves would also slow Liger's 8-16 MB rows by 20 %+, which fit",
+    "blocks with 128 KB per SM in flight, so neither latency nor occupancy explains it. 2^24 and 2^28 both fit a "
+    "read at 4.50 TB/s plus 5.3 us, the write-back of 21 MB of dirty lines such as NVBench's l2flush (a "
+    "cudaMemsetAsync of the L2's size before each sample) leaves; but do_bench's cache clear (a 256 MB zero_) leaves "
+    "them too, and Liger's series rises at one slope (2.9 TB/s) from 16 MB up, with no such term",
 }
 
 

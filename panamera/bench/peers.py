@@ -87,9 +87,11 @@ class PeerPlan:
 
 
 def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0, same=0, cas=0, sfu=0.0,
-           epilogue=400, round_trips=0) -> PeerLaunch:  # fmt: skip
+           epilogue=400, round_trips=0, spill=None) -> PeerLaunch:  # fmt: skip
     """A launch from its streamed bytes and shape; `in_flight` = streamed input bytes per thread per
-    loop step (vector width x loads issued before the first use)."""
+    loop step (vector width x loads issued before the first use); `spill`: the compiler's register
+    spills per thread, (store bytes, load bytes, stack frame bytes, registers, shared bytes per
+    block) as ptxas -v reports them (model/spill.py)."""
     f = {"dram_bytes": float(read + written), "blocks": int(max(blocks, 1)), "threads": int(threads),
          "bytes_in_flight_per_thread": float(in_flight), "atomics": int(atomics), "same_address": int(same),
          "cas_atomics": int(cas), "epilogue_cycles": int(epilogue), "l2_bytes": float(l2), "sfu_ops": float(sfu)}  # fmt: skip
@@ -97,6 +99,11 @@ def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0
         f["write_bytes"] = float(written)
     if round_trips:
         f["round_trips"] = int(round_trips)
+    if spill:
+        stores, loads, frame, registers, shared = spill
+        n = int(max(blocks, 1)) * int(threads)
+        f.update(spill_stores=float(stores * n), spill_loads=float(loads * n), spill_frame=int(frame),
+                 spill_registers=int(registers), shared_bytes=int(shared))  # fmt: skip
     return PeerLaunch(name, f, int(read), int(written))
 
 

@@ -14,7 +14,8 @@ source's rules and modeled by the same model as Panamera (peers.py beside it exp
   one Triton program per row, BLOCK_SIZE = next_power_of_2(n_cols) (at most 65536), num_warps 4,
   then 8 from 2048, 16 from 8192 and 32 from 32768; the row is held in registers across the
   reductions (one DRAM read), the normalized row written once with the per-row statistics
-  (RMSNorm: rstd; LayerNorm: mean and rstd, fp32).
+  (RMSNorm: rstd; LayerNorm: mean and rstd, fp32). Where the row outgrows the registers the
+  compiler spills: `LIGER_SPILLS`, model/spill.py.
 
 Neither peer has a kernel for other patterns (None: nothing is invented for it).
 """
@@ -66,6 +67,23 @@ def liger_settings(n: int) -> tuple[int, int] | None:
     return block, warps
 
 
+# ptxas -v of Liger's forward kernels for sm_90a (Triton 3.3.1, PyTorch 2.7.1's, as in the QuACK blog's runs;
+# rms_norm from v0.5.10 in its default llama casting mode, softmax's single-block kernel): per thread, (spill store
+# bytes, spill load bytes, stack frame bytes, registers, shared bytes per block), by (pattern, BLOCK_SIZE, element
+# bytes). Every other bf16 or fp32 configuration of 256-65536 elements compiles without spills. At 65536 each of
+# the 1024 threads holds 64 values of the row while the register file allows it 64 registers.
+LIGER_SPILLS = {
+    ("softmax", 8192, 2): (8, 8, 8, 40, 64),
+    ("softmax", 65536, 2): (390, 416, 336, 64, 128),
+    ("rms_norm", 32768, 2): (44, 44, 48, 64, 128),
+    ("rms_norm", 65536, 2): (702, 720, 688, 64, 128),
+    ("softmax", 8192, 4): (4, 4, 8, 40, 64),
+    ("softmax", 65536, 4): (248, 296, 224, 64, 128),
+    ("rms_norm", 32768, 4): (48, 48, 48, 64, 128),
+    ("rms_norm", 65536, 4): (612, 640, 592, 64, 128),
+}
+
+
 def liger(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     if w.pattern not in ("rms_norm", "layer_norm", "softmax", "cross_entropy"):
         return None
@@ -87,7 +105,8 @@ def liger(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     rows = 16 if w.pattern == "rms_norm" and block <= 256 and M >= 4096 * 8 else 1
     ln = kernel(f"liger_{w.pattern}_forward", read=M * N * e + params, written=M * N * w.out_bytes + stats,
                 blocks=cdiv(M, rows), threads=32 * warps, in_flight=max(1, rows * block // (32 * warps)) * e,
-                sfu=M * N if w.pattern == "softmax" else 0.0)  # fmt: skip
+                sfu=M * N if w.pattern == "softmax" else 0.0,
+                spill=LIGER_SPILLS.get((w.pattern, block, e)) if rows == 1 else None)  # fmt: skip
     per = "one program per row" if rows == 1 else f"{rows} rows per program"
     return _plan("liger", [ln], f"Liger {w.pattern}: {per}, BLOCK_SIZE {block}, {warps} warps",
                  block_size=block, num_warps=warps, rows_per_program=rows)  # fmt: skip

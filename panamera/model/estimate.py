@@ -37,6 +37,7 @@ class Estimate:
     limit_us: float  # the smallest measured kernel + compulsory bytes at the best measured bandwidths
     issue_us: float = 0.0  # arithmetic issue time (FP32, FP64, SFU)
     sync_us: float = 0.0  # grid-wide waits of split stitched rows
+    spill_us: float = 0.0  # register spills' local-memory traffic (model/spill.py; peers' compiled kernels)
 
     @property
     def ratio_to_limit(self) -> float:
@@ -81,7 +82,7 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | tuple[int, int] | None = None
     costs = [c if k == 0 else dataclasses.replace(c, launch_s=c.launch_s - queued) for k, c in enumerate(costs)]
     part = {
         k: sum(getattr(c, f"{k}_s") for c in costs) * 1e6
-        for k in ("launch", "dram", "l2", "sfu", "issue", "tail", "atomic", "sync")
+        for k in ("launch", "dram", "l2", "sfu", "issue", "tail", "atomic", "sync", "spill")
     }
     extra = extra_launches * (gpu.queued_s if costs else gpu.launch_s) * 1e6
     part["launch"] += extra
@@ -94,5 +95,5 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | tuple[int, int] | None = None
         gpu.name, sum(c.total_s for c in costs) * 1e6 + extra, part["launch"], part["dram"], part["l2"], part["sfu"],
         part["tail"], part["atomic"], len(launches) + extra_launches,
         sum(ln.bytes_read + ln.bytes_written for ln in launches), need, limit_us(need, gpu, written), part["issue"],
-        part["sync"],
+        part["sync"], part["spill"],
     )  # fmt: skip

@@ -36,6 +36,8 @@
                atomic, then the poll that sees the last one) plus the kernel's own `sync_cycles`
                (what it does around the waits) [derived]. Its passes no longer overlap across
                blocks, so the L2 re-reads add to the DRAM stream instead of hiding under it.
+    T_spill  = a kernel whose compiler spilled registers: its spill stores and loads through L1,
+               L2 and, for the frame beyond the L2, DRAM (model/spill.py), added to T [derived].
 
 `estimate.limit_us` is docs/GPU_MODEL.md's limit, from measurements only: the smallest kernel
 time measured on the GPU + compulsory bytes at the best read and write bandwidths measured
@@ -93,6 +95,8 @@ class GPUSpec:
     saturating_kb_per_sm: int = 24  # bytes in flight per SM (KB) that saturate the stream: the loaded latency
     measured_limit: Limit | None = None  # None: no measurements on this GPU (`limit` falls back to the model)
     max_cluster: int = 1  # blocks of one thread-block cluster (sm_90: 16, with the non-portable attribute past 8)
+    l1_per_sm: int = 256 * 1024  # [spec] combined L1 / shared memory per SM: holds a spilled frame (model/spill.py)
+    registers_per_sm: int = 65536  # [spec] 32-bit registers per SM (every GPU modeled here)
 
     @property
     def limit(self) -> Limit:
@@ -206,6 +210,16 @@ _COMMON = (
         "32Kx512 bf16 (1228 and 2068 GB/s with 8 and 16 KB per SM in flight, CALIBRATION.md Q)",
     ),
     ("grid-wide wait", "[assumed] two L2 round trips per wait; no published measurement"),
+    (
+        "l1_per_sm",
+        "[spec] combined L1 / shared memory per SM: 256 KB on H100 and H200, 192 KB on A100, 128 KB on V100 "
+        "(NVIDIA tuning guides)",
+    ),
+    (
+        "register spills",
+        "[derived] model/spill.py: ptxas's spill bytes through L1 (the frame it holds), L2 (stores, missed "
+        "loads) and DRAM (the chip's frame beyond L2); spill stores [assumed] write through L1 as global stores do",
+    ),
 )
 H100 = GPUSpec(
     "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True, max_cluster=16,
@@ -260,6 +274,7 @@ A100 = GPUSpec(
     l2_bw=5e12,
     l2_size=40 * 2**20,
     smem_per_block=163 * 1024,
+    l1_per_sm=192 * 1024,
     eta_write=0.79,
     queued_launch_s=0.1e-6,
     sources=(
@@ -290,6 +305,7 @@ V100 = GPUSpec(
     fp64_per_clock_sm=32,
     max_blocks_sm=32,
     smem_per_block=96 * 1024,
+    l1_per_sm=128 * 1024,
     eta_write=0.77,
     queued_launch_s=0.5e-6,
     sources=(
@@ -319,13 +335,14 @@ class KernelCost:
     features: tuple = field(default=(), compare=False)  # kernel_time's keyword arguments, to re-model
     sync_s: float = 0.0  # grid-wide waits (T_sync)
     phased: bool = False  # passes separated by grid-wide waits: DRAM and L2 times add up
+    spill_s: float = 0.0  # register spills' local-memory traffic (model/spill.py), added
 
     @property
     def total_s(self) -> float:
         stream = (
             max(self.dram_s + self.l2_s, self.issue_s) if self.phased else max(self.dram_s, self.l2_s, self.issue_s)
         )
-        return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s
+        return self.launch_s + stream + self.tail_s + self.atomic_s + self.sync_s + self.spill_s
 
 
 def sequence_s(costs, gpu: GPUSpec) -> float:
@@ -374,6 +391,11 @@ def kernel_time(
     round_trips: int = 0,
     mma_flops: float = 0.0,
     mma_dtype: str = "",
+    spill_stores: float = 0.0,
+    spill_loads: float = 0.0,
+    spill_frame: int = 0,
+    spill_registers: int = 0,
+    shared_bytes: int = 0,
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -388,7 +410,11 @@ def kernel_time(
     address is itself loaded: 2), so each wave lasts at least that many latencies at the load in
     use (0: not modeled); `mma_flops`: the FLOPs of the kernel's MMAs on tensor cores with
     operands of `mma_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies,
-    an issue term beside the CUDA cores' (T_issue: the larger binds)."""
+    an issue term beside the CUDA cores' (T_issue: the larger binds); `spill_stores` /
+    `spill_loads`: the kernel's register-spill bytes (ptxas -v per thread x threads launched),
+    `spill_frame` the stack frame per thread, `spill_registers` the registers per thread (they
+    bound the blocks per SM whose frames share the SM), `shared_bytes` a block's shared memory
+    (model/spill.py: T_spill, added)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
@@ -403,6 +429,9 @@ def kernel_time(
         features += (("round_trips", round_trips),)
     if mma_flops:
         features += (("mma_flops", mma_flops), ("mma_dtype", mma_dtype))
+    if spill_stores or spill_loads:
+        features += (("spill_stores", spill_stores), ("spill_loads", spill_loads), ("spill_frame", spill_frame),
+                     ("spill_registers", spill_registers), ("shared_bytes", shared_bytes))  # fmt: skip
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
     resident = gpu.resident_blocks(threads)
@@ -431,8 +460,15 @@ def kernel_time(
         issue = max(issue, mma_flops / (mma_sync_peak(gpu, mma_dtype) / gpu.sms * active))
     atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram, gpu.atomic_rate_of(atomic_dtype))
     sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
+    spill = 0.0
+    if spill_stores or spill_loads:  # model/spill.py imports this module: imported here
+        from .spill import spill_s
+
+        by_registers = gpu.registers_per_sm // max(spill_registers * threads, 1)
+        frame = spill_frame * threads * max(1, min(per_sm_blocks, by_registers))
+        spill = spill_s(gpu, stores=spill_stores, loads=spill_loads, frame_per_sm=frame, shared=shared_bytes)
     return KernelCost(
-        gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features, sync, grid_syncs > 0
+        gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features, sync, grid_syncs > 0, spill
     )
 
 
