@@ -48,7 +48,19 @@ template <class F, int N, class T> static inline T pn_fold_lanes(const T* l) {
     return pn_fold_lanes<F, N / 2>(t);
   }
 }
+struct pn_op_max_num { template <class T> static inline T apply(T a, T b) { return a > b ? a : b; } };
+struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { return a < b ? a : b; } };
 """
+
+
+# A floating-point max/min's lanes (LaneKind.FLAGGED) step with the plain compare `a > b ? a : b`
+# (one vmaxps, one latency a step, no mask or/blend on the chain) and flag a NaN per lane on the
+# side; their fold is the same tree of plain compares (branch-free). Without a NaN both give what
+# the NaN-aware combiner (`(a != a || a > b) ? a : b`) gives, bit for bit: the compares are the
+# same. A block whose lanes saw a NaN is scanned again with the NaN-aware combiner in j order
+# (the first NaN wins; rare, and only that block). softmax [6144x128]: the row's max, on the
+# critical path before its exp pass, was a 4-op chain a step and a ~6-step NaN-aware fold.
+_NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
 
 
 class LaneKind(StrEnum):
@@ -56,6 +68,7 @@ class LaneKind(StrEnum):
 
     NONE = "none"  # a struct accumulator (Welford, log-sum-exp): one per scan, as before
     PLAIN = "plain"  # a scalar accumulator: W of them, folded by the combiner
+    FLAGGED = "flagged"  # a float max/min: W plain compares and W NaN flags (_NUMERIC)
     ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, index) per lane
 
 
@@ -66,11 +79,14 @@ def lane_kind(s: Statement) -> LaneKind:
     >>> from panamera.compiler import lower
     >>> x = pn.placeholder((4, 50), "float32")
     >>> [lane_kind(lower(y, target="cpu", stop_after="groups").groups[0].statements[0]).value
-    ...  for y in (pn.sum(x, axis=1), pn.argmax(x, axis=1), pn.argmax(x, axis=1, last=True), pn.var(x, axis=1))]
-    ['plain', 'arg', 'plain', 'none']
+    ...  for y in (pn.sum(x, axis=1), pn.argmax(x, axis=1), pn.argmax(x, axis=1, last=True), pn.var(x, axis=1),
+    ...            pn.max(x, axis=1), pn.max(x.astype("int32"), axis=1))]
+    ['plain', 'arg', 'plain', 'none', 'flagged', 'plain']
     """
     if s.acc.is_struct:
         return LaneKind.NONE
+    if s.combiner.name in _NUMERIC and s.acc.compute in ("float", "double"):
+        return LaneKind.FLAGGED
     b = s.body
     if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in _LANE_TYPES:
         return LaneKind.PLAIN
@@ -108,6 +124,16 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
     tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
     arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
+    flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]
+
+    def flag_step(k: int, a: str, v: str) -> list[str]:  # _NUMERIC: a plain compare, a NaN flagged
+        t, q = g.statements[k].acc.compute, a[a.index("[") :]
+        num = _NUMERIC[g.statements[k].combiner.name]
+        return [
+            f"{{ const {t} pn_x = {v};",
+            f"  pn_nan{k}{q} |= (pn_x != pn_x);",
+            f"  {a} = {num}::apply({a}, pn_x); }}",
+        ]
 
     def lane(q: str) -> list[str]:
         out = [f"const pn_idx j = pn_c + {q};"]
@@ -115,7 +141,7 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             if k in arg:
                 out += arg_lane(kern, k, q)
             else:
-                out += kern.body([k], lambda k: f"pn_lane{k}[{q}]")
+                out += kern.body([k], lambda k: f"pn_lane{k}[{q}]", step=flag_step if k in flagged else None)
         return ["{"] + ["  " + ln for ln in out] + ["}"]
 
     def tail(a: list[str]) -> list[str]:
@@ -136,6 +162,8 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         else:
             out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
             out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
+            if k in flagged:
+                out += [f"  int pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = 0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
@@ -145,6 +173,16 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         if k in arg:
             key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
             out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
+            continue
+        if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block that saw a NaN
+            rescan = kern.body([k], lambda k: f"pn_blk{k}")
+            out += [f"    int pn_any{k} = 0;", f"    for (int q = 0; q < {W}; ++q) pn_any{k} |= pn_nan{k}[q];"]
+            out += [f"    if (pn_any{k}) {{", "      for (pn_idx j = pn_lo; j < pn_c; ++j) {"]
+            out += ["        " + ln for ln in rescan] + ["      }", "    } else {"]
+            out += [
+                f"      pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{_NUMERIC[s.combiner.name]}, {W}>(pn_lane{k}));"
+            ]
+            out += ["    }"]
             continue
         if s.acc.compute in _LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
             out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
