@@ -80,6 +80,18 @@ def test_work_counts_bytes_and_operations():
     assert w.transcendental == 1.0 and w.division == 1.0 and w.cheap == 1.0
 
 
+def test_argmax_lanes_cost_the_value_not_the_key():
+    """An argmax scanned in (value, index) lanes (LaneKind.ARG) costs ARG_LANE_OPS an element at
+    the value's width; with the last index (a key per element) it keeps the key's 8-byte width."""
+    from panamera.schedule.cpu_cost import ARG_LANE_OPS
+
+    x = pn.placeholder((64, 3000), "float32")
+    first = work(lower(pn.argmax(x, axis=1), target="cpu", stop_after="groups").groups[0])
+    last = work(lower(pn.argmax(x, axis=1, last=True), target="cpu", stop_after="groups").groups[0])
+    assert (first.width, first.cheap) == (4, ARG_LANE_OPS)
+    assert last.width == 8 and last.cheap > 0
+
+
 def test_split_chosen_when_outputs_fewer_than_cores():
     four = CpuModel.nominal(cores=4, simd_bytes=64)
     few = _group(pn.sum(pn.placeholder((2, 1 << 20), "float32"), axis=1))

@@ -40,10 +40,11 @@ from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
-from .cpu_lanes import LaneKind, lane_kind, lanes_pass
+from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, row_run

@@ -2,7 +2,8 @@
 `row_pass`): W = LANE_VECTORS x the decision's SIMD lanes accumulators per reduction, so that a
 scan runs at the speed of its loads rather than of one vector register's add latency, folded by
 an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
-value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block.
+value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
+a float max/min with plain compares and NaN flags (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
 `kern` is cpu_kernel's `_Kernel` (its group, decision, ThreadLoop, bodies and accumulators);
 `scan` and `emit` are its isl helpers (`_scan`, `_print`), passed in: this module sits beside it.
@@ -10,15 +11,11 @@ value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey
 
 from __future__ import annotations
 
-import islpy as isl
-
-from ..enums import StrEnum
-from ..poly.statement import Statement
+from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_runs import block_head
 from .thread_loop import identity_expr
 
 LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan (lanes_pass)
-_LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
 
 
 # The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
@@ -61,47 +58,6 @@ struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { retu
 # (the first NaN wins; rare, and only that block). softmax [6144x128]: the row's max, on the
 # critical path before its exp pass, was a 4-op chain a step and a ~6-step NaN-aware fold.
 _NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
-
-
-class LaneKind(StrEnum):
-    """How a reduction's accumulator spreads over W lanes in `lanes_pass`."""
-
-    NONE = "none"  # a struct accumulator (Welford, log-sum-exp): one per scan, as before
-    PLAIN = "plain"  # a scalar accumulator: W of them, folded by the combiner
-    FLAGGED = "flagged"  # a float max/min: W plain compares and W NaN flags (_NUMERIC)
-    ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, index) per lane
-
-
-def lane_kind(s: Statement) -> LaneKind:
-    """The lanes of reduction statement s (LaneKind).
-
-    >>> import panamera as pn
-    >>> from panamera.compiler import lower
-    >>> x = pn.placeholder((4, 50), "float32")
-    >>> [lane_kind(lower(y, target="cpu", stop_after="groups").groups[0].statements[0]).value
-    ...  for y in (pn.sum(x, axis=1), pn.argmax(x, axis=1), pn.argmax(x, axis=1, last=True), pn.var(x, axis=1),
-    ...            pn.max(x, axis=1), pn.max(x.astype("int32"), axis=1))]
-    ['plain', 'arg', 'plain', 'none', 'flagged', 'plain']
-    """
-    if s.acc.is_struct:
-        return LaneKind.NONE
-    if s.combiner.name in _NUMERIC and s.acc.compute in ("float", "double"):
-        return LaneKind.FLAGGED
-    b = s.body
-    if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in _LANE_TYPES:
-        return LaneKind.PLAIN
-    x = b.args[1]
-    if x.op == "load" and not s.reads[x.read].memory and _rises_with_j(s.reads[x.read].addr):
-        return LaneKind.ARG
-    return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
-
-
-def _rises_with_j(addr: isl.PwAff) -> bool:
-    """Whether an index (an iota's address over the canonical domain) grows with j, one per step."""
-    pos = addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
-    if pos < 0:
-        return False
-    return all(aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in addr.get_pieces())
 
 
 def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit) -> list[str]:
@@ -184,7 +140,7 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             ]
             out += ["    }"]
             continue
-        if s.acc.compute in _LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
+        if s.acc.compute in LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
             out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
             continue
         out.append(f"    for (int w = {W // 2}; w > 0; w /= 2)")
