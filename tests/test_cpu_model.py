@@ -80,6 +80,38 @@ def test_work_counts_bytes_and_operations():
     assert w.transcendental == 1.0 and w.division == 1.0 and w.cheap == 1.0
 
 
+def test_argmax_lanes_cost_the_value_not_the_key():
+    """An argmax scanned in (value, index) lanes (LaneKind.ARG) costs ARG_LANE_OPS an element at
+    the value's width; with the last index (a key per element) it keeps the key's 8-byte width."""
+    from panamera.schedule.cpu_cost import ARG_LANE_OPS
+
+    x = pn.placeholder((64, 3000), "float32")
+    first = work(lower(pn.argmax(x, axis=1), target="cpu", stop_after="groups").groups[0])
+    last = work(lower(pn.argmax(x, axis=1, last=True), target="cpu", stop_after="groups").groups[0])
+    assert (first.width, first.cheap) == (4, ARG_LANE_OPS)
+    assert last.width == 8 and last.cheap > 0
+
+
+def test_quiesce_waits_for_spinning_threads():
+    """The bench's samples on several threads start once no thread of the process spins
+    (cpu_measure.quiesce): at once when idle; after a spinning thread stops, within the cap."""
+    import threading
+    import time
+
+    assert cpu_measure.quiesce() < 0.1
+    stop = time.perf_counter() + 0.08
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+
+    t = threading.Thread(target=spin)
+    t.start()
+    waited = cpu_measure.quiesce(max_s=0.3)
+    t.join()
+    assert 0.05 <= waited < 0.3
+
+
 def test_split_chosen_when_outputs_fewer_than_cores():
     four = CpuModel.nominal(cores=4, simd_bytes=64)
     few = _group(pn.sum(pn.placeholder((2, 1 << 20), "float32"), axis=1))

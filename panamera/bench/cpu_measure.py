@@ -6,7 +6,9 @@ Per workload (panamera/bench/cpu_recipes.py) and thread count (1, and every usab
 implementation is warmed up, then `rounds` rounds call every implementation in an order
 shuffled per round (interleaved: a burst of load from other processes hits all alike), each
 sample the mean of enough back-to-back calls to last `min_sample_s`; results give the median and
-the p25-p75 spread. numpy is single-threaded whatever the count; torch, Inductor (compiled per
+the p25-p75 spread; on more than one thread each sample waits until the previous implementation's
+worker threads stopped spinning (`quiesce`: onnxruntime's pool spins ~200 ms after a run, on a
+core the next implementation measured would need). numpy is single-threaded whatever the count; torch, Inductor (compiled per
 thread count) and onnxruntime (`intra_op_num_threads`) are given the count. Every Panamera result
 is checked against the recipe in float64 numpy first, with a tolerance from the output dtype
 and the reduction length. Workloads the CPU target refuses, or too large for this machine, are
@@ -136,8 +138,32 @@ def _sample(fn, inner: int) -> float:
     return (time.perf_counter() - t0) / inner * 1e6
 
 
-def measure(impls: dict, rounds: int, min_sample_s: float) -> dict:
-    """Median and spread (us) of each implementation over `rounds` interleaved rounds."""
+# Worker threads spin after a parallel run before they sleep: libgomp's (Panamera's, torch's) a
+# few ms, onnxruntime's intra-op pool ~200 ms (measured here: 8-12 ms of CPU per 50 ms of idle,
+# for 200 ms after a 2-thread softmax run). Spinning into the next implementation's sample takes
+# a core from it: at every core, a sample starts once the process's CPU time stops growing.
+QUIET_STEP_S, QUIET_CPU_FRACTION, QUIET_MAX_S = 0.005, 0.05, 0.4
+
+
+def _process_cpu_s() -> float:
+    return time.process_time()
+
+
+def quiesce(step_s: float = QUIET_STEP_S, max_s: float = QUIET_MAX_S) -> float:
+    """Sleep until this process's threads have stopped spinning (its CPU time grows by less than
+    QUIET_CPU_FRACTION of a `step_s` sleep), at most `max_s`; returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        c0 = _process_cpu_s()
+        time.sleep(step_s)
+        if _process_cpu_s() - c0 < QUIET_CPU_FRACTION * step_s:
+            break
+    return time.perf_counter() - t0
+
+
+def measure(impls: dict, rounds: int, min_sample_s: float, quiet: bool = False) -> dict:
+    """Median and spread (us) of each implementation over `rounds` interleaved rounds; `quiet`:
+    each sample after the previous implementation's worker threads stopped spinning (quiesce)."""
     inner = {}
     for name, fn in impls.items():
         fn()  # warm-up
@@ -148,6 +174,8 @@ def measure(impls: dict, rounds: int, min_sample_s: float) -> dict:
     for _ in range(rounds):
         random.shuffle(names)
         for k in names:
+            if quiet:
+                quiesce()
             samples[k].append(_sample(impls[k], inner[k]))
     out = {}
     for k, s in samples.items():
@@ -243,7 +271,7 @@ def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_samp
     for n in threads:
         impls, missing = built.at(n) if built else ({}, {})
         impls = {"panamera": lambda n=n: k(*arrays, threads=n), **impls}
-        res = measure(impls, rounds, min_sample_s)
+        res = measure(impls, rounds, min_sample_s, quiet=n > 1)
         modeled = k.modeled(n)
         pan = res["panamera"]["median_us"]
         peer_t = {p: v["median_us"] for p, v in res.items() if p != "panamera"}
@@ -365,7 +393,8 @@ def summary(result: dict) -> str:
         f"CPU model: {m['model']}.",
         "",
         f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
-        "calls). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
+        "calls; on more than one thread each sample starts once the previous implementation's worker threads "
+        "stopped spinning). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
         "measured median (target 0.8-1.2). ok: Panamera's result within the tolerance of the float64 reference.",
     ]
     for n in m["threads"]:

@@ -100,7 +100,7 @@ def run_model(path: str, threads: tuple[int, ...], rounds: int, min_sample_s: fl
     for n in threads:
         s = _ort_session(path, n)
         impls = {"panamera": lambda n=n: opt.run(feeds, threads=n), "onnxruntime": lambda s=s: s.run(None, ort_feeds)}
-        res = measure(impls, rounds, min_sample_s)
+        res = measure(impls, rounds, min_sample_s, quiet=n > 1)
         pan, peer = res["panamera"]["median_us"], res["onnxruntime"]["median_us"]
         records.append({"suite": "models", "workload": Path(path).stem, "threads": n, "measured": res,
                         "speedup_over_ort": peer / pan, "optimize_s": round(optimize_s, 2),

@@ -40,10 +40,11 @@ from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
-from .cpu_lanes import LaneKind, lane_kind, lanes_pass
+from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, row_run
@@ -162,9 +163,17 @@ class _Kernel(RowValues, SplitMerge):
                         )
 
     # -- pieces -------------------------------------------------------------------------------
-    def body(self, here: list[int], acc: Callable[[int], str], shifted: frozenset[int] = frozenset()) -> list[str]:
+    def body(
+        self,
+        here: list[int],
+        acc: Callable[[int], str],
+        shifted: frozenset[int] = frozenset(),
+        step: Callable[[int, str, str], list[str]] | None = None,
+    ) -> list[str]:
         """The bodies of statements `here` at the current (i, j): accumulated or stored; a
-        `shifted` Welford statement adds x - shift and its square to two plain sums."""
+        `shifted` Welford statement adds x - shift and its square to two plain sums. `step(k,
+        acc, value)`, when given, renders a reduction's accumulation (its lines) instead of
+        `acc = combiner::apply(acc, value)` (cpu_lanes' NaN-flagged max/min lanes)."""
         g, out = self.g, []
         for k in here:
             s = g.statements[k]
@@ -185,8 +194,8 @@ class _Kernel(RowValues, SplitMerge):
                 out.append(f"const {t} pn_d{k} = ({t})({convert(val, s.body.dtype, s.acc.field)}) - pn_sh{k};")
                 out.append(f"pn_s1_{k} += pn_d{k}; pn_s2_{k} += pn_d{k} * pn_d{k};")
             elif s.kind == StatementKind.REDUCE:
-                a = acc(k)
-                out.append(f"{a} = {s.combiner.functor}::apply({a}, {accumuland(s, val)});")
+                a, v = acc(k), accumuland(s, val)
+                out += step(k, a, v) if step else [f"{a} = {s.combiner.functor}::apply({a}, {v});"]
             else:
                 value = val if store16 and body.dtype.compute == "float" else convert(val, body.dtype, s.result.dtype)
                 out.append(f"pn_st(&out{k}[{self.loop.address(s.write)}], {value});")

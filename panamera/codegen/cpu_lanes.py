@@ -2,7 +2,8 @@
 `row_pass`): W = LANE_VECTORS x the decision's SIMD lanes accumulators per reduction, so that a
 scan runs at the speed of its loads rather than of one vector register's add latency, folded by
 an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
-value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block.
+value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
+a float max/min with plain compares and NaN flags (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
 `kern` is cpu_kernel's `_Kernel` (its group, decision, ThreadLoop, bodies and accumulators);
 `scan` and `emit` are its isl helpers (`_scan`, `_print`), passed in: this module sits beside it.
@@ -10,15 +11,11 @@ value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey
 
 from __future__ import annotations
 
-import islpy as isl
-
-from ..enums import StrEnum
-from ..poly.statement import Statement
+from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_runs import block_head
 from .thread_loop import identity_expr
 
 LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan (lanes_pass)
-_LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
 
 
 # The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
@@ -48,44 +45,19 @@ template <class F, int N, class T> static inline T pn_fold_lanes(const T* l) {
     return pn_fold_lanes<F, N / 2>(t);
   }
 }
+struct pn_op_max_num { template <class T> static inline T apply(T a, T b) { return a > b ? a : b; } };
+struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { return a < b ? a : b; } };
 """
 
 
-class LaneKind(StrEnum):
-    """How a reduction's accumulator spreads over W lanes in `lanes_pass`."""
-
-    NONE = "none"  # a struct accumulator (Welford, log-sum-exp): one per scan, as before
-    PLAIN = "plain"  # a scalar accumulator: W of them, folded by the combiner
-    ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, index) per lane
-
-
-def lane_kind(s: Statement) -> LaneKind:
-    """The lanes of reduction statement s (LaneKind).
-
-    >>> import panamera as pn
-    >>> from panamera.compiler import lower
-    >>> x = pn.placeholder((4, 50), "float32")
-    >>> [lane_kind(lower(y, target="cpu", stop_after="groups").groups[0].statements[0]).value
-    ...  for y in (pn.sum(x, axis=1), pn.argmax(x, axis=1), pn.argmax(x, axis=1, last=True), pn.var(x, axis=1))]
-    ['plain', 'arg', 'plain', 'none']
-    """
-    if s.acc.is_struct:
-        return LaneKind.NONE
-    b = s.body
-    if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in _LANE_TYPES:
-        return LaneKind.PLAIN
-    x = b.args[1]
-    if x.op == "load" and not s.reads[x.read].memory and _rises_with_j(s.reads[x.read].addr):
-        return LaneKind.ARG
-    return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
-
-
-def _rises_with_j(addr: isl.PwAff) -> bool:
-    """Whether an index (an iota's address over the canonical domain) grows with j, one per step."""
-    pos = addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
-    if pos < 0:
-        return False
-    return all(aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in addr.get_pieces())
+# A floating-point max/min's lanes (LaneKind.FLAGGED) step with the plain compare `a > b ? a : b`
+# (one vmaxps, one latency a step, no mask or/blend on the chain) and flag a NaN per lane on the
+# side; their fold is the same tree of plain compares (branch-free). Without a NaN both give what
+# the NaN-aware combiner (`(a != a || a > b) ? a : b`) gives, bit for bit: the compares are the
+# same. A block whose lanes saw a NaN is scanned again with the NaN-aware combiner in j order
+# (the first NaN wins; rare, and only that block). softmax [6144x128]: the row's max, on the
+# critical path before its exp pass, was a 4-op chain a step and a ~6-step NaN-aware fold.
+_NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
 
 
 def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit) -> list[str]:
@@ -108,6 +80,16 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
     tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
     arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
+    flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]
+
+    def flag_step(k: int, a: str, v: str) -> list[str]:  # _NUMERIC: a plain compare, a NaN flagged
+        t, q = g.statements[k].acc.compute, a[a.index("[") :]
+        num = _NUMERIC[g.statements[k].combiner.name]
+        return [
+            f"{{ const {t} pn_x = {v};",
+            f"  pn_nan{k}{q} |= (pn_x != pn_x);",
+            f"  {a} = {num}::apply({a}, pn_x); }}",
+        ]
 
     def lane(q: str) -> list[str]:
         out = [f"const pn_idx j = pn_c + {q};"]
@@ -115,7 +97,7 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             if k in arg:
                 out += arg_lane(kern, k, q)
             else:
-                out += kern.body([k], lambda k: f"pn_lane{k}[{q}]")
+                out += kern.body([k], lambda k: f"pn_lane{k}[{q}]", step=flag_step if k in flagged else None)
         return ["{"] + ["  " + ln for ln in out] + ["}"]
 
     def tail(a: list[str]) -> list[str]:
@@ -136,6 +118,8 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         else:
             out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
             out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
+            if k in flagged:
+                out += [f"  int pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = 0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
@@ -146,7 +130,17 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
             out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
             continue
-        if s.acc.compute in _LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
+        if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block that saw a NaN
+            rescan = kern.body([k], lambda k: f"pn_blk{k}")
+            out += [f"    int pn_any{k} = 0;", f"    for (int q = 0; q < {W}; ++q) pn_any{k} |= pn_nan{k}[q];"]
+            out += [f"    if (pn_any{k}) {{", "      for (pn_idx j = pn_lo; j < pn_c; ++j) {"]
+            out += ["        " + ln for ln in rescan] + ["      }", "    } else {"]
+            out += [
+                f"      pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{_NUMERIC[s.combiner.name]}, {W}>(pn_lane{k}));"
+            ]
+            out += ["    }"]
+            continue
+        if s.acc.compute in LANE_TYPES:  # the tree in vector registers (LANE_FOLD)
             out.append(f"    pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
             continue
         out.append(f"    for (int w = {W // 2}; w > 0; w /= 2)")

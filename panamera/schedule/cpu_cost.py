@@ -32,6 +32,7 @@ from ..model.cpu import (
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
+from .cpu_lane_kind import LaneKind, lane_kind
 from .cpu_reuse import Reuse, saved_work
 
 # Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
@@ -47,6 +48,11 @@ F16_CONVERT = 2.0
 # where the load's pn_emu_h2f has ~12 and the former integer rounding ~25): layer_norm 1024x768
 # float16's kernel measured 949 -> 840 us on one thread when the store became this.
 F16_STORE = 1.0
+# An argmax/argmin scanned in (value, index) lanes (LaneKind.ARG: two compares and an and on the
+# value, a blend of the value and of its 64-bit index; the keys only once a block) costs this
+# many cheap operations an element at the value's width, not the key's: argmax [64x30522] float32
+# measured 327 us on one thread (bench/cpu, 2026-11-24), modeled 876 with the per-element key.
+ARG_LANE_OPS = 3.0
 MIN_TASK_ITERATIONS = 1024  # a split chunk keeps at least this many reduced iterations (whole vectors)
 
 
@@ -78,6 +84,11 @@ def _ops(body, reads, on_chip, reciprocal: bool = False) -> tuple[float, float, 
     return cheap, trans, div
 
 
+def _width(s) -> int:
+    """The bytes of a reduction's SIMD lanes: its accumulator's, an ARG lane's value's."""
+    return s.body.args[0].dtype.itemsize if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
+
+
 def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
     """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
     `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing."""
@@ -105,7 +116,10 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
             body = body.args[0] if body.op == "cast" and body.args[0].dtype.compute == "float" else body
         c, t, d = _ops(body, s.reads, on_chip, s.kind == StatementKind.MAP and lv.get(s.name, 0) > 0)
         c += F16_STORE if s.kind == StatementKind.MAP and s.result.dtype.name == "float16" else 0.0
-        if s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
+        if s.kind == StatementKind.REDUCE and lane_kind(s) == LaneKind.ARG:  # the value's ops, then the lanes'
+            c, t, d = _ops(s.body.args[0], s.reads, on_chip)
+            c += ARG_LANE_OPS
+        elif s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
             fma = s.combiner.name == "sum" and s.body.op == "mul"
             c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
         cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
@@ -116,7 +130,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         c, t, d, kept = saved_work(g, reuse)
         cheap, trans, div = max(cheap - c, 0.0), max(trans - t, 0.0), max(div - d, 0.0)
     struct = any(stmts[k].acc.is_struct and stmts[k].combiner.name != WELFORD.name for k in g.accumulators)
-    width = max((s.acc.itemsize for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
+    width = max((_width(s) for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
     return CpuWork(
         M=g.M,
         N=g.N,
