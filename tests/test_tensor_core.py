@@ -20,6 +20,7 @@ import panamera as pn
 from panamera.compiler import lower
 from panamera.errors import ScheduleError
 from panamera.model import H100
+from panamera.schedule import tensor_core
 from panamera.schedule.mapping import MergeMode, map_group, replay
 from panamera.schedule.tensor_core import Mma, analyse, candidates
 
@@ -55,11 +56,17 @@ def test_16bit_tiles_with_tails(dtype, tile, split, rng):
     assert (np.abs(out - ref) <= bound(X, W.T, "mk,kn->mn", "float32", dtype)).all()
 
 
-def test_split_k_partials_are_deterministic(rng):
-    """deterministic=True: the split's partials combined by the last block in block order."""
+@pytest.mark.parametrize("landed", [True, False])
+def test_split_k_partials_are_deterministic(landed, rng, monkeypatch):
+    """deterministic=True: the split's partials combined by the last block in block order, landed
+    in shared memory by cp.async (they fit: `landing_bytes`) or, where they would not (here: no
+    copies allowed), loaded in register batches."""
+    if not landed:
+        monkeypatch.setattr(tensor_core, "MAX_LANDED_COPIES", 0)
     x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
     k = tc_compile(x @ w.T, (1, 2, 32), 4, deterministic=True)
     assert [str(m) for m in k.schedule.kernels[0].merges] == ["partials"]
+    assert ("__pipeline_memcpy_async(&pn_sp" in k.source) == landed and ("pn_m[pn_u][pn_j]" in k.source) != landed
     X, W = array((M, K), "float16", rng), array((N, K), "float16", rng)
     out = np.asarray(k(X, W)).astype(np.float64)
     ref = X.astype(np.float64) @ W.astype(np.float64).T

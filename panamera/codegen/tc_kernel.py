@@ -31,6 +31,7 @@ from ..schedule.tensor_core import (
     Mma,
     analyse,
     grid_tiles,
+    landing_bytes,
     loads_first,
     partial_batch,
     raw_copy,
@@ -43,7 +44,7 @@ from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
 
-INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#endif")
+INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#include <cuda_pipeline.h>", "#endif")
 W = "nvcuda::wmma"
 
 
@@ -65,10 +66,21 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     wn = m.mma_tile[1]
     Q, P, K = ops.rows, ops.cols, ops.K
     threads = m.threads
-    out = [
-        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+    land = landing_bytes(kind, m, Q, st.acc.itemsize)
+    slabs = [
         f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
         f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",
+    ]
+    if land:  # the K slabs' storage is reused, after the MMA loop, for the split's partials (landing_bytes)
+        staging = (BM + BN) * BK * kind.itemsize
+        slabs = [
+            f"  __shared__ __align__(32) unsigned char pn_sm[{max(staging, land)}];  // the K slabs, then the partials",
+            f"  {T}* const pn_sa = reinterpret_cast<{T}*>(pn_sm);",
+            f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
+        ]
+    out = [
+        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+        *slabs,
         f"  __shared__ __align__(32) {ACC} pn_sc[{BM * BN}];",
         f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
         f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
@@ -137,6 +149,8 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, load, pt)]
             last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
             out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, last, pt)]
+        elif land:  # partials, every block's landed in shared memory at once, then folded in block order
+            out += ["  " + ln for ln in _land_partials(loop, st, BN, RM, threads, P, Q)]
         else:  # partials, combined in block order: each batch of blocks' partials loaded together, then folded
             out += ["  " + ln for ln in _combine_partials(loop, st, BN, RM, threads, P, Q)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
@@ -172,6 +186,42 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
         *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, fold, pt)),
         "  }",
         *_outputs(BN, BM, threads, P, Q, done, pt),
+        *_discard_partials(S, BN, BM, threads, P, Q),
+    ]
+
+
+def _land_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
+    """The last block's combine of the split's partials where they fit in the K slabs' storage
+    (schedule/tensor_core.py `landing_bytes`): every block's partials of each of the thread's
+    outputs (contiguous: ws0[o * S + b]) are copied to shared memory with `__pipeline_memcpy_async`
+    (8 or 16 bytes a copy, no registers held), all in flight together (one L2 round trip, the
+    model's); the thread then folds its own outputs' partials in block order (deterministic, the
+    same order as `_combine_partials`), so no barrier is needed between its copies and its reads.
+    The copies read L2 past the block's fence as `pn_ldcg` does: no block of this SM read the
+    lines before."""
+    S, pt = loop.m.split, math.ceil(BM * BN / threads)
+    T, F = st.acc.compute, st.combiner.functor
+    size = min(16, S * st.acc.itemsize)
+    step = size // st.acc.itemsize
+    copy = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {S}; pn_j += {step})",
+        f"  __pipeline_memcpy_async(&pn_sp[pn_e * {S} + pn_j], &ws0[o * {S} + pn_j], {size});",
+    ]
+    value = post(st, "pn_p")
+    done = apply_epilogue(loop, 0, st, "o", value) if len(loop.g.statements) > 1 else [f"pn_st(&out0[o], {value});"]
+    fold = [
+        f"{T} pn_p = {identity_expr(st)};",
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {S}; ++pn_j) pn_p = {F}::apply(pn_p, pn_sp[pn_e * {S} + pn_j]);",
+        *done,
+    ]
+    return [
+        f"  {T}* const pn_sp = reinterpret_cast<{T}*>(pn_sm);  // {S} blocks' partials of each output",
+        *_outputs(BN, BM, threads, P, Q, copy, pt),
+        "  __pipeline_commit();",
+        "  __pipeline_wait_prior(0);  // every partial landed: one L2 round trip",
+        *_outputs(BN, BM, threads, P, Q, fold, pt),
         *_discard_partials(S, BN, BM, threads, P, Q),
     ]
 

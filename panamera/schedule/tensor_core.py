@@ -335,6 +335,36 @@ def partial_batch(per_thread: int, split: int) -> int:
     return max(1, min(split, PARTIAL_REGISTERS // max(1, per_thread)))
 
 
+MAX_LANDED_COPIES = 256  # cp.async copies one thread may have in flight (the emulator's bound; sm_80 has none)
+
+
+def landing_bytes(kind: Mma, d: Decision, rows: int, acc_bytes: int) -> int:
+    """Shared memory where the last block of a split with partials lands every block's partials of
+    its tile's outputs at once (`__pipeline_memcpy_async`, codegen/tc_kernel.py), in the K slabs'
+    storage (free after the MMA loop); 0 where they do not fit beside the accumulators' tile in
+    `SMEM_BYTES`, or would take a thread more than `MAX_LANDED_COPIES` copies, or the split has
+    no partials: those keep the register batches of `partial_batch`. Landed, the partials cost
+    one L2 round trip, not one per batch, and no registers.
+
+    >>> from panamera.schedule.mapping import MergeMode
+    >>> d = Decision(statements=("s",), form=Form.ROW, M=2048, N=64, stitched=False, vec=8, tx=256, ty=1, split=4,
+    ...              chunk=16, grid=(32, 4), unroll=1, merges=(MergeMode.PARTIALS,), access=(), levels=(),
+    ...              mma="f16", mma_tile=(2, 4, 64))
+    >>> landing_bytes(Mma.F16, d, 32, 4), landing_bytes(Mma.F16, d, 16, 4)
+    (32768, 16384)
+    """
+    if d.split < 2 or not any(m.value == "partials" for m in d.merges):
+        return 0
+    BM, BN, BK = tiles(d)
+    RM = min(BM, rows)  # the tile's rows that hold outputs
+    land = RM * BN * d.split * acc_bytes
+    copies = math.ceil(RM * BN / d.threads) * math.ceil(d.split * acc_bytes / 16)
+    staging = (BM + BN) * BK * kind.itemsize
+    if max(staging, land) + BM * BN * 4 > SMEM_BYTES or copies > MAX_LANDED_COPIES:
+        return 0
+    return land
+
+
 RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
 
 
@@ -403,8 +433,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
     # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
     # workspace, one per batch of blocks' partials (`partial_batch`)
+    # (or all of them at once where they land in shared memory, `landing_bytes`)
     per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
     trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
+    if landing_bytes(ops.kind, d, ops.rows, st.acc.itemsize):
+        trips = 1
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
         gpu,
