@@ -126,14 +126,16 @@ def _dequant_bound(X, Wd, out: str):
     return bound(X, Wd.T, "mk,kn->mn", "float32", out) + U["float16"] * mag
 
 
-def test_int8_weights_dequantized_to_fp16(rng):
+@pytest.mark.parametrize("tile, split", [((1, 2, 32), 2), ((1, 1, 32, 2, 1), 4)])
+def test_int8_weights_dequantized_to_fp16(tile, split, rng):
     """fp16 x (int8 * per-channel fp16 scale): the weight dequantized in registers, rounded to
-    fp16, then the MMA; split over K. The weights' vectors and scales of a slab are loaded first,
-    double-buffered (tensor_core.py `words_first`): before the loop, then the next slab's each step."""
+    fp16, then the MMA; split over K (atomics; partials landed for a warp of 2 x 1 fragments).
+    The weights' vectors and scales of a slab are loaded first, double-buffered (tensor_core.py
+    `words_first`): before the loop, then the next slab's each step."""
     x = pn.placeholder((M, K), "float16", name="x")
     w, sc = pn.placeholder((N, K), "int8", name="w"), pn.placeholder((N, 1), "float16", name="scale")
     y = x @ (w.astype("float32") * sc.astype("float32")).T
-    k = tc_compile(y, (1, 2, 32), 2)
+    k = tc_compile(y, tile, split, deterministic=len(tile) == 5)
     assert k.schedule.kernels[0].mma == Mma.F16
     held = "pn_bnc1[pn_u] = pn_vload"
     assert k.source.count(held) == 2 and k.source.index(held) < k.source.index("for (pn_idx pn_ks")
