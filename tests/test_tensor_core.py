@@ -10,6 +10,7 @@ Shapes are small and not multiples of 16 (M 20, N 40, K 100): the tails of every
 """
 
 import dataclasses
+import json
 
 import ml_dtypes
 import numpy as np
@@ -21,6 +22,7 @@ from panamera.compiler import lower
 from panamera.errors import ScheduleError
 from panamera.model import H100
 from panamera.schedule import tensor_core
+from panamera.schedule.decision import Decision
 from panamera.schedule.mapping import MergeMode, map_group, replay
 from panamera.schedule.tensor_core import Mma, analyse, candidates
 
@@ -66,7 +68,9 @@ def test_warp_fragment_tiles(dtype, tile, split, rng):
     x, w = pn.placeholder((M, K), dtype, name="x"), pn.placeholder((N, K), dtype, name="w")
     y = x @ w.T if dtype != "int8" else pn.matmul(x, w.T).inputs[0]
     k = tc_compile(y, tile, split, deterministic=True)
-    assert k.schedule.kernels[0].mma_tile == tile and f"pn_acc[{tile[3]}][{tile[4]}]" in k.source
+    d = k.schedule.kernels[0]
+    assert d.mma_tile == tile and f"pn_acc[{tile[3]}][{tile[4]}]" in k.source
+    assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d  # a saved schedule keeps the fragments
     X, W = array((M, K), dtype, rng), array((N, K), dtype, rng)
     out = np.asarray(k(X, W))
     if dtype == "int8":
