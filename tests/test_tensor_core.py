@@ -10,6 +10,7 @@ Shapes are small and not multiples of 16 (M 20, N 40, K 100): the tails of every
 """
 
 import dataclasses
+import json
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +21,8 @@ import panamera as pn
 from panamera.compiler import lower
 from panamera.errors import ScheduleError
 from panamera.model import H100
+from panamera.schedule import tensor_core
+from panamera.schedule.decision import Decision
 from panamera.schedule.mapping import MergeMode, map_group, replay
 from panamera.schedule.tensor_core import Mma, analyse, candidates
 
@@ -55,16 +58,54 @@ def test_16bit_tiles_with_tails(dtype, tile, split, rng):
     assert (np.abs(out - ref) <= bound(X, W.T, "mk,kn->mn", "float32", dtype)).all()
 
 
-def test_split_k_partials_are_deterministic(rng):
-    """deterministic=True: the split's partials combined by the last block in block order."""
-    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
-    k = tc_compile(x @ w.T, (1, 2, 32), 4, deterministic=True)
-    assert [str(m) for m in k.schedule.kernels[0].merges] == ["partials"]
-    X, W = array((M, K), "float16", rng), array((N, K), "float16", rng)
-    out = np.asarray(k(X, W)).astype(np.float64)
+@pytest.mark.parametrize(
+    "dtype, tile, split",
+    [("float16", (2, 1, 32, 1, 2), 1), ("bfloat16", (1, 2, 32, 2, 1), 2), ("int8", (1, 1, 64, 2, 1), 4)],
+)
+def test_warp_fragment_tiles(dtype, tile, split, rng):
+    """A warp of FM x FN fragments (`frags`): each A fragment feeds FN MMAs and each B fragment FM;
+    fp16, bf16 and int8 x int8, with the tails of M 20 / N 40 / K 100, split-K merged by partials."""
+    x, w = pn.placeholder((M, K), dtype, name="x"), pn.placeholder((N, K), dtype, name="w")
+    y = x @ w.T if dtype != "int8" else pn.matmul(x, w.T).inputs[0]
+    k = tc_compile(y, tile, split, deterministic=True)
+    d = k.schedule.kernels[0]
+    assert d.mma_tile == tile and f"pn_acc[{tile[3]}][{tile[4]}]" in k.source
+    assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d  # a saved schedule keeps the fragments
+    X, W = array((M, K), dtype, rng), array((N, K), dtype, rng)
+    out = np.asarray(k(X, W))
+    if dtype == "int8":
+        assert np.array_equal(out, X.astype(np.int64) @ W.astype(np.int64).T)
+        return
     ref = X.astype(np.float64) @ W.astype(np.float64).T
-    assert (np.abs(out - ref) <= bound(X, W.T, "mk,kn->mn", "float32", "float16")).all()
-    assert np.array_equal(np.asarray(k(X, W)), np.asarray(k(X, W)))
+    assert (np.abs(out.astype(np.float64) - ref) <= bound(X, W.T, "mk,kn->mn", "float32", dtype)).all()
+
+
+def test_split_k_partials_are_deterministic(rng, monkeypatch):
+    """deterministic=True: the split's partials combined by the last block in block order, landed
+    in shared memory by cp.async (they fit: `landing`), half landed and half held in registers
+    (shared memory capped at the K slabs' and accumulators' own), or, where no copy is allowed,
+    loaded in register batches: the same fold order, so the same bits, within the bound."""
+    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
+    X, W = array((M, K), "float16", rng), array((N, K), "float16", rng)
+    ref = X.astype(np.float64) @ W.astype(np.float64).T
+    outs = []
+    for cap, copies, source in ((None, None, "landed"), (0, None, "held"), (None, 0, "batches")):
+        if cap is not None:
+            monkeypatch.setattr(tensor_core, "LANDING_PER_SM", cap)
+        if copies is not None:
+            monkeypatch.setattr(tensor_core, "MAX_LANDED_COPIES", copies)
+        k = tc_compile(x @ w.T, (1, 2, 32), 4, deterministic=True)
+        assert [str(m) for m in k.schedule.kernels[0].merges] == ["partials"]
+        src = k.source
+        assert ("__pipeline_memcpy_async(&pn_sp" in src) == (source != "batches") and ("pn_b0" in src) == (
+            source == "batches"
+        )
+        assert ("2 blocks' partials of each output; 2 in registers" in src) == (source == "held")
+        outs.append(np.asarray(k(X, W)))
+        assert (np.abs(outs[-1].astype(np.float64) - ref) <= bound(X, W.T, "mk,kn->mn", "float32", "float16")).all()
+        assert np.array_equal(np.asarray(k(X, W)), outs[-1])
+        monkeypatch.undo()
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
@@ -89,14 +130,16 @@ def _dequant_bound(X, Wd, out: str):
     return bound(X, Wd.T, "mk,kn->mn", "float32", out) + U["float16"] * mag
 
 
-def test_int8_weights_dequantized_to_fp16(rng):
+@pytest.mark.parametrize("tile, split", [((1, 2, 32), 2), ((1, 1, 32, 2, 1), 4)])
+def test_int8_weights_dequantized_to_fp16(tile, split, rng):
     """fp16 x (int8 * per-channel fp16 scale): the weight dequantized in registers, rounded to
-    fp16, then the MMA; split over K. The weights' vectors and scales of a slab are loaded first,
-    double-buffered (tensor_core.py `words_first`): before the loop, then the next slab's each step."""
+    fp16, then the MMA; split over K (atomics; partials landed for a warp of 2 x 1 fragments).
+    The weights' vectors and scales of a slab are loaded first, double-buffered (tensor_core.py
+    `words_first`): before the loop, then the next slab's each step."""
     x = pn.placeholder((M, K), "float16", name="x")
     w, sc = pn.placeholder((N, K), "int8", name="w"), pn.placeholder((N, 1), "float16", name="scale")
     y = x @ (w.astype("float32") * sc.astype("float32")).T
-    k = tc_compile(y, (1, 2, 32), 2)
+    k = tc_compile(y, tile, split, deterministic=len(tile) == 5)
     assert k.schedule.kernels[0].mma == Mma.F16
     held = "pn_bnc1[pn_u] = pn_vload"
     assert k.source.count(held) == 2 and k.source.index(held) < k.source.index("for (pn_idx pn_ks")
@@ -114,6 +157,23 @@ def test_int4_weights_dequantized_to_fp16(rng):
     x = pn.placeholder((Mi, Ki), "float16", name="x")
     wd, P, S, Wd = int4_weight(Ni, Ki, G, rng)
     k = tc_compile(pn.einsum("mk,nk->mn", x, wd), (1, 2, 64))
+    X = array((Mi, Ki), "float16", rng)
+    out = np.asarray(k(X, P, S)).astype(np.float64)
+    assert (np.abs(out - X.astype(np.float64) @ Wd.T) <= _dequant_bound(X, Wd, "float32")).all()
+
+
+@pytest.mark.parametrize("tile, split", [((1, 1, 64, 2, 1), 2), ((1, 2, 32, 2, 1), 4)])
+def test_int4_warp_fragment_tiles(tile, split, rng, monkeypatch):
+    """int4 weights (packed, loaded first) on warps of 2 x 1 fragments, the tails of M 20 and N 40,
+    split-K partials (shared memory capped at the tiles' own): all landed in shared memory, or 3
+    landed and 1 held in registers."""
+    Mi, Ni, Ki, G = 20, 40, 256, 128
+    monkeypatch.setattr(tensor_core, "LANDING_PER_SM", 0)
+    x = pn.placeholder((Mi, Ki), "float16", name="x")
+    wd, P, S, Wd = int4_weight(Ni, Ki, G, rng)
+    k = tc_compile(pn.einsum("mk,nk->mn", x, wd), tile, split, deterministic=True)
+    assert k.schedule.kernels[0].split == split and "__pipeline_memcpy_async(&pn_sp" in k.source
+    assert ("partials of each output; 1 in registers" in k.source) == (split == 4)
     X = array((Mi, Ki), "float16", rng)
     out = np.asarray(k(X, P, S)).astype(np.float64)
     assert (np.abs(out - X.astype(np.float64) @ Wd.T) <= _dequant_bound(X, Wd, "float32")).all()
@@ -233,6 +293,20 @@ def test_replay_refuses_a_bad_tile():
     f32 = lower(pn.placeholder((M, K)) @ pn.placeholder((N, K)).T, stop_after="groups", target="emulator").groups[0]
     with pytest.raises(ScheduleError, match="not legal"):
         replay(f32, dataclasses.replace(d, statements=f32.names), H100, "k")
+
+
+def test_replay_refuses_unlanded_warp_fragments(monkeypatch):
+    """A warp of 2 x 1 fragments whose split's partials would be held in registers (they do not
+    land: no copies allowed) is refused by replay (`unlanded_fragments`), and not a candidate."""
+    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
+    g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
+    ops = analyse(g)
+    d = next(d for d in candidates(g, ops, H100, 4, True) if d.mma_tile == (1, 2, 32, 2, 1))
+    assert replay(g, d, H100, "k").mma_tile == d.mma_tile
+    monkeypatch.setattr(tensor_core, "MAX_LANDED_COPIES", 0)
+    with pytest.raises(ScheduleError, match="merges its split in registers"):
+        replay(g, d, H100, "k")
+    assert all(e.mma_tile != d.mma_tile for e in candidates(g, ops, H100, 4, True))
 
 
 def test_replay_refuses_tensor_cores_in_a_cluster():

@@ -9,14 +9,16 @@ the columns' factor (isl proved each reads one address along the other axis), co
 MMA's type and stores it to shared memory, zero outside the tile and the K range (the tails).
 Shared memory holds each 16-wide K step as a contiguous 16 x 16 block per fragment row or column
 (256-bit aligned, ldm 16: wmma's rules for every operand type). After a barrier each warp runs
-BK / 16 `mma_sync` on its 16 x 16 accumulator; a barrier guards the slab before it is refilled.
+BK / 16 steps of `mma_sync` on its FM x FN 16 x 16 accumulators (each A fragment loaded once for
+FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled.
 
 The accumulators go through shared memory (`store_matrix_sync`, row-major): the code never reads
 a fragment's elements, whose lane layout CUDA leaves unspecified. Then every thread finishes its
 share of the tile's outputs as the reduction template does (codegen/reduce_kernel.py): stored
 (with the epilogue group's element-wise statements), one atomic into the resident workspace, or a
-partial; with a split, the last block to arrive finishes and resets the workspace or combines the
-partials in a fixed order.
+partial; with a split, the last block to arrive (its flag in the K slab's storage) finishes and
+resets the workspace or combines the partials in a fixed order, landed in shared memory by
+cp.async where they fit (`_land_partials`), else in register batches (`_combine_partials`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,12 @@ from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
 from ..schedule.tensor_core import (
     FRAG,
+    Landing,
     Mma,
     analyse,
+    frags,
     grid_tiles,
+    landing,
     loads_first,
     partial_batch,
     raw_copy,
@@ -43,7 +48,7 @@ from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
 
-INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#endif")
+INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#include <cuda_pipeline.h>", "#endif")
 W = "nvcuda::wmma"
 
 
@@ -63,19 +68,35 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     BM, BN, BK = tiles(m)
     _, NT = grid_tiles(ops, m)
     wn = m.mma_tile[1]
+    FM, FN = frags(m)
     Q, P, K = ops.rows, ops.cols, ops.K
     threads = m.threads
-    out = [
-        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+    land = landing(kind, m, Q, st.acc.itemsize)
+    smem = [
         f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
         f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",
         f"  __shared__ __align__(32) {ACC} pn_sc[{BM * BN}];",
+    ]
+    if land:  # one buffer: the K slabs and the accumulators' tile, then the split's partials (`landing`)
+        staging = (BM + BN) * BK * kind.itemsize
+        smem = [
+            f"  __shared__ __align__(32) unsigned char pn_sm[{land.bytes}];  // the K slabs and accumulators, then partials",
+            f"  {T}* const pn_sa = reinterpret_cast<{T}*>(pn_sm);",
+            f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
+            f"  {ACC}* const pn_sc = reinterpret_cast<{ACC}*>(pn_sm + {staging});",
+        ]
+    out = [
+        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+        *smem,
         f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
         f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
         f"  const pn_idx pn_k1 = pn_k0 + {m.chunk} < {K} ? pn_k0 + {m.chunk} : {K};",
-        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};",
-        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc;",
-        f"  {W}::fill_fragment(pn_acc, ({ACC})0);",
+        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};  // the warp's {FM} x {FN} fragments",
+        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc[{FM}][{FN}];",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j) {W}::fill_fragment(pn_acc[pn_i][pn_j], ({ACC})0);",
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
     operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
@@ -97,16 +118,29 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     out += [
         "    __syncthreads();",
         "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
-        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{",
-        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa;",
-        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb;",
-        f"      {W}::load_matrix_sync(pn_fa, &pn_sa[(pn_t * {BM} + pn_wr * 16) * 16], 16);",
-        f"      {W}::load_matrix_sync(pn_fb, &pn_sb[(pn_t * {BN} + pn_wc * 16) * 16], 16);",
-        f"      {W}::mma_sync(pn_acc, pn_fa, pn_fb, pn_acc);",
+        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{  // each A fragment feeds {FN} MMAs, each B {FM}",
+        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa[{FM}];",
+        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb[{FN}];",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        f"        {W}::load_matrix_sync(pn_fa[pn_i], &pn_sa[(pn_t * {BM} + (pn_wr * {FM} + pn_i) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"        {W}::load_matrix_sync(pn_fb[pn_j], &pn_sb[(pn_t * {BN} + (pn_wc * {FN} + pn_j) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"        for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"          {W}::mma_sync(pn_acc[pn_i][pn_j], pn_fa[pn_i], pn_fb[pn_j], pn_acc[pn_i][pn_j]);",
         "    }",
         "    __syncthreads();  // the slab is refilled next step",
         "  }",
-        f"  {W}::store_matrix_sync(&pn_sc[pn_wr * 16 * {BN} + pn_wc * 16], pn_acc, {BN}, {W}::mem_row_major);",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"      {W}::store_matrix_sync(&pn_sc[(pn_wr * {FM} + pn_i) * 16 * {BN} + (pn_wc * {FN} + pn_j) * 16],",
+        f"                             pn_acc[pn_i][pn_j], {BN}, {W}::mem_row_major);",
         "  __syncthreads();",
     ]
     RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
@@ -121,9 +155,11 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         out += [
             "  __threadfence();",
             "  __syncthreads();",
-            "  __shared__ int pn_is_last;",
-            "  if (tx == 0) pn_is_last = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
+            "  int* const pn_flag = reinterpret_cast<int*>(pn_sa);  // in the K slab's storage: 48 KB stay the tiles'",
+            "  if (tx == 0) *pn_flag = atomicAdd(&pn_counter[bx], 1u) == gridDim.y - 1;",
             "  __syncthreads();",
+            "  const int pn_is_last = *pn_flag;",
+            "  __syncthreads();  // every thread has read the flag before the partials land over it",
             "  if (pn_is_last) {",
             "    __threadfence();",
         ]
@@ -137,6 +173,8 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, load, pt)]
             last = _final(loop, 0, st, "o", mode, 0, merged="pn_m[pn_u]") + _reset(0, st, "o", mode, 0)
             out += ["  " + ln for ln in _outputs(BN, RM, threads, P, Q, last, pt)]
+        elif land:  # partials, every block's landed in shared memory at once, then folded in block order
+            out += ["  " + ln for ln in _land_partials(loop, st, BN, RM, threads, P, Q, land)]
         else:  # partials, combined in block order: each batch of blocks' partials loaded together, then folded
             out += ["  " + ln for ln in _combine_partials(loop, st, BN, RM, threads, P, Q)]
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
@@ -172,6 +210,50 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
         *("  " + ln for ln in _outputs(BN, BM, threads, P, Q, fold, pt)),
         "  }",
         *_outputs(BN, BM, threads, P, Q, done, pt),
+        *_discard_partials(S, BN, BM, threads, P, Q),
+    ]
+
+
+def _land_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int, land: Landing) -> list[str]:
+    """The last block's combine of the split's partials in one L2 round trip (schedule/
+    tensor_core.py `landing`): the first `land.blocks` blocks' partials of each of the thread's
+    outputs (contiguous: ws0[o * S + b]) copied to shared memory with `__pipeline_memcpy_async`
+    (no registers held), the other `land.held` blocks' loaded into registers, all in flight
+    together; the thread then folds its own outputs' partials in block order (deterministic, the
+    order of `_combine_partials`), so no barrier is needed between its copies and its reads. The
+    copies read L2 past the block's fence as `pn_ldcg` does: no block of this SM read the lines
+    before."""
+    S, pt, L, R = loop.m.split, math.ceil(BM * BN / threads), land.blocks, land.held
+    T, F = st.acc.compute, st.combiner.functor
+    step = land.copy // st.acc.itemsize
+    issue = [
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {L}; pn_j += {step})",
+        f"  __pipeline_memcpy_async(&pn_sp[pn_e * {L} + pn_j], &ws0[o * {S} + pn_j], {land.copy});",
+    ]
+    fold = [
+        f"{T} pn_p = {identity_expr(st)};",
+        "#pragma unroll",
+        f"for (int pn_j = 0; pn_j < {L}; ++pn_j) pn_p = {F}::apply(pn_p, pn_sp[pn_e * {L} + pn_j]);",
+    ]
+    if R:
+        issue += [
+            "#pragma unroll",
+            f"for (int pn_j = 0; pn_j < {R}; ++pn_j) pn_m[pn_u][pn_j] = pn_ldcg(&ws0[o * {S} + {L} + pn_j]);",
+        ]
+        fold += [
+            "#pragma unroll",
+            f"for (int pn_j = 0; pn_j < {R}; ++pn_j) pn_p = {F}::apply(pn_p, pn_m[pn_u][pn_j]);",
+        ]
+    value = post(st, "pn_p")
+    fold += apply_epilogue(loop, 0, st, "o", value) if len(loop.g.statements) > 1 else [f"pn_st(&out0[o], {value});"]
+    return [
+        f"  {T}* const pn_sp = reinterpret_cast<{T}*>(pn_sm);  // {L} blocks' partials of each output; {R} in registers",
+        *([f"  {T} pn_m[{pt}][{R}];"] if R else []),
+        *_outputs(BN, BM, threads, P, Q, issue, pt),
+        "  __pipeline_commit();",
+        "  __pipeline_wait_prior(0);  // every partial landed or loaded: one L2 round trip",
+        *_outputs(BN, BM, threads, P, Q, fold, pt),
         *_discard_partials(S, BN, BM, threads, P, Q),
     ]
 

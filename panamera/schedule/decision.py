@@ -80,7 +80,9 @@ class Decision:
     cshared: tuple[tuple[bool, ...], ...] = ()  # [k][r]: shared along the ctile consecutive rows
     stages: int = 1  # K slabs of the block-shared operand in flight (schedule/pipeline.py; 1: direct loads)
     mma: str = ""  # tensor cores' operand type (schedule/tensor_core.py's Mma); "": CUDA cores
-    mma_tile: tuple[int, ...] = ()  # tensor cores: (warps along rows, warps along columns, K slab)
+    mma_tile: tuple[
+        int, ...
+    ] = ()  # tensor cores: (warps along rows, along columns, K slab[, fragments per warp: rows, columns])
 
     @property
     def tile_rows(self) -> int:
@@ -184,6 +186,7 @@ class Decision:
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (
                 f" tensor-cores={self.mma} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
+                + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
                 if self.mma
                 else ""
             )

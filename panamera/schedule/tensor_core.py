@@ -3,12 +3,13 @@ m16n16k16 MMAs, the tiling the model chooses, and its modeled cost.
 
 A contraction statement (frontend/contract.py) is a ROW sum over k of `mul(a, b)`, its outputs
 i = r * P + c (r the rows of the first operand, c the P columns of the second). On tensor cores a
-block owns BM x BN outputs (16 x 16 per warp, `wm` x `wn` warps) and a K range (split-K: one per
-gridDim.y); every K slab of BK, its threads evaluate the two operand expressions (with their
-fused producers: a dequantized weight `w.astype(float32) * scale` is computed in registers) into
-shared memory as the MMA's operand type, zero outside the tile, and each warp runs BK / 16 MMAs
-(codegen/tc_kernel.py). The result is merged as the CUDA-core template merges it (store, one
-atomic per block into the resident workspace, or partials the last block combines).
+block owns BM x BN outputs (`wm` x `wn` warps of FM x FN 16 x 16 fragments each, `frags`) and a
+K range (split-K: one per gridDim.y); every K slab of BK, its threads evaluate the two operand
+expressions (with their fused producers: a dequantized weight `w.astype(float32) * scale` is
+computed in registers) into shared memory as the MMA's operand type, zero outside the tile, and
+each warp runs FM x FN x BK / 16 MMAs (codegen/tc_kernel.py). The result is merged as the
+CUDA-core template merges it (store, one atomic per block into the resident workspace, or
+partials the last block combines, landed in shared memory where they fit: `landing`).
 
 Preconditions (`analyse` returns the first that fails, by number; one negative test each in
 tests/test_tensor_core.py):
@@ -178,10 +179,25 @@ def _dequantized(e: Expr, st) -> bool:
 
 
 # -- the tiling and its cost --------------------------------------------------------------------
+def frags(d: Decision) -> tuple[int, int]:
+    """Fragments per warp along rows and columns (FM, FN): mma_tile (wm, wn, bk, FM, FN), or (1, 1)
+    for a three-part tile. A warp's FM x FN accumulators share each A fragment FN times and each
+    B fragment (a dequantized weight's) FM times: fewer shared-memory loads per MMA, larger block
+    tiles (fewer L2 re-reads of the operands) for the same warps.
+
+    >>> frags(Decision(statements=("s",), form=Form.ROW, M=1, N=1, stitched=False, vec=8, tx=32, ty=1, split=1,
+    ...                chunk=64, grid=(1, 1), unroll=1, merges=(), access=(), levels=(), mma="f16",
+    ...                mma_tile=(1, 2, 64, 4, 1)))
+    (4, 1)
+    """
+    return (d.mma_tile[3], d.mma_tile[4]) if len(d.mma_tile) == 5 else (1, 1)
+
+
 def tiles(d: Decision) -> tuple[int, int, int]:
-    """(BM, BN, BK) of a tensor-core decision."""
-    wm, wn, bk = d.mma_tile
-    return FRAG * wm, FRAG * wn, bk
+    """(BM, BN, BK) of a tensor-core decision: wm x FM fragments of rows, wn x FN of columns."""
+    wm, wn, bk = d.mma_tile[:3]
+    fm, fn = frags(d)
+    return FRAG * wm * fm, FRAG * wn * fn, bk
 
 
 def grid_tiles(ops: Operands, d: Decision) -> tuple[int, int]:
@@ -195,7 +211,7 @@ def smem_bytes(kind: Mma, BM: int, BN: int, BK: int) -> int:
 
 
 def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | None, deterministic: bool):
-    """Tensor-core decisions: warps 1-8 (wm along rows no more than the rows need), K slabs of
+    """Tensor-core decisions: warps 1-8 of FM x FN fragments each (`_warp_tiles`), K slabs of
     32-128, power-of-two splits (each at least one slab; none for a stitched group), atomics or
     partials."""
     vec = choose_vec(group.statements, along(group), vector_extent(group))  # k lanes per staging load
@@ -206,34 +222,55 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
     )  # fmt: skip
     merge_options = partials_options(group.statements, deterministic)
     Kp = math.ceil(ops.K / FRAG) * FRAG
-    for wm in (1, 2, 4):
-        if wm > 1 and FRAG * wm > math.ceil(ops.rows / FRAG) * FRAG:
-            continue
-        for wn in (1, 2, 4, 8):
-            if wm * wn > 8 or (wn > 1 and FRAG * wn > math.ceil(ops.cols / FRAG) * FRAG):
+    for wm, wn, fm, fn in _warp_tiles(ops):
+        for bk in (32, 64, 128):
+            BM, BN = FRAG * wm * fm, FRAG * wn * fn
+            if bk > max(32, Kp) or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
                 continue
-            for bk in (32, 64, 128):
-                if bk > max(32, Kp) or smem_bytes(ops.kind, FRAG * wm, FRAG * wn, bk) > SMEM_BYTES:
+            tile = (wm, wn, bk) if fm == fn == 1 else (wm, wn, bk, fm, fn)
+            slabs = math.ceil(ops.K / bk)
+            gx = math.ceil(ops.rows / BM) * math.ceil(ops.cols / BN)
+            splits = [1 << e for e in range(min(MAX_GRID_Y, slabs).bit_length()) if 1 << e <= slabs]
+            if split is not None:
+                splits = [max(1, min(split, slabs))]
+            if group.stitched:  # its split would be a cooperative launch: whole K per block
+                splits = [1]
+            probe = Decision(**base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=tile)
+            if held_registers(ops, probe, group) > HELD_REGISTERS:
+                continue
+            for s in splits:
+                chunk = math.ceil(slabs / s) * bk
+                s_eff = math.ceil(ops.K / chunk)
+                for partials in merge_options if s_eff > 1 else merge_options[:1]:
+                    merges = merges_for(group, s_eff, partials)
+                    d = Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff), merges=merges,
+                                 mma_tile=tile)  # fmt: skip
+                    if unlanded_fragments(ops, d):
+                        continue
+                    yield d
+
+
+def unlanded_fragments(ops: Operands, d: Decision) -> bool:
+    """A warp of more than one fragment whose split's merge would hold the outputs' partials in
+    registers (atomics, or partials that do not `landing`): refused, ptxas spilled 16 outputs
+    per thread of a 2-fragment warp (int4, sm_80)."""
+    return frags(d) != (1, 1) and d.split > 1 and landing(Mma(d.mma), d, ops.rows, 4) is None  # fp32 / int32 sums
+
+
+WARP_FRAGS = ((1, 1), (2, 1), (1, 2))  # (FM, FN) per warp: 2 x 2 bf16 spilled on sm_80 (64 registers)
+
+
+def _warp_tiles(ops: Operands):
+    """(wm, wn, FM, FN): 1-8 warps, each FM x FN fragments (`frags`), neither axis of the block
+    tile beyond the operand's rows or columns padded to 16 (a warp of more than one fragment
+    only where the block's warps already cover that axis)."""
+    rows, cols = math.ceil(ops.rows / FRAG) * FRAG, math.ceil(ops.cols / FRAG) * FRAG
+    for wm in (1, 2, 4):
+        for wn in (1, 2, 4, 8):
+            for fm, fn in WARP_FRAGS:
+                if wm * wn > 8 or (wm * fm > 1 and FRAG * wm * fm > rows) or (wn * fn > 1 and FRAG * wn * fn > cols):
                     continue
-                slabs = math.ceil(ops.K / bk)
-                gx = math.ceil(ops.rows / (FRAG * wm)) * math.ceil(ops.cols / (FRAG * wn))
-                splits = [1 << e for e in range(min(MAX_GRID_Y, slabs).bit_length()) if 1 << e <= slabs]
-                if split is not None:
-                    splits = [max(1, min(split, slabs))]
-                if group.stitched:  # its split would be a cooperative launch: whole K per block
-                    splits = [1]
-                probe = Decision(
-                    **base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=(wm, wn, bk)
-                )
-                if held_registers(ops, probe, group) > HELD_REGISTERS:
-                    continue
-                for s in splits:
-                    chunk = math.ceil(slabs / s) * bk
-                    s_eff = math.ceil(ops.K / chunk)
-                    for partials in merge_options if s_eff > 1 else merge_options[:1]:
-                        merges = merges_for(group, s_eff, partials)
-                        yield Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff),
-                                       merges=merges, mma_tile=(wm, wn, bk))  # fmt: skip
+                yield wm, wn, fm, fn
 
 
 def _ops(e: Expr) -> int:
@@ -335,6 +372,55 @@ def partial_batch(per_thread: int, split: int) -> int:
     return max(1, min(split, PARTIAL_REGISTERS // max(1, per_thread)))
 
 
+MAX_LANDED_COPIES = 256  # cp.async copies one thread may have in flight (the emulator's bound; sm_80 has none)
+LANDING_PER_SM = 192 * 1024  # shared memory 1024 threads' blocks may hold (H100: 228 KB per SM; A100's 164 KB: 3 of 4)
+
+
+@dataclass(frozen=True)
+class Landing:
+    """How the last block of a split with partials gathers them in one L2 round trip: the first
+    `blocks` blocks' partials of each of its outputs copied to shared memory (`bytes` of it, the
+    K slabs' and the accumulators' storage reused), the other `held` blocks' loaded into
+    registers, all in flight together (codegen/tc_kernel.py)."""
+
+    blocks: int
+    held: int
+    bytes: int
+    copy: int  # bytes per cp.async (4, 8 or 16)
+
+
+def landing(kind: Mma, d: Decision, rows: int, acc_bytes: int) -> Landing | None:
+    """The split's partials landed in shared memory (`__pipeline_memcpy_async`) and registers, or
+    None where they do not fit: then the register batches of `partial_batch` (one L2 round trip
+    each). Shared memory: at most `SMEM_BYTES`, and no more than the block's share of
+    `LANDING_PER_SM` unless the K slabs and accumulators take that already; the blocks that do
+    not fit are held in registers, at most `PARTIAL_REGISTERS` per thread; at most
+    `MAX_LANDED_COPIES` copies per thread.
+
+    >>> from panamera.schedule.mapping import MergeMode
+    >>> d = Decision(statements=("s",), form=Form.ROW, M=4096, N=64, stitched=False, vec=8, tx=256, ty=1, split=4,
+    ...              chunk=16, grid=(64, 4), unroll=1, merges=(MergeMode.PARTIALS,), access=(), levels=(),
+    ...              mma="f16", mma_tile=(2, 4, 128, 2, 1))
+    >>> landing(Mma.F16, d, 64, 4)  # 64 x 64 outputs, 16 per thread: 3 blocks' partials in 48 KB, one held
+    Landing(blocks=3, held=1, bytes=49152, copy=4)
+    """
+    if d.split < 2 or not any(m.value == "partials" for m in d.merges):
+        return None
+    BM, BN, BK = tiles(d)
+    RM = min(BM, rows)  # the tile's rows that hold outputs
+    per_block, pt = RM * BN * acc_bytes, math.ceil(RM * BN / d.threads)
+    own = smem_bytes(kind, BM, BN, BK)  # the K slabs and the accumulators' tile: free once the last block is known
+    cap = min(SMEM_BYTES, max(own, LANDING_PER_SM * d.threads // 1024))
+    blocks = min(d.split, cap // per_block)
+    held = d.split - blocks
+    if blocks < 1 or held * pt > PARTIAL_REGISTERS:
+        return None
+    copy = next(c for c in (16, 8, 4) if (blocks * acc_bytes) % c == 0 and (d.split * acc_bytes) % c == 0)
+    if pt * blocks * acc_bytes // copy > MAX_LANDED_COPIES:
+        return None
+    return Landing(blocks, held, max(own, blocks * per_block), copy)
+
+
 RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, address and tail test
 
 
@@ -403,8 +489,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
     # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
     # workspace, one per batch of blocks' partials (`partial_batch`)
+    # (or all of them at once where they land in shared memory and registers, `landing`)
     per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
     trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
+    if landing(ops.kind, d, ops.rows, st.acc.itemsize):
+        trips = 1
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
         gpu,
@@ -436,8 +525,8 @@ def choose(group: KernelGroup, gpu: GPUSpec, split: int | None = None, determini
 
 def check(group: KernelGroup, d: Decision, at: str) -> None:
     """Replay's rules for a tensor-core decision (schedule/replay.py): the preconditions hold for
-    the group, the tile is 1-8 warps of wmma tiles with a K slab that is a multiple of 16 and fits
-    in shared memory, the block is one dimension of 32 x warps threads, the grid covers the row
+    the group, the tile is 1-8 warps of `WARP_FRAGS` wmma fragments each, with a K slab that is a
+    multiple of 16 and fits in shared memory, the block is one dimension of 32 x warps threads, the grid covers the row
     and column tiles, the split covers K in whole slabs and the vector width divides 16."""
     from ..errors import ScheduleError
 
@@ -452,10 +541,15 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
         raise ScheduleError(f"{at}: tensor cores are not legal here (precondition {ops})")
     if str(ops.kind) != d.mma:
         raise ScheduleError(f"{at}: MMA type {d.mma}, the operands' is {ops.kind}")
-    if len(d.mma_tile) != 3:
-        raise ScheduleError(f"{at}: mma_tile {d.mma_tile} is not (warps along rows, along columns, K slab)")
-    wm, wn, bk = d.mma_tile
-    BM, BN = FRAG * wm, FRAG * wn
+    if len(d.mma_tile) not in (3, 5):
+        raise ScheduleError(
+            f"{at}: mma_tile {d.mma_tile} is not (warps along rows, along columns, K slab[, fragments per warp "
+            "along rows, along columns])"
+        )
+    wm, wn, bk = d.mma_tile[:3]
+    BM, BN, _ = tiles(d)
+    if frags(d) not in WARP_FRAGS:
+        raise ScheduleError(f"{at}: {frags(d)} fragments per warp, not one of {WARP_FRAGS}")
     if wm < 1 or wn < 1 or wm * wn > 8 or bk < FRAG or bk % FRAG or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
         raise ScheduleError(
             f"{at}: tensor-core tile {d.mma_tile} is not 1-8 warps with a K slab of 16s in shared memory"
@@ -466,6 +560,10 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
+    if unlanded_fragments(ops, d):
+        raise ScheduleError(
+            f"{at}: a warp of {frags(d)} fragments merges its split in registers (land its partials: a smaller split)"
+        )
     if held_registers(ops, d, group) > HELD_REGISTERS:
         raise ScheduleError(
             f"{at}: tile {d.mma_tile} holds {held_registers(ops, d, group)} registers of loads per thread, "
