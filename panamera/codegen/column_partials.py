@@ -156,10 +156,15 @@ def _in_block_order(loop: ThreadLoop, k: int, lanes: int = 1) -> list[str]:
             f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
             f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
         ]
+    B = loop.m.blocks
     return [
         f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-        f"    if (pn_ok) for (pn_idx b = pn_lane; b < (pn_idx)gridDim.x; b += {lanes}) "
+        "#pragma unroll  // a constant trip count: every load of the lane issued before the first sum",
+        f"    for (int pn_b = 0; pn_b < {-(-B // lanes)}; ++pn_b) {{",
+        f"      const pn_idx b = pn_lane + (pn_idx)pn_b * {lanes};",
+        f"      if (pn_ok && b < {B}) "
         f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+        "    }",
         f"    for (int o = {lanes // 2}; o > 0; o >>= 1) "
         f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));",
     ]

@@ -299,6 +299,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
+COMBINE_IN_FLIGHT = 8  # a lane's partial loads issued together (codegen/column_partials.py, unrolled)
+
+
 def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """A stitched row group with column partials (schedule/persistent.py): the stitched kernel
     on the persistent grid, whose passes also accumulate the columns (their loads are the
@@ -341,7 +344,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         lanes = combine_lanes(B, d.threads, width)
         share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
         shuffles = share * (lanes.bit_length() - 1) * 30
-        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / 4)) * gpu.l2_latency_cycles + shuffles
+        in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
+        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
         if discard and not group.consumed:  # a second wait, then every thread drops its share of the lines
             lines = math.ceil(math.ceil(merges * acc / 128) / (B * d.threads))
             f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
