@@ -117,7 +117,7 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
         access=access_for(group, vec), levels=levels_for(group), atomic_vec=(1,) * len(group.statements),
     )  # fmt: skip
     partials_only = deterministic or struct_accumulators(group)
-    best = None
+    best, seen = None, []
     # blocks of at most 32 partials per thread first: more only where clearly faster (the model
     # does not price the register pressure; RMSNorm backward 4096 x 8192 keeps 512 threads).
     # Blocks of 256 threads first, then more
@@ -142,10 +142,15 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
                 if column_registers(group, d) > register_budget(d):
                     continue
                 cost = joined_cost(group, gpu, d)
-                # fewer blocks, atomics first; no more blocks nor threads win when faster at all
-                if best is None or cost.total_s < best[0].total_s * (1.0 if _no_more(d, best[1]) else 0.97):
+                if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
                     best = (cost, d)
-    return None if best is None else complete(group, best[1], gpu, name, best[0])
+                seen.append((cost, d))
+    if best is None:
+        return None
+    # then a candidate of fewer blocks and no more threads, where faster at all (never a slower one)
+    best = min([c for c in seen if _no_more(c[1], best[1]) and c[0].total_s < best[0].total_s] or [best],
+               key=lambda c: c[0].total_s)  # fmt: skip
+    return complete(group, best[1], gpu, name, best[0])
 
 
 def _no_more(d: Decision, than: Decision) -> bool:
