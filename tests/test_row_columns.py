@@ -224,7 +224,8 @@ def test_the_persistent_row_loop_replayed(rng):
     M, N = 100, 24  # 4 row tiles of 32 rows, the last one partial
     a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
     outs = layer_norm_backward(M, N)
-    k = pn.compile(outs, target="emulator", gpu=FLOORED)
+    k = pn.compile(outs, target="emulator", gpu=FLOORED)  # 4 row tiles of 8 x 32 threads (the model takes 2 of 64)
+    k = pn.compile(outs, target="emulator", gpu=FLOORED, schedule=_with(k, ty=32, grid=(4, 1), persistent=4, per_sm=1))
     (m,) = k.mappings
     assert m.grid[0] == 4, m.describe()
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
@@ -283,8 +284,8 @@ def test_replay_preconditions_of_the_persistent_grid(rng):
     with pytest.raises(ScheduleError, match=re.escape("(5)")):  # a grid-wide wait of 5 blocks on 1 SM
         pn.compile(
             layer_norm_backward(160, 24), target="emulator", gpu=one_sm,
-            schedule=_with(pn.compile(layer_norm_backward(160, 24), target="emulator", gpu=one_sm), persistent=5,
-                           per_sm=5, merges=grid),
+            schedule=_with(pn.compile(layer_norm_backward(160, 24), target="emulator", gpu=one_sm), ty=32,
+                           grid=(5, 1), persistent=5, per_sm=5, merges=grid),
         )  # fmt: skip
     for rule, change in bad.items():
         with pytest.raises(ScheduleError, match=re.escape(rule)):

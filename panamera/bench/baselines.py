@@ -28,6 +28,7 @@ from ..model.gpu import GPUSpec
 from .contraction_peers import CONTRACTION_PEERS
 from .decode_peers import DECODE_PEERS
 from .peers import PEERS, PeerPlan, plan_peers
+from .reread import forced_reread
 from .row_peers import ROW_PEERS
 from .train_peers import plan_train_peers
 
@@ -124,12 +125,21 @@ def compulsory_bytes(outs) -> int:
     return sum(compulsory_traffic(outs))
 
 
-def compulsory_traffic(outs) -> tuple[int, int]:
-    """(read, written): the limit's bytes, inputs and outputs apart (they stream at different rates)."""
+def compulsory_traffic(outs, gpu: GPUSpec | None = None) -> tuple[int, int]:
+    """(read, written): the limit's bytes, inputs and outputs apart (they stream at different rates).
+    On a `gpu`, the reads include the re-read a grid-wide dependence forces on every plan there
+    (bench/reread.py: BatchNorm backward NHWC over more than fits on chip).
+
+    >>> import panamera as pn
+    >>> from panamera.model import H100
+    >>> dy = pn.placeholder((1 << 20, 256), "float32", name="dy")
+    >>> compulsory_traffic([dy - pn.sum(dy, axis=0)]), compulsory_traffic([dy - pn.sum(dy, axis=0)], H100)[0] > 2**30
+    ((1073741824, 1073741824), True)
+    """
     order = topological(list(outs))
-    return sum(t.size * t.dtype.itemsize for t in order if t.op == "placeholder"), sum(
-        t.size * t.dtype.itemsize for t in outs
-    )
+    read = sum(t.size * t.dtype.itemsize for t in order if t.op == "placeholder")
+    again = forced_reread(outs, gpu) if gpu is not None else 0
+    return read + again, sum(t.size * t.dtype.itemsize for t in outs)
 
 
 def plan_all(build, gpu: GPUSpec, plans=PLANS, backward=None) -> dict[str, PlanResult]:
@@ -137,7 +147,7 @@ def plan_all(build, gpu: GPUSpec, plans=PLANS, backward=None) -> dict[str, PlanR
     fresh output tensors; `backward` (train_peers.Backward) says what a training workload computes,
     and its peers are then the training peers, planned from that."""
     outs = build()
-    compulsory = compulsory_traffic(outs)
+    compulsory = compulsory_traffic(outs, gpu)
     results = {"panamera": _single("panamera", outs, gpu, compulsory)}
     t0 = time.perf_counter()
     peers = plan_peers(build(), gpu) if backward is None else plan_train_peers(backward, gpu)

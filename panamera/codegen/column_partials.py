@@ -24,14 +24,16 @@ run-time counter, and the partials in local memory):
     PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
     (pn_grid_sync), then every block sums its share of the columns, `combine_lanes` threads per
     column (schedule/persistent.py), each over every lanes-th block in block order, then a fixed
-    shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run; the last
+    shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run; from 1 MiB
+    of partials (schedule/derived.py `discards_partials`) a second wait, then every thread drops
+    its share of the partials' L2 lines (`pn_discard_range`: never written back); the last
     block to depart resets the arrival and departure counters.
 """
 
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..schedule.derived import combine_lanes, tree_chunk
+from ..schedule.derived import combine_lanes, discards_partials, tree_chunk
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -154,10 +156,15 @@ def _in_block_order(loop: ThreadLoop, k: int, lanes: int = 1) -> list[str]:
             f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
             f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
         ]
+    B = loop.m.blocks
     return [
         f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-        f"    if (pn_ok) for (pn_idx b = pn_lane; b < (pn_idx)gridDim.x; b += {lanes}) "
+        "#pragma unroll  // a constant trip count: every load of the lane issued before the first sum",
+        f"    for (int pn_b = 0; pn_b < {-(-B // lanes)}; ++pn_b) {{",
+        f"      const pn_idx b = pn_lane + (pn_idx)pn_b * {lanes};",
+        f"      if (pn_ok && b < {B}) "
         f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+        "    }",
         f"    for (int o = {lanes // 2}; o > 0; o >>= 1) "
         f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));",
     ]
@@ -210,7 +217,7 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
         for k in _owners(loop):
             out += _in_block_order(loop, k)
         out += _stores(loop)
-        return out + ["  }"] + (departure() if depart else [])
+        return out + ["  }"] + (_wait_and_discard(loop) + departure() if depart else [])
     # L lanes per column; every thread sweeps the same count, so whole warps shuffle together
     out += [
         f"  const pn_idx pn_t = (pn_idx)bx * {T} + ty * {m.tx} + tx, pn_lane = pn_t % {L};",
@@ -222,7 +229,38 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
         out += _in_block_order(loop, k, L)
     out.append("    if (pn_ok && pn_lane == 0) {")
     out += ["  " + ln for ln in _stores(loop)]
-    return out + ["    }", "  }"] + (departure() if depart else [])
+    return out + ["    }", "  }"] + (_wait_and_discard(loop) + departure() if depart else [])
+
+
+def discarded(loop: ThreadLoop) -> bool:
+    """Whether this PARTIALS_GRID merge drops its partials once read (schedule/derived.py
+    `discards_partials`, the model's own rule: the same bytes, the same answer)."""
+    g, m = loop.g, loop.m
+    owners = _owners(loop)
+    acc = max(g.statements[k].acc.itemsize for k in owners)
+    return MergeMode.PARTIALS_GRID in m.merges and discards_partials(m.blocks * g.N * len(owners) * acc, g.consumed)
+
+
+def discard(loop: ThreadLoop) -> list[str]:
+    """Every whole 128-byte line of the partials dropped from L2 without a write-back, a share per
+    thread of the grid (`pn_discard_range`); only after a wait that every block passes once it has
+    read its share (the next call writes every partial before any block reads one)."""
+    g, m = loop.g, loop.m
+    T = m.tx * m.ty
+    tid = f"(int)((pn_idx)blockIdx.x * {T} + threadIdx.y * {m.tx} + threadIdx.x)"
+    return [
+        f"  pn_discard_range(&ws{k}[0], &ws{k}[(pn_idx)gridDim.x * {g.N}], {tid}, (int)gridDim.x * {T});"
+        for k in _owners(loop)
+    ]
+
+
+def _wait_and_discard(loop: ThreadLoop) -> list[str]:
+    """LayerNorm backward's merge: a second wait (every block has summed its columns), then the drop."""
+    if not discarded(loop):
+        return []
+    return ["  pn_grid_sync(&pn_counter[0], 2u * gridDim.x);  // every partial read: dropped, never written back"] + (
+        discard(loop)
+    )
 
 
 def departure(resets: list[str] = ()) -> list[str]:

@@ -9,7 +9,7 @@ needs the final columns)::
     for (tile = blockIdx.x; ...) pass 0: pn_c0[s * V + v] += dy[i, j]; ...
     partials reduced over ty, written to ws[b * N + j]; pn_grid_sync (arrivals = gridDim.x)
     block b sums its share of the columns in block order, stores out_k[j]
-    pn_grid_sync (arrivals = 2 gridDim.x): every column is final
+    pn_grid_sync (arrivals = 2 gridDim.x): every column is final; the partials' lines dropped
     float pn_fin0[S * V] = out0[j], ...                 // the thread's columns, once, from L2
     for (tile = its last; tile >= blockIdx.x; tile -= gridDim.x)   // backwards: the L2's tiles first
       pass 1: dx[i, j] = f(x[i, j], dy[i, j], pn_fin0[s * V + v], ...)
@@ -79,6 +79,8 @@ def _finals(loop: ThreadLoop) -> list[str]:
     read = {r.tensor.uid for k, s in enumerate(g.statements) if k not in g.columns for r in s.reads}
     waits = "gridDim.x" if _atomic(loop) else "2u * gridDim.x"
     out = [f"  pn_grid_sync(&pn_counter[0], {waits});  // every column is final"]
+    if not _atomic(loop) and column_partials.discarded(loop):  # every partial has been read: dropped
+        out += column_partials.discard(loop)
     for k in g.columns:
         s = g.statements[k]
         if s.result.uid not in read and not _atomic(loop):

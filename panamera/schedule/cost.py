@@ -16,7 +16,15 @@ from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
-from .derived import column_tree_cycles, combine_lanes, exchanges, kernel_buffers, passes, tree_chunk
+from .derived import (
+    column_tree_cycles,
+    combine_lanes,
+    discards_partials,
+    exchanges,
+    kernel_buffers,
+    passes,
+    tree_chunk,
+)
 from .onchip import blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
@@ -291,6 +299,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
+COMBINE_IN_FLIGHT = 8  # a lane's partial loads issued together (codegen/column_partials.py, unrolled)
+
+
 def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     """A stitched row group with column partials (schedule/persistent.py): the stitched kernel
     on the persistent grid, whose passes also accumulate the columns (their loads are the
@@ -319,19 +330,25 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = steps * len(cols)  # partials in a thread's registers
     tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
+    grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
+    discard = grid and discards_partials(merges * acc, group.consumed)
     if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
-        # the partials' bytes: written back, read in this kernel from L2 where they fit (model/workspace.py);
-        # the round trips are the combine's cycles or the last block's tail
-        for key, nbytes in workspace_traffic(gpu, merges * acc).items():
+        # the partials' bytes: written back unless dropped once read, read in this kernel from L2 where they
+        # fit (model/workspace.py); the round trips are the combine's cycles or the last block's tail
+        for key, nbytes in workspace_traffic(gpu, merges * acc, discarded=discard).items():
             f[key] = f.get(key, 0) + nbytes
-    if any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners):  # every block combines its share
+    if grid:  # every block combines its share
         f["atomics"] += 2 * B  # arrivals and departures
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
         lanes = combine_lanes(B, d.threads, width)
         share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
         shuffles = share * (lanes.bit_length() - 1) * 30
-        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / 4)) * gpu.l2_latency_cycles + shuffles
+        in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
+        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
+        if discard and not group.consumed:  # a second wait, then every thread drops its share of the lines
+            lines = math.ceil(math.ceil(merges * acc / 128) / (B * d.threads))
+            f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
         last = 0
         if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
             f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first

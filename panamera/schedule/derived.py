@@ -248,3 +248,19 @@ def co_resident(gpu: GPUSpec, threads: int) -> int:
 def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
     """Grid-wide exchanges of a split stitched group: one after each pass that has reductions."""
     return len({v for s, v in zip(group.statements, lv) if s.kind == StatementKind.REDUCE})
+
+
+DISCARD_MIN_BYTES = 1 << 20  # column partials that pay a second grid-wide wait to skip their write-back
+
+
+def discards_partials(nbytes: int, consumed: bool) -> bool:
+    """Whether a PARTIALS_GRID merge drops its column partials' L2 lines once every block has read
+    them (discard.global.L2: never written back; model/workspace.py `discarded`). Where the
+    columns' consumers wait a second time (poly/column_stitch.py) the drop follows that wait, free;
+    otherwise it needs a second wait of its own (two L2 round trips, 0.27 us on an H100), which
+    pays from 1 MiB of partials (their write-back at the H100's 2.9 TB/s write rate: 0.36 us).
+
+    >>> discards_partials(264 * 1024 * 2 * 4, False), discards_partials(8 * 1024 * 4, False), discards_partials(64, True)
+    (True, False, True)
+    """
+    return consumed or nbytes >= DISCARD_MIN_BYTES

@@ -1,0 +1,70 @@
+"""Column partials dropped from L2 once read (schedule/derived.py `discards_partials`,
+codegen/column_partials.py `discard`): a PARTIALS_GRID merge of LayerNorm backward waits a second
+time, then every thread drops its share of the partials' lines (discard.global.L2: never written
+back); the model stops charging their write-back (model/workspace.py `discarded`). The emulator
+fills a dropped line with 0xff, so a drop before every block had read it would show in the sums."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import tolerance
+from test_row_columns import FLOORED, _inputs, _layer_norm64, _with, layer_norm_backward
+
+import panamera as pn
+from panamera.bench.train_suite import layer_norm_backward as ln_suite
+from panamera.model.gpu import H100
+from panamera.poly.program import build_program
+from panamera.schedule import derived
+from panamera.schedule.cost import joined_cost
+from panamera.schedule.decision import MergeMode
+from panamera.schedule.persistent import map_joined
+from panamera.schedule.row_columns import joined_group
+
+
+def _grid(k, blocks: int):
+    m = k.mappings[0]
+    merges = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
+    return _with(k, persistent=blocks, per_sm=1, merges=merges)
+
+
+@pytest.mark.parametrize("dropped", [True, False])
+def test_partials_dropped_after_the_second_wait_match_numpy_float64(dropped, rng, monkeypatch):
+    """8 blocks x 1024 columns x 2 statements (64 KiB of partials): dropped when the threshold is
+    lowered to 0, kept at the shipped 1 MiB. Both against numpy float64 over two calls (the second
+    writes every partial again before any is read) and three thread orders, bit-identical."""
+    if dropped:
+        monkeypatch.setattr(derived, "DISCARD_MIN_BYTES", 0)
+    M, N = 64, 1024
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED)
+    r = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED, schedule=_grid(k, 8), cache=False)
+    assert ("pn_discard_range(&ws" in r.source) == dropped
+    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if dropped else 1)
+    refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
+    runs = [r(a, d, g, mean, rstd, order=o, seed=3) for o in ("forward", "reverse", "shuffled", "forward")]
+    for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):
+        np.testing.assert_allclose(out, ref, rtol=0, atol=tolerance("float32", n) * scale.max())
+    for got in runs[1:]:
+        assert all(np.array_equal(x, y) for x, y in zip(runs[0], got))
+
+
+def test_the_model_drops_the_write_back_of_a_megabyte_of_partials(monkeypatch):
+    """LayerNorm backward 4096 x 1024 fp32 on 264 blocks (2.2 MB of partials): no write-back, a
+    second wait (two L2 round trips); the kept plan pays the write-back (modeled)."""
+    prog = build_program(tuple(ln_suite(4096, 1024, "float32")))
+    group = joined_group(prog.column_candidates[0], prog)
+    m = map_joined(group, H100, deterministic=True)
+    d = dataclasses.replace(m.decision, ty=2, grid=(2048, 1), persistent=264, per_sm=2)
+    ws = 264 * 1024 * 2 * 4
+    assert derived.discards_partials(ws, False) and not derived.discards_partials(ws // 4, False)
+    dropped = joined_cost(group, H100, d)
+    written = dict(dropped.features)["write_bytes"]
+    assert written == 4096 * 1024 * 4 + 2 * 1024 * 4  # dx, dgamma, dbeta: no partials written back
+    monkeypatch.setattr(derived, "DISCARD_MIN_BYTES", 1 << 40)
+    plain = joined_cost(group, H100, d)
+    assert dict(plain.features)["write_bytes"] == written + ws
+    assert dropped.sync_s > plain.sync_s and dropped.total_s < plain.total_s
