@@ -67,6 +67,38 @@ def test_clusters_match_numpy_and_the_cooperative_plan(op, shape, dtype, split, 
         np.testing.assert_array_equal(out, expect)  # the partials combine in the same rank order
 
 
+@pytest.mark.parametrize("method,exchanges", [("online", 1), ("multipass", 2)])
+@pytest.mark.parametrize("split", [2, 16])
+def test_cross_entropy_in_a_cluster_exchanges_once_with_online_statistics(method, exchanges, split, rng):
+    """nn.cross_entropy(method=...): the online logsumexp's (max, sum) and the target's logit are
+    the one pass's partials, so a row split over a cluster exchanges once; multipass twice. Both
+    match numpy in float64, and the model prefers one exchange for a few long rows."""
+    shape, dtype = (2, 8192), "float32"
+    x, t = pn.placeholder(shape, dtype, name="x"), pn.placeholder((2,), "int64", name="t")
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    ti = rng.integers(0, shape[1], 2).astype(np.int64)
+    a64 = a.astype(np.float64)
+    m = a64.max(1)
+    ref = np.log(np.exp(a64 - m[:, None]).sum(1)) + m - a64[np.arange(2), ti]
+    k = compile_split(pn.nn.cross_entropy(x, t, reduction="none", method=method), split, True)
+    (mp,) = [mp for mp in k.mappings if mp.stitched]
+    assert mp.cluster == mp.split == split
+    assert len(re.findall(r"// exchange \d+:", k.source)) == exchanges
+    for order in ORDERS:
+        assert_close(k(a, ti, order=order, seed=3), ref, dtype, shape[1])
+    few_long = pn.nn.cross_entropy(
+        pn.placeholder((8, 128256), "bfloat16"), pn.placeholder((8,), "int64"), reduction="none"
+    )
+    auto = pn.compile(few_long, target="emulator", use_database=False)
+    assert [f.chosen for f in auto.formulations] == ["online"], auto.explain()
+
+
+def test_cross_entropy_names_a_bad_method():
+    x, t = pn.placeholder((2, 8)), pn.placeholder((2,), "int64")
+    with pytest.raises(pn.errors.OptionError, match="cross_entropy: unknown method 'fast'"):
+        pn.nn.cross_entropy(x, t, method="fast")
+
+
 # -- split reduce kernels in clusters: the cluster combines in rank 0, the clusters merge ------------
 REDUCE_CASES = [  # op, shape, split, cluster, deterministic (partials) or atomics
     ("sum", (2, 65536), 2, 2, False),  # one cluster: rank 0 stores
