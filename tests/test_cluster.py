@@ -58,13 +58,48 @@ def test_clusters_match_numpy_and_the_cooperative_plan(op, shape, dtype, split, 
     assert ln.cluster == split and ln.grid[1] == split and not ln.cooperative
     assert not [b for b in m.buffers if b.role in ("partials", "counter")]  # no global round trip
     assert "map_shared_rank" in k.source and "pn_grid_sync(&" not in k.source
+    assert "pn_cluster.barrier_arrive()" in k.source and "__syncthreads" not in k.source.split("// exchange 1")[1]
     coop = compile_split(outputs, split, False, res)
     assert coop.mappings[-1].cooperative
-    expect = coop(*arrays)
+    assert_close(coop(*arrays), ref, dtype, shape[1])
+    first = None
     for order in ORDERS:
         out = k(*arrays, order=order, seed=5)
         assert_close(out, ref, dtype, shape[1])
-        np.testing.assert_array_equal(out, expect)  # the partials combine in the same rank order
+        first = out if first is None else first
+        np.testing.assert_array_equal(out, first)  # the warps' partials combine in one fixed order
+
+
+@pytest.mark.parametrize("method,exchanges", [("online", 1), ("multipass", 2)])
+@pytest.mark.parametrize("split", [2, 16])
+def test_cross_entropy_in_a_cluster_exchanges_once_with_online_statistics(method, exchanges, split, rng):
+    """nn.cross_entropy(method=...): the online logsumexp's (max, sum) and the target's logit are
+    the one pass's partials, so a row split over a cluster exchanges once; multipass twice. Both
+    match numpy in float64, and the model prefers one exchange for a few long rows."""
+    shape, dtype = (2, 8192), "float32"
+    x, t = pn.placeholder(shape, dtype, name="x"), pn.placeholder((2,), "int64", name="t")
+    a = (rng.standard_normal(shape) * 3).astype(np.float32)
+    ti = rng.integers(0, shape[1], 2).astype(np.int64)
+    a64 = a.astype(np.float64)
+    m = a64.max(1)
+    ref = np.log(np.exp(a64 - m[:, None]).sum(1)) + m - a64[np.arange(2), ti]
+    k = compile_split(pn.nn.cross_entropy(x, t, reduction="none", method=method), split, True)
+    (mp,) = [mp for mp in k.mappings if mp.stitched]
+    assert mp.cluster == mp.split == split
+    assert len(re.findall(r"// exchange \d+:", k.source)) == exchanges
+    for order in ORDERS:
+        assert_close(k(a, ti, order=order, seed=3), ref, dtype, shape[1])
+    few_long = pn.nn.cross_entropy(
+        pn.placeholder((8, 128256), "bfloat16"), pn.placeholder((8,), "int64"), reduction="none"
+    )
+    auto = pn.compile(few_long, target="emulator", use_database=False)
+    assert [f.chosen for f in auto.formulations] == ["online"], auto.explain()
+
+
+def test_cross_entropy_names_a_bad_method():
+    x, t = pn.placeholder((2, 8)), pn.placeholder((2,), "int64")
+    with pytest.raises(pn.errors.OptionError, match="cross_entropy: unknown method 'fast'"):
+        pn.nn.cross_entropy(x, t, method="fast")
 
 
 # -- split reduce kernels in clusters: the cluster combines in rank 0, the clusters merge ------------
@@ -125,23 +160,39 @@ def _broken(k, pattern: str, repl: str) -> Executor:
     return Executor(k.plan, src, k.signatures, "emulator")
 
 
-def test_a_missing_cluster_barrier_reads_unwritten_partials(rng):
-    """Without the barrier before the exchange, a block reads its peers' shared memory before
-    they wrote it: the emulator's fresh shared memory is NaN, so the result is wrong."""
+def test_a_missing_cluster_barrier_is_caught(rng):
+    """Without the barrier after the pushes, a block combines its row before its peers' partials
+    landed, and a peer that ran ahead exits before a slower block pushes into it: the emulator
+    reports that push (or, in another order, the fresh shared memory's NaN spoils the result)."""
     outputs, arrays, ref = case("softmax", (2, 8192), "float32", rng)
     k = compile_split(outputs, 4, True)
     assert_close(k(*arrays), ref, "float32", 8192)
     ex = _broken(k, r"pn_cluster\.sync\(\);  // every block's partials are written", "")
-    bad = ex(list(arrays), order="forward")
-    assert not np.allclose(bad, ref, equal_nan=False)
+    with pytest.raises(BackendError, match="cluster block \\d+ accessed after it exited"):
+        ex(list(arrays), order="forward")
+    try:
+        bad = ex(list(arrays), order="reverse")
+    except BackendError as e:
+        assert "accessed after it exited" in str(e)
+    else:
+        assert not np.allclose(bad, ref, equal_nan=False)
 
 
-def test_a_missing_departure_barrier_is_reported(rng):
+def test_a_push_before_the_cluster_has_started_is_reported(rng):
+    """A block may push into a peer's shared memory only once every block of the cluster has
+    started (a cluster barrier passed): without the split barrier at the start, the emulator
+    says so; a wait without its arrival, or an arrival never waited for, is named too."""
     outputs, arrays, _ = case("softmax", (2, 8192), "float32", rng)
     k = compile_split(outputs, 4, True)
-    ex = _broken(k, r"pn_cluster\.sync\(\);  // no block exits[^\n]*", "")
-    with pytest.raises(BackendError, match="read after it exited"):
-        ex(list(arrays))
+    src = k.source
+    for cut, why in (
+        (r"  pn_cluster\.barrier_(arrive|wait)\(\);[^\n]*\n", "accessed before this thread passed a cluster barrier"),
+        (r"  pn_cluster\.barrier_wait\(\);[^\n]*\n", "cluster.sync\\(\\) after barrier_arrive\\(\\) without"),
+        (r"  pn_cluster\.barrier_arrive\(\);[^\n]*\n", "barrier_wait\\(\\) without a barrier_arrive"),
+    ):
+        with pytest.raises(BackendError, match=why):
+            _broken(k, cut, "")(list(arrays))
+    assert k.source == src
 
 
 def test_a_cluster_barrier_some_threads_skip_is_a_deadlock(rng):
@@ -181,7 +232,8 @@ def test_cluster_kernels_compile_for_sm80_and_sm90_and_use_distributed_shared_me
         cmd = [nvcc.find_nvcc(), "-ptx", "-arch=sm_90", "-std=c++17", f"{tmp}/k.cu", "-o", f"{tmp}/k.ptx"]
         subprocess.run(cmd, check=True, capture_output=True)
         ptx = Path(tmp, "k.ptx").read_text()
-    assert "mapa" in ptx and "ld.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+    assert "mapa" in ptx and "st.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+    assert "barrier.cluster.arrive" in ptx  # the split barrier at the start, and the exchange's
     try:
         sass = nvcc.sass(k.source, k.mappings[0].name)
     except BackendError:
@@ -195,6 +247,14 @@ def test_precondition_1_the_cluster_is_every_block_of_the_split(rng):
     k = compile_split(outputs, 4, True)
     bad = dataclasses.replace(k.schedule.kernels[0], cluster=3)  # does not divide the split of 4
     with pytest.raises(ScheduleError, match="precondition 1"):
+        pn.compile(outputs, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
+
+
+def test_precondition_4_a_stitched_cluster_has_whole_warps_per_row(rng):
+    outputs, _, _ = case("softmax", (2, 8192), "float32", rng)
+    k = compile_split(outputs, 4, True)
+    bad = dataclasses.replace(k.schedule.kernels[0], tx=16)  # half a warp per row: no warp partial of one row
+    with pytest.raises(ScheduleError, match="precondition 4: a stitched row's cluster needs whole warps"):
         pn.compile(outputs, target="emulator", schedule=dataclasses.replace(k.schedule, kernels=(bad,)))
 
 

@@ -19,6 +19,7 @@ extern "C" __global__ void probe(float* f, double* d, int* i, long long* l, unsi
   float v = s[63 - t];
   v = __shfl_down_sync(0xffffffffu, v, 1);
   v += 0.0f * __shfl_xor_sync(0xffffffffu, v, 1);
+  v += 0.0f * __shfl_sync(0xffffffffu, v, 0);
   __threadfence();
   atomicAdd(&f[0], 1.0f); atomicAdd(&d[0], 1.0); atomicAdd(&i[0], 1); atomicAdd(&q[0], 1ull);
   atomicMax(&i[1], t); atomicMin(&i[2], t); atomicAnd(&i[3], ~(1 << (t % 31))); atomicOr(&i[4], 1 << (t % 31));

@@ -41,7 +41,7 @@ CASES = [
     ("softmax", (2, 8192), "float32", 4, Residence.SHARED),  # blocks interleave at the grid-wide waits
     ("rms_norm", (2, 8192), "bfloat16", 4, Residence.REGISTERS),
     ("layer_norm", (1, 8192), "float32", 2, Residence.SHARED),
-    ("cross_entropy", (2, 8192), "float32", 2, Residence.REGISTERS),
+    ("cross_entropy_multipass", (2, 8192), "float32", 2, Residence.REGISTERS),  # online: one pass, nothing kept
 ]
 
 

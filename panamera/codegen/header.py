@@ -116,6 +116,20 @@ template <class T> __device__ __forceinline__ pn_lse<T> pn_shfl_down(pn_lse<T> v
   v.s = __shfl_down_sync(0xffffffffu, v.s, o, w);
   return v;
 }
+// Lane 0's value in every lane of the warp (structs member by member).
+template <class T> __device__ __forceinline__ T pn_shfl0(T v) { return __shfl_sync(0xffffffffu, v, 0); }
+template <class T> __device__ __forceinline__ pn_welford<T> pn_shfl0(pn_welford<T> v) {
+  v.shift = __shfl_sync(0xffffffffu, v.shift, 0);
+  v.mean = __shfl_sync(0xffffffffu, v.mean, 0);
+  v.m2 = __shfl_sync(0xffffffffu, v.m2, 0);
+  v.n = __shfl_sync(0xffffffffu, v.n, 0);
+  return v;
+}
+template <class T> __device__ __forceinline__ pn_lse<T> pn_shfl0(pn_lse<T> v) {
+  v.m = __shfl_sync(0xffffffffu, v.m, 0);
+  v.s = __shfl_sync(0xffffffffu, v.s, 0);
+  return v;
+}
 template <class T> __device__ __forceinline__ T pn_ldcg(const T* p) { return __ldcg(p); }
 template <class T> __device__ __forceinline__ pn_lse<T> pn_ldcg(const pn_lse<T>* p) {
   pn_lse<T> v;
@@ -574,6 +588,7 @@ INTRINSICS = (
     "__syncthreads",
     "__shfl_down_sync",
     "__shfl_xor_sync",
+    "__shfl_sync",
     "__threadfence",
     "__ldcg",
     "__nanosleep",

@@ -49,17 +49,19 @@ def finish_pass(
     rows: object,
     external: Collection[int],
     value: Callable[[object, str], str],
+    reduced: bool = False,
 ) -> tuple[list[str], dict[int, str]]:
     """The lines finishing the reductions `reduces` (indices into `statements`) of one pass, and
     the registers that now hold their values (by result uid). `owner[k]`: the reduction whose
     accumulator k reads; `leader`: the condition of the thread that stores a row's values; `rows`:
     the rows' bound (`o < rows`); `external`: the result uids the kernel stores; `value(s, acc)`:
-    the reduction's value from its accumulator (static `post`, symbolic `finish`), in `post_dtype(s)`."""
+    the reduction's value from its accumulator (static `post`, symbolic `finish`), in `post_dtype(s)`;
+    `reduced`: every thread of the row already holds its value (a cluster's exchange), no all-reduce."""
     out: list[str] = []
     regs: dict[int, str] = {}
     for k in reduces:
         s = statements[k]
-        if owner[k] == k:
+        if owner[k] == k and not reduced:
             safe = c_ident(s.acc.compute)
             tmpl = f"<{s.combiner.functor}, {tx}, {ty}>"
             out.append(f"  acc{k} = pn_allreduce_x{tmpl}(acc{k}, pn_smem_{safe}, pn_bcast_{safe});")

@@ -62,6 +62,9 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             *head,
         ]
         out.append("  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();")
+        # every block of the cluster has started before a peer pushes into its shared memory: the
+        # barrier is split around the first pass, whose loads hide it (schedule/cluster.py)
+        out.append("  pn_cluster.barrier_arrive();  // this block has started")
     out += _keep_rows(loop)
     exchange = 0
     for lv in range(passes(g, level)):
@@ -83,7 +86,9 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         if split and owners:
             exchange += 1
             out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
-        lines, regs = finish_pass(g.statements, reduces, own, m.tx, m.ty, leader, g.M, g.external, post)
+        lines, regs = finish_pass(
+            g.statements, reduces, own, m.tx, m.ty, leader, g.M, g.external, post, reduced=clustered and split
+        )
         out += lines
         loop.regs.update(regs)
         for k in epilogues:  # the row's leader, once every value the epilogue reads is final
@@ -102,12 +107,8 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     if columns:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
-    if clustered:
-        return (
-            head
-            + out
-            + ["  pn_cluster.sync();  // no block exits while a peer may still read its shared memory", "#endif"]
-        )
+    if clustered:  # no peer reads this block's shared memory: its pushes all landed before the last barrier
+        return head + out + ["#endif"]
     if split:
         out += [
             "  // departure: the last block of the row group resets its counters for the next call",
@@ -121,30 +122,41 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
 
 
 def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
-    """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py):
-    each block's partial into its own shared memory (one buffer per exchange, so no barrier
-    guards its reuse), the cluster barrier, then every thread strides over the S partials in
-    rank order through distributed shared memory (the cooperative exchange's order)."""
+    """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py,
+    QuACK's cluster reduction): every warp reduces its partial with shuffles, and its lanes b < S
+    push it into slot [ty][rank * W + warp] of block b's shared memory (one buffer per exchange,
+    so no barrier guards its reuse); after the cluster barrier every warp combines the W * S
+    partials of its row from its own shared memory (lane l: slots l, l + 32, ...; then shuffles)
+    and hands lane 0's value to its lanes. Every warp of every block of the row computes the
+    same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`)."""
     g, m = loop.g, loop.m
-    S = m.cluster
+    S, W = m.cluster, m.tx // 32
     out = [
-        f"  // exchange {e}: the {S} blocks of the row's cluster combine their partials in distributed shared memory"
+        f"  // exchange {e}: each warp's partial pushed into the {S} blocks of the row's cluster "
+        "(distributed shared memory)"
     ]
+    if e == 1:
+        out.append("  pn_cluster.barrier_wait();  // every block of the cluster has started")
     for k in reduces:
         s = g.statements[k]
         ct = s.acc.compute
-        tmpl = f"<{s.combiner.functor}, {m.tx}, {m.ty}>"
-        out.append(f"  acc{k} = pn_reduce_x{tmpl}(acc{k}, pn_smem_{c_ident(ct)});")
-        out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}]);")
-        out.append(f"  if (tx == 0) pn_dsm{e}_{k}[ty] = acc{k};")
+        out.append(
+            f"  acc{k} = pn_shfl0(pn_reduce_x<{s.combiner.functor}, 32, {m.ty}>(acc{k}, pn_smem_{c_ident(ct)}));"
+        )
+        out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}][{W * S}]);")
+        out.append(
+            f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty][pn_cluster.block_rank() * {W}u "
+            f"+ tx / 32u], tx % 32u) = acc{k};"
+        )
     out.append("  pn_cluster.sync();  // every block's partials are written")
     for k in reduces:
         s = g.statements[k]
+        f = s.combiner.functor
         out.append(f"  acc{k} = {identity_expr(s)};")
         out.append(
-            f"  for (unsigned b = tx; b < {S}u; b += {m.tx}u) acc{k} = "
-            f"{s.combiner.functor}::apply(acc{k}, *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty], b));"
+            f"  for (unsigned i = tx % 32u; i < {W * S}u; i += 32u) acc{k} = {f}::apply(acc{k}, pn_dsm{e}_{k}[ty][i]);"
         )
+        out.append(f"  acc{k} = pn_shfl0(pn_reduce_x<{f}, 32, {m.ty}>(acc{k}, pn_smem_{c_ident(s.acc.compute)}));")
     return out
 
 

@@ -332,10 +332,12 @@ def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5)
 
 
 @torch_names(input="logits", target="targets")
-def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean", method: str = "auto") -> Tensor:
     """Softmax cross-entropy of (N, C) logits with integer class targets of shape (N,):
     logsumexp(logits[n]) - logits[n, targets[n]]; reduction "mean", "sum" or "none".
-    A target outside [0, C) selects no logit (its loss is the logsumexp)."""
+    A target outside [0, C) selects no logit (its loss is the logsumexp). `method`: the
+    logsumexp's statistics, as for softmax ("online": max and sum in one pass, so a row split
+    across blocks exchanges its partials once; "multipass"; "auto": the model chooses)."""
     xc, dt = _float_input(logits, "cross_entropy")
     if logits.ndim != 2:
         raise ShapeError(f"cross_entropy: logits {logits.label!r} must be (N, C), got shape {logits.shape}")
@@ -347,10 +349,13 @@ def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> T
     if reduction not in ("mean", "sum", "none"):
         raise OptionError(f"cross_entropy: unknown reduction {reduction!r} (mean, sum or none)")
     _nonempty(logits, (1,), "cross_entropy")
-    m = ops.max(xc, axis=1, keepdims=True)
-    lse = ops.log(ops.sum(ops.exp(xc - m), axis=1)) + m.reshape((n,))
     picked = ops.sum(where(iota((n, c), 1) == targets.reshape((n, 1)), xc, 0.0), axis=1)
-    loss = lse - picked
+
+    def build(method):
+        m, s = _stats(xc, 1, method)
+        return ops.log(s.reshape((n,))) + m.reshape((n,)) - picked
+
+    loss = _formulate(build, method, "cross_entropy")
     if reduction == "mean":
         loss = ops.mean(loss)
     elif reduction == "sum":

@@ -257,14 +257,16 @@ struct Fiber {
   const unsigned* wait_at;  // AT_GRID: the counter awaited ...
   unsigned wait_for;        // ... and the value it must reach
   AsyncCopies* async;       // allocated at the thread's first asynchronous copy
+  int cluster_arrived;      // 1 + the cluster barrier phase it arrived at and has not waited for (0: none)
+  int cluster_passed;       // cluster barriers it has passed (distributed shared memory needs one)
 };
 // One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
 struct Block;
 // The blocks of one thread-block cluster and its barrier: `live` threads not yet exited, `arrived`
-// of them at the cluster barrier now.
+// of them at the cluster barrier now, `phase` the barriers completed.
 struct Cluster {
   Block* blocks[kMaxCluster];
-  int n, live, arrived;
+  int n, live, arrived, phase;
 };
 struct Block {
   uint3 idx;
@@ -332,12 +334,14 @@ static inline void release_barrier(Block* b) {
 }
 static inline void release_cluster(Cluster* c) {
   c->arrived = 0;
+  c->phase++;
   for (int b = 0; b < c->n; ++b)
     for (int t = 0; t < nthreads; ++t)
       if (c->blocks[b]->fibers[t].state == AT_CLUSTER) c->blocks[b]->fibers[t].state = RUNNABLE;
 }
 static void fiber_main() {
   for (;;) {  // a plain launch reuses a fiber for the same thread index of every block
+    cur->cluster_arrived = cur->cluster_passed = 0;
     entry(entry_args);
     std::free(cur->async);  // copies never waited for never land
     cur->async = nullptr;
@@ -365,9 +369,39 @@ static inline void cluster_sync() {
     if (!error) error = "cluster.sync() in a launch without thread-block clusters";
     return;
   }
+  if (cur->cluster_arrived) {
+    if (!error) error = "cluster.sync() after barrier_arrive() without its barrier_wait()";
+    return;
+  }
   cur->state = AT_CLUSTER;
   if (++c->arrived == c->live) release_cluster(c);
   yield();
+  cur->cluster_passed++;
+}
+// The split cluster barrier (barrier.cluster.arrive / wait): a thread arrives and goes on; its
+// wait returns once every live thread of the cluster has arrived at that phase.
+static inline void cluster_arrive() {
+  Cluster* c = blk->cluster;
+  if (!c || cur->cluster_arrived) {
+    if (!error) error = !c ? "barrier_arrive() in a launch without thread-block clusters"
+                           : "barrier_arrive() twice without a barrier_wait() between";
+    return;
+  }
+  cur->cluster_arrived = c->phase + 1;
+  if (++c->arrived == c->live) release_cluster(c);
+}
+static inline void cluster_wait() {
+  Cluster* c = blk->cluster;
+  if (!c || !cur->cluster_arrived) {
+    if (!error) error = "barrier_wait() without a barrier_arrive() before it";
+    return;
+  }
+  if (c->phase < cur->cluster_arrived) {  // the phase it arrived at is not complete yet
+    cur->state = AT_CLUSTER;
+    yield();
+  }
+  cur->cluster_arrived = 0;
+  cur->cluster_passed++;
 }
 // The address `p` (this block's PN_BLOCK_SHARED memory) in the shared memory of the cluster's block
 // `rank`: distributed shared memory. A block that has exited has no shared memory left to read.
@@ -383,10 +417,16 @@ template <class T> static inline T* map_shared_rank(T* p, unsigned rank) {
     return p;
   }
   Block* peer = c->blocks[rank];
+  if ((int)rank != blk->cluster_rank && cur->cluster_passed == 0 && !error) {
+    std::snprintf(error_text, sizeof error_text,
+                  "distributed shared memory of cluster block %u accessed before this thread passed a cluster "
+                  "barrier (the block may not have started: a missing cluster barrier at the start)", rank);
+    error = error_text;
+  }
   if (peer->live == 0 && !error) {
     std::snprintf(error_text, sizeof error_text,
-                  "distributed shared memory of cluster block %u read after it exited (a missing cluster.sync "
-                  "before the exit)", rank);
+                  "distributed shared memory of cluster block %u accessed after it exited (a missing cluster "
+                  "barrier before the exit or the access)", rank);
     error = error_text;
   }
   return reinterpret_cast<T*>(arena_of(peer) + off);
@@ -638,6 +678,8 @@ template <class V, class T> static inline void pn_vstore(T* p, V v) {
 namespace cooperative_groups {
 struct cluster_group {
   void sync() const { pn_emu::cluster_sync(); }
+  void barrier_arrive() const { pn_emu::cluster_arrive(); }
+  void barrier_wait() const { pn_emu::cluster_wait(); }
   unsigned block_rank() const { return pn_emu::blk->cluster ? (unsigned)pn_emu::blk->cluster_rank : 0u; }
   unsigned num_blocks() const { return pn_emu::blk->cluster ? (unsigned)pn_emu::blk->cluster->n : 1u; }
   template <class T> T* map_shared_rank(T* p, unsigned rank) const { return pn_emu::map_shared_rank(p, rank); }

@@ -4,14 +4,20 @@ A stitched group split across S blocks (schedule/mapping.py) exchanges its parti
 pass with reductions. Without clusters they go through global memory and a grid-wide wait, so
 every block of the grid must be resident (a cooperative launch, `Decision.cooperative`). On
 sm_90 the S blocks of a row can be one thread-block cluster (`__cluster_dims__(1, S, 1)`,
-`Decision.cluster` = S): they are co-scheduled on neighbouring SMs, each block publishes its
-partial in its own shared memory, and after `cluster.sync()` every block reads the S partials
-through distributed shared memory (`cluster.map_shared_rank`) in one fixed order
-(codegen/stitched_kernel.py). No global round trip, no counter, and only the cluster must be
-co-resident, so a grid of many split rows (32K rows of 65K) runs in waves.
+`Decision.cluster` = S): they are co-scheduled on neighbouring SMs and exchange as QuACK's
+cluster reduction does (quack/reduce.py `cluster_reduce`): every warp reduces its partial with
+shuffles and pushes it into the shared memory of each block of the cluster (a store through
+`cluster.map_shared_rank`), then after the cluster barrier every warp combines the W x S
+partials of its row from its own shared memory in one fixed order (rank, then warp) and
+shuffles the result to its lanes (codegen/stitched_kernel.py). No block barrier, no read of a
+peer's memory after the barrier, and so no barrier before a block exits; the barrier that makes
+every block of the cluster started before the first push is split: arrived at the kernel's start,
+waited for after the first pass's loads. No global round trip, no counter, and only the cluster
+must be co-resident, so a grid of many split rows (32K rows of 65K) runs in waves.
 
     exchange (cooperative):  ws[o * S + by] = part; grid wait; acc = sum_b ws[o * S + b]
-    exchange (cluster):      dsm[ty] = part; cluster.sync(); acc = sum_b *map_shared_rank(&dsm[ty], b)
+    exchange (cluster):      *map_shared_rank(&dsm[ty][rank * W + w], b) = warp part for each b;
+                             cluster.sync(); acc = warp-reduce of dsm[ty][0 .. W * S)
 
 Splits larger than a cluster keep the cooperative plan.
 
@@ -25,7 +31,9 @@ Preconditions (`check`; one negative test each in tests/test_cluster.py):
   1. the cluster divides the split (= gridDim.y), and is every block of a split stitched row;
   2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before);
   3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
-     per row of the block).
+     per row of the block);
+  4. a stitched row's cluster: whole warps per row (`tx` a multiple of 32: each warp pushes one
+     partial of one row).
 
 >>> from panamera.model import H100, A100
 >>> H100.max_cluster, A100.max_cluster
@@ -33,8 +41,6 @@ Preconditions (`check`; one negative test each in tests/test_cluster.py):
 """
 
 from __future__ import annotations
-
-import math
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
@@ -47,6 +53,9 @@ from .decision import Decision
 # (arrive + wait) is taken as one such round trip.
 DSMEM_CYCLES = 200
 CLUSTER_SYNC_CYCLES = 200
+# [assumed] the warp-level work around a pushed exchange: the shuffle reduction of the warp's
+# partial before it, the W x S local loads and the shuffle reduction after it (no block barrier).
+WARP_COMBINE_CYCLES = 100
 
 
 def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
@@ -60,6 +69,8 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
         )
     if not group.stitched and (group.form not in (Form.ROW, Form.ALL) or d.rtile * d.ctile > 1 or d.stages > 1):
         return "3: a reduce kernel's clusters combine one partial per row: ROW/ALL, no register tile, no pipeline"
+    if group.stitched and d.tx % 32:
+        return f"4: a stitched row's cluster needs whole warps per row ({d.tx} threads per row)"
     if not 2 <= d.cluster <= gpu.max_cluster:
         return f"2: {gpu.name} has no thread-block clusters of {d.cluster} blocks (at most {gpu.max_cluster})"
     return ""
@@ -80,8 +91,21 @@ def merge_cycles(d: Decision) -> int:
     return 2 * CLUSTER_SYNC_CYCLES + d.cluster * DSMEM_CYCLES
 
 
+def reduce_cycles(barrier: bool) -> int:
+    """One cluster reduction whose warps push their partials into every block of the cluster
+    (QuACK's `cluster_reduce`; the stitched kernel's exchange): the pushed stores land in the
+    peers' shared memory (a distributed-shared-memory latency), then the warp-level combine.
+    `barrier`: completion is the cluster barrier (arrive.release / wait.acquire, Panamera's), not
+    an mbarrier counting the bytes that landed (QuACK's `mbarrier_arrive_and_expect_tx`).
+
+    >>> reduce_cycles(barrier=False), reduce_cycles(barrier=True)
+    (300, 500)
+    """
+    return DSMEM_CYCLES + WARP_COMBINE_CYCLES + (CLUSTER_SYNC_CYCLES if barrier else 0)
+
+
 def exchange_cycles(d: Decision) -> int:
-    """One exchange of a cluster's partials: the block reduction before it and the all-reduce
-    after it (400 cycles, as a pass of an unsplit row), the barrier, and ceil(S / tx)
-    loop-carried distributed-shared-memory loads per thread."""
-    return 400 + CLUSTER_SYNC_CYCLES + math.ceil(d.cluster / d.tx) * DSMEM_CYCLES
+    """One exchange of a stitched row's cluster (codegen/stitched_kernel.py): the pushed warp
+    partials completed by the cluster barrier (`reduce_cycles`). The barrier at the start, split
+    around the first pass's loads, is not exposed."""
+    return reduce_cycles(barrier=True)
