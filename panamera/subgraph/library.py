@@ -24,6 +24,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, PanameraError
 from .conv import conv
+from .conv_fuse import FusedConv
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
@@ -79,6 +80,22 @@ class LibraryNode:
     node: Node
     reason: str
     _session: list = field(default_factory=list, repr=False)  # the reference evaluator, made on first run
+    fused: FusedConv | None = None  # a host Conv's epilogue nodes, run in its step (conv_fuse.py)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The graph nodes this step runs: the node, then the epilogue nodes fused into it."""
+        return (self.node,) + (self.fused.nodes if self.fused else ())
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The values the step reads (present inputs, then a fused epilogue's residual operands)."""
+        return tuple(i for i in self.node.inputs if i) + (self.fused.residuals if self.fused else ())
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The values the step writes (a fused epilogue's: its last node's output)."""
+        return (self.fused.output,) if self.fused else tuple(o for o in self.node.outputs if o)
 
     @property
     def host(self) -> bool:
@@ -101,6 +118,10 @@ class LibraryNode:
             ) from None
 
     def _run(self, model: OnnxModel, args: list) -> list:
+        if self.fused:  # a host Conv and its epilogue: args are the Conv's inputs, then the residuals
+            k = len(args) - len(self.fused.residuals)
+            epi = {"epilogue": self.fused.epilogue, "residuals": tuple(args[k:])}
+            return [conv(_array_module(args), self.node.attrs, *args[:k], **epi)]
         if self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS:
             xp = _array_module(args)
             return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]
