@@ -254,10 +254,12 @@ def _epilogue_reference(y, steps, residuals):
 )
 def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng):
     """Each host conv form with a fused epilogue (bias, residual Add, every activation of
-    conv_kernels.EpiOp) against the float64 conv plus the ONNX definitions, within the float32
-    bound of the Cg*K + 2 term sums (the activations' slopes are at most 1.5)."""
+    conv_kernels.EpiOp), through conv() and the planned HostConvStep (C tables bound once), against
+    the float64 conv plus the ONNX definitions, within the float32 bound of the Cg*K + 2 term sums
+    (the activations' slopes are at most 1.5); float64 and 1-D take the general numpy path."""
     from panamera.subgraph.conv import conv, geometry
     from panamera.subgraph.conv_kernels import Epilogue, EpiOp, EpiStep
+    from panamera.subgraph.conv_step import HostConvStep
 
     win, group = geometry(x_shape, w_shape, attrs)
     x, w = random_array(x_shape, dtype, rng), random_array(w_shape, dtype, rng)
@@ -275,9 +277,14 @@ def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng
     ]
     for steps in chains:
         res = (r1, r2)[: sum(s.op is EpiOp.ADD for s in steps)]
+        ref = _epilogue_reference(base, steps, res)
         y = conv(np, attrs, x, w, b, epilogue=Epilogue(steps), residuals=res)
-        assert y.dtype == np.dtype(dtype) and y.shape == out and y.flags.c_contiguous
-        close(y, _epilogue_reference(base, steps, res), dtype, int(np.prod(w_shape[1:])) + 3, 1.5 * scale)
+        step = HostConvStep.plan(x_shape, w_shape, attrs, True, Epilogue(steps))  # the library node's step
+        for got in (y, step(x, w, b, *res), step(x, w, b, *res)):  # twice: its scratch reused
+            assert got.dtype == np.dtype(dtype) and got.shape == out and got.flags.c_contiguous
+            close(got, ref, dtype, int(np.prod(w_shape[1:])) + 3, 1.5 * scale)
+    plain = HostConvStep.plan(x_shape, w_shape, attrs, False)  # no bias, no epilogue
+    close(plain(x, w), _conv_reference(x, w, win, group), dtype, int(np.prod(w_shape[1:])), scale)
 
 
 def _fusion_model(tail: str, dtype: str = "float32") -> bytes:

@@ -128,7 +128,7 @@ def host_conv(
     - pointwise (a 1-wide kernel, stride 1, no padding): the product W[g] (M/G, Cg) @ x[n, g] (Cg, O)
       with no column tensor at all, then the epilogue pass;
     - depthwise (one input channel and one output per group): 2-D float32, a direct C kernel (taps
-      accumulated along output rows, SIMD over the row, the epilogue on each row while in cache);
+      accumulated over the channel's padded plane, SIMD along it, the epilogue on each plane while in cache);
       otherwise the input's windows as one strided view copied once in (N, C, O, K) order, times
       each channel's K weights;
     - otherwise the column tensor (N, G, Cg*K, O): 2-D float32, built by a C kernel (no padded copy

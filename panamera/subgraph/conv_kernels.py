@@ -1,7 +1,8 @@
 """The host convolution's C kernels (the CPU target's compiler, runtime/cpu.build): the 2-D column
-tensor without a padded copy, a direct depthwise convolution, and the conv's epilogue (bias, a
-residual Add, an activation) applied to the output rows in place, one row at a time while it is
-in cache.
+tensor (each channel padded into a small scratch plane, then fixed-length row copies; at stride 1
+one contiguous run per channel and tap in the padded width), a direct depthwise convolution, and
+the conv's epilogue (bias, a residual Add, an activation) applied to the output in place, one
+channel plane at a time while it is in cache.
 
 An `Epilogue` is data: the element-wise steps after a convolution's bias, in order, each an
 `EpiOp` (an ONNX activation, or the Add of one more tensor of the output's shape). The
@@ -107,18 +108,18 @@ static inline void epi_row(float* __restrict y, L o, const float* b, int nops, c
 }
 
 // y (rows of oh x ow, row r of channel r % m) = src (rows of oh x wp: wp - ow columns dropped), then the
-// bias and the epilogue, in place, one output row at a time (src may be y itself when wp == ow)
+// bias and the epilogue, in place, one output plane at a time (src may be y itself when wp == ow)
 extern "C" void pn_conv_epilogue(float* y, const float* src, L rows, L m, L oh, L ow, L wp, const float* bias,
                                  int nops, const int* ops, const float* par, const float* const* res) {
-    for (L r = 0; r < rows; r++)
-        for (L oy = 0; oy < oh; oy++) {
-            float* __restrict d = y + (r * oh + oy) * ow;
-            if (src != y) {
+    for (L r = 0; r < rows; r++) {
+        if (src != y)
+            for (L oy = 0; oy < oh; oy++) {
+                float* __restrict d = y + (r * oh + oy) * ow;
                 const float* __restrict s = src + (r * oh + oy) * wp;
                 _Pragma("omp simd") for (L ox = 0; ox < ow; ox++) d[ox] = s[ox];
             }
-            epi_row(d, ow, bias ? bias + r % m : nullptr, nops, ops, par, res, (r * oh + oy) * ow);
-        }
+        epi_row(y + r * oh * ow, oh * ow, bias ? bias + r % m : nullptr, nops, ops, par, res, r * oh * ow);
+    }
 }
 
 // stride-1 2-D columns in the padded width wp = w + pads: each (channel, tap) row of cols is one
@@ -157,7 +158,7 @@ extern "C" void pn_im2col2d(const float* x, float* cols, L nc, L h, L w, L kh, L
 }
 
 // depthwise: y[n][c][oy][ox] = bias[c] + sum_ij wt[c][i][j] x[n][c][oy*sh + i*dh - ph][ox*sw + j*dw - pw],
-// taps in (i, j) order, then the epilogue per output row. Each channel is padded into a scratch
+// taps in (i, j) order, then the epilogue over the channel's output plane. Each channel is padded into a scratch
 // plane; at stride 1 the taps run over the whole plane in the padded width (one long SIMD loop
 // per tap, the wp - ow last columns of each row dropped), else row by row.
 extern "C" void pn_depthwise2d(const float* x, const float* wt, float* y, L n, L c, L h, L w, L kh, L kw, L oh,
@@ -182,8 +183,8 @@ extern "C" void pn_depthwise2d(const float* x, const float* wt, float* y, L n, L
             for (L oy = 0; oy < oh; oy++) {
                 float* __restrict d = y + (p * oh + oy) * ow;
                 for (L ox = 0; ox < ow; ox++) d[ox] = acc[oy * wp + ox];
-                epi_row(d, ow, b, nops, ops, par, res, (p * oh + oy) * ow);
             }
+            epi_row(y + p * oh * ow, oh * ow, b, nops, ops, par, res, p * oh * ow);
             continue;
         }
         for (L oy = 0; oy < oh; oy++) {
@@ -195,9 +196,28 @@ extern "C" void pn_depthwise2d(const float* x, const float* wt, float* y, L n, L
                     float v = wc[i * kw + j];
                     for (L ox = 0; ox < ow; ox++) d[ox] += v * s[ox * sw];
                 }
-            epi_row(d, ow, b, nops, ops, par, res, (p * oh + oy) * ow);
         }
+        epi_row(y + p * oh * ow, oh * ow, b, nops, ops, par, res, p * oh * ow);
     }
+}
+
+// The steps' table entries (conv_step.py): pointers p, then integers d, bound once per node
+extern "C" void pn_step_epilogue(void** p, const L* d) {
+    pn_conv_epilogue((float*)p[0], (const float*)p[1], d[0], d[1], d[2], d[3], d[4], (const float*)p[2], (int)d[5],
+                     (const int*)p[3], (const float*)p[4], (const float* const*)(p + 5));
+}
+extern "C" void pn_step_im2col(void** p, const L* d) {
+    pn_im2col2d((const float*)p[0], (float*)p[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
+                d[11], d[12], d[13], d[14]);
+}
+extern "C" void pn_step_cols_wide(void** p, const L* d) {
+    pn_cols_wide((const float*)p[0], (float*)p[1], (float*)p[2], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8],
+                 d[9], d[10], d[11]);
+}
+extern "C" void pn_step_depthwise(void** p, const L* d) {
+    pn_depthwise2d((const float*)p[0], (const float*)p[1], (float*)p[2], d[0], d[1], d[2], d[3], d[4], d[5], d[6],
+                   d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], (const float*)p[3], (int)d[16],
+                   (const int*)p[4], (const float*)p[5], (const float* const*)(p + 6));
 }
 """
 )
@@ -303,7 +323,7 @@ def cols_wide(x: np.ndarray, xp: np.ndarray, cols: np.ndarray, win) -> None:
 
 def depthwise2d(x, w, win, bias, epi: Epilogue, residuals: tuple) -> np.ndarray:
     """The 2-D depthwise convolution (one input channel and one output per group) of float32
-    x (N, C, H, W) with w (C, 1, KH, KW), its bias and epilogue applied per output row."""
+    x (N, C, H, W) with w (C, 1, KH, KW), its bias and epilogue applied per output plane."""
     n, c, h, wd = x.shape
     (kh, kw), (oh, ow), (sh, sw), (dh, dw) = win.kernel, win.out, win.strides, win.dilations
     y = np.empty((n, c, oh, ow), np.float32)
