@@ -235,6 +235,8 @@ def _epilogue_reference(y, steps, residuals):
             y = np.clip(s.params[0] * y + s.params[1], 0, 1)
         elif s.op is EpiOp.SIGMOID:
             y = 1 / (1 + np.exp(-y))
+        elif s.op is EpiOp.SILU:
+            y = y * (1 / (1 + np.exp(-y)))
         else:
             y = np.where(y >= 0, y, s.params[0] * y)
     return y
@@ -272,6 +274,7 @@ def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng
         (EpiStep(EpiOp.ADD), EpiStep(EpiOp.RELU)),
         (EpiStep(EpiOp.HARDSWISH), EpiStep(EpiOp.ADD), EpiStep(EpiOp.CLIP, (-0.5, 0.75))),
         (EpiStep(EpiOp.SIGMOID),),
+        (EpiStep(EpiOp.ADD), EpiStep(EpiOp.SILU)),
         (EpiStep(EpiOp.HARDSIGMOID, (0.3, 0.4)), EpiStep(EpiOp.LEAKYRELU, (0.1,))),
         (EpiStep(EpiOp.LEAKYRELU, (0.1,)),),
     ]
@@ -310,6 +313,8 @@ FUSION_CASES = [
     ("Relu c a;Relu a y;Relu c z", []),  # 2: the Conv's output has two consumers
     ("Relu c y;Sigmoid y z", ["Relu"]),  # 2: Relu's output is a graph output: the chain stops there
     ("Sigmoid c s;Add c,s y", []),  # 2: an Add whose other operand is made from the Conv's output
+    ("Sigmoid c s;Mul s,c y", ["Sigmoid", "Mul"]),  # 2: the Swish pair, one SILU step
+    ("Sigmoid c s;Mul c,s y;Relu s z", []),  # 2: no Swish pair: the Sigmoid's output is read twice
     ("Add c,row a;Relu a y", []),  # 3: the Add broadcasts its other operand
     ("Tanh c y", []),  # 3: no epilogue op
     ("Relu c a;Add a,a y", ["Relu"]),  # 3: an Add of the chain's value with itself

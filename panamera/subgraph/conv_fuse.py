@@ -8,8 +8,9 @@ library nodes whose reason names the Conv, and the Conv's `LibraryNode` carries 
 link at a time while every precondition holds:
 
 1. the Conv is one the CPU target's library runs (the host convolution), float32 in and out;
-2. the chain's value so far has exactly one consumer, the next link, and is no graph output
-   (it is never materialized);
+2. the chain's value so far has exactly one consumer, the next link, or two that make a Swish
+   pair (s = Sigmoid(v) and Mul(v, s), s read by that Mul alone: one SILU step), and is no graph
+   output (it is never materialized);
 3. the link is an epilogue op (`EPILOGUE_OPS`) of the ONNX standard domain: an activation whose
    parameters are attributes or constants (Clip's bounds), or an Add of the chain's value and one
    other float32 tensor of exactly the output's shape (no broadcasting).
@@ -38,7 +39,7 @@ import numpy as np
 from .conv_kernels import Epilogue, EpiOp, EpiStep
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 
-EPILOGUE_OPS = frozenset(op.value for op in EpiOp)
+EPILOGUE_OPS = frozenset(op.value for op in EpiOp) - {EpiOp.SILU.value}  # SILU: a Swish pair (2)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,25 @@ def _is_f32(model: OnnxModel, name: str, shape: tuple | None = None) -> bool:
     return v is not None and v.dtype == "float32" and (shape is None or tuple(v.shape or ()) == shape)
 
 
+def _swish(model: OnnxModel, value: str, users: dict, shape: tuple) -> tuple[Node, Node] | None:
+    """(Sigmoid, Mul) where `value`'s two consumers are s = Sigmoid(value) and Mul(value, s), s
+    read by that Mul alone and no graph output (precondition 2's Swish pair), else None."""
+    us = users.get(value, ())
+    if len(us) != 2 or any(u.domain not in DEFAULT_DOMAINS for u in us):
+        return None
+    sig, mul = sorted(us, key=lambda u: u.op_type != "Sigmoid")
+    if sig.op_type != "Sigmoid" or mul.op_type != "Mul" or tuple(sig.inputs) != (value,) or len(mul.inputs) != 2:
+        return None
+    s = sig.outputs[0]
+    if (
+        sorted(mul.inputs) != sorted((value, s))
+        or s in model.outputs
+        or [u.index for u in users.get(s, ())] != [mul.index]
+    ):
+        return None
+    return (sig, mul) if _is_f32(model, s, shape) and _is_f32(model, mul.outputs[0], shape) else None
+
+
 def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None:
     """The epilogue chain of library Conv `conv` under the module's preconditions (None: no link)."""
     out = conv.outputs[0]
@@ -92,7 +112,15 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None
     steps: list[EpiStep] = []
     residuals: list[str] = []
     value = out
-    while value not in model.outputs and len(users.get(value, ())) == 1:  # 2
+    while value not in model.outputs:
+        pair = _swish(model, value, users, shape)
+        if pair:  # 2: the Swish pair x * Sigmoid(x), one step
+            nodes += pair
+            steps.append(EpiStep(EpiOp.SILU))
+            value = pair[1].outputs[0]
+            continue
+        if len(users.get(value, ())) != 1:  # 2
+            break
         nxt = users[value][0]
         if nxt.domain not in DEFAULT_DOMAINS or nxt.op_type not in EPILOGUE_OPS or len(nxt.outputs) != 1:  # 3
             break

@@ -39,6 +39,7 @@ class EpiOp(Enum):
     HARDSIGMOID = "HardSigmoid"  # params (alpha, beta)
     SIGMOID = "Sigmoid"
     LEAKYRELU = "LeakyRelu"  # params (alpha,)
+    SILU = "Silu"  # x * Sigmoid(x) (a Sigmoid and a Mul in ONNX: conv_fuse's Swish pair)
 
 
 _CODE = {op: k for k, op in enumerate(EpiOp)}
@@ -103,6 +104,7 @@ static inline void epi_row(float* __restrict y, L o, const float* b, int nops, c
         case 4: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = std::min(std::max(p * y[i] + q, 0.0f), 1.0f); break;
         case 5: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = 1.0f / (1.0f + expf(-y[i])); break;
         case 6: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = y[i] >= 0.0f ? y[i] : p * y[i]; break;
+        case 7: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = y[i] / (1.0f + expf(-y[i])); break;
         }
     }
 }
@@ -296,6 +298,8 @@ def numpy_step(s: EpiStep, y: np.ndarray, other: np.ndarray | None = None) -> np
         return np.clip(y.dtype.type(s.params[0]) * y + y.dtype.type(s.params[1]), 0, one)
     if s.op is EpiOp.SIGMOID:
         return one / (one + np.exp(-y))
+    if s.op is EpiOp.SILU:
+        return y / (one + np.exp(-y))
     return np.where(y >= 0, y, y.dtype.type(s.params[0]) * y)  # LEAKYRELU
 
 
