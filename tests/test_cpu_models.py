@@ -297,7 +297,7 @@ def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
     rng = np.random.default_rng(1)
     v = lambda n, s: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), s)  # noqa: E731
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(dtype), n) for n, s in
-             (("w", (8, 8, 3, 3)), ("b", (8,)), ("lo", ()), ("hi", ()), ("row", (1, 8, 1, 1)))]  # fmt: skip
+             (("w", (8, 8, 3, 3)), ("b", (8,)), ("lo", ()), ("hi", ()), ("row", (1, 8, 1, 1)), ("w1", (8, 8, 1, 1)))]  # fmt: skip
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
     for line in tail.split(";"):
         op, ins, out = line.split()
@@ -318,6 +318,7 @@ FUSION_CASES = [
     ("Add c,row a;Relu a y", []),  # 3: the Add broadcasts its other operand
     ("Tanh c y", []),  # 3: no epilogue op
     ("Relu c a;Add a,a y", ["Relu"]),  # 3: an Add of the chain's value with itself
+    ("Conv x,w1 e;Add c,e y", ["Add"]),  # 4: the Add joins the first Conv only (the second's output its residual)
 ]
 
 
@@ -338,8 +339,8 @@ def test_conv_epilogue_fusion_preconditions():
 
 def test_fused_conv_epilogues_run():
     """A model with a fused Conv epilogue (a residual made by a subgraph before the Conv, the chain
-    cut at a graph output that a subgraph after it reads) runs it in the Conv's step and matches
-    the float64 reference (verify)."""
+    cut at a graph output that a subgraph after it reads; two Convs meeting at an Add, the second
+    run first) runs it in the Conv's step and matches the float64 reference (verify)."""
     from panamera.subgraph.optimizer import optimize
 
     opt = optimize(_fusion_model("Relu r q;Add q,c a;Clip a,lo,hi y;Sigmoid y z"), target="cpu")
@@ -347,3 +348,6 @@ def test_fused_conv_epilogues_run():
     assert [n.op_type for n in conv_unit.nodes] == ["Conv", "Add", "Clip"] and conv_unit.outputs == ("y",)
     assert [[n.op_type for n in sg.nodes] for sg in opt.subgraphs] == [["Relu"], ["Sigmoid"]]
     assert all(c.ok for c in opt.verify())
+    two = optimize(_fusion_model("Conv x,w1 e;Add c,e a;Relu a y"), target="cpu")  # 4: two Convs meet at the Add
+    assert [[n.op_type for n in u.nodes] for u in two.units] == [["Conv"], ["Conv", "Add", "Relu"]]
+    assert all(c.ok for c in two.verify())

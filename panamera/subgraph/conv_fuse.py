@@ -13,7 +13,9 @@ link at a time while every precondition holds:
    output (it is never materialized);
 3. the link is an epilogue op (`EPILOGUE_OPS`) of the ONNX standard domain: an activation whose
    parameters are attributes or constants (Clip's bounds), or an Add of the chain's value and one
-   other float32 tensor of exactly the output's shape (no broadcasting).
+   other float32 tensor of exactly the output's shape (no broadcasting);
+4. the link is in no earlier Conv's epilogue (an Add of two Convs' outputs, each its only consumer,
+   joins the first Conv's step, reading the second's output as its residual).
 
 An Add's other operand is then ready when the Conv's step runs, and the fused step is no cycle
 in the run order: every path from the Conv runs through the chain (2: each value's one consumer
@@ -102,7 +104,7 @@ def _swish(model: OnnxModel, value: str, users: dict, shape: tuple) -> tuple[Nod
     return (sig, mul) if _is_f32(model, s, shape) and _is_f32(model, mul.outputs[0], shape) else None
 
 
-def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None:
+def fuse_epilogue(model: OnnxModel, conv: Node, users: dict, taken: frozenset = frozenset()) -> FusedConv | None:
     """The epilogue chain of library Conv `conv` under the module's preconditions (None: no link)."""
     out = conv.outputs[0]
     if not (_is_f32(model, conv.inputs[0]) and _is_f32(model, out)):  # 1
@@ -114,7 +116,7 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None
     value = out
     while value not in model.outputs:
         pair = _swish(model, value, users, shape)
-        if pair:  # 2: the Swish pair x * Sigmoid(x), one step
+        if pair and not taken & {n.index for n in pair}:  # 2: the Swish pair x * Sigmoid(x), one step (4)
             nodes += pair
             steps.append(EpiStep(EpiOp.SILU))
             value = pair[1].outputs[0]
@@ -123,6 +125,8 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None
             break
         nxt = users[value][0]
         if nxt.domain not in DEFAULT_DOMAINS or nxt.op_type not in EPILOGUE_OPS or len(nxt.outputs) != 1:  # 3
+            break
+        if nxt.index in taken:  # 4
             break
         if nxt.op_type == "Add":
             if len(nxt.inputs) != 2 or nxt.inputs.count(value) != 1:
@@ -145,11 +149,17 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict) -> FusedConv | None
 
 
 def fuse_epilogues(model: OnnxModel, convs: tuple[Node, ...]) -> tuple[FusedConv, ...]:
-    """The epilogues of the library Convs `convs` (those with at least one link), in `convs`' order."""
+    """The epilogues of the library Convs `convs` (those with at least one link), in `convs`' order
+    (each node in one epilogue at most: precondition 4)."""
     users: dict[str, list[Node]] = {}
     for n in model.nodes:
         for i in dict.fromkeys(n.inputs):
             if i:
                 users.setdefault(i, []).append(n)
-    fused = (fuse_epilogue(model, c, users) for c in convs if c.op_type == "Conv")
-    return tuple(f for f in fused if f is not None)
+    out, taken = [], frozenset()
+    for c in convs:
+        f = fuse_epilogue(model, c, users, taken) if c.op_type == "Conv" else None
+        if f is not None:
+            out.append(f)
+            taken |= {n.index for n in f.nodes}
+    return tuple(out)
