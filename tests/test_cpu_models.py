@@ -109,7 +109,7 @@ def _conv_model(c: int, hw: int, m: int, rng) -> bytes:
 def test_cpu_target_runs_large_convs_in_the_host_convolution():
     """With the CPU target running the subgraphs, a Conv of at least HOST_CONV_MIN_MACS goes to
     the library's host convolution (route.host_rule) whatever the GPU model prefers; the ReLU
-    after it stays a Panamera kernel; the model matches the float64 reference. A smaller Conv,
+    after it runs in the Conv's step (conv_fuse.py); the model matches the float64 reference. A smaller Conv,
     or one planned for the emulator, is routed by the model."""
     from panamera.subgraph.optimizer import optimize
     from panamera.subgraph.partition import partition
@@ -120,10 +120,11 @@ def test_cpu_target_runs_large_convs_in_the_host_convolution():
     (node, route) = opt.partition.routes[0]
     assert np.prod(contraction_shape(opt.model, node)) >= HOST_CONV_MIN_MACS
     assert route.runner is Runner.LIBRARY and "host convolution" in route.reason
-    assert [u.node.op_type for u in opt.library] == ["Conv"] and opt.backend == "cpu"
+    assert [[n.op_type for n in u.nodes] for u in opt.units] == [["Conv", "Relu"]] and not opt.subgraphs
     assert all(c.ok for c in opt.verify())
-    (model_route,) = [r for _, r in partition(opt.model).routes]  # not the CPU target: the model decides
-    assert "host convolution" not in model_route.reason
+    not_cpu = partition(opt.model)  # not the CPU target: the model decides, nothing fused (conv_fuse.py's 1)
+    (model_route,) = [r for _, r in not_cpu.routes]
+    assert "host convolution" not in model_route.reason and not not_cpu.fused
     small = optimize(_conv_model(2, 8, 8, rng), target="cpu")  # 9 K multiply-adds
     assert "host convolution" not in small.partition.routes[0][1].reason
 
@@ -214,3 +215,139 @@ def test_blas_takes_split_groups_and_small_products(rng):
     t = pn.placeholder((2, 8), "float32", name="t")
     w1, w2 = pn.placeholder((8, 16), "float32", name="w1"), pn.placeholder((8, 16), "float32", name="w2")
     assert set(pieces([t @ w1, t @ w2])) == {1}  # S2: too small for BLAS
+
+
+def _epilogue_reference(y, steps, residuals):
+    """The epilogue's steps in float64 (ONNX's definitions), after the conv and its bias."""
+    from panamera.subgraph.conv_kernels import EpiOp
+
+    res = iter(residuals)
+    for s in steps:
+        if s.op is EpiOp.ADD:
+            y = y + next(res).astype(np.float64)
+        elif s.op is EpiOp.RELU:
+            y = np.maximum(y, 0)
+        elif s.op is EpiOp.CLIP:
+            y = np.clip(y, *s.params)
+        elif s.op is EpiOp.HARDSWISH:
+            y = y * np.clip(y / 6 + 0.5, 0, 1)
+        elif s.op is EpiOp.HARDSIGMOID:
+            y = np.clip(s.params[0] * y + s.params[1], 0, 1)
+        elif s.op is EpiOp.SIGMOID:
+            y = 1 / (1 + np.exp(-y))
+        elif s.op is EpiOp.SILU:
+            y = y * (1 / (1 + np.exp(-y)))
+        else:
+            y = np.where(y >= 0, y, s.params[0] * y)
+    return y
+
+
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, dtype",
+    [
+        ((2, 16, 4, 4), (24, 16, 1, 1), {}, "float32"),  # pointwise
+        ((2, 12, 7, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 0, 2, 1]}, "float32"),  # depthwise, stride 1
+        ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "float32"),
+        ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float32"),  # columns, stride 1 (padded width)
+        ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}, "float32"),  # strided
+        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "float32"),  # 1-D: numpy's strided form, the C epilogue
+        ((1, 3, 6, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float64"),  # float64: numpy throughout
+    ],
+)
+def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng):
+    """Each host conv form with a fused epilogue (bias, residual Add, every activation of
+    conv_kernels.EpiOp), through conv() and the planned HostConvStep (C tables bound once), against
+    the float64 conv plus the ONNX definitions, within the float32 bound of the Cg*K + 2 term sums
+    (the activations' slopes are at most 1.5); float64 and 1-D take the general numpy path."""
+    from panamera.subgraph.conv import conv, geometry
+    from panamera.subgraph.conv_kernels import Epilogue, EpiOp, EpiStep
+    from panamera.subgraph.conv_step import HostConvStep
+
+    win, group = geometry(x_shape, w_shape, attrs)
+    x, w = random_array(x_shape, dtype, rng), random_array(w_shape, dtype, rng)
+    b = random_array((w_shape[0],), dtype, rng)
+    out = (x_shape[0], w_shape[0], *win.out)
+    r1, r2 = random_array(out, dtype, rng), random_array(out, dtype, rng)
+    base = _conv_reference(x, w, win, group) + b.astype(np.float64).reshape((1, -1) + (1,) * len(win.out))
+    scale = float((_conv_reference(np.abs(x), np.abs(w), win, group) + np.abs(b).max() + 2).max())
+    chains = [
+        (EpiStep(EpiOp.ADD), EpiStep(EpiOp.RELU)),
+        (EpiStep(EpiOp.HARDSWISH), EpiStep(EpiOp.ADD), EpiStep(EpiOp.CLIP, (-0.5, 0.75))),
+        (EpiStep(EpiOp.SIGMOID),),
+        (EpiStep(EpiOp.ADD), EpiStep(EpiOp.SILU)),
+        (EpiStep(EpiOp.HARDSIGMOID, (0.3, 0.4)), EpiStep(EpiOp.LEAKYRELU, (0.1,))),
+        (EpiStep(EpiOp.LEAKYRELU, (0.1,)),),
+    ]
+    for steps in chains:
+        res = (r1, r2)[: sum(s.op is EpiOp.ADD for s in steps)]
+        ref = _epilogue_reference(base, steps, res)
+        y = conv(np, attrs, x, w, b, epilogue=Epilogue(steps), residuals=res)
+        step = HostConvStep.plan(x_shape, w_shape, attrs, True, Epilogue(steps))  # the library node's step
+        for got in (y, step(x, w, b, *res), step(x, w, b, *res)):  # twice: its scratch reused
+            assert got.dtype == np.dtype(dtype) and got.shape == out and got.flags.c_contiguous
+            close(got, ref, dtype, int(np.prod(w_shape[1:])) + 3, 1.5 * scale)
+    plain = HostConvStep.plan(x_shape, w_shape, attrs, False)  # no bias, no epilogue
+    close(plain(x, w), _conv_reference(x, w, win, group), dtype, int(np.prod(w_shape[1:])), scale)
+
+
+def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
+    """Conv (2x8x8x8 * 8x8x3x3, 74 K multiply-adds: a host conv) then `tail`'s nodes (model text)."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    v = lambda n, s: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), s)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(dtype), n) for n, s in
+             (("w", (8, 8, 3, 3)), ("b", (8,)), ("lo", ()), ("hi", ()), ("row", (1, 8, 1, 1)), ("w1", (8, 8, 1, 1)))]  # fmt: skip
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    for line in tail.split(";"):
+        op, ins, out = line.split()
+        nodes.append(helper.make_node(op, ins.split(","), [out]))
+    outs = [v(o, [2, 8, 8, 8]) for o in ("y", "z") if any(o in n.output for n in nodes)]
+    g = helper.make_graph(nodes, "g", [v("x", [2, 8, 8, 8]), v("r", [2, 8, 8, 8])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+FUSION_CASES = [
+    ("Add c,r a;Relu a y", ["Add", "Relu"]),  # residual from a graph input, then an activation
+    ("Relu r q;Add q,c a;Clip a,lo,hi y", ["Add", "Clip"]),  # a residual made before the Conv, constant bounds
+    ("Relu c a;Relu a y;Relu c z", []),  # 2: the Conv's output has two consumers
+    ("Relu c y;Sigmoid y z", ["Relu"]),  # 2: Relu's output is a graph output: the chain stops there
+    ("Sigmoid c s;Add c,s y", []),  # 2: an Add whose other operand is made from the Conv's output
+    ("Sigmoid c s;Mul s,c y", ["Sigmoid", "Mul"]),  # 2: the Swish pair, one SILU step
+    ("Sigmoid c s;Mul c,s y;Relu s z", []),  # 2: no Swish pair: the Sigmoid's output is read twice
+    ("Add c,row a;Relu a y", []),  # 3: the Add broadcasts its other operand
+    ("Tanh c y", []),  # 3: no epilogue op
+    ("Relu c a;Add a,a y", ["Relu"]),  # 3: an Add of the chain's value with itself
+    ("Conv x,w1 e;Add c,e y", ["Add"]),  # 4: the Add joins the first Conv only (the second's output its residual)
+]
+
+
+def test_conv_epilogue_fusion_preconditions():
+    """conv_fuse.py: the element-wise chain after a library Conv that joins its step; negative
+    cases per precondition (1: a float64 Conv; without the CPU target the partition fuses nothing:
+    test_cpu_target_runs_large_convs_in_the_host_convolution)."""
+    from panamera.subgraph.conv_fuse import fuse_epilogues
+    from panamera.subgraph.model import load_model
+
+    for tail, fused in FUSION_CASES:
+        model = load_model(_fusion_model(tail))
+        got = fuse_epilogues(model, tuple(n for n in model.nodes if n.op_type == "Conv"))
+        assert [[n.op_type for n in f.nodes] for f in got] == ([fused] if fused else []), tail
+    model = load_model(_fusion_model(FUSION_CASES[0][0], "float64"))
+    assert not fuse_epilogues(model, tuple(n for n in model.nodes if n.op_type == "Conv"))  # 1: not float32
+
+
+def test_fused_conv_epilogues_run():
+    """A model with a fused Conv epilogue (a residual made by a subgraph before the Conv, the chain
+    cut at a graph output that a subgraph after it reads; two Convs meeting at an Add, the second
+    run first) runs it in the Conv's step and matches the float64 reference (verify)."""
+    from panamera.subgraph.optimizer import optimize
+
+    opt = optimize(_fusion_model("Relu r q;Add q,c a;Clip a,lo,hi y;Sigmoid y z"), target="cpu")
+    (conv_unit,) = [u for u in opt.library if u.node.op_type == "Conv"]
+    assert [n.op_type for n in conv_unit.nodes] == ["Conv", "Add", "Clip"] and conv_unit.outputs == ("y",)
+    assert [[n.op_type for n in sg.nodes] for sg in opt.subgraphs] == [["Relu"], ["Sigmoid"]]
+    assert all(c.ok for c in opt.verify())
+    two = optimize(_fusion_model("Conv x,w1 e;Add c,e a;Relu a y"), target="cpu")  # 4: two Convs meet at the Add
+    assert [[n.op_type for n in u.nodes] for u in two.units] == [["Conv"], ["Conv", "Add", "Relu"]]
+    assert all(c.ok for c in two.verify())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from enum import Enum
 from types import ModuleType
 
@@ -28,6 +29,8 @@ from ..errors import ShapeError
 from ..frontend import pool
 from ..frontend.movement import AxisMap, Boundary, remap
 from ..frontend.tensor import Tensor, constant, iota, placeholder, reshape, where
+from . import conv_kernels
+from .conv_kernels import NO_EPILOGUE, Epilogue
 
 
 def _s(v, default: str) -> str:
@@ -107,21 +110,31 @@ def host_form(w_shape: tuple, win: pool.Window, group: int) -> HostForm:
     return HostForm.DEPTHWISE if cg == 1 and m == group else HostForm.COLUMNS
 
 
-def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.ndarray:
-    """The convolution with numpy, written straight into NCHW order. The host's library
-    convolution: on the CPU an im2col kernel on the emulator would compile and run CUDA C for
-    what numpy does in microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a run
-    that way). Three forms, by the window (`host_form`):
+def host_conv(
+    x: np.ndarray,
+    w: np.ndarray,
+    win: pool.Window,
+    group: int,
+    bias: np.ndarray | None = None,
+    epilogue: Epilogue = NO_EPILOGUE,
+    residuals: tuple = (),
+) -> np.ndarray:
+    """The convolution with numpy and the host's C kernels (conv_kernels.py), written straight
+    into NCHW order, then its bias and `epilogue` (reading `residuals`) in place. The host's
+    library convolution: on the CPU an im2col kernel on the emulator would compile and run CUDA C
+    for what numpy does in microseconds (issue 20: a MobileNetV3's 22 library Convs took 40 s a
+    run that way). Three forms, by the window (`host_form`):
 
     - pointwise (a 1-wide kernel, stride 1, no padding): the product W[g] (M/G, Cg) @ x[n, g] (Cg, O)
-      with no column tensor at all;
-    - depthwise (one input channel and one output per group): the input's windows as one strided
-      view, copied once in their own order (N, C, O, K), times each channel's K weights (a sum over
-      taps in numpy passes cost 3-5x that: a few microseconds of numpy per tap);
-    - otherwise the column tensor (N, G, Cg*K, O): the windows as a strided view (N, C, K..., O...),
-      copied once in that order (contiguous runs along the output rows; numpy's window view copied
-      as (N, O, C, K) cost 5x that, one slice copy per tap 1.3x), then the product
-      W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O).
+      with no column tensor at all, then the epilogue pass;
+    - depthwise (one input channel and one output per group): 2-D float32, a direct C kernel (taps
+      accumulated over the channel's padded plane, SIMD along it, the epilogue on each plane while in cache);
+      otherwise the input's windows as one strided view copied once in (N, C, O, K) order, times
+      each channel's K weights;
+    - otherwise the column tensor (N, G, Cg*K, O): 2-D float32, built by a C kernel (no padded copy
+      of the input, zeros written in the padding) into a buffer reused across calls; otherwise the
+      windows as a strided view (N, C, K..., O...) copied once in that order; then the product
+      W[g] (M/G, Cg*K) @ cols[n, g] (Cg*K, O) into the output, then the epilogue pass.
 
     >>> w = pool.Window((3,), (2,), ((1, 1),), (1,), (3,))
     >>> host_conv(np.arange(6.0).reshape(1, 1, 6), np.ones((1, 1, 3)), w, 1)
@@ -131,9 +144,53 @@ def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.
     m, cg = w.shape[:2]
     o, k = math.prod(win.out), math.prod(win.kernel)
     form = host_form(w.shape, win, group)
+    fast = len(win.kernel) == 2 and min(min(win.pads)) >= 0 and conv_kernels.fits(x, w, bias, *residuals)
+    if form is HostForm.DEPTHWISE and fast:
+        return conv_kernels.depthwise2d(x, w, win, bias, epilogue, residuals)
     if form is HostForm.POINTWISE:
         y = np.matmul(w.reshape(group, m // group, cg), x.reshape(n, group, cg, o))  # (N, G, M/G, O)
-        return y.reshape(n, m, *win.out)
+    elif form is HostForm.COLUMNS and fast and win.strides == (1, 1):  # the padded width: one run per tap
+        (ph, pe), (pw, pwe) = win.pads
+        hp, wp = x.shape[2] + ph + pe, x.shape[3] + pw + pwe
+        xpad = _buffer((n, c, hp * wp + (win.kernel[1] - 1) * win.dilations[1]), "pad")
+        cols = _buffer((n, group, cg * k, win.out[0] * wp))
+        conv_kernels.cols_wide(x, xpad, cols, win)
+        wide = _buffer((n, group, m // group, win.out[0] * wp), "out")
+        np.matmul(w.reshape(group, m // group, cg * k), cols, out=wide)
+        y = np.empty((n, m, *win.out), np.float32)
+        conv_kernels.apply_epilogue(y, epilogue, bias, residuals, wide.reshape(n, m, win.out[0], wp))
+        return y
+    elif form is HostForm.COLUMNS and fast:
+        cols = _buffer((n, group, cg * k, o))
+        conv_kernels.im2col2d(x, cols, win)
+        y = np.empty((n, group, m // group, o), np.float32)
+        np.matmul(w.reshape(group, m // group, cg * k), cols, out=y)
+    else:
+        y = _strided_conv(x, w, win, group, form)
+    y = y.reshape(n, m, *win.out)
+    if bias is not None or epilogue.steps:
+        conv_kernels.apply_epilogue(y, epilogue, bias, residuals)
+    return y
+
+
+_buffers = threading.local()
+
+
+def _buffer(shape: tuple, role: str = "cols") -> np.ndarray:
+    """A float32 scratch array of `shape` for `role`, reused by later calls on this thread (a few per model)."""
+    held = _buffers.__dict__.setdefault("held", {})
+    if (shape, role) not in held:
+        if len(held) >= 64:
+            held.clear()
+        held[shape, role] = np.empty(shape, np.float32)
+    return held[shape, role]
+
+
+def _strided_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int, form: HostForm) -> np.ndarray:
+    """The depthwise or columns form with numpy's strided views (any rank, any dtype): (N, G, M/G, O)."""
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    o, k = math.prod(win.out), math.prod(win.kernel)
     xp = x
     if any(p for pair in win.pads for p in pair):
         xp = np.zeros((n, c, *(s + a + b for s, (a, b) in zip(x.shape[2:], win.pads))), dtype=x.dtype)
@@ -143,12 +200,10 @@ def host_conv(x: np.ndarray, w: np.ndarray, win: pool.Window, group: int) -> np.
     at_tap = tuple(a * dl for a, dl in zip(st, win.dilations))  # one kernel tap further
     if form is HostForm.DEPTHWISE:  # the windows (N, C, O..., K...), copied once in that order
         v = as_strided(xp, (n, c, *win.out, *win.kernel), xp.strides[:2] + at_out + at_tap, writeable=False)
-        y = np.matmul(v.reshape(n, c, o, k), w.reshape(c, k, 1))  # (N, C, O, 1): one row of K per channel
-        return y.reshape(n, m, *win.out)
+        return np.matmul(v.reshape(n, c, o, k), w.reshape(c, k, 1))  # (N, C, O, 1): one row of K per channel
     v = as_strided(xp, (n, c, *win.kernel, *win.out), xp.strides[:2] + at_tap + at_out, writeable=False)
     cols = v.reshape(n, group, cg * k, o)  # one copy, contiguous runs along the output rows
-    y = np.matmul(w.reshape(group, m // group, cg * k), cols)  # (N, G, M/G, O)
-    return y.reshape(n, m, *win.out)
+    return np.matmul(w.reshape(group, m // group, cg * k), cols)  # (N, G, M/G, O)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -157,15 +212,20 @@ def _geometry_of(x_shape: tuple, w_shape: tuple, attrs: tuple) -> tuple[pool.Win
     return geometry(x_shape, w_shape, dict(attrs))
 
 
-def conv(xp: ModuleType, attrs: dict, x, w, b=None):
-    """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations."""
+def conv(xp: ModuleType, attrs: dict, x, w, b=None, epilogue: Epilogue = NO_EPILOGUE, residuals: tuple = ()):
+    """ONNX Conv (N, C, spatial...) with groups, strides, pads/auto_pad and dilations, then the
+    `epilogue` steps (conv_fuse.py) reading `residuals` (one per Add step, of the output's shape)."""
     attrs_key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
     win, group = _geometry_of(tuple(x.shape), tuple(w.shape), attrs_key)
     if xp is np:
-        y = host_conv(np.asarray(x), np.asarray(w), win, group)
-        if b is not None:
-            y += np.asarray(b).reshape((1, -1) + (1,) * len(win.out))
+        res = tuple(np.asarray(r) for r in residuals)
+        y = host_conv(np.asarray(x), np.asarray(w), win, group, None if b is None else np.asarray(b), epilogue, res)
         return y.astype(x.dtype, copy=False)
+    if epilogue.steps:  # the fusion is the CPU target's (numpy arrays); any other array: the steps after it
+        y, res = conv(xp, attrs, x, w, b), iter(residuals)
+        for s in epilogue.steps:
+            y = conv_kernels.numpy_step(s, y, next(res) if s.op is conv_kernels.EpiOp.ADD else None)
+        return y
     cudnn = _library_conv(xp)
     if cudnn is not None and len(win.kernel) >= 2:
         pads = tuple(p for p, _ in win.pads)

@@ -247,7 +247,11 @@ class DynamicModel:
 
     def _unit_at(self, model: OnnxModel, by_outputs: dict, u: _Unit) -> list:
         if u.kind == "library":
-            return [LibraryNode(by_outputs[u.hinted.node.outputs], u.hinted.reason)]
+            h = u.hinted
+            fused = h.fused and dataclasses.replace(
+                h.fused, conv=by_outputs[h.node.outputs], nodes=tuple(by_outputs[n.outputs] for n in h.fused.nodes)
+            )
+            return [LibraryNode(by_outputs[h.node.outputs], h.reason, fused=fused)]
         nodes = tuple(by_outputs[n.outputs] for n in u.hinted.nodes)
         if u.kind == "symbolic":
             return [dataclasses.replace(u.hinted, nodes=nodes, compiled=u.compiled, weights=u.weights)]

@@ -24,6 +24,9 @@ from onnx.reference import ReferenceEvaluator
 
 from ..errors import ModelError, PanameraError
 from .conv import conv
+from .conv_fuse import FusedConv
+from .conv_kernels import NO_EPILOGUE
+from .conv_step import HostConvStep
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 from .numpy_ops import NUMPY_OPS, REFERENCE_FIXES, NotHere, evaluate
 
@@ -79,6 +82,23 @@ class LibraryNode:
     node: Node
     reason: str
     _session: list = field(default_factory=list, repr=False)  # the reference evaluator, made on first run
+    fused: FusedConv | None = None  # a host Conv's epilogue nodes, run in its step (conv_fuse.py)
+    _conv_steps: dict = field(default_factory=dict, repr=False)  # a host Conv's steps, per input shapes
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        """The graph nodes this step runs: the node, then the epilogue nodes fused into it."""
+        return (self.node,) + (self.fused.nodes if self.fused else ())
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The values the step reads (present inputs, then a fused epilogue's residual operands)."""
+        return tuple(i for i in self.node.inputs if i) + (self.fused.residuals if self.fused else ())
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The values the step writes (a fused epilogue's: its last node's output)."""
+        return (self.fused.output,) if self.fused else tuple(o for o in self.node.outputs if o)
 
     @property
     def host(self) -> bool:
@@ -100,7 +120,24 @@ class LibraryNode:
                 f"{n.op_type} {n.label!r}: the array library failed on it: {type(e).__name__}: {e}"
             ) from None
 
+    def _host_conv(self, args: list):
+        """The Conv (and its fused epilogue) on the host: its step planned once per input shapes
+        (conv_step.py); args are the Conv's present inputs, then the epilogue's residuals."""
+        k = len(args) - (len(self.fused.residuals) if self.fused else 0)
+        key = (args[0].shape, args[1].shape)
+        step = self._conv_steps.get(key)
+        if step is None:
+            epi = self.fused.epilogue if self.fused else NO_EPILOGUE
+            step = self._conv_steps[key] = HostConvStep.plan(args[0].shape, args[1].shape, self.node.attrs, k == 3, epi)
+        return step(*args[:2], args[2] if k == 3 else None, *args[k:])
+
     def _run(self, model: OnnxModel, args: list) -> list:
+        if self.node.op_type == "Conv" and self.node.domain in DEFAULT_DOMAINS and _array_module(args) is np:
+            return [self._host_conv(args)]
+        if self.fused:  # a Conv and its epilogue elsewhere: args are the Conv's inputs, then the residuals
+            k = len(args) - len(self.fused.residuals)
+            epi = {"epilogue": self.fused.epilogue, "residuals": tuple(args[k:])}
+            return [conv(_array_module(args), self.node.attrs, *args[:k], **epi)]
         if self.node.op_type in ARRAY_OPS and self.node.domain in DEFAULT_DOMAINS:
             xp = _array_module(args)
             return [ARRAY_OPS[self.node.op_type](xp, self.node.attrs, *args)]

@@ -223,7 +223,7 @@ class OptimizedModel:
     def subgraph_of(self, node_name: str) -> Subgraph | LibraryNode:
         node = self.model.node(node_name)
         for u in self.units:
-            if node in (u.nodes if isinstance(u, Subgraph) else (u.node,)):
+            if node in u.nodes:
                 return u
         raise AssertionError(f"node {node_name!r} is in no unit")  # every live node is in one
 
@@ -280,10 +280,8 @@ class OptimizedModel:
             if isinstance(u, Subgraph):
                 out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs)))
             else:
-                n = u.node
-                out.append(
-                    (u, f"{n.op_type} (library)", tuple(i for i in n.inputs if i), tuple(o for o in n.outputs if o))
-                )
+                what = "+".join(n.op_type for n in u.nodes)
+                out.append((u, f"{what} (library)", u.inputs, u.outputs))
         return tuple(out)
 
     def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:
@@ -354,7 +352,11 @@ def optimize(
     `gpu`: route.py), or "panamera" / "library" to pin it."""
     model = source if isinstance(source, OnnxModel) else load_model(source, shapes, specialize)
     part = partition(model, compile_views, gpu, _routing(routing), host=plan_and_run(target)[1])
-    units: dict[int, Subgraph | LibraryNode] = {n.index: LibraryNode(n, why) for n, why in part.library}
+    fused = {f.conv.index: f for f in part.fused}  # a host Conv's epilogue nodes: units of their own no more
+    inside = {n.index for f in part.fused for n in f.nodes}
+    units: dict[int, Subgraph | LibraryNode] = {
+        n.index: LibraryNode(n, why, fused=fused.get(n.index)) for n, why in part.library if n.index not in inside
+    }
     _log.debug("partitioned: %d subgraph(s), %d library node(s)", len(part.groups), len(part.library))
     with logs.steps("compiling subgraph", len(part.groups), _log) as bar:
         for k, nodes in enumerate(part.groups):
@@ -376,7 +378,7 @@ def optimize(
     # Run order: a topological order of the units (convex groups make it a DAG).
     unit_of = {}
     for key, u in units.items():
-        for n in u.nodes if isinstance(u, Subgraph) else (u.node,):
+        for n in u.nodes:
             unit_of[n.index] = key
     dag = nx.DiGraph()
     dag.add_nodes_from(units)

@@ -36,6 +36,7 @@ import networkx as nx
 
 from ..model.gpu import H100, GPUSpec
 from .build import QUANTIZED
+from .conv_fuse import FusedConv, fuse_epilogues
 from .convert import CONVERTERS, VIEWS
 from .library import ARRAY_OPS
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
@@ -62,6 +63,7 @@ class Partition:
     library: tuple[tuple[Node, str], ...]  # nodes left to the array library, with the reason
     routes: tuple[tuple[Node, Route], ...] = ()  # every contraction the model routed, either way
     alone: tuple[str, ...] = ()  # per group: why its one data-moving node could not join others ("" if it has more)
+    fused: tuple[FusedConv, ...] = ()  # host Convs with their epilogue nodes (conv_fuse.py; the CPU target)
     # the router's modeled plans (plans.py), which the report's baseline reuses: a memo, not a decision
     plans: Plans | None = field(default=None, compare=False, repr=False)
 
@@ -120,7 +122,7 @@ def partition(
     contraction Panamera can take is routed by the model on `gpu` (route.py): the library keeps
     it where its tensor-core roofline is modeled faster, with both figures in the reason
     (`routing` may pin the side instead; `host`: the CPU target runs the subgraphs, and
-    route.host_rule comes first)."""
+    route.host_rule comes first, and the library Convs take their element-wise epilogues: conv_fuse.py)."""
     g = graph(model)
     reasons = {n.index: why_library(n, model) for n in model.nodes}
     plans = Plans(gpu)
@@ -132,6 +134,12 @@ def partition(
     for n, r in routes:
         if r.runner is Runner.LIBRARY:
             reasons[n.index] = r.reason
+    fused = ()
+    if host:  # the library's Convs run in the host convolution: their epilogues go with them
+        fused = fuse_epilogues(model, tuple(n for n, r in routes if r.runner is Runner.LIBRARY))
+        for f in fused:
+            for n in f.nodes:
+                reasons[n.index] = f"in the epilogue of host Conv {f.conv.label} (conv_fuse.py)"
     level = {}
     for k in nx.topological_sort(g):
         level[k] = max((level[p] + (reasons[p] is not None) for p in g.predecessors(k)), default=0)
@@ -149,7 +157,8 @@ def partition(
             groups.append(nodes)
     library += [(by_index[k], r) for k, r in reasons.items() if r is not None]
     alone = tuple(why_alone(g, model, groups, k, {n.index for n, _ in library}) for k in range(len(groups)))
-    return Partition(tuple(groups), tuple(sorted(library, key=lambda nr: nr[0].index)), routes, alone, plans)
+    library = tuple(sorted(library, key=lambda nr: nr[0].index))
+    return Partition(tuple(groups), library, routes, alone, fused, plans)
 
 
 def _names(nodes) -> str:
