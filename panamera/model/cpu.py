@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..codegen.cpu_lanes import LANE_VECTORS
+from .cpu_gemm import NOMINAL_GEMM, GemmRates
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -172,13 +173,15 @@ class CpuWork:
 
 @dataclass(frozen=True)
 class CpuModel:
-    """The machine the model describes: cores, SIMD width, caches and rates."""
+    """The machine the model describes: cores, SIMD width, caches and rates; `gemm`: the speed of
+    numpy's BLAS (model/cpu_gemm.py)."""
 
     cores: int
     simd_bytes: int
     name: str
     caches: Caches = field(default_factory=lambda: Caches(48 << 10, 2 << 20, 32 << 20))
     rates: Rates = NOMINAL
+    gemm: GemmRates = NOMINAL_GEMM
 
     @staticmethod
     def nominal(cores: int, simd_bytes: int, name: str = "nominal CPU") -> CpuModel:

@@ -29,9 +29,11 @@ from ..model.cpu import (
     kernel_time,
     limit_us,
 )
+from ..model.cpu_gemm import gemm_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
+from .cpu_blas import blas_call
 from .cpu_lane_kind import LaneKind, lane_kind
 from .cpu_reuse import Reuse, saved_work
 
@@ -148,7 +150,14 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
 
 
 def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
-    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision)."""
+    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision);
+    a contraction the CPU target hands to numpy's BLAS (schedule/cpu_blas.py's rule) at the BLAS's
+    probed speed (model/cpu_gemm.py), whatever `d` and `threads` are."""
+    call = blas_call(g) if g.M * g.N else None
+    if call is not None:
+        itemsize = g.statements[0].result.dtype.itemsize
+        packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
+        return gemm_time(call.flops, packed, itemsize, m)
     return kernel_time(work(g, d.reuse), m, d.tasks, d.split, threads, d.lanes)
 
 
