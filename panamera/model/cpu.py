@@ -12,6 +12,9 @@ time (`kernel_time`):
 
     fork + max(memory, compute) + merge
 
+(a stitched group whose rows are too long to overlap its passes: the sum over its passes of
+max(memory, compute), `streamed`)
+
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
   the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
@@ -151,7 +154,9 @@ class CpuWork:
     bytes a stitched group's later passes read again from cache; struct: an accumulator whose
     combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
-    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms)."""
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
+    stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
+    later ones re-read; each with the operations, writes and combines of its statements)."""
 
     M: int
     N: int
@@ -165,6 +170,7 @@ class CpuWork:
     struct: bool = False
     width: int = 4
     row_combines: int = 0
+    passes: tuple[CpuWork, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -275,17 +281,42 @@ def kernel_time(
     imbalance = waves * busy / max(tasks, 1)
     level = m.level(w.bytes, busy)
     r = m.rates
-    mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
-    comp_s = (
-        (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
-    )
+    again = reread_gbs(w, m, busy)
+    parts = [_seconds(p, r, level, busy, again, lanes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
         merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
-    mem_us, comp_us = mem_s * 1e6 * imbalance, comp_s * 1e6 * imbalance
-    return KernelTime(fork + max(mem_us, comp_us) + merge, mem_us, comp_us, fork, merge, level, busy)
+    mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
+    body = sum(max(a, b) for a, b in parts) * 1e6 * imbalance
+    return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
+
+
+def _seconds(w: CpuWork, r: Rates, level: str, busy: int, again: float, lanes: int) -> tuple[float, float]:
+    """(memory, compute) seconds of `w` on `busy` threads: its bytes at `level` (re-reads at
+    `again` GB/s), its operations and combines."""
+    mem = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
+    mem += w.reread_bytes / again / 1e9
+    comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    return mem, comp
+
+
+def streamed(w: CpuWork, m: CpuModel) -> bool:
+    """Whether a stitched group's passes over a row run one after the other, each bound by its own
+    memory or compute (its time the sum over passes of max(memory, compute)), rather than
+    overlapping (max of the sums). A pass over a row too long to be re-read from L1 (the test of
+    `reread_gbs`) is thousands of vector instructions, beyond the core's out-of-order window, so
+    the first pass's stream from memory cannot hide under a later pass's `exp`s. bench/cpu
+    (2026-11-24, one thread): softmax [64x30522] (122 KB rows) measured 1390 us, modeled 1025
+    as max(sums) and 1245 as sum(max); softmax [6144x128] (512 B rows) 466, modeled 463 as
+    max(sums), ~800 as sum(max).
+
+    >>> from dataclasses import replace
+    >>> w = CpuWork(M=64, N=30522, elements=64 * 30522, read_bytes=0, write_bytes=0, reread_bytes=64 * 30522 * 8)
+    >>> streamed(replace(w, passes=(w, w)), CpuModel.nominal(2, 64)), streamed(w, CpuModel.nominal(2, 64))
+    (True, False)
+    """
+    return bool(w.passes) and w.reread_bytes > CACHE_FILL * m.caches.l1 * max(w.M, 1)
 
 
 def call_us(outputs: int) -> float:
