@@ -9,7 +9,7 @@ import pytest
 
 import panamera as pn
 from panamera.compiler import lower
-from panamera.model.cpu import CpuModel, kernel_time, streamed
+from panamera.model.cpu import CpuModel, CpuWork, call_us, kernel_time, limit_us, streamed
 from panamera.schedule.cpu_cost import work
 
 
@@ -53,3 +53,14 @@ def test_long_rows_stream_their_passes_short_rows_overlap():
     assert t.total_us > 1.05 * whole.total_us and t.memory_us == pytest.approx(whole.memory_us)
     s = kernel_time(short_w, m, tasks=6144, split=1, threads=1)
     assert s.total_us == pytest.approx(kernel_time(replace(short_w, passes=()), m, 6144, 1, 1).total_us)
+
+
+def test_rates_fall_smoothly_past_l2_and_the_limit_stays_below():
+    m = CpuModel.nominal(cores=1, simd_bytes=64)
+    sizes = [k << 19 for k in range(1, 12)]  # 0.5 .. 5.5 MB around a 2 MB L2
+    rates = [m.gbs(n, 1) for n in sizes]
+    assert all(a >= b for a, b in zip(rates, rates[1:]))
+    assert rates[0] == m.rates.bandwidth("L2", 1) and rates[-1] == m.rates.bandwidth("L3", 1)
+    for n in sizes:
+        w = CpuWork(M=1, N=n // 4, elements=n // 4, read_bytes=n, write_bytes=4)
+        assert limit_us(n + 4, m, 1) <= call_us(1) + kernel_time(w, m, tasks=1, split=1, threads=1).total_us

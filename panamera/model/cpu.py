@@ -17,8 +17,9 @@ max(memory, compute), `streamed`)
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
-  the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
-  calls the same kernel on the same arrays);
+  the L2 rate) over the bandwidth of the level the kernel's bytes fit in, the share the cache
+  below holds at its rate (`CpuModel.gbs`; warm data: a benchmark calls the same kernel on the
+  same arrays);
 - compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
   whose combine does not vectorize pays one scalar step per element), plus per output row the
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
@@ -205,6 +206,33 @@ class CpuModel:
             return "L3"
         return "DRAM"
 
+    def gbs(self, nbytes: int, threads: int, write: bool = False) -> float:
+        """The rate of `nbytes` of warm data on `threads` threads: that of the level they live in,
+        except the share the cache below still holds, served at its rate. That share falls from all
+        of it at the cache's fill (CACHE_FILL of it) to none at twice the fill: a call sweeping its
+        data in order evicts what the next call reads first. Measured on one thread (bench/cpu and
+        2026-11-24, loaded; L2 53 GB/s, L3 31 in the probe): sum row 768x768 (2.4 MB) at 34-39
+        GB/s, l2_normalize [256x1000] (1 + 1 MB) in 57-70 us, where the all-L3 rate modeled them
+        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate.
+
+        >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+        >>> m.gbs(1 << 20, 1) == m.rates.bandwidth("L2", 1) > m.gbs(2 << 20, 1) > m.gbs(3 << 20, 1)
+        True
+        >>> m.gbs(4 << 20, 1) == m.rates.bandwidth("L3", 1)
+        True
+        """
+        level = self.level(nbytes, threads)
+        r, k = self.rates, LEVELS.index(level)
+        bw = r.bandwidth(level, threads, write)
+        if k == 0:
+            return bw
+        below = LEVELS[k - 1]
+        held = (
+            CACHE_FILL * self.caches.l2 * max(1, threads) if below == "L2" else min(CACHE_FILL * self.caches.l3, L3_MAX)
+        )
+        f = min(1.0, max(0.0, (2 * held - nbytes) / max(nbytes, 1)))
+        return 1.0 / (f / r.bandwidth(below, threads, write) + (1.0 - f) / bw)
+
     def describe(self) -> str:
         c = self.caches
         r = self.rates
@@ -282,7 +310,8 @@ def kernel_time(
     level = m.level(w.bytes, busy)
     r = m.rates
     again = reread_gbs(w, m, busy)
-    parts = [_seconds(p, r, level, busy, again, lanes) for p in (w.passes if streamed(w, m) else (w,))]
+    rates = (m.gbs(w.bytes, busy), m.gbs(w.bytes, busy, write=True), again)
+    parts = [_seconds(p, r, rates, busy, lanes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
@@ -292,11 +321,10 @@ def kernel_time(
     return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
 
 
-def _seconds(w: CpuWork, r: Rates, level: str, busy: int, again: float, lanes: int) -> tuple[float, float]:
-    """(memory, compute) seconds of `w` on `busy` threads: its bytes at `level` (re-reads at
-    `again` GB/s), its operations and combines."""
-    mem = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem += w.reread_bytes / again / 1e9
+def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, lanes: int) -> tuple[float, float]:
+    """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
+    rates `gbs`, its operations and combines."""
+    mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
     comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
     return mem, comp
 
@@ -328,6 +356,5 @@ def limit_us(compulsory_bytes: int, m: CpuModel, threads: int | None = None, out
     """What no plan of `compulsory_bytes` (inputs once, outputs once) beats on `threads` threads:
     the call, one parallel region's entry and the bytes at the best rate of the level they fit in."""
     t = max(1, threads or m.cores)
-    level = m.level(compulsory_bytes, t)
-    best = max(m.rates.bandwidth(level, t), m.rates.bandwidth(level, t, write=True))
+    best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
     return call_us(outputs) + m.rates.fork(t) + compulsory_bytes / best / 1e3
