@@ -32,11 +32,12 @@ if TYPE_CHECKING:
     from .cpu import CpuModel, KernelTime, Rates
 
 PROBE_N = 256  # the probe's product: N x N times N x N, float32 and float64
-# The Python step around a BLAS call in a CPU program (runtime/cpu_call.py: the program's C
-# segments around it, the operands' views, `BlasCall.run`), fitted on this project's machine: a
-# program of one `x @ w.T` took 8.5-9.9 us more than `np.matmul(x, w.T, out=o)` itself at
-# 128x32x64, 128x32x1024 and 256^3 float32 (one BLAS thread, 30 interleaved rounds, 2026-11-24).
-HOST_STEP_US = 8.0
+# The Python step around a BLAS call in a CPU program beyond the program's own call (model/cpu.py
+# CALL_US, 4.0; runtime/cpu_call.py: the program's C segments around it, the operands' views,
+# `BlasCall.run`), fitted on this project's machine: a program of one `x @ w.T` took 8.5-9.9 us
+# more than `np.matmul(x, w.T, out=o)` itself at 128x32x64, 128x32x1024 and 256^3 float32 (one
+# BLAS thread, 30 interleaved rounds, 2026-11-24). Refit when runtime/cpu_call.py changes.
+HOST_STEP_US = 5.0
 
 
 @dataclass(frozen=True)
