@@ -46,7 +46,7 @@ from .frontend.tensor import Tensor
 from .model.cpu import Caches, CpuModel
 from .poly import attention as fused_attention
 from .poly.statement import Form
-from .runtime import cpu_probe
+from .runtime import cpu_probe, gemm_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
@@ -103,7 +103,7 @@ class CpuCompiled(Compiled):
 
     def modeled(self, threads: int | None = None) -> PlanTime:
         """The CPU model's time of this plan on `threads` threads (default: the decisions'), and its
-        limit. Kernels run by numpy's BLAS are modeled as the generated kernel of their group."""
+        limit. Kernels run by numpy's BLAS are modeled at its probed speed (model/cpu_gemm.py)."""
         groups = [g for g in self.stages.groups if g.M * g.N or (g.M > 0 and g.N == 0)]
         pairs = [(g, k.decision) for g, k in zip(groups, self.cpu_kernels) if g.N]
         return plan_time(pairs, self.cpu_model, _compulsory(self.stages), threads, len(self.stages.graph))
@@ -184,10 +184,11 @@ def _compulsory(a) -> int:
 
 def cpu_model(machine: CpuMachine | None = None) -> CpuModel:
     """This machine's CPU model: cores and SIMD of `machine`, caches from /sys, rates probed once
-    (runtime/cpu_probe.py, cached on disk)."""
+    (runtime/cpu_probe.py, cached on disk), numpy's BLAS speed likewise (runtime/gemm_probe.py)."""
     machine = machine or CpuMachine.detect()
     caches = Caches.detect()
-    return CpuModel(machine.cores, machine.simd_bytes, machine.name, caches, cpu_probe.rates(machine.cores, caches))
+    rates, gemm = cpu_probe.rates(machine.cores, caches), gemm_probe.rates(machine.cores, caches)
+    return CpuModel(machine.cores, machine.simd_bytes, machine.name, caches, rates, gemm)
 
 
 def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> CpuCompiled:

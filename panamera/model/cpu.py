@@ -12,10 +12,14 @@ time (`kernel_time`):
 
     fork + max(memory, compute) + merge
 
+(a stitched group whose rows are too long to overlap its passes: the sum over its passes of
+max(memory, compute), `streamed`)
+
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
-  the L2 rate) over the bandwidth of the level the kernel's bytes fit in (warm data: a benchmark
-  calls the same kernel on the same arrays);
+  the L2 rate) over the bandwidth of the level the kernel's bytes fit in, the share the cache
+  below holds at its rate (`CpuModel.gbs`; warm data: a benchmark calls the same kernel on the
+  same arrays);
 - compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
   whose combine does not vectorize pays one scalar step per element), plus per output row the
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
@@ -41,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..codegen.cpu_lanes import LANE_VECTORS
+from .cpu_gemm import NOMINAL_GEMM, GemmRates
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -48,10 +53,13 @@ FREE = frozenset({"load", "const"})
 LEVELS = ("L2", "L3", "DRAM")
 # The Python side of one call of a CPU program on numpy arrays (CpuCompiled.__call__ through
 # runtime/cpu_call.py: a shape/dtype compare per input, np.empty per output, one ctypes call),
-# fitted on this project's machine (Xeon, Python 3.11, the bench's interleaved samples): a
-# 16-element sum takes 3.5 us a call (its kernel 0.8 of it), each further output about 0.7 us
-# more. Other inputs (torch tensors, views to copy) take the general path, about 14 us.
-CALL_US, OUTPUT_US = 3.0, 0.7
+# fitted on this project's machine (Xeon, Python 3.11, the bench's interleaved samples): each
+# further output about 0.7 us more. Refitted 2026-11-24 on integ4: a 16-, 1280- and 4096-element
+# sum took 4.65, 4.83, 4.95 us a call (min of 40 x 400, one thread, loaded), bench/cpu's A2#5
+# [1280] 4.9 us, with 3.0 modeled 3.8 (0.78); a parallel region's entry (the probe's fork_us,
+# ~0.7) and the kernel are counted apart. Other inputs (torch tensors, views to copy) take the
+# general path, about 14 us. Refit when runtime/cpu_call.py changes.
+CALL_US, OUTPUT_US = 4.0, 0.7
 CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this share of it
 # Beyond this many bytes the model uses the large-array rates even when the L3 the OS reports
 # is bigger: in a virtual machine that L3 is shared with other guests (here 260 MiB reported,
@@ -150,7 +158,9 @@ class CpuWork:
     bytes a stitched group's later passes read again from cache; struct: an accumulator whose
     combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
-    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms)."""
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
+    stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
+    later ones re-read; each with the operations, writes and combines of its statements)."""
 
     M: int
     N: int
@@ -164,6 +174,7 @@ class CpuWork:
     struct: bool = False
     width: int = 4
     row_combines: int = 0
+    passes: tuple[CpuWork, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -172,13 +183,15 @@ class CpuWork:
 
 @dataclass(frozen=True)
 class CpuModel:
-    """The machine the model describes: cores, SIMD width, caches and rates."""
+    """The machine the model describes: cores, SIMD width, caches and rates; `gemm`: the speed of
+    numpy's BLAS (model/cpu_gemm.py)."""
 
     cores: int
     simd_bytes: int
     name: str
     caches: Caches = field(default_factory=lambda: Caches(48 << 10, 2 << 20, 32 << 20))
     rates: Rates = NOMINAL
+    gemm: GemmRates = NOMINAL_GEMM
 
     @staticmethod
     def nominal(cores: int, simd_bytes: int, name: str = "nominal CPU") -> CpuModel:
@@ -195,6 +208,33 @@ class CpuModel:
         if nbytes <= min(CACHE_FILL * self.caches.l3, L3_MAX):
             return "L3"
         return "DRAM"
+
+    def gbs(self, nbytes: int, threads: int, write: bool = False) -> float:
+        """The rate of `nbytes` of warm data on `threads` threads: that of the level they live in,
+        except the share the cache below still holds, served at its rate. That share falls from all
+        of it at the cache's fill (CACHE_FILL of it) to none at twice the fill: a call sweeping its
+        data in order evicts what the next call reads first. Measured on one thread (bench/cpu and
+        2026-11-24, loaded; L2 53 GB/s, L3 31 in the probe): sum row 768x768 (2.4 MB) at 34-39
+        GB/s, l2_normalize [256x1000] (1 + 1 MB) in 57-70 us, where the all-L3 rate modeled them
+        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate.
+
+        >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+        >>> m.gbs(1 << 20, 1) == m.rates.bandwidth("L2", 1) > m.gbs(2 << 20, 1) > m.gbs(3 << 20, 1)
+        True
+        >>> m.gbs(4 << 20, 1) == m.rates.bandwidth("L3", 1)
+        True
+        """
+        level = self.level(nbytes, threads)
+        r, k = self.rates, LEVELS.index(level)
+        bw = r.bandwidth(level, threads, write)
+        if k == 0:
+            return bw
+        below = LEVELS[k - 1]
+        held = (
+            CACHE_FILL * self.caches.l2 * max(1, threads) if below == "L2" else min(CACHE_FILL * self.caches.l3, L3_MAX)
+        )
+        f = min(1.0, max(0.0, (2 * held - nbytes) / max(nbytes, 1)))
+        return 1.0 / (f / r.bandwidth(below, threads, write) + (1.0 - f) / bw)
 
     def describe(self) -> str:
         c = self.caches
@@ -272,17 +312,42 @@ def kernel_time(
     imbalance = waves * busy / max(tasks, 1)
     level = m.level(w.bytes, busy)
     r = m.rates
-    mem_s = (w.read_bytes / r.bandwidth(level, busy) + w.write_bytes / r.bandwidth(level, busy, write=True)) / 1e9
-    mem_s += w.reread_bytes / reread_gbs(w, m, busy) / 1e9
-    comp_s = (
-        (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
-    )
+    again = reread_gbs(w, m, busy)
+    rates = (m.gbs(w.bytes, busy), m.gbs(w.bytes, busy, write=True), again)
+    parts = [_seconds(p, r, rates, busy, lanes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
     merge = 0.0
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
         merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
-    mem_us, comp_us = mem_s * 1e6 * imbalance, comp_s * 1e6 * imbalance
-    return KernelTime(fork + max(mem_us, comp_us) + merge, mem_us, comp_us, fork, merge, level, busy)
+    mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
+    body = sum(max(a, b) for a, b in parts) * 1e6 * imbalance
+    return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
+
+
+def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, lanes: int) -> tuple[float, float]:
+    """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
+    rates `gbs`, its operations and combines."""
+    mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
+    comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    return mem, comp
+
+
+def streamed(w: CpuWork, m: CpuModel) -> bool:
+    """Whether a stitched group's passes over a row run one after the other, each bound by its own
+    memory or compute (its time the sum over passes of max(memory, compute)), rather than
+    overlapping (max of the sums). A pass over a row too long to be re-read from L1 (the test of
+    `reread_gbs`) is thousands of vector instructions, beyond the core's out-of-order window, so
+    the first pass's stream from memory cannot hide under a later pass's `exp`s. bench/cpu
+    (2026-11-24, one thread): softmax [64x30522] (122 KB rows) measured 1390 us, modeled 1025
+    as max(sums) and 1245 as sum(max); softmax [6144x128] (512 B rows) 466, modeled 463 as
+    max(sums), ~800 as sum(max).
+
+    >>> from dataclasses import replace
+    >>> w = CpuWork(M=64, N=30522, elements=64 * 30522, read_bytes=0, write_bytes=0, reread_bytes=64 * 30522 * 8)
+    >>> streamed(replace(w, passes=(w, w)), CpuModel.nominal(2, 64)), streamed(w, CpuModel.nominal(2, 64))
+    (True, False)
+    """
+    return bool(w.passes) and w.reread_bytes > CACHE_FILL * m.caches.l1 * max(w.M, 1)
 
 
 def call_us(outputs: int) -> float:
@@ -294,6 +359,5 @@ def limit_us(compulsory_bytes: int, m: CpuModel, threads: int | None = None, out
     """What no plan of `compulsory_bytes` (inputs once, outputs once) beats on `threads` threads:
     the call, one parallel region's entry and the bytes at the best rate of the level they fit in."""
     t = max(1, threads or m.cores)
-    level = m.level(compulsory_bytes, t)
-    best = max(m.rates.bandwidth(level, t), m.rates.bandwidth(level, t, write=True))
+    best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
     return call_us(outputs) + m.rates.fork(t) + compulsory_bytes / best / 1e3

@@ -29,11 +29,13 @@ from ..model.cpu import (
     kernel_time,
     limit_us,
 )
+from ..model.cpu_gemm import gemm_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
+from .cpu_blas import blas_call
 from .cpu_lane_kind import LaneKind, lane_kind
-from .cpu_reuse import Reuse, saved_work
+from .cpu_reuse import Reuse, saved_by_statement
 
 # Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
 # a NaN-propagating max / min is a compare and a blend; an argmax key orders the float's bits
@@ -91,7 +93,8 @@ def _width(s) -> int:
 
 def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
     """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
-    `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing."""
+    `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing. A
+    stitched group's passes over a row are also given one by one (`CpuWork.passes`)."""
     stmts = g.statements
     on_chip = g.on_chip
     inputs: dict[int, int] = {}
@@ -100,15 +103,16 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
             if r.memory and r.tensor.uid not in on_chip:
                 inputs[r.tensor.uid] = r.tensor.size * r.tensor.dtype.itemsize
     read_by_group = {r.tensor.uid for s in stmts for r in s.reads}
-    written = [
-        s.result
-        for s in stmts
+    writes = [
+        s.result.size * s.result.dtype.itemsize
         if not (g.stitched or g.epilogue) or s.result.uid in g.external or s.result.uid not in read_by_group
+        else 0
+        for s in stmts
     ]
-    write_bytes = sum(t.size * t.dtype.itemsize for t in written)
     space = max(g.M * g.N, 1)  # operations per point of the group's M x N space, over its statements
-    cheap = trans = div = 0.0
     lv = levels(stmts) if g.stitched else {}
+    passes = max(lv.values(), default=0) + 1
+    ops = [[0.0, 0.0, 0.0] for _ in range(passes)]  # cheap, transcendental, division per pass
     for s in stmts:
         share = math.prod(s.extents) / space
         body = s.body
@@ -122,33 +126,75 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         elif s.kind == StatementKind.REDUCE:  # the combine; a sum of products is one FMA a product
             fma = s.combiner.name == "sum" and s.body.op == "mul"
             c += 0.0 if fma else COMBINE_WEIGHT.get(s.combiner.name, 1.0)
-        cheap, trans, div = cheap + c * share, trans + t * share, div + d * share
-    passes = max(levels(stmts).values(), default=0) + 1 if g.stitched else 1
+        o = ops[lv.get(s.name, 0)]
+        o[0], o[1], o[2] = o[0] + c * share, o[1] + t * share, o[2] + d * share
     row_bytes = sum(inputs.values())
-    kept = 0
-    if reuse:
-        c, t, d, kept = saved_work(g, reuse)
-        cheap, trans, div = max(cheap - c, 0.0), max(trans - t, 0.0), max(div - d, 0.0)
-    struct = any(stmts[k].acc.is_struct and stmts[k].combiner.name != WELFORD.name for k in g.accumulators)
+    firsts, rereads, seen = [0] * passes, [0] * passes, set()
+    for p in range(passes):  # an input's first pass reads it from memory, a later one from cache
+        for uid in dict.fromkeys(r.tensor.uid for s in stmts if lv.get(s.name, 0) == p for r in s.reads):
+            if uid in inputs:
+                (rereads if uid in seen else firsts)[p] += inputs[uid]
+                seen.add(uid)
+    shares = [
+        max((math.prod(s.extents) / space for s in stmts if lv.get(s.name, 0) == p), default=0.0) for p in range(passes)
+    ]
+    for k, (c, t, d, kept) in saved_by_statement(g, reuse).items():  # the scratch rows and the ops they save
+        o = ops[lv.get(stmts[k].name, 0)]
+        o[0], o[1], o[2] = max(o[0] - c, 0.0), max(o[1] - t, 0.0), max(o[2] - d, 0.0)
+        rereads[lv.get(stmts[k].name, 0)] += kept
+    struct_at = {lv.get(stmts[k].name, 0) for k in g.accumulators if _struct(stmts[k])}
+    combines = [0] * passes
+    for k in g.accumulators:
+        combines[lv.get(stmts[k].name, 0)] += 1 if g.form in (Form.ROW, Form.ALL) else 0
     width = max((_width(s) for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
+    one = [
+        CpuWork(
+            M=g.M,
+            N=g.N,
+            elements=round(g.M * g.N * shares[p]),  # a pass of one value per row (a loss): M elements
+            read_bytes=firsts[p],
+            write_bytes=sum(b for s, b in zip(stmts, writes) if lv.get(s.name, 0) == p),
+            cheap=ops[p][0] / max(shares[p], 1e-12),
+            transcendental=ops[p][1] / max(shares[p], 1e-12),
+            division=ops[p][2] / max(shares[p], 1e-12),
+            reread_bytes=max(rereads[p], 0),
+            struct=p in struct_at,
+            width=width,
+            row_combines=combines[p],
+        )
+        for p in range(passes)
+    ]
     return CpuWork(
         M=g.M,
         N=g.N,
         elements=g.M * g.N,
         read_bytes=row_bytes,
-        write_bytes=write_bytes,
-        cheap=cheap,
-        transcendental=trans,
-        division=div,
-        reread_bytes=max((passes - 1) * row_bytes + kept, 0),
-        struct=struct,
+        write_bytes=sum(writes),
+        cheap=sum(o[0] for o in ops),
+        transcendental=sum(o[1] for o in ops),
+        division=sum(o[2] for o in ops),
+        reread_bytes=max(sum(rereads), 0),
+        struct=bool(struct_at),
         width=width,
-        row_combines=len(g.accumulators) if g.form in (Form.ROW, Form.ALL) else 0,
+        row_combines=sum(combines),
+        passes=tuple(one) if passes > 1 else (),
     )
 
 
+def _struct(s) -> bool:
+    """An accumulator whose combine does not vectorize (Welford is a declared reduction in lanes)."""
+    return s.acc.is_struct and s.combiner.name != WELFORD.name
+
+
 def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
-    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision)."""
+    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision);
+    a contraction the CPU target hands to numpy's BLAS (schedule/cpu_blas.py's rule) at the BLAS's
+    probed speed (model/cpu_gemm.py), whatever `d` and `threads` are."""
+    call = blas_call(g) if g.M * g.N else None
+    if call is not None:
+        itemsize = g.statements[0].result.dtype.itemsize
+        packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
+        return gemm_time(call.flops, packed, itemsize, m)
     return kernel_time(work(g, d.reuse), m, d.tasks, d.split, threads, d.lanes)
 
 

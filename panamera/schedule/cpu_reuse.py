@@ -229,18 +229,34 @@ def saved_work(g: KernelGroup, reuse: tuple[Reuse, ...]) -> tuple[float, float, 
     division) operations per element the consumers no longer evaluate, and the bytes re-read
     from cache it adds: the scratch rows (a store and a load per consumer, every element) less
     the tensors a consumer no longer loads."""
-    cheap = trans = div = 0.0
-    moved = 0
+    parts = saved_by_statement(g, reuse).values()
+    return (
+        sum(p[0] for p in parts),
+        sum(p[1] for p in parts),
+        sum(p[2] for p in parts),
+        sum(p[3] for p in parts),
+    )
+
+
+def saved_by_statement(g: KernelGroup, reuse: tuple[Reuse, ...]) -> dict[int, tuple[float, float, float, int]]:
+    """`saved_work` per statement of g (by index): a consumer's saved operations and the bytes it
+    loads from the scratch row less those it no longer loads; the producer's store of the row."""
+    out: dict[int, tuple[float, float, float, int]] = {}
+
+    def add(k: int, c: float, t: float, d: float, moved: int) -> None:
+        a = out.get(k, (0.0, 0.0, 0.0, 0))
+        out[k] = (a[0] + c, a[1] + t, a[2] + d, a[3] + moved)
+
     for x in reuse:
         producer = g.statements[x.producer]
         node = nodes_with(producer, x.key)[0]
+        row = g.M * g.N * (8 if x.ctype == "double" else 4)
+        add(x.producer, 0.0, 0.0, 0.0, row)
         for c in x.consumers:
             s = g.statements[c]
             var = varying(s, g.on_chip)
-            for n in nodes_with(s, x.key)[:1]:
-                a, b, d = op_counts(n, var)
-                cheap, trans, div = cheap + a, trans + b, div + d
+            ops = [op_counts(n, var) for n in nodes_with(s, x.key)[:1]]
             saved = _loads(node, producer, g.on_chip) - _remaining_loads(s, x.key)
-            moved -= sum(_tensor(g, uid).size * _tensor(g, uid).dtype.itemsize for _, uid in saved)
-        moved += g.M * g.N * (8 if x.ctype == "double" else 4) * (1 + len(x.consumers))
-    return cheap, trans, div, moved
+            kept = row - sum(_tensor(g, uid).size * _tensor(g, uid).dtype.itemsize for _, uid in saved)
+            add(c, sum(o[0] for o in ops), sum(o[1] for o in ops), sum(o[2] for o in ops), kept)
+    return out

@@ -1,0 +1,144 @@
+"""The speed of numpy's BLAS on this machine (model/cpu_gemm.py `GemmRates`), measured once by a
+short probe and kept on disk beside the STREAM-like probe (runtime/cpu_probe.py).
+
+numpy.matmul, called as the CPU target calls it (into a preallocated output): an 8 x 8 x 8 float32
+product for the call's cost, then PROBE_N^3 products in float32 and float64, each the fastest of
+SAMPLES samples of about a millisecond (~30 ms in all). The micro-kernel's rate is the product's
+flops over its time less the call and the packing of its operands (model/cpu_gemm.py, from the
+bandwidth probe's rates), so the model's two terms add back up to what was measured. A probe taken
+while the bandwidth probe saw other processes holding the cores is marked contended and kept 10
+minutes only, like that probe.
+
+>>> g = rates(2)  # doctest: +SKIP
+>>> g.source  # doctest: +SKIP
+'probed 2026-11-24 23:10 UTC (numpy matmul 256^3)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import hashlib
+import json
+import logging
+import time
+from functools import cache
+
+import numpy as np
+
+from ..model.cpu import Caches, Rates
+from ..model.cpu_gemm import PROBE_N, GemmRates, pack_us
+from . import cpu_probe, diskcache
+
+log = logging.getLogger("panamera.cpu")
+VERSION = 1
+
+
+def _openblas() -> ctypes.CDLL | None:
+    """The OpenBLAS library numpy has loaded, where it is one that exports its thread-count calls
+    (numpy's wheels: scipy-openblas, `scipy_openblas_set_num_threads64_`), else None."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and ln.rstrip().endswith(".so")})
+    except OSError:
+        return None
+    for p in paths:
+        try:
+            lib = ctypes.CDLL(p)
+        except OSError:
+            continue
+        for pre in THREAD_CALLS:
+            if hasattr(lib, f"{pre}get_num_threads{SUFFIX}") or hasattr(lib, f"{pre}get_num_threads"):
+                return lib
+    return None
+
+
+THREAD_CALLS = ("scipy_openblas_", "openblas_")
+SUFFIX = "64_"
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """numpy's OpenBLAS on one thread inside the block (its count restored after); a no-op for a BLAS
+    without those calls. One thread's rate is what the probe can measure on a loaded machine (a
+    2-thread OpenBLAS whose second thread waits for a busy core ran a 256^3 product 200x slower)."""
+    lib = _openblas()
+    calls = None
+    if lib is not None:
+        for pre in THREAD_CALLS:
+            for suf in (SUFFIX, ""):
+                get, put = (
+                    getattr(lib, f"{pre}get_num_threads{suf}", None),
+                    getattr(lib, f"{pre}set_num_threads{suf}", None),
+                )
+                if get is not None and put is not None:
+                    calls = (get, put)
+                    break
+            if calls:
+                break
+    if calls is None:
+        yield
+        return
+    get, put = calls
+    get.restype, put.argtypes = ctypes.c_int, (ctypes.c_int,)
+    before = get()
+    put(1)
+    try:
+        yield
+    finally:
+        put(before)
+
+
+def measure(r: Rates, caches: Caches) -> GemmRates:
+    """Time numpy's matmul now (on one BLAS thread) and fit `GemmRates` against the bandwidth rates `r`."""
+    with one_blas_thread():
+        return _measure(r, caches)
+
+
+def _measure(r: Rates, caches: Caches) -> GemmRates:
+    from ..model.cpu import CpuModel
+
+    rng = np.random.default_rng(0)
+    small = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+    call = cpu_probe._timed(lambda reps: [np.matmul(small[0], small[1], out=small[2]) for _ in range(reps)]) * 1e6
+    level = CpuModel(1, 64, "probe", caches, r).level(2 * PROBE_N * PROBE_N * 8, 1)
+    flops = 2 * PROBE_N**3
+    gflops = []
+    for dt in (np.float32, np.float64):
+        a, b, c = (rng.standard_normal((PROBE_N, PROBE_N)).astype(dt) for _ in range(3))
+        t = cpu_probe._timed(lambda reps, a=a, b=b, c=c: [np.matmul(a, b, out=c) for _ in range(reps)]) * 1e6
+        rest = t - call - pack_us(2 * a.nbytes, r, level)
+        gflops.append(flops / max(rest, 0.25 * t) / 1e3)  # a rest below a quarter: packing over-estimated
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+    mark = "contended" if r.source.startswith("contended") else "probed"
+    return GemmRates((gflops[0], gflops[1]), call, f"{mark} {when} (numpy matmul {PROBE_N}^3)")
+
+
+def _key(threads: int) -> str:
+    from .cpu import machine_key
+
+    return hashlib.sha256(f"gemm|{machine_key()}|{threads}|{np.__version__}|{VERSION}".encode()).hexdigest()[:20]
+
+
+@cache
+def rates(threads: int, caches: Caches | None = None) -> GemmRates:
+    """numpy's BLAS speed on this machine: from the disk cache, else probed and stored."""
+    caches = caches or Caches.detect()
+    path = diskcache.directory() / f"gemm_probe_{_key(threads)}.json"
+    try:
+        if diskcache.verified(path):
+            d = json.loads(path.read_text())
+            g = GemmRates((float(d["gflops"][0]), float(d["gflops"][1])), float(d["call_us"]), str(d["source"]))
+            fresh = time.time() - path.stat().st_mtime < cpu_probe.CONTENDED_TTL_S
+            if not g.source.startswith("contended") or fresh:
+                return g
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        log.info("gemm probe cache %s unreadable: probing again", path)
+    g = measure(cpu_probe.rates(threads, caches), caches)
+    try:
+        text = json.dumps({"gflops": list(g.gflops), "call_us": g.call_us, "source": g.source})
+        diskcache.store(path.parent, path.name, text.encode())
+    except OSError as e:  # a read-only cache: probe again next process
+        log.info("gemm probe not cached (%s)", e)
+    return g
