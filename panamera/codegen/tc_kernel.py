@@ -71,7 +71,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     FM, FN = frags(m)
     Q, P, K = ops.rows, ops.cols, ops.K
     threads = m.threads
-    land = landing(kind, m, Q)
+    land = landing(kind, m, Q, st.acc.itemsize)
     smem = [
         f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
         f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",

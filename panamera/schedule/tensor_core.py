@@ -84,11 +84,6 @@ class Mma(StrEnum):
         return 1 if self is Mma.S8 else 2
 
     @property
-    def acc_itemsize(self) -> int:
-        """Bytes of the accumulator (int32 or float32: precondition 3), of each split partial."""
-        return 4
-
-    @property
     def dtype(self) -> str:
         """The name model/library.py's tensor-core peaks use."""
         return {"f16": "float16", "bf16": "bfloat16", "s8": "int8"}[self.value]
@@ -250,16 +245,20 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                     merges = merges_for(group, s_eff, partials)
                     d = Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff), merges=merges,
                                  mma_tile=tile)  # fmt: skip
-                    if unlanded_fragments(ops, d):
+                    if unlanded_fragments(group, ops, d):
                         continue
                     yield d
 
 
-def unlanded_fragments(ops: Operands, d: Decision) -> bool:
+def unlanded_fragments(group: KernelGroup, ops: Operands, d: Decision) -> bool:
     """A warp of more than one fragment whose split's merge would hold the outputs' partials in
     registers (atomics, or partials that do not `landing`): refused, ptxas spilled 16 outputs
     per thread of a 2-fragment warp (int4, sm_80)."""
-    return frags(d) != (1, 1) and d.split > 1 and landing(Mma(d.mma), d, ops.rows) is None
+    return (
+        frags(d) != (1, 1)
+        and d.split > 1
+        and landing(Mma(d.mma), d, ops.rows, group.statements[0].acc.itemsize) is None
+    )
 
 
 WARP_FRAGS = ((1, 1), (2, 1), (1, 2))  # (FM, FN) per warp: 2 x 2 bf16 spilled on sm_80 (64 registers)
@@ -394,7 +393,7 @@ class Landing:
     copy: int  # bytes per cp.async (4, 8 or 16)
 
 
-def landing(kind: Mma, d: Decision, rows: int) -> Landing | None:
+def landing(kind: Mma, d: Decision, rows: int, acc_bytes: int) -> Landing | None:
     """The split's partials landed in shared memory (`__pipeline_memcpy_async`) and registers, or
     None where they do not fit: then the register batches of `partial_batch` (one L2 round trip
     each). Shared memory: at most `SMEM_BYTES`, and no more than the block's share of
@@ -406,12 +405,11 @@ def landing(kind: Mma, d: Decision, rows: int) -> Landing | None:
     >>> d = Decision(statements=("s",), form=Form.ROW, M=4096, N=64, stitched=False, vec=8, tx=256, ty=1, split=4,
     ...              chunk=16, grid=(64, 4), unroll=1, merges=(MergeMode.PARTIALS,), access=(), levels=(),
     ...              mma="f16", mma_tile=(2, 4, 128, 2, 1))
-    >>> landing(Mma.F16, d, 64)  # 64 x 64 outputs, 16 per thread: 3 blocks' partials in 48 KB, one held
+    >>> landing(Mma.F16, d, 64, 4)  # 64 x 64 outputs, 16 per thread: 3 blocks' partials in 48 KB, one held
     Landing(blocks=3, held=1, bytes=49152, copy=4)
     """
     if d.split < 2 or MergeMode.PARTIALS not in d.merges:
         return None
-    acc_bytes = kind.acc_itemsize  # the partials' (fp32 / int32 sums)
     BM, BN, BK = tiles(d)
     RM = min(BM, rows)  # the tile's rows that hold outputs
     per_block, pt = RM * BN * acc_bytes, math.ceil(RM * BN / d.threads)
@@ -498,7 +496,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     # (or all of them at once where they land in shared memory and registers, `landing`)
     per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
     trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
-    if landing(ops.kind, d, ops.rows):
+    if landing(ops.kind, d, ops.rows, st.acc.itemsize):
         trips = 1
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
@@ -566,7 +564,7 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
-    if unlanded_fragments(ops, d):
+    if unlanded_fragments(group, ops, d):
         raise ScheduleError(
             f"{at}: a warp of {frags(d)} fragments merges its split in registers (land its partials: a smaller split)"
         )
