@@ -300,7 +300,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
-COMBINE_IN_FLIGHT = 8  # a lane's partial loads issued together (codegen/column_partials.py, unrolled)
+# [assumed] a lane's partial loads in flight at once: the loop is unrolled with a constant trip count
+# (codegen/column_partials.py), so ptxas may issue them all; 8, not measured, is what the model charges
+COMBINE_IN_FLIGHT = 8
 
 
 def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:

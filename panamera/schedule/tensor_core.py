@@ -377,7 +377,9 @@ def partial_batch(per_thread: int, split: int) -> int:
 
 
 MAX_LANDED_COPIES = 256  # cp.async copies one thread may have in flight (the emulator's bound; sm_80 has none)
-LANDING_PER_SM = 192 * 1024  # shared memory 1024 threads' blocks may hold (H100: 228 KB per SM; A100's 164 KB: 3 of 4)
+# [assumed] shared memory 1024 threads' blocks may hold for landed partials, so that a landing does not
+# buy its one round trip with residency the model does not see (H100: 228 KB per SM; A100's 164 KB: 3 of 4)
+LANDING_PER_SM = 192 * 1024
 
 
 @dataclass(frozen=True)
