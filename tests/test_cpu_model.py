@@ -92,24 +92,34 @@ def test_argmax_lanes_cost_the_value_not_the_key():
     assert last.width == 8 and last.cheap > 0
 
 
-def test_quiesce_waits_for_spinning_threads():
+def test_quiesce_waits_for_spinning_threads(monkeypatch):
     """The bench's samples on several threads start once no thread of the process spins
-    (cpu_measure.quiesce): at once when idle; after a spinning thread stops, within the cap."""
-    import threading
-    import time
+    (cpu_measure.quiesce): at once when idle; after a spinning thread stops, within the cap; at
+    the cap for one that never stops. On a virtual clock (a real spinning thread is descheduled
+    on a loaded machine, and its waits would be timing-dependent)."""
+    now = [0.0]
+    spin_until = [0.0]
 
-    assert cpu_measure.quiesce() < 0.1
-    stop = time.perf_counter() + 0.08
+    class Clock:
+        @staticmethod
+        def perf_counter() -> float:
+            return now[0]
 
-    def spin():
-        while time.perf_counter() < stop:
-            pass
+        @staticmethod
+        def sleep(s: float) -> None:
+            now[0] += s
 
-    t = threading.Thread(target=spin)
-    t.start()
-    waited = cpu_measure.quiesce(max_s=0.3)
-    t.join()
-    assert 0.05 <= waited < 0.3
+    def cpu_s() -> float:  # one core busy until spin_until, idle after
+        return min(now[0], spin_until[0]) + 0.01 * now[0]
+
+    monkeypatch.setattr(cpu_measure, "time", Clock)
+    monkeypatch.setattr(cpu_measure, "_process_cpu_s", cpu_s)
+    assert cpu_measure.quiesce(step_s=0.005, max_s=0.3) == pytest.approx(0.005)  # idle: one step
+    now[0], spin_until[0] = 1.0, 1.08
+    waited = cpu_measure.quiesce(step_s=0.005, max_s=0.3)
+    assert 0.08 <= waited <= 0.09  # the steps until the spinning stopped, and one quiet step
+    now[0], spin_until[0] = 2.0, 10.0
+    assert 0.3 - 1e-9 <= cpu_measure.quiesce(step_s=0.005, max_s=0.3) <= 0.3 + 0.005  # never quiet: the cap
 
 
 def test_split_chosen_when_outputs_fewer_than_cores():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import panamera as pn
 from panamera.bench.baselines import compulsory_traffic
-from panamera.bench.reread import LINE_BYTES, REGISTER_FILE_BYTES, forced_reread, on_chip_bytes
+from panamera.bench.reread import LINE_BYTES, forced_reread, on_chip_bytes
 from panamera.bench.train_suite import batch_norm_backward, layer_norm_backward, softmax_backward
 from panamera.model import H100
 from panamera.model.estimate import limit_us
@@ -54,4 +54,3 @@ def test_a_column_sum_read_again_by_its_consumer_is_counted_and_a_bias_gradient_
     again = forced_reread([dy - pn.sum(dy, axis=0)], H100)
     group = (1 << 20) * LINE_BYTES  # one 128-byte line of 32 columns, over every row
     assert again == int((1 << 20) * 256 * 4 * (1 - on_chip_bytes(H100) / group))
-    assert REGISTER_FILE_BYTES == 256 * 1024

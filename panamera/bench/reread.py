@@ -32,7 +32,6 @@ from ..frontend.tensor import Tensor, topological
 from ..model.gpu import GPUSpec
 
 LINE_BYTES = 128  # an L2 line: the unit of the coalesced streams every measured rate of the limit read
-REGISTER_FILE_BYTES = 65536 * 4  # [spec] 64K 32-bit registers per SM, sm_70 to sm_90 (CUDA programming guide)
 
 
 def on_chip_bytes(gpu: GPUSpec) -> int:
@@ -42,7 +41,7 @@ def on_chip_bytes(gpu: GPUSpec) -> int:
     >>> round(on_chip_bytes(H100) / 1e6)
     118
     """
-    return gpu.l2_size + gpu.sms * (gpu.smem_per_block + REGISTER_FILE_BYTES)
+    return gpu.l2_size + gpu.sms * (gpu.smem_per_block + 4 * gpu.registers_per_sm)  # 32-bit registers
 
 
 def forced_reread(outs, gpu: GPUSpec) -> int:

@@ -33,7 +33,7 @@ run-time counter, and the partials in local memory):
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..schedule.derived import combine_lanes, discards_partials, tree_chunk
+from ..schedule.derived import combine_lanes, drops_column_partials, tree_chunk
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -233,12 +233,9 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
 
 
 def discarded(loop: ThreadLoop) -> bool:
-    """Whether this PARTIALS_GRID merge drops its partials once read (schedule/derived.py
-    `discards_partials`, the model's own rule: the same bytes, the same answer)."""
-    g, m = loop.g, loop.m
-    owners = _owners(loop)
-    acc = max(g.statements[k].acc.itemsize for k in owners)
-    return MergeMode.PARTIALS_GRID in m.merges and discards_partials(m.blocks * g.N * len(owners) * acc, g.consumed)
+    """Whether this PARTIALS_GRID merge drops its partials once read: the model's decision
+    (schedule/derived.py `drops_column_partials`), not made again here."""
+    return drops_column_partials(loop.g, loop.m)
 
 
 def discard(loop: ThreadLoop) -> list[str]:

@@ -221,8 +221,11 @@ def _land_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int,
     (no registers held), the other `land.held` blocks' loaded into registers, all in flight
     together; the thread then folds its own outputs' partials in block order (deterministic, the
     order of `_combine_partials`), so no barrier is needed between its copies and its reads. The
-    copies read L2 past the block's fence as `pn_ldcg` does: no block of this SM read the lines
-    before."""
+    copies see every block's partials for the reason plain loads would: a (non-bulk) cp.async
+    reads global memory as weak loads issued after the last block's acquire pattern (the
+    counter's atomic, then `__threadfence()`), which pairs with each writer's fence before its
+    atomic. Not because no block of this SM read the lines before: a 128-byte line can hold two
+    tiles' partials where P x S x 4 bytes is not a multiple of 128."""
     S, pt, L, R = loop.m.split, math.ceil(BM * BN / threads), land.blocks, land.held
     T, F = st.acc.compute, st.combiner.functor
     step = land.copy // st.acc.itemsize

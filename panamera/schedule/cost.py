@@ -17,9 +17,10 @@ from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
+    column_partial_bytes,
     column_tree_cycles,
     combine_lanes,
-    discards_partials,
+    drops_column_partials,
     exchanges,
     kernel_buffers,
     passes,
@@ -299,7 +300,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
-COMBINE_IN_FLIGHT = 8  # a lane's partial loads issued together (codegen/column_partials.py, unrolled)
+# [assumed] a lane's partial loads in flight at once: the loop is unrolled with a constant trip count
+# (codegen/column_partials.py), so ptxas may issue them all; 8, not measured, is what the model charges
+COMBINE_IN_FLIGHT = 8
 
 
 def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
@@ -326,16 +329,17 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     B, width = d.blocks, group.N
     merges = B * width * len(cols)
     acc = max(c.acc.itemsize for c in cols)
+    ws = column_partial_bytes(group, d)  # merges x acc: the workspace
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
     per_thread = steps * len(cols)  # partials in a thread's registers
     tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
-    discard = grid and discards_partials(merges * acc, group.consumed)
+    discard = drops_column_partials(group, d)
     if any(d.merges[k] in (MergeMode.PARTIALS, MergeMode.PARTIALS_GRID) for k in owners):
         # the partials' bytes: written back unless dropped once read, read in this kernel from L2 where they
         # fit (model/workspace.py); the round trips are the combine's cycles or the last block's tail
-        for key, nbytes in workspace_traffic(gpu, merges * acc, discarded=discard).items():
+        for key, nbytes in workspace_traffic(gpu, ws, discarded=discard).items():
             f[key] = f.get(key, 0) + nbytes
     if grid:  # every block combines its share
         f["atomics"] += 2 * B  # arrivals and departures
@@ -347,7 +351,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
         f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
         if discard and not group.consumed:  # a second wait, then every thread drops its share of the lines
-            lines = math.ceil(math.ceil(merges * acc / 128) / (B * d.threads))
+            lines = math.ceil(math.ceil(ws / 128) / (B * d.threads))
             f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
         last = 0
         if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
@@ -356,7 +360,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
             f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["atomics"] += B
-        last = merges * acc + outputs
+        last = ws + outputs
     else:
         f["atomics"] += merges + B
         f["same_address"] = B

@@ -14,7 +14,7 @@ from ..poly.row_columns import column_levels
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
-from .decision import MergeMode
+from .decision import Decision, MergeMode
 
 
 def along(group: KernelGroup) -> str:
@@ -264,3 +264,20 @@ def discards_partials(nbytes: int, consumed: bool) -> bool:
     (True, False, True)
     """
     return consumed or nbytes >= DISCARD_MIN_BYTES
+
+
+def column_partial_bytes(group: KernelGroup, d: Decision) -> int:
+    """The bytes of a joined group's column partials: every block's, of every column
+    accumulator, at the widest accumulator (schedule/cost.py `joined_cost`'s workspace)."""
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    acc = max((group.statements[k].acc.itemsize for k in owners), default=0)
+    return d.blocks * group.N * len(owners) * acc
+
+
+def drops_column_partials(group: KernelGroup, d: Decision) -> bool:
+    """Whether decision `d` of a joined group drops its column partials once read: a
+    PARTIALS_GRID merge of a column accumulator (`discards_partials` on `column_partial_bytes`).
+    The one rule the cost (schedule/cost.py) and the kernel (codegen/column_partials.py) follow."""
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
+    return grid and discards_partials(column_partial_bytes(group, d), group.consumed)

@@ -32,6 +32,7 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
@@ -147,10 +148,24 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
                 seen.append((cost, d))
     if best is None:
         return None
-    # then a candidate of fewer blocks and no more threads, where faster at all (never a slower one)
-    best = min([c for c in seen if _no_more(c[1], best[1]) and c[0].total_s < best[0].total_s] or [best],
-               key=lambda c: c[0].total_s)  # fmt: skip
+    best = smaller_if_faster(seen, best, _no_more)  # then fewer blocks and no more threads, where faster at all
     return complete(group, best[1], gpu, name, best[0])
+
+
+def smaller_if_faster(seen: list, best: tuple | None, smaller: Callable[[Decision, Decision], bool]) -> tuple | None:
+    """After the 3 % choice (`best`, a (cost, decision) pair): the fastest of the `seen` pairs
+    whose decision is `smaller(d, best's)` and that is faster at all, else `best` (never a slower
+    one). The one rule of this module's `_no_more` and search.py's `_fewer_merges`.
+
+    >>> from types import SimpleNamespace as N
+    >>> pick = lambda s: smaller_if_faster(s, s[0], lambda d, than: d < than)
+    >>> pick([(N(total_s=2.0), 4), (N(total_s=1.9), 2), (N(total_s=1.8), 8), (N(total_s=2.1), 1)])[1]
+    2
+    """
+    if best is None:
+        return None
+    faster = [c for c in seen if smaller(c[1], best[1]) and c[0].total_s < best[0].total_s]
+    return min(faster, key=lambda c: c[0].total_s) if faster else best
 
 
 def _no_more(d: Decision, than: Decision) -> bool:

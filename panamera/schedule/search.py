@@ -25,7 +25,7 @@ from .derived import (
     vector_extent,
 )
 from .onchip import choose as onchip_choices
-from .persistent import map_joined, row_grids
+from .persistent import map_joined, row_grids, smaller_if_faster
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
@@ -138,8 +138,7 @@ def map_group(
                     best = (cost, d)
                 if form == Form.COLUMN:
                     seen.append((cost, d))
-    best = min([c for c in seen if _fewer_merges(c[1], best[1]) and c[0].total_s < best[0].total_s] or [best],
-               key=lambda c: c[0].total_s)  # fmt: skip
+    best = smaller_if_faster(seen, best, _fewer_merges)  # then a smaller split, where faster at all
     cost, d = best
     forced = rtile is not None or ctile is not None or stages is not None or threads is not None
     tc = None if mma is False or (forced and not mma) else choose_tensor_core(group, gpu, split, deterministic)

@@ -54,7 +54,7 @@ from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
-from .decision import MAX_GRID_Y, Decision
+from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, levels_for, merges_for, partials_options, vector_extent
 
 FRAG = 16  # wmma m16n16k16
@@ -245,16 +245,20 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                     merges = merges_for(group, s_eff, partials)
                     d = Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff), merges=merges,
                                  mma_tile=tile)  # fmt: skip
-                    if unlanded_fragments(ops, d):
+                    if unlanded_fragments(group, ops, d):
                         continue
                     yield d
 
 
-def unlanded_fragments(ops: Operands, d: Decision) -> bool:
+def unlanded_fragments(group: KernelGroup, ops: Operands, d: Decision) -> bool:
     """A warp of more than one fragment whose split's merge would hold the outputs' partials in
     registers (atomics, or partials that do not `landing`): refused, ptxas spilled 16 outputs
     per thread of a 2-fragment warp (int4, sm_80)."""
-    return frags(d) != (1, 1) and d.split > 1 and landing(Mma(d.mma), d, ops.rows, 4) is None  # fp32 / int32 sums
+    return (
+        frags(d) != (1, 1)
+        and d.split > 1
+        and landing(Mma(d.mma), d, ops.rows, group.statements[0].acc.itemsize) is None
+    )
 
 
 WARP_FRAGS = ((1, 1), (2, 1), (1, 2))  # (FM, FN) per warp: 2 x 2 bf16 spilled on sm_80 (64 registers)
@@ -373,7 +377,9 @@ def partial_batch(per_thread: int, split: int) -> int:
 
 
 MAX_LANDED_COPIES = 256  # cp.async copies one thread may have in flight (the emulator's bound; sm_80 has none)
-LANDING_PER_SM = 192 * 1024  # shared memory 1024 threads' blocks may hold (H100: 228 KB per SM; A100's 164 KB: 3 of 4)
+# [assumed] shared memory 1024 threads' blocks may hold for landed partials, so that a landing does not
+# buy its one round trip with residency the model does not see (H100: 228 KB per SM; A100's 164 KB: 3 of 4)
+LANDING_PER_SM = 192 * 1024
 
 
 @dataclass(frozen=True)
@@ -404,7 +410,7 @@ def landing(kind: Mma, d: Decision, rows: int, acc_bytes: int) -> Landing | None
     >>> landing(Mma.F16, d, 64, 4)  # 64 x 64 outputs, 16 per thread: 3 blocks' partials in 48 KB, one held
     Landing(blocks=3, held=1, bytes=49152, copy=4)
     """
-    if d.split < 2 or not any(m.value == "partials" for m in d.merges):
+    if d.split < 2 or MergeMode.PARTIALS not in d.merges:
         return None
     BM, BN, BK = tiles(d)
     RM = min(BM, rows)  # the tile's rows that hold outputs
@@ -560,7 +566,7 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
             f"not ({d.tx}, {d.ty}) x {d.vec}"
         )
     MT, NT = grid_tiles(ops, d)
-    if unlanded_fragments(ops, d):
+    if unlanded_fragments(group, ops, d):
         raise ScheduleError(
             f"{at}: a warp of {frags(d)} fragments merges its split in registers (land its partials: a smaller split)"
         )
