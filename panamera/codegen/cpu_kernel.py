@@ -63,7 +63,12 @@ class CpuKernel:
     params: tuple[BufferSpec, ...]
     decision: CpuDecision
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
-    host: BlasCall | None = None  # run on the host by numpy's BLAS instead (schedule/cpu_blas.py); no source
+    host: BlasCall | None = None  # a BLAS contraction (schedule/cpu_blas.py): by numpy where `source` is ""
+
+    @property
+    def by_numpy(self) -> BlasCall | None:
+        """The BLAS call numpy runs between the C entries, or None (a C function: `source`)."""
+        return self.host if not self.source else None
 
     def describe(self) -> str:
         return self.host.describe() if self.host is not None else self.decision.describe()
@@ -424,12 +429,33 @@ class _Kernel(RowValues, SplitMerge):
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
-def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int) -> CpuKernel:
-    """A contraction group run by numpy's BLAS on the host (schedule/cpu_blas.py): no C++, its
-    buffers as a kernel's."""
+def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False) -> CpuKernel:
+    """A contraction group run by the BLAS numpy links (schedule/cpu_blas.py), its buffers as a
+    kernel's. `in_c` (the BLAS's gemm is callable from C: runtime/cpu_gemm.py) and the call a
+    `Gemm`: a C function calling `pn_gemm` (the program's C entry runs it in line); else no C++,
+    and numpy runs it between the entries.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> from panamera.schedule.cpu_blas import blas_call
+    >>> g = lower(pn.placeholder((64, 64)) @ pn.placeholder((64, 32)), stop_after="groups", target="emulator").groups[0]
+    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[1].strip())
+    pn_gemm<float>(0, 0, 1LL, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, 0LL, (const float*)pn_a[1], 32LL, 0LL, (float*)pn_a[2]);
+    """
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
     d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
-    return CpuKernel(name, "", params, d, (), call)
+    gm = call.gemm
+    if not in_c or gm is None:
+        return CpuKernel(name, "", params, d, (), call)
+    slot = {p.key: n for n, p in enumerate(params)}
+    (a, b), c = (slot[op.key] for op in call.operands), slot[call.out_key]
+    t = params[c].ctype
+    args = (
+        f"{int(gm.ta)}, {int(gm.tb)}, {gm.batch}LL, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], "
+        f"{gm.lda}LL, {gm.a_batch}LL, (const {t}*)pn_a[{b}], {gm.ldb}LL, {gm.b_batch}LL, ({t}*)pn_a[{c}]"
+    )
+    source = f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  pn_gemm<{t}>({args});\n}}'
+    return CpuKernel(name, source, params, d, (), call)
 
 
 def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:

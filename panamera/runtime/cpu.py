@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
-from . import diskcache, emulator
+from . import cpu_gemm, diskcache, emulator
 from .cpu_call import FastCall, HostStep, buffer_order, entry_name, segments, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
@@ -132,6 +132,7 @@ def build(source: str) -> ctypes.CDLL:
         if lib.name in _loaded:
             return _loaded[lib.name]
         _loaded[lib.name] = diskcache.load(lib, lambda: _compile(source, flags()), "target='cpu'")
+        cpu_gemm.bind(_loaded[lib.name])  # its gemm kernels call numpy's BLAS (runtime/cpu_gemm.py)
         return _loaded[lib.name]
 
 

@@ -21,7 +21,10 @@ The rule lives here alone; a fitted CPU model may replace precondition 4.
 
 The call is `np.matmul` over the operands' views arranged as (batch, rows, contracted) and
 (batch, contracted, columns), the einsum's labels sorted into those roles once (`BlasCall`);
-np.einsum's path search costs about 10 us a call.
+np.einsum's path search costs about 10 us a call. Where both views are strided matrices of the
+flat buffers (each with one unit stride) and the product lands in the output's order, the call
+is also a `Gemm`: the same product as batched row-major gemm calls, which the CPU target makes
+from C through the BLAS library numpy links (runtime/cpu_gemm.py), never returning to Python.
 
 `split_for_blas(group)`: a group the planner made of several statements runs as one kernel per
 statement where that lets BLAS take its contractions; it is one of (each checked):
@@ -122,6 +125,59 @@ def _strided(op: Operand, itemsize: int, perm: tuple[int, ...], shape: tuple[int
 
 
 @dataclass(frozen=True)
+class Gemm:
+    """`out[i] = a[i] @ b[i]` for i < batch as row-major BLAS gemm calls on element offsets:
+    `a[i]` is (m, k) at `a_batch * i` with leading dimension `lda`, stored transposed when `ta`
+    (then read as (k, m) rows); likewise `b[i]` (k, n); `out[i]` is (m, n), contiguous, at m n i.
+
+    >>> gemm_of(matmul_form("ab,bc->ac", ((2, 3), (3, 4))), (((1, 2, 3), (24, 12, 4)), ((1, 3, 4), (48, 16, 4))), 4)
+    Gemm(batch=1, m=2, n=4, k=3, ta=False, lda=3, a_batch=0, tb=False, ldb=4, b_batch=0)
+    """
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    ta: bool
+    lda: int
+    a_batch: int
+    tb: bool
+    ldb: int
+    b_batch: int
+
+
+def _matrix(shape: tuple[int, int, int], strides: tuple[int, int, int], itemsize: int) -> tuple | None:
+    """(transposed, leading dimension, batch stride) in elements of a (batch, rows, cols) view with
+    byte `strides`, or None where neither of its two inner axes has unit stride (or a stride is not
+    a whole number of elements, or negative)."""
+    if any(s % itemsize or s < 0 for s in strides):
+        return None
+    nb, r, c = shape
+    sb, sr, sc = (s // itemsize for s in strides)
+    if c == 1 or sc == 1:  # row-major: rows sr apart
+        ld = sr if r > 1 else c
+        return (False, ld, sb if nb > 1 else 0) if ld >= max(1, c) else None
+    if r == 1 or sr == 1:  # column-major: stored as its transpose, columns sc apart
+        ld = sc if c > 1 else r
+        return (True, ld, sb if nb > 1 else 0) if ld >= max(1, r) else None
+    return None
+
+
+def gemm_of(form: MatmulForm | None, strided: tuple | None, itemsize: int) -> Gemm | None:
+    """The gemm calls of a matmul whose operands' strided views are known (`BlasCall.strided`),
+    or None: no form, a view that copies, an inner axis without unit stride, or a product that
+    must be transposed into the output (`form.perm` not the identity)."""
+    if form is None or strided is None or form.perm != tuple(range(len(form.perm))):
+        return None
+    (sa, da), (sb, db) = strided
+    a, b = _matrix(sa, da, itemsize), _matrix(sb, db, itemsize)
+    if a is None or b is None:
+        return None
+    nb, m, k = sa
+    return Gemm(nb, m, sb[2], k, a[0], a[1], a[2], b[0], b[1], b[2])
+
+
+@dataclass(frozen=True)
 class BlasCall:
     """`out = einsum(subscripts, *operands)`, reshaped to `out_shape`, into buffer `out_key`,
     computed as `form` (one np.matmul) where it has one."""
@@ -133,6 +189,7 @@ class BlasCall:
     flops: int
     form: MatmulForm | None = None
     strided: tuple | None = None  # each operand's (shape, strides) under `form`, where no step copies
+    gemm: Gemm | None = None  # the same product as gemm calls from C (runtime/cpu_gemm.py), where it is one
 
     def run(self, arrays: list[np.ndarray], out: np.ndarray) -> None:
         """Compute into `out` (flat, the group's output buffer) from the operands' flat buffers."""
@@ -213,7 +270,8 @@ def blas_call(group: KernelGroup) -> BlasCall | None:
         pair = (_strided(operands[0], size, form.a_perm, form.a_shape),
                 _strided(operands[1], size, form.b_perm, form.b_shape))  # fmt: skip
         strided = pair if None not in pair else None
-    return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided)
+    gemm = gemm_of(form, strided, node.dtype.itemsize)
+    return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided, gemm)
 
 
 def split_for_blas(group: KernelGroup) -> tuple[KernelGroup, ...]:
