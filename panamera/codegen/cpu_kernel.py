@@ -439,8 +439,8 @@ def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c:
     >>> from panamera.compiler import lower
     >>> from panamera.schedule.cpu_blas import blas_call
     >>> g = lower(pn.placeholder((64, 64)) @ pn.placeholder((64, 32)), stop_after="groups", target="emulator").groups[0]
-    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[1].strip())
-    pn_gemm<float>(0, 0, 1LL, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, 0LL, (const float*)pn_a[1], 32LL, 0LL, (float*)pn_a[2]);
+    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[2].strip())
+    pn_gemm<float>(0, 0, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, (const float*)pn_a[1], 32LL, (float*)pn_a[2], 32LL, 1, pn_t);
     """
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
     d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
@@ -449,12 +449,17 @@ def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c:
         return CpuKernel(name, "", params, d, (), call)
     slot = {p.key: n for n, p in enumerate(params)}
     (a, b), c = (slot[op.key] for op in call.operands), slot[call.out_key]
+    a, b = (b, a) if gm.swap else (a, b)
     t = params[c].ctype
+    table = ", ".join(f"{x}LL" for call_ in gm.calls for x in call_)
     args = (
-        f"{int(gm.ta)}, {int(gm.tb)}, {gm.batch}LL, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], "
-        f"{gm.lda}LL, {gm.a_batch}LL, (const {t}*)pn_a[{b}], {gm.ldb}LL, {gm.b_batch}LL, ({t}*)pn_a[{c}]"
+        f"{int(gm.ta)}, {int(gm.tb)}, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], {gm.lda}LL, "
+        f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
-    source = f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  pn_gemm<{t}>({args});\n}}'
+    source = (
+        f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
+        f"  pn_gemm<{t}>({args});\n}}"
+    )
     return CpuKernel(name, source, params, d, (), call)
 
 

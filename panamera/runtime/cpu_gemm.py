@@ -33,24 +33,25 @@ SYMBOLS = (
     ("cblas_sgemm", "cblas_dgemm", False),
 )
 
-# The C side: function pointers set by `bind`, and `pn_gemm<T>(...)` = `Gemm`'s calls
-# (schedule/cpu_blas.py) in row-major CBLAS (101 = CblasRowMajor, 111 / 112 = No / Trans).
+# The C side: function pointers set by `bind`, and `pn_gemm<T>(...)` = a `Gemm`'s calls
+# (schedule/cpu_gemm.py; `t`: (A, B, C offset, beta) per call) in row-major CBLAS
+# (101 = CblasRowMajor, 111 / 112 = No / Trans).
 GEMM_SOURCE = """
 static void* pn_gemm_fn[2] = {nullptr, nullptr};
 static int pn_gemm_ilp64 = 0;
 extern "C" void pn_set_gemm(void* s, void* d, int ilp64) { pn_gemm_fn[0] = s; pn_gemm_fn[1] = d; pn_gemm_ilp64 = ilp64; }
-template <class T, class I> static inline void pn_gemm_as(int ta, int tb, long long nb, long long m, long long n,
-    long long k, const T* a, long long lda, long long sa, const T* b, long long ldb, long long sb, T* c) {
+template <class T, class I> static inline void pn_gemm_as(int ta, int tb, long long m, long long n, long long k,
+    const T* a, long long lda, const T* b, long long ldb, T* c, long long ldc, int count, const long long* t) {
   typedef void (*F)(int, int, int, I, I, I, T, const T*, I, const T*, I, T, T*, I);
   F f = (F)pn_gemm_fn[sizeof(T) == 8];
-  for (long long i = 0; i < nb; ++i)
-    f(101, ta ? 112 : 111, tb ? 112 : 111, (I)m, (I)n, (I)k, (T)1, a + i * sa, (I)lda, b + i * sb, (I)ldb, (T)0,
-      c + i * m * n, (I)n);
+  for (int i = 0; i < count; ++i, t += 4)
+    f(101, ta ? 112 : 111, tb ? 112 : 111, (I)m, (I)n, (I)k, (T)1, a + t[0], (I)lda, b + t[1], (I)ldb, (T)t[3],
+      c + t[2], (I)ldc);
 }
-template <class T> static inline void pn_gemm(int ta, int tb, long long nb, long long m, long long n, long long k,
-    const T* a, long long lda, long long sa, const T* b, long long ldb, long long sb, T* c) {
-  if (pn_gemm_ilp64) pn_gemm_as<T, long long>(ta, tb, nb, m, n, k, a, lda, sa, b, ldb, sb, c);
-  else pn_gemm_as<T, int>(ta, tb, nb, m, n, k, a, lda, sa, b, ldb, sb, c);
+template <class T> static inline void pn_gemm(int ta, int tb, long long m, long long n, long long k, const T* a,
+    long long lda, const T* b, long long ldb, T* c, long long ldc, int count, const long long* t) {
+  if (pn_gemm_ilp64) pn_gemm_as<T, long long>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t);
+  else pn_gemm_as<T, int>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t);
 }
 """
 SETTER = "pn_set_gemm"

@@ -21,10 +21,10 @@ The rule lives here alone; a fitted CPU model may replace precondition 4.
 
 The call is `np.matmul` over the operands' views arranged as (batch, rows, contracted) and
 (batch, contracted, columns), the einsum's labels sorted into those roles once (`BlasCall`);
-np.einsum's path search costs about 10 us a call. Where both views are strided matrices of the
-flat buffers (each with one unit stride) and the product lands in the output's order, the call
-is also a `Gemm`: the same product as batched row-major gemm calls, which the CPU target makes
-from C through the BLAS library numpy links (runtime/cpu_gemm.py), never returning to Python.
+np.einsum's path search costs about 10 us a call. Where the operands and the output are strided
+views of their flat buffers in pieces (cpu_gemm.py), the call is also a `Gemm`: the same product
+as a few row-major gemm calls, which the CPU target makes from C through the BLAS library numpy
+links (runtime/cpu_gemm.py), never returning to Python.
 
 `split_for_blas(group)`: a group the planner made of several statements runs as one kernel per
 statement where that lets BLAS take its contractions; it is one of (each checked):
@@ -55,6 +55,7 @@ from ..frontend.tensor import Tensor
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .contraction import is_contraction
+from .cpu_gemm import Gemm, gemm_calls
 
 BLAS_MIN_FLOPS = 1 << 12  # 2 M N K: e.g. 8 x 16 x 16
 
@@ -112,6 +113,11 @@ def matmul_form(subscripts: str, shapes: tuple[tuple[int, ...], ...]) -> MatmulF
     )
 
 
+def _view(op: Operand, role: tuple) -> tuple:
+    """(operand shape, its views, perm, 3-D shape): how `op` becomes its matmul operand (cpu_gemm.py)."""
+    return (op.shape, op.views, *role)
+
+
 def _strided(op: Operand, itemsize: int, perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple | None:
     """(shape, byte strides) of operand `op`'s matmul view of its flat buffer, found once on a
     stand-in array; None where a step of the chain copies (then each call builds the view)."""
@@ -122,59 +128,6 @@ def _strided(op: Operand, itemsize: int, perm: tuple[int, ...], shape: tuple[int
     v = v.squeeze(tuple(k for k, e in enumerate(v.shape) if e == 1)).transpose(perm).reshape(shape)
     same = v.__array_interface__["data"][0] == base.__array_interface__["data"][0] and np.shares_memory(v, base)
     return (v.shape, v.strides) if same else None
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """`out[i] = a[i] @ b[i]` for i < batch as row-major BLAS gemm calls on element offsets:
-    `a[i]` is (m, k) at `a_batch * i` with leading dimension `lda`, stored transposed when `ta`
-    (then read as (k, m) rows); likewise `b[i]` (k, n); `out[i]` is (m, n), contiguous, at m n i.
-
-    >>> gemm_of(matmul_form("ab,bc->ac", ((2, 3), (3, 4))), (((1, 2, 3), (24, 12, 4)), ((1, 3, 4), (48, 16, 4))), 4)
-    Gemm(batch=1, m=2, n=4, k=3, ta=False, lda=3, a_batch=0, tb=False, ldb=4, b_batch=0)
-    """
-
-    batch: int
-    m: int
-    n: int
-    k: int
-    ta: bool
-    lda: int
-    a_batch: int
-    tb: bool
-    ldb: int
-    b_batch: int
-
-
-def _matrix(shape: tuple[int, int, int], strides: tuple[int, int, int], itemsize: int) -> tuple | None:
-    """(transposed, leading dimension, batch stride) in elements of a (batch, rows, cols) view with
-    byte `strides`, or None where neither of its two inner axes has unit stride (or a stride is not
-    a whole number of elements, or negative)."""
-    if any(s % itemsize or s < 0 for s in strides):
-        return None
-    nb, r, c = shape
-    sb, sr, sc = (s // itemsize for s in strides)
-    if c == 1 or sc == 1:  # row-major: rows sr apart
-        ld = sr if r > 1 else c
-        return (False, ld, sb if nb > 1 else 0) if ld >= max(1, c) else None
-    if r == 1 or sr == 1:  # column-major: stored as its transpose, columns sc apart
-        ld = sc if c > 1 else r
-        return (True, ld, sb if nb > 1 else 0) if ld >= max(1, r) else None
-    return None
-
-
-def gemm_of(form: MatmulForm | None, strided: tuple | None, itemsize: int) -> Gemm | None:
-    """The gemm calls of a matmul whose operands' strided views are known (`BlasCall.strided`),
-    or None: no form, a view that copies, an inner axis without unit stride, or a product that
-    must be transposed into the output (`form.perm` not the identity)."""
-    if form is None or strided is None or form.perm != tuple(range(len(form.perm))):
-        return None
-    (sa, da), (sb, db) = strided
-    a, b = _matrix(sa, da, itemsize), _matrix(sb, db, itemsize)
-    if a is None or b is None:
-        return None
-    nb, m, k = sa
-    return Gemm(nb, m, sb[2], k, a[0], a[1], a[2], b[0], b[1], b[2])
 
 
 @dataclass(frozen=True)
@@ -270,7 +223,12 @@ def blas_call(group: KernelGroup) -> BlasCall | None:
         pair = (_strided(operands[0], size, form.a_perm, form.a_shape),
                 _strided(operands[1], size, form.b_perm, form.b_shape))  # fmt: skip
         strided = pair if None not in pair else None
-    gemm = gemm_of(form, strided, node.dtype.itemsize)
+    gemm = None
+    if form is not None:
+        views = tuple(
+            _view(op, f) for op, f in zip(operands, ((form.a_perm, form.a_shape), (form.b_perm, form.b_shape)))
+        )
+        gemm = gemm_calls(form, views, strided, tuple(node.shape), node.dtype.itemsize)
     return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided, gemm)
 
 
