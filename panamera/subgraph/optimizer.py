@@ -34,6 +34,7 @@ from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
 from .build import build_subgraph_tensors
 from .convert import VIEWS
+from .cpu_run import bind_constants
 from .library import LibraryNode, to_host
 from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import Partition, graph, partition
@@ -258,9 +259,11 @@ class OptimizedModel:
         env = dict(self.model.constants)
         env.update(self._check_feeds(feeds))
         with logs.steps("running unit", len(self.units), _log) as bar:
-            for u, label, ins, outs_of in self._steps:
+            for u, label, ins, outs_of, bound in self._steps:
                 bar.step(label)
-                if isinstance(u, Subgraph):
+                if bound is not None and (outs := bound(env, threads)) is not None:  # cpu_run.py
+                    env.update(zip(outs_of, outs))
+                elif isinstance(u, Subgraph):
                     # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
                     named = {i: env[i] if i in env else u.weights[i] for i in ins}
                     outs = (
@@ -274,16 +277,17 @@ class OptimizedModel:
     @cached_property
     def _steps(self) -> tuple:
         """Per unit in run order, what `run` needs, found once: (unit, progress label, the names
-        it reads, the names it writes). A subgraph's runner is compiled here (CPU target)."""
+        it reads, the names it writes, its CPU program with the constants bound or None: cpu_run.py).
+        A subgraph's runner is compiled here (CPU target)."""
         out = []
         for u in self.units:
             if isinstance(u, Subgraph):
-                out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs)))
+                bound = bind_constants(u, self.model.constants)
+                out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs), bound))
             else:
                 n = u.node
-                out.append(
-                    (u, f"{n.op_type} (library)", tuple(i for i in n.inputs if i), tuple(o for o in n.outputs if o))
-                )
+                ins, outs = tuple(i for i in n.inputs if i), tuple(o for o in n.outputs if o)
+                out.append((u, f"{n.op_type} (library)", ins, outs, None))
         return tuple(out)
 
     def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:
