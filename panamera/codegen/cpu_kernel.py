@@ -46,7 +46,7 @@ from . import islast
 from .cpu_lanes import LaneKind, lane_kind, lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
-from .cpu_runs import RunLoop, block_head, row_run
+from .cpu_runs import RunLoop, block_head, map_head, row_run
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
@@ -141,6 +141,7 @@ class _Kernel(RowValues, SplitMerge):
         addrs = [a for s in g.statements for a in (s.write, *(r.addr for r in s.reads)) if a is not None]
         dom = g.statements[0].domain.reset_tuple_id()  # codegen/cpu_runs.py: j's runs without a division
         self.run = row_run(addrs, dom, d.N) if g.form in (Form.ROW, Form.ALL) else None
+        self.map_run = row_run(addrs, dom, d.M, dim="i") if g.form == Form.MAP else None  # i's runs, likewise
 
     def check(self) -> None:
         g = self.g
@@ -403,8 +404,16 @@ class _Kernel(RowValues, SplitMerge):
     def emit_map(self) -> list[str]:
         g = self.g
         ctx = g.statements[0].domain.get_ctx()
-        ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
         everything = list(range(len(g.statements)))
+        if self.map_run is not None:  # runs of i with addresses affine in i (cpu_runs.py): plain SIMD loops
+            with self.loop.over(self.map_run):
+                body = self.body(everything, lambda k: "")
+            return (
+                [*map_head(self.map_run, self.d.M), "    const pn_idx j = 0; (void)j;"]
+                + ["    " + ln for ln in body]
+                + ["  }", "}"]
+            )
+        ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
 
         def user(a: list[str]) -> list[str]:
             return (

@@ -35,7 +35,7 @@ log = logging.getLogger("panamera.cpu")
 # selects over float operations (the 16-bit conversions of cuda_emulation.h vectorize).
 BASE_FLAGS = (
     "-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
-    "-DPANAMERA_EMULATOR", "-w",
+    "-DPANAMERA_EMULATOR", "-DPN_CPU_TARGET", "-w",
 )  # fmt: skip
 _loaded: dict[str, ctypes.CDLL] = {}
 _guard = threading.Lock()
