@@ -77,6 +77,17 @@ def _loaded_paths() -> list[str]:
     return [p for p in dict.fromkeys(paths) if "blas" in os.path.basename(p).lower()]
 
 
+def _int64_build(lib: ctypes.CDLL) -> bool:
+    """Whether an OpenBLAS says it was built with 64-bit integers (its unsuffixed CBLAS symbols then
+    take 64-bit sizes, which the 32-bit calls would misread)."""
+    for name in ("openblas_get_config", "scipy_openblas_get_config", "scipy_openblas_get_config64_"):
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype = ctypes.c_char_p
+            return b"USE64BITINT" in (f() or b"")
+    return False
+
+
 @cache
 def blas() -> Blas | None:
     """The CBLAS gemm functions of the BLAS numpy loaded, or None where none is found."""
@@ -87,7 +98,7 @@ def blas() -> Blas | None:
             continue
         for s, d, ilp64 in SYMBOLS:
             fs, fd = getattr(lib, s, None), getattr(lib, d, None)
-            if fs is not None and fd is not None:
+            if fs is not None and fd is not None and (ilp64 or not _int64_build(lib)):
                 addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
                 return Blas(path, addr(fs), addr(fd), ilp64)
     return None
