@@ -46,7 +46,7 @@ from .frontend.tensor import Tensor
 from .model.cpu import Caches, CpuModel
 from .poly import attention as fused_attention
 from .poly.statement import Form
-from .runtime import cpu_probe, gemm_probe
+from .runtime import cpu_gemm, cpu_probe, gemm_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
@@ -220,7 +220,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if g.M > 0 and g.N == 0:  # reductions over nothing
             kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
         elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
-            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores))
+            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores, cpu_gemm.blas() is not None))
         elif g.M * g.N:
             d: CpuDecision = map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic)
             kernels.append(render_cpu(kernel_name(k, g), g, d))
@@ -234,10 +234,11 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype) for t in inputs),
         tuple(_result_spec(t, inputs) for t in a.graph),
     )
-    calls = tuple((k.name, tuple(p.key for p in k.params), k.host) for k in kernels)
+    calls = tuple((k.name, tuple(p.key for p in k.params), k.by_numpy) for k in kernels)
     decls = sorted({r for k in kernels for r in k.reductions})
+    decls += [cpu_gemm.GEMM_SOURCE] if any(k.host is not None and k.source for k in kernels) else []
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
-    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.host is None), *entry]) + "\n"
+    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a))

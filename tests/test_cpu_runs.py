@@ -99,3 +99,21 @@ def test_row_run_preconditions():
     assert row_run([a], dom, 600).address(a) == "(((120 * i) + (120 * pn_q)) + j)"
     pdom = isl.Set("[n] -> { [i, j] : 0 <= i < 4 and 0 <= j < 600 }")
     assert row_run([a], pdom, 600) is None
+
+
+@pytest.mark.parametrize("rows, cols", [(8, 24), (5, 7)])
+def test_elementwise_broadcast_scans_runs(rows, cols, rng):
+    """A MAP group over a row-broadcast bias (GELU's tanh form, x + b then x^3): with 24 >= MIN_RUN
+    columns the loop runs over i in runs of 24 (`pn_q`, no `% 24` left, the cube as two products);
+    7 < MIN_RUN keeps the flat loop. Both against float64."""
+    x, b = pn.placeholder((rows, cols), "float32", name="x"), pn.placeholder((cols,), "float32", name="b")
+    h = x + b
+    y = 0.5 * h * (1.0 + pn.tanh(0.7978845834732056 * (h + 0.044715 * pn.power(h, 3.0))))
+    k = pn.compile(y, target="cpu")
+    runs = cols >= MIN_RUN
+    assert ("pn_q" in k.source) is runs and (f"% {cols})" in k.source) is not runs, k.source
+    X, B = random_array((rows, cols), "float32", rng), random_array((cols,), "float32", rng)
+    H = X.astype(np.float64) + B
+    ref = 0.5 * H * (1.0 + np.tanh(0.7978845834732056 * (H + 0.044715 * H**3)))
+    t = tolerance("float32", 16)  # a chain of ~16 roundings and libm's tanh (a few ulp)
+    np.testing.assert_allclose(k(X, B), ref, rtol=t, atol=t * float(np.abs(H).max() ** 3))

@@ -47,7 +47,7 @@ from . import islast
 from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
-from .cpu_runs import RunLoop, block_head, row_run
+from .cpu_runs import RunLoop, block_head, map_head, row_run
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
@@ -64,7 +64,12 @@ class CpuKernel:
     params: tuple[BufferSpec, ...]
     decision: CpuDecision
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
-    host: BlasCall | None = None  # run on the host by numpy's BLAS instead (schedule/cpu_blas.py); no source
+    host: BlasCall | None = None  # a BLAS contraction (schedule/cpu_blas.py): by numpy where `source` is ""
+
+    @property
+    def by_numpy(self) -> BlasCall | None:
+        """The BLAS call numpy runs between the C entries, or None (a C function: `source`)."""
+        return self.host if not self.source else None
 
     def describe(self) -> str:
         return self.host.describe() if self.host is not None else self.decision.describe()
@@ -137,6 +142,7 @@ class _Kernel(RowValues, SplitMerge):
         addrs = [a for s in g.statements for a in (s.write, *(r.addr for r in s.reads)) if a is not None]
         dom = g.statements[0].domain.reset_tuple_id()  # codegen/cpu_runs.py: j's runs without a division
         self.run = row_run(addrs, dom, d.N) if g.form in (Form.ROW, Form.ALL) else None
+        self.map_run = row_run(addrs, dom, d.M, dim="i") if g.form == Form.MAP else None  # i's runs, likewise
 
     def check(self) -> None:
         g = self.g
@@ -407,8 +413,16 @@ class _Kernel(RowValues, SplitMerge):
     def emit_map(self) -> list[str]:
         g = self.g
         ctx = g.statements[0].domain.get_ctx()
-        ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
         everything = list(range(len(g.statements)))
+        if self.map_run is not None:  # runs of i with addresses affine in i (cpu_runs.py): plain SIMD loops
+            with self.loop.over(self.map_run):
+                body = self.body(everything, lambda k: "")
+            return (
+                [*map_head(self.map_run, self.d.M), "    const pn_idx j = 0; (void)j;"]
+                + ["    " + ln for ln in body]
+                + ["  }", "}"]
+            )
+        ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
 
         def user(a: list[str]) -> list[str]:
             return (
@@ -433,12 +447,38 @@ class _Kernel(RowValues, SplitMerge):
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
-def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int) -> CpuKernel:
-    """A contraction group run by numpy's BLAS on the host (schedule/cpu_blas.py): no C++, its
-    buffers as a kernel's."""
+def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False) -> CpuKernel:
+    """A contraction group run by the BLAS numpy links (schedule/cpu_blas.py), its buffers as a
+    kernel's. `in_c` (the BLAS's gemm is callable from C: runtime/cpu_gemm.py) and the call a
+    `Gemm`: a C function calling `pn_gemm` (the program's C entry runs it in line); else no C++,
+    and numpy runs it between the entries.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> from panamera.schedule.cpu_blas import blas_call
+    >>> g = lower(pn.placeholder((64, 64)) @ pn.placeholder((64, 32)), stop_after="groups", target="emulator").groups[0]
+    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[2].strip())
+    pn_gemm<float>(0, 0, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, (const float*)pn_a[1], 32LL, (float*)pn_a[2], 32LL, 1, pn_t);
+    """
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
     d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
-    return CpuKernel(name, "", params, d, (), call)
+    gm = call.gemm
+    if not in_c or gm is None:
+        return CpuKernel(name, "", params, d, (), call)
+    slot = {p.key: n for n, p in enumerate(params)}
+    (a, b), c = (slot[op.key] for op in call.operands), slot[call.out_key]
+    a, b = (b, a) if gm.swap else (a, b)
+    t = params[c].ctype
+    table = ", ".join(f"{x}LL" for call_ in gm.calls for x in call_)
+    args = (
+        f"{int(gm.ta)}, {int(gm.tb)}, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], {gm.lda}LL, "
+        f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
+    )
+    source = (
+        f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
+        f"  pn_gemm<{t}>({args});\n}}"
+    )
+    return CpuKernel(name, source, params, d, (), call)
 
 
 def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:

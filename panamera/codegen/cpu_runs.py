@@ -44,12 +44,13 @@ def _affine_in(a: isl.PwAff, pos: int) -> bool:
     )
 
 
-def _maps(names: list[str], m: int) -> tuple[isl.MultiAff, isl.MultiAff]:
-    """[.., pn_q, pn_r, ..] -> [.., j = m pn_q + pn_r, ..] and [.., pn_q, j, ..] -> [.., pn_q, pn_r = j - m pn_q, ..]."""
-    split = ", ".join("pn_q, pn_r" if n == "j" else n for n in names)
-    join = ", ".join(f"{m}pn_q + pn_r" if n == "j" else n for n in names)
-    kept = ", ".join("pn_q, j" if n == "j" else n for n in names)
-    back = ", ".join(f"pn_q, j - {m}pn_q" if n == "j" else n for n in names)
+def _maps(names: list[str], m: int, dim: str = "j") -> tuple[isl.MultiAff, isl.MultiAff]:
+    """[.., pn_q, pn_r, ..] -> [.., j = m pn_q + pn_r, ..] and [.., pn_q, j, ..] -> [.., pn_q, pn_r = j - m pn_q, ..]
+    (`dim` the split dimension, j by default)."""
+    split = ", ".join("pn_q, pn_r" if n == dim else n for n in names)
+    join = ", ".join(f"{m}pn_q + pn_r" if n == dim else n for n in names)
+    kept = ", ".join(f"pn_q, {dim}" if n == dim else n for n in names)
+    back = ", ".join(f"pn_q, {dim} - {m}pn_q" if n == dim else n for n in names)
     return isl.MultiAff(f"{{ [{split}] -> [{join}] }}"), isl.MultiAff(f"{{ [{kept}] -> [{back}] }}")
 
 
@@ -70,18 +71,19 @@ class RowRun:
         return islast.expr(build.expr_from_pw_aff(pa))
 
 
-def row_run(addrs: Sequence[isl.PwAff], dom: isl.Set, n: int, min_run: int = MIN_RUN) -> RowRun | None:
+def row_run(addrs: Sequence[isl.PwAff], dom: isl.Set, n: int, min_run: int = MIN_RUN, dim: str = "j") -> RowRun | None:
     """The longest run (a divisor m of the row length n, min_run <= m < n) over which every address
     in `addrs` (over the canonical domain `dom`, dims i and j) is affine in j; None when no address
-    divides j, or none of those runs works, or the domain has parameters."""
+    divides j, or none of those runs works, or the domain has parameters. `dim="i"`: runs of the
+    element-wise (MAP) index i instead, over i's extent n (`map_run`)."""
     names = [dom.get_dim_name(isl.dim_type.set, k) for k in range(dom.dim(isl.dim_type.set))]
-    if dom.dim(isl.dim_type.param) or "j" not in names or all(_affine_in(a, names.index("j")) for a in addrs):
+    if dom.dim(isl.dim_type.param) or dim not in names or all(_affine_in(a, names.index(dim)) for a in addrs):
         return None
-    split_dims = ", ".join("pn_q, pn_r" if n == "j" else n for n in names)
+    split_dims = ", ".join("pn_q, pn_r" if n == dim else n for n in names)
     ms = {d for k in range(1, int(n**0.5) + 1) if n % k == 0 for d in (k, n // k)}
     for m in sorted((d for d in ms if min_run <= d < n), reverse=True):
-        split, back = _maps(names, m)
-        r = names.index("j") + 1
+        split, back = _maps(names, m, dim)
+        r = names.index(dim) + 1
         run_dom = dom.preimage_multi_aff(split) & isl.Set(f"{{ [{split_dims}] : 0 <= pn_r < {m} }}")
         if all(_affine_in(a.pullback_multi_aff(split).gist(run_dom), r) for a in addrs):
             return RowRun(m, split, back, run_dom)
@@ -100,6 +102,17 @@ def block_head(run: RowRun | None, lo: str, hi: str, inner: int) -> list[str]:
     return [
         f"for (pn_idx pn_b = {lo}; pn_b < {hi}; pn_b = {end}) {{",
         f"  const pn_idx pn_lo = pn_b, pn_hi = pn_imin({hi}, {end}), pn_q = pn_b / {run.m};",
+    ]
+
+
+def map_head(run: RowRun, n: int) -> list[str]:
+    """An element-wise loop over i < n in runs of `run.m` (addresses affine in i within a run): the
+    runs across threads, each run one `omp simd` loop; the caller closes both loops."""
+    return [
+        "#pragma omp parallel for schedule(static) num_threads(pn_nt)",
+        f"for (pn_idx pn_q = 0; pn_q < {n // run.m}LL; ++pn_q) {{",
+        "  #pragma omp simd",
+        f"  for (pn_idx i = pn_q * {run.m}LL; i < (pn_q + 1) * {run.m}LL; ++i) {{",
     ]
 
 

@@ -153,8 +153,15 @@ __device__ __forceinline__ float pn_abs(float a) { return fabsf(a); }
 __device__ __forceinline__ double pn_abs(double a) { return fabs(a); }
 // numpy.power: pow() for floats; integers by exact repeated squaring (a negative exponent gives
 // 0 unless the base is 1 or -1, where numpy raises and C would divide by zero).
-__device__ __forceinline__ float pn_pow(float a, float b) { return powf(a, b); }
-__device__ __forceinline__ double pn_pow(double a, double b) { return pow(a, b); }
+// The CPU target (PN_CPU_TARGET): a constant exponent 3 (GELU's tanh form) as two products, which
+// vectorize; powf's vector variant is ~40x slower (g++ folds an exponent 2 to a * a itself).
+#ifdef PN_CPU_TARGET
+#define PN_CUBE(a, b) if (__builtin_constant_p(b) && b == 3) return a * a * a;
+#else
+#define PN_CUBE(a, b)
+#endif
+__device__ __forceinline__ float pn_pow(float a, float b) { PN_CUBE(a, b) return powf(a, b); }
+__device__ __forceinline__ double pn_pow(double a, double b) { PN_CUBE(a, b) return pow(a, b); }
 template <class T> __device__ __forceinline__ T pn_pow(T a, T b) {
   if (b < 0) return a == 1 ? (T)1 : (a == -1 ? ((b & 1) ? (T)-1 : (T)1) : (T)0);
   T r = 1;

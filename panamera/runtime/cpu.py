@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
-from . import diskcache, emulator
+from . import cpu_gemm, diskcache, emulator
 from .cpu_call import FastCall, HostStep, buffer_order, entry_name, segments, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
@@ -35,7 +35,7 @@ log = logging.getLogger("panamera.cpu")
 # selects over float operations (the 16-bit conversions of cuda_emulation.h vectorize).
 BASE_FLAGS = (
     "-std=c++20", "-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC",
-    "-DPANAMERA_EMULATOR", "-w",
+    "-DPANAMERA_EMULATOR", "-DPN_CPU_TARGET", "-w",
 )  # fmt: skip
 _loaded: dict[str, ctypes.CDLL] = {}
 _guard = threading.Lock()
@@ -132,6 +132,7 @@ def build(source: str) -> ctypes.CDLL:
         if lib.name in _loaded:
             return _loaded[lib.name]
         _loaded[lib.name] = diskcache.load(lib, lambda: _compile(source, flags()), "target='cpu'")
+        cpu_gemm.bind(_loaded[lib.name])  # its gemm kernels call numpy's BLAS (runtime/cpu_gemm.py)
         return _loaded[lib.name]
 
 

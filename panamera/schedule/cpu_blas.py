@@ -21,7 +21,10 @@ The rule lives here alone; a fitted CPU model may replace precondition 4.
 
 The call is `np.matmul` over the operands' views arranged as (batch, rows, contracted) and
 (batch, contracted, columns), the einsum's labels sorted into those roles once (`BlasCall`);
-np.einsum's path search costs about 10 us a call.
+np.einsum's path search costs about 10 us a call. Where the operands and the output are strided
+views of their flat buffers in pieces (cpu_gemm.py), the call is also a `Gemm`: the same product
+as a few row-major gemm calls, which the CPU target makes from C through the BLAS library numpy
+links (runtime/cpu_gemm.py), never returning to Python.
 
 `split_for_blas(group)`: a group the planner made of several statements runs as one kernel per
 statement where that lets BLAS take its contractions; it is one of (each checked):
@@ -52,6 +55,7 @@ from ..frontend.tensor import Tensor
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from .contraction import is_contraction
+from .cpu_gemm import Gemm, gemm_calls
 
 BLAS_MIN_FLOPS = 1 << 12  # 2 M N K: e.g. 8 x 16 x 16
 
@@ -109,6 +113,11 @@ def matmul_form(subscripts: str, shapes: tuple[tuple[int, ...], ...]) -> MatmulF
     )
 
 
+def _view(op: Operand, role: tuple) -> tuple:
+    """(operand shape, its views, perm, 3-D shape): how `op` becomes its matmul operand (cpu_gemm.py)."""
+    return (op.shape, op.views, *role)
+
+
 def _strided(op: Operand, itemsize: int, perm: tuple[int, ...], shape: tuple[int, ...]) -> tuple | None:
     """(shape, byte strides) of operand `op`'s matmul view of its flat buffer, found once on a
     stand-in array; None where a step of the chain copies (then each call builds the view)."""
@@ -133,6 +142,7 @@ class BlasCall:
     flops: int
     form: MatmulForm | None = None
     strided: tuple | None = None  # each operand's (shape, strides) under `form`, where no step copies
+    gemm: Gemm | None = None  # the same product as gemm calls from C (runtime/cpu_gemm.py), where it is one
 
     def run(self, arrays: list[np.ndarray], out: np.ndarray) -> None:
         """Compute into `out` (flat, the group's output buffer) from the operands' flat buffers."""
@@ -213,7 +223,13 @@ def blas_call(group: KernelGroup) -> BlasCall | None:
         pair = (_strided(operands[0], size, form.a_perm, form.a_shape),
                 _strided(operands[1], size, form.b_perm, form.b_shape))  # fmt: skip
         strided = pair if None not in pair else None
-    return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided)
+    gemm = None
+    if form is not None:
+        views = tuple(
+            _view(op, f) for op, f in zip(operands, ((form.a_perm, form.a_shape), (form.b_perm, form.b_shape)))
+        )
+        gemm = gemm_calls(form, views, strided, tuple(node.shape), node.dtype.itemsize)
+    return BlasCall(sub, tuple(operands), f"out:{node.uid}", tuple(node.shape), flops, form, strided, gemm)
 
 
 def split_for_blas(group: KernelGroup) -> tuple[KernelGroup, ...]:

@@ -34,6 +34,7 @@ from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
 from .build import build_subgraph_tensors
 from .convert import VIEWS
+from .cpu_run import bind_constants
 from .library import LibraryNode, to_host
 from .model import ModelSource, Node, OnnxModel, load_model
 from .partition import Partition, graph, partition
@@ -227,6 +228,11 @@ class OptimizedModel:
                 return u
         raise AssertionError(f"node {node_name!r} is in no unit")  # every live node is in one
 
+    @cached_property
+    def _feed_dtypes(self) -> dict:
+        """Each model input's numpy dtype (looked up once, not per run)."""
+        return {name: helper.tensor_dtype_to_np_dtype(self.model.values[name].elem) for name in self.model.inputs}
+
     def _check_feeds(self, feeds: dict) -> dict:
         for name, v in self.model.specialized.items():
             if name in feeds and not np.array_equal(np.asarray(feeds[name]), v):
@@ -245,8 +251,8 @@ class OptimizedModel:
                 raise InputError(f"model input {name!r}: expected an array, got {type(a).__name__}")
             if tuple(a.shape) != v.shape:
                 raise InputError(f"model input {name!r}: expected shape {v.shape}, got {tuple(a.shape)}")
-            want = helper.tensor_dtype_to_np_dtype(v.elem)
-            if np.dtype(a.dtype) != want:
+            want = self._feed_dtypes[name]
+            if a.dtype != want and np.dtype(a.dtype) != want:
                 raise DTypeError(f"model input {name!r}: expected dtype {want}, got {np.dtype(a.dtype)}")
             out[name] = a
         return out
@@ -257,31 +263,43 @@ class OptimizedModel:
         target's thread count (default: the machine's cores; numpy's BLAS keeps its own pool)."""
         env = dict(self.model.constants)
         env.update(self._check_feeds(feeds))
-        with logs.steps("running unit", len(self.units), _log) as bar:
-            for u, label, ins, outs_of in self._steps:
-                bar.step(label)
-                if isinstance(u, Subgraph):
-                    # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
-                    named = {i: env[i] if i in env else u.weights[i] for i in ins}
-                    outs = (
-                        u.runs(**named) if threads is None or u.runner is None else u.runner(**named, threads=threads)
-                    )
-                    env.update(zip(outs_of, outs if isinstance(outs, tuple) else (outs,)))
-                else:
-                    env.update(zip(outs_of, u.run(self.model, [env[i] for i in ins])))
+        steps = self._steps
+        if all(st[4] is not None for st in steps):  # every unit one C entry (cpu_run.py): no progress report
+            for st in steps:
+                self._unit(st, env, threads)
+        else:
+            with logs.steps("running unit", len(self.units), _log) as bar:
+                for st in steps:
+                    bar.step(st[1])
+                    self._unit(st, env, threads)
         return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
+
+    def _unit(self, step: tuple, env: dict, threads: int | None) -> None:
+        """Run one unit of `_steps` on the values in `env`, adding its outputs to `env`."""
+        u, _, ins, outs_of, bound = step
+        if bound is not None and (outs := bound(env, threads)) is not None:  # cpu_run.py
+            env.update(zip(outs_of, outs))
+        elif isinstance(u, Subgraph):
+            # converter-made constants (e.g. Resize's tap tables) are the subgraph's own weights
+            named = {i: env[i] if i in env else u.weights[i] for i in ins}
+            outs = u.runs(**named) if threads is None or u.runner is None else u.runner(**named, threads=threads)
+            env.update(zip(outs_of, outs if isinstance(outs, tuple) else (outs,)))
+        else:
+            env.update(zip(outs_of, u.run(self.model, [env[i] for i in ins])))
 
     @cached_property
     def _steps(self) -> tuple:
         """Per unit in run order, what `run` needs, found once: (unit, progress label, the names
-        it reads, the names it writes). A subgraph's runner is compiled here (CPU target)."""
+        it reads, the names it writes, its CPU program with the constants bound or None: cpu_run.py).
+        A subgraph's runner is compiled here (CPU target)."""
         out = []
         for u in self.units:
             if isinstance(u, Subgraph):
-                out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs)))
+                bound = bind_constants(u, self.model.constants)
+                out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs), bound))
             else:
                 what = "+".join(n.op_type for n in u.nodes)
-                out.append((u, f"{what} (library)", u.inputs, u.outputs))
+                out.append((u, f"{what} (library)", u.inputs, u.outputs, None))
         return tuple(out)
 
     def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:

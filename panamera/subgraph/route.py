@@ -33,6 +33,10 @@ it, so the threshold, 2^14 (a generated conv of that size costs ~130 us), keeps 
 smallest convolutions (squeeze-excite 1x1s, a 2x16x8x8 depthwise) generated: measured,
 interleaved, 1 thread, MobileNetV3 1050 -> 674 us and EfficientNet 935 -> 595 us against 2^17,
 2^15, 2^13 and 2^12 worse or no better.
+A MatMul or Gemm Panamera can plan goes to Panamera (`HOST_PANAMERA`): on the CPU the library's
+is a numpy call per node (5-10 us of Python on the exported transformers' 8 x 32 x 96 products),
+where Panamera's program calls the same BLAS from C (runtime/cpu_gemm.py) or fuses a small one
+with its neighbours.
 The GPU figures are still computed for the report.
 
 >>> from onnx import helper, TensorProto
@@ -63,6 +67,10 @@ from .model import Node, OnnxModel
 from .plans import Plans
 
 HOST_CONV_MIN_MACS = 1 << 14  # a Conv's multiply-adds from which the CPU target's library runs it
+# With the CPU target, the float products Panamera can plan: its program calls the BLAS from C
+# (runtime/cpu_gemm.py) or fuses a small one, where the library's is a numpy call (5-10 us) per node.
+HOST_PANAMERA = frozenset({"MatMul", "Gemm"})
+HOST_PANAMERA_RULE = "the CPU target: Panamera's program runs it (BLAS from C, or fused), no numpy call per node"
 
 # The contraction ops the router decides (the rest of the compute-bound ops stay with the library).
 ROUTED = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv"})
@@ -237,4 +245,6 @@ def route_contraction(
         runner = Runner.PANAMERA if routing is Routing.PANAMERA else Runner.LIBRARY
     rule = host_rule(model, node) if host and routing is Routing.MODEL else ""
     runner = Runner.LIBRARY if rule else runner
+    if host and routing is Routing.MODEL and not rule and node.op_type in HOST_PANAMERA:
+        rule, runner = HOST_PANAMERA_RULE, Runner.PANAMERA
     return Route(runner, shape, lib, plan.modeled_us, split, bound, "", names, alone, routing, rule)
