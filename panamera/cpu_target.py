@@ -88,7 +88,9 @@ class CpuCompiled(Compiled):
     def rebound(self, outs: tuple[Tensor, ...], single: bool) -> CpuCompiled:
         """This program (from the compile cache) for a graph of the same signature, with its own executor."""
         a = rebind_stages(self.stages, outs)
-        ex = CpuExecutor(a.plan, self.cpu_source, self.executor.kernels, self.executor.threads, _bound(a))
+        ex = CpuExecutor(
+            a.plan, self.cpu_source, self.executor.kernels, self.executor.threads, _bound(a), self.executor.blas
+        )
         return dataclasses.replace(self, stages=a, single=single, executor=ex)
 
     def __repr__(self) -> str:
@@ -241,7 +243,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
-    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a))
+    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.host is not None for k in kernels))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)
 
 

@@ -100,3 +100,34 @@ def test_cpu_target_runs_small_matmuls_in_its_program():
     assert r.runner is Runner.PANAMERA and HOST_PANAMERA_RULE in r.reason
     opt = optimize(data, target="cpu")
     assert not opt.library and all(c.ok for c in opt.verify()), opt
+
+
+def test_gemm_runs_on_the_calls_thread_count(monkeypatch):
+    """numpy's BLAS keeps its own pool: a program with a gemm holds it at the call's `threads`
+    (runtime/blas_threads.py), on the one-table path and kernel by kernel; without a gemm it is not touched."""
+    from panamera.runtime import cpu, cpu_call
+
+    seen = []
+
+    class Recorder:
+        def __init__(self, n):
+            seen.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(cpu_call, "blas_threads", Recorder)
+    monkeypatch.setattr(cpu, "blas_threads", Recorder)
+    x, w = pn.placeholder((64, 64), "float32", name="x"), pn.placeholder((64, 64), "float32", name="w")
+    k = pn.compile(x @ w, target="cpu")
+    rng = np.random.default_rng(5)
+    a, b = random_array((64, 64), "float32", rng), random_array((64, 64), "float32", rng)
+    got = k(a, b, threads=1)
+    assert seen and seen[-1] == 1
+    _close(got, a.astype(np.float64) @ b, 64, float((np.abs(a.astype(np.float64)) @ np.abs(b)).max()))
+    seen.clear()
+    pn.compile(x.sum(axis=1), target="cpu")(a, threads=1)
+    assert seen == []

@@ -43,19 +43,22 @@ def test_gemm_probe_is_cached_and_reused(private_cache, monkeypatch):
     assert gemm_probe.rates(1, caches) == g
 
 
-def test_one_blas_thread_restores_the_count():
-    lib = gemm_probe._openblas()
-    if lib is None:
-        pytest.skip("numpy's BLAS exports no OpenBLAS thread calls")
-    get = lib.scipy_openblas_get_num_threads64_ if hasattr(lib, "scipy_openblas_get_num_threads64_") else None
-    if get is None:
-        pytest.skip("not numpy's scipy-openblas")
-    before = get()
-    with gemm_probe.one_blas_thread():
-        assert get() == 1
+def test_blas_threads_sets_and_restores_the_count():
+    from threadpoolctl import threadpool_info
+
+    from panamera.runtime.blas_threads import blas_threads
+
+    def counts():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = counts()
+    if not before:
+        pytest.skip("no BLAS library loaded")
+    with blas_threads(1):
+        assert counts() == [1] * len(before)
         a = np.ones((64, 64), np.float32)
         assert float((a @ a)[0, 0]) == 64.0
-    assert get() == before
+    assert counts() == before
 
 
 def test_blas_group_is_modeled_at_the_gemm_rate_not_as_a_kernel():

@@ -11,10 +11,12 @@ the machine's SIMD FMA rate. A call therefore costs
 with the read and write rates of the STREAM-like probe (model/cpu.py `Rates`, one thread) and
 `gflops`, the micro-kernel's rate, from a short probe of numpy's own matmul
 (runtime/gemm_probe.py, cached per machine): a 256^3 product on one BLAS thread, less its call and
-packing. numpy's BLAS picks its own threads whatever the kernels' `threads=` is, and the model does
-not scale it with `threads`: bench/cpu (2026-11-24) measured table1 128x32x1024's call at 80 us
-(p25) with 1 and with 2 threads, as one BLAS thread runs it here (80-91 us). A large product on
-every core is over-predicted (up to the cores' count) until the call's threads are set (threadpoolctl).
+packing. A call runs the BLAS on the call's `threads` (runtime/blas_threads.py, since 0.4.0), but
+the model charges one thread's rate whatever `threads` is: bench/cpu (2026-11-24, before the
+count was set) measured table1 128x32x1024's call at 80 us (p25) with 1 and with 2 threads, and
+a product this small does not split well. A large product on every core is over-predicted (up to
+the cores' count), and a gemm called from C (runtime/cpu_gemm.py) pays no Python step: both
+left to refit on an idle machine.
 
 >>> from panamera.model.cpu import CpuModel
 >>> m = CpuModel.nominal(cores=2, simd_bytes=64)

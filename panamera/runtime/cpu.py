@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import OptionError, PanameraWarning
 from . import arrays as arrays_mod
 from . import cpu_gemm, diskcache, emulator
+from .blas_threads import blas_threads
 from .cpu_call import FastCall, HostStep, buffer_order, entry_name, segments, simple
 from .executor import Executor, _alloc
 from .plan import LaunchPlan
@@ -148,13 +149,17 @@ class CpuExecutor(Executor):
     ...) in order, `host` None for a compiled kernel, else the numpy BLAS call that computes it
     (schedule/cpu_blas.py: its operands' keys, then its output's); `threads` the default thread
     count of a call (compiled kernels; numpy's BLAS keeps its own thread pool); `bound` the
-    arrays of the inputs the program supplies itself (constant masks, by input position).
+    arrays of the inputs the program supplies itself (constant masks, by input position); `blas`:
+    some kernel is a gemm on numpy's BLAS (from C or through numpy), run on the call's thread count
+    too (runtime/blas_threads.py).
 
     A program of compiled kernels only runs through its one C entry (runtime/cpu_call.py)."""
 
-    def __init__(self, plan: LaunchPlan, source: str, kernels: tuple, threads: int, bound: dict | None = None):
+    def __init__(
+        self, plan: LaunchPlan, source: str, kernels: tuple, threads: int, bound: dict | None = None, blas: bool = False
+    ):
         super().__init__(plan, source, (), "cpu")
-        self.kernels, self.threads, self.bound = kernels, threads, dict(bound or {})
+        self.kernels, self.threads, self.bound, self.blas = kernels, threads, dict(bound or {}), blas
         self._fns: list | None = None
         self._fast: FastCall | None | bool = None  # None: not looked up yet; False: none
 
@@ -164,7 +169,7 @@ class CpuExecutor(Executor):
         if self._fast is None:
             ok = simple(self.plan)
             if ok:
-                self._fast = FastCall(self.plan, self._steps(), self.bound, self.threads)
+                self._fast = FastCall(self.plan, self._steps(), self.bound, self.threads, self.blas)
             else:
                 self._fast = False
         return self._fast or None
@@ -214,6 +219,13 @@ class CpuExecutor(Executor):
             results = [np.empty(shape, dt) for _, shape, dt in fast.outs]
             fast.launch([inputs[k] for k in fast.free], results, threads)
             return results
+        if self.blas:
+            with blas_threads(threads):
+                return self._run_each(inputs, threads)
+        return self._run_each(inputs, threads)
+
+    def _run_each(self, inputs: list[np.ndarray], threads: int) -> list[np.ndarray]:
+        """`run` kernel by kernel, each buffer allocated for the call (no one-table path)."""
         fns = self._entry_points()
         bufs = {t.key: a for t, a in zip(self.plan.inputs, inputs)}
         for key, spec in self.plan.buffers.items():

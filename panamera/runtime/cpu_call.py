@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .arrays import numpy_to_torch_dtype
+from .blas_threads import blas_threads
 from .executor import _alloc
 from .plan import LaunchPlan
 
@@ -137,12 +138,13 @@ class FastCall:
     """A program's C entries with their pointer table, its intermediates allocated once; `steps`
     the entries (ctypes functions of the table and the thread count) and the HostSteps between
     them, in order; `bound` the arrays of the inputs the program supplies itself (constant masks,
-    by input position); `threads` the default thread count of a call."""
+    by input position); `threads` the default thread count of a call; `blas`: some kernel is a
+    gemm on numpy's BLAS, which then runs on the call's thread count too (runtime/blas_threads.py)."""
 
-    def __init__(self, plan: LaunchPlan, steps: tuple, bound: dict[int, np.ndarray], threads: int):
+    def __init__(self, plan: LaunchPlan, steps: tuple, bound: dict[int, np.ndarray], threads: int, blas: bool = False):
         order = buffer_order(plan)
         slot = {k: n for n, k in enumerate(order)}
-        self.steps, self.threads, self.lock = steps, threads, threading.Lock()
+        self.steps, self.threads, self.blas, self.lock = steps, threads, blas, threading.Lock()
         self.hosts = any(isinstance(st, HostStep) for st in steps)  # numpy arrays needed per call
         self.arrays: list = [None] * len(order)  # slot -> its resident array (HostSteps read them)
         self._torch_dtypes: dict = {}
@@ -221,16 +223,24 @@ class FastCall:
             for (k, _, _), r in zip(self.outs, results):
                 p[k] = address(r) if type(r) is np.ndarray else r.data_ptr()
             nt = threads or self.threads
-            if not self.hosts:
-                self.steps[0](p, nt)
-                return
-            arrays = self.arrays.copy()
-            for k, a in zip(self.free, inputs):
-                arrays[k] = a
-            for (k, _, _), r in zip(self.outs, results):
-                arrays[k] = r
-            for st in self.steps:
-                if type(st) is HostStep:
-                    st.host.run([arrays[k] for k in st.ins], arrays[st.out])
-                else:
-                    st(p, nt)
+            if self.blas:
+                with blas_threads(nt):
+                    self._run(p, nt, inputs, results)
+            else:
+                self._run(p, nt, inputs, results)
+
+    def _run(self, p, nt: int, inputs, results: list) -> None:
+        """The steps in order on the table `p` (the caller holds the lock)."""
+        if not self.hosts:
+            self.steps[0](p, nt)
+            return
+        arrays = self.arrays.copy()
+        for k, a in zip(self.free, inputs):
+            arrays[k] = a
+        for (k, _, _), r in zip(self.outs, results):
+            arrays[k] = r
+        for st in self.steps:
+            if type(st) is HostStep:
+                st.host.run([arrays[k] for k in st.ins], arrays[st.out])
+            else:
+                st(p, nt)

@@ -16,8 +16,6 @@ minutes only, like that probe.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import datetime
 import hashlib
 import json
@@ -30,69 +28,15 @@ import numpy as np
 from ..model.cpu import Caches, Rates
 from ..model.cpu_gemm import PROBE_N, GemmRates, pack_us
 from . import cpu_probe, diskcache
+from .blas_threads import blas_threads
 
 log = logging.getLogger("panamera.cpu")
 VERSION = 1
 
 
-def _openblas() -> ctypes.CDLL | None:
-    """The OpenBLAS library numpy has loaded, where it is one that exports its thread-count calls
-    (numpy's wheels: scipy-openblas, `scipy_openblas_set_num_threads64_`), else None."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({ln.split()[-1] for ln in f if "openblas" in ln.lower() and ln.rstrip().endswith(".so")})
-    except OSError:
-        return None
-    for p in paths:
-        try:
-            lib = ctypes.CDLL(p)
-        except OSError:
-            continue
-        for pre in THREAD_CALLS:
-            if hasattr(lib, f"{pre}get_num_threads{SUFFIX}") or hasattr(lib, f"{pre}get_num_threads"):
-                return lib
-    return None
-
-
-THREAD_CALLS = ("scipy_openblas_", "openblas_")
-SUFFIX = "64_"
-
-
-@contextlib.contextmanager
-def one_blas_thread():
-    """numpy's OpenBLAS on one thread inside the block (its count restored after); a no-op for a BLAS
-    without those calls. One thread's rate is what the probe can measure on a loaded machine (a
-    2-thread OpenBLAS whose second thread waits for a busy core ran a 256^3 product 200x slower)."""
-    lib = _openblas()
-    calls = None
-    if lib is not None:
-        for pre in THREAD_CALLS:
-            for suf in (SUFFIX, ""):
-                get, put = (
-                    getattr(lib, f"{pre}get_num_threads{suf}", None),
-                    getattr(lib, f"{pre}set_num_threads{suf}", None),
-                )
-                if get is not None and put is not None:
-                    calls = (get, put)
-                    break
-            if calls:
-                break
-    if calls is None:
-        yield
-        return
-    get, put = calls
-    get.restype, put.argtypes = ctypes.c_int, (ctypes.c_int,)
-    before = get()
-    put(1)
-    try:
-        yield
-    finally:
-        put(before)
-
-
 def measure(r: Rates, caches: Caches) -> GemmRates:
     """Time numpy's matmul now (on one BLAS thread) and fit `GemmRates` against the bandwidth rates `r`."""
-    with one_blas_thread():
+    with blas_threads(1):  # one thread's rate: what a loaded machine lets the probe measure
         return _measure(r, caches)
 
 

@@ -62,4 +62,4 @@ def bind_constants(sg, constants: dict) -> BoundRun | None:
             bound[k] = a
         else:  # a constant the general call converts: that path for every run
             return None
-    return BoundRun(FastCall(ex.plan, fast.steps, bound, fast.threads), tuple(live))
+    return BoundRun(FastCall(ex.plan, fast.steps, bound, fast.threads, fast.blas), tuple(live))
