@@ -14,6 +14,10 @@ from panamera.compiler import lower
 from panamera.model import A100, H100, kernel_time
 from panamera.model.detect import spec_from_properties
 from panamera.model.gpu import V100
+from panamera.schedule.cost import stitched_cost
+from panamera.schedule.decision import Residence
+from panamera.schedule.mapping import map_group
+from panamera.schedule.onchip import blocks_per_sm, shared_bytes
 from panamera.schedule.tensor_core import Mma, analyse, candidates, landing, smem_bytes, tc_cost, tiles
 
 TILE = 48 * 1024  # a tensor-core tile's K slabs and accumulators at the 48 KB static limit
@@ -80,3 +84,16 @@ def test_pytorch_softmax_stages_rows_in_shared_memory_below_48_kb_only():
     staged, looped = eager(10240).launches[0], eager(16384).launches[0]
     assert staged.name == "cunn_SoftMaxForwardSmem" and staged.features["shared_bytes"] == 10240 * 4 + 32 * 4
     assert looped.name == "cunn_SoftMaxForward" and "shared_bytes" not in looped.features
+
+
+def test_rows_kept_in_shared_memory_pass_their_bytes_and_bound_the_blocks():
+    k = pn.compile(
+        pn.nn.softmax(pn.placeholder((64, 8192), "float32", name="x")), target="emulator", use_database=False
+    )
+    (g,) = [g for g in k.groups if g.stitched]
+    d = dataclasses.replace(map_group(g, A100, split=1).decision, onchip=Residence.SHARED)
+    kept = shared_bytes(g, d)
+    assert dict(stitched_cost(g, A100, d).features)["shared_bytes"] == kept > 0
+    assert blocks_per_sm(A100, g, d) == min(A100.resident_blocks(d.threads, kept), 1024 // d.threads)
+    memory = dataclasses.replace(d, onchip=Residence.MEMORY)
+    assert "shared_bytes" not in dict(stitched_cost(g, A100, memory).features)  # nothing kept: unchanged
