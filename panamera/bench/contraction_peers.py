@@ -239,7 +239,8 @@ def triton_matmul_launches(c: Linear, cfg, gpu: GPUSpec) -> list[PeerLaunch]:
     out = c.M * c.N * 2
     ln = kernel("matmul_kernel", read=a_bytes + b_bytes, written=out, blocks=gm * gn * split, threads=threads,
                 in_flight=(stages - 1) * (bm + bn) * bk * e / threads, l2=(gn - 1) * a_bytes + (gm - 1) * b_bytes,
-                atomics=c.M * c.N * split if split > 1 else 0, same=split if split > 1 else 0)  # fmt: skip
+                atomics=c.M * c.N * split if split > 1 else 0, same=split if split > 1 else 0,
+                shared=stages * (bm + bn) * bk * e)  # early_config_prune's required_shared_memory  # fmt: skip
     launches = [_mma(ln, 2.0 * gm * bm * gn * bn * c.K, c.weights)]  # tl.dot computes whole tiles
     if split > 1:  # pre_hook init_to_zero('C'): C.zero_() before the atomics
         launches.insert(0, aten_elementwise("zero_", c.M * c.N, 0, out, 2))

@@ -87,11 +87,12 @@ class PeerPlan:
 
 
 def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0, same=0, cas=0, sfu=0.0,
-           epilogue=400, round_trips=0, spill=None) -> PeerLaunch:  # fmt: skip
+           epilogue=400, round_trips=0, spill=None, shared=0) -> PeerLaunch:  # fmt: skip
     """A launch from its streamed bytes and shape; `in_flight` = streamed input bytes per thread per
     loop step (vector width x loads issued before the first use); `spill`: the compiler's register
     spills per thread, (store bytes, load bytes, stack frame bytes, registers, shared bytes per
-    block) as ptxas -v reports them (model/spill.py)."""
+    block) as ptxas -v reports them (model/spill.py); `shared`: the block's shared memory where the
+    peer's source states it (it bounds the resident blocks, `GPUSpec.resident_blocks`)."""
     f = {"dram_bytes": float(read + written), "blocks": int(max(blocks, 1)), "threads": int(threads),
          "bytes_in_flight_per_thread": float(in_flight), "atomics": int(atomics), "same_address": int(same),
          "cas_atomics": int(cas), "epilogue_cycles": int(epilogue), "l2_bytes": float(l2), "sfu_ops": float(sfu)}  # fmt: skip
@@ -99,6 +100,8 @@ def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0
         f["write_bytes"] = float(written)
     if round_trips:
         f["round_trips"] = int(round_trips)
+    if shared:
+        f["shared_bytes"] = int(shared)
     if spill:
         stores, loads, frame, registers, shared = spill
         n = int(max(blocks, 1)) * int(threads)
@@ -400,6 +403,9 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     return _plan("pytorch-eager", launches, f"ATen reduce {gx}x{ctas} grid (ctas_per_output {ctas})", **facts)
 
 
+TORCH_SMEM_PER_BLOCK = 48 * 1024  # cudaDeviceProp::sharedMemPerBlock, which SoftMax.cu's host_softmax tests
+
+
 def _torch_softmax(M: int, N: int, e: int, gpu: GPUSpec, log: bool) -> tuple[PeerLaunch, str]:
     """SoftMax.cu host_softmax (inner_size == 1, no half_to_float)."""
     sfu_per = 1 if log else 2  # exp in the sum pass, and again in the write pass for softmax
@@ -419,12 +425,19 @@ def _torch_softmax(M: int, N: int, e: int, gpu: GPUSpec, log: bool) -> tuple[Pee
     if reg < 10:  # cunn_SoftMaxForwardReg: the row stays in registers, one DRAM read
         return kernel("cunn_SoftMaxForwardReg", read=M * N * e, written=M * N * e, blocks=M, threads=block,
                       in_flight=reg * e, sfu=M * N), f"cunn_SoftMaxForwardReg ({reg} values per thread)"  # fmt: skip
-    if N % ilp == 0 and N * e < gpu.smem_per_block:  # cunn_SoftMaxForwardSmem: row staged in shared memory
+    # cunn_SoftMaxForwardSmem: the row staged in dynamic shared memory, with one float per warp for the block
+    # reduction, while that fits cudaDeviceProp::sharedMemPerBlock (48 KB on every GPU here, not the opt-in)
+    reduction = block // 32 * (8 if e == 8 else 4)  # smem_reduction_sz: one accscalar_t per warp
+    if N % ilp == 0 and N < (TORCH_SMEM_PER_BLOCK - reduction) // e:  # max_elements_per_smem
+        shared = N * e + reduction
         return kernel("cunn_SoftMaxForwardSmem", read=M * N * e, written=M * N * e, blocks=M, threads=block,
-                      in_flight=16, sfu=sfu_per * M * N), "cunn_SoftMaxForwardSmem"  # fmt: skip
+                      in_flight=16, sfu=sfu_per * M * N, shared=shared), "cunn_SoftMaxForwardSmem"  # fmt: skip
     # cunn_SoftMaxForward: max pass, sum-exp pass, write pass over the row (two re-reads hit L2)
+    why = (
+        f"{N} % ILP {ilp} != 0" if N % ilp else f"a row of {N * e} bytes beyond {TORCH_SMEM_PER_BLOCK} of shared memory"
+    )
     return kernel("cunn_SoftMaxForward", read=M * N * e, written=M * N * e, blocks=M, threads=block, in_flight=16,
-                  l2=2 * M * N * e, sfu=sfu_per * M * N), f"cunn_SoftMaxForward ({N} % ILP {ilp} != 0: no smem), 3 passes"  # fmt: skip
+                  l2=2 * M * N * e, sfu=sfu_per * M * N), f"cunn_SoftMaxForward ({why}: no smem), 3 passes"  # fmt: skip
 
 
 # --- CUB ---------------------------------------------------------------------------------------------

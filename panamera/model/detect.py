@@ -79,6 +79,8 @@ def spec_from_properties(props: dict) -> GPUSpec:
         "dram_bw": peak,
         "l2_size": int(got("l2CacheSize")) or base.l2_size,
         "smem_per_block": int(got("sharedMemPerBlockOptin")) or base.smem_per_block,
+        "smem_per_sm": int(got("sharedMemPerMultiprocessor")) or base.smem_per_sm,
+        "smem_reserved_per_block": int(got("reservedSharedMemPerBlock")) or base.smem_reserved_per_block,
         "max_threads_sm": int(got("maxThreadsPerMultiProcessor")) or base.max_threads_sm,
         "max_blocks_sm": int(got("maxBlocksPerMultiProcessor")) or base.max_blocks_sm,
         "vector_atomics": major >= 9,

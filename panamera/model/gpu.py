@@ -87,6 +87,8 @@ class GPUSpec:
     max_threads_sm: int = 2048
     max_blocks_sm: int = 32
     smem_per_block: int = 227 * 1024
+    smem_per_sm: int = 228 * 1024  # [spec] shared memory per SM at the largest carveout: what resident blocks share
+    smem_reserved_per_block: int = 1024  # [spec] shared memory the driver reserves per resident block (cc 8.0+)
     sources: tuple = ()  # (parameter, where the figure comes from), as in docs/GPU_MODEL.md
     eta_write: float = 0.0  # achievable fraction of peak for written bytes (0: as eta)
     queued_launch_s: float = -1.0  # a kernel queued behind another in the same call (< 0: launch_s)
@@ -147,9 +149,26 @@ class GPUSpec:
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw
 
-    def resident_blocks(self, threads: int) -> int:
-        """Blocks of `threads` threads that one SM holds at once (thread and block limits)."""
-        return max(1, min(self.max_blocks_sm, self.max_threads_sm // max(threads, 1)))
+    def resident_blocks(self, threads: int, shared_bytes: int = 0, registers: int = 0) -> int:
+        """Blocks of `threads` threads that one SM holds at once: the least of the thread rule, the
+        blocks-per-SM rule, the register rule (`registers` per thread, where known: 0 is not) and
+        the shared-memory rule (each block takes its `shared_bytes` plus the driver's reserved
+        `smem_reserved_per_block`, out of `smem_per_sm`) — the CUDA occupancy calculator's rules
+        without allocation granularity [spec: CUDA C Programming Guide, "Technical Specifications
+        per Compute Capability" and the compute-capability 8.x/9.0 shared-memory notes]. A plan
+        without shared memory is bound by threads and blocks alone.
+
+        >>> A100.resident_blocks(256, shared_bytes=48 * 1024), H100.resident_blocks(256, shared_bytes=48 * 1024)
+        (3, 4)
+        >>> H100.resident_blocks(256), H100.resident_blocks(256, registers=128)
+        (8, 2)
+        """
+        rules = [self.max_blocks_sm, self.max_threads_sm // max(threads, 1)]
+        if registers:
+            rules.append(self.registers_per_sm // (registers * max(threads, 1)))
+        if shared_bytes:
+            rules.append(self.smem_per_sm // (shared_bytes + self.smem_reserved_per_block))
+        return max(1, min(rules))
 
     @property
     def in_flight_per_sm(self) -> float:
@@ -204,6 +223,12 @@ _COMMON = (
     ("l2_clock_hz", "[measured] same-address atomics retire about one per L2 clock (gpgpu-sim PR #33, V100)"),
     ("sfu_per_clock_sm", "[spec] CUDA Programming Guide throughput table"),
     ("max_threads_sm/max_blocks_sm", "[spec] 2048 threads, 32 blocks per SM (cc 7.0-9.0)"),
+    (
+        "smem_per_sm/smem_reserved_per_block",
+        "[spec] CUDA C Programming Guide, technical specifications per compute capability: shared memory per "
+        "SM 228 KB (cc 9.0), 164 KB (cc 8.0), 96 KB (cc 7.0); 1 KB per block reserved for system use on cc 8.x "
+        "and 9.0 (none on cc 7.x): a block's shared memory plus 1 KB bounds the blocks an SM holds",
+    ),
     (
         "saturating_kb_per_sm",
         "[fitted] 24 KB in flight per SM saturate the stream: Liger's softmax 32Kx256 and "
@@ -274,6 +299,7 @@ A100 = GPUSpec(
     l2_bw=5e12,
     l2_size=40 * 2**20,
     smem_per_block=163 * 1024,
+    smem_per_sm=164 * 1024,
     l1_per_sm=192 * 1024,
     eta_write=0.79,
     queued_launch_s=0.1e-6,
@@ -305,6 +331,8 @@ V100 = GPUSpec(
     fp64_per_clock_sm=32,
     max_blocks_sm=32,
     smem_per_block=96 * 1024,
+    smem_per_sm=96 * 1024,
+    smem_reserved_per_block=0,
     l1_per_sm=128 * 1024,
     eta_write=0.77,
     queued_launch_s=0.5e-6,
@@ -413,8 +441,10 @@ def kernel_time(
     an issue term beside the CUDA cores' (T_issue: the larger binds); `spill_stores` /
     `spill_loads`: the kernel's register-spill bytes (ptxas -v per thread x threads launched),
     `spill_frame` the stack frame per thread, `spill_registers` the registers per thread (they
-    bound the blocks per SM whose frames share the SM), `shared_bytes` a block's shared memory
-    (model/spill.py: T_spill, added)."""
+    bound the blocks per SM whose frames share the SM); `shared_bytes` a block's shared memory, as
+    the stage that planned the kernel decided it: it bounds the resident blocks per SM
+    (`GPUSpec.resident_blocks`: waves, bytes in flight, the tail) and the L1 a spilled frame
+    finds (model/spill.py: T_spill, added)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
@@ -432,9 +462,11 @@ def kernel_time(
     if spill_stores or spill_loads:
         features += (("spill_stores", spill_stores), ("spill_loads", spill_loads), ("spill_frame", spill_frame),
                      ("spill_registers", spill_registers), ("shared_bytes", shared_bytes))  # fmt: skip
+    elif shared_bytes:
+        features += (("shared_bytes", shared_bytes),)
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
-    resident = gpu.resident_blocks(threads)
+    resident = gpu.resident_blocks(threads, shared_bytes)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
     in_flight = min(active * per_sm_blocks * threads * bytes_in_flight_per_thread, dram_bytes)

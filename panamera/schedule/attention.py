@@ -129,6 +129,18 @@ def registers(vec: int, slots: int, rows: int, unroll: int, acc_words: int) -> i
     return 2 * rows * per_vector + 2 * rows * acc_words + 2 * unroll * per_vector + 24
 
 
+def shared_bytes(c: AttentionChain, lanes: int, rows: int) -> int:
+    """The block's shared memory (codegen/attention_kernel.py): every group's (m, s, o[D]) per row,
+    merged in group order. It and the registers bound the blocks an SM holds (`GPUSpec.resident_blocks`)."""
+    return THREADS // lanes * rows * (c.D + 2) * c.acc.itemsize
+
+
+def _resident(c: AttentionChain, gpu: GPUSpec, vec: int, lanes: int, slots: int, rt: int, unroll: int) -> int:
+    """Blocks per SM: threads, registers and shared memory (the one rule, `GPUSpec.resident_blocks`)."""
+    regs = registers(vec, slots, rt, unroll, c.acc.itemsize // 4)
+    return gpu.resident_blocks(THREADS, shared_bytes(c, lanes, rt), regs)
+
+
 def _tile(c: AttentionChain, vec: int, lanes: int, slots: int) -> tuple[int, int]:
     """(rows per tile, unroll): the most rows, then the most keys in flight, within budget."""
     words = c.acc.itemsize // 4
@@ -155,9 +167,8 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     pairs = c.B * c.Hq * c.Lq * c.Lk  # (row, key) pairs
     shuffles = lanes * max(1, int(math.log2(lanes)))
     merge_elems = math.ceil(rt * c.D / THREADS)
-    words = c.acc.itemsize // 4
     in_flight = 2 * unroll * vec * c.dtype.itemsize
-    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
+    per_sm = _resident(c, gpu, vec, lanes, slots, rt, unroll)
     main_out = out_bytes if (split == 1 or launches == 1) else 0
     epilogue = 400 + 8 * (THREADS // lanes) * merge_elems
     atomics = 0
@@ -181,6 +192,7 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
         l2_bytes=reread - spill + (ws["l2_bytes"] if launches == 1 else 0),
         sfu_ops=pairs * ONLINE_SOFTMAX_VEC.merge_transcendentals,
         fp32_ops=pairs * (4 * c.D + shuffles + 10),
+        shared_bytes=shared_bytes(c, lanes, rt),
     )
     if split == 1 or launches == 1:
         return (main,)
@@ -206,8 +218,7 @@ def split_limits(c: AttentionChain, gpu: GPUSpec) -> tuple[int, int]:
     vec, lanes, slots = _vector(c)
     rt, unroll = _tile(c, vec, lanes, slots)
     step = (THREADS // lanes) * unroll  # keys a block takes per step
-    words = c.acc.itemsize // 4
-    per_sm = max(1, min(gpu.resident_blocks(THREADS), 65536 // (THREADS * registers(vec, slots, rt, unroll, words))))
+    per_sm = _resident(c, gpu, vec, lanes, slots, rt, unroll)
     base = math.ceil(c.rows / rt) * c.B * c.Hkv
     return max(1, math.ceil(c.Lk / step)), max(1, gpu.sms * per_sm // base)
 

@@ -26,7 +26,7 @@ from .derived import (
     passes,
     tree_chunk,
 )
-from .onchip import blocks_per_sm, kept_bytes, steps
+from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
@@ -264,12 +264,13 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
     row_bytes = in_bytes / max(M, 1)
     gx, S = d.launch_grid  # a persistent grid: its blocks loop over the row tiles
+    shared = block_shared_bytes(group, d)  # rows kept in shared memory (schedule/onchip.py): fewer blocks per SM
     if d.cluster > 1:  # clusters of S blocks in waves: the rows of the clusters resident at once
         resident = max(1, min(gx, gpu.sms * blocks_per_sm(gpu, group, d) // S)) * d.ty
     elif S > 1:
         resident = gx * d.ty
     else:
-        resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty)) * d.ty
+        resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty, shared)) * d.ty
     if group.consumed:  # poly/column_stitch.py: every row is read before any is re-read
         resident = M
     n_passes = passes(group, d.levels)
@@ -279,8 +280,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     if d.onchip == Residence.REGISTERS:
         flight = flight // max(1, d.unroll) * steps(d)
     if d.onchip != Residence.MEMORY:  # the blocks an SM holds: fewer where the grid has more
-        want = math.ceil(gx * S / gpu.sms)
-        flight = flight * min(want, blocks_per_sm(gpu, group, d)) / min(want, gpu.resident_blocks(d.threads))
+        want = math.ceil(gx * S / gpu.sms)  # (kernel_time counts them by threads and `shared_bytes`)
+        flight = flight * min(want, blocks_per_sm(gpu, group, d)) / min(want, gpu.resident_blocks(d.threads, shared))
     in_l2 = resident * row_bytes <= gpu.l2_size / 2
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
@@ -296,6 +297,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         epilogue_cycles=400 * (1 if S > 1 else row_reductions(group, d.levels)) * d.rtile * d.ctile,
         grid_syncs=0 if d.cluster > 1 else n_ex,
         sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
+        shared_bytes=shared,
         **arithmetic(group, d).features(),
     )
 
@@ -333,6 +335,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
     per_thread = steps * len(cols)  # partials in a thread's registers
     tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
+    if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
+        tree_bytes: dict[str, int] = {}
+        for c in cols:
+            need = d.threads * tree_chunk(d.threads, steps, c.acc.itemsize) * c.acc.itemsize
+            tree_bytes[c.acc.compute] = max(tree_bytes.get(c.acc.compute, 0), need)
+        f["shared_bytes"] = f.get("shared_bytes", 0) + sum(tree_bytes.values())
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
     discard = drops_column_partials(group, d)

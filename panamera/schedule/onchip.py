@@ -125,12 +125,16 @@ def kept_bytes(group: KernelGroup, vec: int) -> int:
 
 def blocks_per_sm(gpu: GPUSpec, group: KernelGroup, d: Decision) -> int:
     """Blocks one SM holds under the residence: its threads, registers or shared memory."""
-    base = min(gpu.resident_blocks(d.threads), max(1, 1024 // d.threads))
+    base = min(gpu.resident_blocks(d.threads, block_shared_bytes(group, d)), max(1, 1024 // d.threads))
     if d.onchip == Residence.REGISTERS:
         return min(base, d.min_blocks)
-    if d.onchip == Residence.SHARED:
-        return max(1, min(base, gpu.smem_per_block // max(1, shared_bytes(group, d))))
     return base
+
+
+def block_shared_bytes(group: KernelGroup, d: Decision) -> int:
+    """The shared memory of the kept rows under `d`'s residence (0 unless SHARED): what bounds the
+    blocks an SM holds (`GPUSpec.resident_blocks`), passed on to the kernel's cost as data."""
+    return shared_bytes(group, d) if d.onchip == Residence.SHARED else 0
 
 
 def problem(group: KernelGroup, d: Decision, gpu: GPUSpec, res: Residence) -> str:

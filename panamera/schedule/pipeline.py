@@ -187,7 +187,7 @@ def choose(
     dram_share = min(1.0, sum(t.size * t.dtype.itemsize for t in staged.values()) / max(1, requested))
     options = []
     for s in STAGES:
-        blocks = min(present, gpu.resident_blocks(d.threads), gpu.smem_per_block // (s * slab) if s > 1 else present)
+        blocks = min(present, gpu.resident_blocks(d.threads, s * slab if s > 1 else 0))  # the stages' shared memory
         flight = blocks * (d.threads * per_thread + (s - 1) * slab * dram_share)
         options.append((s, flight, blocks, dram_bytes / gpu.bandwidth(max(1.0, flight * sms))))
     direct = options[0]

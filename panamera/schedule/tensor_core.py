@@ -498,7 +498,8 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     # (or all of them at once where they land in shared memory and registers, `landing`)
     per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs
     trips = (math.ceil(d.split / partial_batch(per_thread, d.split)) if partials else 1) if split else 0
-    if landing(ops.kind, d, ops.rows, st.acc.itemsize):
+    land = landing(ops.kind, d, ops.rows, st.acc.itemsize)
+    if land:
         trips = 1
     tail = 400 + per_thread * 4 + trips * gpu.l2_latency_cycles
     return kernel_time(
@@ -516,6 +517,9 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         fp32_ops=fp32,
         mma_flops=2.0 * MT * BM * NT * BN * Kp,
         mma_dtype=Mma(d.mma).dtype,
+        # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
+        # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
+        shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
     )
 
 
