@@ -24,6 +24,7 @@ PACKAGES=(
   "onnx>=1.16"
   "click>=8.1"
   "rich>=13"
+  "threadpoolctl>=3.1"
   "pytest>=8"
   "pytest-xdist>=3"
   "cupy-cuda12x[ctk]>=14"

@@ -35,6 +35,7 @@ REQUIRED = {
     "onnx": "onnx>=1.16",
     "click": "click>=8.1",
     "rich": "rich>=13",
+    "threadpoolctl": "threadpoolctl>=3.1",
     "pytest": "pytest>=8",
     "cupy": "cupy-cuda12x[ctk]>=14",
 }

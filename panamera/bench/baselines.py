@@ -128,7 +128,7 @@ def compulsory_bytes(outs) -> int:
 def compulsory_traffic(outs, gpu: GPUSpec | None = None) -> tuple[int, int]:
     """(read, written): the limit's bytes, inputs and outputs apart (they stream at different rates).
     On a `gpu`, the reads include the re-read a grid-wide dependence forces on every plan there
-    (bench/reread.py: BatchNorm backward NHWC over more than fits on chip).
+    (panamera/bench/reread.py: BatchNorm backward NHWC over more than fits on chip).
 
     >>> import panamera as pn
     >>> from panamera.model import H100
