@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 import panamera as pn
+from panamera.model import H100
+from panamera.model.estimate import estimate
 
 
 @pytest.mark.parametrize(
@@ -29,8 +31,9 @@ def test_full_size_plans(shape, axis, form, multi_block):
     if multi_block:
         assert ln.modes == ("atomic_ws",) and k.plan.launches[0].role == "init_once"  # resident workspace
         assert len(k.plan.per_call) == 1
-        # the split (nearly) fills the H100: 128 blocks keep enough bytes in flight (calibrated model)
-        assert ln.grid[0] * ln.grid[1] >= 128
+        # the split (nearly) fills the H100 with 128 blocks, or fewer, larger blocks keep the DRAM stream within
+        # 5 % of the limit (they win where the calibrated model finds them faster: persistent.smaller_if_faster)
+        assert ln.grid[0] * ln.grid[1] >= 128 or estimate(k.plan, H100).ratio_to_limit <= 1.05, k.explain()
     assert ln.bytes_read == int(np.prod(shape)) * 4
     assert ln.block[0] * ln.block[1] <= 1024
 

@@ -46,12 +46,11 @@ class BoundRun:
 
 def bind_constants(sg, constants: dict) -> BoundRun | None:
     """`sg`'s (optimizer.Subgraph) CPU program with every input found in `constants` (the model's)
-    or among its own weights bound in its table, or None: no CPU program, or no one-table path."""
-    runner = sg.runner
-    fast = runner.executor.fast() if runner is not None else None
+    or among its own weights bound in its table, or None: no static CPU program, or no one-table path."""
+    ex = getattr(sg.runner, "executor", None)  # a symbolic program (dynamic_cpu.py) has none: its general call
+    fast = ex.fast() if ex is not None else None
     if fast is None:
         return None
-    ex = runner.executor
     bound, live = dict(ex.bound), []
     for k in fast.free:
         spec = ex.plan.inputs[k]
