@@ -8,8 +8,10 @@ shuffled per round (interleaved: a burst of load from other processes hits all a
 sample the mean of enough back-to-back calls to last `min_sample_s`; results give the median and
 the p25-p75 spread; on more than one thread each sample waits until the previous implementation's
 worker threads stopped spinning (`quiesce`: onnxruntime's pool spins ~200 ms after a run, on a
-core the next implementation measured would need). numpy is single-threaded whatever the count; torch, Inductor (compiled per
-thread count) and onnxruntime (`intra_op_num_threads`) are given the count. Every Panamera result
+core the next implementation measured would need). numpy's element-wise work is single-threaded
+whatever the count, its BLAS (matmul) is held at the count (runtime/blas_threads.py, as Panamera's
+own BLAS calls); torch, Inductor (compiled per thread count) and onnxruntime (`intra_op_num_threads`)
+are given the count. Every Panamera result
 is checked against the recipe in float64 numpy first, with a tolerance from the output dtype
 and the reduction length. Workloads the CPU target refuses, or too large for this machine, are
 listed as skipped with the reason. The run is labelled with the CPU, thread counts, date and
@@ -35,6 +37,7 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import PanameraError
+from ..runtime.blas_threads import blas_threads
 from .cpu_recipes import NOT_COVERED, CpuWorkload, NumpyBackend, OnnxBackend, PanameraBackend, TorchBackend
 
 PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
@@ -271,7 +274,8 @@ def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_samp
     for n in threads:
         impls, missing = built.at(n) if built else ({}, {})
         impls = {"panamera": lambda n=n: k(*arrays, threads=n), **impls}
-        res = measure(impls, rounds, min_sample_s, quiet=n > 1)
+        with blas_threads(n):  # numpy's BLAS on n threads, for the numpy peer as for Panamera's gemm calls
+            res = measure(impls, rounds, min_sample_s, quiet=n > 1)
         modeled = k.modeled(n)
         pan = res["panamera"]["median_us"]
         peer_t = {p: v["median_us"] for p, v in res.items() if p != "panamera"}

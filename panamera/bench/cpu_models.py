@@ -5,8 +5,8 @@ onnxruntime's CPU provider, measured in one run.
 Per model: `optimize(path, target="cpu")` once (the `panamera run` path: subgraphs on the CPU
 target, the rest in the array library), then at 1 and every usable thread, `rounds` interleaved
 rounds of `OptimizedModel.run(feeds, threads=n)` and an onnxruntime session with
-`intra_op_num_threads=n` (cpu_measure.measure: medians and p25-p75). numpy's BLAS (the library's
-MatMul / Gemm nodes) keeps its own thread pool. The inputs are verify.random_inputs (token ids
+`intra_op_num_threads=n` (cpu_measure.measure: medians and p25-p75), numpy's BLAS (the library's
+MatMul / Gemm nodes, the host convolution's products) held at n threads too (runtime/blas_threads.py). The inputs are verify.random_inputs (token ids
 within the embedding, masks); every Panamera output is checked against onnxruntime's within
 verify.py's error budget of a correct float32 computation, doubled (both sides round), as
 tests/test_exported_models.py does. Beside the times: the Panamera subgraphs, their CPU kernels,
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PanameraError
+from ..runtime.blas_threads import blas_threads
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "models"
 TINY_MODELS = ("widedeep-torchscript",)  # the smallest model: the test's and smoke runs' choice
@@ -100,7 +101,8 @@ def run_model(path: str, threads: tuple[int, ...], rounds: int, min_sample_s: fl
     for n in threads:
         s = _ort_session(path, n)
         impls = {"panamera": lambda n=n: opt.run(feeds, threads=n), "onnxruntime": lambda s=s: s.run(None, ort_feeds)}
-        res = measure(impls, rounds, min_sample_s, quiet=n > 1)
+        with blas_threads(n):  # numpy's own pool: the library steps' products on n threads, as onnxruntime
+            res = measure(impls, rounds, min_sample_s, quiet=n > 1)
         pan, peer = res["panamera"]["median_us"], res["onnxruntime"]["median_us"]
         records.append({"suite": "models", "workload": Path(path).stem, "threads": n, "measured": res,
                         "speedup_over_ort": peer / pan, "optimize_s": round(optimize_s, 2),
