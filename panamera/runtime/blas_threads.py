@@ -22,8 +22,9 @@ from functools import cache
 
 
 @cache
-def _blas_libraries() -> tuple:
-    """threadpoolctl's controllers of the BLAS libraries loaded now (numpy's, once imported)."""
+def loaded_blas() -> tuple:
+    """threadpoolctl's controllers of the BLAS libraries loaded now (numpy's, once imported); each
+    has `filepath`, `get_num_threads` and `set_num_threads` (runtime/cpu_gemm.py finds its gemm there)."""
     import numpy  # noqa: F401  (loads numpy's BLAS before the scan)
     from threadpoolctl import ThreadpoolController
 
@@ -40,7 +41,7 @@ class blas_threads:  # noqa: N801  (a context manager used like a function)
         self.n, self.changed = int(n), ()
 
     def __enter__(self) -> blas_threads:
-        self.changed = tuple((lib, before) for lib in _blas_libraries() if (before := lib.get_num_threads()) != self.n)
+        self.changed = tuple((lib, before) for lib in loaded_blas() if (before := lib.get_num_threads()) != self.n)
         for lib, _ in self.changed:
             lib.set_num_threads(self.n)
         return self

@@ -2,7 +2,7 @@
 
 numpy's wheels bundle OpenBLAS (`scipy-openblas`: symbols prefixed `scipy_` and, in the 64-bit
 integer build, suffixed `64_`); other builds link a system OpenBLAS (`cblas_sgemm`). `blas()`
-finds the library numpy has loaded (the process's memory map names it) and its CBLAS `sgemm` /
+finds the library numpy has loaded (threadpoolctl lists it: runtime/blas_threads.py) and its CBLAS `sgemm` /
 `dgemm`, with their integer width; the C helpers below (`GEMM_SOURCE`, in a program's source
 where a kernel is a gemm: codegen/cpu_kernel.py's `host_blas`) call them through pointers that
 `bind` writes once per loaded library. Where none is found (another BLAS, no /proc), `blas()` is
@@ -19,11 +19,12 @@ True
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from functools import cache
 
 import numpy as np  # noqa: F401  (loads the BLAS this module looks for)
+
+from .blas_threads import loaded_blas
 
 # (single, double, 64-bit integers): the CBLAS gemm symbols, best first.
 SYMBOLS = (
@@ -67,16 +68,6 @@ class Blas:
     ilp64: bool
 
 
-def _loaded_paths() -> list[str]:
-    """The shared libraries in this process's memory map whose name says BLAS."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = [ln.split(None, 5)[-1].strip() for ln in f if ".so" in ln]
-    except OSError:
-        return []
-    return [p for p in dict.fromkeys(paths) if "blas" in os.path.basename(p).lower()]
-
-
 def _int64_build(lib: ctypes.CDLL) -> bool:
     """Whether an OpenBLAS says it was built with 64-bit integers (its unsuffixed CBLAS symbols then
     take 64-bit sizes, which the 32-bit calls would misread)."""
@@ -91,7 +82,7 @@ def _int64_build(lib: ctypes.CDLL) -> bool:
 @cache
 def blas() -> Blas | None:
     """The CBLAS gemm functions of the BLAS numpy loaded, or None where none is found."""
-    for path in _loaded_paths():
+    for path in dict.fromkeys(lib.filepath for lib in loaded_blas()):
         try:
             lib = ctypes.CDLL(path)
         except OSError:

@@ -30,12 +30,17 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from functools import cache
+from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
 from ..model.cpu import LEVELS, Caches, Rates
 from . import diskcache
+
+Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
 log = logging.getLogger("panamera.cpu")
 VERSION = 5
@@ -208,23 +213,32 @@ def _from_json(text: str) -> Rates:
     )
 
 
+def cached(
+    path: Path, load: Callable[[str], Probed], dump: Callable[[Probed], str], probe: Callable[[], Probed], what: str
+) -> Probed:
+    """A probe's result kept on disk at `path`: `load(text)` of a verified entry, unless it was taken
+    contended (its `source` says so) more than CONTENDED_TTL_S ago; else `probe()`, stored as
+    `dump(result)` where the cache is writable. Shared by this probe and runtime/gemm_probe.py."""
+    try:
+        if diskcache.verified(path):
+            r = load(path.read_text())
+            if not r.source.startswith("contended") or time.time() - path.stat().st_mtime < CONTENDED_TTL_S:
+                return r
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        log.info("%s cache %s unreadable: probing again", what, path)
+    r = probe()
+    if r.source.startswith("contended"):
+        log.info("%s: %s", what, r.source)
+    try:
+        diskcache.store(path.parent, path.name, dump(r).encode())
+    except OSError as e:  # a read-only cache: probe again next process
+        log.info("%s not cached (%s)", what, e)
+    return r
+
+
 @cache
 def rates(threads: int, caches: Caches | None = None) -> Rates:
     """This machine's rates for `threads` threads: from the disk cache, else probed and stored."""
     caches = caches or Caches.detect()
     path = diskcache.directory() / f"cpu_probe_{_key(threads)}.json"
-    try:
-        if diskcache.verified(path):
-            r = _from_json(path.read_text())
-            if not r.source.startswith("contended") or time.time() - path.stat().st_mtime < CONTENDED_TTL_S:
-                return r
-    except (OSError, ValueError, KeyError, TypeError):
-        log.info("CPU probe cache %s unreadable: probing again", path)
-    r = measure(threads, caches)
-    if r.source.startswith("contended"):
-        log.info("CPU probe: %s", r.source)
-    try:
-        diskcache.store(path.parent, path.name, _to_json(r).encode())
-    except OSError as e:  # a read-only cache: probe again next process
-        log.info("CPU probe not cached (%s)", e)
-    return r
+    return cached(path, _from_json, _to_json, lambda: measure(threads, caches), "CPU probe")

@@ -20,7 +20,6 @@ import datetime
 import hashlib
 import json
 import logging
-import time
 from functools import cache
 
 import numpy as np
@@ -65,24 +64,20 @@ def _key(threads: int) -> str:
     return hashlib.sha256(f"gemm|{machine_key()}|{threads}|{np.__version__}|{VERSION}".encode()).hexdigest()[:20]
 
 
+def _to_json(g: GemmRates) -> str:
+    return json.dumps({"gflops": list(g.gflops), "call_us": g.call_us, "source": g.source})
+
+
+def _from_json(text: str) -> GemmRates:
+    d = json.loads(text)
+    return GemmRates((float(d["gflops"][0]), float(d["gflops"][1])), float(d["call_us"]), str(d["source"]))
+
+
 @cache
 def rates(threads: int, caches: Caches | None = None) -> GemmRates:
     """numpy's BLAS speed on this machine: from the disk cache, else probed and stored."""
     caches = caches or Caches.detect()
     path = diskcache.directory() / f"gemm_probe_{_key(threads)}.json"
-    try:
-        if diskcache.verified(path):
-            d = json.loads(path.read_text())
-            g = GemmRates((float(d["gflops"][0]), float(d["gflops"][1])), float(d["call_us"]), str(d["source"]))
-            fresh = time.time() - path.stat().st_mtime < cpu_probe.CONTENDED_TTL_S
-            if not g.source.startswith("contended") or fresh:
-                return g
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        log.info("gemm probe cache %s unreadable: probing again", path)
-    g = measure(cpu_probe.rates(threads, caches), caches)
-    try:
-        text = json.dumps({"gflops": list(g.gflops), "call_us": g.call_us, "source": g.source})
-        diskcache.store(path.parent, path.name, text.encode())
-    except OSError as e:  # a read-only cache: probe again next process
-        log.info("gemm probe not cached (%s)", e)
-    return g
+    return cpu_probe.cached(
+        path, _from_json, _to_json, lambda: measure(cpu_probe.rates(threads, caches), caches), "gemm probe"
+    )
