@@ -25,6 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from . import segments as sorted_segments
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.cpu_lanes import LANE_FOLD
@@ -204,6 +205,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
+        if sorted_segments.recognize_any(alternative):  # no sorted-segment kernels on the CPU
+            return math.inf
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
@@ -213,6 +216,11 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
+    if sorted_segments.recognize_any(graph):
+        raise CpuUnsupportedError(
+            "target='cpu': a sorted-segment scatter-add (frontend/scatter.py scatter_add_sorted) has no CPU kernels yet; "
+            "scatter_add_rows offers the owner-computes form for small tables"
+        )
     a = run_stages(_unfused(graph), options, stop_after="groups")
     groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
     a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
