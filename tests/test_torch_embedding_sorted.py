@@ -78,3 +78,30 @@ def test_without_deterministic_the_embedding_gradient_stays_in_its_partition():
     r = backward_subgraphs()
     assert not [s for s in r.subgraphs if s.ops == ("aten.embedding_dense_backward.default",)], r.describe()
     assert ((got - want).abs().max() / max(1.0, want.abs().max())).item() <= tolerance("float64", 4)
+
+
+def test_isolation_preconditions():
+    """torch_backend/isolate.py: one negative case per precondition, on a traced graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.infra.partitioner import Partition
+
+    from panamera.torch_backend.isolate import isolate_sorted_scatters, movable
+    from panamera.torch_backend.partition import anchored
+
+    def f(g, ids, w, g_small, ids_small):
+        big = torch.ops.aten.embedding_dense_backward(g, ids, ROWS, -1, False)
+        freq = torch.ops.aten.embedding_dense_backward(g, ids, ROWS, -1, True)
+        small = torch.ops.aten.embedding_dense_backward(g_small, ids_small, 64, -1, False)
+        return big + w, freq, small
+
+    args = (torch.randn(32, D), torch.randint(0, ROWS, (32,)), torch.randn(ROWS, D), torch.randn(8, 4))
+    gm = make_fx(f, tracing_mode="fake")(*args, torch.randint(0, 64, (8,)))
+    big, freq, small, add = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert movable(big, {big})
+    assert not movable(freq, {freq})  # (2) scale_grad_by_freq
+    assert not movable(small, {small})  # (3) owner computes takes it
+    assert not movable(big, {big, add})  # (4) read inside its partition
+    part = Partition(nodes=[big])
+    assert isolate_sorted_scatters([part], False, anchored) == [part]  # (1) not deterministic
+    (alone,) = isolate_sorted_scatters([Partition(nodes=[big, add])], True, anchored)  # (4): left as it is
+    assert set(alone.nodes) == {big, add}
