@@ -120,12 +120,15 @@ def launch_plan(
     runs = merge_runs(p.n, p.tile)
     sorted_key = "seg:keys0" if len(runs) % 2 == 0 else "seg:keys1"
     args = {
-        "zero": ((out_key, False), ("seg:bad", False)),
-        "tile": ((ids_key, True), ("seg:keys0", False), ("seg:bad", False)),
-        **{f"merge{L}": ((f"seg:keys{k % 2}", True), (f"seg:keys{(k + 1) % 2}", False)) for k, L in enumerate(runs)},
-        "part": ((sorted_key, True), (src_key, True), (out_key, False), ("seg:part", False)),
+        "tile": ((ids_key, True), ("seg:keys0", False), (out_key, False), ("seg:bad", False)),
+        **{
+            f"merge{L}": ((f"seg:keys{k % 2}", True), (f"seg:keys{(k + 1) % 2}", False), (out_key, False))
+            for k, L in enumerate(runs)
+        },
+        "part": ((sorted_key, True), (src_key, True), (ids_key, True), (out_key, False), ("seg:part", False),
+                 ("seg:bad", False)),
         "own": ((sorted_key, True), ("seg:part", True), (out_key, False)),
-    }
+    }  # fmt: skip
     launches, signatures = [], []
     for suffix, (grid, block), cost in p.launches:
         kargs = args[suffix]

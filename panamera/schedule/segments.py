@@ -5,9 +5,10 @@ of one row, sum each segment's rows in order, in pieces, then the pieces in orde
 codegen/segment_kernel.py.
 
 The plan holds every launch and the model's cost of each (sort passes, reads, writes, through
-model/gpu.py's `kernel_time`, the model every plan uses): zero the table, sort tiles of keys in
-shared memory, `ceil(log2(n / tile))` merge passes over 8-byte keys, the pieces' partial sums
-(every source row read once), the owners' sums (every touched row written once). The ids are
+model/gpu.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory,
+`ceil(log2(n / tile))` merge passes over 8-byte keys (each of these launches also zeroes a share
+of the table), the pieces' partial sums (every source row read once, whole segments' rows
+written), the owners' sums of the segments cut at a chunk boundary. The ids are
 data: the model takes them uniform (as the atomic plan does, schedule/cost.py), so a table of
 `rows` rows hit by `n` ids has `rows (1 - (1 - 1/rows)^n)` segments.
 
@@ -16,8 +17,8 @@ SEGMENT_ROWS, the cut of a segment into pieces, is fixed, so every choice gives 
 
 >>> from panamera.dtypes import as_dtype
 >>> p = plan_segments(8192, 50257, 768, as_dtype("int64"), as_dtype("float32"), None)
->>> [name for name, _, _ in p.launches][:3], p.passes
-(['zero', 'tile', 'merge1024'], 3)
+>>> [name for name, _, _ in p.launches], p.passes
+(['tile', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 4)
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..codegen.segment_kernel import SEGMENT_ROWS, UNROLL, ZERO_THREADS, merge_runs, vector_width
+from ..codegen.segment_kernel import (
+    SEGMENT_ROWS,
+    SORT_THREADS,
+    UNROLL,
+    merge_blocks,
+    merge_runs,
+    sort_blocks,
+    vector_width,
+)
 from ..dtypes import DType
 from ..errors import ShapeError
-from ..model.gpu import H100, GPUSpec, KernelCost, kernel_time
+from ..model.gpu import H100, GPUSpec, KernelCost, chain_s, kernel_time
 
-SORT_THREADS = 256
 MAX_TILE = 1024  # keys per sort block: 8 KB of shared memory
 TILES = (256, 512, MAX_TILE)  # the sort tiles the model chooses from (fewer merge passes, or more blocks)
 GROUPS = (1, 2, 4, 8)  # chunks of SEGMENT_ROWS positions per block of the piece and owner kernels
@@ -53,6 +61,7 @@ class SegmentPlan:
     groups_per_block: int
     threads: int
     vec: int
+    gpu: GPUSpec
     launches: tuple[tuple[str, tuple[int, int], KernelCost], ...]  # (kernel suffix, (grid, block), cost)
 
     @property
@@ -62,7 +71,8 @@ class SegmentPlan:
 
     @property
     def modeled_us(self) -> float:
-        return sum(c.total_s for _, _, c in self.launches) * 1e6
+        """The launches in sequence, each after the first queued (model/gpu.py `chain_s`)."""
+        return chain_s([c.total_s for _, _, c in self.launches], self.gpu) * 1e6
 
     def describe(self) -> str:
         return (
@@ -76,7 +86,7 @@ def expected_segments(n: int, rows: int) -> float:
     """Distinct rows among n uniform ids into `rows` rows (the model's segments).
 
     >>> round(expected_segments(8192, 50257))
-    7563
+    7559
     """
     return rows * -math.expm1(n * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
 
@@ -86,23 +96,33 @@ def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu:
     segs = expected_segments(n, rows)
     pieces = min(n, segs + math.ceil(n / SEGMENT_ROWS))
     out = []
-    table = rows * width * e
-    zblocks = max(1, min(math.ceil(rows * width / (ZERO_THREADS * 4)), gpu.sms * 16))
-    out.append(("zero", (zblocks, ZERO_THREADS),
-                kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=zblocks, threads=ZERO_THREADS,
-                            bytes_in_flight_per_thread=e)))  # fmt: skip
-    tiles = math.ceil(n / tile)
-    out.append(("tile", (tiles, SORT_THREADS),
-                kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES, blocks=tiles,
-                            threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
-                            fp32_ops=2.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES)))  # fmt: skip
-    for L in merge_runs(n, tile):
+    runs = merge_runs(n, tile)
+    shares = 1 + len(runs)
+    table = rows * width * e / shares  # each sort launch zeroes its share of the table
+
+    def zeroing(sort: KernelCost) -> tuple[int, KernelCost]:
+        """(zeroing blocks, the launch's cost): its sort blocks and zeroing blocks run side by
+        side, so it lasts as long as the longer of the two alone (the sort's few blocks wait on
+        latencies and shared memory, the zeroing blocks stream the table's writes)."""
+        blocks = max(1, min(math.ceil(rows * width / shares / (SORT_THREADS * 4)), gpu.sms * 8))
+        z = kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=blocks, threads=SORT_THREADS,
+                        bytes_in_flight_per_thread=e)  # fmt: skip
+        return blocks, max(sort, z, key=lambda c: c.total_s)
+
+    tiles = sort_blocks(n, tile)
+    # each key counts the smaller keys of its tile: a shared-memory load (a quarter of the FP32 rate), a
+    # compare and an add per key of the tile, on the sort blocks' SMs only
+    zb, cost = zeroing(kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES,
+                                   blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
+                                   fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
+    out.append(("tile", (tiles + zb, SORT_THREADS), cost))
+    for L in runs:
         probes = math.ceil(math.log2(L)) + 1  # the binary search's dependent L2 round trips, per thread
-        blocks = math.ceil(n / SORT_THREADS)
-        out.append((f"merge{L}", (blocks, SORT_THREADS),
-                    kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
-                                threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES,
-                                l2_bytes=n * probes * 32.0, epilogue_cycles=probes * gpu.l2_latency_cycles)))  # fmt: skip
+        blocks = merge_blocks(n)
+        zb, cost = zeroing(kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
+                                       threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES,
+                                       l2_bytes=n * probes * 32.0, epilogue_cycles=probes * gpu.l2_latency_cycles))  # fmt: skip
+        out.append((f"merge{L}", (blocks + zb, SORT_THREADS), cost))
     blocks = math.ceil(n / (gpb * SEGMENT_ROWS))
     spans = (math.ceil(n / SEGMENT_ROWS) - 1) * (n - segs) / max(1, n - 1)  # segments cut at a chunk boundary
     partials = min(pieces, 2 * spans)  # the pieces of those: written by `part`, read by `own`
@@ -153,5 +173,5 @@ def plan_segments(
         threads = min(256, 32 * math.ceil(width / vec / 32))
     candidates = (groups_per_block,) if groups_per_block is not None else GROUPS
     options = [(t, g, _costs(n, rows, width, ids, src, t, g, threads, vec, gpu)) for t in tiles for g in candidates]
-    t, g, costs = min(options, key=lambda o: (sum(c.total_s for _, _, c in o[2]), -o[0], o[1]))
-    return SegmentPlan(n, rows, width, ids, src, skip, t, g, threads, vec, costs)
+    t, g, costs = min(options, key=lambda o: (chain_s([c.total_s for _, _, c in o[2]], gpu), -o[0], o[1]))
+    return SegmentPlan(n, rows, width, ids, src, skip, t, g, threads, vec, gpu, costs)
