@@ -54,7 +54,7 @@ from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
 from .schedule.cpu_blas import blas_call, split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
-from .schedule.formulation import choose_formulations, substitute
+from .schedule.formulation import choose_formulations, nondeterministic, substitute
 
 
 @dataclass(frozen=True, repr=False)
@@ -205,8 +205,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
-        if sorted_segments.recognize_any(alternative):  # no sorted-segment kernels on the CPU
-            return math.inf
+        if sorted_segments.recognize_any(alternative) or nondeterministic(alternative) is not None:
+            return math.inf  # no sorted-segment kernels and no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))

@@ -151,3 +151,18 @@ def test_the_cpu_target_refuses_an_indirect_write():
     ids, g = pn.placeholder((5,), "int64", name="ids"), pn.placeholder((5, 3), "float32", name="g")
     with pytest.raises(pn.PanameraError, match="indirect write"):
         pn.compile(scatter_add_atomic(ids, g, rows=4), target="cpu")
+
+
+def test_the_cpu_target_takes_owner_computes_deterministic_across_threads(rng):
+    """The CPU has no indirect writes (nor sorted segments): its model never chooses them, so a
+    small table's scatter-add runs as owner computes (the CPU chose the atomic form and refused
+    it before), bit-identical at 1 and 2 threads when deterministic."""
+    index, src = rng.integers(0, 20, 300), rng.standard_normal((300, 16)).astype(np.float32)
+    ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
+    k = pn.compile(scatter_add_rows(ids, g, rows=20), target="cpu", deterministic=True)
+    assert [f.chosen for f in k.formulations] == ["owner_computes"]
+    one = k(index, src, threads=1)
+    assert np.array_equal(one, k(index, src, threads=2))
+    want = reference(index, src, 20)
+    tol = tolerance("float32", int(np.bincount(index).max()))
+    np.testing.assert_allclose(one, want, rtol=tol, atol=tol * np.abs(want).max())
