@@ -130,7 +130,7 @@ def launch_plan(
         "own": ((sorted_key, True), ("seg:part", True), (out_key, False)),
     }  # fmt: skip
     launches, signatures = [], []
-    for suffix, (grid, block), cost in p.launches:
+    for suffix, (grid, block), cost, (read, written) in p.launches:
         kargs = args[suffix]
         sig = tuple(f"{'const ' if ro else ''}{buffers[key].ctype}*" for key, ro in kargs)
         signatures.append((f"{name}_{suffix}", sig))
@@ -142,8 +142,8 @@ def launch_plan(
                 tuple(("buf", key) for key, _ in kargs),
                 LaunchRole.MAP,
                 form="SORTED_SEGMENTS",
-                bytes_read=int(dict(cost.features).get("dram_bytes", 0) - dict(cost.features).get("write_bytes", 0)),
-                bytes_written=int(dict(cost.features).get("write_bytes", 0)),
+                bytes_read=read,
+                bytes_written=written,
                 mapping=f"{suffix}: {p.describe()}",
                 modeled_us=cost.total_s * 1e6,  # compiler.py's _queued takes the queued gap off
                 cost_features=cost.features,

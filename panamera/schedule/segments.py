@@ -17,7 +17,7 @@ SEGMENT_ROWS, the cut of a segment into pieces, is fixed, so every choice gives 
 
 >>> from panamera.dtypes import as_dtype
 >>> p = plan_segments(8192, 50257, 768, as_dtype("int64"), as_dtype("float32"), None)
->>> [name for name, _, _ in p.launches], p.passes
+>>> [name for name, *_ in p.launches], p.passes
 (['tile', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 4)
 """
 
@@ -62,7 +62,8 @@ class SegmentPlan:
     threads: int
     vec: int
     gpu: GPUSpec
-    launches: tuple[tuple[str, tuple[int, int], KernelCost], ...]  # (kernel suffix, (grid, block), cost)
+    # (kernel suffix, (grid, block), cost, (bytes read, bytes written)) per launch
+    launches: tuple[tuple[str, tuple[int, int], KernelCost, tuple[int, int]], ...]
 
     @property
     def passes(self) -> int:
@@ -72,7 +73,7 @@ class SegmentPlan:
     @property
     def modeled_us(self) -> float:
         """The launches in sequence, each after the first queued (model/gpu.py `chain_s`)."""
-        return chain_s([c.total_s for _, _, c in self.launches], self.gpu) * 1e6
+        return chain_s([c.total_s for _, _, c, _ in self.launches], self.gpu) * 1e6
 
     def describe(self) -> str:
         return (
@@ -96,45 +97,51 @@ def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu:
     segs = expected_segments(n, rows)
     pieces = min(n, segs + math.ceil(n / SEGMENT_ROWS))
     out = []
+
+    def add(name: str, shape: tuple[int, int], cost: KernelCost, *parts: KernelCost) -> None:
+        """One launch: its cost, and its traffic (read, written) summed over the parts it runs."""
+        f = [dict(c.features) for c in parts or (cost,)]
+        written = sum(x.get("write_bytes", 0.0) for x in f)
+        out.append((name, shape, cost, (int(sum(x["dram_bytes"] for x in f) - written), int(written))))
+
     runs = merge_runs(n, tile)
     shares = 1 + len(runs)
     table = rows * width * e / shares  # each sort launch zeroes its share of the table
 
-    def zeroing(sort: KernelCost) -> tuple[int, KernelCost]:
-        """(zeroing blocks, the launch's cost): its sort blocks and zeroing blocks run side by
-        side, so it lasts as long as the longer of the two alone (the sort's few blocks wait on
+    def zeroing(name: str, blocks: int, sort: KernelCost) -> None:
+        """A sort launch with zeroing blocks: its sort blocks and zeroing blocks run side by side,
+        so it lasts as long as the longer of the two alone (the sort's few blocks wait on
         latencies and shared memory, the zeroing blocks stream the table's writes)."""
-        blocks = max(1, min(math.ceil(rows * width / shares / (SORT_THREADS * 4)), gpu.sms * 8))
-        z = kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=blocks, threads=SORT_THREADS,
+        zb = max(1, min(math.ceil(rows * width / shares / (SORT_THREADS * 4)), gpu.sms * 8))
+        z = kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=zb, threads=SORT_THREADS,
                         bytes_in_flight_per_thread=e)  # fmt: skip
-        return blocks, max(sort, z, key=lambda c: c.total_s)
+        add(name, (blocks + zb, SORT_THREADS), max(sort, z, key=lambda c: c.total_s), sort, z)
 
     tiles = sort_blocks(n, tile)
     # each key counts the smaller keys of its tile: a shared-memory load (a quarter of the FP32 rate), a
     # compare and an add per key of the tile, on the sort blocks' SMs only
-    zb, cost = zeroing(kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES,
-                                   blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
-                                   fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
-    out.append(("tile", (tiles + zb, SORT_THREADS), cost))
+    zeroing("tile", tiles, kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES,
+                                       blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
+                                       fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
     for L in runs:
         probes = math.ceil(math.log2(L)) + 1  # the binary search's dependent L2 round trips, per thread
         blocks = merge_blocks(n)
-        zb, cost = zeroing(kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
-                                       threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES,
-                                       l2_bytes=n * probes * 32.0, epilogue_cycles=probes * gpu.l2_latency_cycles))  # fmt: skip
-        out.append((f"merge{L}", (blocks + zb, SORT_THREADS), cost))
+        merge = kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
+                            threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES, l2_bytes=n * probes * 32.0,
+                            epilogue_cycles=probes * gpu.l2_latency_cycles)  # fmt: skip
+        zeroing(f"merge{L}", blocks, merge)
     blocks = math.ceil(n / (gpb * SEGMENT_ROWS))
     spans = (math.ceil(n / SEGMENT_ROWS) - 1) * (n - segs) / max(1, n - 1)  # segments cut at a chunk boundary
     partials = min(pieces, 2 * spans)  # the pieces of those: written by `part`, read by `own`
     whole = (segs - spans) * width * e  # rows `part` writes itself
-    out.append(("part", (blocks, threads),
-                kernel_time(gpu, dram_bytes=n * KEY_BYTES + n * width * e + whole + partials * width * acc,
-                            write_bytes=whole + partials * width * acc, blocks=blocks, threads=threads,
-                            bytes_in_flight_per_thread=UNROLL * vec * e, fp32_ops=float(n * width))))  # fmt: skip
-    out.append(("own", (blocks, threads),
-                kernel_time(gpu, dram_bytes=n * KEY_BYTES + partials * width * acc + spans * width * e,
-                            write_bytes=spans * width * e, blocks=blocks, threads=threads,
-                            bytes_in_flight_per_thread=vec * acc, fp32_ops=float(partials * width))))  # fmt: skip
+    add("part", (blocks, threads),
+        kernel_time(gpu, dram_bytes=n * KEY_BYTES + n * width * e + whole + partials * width * acc,
+                    write_bytes=whole + partials * width * acc, blocks=blocks, threads=threads,
+                    bytes_in_flight_per_thread=UNROLL * vec * e, fp32_ops=float(n * width)))  # fmt: skip
+    add("own", (blocks, threads),
+        kernel_time(gpu, dram_bytes=n * KEY_BYTES + partials * width * acc + spans * width * e,
+                    write_bytes=spans * width * e, blocks=blocks, threads=threads,
+                    bytes_in_flight_per_thread=vec * acc, fp32_ops=float(partials * width)))  # fmt: skip
     return tuple(out)
 
 
@@ -173,5 +180,5 @@ def plan_segments(
         threads = min(256, 32 * math.ceil(width / vec / 32))
     candidates = (groups_per_block,) if groups_per_block is not None else GROUPS
     options = [(t, g, _costs(n, rows, width, ids, src, t, g, threads, vec, gpu)) for t in tiles for g in candidates]
-    t, g, costs = min(options, key=lambda o: (chain_s([c.total_s for _, _, c in o[2]], gpu), -o[0], o[1]))
+    t, g, costs = min(options, key=lambda o: (chain_s([c.total_s for _, _, c, _ in o[2]], gpu), -o[0], o[1]))
     return SegmentPlan(n, rows, width, ids, src, skip, t, g, threads, vec, gpu, costs)
