@@ -38,9 +38,9 @@ def compiled(n, rows, width, dtype="float32", ids_dtype="int64", skip=None):
 
 @pytest.mark.parametrize(("dtype", "ids_dtype"), [("float32", "int64"), ("float64", "int32")])
 def test_repeated_ids_across_merge_passes_and_chunks(rng, dtype, ids_dtype):
-    """300 ids into 20 rows: segments of ~15 positions cut at the 32-position chunks, three merge
-    passes past a 64-key tile; id 4 skipped; rows no id names stay zero (the second call does not
-    add onto the first)."""
+    """300 ids into 20 rows: segments of ~15 positions cut at the 32-position chunks; id 4
+    skipped; rows no id names stay zero (the second call does not add onto the first). Merge
+    passes of both parities: test_bits_do_not_move_with_tile_blocks_threads_or_order."""
     index = rng.integers(0, 20, 300).astype(ids_dtype)
     index[index == 7] = 8  # row 7: no id
     src = rng.standard_normal((300, 6)).astype(dtype)
@@ -76,8 +76,9 @@ def test_16bit_sources_accumulate_in_float32(rng, dtype):
 
 
 def test_bits_do_not_move_with_tile_blocks_threads_or_order(rng):
-    """The sum order depends on the ids alone: two sort tiles, chunks per block and thread counts
-    (so two block counts) and three thread orders give the same bits."""
+    """The sum order depends on the ids alone: two sort tiles (4 merge passes and 1: the sorted
+    keys end in either buffer), chunks per block and thread counts (so two block counts) and three
+    thread orders give the same bits."""
     index = rng.integers(0, 12, 400)
     src = (rng.standard_normal((400, 8)) * 10.0 ** rng.integers(-4, 4, (400, 1))).astype(np.float32)
     ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
