@@ -154,5 +154,6 @@ def launch_plan(
     specs = tuple(InputSpec(t.name, f"in:{t.uid}", t.shape, t.dtype, aligns.get(t.uid, 1)) for t in inputs)
     check = IndexCheck("seg:bad", order.index(ids.uid), node.attr("index") or ids.label, p.rows, p.n, "scatter-add")
     out = graph[0]
-    plan = LaunchPlan(tuple(launches), buffers, specs, (ResultSpec(out.shape, out.size, out_key),), (check,))
+    checks = (check,) if node.attr("check", True) else ()  # scatter_add_rows's form: ids outside drop
+    plan = LaunchPlan(tuple(launches), buffers, specs, (ResultSpec(out.shape, out.size, out_key),), checks)
     return plan, prelude(body) + body, tuple(signatures)

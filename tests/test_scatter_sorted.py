@@ -145,3 +145,18 @@ def test_a_computed_source_in_a_deterministic_compile_is_refused_clearly():
     ids, g = pn.placeholder((8192,), "int64", name="ids"), pn.placeholder((8192, 8), "float32", name="g")
     with pytest.raises(pn.PanameraError, match="not deterministic"):
         lower(scatter_add_rows(ids, g * 2.0, 50257), target="emulator", deterministic=True)
+
+
+def test_every_form_of_scatter_add_rows_drops_ids_outside_the_table(rng):
+    """scatter_add_rows's contract (an id outside [0, rows) adds nothing) holds in each of its
+    three forms, so the model's choice never changes an answer; `scatter_add_sorted` called
+    directly checks instead (test_an_id_outside_the_table_is_an_input_error)."""
+    index = np.array([0, 9, -1, 2, 2, 5, 4, 1])
+    src = rng.standard_normal((8, 3)).astype(np.float32)
+    ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
+    choose = scatter_add_rows(ids, g, 5)
+    assert choose.attr("names") == ("owner_computes", "atomic", "sorted_segments")
+    keep = (index >= 0) & (index < 5)
+    want = reference(index[keep], src[keep], 5)
+    for form in choose.inputs:
+        close(pn.compile(form, target="emulator")(index, src), want, "float32", index[keep])
