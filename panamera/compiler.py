@@ -35,12 +35,13 @@ import numpy as np
 
 from . import cache as compile_cache
 from . import logs
+from . import segments as sorted_segments
 from .codegen import islast
 from .codegen.attention_kernel import AttentionKernels, render_attention
 from .codegen.header import prelude
 from .codegen.kernel import InitKernel, RenderedKernel, render_empty, render_kernel, render_zero
 from .enums import StrEnum
-from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError, TargetRefused
+from .errors import EmulatorWarning, InputError, OptionError, PanameraError, ScheduleError, TargetRefused, Unsupported
 from .explain import contraction_lines  # noqa: F401  (the public name it always had)
 from .explain import render as explain_sections
 from .frontend.tensor import Tensor
@@ -61,6 +62,7 @@ from .schedule.formulation import Formulation, choose_formulations, substitute
 from .schedule.mapping import Mapping, map_group, replay
 from .schedule.planner import Considered, EpilogueConsidered, plan_groups
 from .schedule.saved import Schedule
+from .schedule.segments import SegmentPlan
 
 _log = logs.get("compiler")
 
@@ -163,11 +165,13 @@ class Artifacts:
     fused: fused_attention.AttentionChain | None = None  # program: a legal fused attention (poly/attention.py)
     attention: AttentionPlan | None = None  # mappings: its plan (schedule/attention.py)
     attention_kernels: AttentionKernels | None = None  # kernels: its CUDA C
+    segment: Tensor | None = None  # program: a sorted-segment scatter-add, the whole computation (segments.py)
+    segments: SegmentPlan | None = None  # mappings: its plan (schedule/segments.py)
 
     def __repr__(self) -> str:
         """One line: which stages are done (every stage's value is an attribute)."""
         done = [n for n, v in (("formulations", self.graph), ("program", self.program),
-                               ("groups", self.groups or self.fused), ("mappings", self.mappings or self.attention),
+                               ("groups", self.groups or self.fused), ("mappings", self.mappings or self.attention or self.segments),
                                ("kernels", self.kernels or self.attention_kernels), ("plan", self.plan)) if v]  # fmt: skip
         return f"<Artifacts of {len(self.outputs)} output(s): stages {', '.join(done) or 'none'} done>"
 
@@ -196,7 +200,10 @@ def kernel_name(k: int, group: KernelGroup) -> str:
 def _formulations(a: Artifacts, o: Options) -> Artifacts:
     def cost(outputs: tuple[Tensor, ...]) -> float:  # an alternative alone, planned freely on this GPU
         alone = Options(Target.EMULATOR, False, o.gpu)
-        return run_stages(outputs, alone).plan.modeled_us
+        try:
+            return run_stages(outputs, alone).plan.modeled_us
+        except Unsupported:  # a form that cannot take this graph (segments.py's preconditions)
+            return math.inf
 
     saved = o.schedule.formulations if o.schedule is not None else None
     graph, chosen = choose_formulations(a.outputs, cost, saved, o.deterministic)
@@ -204,6 +211,9 @@ def _formulations(a: Artifacts, o: Options) -> Artifacts:
 
 
 def _program(a: Artifacts, o: Options) -> Artifacts:
+    node = sorted_segments.recognize(a.graph)
+    if node is not None:
+        return dataclasses.replace(a, program=sorted_segments.program_of(node, a.graph), segment=node)
     fused = fused_attention.recognize(a.graph)
     if fused is not None:
         return dataclasses.replace(a, program=fused_attention.program_of(fused), fused=fused)
@@ -215,7 +225,7 @@ def _program(a: Artifacts, o: Options) -> Artifacts:
 
 
 def _groups(a: Artifacts, o: Options) -> Artifacts:
-    if a.fused is not None:
+    if a.fused is not None or a.segment is not None:
         return a
     replayed = o.schedule.stitched if o.schedule is not None else None
     epilogues = o.schedule.epilogues if o.schedule is not None else ()
@@ -234,6 +244,8 @@ def _groups(a: Artifacts, o: Options) -> Artifacts:
 def _mappings(a: Artifacts, o: Options) -> Artifacts:
     if a.fused is not None:
         return dataclasses.replace(a, attention=plan_attention(a.fused, o.gpu, o.split))
+    if a.segment is not None:
+        return dataclasses.replace(a, segments=sorted_segments.plan_of(a.segment, o.gpu))
     mappings = []
     for k, grp in enumerate(a.groups):
         if grp.M * grp.N == 0:
@@ -252,6 +264,8 @@ def _mappings(a: Artifacts, o: Options) -> Artifacts:
 def _kernels(a: Artifacts, o: Options) -> Artifacts:
     if a.attention is not None:
         return dataclasses.replace(a, attention_kernels=render_attention(a.attention, "pn_k0_attention"))
+    if a.segments is not None:
+        return a  # rendered with its plan (segments.py)
     kernels, mappings = [], iter(a.mappings)
     specs = _output_specs(a.groups)
     for k, grp in enumerate(a.groups):
@@ -267,6 +281,10 @@ def _kernels(a: Artifacts, o: Options) -> Artifacts:
 def _plan(a: Artifacts, o: Options) -> Artifacts:
     if a.attention_kernels is not None:
         return _attention_plan(a, o)
+    if a.segments is not None:
+        plan, source, signatures = sorted_segments.launch_plan(a.segment, a.segments, a.graph, a.program.inputs)
+        plan = dataclasses.replace(plan, launches=_queued(list(plan.launches), o.gpu))
+        return dataclasses.replace(a, plan=plan, source=source, signatures=signatures)
     buffers = _output_specs(a.groups)
     launches, parts, signatures = [], [islast.HELPERS], {}
     live = [g for g in a.groups if g.M * g.N]

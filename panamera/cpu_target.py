@@ -25,6 +25,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from . import segments as sorted_segments
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.cpu_lanes import LANE_FOLD
@@ -53,7 +54,7 @@ from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
 from .schedule.cpu_blas import blas_call, split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
-from .schedule.formulation import choose_formulations, substitute
+from .schedule.formulation import choose_formulations, nondeterministic, substitute
 
 
 @dataclass(frozen=True, repr=False)
@@ -204,6 +205,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
+        if sorted_segments.recognize_any(alternative) or nondeterministic(alternative) is not None:
+            return math.inf  # no sorted-segment kernels and no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
@@ -213,6 +216,11 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
+    if sorted_segments.recognize_any(graph):
+        raise CpuUnsupportedError(
+            "target='cpu': a sorted-segment scatter-add (frontend/scatter.py scatter_add_sorted) has no CPU kernels yet; "
+            "scatter_add_rows offers the owner-computes form for small tables"
+        )
     a = run_stages(_unfused(graph), options, stop_after="groups")
     groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
     a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)

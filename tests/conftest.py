@@ -146,6 +146,19 @@ def _recording_render_dyn_attention(*args, **kw):
 
 _dynamic_attention.render_attention = _recording_render_dyn_attention
 
+import panamera.segments as _segments  # noqa: E402  (the sorted-segment scatter-add's kernels, one source)
+
+_render_segments = _segments.render_segments
+
+
+def _recording_render_segments(name, *args, **kw):
+    src = _render_segments(name, *args, **kw)
+    _record("PN_KERNEL_NAME", src.replace(name, "PN_KERNEL_NAME"))  # pn_k_<digest>_zero, _tile, ...
+    return src
+
+
+_segments.render_segments = _recording_render_segments
+
 
 @pytest.fixture(autouse=True)
 def _auto_is_the_emulator(request, monkeypatch):
@@ -196,7 +209,8 @@ def pytest_sessionfinish(session, exitstatus):
                 problems.append(str(e)[:3000])
     spills = [r for r in results if r.spill_stores or r.spill_loads]
     problems += [f"spills: {r}" for r in spills]
-    names = {r.kernel for r in results if re.match(r"pn_k_[0-9a-f]{16}$", r.kernel)}
+    stems = (re.match(r"(pn_k_[0-9a-f]{16})(_[a-z]+[0-9]*)?$", r.kernel) for r in results)  # a file may hold several
+    names = {m.group(1) for m in stems if m}
     if not problems and len(names) != len(kernels):
         problems.append(f"nvcc reported {len(names)} of {len(kernels)} kernels")
     msg = f"nvcc: {len(kernels)} unique generated kernels compiled for sm_80 and sm_90, {len(spills)} with spills"

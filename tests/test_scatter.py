@@ -111,7 +111,7 @@ def test_atomic_indirect_write_with_repeated_ids(rng, dtype):
         assert not got[5].any() and not got[4].any() and not got[6].any()
 
 
-def test_the_model_chooses_owner_computes_or_atomics_and_deterministic_never_atomics():
+def test_the_model_chooses_a_form_and_deterministic_never_atomics():
     from panamera.compiler import lower
 
     def chosen(n, rows, width, deterministic=False):
@@ -123,9 +123,9 @@ def test_the_model_chooses_owner_computes_or_atomics_and_deterministic_never_ato
     assert chosen(512, 1000, 64)[0] == ["atomic"]  # 1000 rows: owner computes reduces 1000x the ids
     got, said = chosen(512, 1000, 64, deterministic=True)
     assert got == ["owner_computes"] and "atomic (not deterministic)" in said[0]
-    assert chosen(8192, 50257, 8)[0] == []  # over MAX_TERMS: the indirect write is the only form
-    with pytest.raises(pn.PanameraError, match="not deterministic"):
-        chosen(8192, 50257, 8, deterministic=True)
+    # over MAX_TERMS: the indirect write or sorted segments (test_scatter_sorted.py), never owner computes
+    assert chosen(8192, 50257, 8)[0][0] in ("atomic", "sorted_segments")
+    assert chosen(8192, 50257, 8, deterministic=True)[0] == ["sorted_segments"]
 
 
 def test_an_indirect_write_has_a_kernel_of_its_own(rng):
@@ -151,3 +151,18 @@ def test_the_cpu_target_refuses_an_indirect_write():
     ids, g = pn.placeholder((5,), "int64", name="ids"), pn.placeholder((5, 3), "float32", name="g")
     with pytest.raises(pn.PanameraError, match="indirect write"):
         pn.compile(scatter_add_atomic(ids, g, rows=4), target="cpu")
+
+
+def test_the_cpu_target_takes_owner_computes_deterministic_across_threads(rng):
+    """The CPU has no indirect writes (nor sorted segments): its model never chooses them, so a
+    small table's scatter-add runs as owner computes (the CPU chose the atomic form and refused
+    it before), bit-identical at 1 and 2 threads when deterministic."""
+    index, src = rng.integers(0, 20, 300), rng.standard_normal((300, 16)).astype(np.float32)
+    ids, g = pn.placeholder(index.shape, "int64", name="ids"), pn.placeholder(src.shape, "float32", name="g")
+    k = pn.compile(scatter_add_rows(ids, g, rows=20), target="cpu", deterministic=True)
+    assert [f.chosen for f in k.formulations] == ["owner_computes"]
+    one = k(index, src, threads=1)
+    assert np.array_equal(one, k(index, src, threads=2))
+    want = reference(index, src, 20)
+    tol = tolerance("float32", int(np.bincount(index).max()))
+    np.testing.assert_allclose(one, want, rtol=tol, atol=tol * np.abs(want).max())

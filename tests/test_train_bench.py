@@ -127,3 +127,17 @@ def test_one_training_step_row(monkeypatch):
     assert 0 < row.panamera_us and 0 < row.eager_us
     assert row.grad_error <= 1e-5 and row.loss_error <= 1e-5  # float32 against eager PyTorch
     assert "| tiny |" in train_steps.table([row])
+
+
+def test_eager_embedding_backward_sorts_then_sums_partial_segments():
+    """Embedding.cu: up to 3072 ids the feature kernel; beyond, cub's radix sort over 64 key bits
+    (8 onesweep passes) and EmbeddingBackwardKernel.cu's partial segments: deterministic, the peer
+    of Panamera's sorted segments (test_scatter_sorted.py)."""
+    small = plan_train_peers(Backward(Pattern.EMBEDDING, 2048, 768, 4, rows=50257), H100)["pytorch-eager"]
+    assert [ln.name for ln in small.launches] == ["fill (at::zeros)", "embedding_backward_feature_kernel"]
+    p = plan_train_peers(Backward(Pattern.EMBEDDING, 8192, 768, 4, rows=50257), H100)["pytorch-eager"]
+    names = [ln.name for ln in p.launches]
+    assert names.count("DeviceRadixSortOnesweepKernel") == 8 and names[-2:] == [
+        "compute_grad_weight",
+        "sum_and_scatter",
+    ]

@@ -80,6 +80,8 @@ def _single(plan: str, outs, gpu: GPUSpec, compulsory: int | tuple[int, int] | N
     if att is not None:
         what = f"fused attention split={att.split} over the keys, {att.chunk} keys per block, {att.launches} launch(es)"
         splits = (att.split,)
+    if c.stages.segments is not None:  # a sorted-segment scatter-add: its plan and the forms it was chosen among
+        what = "; ".join((c.stages.segments.describe(), *(f.describe() for f in c.formulations)))
     return PlanResult(plan, estimate(c.plan, gpu, compulsory), blocks, atomics, dt, (c,), what, splits=splits)
 
 

@@ -29,6 +29,9 @@ Sources (bench/README.md "Peers and their rules"):
   by `Reduction.num_splits` (ir.py) into partials and a final kernel; BatchNorm: the channel sums,
   then a pointwise kernel for dx; embedding: torch/_decomp's `embedding_dense_backward` (`new_zeros`,
   then `index_put(accumulate=True)`), lowered to a zeroing kernel and atomic_add stores.
+- **PyTorch eager, embedding**: Embedding.cu `embedding_dense_backward_cuda` and
+  EmbeddingBackwardKernel.cu (sort the ids with cub, segment offsets, partial sums of 10 rows,
+  then the partials summed per segment): deterministic, the peer of Panamera's sorted segments.
 
 Every plan reads at least the workload's inputs and writes its outputs, so no peer is modeled
 below the limit (tests/test_train_bench.py checks it at every shape).
@@ -169,8 +172,116 @@ def pytorch_eager(b: Backward, gpu: GPUSpec) -> PeerPlan | None:
         elt = aten_elementwise("batch_norm_backward_elemt", R * C, 2 * R * C * e + 4 * C * 4, R * C * e, e)
         return _plan("pytorch-eager", [red, elt], "Normalization.cuh: backward_reduce per channel, then backward_elemt")
     if b.pattern is Pattern.EMBEDDING:
-        return None  # embedding_dense_backward sorts the ids (a radix sort, several kernels): not modeled
+        return _eager_embedding(b, gpu)
     return None
+
+
+EMBEDDING_FEATURE_IDS = 3072  # Embedding.cu: at most this many ids (no scale_grad_by_freq) take the feature kernel
+NROWS_PER_THREAD = 10  # EmbeddingBackwardKernel.cu: rows per partial segment
+
+
+def _eager_embedding(b: Backward, gpu: GPUSpec) -> PeerPlan:
+    """Embedding.cu `embedding_dense_backward_cuda`, deterministic by construction. Up to 3072 ids:
+    `embedding_backward_feature_kernel` (zeros, then one kernel: blocks of 32 x 32 threads over
+    feature chunks of 32 walk the ids, each warp owning its rows). Beyond: `arange`, cub's
+    `radix_sort_pairs` of the int64 ids with their positions over all 64 key bits (the nbits
+    bound is commented out): one histogram kernel, one exclusive sum, eight onesweep passes of
+    8 bits moving keys and values; then EmbeddingBackwardKernel.cu `embedding_backward_cuda_kernel`:
+    `at::zeros` of the table, `cub::unique_by_key` (segment offsets: two kernels),
+    `krn_partials_per_segment`, `cub::exclusive_sum` (two kernels), `compute_num_of_partial_segments`,
+    `krn_partial_segment_offset`, `compute_grad_weight` (one thread per feature of a partial
+    segment of up to NROWS_PER_THREAD rows, fp32 partials; grid sized by the ids) and
+    `sum_and_scatter` (one thread per feature of a segment). The ids are taken uniform, as
+    Panamera's plans take them (schedule/segments.py `expected_segments`)."""
+    from ..schedule.segments import expected_segments
+
+    T, D, V, e = b.M, b.N, b.rows, b.elem
+    zeros = kernel("fill (at::zeros)", read=0, written=V * D * e, blocks=cdiv(V * D, 128 * 8), threads=128, in_flight=0)
+    if T <= EMBEDDING_FEATURE_IDS:
+        feat = kernel("embedding_backward_feature_kernel", read=T * 8 + T * D * e + T * D * e, written=T * D * e,
+                      blocks=cdiv(D, 32), threads=1024, in_flight=e)  # fmt: skip
+        return _plan("pytorch-eager", [zeros, feat], "Embedding.cu embedding_backward_feature_kernel (<= 3072 ids)")
+    segs = expected_segments(T, V)
+    partials = segs + max(0.0, T - segs) / NROWS_PER_THREAD  # segments longer than 10 rows split
+    warped = cdiv(D, 32) * 32
+    block = min(warped, 1024)
+    onesweep_tile = 256 * 16  # threads x items of a onesweep tile (16 keys and values loaded before use)
+    small = cdiv(T, 32)
+    launches = [
+        kernel("arange", read=0, written=T * 8, blocks=cdiv(T, 128 * 8), threads=128, in_flight=0),
+        kernel(
+            "DeviceRadixSortHistogramKernel",
+            read=T * 8,
+            written=8 * 256 * 8,
+            blocks=gpu.sms,
+            threads=128,
+            in_flight=8 * 4,
+        ),  # fmt: skip
+        kernel(
+            "DeviceRadixSortExclusiveSumKernel",
+            read=8 * 256 * 8,
+            written=8 * 256 * 8,
+            blocks=1,
+            threads=256,
+            in_flight=8,
+        ),  # fmt: skip
+        *[
+            kernel(
+                "DeviceRadixSortOnesweepKernel",
+                read=T * 16,
+                written=T * 16,
+                blocks=cdiv(T, onesweep_tile),
+                threads=256,
+                in_flight=16 * 16,
+            )
+            for _ in range(8)
+        ],  # fmt: skip
+        zeros,
+        kernel("DeviceSelectSweepKernel init", read=0, written=16, blocks=1, threads=128, in_flight=0),
+        kernel(
+            "DeviceSelectSweepKernel (unique_by_key)",
+            read=T * 8,
+            written=segs * 8,
+            blocks=cdiv(T, 128 * 15),
+            threads=128,
+            in_flight=15 * 8,
+        ),  # fmt: skip
+        kernel("krn_partials_per_segment", read=segs * 8, written=segs * 8, blocks=small, threads=32, in_flight=8),
+        kernel("DeviceScanInitKernel", read=0, written=16, blocks=1, threads=128, in_flight=0),
+        kernel(
+            "DeviceScanKernel (exclusive_sum)",
+            read=T * 8,
+            written=T * 8,
+            blocks=cdiv(T, 128 * 15),
+            threads=128,
+            in_flight=15 * 8,
+        ),  # fmt: skip
+        kernel("compute_num_of_partial_segments", read=16, written=8, blocks=1, threads=1, in_flight=8),
+        kernel(
+            "krn_partial_segment_offset", read=3 * segs * 8, written=partials * 8, blocks=small, threads=32, in_flight=8
+        ),  # fmt: skip
+        kernel(
+            "compute_grad_weight",
+            read=partials * 8 + T * 8 + T * D * e,
+            written=partials * D * 4,
+            blocks=cdiv(T * warped, block),
+            threads=block,
+            in_flight=e,
+            round_trips=2,
+        ),  # fmt: skip
+        kernel(
+            "sum_and_scatter",
+            read=segs * 16 + partials * D * 4,
+            written=segs * D * e,
+            blocks=cdiv(T * warped, block),
+            threads=block,
+            in_flight=4,
+            round_trips=2,
+        ),  # fmt: skip
+    ]
+    return _plan("pytorch-eager", launches, f"Embedding.cu: cub radix_sort_pairs (64 key bits: 8 onesweep passes), "
+                 f"then embedding_backward_cuda_kernel (zeros, unique_by_key, partial segments of {NROWS_PER_THREAD} "
+                 "rows, compute_grad_weight, sum_and_scatter)")  # fmt: skip
 
 
 # --- Liger-Kernel --------------------------------------------------------------------------------------

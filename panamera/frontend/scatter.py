@@ -49,16 +49,19 @@ def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = N
     position t of `index` (any rank; `src` is indexed by the same leading axes); an index equal to
     `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows).
 
-    Two formulations, and the planner keeps the one the model prefers (schedule/formulation.py):
-    owner computes (`scatter_add_owner`) and the atomic indirect write (`scatter_add_atomic`).
-    Over `MAX_TERMS` owner-computes terms only the atomic one is offered; a deterministic compile
-    never takes it (and refuses a scatter that has no other)."""
+    Three formulations, and the planner keeps the one the model prefers (schedule/formulation.py):
+    owner computes (`scatter_add_owner`), the atomic indirect write (`scatter_add_atomic`) and
+    sorted segments (`scatter_add_sorted`). Over `MAX_TERMS` owner-computes terms owner computes
+    is not offered; a deterministic compile never takes the atomic one."""
     tail, n, width = _check_rows(index, src, rows, "scatter_add_rows")
     atomic = scatter_add_atomic(index, src, rows, skip)
+    ordered = scatter_add_sorted(index, src, rows, skip, check=False)  # ids outside drop, as in the other forms
     if rows * n * width > MAX_TERMS:
-        return atomic
+        return alternatives("scatter_add", ("atomic", "sorted_segments"), (atomic, ordered))
     return alternatives(
-        "scatter_add", ("owner_computes", "atomic"), (scatter_add_owner(index, src, rows, skip), atomic)
+        "scatter_add",
+        ("owner_computes", "atomic", "sorted_segments"),
+        (scatter_add_owner(index, src, rows, skip), atomic, ordered),
     )
 
 
@@ -99,6 +102,30 @@ def scatter_add_atomic(index: Tensor, src: Tensor, rows: int, skip: int | None =
     vals = _accumulated(src).reshape((n, width))
     out = Tensor("scatter_add", (ids.reshape((n, 1)), vals), (rows, width), vals.dtype, (("axis", 0),))
     return out.astype(src.dtype.name).reshape((rows, *tail))
+
+
+def scatter_add_sorted(index: Tensor, src: Tensor, rows: int, skip: int | None = None, check: bool = True) -> Tensor:
+    """`scatter_add_rows` by **sorted segments**, deterministic for any table size: the ids
+    sorted with their positions, each row's segment of source rows summed in position order (in
+    pieces of a fixed length, then the pieces in order), so the bits depend on the ids alone,
+    never on blocks, threads or timing; rows no id names are zero (schedule/segments.py plans
+    it, codegen/segment_kernel.py renders it). An id equal to `skip` adds nothing; with `check`,
+    an id outside [0, rows) is an InputError at run time naming `index` (the kernels record the
+    least such position; no extra pass), without it adds nothing (`scatter_add_rows`'s contract,
+    which every one of its forms keeps). Compiled on its own: the index and the source are the
+    compiled computation's inputs.
+
+    >>> import panamera as pn
+    >>> ids = pn.placeholder((5,), "int64", name="ids")
+    >>> scatter_add_sorted(ids, pn.placeholder((5, 3), "float16", name="g"), rows=100000).dtype.name
+    'float16'
+    """
+    tail, n, width = _check_rows(index, src, rows, "scatter_add_sorted")
+    if src.dtype.name == "bool" or not (src.dtype.is_float or src.dtype.name in ("int32", "int64")):
+        raise DTypeError(f"scatter_add_sorted: src {src.label!r} has dtype {src.dtype}; the sums take numbers")
+    attrs = (("skip", skip), ("index", index.label), ("check", bool(check)))
+    out = Tensor("scatter_sorted", (index.reshape((n,)), src.reshape((n, width))), (rows, width), src.dtype, attrs)
+    return out.reshape((rows, *tail))
 
 
 def _accumulated(src: Tensor) -> Tensor:

@@ -176,6 +176,14 @@ class Executor:
             raise
 
     def _results(self, bufs, inputs) -> list:
+        for c in self.plan.checks:  # an index input out of range: an error, never a wrong answer
+            pos = int(bufs[c.key][0])
+            if pos != c.sentinel:
+                got = int(inputs[c.input_index].reshape(-1)[pos])
+                raise InputError(
+                    f"{c.op}: index {c.tensor!r} holds {got} at position {pos}, outside [0, {c.extent}) "
+                    f"(the table's rows)"
+                )
         out, used = [], set()
         for r in self.plan.results:
             if r.input_index >= 0:

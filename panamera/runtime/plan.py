@@ -98,6 +98,20 @@ class ResultSpec:
 
 
 @dataclass(frozen=True)
+class IndexCheck:
+    """A run-time check of an index input: after the launches, `key` (one int64) holds the least
+    position whose id fell outside [0, extent), or `sentinel` when none did (the kernel that
+    reads the ids records it; runtime/executor.py raises an InputError naming `tensor` and `op`)."""
+
+    key: str
+    input_index: int
+    tensor: str
+    extent: int
+    sentinel: int
+    op: str
+
+
+@dataclass(frozen=True)
 class InputSpec:
     """One input the caller passes: its placeholder's name, shape and dtype, its buffer key, and
     the alignment in bytes its address needs: the widest vector load of it (vector width x item
@@ -116,6 +130,7 @@ class LaunchPlan:
     buffers: dict = field(default_factory=dict)  # key -> BufferSpec
     inputs: tuple[InputSpec, ...] = ()
     results: tuple[ResultSpec, ...] = ()
+    checks: tuple[IndexCheck, ...] = ()  # index inputs checked after every call
 
     def as_dicts(self) -> list[dict]:
         return [asdict(x) for x in self.launches]

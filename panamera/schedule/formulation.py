@@ -110,7 +110,8 @@ def choose_formulations(
     if bad is not None:
         raise Unsupported(
             f"{bad.op} {bad.label!r}: atomic adds in any order are not deterministic, and no deterministic "
-            "formulation of it is offered (frontend/scatter.py: the owner-computes form is bounded by MAX_TERMS); "
-            "compile without deterministic=True"
+            "formulation of it is offered (frontend/scatter.py: the owner-computes form is bounded by MAX_TERMS; "
+            "sorted segments take a scatter compiled alone, its index and source inputs: segments.py); "
+            "compile without deterministic=True, or compile the scatter alone"
         )
     return graph, tuple(chosen)

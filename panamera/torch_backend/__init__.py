@@ -31,8 +31,9 @@ it does not know), by importing this module, and by `import panamera` when torch
 Options (`torch.compile(..., options={...})`): `target` ("cpu", "emulator" or "cuda"; by default
 the device of the graph's tensors: CPU tensors run on the CPU target, OpenMP C++, a subgraph it
 refuses in eager PyTorch with the reason in its report; "emulator" runs the CUDA source) and
-`deterministic` (split reductions merge through ordered partials, not atomics: gradients are
-bit-identical run to run). `mode` takes torch.compile's documented modes (`MODES` says what each
+`deterministic` (split reductions merge through ordered partials, not atomics, and scatter-adds
+take owner computes or sorted segments: gradients are bit-identical run to run; also on under
+`torch.use_deterministic_algorithms(True)`). `mode` takes torch.compile's documented modes (`MODES` says what each
 means here); torch allows `mode` or `options`, not both.
 
 >>> import torch, panamera  # doctest: +SKIP
@@ -244,7 +245,9 @@ def _static(gm: torch.fx.GraphModule, inputs: list, options: dict, compile_id: s
     from . import partition
     from .backward import DECOMPOSITIONS
 
-    target, deterministic = _target(options, inputs), bool(options.get("deterministic", False))
+    # torch.use_deterministic_algorithms(True) asks the same of every backend
+    deterministic = bool(options.get("deterministic", False)) or torch.are_deterministic_algorithms_enabled()
+    target = _target(options, inputs)
     shapes = _shapes(inputs)
 
     def compiler(phase: Phase):

@@ -1,0 +1,232 @@
+"""CUDA C of the sorted-segment scatter-add (schedule/segments.py plans it): the deterministic
+`out[ids[t]] += src[t]` for any table size.
+
+Four kinds of kernel, launched in this order every call:
+
+1. `tile`: each sort block sorts one tile of 64-bit keys `(row << 32) | position` in shared
+   memory (each key's rank is the number of smaller keys of its tile); an id outside [0, rows)
+   or equal to `skip` gets the class `rows`, after every row (never written); block 0 resets
+   the bad-id slot to `N`;
+2. `merge` (one launch per pass, run length doubling): each key's place is its rank in its run
+   plus the number of keys of the partner run below it (a binary search).
+   The tile and merge launches also carry zeroing blocks, each launch a share of the table
+   (rows no id names stay 0): the table's write streams while the sort waits on latencies;
+3. `part`: the sorted positions are cut into pieces: aligned chunks of `SEGMENT_ROWS`, cut
+   again where the row changes; each piece's source rows are summed in position order (the
+   keys are unique, so the sorted order is one order), `UNROLL` rows loaded ahead, vectors
+   across the row. A piece that is a whole segment writes its row; the others write a partial.
+   Pieces of the class `rows` record the least position of an id outside the table in the
+   bad-id slot (`atomicMin`: the same position whatever the order);
+4. `own`: the first piece of each segment that runs past it owns the row: it adds the
+   segment's later pieces (at the chunk boundaries) in order and writes the row.
+
+Every sum's order depends on the ids alone, never on blocks, threads or timing: the result is
+bit-identical across runs, block counts and thread counts.
+
+>>> from panamera.dtypes import as_dtype
+>>> src = render_segments("pn_seg", 6, 4, 3, as_dtype("int64"), as_dtype("float32"), None, 2, 2, 32)
+>>> [ln.split("(")[0].split()[-1] for ln in src.splitlines() if "__global__" in ln]
+['pn_seg_tile', 'pn_seg_merge2', 'pn_seg_merge4', 'pn_seg_part', 'pn_seg_own']
+"""
+
+from __future__ import annotations
+
+from ..dtypes import DType
+
+SEGMENT_ROWS = 32  # positions per chunk: the fixed cut of a segment into pieces (never a mapping choice)
+ZERO_THREADS = 256
+SORT_THREADS = 256  # threads of the tile and merge kernels' sort blocks
+
+
+def sort_blocks(n: int, tile: int) -> int:
+    """Blocks of the tile kernel that sort (the others zero the table)."""
+    return -(-n // tile)
+
+
+def merge_blocks(n: int) -> int:
+    """Blocks of a merge kernel that merge, one key per thread (the others zero the table)."""
+    return -(-n // SORT_THREADS)
+
+
+UNROLL = 4  # source rows a thread loads before adding them (in order)
+
+
+def vector_width(src: DType, width: int) -> int:
+    """Elements per vector load of a source row (and of a partial): 16 bytes of a 4- or 8-byte
+    type, 8 bytes of a 16-bit one (its partials are float), 1 where the row does not divide.
+
+    >>> from panamera.dtypes import as_dtype
+    >>> vector_width(as_dtype("float32"), 768), vector_width(as_dtype("float64"), 3)
+    (4, 1)
+    """
+    v = 2 if src.itemsize == 8 else 4
+    while v > 1 and width % v:
+        v //= 2
+    return v if src.itemsize in (2, 4, 8) and src.name != "bool" else 1
+
+
+def merge_runs(n: int, tile: int) -> tuple[int, ...]:
+    """The run length each merge pass starts from: tile, 2 tile, ... below n.
+
+    >>> merge_runs(9, 2)
+    (2, 4, 8)
+    """
+    runs, r = [], tile
+    while r < n:
+        runs.append(r)
+        r *= 2
+    return tuple(runs)
+
+
+def render_segments(
+    name: str,
+    n: int,
+    rows: int,
+    width: int,
+    ids: DType,
+    src: DType,
+    skip: int | None,
+    tile: int,
+    groups_per_block: int,
+    threads: int,
+    vec: int = 1,
+) -> str:
+    """The kernels' source (`{name}_tile`, `_merge{L}` per pass, `_part`, `_own`);
+    `tile` keys per sort block, `groups_per_block` chunks of SEGMENT_ROWS positions per block of
+    `part` and `own`, `threads` threads across a row's `width` elements there, `vec` elements
+    per load (`vector_width`)."""
+    acc = src.compute  # float for 16-bit sources (rounded once, at the write), else the source's type
+    P, key = SEGMENT_ROWS, "unsigned long long"
+    zero = f"({acc})0"
+    drop = f" || id == {skip}LL" if skip is not None else ""
+    bad = "(id < 0LL || id >= {r}LL){s}".format(r=rows, s=f" && id != {skip}LL" if skip is not None else "")
+    bad = bad.replace("id", "pn_id")
+    runs = merge_runs(n, tile)
+    table, shares = rows * width, 1 + len(runs)
+
+    def zero_share(k: int, sort_blocks: int) -> list[str]:
+        """The blocks past the sort's `sort_blocks` zero share k of the table (every sort launch
+        carries one share: the table's write streams while the sort waits on its latencies)."""
+        lo, hi = table * k // shares, table * (k + 1) // shares
+        return [
+            f"  if (blockIdx.x >= {sort_blocks}) {{  // zeroing blocks: elements [{lo}, {hi}) of the table",
+            f"    const long long t = (long long)(blockIdx.x - {sort_blocks}) * blockDim.x + threadIdx.x;",
+            f"    const long long stride = (long long)(gridDim.x - {sort_blocks}) * blockDim.x;",
+            f"    for (long long e = {lo}LL + t; e < {hi}LL; e += stride) pn_st(&table[e], {zero});",
+            "    return;",
+            "  }",
+        ]
+
+    parts = [
+        f'extern "C" __global__ void {name}_tile(const {ids.c_type}* __restrict__ ids, {key}* __restrict__ keys, '
+        f"{src.c_type}* __restrict__ table, long long* __restrict__ bad) {{",
+        f"  __shared__ {key} pn_s[{tile}];",
+        *zero_share(0, sort_blocks(n, tile)),
+        f"  if (blockIdx.x == 0 && threadIdx.x == 0) bad[0] = {n}LL;  // `part` records the least bad position",
+        f"  const long long base = (long long)blockIdx.x * {tile};",
+        f"  const int len = (int)({n}LL - base < {tile}LL ? {n}LL - base : {tile}LL);",
+        "  for (int e = threadIdx.x; e < len; e += blockDim.x) {",
+        "    const long long id = (long long)ids[base + e];",
+        f"    const {key} row = (id < 0LL || id >= {rows}LL{drop}) ? {rows}ULL : ({key})id;",
+        f"    pn_s[e] = (row << 32) | ({key})(base + e);",
+        "  }",
+        "  __syncthreads();",
+        "  for (int e = threadIdx.x; e < len; e += blockDim.x) {",
+        f"    const {key} k = pn_s[e];",
+        "    int r = 0;",
+        "    for (int j = 0; j < len; ++j) r += pn_s[j] < k ? 1 : 0;",
+        "    keys[base + r] = k;",
+        "  }",
+        "}",
+    ]
+    for k, L in enumerate(runs):
+        parts += [
+            f'extern "C" __global__ void {name}_merge{L}(const {key}* __restrict__ in, {key}* __restrict__ out, '
+            f"{src.c_type}* __restrict__ table) {{",
+            *zero_share(k + 1, merge_blocks(n)),
+            "  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+            f"  if (i >= {n}LL) return;",
+            f"  const long long run = i / {L}LL, start = run * {L}LL, other = (run ^ 1LL) * {L}LL;",
+            f"  const long long len = other >= {n}LL ? 0LL : ({n}LL - other < {L}LL ? {n}LL - other : {L}LL);",
+            f"  const {key} k = in[i];",
+            "  long long lo = 0, hi = len;",
+            "  while (lo < hi) { const long long mid = (lo + hi) >> 1; if (in[other + mid] < k) lo = mid + 1; else hi = mid; }",
+            "  out[(start < other ? start : other) + (i - start) + lo] = k;",
+            "}",
+        ]  # fmt: skip
+    V, U, W = vec, UNROLL, width
+    chunks = f"const long long g0 = ((long long)blockIdx.x * {groups_per_block}) * {P}LL;"
+    end = f"const long long g1 = g0 + {groups_per_block * P}LL < {n}LL ? g0 + {groups_per_block * P}LL : {n}LL;"
+    lim = f"((k / {P}LL + 1LL) * {P}LL)"
+    spans = f"({lim} < {n}LL && (keys[{lim}] >> 32) == row)"  # the segment runs past its first piece
+
+    def load(ptr: str, reg: str) -> str:
+        return f"pn_ldv({ptr}, {reg});" if V > 1 else f"{reg}[0] = pn_ld({ptr});"
+
+    def store(ptr: str, value: str) -> str:
+        return f"for (int c = 0; c < {V}; ++c) pn_st(&{ptr.format(c='c')}, {value});"
+
+    out_row = f"out[(long long)row * {W}LL + d + {{c}}]"
+    parts += [
+        f'extern "C" __global__ void {name}_part(const {key}* __restrict__ keys, const {src.c_type}* __restrict__ src, '
+        f"const {ids.c_type}* __restrict__ ids, {src.c_type}* __restrict__ out, {acc}* __restrict__ part, "
+        "long long* __restrict__ bad) {",
+        f"  {chunks}",
+        f"  {end}",
+        f"  for (long long d = (long long)threadIdx.x * {V}; d < {W}LL; d += (long long)blockDim.x * {V}) {{",
+        "    long long k = g0;",
+        "    while (k < g1) {",
+        f"      const {key} row = keys[k] >> 32;",
+        f"      const long long stop = {lim} < g1 ? {lim} : g1;",
+        "      long long e = k + 1;",
+        "      while (e < stop && (keys[e] >> 32) == row) ++e;",
+        f"      if (row >= {rows}ULL) {{  // ids outside the table, or the skipped id: the least bad position recorded",
+        "        for (long long q = k; q < e && d == 0; ++q) {",
+        "          const long long r = (long long)(keys[q] & 0xffffffffULL);",
+        f"          if ({bad.replace('pn_id', '(long long)ids[r]')}) {{ atomicMin(bad, r); break; }}",
+        "        }",
+        "        k = e;",
+        "        continue;",
+        "      }",
+        f"      {acc} acc[{V}];",
+        f"      for (int c = 0; c < {V}; ++c) acc[c] = 0;",
+        f"      for (long long q = k; q < e; q += {U}) {{  // {U} rows loaded ahead, added in position order",
+        f"        {acc} v[{U}][{V}];",
+        "        #pragma unroll",
+        f"        for (int u = 0; u < {U}; ++u)",
+        "          if (q + u < e) { const long long r = (long long)(keys[q + u] & 0xffffffffULL); "
+        + load(f"&src[r * {W}LL + d]", "v[u]")
+        + " }",
+        "        #pragma unroll",
+        f"        for (int u = 0; u < {U}; ++u)",
+        f"          if (q + u < e) for (int c = 0; c < {V}; ++c) acc[c] += v[u][c];",
+        "      }",
+        f"      if ((k == 0 || (keys[k - 1] >> 32) != row) && !{spans}) {{  // a whole segment: the row",
+        "        " + store(out_row, "acc[c]"),
+        "      } else {",
+        "        " + store(f"part[k * {W}LL + d + {{c}}]", "acc[c]"),
+        "      }",
+        "      k = e;",
+        "    }",
+        "  }",
+        "}",
+        f'extern "C" __global__ void {name}_own(const {key}* __restrict__ keys, const {acc}* __restrict__ part, '
+        f"{src.c_type}* __restrict__ out) {{",
+        f"  {chunks}",
+        f"  {end}",
+        "  for (long long k = g0; k < g1; ++k) {",
+        f"    const {key} row = keys[k] >> 32;",
+        f"    if (row >= {rows}ULL || (k > 0 && (keys[k - 1] >> 32) == row) || !{spans}) continue;",
+        f"    for (long long d = (long long)threadIdx.x * {V}; d < {W}LL; d += (long long)blockDim.x * {V}) {{",
+        f"      {acc} acc[{V}], v[{V}];",
+        "      " + load(f"&part[k * {W}LL + d]", "acc"),
+        f"      for (long long c = {lim}; c < {n}LL && (keys[c] >> 32) == row; c += {P}LL) {{",
+        "        " + load(f"&part[c * {W}LL + d]", "v"),
+        f"        for (int j = 0; j < {V}; ++j) acc[j] += v[j];",
+        "      }",
+        "      " + store(out_row, "acc[c]"),
+        "    }",
+        "  }",
+        "}",
+    ]
+    return "\n".join(parts) + "\n"

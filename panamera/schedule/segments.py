@@ -1,0 +1,184 @@
+"""The plan of a sorted-segment scatter-add (frontend/scatter.py `scatter_add_sorted`): the
+deterministic `out[ids[t]] += src[t]` for any table size, as PyTorch's deterministic embedding
+backward computes it (sort the ids with their positions, cut the sorted positions into segments
+of one row, sum each segment's rows in order, in pieces, then the pieces in order), rendered by
+codegen/segment_kernel.py.
+
+The plan holds every launch and the model's cost of each (sort passes, reads, writes, through
+model/gpu.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory,
+`ceil(log2(n / tile))` merge passes over 8-byte keys (each of these launches also zeroes a share
+of the table), the pieces' partial sums (every source row read once, whole segments' rows
+written), the owners' sums of the segments cut at a chunk boundary. The ids are
+data: the model takes them uniform (as the atomic plan does, schedule/cost.py), so a table of
+`rows` rows hit by `n` ids has `rows (1 - (1 - 1/rows)^n)` segments.
+
+The mapping choices (sort tile, chunks per block, threads across a row) change no sum's order:
+SEGMENT_ROWS, the cut of a segment into pieces, is fixed, so every choice gives the same bits.
+
+>>> from panamera.dtypes import as_dtype
+>>> p = plan_segments(8192, 50257, 768, as_dtype("int64"), as_dtype("float32"), None)
+>>> [name for name, *_ in p.launches], p.passes
+(['tile', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 4)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..codegen.segment_kernel import (
+    SEGMENT_ROWS,
+    SORT_THREADS,
+    UNROLL,
+    merge_blocks,
+    merge_runs,
+    sort_blocks,
+    vector_width,
+)
+from ..dtypes import DType
+from ..errors import ShapeError
+from ..model.gpu import H100, GPUSpec, KernelCost, chain_s, kernel_time
+
+MAX_TILE = 1024  # keys per sort block: 8 KB of shared memory
+TILES = (256, 512, MAX_TILE)  # the sort tiles the model chooses from (fewer merge passes, or more blocks)
+GROUPS = (1, 2, 4, 8)  # chunks of SEGMENT_ROWS positions per block of the piece and owner kernels
+KEY_BYTES = 8
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """Every decision of one sorted-segment scatter-add: the shape (n ids into `rows` rows of
+    `width` elements), the sort tile, chunks per block, threads, and each launch with its grid,
+    block and modeled cost."""
+
+    n: int
+    rows: int
+    width: int
+    ids: DType
+    src: DType
+    skip: int | None
+    tile: int
+    groups_per_block: int
+    threads: int
+    vec: int
+    gpu: GPUSpec
+    # (kernel suffix, (grid, block), cost, (bytes read, bytes written)) per launch
+    launches: tuple[tuple[str, tuple[int, int], KernelCost, tuple[int, int]], ...]
+
+    @property
+    def passes(self) -> int:
+        """Merge passes after the tile sort."""
+        return len(merge_runs(self.n, self.tile))
+
+    @property
+    def modeled_us(self) -> float:
+        """The launches in sequence, each after the first queued (model/gpu.py `chain_s`)."""
+        return chain_s([c.total_s for _, _, c, _ in self.launches], self.gpu) * 1e6
+
+    def describe(self) -> str:
+        return (
+            f"SORTED_SEGMENTS ids={self.n} rows={self.rows} width={self.width} tile={self.tile} "
+            f"merge_passes={self.passes} piece={SEGMENT_ROWS} chunks_per_block={self.groups_per_block} "
+            f"threads={self.threads} vec={self.vec}"
+        )
+
+
+def expected_segments(n: int, rows: int) -> float:
+    """Distinct rows among n uniform ids into `rows` rows (the model's segments).
+
+    >>> round(expected_segments(8192, 50257))
+    7559
+    """
+    return rows * -math.expm1(n * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
+
+
+def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu: GPUSpec):
+    e, acc = src.itemsize, 4 if src.is_16bit_float else src.itemsize
+    segs = expected_segments(n, rows)
+    pieces = min(n, segs + math.ceil(n / SEGMENT_ROWS))
+    out = []
+
+    def add(name: str, shape: tuple[int, int], cost: KernelCost, *parts: KernelCost) -> None:
+        """One launch: its cost, and its traffic (read, written) summed over the parts it runs."""
+        f = [dict(c.features) for c in parts or (cost,)]
+        written = sum(x.get("write_bytes", 0.0) for x in f)
+        out.append((name, shape, cost, (int(sum(x["dram_bytes"] for x in f) - written), int(written))))
+
+    runs = merge_runs(n, tile)
+    shares = 1 + len(runs)
+    table = rows * width * e / shares  # each sort launch zeroes its share of the table
+
+    def zeroing(name: str, blocks: int, sort: KernelCost) -> None:
+        """A sort launch with zeroing blocks: its sort blocks and zeroing blocks run side by side,
+        so it lasts as long as the longer of the two alone (the sort's few blocks wait on
+        latencies and shared memory, the zeroing blocks stream the table's writes)."""
+        zb = max(1, min(math.ceil(rows * width / shares / (SORT_THREADS * 4)), gpu.sms * 8))
+        z = kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=zb, threads=SORT_THREADS,
+                        bytes_in_flight_per_thread=e)  # fmt: skip
+        add(name, (blocks + zb, SORT_THREADS), max(sort, z, key=lambda c: c.total_s), sort, z)
+
+    tiles = sort_blocks(n, tile)
+    # each key counts the smaller keys of its tile: a shared-memory load (a quarter of the FP32 rate), a
+    # compare and an add per key of the tile, on the sort blocks' SMs only
+    zeroing("tile", tiles, kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES,
+                                       blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
+                                       fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
+    for L in runs:
+        probes = math.ceil(math.log2(L)) + 1  # the binary search's dependent L2 round trips, per thread
+        blocks = merge_blocks(n)
+        merge = kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
+                            threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES, l2_bytes=n * probes * 32.0,
+                            epilogue_cycles=probes * gpu.l2_latency_cycles)  # fmt: skip
+        zeroing(f"merge{L}", blocks, merge)
+    blocks = math.ceil(n / (gpb * SEGMENT_ROWS))
+    spans = (math.ceil(n / SEGMENT_ROWS) - 1) * (n - segs) / max(1, n - 1)  # segments cut at a chunk boundary
+    partials = min(pieces, 2 * spans)  # the pieces of those: written by `part`, read by `own`
+    whole = (segs - spans) * width * e  # rows `part` writes itself
+    add("part", (blocks, threads),
+        kernel_time(gpu, dram_bytes=n * KEY_BYTES + n * width * e + whole + partials * width * acc,
+                    write_bytes=whole + partials * width * acc, blocks=blocks, threads=threads,
+                    bytes_in_flight_per_thread=UNROLL * vec * e, fp32_ops=float(n * width)))  # fmt: skip
+    add("own", (blocks, threads),
+        kernel_time(gpu, dram_bytes=n * KEY_BYTES + partials * width * acc + spans * width * e,
+                    write_bytes=spans * width * e, blocks=blocks, threads=threads,
+                    bytes_in_flight_per_thread=vec * acc, fp32_ops=float(partials * width)))  # fmt: skip
+    return tuple(out)
+
+
+def plan_segments(
+    n: int,
+    rows: int,
+    width: int,
+    ids: DType,
+    src: DType,
+    skip: int | None,
+    gpu: GPUSpec = H100,
+    tile: int | None = None,
+    groups_per_block: int | None = None,
+    threads: int | None = None,
+) -> SegmentPlan:
+    """The model's plan of scattering n rows of `width` elements into a table of `rows` rows by
+    sorted segments; `tile`, `groups_per_block` and `threads` pin a choice (tests pin two to show
+    the bits do not move). Preconditions (each a ShapeError): (1) n < 2^31 positions and
+    rows < 2^31 (a key holds the row and the position in 32 bits each); (2) `tile` a power of two
+    of at most MAX_TILE; (3) n, rows and width positive.
+
+    >>> from panamera.dtypes import as_dtype
+    >>> plan_segments(5, 4, 3, as_dtype("int64"), as_dtype("float32"), None, tile=2).passes
+    2
+    """
+    if n <= 0 or rows <= 0 or width <= 0:
+        raise ShapeError(f"sorted scatter-add: {n} ids, {rows} rows, {width} elements per row: each must be positive")
+    if n >= 2**31 or rows >= 2**31:
+        raise ShapeError(f"sorted scatter-add: {n} ids into {rows} rows; a sort key holds each in 31 bits")
+    if tile is not None and (tile < 1 or tile > MAX_TILE or tile & (tile - 1)):
+        raise ShapeError(f"sorted scatter-add: tile {tile} is not a power of two up to {MAX_TILE}")
+    whole = min(MAX_TILE, 1 << max(0, (n - 1).bit_length()))  # one tile holds every key
+    tiles = (tile,) if tile is not None else tuple(sorted({min(t, whole) for t in TILES}))
+    vec = vector_width(src, width)
+    if threads is None:
+        threads = min(256, 32 * math.ceil(width / vec / 32))
+    candidates = (groups_per_block,) if groups_per_block is not None else GROUPS
+    options = [(t, g, _costs(n, rows, width, ids, src, t, g, threads, vec, gpu)) for t in tiles for g in candidates]
+    t, g, costs = min(options, key=lambda o: (chain_s([c.total_s for _, _, c, _ in o[2]], gpu), -o[0], o[1]))
+    return SegmentPlan(n, rows, width, ids, src, skip, t, g, threads, vec, gpu, costs)
