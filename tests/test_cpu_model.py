@@ -144,16 +144,19 @@ def test_explain_shows_modeled_time_and_limit(private_cache):
 def test_measure_structure_and_skips(tmp_path, private_cache):
     huge = CpuWorkload("sum all huge", "tiny", ((1 << 26,),), lambda B, x: B.sum(x), reduced=1 << 26)
     result, text = cpu_measure.run_cpu_measure(
-        [*tiny_cpu()[1:], huge], out=str(tmp_path), rounds=2, min_sample_s=1e-4, inductor=False
+        [*tiny_cpu()[1:3], huge], out=str(tmp_path), rounds=2, min_sample_s=1e-4, inductor=False
     )
     recs = result["records"]
     threads = result["meta"]["threads"]
-    assert {(r["workload"], r["threads"]) for r in recs} == {(w.name, n) for w in tiny_cpu()[1:] for n in threads}
+    assert {(r["workload"], r["threads"]) for r in recs} == {(w.name, n) for w in tiny_cpu()[1:3] for n in threads}
     for r in recs:
         assert r["correct"] and r["modeled_us"] > 0 and r["limit_us"] > 0
         assert {"panamera", "numpy", "torch eager"} <= set(r["measured"]) and "torch.compile" not in r["measured"]
         assert all(v["p25_us"] <= v["median_us"] <= v["p75_us"] for v in r["measured"].values())
     assert [n for n, _ in result["meta"]["skipped"]] == ["sum all huge"]
+    harness = result["meta"]["harness"]
+    assert harness["worker_env"]["OMP_WAIT_POLICY"] == "PASSIVE" and "onnxruntime" in harness["implementations"]
+    assert all(v["calls"] >= 2 for r in recs for v in r["measured"].values())  # timed in the workers
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["meta"]["load_average_start"] and "load average" in (tmp_path / "results.md").read_text()
     assert "sum all huge" in text and "model" in text
@@ -172,6 +175,7 @@ def test_bench_measure_command(tmp_path, private_cache, monkeypatch, capsys):
     if not cpu_measure.measure_on_cpu():
         pytest.skip("a GPU is present: --measure times it (tests/test_bench.py)")
     monkeypatch.setattr(cpu_measure, "INDUCTOR", False)
+    monkeypatch.setattr(cpu_measure, "EAGER_PEERS", ("numpy",))  # fewer worker processes to start
     out = tmp_path / "cpu"
     assert main(["bench", "--suite", "tiny", "--measure", "--out", str(out), "--repeat", "2"]) == 0
     saved = json.loads((out / "results.json").read_text())
