@@ -33,7 +33,8 @@ def test_workers_are_separate_passive_and_interleaved_per_round():
 
 def test_failing_builds_are_reported_and_left_out(monkeypatch):
     """A factory's exception comes back as the worker's error (a PanameraError as `refused`), the
-    worker stays usable and is left out of the rounds; without `passive` the knobs are unset."""
+    worker stays usable and is left out of the rounds; without `passive` the knobs are unset; a
+    worker that dies is a WorkerError quoting its stderr."""
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     with Pool(["ok", "bad", "refused"], passive=False) as pool:
         loaded = pool.load(
@@ -44,9 +45,6 @@ def test_failing_builds_are_reported_and_left_out(monkeypatch):
         assert loaded["ok"].info["env"] == dict.fromkeys(PASSIVE_ENV)  # the parent's ACTIVE not passed on
         assert set(pool.measure(rounds=2, min_sample_s=0.0)) == {"ok"}
         assert pool.load({"bad": (FAKE, {})})["bad"].error is None  # the same worker builds again
-
-
-def test_a_dead_worker_is_a_clear_error():
-    with Pool(["x"]) as pool:
-        with pytest.raises(WorkerError, match=r"bench worker 'x' failed(.|\n)*the stand-in exits"):
-            pool.load({"x": (FAKE, {"die": True})})
+        assert set(pool.measure(rounds=1, min_sample_s=0.0)) == {"ok", "bad"}
+        with pytest.raises(WorkerError, match=r"bench worker 'bad' failed(.|\n)*the stand-in exits"):
+            pool.load({"bad": (FAKE, {"die": True})})  # a worker that dies: a clear error with its stderr

@@ -228,8 +228,8 @@ class Pool:
             w.close()
 
     def load(self, specs: dict[str, tuple[str, dict]]) -> dict[str, Loaded]:
-        """Build each named worker's implementation from (factory, kwargs), all workers at once;
-        a worker not named holds nothing afterwards (it is left out of `measure`)."""
+        """Build each named worker's implementation from (factory, kwargs), all of them at once;
+        a worker whose build failed is left out of `measure`, one not named keeps what it holds."""
         for name, (factory, kwargs) in specs.items():
             self.log.append((name, "load"))
             self.workers[name].send("load", factory, kwargs)
@@ -237,7 +237,7 @@ class Pool:
         for name in specs:
             r = self.workers[name].receive()
             out[name] = Loaded(r[1], r[2]) if r[0] == "ok" else Loaded(error=r[1], refused=r[2])
-        self.loaded = {k: v for k, v in out.items() if v.error is None}
+        self.loaded = {k: v for k, v in {**self.loaded, **out}.items() if v.error is None}
         return out
 
     def measure(self, rounds: int, min_sample_s: float) -> dict:

@@ -15,7 +15,7 @@ against the recipe in float64 numpy first, with a tolerance from the output dtyp
 reduction length. Workloads the CPU target refuses, or too large for this machine, are listed as
 skipped with the reason. The run is labelled with the CPU, thread counts, the harness and its
 knobs, date and the load average at its start (over 1.5: the figures are marked untrustworthy).
-The whole exported models (cpu_models.py) still run in this process (`measure`, `quiesce`).
+The whole exported models (cpu_models.py) run in the same harness.
 
 >>> from panamera.bench.cpu_recipes import cpu_workloads
 >>> [w.name for w in select(cpu_workloads(), "norms", default_only=True)][:2]
@@ -28,9 +28,6 @@ import datetime
 import json
 import math
 import os
-import random
-import statistics
-import time
 from pathlib import Path
 
 import ml_dtypes
@@ -84,7 +81,7 @@ def bench_models(out: str | None, rounds: int, command: str, progress=None, name
     meta = {"cpu": machine.name, "cores": machine.cores, "command": command, "rounds": rounds,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
             "load_average_start": [round(x, 2) for x in load], "untrustworthy": load[0] > LOAD_WARNING,
-            "skipped": skipped}  # fmt: skip
+            "skipped": skipped, "harness": harness(["panamera", "onnxruntime"])}  # fmt: skip
     warn = f" **Load average {load[0]:.2f} > {LOAD_WARNING}: untrustworthy.**" if meta["untrustworthy"] else ""
     text = (f"# Whole exported models: Panamera target='cpu' vs onnxruntime, measured ({meta['date']})\n\n"
             f"{machine.name}, {machine.cores} usable core(s); load average {load[0]:.2f}.{warn} Command: `{command}`. "
@@ -133,59 +130,6 @@ def check(got, ref, n: int) -> tuple[float, float, bool]:
             good = e <= t
         worst, tol, ok = max(worst, e), max(tol, t), ok and good
     return worst, tol, ok
-
-
-def _sample(fn, inner: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner * 1e6
-
-
-# Worker threads spin after a parallel run before they sleep: libgomp's (Panamera's, torch's) a
-# few ms, onnxruntime's intra-op pool ~200 ms (measured here: 8-12 ms of CPU per 50 ms of idle,
-# for 200 ms after a 2-thread softmax run). Spinning into the next implementation's sample takes
-# a core from it: at every core, a sample starts once the process's CPU time stops growing.
-QUIET_STEP_S, QUIET_CPU_FRACTION, QUIET_MAX_S = 0.005, 0.05, 0.4
-
-
-def _process_cpu_s() -> float:
-    return time.process_time()
-
-
-def quiesce(step_s: float = QUIET_STEP_S, max_s: float = QUIET_MAX_S) -> float:
-    """Sleep until this process's threads have stopped spinning (its CPU time grows by less than
-    QUIET_CPU_FRACTION of a `step_s` sleep), at most `max_s`; returns the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_s:
-        c0 = _process_cpu_s()
-        time.sleep(step_s)
-        if _process_cpu_s() - c0 < QUIET_CPU_FRACTION * step_s:
-            break
-    return time.perf_counter() - t0
-
-
-def measure(impls: dict, rounds: int, min_sample_s: float, quiet: bool = False) -> dict:
-    """Median and spread (us) of each implementation over `rounds` interleaved rounds; `quiet`:
-    each sample after the previous implementation's worker threads stopped spinning (quiesce)."""
-    inner = {}
-    for name, fn in impls.items():
-        fn()  # warm-up
-        t = _sample(fn, 1) * 1e-6
-        inner[name] = max(1, min(1000, int(min_sample_s / max(t, 1e-7))))
-    samples: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for _ in range(rounds):
-        random.shuffle(names)
-        for k in names:
-            if quiet:
-                quiesce()
-            samples[k].append(_sample(impls[k], inner[k]))
-    out = {}
-    for k, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        out[k] = {"median_us": statistics.median(s), "p25_us": q[0], "p75_us": q[2], "min_us": min(s)}
-    return out
 
 
 def _tensor(torch, a: np.ndarray):
@@ -270,7 +214,7 @@ def run_cpu_measure(
             import onnxruntime  # noqa: F401
         except ImportError:
             ort = False
-    from .cpu_isolated import PASSIVE_ENV, Pool
+    from .cpu_isolated import Pool
 
     impls = ["panamera"] + (list(EAGER_PEERS) if peers else []) + (["torch.compile"] if inductor else [])
     impls += ["onnxruntime"] if ort else []
@@ -308,15 +252,7 @@ def run_cpu_measure(
         "versions": versions,
         "rounds": rounds,
         "min_sample_s": min_sample_s,
-        "harness": {
-            "kind": "one worker process per implementation (bench/cpu_isolated.py), rounds interleaved by the "
-            "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
-            "implementations": impls,
-            "worker_env": dict(PASSIVE_ENV),
-            "onnxruntime_session_config": dict(ORT_NO_SPIN),
-            "thread_counts": "panamera threads=n; numpy's BLAS threadpoolctl set_num_threads(n); torch "
-            "set_num_threads(n); onnxruntime intra_op_num_threads=n, inter_op_num_threads=1",
-        },
+        "harness": harness(impls),
         "command": command,
         "skipped": skipped,
         "not_covered": NOT_COVERED,
@@ -333,6 +269,21 @@ def run_cpu_measure(
             for c in charts(records):
                 render(c, out)
     return result, text
+
+
+def harness(impls: list[str]) -> dict:
+    """results.json's description of the harness (bench/cpu_isolated.py) and its knobs."""
+    from .cpu_isolated import PASSIVE_ENV
+
+    return {
+        "kind": "one worker process per implementation (bench/cpu_isolated.py), rounds interleaved by the "
+        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
+        "implementations": impls,
+        "worker_env": dict(PASSIVE_ENV),
+        "onnxruntime_session_config": dict(ORT_NO_SPIN),
+        "thread_counts": "panamera threads=n; numpy's BLAS threadpoolctl set_num_threads(n); torch "
+        "set_num_threads(n); onnxruntime intra_op_num_threads=n, inter_op_num_threads=1",
+    }
 
 
 def _progress(progress, k: int, n: int, r: dict) -> None:
