@@ -197,8 +197,6 @@ def run_cpu_measure(
 ) -> tuple[dict, str]:
     """Measure `workloads` at 1 and every usable thread; returns ({"meta", "records"}, markdown)
     and, with `out`, writes results.json, results.md (and with `plot` the charts) there."""
-    import torch
-
     from ..cpu_target import cpu_model
     from ..schedule.cpu_mapper import CpuMachine
 
@@ -208,12 +206,9 @@ def run_cpu_measure(
     threads = tuple(sorted({1, machine.cores}))
     ort = peers
     inductor = peers and (INDUCTOR if inductor is None else inductor)
-    if peers:
-        try:
-            import onnx  # noqa: F401
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            ort = False
+    versions = {k: _version(k) for k in ("numpy", "torch", "onnxruntime")}  # the workers import them, not this process
+    if peers and (versions["onnxruntime"] is None or _version("onnx") is None):
+        ort = False
     from .cpu_isolated import Pool
 
     impls = ["panamera"] + (list(EAGER_PEERS) if peers else []) + (["torch.compile"] if inductor else [])
@@ -234,13 +229,7 @@ def run_cpu_measure(
                 continue
             records += rs
             _progress(progress, k, len(todo), rs[-1])
-    versions = {"numpy": np.__version__, "torch": torch.__version__}
-    try:
-        import onnxruntime
-
-        versions["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
+    versions = {k: v for k, v in versions.items() if v}
     meta = {
         "cpu": machine.name,
         "cores": machine.cores,
@@ -269,6 +258,16 @@ def run_cpu_measure(
             for c in charts(records):
                 render(c, out)
     return result, text
+
+
+def _version(dist: str) -> str | None:
+    """An installed distribution's version, without importing it (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def harness(impls: list[str]) -> dict:
