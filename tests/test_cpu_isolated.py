@@ -34,7 +34,7 @@ def test_workers_are_separate_passive_and_interleaved_per_round():
 def test_failing_builds_are_reported_and_left_out(monkeypatch):
     """A factory's exception comes back as the worker's error (a PanameraError as `refused`), the
     worker stays usable and is left out of the rounds; without `passive` the knobs are unset; a
-    worker that dies is a WorkerError quoting its stderr."""
+    worker that dies or stays silent is a WorkerError quoting its stderr."""
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     with Pool(["ok", "bad", "refused"], passive=False) as pool:
         loaded = pool.load(
@@ -48,3 +48,6 @@ def test_failing_builds_are_reported_and_left_out(monkeypatch):
         assert set(pool.measure(rounds=1, min_sample_s=0.0)) == {"ok", "bad"}
         with pytest.raises(WorkerError, match=r"bench worker 'bad' failed(.|\n)*the stand-in exits"):
             pool.load({"bad": (FAKE, {"die": True})})  # a worker that dies: a clear error with its stderr
+        pool.LOAD_S = 0.2
+        with pytest.raises(WorkerError, match="bench worker 'ok' failed.*no answer within 0.2 s"):
+            pool.load({"ok": (FAKE, {"hang_s": 30.0})})  # one that hangs: ended after the wait

@@ -36,11 +36,13 @@ cores the next implementation measured needs (Panamera's bert at 2 threads: 46 u
 A worker builds its implementation from a factory named "module:function" (importable in the
 worker) called with picklable keyword arguments; it returns (a callable, a picklable info dict).
 
->>> with Pool({"a": 0, "b": 0}) as pool:
+Skipped as a doctest (it starts processes; tests/test_cpu_isolated.py runs the same):
+
+>>> with Pool(["a", "b"]) as pool:  # doctest: +SKIP
 ...     loaded = pool.load({k: ("panamera.bench.cpu_isolated:counter", {"tag": k}) for k in pool.workers})
 ...     res = pool.measure(rounds=3, min_sample_s=0.0)
->>> sorted(res), loaded["a"].info["tag"], res["a"]["calls"] >= 3
-(['a', 'b'], 'a', True)
+>>> sorted(res), loaded["a"].info["tag"], res["a"]["calls"]  # doctest: +SKIP
+(['a', 'b'], 'a', 3)
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ import importlib
 import os
 import pickle
 import random
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,10 +143,11 @@ def main() -> None:
 # ---- a stand-in implementation (tests, smoke runs) ----------------------------------------------
 
 
-def counter(tag: str = "", fail: str = "", refuse: bool = False, die: bool = False) -> tuple:
+def counter(tag: str = "", fail: str = "", refuse: bool = False, die: bool = False, hang_s: float = 0.0) -> tuple:
     """A stand-in implementation: a callable counting its calls; its info echoes `tag`, this
     worker's process id and its wait-policy environment; `fail` raises a ValueError with that
-    message, `refuse` a PanameraError, `die` ends the worker process."""
+    message, `refuse` a PanameraError, `die` ends the worker process, `hang_s` sleeps that long."""
+    time.sleep(hang_s)
     if die:
         sys.stderr.write("the stand-in exits\n")
         sys.stderr.flush()
@@ -165,9 +170,9 @@ def counter(tag: str = "", fail: str = "", refuse: bool = False, die: bool = Fal
 class _Worker:
     def __init__(self, name: str, env: dict):
         self.name = name
+        self.log = tempfile.TemporaryFile()  # its stderr: a file, so that a chatty library never blocks on a pipe
         self.proc = subprocess.Popen([sys.executable, "-m", "panamera.bench.cpu_isolated"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
-        self.stderr_tail = b""
+                                     stdout=subprocess.PIPE, stderr=self.log, env=env)  # fmt: skip
 
     def send(self, *msg) -> None:
         try:
@@ -176,7 +181,10 @@ class _Worker:
         except (BrokenPipeError, OSError) as e:
             raise self._died(e) from None
 
-    def receive(self):
+    def receive(self, timeout_s: float):
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
+        if not ready:
+            raise self._died(TimeoutError(f"no answer within {timeout_s:g} s"))
         try:
             return pickle.load(self.proc.stdout)
         except (EOFError, pickle.UnpicklingError, OSError) as e:
@@ -184,8 +192,10 @@ class _Worker:
 
     def _died(self, e) -> WorkerError:
         self.proc.kill()
-        tail = self.proc.stderr.read()[-600:].decode(errors="replace") if self.proc.stderr else ""
-        return WorkerError(f"bench worker {self.name!r} failed ({type(e).__name__}); its stderr ends:\n{tail}")
+        self.proc.wait()
+        self.log.seek(max(0, self.log.seek(0, os.SEEK_END) - 600))
+        tail = self.log.read().decode(errors="replace")
+        return WorkerError(f"bench worker {self.name!r} failed ({type(e).__name__}: {e}); its stderr ends:\n{tail}")
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -195,6 +205,9 @@ class _Worker:
             except (WorkerError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        self.log.close()
 
 
 def worker_env(extra: dict | None = None, passive: bool = True) -> dict:
@@ -210,6 +223,8 @@ class Pool:
     """One worker process per implementation name; a context manager that ends them. `passive`
     False: the workers keep the libraries' default spinning (for comparison; see above).
     `log` records (worker, request) in the order sent (the tests check the interleaving)."""
+
+    LOAD_S, SAMPLE_S = 1800.0, 600.0  # a worker silent longer than this (a build, a sample) is ended
 
     def __init__(self, names, env: dict | None = None, passive: bool = True):
         e = worker_env(env, passive)
@@ -235,7 +250,7 @@ class Pool:
             self.workers[name].send("load", factory, kwargs)
         out = {}
         for name in specs:
-            r = self.workers[name].receive()
+            r = self.workers[name].receive(self.LOAD_S)
             out[name] = Loaded(r[1], r[2]) if r[0] == "ok" else Loaded(error=r[1], refused=r[2])
         self.loaded = {k: v for k, v in {**self.loaded, **out}.items() if v.error is None}
         return out
@@ -255,7 +270,7 @@ class Pool:
             for k in names:
                 self.log.append((k, "time"))
                 self.workers[k].send("time", inner[k])
-                r = self.workers[k].receive()
+                r = self.workers[k].receive(self.SAMPLE_S)
                 if r[0] != "ok":
                     raise WorkerError(f"bench worker {k!r}: {r[1]}")
                 samples[k].append(r[1:])
