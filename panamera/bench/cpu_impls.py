@@ -50,7 +50,8 @@ def _set_blas(n: int) -> None:
 
 
 def build(impl: str, workload: str, threads: int, ort_spin: bool = False) -> tuple:
-    """(call, info) of implementation `impl` (one of IMPLS) on the named workload at `threads`."""
+    """(call, info) of implementation `impl` (one of IMPLS) on the named workload at `threads`;
+    `ort_spin`: onnxruntime keeps its default spinning (to compare with Pool(passive=False))."""
     w = find_workload(workload)
     arrays = inputs(w)
     _set_blas(threads)  # numpy's own BLAS pool on `threads` (Panamera's gemm calls and the numpy peer's matmul)

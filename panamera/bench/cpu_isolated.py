@@ -13,8 +13,8 @@ cores the next implementation measured needs (Panamera's bert at 2 threads: 46 u
   KMP_BLOCKTIME=0 (LLVM D18577: PASSIVE means blocktime 0 there too); numpy's OpenBLAS (pthreads
   build) with OPENBLAS_THREAD_TIMEOUT=4, its shortest idle spin (2^4 cycles; OpenBLAS's
   "runtime variables"); onnxruntime by its session option `session.intra_op.allow_spinning` = "0"
-  (onnxruntime docs, "Thread management"; set in cpu_measure's peer builders), since its pool
-  reads no environment variable.
+  (onnxruntime docs, "Thread management"; set by cpu_impls.build and cpu_models.build), since its
+  pool reads no environment variable.
 - Thread counts are set inside the worker for each workload: Panamera by `threads=`, numpy's BLAS
   through threadpoolctl, torch by `torch.set_num_threads`, onnxruntime by `intra_op_num_threads`.
 - The parent sends "time this many calls" to one worker at a time, every worker once per round in
@@ -22,7 +22,7 @@ cores the next implementation measured needs (Panamera's bert at 2 threads: 46 u
   each call with perf_counter_ns and answers the mean, its fastest call, and the CPU time its
   process used while it sat idle since its previous sample (`idle_cpu_us`: near 0 when its pools
   really sleep; results.json keeps it, the evidence that the knobs held).
-- Measured here (2 cores, load average ~4 from other sessions, 9 rounds, 2 threads; median us):
+- Measured here (2 cores, load average 4-9 from other sessions, 9 rounds, 2 threads; median us):
   with the libraries' default spinning instead, Panamera's softmax [6144x128] took 16748 (448
   passive), sum row 768x768 23910 (73), torch eager's layer_norm [1024x768] 6260 (397): a team
   thread descheduled by another process leaves its partner spinning at every barrier, and
