@@ -11,7 +11,7 @@ import pytest
 import panamera as pn
 from panamera.compiler import lower
 from panamera.model.cpu import Caches, CpuModel
-from panamera.model.cpu_gemm import HOST_STEP_US, GemmRates, gemm_time, pack_us
+from panamera.model.cpu_gemm import BLAS_SERIAL_MNK, HOST_STEP_US, GemmRates, gemm_time, pack_us
 from panamera.runtime import cpu_probe, gemm_probe
 from panamera.schedule.cpu_blas import blas_call
 from panamera.schedule.cpu_cost import time_of
@@ -72,7 +72,9 @@ def test_blas_group_is_modeled_at_the_gemm_rate_not_as_a_kernel():
     assert t.compute_us == pytest.approx(call.flops / 100e3)
     assert t.memory_us == pytest.approx(pack_us(packed, m.rates, "L2"))
     assert t.total_us == pytest.approx(HOST_STEP_US + 1.0 + t.memory_us + t.compute_us)
-    assert time_of(g, d, m, threads=2) == t  # numpy's BLAS ignores the kernels' threads
+    two = time_of(g, d, m, threads=2)  # M N K over OpenBLAS's threshold: both threads pack and multiply
+    assert two.threads == 2 and two.memory_us == pytest.approx(t.memory_us / 2)
+    assert two.compute_us == pytest.approx(t.compute_us)  # no all-thread rate probed: one thread's
     slower = dataclasses.replace(m, gemm=GemmRates((50.0, 25.0), 1.0))
     assert time_of(g, d, slower, threads=1).compute_us == pytest.approx(2 * t.compute_us)
     g64 = _linear(128, 32, 1024, "float64")  # dgemm: the float64 rate, twice the bytes packed
@@ -92,3 +94,35 @@ def test_gemm_time_levels():
     m = CpuModel.nominal(cores=2, simd_bytes=64)
     small, big = gemm_time(1 << 20, 1 << 20, 4, m), gemm_time(1 << 20, 256 << 20, 4, m)
     assert small.level == "L2" and big.level == "DRAM" and big.memory_us > 256 * small.memory_us
+
+
+def test_blas_threads_as_openblas_uses_them():
+    """A product of M N K at most OpenBLAS's threshold runs on one thread whatever the count; a
+    larger one on all of them, its packing split and its flops at the probed rate for that many
+    threads; the rate of a batch's products is decided by each product's M N K."""
+    g = GemmRates((100.0, 50.0), 1.0, threads=2, gflops_all=(160.0, 80.0))
+    m = dataclasses.replace(CpuModel.nominal(cores=2, simd_bytes=64), gemm=g)
+    flops, packed = 2 * BLAS_SERIAL_MNK, 1 << 16
+    at = {n: gemm_time(flops, packed, 4, m, threads=n) for n in (1, 2)}
+    assert at[1] == at[2] and at[2].threads == 1  # at the threshold: serial
+    big = {n: gemm_time(2 * flops, packed, 4, m, threads=n) for n in (1, 2)}
+    assert big[2].threads == 2 and big[2].compute_us == pytest.approx(2 * flops / 160e3)
+    assert big[1].compute_us == pytest.approx(2 * flops / 100e3) and big[2].memory_us == pytest.approx(
+        big[1].memory_us / 2
+    )
+    batched = gemm_time(2 * flops, packed, 4, m, threads=2, mnk=BLAS_SERIAL_MNK)  # two products at the threshold
+    assert batched.threads == 1 and batched.compute_us == big[1].compute_us
+
+
+def test_gemm_probe_all_threads_rate_is_bounded_and_stored(monkeypatch):
+    """The probe's all-thread rate stays between one thread's and `threads` times it (a contended
+    core cannot model a loss, nor a measurement glitch a super-linear gain), and survives the disk
+    format."""
+    rates = iter([(1.0, [100.0, 50.0]), (1.0, [90.0, 400.0])])
+    monkeypatch.setattr(gemm_probe, "_measure", lambda *a: next(rates))
+    g = gemm_probe.measure(CpuModel.nominal(2, 64).rates, Caches(48 << 10, 1 << 20, 8 << 20), threads=2)
+    assert g.threads == 2 and g.gflops == (100.0, 50.0) and g.gflops_all == (100.0, 100.0)
+    assert "1 and 2 threads" in g.source
+    assert gemm_probe._from_json(gemm_probe._to_json(g)) == g
+    one = GemmRates((100.0, 50.0), 1.0)
+    assert gemm_probe._from_json(gemm_probe._to_json(one)) == one

@@ -92,36 +92,6 @@ def test_argmax_lanes_cost_the_value_not_the_key():
     assert last.width == 8 and last.cheap > 0
 
 
-def test_quiesce_waits_for_spinning_threads(monkeypatch):
-    """The bench's samples on several threads start once no thread of the process spins
-    (cpu_measure.quiesce): at once when idle; after a spinning thread stops, within the cap; at
-    the cap for one that never stops. On a virtual clock (a real spinning thread is descheduled
-    on a loaded machine, and its waits would be timing-dependent)."""
-    now = [0.0]
-    spin_until = [0.0]
-
-    class Clock:
-        @staticmethod
-        def perf_counter() -> float:
-            return now[0]
-
-        @staticmethod
-        def sleep(s: float) -> None:
-            now[0] += s
-
-    def cpu_s() -> float:  # one core busy until spin_until, idle after
-        return min(now[0], spin_until[0]) + 0.01 * now[0]
-
-    monkeypatch.setattr(cpu_measure, "time", Clock)
-    monkeypatch.setattr(cpu_measure, "_process_cpu_s", cpu_s)
-    assert cpu_measure.quiesce(step_s=0.005, max_s=0.3) == pytest.approx(0.005)  # idle: one step
-    now[0], spin_until[0] = 1.0, 1.08
-    waited = cpu_measure.quiesce(step_s=0.005, max_s=0.3)
-    assert 0.08 <= waited <= 0.09  # the steps until the spinning stopped, and one quiet step
-    now[0], spin_until[0] = 2.0, 10.0
-    assert 0.3 - 1e-9 <= cpu_measure.quiesce(step_s=0.005, max_s=0.3) <= 0.3 + 0.005  # never quiet: the cap
-
-
 def test_split_chosen_when_outputs_fewer_than_cores():
     four = CpuModel.nominal(cores=4, simd_bytes=64)
     few = _group(pn.sum(pn.placeholder((2, 1 << 20), "float32"), axis=1))
@@ -154,6 +124,9 @@ def test_measure_structure_and_skips(tmp_path, private_cache):
         assert {"panamera", "numpy", "torch eager"} <= set(r["measured"]) and "torch.compile" not in r["measured"]
         assert all(v["p25_us"] <= v["median_us"] <= v["p75_us"] for v in r["measured"].values())
     assert [n for n, _ in result["meta"]["skipped"]] == ["sum all huge"]
+    harness = result["meta"]["harness"]
+    assert harness["worker_env"]["OMP_WAIT_POLICY"] == "PASSIVE" and "onnxruntime" in harness["implementations"]
+    assert all(v["calls"] >= 2 for r in recs for v in r["measured"].values())  # timed in the workers
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["meta"]["load_average_start"] and "load average" in (tmp_path / "results.md").read_text()
     assert "sum all huge" in text and "model" in text
@@ -166,18 +139,23 @@ def test_measure_check_catches_wrong_results():
     assert not cpu_measure.check(np.int64([0, 1]), np.int64([0, 2]), 1)[2]
 
 
-def test_bench_measure_command(tmp_path, private_cache, monkeypatch, capsys):
+def test_bench_measure_command(monkeypatch, capsys):
+    """`panamera bench --measure` without a GPU hands the suite, --repeat and --out to the CPU
+    harness (which test_measure_structure_and_skips runs) and prints its summary."""
     from panamera.cli import main
 
     if not cpu_measure.measure_on_cpu():
         pytest.skip("a GPU is present: --measure times it (tests/test_bench.py)")
-    monkeypatch.setattr(cpu_measure, "INDUCTOR", False)
-    out = tmp_path / "cpu"
-    assert main(["bench", "--suite", "tiny", "--measure", "--out", str(out), "--repeat", "2"]) == 0
-    saved = json.loads((out / "results.json").read_text())
-    n = len(tiny_cpu()) * len(saved["meta"]["threads"])
-    assert len(saved["records"]) == n and all(r["correct"] for r in saved["records"])
-    assert "measured" in capsys.readouterr().out
+    seen = {}
+
+    def fake(ws, out, plot, rounds, **kw):
+        seen.update(names=[w.name for w in ws], out=out, rounds=rounds, command=kw["command"])
+        return {"meta": {}, "records": []}, "measured (stand-in)\n"
+
+    monkeypatch.setattr(cpu_measure, "run_cpu_measure", fake)
+    assert main(["bench", "--suite", "tiny", "--measure", "--out", "/tmp/x", "--repeat", "2"]) == 0
+    assert seen["names"] == [w.name for w in tiny_cpu()] and seen["rounds"] == 2 and seen["out"] == "/tmp/x"
+    assert seen["command"].startswith("panamera bench") and "measured (stand-in)" in capsys.readouterr().out
 
 
 def test_contended_probe_kept_briefly(private_cache, monkeypatch):

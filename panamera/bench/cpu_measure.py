@@ -3,19 +3,19 @@ side with numpy, PyTorch eager, torch.compile (Inductor's CPU backend) and onnxr
 provider, in one run, with the CPU model's prediction beside each measured time.
 
 Per workload (panamera/bench/cpu_recipes.py) and thread count (1, and every usable core): each
-implementation is warmed up, then `rounds` rounds call every implementation in an order
-shuffled per round (interleaved: a burst of load from other processes hits all alike), each
-sample the mean of enough back-to-back calls to last `min_sample_s`; results give the median and
-the p25-p75 spread; on more than one thread each sample waits until the previous implementation's
-worker threads stopped spinning (`quiesce`: onnxruntime's pool spins ~200 ms after a run, on a
-core the next implementation measured would need). numpy's element-wise work is single-threaded
-whatever the count, its BLAS (matmul) is held at the count (runtime/blas_threads.py, as Panamera's
-own BLAS calls); torch, Inductor (compiled per thread count) and onnxruntime (`intra_op_num_threads`)
-are given the count. Every Panamera result
-is checked against the recipe in float64 numpy first, with a tolerance from the output dtype
-and the reduction length. Workloads the CPU target refuses, or too large for this machine, are
-listed as skipped with the reason. The run is labelled with the CPU, thread counts, date and
-the load average at its start (over 1.5: the figures are marked untrustworthy).
+implementation runs in its own worker process (bench/cpu_isolated.py: spawned once per run, its
+libraries' idle thread pools asleep rather than spinning, its thread counts set inside it:
+Panamera by `threads=`, numpy's BLAS through threadpoolctl, torch by set_num_threads, Inductor
+compiled per count, onnxruntime by `intra_op_num_threads`; numpy's element-wise work is
+single-threaded whatever the count). Each is warmed up, then `rounds` rounds ask every worker in
+an order shuffled per round (interleaved: a burst of load from other processes hits all alike)
+for a sample, the mean of enough back-to-back calls to last `min_sample_s`, each call timed in
+the worker; results give the median and the p25-p75 spread. Every Panamera result is checked
+against the recipe in float64 numpy first, with a tolerance from the output dtype and the
+reduction length. Workloads the CPU target refuses, or too large for this machine, are listed as
+skipped with the reason. The run is labelled with the CPU, thread counts, the harness and its
+knobs, date and the load average at its start (over 1.5: the figures are marked untrustworthy).
+The whole exported models (cpu_models.py) run in the same harness.
 
 >>> from panamera.bench.cpu_recipes import cpu_workloads
 >>> [w.name for w in select(cpu_workloads(), "norms", default_only=True)][:2]
@@ -28,17 +28,14 @@ import datetime
 import json
 import math
 import os
-import random
-import statistics
-import time
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 from ..errors import PanameraError
-from ..runtime.blas_threads import blas_threads
-from .cpu_recipes import NOT_COVERED, CpuWorkload, NumpyBackend, OnnxBackend, PanameraBackend, TorchBackend
+from .cpu_isolated import ORT_NO_SPIN, WorkerError
+from .cpu_recipes import NOT_COVERED, CpuWorkload
 
 PEERS = ("numpy", "torch eager", "torch.compile", "onnxruntime")
 COLOURS = dict(zip(PEERS, ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728")))  # one per peer, in every CPU chart
@@ -48,6 +45,7 @@ SUITES = ("single", "subgraphs", "norms", "contractions", "models")
 
 
 INDUCTOR = True  # time torch.compile (each compile takes seconds; the tests turn it off)
+EAGER_PEERS = ("numpy", "torch eager")  # timed beside Panamera (each a worker process: a test times fewer)
 
 
 def measure_on_cpu() -> bool:
@@ -83,7 +81,7 @@ def bench_models(out: str | None, rounds: int, command: str, progress=None, name
     meta = {"cpu": machine.name, "cores": machine.cores, "command": command, "rounds": rounds,
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
             "load_average_start": [round(x, 2) for x in load], "untrustworthy": load[0] > LOAD_WARNING,
-            "skipped": skipped}  # fmt: skip
+            "skipped": skipped, "harness": harness(["panamera", "onnxruntime"])}  # fmt: skip
     warn = f" **Load average {load[0]:.2f} > {LOAD_WARNING}: untrustworthy.**" if meta["untrustworthy"] else ""
     text = (f"# Whole exported models: Panamera target='cpu' vs onnxruntime, measured ({meta['date']})\n\n"
             f"{machine.name}, {machine.cores} usable core(s); load average {load[0]:.2f}.{warn} Command: `{command}`. "
@@ -134,114 +132,11 @@ def check(got, ref, n: int) -> tuple[float, float, bool]:
     return worst, tol, ok
 
 
-def _sample(fn, inner: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - t0) / inner * 1e6
-
-
-# Worker threads spin after a parallel run before they sleep: libgomp's (Panamera's, torch's) a
-# few ms, onnxruntime's intra-op pool ~200 ms (measured here: 8-12 ms of CPU per 50 ms of idle,
-# for 200 ms after a 2-thread softmax run). Spinning into the next implementation's sample takes
-# a core from it: at every core, a sample starts once the process's CPU time stops growing.
-QUIET_STEP_S, QUIET_CPU_FRACTION, QUIET_MAX_S = 0.005, 0.05, 0.4
-
-
-def _process_cpu_s() -> float:
-    return time.process_time()
-
-
-def quiesce(step_s: float = QUIET_STEP_S, max_s: float = QUIET_MAX_S) -> float:
-    """Sleep until this process's threads have stopped spinning (its CPU time grows by less than
-    QUIET_CPU_FRACTION of a `step_s` sleep), at most `max_s`; returns the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < max_s:
-        c0 = _process_cpu_s()
-        time.sleep(step_s)
-        if _process_cpu_s() - c0 < QUIET_CPU_FRACTION * step_s:
-            break
-    return time.perf_counter() - t0
-
-
-def measure(impls: dict, rounds: int, min_sample_s: float, quiet: bool = False) -> dict:
-    """Median and spread (us) of each implementation over `rounds` interleaved rounds; `quiet`:
-    each sample after the previous implementation's worker threads stopped spinning (quiesce)."""
-    inner = {}
-    for name, fn in impls.items():
-        fn()  # warm-up
-        t = _sample(fn, 1) * 1e-6
-        inner[name] = max(1, min(1000, int(min_sample_s / max(t, 1e-7))))
-    samples: dict[str, list[float]] = {k: [] for k in impls}
-    names = list(impls)
-    for _ in range(rounds):
-        random.shuffle(names)
-        for k in names:
-            if quiet:
-                quiesce()
-            samples[k].append(_sample(impls[k], inner[k]))
-    out = {}
-    for k, s in samples.items():
-        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
-        out[k] = {"median_us": statistics.median(s), "p25_us": q[0], "p75_us": q[2], "min_us": min(s)}
-    return out
-
-
 def _tensor(torch, a: np.ndarray):
     """A torch view of a numpy array (bfloat16, which torch.from_numpy does not take, through its bits)."""
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(a)
-
-
-class _Peers:
-    """The peers' callables for one workload, built once (onnxruntime sessions and Inductor per thread count)."""
-
-    def __init__(self, w: CpuWorkload, arrays: list[np.ndarray], inductor: bool, ort: bool):
-        import torch
-
-        self.torch, self.w, self.arrays = torch, w, arrays
-        self.tensors = [_tensor(torch, a) for a in arrays]
-        self.tb = TorchBackend()
-        self.inductor, self.ort = inductor, ort
-        self.model = OnnxBackend().model(w) if ort else None
-
-    def at(self, threads: int) -> tuple[dict, dict]:
-        """(implementations, reasons a peer is missing) at `threads`."""
-        torch, w, arrays, ts = self.torch, self.w, self.arrays, self.tensors
-        torch.set_num_threads(threads)
-        nb = NumpyBackend()
-        impls = {"numpy": lambda: w.recipe(nb, *arrays)}
-
-        def eager():
-            with torch.no_grad():
-                return w.recipe(self.tb, *ts)
-
-        impls["torch eager"] = eager
-        missing = {}
-        if self.inductor:
-            try:
-                torch._dynamo.reset()
-                fn = torch.compile(lambda *xs: w.recipe(self.tb, *xs))
-                with torch.no_grad():
-                    fn(*ts)
-                impls["torch.compile"] = lambda: fn(*ts)
-            except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
-                missing["torch.compile"] = f"{type(e).__name__}: {str(e)[:120]}"
-        if self.ort:
-            try:
-                import onnxruntime as ort
-
-                so = ort.SessionOptions()
-                so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-                so.log_severity_level = 3
-                sess = ort.InferenceSession(self.model, so, providers=["CPUExecutionProvider"])
-                feed = {f"x{k}": a for k, a in enumerate(arrays)}
-                sess.run(None, feed)
-                impls["onnxruntime"] = lambda: sess.run(None, feed)
-            except Exception as e:  # noqa: BLE001
-                missing["onnxruntime"] = f"{type(e).__name__}: {str(e)[:120]}"
-        return impls, missing
 
 
 def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
@@ -256,37 +151,35 @@ def _inputs(w: CpuWorkload, rng) -> list[np.ndarray]:
     return [one(s, d) for s, d in zip(w.shapes, w.input_dtypes)]
 
 
-def run_workload(w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float, peers: bool = True,
-                 inductor: bool = True, ort: bool = True, rng=None) -> list[dict]:  # fmt: skip
-    """The records of one workload, one per thread count (raises PanameraError when the CPU target refuses it)."""
-    from ..compiler import compile as pn_compile
-    from ..frontend.tensor import placeholder
+def run_workload(pool, w: CpuWorkload, threads: tuple[int, ...], rounds: int, min_sample_s: float) -> list[dict]:
+    """The records of one workload, one per thread count, each implementation in its worker of
+    `pool` (cpu_isolated.Pool; raises PanameraError when the CPU target refuses the workload)."""
+    from .cpu_impls import find_workload
+    from .cpu_isolated import WorkerError
 
-    rng = rng or np.random.default_rng(0)
-    holders = [placeholder(s, d, name=f"x{k}") for k, (s, d) in enumerate(zip(w.shapes, w.input_dtypes))]
-    outs = _tuple(w.recipe(PanameraBackend(), *holders))
-    k = pn_compile(list(outs), target="cpu")
-    arrays = _inputs(w, rng)
-    ref = w.recipe(NumpyBackend(ref=True), *[a.astype(np.float64) for a in arrays])
-    err, tol, ok = check(k(*arrays), ref, w.reduced)
-    built = _Peers(w, arrays, inductor, ort) if peers else None
+    find_workload(w.name)  # the workers find it by name: a clear error here, not in each of them
     records = []
     for n in threads:
-        impls, missing = built.at(n) if built else ({}, {})
-        impls = {"panamera": lambda n=n: k(*arrays, threads=n), **impls}
-        with blas_threads(n):  # numpy's BLAS on n threads, for the numpy peer as for Panamera's gemm calls
-            res = measure(impls, rounds, min_sample_s, quiet=n > 1)
-        modeled = k.modeled(n)
-        pan = res["panamera"]["median_us"]
+        loaded = pool.load({p: ("panamera.bench.cpu_impls:build", {"impl": p, "workload": w.name, "threads": n})
+                            for p in pool.workers})  # fmt: skip
+        pan = loaded["panamera"]
+        if pan.error:
+            if pan.refused:
+                raise PanameraError(pan.error.partition(": ")[2] or pan.error)
+            raise WorkerError(f"Panamera's worker could not build {w.name!r}: {pan.error}")
+        missing = {p: v.error for p, v in loaded.items() if v.error}
+        res = pool.measure(rounds, min_sample_s)
+        info = pan.info
+        t = res["panamera"]["median_us"]
         peer_t = {p: v["median_us"] for p, v in res.items() if p != "panamera"}
         best = min(peer_t, key=peer_t.get) if peer_t else None
         records.append({
             "suite": w.suite, "workload": w.name, "threads": n, "measured": res, "missing_peers": missing,
-            "modeled_us": round(modeled.total_us, 2), "limit_us": round(modeled.limit_us, 2),
-            "model_over_measured": round(modeled.total_us / pan, 3),
-            "best_peer": best, "speedup_over_best_peer": peer_t[best] / pan if best else None,
-            "max_rel_err": err, "tolerance": tol, "correct": ok,
-            "plan": [d.describe() for d in k.decisions],
+            "modeled_us": info["modeled_us"], "limit_us": info["limit_us"],
+            "model_over_measured": round(info["modeled_us"] / t, 3),
+            "best_peer": best, "speedup_over_best_peer": peer_t[best] / t if best else None,
+            "max_rel_err": info["max_rel_err"], "tolerance": info["tolerance"], "correct": info["correct"],
+            "plan": info["plan"],
         })  # fmt: skip
     return records
 
@@ -304,8 +197,6 @@ def run_cpu_measure(
 ) -> tuple[dict, str]:
     """Measure `workloads` at 1 and every usable thread; returns ({"meta", "records"}, markdown)
     and, with `out`, writes results.json, results.md (and with `plot` the charts) there."""
-    import torch
-
     from ..cpu_target import cpu_model
     from ..schedule.cpu_mapper import CpuMachine
 
@@ -315,38 +206,30 @@ def run_cpu_measure(
     threads = tuple(sorted({1, machine.cores}))
     ort = peers
     inductor = peers and (INDUCTOR if inductor is None else inductor)
-    if peers:
-        try:
-            import onnx  # noqa: F401
-            import onnxruntime  # noqa: F401
-        except ImportError:
-            ort = False
-    records, skipped = [], []
-    rng = np.random.default_rng(0)
-    for k, w in enumerate(workloads):
-        if w.input_bytes > MAX_INPUT_BYTES:
-            skipped.append(
-                (w.name, f"inputs of {w.input_bytes >> 20} MiB exceed the bench's {MAX_INPUT_BYTES >> 20} MiB")
-            )
-            continue
-        try:
-            rs = run_workload(w, threads, rounds, min_sample_s, peers, inductor, ort, rng)
-        except PanameraError as e:
-            skipped.append((w.name, f"refused by target='cpu': {str(e).splitlines()[0][:160]}"))
-            continue
-        records += rs
-        if progress:
-            r = rs[-1]
-            progress(f"[{k + 1}/{len(workloads)}] {w.name}: t={r['threads']} panamera "
-                     f"{r['measured']['panamera']['median_us']:.1f} us, modeled {r['modeled_us']:.1f} us, "
-                     f"speedup over the best peer {r['speedup_over_best_peer'] or 0:.2f}x")  # fmt: skip
-    versions = {"numpy": np.__version__, "torch": torch.__version__}
-    try:
-        import onnxruntime
+    versions = {k: _version(k) for k in ("numpy", "torch", "onnxruntime")}  # the workers import them, not this process
+    if peers and (versions["onnxruntime"] is None or _version("onnx") is None):
+        ort = False
+    from .cpu_isolated import Pool
 
-        versions["onnxruntime"] = onnxruntime.__version__
-    except ImportError:
-        pass
+    impls = ["panamera"] + (list(EAGER_PEERS) if peers else []) + (["torch.compile"] if inductor else [])
+    impls += ["onnxruntime"] if ort else []
+    records, skipped = [], []
+    big = [w for w in workloads if w.input_bytes > MAX_INPUT_BYTES]
+    skipped += [(w.name, f"inputs of {w.input_bytes >> 20} MiB exceed the bench's {MAX_INPUT_BYTES >> 20} MiB")
+                for w in big]  # fmt: skip
+    todo = [w for w in workloads if w not in big]
+    with Pool(impls if todo else []) as pool:
+        for k, w in enumerate(todo):
+            try:
+                rs = run_workload(pool, w, threads, rounds, min_sample_s)
+            except PanameraError as e:
+                if isinstance(e, WorkerError):
+                    raise
+                skipped.append((w.name, f"refused by target='cpu': {str(e).splitlines()[0][:160]}"))
+                continue
+            records += rs
+            _progress(progress, k, len(todo), rs[-1])
+    versions = {k: v for k, v in versions.items() if v}
     meta = {
         "cpu": machine.name,
         "cores": machine.cores,
@@ -358,6 +241,7 @@ def run_cpu_measure(
         "versions": versions,
         "rounds": rounds,
         "min_sample_s": min_sample_s,
+        "harness": harness(impls),
         "command": command,
         "skipped": skipped,
         "not_covered": NOT_COVERED,
@@ -374,6 +258,38 @@ def run_cpu_measure(
             for c in charts(records):
                 render(c, out)
     return result, text
+
+
+def _version(dist: str) -> str | None:
+    """An installed distribution's version, without importing it (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def harness(impls: list[str]) -> dict:
+    """results.json's description of the harness (bench/cpu_isolated.py) and its knobs."""
+    from .cpu_isolated import PASSIVE_ENV
+
+    return {
+        "kind": "one worker process per implementation (bench/cpu_isolated.py), rounds interleaved by the "
+        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
+        "implementations": impls,
+        "worker_env": dict(PASSIVE_ENV),
+        "onnxruntime_session_config": dict(ORT_NO_SPIN),
+        "thread_counts": "panamera threads=n; numpy's BLAS threadpoolctl set_num_threads(n); torch "
+        "set_num_threads(n); onnxruntime intra_op_num_threads=n, inter_op_num_threads=1",
+    }
+
+
+def _progress(progress, k: int, n: int, r: dict) -> None:
+    if progress:
+        progress(f"[{k + 1}/{n}] {r['workload']}: t={r['threads']} panamera "
+                 f"{r['measured']['panamera']['median_us']:.1f} us, modeled {r['modeled_us']:.1f} us, "
+                 f"speedup over the best peer {r['speedup_over_best_peer'] or 0:.2f}x")  # fmt: skip
 
 
 def _geo(xs) -> float:
@@ -397,8 +313,10 @@ def summary(result: dict) -> str:
         f"CPU model: {m['model']}.",
         "",
         f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
-        "calls; on more than one thread each sample starts once the previous implementation's worker threads "
-        "stopped spinning). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
+        "calls timed inside the implementation's own worker process, the other workers idle with their thread "
+        "pools asleep: "
+        + ", ".join(f"{k}={v}" for k, v in m.get("harness", {}).get("worker_env", {}).items())
+        + ", onnxruntime's spinning off). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
         "measured median (target 0.8-1.2). ok: Panamera's result within the tolerance of the float64 reference.",
     ]
     for n in m["threads"]:

@@ -5,8 +5,9 @@ onnxruntime's CPU provider, measured in one run.
 Per model: `optimize(path, target="cpu")` once (the `panamera run` path: subgraphs on the CPU
 target, the rest in the array library), then at 1 and every usable thread, `rounds` interleaved
 rounds of `OptimizedModel.run(feeds, threads=n)` and an onnxruntime session with
-`intra_op_num_threads=n` (cpu_measure.measure: medians and p25-p75), numpy's BLAS (the library's
-MatMul / Gemm nodes, the host convolution's products) held at n threads too (runtime/blas_threads.py). The inputs are verify.random_inputs (token ids
+`intra_op_num_threads=n`, each in its own worker process (bench/cpu_isolated.py: idle pools
+passive, onnxruntime's spinning off; medians and p25-p75), numpy's BLAS (the library's MatMul /
+Gemm nodes, the host convolution's products) held at n threads too. The inputs are verify.random_inputs (token ids
 within the embedding, masks); every Panamera output is checked against onnxruntime's within
 verify.py's error budget of a correct float32 computation, doubled (both sides round), as
 tests/test_exported_models.py does. Beside the times: the Panamera subgraphs, their CPU kernels,
@@ -27,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import PanameraError
-from ..runtime.blas_threads import blas_threads
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "models"
 TINY_MODELS = ("widedeep-torchscript",)  # the smallest model: the test's and smoke runs' choice
@@ -39,12 +39,14 @@ def model_names(directory: str | os.PathLike = MODELS_DIR) -> list[str]:
     return sorted(Path(p).stem for p in glob.glob(os.path.join(directory, "*.onnx")))
 
 
-def _ort_session(path: str, threads: int):
+def _ort_session(path: str, threads: int, config: dict | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     so.log_severity_level = 3
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
@@ -79,34 +81,67 @@ def counts(opt) -> dict:
     }
 
 
-def run_model(path: str, threads: tuple[int, ...], rounds: int, min_sample_s: float) -> list[dict]:
-    """The records of one model, one per thread count (raises PanameraError where Panamera cannot
-    run it)."""
-    from ..subgraph.optimizer import optimize
-    from ..subgraph.verify import random_inputs
-    from .cpu_measure import measure
+_opt: dict = {}  # the last model optimized in this worker (both thread counts reuse it)
 
-    t0 = time.perf_counter()
-    opt = optimize(path, target="cpu")
-    optimize_s = time.perf_counter() - t0
-    feeds = random_inputs(opt.model, 0)
-    got = opt.run(feeds)
-    sess = _ort_session(path, threads[0])
-    ins = {i.name for i in sess.get_inputs()}
-    ort_feeds = {k: v for k, v in feeds.items() if k in ins}
-    expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, ort_feeds)))
-    worst, ok = check_against_ort(opt, feeds, got, expected)
-    info = counts(opt)
+
+def build(impl: str, path: str, threads: int, feeds: dict | None = None) -> tuple:
+    """A bench worker's implementation (bench/cpu_isolated.py): "panamera", `OptimizedModel.run`
+    on `threads` (its info: the inputs, the check against onnxruntime, the counts, optimize_s), or
+    "onnxruntime", a session on `threads` with its spinning off, fed `feeds`."""
+    from .cpu_impls import _set_blas
+    from .cpu_isolated import ORT_NO_SPIN
+
+    _set_blas(threads)  # numpy's own pool: the library steps' products on `threads`, as onnxruntime
+    if impl == "onnxruntime":
+        sess = _ort_session(path, threads, ORT_NO_SPIN)
+        ins = {i.name for i in sess.get_inputs()}
+        ort_feeds = {k: v for k, v in feeds.items() if k in ins}
+        return (lambda: sess.run(None, ort_feeds)), {"threads": threads}
+    if _opt.get("path") != path:
+        from ..subgraph.optimizer import optimize
+        from ..subgraph.verify import random_inputs
+
+        _opt.clear()
+        t0 = time.perf_counter()
+        opt = optimize(path, target="cpu")
+        optimize_s = time.perf_counter() - t0
+        feeds = random_inputs(opt.model, 0)
+        got = opt.run(feeds)
+        sess = _ort_session(path, 1)
+        ins = {i.name for i in sess.get_inputs()}
+        expected = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {k: v for k, v in feeds.items()
+                                                                                    if k in ins})))  # fmt: skip
+        worst, ok = check_against_ort(opt, feeds, got, expected)
+        _opt.update(path=path, opt=opt, feeds=feeds, info={"optimize_s": round(optimize_s, 2),
+                    "error_over_budget": worst, "correct": ok, **counts(opt)})  # fmt: skip
+    opt, feeds = _opt["opt"], _opt["feeds"]
+    return (lambda: opt.run(feeds, threads=threads)), {**_opt["info"], "feeds": feeds, "threads": threads}
+
+
+def run_model(pool, path: str, threads: tuple[int, ...], rounds: int, min_sample_s: float) -> list[dict]:
+    """The records of one model, one per thread count, Panamera and onnxruntime each in its worker
+    of `pool` (cpu_isolated.Pool; raises PanameraError where Panamera cannot run it)."""
+    from .cpu_isolated import WorkerError
+
     records = []
     for n in threads:
-        s = _ort_session(path, n)
-        impls = {"panamera": lambda n=n: opt.run(feeds, threads=n), "onnxruntime": lambda s=s: s.run(None, ort_feeds)}
-        with blas_threads(n):  # numpy's own pool: the library steps' products on n threads, as onnxruntime
-            res = measure(impls, rounds, min_sample_s, quiet=n > 1)
-        pan, peer = res["panamera"]["median_us"], res["onnxruntime"]["median_us"]
+        pan = pool.load({"panamera": (f"{__name__}:build", {"impl": "panamera", "path": path, "threads": n})})[
+            "panamera"
+        ]
+        if pan.error:
+            if pan.refused:
+                raise PanameraError(pan.error.partition(": ")[2] or pan.error)
+            raise WorkerError(f"Panamera's worker could not run {path}: {pan.error}")
+        info = dict(pan.info)
+        feeds = info.pop("feeds")
+        ort = pool.load({"onnxruntime": (f"{__name__}:build", {"impl": "onnxruntime", "path": path, "threads": n,
+                                                                 "feeds": feeds})})["onnxruntime"]  # fmt: skip
+        if ort.error:
+            raise WorkerError(f"onnxruntime's worker could not run {path}: {ort.error}")
+        res = pool.measure(rounds, min_sample_s)
+        pan_t, peer = res["panamera"]["median_us"], res["onnxruntime"]["median_us"]
         records.append({"suite": "models", "workload": Path(path).stem, "threads": n, "measured": res,
-                        "speedup_over_ort": peer / pan, "optimize_s": round(optimize_s, 2),
-                        "error_over_budget": worst, "correct": ok, **info})  # fmt: skip
+                        "speedup_over_ort": peer / pan_t, **info})  # fmt: skip
     return records
 
 
@@ -128,22 +163,26 @@ def run_models(
         import onnxruntime  # noqa: F401
     except ImportError:
         return [], [(n, "onnxruntime is not installed") for n in names]
-    for k, name in enumerate(names):
-        path = os.path.join(directory, f"{name}.onnx")
-        if not os.path.exists(path):
-            skipped.append((name, f"no {path}"))
-            continue
-        try:
-            rs = run_model(path, threads, rounds, min_sample_s)
-        except PanameraError as e:
-            skipped.append((name, f"Panamera cannot run it: {str(e).splitlines()[0][:160]}"))
-            continue
-        records += rs
-        if progress:
-            r = rs[0]
-            progress(f"[{k + 1}/{len(names)}] {name}: t=1 panamera {r['measured']['panamera']['median_us']:.0f} us, "
-                     f"onnxruntime {r['measured']['onnxruntime']['median_us']:.0f} us ({r['speedup_over_ort']:.2f}x), "
-                     f"{r['kernels']} kernel(s), {r['blas']} BLAS")  # fmt: skip
+    from .cpu_isolated import Pool, WorkerError
+
+    paths = {name: os.path.join(directory, f"{name}.onnx") for name in names}
+    skipped += [(name, f"no {p}") for name, p in paths.items() if not os.path.exists(p)]
+    todo = [name for name, p in paths.items() if os.path.exists(p)]
+    with Pool(["panamera", "onnxruntime"] if todo else []) as pool:
+        for k, name in enumerate(todo):
+            try:
+                rs = run_model(pool, paths[name], threads, rounds, min_sample_s)
+            except PanameraError as e:
+                if isinstance(e, WorkerError):
+                    raise
+                skipped.append((name, f"Panamera cannot run it: {str(e).splitlines()[0][:160]}"))
+                continue
+            records += rs
+            if progress:
+                r = rs[0]
+                progress(f"[{k + 1}/{len(todo)}] {name}: t=1 panamera {r['measured']['panamera']['median_us']:.0f} us, "
+                         f"onnxruntime {r['measured']['onnxruntime']['median_us']:.0f} us ({r['speedup_over_ort']:.2f}x), "
+                         f"{r['kernels']} kernel(s), {r['blas']} BLAS")  # fmt: skip
     return records, skipped
 
 

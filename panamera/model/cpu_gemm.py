@@ -11,12 +11,19 @@ the machine's SIMD FMA rate. A call therefore costs
 with the read and write rates of the STREAM-like probe (model/cpu.py `Rates`, one thread) and
 `gflops`, the micro-kernel's rate, from a short probe of numpy's own matmul
 (runtime/gemm_probe.py, cached per machine): a 256^3 product on one BLAS thread, less its call and
-packing. A call runs the BLAS on the call's `threads` (runtime/blas_threads.py, since 0.4.0), but
-the model charges one thread's rate whatever `threads` is: bench/cpu (2026-11-24, before the
-count was set) measured table1 128x32x1024's call at 80 us (p25) with 1 and with 2 threads, and
-a product this small does not split well. A large product on every core is over-predicted (up to
-the cores' count), and a gemm called from C (runtime/cpu_gemm.py) pays no Python step: both
-left to refit on an idle machine.
+packing.
+
+Threads. A call runs the BLAS on the call's `threads` (runtime/blas_threads.py, since 0.4.0), and
+OpenBLAS (numpy's) decides per call whether to use them: a product of M N K <= 65536 x
+GEMM_MULTITHREAD_THRESHOLD (4 by default) runs on one thread, a larger one on every thread it has
+(OpenBLAS interface/gemm.c, `SMP_THRESHOLD_MIN`; `blas_threads_used`). Those threads split the
+product (driver/level3/level3_thread.c: each packs and multiplies its share), so on `t` threads the
+packing takes 1/t of one thread's time and the flops run at the probe's rate on `t` threads,
+`GemmRates.gflops_all`: the same 256^3 product timed on every thread, fitted the same way
+(interpolated linearly between one and all threads, as the bandwidths are). Measured here
+(2026-11-25, min of 40 x 5 calls, loaded): 128x32x1024 80 us on one thread, 51 on two; 256^3 223
+and 151; 64^3 (M N K at the threshold) 5.1 and 4.3 (one thread either way). A gemm called from C
+(runtime/cpu_gemm.py) pays no Python step: left to refit on an idle machine.
 
 >>> from panamera.model.cpu import CpuModel
 >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
@@ -50,31 +57,61 @@ class GemmRates:
     gflops: tuple[float, float]
     call_us: float
     source: str = "nominal"
+    threads: int = 1  # the threads `gflops_all` was measured on (1: no multi-thread figure)
+    gflops_all: tuple[float, float] | None = None
 
-    def rate(self, itemsize: int) -> float:
-        """GFLOP/s of the micro-kernel for operands of `itemsize` bytes (4: sgemm, 8: dgemm)."""
-        return self.gflops[0] if itemsize <= 4 else self.gflops[1]
+    def rate(self, itemsize: int, threads: int = 1) -> float:
+        """GFLOP/s of the micro-kernel for operands of `itemsize` bytes (4: sgemm, 8: dgemm) on
+        `threads` threads: linear between the one-thread and the all-thread probe, flat beyond
+        (one thread's rate where no all-thread figure was probed).
+
+        >>> g = GemmRates((100.0, 50.0), 1.0, threads=4, gflops_all=(250.0, 125.0))
+        >>> g.rate(4), g.rate(4, 1), g.rate(4, 2), g.rate(8, 8)
+        (100.0, 100.0, 150.0, 125.0)
+        """
+        k = 0 if itemsize <= 4 else 1
+        one = self.gflops[k]
+        if self.gflops_all is None or self.threads <= 1 or threads <= 1:
+            return one
+        return one + (self.gflops_all[k] - one) * (min(threads, self.threads) - 1) / (self.threads - 1)
 
 
 # Nominal (no probe): a 2020s AVX2 core, 2 FMA units x 8 float32 lanes x 2 flops at ~3 GHz, about
 # two thirds of it reached; float64 half.
 NOMINAL_GEMM = GemmRates((64.0, 32.0), 1.0)
+# OpenBLAS interface/gemm.c: SMP_THRESHOLD_MIN (65536, real types) x GEMM_MULTITHREAD_THRESHOLD (4,
+# its build default): a product of at most this many M N K runs on one thread.
+BLAS_SERIAL_MNK = 65536 * 4
 
 
-def pack_us(packed_bytes: int, r: Rates, level: str) -> float:
+def blas_threads_used(mnk: int, threads: int) -> int:
+    """The threads numpy's OpenBLAS runs an M x N x K product on, given `threads`: one up to
+    BLAS_SERIAL_MNK, else all of them.
+
+    >>> blas_threads_used(64 * 64 * 64, 2), blas_threads_used(128 * 32 * 1024, 2), blas_threads_used(1 << 30, 1)
+    (1, 2, 1)
+    """
+    return 1 if mnk <= BLAS_SERIAL_MNK else max(1, threads)
+
+
+def pack_us(packed_bytes: int, r: Rates, level: str, threads: int = 1) -> float:
     """Packing `packed_bytes` of operands once: each byte read and written at one thread's rate
-    of `level` (the probe's sum and triad)."""
-    return packed_bytes * (1 / r.bandwidth(level, 1) + 1 / r.bandwidth(level, 1, write=True)) / 1e3
+    of `level` (the probe's sum and triad), the work split over `threads` (each packs its share)."""
+    one = packed_bytes * (1 / r.bandwidth(level, 1) + 1 / r.bandwidth(level, 1, write=True)) / 1e3
+    return one / max(1, threads)
 
 
-def gemm_time(flops: int, packed_bytes: int, itemsize: int, m: CpuModel) -> KernelTime:
-    """A BLAS call of `flops` (2 M N K) whose operands take `packed_bytes`, as a `KernelTime`:
-    memory = its packing, compute = its flops, fork = the call and the Python step around it (numpy's
-    BLAS picks its own threads; the probe's rate is one thread's)."""
+def gemm_time(flops: int, packed_bytes: int, itemsize: int, m: CpuModel, threads: int = 1,
+              mnk: int | None = None) -> KernelTime:  # fmt: skip
+    """A BLAS call of `flops` (2 M N K; `mnk`: the M N K of each product where the call makes
+    several, default flops / 2) whose operands take `packed_bytes`, on `threads` BLAS threads, as
+    a `KernelTime`: memory = its packing, compute = its flops, fork = the call and the Python step
+    around it; threads as OpenBLAS uses them (`blas_threads_used`)."""
     from .cpu import KernelTime
 
-    level = m.level(packed_bytes, 1)
-    mem = pack_us(packed_bytes, m.rates, level)
-    comp = flops / m.gemm.rate(itemsize) / 1e3
+    used = blas_threads_used(flops // 2 if mnk is None else mnk, threads)
+    level = m.level(packed_bytes, used)
+    mem = pack_us(packed_bytes, m.rates, level, used)
+    comp = flops / m.gemm.rate(itemsize, used) / 1e3
     fork = HOST_STEP_US + m.gemm.call_us
-    return KernelTime(fork + mem + comp, mem, comp, fork, 0.0, level, 1)
+    return KernelTime(fork + mem + comp, mem, comp, fork, 0.0, level, used)

@@ -3,15 +3,16 @@ short probe and kept on disk beside the STREAM-like probe (runtime/cpu_probe.py)
 
 numpy.matmul, called as the CPU target calls it (into a preallocated output): an 8 x 8 x 8 float32
 product for the call's cost, then PROBE_N^3 products in float32 and float64, each the fastest of
-SAMPLES samples of about a millisecond (~30 ms in all). The micro-kernel's rate is the product's
-flops over its time less the call and the packing of its operands (model/cpu_gemm.py, from the
-bandwidth probe's rates), so the model's two terms add back up to what was measured. A probe taken
+SAMPLES samples of about a millisecond, on one BLAS thread and again on every core (~60 ms in all).
+The micro-kernel's rate is the product's flops over its time less the call and the packing of its
+operands (model/cpu_gemm.py, from the bandwidth probe's rates; on t threads a t-th of it), so the
+model's two terms add back up to what was measured. A probe taken
 while the bandwidth probe saw other processes holding the cores is marked contended and kept 10
 minutes only, like that probe.
 
 >>> g = rates(2)  # doctest: +SKIP
 >>> g.source  # doctest: +SKIP
-'probed 2026-11-24 23:10 UTC (numpy matmul 256^3)'
+'probed 2026-11-25 01:20 UTC (numpy matmul 256^3, 1 and 2 threads)'
 """
 
 from __future__ import annotations
@@ -30,32 +31,48 @@ from . import cpu_probe, diskcache
 from .blas_threads import blas_threads
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 1
+VERSION = 2  # 2: the all-thread rate
 
 
-def measure(r: Rates, caches: Caches) -> GemmRates:
-    """Time numpy's matmul now (on one BLAS thread) and fit `GemmRates` against the bandwidth rates `r`."""
-    with blas_threads(1):  # one thread's rate: what a loaded machine lets the probe measure
-        return _measure(r, caches)
+def measure(r: Rates, caches: Caches, threads: int = 1) -> GemmRates:
+    """Time numpy's matmul now, on one BLAS thread and (`threads` > 1) on `threads`, and fit
+    `GemmRates` against the bandwidth rates `r`. The all-thread rate is kept between one thread's
+    and `threads` times it (a core another process holds can make the product slower on two
+    threads than on one: then no gain is modeled)."""
+    with blas_threads(1):
+        call, one = _measure(r, caches, 1)
+    if threads <= 1:
+        return _rates(r, call, one, 1, None)
+    with blas_threads(threads):
+        _, full = _measure(r, caches, threads, call)
+    full = tuple(min(max(f, o), threads * o) for f, o in zip(full, one))
+    return _rates(r, call, one, threads, full)
 
 
-def _measure(r: Rates, caches: Caches) -> GemmRates:
+def _rates(r: Rates, call: float, one, threads: int, full) -> GemmRates:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+    mark = "contended" if r.source.startswith("contended") else "probed"
+    where = f"numpy matmul {PROBE_N}^3" + (f", 1 and {threads} threads" if threads > 1 else "")
+    return GemmRates(tuple(one), call, f"{mark} {when} ({where})", threads, tuple(full) if full else None)
+
+
+def _measure(r: Rates, caches: Caches, threads: int, call: float | None = None) -> tuple[float, list[float]]:
+    """(the call's us, [float32, float64] GFLOP/s of the micro-kernel on `threads` threads)."""
     from ..model.cpu import CpuModel
 
     rng = np.random.default_rng(0)
-    small = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
-    call = cpu_probe._timed(lambda reps: [np.matmul(small[0], small[1], out=small[2]) for _ in range(reps)]) * 1e6
-    level = CpuModel(1, 64, "probe", caches, r).level(2 * PROBE_N * PROBE_N * 8, 1)
+    if call is None:
+        small = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+        call = cpu_probe._timed(lambda reps: [np.matmul(small[0], small[1], out=small[2]) for _ in range(reps)]) * 1e6
+    level = CpuModel(1, 64, "probe", caches, r).level(2 * PROBE_N * PROBE_N * 8, threads)
     flops = 2 * PROBE_N**3
     gflops = []
     for dt in (np.float32, np.float64):
         a, b, c = (rng.standard_normal((PROBE_N, PROBE_N)).astype(dt) for _ in range(3))
         t = cpu_probe._timed(lambda reps, a=a, b=b, c=c: [np.matmul(a, b, out=c) for _ in range(reps)]) * 1e6
-        rest = t - call - pack_us(2 * a.nbytes, r, level)
+        rest = t - call - pack_us(2 * a.nbytes, r, level, threads)
         gflops.append(flops / max(rest, 0.25 * t) / 1e3)  # a rest below a quarter: packing over-estimated
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
-    mark = "contended" if r.source.startswith("contended") else "probed"
-    return GemmRates((gflops[0], gflops[1]), call, f"{mark} {when} (numpy matmul {PROBE_N}^3)")
+    return call, gflops
 
 
 def _key(threads: int) -> str:
@@ -65,12 +82,15 @@ def _key(threads: int) -> str:
 
 
 def _to_json(g: GemmRates) -> str:
-    return json.dumps({"gflops": list(g.gflops), "call_us": g.call_us, "source": g.source})
+    return json.dumps({"gflops": list(g.gflops), "call_us": g.call_us, "source": g.source, "threads": g.threads,
+                       "gflops_all": list(g.gflops_all) if g.gflops_all else None})  # fmt: skip
 
 
 def _from_json(text: str) -> GemmRates:
     d = json.loads(text)
-    return GemmRates((float(d["gflops"][0]), float(d["gflops"][1])), float(d["call_us"]), str(d["source"]))
+    full = d.get("gflops_all")
+    return GemmRates((float(d["gflops"][0]), float(d["gflops"][1])), float(d["call_us"]), str(d["source"]),
+                     int(d.get("threads", 1)), (float(full[0]), float(full[1])) if full else None)  # fmt: skip
 
 
 @cache
@@ -79,5 +99,5 @@ def rates(threads: int, caches: Caches | None = None) -> GemmRates:
     caches = caches or Caches.detect()
     path = diskcache.directory() / f"gemm_probe_{_key(threads)}.json"
     return cpu_probe.cached(
-        path, _from_json, _to_json, lambda: measure(cpu_probe.rates(threads, caches), caches), "gemm probe"
+        path, _from_json, _to_json, lambda: measure(cpu_probe.rates(threads, caches), caches, threads), "gemm probe"
     )

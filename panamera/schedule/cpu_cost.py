@@ -178,6 +178,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         width=width,
         row_combines=sum(combines),
         passes=tuple(one) if passes > 1 else (),
+        column=g.form == Form.COLUMN,
     )
 
 
@@ -189,13 +190,22 @@ def _struct(s) -> bool:
 def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
     """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision);
     a contraction the CPU target hands to numpy's BLAS (schedule/cpu_blas.py's rule) at the BLAS's
-    probed speed (model/cpu_gemm.py), whatever `d` and `threads` are."""
+    probed speed on the threads OpenBLAS takes of `threads` (model/cpu_gemm.py), whatever `d` is."""
     call = blas_call(g) if g.M * g.N else None
     if call is not None:
         itemsize = g.statements[0].result.dtype.itemsize
         packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
-        return gemm_time(call.flops, packed, itemsize, m)
+        return gemm_time(call.flops, packed, itemsize, m, max(1, threads or m.cores), _mnk(call))
     return kernel_time(work(g, d.reuse), m, d.tasks, d.split, threads, d.lanes)
+
+
+def _mnk(call) -> int:
+    """M N K of each of a BLAS call's products: its gemm calls' shape from C, else its flops over
+    the matmul's batch."""
+    if call.gemm is not None:
+        return call.gemm.m * call.gemm.n * call.gemm.k
+    batch = call.form.a_shape[0] if call.form is not None else 1
+    return call.flops // 2 // max(1, batch)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int) -> int:
