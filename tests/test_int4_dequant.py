@@ -22,7 +22,8 @@ from panamera.errors import ScheduleError
 from panamera.model import H100
 from panamera.schedule.int4_dequant import Nibbles, nibbles
 from panamera.schedule.mapping import map_group, replay
-from panamera.schedule.tensor_core import analyse, candidates
+from panamera.schedule.tc_tiling import candidates
+from panamera.schedule.tensor_core import analyse
 
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

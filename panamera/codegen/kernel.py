@@ -138,7 +138,7 @@ EMITTERS = {
 
 
 def template(group: KernelGroup, m: Mapping | None = None) -> Template:
-    if m is not None and m.mma:  # the mapper chose tensor cores (schedule/tensor_core.py)
+    if m is not None and m.mma:  # the mapper chose tensor cores (schedule/tc_tiling.py)
         return Template.TENSOR_CORE
     if group.form == Form.MAP:
         return Template.MAP

@@ -1,6 +1,6 @@
 """The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs.
 
-The mapping's `mma` and `mma_tile` (schedule/tensor_core.py) fix everything: block bx owns the
+The mapping's `mma`, `mma_tile` and `mma_land` (schedule/tc_tiling.py) fix everything: block bx owns the
 outputs rows [r0, r0 + BM) x columns [c0, c0 + BN) (column tiles fastest), block by the K range
 [by * chunk, min(K, (by + 1) * chunk)). Each K slab of BK, every thread evaluates its share of the
 two operand expressions (their fused producers too: a dequantized int8 / int4 weight is computed
@@ -28,14 +28,12 @@ import math
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import (
+from ..schedule.tc_tiling import (
     FRAG,
     Landing,
-    Mma,
-    analyse,
     frags,
     grid_tiles,
-    landing,
+    landed,
     loads_first,
     partial_batch,
     raw_copy,
@@ -44,6 +42,7 @@ from ..schedule.tensor_core import (
     tiles,
     words_first,
 )
+from ..schedule.tensor_core import Mma, analyse
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
@@ -71,7 +70,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     FM, FN = frags(m)
     Q, P, K = ops.rows, ops.cols, ops.K
     threads = m.threads
-    land = landing(kind, m, Q, st.acc.itemsize)
+    land = landed(m)
     smem = [
         f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
         f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",
@@ -216,7 +215,7 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
 
 def _land_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int, land: Landing) -> list[str]:
     """The last block's combine of the split's partials in one L2 round trip (schedule/
-    tensor_core.py `landing`): the first `land.blocks` blocks' partials of each of the thread's
+    tc_tiling.py `landing`, carried as `mma_land`): the first `land.blocks` blocks' partials of each of the thread's
     outputs (contiguous: ws0[o * S + b]) copied to shared memory with `__pipeline_memcpy_async`
     (no registers held), the other `land.held` blocks' loaded into registers, all in flight
     together; the thread then folds its own outputs' partials in block order (deterministic, the
@@ -452,7 +451,7 @@ def _double_buffered(loop: ThreadLoop, tag: str, rows: int, r0: str, extent: int
 
 def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, extent: int, i_of: str,
                  tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
-    """`_stage` for a `words_first` operand (schedule/tensor_core.py): each step's contiguous reads
+    """`_stage` for a `words_first` operand (schedule/tc_tiling.py): each step's contiguous reads
     loaded as raw vectors and its uniform reads as one value, double-buffered
     (`_double_buffered`); then each lane's expression over them, converted to the MMA's type."""
     st, m = loop.g.statements[0], loop.m

@@ -237,7 +237,12 @@ static const int kMaxThreads = 1024;
 // Asynchronous copies a thread has issued and not yet waited for (cuda_pipeline.h): the source is
 // read at the copy, the destination written only at the __pipeline_wait_prior that covers its
 // batch, so a missing or early wait leaves shared memory stale, as it may on a GPU.
-static const int kMaxAsync = 256;
+// PN_MAX_ASYNC is read by runtime/emulator.py (MAX_ASYNC_COPIES): the one source of the bound the
+// model's landed partials stay within (schedule/tc_tiling.py MAX_LANDED_COPIES).
+#define PN_MAX_ASYNC 256
+#define PN_STR_(x) #x
+#define PN_STR(x) PN_STR_(x)
+static const int kMaxAsync = PN_MAX_ASYNC;
 struct AsyncCopy {
   void* dst;
   int size, batch;
@@ -718,7 +723,7 @@ static inline void __pipeline_memcpy_async(void* dst, const void* src, size_t si
   }
   AsyncCopies& q = *cur->async;
   if (q.n == kMaxAsync) {
-    if (!error) error = "__pipeline_memcpy_async: more than 256 copies of one thread in flight";
+    if (!error) error = "__pipeline_memcpy_async: more than " PN_STR(PN_MAX_ASYNC) " copies of one thread in flight";
     return;
   }
   AsyncCopy& c = q.c[q.n++];

@@ -83,6 +83,9 @@ class Decision:
     mma_tile: tuple[
         int, ...
     ] = ()  # tensor cores: (warps along rows, along columns, K slab[, fragments per warp: rows, columns])
+    # tensor cores: the split's partials landed in shared memory (blocks, held, bytes, copy: schedule/
+    # tc_tiling.py's Landing); (): merged without (register batches, atomics, or no split)
+    mma_land: tuple[int, ...] = ()
 
     @property
     def tile_rows(self) -> int:
@@ -207,6 +210,10 @@ class Decision:
             d["mma_tile"] = list(self.mma_tile)
         else:  # likewise: CUDA cores
             del d["mma"], d["mma_tile"]
+        if self.mma_land:
+            d["mma_land"] = list(self.mma_land)
+        else:  # likewise: nothing landed
+            del d["mma_land"]
         if self.onchip == Residence.MEMORY:  # likewise: schedules without rows on chip read the same
             del d["onchip"]
         else:
@@ -251,6 +258,7 @@ class Decision:
             per_sm=int(d.get("per_sm", 0)),
             mma=str(d.get("mma", "")),  # absent before tensor cores: CUDA cores
             mma_tile=tuple(int(v) for v in d.get("mma_tile", ())),
+            mma_land=tuple(int(v) for v in d.get("mma_land", ())),  # absent before it was carried: not landed
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
         )
@@ -284,7 +292,7 @@ def covers(d: Decision) -> bool:
     A task mapping is a mixed-radix product of bounded factors, so it owns exactly the tasks
     [0, extent) once each (schedule/task.py): it covers its loop when its extent reaches the
     loop's. (tests/test_schedule.py checks this against isl's image of the mapping.)"""
-    if d.mma:  # tensor-core tiles own the outputs (schedule/tensor_core.py's check covers them)
+    if d.mma:  # tensor-core tiles own the outputs (schedule/tc_tiling.py's check covers them)
         return True
     tasks = d.tasks
     return all(tasks[loop].extent >= e for loop, e in zip(d.loops, d.extents))
