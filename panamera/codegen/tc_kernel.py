@@ -273,6 +273,18 @@ def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) ->
     ]
 
 
+def _slot(buf: str, rows: int, x: str, k: str, lane: str = "") -> str:
+    """Element (x, k) of an operand's slab of `rows` x BK in shared memory (plus `lane`, the
+    consecutive k of a step's `vec` lanes, within k's 16): each 16-wide K step a contiguous
+    `rows` x 16 block, row-major, which wmma's fragments load with ldm 16. The one place the
+    staging loops write the layout the MMAs read.
+
+    >>> _slot("pn_sa", 32, "pn_q", "pn_p", " + v")
+    'pn_sa[(pn_p / 16 * 32 + pn_q) * 16 + pn_p % 16 + v]'
+    """
+    return f"{buf}[({k} / 16 * {rows} + {x}) * 16 + {k} % 16{lane}]"
+
+
 def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,
            i_of: str, tag: str) -> list[str]:  # fmt: skip
     """The loop that fills one operand's slab: element (x, k) of the tile at
@@ -322,7 +334,7 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         "      } else {",
         f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
         "      }",
-        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"      for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "    }",
     ]
     return out
@@ -334,7 +346,7 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
     copies its vec lanes' bytes from global to shared memory as one vector, no conversion."""
     r, V = loop.g.statements[0].reads[read], loop.m.vec
     vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[V * kind.itemsize]
-    dst = f"&{buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16]"
+    dst = f"&{_slot(buf, rows, 'pn_q', 'pn_p')}"
     return [
         f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
         f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
@@ -393,7 +405,7 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
             "        }",
         ]
     convert += [
-        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]
@@ -498,7 +510,7 @@ def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, e
         *("          " + ln for ln in lines),
         f"          pn_val[v] = pn_in ? {_convert(kind, value)} : {zero};",
         "        }",
-        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]

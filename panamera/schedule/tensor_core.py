@@ -22,7 +22,8 @@ tests/test_tensor_core.py):
      dequantized value is rounded to the 16-bit type before the MMA, as Marlin does).
 
 The choice between tensor cores and CUDA cores is the model's (schedule/search.py compares the
-two best candidates) and is carried as data on the decision (`Decision.mma`, `Decision.mma_tile`).
+two best candidates) and is carried as data on the decision (`Decision.mma`, `mma_tile` and
+`mma_land`: schedule/tc_tiling.py).
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
