@@ -1,4 +1,5 @@
-"""The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs.
+"""The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs, or as
+Hopper's warpgroup MMAs (`mma_op` wgmma: `_wgmma_slab`, `wgmma_helpers`).
 
 The mapping's `mma`, `mma_tile` and `mma_land` (schedule/tc_tiling.py) fix everything: block bx owns the
 outputs rows [r0, r0 + BM) x columns [c0, c0 + BN) (column tiles fastest), block by the K range
@@ -10,7 +11,10 @@ MMA's type and stores it to shared memory, zero outside the tile and the K range
 Shared memory holds each 16-wide K step as a contiguous 16 x 16 block per fragment row or column
 (256-bit aligned, ldm 16: wmma's rules for every operand type). After a barrier each warp runs
 BK / 16 steps of `mma_sync` on its FM x FN 16 x 16 accumulators (each A fragment loaded once for
-FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled.
+FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled. A
+warpgroup tile stages the same operands into wgmma's core matrices (`_slot`) in the block's shared
+memory (PN_BLOCK_SHARED: the descriptors address it) and each of its 1-2 warpgroups issues BK / 16
+`wgmma.mma_async` m64nNk16 on its 64 x N columns, fenced, committed and waited for within the slab.
 
 The accumulators go through shared memory (`store_matrix_sync`, row-major): the code never reads
 a fragment's elements, whose lane layout CUDA leaves unspecified. Then every thread finishes its
@@ -31,12 +35,14 @@ from ..schedule.mapping import MergeMode
 from ..schedule.tc_tiling import (
     FRAG,
     Landing,
+    MmaOp,
     frags,
     grid_tiles,
     landed,
     loads_first,
     partial_batch,
     raw_copy,
+    smem_bytes,
     staging_steps,
     staging_unroll,
     tiles,
@@ -84,18 +90,24 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
             f"  {ACC}* const pn_sc = reinterpret_cast<{ACC}*>(pn_sm + {staging});",
         ]
+    wg = m.mma_op == MmaOp.WGMMA
+    if wg:  # one buffer in the block's shared memory proper: the descriptors address it (PN_BLOCK_SHARED)
+        staging = (BM + BN) * BK * kind.itemsize
+        size = land.bytes if land else smem_bytes(kind, BM, BN, BK)
+        smem = [
+            f"  PN_BLOCK_SHARED(unsigned char, pn_sm, [{size}]);  // the K slabs (wgmma's core matrices) and accumulators",
+            f"  {T}* const pn_sa = reinterpret_cast<{T}*>(pn_sm);",
+            f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
+            f"  {ACC}* const pn_sc = reinterpret_cast<{ACC}*>(pn_sm + {staging});",
+        ]
     out = [
-        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+        f"  // tensor cores ({kind}{', wgmma' if wg else ''}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, "
+        f"K {m.chunk} per block",
         *smem,
         f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
         f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
         f"  const pn_idx pn_k1 = pn_k0 + {m.chunk} < {K} ? pn_k0 + {m.chunk} : {K};",
-        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};  // the warp's {FM} x {FN} fragments",
-        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc[{FM}][{FN}];",
-        "#pragma unroll",
-        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j) {W}::fill_fragment(pn_acc[pn_i][pn_j], ({ACC})0);",
+        *(_wgmma_accumulators(BN, wn) if wg else _wmma_accumulators(wn, FM, FN, ACC)),
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
     operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
@@ -114,34 +126,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             pragma = f"#pragma unroll {staging_unroll(e, rows, m, g, held)}  // loads in flight (the model's)"
             staged.append([pragma, *_stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)])
     out += [ln for lines in staged for ln in lines]
-    out += [
-        "    __syncthreads();",
-        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
-        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{  // each A fragment feeds {FN} MMAs, each B {FM}",
-        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa[{FM}];",
-        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb[{FN}];",
-        "#pragma unroll",
-        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        f"        {W}::load_matrix_sync(pn_fa[pn_i], &pn_sa[(pn_t * {BM} + (pn_wr * {FM} + pn_i) * 16) * 16], 16);",
-        "#pragma unroll",
-        f"      for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"        {W}::load_matrix_sync(pn_fb[pn_j], &pn_sb[(pn_t * {BN} + (pn_wc * {FN} + pn_j) * 16) * 16], 16);",
-        "#pragma unroll",
-        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"        for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"          {W}::mma_sync(pn_acc[pn_i][pn_j], pn_fa[pn_i], pn_fb[pn_j], pn_acc[pn_i][pn_j]);",
-        "    }",
-        "    __syncthreads();  // the slab is refilled next step",
-        "  }",
-        "#pragma unroll",
-        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"      {W}::store_matrix_sync(&pn_sc[(pn_wr * {FM} + pn_i) * 16 * {BN} + (pn_wc * {FN} + pn_j) * 16],",
-        f"                             pn_acc[pn_i][pn_j], {BN}, {W}::mem_row_major);",
-        "  __syncthreads();",
-    ]
+    out += _wgmma_slab(BM, BN, BK, wn, T) if wg else _wmma_slab(BM, BN, BK, FM, FN, T)
     RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
     mode = m.merges[0]
     joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
@@ -179,6 +164,143 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         out.append("    if (tx == 0) pn_counter[bx] = 0u;  // resident: ready for the next call")
         out.append("  }")
     return out
+
+
+def _wmma_accumulators(wn: int, FM: int, FN: int, ACC: str) -> list[str]:
+    return [
+        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};  // the warp's {FM} x {FN} fragments",
+        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc[{FM}][{FN}];",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j) {W}::fill_fragment(pn_acc[pn_i][pn_j], ({ACC})0);",
+    ]
+
+
+def _wmma_slab(BM: int, BN: int, BK: int, FM: int, FN: int, T: str) -> list[str]:
+    """A staged slab's MMAs (each warp's FM x FN fragments), and after the slab loop the
+    accumulators stored to the tile in shared memory (row-major, BN a row)."""
+    return [
+        "    __syncthreads();",
+        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
+        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{  // each A fragment feeds {FN} MMAs, each B {FM}",
+        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa[{FM}];",
+        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb[{FN}];",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        f"        {W}::load_matrix_sync(pn_fa[pn_i], &pn_sa[(pn_t * {BM} + (pn_wr * {FM} + pn_i) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"        {W}::load_matrix_sync(pn_fb[pn_j], &pn_sb[(pn_t * {BN} + (pn_wc * {FN} + pn_j) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"        for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"          {W}::mma_sync(pn_acc[pn_i][pn_j], pn_fa[pn_i], pn_fb[pn_j], pn_acc[pn_i][pn_j]);",
+        "    }",
+        "    __syncthreads();  // the slab is refilled next step",
+        "  }",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"      {W}::store_matrix_sync(&pn_sc[(pn_wr * {FM} + pn_i) * 16 * {BN} + (pn_wc * {FN} + pn_j) * 16],",
+        f"                             pn_acc[pn_i][pn_j], {BN}, {W}::mem_row_major);",
+        "  __syncthreads();",
+    ]
+
+
+def _wgmma_accumulators(BN: int, G: int) -> list[str]:
+    n = BN // G
+    return [
+        f"  pn_wgacc<{n // 2}> pn_d;  // the warpgroup's 64 x {n} accumulators (columns tx / 128 x {n} on), {n // 2} a thread",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {n // 2}; ++pn_i) pn_d[pn_i] = 0.0f;",
+    ]
+
+
+def _wgmma_slab(BM: int, BN: int, BK: int, G: int, T: str) -> list[str]:
+    """A staged slab's warpgroup MMAs (`wgmma_helpers`): the slab's stores made visible to the
+    async proxy, a barrier, then each of the G warpgroups' BK / 16 MMAs of m64nNk16 (N = BN / G,
+    its columns from tx / 128 x N: B's core matrices from there on) in one group, waited for
+    before the barrier that lets the slab be refilled. After the slab loop each thread stores its
+    accumulators to the tile in shared memory (row-major, BN a row) by wgmma's fragment layout."""
+    n = BN // G
+    return [
+        "    pn_fence_proxy_async();  // this thread's stores to the slab, visible to the MMAs (async proxy)",
+        "    __syncthreads();",
+        "    pn_wgmma_fence();",
+        "#pragma unroll",
+        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t)  // LBO: the step's second 8 k; SBO: 8 rows on",
+        f"      pn_wgmma<{n}, {T}>(pn_d, pn_wgmma_desc(&pn_sa[pn_t * {BM * FRAG}], {BM * 16}, 128),",
+        f"                          pn_wgmma_desc(&pn_sb[pn_t * {BN * FRAG} + (int)tx / 128 * {n * 8}], {BN * 16}, 128));",
+        "    pn_wgmma_commit();",
+        "    pn_wgmma_wait<0>();",
+        "    __syncthreads();  // the slab is refilled next step",
+        "  }",
+        "  {",
+        f"    const int pn_w = (int)tx / 32 % 4, pn_l = (int)tx % 32, pn_g = (int)tx / 128 * {n};",
+        "#pragma unroll",
+        f"    for (int pn_i = 0; pn_i < {n // 2}; ++pn_i)",
+        f"      pn_sc[(16 * pn_w + pn_l / 4 + 8 * (pn_i / 2 % 2)) * {BN} + pn_g + 8 * (pn_i / 4) + 2 * (pn_l % 4) + pn_i % 2] =",
+        "          pn_d[pn_i];",
+        "  }",
+        "  __syncthreads();",
+    ]
+
+
+_TYPES = {"__half": "f16", "__nv_bfloat16": "bf16"}
+
+
+def wgmma_helpers(m) -> list[str]:
+    """File-scope CUDA of a warpgroup-MMA kernel (`m.mma_op`): the accumulators' type, the
+    descriptor, the fences and the group ops as PTX (PTX ISA 8.0, sm_90a), and the MMA of its
+    shape; compiled for another architecture they only trap (no wgmma in sm_80 or sm_90 code).
+    The emulator has its own (runtime/wgmma_emulation.h). Guarded: a source may hold several."""
+    if m.mma_op != MmaOp.WGMMA:
+        return []
+    T, BN = Mma(m.mma).ctype, tiles(m)[1] // m.mma_tile[1]  # a warpgroup's N
+    n, ptx = BN // 2, _TYPES[T]
+    regs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d.v[{i}])' for i in range(n))
+    guard = f"PN_WGMMA_{BN}_{ptx.upper()}"
+    return [
+        "#ifndef PANAMERA_EMULATOR",
+        "#ifndef PN_WGMMA",
+        "#define PN_WGMMA",
+        "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)",
+        "#define PN_WGMMA_ASM(...) asm volatile(__VA_ARGS__)",
+        "#else",
+        "#define PN_WGMMA_ASM(...) __trap()",
+        "#endif",
+        "template <int N> struct pn_wgacc {",
+        "  float v[N];",
+        "  __device__ __forceinline__ float& operator[](int i) { return v[i]; }",
+        "};",
+        "__device__ __forceinline__ unsigned long long pn_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {",
+        "  const unsigned long long a = (unsigned long long)__cvta_generic_to_shared(p);",
+        "  return ((a & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);",
+        "}",
+        '__device__ __forceinline__ void pn_fence_proxy_async() { PN_WGMMA_ASM("fence.proxy.async.shared::cta;" ::: "memory"); }',
+        '__device__ __forceinline__ void pn_wgmma_fence() { PN_WGMMA_ASM("wgmma.fence.sync.aligned;" ::: "memory"); }',
+        '__device__ __forceinline__ void pn_wgmma_commit() { PN_WGMMA_ASM("wgmma.commit_group.sync.aligned;" ::: "memory"); }',
+        "template <int Pending> __device__ __forceinline__ void pn_wgmma_wait() {",
+        '  PN_WGMMA_ASM("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");',
+        "}",
+        "template <int N, class T> __device__ void pn_wgmma(pn_wgacc<N / 2>& d, unsigned long long a, unsigned long long b);",
+        "#endif",
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "template <>",
+        f"__device__ __forceinline__ void pn_wgmma<{BN}, {T}>(pn_wgacc<{n}>& d, unsigned long long a, unsigned long long b) {{",
+        '  PN_WGMMA_ASM("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        f'               "wgmma.mma_async.sync.aligned.m64n{BN}k16.f32.{ptx}.{ptx} {{{regs}}}, %{n}, %{n + 1}, p, 1, 1, 0, 0;\\n}}"',
+        f"               : {outs}",
+        '               : "l"(a), "l"(b));',
+        "}",
+        "#endif",
+        "#endif",
+    ]
 
 
 def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
@@ -273,15 +395,23 @@ def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) ->
     ]
 
 
-def _slot(buf: str, rows: int, x: str, k: str, lane: str = "") -> str:
+def _slot(m, buf: str, rows: int, x: str, k: str, lane: str = "") -> str:
     """Element (x, k) of an operand's slab of `rows` x BK in shared memory (plus `lane`, the
-    consecutive k of a step's `vec` lanes, within k's 16): each 16-wide K step a contiguous
-    `rows` x 16 block, row-major, which wmma's fragments load with ldm 16. The one place the
-    staging loops write the layout the MMAs read.
+    consecutive k of a step's `vec` lanes, within k's 16, or k's 8 for wgmma): the one place the
+    staging loops write the layout the MMAs read. For wmma each 16-wide K step is a contiguous
+    `rows` x 16 block, row-major (fragments load it with ldm 16); for a warpgroup MMA (`m.mma_op`)
+    the slab is wgmma's core matrices of 8 rows x 8 k (16 bytes a row, 128 contiguous bytes each),
+    the `rows` / 8 of each 8 k consecutive: the descriptor's stride (SBO) between row groups is
+    128 bytes, its leading offset (LBO) between the two k halves of a step `rows` x 16 bytes.
 
-    >>> _slot("pn_sa", 32, "pn_q", "pn_p", " + v")
+    >>> from types import SimpleNamespace as NS
+    >>> _slot(NS(mma_op=""), "pn_sa", 32, "pn_q", "pn_p", " + v")
     'pn_sa[(pn_p / 16 * 32 + pn_q) * 16 + pn_p % 16 + v]'
+    >>> _slot(NS(mma_op="wgmma"), "pn_sa", 64, "pn_q", "pn_p", " + v")
+    'pn_sa[(pn_p / 8 * 8 + pn_q / 8) * 64 + pn_q % 8 * 8 + pn_p % 8 + v]'
     """
+    if m.mma_op == MmaOp.WGMMA:
+        return f"{buf}[({k} / 8 * {rows // 8} + {x} / 8) * 64 + {x} % 8 * 8 + {k} % 8{lane}]"
     return f"{buf}[({k} / 16 * {rows} + {x}) * 16 + {k} % 16{lane}]"
 
 
@@ -334,7 +464,7 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         "      } else {",
         f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
         "      }",
-        f"      for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
+        f"      for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "    }",
     ]
     return out
@@ -346,7 +476,7 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
     copies its vec lanes' bytes from global to shared memory as one vector, no conversion."""
     r, V = loop.g.statements[0].reads[read], loop.m.vec
     vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[V * kind.itemsize]
-    dst = f"&{_slot(buf, rows, 'pn_q', 'pn_p')}"
+    dst = f"&{_slot(loop.m, buf, rows, 'pn_q', 'pn_p')}"
     return [
         f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
         f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
@@ -405,7 +535,7 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
             "        }",
         ]
     convert += [
-        f"        for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]
@@ -510,7 +640,7 @@ def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, e
         *("          " + ln for ln in lines),
         f"          pn_val[v] = pn_in ? {_convert(kind, value)} : {zero};",
         "        }",
-        f"        for (int v = 0; v < {V}; ++v) {_slot(buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]

@@ -32,7 +32,7 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
-HEADERS = (HEADER, HERE / "wmma_emulation.h")  # what the build reads: both in the cache key
+HEADERS = (HEADER, HERE / "wmma_emulation.h", HERE / "wgmma_emulation.h")  # what the build reads: the cache key
 FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 
 

@@ -82,7 +82,7 @@ def replay(
     check_atomics(group, d, gpu, at)
     check_tile(group, d, at)
     check_pipeline(group, d, at)
-    check_tensor_core(group, d, at)
+    check_tensor_core(group, d, gpu, at)
     check_onchip(group, d, gpu, at)
     check_cluster(group, d, gpu, at)
     return complete(group, d, gpu, name)

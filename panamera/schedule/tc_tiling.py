@@ -5,7 +5,9 @@ On tensor cores a block owns BM x BN outputs (`wm` x `wn` warps of FM x FN 16 x 
 each, `frags`) and a K range (split-K: one per gridDim.y); every K slab of BK, its threads
 evaluate the two operand expressions (with their fused producers: a dequantized weight is
 computed in registers) into shared memory as the MMA's operand type, zero outside the tile, and
-each warp runs FM x FN x BK / 16 `nvcuda::wmma` m16n16k16 MMAs (codegen/tc_kernel.py). The result
+each warp runs FM x FN x BK / 16 `nvcuda::wmma` m16n16k16 MMAs (codegen/tc_kernel.py); on a GPU with
+warpgroup MMAs (sm_90a) a tile may instead be 1-2 warpgroups of 64 x N, each issuing BK / 16
+`wgmma.mma_async` (`MmaOp`, `wgmma_error`), which the model rates at the tensor cores' full peak. The result
 is merged as the CUDA-core template merges it (store, one atomic per block into the resident
 workspace, or partials the last block combines, landed in shared memory where they fit:
 `landing`, decided once by `candidates` and carried on the decision as `Decision.mma_land`).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass, replace
 
+from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..model.workspace import workspace_traffic
 from ..poly.access import AccessKind, choose_vec
@@ -88,7 +91,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
     )  # fmt: skip
     merge_options = partials_options(group.statements, deterministic)
     Kp = math.ceil(ops.K / FRAG) * FRAG
-    for wm, wn, fm, fn in _warp_tiles(ops):
+    for wm, wn, fm, fn, op in [(*t, MmaOp.MMA_SYNC) for t in _warp_tiles(ops)] + _warpgroup_tiles(ops, gpu, vec):
         for bk in (32, 64, 128):
             BM, BN = FRAG * wm * fm, FRAG * wn * fn
             if bk > max(32, Kp) or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
@@ -101,7 +104,8 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                 splits = [max(1, min(split, slabs))]
             if group.stitched:  # its split would be a cooperative launch: whole K per block
                 splits = [1]
-            probe = Decision(**base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=tile)
+            probe = Decision(**base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=tile,
+                             mma_op=str(op))  # fmt: skip
             if held_registers(ops, probe, group) > HELD_REGISTERS:
                 continue
             for s in splits:
@@ -110,13 +114,65 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                 for partials in merge_options if s_eff > 1 else merge_options[:1]:
                     merges = merges_for(group, s_eff, partials)
                     d = Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff), merges=merges,
-                                 mma_tile=tile)  # fmt: skip
+                                 mma_tile=tile, mma_op=str(op))  # fmt: skip
                     land = landing(ops.kind, d, ops.rows, group.statements[0].acc.itemsize)
                     if land:  # decided here, once: the cost, replay and codegen read it (`landed`)
                         d = replace(d, mma_land=astuple(land))
                     if unlanded_fragments(d):
                         continue
                     yield d
+
+
+class MmaOp(StrEnum):
+    """The tensor-core instruction of a tile (`Decision.mma_op`)."""
+
+    MMA_SYNC = ""  # nvcuda::wmma (mma.sync): a warp's 16 x 16 fragments, every GPU with tensor cores
+    WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
+
+
+WGMMA_N = (32, 64, 128)  # a warpgroup's columns (wgmma's N): N / 2 accumulators per thread
+WARPGROUPS = (1, 2)  # warpgroups per block, side by side along the columns (each its own N)
+WGMMA_VEC = 8  # a staging step's lanes stay within one row of a core matrix (8 k of 16 bytes)
+
+
+def _warpgroup_tiles(ops: Operands, gpu: GPUSpec, vec: int) -> list[tuple[int, int, int, int, MmaOp]]:
+    """(4, G, 1, N / 16, wgmma): G warpgroups (`WARPGROUPS`) of 64 rows x N columns each
+    (`WGMMA_N`), the block's G x N columns no wider than the first that covers the operand's,
+    where `wgmma_error`'s preconditions hold."""
+    cols = math.ceil(ops.cols / FRAG) * FRAG
+    out = []
+    for g in WARPGROUPS:
+        for n in WGMMA_N:
+            if g * n > WGMMA_N[0] and g * n // 2 >= cols:  # a narrower block covers the columns already
+                continue
+            probe = Decision(statements=(), form=None, M=1, N=1, stitched=False, vec=vec, tx=128 * g, ty=1, split=1,
+                             chunk=32, grid=(1, 1), unroll=1, merges=(), access=(), levels=(), mma=str(ops.kind),
+                             mma_tile=(4, g, 32, 1, n // FRAG), mma_op=str(MmaOp.WGMMA))  # fmt: skip
+            if wgmma_error(gpu, ops.kind, probe) is None:
+                out.append((4, g, 1, n // FRAG, MmaOp.WGMMA))
+    return out
+
+
+def wgmma_error(gpu: GPUSpec, kind: Mma, d: Decision) -> str | None:
+    """Why a warpgroup-MMA tile cannot run, as "N: why", or None (one negative test each in
+    tests/test_wgmma.py):
+      1. the GPU has warpgroup MMAs (`GPUSpec.warpgroup_mma`: sm_90a);
+      2. the operands are 16-bit floats (f16 or bf16: s8's MMAs step K by 32, not emitted);
+      3. the tile is warpgroups side by side: mma_tile (4, G, K slab of 16s, 1, N / 16), G one of
+         `WARPGROUPS`, N one of `WGMMA_N`;
+      4. a staging step's `vec` lanes stay in one row of a core matrix (at most `WGMMA_VEC`)."""
+    if not gpu.warpgroup_mma:
+        return f"1: {gpu.name} has no warpgroup MMAs (wgmma is sm_90a's)"
+    if kind not in (Mma.F16, Mma.BF16):
+        return f"2: {kind} operands (warpgroup tiles take f16 or bf16)"
+    t = d.mma_tile
+    if len(t) != 5 or t[0] != 4 or t[1] not in WARPGROUPS or t[3] != 1 or FRAG * t[4] not in WGMMA_N:
+        return f"3: mma_tile {t} is not (4, warpgroups {WARPGROUPS}, K slab, 1, N / 16) with N in {WGMMA_N}"
+    if t[2] < FRAG or t[2] % FRAG:
+        return f"3: a K slab of {t[2]} is not a multiple of {FRAG}"
+    if d.vec > WGMMA_VEC:
+        return f"4: {d.vec} lanes per staging step cross a core matrix's row of {WGMMA_VEC}"
+    return None
 
 
 def unlanded_fragments(d: Decision) -> bool:
@@ -412,6 +468,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         fp32_ops=fp32,
         mma_flops=2.0 * MT * BM * NT * BN * Kp,
         mma_dtype=Mma(d.mma).dtype,
+        mma_async=d.mma_op == MmaOp.WGMMA,  # warpgroup MMAs: the full rate, mma.sync's is half on Hopper
         # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
@@ -428,12 +485,13 @@ def choose(group: KernelGroup, gpu: GPUSpec, split: int | None = None, determini
     return min(costed, key=lambda cd: cd[0].total_s, default=None)
 
 
-def check(group: KernelGroup, d: Decision, at: str) -> None:
+def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
     """Replay's rules for a tensor-core decision (schedule/replay.py): the preconditions hold for
     the group, the tile is 1-8 warps of `WARP_FRAGS` wmma fragments each, with a K slab that is a
     multiple of 16 and fits in shared memory, the block is one dimension of 32 x warps threads, the grid covers the row
     and column tiles, the split covers K in whole slabs and the vector width divides 16; a carried landing holds
-    `landing_error`'s preconditions, and a warp of more than one fragment lands its split's partials."""
+    `landing_error`'s preconditions, and a warp of more than one fragment lands its split's partials; a warpgroup
+    tile (`mma_op` wgmma) holds `wgmma_error`'s preconditions on `gpu`."""
     from ..errors import ScheduleError
 
     if not d.mma:
@@ -447,6 +505,11 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
         raise ScheduleError(f"{at}: tensor cores are not legal here (precondition {ops})")
     if str(ops.kind) != d.mma:
         raise ScheduleError(f"{at}: MMA type {d.mma}, the operands' is {ops.kind}")
+    if d.mma_op not in set(MmaOp):
+        raise ScheduleError(f"{at}: mma_op {d.mma_op!r} is not one of {[str(o) for o in MmaOp]}")
+    problem = wgmma_error(gpu, ops.kind, d) if d.mma_op == MmaOp.WGMMA else None
+    if problem:
+        raise ScheduleError(f"{at}: not a warpgroup-MMA tile ({problem})")
     if len(d.mma_tile) not in (3, 5):
         raise ScheduleError(
             f"{at}: mma_tile {d.mma_tile} is not (warps along rows, along columns, K slab[, fragments per warp "
@@ -454,7 +517,7 @@ def check(group: KernelGroup, d: Decision, at: str) -> None:
         )
     wm, wn, bk = d.mma_tile[:3]
     BM, BN, _ = tiles(d)
-    if frags(d) not in WARP_FRAGS:
+    if frags(d) not in WARP_FRAGS and d.mma_op != MmaOp.WGMMA:
         raise ScheduleError(f"{at}: {frags(d)} fragments per warp, not one of {WARP_FRAGS}")
     if wm < 1 or wn < 1 or wm * wn > 8 or bk < FRAG or bk % FRAG or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
         raise ScheduleError(
