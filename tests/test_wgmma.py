@@ -14,14 +14,15 @@ from test_contract import array, bound, dequant_reference, int4_weight
 from test_tensor_core import _dequant_bound
 
 import panamera as pn
-from panamera.codegen import tc_kernel
+from panamera.codegen import tc_kernel, wgmma_kernel
 from panamera.compiler import lower
 from panamera.errors import PanameraError, ScheduleError
 from panamera.model import A100, H100
 from panamera.runtime.nvcc import arch_for
 from panamera.schedule.mapping import map_group, replay
-from panamera.schedule.tc_tiling import MmaOp, candidates, wgmma_error
+from panamera.schedule.tc_tiling import candidates
 from panamera.schedule.tensor_core import Mma, analyse
+from panamera.schedule.warpgroup import MmaOp, wgmma_error
 
 M, N, K = 20, 40, 100
 
@@ -98,8 +99,8 @@ def test_emulator_reports_a_missing_wait_or_fence(dropped, error, monkeypatch, r
     """Without wgmma.wait_group the accumulators are read while the MMAs writing them are in
     flight; without wgmma.fence the MMA follows accesses to its registers: both are launch errors,
     not wrong answers (a GPU's behaviour there is undefined)."""
-    slab = tc_kernel._wgmma_slab
-    monkeypatch.setattr(tc_kernel, "_wgmma_slab", lambda *a: [ln for ln in slab(*a) if ln != dropped])
+    slab = wgmma_kernel.wgmma_slab
+    monkeypatch.setattr(tc_kernel, "wgmma_slab", lambda *a: [ln for ln in slab(*a) if ln != dropped])
     x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
     k = wg_compile(x @ w.T, 64)
     assert dropped not in k.source
@@ -107,7 +108,7 @@ def test_emulator_reports_a_missing_wait_or_fence(dropped, error, monkeypatch, r
         k(array((M, K), "float16", rng), array((N, K), "float16", rng))
 
 
-# -- preconditions (tc_tiling.py `wgmma_error`), one negative test each ---------------------------------
+# -- preconditions (schedule/warpgroup.py `wgmma_error`), one negative test each ---------------------------------
 def _group(dtype="float16", k=K):
     x, w = pn.placeholder((M, k), dtype, name="x"), pn.placeholder((N, k), dtype, name="w")
     y = x @ w.T if dtype != "int8" else pn.matmul(x, w.T).inputs[0]
@@ -148,8 +149,8 @@ def test_precondition_4_staging_lanes_across_a_core_matrix_row():
     """16 lanes per step (only reachable by an operand of 1-byte loads: a 16-bit one's vectors
     stop at 8 lanes, the replay refuses them first) would cross a core matrix's row of 8 k."""
     d = _wgmma_decision(_group())
-    assert wgmma_error(H100, Mma.F16, d) is None
-    assert wgmma_error(H100, Mma.F16, dataclasses.replace(d, vec=16)).startswith("4:")
+    assert wgmma_error(H100, Mma.F16, d.mma_tile, d.vec) is None
+    assert wgmma_error(H100, Mma.F16, d.mma_tile, 16).startswith("4:")
 
 
 # -- the model's choice and the architecture ---------------------------------------------------------

@@ -15,7 +15,7 @@ from ..errors import BackendError, CompileError
 from .emulator import _explain
 
 ARCHS = ("sm_80", "sm_90")
-WARPGROUP_MMA = "pn_wgmma<"  # a source that issues warpgroup MMAs (codegen/tc_kernel.py `wgmma_helpers`)
+WARPGROUP_MMA = "pn_wgmma<"  # a source that issues warpgroup MMAs (codegen/wgmma_kernel.py `wgmma_helpers`)
 
 
 def arch_for(source: str, arch: str) -> str:

@@ -86,7 +86,7 @@ class Decision:
     # tensor cores: the split's partials landed in shared memory (blocks, held, bytes, copy: schedule/
     # tc_tiling.py's Landing); (): merged without (register batches, atomics, or no split)
     mma_land: tuple[int, ...] = ()
-    # tensor cores: the MMA instruction (schedule/tc_tiling.py's MmaOp): "" mma.sync (wmma), "wgmma" Hopper's
+    # tensor cores: the MMA instruction (schedule/warpgroup.py's MmaOp): "" mma.sync (wmma), "wgmma" Hopper's
     # warpgroup MMA (sm_90a), its mma_tile (4, 1, K slab, 1, N / 16): one warpgroup of 64 x N outputs
     mma_op: str = ""
 

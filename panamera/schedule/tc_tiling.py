@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass, replace
 
-from ..enums import StrEnum
 from ..model.gpu import GPUSpec, KernelCost, kernel_time
 from ..model.workspace import workspace_traffic
 from ..poly.access import AccessKind, choose_vec
@@ -38,9 +37,9 @@ from ..runtime.emulator import MAX_ASYNC_COPIES
 from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, input_bytes, levels_for, merges_for, partials_options, vector_extent
 from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
-from .tensor_core import Mma, Operands, analyse, operand_reads
+from .tensor_core import FRAG, Mma, Operands, analyse, operand_reads
+from .warpgroup import MmaOp, warpgroup_tiles, wgmma_error
 
-FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
 UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
 STAGING_REGISTERS = 32  # loaded lanes a thread's staging step may hold (staging_unroll)
@@ -91,7 +90,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
     )  # fmt: skip
     merge_options = partials_options(group.statements, deterministic)
     Kp = math.ceil(ops.K / FRAG) * FRAG
-    for wm, wn, fm, fn, op in [(*t, MmaOp.MMA_SYNC) for t in _warp_tiles(ops)] + _warpgroup_tiles(ops, gpu, vec):
+    for wm, wn, fm, fn, op in [(*t, MmaOp.MMA_SYNC) for t in _warp_tiles(ops)] + warpgroup_tiles(ops, gpu, vec):
         for bk in (32, 64, 128):
             BM, BN = FRAG * wm * fm, FRAG * wn * fn
             if bk > max(32, Kp) or smem_bytes(ops.kind, BM, BN, bk) > SMEM_BYTES:
@@ -121,58 +120,6 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                     if unlanded_fragments(d):
                         continue
                     yield d
-
-
-class MmaOp(StrEnum):
-    """The tensor-core instruction of a tile (`Decision.mma_op`)."""
-
-    MMA_SYNC = ""  # nvcuda::wmma (mma.sync): a warp's 16 x 16 fragments, every GPU with tensor cores
-    WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
-
-
-WGMMA_N = (32, 64, 128)  # a warpgroup's columns (wgmma's N): N / 2 accumulators per thread
-WARPGROUPS = (1, 2)  # warpgroups per block, side by side along the columns (each its own N)
-WGMMA_VEC = 8  # a staging step's lanes stay within one row of a core matrix (8 k of 16 bytes)
-
-
-def _warpgroup_tiles(ops: Operands, gpu: GPUSpec, vec: int) -> list[tuple[int, int, int, int, MmaOp]]:
-    """(4, G, 1, N / 16, wgmma): G warpgroups (`WARPGROUPS`) of 64 rows x N columns each
-    (`WGMMA_N`), the block's G x N columns no wider than the first that covers the operand's,
-    where `wgmma_error`'s preconditions hold."""
-    cols = math.ceil(ops.cols / FRAG) * FRAG
-    out = []
-    for g in WARPGROUPS:
-        for n in WGMMA_N:
-            if g * n > WGMMA_N[0] and g * n // 2 >= cols:  # a narrower block covers the columns already
-                continue
-            probe = Decision(statements=(), form=None, M=1, N=1, stitched=False, vec=vec, tx=128 * g, ty=1, split=1,
-                             chunk=32, grid=(1, 1), unroll=1, merges=(), access=(), levels=(), mma=str(ops.kind),
-                             mma_tile=(4, g, 32, 1, n // FRAG), mma_op=str(MmaOp.WGMMA))  # fmt: skip
-            if wgmma_error(gpu, ops.kind, probe) is None:
-                out.append((4, g, 1, n // FRAG, MmaOp.WGMMA))
-    return out
-
-
-def wgmma_error(gpu: GPUSpec, kind: Mma, d: Decision) -> str | None:
-    """Why a warpgroup-MMA tile cannot run, as "N: why", or None (one negative test each in
-    tests/test_wgmma.py):
-      1. the GPU has warpgroup MMAs (`GPUSpec.warpgroup_mma`: sm_90a);
-      2. the operands are 16-bit floats (f16 or bf16: s8's MMAs step K by 32, not emitted);
-      3. the tile is warpgroups side by side: mma_tile (4, G, K slab of 16s, 1, N / 16), G one of
-         `WARPGROUPS`, N one of `WGMMA_N`;
-      4. a staging step's `vec` lanes stay in one row of a core matrix (at most `WGMMA_VEC`)."""
-    if not gpu.warpgroup_mma:
-        return f"1: {gpu.name} has no warpgroup MMAs (wgmma is sm_90a's)"
-    if kind not in (Mma.F16, Mma.BF16):
-        return f"2: {kind} operands (warpgroup tiles take f16 or bf16)"
-    t = d.mma_tile
-    if len(t) != 5 or t[0] != 4 or t[1] not in WARPGROUPS or t[3] != 1 or FRAG * t[4] not in WGMMA_N:
-        return f"3: mma_tile {t} is not (4, warpgroups {WARPGROUPS}, K slab, 1, N / 16) with N in {WGMMA_N}"
-    if t[2] < FRAG or t[2] % FRAG:
-        return f"3: a K slab of {t[2]} is not a multiple of {FRAG}"
-    if d.vec > WGMMA_VEC:
-        return f"4: {d.vec} lanes per staging step cross a core matrix's row of {WGMMA_VEC}"
-    return None
 
 
 def unlanded_fragments(d: Decision) -> bool:
@@ -507,7 +454,7 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
         raise ScheduleError(f"{at}: MMA type {d.mma}, the operands' is {ops.kind}")
     if d.mma_op not in set(MmaOp):
         raise ScheduleError(f"{at}: mma_op {d.mma_op!r} is not one of {[str(o) for o in MmaOp]}")
-    problem = wgmma_error(gpu, ops.kind, d) if d.mma_op == MmaOp.WGMMA else None
+    problem = wgmma_error(gpu, ops.kind, d.mma_tile, d.vec) if d.mma_op == MmaOp.WGMMA else None
     if problem:
         raise ScheduleError(f"{at}: not a warpgroup-MMA tile ({problem})")
     if len(d.mma_tile) not in (3, 5):

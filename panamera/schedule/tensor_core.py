@@ -48,6 +48,8 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
 
+FRAG = 16  # an MMA's K step and fragment side (wmma m16n16k16; wgmma's k16 and core-matrix pairs)
+
 
 class Mma(StrEnum):
     """The MMA's operand type: its C type and the accumulator's."""
