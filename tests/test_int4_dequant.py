@@ -22,7 +22,8 @@ from panamera.errors import ScheduleError
 from panamera.model import H100
 from panamera.schedule.int4_dequant import Nibbles, nibbles
 from panamera.schedule.mapping import map_group, replay
-from panamera.schedule.tensor_core import analyse, candidates
+from panamera.schedule.tc_tiling import candidates
+from panamera.schedule.tensor_core import analyse
 
 NP = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 
@@ -124,7 +125,7 @@ def test_int4_tiles_hold_at_most_sixteen_registers_of_loads(rng):
     assert (1, 1, 64) in tiles and (1, 1, 128) not in tiles and (1, 2, 128) not in tiles
     d = map_group(g, H100, mma=True).decision
     with pytest.raises(ScheduleError, match="registers of loads per thread"):
-        replay(g, dataclasses.replace(d, tx=32, mma_tile=(1, 1, 128), grid=(2, d.grid[1])), H100, "k")
+        replay(g, dataclasses.replace(d, tx=32, mma_tile=(1, 1, 128), mma_op="", grid=(2, d.grid[1])), H100, "k")
 
 
 PAIRS = r"""

@@ -18,7 +18,8 @@ from panamera.schedule.cost import stitched_cost
 from panamera.schedule.decision import Residence
 from panamera.schedule.mapping import map_group
 from panamera.schedule.onchip import blocks_per_sm, shared_bytes
-from panamera.schedule.tensor_core import Mma, analyse, candidates, landing, smem_bytes, tc_cost, tiles
+from panamera.schedule.tc_tiling import candidates, landed, smem_bytes, tc_cost, tiles
+from panamera.schedule.tensor_core import Mma, analyse
 
 TILE = 48 * 1024  # a tensor-core tile's K slabs and accumulators at the 48 KB static limit
 
@@ -61,7 +62,7 @@ def test_a_tensor_core_plan_passes_its_tiles_shared_memory():
     g = lower(x @ w.T, stop_after="mappings", target="emulator").groups[0]
     ops = analyse(g)
     for d in list(candidates(g, ops, H100, None, False))[:6]:
-        land = landing(Mma(d.mma), d, ops.rows, 4)
+        land = landed(d)
         want = land.bytes if land else smem_bytes(Mma(d.mma), *tiles(d))
         assert dict(tc_cost(g, A100, d).features)["shared_bytes"] == want
 

@@ -21,10 +21,11 @@ import panamera as pn
 from panamera.compiler import lower
 from panamera.errors import ScheduleError
 from panamera.model import H100
-from panamera.schedule import tensor_core
+from panamera.schedule import tc_tiling
 from panamera.schedule.decision import Decision
 from panamera.schedule.mapping import MergeMode, map_group, replay
-from panamera.schedule.tensor_core import Mma, analyse, candidates
+from panamera.schedule.tc_tiling import candidates
+from panamera.schedule.tensor_core import Mma, analyse
 
 M, N, K = 20, 40, 100
 
@@ -71,6 +72,7 @@ def test_warp_fragment_tiles(dtype, tile, split, rng):
     d = k.schedule.kernels[0]
     assert d.mma_tile == tile and f"pn_acc[{tile[3]}][{tile[4]}]" in k.source
     assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d  # a saved schedule keeps the fragments
+    assert bool(d.mma_land) == (split > 1)  # and the landing of its partials, decided once by `candidates`
     X, W = array((M, K), dtype, rng), array((N, K), dtype, rng)
     out = np.asarray(k(X, W))
     if dtype == "int8":
@@ -91,9 +93,9 @@ def test_split_k_partials_are_deterministic(rng, monkeypatch):
     outs = []
     for cap, copies, source in ((None, None, "landed"), (0, None, "held"), (None, 0, "batches")):
         if cap is not None:
-            monkeypatch.setattr(tensor_core, "LANDING_PER_SM", cap)
+            monkeypatch.setattr(tc_tiling, "LANDING_PER_SM", cap)
         if copies is not None:
-            monkeypatch.setattr(tensor_core, "MAX_LANDED_COPIES", copies)
+            monkeypatch.setattr(tc_tiling, "MAX_LANDED_COPIES", copies)
         k = tc_compile(x @ w.T, (1, 2, 32), 4, deterministic=True)
         assert [str(m) for m in k.schedule.kernels[0].merges] == ["partials"]
         src = k.source
@@ -168,7 +170,7 @@ def test_int4_warp_fragment_tiles(tile, split, rng, monkeypatch):
     split-K partials (shared memory capped at the tiles' own): all landed in shared memory, or 3
     landed and 1 held in registers."""
     Mi, Ni, Ki, G = 20, 40, 256, 128
-    monkeypatch.setattr(tensor_core, "LANDING_PER_SM", 0)
+    monkeypatch.setattr(tc_tiling, "LANDING_PER_SM", 0)
     x = pn.placeholder((Mi, Ki), "float16", name="x")
     wd, P, S, Wd = int4_weight(Ni, Ki, G, rng)
     k = tc_compile(pn.einsum("mk,nk->mn", x, wd), tile, split, deterministic=True)
@@ -247,16 +249,16 @@ def test_model_keeps_a_gemv_on_cuda_cores():
 @pytest.mark.parametrize("weights", ["bfloat16", "int8", "int4"])
 def test_full_size_kernels_take_tensor_cores(weights):
     """Planned and rendered, not run (conftest compiles every rendered kernel with nvcc for sm_80
-    and sm_90 and fails on a spill): issue 25's M = 64 linears on tensor cores, within 1.15x of
-    the limit for bf16 and int8 (modeled; int4, bound by mma.sync, models 1.31x here)."""
+    and sm_90(a) and fails on a spill): issue 25's M = 64 linears on tensor cores, within 1.15x of
+    the limit (modeled; int4, bound by mma.sync's rate, takes warpgroup MMAs: tests/test_wgmma.py)."""
     from panamera.bench.suites import _linear
     from panamera.model import estimate
 
     outs = _linear(64, 12288, 5376, weights, "bfloat16" if weights == "bfloat16" else "float16")()
     k = pn.compile(outs, target="emulator", use_database=False, cache=False)
-    assert k.mappings[0].mma and "nvcuda::wmma::mma_sync" in k.source
-    if weights != "int4":
-        assert estimate(k.plan, H100).ratio_to_limit <= 1.15
+    m = k.mappings[0]
+    assert m.mma and ("pn_wgmma<" if m.mma_op else "nvcuda::wmma::mma_sync") in k.source
+    assert estimate(k.plan, H100).ratio_to_limit <= 1.15
 
 
 # -- preconditions (schedule/tensor_core.py), one negative test each -------------------------------
@@ -287,7 +289,7 @@ def test_replay_refuses_a_bad_tile():
     g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
     d = map_group(g, H100, mma=True).decision
     with pytest.raises(ScheduleError, match="tensor-core tile"):
-        replay(g, dataclasses.replace(d, mma_tile=(1, 1, 24)), H100, "k")
+        replay(g, dataclasses.replace(d, mma_tile=(1, 1, 24), mma_op=""), H100, "k")
     with pytest.raises(ScheduleError, match="MMA type"):
         replay(g, dataclasses.replace(d, mma="bf16"), H100, "k")
     f32 = lower(pn.placeholder((M, K)) @ pn.placeholder((N, K)).T, stop_after="groups", target="emulator").groups[0]
@@ -296,17 +298,68 @@ def test_replay_refuses_a_bad_tile():
 
 
 def test_replay_refuses_unlanded_warp_fragments(monkeypatch):
-    """A warp of 2 x 1 fragments whose split's partials would be held in registers (they do not
-    land: no copies allowed) is refused by replay (`unlanded_fragments`), and not a candidate."""
+    """A warp of 2 x 1 fragments whose split's partials would be held in registers (no landing
+    carried) is refused by replay (`unlanded_fragments`), and not a candidate where none lands."""
     x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
     g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
     ops = analyse(g)
     d = next(d for d in candidates(g, ops, H100, 4, True) if d.mma_tile == (1, 2, 32, 2, 1))
-    assert replay(g, d, H100, "k").mma_tile == d.mma_tile
-    monkeypatch.setattr(tensor_core, "MAX_LANDED_COPIES", 0)
+    assert d.mma_land and replay(g, d, H100, "k").mma_land == d.mma_land
     with pytest.raises(ScheduleError, match="merges its split in registers"):
-        replay(g, d, H100, "k")
+        replay(g, dataclasses.replace(d, mma_land=()), H100, "k")
+    monkeypatch.setattr(tc_tiling, "MAX_LANDED_COPIES", 0)
     assert all(e.mma_tile != d.mma_tile for e in candidates(g, ops, H100, 4, True))
+
+
+def _landed_decision():
+    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
+    g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
+    d = next(d for d in candidates(g, analyse(g), H100, 4, True) if d.mma_tile == (1, 2, 32) and d.mma_land)
+    return g, d
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (dict(mma_land=(4, 0, 8192)), "1:"),  # not four numbers
+        (dict(merges=(MergeMode.ATOMIC_WS,)), "1:"),  # atomics land nothing
+        ("blocks", "2:"),  # landed + held is not the split
+        ("bytes", "3:"),  # the buffer is smaller than the partials it lands
+        ("held", "4:"),  # more partials held in registers than PARTIAL_REGISTERS
+        ("copy", "5:"),  # a 12-byte copy
+        ("copies", "5:"),  # more copies than the emulator's MAX_ASYNC_COPIES
+    ],
+)
+def test_replay_refuses_a_landing_that_breaks_a_precondition(change, why, monkeypatch):
+    """One negative test per precondition of a carried landing (tc_tiling.py `landing_error`):
+    the decision's own landing replays; each broken one is a ScheduleError naming its number."""
+    g, d = _landed_decision()
+    assert replay(g, d, H100, "k").mma_land == d.mma_land
+    blocks, held, size, copy = d.mma_land
+    if change == "blocks":
+        change = dict(mma_land=(blocks + 1, held, size, copy))
+    elif change == "bytes":
+        change = dict(mma_land=(blocks, held, 16, copy))
+    elif change == "held":
+        change = dict(mma_land=(1, blocks + held - 1, size, copy))
+    elif change == "copy":
+        change = dict(mma_land=(blocks, held, size, 12))
+    elif change == "copies":
+        monkeypatch.setattr(tc_tiling, "MAX_LANDED_COPIES", 0)
+        change = {}
+    with pytest.raises(ScheduleError, match=f"mma_land .* is not a landing of this tile's partials \\({why}"):
+        replay(g, dataclasses.replace(d, **change), H100, "k")
+
+
+def test_the_landed_copies_bound_is_the_emulators():
+    """MAX_LANDED_COPIES is read from cuda_emulation.h's PN_MAX_ASYNC, the bound its
+    __pipeline_memcpy_async enforces: one number, in the header."""
+    from panamera.runtime.emulator import HEADER
+
+    assert tc_tiling.MAX_LANDED_COPIES == int(
+        next(ln.split()[2] for ln in HEADER.read_text().splitlines() if ln.startswith("#define PN_MAX_ASYNC "))
+    )
+    assert "kMaxAsync = PN_MAX_ASYNC;" in HEADER.read_text()
 
 
 def test_replay_refuses_tensor_cores_in_a_cluster():

@@ -28,6 +28,7 @@ from .stitched_kernel import CLUSTER_INCLUDE, emit_stitched
 from .tc_kernel import INCLUDE as MMA_INCLUDE
 from .tc_kernel import emit_tc
 from .thread_loop import ThreadLoop, address_ast
+from .wgmma_kernel import wgmma_helpers
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ EMITTERS = {
 
 
 def template(group: KernelGroup, m: Mapping | None = None) -> Template:
-    if m is not None and m.mma:  # the mapper chose tensor cores (schedule/tensor_core.py)
+    if m is not None and m.mma:  # the mapper chose tensor cores (schedule/tc_tiling.py)
         return Template.TENSOR_CORE
     if group.form == Form.MAP:
         return Template.MAP
@@ -157,6 +158,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     bounds = f"{m.threads}, {m.min_blocks}"  # fewer with a register tile (schedule/mapping.py)
     lines = list(PIPELINE_INCLUDE) if m.stages > 1 else []  # cuda_pipeline.h only where used
     lines += list(MMA_INCLUDE) if m.mma else []  # and mma.h
+    lines += wgmma_helpers(m)  # and a warpgroup MMA's PTX (codegen/wgmma_kernel.py)
     dims = ""
     if m.cluster > 1:  # a thread-block cluster of the split row's blocks (schedule/cluster.py)
         lines += CLUSTER_INCLUDE

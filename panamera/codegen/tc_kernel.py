@@ -1,6 +1,7 @@
-"""The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs.
+"""The tensor-core template: a contraction's tile as `nvcuda::wmma` m16n16k16 MMAs, or as
+Hopper's warpgroup MMAs (`mma_op` wgmma: codegen/wgmma_kernel.py).
 
-The mapping's `mma` and `mma_tile` (schedule/tensor_core.py) fix everything: block bx owns the
+The mapping's `mma`, `mma_tile` and `mma_land` (schedule/tc_tiling.py) fix everything: block bx owns the
 outputs rows [r0, r0 + BM) x columns [c0, c0 + BN) (column tiles fastest), block by the K range
 [by * chunk, min(K, (by + 1) * chunk)). Each K slab of BK, every thread evaluates its share of the
 two operand expressions (their fused producers too: a dequantized int8 / int4 weight is computed
@@ -10,7 +11,10 @@ MMA's type and stores it to shared memory, zero outside the tile and the K range
 Shared memory holds each 16-wide K step as a contiguous 16 x 16 block per fragment row or column
 (256-bit aligned, ldm 16: wmma's rules for every operand type). After a barrier each warp runs
 BK / 16 steps of `mma_sync` on its FM x FN 16 x 16 accumulators (each A fragment loaded once for
-FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled.
+FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled. A
+warpgroup tile stages the same operands into wgmma's core matrices (`_slot`) in the block's shared
+memory (PN_BLOCK_SHARED: the descriptors address it) and each of its 1-2 warpgroups issues BK / 16
+`wgmma.mma_async` m64nNk16 on its 64 x N columns, fenced, committed and waited for within the slab.
 
 The accumulators go through shared memory (`store_matrix_sync`, row-major): the code never reads
 a fragment's elements, whose lane layout CUDA leaves unspecified. Then every thread finishes its
@@ -28,25 +32,27 @@ import math
 from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles, nibbles
 from ..schedule.mapping import MergeMode
-from ..schedule.tensor_core import (
+from ..schedule.tc_tiling import (
     FRAG,
     Landing,
-    Mma,
-    analyse,
     frags,
     grid_tiles,
-    landing,
+    landed,
     loads_first,
     partial_batch,
     raw_copy,
+    smem_bytes,
     staging_steps,
     staging_unroll,
     tiles,
     words_first,
 )
+from ..schedule.tensor_core import Mma, analyse
+from ..schedule.warpgroup import MmaOp
 from .expr import ExprRenderer
 from .reduce_kernel import _final, _reset, _write, apply_epilogue
 from .thread_loop import ThreadLoop, identity_expr, post
+from .wgmma_kernel import wgmma_accumulators, wgmma_slab
 
 INCLUDE = ("#ifndef PANAMERA_EMULATOR", "#include <mma.h>", "#include <cuda_pipeline.h>", "#endif")
 W = "nvcuda::wmma"
@@ -71,7 +77,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     FM, FN = frags(m)
     Q, P, K = ops.rows, ops.cols, ops.K
     threads = m.threads
-    land = landing(kind, m, Q, st.acc.itemsize)
+    land = landed(m)
     smem = [
         f"  __shared__ __align__(32) {T} pn_sa[{BK // FRAG * BM * FRAG}];",
         f"  __shared__ __align__(32) {T} pn_sb[{BK // FRAG * BN * FRAG}];",
@@ -85,18 +91,24 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
             f"  {ACC}* const pn_sc = reinterpret_cast<{ACC}*>(pn_sm + {staging});",
         ]
+    wg = m.mma_op == MmaOp.WGMMA
+    if wg:  # one buffer in the block's shared memory proper: the descriptors address it (PN_BLOCK_SHARED)
+        staging = (BM + BN) * BK * kind.itemsize
+        size = land.bytes if land else smem_bytes(kind, BM, BN, BK)
+        smem = [
+            f"  PN_BLOCK_SHARED(unsigned char, pn_sm, [{size}]);  // the K slabs (wgmma's core matrices) and accumulators",
+            f"  {T}* const pn_sa = reinterpret_cast<{T}*>(pn_sm);",
+            f"  {T}* const pn_sb = pn_sa + {BK // FRAG * BM * FRAG};",
+            f"  {ACC}* const pn_sc = reinterpret_cast<{ACC}*>(pn_sm + {staging});",
+        ]
     out = [
-        f"  // tensor cores ({kind}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, K {m.chunk} per block",
+        f"  // tensor cores ({kind}{', wgmma' if wg else ''}): {BM} x {BN} outputs of {Q} x {P}, K slabs of {BK}, "
+        f"K {m.chunk} per block",
         *smem,
         f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
         f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
         f"  const pn_idx pn_k1 = pn_k0 + {m.chunk} < {K} ? pn_k0 + {m.chunk} : {K};",
-        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};  // the warp's {FM} x {FN} fragments",
-        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc[{FM}][{FN}];",
-        "#pragma unroll",
-        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j) {W}::fill_fragment(pn_acc[pn_i][pn_j], ({ACC})0);",
+        *(wgmma_accumulators(BN, wn) if wg else _wmma_accumulators(wn, FM, FN, ACC)),
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
     operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
@@ -115,34 +127,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
             pragma = f"#pragma unroll {staging_unroll(e, rows, m, g, held)}  // loads in flight (the model's)"
             staged.append([pragma, *_stage(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)])
     out += [ln for lines in staged for ln in lines]
-    out += [
-        "    __syncthreads();",
-        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
-        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{  // each A fragment feeds {FN} MMAs, each B {FM}",
-        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa[{FM}];",
-        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb[{FN}];",
-        "#pragma unroll",
-        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        f"        {W}::load_matrix_sync(pn_fa[pn_i], &pn_sa[(pn_t * {BM} + (pn_wr * {FM} + pn_i) * 16) * 16], 16);",
-        "#pragma unroll",
-        f"      for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"        {W}::load_matrix_sync(pn_fb[pn_j], &pn_sb[(pn_t * {BN} + (pn_wc * {FN} + pn_j) * 16) * 16], 16);",
-        "#pragma unroll",
-        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"        for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"          {W}::mma_sync(pn_acc[pn_i][pn_j], pn_fa[pn_i], pn_fb[pn_j], pn_acc[pn_i][pn_j]);",
-        "    }",
-        "    __syncthreads();  // the slab is refilled next step",
-        "  }",
-        "#pragma unroll",
-        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
-        "#pragma unroll",
-        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
-        f"      {W}::store_matrix_sync(&pn_sc[(pn_wr * {FM} + pn_i) * 16 * {BN} + (pn_wc * {FN} + pn_j) * 16],",
-        f"                             pn_acc[pn_i][pn_j], {BN}, {W}::mem_row_major);",
-        "  __syncthreads();",
-    ]
+    out += wgmma_slab(BM, BN, BK, wn, T) if wg else _wmma_slab(BM, BN, BK, FM, FN, T)
     RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
     mode = m.merges[0]
     joined = len(g.statements) > 1  # element-wise consumers applied where an output is final
@@ -182,6 +167,50 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
     return out
 
 
+def _wmma_accumulators(wn: int, FM: int, FN: int, ACC: str) -> list[str]:
+    return [
+        f"  const int pn_wr = (int)tx / 32 / {wn}, pn_wc = (int)tx / 32 % {wn};  // the warp's {FM} x {FN} fragments",
+        f"  {W}::fragment<{W}::accumulator, 16, 16, 16, {ACC}> pn_acc[{FM}][{FN}];",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j) {W}::fill_fragment(pn_acc[pn_i][pn_j], ({ACC})0);",
+    ]
+
+
+def _wmma_slab(BM: int, BN: int, BK: int, FM: int, FN: int, T: str) -> list[str]:
+    """A staged slab's MMAs (each warp's FM x FN fragments), and after the slab loop the
+    accumulators stored to the tile in shared memory (row-major, BN a row)."""
+    return [
+        "    __syncthreads();",
+        "#pragma unroll 2  // two fragment pairs live (fully unrolled, ptxas spilled bf16 2 x 2 warps at BK 128 on sm_80)",
+        f"    for (int pn_t = 0; pn_t < {BK // FRAG}; ++pn_t) {{  // each A fragment feeds {FN} MMAs, each B {FM}",
+        f"      {W}::fragment<{W}::matrix_a, 16, 16, 16, {T}, {W}::row_major> pn_fa[{FM}];",
+        f"      {W}::fragment<{W}::matrix_b, 16, 16, 16, {T}, {W}::col_major> pn_fb[{FN}];",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        f"        {W}::load_matrix_sync(pn_fa[pn_i], &pn_sa[(pn_t * {BM} + (pn_wr * {FM} + pn_i) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"        {W}::load_matrix_sync(pn_fb[pn_j], &pn_sb[(pn_t * {BN} + (pn_wc * {FN} + pn_j) * 16) * 16], 16);",
+        "#pragma unroll",
+        f"      for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"        for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"          {W}::mma_sync(pn_acc[pn_i][pn_j], pn_fa[pn_i], pn_fb[pn_j], pn_acc[pn_i][pn_j]);",
+        "    }",
+        "    __syncthreads();  // the slab is refilled next step",
+        "  }",
+        "#pragma unroll",
+        f"  for (int pn_i = 0; pn_i < {FM}; ++pn_i)",
+        "#pragma unroll",
+        f"    for (int pn_j = 0; pn_j < {FN}; ++pn_j)",
+        f"      {W}::store_matrix_sync(&pn_sc[(pn_wr * {FM} + pn_i) * 16 * {BN} + (pn_wc * {FN} + pn_j) * 16],",
+        f"                             pn_acc[pn_i][pn_j], {BN}, {W}::mem_row_major);",
+        "  __syncthreads();",
+    ]
+
+
 def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int) -> list[str]:
     """The last block's combine of the split's partials, for each of its `pt` outputs in block
     order (deterministic): `partial_batch` blocks' partials of all `pt` outputs are loaded into
@@ -216,7 +245,7 @@ def _combine_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: i
 
 def _land_partials(loop: ThreadLoop, st, BN: int, BM: int, threads: int, P: int, Q: int, land: Landing) -> list[str]:
     """The last block's combine of the split's partials in one L2 round trip (schedule/
-    tensor_core.py `landing`): the first `land.blocks` blocks' partials of each of the thread's
+    tc_tiling.py `landing`, carried as `mma_land`): the first `land.blocks` blocks' partials of each of the thread's
     outputs (contiguous: ws0[o * S + b]) copied to shared memory with `__pipeline_memcpy_async`
     (no registers held), the other `land.held` blocks' loaded into registers, all in flight
     together; the thread then folds its own outputs' partials in block order (deterministic, the
@@ -274,6 +303,26 @@ def _discard_partials(S: int, BN: int, BM: int, threads: int, P: int, Q: int) ->
     ]
 
 
+def _slot(m, buf: str, rows: int, x: str, k: str, lane: str = "") -> str:
+    """Element (x, k) of an operand's slab of `rows` x BK in shared memory (plus `lane`, the
+    consecutive k of a step's `vec` lanes, within k's 16, or k's 8 for wgmma): the one place the
+    staging loops write the layout the MMAs read. For wmma each 16-wide K step is a contiguous
+    `rows` x 16 block, row-major (fragments load it with ldm 16); for a warpgroup MMA (`m.mma_op`)
+    the slab is wgmma's core matrices of 8 rows x 8 k (16 bytes a row, 128 contiguous bytes each),
+    the `rows` / 8 of each 8 k consecutive: the descriptor's stride (SBO) between row groups is
+    128 bytes, its leading offset (LBO) between the two k halves of a step `rows` x 16 bytes.
+
+    >>> from types import SimpleNamespace as NS
+    >>> _slot(NS(mma_op=""), "pn_sa", 32, "pn_q", "pn_p", " + v")
+    'pn_sa[(pn_p / 16 * 32 + pn_q) * 16 + pn_p % 16 + v]'
+    >>> _slot(NS(mma_op="wgmma"), "pn_sa", 64, "pn_q", "pn_p", " + v")
+    'pn_sa[(pn_p / 8 * 8 + pn_q / 8) * 64 + pn_q % 8 * 8 + pn_p % 8 + v]'
+    """
+    if m.mma_op == MmaOp.WGMMA:
+        return f"{buf}[({k} / 8 * {rows // 8} + {x} / 8) * 64 + {x} % 8 * 8 + {k} % 8{lane}]"
+    return f"{buf}[({k} / 16 * {rows} + {x}) * 16 + {k} % 16{lane}]"
+
+
 def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads: int, r0: str, extent: int,
            i_of: str, tag: str) -> list[str]:  # fmt: skip
     """The loop that fills one operand's slab: element (x, k) of the tile at
@@ -323,7 +372,7 @@ def _stage(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, BK: int, threads
         "      } else {",
         f"        for (int v = 0; v < {V}; ++v) pn_val[v] = {zero};",
         "      }",
-        f"      for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"      for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "    }",
     ]
     return out
@@ -335,7 +384,7 @@ def _stage_raw(loop: ThreadLoop, kind: Mma, read: int, buf: str, rows: int, BK: 
     copies its vec lanes' bytes from global to shared memory as one vector, no conversion."""
     r, V = loop.g.statements[0].reads[read], loop.m.vec
     vt = {4: "unsigned", 8: "uint2", 16: "uint4"}[V * kind.itemsize]
-    dst = f"&{buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16]"
+    dst = f"&{_slot(loop.m, buf, rows, 'pn_q', 'pn_p')}"
     return [
         f"    for (int pn_e = tx; pn_e < {rows * BK // V}; pn_e += {threads}) {{",
         f"      const int pn_q = pn_e / {BK // V}, pn_p = pn_e % {BK // V} * {V};",
@@ -394,7 +443,7 @@ def _stage_int4(loop: ThreadLoop, kind: Mma, nib: Nibbles, buf: str, rows: int, 
             "        }",
         ]
     convert += [
-        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]
@@ -452,7 +501,7 @@ def _double_buffered(loop: ThreadLoop, tag: str, rows: int, r0: str, extent: int
 
 def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, extent: int, i_of: str,
                  tag: str) -> tuple[list[str], list[str], list[str]]:  # fmt: skip
-    """`_stage` for a `words_first` operand (schedule/tensor_core.py): each step's contiguous reads
+    """`_stage` for a `words_first` operand (schedule/tc_tiling.py): each step's contiguous reads
     loaded as raw vectors and its uniform reads as one value, double-buffered
     (`_double_buffered`); then each lane's expression over them, converted to the MMA's type."""
     st, m = loop.g.statements[0], loop.m
@@ -499,7 +548,7 @@ def _stage_words(loop: ThreadLoop, kind: Mma, e, buf: str, rows: int, r0: str, e
         *("          " + ln for ln in lines),
         f"          pn_val[v] = pn_in ? {_convert(kind, value)} : {zero};",
         "        }",
-        f"        for (int v = 0; v < {V}; ++v) {buf}[(pn_p / 16 * {rows} + pn_q) * 16 + pn_p % 16 + v] = pn_val[v];",
+        f"        for (int v = 0; v < {V}; ++v) {_slot(loop.m, buf, rows, 'pn_q', 'pn_p', ' + v')} = pn_val[v];",
         "      }",
         "    }",
     ]

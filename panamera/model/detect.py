@@ -84,8 +84,15 @@ def spec_from_properties(props: dict) -> GPUSpec:
         "max_threads_sm": int(got("maxThreadsPerMultiProcessor")) or base.max_threads_sm,
         "max_blocks_sm": int(got("maxBlocksPerMultiProcessor")) or base.max_blocks_sm,
         "vector_atomics": major >= 9,
+        # wgmma is sm_90a's, but the cuda backend compiles through CuPy's NVRTC for compute_90, where the
+        # warpgroup MMAs would trap: none on a detected GPU until it targets sm_90a (issue 25)
+        "warpgroup_mma": False,
     }
-    same = all(abs(getattr(base, k) - v) <= 0.02 * abs(getattr(base, k)) for k, v in fields.items() if k != "name")
+    same = all(
+        abs(getattr(base, k) - v) <= 0.02 * abs(getattr(base, k))
+        for k, v in fields.items()
+        if k not in ("name", "warpgroup_mma")
+    )
     tag = "measured on this GPU" if known and same else f"assumed: {base.name}'s (no measurement on {name})"
     sources = (
         (

@@ -96,6 +96,7 @@ class GPUSpec:
     atomic_rates: tuple[tuple[str, float], ...] = ()
     saturating_kb_per_sm: int = 24  # bytes in flight per SM (KB) that saturate the stream: the loaded latency
     measured_limit: Limit | None = None  # None: no measurements on this GPU (`limit` falls back to the model)
+    warpgroup_mma: bool = False  # wgmma.mma_async (sm_90a): tensor cores at their full rate (schedule/tc_tiling.py)
     max_cluster: int = 1  # blocks of one thread-block cluster (sm_90: 16, with the non-portable attribute past 8)
     l1_per_sm: int = 256 * 1024  # [spec] combined L1 / shared memory per SM: holds a spilled frame (model/spill.py)
     registers_per_sm: int = 65536  # [spec] 32-bit registers per SM (every GPU modeled here)
@@ -248,6 +249,7 @@ _COMMON = (
 )
 H100 = GPUSpec(
     "H100-SXM5", 132, 1.98e9, 3.35e12, 0.95, 350e-9, 4.5e-6, 72.9e9, 1.75e9, vector_atomics=True, max_cluster=16,
+    warpgroup_mma=True,
     eta_write=0.86, queued_launch_s=0.1e-6, atomic_rates=ATOMIC_RATES,
     measured_limit=Limit(4.85e-6, 0.96, 0.87, "CALIBRATION.md: CUB 2^8 on H200 (4.86 us measured, floor 4.85 us; the same GH100 chip); "
                          "QuACK cross-entropy 32Kx65K (reads), softmax 8Kx262K (read + write)"),
@@ -419,6 +421,7 @@ def kernel_time(
     round_trips: int = 0,
     mma_flops: float = 0.0,
     mma_dtype: str = "",
+    mma_async: bool = False,
     spill_stores: float = 0.0,
     spill_loads: float = 0.0,
     spill_frame: int = 0,
@@ -437,7 +440,8 @@ def kernel_time(
     `round_trips`: dependent DRAM round trips every block waits for in turn (a gather whose
     address is itself loaded: 2), so each wave lasts at least that many latencies at the load in
     use (0: not modeled); `mma_flops`: the FLOPs of the kernel's MMAs on tensor cores with
-    operands of `mma_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies,
+    operands of `mma_dtype`, at model/library.py's `mma_sync_peak` over the SMs the kernel occupies
+    (`mma_async`: warpgroup MMAs, wgmma, at the datasheet's dense peak, `tensor_core_peak`),
     an issue term beside the CUDA cores' (T_issue: the larger binds); `spill_stores` /
     `spill_loads`: the kernel's register-spill bytes (ptxas -v per thread x threads launched),
     `spill_frame` the stack frame per thread, `spill_registers` the registers per thread (they
@@ -459,6 +463,8 @@ def kernel_time(
         features += (("round_trips", round_trips),)
     if mma_flops:
         features += (("mma_flops", mma_flops), ("mma_dtype", mma_dtype))
+        if mma_async:
+            features += (("mma_async", True),)
     if spill_stores or spill_loads:
         features += (("spill_stores", spill_stores), ("spill_loads", spill_loads), ("spill_frame", spill_frame),
                      ("spill_registers", spill_registers), ("shared_bytes", shared_bytes))  # fmt: skip
@@ -487,9 +493,10 @@ def kernel_time(
         (fp32_ops + fp64_ops + sfu_ops) / (gpu.fp32_per_clock_sm * rate), fp64_ops / (gpu.fp64_per_clock_sm * rate), sfu
     )
     if mma_flops:  # the tensor cores' issue (model/library.py imports this module: imported here)
-        from .library import mma_sync_peak
+        from .library import mma_sync_peak, tensor_core_peak
 
-        issue = max(issue, mma_flops / (mma_sync_peak(gpu, mma_dtype) / gpu.sms * active))
+        peak = tensor_core_peak(gpu, mma_dtype) if mma_async else mma_sync_peak(gpu, mma_dtype)
+        issue = max(issue, mma_flops / (peak / gpu.sms * active))
     atomic = _exposed_atomics(gpu, atomics, same_address, cas_atomics, waves, dram, gpu.atomic_rate_of(atomic_dtype))
     sync = (grid_syncs * 2 * gpu.l2_latency_cycles + sync_cycles) / gpu.clock_hz
     spill = 0.0

@@ -7,7 +7,7 @@ block of the same kernel, or the next kernel), so it hits in L2 where the whole 
 half of it (the half an SM's requests reach: the rule of the column partials and the stitched
 re-reads, schedule/cost.py); beyond, it comes from DRAM again. A reader that discards the lines it
 has read (discard.global.L2) saves the write-back where the workspace fits. Panamera's own plans
-(schedule/cost.py, schedule/tensor_core.py) and the peers' (bench/) all take it from here.
+(schedule/cost.py, schedule/tc_tiling.py) and the peers' (bench/) all take it from here.
 
 >>> from panamera.model import H100
 >>> workspace_traffic(H100, 4 * 2**20)  # 4 MiB of split-K partials: written back, read from L2

@@ -237,7 +237,12 @@ static const int kMaxThreads = 1024;
 // Asynchronous copies a thread has issued and not yet waited for (cuda_pipeline.h): the source is
 // read at the copy, the destination written only at the __pipeline_wait_prior that covers its
 // batch, so a missing or early wait leaves shared memory stale, as it may on a GPU.
-static const int kMaxAsync = 256;
+// PN_MAX_ASYNC is read by runtime/emulator.py (MAX_ASYNC_COPIES): the one source of the bound the
+// model's landed partials stay within (schedule/tc_tiling.py MAX_LANDED_COPIES).
+#define PN_MAX_ASYNC 256
+#define PN_STR_(x) #x
+#define PN_STR(x) PN_STR_(x)
+static const int kMaxAsync = PN_MAX_ASYNC;
 struct AsyncCopy {
   void* dst;
   int size, batch;
@@ -246,6 +251,19 @@ struct AsyncCopy {
 struct AsyncCopies {
   int n, open;  // copies pending; the batch that the next copy joins (commits so far)
   AsyncCopy c[kMaxAsync];
+};
+// Warpgroup MMAs (wgmma_emulation.h) a thread has issued and not yet waited for: the new
+// accumulator values of each, applied to the registers only at the wgmma.wait_group that covers
+// its group; `fenced`: a wgmma.fence since the thread last touched accumulator registers.
+static const int kMaxWgmma = 16;
+struct WgmmaPending {
+  float* acc;  // the accumulator registers (pn_wgacc::v) it writes
+  int n, group;
+  float v[128];
+};
+struct WgmmaState {
+  int fenced, committed, n;  // committed: groups closed so far (the open group's number)
+  WgmmaPending p[kMaxWgmma];
 };
 struct Fiber {
   jmp_buf jb;
@@ -257,6 +275,7 @@ struct Fiber {
   const unsigned* wait_at;  // AT_GRID: the counter awaited ...
   unsigned wait_for;        // ... and the value it must reach
   AsyncCopies* async;       // allocated at the thread's first asynchronous copy
+  WgmmaState* wgmma;        // allocated at the thread's first warpgroup MMA
   int cluster_arrived;      // 1 + the cluster barrier phase it arrived at and has not waited for (0: none)
   int cluster_passed;       // cluster barriers it has passed (distributed shared memory needs one)
 };
@@ -345,6 +364,10 @@ static void fiber_main() {
     entry(entry_args);
     std::free(cur->async);  // copies never waited for never land
     cur->async = nullptr;
+    if (cur->wgmma && cur->wgmma->n && !error)
+      error = "wgmma.mma_async: the thread exited with MMAs never waited for (wgmma.wait_group)";
+    std::free(cur->wgmma);
+    cur->wgmma = nullptr;
     cur->state = DONE;
     blk->live--;
     // An exited thread no longer takes part in barriers: release them if it was the last awaited.
@@ -472,6 +495,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
   f.started = 0;
   f.state = RUNNABLE;
   f.async = nullptr;
+  f.wgmma = nullptr;
   getcontext(&f.uc);
   f.uc.uc_stack.ss_sp = stack;
   f.uc.uc_stack.ss_size = kStack;
@@ -718,7 +742,7 @@ static inline void __pipeline_memcpy_async(void* dst, const void* src, size_t si
   }
   AsyncCopies& q = *cur->async;
   if (q.n == kMaxAsync) {
-    if (!error) error = "__pipeline_memcpy_async: more than 256 copies of one thread in flight";
+    if (!error) error = "__pipeline_memcpy_async: more than " PN_STR(PN_MAX_ASYNC) " copies of one thread in flight";
     return;
   }
   AsyncCopy& c = q.c[q.n++];
@@ -755,3 +779,4 @@ template <class T> static inline T __shfl_sync(unsigned, T v, int src_lane, int 
   return pn_emu::shfl(v, (lane / width) * width + (src_lane % width), true);
 }
 #include "wmma_emulation.h"  // nvcuda::wmma for the tensor-core kernels
+#include "wgmma_emulation.h"  // Hopper's warpgroup MMAs (wgmma.mma_async) for the tensor-core kernels

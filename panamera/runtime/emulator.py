@@ -32,8 +32,20 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
-HEADERS = (HEADER, HERE / "wmma_emulation.h")  # what the build reads: both in the cache key
+HEADERS = (HEADER, HERE / "wmma_emulation.h", HERE / "wgmma_emulation.h")  # what the build reads: the cache key
 FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+
+
+def _header_int(name: str) -> int:
+    """The value of `#define name N` in cuda_emulation.h: a bound the emulator enforces and the
+    schedule stays within, stated once (in the header)."""
+    m = re.search(rf"^#define {name} (\d+)$", HEADER.read_text(), re.M)
+    if m is None:
+        raise BackendError(f"{HEADER}: no '#define {name} <int>'")
+    return int(m.group(1))
+
+
+MAX_ASYNC_COPIES = _header_int("PN_MAX_ASYNC")  # cp.async copies one thread may have in flight (kMaxAsync)
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash
 _by_source: dict[str, ctypes.CDLL] = {}  # by source text: the per-call fast path

@@ -15,6 +15,17 @@ from ..errors import BackendError, CompileError
 from .emulator import _explain
 
 ARCHS = ("sm_80", "sm_90")
+WARPGROUP_MMA = "pn_wgmma<"  # a source that issues warpgroup MMAs (codegen/wgmma_kernel.py `wgmma_helpers`)
+
+
+def arch_for(source: str, arch: str) -> str:
+    """The target `source` is compiled for on `arch`: sm_90's arch-specific sm_90a where it issues
+    warpgroup MMAs (wgmma exists only there; compiled for sm_90 or sm_80 they trap), else `arch`.
+
+    >>> arch_for("pn_wgmma<64, __half>(...)", "sm_90"), arch_for("pn_wgmma<64, __half>(...)", "sm_80")
+    ('sm_90a', 'sm_80')
+    """
+    return arch + "a" if arch == "sm_90" and WARPGROUP_MMA in source else arch
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,17 @@ def compile_cuda(source: str, archs=ARCHS) -> list[Resources]:
         src.write_text(source)
         for arch in archs:
             r = subprocess.run(
-                [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", str(src), "-o", f"{tmp}/k.cubin"],
+                [
+                    nvcc,
+                    "-cubin",
+                    f"-arch={arch_for(source, arch)}",
+                    "-std=c++17",
+                    "-Xptxas",
+                    "-v",
+                    str(src),
+                    "-o",
+                    f"{tmp}/k.cubin",
+                ],
                 capture_output=True,
                 text=True,
             )
@@ -71,7 +92,7 @@ def sass(source: str, kernel: str, arch: str = "sm_90") -> str:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.cu"
         src.write_text(source)
-        r = subprocess.run([str(nvcc), "-cubin", f"-arch={arch}", "-std=c++17", str(src), "-o", f"{tmp}/k.cubin"],
+        r = subprocess.run([str(nvcc), "-cubin", f"-arch={arch_for(source, arch)}", "-std=c++17", str(src), "-o", f"{tmp}/k.cubin"],
                            capture_output=True, text=True)  # fmt: skip
         if r.returncode:
             raise CompileError(_explain(r.stderr.replace(str(src), "k.cu"), source, f"nvcc {arch}"))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import BackendError, CompileError
 from .emulator import _explain
+from .nvcc import arch_for
 
 
 @functools.cache
@@ -60,7 +61,7 @@ def compile_source(source: str, arch: str = "sm_90") -> float:
     if lib is None:
         raise BackendError("nvrtc: libnvrtc not found (pip install nvidia-cuda-nvrtc)")
     prog = ctypes.c_void_p()
-    opts = [f"--gpu-architecture={arch}", "-std=c++17", *(f"-I{d}" for d in _include_dirs())]
+    opts = [f"--gpu-architecture={arch_for(source, arch)}", "-std=c++17", *(f"-I{d}" for d in _include_dirs())]
     argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     t0 = time.perf_counter()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"panamera.cu", 0, None, None):

@@ -22,12 +22,14 @@ from .derived import (
     combine_lanes,
     drops_column_partials,
     exchanges,
+    input_bytes,
     kernel_buffers,
     passes,
     tree_chunk,
 )
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors
+from .tc_tiling import tc_cost
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
 
@@ -95,16 +97,6 @@ def streamed_bytes_per_iteration(group: KernelGroup) -> int:
     return sum(t.dtype.itemsize for t in tensors.values())
 
 
-def _input_bytes(group: KernelGroup) -> int:
-    """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
-    broadcast parameter re-read by every row hits the cache after its first read)."""
-    members = group.on_chip
-    reads = {
-        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
-    }
-    return sum(t.size * t.dtype.itemsize for t in reads.values())
-
-
 def in_flight(group: KernelGroup, d: Decision) -> int:
     """Streamed bytes a thread has in flight per loop step: vector width x unrolled loads. Under
     a register tile the stream is the operand its rows share (loaded once per tile)."""
@@ -125,9 +117,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         return joined_cost(group, gpu, d)
     if group.stitched:
         return stitched_cost(group, gpu, d)
-    if d.mma:  # tensor cores (tensor_core.py imports this module: imported here)
-        from .tensor_core import tc_cost
-
+    if d.mma:  # tensor cores
         return tc_cost(group, gpu, d)
     kept = group.on_chip - group.external  # an epilogue group's reduction nothing else reads
     stored = [s for s in group.statements if s.kind == StatementKind.MAP or s.result.uid not in kept]
@@ -136,7 +126,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
     if d.form == Form.MAP:
         return kernel_time(
             gpu,
-            dram_bytes=_input_bytes(group) + out_bytes,
+            dram_bytes=input_bytes(group) + out_bytes,
             write_bytes=out_bytes,
             blocks=d.grid[0],
             threads=d.tx,
@@ -164,7 +154,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         cas = sum(group.M * s_eff for st in owners if st.combiner.atomic(st.acc) == AtomicStrategy.CAS)
     return kernel_time(
         gpu,
-        dram_bytes=_input_bytes(group) + out_bytes + ws["dram_bytes"],
+        dram_bytes=input_bytes(group) + out_bytes + ws["dram_bytes"],
         write_bytes=out_bytes + ws["write_bytes"],
         blocks=blocks,
         threads=d.tx * d.ty,
@@ -256,7 +246,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     chip: no grid-wide wait (the clusters run in waves, their passes overlap other clusters'),
     each exchange `cluster.exchange_cycles`, exposed once at the kernel's end."""
     M = group.M
-    in_bytes = _input_bytes(group)
+    in_bytes = input_bytes(group)
     out_bytes = sum(
         s.result.size * s.result.dtype.itemsize
         for s in group.statements
@@ -321,7 +311,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     loads its columns' final values from L2 before the consumers' pass, which re-reads the row
     tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
-    reread = _input_bytes(group)
+    reread = input_bytes(group)
     if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
         hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
         f["dram_bytes"] -= hits

@@ -83,6 +83,12 @@ class Decision:
     mma_tile: tuple[
         int, ...
     ] = ()  # tensor cores: (warps along rows, along columns, K slab[, fragments per warp: rows, columns])
+    # tensor cores: the split's partials landed in shared memory (blocks, held, bytes, copy: schedule/
+    # tc_tiling.py's Landing); (): merged without (register batches, atomics, or no split)
+    mma_land: tuple[int, ...] = ()
+    # tensor cores: the MMA instruction (schedule/warpgroup.py's MmaOp): "" mma.sync (wmma), "wgmma" Hopper's
+    # warpgroup MMA (sm_90a), its mma_tile (4, 1, K slab, 1, N / 16): one warpgroup of 64 x N outputs
+    mma_op: str = ""
 
     @property
     def tile_rows(self) -> int:
@@ -104,6 +110,8 @@ class Decision:
             return self.per_sm
         if self.onchip == Residence.REGISTERS:
             return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
+        if self.mma_op:  # a warpgroup MMA's accumulators (N / 2 per thread) beside the staging: 128 registers
+            return max(1, REGISTER_FILE // (self.threads * 128))
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 
@@ -185,7 +193,7 @@ class Decision:
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (
-                f" tensor-cores={self.mma} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
+                f" tensor-cores={self.mma}{'/' + self.mma_op if self.mma_op else ''} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
                 + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
                 if self.mma
                 else ""
@@ -207,6 +215,12 @@ class Decision:
             d["mma_tile"] = list(self.mma_tile)
         else:  # likewise: CUDA cores
             del d["mma"], d["mma_tile"]
+        if self.mma_land:
+            d["mma_land"] = list(self.mma_land)
+        else:  # likewise: nothing landed
+            del d["mma_land"]
+        if not self.mma_op:  # likewise: mma.sync
+            del d["mma_op"]
         if self.onchip == Residence.MEMORY:  # likewise: schedules without rows on chip read the same
             del d["onchip"]
         else:
@@ -251,6 +265,8 @@ class Decision:
             per_sm=int(d.get("per_sm", 0)),
             mma=str(d.get("mma", "")),  # absent before tensor cores: CUDA cores
             mma_tile=tuple(int(v) for v in d.get("mma_tile", ())),
+            mma_land=tuple(int(v) for v in d.get("mma_land", ())),  # absent before it was carried: not landed
+            mma_op=str(d.get("mma_op", "")),  # absent before warpgroup MMAs: mma.sync
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
         )
@@ -284,7 +300,7 @@ def covers(d: Decision) -> bool:
     A task mapping is a mixed-radix product of bounded factors, so it owns exactly the tasks
     [0, extent) once each (schedule/task.py): it covers its loop when its extent reaches the
     loop's. (tests/test_schedule.py checks this against isl's image of the mapping.)"""
-    if d.mma:  # tensor-core tiles own the outputs (schedule/tensor_core.py's check covers them)
+    if d.mma:  # tensor-core tiles own the outputs (schedule/tc_tiling.py's check covers them)
         return True
     tasks = d.tasks
     return all(tasks[loop].extent >= e for loop, e in zip(d.loops, d.extents))

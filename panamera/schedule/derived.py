@@ -106,6 +106,16 @@ def atomic_vec_for(group: KernelGroup, gpu: GPUSpec, vec: int, merges: tuple[Mer
     return tuple(one(k, st) for k, st in enumerate(group.statements))
 
 
+def input_bytes(group: KernelGroup) -> int:
+    """Bytes of the distinct tensors the group reads from memory, each once from DRAM (a
+    broadcast parameter re-read by every row hits the cache after its first read)."""
+    members = group.on_chip
+    reads = {
+        r.tensor.uid: r.tensor for s in group.statements for r in s.reads if r.memory and r.tensor.uid not in members
+    }
+    return sum(t.size * t.dtype.itemsize for t in reads.values())
+
+
 def access_for(group: KernelGroup, vec: int) -> tuple[tuple[AccessKind, ...], ...]:
     kinds = access_kinds(group.statements, along(group), vec)
     if not (group.stitched or group.epilogue):

@@ -11,7 +11,7 @@ The result equals the element-wise expression rounded to the MMA's type bit for 
 exact, and (n - z) * s is rounded once in both.
 
 `nibbles` recognizes the operand and says which reads play which part; codegen/tc_kernel.py
-stages it with `pn_i4x8`, and schedule/tensor_core.py's cost counts `OPS_PER_WEIGHT`.
+stages it with `pn_i4x8`, and schedule/tc_tiling.py's cost counts `OPS_PER_WEIGHT`.
 
 Preconditions (`nibbles` returns the first that fails, by number; one negative test each in
 tests/test_int4_dequant.py):

@@ -26,7 +26,7 @@ from .persistent import check as check_columns
 from .persistent import check_rows
 from .pipeline import check as check_pipeline
 from .rtile import check as check_tile
-from .tensor_core import check as check_tensor_core
+from .tc_tiling import check as check_tensor_core
 
 
 def replay(
@@ -54,7 +54,7 @@ def replay(
        the block's rows share, aligned copies, a block-uniform step count around the barriers);
     11. a persistent grid only for stitched rows (with or without column partials), as
        schedule/persistent.py's preconditions allow;
-    12. tensor cores only as schedule/tensor_core.py's preconditions and `check` allow;
+    12. tensor cores only as schedule/tensor_core.py's preconditions and tc_tiling.py's `check` allow;
     13. rows kept on chip only as schedule/onchip.py's preconditions allow;
     14. a thread-block cluster only as schedule/cluster.py's preconditions allow (every block of
        a split stitched row, a cluster size the GPU has).
@@ -82,7 +82,7 @@ def replay(
     check_atomics(group, d, gpu, at)
     check_tile(group, d, at)
     check_pipeline(group, d, at)
-    check_tensor_core(group, d, at)
+    check_tensor_core(group, d, gpu, at)
     check_onchip(group, d, gpu, at)
     check_cluster(group, d, gpu, at)
     return complete(group, d, gpu, name)

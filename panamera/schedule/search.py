@@ -10,13 +10,14 @@ from ..model.gpu import H100, GPUSpec
 from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
-from .cost import _input_bytes, complete, decision_cost, in_flight, stitched_cost
+from .cost import complete, decision_cost, in_flight, stitched_cost
 from .decision import MAX_GRID_Y, Decision, Mapping, Residence, pow2ceil
 from .derived import (
     access_for,
     along,
     atomic_vec_for,
     co_resident,
+    input_bytes,
     levels_for,
     merges_for,
     partials_options,
@@ -29,7 +30,7 @@ from .persistent import map_joined, row_grids, smaller_if_faster
 from .pipeline import choose as choose_stages
 from .registers import fit_unroll
 from .rtile import NO_TILE, register_budget, registers, tilings
-from .tensor_core import choose as choose_tensor_core
+from .tc_tiling import choose as choose_tensor_core
 
 
 def map_group(
@@ -226,7 +227,7 @@ def _map_stitched(
             (tx, ty, gx, 1 << e, NO_TILE, True, 0) for e in range(1, max_cluster.bit_length()) if 1 << e <= max_cluster
         ]
         if passes(group, base["levels"]) > 1:  # later passes re-read the rows: fewer tiles in flight
-            tile_bytes = ty * _input_bytes(group) / max(M, 1)
+            tile_bytes = ty * input_bytes(group) / max(M, 1)
             candidates += [(tx, ty, gx, 1, NO_TILE, False, b) for b in row_grids(gx, gpu, tx * ty, tile_bytes)]
     tiles = tilings(group)[1:]
     if rtile is not None:

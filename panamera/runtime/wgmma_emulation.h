@@ -1,0 +1,143 @@
+// wgmma_emulation.h: Hopper's warpgroup MMAs (PTX wgmma, sm_90a) for the emulator, as a reference.
+//
+// What Panamera's wgmma tiles use (codegen/tc_kernel.py, whose CUDA side issues the same PTX):
+//   pn_wgacc<N>          a thread's accumulator registers of an m64nNk16 MMA with f32 accumulators
+//                        (N = columns / 2 per thread); its operator[] is the only access to them
+//   pn_wgmma_desc        the 64-bit shared-memory matrix descriptor of an operand (PTX ISA, "Matrix
+//                        Descriptor Format"): bits 0-13 the start address >> 4, 16-29 the leading
+//                        dimension byte offset >> 4, 32-45 the stride dimension byte offset >> 4,
+//                        49-51 the base offset, 62-63 the swizzle mode
+//   pn_wgmma<N, T>       wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T, A and B from shared memory
+//                        through descriptors, both K-major, D += A * B^T
+//   pn_wgmma_fence / pn_wgmma_commit / pn_wgmma_wait<n>: wgmma.fence, commit_group, wait_group n
+//   pn_fence_proxy_async fence.proxy.async.shared::cta (generic-proxy stores made visible to wgmma)
+//
+// Layout decoded as documented for no swizzle (mode 0, "interleave"): the operand is made of core
+// matrices of 8 rows x 16 bytes, each contiguous (row r at r * 16 bytes); the core matrix holding
+// row r (of 64 for A, of N for B) and k is at start + (r / 8) * SBO + (k * sizeof(T) / 16) * LBO,
+// i.e. LBO steps along K (the leading dimension) and SBO along M or N. Other swizzle modes and a
+// nonzero base offset are reported, not guessed.
+// The addresses are shared-memory addresses: the emulator's are offsets in the block's
+// PN_BLOCK_SHARED arena (the operands' slabs live there); any other pointer is an error.
+//
+// Accumulators: a warpgroup is 4 warps (threads 128 g .. 128 g + 127); warp w holds rows
+// 16 w .. 16 w + 15, and lane l's element i is row 16 w + l / 4 + 8 ((i / 2) % 2), column
+// 8 (i / 4) + 2 (l % 4) + i % 2 (the PTX ISA's "Register Fragments" figure for wgmma .m64nNk16 D).
+// Each thread computes its own elements from shared memory at the call (the operands must be in
+// place, as on the GPU, where they are read asynchronously until the wait), but its registers
+// change only at the wgmma.wait_group that covers the MMA's group. Errors, as a GPU's undefined
+// behaviour would be a wrong answer: an MMA without a wgmma.fence since the thread last accessed
+// accumulator registers; accumulators accessed while an MMA writing them is not waited for; a
+// thread that exits with MMAs not waited for; more than kMaxWgmma MMAs in flight.
+// Arithmetic as wmma_emulation.h: products of 16-bit floats are exact in float, accumulated with
+// one rounding per k (fmaf), k ascending.
+#pragma once
+
+template <int N> struct pn_wgacc {
+  float v[N];
+  float& operator[](int i) {
+    using namespace pn_emu;
+    WgmmaState* s = cur->wgmma;
+    if (s) {
+      s->fenced = 0;  // the registers were touched: the next MMA needs a wgmma.fence first
+      for (int j = 0; j < s->n; ++j)
+        if (s->p[j].acc == v && !error) error = "wgmma: accumulators accessed before the wgmma.wait_group of an MMA writing them";
+    }
+    return v[i];
+  }
+};
+
+namespace pn_emu {
+static inline WgmmaState& wgmma_state() {
+  if (!cur->wgmma) {
+    cur->wgmma = static_cast<WgmmaState*>(std::malloc(sizeof(WgmmaState)));
+    cur->wgmma->fenced = cur->wgmma->committed = cur->wgmma->n = 0;
+  }
+  return *cur->wgmma;
+}
+// The element (r, k) of a K-major operand of T described by `desc`, or nullptr (error set).
+template <class T> static inline const T* wgmma_element(unsigned long long desc, int r, int k) {
+  if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) {
+    if (!error) error = "wgmma: only descriptors without swizzle and with base offset 0 are emulated";
+    return nullptr;
+  }
+  const size_t start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
+  const size_t kb = (size_t)k * sizeof(T);
+  const size_t at = start + (size_t)(r / 8) * sbo + (kb / 16) * lbo + (size_t)(r % 8) * 16 + kb % 16;
+  if (at + sizeof(T) > kArena) {
+    if (!error) error = "wgmma: a descriptor addresses past the block's shared memory";
+    return nullptr;
+  }
+  return reinterpret_cast<const T*>(arena_of(blk) + at);
+}
+}  // namespace pn_emu
+
+static inline unsigned long long pn_wgmma_desc(const void* p, unsigned lbo, unsigned sbo) {
+  using namespace pn_emu;
+  long long off = (long long)((const unsigned char*)p - arena_of(blk));
+  if (off < 0 || off >= (long long)kArena || off % 16) {
+    if (!error) error = "wgmma: a descriptor's address is not 16-byte aligned shared memory of the block (PN_BLOCK_SHARED)";
+    return 0;
+  }
+  return ((unsigned long long)off >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32);
+}
+static inline void pn_fence_proxy_async() {}  // the emulator's shared memory has one proxy
+static inline void pn_wgmma_fence() { pn_emu::wgmma_state().fenced = 1; }
+static inline void pn_wgmma_commit() { pn_emu::wgmma_state().committed++; }
+// wgmma.wait_group n: every MMA of the groups committed before the newest n lands, oldest first.
+template <int Pending> static inline void pn_wgmma_wait() {
+  using namespace pn_emu;
+  WgmmaState& s = wgmma_state();
+  int kept = 0;
+  for (int j = 0; j < s.n; ++j) {
+    WgmmaPending& q = s.p[j];
+    if (q.group < s.committed - Pending) {
+      std::memcpy(q.acc, q.v, sizeof(float) * q.n);
+    } else {
+      s.p[kept++] = q;
+    }
+  }
+  s.n = kept;
+}
+
+// D (this thread's N / 2 elements) += A (64 x 16) * B (N x 16)^T, both K-major in shared memory.
+template <int N, class T> static inline void pn_wgmma(pn_wgacc<N / 2>& d, unsigned long long da, unsigned long long db) {
+  using namespace pn_emu;
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk16: N is a multiple of 8 up to 256");
+  WgmmaState& s = wgmma_state();
+  if (!s.fenced) {
+    if (!error) error = "wgmma.mma_async: no wgmma.fence since the thread last accessed accumulator registers";
+    return;
+  }
+  // the accumulator's value the MMA starts from: its newest pending result, else the registers
+  const float* from = d.v;
+  for (int j = 0; j < s.n; ++j)
+    if (s.p[j].acc == d.v) from = s.p[j].v;
+  float next[N / 2];
+  const int t = cur->tid % 128, w = t / 32, l = t % 32;
+  for (int i = 0; i < N / 2; ++i) {
+    const int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+    float acc = from[i];
+    for (int k = 0; k < 16; ++k) {
+      const T* a = wgmma_element<T>(da, r, k);
+      const T* b = wgmma_element<T>(db, c, k);
+      if (!a || !b) return;
+      acc = std::fmaf(nvcuda::wmma::detail::to_float(*a), nvcuda::wmma::detail::to_float(*b), acc);
+    }
+    next[i] = acc;
+  }
+  for (int j = 0; j < s.n; ++j)  // chained onto an MMA of the open group: one pending result
+    if (s.p[j].acc == d.v && s.p[j].group == s.committed) {
+      std::memcpy(s.p[j].v, next, sizeof next);
+      return;
+    }
+  if (s.n == kMaxWgmma) {
+    if (!error) error = "wgmma.mma_async: more than 16 MMAs of one thread in flight";
+    return;
+  }
+  WgmmaPending& q = s.p[s.n++];
+  q.acc = d.v;
+  q.n = N / 2;
+  q.group = s.committed;
+  std::memcpy(q.v, next, sizeof next);
+}

@@ -1,0 +1,69 @@
+"""Hopper's warpgroup MMAs (wgmma.mma_async, sm_90a) as a tensor-core tile kind: which tiles
+schedule/tc_tiling.py may offer and replay may accept (`wgmma_error`'s numbered preconditions).
+
+A warpgroup is 4 warps; each of a block's 1-2 warpgroups owns 64 rows x N columns of the block's
+outputs and issues BK / 16 m64nNk16 MMAs per K slab, A and B read from shared memory through
+matrix descriptors (codegen/wgmma_kernel.py `wgmma_slab`, runtime/wgmma_emulation.h). mma.sync
+reaches about half of Hopper's tensor-core peak; wgmma issues at the full rate (model/library.py).
+
+>>> from panamera.model import A100, H100
+>>> wgmma_error(H100, Mma.BF16, (4, 2, 64, 1, 4), 8) is None, wgmma_error(A100, Mma.BF16, (4, 2, 64, 1, 4), 8)[:2]
+(True, '1:')
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..enums import StrEnum
+from ..model.gpu import GPUSpec
+from .tensor_core import FRAG, Mma, Operands
+
+
+class MmaOp(StrEnum):
+    """The tensor-core instruction of a tile (`Decision.mma_op`)."""
+
+    MMA_SYNC = ""  # nvcuda::wmma (mma.sync): a warp's 16 x 16 fragments, every GPU with tensor cores
+    WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
+
+
+WGMMA_N = (32, 64, 128)  # a warpgroup's columns (wgmma's N): N / 2 accumulators per thread
+WARPGROUPS = (1, 2)  # warpgroups per block, side by side along the columns (each its own N)
+WGMMA_VEC = 8  # a staging step's lanes stay within one row of a core matrix (8 k of 16 bytes)
+
+
+def warpgroup_tiles(ops: Operands, gpu: GPUSpec, vec: int) -> list[tuple[int, int, int, int, MmaOp]]:
+    """(4, G, 1, N / 16, wgmma): G warpgroups (`WARPGROUPS`) of 64 rows x N columns each
+    (`WGMMA_N`), the block's G x N columns no wider than the first that covers the operand's,
+    where `wgmma_error`'s preconditions hold."""
+    cols = math.ceil(ops.cols / FRAG) * FRAG
+    out = []
+    for g in WARPGROUPS:
+        for n in WGMMA_N:
+            if g * n > WGMMA_N[0] and g * n // 2 >= cols:  # a narrower block covers the columns already
+                continue
+            if wgmma_error(gpu, ops.kind, (4, g, 32, 1, n // FRAG), vec) is None:
+                out.append((4, g, 1, n // FRAG, MmaOp.WGMMA))
+    return out
+
+
+def wgmma_error(gpu: GPUSpec, kind: Mma, tile: tuple[int, ...], vec: int) -> str | None:
+    """Why a warpgroup-MMA tile (`Decision.mma_tile`, staged `vec` lanes a step) cannot run, as
+    "N: why", or None (one negative test each in tests/test_wgmma.py):
+      1. the GPU has warpgroup MMAs (`GPUSpec.warpgroup_mma`: sm_90a);
+      2. the operands are 16-bit floats (f16 or bf16: s8's MMAs step K by 32, not emitted);
+      3. the tile is warpgroups side by side: mma_tile (4, G, K slab of 16s, 1, N / 16), G one of
+         `WARPGROUPS`, N one of `WGMMA_N`;
+      4. a staging step's `vec` lanes stay in one row of a core matrix (at most `WGMMA_VEC`)."""
+    if not gpu.warpgroup_mma:
+        return f"1: {gpu.name} has no warpgroup MMAs (wgmma is sm_90a's)"
+    if kind not in (Mma.F16, Mma.BF16):
+        return f"2: {kind} operands (warpgroup tiles take f16 or bf16)"
+    t = tile
+    if len(t) != 5 or t[0] != 4 or t[1] not in WARPGROUPS or t[3] != 1 or FRAG * t[4] not in WGMMA_N:
+        return f"3: mma_tile {t} is not (4, warpgroups {WARPGROUPS}, K slab, 1, N / 16) with N in {WGMMA_N}"
+    if t[2] < FRAG or t[2] % FRAG:
+        return f"3: a K slab of {t[2]} is not a multiple of {FRAG}"
+    if vec > WGMMA_VEC:
+        return f"4: {vec} lanes per staging step cross a core matrix's row of {WGMMA_VEC}"
+    return None
