@@ -56,6 +56,7 @@ from ..poly.statement import Form, StatementKind
 from .contraction import contraction_info, is_contraction, shared_along_rows
 from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, levels_for, merges_for, partials_options, vector_extent
+from .rtile import register_budget
 
 FRAG = 16  # wmma m16n16k16
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
@@ -520,6 +521,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
+        registers=register_budget(d),  # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers)
     )
 
 
