@@ -147,7 +147,7 @@ def reread(rows: int, row_bytes: int, threads: int, passes: int, gpu: GPUSpec, r
     extra = (passes - 1) * rows * row_bytes
     blocks = cdiv(rows, rows_per_block)
     in_flight = min(blocks, gpu.sms * gpu.resident_blocks(threads)) * rows_per_block * row_bytes
-    hit = min(1.0, gpu.l2_size / 2 / max(in_flight, 1))
+    hit = min(1.0, gpu.l2_reach / max(in_flight, 1))
     return {"l2": extra * hit, "read": extra * (1 - hit)}
 
 

@@ -161,6 +161,19 @@ class GPUSpec:
         )
 
     @property
+    def l2_reach(self) -> int:
+        """Bytes of the L2 a re-read finds still resident: half of it, the half an SM's requests
+        reach (docs/GPU_MODEL.md: [fitted] to eager PyTorch's looped rows and the QuACK blog's
+        profile of torch.compile re-reading long rows). The one figure of every re-read rule: a
+        workspace read back (model/workspace.py), a stitched row's later passes and the column
+        partials (schedule/cost.py), persistent row grids, attention's K/V and the peers' loops.
+
+        >>> H100.l2_reach == 25 * 2**20
+        True
+        """
+        return self.l2_size // 2
+
+    @property
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw
 

@@ -282,7 +282,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     flight = in_flight(group, d)
     if d.onchip == Residence.REGISTERS:
         flight = flight // max(1, d.unroll) * steps(d)
-    in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    in_l2 = resident * row_bytes <= gpu.l2_reach
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
         gpu,
@@ -323,8 +323,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
     reread = _input_bytes(group)
-    if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
-        hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
+    if group.consumed and reread > gpu.l2_reach:  # the consumers' pass runs the row tiles backwards:
+        hits = gpu.l2_reach  # the last ones the columns' pass read are still in L2 (half of it)
         f["dram_bytes"] -= hits
         f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]

@@ -191,7 +191,7 @@ def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list
     >>> row_grids(4096, H100, 1024, 16384 * 8), row_grids(4096, H100, 1024, 1024 * 8)
     ([132], [])
     """
-    half = gpu.l2_size / 2
+    half = gpu.l2_reach
     if min(tiles, gpu.sms * gpu.resident_blocks(threads)) * tile_bytes <= half:
         return []
     return [b for b in block_counts(tiles, gpu, threads) if b * tile_bytes <= half and b < tiles][-1:]
