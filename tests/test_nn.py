@@ -282,6 +282,23 @@ def test_the_model_chooses_the_softmax_formulation():
         pn.nn.softmax(pn.placeholder((4, 4), name="x"), method="fast")
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "cross_entropy"])
+def test_method_is_an_enum_that_takes_its_strings(op):
+    """`method=` is a SoftmaxMethod; its strings build the same graph; anything else is an
+    OptionError naming the op, the option and the choices."""
+    x = pn.placeholder((4, 64), name="x")
+    args = (x, pn.placeholder((4,), "int32", name="t")) if op == "cross_entropy" else (x,)
+    f = getattr(pn.nn, op)
+    for m in pn.nn.SoftmaxMethod:
+        by_enum, by_str = f(*args, method=m), f(*args, method=m.value)
+        assert by_enum.op == by_str.op and by_enum.shape == by_str.shape
+    for bad in ("fast", 3, None):
+        with pytest.raises(
+            errors.OptionError, match=rf"{op}: unknown method .* \(method= takes auto, online, multipass"
+        ):
+            f(*args, method=bad)
+
+
 def test_group_norm_is_one_kernel_and_its_reshape_a_view(rng):
     x = pn.placeholder((4, 64, 16, 16), "float32", name="x")
     g, b = pn.placeholder((64,), "float32", name="g"), pn.placeholder((64,), "float32", name="b")

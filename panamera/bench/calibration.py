@@ -135,11 +135,15 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "not 256-2048 or 131072-262144, and contradict the L2 re-read rule that the rows in flight (4-17 MB) imply",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
-    "spills, so one block per SM, as its softmax at 16384 (80 registers), which fits: an outlier no term follows",
+    "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "
+    "(row_peers.LIGER_REGISTERS) and neither moves: a block's 32 KB in flight still saturate the stream. An "
+    "outlier no term follows",
     ("Q", "quack", "cross_entropy", (256, 512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
     "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
-    "the 2-8 us it pays beyond that are not explained (-11 to -20 %)",
+    "the 2-8 us it pays beyond that are not explained (-11 to -20 %). Nor by occupancy: its staged rows' shared "
+    "memory (sX, now in the plan) binds only from 2048 and moves nothing; a register count that fixed 1024 "
+    "(96-128 per thread) would put 256 and 512 at 1.47-1.85x",
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
     "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
     "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law at 16 "

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from ..frontend.tensor import Tensor, topological
 from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
+from ..model.spill import Spill
 from ..model.workspace import workspace_fits
 
 _KT_ARGS = set(inspect.signature(kernel_time).parameters) - {"gpu"}
@@ -87,12 +88,12 @@ class PeerPlan:
 
 
 def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0, same=0, cas=0, sfu=0.0,
-           epilogue=400, round_trips=0, spill=None, shared=0) -> PeerLaunch:  # fmt: skip
+           epilogue=400, round_trips=0, spill: Spill | None = None, shared=0, registers=0) -> PeerLaunch:  # fmt: skip
     """A launch from its streamed bytes and shape; `in_flight` = streamed input bytes per thread per
     loop step (vector width x loads issued before the first use); `spill`: the compiler's register
-    spills per thread, (store bytes, load bytes, stack frame bytes, registers, shared bytes per
-    block) as ptxas -v reports them (model/spill.py); `shared`: the block's shared memory where the
-    peer's source states it (it bounds the resident blocks, `GPUSpec.resident_blocks`)."""
+    spills per thread as ptxas -v reports them (model/spill.py); `shared`: the block's shared memory
+    where the peer's source states it, and `registers` per thread where its compiler's output was
+    read (both bound the resident blocks, `GPUSpec.resident_blocks`; 0: not known)."""
     f = {"dram_bytes": float(read + written), "blocks": int(max(blocks, 1)), "threads": int(threads),
          "bytes_in_flight_per_thread": float(in_flight), "atomics": int(atomics), "same_address": int(same),
          "cas_atomics": int(cas), "epilogue_cycles": int(epilogue), "l2_bytes": float(l2), "sfu_ops": float(sfu)}  # fmt: skip
@@ -102,11 +103,11 @@ def kernel(name, *, read, written, blocks, threads, in_flight, l2=0.0, atomics=0
         f["round_trips"] = int(round_trips)
     if shared:
         f["shared_bytes"] = int(shared)
+    if registers:
+        f["registers"] = int(registers)
     if spill:
-        stores, loads, frame, registers, shared = spill
         n = int(max(blocks, 1)) * int(threads)
-        f.update(spill_stores=float(stores * n), spill_loads=float(loads * n), spill_frame=int(frame),
-                 spill_registers=int(registers), shared_bytes=int(shared))  # fmt: skip
+        f.update(spill_stores=float(spill.stores * n), spill_loads=float(spill.loads * n), spill_frame=int(spill.frame))
     return PeerLaunch(name, f, int(read), int(written))
 
 
@@ -146,7 +147,7 @@ def reread(rows: int, row_bytes: int, threads: int, passes: int, gpu: GPUSpec, r
     extra = (passes - 1) * rows * row_bytes
     blocks = cdiv(rows, rows_per_block)
     in_flight = min(blocks, gpu.sms * gpu.resident_blocks(threads)) * rows_per_block * row_bytes
-    hit = min(1.0, gpu.l2_size / 2 / max(in_flight, 1))
+    hit = min(1.0, gpu.l2_reach / max(in_flight, 1))
     return {"l2": extra * hit, "read": extra * (1 - hit)}
 
 

@@ -23,6 +23,7 @@ Neither peer has a kernel for other patterns (None: nothing is invented for it).
 from __future__ import annotations
 
 from ..model.gpu import GPUSpec
+from ..model.spill import Spill
 from ..schedule.cluster import reduce_cycles
 from .peers import PeerPlan, Work, _plan, cdiv, kernel, next_pow2
 
@@ -54,7 +55,9 @@ def quack(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     epilogue = 400 + (reduce_cycles(barrier=False) if c["cluster_n"] > 1 else 0)
     ln = kernel(f"quack_{w.pattern}", read=M * N * e + params, written=written, blocks=blocks, threads=c["threads"],
                 in_flight=c["per_thread"] * e, epilogue=epilogue, sfu=M * N if w.pattern != "rms_norm" else 0.0,
-                round_trips=2 if w.pattern == "cross_entropy" else 1)  # the target's index, then its logit  # fmt: skip
+                round_trips=2 if w.pattern == "cross_entropy" else 1,  # the target's index, then its logit
+                # sX: the block's rows staged by cp.async (quack/*.py `smem.allocate_tensor(.., tiler_mn)`)
+                shared=c["rows_per_block"] * cdiv(N, c["cluster_n"]) * e)  # fmt: skip
     what = (f"QuACK {w.pattern}: {c['threads_per_row']} threads per row, {c['rows_per_block']} rows per block, "
             f"cluster {c['cluster_n']}, row kept on chip")  # fmt: skip
     return _plan("quack", [ln], what, **c)
@@ -70,19 +73,35 @@ def liger_settings(n: int) -> tuple[int, int] | None:
 
 
 # ptxas -v of Liger's forward kernels for sm_90a (Triton 3.3.1, PyTorch 2.7.1's, as in the QuACK blog's runs;
-# rms_norm from v0.5.10 in its default llama casting mode, softmax's single-block kernel): per thread, (spill store
-# bytes, spill load bytes, stack frame bytes, registers, shared bytes per block), by (pattern, BLOCK_SIZE, element
-# bytes). Every other bf16 or fp32 configuration of 256-65536 elements compiles without spills. At 65536 each of
-# the 1024 threads holds 64 values of the row while the register file allows it 64 registers.
+# rms_norm from v0.5.10 in its default llama casting mode, softmax's single-block kernel), compiled here with
+# `calculate_settings`' BLOCK_SIZE and num_warps. Registers per thread by (pattern, BLOCK_SIZE, element bytes):
+# Triton declares .maxntid (num_warps x 32), so 1024 threads get at most 64; 16 warps at 16384 take 80 (softmax)
+# and 124 (RMSNorm), one block per SM.
+LIGER_REGISTERS = {
+    ("softmax", 256, 2): 17, ("softmax", 512, 2): 19, ("softmax", 1024, 2): 28, ("softmax", 2048, 2): 28,
+    ("softmax", 4096, 2): 47, ("softmax", 8192, 2): 40, ("softmax", 16384, 2): 80, ("softmax", 32768, 2): 53,
+    ("softmax", 65536, 2): 64,
+    ("softmax", 256, 4): 16, ("softmax", 512, 4): 19, ("softmax", 1024, 4): 27, ("softmax", 2048, 4): 28,
+    ("softmax", 4096, 4): 47, ("softmax", 8192, 4): 40, ("softmax", 16384, 4): 79, ("softmax", 32768, 4): 64,
+    ("softmax", 65536, 4): 64,
+    ("rms_norm", 256, 2): 18, ("rms_norm", 512, 2): 22, ("rms_norm", 1024, 2): 31, ("rms_norm", 2048, 2): 32,
+    ("rms_norm", 4096, 2): 58, ("rms_norm", 8192, 2): 59, ("rms_norm", 16384, 2): 124, ("rms_norm", 32768, 2): 64,
+    ("rms_norm", 65536, 2): 64,
+    ("rms_norm", 256, 4): 18, ("rms_norm", 512, 4): 23, ("rms_norm", 1024, 4): 31, ("rms_norm", 2048, 4): 32,
+    ("rms_norm", 4096, 4): 60, ("rms_norm", 8192, 4): 61, ("rms_norm", 16384, 4): 124, ("rms_norm", 32768, 4): 64,
+    ("rms_norm", 65536, 4): 64,
+}  # fmt: skip
+# Their spills per thread (model/spill.py); every other bf16 or fp32 configuration of 256-65536 elements compiles
+# without. At 65536 each of the 1024 threads holds 64 values of the row while the register file allows it 64.
 LIGER_SPILLS = {
-    ("softmax", 8192, 2): (8, 8, 8, 40, 64),
-    ("softmax", 65536, 2): (390, 416, 336, 64, 128),
-    ("rms_norm", 32768, 2): (44, 44, 48, 64, 128),
-    ("rms_norm", 65536, 2): (702, 720, 688, 64, 128),
-    ("softmax", 8192, 4): (4, 4, 8, 40, 64),
-    ("softmax", 65536, 4): (248, 296, 224, 64, 128),
-    ("rms_norm", 32768, 4): (48, 48, 48, 64, 128),
-    ("rms_norm", 65536, 4): (612, 640, 592, 64, 128),
+    ("softmax", 8192, 2): Spill(8, 8, 8),
+    ("softmax", 65536, 2): Spill(390, 416, 336),
+    ("rms_norm", 32768, 2): Spill(44, 44, 48),
+    ("rms_norm", 65536, 2): Spill(702, 720, 688),
+    ("softmax", 8192, 4): Spill(4, 4, 8),
+    ("softmax", 65536, 4): Spill(248, 296, 224),
+    ("rms_norm", 32768, 4): Spill(48, 48, 48),
+    ("rms_norm", 65536, 4): Spill(612, 640, 592),
 }
 
 
@@ -108,7 +127,8 @@ def liger(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     ln = kernel(f"liger_{w.pattern}_forward", read=M * N * e + params, written=M * N * w.out_bytes + stats,
                 blocks=cdiv(M, rows), threads=32 * warps, in_flight=max(1, rows * block // (32 * warps)) * e,
                 sfu=M * N if w.pattern == "softmax" else 0.0,
-                spill=LIGER_SPILLS.get((w.pattern, block, e)) if rows == 1 else None)  # fmt: skip
+                spill=LIGER_SPILLS.get((w.pattern, block, e)) if rows == 1 else None,
+                registers=LIGER_REGISTERS.get((w.pattern, block, e), 0) if rows == 1 else 0)  # fmt: skip
     per = "one program per row" if rows == 1 else f"{rows} rows per program"
     return _plan("liger", [ln], f"Liger {w.pattern}: {per}, BLOCK_SIZE {block}, {warps} warps",
                  block_size=block, num_warps=warps, rows_per_program=rows)  # fmt: skip

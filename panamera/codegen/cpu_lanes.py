@@ -11,12 +11,10 @@ a float max/min with plain compares and NaN flags (LaneKind.FLAGGED). The kinds:
 
 from __future__ import annotations
 
+from ..model.cpu import LANE_VECTORS
 from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_runs import block_head
 from .thread_loop import identity_expr
-
-LANE_VECTORS = 4  # vector registers of accumulators per reduction in a row scan (lanes_pass)
-
 
 # The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
 # that order (a float sum's rounding is that of this fixed tree): while a half is wider than a vector

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 
 from .. import dtypes
+from ..enums import StrEnum
 from ..errors import DTypeError, EmptyReductionError, OptionError, ShapeError
 from . import ops
 from .contract import einsum
@@ -29,7 +30,8 @@ AXIS = {"input": "x", "dim": "axis", "keepdim": "keepdims"}  # torch.nn.function
 NORM = {"input": "x", "weight": "gamma", "bias": "beta"}
 
 __all__ = [
-    "attention", "attention_chain", "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize", "layer_norm", "log_softmax", "logsumexp",
+    "SoftmaxMethod", "attention", "attention_chain", "batch_norm", "cross_entropy", "group_norm", "instance_norm", "l2_normalize",
+    "layer_norm", "log_softmax", "logsumexp",
     "rms_norm", "softmax", "std", "var",
 ]  # fmt: skip
 
@@ -106,25 +108,47 @@ def std(
     return ops.sqrt(var(x, axis, dtype, out, ddof, keepdims, where=where, correction=correction))
 
 
-def _stats(xc: Tensor, axis, method: str) -> tuple[Tensor, Tensor]:
+class SoftmaxMethod(StrEnum):
+    """How softmax, log_softmax and cross_entropy compute their row statistics (max, sum of
+    exp(x - max)); the plain strings are accepted too.
+
+    >>> import panamera as pn
+    >>> pn.nn.SoftmaxMethod("online") is pn.nn.SoftmaxMethod.ONLINE
+    True
+    """
+
+    AUTO = "auto"  # every formulation, for the planner to choose with the model (schedule/formulation.py)
+    ONLINE = "online"  # max and sum from one pass, rescaling
+    MULTIPASS = "multipass"  # a max pass, then a sum pass
+
+
+METHODS = (SoftmaxMethod.ONLINE, SoftmaxMethod.MULTIPASS)
+
+
+def _stats(xc: Tensor, axis, method: SoftmaxMethod) -> tuple[Tensor, Tensor]:
     """(max, sum of exp(x - max)): one online pass, or a max pass then a sum pass."""
-    if method == "online":
+    if method == SoftmaxMethod.ONLINE:
         return ops.online_softmax_stats(xc, axis)
     m = ops.max(xc, axis=axis, keepdims=True)
     return m, ops.sum(ops.exp(xc - m), axis=axis, keepdims=True)
 
 
-METHODS = ("online", "multipass")
+def _method(method, op: str) -> SoftmaxMethod:
+    """`method` as a SoftmaxMethod; an OptionError naming the op and the option otherwise."""
+    try:
+        return SoftmaxMethod(method)
+    except ValueError:
+        names = ", ".join(m.value for m in SoftmaxMethod)
+        raise OptionError(f"{op}: unknown method {method!r} (method= takes {names})") from None
 
 
-def _formulate(build, method: str, op: str) -> Tensor:
+def _formulate(build, method: SoftmaxMethod | str, op: str) -> Tensor:
     """The op built with `method`; with "auto", every formulation, for the planner to choose
     from with the performance model (schedule/formulation.py) when the graph is compiled."""
+    method = _method(method, op)
     if method in METHODS:
         return build(method)
-    if method != "auto":
-        raise OptionError(f"{op}: unknown method {method!r} (auto, online or multipass)")
-    return alternatives(op, METHODS, tuple(build(m) for m in METHODS))
+    return alternatives(op, tuple(m.value for m in METHODS), tuple(build(m) for m in METHODS))
 
 
 def _cast(x, dtype, op: str):
@@ -135,7 +159,7 @@ def _cast(x, dtype, op: str):
 
 
 @torch_names(**AXIS)
-def softmax(x: Tensor, axis: int = -1, method: str = "auto", dtype=None) -> Tensor:
+def softmax(x: Tensor, axis: int = -1, method: SoftmaxMethod | str = SoftmaxMethod.AUTO, dtype=None) -> Tensor:
     """exp(x - max) / sum(exp(x - max)) along `axis`. method: "online" (max and sum from one pass,
     rescaling), "multipass" (a max pass, then a sum pass) or "auto" (the model chooses);
     `dtype=` casts the input first, as torch does.
@@ -170,7 +194,7 @@ def logsumexp(x: Tensor, axis=-1, keepdims: bool = False) -> Tensor:
 
 
 @torch_names(**AXIS)
-def log_softmax(x: Tensor, axis: int = -1, method: str = "auto", dtype=None) -> Tensor:
+def log_softmax(x: Tensor, axis: int = -1, method: SoftmaxMethod | str = SoftmaxMethod.AUTO, dtype=None) -> Tensor:
     """x - logsumexp(x) along `axis`; `method` and `dtype` as for softmax."""
     x = _cast(x, dtype, "log_softmax")
     xc, dt = _float_input(x, "log_softmax")
@@ -332,7 +356,9 @@ def group_norm(x: Tensor, groups: int, gamma=None, beta=None, eps: float = 1e-5)
 
 
 @torch_names(input="logits", target="targets")
-def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean", method: str = "auto") -> Tensor:
+def cross_entropy(
+    logits: Tensor, targets: Tensor, reduction: str = "mean", method: SoftmaxMethod | str = SoftmaxMethod.AUTO
+) -> Tensor:
     """Softmax cross-entropy of (N, C) logits with integer class targets of shape (N,):
     logsumexp(logits[n]) - logits[n, targets[n]]; reduction "mean", "sum" or "none".
     A target outside [0, C) selects no logit (its loss is the logsumexp). `method`: the

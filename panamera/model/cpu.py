@@ -45,8 +45,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..codegen.cpu_lanes import LANE_VECTORS
 from .cpu_gemm import NOMINAL_GEMM, GemmRates
+
+# Vector registers of accumulators per reduction in a row scan: the code shape codegen/cpu_lanes.py
+# emits (`lanes_pass`, W = LANE_VECTORS x lanes) and `combine_ns` prices; here, so that codegen
+# imports the model and not the other way round.
+LANE_VECTORS = 4
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})

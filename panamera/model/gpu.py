@@ -53,6 +53,21 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+MAX_REGISTERS = 255  # [spec] 32-bit registers one thread may use (cc 5.0-9.0)
+
+
+def launch_bound_registers(max_threads: int, min_blocks: int = 0) -> int:
+    """The registers per thread ptxas may use under `__launch_bounds__(max_threads, min_blocks)`
+    [spec: CUDA C Programming Guide, "Launch Bounds"]: enough register file left for `min_blocks`
+    blocks of `max_threads` threads (with no minimum, for one block), rounded down to the
+    allocation unit of 8 per thread, at most 255.
+
+    >>> launch_bound_registers(256, 4), launch_bound_registers(1024), launch_bound_registers(128)
+    (64, 64, 255)
+    """
+    per_thread = 65536 // (max(max_threads, 1) * max(min_blocks, 1))
+    return min(MAX_REGISTERS, per_thread // 8 * 8)
+
 
 @dataclass(frozen=True)
 class Limit:
@@ -147,12 +162,26 @@ class GPUSpec:
         )
 
     @property
+    def l2_reach(self) -> int:
+        """Bytes of the L2 a re-read finds still resident: half of it, the half an SM's requests
+        reach (docs/GPU_MODEL.md: [fitted] to eager PyTorch's looped rows and the QuACK blog's
+        profile of torch.compile re-reading long rows). The one figure of every re-read rule: a
+        workspace read back (model/workspace.py), a stitched row's later passes and the column
+        partials (schedule/cost.py), persistent row grids, attention's K/V and the peers' loops.
+
+        >>> H100.l2_reach == 25 * 2**20
+        True
+        """
+        return self.l2_size // 2
+
+    @property
     def achievable_bw(self) -> float:
         return self.eta * self.dram_bw
 
     def resident_blocks(self, threads: int, shared_bytes: int = 0, registers: int = 0) -> int:
         """Blocks of `threads` threads that one SM holds at once: the least of the thread rule, the
-        blocks-per-SM rule, the register rule (`registers` per thread, where known: 0 is not) and
+        blocks-per-SM rule, the register rule (`registers` per thread, where known: 0 is not; each
+        warp's allocated in units of 256, i.e. rounded up to 8 per thread) and
         the shared-memory rule (each block takes its `shared_bytes` plus the driver's reserved
         `smem_reserved_per_block`, out of `smem_per_sm`) — the CUDA occupancy calculator's rules
         without allocation granularity [spec: CUDA C Programming Guide, "Technical Specifications
@@ -161,12 +190,13 @@ class GPUSpec:
 
         >>> A100.resident_blocks(256, shared_bytes=48 * 1024), H100.resident_blocks(256, shared_bytes=48 * 1024)
         (3, 4)
-        >>> H100.resident_blocks(256), H100.resident_blocks(256, registers=128)
-        (8, 2)
+        >>> H100.resident_blocks(256), H100.resident_blocks(256, registers=128), H100.resident_blocks(256, registers=35)
+        (8, 2, 6)
         """
         rules = [self.max_blocks_sm, self.max_threads_sm // max(threads, 1)]
-        if registers:
-            rules.append(self.registers_per_sm // (registers * max(threads, 1)))
+        if registers:  # allocated per warp in units of 256 registers (8 per thread)
+            per_warp = -(-min(registers, MAX_REGISTERS) * 32 // 256) * 256
+            rules.append(self.registers_per_sm // per_warp // -(-max(threads, 1) // 32))
         if shared_bytes:
             rules.append(self.smem_per_sm // (shared_bytes + self.smem_reserved_per_block))
         return max(1, min(rules))
@@ -425,8 +455,8 @@ def kernel_time(
     spill_stores: float = 0.0,
     spill_loads: float = 0.0,
     spill_frame: int = 0,
-    spill_registers: int = 0,
     shared_bytes: int = 0,
+    registers: int = 0,
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -444,11 +474,13 @@ def kernel_time(
     (`mma_async`: warpgroup MMAs, wgmma, at the datasheet's dense peak, `tensor_core_peak`),
     an issue term beside the CUDA cores' (T_issue: the larger binds); `spill_stores` /
     `spill_loads`: the kernel's register-spill bytes (ptxas -v per thread x threads launched),
-    `spill_frame` the stack frame per thread, `spill_registers` the registers per thread (they
-    bound the blocks per SM whose frames share the SM); `shared_bytes` a block's shared memory, as
+    `spill_frame` the stack frame per thread (the frames of the blocks resident on an SM share it);
+    `shared_bytes` a block's shared memory, as
     the stage that planned the kernel decided it: it bounds the resident blocks per SM
     (`GPUSpec.resident_blocks`: waves, bytes in flight, the tail) and the L1 a spilled frame
-    finds (model/spill.py: T_spill, added)."""
+    finds (model/spill.py: T_spill, added); `registers` the registers per thread, as ptxas reports them
+    or as the kernel's launch bounds cap them (`launch_bound_registers`): they bound the resident
+    blocks as shared memory does (0: unknown, bound by threads and shared memory alone)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
@@ -466,13 +498,14 @@ def kernel_time(
         if mma_async:
             features += (("mma_async", True),)
     if spill_stores or spill_loads:
-        features += (("spill_stores", spill_stores), ("spill_loads", spill_loads), ("spill_frame", spill_frame),
-                     ("spill_registers", spill_registers), ("shared_bytes", shared_bytes))  # fmt: skip
-    elif shared_bytes:
+        features += (("spill_stores", spill_stores), ("spill_loads", spill_loads), ("spill_frame", spill_frame))
+    if shared_bytes:
         features += (("shared_bytes", shared_bytes),)
+    if registers:
+        features += (("registers", registers),)
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
-    resident = gpu.resident_blocks(threads, shared_bytes)
+    resident = gpu.resident_blocks(threads, shared_bytes, registers)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
     in_flight = min(active * per_sm_blocks * threads * bytes_in_flight_per_thread, dram_bytes)
@@ -503,8 +536,7 @@ def kernel_time(
     if spill_stores or spill_loads:  # model/spill.py imports this module: imported here
         from .spill import spill_s
 
-        by_registers = gpu.registers_per_sm // max(spill_registers * threads, 1)
-        frame = spill_frame * threads * max(1, min(per_sm_blocks, by_registers))
+        frame = spill_frame * threads * per_sm_blocks  # the frames of the blocks the registers let in
         spill = spill_s(gpu, stores=spill_stores, loads=spill_loads, frame_per_sm=frame, shared=shared_bytes)
     return KernelCost(
         gpu.launch_s, dram, tail, atomic, l2_bytes / gpu.l2_bw, sfu, issue, features, sync, grid_syncs > 0, spill

@@ -25,7 +25,23 @@ Where they go [derived from the figures named; docs/GPU_MODEL.md "Register spill
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .gpu import GPUSpec
+
+
+@dataclass(frozen=True)
+class Spill:
+    """A kernel's register spills per thread, as `ptxas -v` reports them: "`frame` bytes stack
+    frame, `stores` bytes spill stores, `loads` bytes spill loads".
+
+    >>> Spill(stores=390, loads=416, frame=336).loads
+    416
+    """
+
+    stores: int
+    loads: int
+    frame: int
 
 
 def spill_s(gpu: GPUSpec, *, stores: float, loads: float, frame_per_sm: float, shared: int = 0) -> float:

@@ -22,13 +22,13 @@ from .gpu import GPUSpec
 
 
 def workspace_fits(gpu: GPUSpec, nbytes: float) -> bool:
-    """Whether a workspace of `nbytes` is read back from L2: it fits in half of it.
+    """Whether a workspace of `nbytes` is read back from L2: it fits in half of it (`GPUSpec.l2_reach`).
 
     >>> from panamera.model import H100
     >>> workspace_fits(H100, 25 * 2**20), workspace_fits(H100, 25 * 2**20 + 1)
     (True, False)
     """
-    return nbytes <= gpu.l2_size / 2
+    return nbytes <= gpu.l2_reach
 
 
 def workspace_traffic(gpu: GPUSpec, nbytes: float, discarded: bool = False) -> dict[str, float]:

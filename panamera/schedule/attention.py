@@ -160,7 +160,7 @@ def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split
     blocks = split * tiles * c.B * c.Hkv
     kv = c.k.size * c.k.dtype.itemsize + c.v.size * c.v.dtype.itemsize
     reread = (tiles - 1) * kv  # every row tile past the first reads k and v again
-    spill = reread if kv > gpu.l2_size // 2 else 0.0  # beyond L2's reach: from DRAM again
+    spill = reread if kv > gpu.l2_reach else 0.0  # beyond L2's reach: from DRAM again
     mask = c.mask.size * c.mask.dtype.itemsize if c.mask is not None else 0
     q_bytes, out_bytes = c.q.size * c.q.dtype.itemsize, c.node.size * c.node.dtype.itemsize
     part_bytes = 0 if split == 1 else blocks * rt * (c.D + 2) * 4

@@ -18,6 +18,7 @@ from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
     column_partial_bytes,
+    column_tree_bytes,
     column_tree_cycles,
     combine_lanes,
     drops_column_partials,
@@ -28,7 +29,7 @@ from .derived import (
     tree_chunk,
 )
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
-from .rtile import op_divisors
+from .rtile import op_divisors, register_budget
 from .tc_tiling import tc_cost
 
 TRANSCENDENTAL = ("exp", "log", "sqrt", "rsqrt", "tanh", "erf", "pow", "sin", "cos", "fmod", "mod")
@@ -131,6 +132,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
             blocks=d.grid[0],
             threads=d.tx,
             bytes_in_flight_per_thread=in_flight(group, d),
+            registers=register_budget(d),
             **_scatter_atomics(group),
             **work,
         )
@@ -159,6 +161,7 @@ def decision_cost(group: KernelGroup, gpu: GPUSpec, d: Decision, partials: bool)
         blocks=blocks,
         threads=d.tx * d.ty,
         bytes_in_flight_per_thread=in_flight(group, d),  # unroll unguarded loads per step
+        registers=register_budget(d),  # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers)
         atomics=(blocks + (0 if partials else merge_atomics * s_eff)) if is_split else 0,
         same_address=s_eff if is_split else 0,
         cas_atomics=cas,
@@ -269,10 +272,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     flight = in_flight(group, d)
     if d.onchip == Residence.REGISTERS:
         flight = flight // max(1, d.unroll) * steps(d)
-    if d.onchip != Residence.MEMORY:  # the blocks an SM holds: fewer where the grid has more
-        want = math.ceil(gx * S / gpu.sms)  # (kernel_time counts them by threads and `shared_bytes`)
-        flight = flight * min(want, blocks_per_sm(gpu, group, d)) / min(want, gpu.resident_blocks(d.threads, shared))
-    in_l2 = resident * row_bytes <= gpu.l2_size / 2
+    in_l2 = resident * row_bytes <= gpu.l2_reach
     n_ex = exchanges(group, d.levels) if S > 1 else 0
     return kernel_time(
         gpu,
@@ -288,6 +288,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         grid_syncs=0 if d.cluster > 1 else n_ex,
         sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
         shared_bytes=shared,
+        registers=register_budget(d),  # with the shared memory, the blocks an SM holds (onchip.blocks_per_sm)
         **arithmetic(group, d).features(),
     )
 
@@ -312,8 +313,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
     reread = input_bytes(group)
-    if group.consumed and reread > gpu.l2_size / 2:  # the consumers' pass runs the row tiles backwards:
-        hits = gpu.l2_size / 2  # the last ones the columns' pass read are still in L2 (half of it)
+    if group.consumed and reread > gpu.l2_reach:  # the consumers' pass runs the row tiles backwards:
+        hits = gpu.l2_reach  # the last ones the columns' pass read are still in L2 (half of it)
         f["dram_bytes"] -= hits
         f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
@@ -326,11 +327,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = steps * len(cols)  # partials in a thread's registers
     tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
     if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
-        tree_bytes: dict[str, int] = {}
-        for c in cols:
-            need = d.threads * tree_chunk(d.threads, steps, c.acc.itemsize) * c.acc.itemsize
-            tree_bytes[c.acc.compute] = max(tree_bytes.get(c.acc.compute, 0), need)
-        f["shared_bytes"] = f.get("shared_bytes", 0) + sum(tree_bytes.values())
+        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
     discard = drops_column_partials(group, d)

@@ -48,6 +48,9 @@ class Residence(StrEnum):
 REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
 REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
+# registers a warpgroup-MMA thread needs besides its N / 2 accumulators (ptxas, sm_90a: 72 in all for
+# m64n32 with 16 accumulators, 119 for m64n128 with 64: 56 others; 64 leaves a margin)
+WGMMA_OTHERS = 64
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,8 @@ class Decision:
             return self.per_sm
         if self.onchip == Residence.REGISTERS:
             return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
-        if self.mma_op:  # a warpgroup MMA's accumulators (N / 2 per thread) beside the staging: 128 registers
-            return max(1, REGISTER_FILE // (self.threads * 128))
+        if self.mma_op:  # a warpgroup MMA's accumulators (N / 2 per thread) beside the staging and addresses
+            return max(1, REGISTER_FILE // (self.threads * (8 * self.mma_tile[4] + WGMMA_OTHERS)))
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .. import dtypes
 from ..algebra import AtomicStrategy
-from ..model.gpu import GPUSpec
+from ..model.gpu import GPUSpec, launch_bound_registers
 from ..poly.access import AccessKind, access_kinds
 from ..poly.program import KernelGroup
 from ..poly.row_columns import column_levels
@@ -233,6 +233,23 @@ def tree_chunk(threads: int, partials: int, acc_bytes: int) -> int:
     return max(1, min(partials, COLUMN_TREE_BYTES // (threads * acc_bytes)))
 
 
+def column_tree_bytes(group: KernelGroup, tx: int, ty: int, vec: int) -> int:
+    """Shared memory of the column tree of a block of tx x ty threads loading `vec`-wide vectors
+    (codegen/column_partials.py): one buffer per accumulator type of the column statements,
+    `tree_chunk` partials per thread; none for one row of threads (ty 1). It bounds the blocks of
+    a joined-row kernel an SM holds (`co_resident`, the cost's `shared_bytes`)."""
+    if ty <= 1:
+        return 0
+    steps = -(-group.N // (vec * tx)) * vec  # one statement's partials per thread
+    by_type: dict[str, int] = {}
+    for k in group.columns:
+        if group.accumulator_of[k] == k:
+            acc = group.statements[k].acc
+            need = tx * ty * tree_chunk(tx * ty, steps, acc.itemsize) * acc.itemsize
+            by_type[acc.compute] = max(by_type.get(acc.compute, 0), need)
+    return sum(by_type.values())
+
+
 def column_tree_cycles(partials: int, ty: int, chunk: int) -> int:
     """Cycles of the reduction of one statement's `partials` register partials over a block's
     `ty` rows, `chunk` at a time: per chunk three barriers and shared-memory round trips (30
@@ -248,11 +265,20 @@ def column_tree_cycles(partials: int, ty: int, chunk: int) -> int:
     return -(-partials // chunk) * 3 * 30 + 3 * partials
 
 
-def co_resident(gpu: GPUSpec, threads: int) -> int:
-    """Blocks of `threads` threads that are surely resident at once: the kernels carry
-    __launch_bounds__(threads, 1024 / threads) (codegen/kernel.py), so ptxas leaves room for that
-    many per SM, within the SM's thread and block limits. A cooperative launch of more fails."""
-    return gpu.sms * min(gpu.resident_blocks(threads), max(1, 1024 // max(threads, 1)))
+def co_resident(gpu: GPUSpec, threads: int, shared_bytes: int = 0, min_blocks: int = 0) -> int:
+    """Blocks of `threads` threads, each with `shared_bytes` of shared memory, that are surely
+    resident at once: the kernels carry __launch_bounds__(threads, min_blocks) (codegen/kernel.py;
+    default 1024 / threads), so ptxas uses at most the registers that leave room for that many
+    per SM (`launch_bound_registers`), and the SM holds as many as its thread, block, register and
+    shared-memory rules allow with those (`GPUSpec.resident_blocks`). A cooperative launch of more
+    fails.
+
+    >>> from panamera.model import H100
+    >>> co_resident(H100, 256) // H100.sms, co_resident(H100, 256, shared_bytes=60 * 1024) // H100.sms
+    (4, 3)
+    """
+    bound = launch_bound_registers(threads, min_blocks or max(1, 1024 // max(threads, 1)))
+    return gpu.sms * gpu.resident_blocks(threads, shared_bytes, bound)
 
 
 def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:

@@ -40,7 +40,7 @@ from ..poly.access import AccessKind, choose_vec
 from ..poly.program import KernelGroup
 from .cost import complete, joined_cost
 from .decision import Decision, Mapping, MergeMode, pow2ceil
-from .derived import access_for, co_resident, levels_for, merges_for, struct_accumulators, unroll_for
+from .derived import access_for, co_resident, column_tree_bytes, levels_for, merges_for, struct_accumulators, unroll_for
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
@@ -134,8 +134,9 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
         if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
             continue
         tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
+        tree = column_tree_bytes(group, tx, ty, vec)
         for blocks in block_counts(tiles, gpu, tx * ty):
-            for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty)):
+            for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty, tree)):
                 d = Decision(
                     **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
                     merges=merges, persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
@@ -190,7 +191,7 @@ def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list
     >>> row_grids(4096, H100, 1024, 16384 * 8), row_grids(4096, H100, 1024, 1024 * 8)
     ([132], [])
     """
-    half = gpu.l2_size / 2
+    half = gpu.l2_reach
     if min(tiles, gpu.sms * gpu.resident_blocks(threads)) * tile_bytes <= half:
         return []
     return [b for b in block_counts(tiles, gpu, threads) if b * tile_bytes <= half and b < tiles][-1:]
@@ -219,10 +220,11 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
     grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
-    if grid and d.blocks > co_resident(gpu, d.threads):
+    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec))
+    if grid and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
-            f"{gpu.name} (at most {co_resident(gpu, d.threads)}) (5)"
+            f"{gpu.name} (at most {at_once}) (5)"
         )
     if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS or column_registers(group, d) > register_budget(d):
         raise ScheduleError(

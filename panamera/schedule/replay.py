@@ -21,6 +21,7 @@ from .derived import (
     struct_accumulators,
     vector_extent,
 )
+from .onchip import block_shared_bytes
 from .onchip import check as check_onchip
 from .persistent import check as check_columns
 from .persistent import check_rows
@@ -124,10 +125,11 @@ def check_launch(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
     # split rows outside a cluster wait for each other (column partials' grid-wide wait: rule 11)
-    if d.stitched and d.split > 1 and d.cluster == 1 and d.blocks > co_resident(gpu, d.threads):
+    at_once = co_resident(gpu, d.threads, block_shared_bytes(group, d))
+    if d.stitched and d.split > 1 and d.cluster == 1 and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
-            f"co-resident on {gpu.name} (at most {co_resident(gpu, d.threads)}): its blocks wait for each other"
+            f"co-resident on {gpu.name} (at most {at_once}): its blocks wait for each other"
         )
 
 

@@ -156,7 +156,7 @@ def consider_stitch(stitch: ColumnStitch, prog: Program, gpu: GPUSpec, determini
     both = {r.tensor.uid: r.tensor for s in stitch.consumers for r in s.reads if r.memory and r.tensor.uid in cols}
     reads = {r.tensor.uid: r.tensor for s in stitch.statements for r in s.reads if r.memory}
     # the consumers' re-read (cost.py `joined_cost`): all from L2 where it fits in half of it, else that half
-    hits = min(sum(_bytes(t) for t in reads.values()), gpu.l2_size / 2)
+    hits = min(sum(_bytes(t) for t in reads.values()), gpu.l2_reach)
     saved = int(min(sum(_bytes(t) for t in both.values()), hits))
     return ColumnConsidered(
         stitch.names, one.cost.total_s * 1e6, two * 1e6, len(today), saved, one.blocks, one.blocks * width * owners,

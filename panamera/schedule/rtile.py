@@ -46,6 +46,7 @@ import math
 import islpy as isl
 
 from ..errors import ScheduleError
+from ..model.gpu import launch_bound_registers
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
@@ -158,7 +159,7 @@ def address_registers(group: KernelGroup) -> int:
 
 def register_budget(d: Decision) -> int:
     """Registers per thread ptxas may use under the kernel's launch bounds (`min_blocks`)."""
-    return min(255, 65536 // (d.threads * d.min_blocks))
+    return launch_bound_registers(d.threads, d.min_blocks)
 
 
 def check(group: KernelGroup, d: Decision, at: str) -> None:

@@ -37,6 +37,7 @@ from ..runtime.emulator import MAX_ASYNC_COPIES
 from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, input_bytes, levels_for, merges_for, partials_options, vector_extent
 from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
+from .rtile import register_budget
 from .tensor_core import FRAG, Mma, Operands, analyse, operand_reads
 from .warpgroup import MmaOp, warpgroup_tiles, wgmma_error
 
@@ -419,6 +420,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
+        registers=register_budget(d),  # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers)
     )
 
 
