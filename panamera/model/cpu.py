@@ -385,7 +385,12 @@ def call_us(outputs: int) -> float:
 
 def limit_us(compulsory_bytes: int, m: CpuModel, threads: int | None = None, outputs: int = 1) -> float:
     """What no plan of `compulsory_bytes` (inputs once, outputs once) beats on `threads` threads:
-    the call, one parallel region's entry and the bytes at the best rate of the level they fit in."""
-    t = max(1, threads or m.cores)
-    best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
-    return call_us(outputs) + m.rates.fork(t) + compulsory_bytes / best / 1e3
+    the call, one parallel region's entry and the bytes at the best rate of the level they fit in,
+    on every thread or on one (the mapper runs a kernel on one where the region's entry, a
+    passive pool's wake-up, outweighs the split: schedule/cpu_cost.py `best_threads`)."""
+
+    def on(t: int) -> float:
+        best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
+        return m.rates.fork(t) + compulsory_bytes / best / 1e3
+
+    return call_us(outputs) + min(on(max(1, threads or m.cores)), on(1))
