@@ -70,7 +70,9 @@ class CpuCompiled(Compiled):
     decisions = property(lambda self: tuple(k.decision for k in self.cpu_kernels))
 
     def __call__(self, *arrays, threads: int | None = None, **named):
-        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores); inputs,
+        """Run on the CPU with `threads` OpenMP threads (default: the machine's cores; a kernel
+        runs on at most its decision's `threads`, fewer where the CPU model found a parallel
+        region's entry outweighs the split); inputs,
         constant inputs and `out=` as `Compiled.__call__`. `order=` and `seed=` (the emulator's
         thread order) are accepted and have no effect: the CPU kernels' results do not depend on it."""
         fast = self.executor.fast()

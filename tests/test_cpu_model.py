@@ -1,9 +1,10 @@
-"""The CPU model (model/cpu.py), its probe (runtime/cpu_probe.py), the split it picks
+"""The CPU model (model/cpu.py), its probe (runtime/cpu_probe.py), the split and threads it picks
 (schedule/cpu_cost.py) and `panamera bench --measure` on the CPU (bench/cpu_measure.py).
 Structure and correctness only: no figure is asserted (performance is shown by bench/cpu/)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,7 +16,8 @@ from panamera.bench.cpu_recipes import CpuWorkload, tiny_cpu
 from panamera.compiler import lower
 from panamera.model.cpu import Caches, CpuModel, CpuWork, Rates, call_us, kernel_time, limit_us
 from panamera.runtime import cpu_probe
-from panamera.schedule.cpu_cost import best_split, work
+from panamera.schedule.cpu_cost import best_split, best_threads, time_of, work
+from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
 
 
 def _group(t):
@@ -156,6 +158,75 @@ def test_bench_measure_command(monkeypatch, capsys):
     assert main(["bench", "--suite", "tiny", "--measure", "--out", "/tmp/x", "--repeat", "2"]) == 0
     assert seen["names"] == [w.name for w in tiny_cpu()] and seen["rounds"] == 2 and seen["out"] == "/tmp/x"
     assert seen["command"].startswith("panamera bench") and "measured (stand-in)" in capsys.readouterr().out
+
+
+def _woken(cores: int, wake_us: float) -> CpuModel:
+    """A nominal model whose all-thread parallel region costs `wake_us` (a passive pool's wake-up)."""
+    m = CpuModel.nominal(cores=cores, simd_bytes=64)
+    return dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.5, wake_us)))
+
+
+@pytest.mark.parametrize("cores", [2, 4])
+def test_threads_chosen_from_the_region_entry(cores):
+    """A tiny reduction whose region's entry outweighs the split runs on one thread, a large one
+    on every core; the choice is the decision's `threads`, which its modeled time and its kernel
+    (a call asking for more threads runs on that many) both honour."""
+    tiny = _group(pn.sum(pn.placeholder((1280,), "float32")))
+    large = _group(pn.sum(pn.placeholder((1 << 20,), "float32")))
+    woken, spinning = _woken(cores, 40.0), _woken(cores, 0.5)
+    assert best_threads(tiny, woken, 16, 1) == (1, 1)
+    assert best_threads(large, woken, 16, 1)[0] == cores
+    assert best_threads(tiny, spinning, 16, 1)[0] == cores  # an entry as cheap on all threads: all of them
+    machine = CpuMachine(cores, 64, "x")
+    d = map_cpu(tiny, machine, model=woken)
+    assert (d.threads, d.split) == (1, 1)
+    assert time_of(tiny, d, woken, threads=cores).fork_us == woken.rates.fork(1)
+    assert map_cpu(large, machine, model=woken).threads == cores
+    assert map_cpu(tiny, machine, 4, model=woken).threads == cores  # a split asked for: every core
+
+
+def test_one_thread_kernel_caps_a_call_and_stays_exact():
+    from panamera.codegen.cpu_kernel import render_cpu
+
+    x = pn.placeholder((1280,), "float32")
+    g = _group(pn.sum(x))
+    d = map_cpu(g, CpuMachine(2, 64, "x"), model=_woken(2, 40.0))
+    assert "if (pn_nt > 1) pn_nt = 1;" in render_cpu("k", g, d).source
+    a = np.random.default_rng(0).standard_normal(1280).astype(np.float32)
+    k = pn.compile(pn.sum(x), target="cpu")
+    want = a.astype(np.float64).sum()
+    tol = 4 * np.finfo(np.float32).eps * np.abs(a).astype(np.float64).sum()
+    for t in (1, 2, 3):
+        assert abs(float(k(a, threads=t)) - want) <= tol
+
+
+def test_probe_keyed_by_the_openmp_wait_policy(private_cache, monkeypatch):
+    """libgomp's spin count (OMP_WAIT_POLICY, GOMP_SPINCOUNT) sets a region's entry: each setting
+    is probed and cached apart, and a passive pool's wake-up is its cost, not a sign of load."""
+    assert cpu_probe.spin_count({"OMP_WAIT_POLICY": "PASSIVE"}) == 0
+    assert cpu_probe.spin_count({"OMP_WAIT_POLICY": "active"}) == cpu_probe.SPIN_ACTIVE
+    assert cpu_probe.spin_count({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "2M"}) == 2_000_000
+    assert cpu_probe.spin_count({"GOMP_SPINCOUNT": "infinite"}) == cpu_probe.SPIN_INFINITE
+    keys = set()
+    for env in ({}, {"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}):
+        for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        keys.add(cpu_probe._key(2))
+    assert len(keys) == 2  # unset vs passive; passive with or without GOMP_SPINCOUNT=0 is one setting
+    probed = iter([dataclasses.replace(CpuModel.nominal(2, 64).rates, source=f"probed {n}") for n in range(2)])
+    monkeypatch.setattr(cpu_probe, "measure", lambda *a: next(probed))
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert cpu_probe.rates(2, caches).source == "probed 0"
+    cpu_probe.rates.cache_clear()
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    assert cpu_probe.rates(2, caches).source == "probed 1"  # another setting: probed, not the first's
+    assert len(list(private_cache.glob("cpu_probe_*.json"))) == 2
+    assert cpu_probe.slowed((0.5, 1.5 * cpu_probe.CONTENDED_FORK_US), wakes=False)
+    assert not cpu_probe.slowed((0.5, 0.5 * cpu_probe.CONTENDED_WAKE_US), wakes=True)
 
 
 def test_contended_probe_kept_briefly(private_cache, monkeypatch):

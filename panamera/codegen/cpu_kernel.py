@@ -437,6 +437,9 @@ class _Kernel(RowValues, SplitMerge):
         self.check()
         g = self.g
         lines = [f'extern "C" void {self.name}(void** pn_a, int pn_nt) {{', "  typedef long long pn_idx;"]
+        lines.append(
+            f"  if (pn_nt > {self.d.threads}) pn_nt = {self.d.threads};  // the mapper's threads (its model's choice)"
+        )
         for n, p in enumerate(self.params):
             const = "const " if p.role == BufferRole.INPUT else ""
             lines.append(f"  {const}{p.ctype}* __restrict__ {p.param} = ({const}{p.ctype}*)pn_a[{n}];")

@@ -5,7 +5,10 @@ The machine is described by what it has (cores, SIMD width, cache sizes read fro
 what it does, measured once per machine by the short probe of runtime/cpu_probe.py (`Rates`):
 read and write bandwidth with the data resident in L2, in L3 and beyond (`DRAM`), at one thread and at
 all of them; the time per element of a SIMD sum, of an `exp` and of a division with the data in
-L1; the cost of entering an OpenMP parallel region. Without a probe, `NOMINAL` stands in.
+L1; the cost of entering an OpenMP parallel region under the process's wait policy (charged
+once per kernel's region: with a passive pool, a wake-up of its threads; the mapper runs a kernel
+on fewer threads when that outweighs the split: schedule/cpu_cost.py `best_threads`). Without a
+probe, `NOMINAL` stands in.
 
 A program's time is the Python side of its call (`call_us`, fitted here) plus each kernel's
 time (`kernel_time`):
@@ -124,7 +127,9 @@ class Rates:
     write_gbs: the same of a triad (a = b + 0.5 c: two reads and a write), the rate of written bytes;
     add_ns, exp_ns, div_ns: one thread's time per float32 element of `s += x[i]`,
     `s += exp(x[i])`, `s += x[i] / (x[i] + 2)` (data in L1, SIMD); fork_us: entering and
-    leaving a parallel region from Python through ctypes, (one thread, `threads`)."""
+    leaving a parallel region from Python through ctypes, (one thread, `threads`), under the
+    process's OpenMP wait policy (a passive pool's threads sleep between regions: each region
+    pays their wake-up; runtime/cpu_probe.py `spin_count`)."""
 
     threads: int
     read_gbs: tuple[tuple[float, float], ...]
@@ -384,7 +389,12 @@ def call_us(outputs: int) -> float:
 
 def limit_us(compulsory_bytes: int, m: CpuModel, threads: int | None = None, outputs: int = 1) -> float:
     """What no plan of `compulsory_bytes` (inputs once, outputs once) beats on `threads` threads:
-    the call, one parallel region's entry and the bytes at the best rate of the level they fit in."""
-    t = max(1, threads or m.cores)
-    best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
-    return call_us(outputs) + m.rates.fork(t) + compulsory_bytes / best / 1e3
+    the call, one parallel region's entry and the bytes at the best rate of the level they fit in,
+    on every thread or on one (the mapper runs a kernel on one where the region's entry, a
+    passive pool's wake-up, outweighs the split: schedule/cpu_cost.py `best_threads`)."""
+
+    def on(t: int) -> float:
+        best = max(m.gbs(compulsory_bytes, t), m.gbs(compulsory_bytes, t, write=True))
+        return m.rates.fork(t) + compulsory_bytes / best / 1e3
+
+    return call_us(outputs) + min(on(max(1, threads or m.cores)), on(1))

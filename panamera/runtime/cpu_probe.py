@@ -9,12 +9,15 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
   "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
   the triad's (its 12 bytes per element over its time);
 - one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
-- an empty parallel region, called from Python through ctypes.
+- an empty parallel region, called from Python through ctypes (the median of single calls), under this process's OpenMP wait
+  policy (`spin_count`): a pool that spins between regions (libgomp's default) enters one in about
+  a microsecond or two; a passive one (OMP_WAIT_POLICY=PASSIVE, as the CPU bench runs every
+  library) sleeps between them and pays a futex wake-up each time (tens of microseconds here).
 
 The whole probe takes well under a second; its figures are cached as JSON in the library cache
 (runtime/diskcache.py) under a key of the CPU's model and flags, the thread count and the
-probe's version, so a machine probes once (a contended probe, whose all-thread samples waited
-for cores other processes held, is kept 10 minutes only).
+probe's version and the pool's spin count, so a machine probes once per setting (a contended
+probe, whose all-thread samples waited for cores other processes held, is kept 10 minutes only).
 
 >>> r = rates(2)  # doctest: +SKIP
 >>> r.source  # doctest: +SKIP
@@ -29,8 +32,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import TypeVar
@@ -43,12 +47,20 @@ from . import diskcache
 Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 5
+VERSION = 6  # 6: the region entry is the median of single calls, keyed by the spin count
 LARGE = 64 << 20
 TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
 SAMPLES = 9
+FORK_S = 0.02  # an empty region's single calls are timed for this long
 CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
+# ... and, where the pool sleeps between regions, a wake-up slower than this (2 threads here: a
+# median of 4.7 us at load 13 in one run, 45 us in another): kept CONTENDED_TTL_S only
+CONTENDED_WAKE_US = 25.0
 CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machine is probed again
+# libgomp's spin counts (its manual, GOMP_SPINCOUNT; libgomp/env.c): OMP_WAIT_POLICY unset, ACTIVE, PASSIVE
+SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
+SPIN_INFINITE = (1 << 64) - 1
+_SUFFIX = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 SOURCE = r"""
 #include <omp.h>
@@ -108,6 +120,29 @@ void pn_empty(int nt) {
 """
 
 
+def spin_count(env: Mapping[str, str] | None = None) -> int:
+    """How long an idle thread of libgomp's pool spins before it sleeps, read from `env` (default:
+    this process's environment) as libgomp reads it when it loads: GOMP_SPINCOUNT (a count, with
+    an optional k, M, G or T suffix, or INFINITE), else by OMP_WAIT_POLICY (unset: 300000, ACTIVE:
+    30 billion, PASSIVE: 0); a value libgomp rejects counts as unset, as libgomp ignores it.
+    0: every parallel region wakes its threads.
+
+    >>> spin_count({}), spin_count({"OMP_WAIT_POLICY": " passive "}), spin_count({"GOMP_SPINCOUNT": "10k"})
+    (300000, 0, 10000)
+    >>> spin_count({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}), spin_count({"OMP_WAIT_POLICY": "fast"})
+    (0, 300000)
+    """
+    env = os.environ if env is None else env
+    text = env.get("GOMP_SPINCOUNT", "").strip()
+    if text.lower() in ("infinite", "infinity"):
+        return SPIN_INFINITE
+    digits, mult = (text[:-1], _SUFFIX[text[-1]]) if text and text[-1] in _SUFFIX else (text, 1)
+    if digits.strip().isdigit():
+        return int(digits) * mult
+    policy = env.get("OMP_WAIT_POLICY", "").strip().lower()
+    return {"active": SPIN_ACTIVE, "passive": SPIN_PASSIVE}.get(policy, SPIN_DEFAULT)
+
+
 def _timed(call, per_rep: float | None = None) -> float:
     """Seconds per repetition of `call(reps)`: the fastest of SAMPLES samples of about TARGET_S each."""
     t0 = time.perf_counter()
@@ -120,6 +155,21 @@ def _timed(call, per_rep: float | None = None) -> float:
         call(reps)
         best = min(best, (time.perf_counter() - t0) / reps)
     return best
+
+
+def _median_call_us(call, seconds: float = FORK_S, least: int = 20) -> float:
+    """The median of `call()`'s single calls over about `seconds` (at least `least` calls), in
+    microseconds: a region's typical entry. Measured here with load average 13 on 2 cores, a
+    passive pool's 2-thread region: median 4.7 us, and a mean of 1 ms of calls up to 4 ms,
+    inflated by the few calls whose woken thread waited for a core."""
+    call()  # the pool's threads are created by the first region
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < least:
+        t0 = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - t0)
+    return float(np.median(times)) / 1e3
 
 
 def measure(threads: int, caches: Caches) -> Rates:
@@ -135,8 +185,9 @@ def measure(threads: int, caches: Caches) -> Rates:
         f.argtypes, f.restype = (P, L, I), ctypes.c_double
     lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
 
-    fork = tuple(_timed(lambda reps, t=t: [lib.pn_empty(t) for _ in range(reps)]) * 1e6 for t in (1, threads))
-    contended = threads > 1 and slowed(fork)
+    fork = tuple(_median_call_us(lambda t=t: lib.pn_empty(t)) for t in (1, threads))
+    wakes = spin_count() == 0  # each region wakes the pool: its entry is a wake-up
+    contended = threads > 1 and slowed(fork, wakes=wakes)
     counts = (1,) if contended or threads == 1 else (1, threads)
     sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
     sizes["DRAM"] = min(4 * caches.l3, LARGE)
@@ -149,6 +200,8 @@ def measure(threads: int, caches: Caches) -> Rates:
         for t in counts:
             rs = _timed(lambda reps, t=t, pb=pb, n=n: lib.pn_sum(pb, n, reps, t))
             ts = _timed(lambda reps, t=t, p=p3, n=n3: lib.pn_triad(*p, n, reps, t))
+            if wakes:  # each repetition is a region that woke the pool: the model charges that apart
+                rs, ts = (max(x - fork[t > 1] * 1e-6, x / 2) for x in (rs, ts))
             pair_r.append(4 * n / rs / 1e9)
             pair_w.append(12 * n3 / ts / 1e9)
         read.append((pair_r[0], pair_r[-1]))
@@ -159,39 +212,57 @@ def measure(threads: int, caches: Caches) -> Rates:
     add_ns, exp_ns, div_ns = (
         _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
     )
-    contended = contended or slowed(fork, read + write)
+    contended = contended or slowed(fork, read + write, wakes)
     if contended:
-        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], fork[1])
+        forkn = fork[1] if wakes else 2 * fork[0]
+        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
-    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays)"
+    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays; OpenMP spin count {spin_count()})"
     return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"probed {when}{note}")
 
 
-def slowed(fork: tuple[float, float], rates: list | tuple = ()) -> bool:
+def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = False) -> bool:
     """Whether other processes held the cores while the probe ran: an empty all-thread region
-    slow to enter, or all threads streaming slower than one did (an empty region can still enter
-    quickly between two preemptions: a probe here read 0.18 GB/s from L2 on two threads against 54
-    on one, and was cached as this machine's rate).
+    slow to enter (where the pool `wakes` each region, slower than CONTENDED_WAKE_US: the wake is
+    a region's cost, its wait for a busy core is not), or all threads
+    streaming slower than one did (an empty region can still enter quickly between two
+    preemptions: a probe here read 0.18 GB/s from L2 on two threads against 54 on one, and was
+    cached as this machine's rate).
 
     >>> slowed((0.7, 1.5), [(54.0, 0.18)]), slowed((0.7, 1.5), [(54.0, 100.0)]), slowed((0.7, 80.0))
     (True, False, True)
+    >>> slowed((0.7, 12.0), wakes=True), slowed((0.7, 80.0), wakes=True)
+    (False, True)
     """
-    return fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0] or any(n < 0.5 * one for one, n in rates)
+    if wakes:
+        slow_fork = fork[1] > CONTENDED_WAKE_US
+    else:
+        slow_fork = fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0]
+    return slow_fork or any(n < 0.5 * one for one, n in rates)
 
 
 def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn) -> Rates:
     """Rates when the all-thread samples waited for busy cores (other processes hold them): the
     all-thread bandwidth is the one-thread figure times the threads (L2, private per core) or
-    times at most 2 (L3, DRAM: shared), and a region's entry twice one thread's. Marked `contended`, and not cached: a later process on a quieter machine probes again."""
+    times at most 2 (L3, DRAM: shared), and a region's entry `forkn` (measure: twice one thread's,
+    or as measured where the pool wakes each region: its wake-up is the cost). Marked `contended`, and not cached: a later process on a quieter machine probes again."""
     scaled = lambda pairs: tuple((a, a * threads if k == 0 else a * min(threads, 2)) for k, (a, _) in enumerate(pairs))  # noqa: E731
     src = f"contended probe (a {threads}-thread region took {forkn:.0f} us): all-thread figures extrapolated from one thread"
-    return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, 2 * fork1), src)
+    return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, forkn), src)
 
 
-def _key(threads: int) -> str:
+def _key(threads: int, spin: int | None = None) -> str:
+    """The cache key of a probe on `threads` threads: the machine, the threads, the probe's version
+    and the OpenMP pool's spin count (default: this process's, `spin_count`), which sets the
+    parallel region's entry cost.
+
+    >>> _key(2, 0) != _key(2, 300000), _key(2, 0) == _key(2, 0)
+    (True, True)
+    """
     from .cpu import machine_key
 
-    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}".encode()).hexdigest()[:20]
+    spin = spin_count() if spin is None else spin
+    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}".encode()).hexdigest()[:20]
 
 
 def _to_json(r: Rates) -> str:

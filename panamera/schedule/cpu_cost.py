@@ -1,6 +1,6 @@
-"""A kernel group's demands on the CPU (`work`), the split the CPU model picks (`best_split`) and
-a whole CPU plan's modeled time against its limit (`plan_time`): model/cpu.py's formulas applied
-to schedule/cpu_mapper.py's decisions.
+"""A kernel group's demands on the CPU (`work`), the split and the threads the CPU model picks
+(`best_split`, `best_threads`) and a whole CPU plan's modeled time against its limit
+(`plan_time`): model/cpu.py's formulas applied to schedule/cpu_mapper.py's decisions.
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
@@ -196,7 +196,8 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
         itemsize = g.statements[0].result.dtype.itemsize
         packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
         return gemm_time(call.flops, packed, itemsize, m, max(1, threads or m.cores), _mnk(call))
-    return kernel_time(work(g, d.reuse), m, d.tasks, d.split, threads, d.lanes)
+    t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
+    return kernel_time(work(g, d.reuse), m, d.tasks, d.split, t, d.lanes)
 
 
 def _mnk(call) -> int:
@@ -208,23 +209,56 @@ def _mnk(call) -> int:
     return call.flops // 2 // max(1, batch)
 
 
-def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int) -> int:
-    """The chunks per output the model finds fastest on every core: 1, or a multiple of the
-    cores (a static schedule gives each thread whole chunks) while a chunk keeps at least
-    MIN_TASK_ITERATIONS iterations (COLUMN: that many elements over its block); ties keep fewer."""
-    if m.cores <= 1:
+def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:
+    """The chunks per output the model finds fastest on `threads` threads (default: every core):
+    1, or a multiple of the threads (a static schedule gives each thread whole chunks) while a
+    chunk keeps at least MIN_TASK_ITERATIONS iterations (COLUMN: that many elements over its
+    block); ties keep fewer."""
+    nt = max(1, threads or m.cores)
+    if nt <= 1:
         return 1
     w = work(g)
     outputs = math.ceil(g.M / block)
     min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / block))
-    best, best_t = 1, kernel_time(w, m, outputs, 1, m.cores, lanes).total_us
-    s = m.cores
+    best, best_t = 1, kernel_time(w, m, outputs, 1, nt, lanes).total_us
+    s = nt
     while s <= 64 and g.N // s >= min_chunk:
-        t = kernel_time(w, m, outputs * s, s, m.cores, lanes).total_us
+        t = kernel_time(w, m, outputs * s, s, nt, lanes).total_us
         if t < best_t * 0.98:
             best, best_t = s, t
         s *= 2
     return best
+
+
+def best_threads(
+    g: KernelGroup, m: CpuModel, lanes: int, block: int, reuse: tuple[Reuse, ...] = (), splits: bool = True
+) -> tuple[int, int]:
+    """(threads, split): the thread count the model finds fastest for group `g`, each with its best
+    split (`best_split`; 1 where `splits` is off: element-wise and stitched groups). Every core unless fewer (halving down to 1) win by 2 %: a kernel whose parallel
+    region's entry (the probe's fork_us: with a passive OpenMP pool, a wake-up of its threads)
+    outweighs what splitting its work saves runs on fewer threads.
+
+    >>> import dataclasses, panamera as pn
+    >>> from panamera.compiler import lower
+    >>> from panamera.model.cpu import CpuModel
+    >>> lw = lambda n: lower(pn.sum(pn.placeholder((n,), "float32")), stop_after="groups", target="emulator").groups[0]
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
+    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 40.0)))
+    >>> best_threads(lw(1280), woken, 16, 1), best_threads(lw(1 << 20), woken, 16, 1)
+    ((1, 1), (2, 2))
+    """
+    outputs = math.ceil(g.M / block)
+    w = work(g, reuse)
+    best = None
+    t = max(1, m.cores)
+    while True:
+        s = best_split(g, m, lanes, block, t) if splits else 1
+        took = kernel_time(w, m, outputs * s, s, t, lanes).total_us
+        if best is None or took < best[2] * 0.98:
+            best = (t, s, took)
+        if t == 1:
+            return best[0], best[1]
+        t = max(1, t // 2)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,8 @@ class CpuDecision:
 
     form: the canonical form; M, N: kept and reduced extents; split: chunks per reduction
     (1: none); chunk: reduced iterations per chunk; block: kept outputs per task (COLUMN, else
-    1); threads: the default thread count of a call; lanes: SIMD lanes of the accumulator;
+    1); threads: the most threads the kernel runs on (the model's choice, at most the cores: fewer
+    where a parallel region's entry outweighs the split; a call asking for more runs on this many); lanes: SIMD lanes of the accumulator;
     merge: how a split reduction's partials are merged; inner: reduced iterations a task scans
     into fresh block accumulators before merging them into its own (the precision of long sums);
     reuse: values a stitched row stores in one pass and reads back in later ones
@@ -160,24 +161,25 @@ def map_cpu(
     model: CpuModel | None = None,
     deterministic: bool = False,
 ) -> CpuDecision:
-    """The decision for one group; `split` overrides the chunks per reduction (clamped to N), else
-    the CPU `model` picks it (default: nominal rates for `machine`); `deterministic`: a merge whose
-    bits do not depend on the threads or the run."""
+    """The decision for one group; `split` overrides the chunks per reduction (clamped to N; the
+    kernel then runs on every core), else the CPU `model` picks the threads and the split on them
+    (default: nominal rates for `machine`); `deterministic`: a merge whose bits do not depend on
+    the threads or the run."""
     form, M, N = group.form, group.M, group.N
     lanes = _lanes(group, machine.simd_bytes)
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
-    if form == Form.MAP or group.stitched:
-        s = 1
-    elif split is not None:
+    reuse = choose(group, model)
+    threads = machine.cores
+    if split is not None and form != Form.MAP and not group.stitched:
         s = min(split, N)
-    else:  # the CPU model's choice (schedule/cpu_cost.py, model/cpu.py)
-        from .cpu_cost import best_split
+    else:  # the CPU model's choice (schedule/cpu_cost.py, model/cpu.py): threads, and the split on them
+        from .cpu_cost import best_threads
 
-        s = best_split(group, model, lanes, block)
+        threads, s = best_threads(group, model, lanes, block, reuse, splits=form != Form.MAP and not group.stitched)
     chunk = math.ceil(N / s)
     if s > 1:  # chunks start on whole SIMD vectors
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
     merge = merge_mode(group, s, deterministic)
-    return CpuDecision(form, M, N, s, chunk, block, machine.cores, lanes, merge, reuse=choose(group, model))
+    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse)
