@@ -15,9 +15,10 @@ from test_row_columns import FLOORED, _inputs, _layer_norm64, _with, layer_norm_
 
 import panamera as pn
 from panamera.bench.train_suite import layer_norm_backward as ln_suite
+from panamera.codegen import column_partials
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
-from panamera.schedule import derived
+from panamera.schedule import cost, derived
 from panamera.schedule.cost import joined_cost
 from panamera.schedule.decision import MergeMode
 from panamera.schedule.persistent import map_joined
@@ -30,20 +31,29 @@ def _grid(k, blocks: int):
     return _with(k, persistent=blocks, per_sm=1, merges=merges)
 
 
-@pytest.mark.parametrize("dropped", [True, False])
-def test_partials_dropped_after_the_second_wait_match_numpy_float64(dropped, rng, monkeypatch):
-    """8 blocks x 1024 columns x 2 statements (64 KiB of partials): dropped when the threshold is
-    lowered to 0, kept at the shipped 1 MiB. Both against numpy float64 over two calls (the second
-    writes every partial again before any is read) and three thread orders, bit-identical."""
-    if dropped:
+@pytest.mark.parametrize("drop", ["own", "wait", "kept"])
+def test_partials_dropped_once_read_match_numpy_float64(drop, rng, monkeypatch):
+    """8 blocks x 1024 columns x 2 statements (64 KiB of partials): each block drops the lines of
+    its own columns after a barrier of its own (`own`: every block's columns are whole lines,
+    derived.combine_owns_lines), or, where they are not, after a second grid-wide wait with the
+    threshold lowered to 0 (`wait`), or not at all at the shipped 1 MiB (`kept`). All against numpy
+    float64 over two calls (the second writes every partial again before any is read) and three
+    thread orders, bit-identical."""
+    if drop != "own":  # as if the block's columns were not whole lines
+        for mod in (derived, column_partials, cost):
+            monkeypatch.setattr(mod, "combine_owns_lines", lambda group, d: False)
+    if drop == "wait":
         monkeypatch.setattr(derived, "DISCARD_MIN_BYTES", 0)
     M, N = 64, 1024
     a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
     outs = layer_norm_backward(M, N)
     k = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED)
     r = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED, schedule=_grid(k, 8), cache=False)
-    assert ("pn_discard_range(&ws" in r.source) == dropped
-    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if dropped else 1)
+    m = r.mappings[0]
+    # a block's columns in a sweep span whole lines, several even where the emulator's buffers are 64-byte aligned
+    assert derived.combine_columns(m.blocks, m.threads, N) * 4 >= 256
+    assert ("pn_discard_range(&ws" in r.source) == (drop != "kept")
+    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if drop == "wait" else 1)
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
     runs = [r(a, d, g, mean, rstd, order=o, seed=3) for o in ("forward", "reverse", "shuffled", "forward")]
     for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):
