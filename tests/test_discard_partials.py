@@ -78,3 +78,22 @@ def test_the_model_drops_the_write_back_of_a_megabyte_of_partials(monkeypatch):
     plain = joined_cost(group, H100, d)
     assert dict(plain.features)["write_bytes"] == written + ws
     assert dropped.sync_s > plain.sync_s and dropped.total_s < plain.total_s
+
+
+def test_a_block_drops_its_own_lines_without_a_second_wait():
+    """LayerNorm backward 4096 x 2048 bf16 on 132 blocks: at 256 x 4 threads each block sums 32
+    columns (whole float32 lines) and drops them after a barrier of its own; at 128 x 4 it sums
+    16 (half lines, read by two blocks) and waits a second time (two L2 round trips, modeled). The
+    model takes the wider block although it is within 3 % of the narrower one: the same grid and
+    merges with fewer partials per thread (schedule/persistent.py `_lighter`)."""
+    prog = build_program(tuple(ln_suite(4096, 2048, "bfloat16")))
+    group = joined_group(prog.column_candidates[0], prog)
+    m = map_joined(group, H100)
+    assert (m.tx, m.ty, m.persistent) == (256, 4, 132) and MergeMode.PARTIALS_GRID in m.merges
+    narrow = dataclasses.replace(m.decision, tx=128, chunk=256, unroll=2)  # the candidate the 3 % rule kept
+    assert derived.combine_owns_lines(group, m.decision) and not derived.combine_owns_lines(group, narrow)
+    assert derived.drops_column_partials(group, m.decision) and derived.drops_column_partials(group, narrow)
+    own, waited = joined_cost(group, H100, m.decision), joined_cost(group, H100, narrow)
+    # the second wait's two round trips, less the block's own barrier and its lines' drops
+    assert dict(waited.features)["sync_cycles"] - dict(own.features)["sync_cycles"] > H100.l2_latency_cycles
+    assert own.total_s < waited.total_s < own.total_s * 1.03
