@@ -97,3 +97,27 @@ def test_a_block_drops_its_own_lines_without_a_second_wait():
     # the second wait's two round trips, less the block's own barrier and its lines' drops
     assert dict(waited.features)["sync_cycles"] - dict(own.features)["sync_cycles"] > H100.l2_latency_cycles
     assert own.total_s < waited.total_s < own.total_s * 1.03
+
+
+def test_a_drop_past_the_blocks_own_columns_shows(rng, monkeypatch):
+    """The negative of `combine_owns_lines`: widened to every column of each row of partials, a
+    block's drop poisons lines other blocks have still to read (the emulator fills them with
+    0xff), and dgamma / dbeta come out non-finite; dx, which reads no partial, stays finite."""
+    own = column_partials._drop_own
+
+    def past(loop):
+        return [
+            ln.replace("+ pn_j0], &ws", "], &ws").replace("+ pn_hi], 0, 1)", f"+ {loop.g.N}], 0, 1)")
+            for ln in own(loop)
+        ]
+
+    monkeypatch.setattr(column_partials, "_drop_own", past)
+    M, N = 64, 1024
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED)
+    r = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED, schedule=_grid(k, 8), cache=False)
+    assert f"&ws3[b * {N} + {N}]" in r.source
+
+    dx, dgamma, dbeta = r(a, d, g, mean, rstd)
+    assert np.isfinite(dx).all() and not np.isfinite(dgamma).all() and not np.isfinite(dbeta).all()
