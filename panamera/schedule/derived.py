@@ -211,7 +211,8 @@ def combine_lanes(blocks: int, threads: int, columns: int) -> int:
 # Shared memory a block's rows reduce their column partials through (all accumulator types of the
 # kernel together): 32 KiB leaves a 1024-thread block one chunk of 8 float32 partials per statement
 # (LayerNorm backward 4096 x 1024 bf16: 4 chunks and 12 barriers per statement at 8 KiB, 1 and 3
-# here), and at most 4 blocks x 32 KiB per SM under the persistent grids' launch bounds.
+# here). A grid-wide combine's blocks (1024 threads per SM, `co_resident`) hold at most 4 x 32 KiB
+# per SM; elsewhere the model counts the tree's bytes in the blocks an SM holds (`shared_bytes`).
 COLUMN_TREE_BYTES = 32768
 
 
