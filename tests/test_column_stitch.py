@@ -161,7 +161,8 @@ def test_replay_rules_of_a_stitch(rng):
         pn.compile(list(outs), target="emulator", schedule=_with(k, merges=last_block))
     with pytest.raises(ScheduleError, match=re.escape("(4)")):  # atomics where deterministic asks partials
         pn.compile(list(outs), target="emulator", deterministic=True, schedule=k.schedule)
-    one_sm = dataclasses.replace(H100, sms=1, queued_launch_s=-1.0)  # 4 co-resident blocks of 256 threads
+    one_sm = dataclasses.replace(H100, sms=1, queued_launch_s=-1.0)  # 2 co-resident blocks of 512 threads
     k1 = pn.compile(list(outs), target="emulator", gpu=one_sm)
+    wide = _with(k1, ty=64, grid=(5, 1), persistent=5, per_sm=5)  # 5 row tiles of 64 rows, 5 blocks
     with pytest.raises(ScheduleError, match=re.escape("(5)")):
-        pn.compile(list(outs), target="emulator", gpu=one_sm, schedule=_with(k1, persistent=5, per_sm=5))
+        pn.compile(list(outs), target="emulator", gpu=one_sm, schedule=wide)

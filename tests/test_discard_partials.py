@@ -15,9 +15,10 @@ from test_row_columns import FLOORED, _inputs, _layer_norm64, _with, layer_norm_
 
 import panamera as pn
 from panamera.bench.train_suite import layer_norm_backward as ln_suite
+from panamera.codegen import column_partials
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
-from panamera.schedule import derived
+from panamera.schedule import cost, derived
 from panamera.schedule.cost import joined_cost
 from panamera.schedule.decision import MergeMode
 from panamera.schedule.persistent import map_joined
@@ -30,20 +31,29 @@ def _grid(k, blocks: int):
     return _with(k, persistent=blocks, per_sm=1, merges=merges)
 
 
-@pytest.mark.parametrize("dropped", [True, False])
-def test_partials_dropped_after_the_second_wait_match_numpy_float64(dropped, rng, monkeypatch):
-    """8 blocks x 1024 columns x 2 statements (64 KiB of partials): dropped when the threshold is
-    lowered to 0, kept at the shipped 1 MiB. Both against numpy float64 over two calls (the second
-    writes every partial again before any is read) and three thread orders, bit-identical."""
-    if dropped:
+@pytest.mark.parametrize("drop", ["own", "wait", "kept"])
+def test_partials_dropped_once_read_match_numpy_float64(drop, rng, monkeypatch):
+    """8 blocks x 1024 columns x 2 statements (64 KiB of partials): each block drops the lines of
+    its own columns after a barrier of its own (`own`: every block's columns are whole lines,
+    derived.combine_owns_lines), or, where they are not, after a second grid-wide wait with the
+    threshold lowered to 0 (`wait`), or not at all at the shipped 1 MiB (`kept`). All against numpy
+    float64 over two calls (the second writes every partial again before any is read) and three
+    thread orders, bit-identical."""
+    if drop != "own":  # as if the block's columns were not whole lines
+        for mod in (derived, column_partials, cost):
+            monkeypatch.setattr(mod, "combine_owns_lines", lambda group, d: False)
+    if drop == "wait":
         monkeypatch.setattr(derived, "DISCARD_MIN_BYTES", 0)
     M, N = 64, 1024
     a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
     outs = layer_norm_backward(M, N)
     k = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED)
     r = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED, schedule=_grid(k, 8), cache=False)
-    assert ("pn_discard_range(&ws" in r.source) == dropped
-    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if dropped else 1)
+    m = r.mappings[0]
+    # a block's columns in a sweep span whole lines, several even where the emulator's buffers are 64-byte aligned
+    assert derived.combine_columns(m.blocks, m.threads, N) * 4 >= 256
+    assert ("pn_discard_range(&ws" in r.source) == (drop != "kept")
+    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if drop == "wait" else 1)
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
     runs = [r(a, d, g, mean, rstd, order=o, seed=3) for o in ("forward", "reverse", "shuffled", "forward")]
     for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):
@@ -68,3 +78,46 @@ def test_the_model_drops_the_write_back_of_a_megabyte_of_partials(monkeypatch):
     plain = joined_cost(group, H100, d)
     assert dict(plain.features)["write_bytes"] == written + ws
     assert dropped.sync_s > plain.sync_s and dropped.total_s < plain.total_s
+
+
+def test_a_block_drops_its_own_lines_without_a_second_wait():
+    """LayerNorm backward 4096 x 2048 bf16 on 132 blocks: at 256 x 4 threads each block sums 32
+    columns (whole float32 lines) and drops them after a barrier of its own; at 128 x 4 it sums
+    16 (half lines, read by two blocks) and waits a second time (two L2 round trips, modeled). The
+    model takes the wider block although it is within 3 % of the narrower one: the same grid and
+    merges with fewer partials per thread (schedule/persistent.py `_lighter`)."""
+    prog = build_program(tuple(ln_suite(4096, 2048, "bfloat16")))
+    group = joined_group(prog.column_candidates[0], prog)
+    m = map_joined(group, H100)
+    assert (m.tx, m.ty, m.persistent) == (256, 4, 132) and MergeMode.PARTIALS_GRID in m.merges
+    narrow = dataclasses.replace(m.decision, tx=128, chunk=256, unroll=2)  # the candidate the 3 % rule kept
+    assert derived.combine_owns_lines(group, m.decision) and not derived.combine_owns_lines(group, narrow)
+    assert derived.drops_column_partials(group, m.decision) and derived.drops_column_partials(group, narrow)
+    own, waited = joined_cost(group, H100, m.decision), joined_cost(group, H100, narrow)
+    # the second wait's two round trips, less the block's own barrier and its lines' drops
+    assert dict(waited.features)["sync_cycles"] - dict(own.features)["sync_cycles"] > H100.l2_latency_cycles
+    assert own.total_s < waited.total_s < own.total_s * 1.03
+
+
+def test_a_drop_past_the_blocks_own_columns_shows(rng, monkeypatch):
+    """The negative of `combine_owns_lines`: widened to every column of each row of partials, a
+    block's drop poisons lines other blocks have still to read (the emulator fills them with
+    0xff), and dgamma / dbeta come out non-finite; dx, which reads no partial, stays finite."""
+    own = column_partials._drop_own
+
+    def past(loop):
+        return [
+            ln.replace("+ pn_j0], &ws", "], &ws").replace("+ pn_hi], 0, 1)", f"+ {loop.g.N}], 0, 1)")
+            for ln in own(loop)
+        ]
+
+    monkeypatch.setattr(column_partials, "_drop_own", past)
+    M, N = 64, 1024
+    a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
+    outs = layer_norm_backward(M, N)
+    k = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED)
+    r = pn.compile(outs, target="emulator", deterministic=True, gpu=FLOORED, schedule=_grid(k, 8), cache=False)
+    assert f"&ws3[b * {N} + {N}]" in r.source
+
+    dx, dgamma, dbeta = r(a, d, g, mean, rstd)
+    assert np.isfinite(dx).all() and not np.isfinite(dgamma).all() and not np.isfinite(dbeta).all()

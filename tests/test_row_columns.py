@@ -19,6 +19,7 @@ from panamera.model import estimate
 from panamera.model.gpu import H100
 from panamera.poly.program import build_program
 from panamera.poly.row_columns import host_ok
+from panamera.schedule import derived
 from panamera.schedule.cost import joined_cost
 from panamera.schedule.decision import MergeMode, Residence
 from panamera.schedule.derived import combine_lanes, tree_chunk
@@ -204,8 +205,11 @@ def test_backward_programs_match_numpy_float64(op, dtype, deterministic, rng):
         np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance(dtype, n) * scale.max())
     (m,) = k.mappings  # dx, dgamma and dbeta in one launch: column partials, merged as asked
     assert len(k.plan.per_call) == 1 and m.persistent, k.explain()
-    want = MergeMode.PARTIALS if deterministic else MergeMode.ATOMIC_WS
-    assert [x for x in m.merges if x != MergeMode.STORE] == [want] * (len(refs) - 1)
+    # deterministic: partials only; else the model's pick (at 48 x 40 the two merges are within 0.01 us,
+    # modeled; every merge is replayed by test_the_persistent_row_loop_replayed)
+    want = [MergeMode.PARTIALS] if deterministic else [MergeMode.ATOMIC_WS, MergeMode.PARTIALS]
+    picked = {x for x in m.merges if x != MergeMode.STORE}
+    assert len(picked) == 1 and picked <= set(want), m.merges
 
 
 def _with(k, **changes) -> Schedule:
@@ -404,18 +408,20 @@ def test_rows_reread_from_l2_through_a_persistent_row_loop(rng):
 
 
 @pytest.mark.parametrize("mode", [MergeMode.ATOMIC_WS, MergeMode.PARTIALS])
-def test_partials_reduced_over_the_rows_in_chunks(mode, rng):
-    """A block of 8 x 32 threads keeps 3 steps x 4 lanes = 12 partials per column statement: its
-    rows reduce them through shared memory 8 at a time (`tree_chunk`: 8 KiB over 256 threads),
-    a full chunk then a partial one (`pn_reduce_y_all`), against numpy float64 (a replayed
-    schedule; M = 64 leaves 2 row tiles of 32)."""
+def test_partials_reduced_over_the_rows_in_chunks(mode, rng, monkeypatch):
+    """A block of 8 x 32 threads keeps 3 steps x 4 lanes = 12 partials per column statement: with
+    the tree's shared memory held to 8 KiB its rows reduce them 8 at a time (`tree_chunk` over 256
+    threads), a full chunk then a partial one (`pn_reduce_y_all`), against numpy float64 (a
+    replayed schedule; M = 64 leaves 2 row tiles of 32). At the shipped 32 KiB: one chunk of 12."""
+    assert tree_chunk(256, 12, 4) == 12
+    monkeypatch.setattr(derived, "COLUMN_TREE_BYTES", 8192)
     M, N = 64, 96
     a, d, g, mean, rstd = _inputs(rng, M, N, "float32")
     outs = layer_norm_backward(M, N)
     k = pn.compile(outs, target="emulator", gpu=FLOORED)
     merges = tuple(MergeMode.STORE if x == MergeMode.STORE else mode for x in k.mappings[0].merges)
     change = dict(tx=8, ty=32, chunk=24, grid=(2, 1), persistent=2, per_sm=1, unroll=1, merges=merges)
-    r = pn.compile(outs, target="emulator", gpu=FLOORED, schedule=_with(k, **change))
+    r = pn.compile(outs, target="emulator", gpu=FLOORED, schedule=_with(k, **change), cache=False)
     assert tree_chunk(256, 12, 4) == 8 and "pn_reduce_y_all<pn_op_sum, 8, 32, 12, 8>" in r.source
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
     for order in ("forward", "reverse"):

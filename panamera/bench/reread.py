@@ -17,6 +17,11 @@ A LayerNorm backward's row fits on chip (no re-read) and its dgamma/dbeta column
 (no dependence); BatchNorm backward NHWC over 802816 × 256 fp32 has G = 802816 × 128 B × 2 = 205 MB
 per 32 channels against 118 MB on an H100, so 43 % of dy and x are read twice by any plan.
 
+A floor, not a plan: the capacity counts every register and the whole L2 as holding the group. What
+a kernel can hold (shared memory, registers beyond its computation, the L2 lines a stream leaves:
+74-92 MB on an H100) puts BatchNorm backward NHWC's reachable floor at 1.06-1.11x this limit
+(docs/GPU_MODEL.md, "The forced re-read").
+
 >>> import panamera as pn
 >>> from panamera.model import H100
 >>> dy = pn.placeholder((1 << 20, 256), "float32", name="dy")

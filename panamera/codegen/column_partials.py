@@ -24,16 +24,24 @@ run-time counter, and the partials in local memory):
     PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
     (pn_grid_sync), then every block sums its share of the columns, `combine_lanes` threads per
     column (schedule/persistent.py), each over every lanes-th block in block order, then a fixed
-    shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run; from 1 MiB
-    of partials (schedule/derived.py `discards_partials`) a second wait, then every thread drops
-    its share of the partials' L2 lines (`pn_discard_range`: never written back); the last
-    block to depart resets the arrival and departure counters.
+    shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run. Where each
+    block's columns are whole L2 lines (schedule/derived.py `combine_owns_lines`), a barrier of the
+    block's own, then it drops the lines it read (`pn_discard_range`: never written back); else,
+    from 1 MiB of partials (`discards_partials`), a second wait, then every thread drops its share
+    of all the lines; the last block to depart resets the arrival and departure counters.
 """
 
 from __future__ import annotations
 
 from ..algebra import AtomicStrategy
-from ..schedule.derived import combine_lanes, drops_column_partials, tree_chunk
+from ..schedule.derived import (
+    combine_columns,
+    combine_lanes,
+    combine_owns_lines,
+    drops_column_partials,
+    tree_buffers,
+    tree_chunk,
+)
 from ..schedule.mapping import MergeMode
 from .expr import convert
 from .reduce_kernel import workspace_identity
@@ -86,7 +94,8 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
     out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
-    chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize) for k in _owners(loop)}
+    nbuf = tree_buffers(g)
+    chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize, nbuf) for k in _owners(loop)}
     if m.ty > 1:
         sizes: dict[str, int] = {}
         for k in _owners(loop):
@@ -251,10 +260,32 @@ def discard(loop: ThreadLoop) -> list[str]:
     ]
 
 
+def _drop_own(loop: ThreadLoop) -> list[str]:
+    """The lines of the partials this block alone read (schedule/derived.py `combine_owns_lines`):
+    after a barrier of the block's own, each of its threads drops the whole lines of the block's
+    columns in one row of partials (b = thread, thread + threads, ...), sweep by sweep. Never a
+    line of another block's columns, so no second grid-wide wait."""
+    g, m = loop.g, loop.m
+    T, N = m.tx * m.ty, g.N
+    W = combine_columns(m.blocks, T, N)
+    out = [
+        "  __syncthreads();  // the block has read its columns' partials: no other block reads their lines",
+        f"  for (pn_idx pn_j0 = (pn_idx)bx * {W}; pn_j0 < {N}; pn_j0 += (pn_idx)gridDim.x * {W}) {{",
+        f"    const pn_idx pn_hi = pn_j0 + {W} < {N} ? pn_j0 + {W} : (pn_idx){N};",
+        f"    for (pn_idx b = (pn_idx)ty * {m.tx} + tx; b < (pn_idx)gridDim.x; b += {T}) {{",
+    ]
+    out += [f"      pn_discard_range(&ws{k}[b * {N} + pn_j0], &ws{k}[b * {N} + pn_hi], 0, 1);" for k in _owners(loop)]
+    return out + ["    }", "  }"]
+
+
 def _wait_and_discard(loop: ThreadLoop) -> list[str]:
-    """LayerNorm backward's merge: a second wait (every block has summed its columns), then the drop."""
+    """LayerNorm backward's merge: the drop of the partials once read, by each block of its own
+    lines (`_drop_own`), else after a second wait (every block has summed its columns) by every
+    thread of a share of all of them."""
     if not discarded(loop):
         return []
+    if combine_owns_lines(loop.g, loop.m):
+        return _drop_own(loop)
     return ["  pn_grid_sync(&pn_counter[0], 2u * gridDim.x);  // every partial read: dropped, never written back"] + (
         discard(loop)
     )

@@ -17,15 +17,19 @@ from .cluster import merge_cycles as cluster_merge_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
+    LINE_BYTES,
     column_partial_bytes,
     column_tree_bytes,
     column_tree_cycles,
+    combine_columns,
     combine_lanes,
+    combine_owns_lines,
     drops_column_partials,
     exchanges,
     input_bytes,
     kernel_buffers,
     passes,
+    tree_buffers,
     tree_chunk,
 )
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
@@ -325,7 +329,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     ws = column_partial_bytes(group, d)  # merges x acc: the workspace
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
     per_thread = steps * len(cols)  # partials in a thread's registers
-    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize)) for c in cols)
+    nbuf = tree_buffers(group)
+    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
     if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
         f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
@@ -345,7 +350,13 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         shuffles = share * (lanes.bit_length() - 1) * 30
         in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
         f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
-        if discard and not group.consumed:  # a second wait, then every thread drops its share of the lines
+        if discard and not group.consumed and combine_owns_lines(group, d):
+            # a barrier of the block's own, then its threads drop the lines it read, one partials row each
+            rows = math.ceil(B / d.threads)
+            sweeps = math.ceil(width / (B * combine_columns(B, d.threads, width)))
+            lines = rows * sweeps * math.ceil(combine_columns(B, d.threads, width) * acc / LINE_BYTES)
+            f["sync_cycles"] += 30 + 30 * lines * len(cols)
+        elif discard and not group.consumed:  # a second wait, then every thread drops its share of the lines
             lines = math.ceil(math.ceil(ws / 128) / (B * d.threads))
             f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
         last = 0

@@ -218,19 +218,30 @@ def combine_lanes(blocks: int, threads: int, columns: int) -> int:
     return lanes
 
 
-COLUMN_TREE_BYTES = 8192  # shared memory a block's rows reduce their column partials through, per chunk
+# Shared memory a block's rows reduce their column partials through (all accumulator types of the
+# kernel together): 32 KiB leaves a 1024-thread block one chunk of 8 float32 partials per statement
+# (LayerNorm backward 4096 x 1024 bf16: 4 chunks and 12 barriers per statement at 8 KiB, 1 and 3
+# here). A grid-wide combine's blocks (1024 threads per SM, `co_resident`) hold at most 4 x 32 KiB
+# per SM; elsewhere the model counts the tree's bytes in the blocks an SM holds (`shared_bytes`).
+COLUMN_TREE_BYTES = 32768
 
 
-def tree_chunk(threads: int, partials: int, acc_bytes: int) -> int:
+def tree_chunk(threads: int, partials: int, acc_bytes: int, buffers: int = 1) -> int:
     """Column partials of one statement a block's rows reduce together (codegen/column_partials.py,
     `pn_reduce_y_all`): every thread stores that many to shared memory, one barrier, then each
     thread sums a share of the (partial, column) pairs over the block's rows; within
-    `COLUMN_TREE_BYTES`.
+    `COLUMN_TREE_BYTES` shared by the kernel's `buffers` (one per accumulator type).
 
-    >>> tree_chunk(256, 16, 4), tree_chunk(256, 4, 4), tree_chunk(1024, 16, 8)
-    (8, 4, 1)
+    >>> tree_chunk(256, 16, 4), tree_chunk(256, 4, 4), tree_chunk(1024, 16, 8), tree_chunk(1024, 16, 4, buffers=2)
+    (16, 4, 4, 4)
     """
-    return max(1, min(partials, COLUMN_TREE_BYTES // (threads * acc_bytes)))
+    return max(1, min(partials, COLUMN_TREE_BYTES // max(1, buffers) // (threads * acc_bytes)))
+
+
+def tree_buffers(group: KernelGroup) -> int:
+    """The shared-memory buffers of a joined group's column tree: one per accumulator type of its
+    column owners (codegen/column_partials.py `merge`)."""
+    return len({group.statements[k].acc.compute for k in group.columns if group.accumulator_of[k] == k})
 
 
 def column_tree_bytes(group: KernelGroup, tx: int, ty: int, vec: int) -> int:
@@ -245,7 +256,7 @@ def column_tree_bytes(group: KernelGroup, tx: int, ty: int, vec: int) -> int:
     for k in group.columns:
         if group.accumulator_of[k] == k:
             acc = group.statements[k].acc
-            need = tx * ty * tree_chunk(tx * ty, steps, acc.itemsize) * acc.itemsize
+            need = tx * ty * tree_chunk(tx * ty, steps, acc.itemsize, tree_buffers(group)) * acc.itemsize
             by_type[acc.compute] = max(by_type.get(acc.compute, 0), need)
     return sum(by_type.values())
 
@@ -289,17 +300,53 @@ def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:
 DISCARD_MIN_BYTES = 1 << 20  # column partials that pay a second grid-wide wait to skip their write-back
 
 
-def discards_partials(nbytes: int, consumed: bool) -> bool:
+def discards_partials(nbytes: int, consumed: bool, own_lines: bool = False) -> bool:
     """Whether a PARTIALS_GRID merge drops its column partials' L2 lines once every block has read
     them (discard.global.L2: never written back; model/workspace.py `discarded`). Where the
     columns' consumers wait a second time (poly/column_stitch.py) the drop follows that wait, free;
-    otherwise it needs a second wait of its own (two L2 round trips, 0.27 us on an H100), which
-    pays from 1 MiB of partials (their write-back at the H100's 2.9 TB/s write rate: 0.36 us).
+    where every line is read by one block only (`own_lines`, `combine_owns_lines`) that block drops
+    it after a barrier of its own, free too; otherwise it needs a second grid-wide wait (two L2
+    round trips, 0.27 us on an H100), which pays from 1 MiB of partials (their write-back at the
+    H100's 2.9 TB/s write rate: 0.36 us).
 
     >>> discards_partials(264 * 1024 * 2 * 4, False), discards_partials(8 * 1024 * 4, False), discards_partials(64, True)
     (True, False, True)
+    >>> discards_partials(8 * 1024 * 4, False, own_lines=True)
+    True
     """
-    return consumed or nbytes >= DISCARD_MIN_BYTES
+    return consumed or own_lines or nbytes >= DISCARD_MIN_BYTES
+
+
+LINE_BYTES = 128  # an L2 line: the unit discard.global.L2 drops
+
+
+def combine_columns(blocks: int, threads: int, columns: int) -> int:
+    """Consecutive columns one block sums in each sweep of a PARTIALS_GRID combine
+    (codegen/column_partials.py `_grid_combine`): its threads over `combine_lanes` lanes each.
+
+    >>> combine_columns(132, 1024, 1024), combine_columns(132, 256, 16384)
+    (32, 128)
+    """
+    return threads // combine_lanes(blocks, threads, columns)
+
+
+def combine_owns_lines(group: KernelGroup, d: Decision) -> bool:
+    """Whether every 128-byte line of a PARTIALS_GRID combine's partials is read by one block only:
+    a block's columns of a sweep (`combine_columns`) and a block's row of partials (`N` columns) are
+    whole lines of every column accumulator. Then each block drops the lines it read after a barrier
+    of its own, with no second grid-wide wait (codegen/column_partials.py `_drop_own`); a drop never
+    reaches past the block's own columns, so where a buffer is not line-aligned (the emulator's
+    64-byte allocations) only fewer lines are dropped.
+
+    LayerNorm backward 4096 x 1024 on 132 blocks of 1024 threads: 32 lanes per column, 32 float32
+    columns per block: one line per block's partials row."""
+    owners = [k for k in group.columns if group.accumulator_of[k] == k]
+    W = combine_columns(d.blocks, d.threads, group.N)
+    return all(
+        (W * group.statements[k].acc.itemsize) % LINE_BYTES == 0
+        and (group.N * group.statements[k].acc.itemsize) % LINE_BYTES == 0
+        for k in owners
+    )
 
 
 def column_partial_bytes(group: KernelGroup, d: Decision) -> int:
@@ -316,4 +363,6 @@ def drops_column_partials(group: KernelGroup, d: Decision) -> bool:
     The one rule the cost (schedule/cost.py) and the kernel (codegen/column_partials.py) follow."""
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
-    return grid and discards_partials(column_partial_bytes(group, d), group.consumed)
+    if not grid:
+        return False
+    return discards_partials(column_partial_bytes(group, d), group.consumed, combine_owns_lines(group, d))

@@ -149,7 +149,10 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
                 seen.append((cost, d))
     if best is None:
         return None
-    best = smaller_if_faster(seen, best, _no_more)  # then fewer blocks and no more threads, where faster at all
+    # then fewer blocks and no more threads, then the same grid and merges with fewer partials per
+    # thread, each where faster at all
+    best = smaller_if_faster(seen, best, _no_more)
+    best = smaller_if_faster(seen, best, lambda d, than: _lighter(group, d, than))
     return complete(group, best[1], gpu, name, best[0])
 
 
@@ -176,6 +179,28 @@ def _no_more(d: Decision, than: Decision) -> bool:
     first). RMSNorm backward 4096 x 1024 bf16: 132 blocks of 128 x 8 (14.9 us modeled) after 528
     of 128 x 2 (15.3), the same threads with a quarter of the partials."""
     return d.persistent < than.persistent and d.persistent * d.threads <= than.persistent * than.threads
+
+
+# [measured, nvcc 13 sm_80/sm_90] registers `_lighter` leaves free beyond `column_registers`: RMSNorm
+# backward 4096 x 8192 fp32 at 1024 x 1 threads (56 estimated) spilled 4 stores under 64, and
+# 4096 x 16384 (64 estimated) 12; LayerNorm backward 4096 x 2048 bf16 at 256 x 4 (52) does not.
+LIGHTER_MARGIN = 12
+
+
+def _lighter(group: KernelGroup, d: Decision, than: Decision) -> bool:
+    """`d` is `than`'s grid and merges with fewer column partials per thread (wider rows of
+    threads): less register pressure, which the model does not price, so the 3 % margin that
+    keeps earlier candidates does not hold it back. LayerNorm backward 4096 x 2048 bf16: 132
+    blocks of 256 x 4 (22.9 us modeled) after 128 x 4 (23.2): 16 partials per thread, not 32,
+    and 32 columns per block in the grid-wide combine, whose lines it drops without a second
+    wait (schedule/derived.py `combine_owns_lines`). Only with `LIGHTER_MARGIN` registers of
+    the launch bounds' budget to spare: a wider block has fewer registers per thread."""
+    return (
+        d.persistent == than.persistent
+        and d.merges == than.merges
+        and partials_per_thread(group, d.tx, d.vec) < partials_per_thread(group, than.tx, than.vec)
+        and column_registers(group, d) + LIGHTER_MARGIN <= register_budget(d)
+    )
 
 
 def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list[int]:
