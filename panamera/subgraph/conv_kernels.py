@@ -221,6 +221,54 @@ extern "C" void pn_step_depthwise(void** p, const L* d) {
                    d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], (const float*)p[3], (int)d[16],
                    (const int*)p[4], (const float*)p[5], (const float* const*)(p + 6));
 }
+
+// depthwise over small planes, channels last: per image, x (C, H, W) is transposed into xt (H*W, C) and the
+// weights into wt (KH*KW, C); each output pixel is then a run of SIMD products over the channels (the taps
+// outside the input skipped, bias first), written to yt (OH*OW, C) and transposed back into y (C, OH*OW);
+// the epilogue runs over the whole image's outputs at once (element-wise; residuals in y's layout). Taps
+// in (i, j) order as pn_depthwise2d. p: x, w, y, bias, ops, params, xt, yt, wt, then the residuals.
+extern "C" void pn_step_depthwise_cl(void** p, const L* d) {
+    const float* x = (const float*)p[0];
+    const float* wt0 = (const float*)p[1];
+    float* y = (float*)p[2];
+    const float* bias = (const float*)p[3];
+    float* __restrict xt = (float*)p[6];
+    float* __restrict yt = (float*)p[7];
+    float* __restrict wt = (float*)p[8];
+    const float* const* res = (const float* const*)(p + 9);
+    L n = d[0], c = d[1], h = d[2], w = d[3], kh = d[4], kw = d[5], oh = d[6], ow = d[7];
+    L sh = d[8], sw = d[9], ph = d[10], pw = d[11], dh = d[12], dw = d[13];
+    int nops = (int)d[16];
+    for (L t = 0; t < kh * kw; t++)
+        for (L ch = 0; ch < c; ch++) wt[t * c + ch] = wt0[ch * kh * kw + t];
+    L hw = h * w, o = oh * ow;
+    for (L b = 0; b < n; b++) {
+        const float* xb = x + b * c * hw;
+        for (L ch = 0; ch < c; ch++)
+            for (L t = 0; t < hw; t++) xt[t * c + ch] = xb[ch * hw + t];
+        for (L oy = 0; oy < oh; oy++)
+            for (L ox = 0; ox < ow; ox++) {
+                float* __restrict acc = yt + (oy * ow + ox) * c;
+                _Pragma("omp simd") for (L ch = 0; ch < c; ch++) acc[ch] = 0.0f;
+                for (L i = 0; i < kh; i++) {
+                    L iy = oy * sh + i * dh - ph;
+                    if (iy < 0 || iy >= h) continue;
+                    for (L j = 0; j < kw; j++) {
+                        L ix = ox * sw + j * dw - pw;
+                        if (ix < 0 || ix >= w) continue;
+                        const float* __restrict s = xt + (iy * w + ix) * c;
+                        const float* __restrict v = wt + (i * kw + j) * c;
+                        _Pragma("omp simd") for (L ch = 0; ch < c; ch++) acc[ch] += v[ch] * s[ch];
+                    }
+                }
+                if (bias) { _Pragma("omp simd") for (L ch = 0; ch < c; ch++) acc[ch] += bias[ch]; }
+            }
+        float* yb = y + b * c * o;
+        for (L ch = 0; ch < c; ch++)
+            for (L t = 0; t < o; t++) yb[ch * o + t] = yt[t * c + ch];
+    }
+    epi_row(y, n * c * o, nullptr, nops, (const int*)p[4], (const float*)p[5], res, 0);
+}
 """
 )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 from dataclasses import dataclass, field
 
@@ -39,6 +40,17 @@ def _longs(*v: int):
 
 def _ok(a, shape: tuple) -> bool:
     return type(a) is np.ndarray and a.dtype == _F32 and a.shape == shape and a.flags.c_contiguous
+
+
+def channels_last(channels: int, plane: int) -> bool:
+    """Whether a 2-D depthwise conv runs channels last (`pn_step_depthwise_cl`: SIMD over the
+    channels at each output pixel) rather than plane by plane (SIMD over a padded plane): small
+    output planes, enough channels for the vector lanes.
+
+    >>> channels_last(96, 4), channels_last(16, 4096)
+    (True, False)
+    """
+    return plane <= int(os.environ.get("PN_DW_CL_PLANE", 32)) and channels >= 8
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,10 +93,17 @@ class HostConvStep:
         if self.form is HostForm.DEPTHWISE:
             (h, w), (kh, kw), (oh, ow) = self.x_shape[2:], win.kernel, win.out
             (sh, sw), (dh, dw), ((ph, pe), (pw, pwe)) = win.strides, win.dilations, win.pads
-            c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
-            c["dw"][1][4], c["dw"][1][5] = ctypes.addressof(ops), ctypes.addressof(par)
             c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops)
-            c["keep"] = (ops, par)
+            if channels_last(ch, oh * ow):  # scratch: x, y and the weights transposed (conv_kernels.py)
+                scratch = np.empty(h * w * ch + oh * ow * ch + kh * kw * ch, np.float32)
+                c["dw"] = (lib.pn_step_depthwise_cl, (ctypes.c_void_p * (9 + max(nres, 1)))())
+                base = scratch.ctypes.data
+                c["dw"][1][6:9] = [base, base + 4 * h * w * ch, base + 4 * (h * w + oh * ow) * ch]
+                c["dw_res"], c["keep"] = 9, (ops, par, scratch)
+            else:
+                c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
+                c["dw_res"], c["keep"] = 6, (ops, par)
+            c["dw"][1][4], c["dw"][1][5] = ctypes.addressof(ops), ctypes.addressof(par)
             return
         if self.form is HostForm.POINTWISE:
             rows, src_rows = (1, o), None
@@ -131,10 +150,11 @@ class HostConvStep:
         y = np.empty(self.out_shape, np.float32)
         if self.form is HostForm.DEPTHWISE:
             fn, p = c["dw"]
-            p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
-            for i, r in enumerate(res):
-                p[6 + i] = at(r)
-            fn(p, c["dw_d"])
+            with self._lock:  # the channels-last form's scratch is shared
+                p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
+                for i, r in enumerate(res):
+                    p[c["dw_res"] + i] = at(r)
+                fn(p, c["dw_d"])
             return y
         n, g = self.x_shape[0], c["w3"][0]
         with self._lock:
@@ -162,3 +182,40 @@ class HostConvStep:
             x, w, win, group, None if b is None else np.asarray(b), self.epilogue, tuple(map(np.asarray, res))
         )
         return y.astype(x.dtype, copy=False)
+
+
+def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y) -> tuple[tuple, ...] | None:
+    """The C calls of a `fast` step (planned for the chain alone: its tables are written here, once)
+    on these fixed arrays, as (kind, function address, pointer table, integer table) for
+    subgraph/cpu_chain.py, kind "stage" (`fn(p, d)`) or "gemm" (the chain's `pn_chain_gemm(p, d)`:
+    `d` = m, n, k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call); None where the
+    step is not `fast`. The arrays stay the caller's to keep alive."""
+    if not step.fast:
+        return None
+    c, at = step._c, ck.address
+    fn_of = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    if step.form is HostForm.DEPTHWISE:
+        fn, p = c["dw"]
+        p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
+        for i, r in enumerate(residuals):
+            p[c["dw_res"] + i] = at(r)
+        return (("stage", fn_of(fn), p, c["dw_d"]),)
+    out: list[tuple] = []
+    n, (g, mg, cgk) = step.x_shape[0], c["w3"]
+    if step.form is HostForm.POINTWISE:
+        src, cols, o = y, x, math.prod(step.x_shape[2:])
+    else:
+        c["cols_p"][0] = at(x)
+        out.append(("stage", fn_of(c["cols_fn"]), c["cols_p"], c["cols_d"]))
+        src, cols, o = c.get("wide", y), c["cols"], c["cols"].shape[-1]
+    calls = [(gi * mg * cgk, (ni * g + gi) * cgk * o, (ni * g + gi) * mg * o, 0) for ni in range(n) for gi in range(g)]
+    gp = (ctypes.c_void_p * 3)(at(w), at(cols), at(src))
+    gd = (ctypes.c_longlong * (7 + 4 * len(calls)))(mg, o, cgk, cgk, o, o, len(calls), *(v for t in calls for v in t))
+    out.append(("gemm", None, gp, gd))
+    if c["epi"]:
+        p = c["epi_p"]
+        p[0], p[1], p[2] = at(y), at(src), (at(b) if b is not None else None)
+        for i, r in enumerate(residuals):
+            p[5 + i] = at(r)
+        out.append(("stage", fn_of(ck._lib().pn_step_epilogue), p, c["epi_d"]))
+    return tuple(out)
