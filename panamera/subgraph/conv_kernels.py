@@ -208,6 +208,20 @@ extern "C" void pn_step_epilogue(void** p, const L* d) {
     pn_conv_epilogue((float*)p[0], (const float*)p[1], d[0], d[1], d[2], d[3], d[4], (const float*)p[2], (int)d[5],
                      (const int*)p[3], (const float*)p[4], (const float* const*)(p + 5));
 }
+// pn_step_epilogue where src is y itself (no dropped columns): the bias row by row, then each step once
+// over the whole output (element-wise; residuals in y's layout): no per-row switch for 1x1 outputs
+extern "C" void pn_step_epilogue_flat(void** p, const L* d) {
+    float* y = (float*)p[0];
+    const float* b = (const float*)p[2];
+    L rows = d[0], m = d[1], o = d[2] * d[3];
+    if (b)
+        for (L r = 0; r < rows; r++) {
+            float v = b[r % m];
+            float* __restrict q = y + r * o;
+            _Pragma("omp simd") for (L i = 0; i < o; i++) q[i] += v;
+        }
+    epi_row(y, rows * o, nullptr, (int)d[5], (const int*)p[3], (const float*)p[4], (const float* const*)(p + 5), 0);
+}
 extern "C" void pn_step_im2col(void** p, const L* d) {
     pn_im2col2d((const float*)p[0], (float*)p[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
                 d[11], d[12], d[13], d[14]);
@@ -226,7 +240,8 @@ extern "C" void pn_step_depthwise(void** p, const L* d) {
 // weights into wt (KH*KW, C); each output pixel is then a run of SIMD products over the channels (the taps
 // outside the input skipped, bias first), written to yt (OH*OW, C) and transposed back into y (C, OH*OW);
 // the epilogue runs over the whole image's outputs at once (element-wise; residuals in y's layout). Taps
-// in (i, j) order as pn_depthwise2d. p: x, w, y, bias, ops, params, xt, yt, wt, then the residuals.
+// in (i, j) order as pn_depthwise2d. p: x, w, y, bias, ops, params, xt, yt, wt, then the residuals; d as
+// pn_step_depthwise's, then 1 where w is already transposed (KH*KW, C).
 extern "C" void pn_step_depthwise_cl(void** p, const L* d) {
     const float* x = (const float*)p[0];
     const float* wt0 = (const float*)p[1];
@@ -239,8 +254,10 @@ extern "C" void pn_step_depthwise_cl(void** p, const L* d) {
     L n = d[0], c = d[1], h = d[2], w = d[3], kh = d[4], kw = d[5], oh = d[6], ow = d[7];
     L sh = d[8], sw = d[9], ph = d[10], pw = d[11], dh = d[12], dw = d[13];
     int nops = (int)d[16];
-    for (L t = 0; t < kh * kw; t++)
-        for (L ch = 0; ch < c; ch++) wt[t * c + ch] = wt0[ch * kh * kw + t];
+    if (d[17]) wt = (float*)wt0;  // the caller's weights already (KH*KW, C): conv_step.c_stages
+    else
+        for (L t = 0; t < kh * kw; t++)
+            for (L ch = 0; ch < c; ch++) wt[t * c + ch] = wt0[ch * kh * kw + t];
     L hw = h * w, o = oh * ow;
     for (L b = 0; b < n; b++) {
         const float* xb = x + b * c * hw;

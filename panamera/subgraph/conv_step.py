@@ -93,7 +93,7 @@ class HostConvStep:
         if self.form is HostForm.DEPTHWISE:
             (h, w), (kh, kw), (oh, ow) = self.x_shape[2:], win.kernel, win.out
             (sh, sw), (dh, dw), ((ph, pe), (pw, pwe)) = win.strides, win.dilations, win.pads
-            c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops)
+            c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops, 0)
             if channels_last(ch, oh * ow):  # scratch: x, y and the weights transposed (conv_kernels.py)
                 scratch = np.empty(h * w * ch + oh * ow * ch + kh * kw * ch, np.float32)
                 c["dw"] = (lib.pn_step_depthwise_cl, (ctypes.c_void_p * (9 + max(nres, 1)))())
@@ -184,29 +184,36 @@ class HostConvStep:
         return y.astype(x.dtype, copy=False)
 
 
-def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y) -> tuple[tuple, ...] | None:
+def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool = False) -> tuple[tuple, ...] | None:
     """The C calls of a `fast` step (planned for the chain alone: its tables are written here, once)
     on these fixed arrays, as (kind, function address, pointer table, integer table) for
-    subgraph/cpu_chain.py, kind "stage" (`fn(p, d)`) or "gemm" (the chain's `pn_chain_gemm(p, d)`:
-    `d` = m, n, k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call); None where the
-    step is not `fast`. The arrays stay the caller's to keep alive."""
+    subgraph/cpu_chain.py. Kinds "columns", "depthwise", "epilogue" are `fn(p, d)` (the epilogue
+    over the whole output at once where no column is dropped; with `w_constant` a channels-last
+    depthwise's weights are transposed here, once); "gemm" is the chain's own product: `d` = m, n,
+    k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call. None where the step is not
+    `fast`. The arrays stay the caller's to keep alive."""
     if not step.fast:
         return None
     c, at = step._c, ck.address
     fn_of = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     if step.form is HostForm.DEPTHWISE:
         fn, p = c["dw"]
+        d = c["dw_d"]
+        if c["dw_res"] == 9 and w_constant:  # channels last: the weights transposed once, here
+            c["wt"] = np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
+            d = c["dw_d_chain"] = _longs(*d[:17], 1)
+            w = c["wt"]
         p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
         for i, r in enumerate(residuals):
             p[c["dw_res"] + i] = at(r)
-        return (("stage", fn_of(fn), p, c["dw_d"]),)
+        return (("depthwise", fn_of(fn), p, d),)
     out: list[tuple] = []
     n, (g, mg, cgk) = step.x_shape[0], c["w3"]
     if step.form is HostForm.POINTWISE:
         src, cols, o = y, x, math.prod(step.x_shape[2:])
     else:
         c["cols_p"][0] = at(x)
-        out.append(("stage", fn_of(c["cols_fn"]), c["cols_p"], c["cols_d"]))
+        out.append(("columns", fn_of(c["cols_fn"]), c["cols_p"], c["cols_d"]))
         src, cols, o = c.get("wide", y), c["cols"], c["cols"].shape[-1]
     calls = [(gi * mg * cgk, (ni * g + gi) * cgk * o, (ni * g + gi) * mg * o, 0) for ni in range(n) for gi in range(g)]
     gp = (ctypes.c_void_p * 3)(at(w), at(cols), at(src))
@@ -217,5 +224,6 @@ def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y) -> tuple[tuple, .
         p[0], p[1], p[2] = at(y), at(src), (at(b) if b is not None else None)
         for i, r in enumerate(residuals):
             p[5 + i] = at(r)
-        out.append(("stage", fn_of(ck._lib().pn_step_epilogue), p, c["epi_d"]))
+        flat = ck._lib().pn_step_epilogue_flat if src is y else ck._lib().pn_step_epilogue
+        out.append(("epilogue", fn_of(flat), p, c["epi_d"]))
     return tuple(out)

@@ -53,6 +53,29 @@ struct PnChainStep { L kind; void* fn; void** p; const void* d; };
 typedef void (*PnProgram)(void**, int);
 typedef void (*PnStage)(void**, const L*);
 static inline double pn_now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
+// c (m x n) = beta c + a (m x k) b (k x n), row-major: a product too small for a BLAS call's fixed cost
+// (a squeeze-excite 1x1 conv: 4 x 1 x 16), plain loops, SIMD over n (or over k for one contiguous column)
+#define PN_SMALL_GEMM 2048
+#define PN_SMALL_GEMV 65536
+static void pn_small_gemm(L m, L n, L k, const float* a, L lda, const float* b, L ldb, float* c, L ldc, float beta) {
+  for (L i = 0; i < m; i++) {
+    const float* __restrict ai = a + i * lda;
+    float* __restrict ci = c + i * ldc;
+    if (n == 1 && ldb == 1) {
+      float s = 0.0f;
+      _Pragma("omp simd reduction(+ : s)") for (L q = 0; q < k; q++) s += ai[q] * b[q];
+      ci[0] = (beta != 0.0f ? beta * ci[0] : 0.0f) + s;
+      continue;
+    }
+    if (beta == 0.0f) { _Pragma("omp simd") for (L j = 0; j < n; j++) ci[j] = 0.0f; }
+    else if (beta != 1.0f) { _Pragma("omp simd") for (L j = 0; j < n; j++) ci[j] *= beta; }
+    for (L q = 0; q < k; q++) {
+      float v = ai[q];
+      const float* __restrict bq = b + q * ldb;
+      _Pragma("omp simd") for (L j = 0; j < n; j++) ci[j] += v * bq[j];
+    }
+  }
+}
 // kind 0: a program entry fn(table, threads); 1: a conv stage fn(p, d); 2: gemm calls (conv_step.c_stages)
 extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns) {
   for (L i = 0; i < n; i++) {
@@ -62,8 +85,15 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns) {
     case 1: ((PnStage)s[i].fn)(s[i].p, (const L*)s[i].d); break;
     default: {
       const long long* d = (const long long*)s[i].d;
-      pn_gemm<float>(0, 0, d[0], d[1], d[2], (const float*)s[i].p[0], d[3], (const float*)s[i].p[1], d[4],
-                     (float*)s[i].p[2], d[5], (int)d[6], d + 7);
+      const float *a = (const float*)s[i].p[0], *b = (const float*)s[i].p[1];
+      float* c = (float*)s[i].p[2];
+      if ((d[1] == 1 && d[4] == 1 && d[0] * d[2] <= PN_SMALL_GEMV) || d[0] * d[1] * d[2] <= PN_SMALL_GEMM)
+        for (long long j = 0; j < d[6]; j++) {
+          const long long* t = d + 7 + 4 * j;
+          pn_small_gemm(d[0], d[1], d[2], a + t[0], d[3], b + t[1], d[4], c + t[2], d[5], (float)t[3]);
+        }
+      else
+        pn_gemm<float>(0, 0, d[0], d[1], d[2], a, d[3], b, d[4], c, d[5], (int)d[6], d + 7);
     }
     }
     if (ns) ns[i] += pn_now() - t0;
@@ -129,29 +159,29 @@ class Chain:
             return {n: self.resident[n].copy() for n in names}
 
     def profile(self, feeds: dict, names: tuple[str, ...], rounds: int, threads: int | None = None) -> list[tuple]:
-        """Rows (label, steps, µs per run), the largest first, then ("whole run", 1, µs): the C time
-        of each kind of step summed over `rounds` runs (after one warm-up), per run."""
-        ns = (ctypes.c_double * len(self.infos))()
+        """Rows (label, steps, µs per run), the largest first, then ("whole run (wall)", 1, µs): each
+        step's median C time over `rounds` runs (after one warm-up; medians: a shared machine's
+        preemptions land in a few rounds), summed per kind of step; the wall time's median."""
         self.run(feeds, names, threads)
-        t0 = time.perf_counter()
-        for _ in range(rounds):
+        per, walls = np.empty((rounds, len(self.infos))), []
+        for r in range(rounds):
+            ns = (ctypes.c_double * len(self.infos))()
+            t0 = time.perf_counter()
             self.run(feeds, names, threads, ns)
-        wall = (time.perf_counter() - t0) / rounds * 1e6
+            walls.append(time.perf_counter() - t0)
+            per[r] = np.frombuffer(ns)
+        med = np.median(per, axis=0) / 1e3
         tot: dict = defaultdict(float)
         cnt: dict = defaultdict(int)
-        for info, t in zip(self.infos, ns):
-            tot[info.label] += t / rounds / 1e3
+        for info, t in zip(self.infos, med):
+            tot[info.label] += float(t)
             cnt[info.label] += 1
         rows = sorted(((k, cnt[k], tot[k]) for k in tot), key=lambda r: -r[2])
-        return rows + [("whole run (wall)", 1, wall)]
+        return rows + [("whole run (wall)", 1, float(np.median(walls)) * 1e6)]
 
 
 def _conv_label(step: HostConvStep, kind: str) -> str:
-    if kind == "gemm":
-        return f"conv {step.form.value} gemm"
-    if step.form.value == "depthwise":
-        return "conv depthwise"
-    return f"conv {step.form.value} {'epilogue' if kind == 'epi' else 'columns'}"
+    return "conv depthwise" if kind == "depthwise" else f"conv {step.form.value} {kind}"
 
 
 def build(opt, env: dict) -> Chain | None:
@@ -217,15 +247,15 @@ def build(opt, env: dict) -> Chain | None:
         if type(out) is not np.ndarray or out.shape != step.out_shape or out.dtype != np.float32:
             return None
         resident[outs_of[0]] = y = np.empty(step.out_shape, np.float32)
-        stages = c_stages(step, args[0], args[1], args[2] if nin == 3 else None, tuple(args[nin:]), y)
+        b = args[2] if nin == 3 else None
+        stages = c_stages(step, args[0], args[1], b, tuple(args[nin:]), y, w_constant=ins[1] in constants)
         if stages is None:
             return None
         keep.append(step)
         for kind, fn, p, d in stages:
             sk = StepKind.GEMM if kind == "gemm" else StepKind.STAGE
-            label = _conv_label(step, "gemm" if kind == "gemm" else ("epi" if fn == _epi_fn() else "cols"))
             steps.append((sk, fn, p, d))
-            infos.append(StepInfo(sk, label, k))
+            infos.append(StepInfo(sk, _conv_label(step, kind), k))
             blas = blas or sk is StepKind.GEMM
     table = (_Step * max(1, len(steps)))()
     for i, (kind, fn, p, d) in enumerate(steps):
@@ -241,9 +271,10 @@ def _epi_fn() -> int:
 
 def profile(opt, feeds: dict, rounds: int = 20, threads: int | None = None) -> list[tuple[str, int, float]]:
     """Where a run of `opt` (an OptimizedModel) on `feeds` goes: rows (kind of step, how many, µs
-    per run), the largest first, then ("whole run (wall)", 1, µs). A model run as one C call is
-    timed inside it (`pn_chain`'s clock per step); any other unit by unit from Python (each unit's
-    call, its Python included), "subgraph program" / "subgraph (general call)" / "library <op>".
+    per run: medians over `rounds`), the largest first, then ("whole run (wall)", 1, µs). A model
+    run as one C call is timed inside it (`pn_chain`'s clock per step); any other unit by unit from
+    Python (each unit's call, its Python included): "subgraph program" / "subgraph (general call)"
+    / "library <op>".
 
     >>> from onnx import helper, TensorProto
     >>> from panamera.subgraph.optimizer import optimize
@@ -259,29 +290,32 @@ def profile(opt, feeds: dict, rounds: int = 20, threads: int | None = None) -> l
     chain = opt._chain[1] if len(opt._chain) == 2 else None
     if chain is not None:
         return chain.profile(checked, tuple(opt.model.outputs), rounds, threads)
-    tot: dict = defaultdict(float)
-    cnt: dict = defaultdict(int)
-    for r in range(rounds + 1):
+    times: dict = defaultdict(list)
+    labels = []
+    for st in opt._steps:
+        u, bound = st[0], st[4]
+        if isinstance(u, LibraryNode):
+            labels.append(f"library {'+'.join(n.op_type for n in u.nodes)}")
+        else:
+            labels.append("subgraph program" if bound is not None else "subgraph (general call)")
+    walls = []
+    for _ in range(rounds):
         env = dict(opt.model.constants)
         env.update(checked)
-        for st in opt._steps:
+        for k, st in enumerate(opt._steps):
             t0 = time.perf_counter()
             opt._unit(st, env, threads)
-            dt = time.perf_counter() - t0
-            if r:
-                u, bound = st[0], st[4]
-                label = (
-                    ("subgraph program" if bound is not None else "subgraph (general call)")
-                    if not isinstance(u, LibraryNode)
-                    else f"library {'+'.join(n.op_type for n in u.nodes)}"
-                )
-                tot[label] += dt * 1e6 / rounds
-                cnt[label] += 1 if r == 1 else 0
-    t0 = time.perf_counter()
-    for _ in range(rounds):
+            times[k].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
         opt.run(feeds, threads=threads)
+        walls.append(time.perf_counter() - t0)
+    tot: dict = defaultdict(float)
+    cnt: dict = defaultdict(int)
+    for k, label in enumerate(labels):
+        tot[label] += float(np.median(times[k])) * 1e6
+        cnt[label] += 1
     rows = sorted(((k, cnt[k], tot[k]) for k in tot), key=lambda r: -r[2])
-    return rows + [("whole run (wall)", 1, (time.perf_counter() - t0) / rounds * 1e6)]
+    return rows + [("whole run (wall)", 1, float(np.median(walls)) * 1e6)]
 
 
 def describe(rows: list[tuple[str, int, float]]) -> str:
