@@ -104,8 +104,8 @@ def test_a_unit_without_a_c_form_keeps_the_unit_path(rng):
     assert any(label.startswith("library") for label, _, _ in rows)
 
 
-@pytest.mark.parametrize("plane", [4, 64])
+@pytest.mark.parametrize("plane", [4, 64, 256])
 def test_channels_last_depthwise_rule(plane):
     from panamera.subgraph.conv_step import channels_last
 
-    assert channels_last(16, plane) is (plane <= 32)
+    assert channels_last(16, plane) is (plane <= 64)

@@ -263,7 +263,14 @@ def _epilogue_reference(y, steps, residuals):
     "x_shape, w_shape, attrs, dtype",
     [
         ((2, 16, 4, 4), (24, 16, 1, 1), {}, "float32"),  # pointwise
-        ((2, 12, 7, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 0, 2, 1]}, "float32"),  # depthwise, stride 1
+        ((2, 12, 7, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 0, 2, 1]}, "float32"),  # depthwise, channels last
+        ((1, 8, 10, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, "float32"),  # depthwise by planes, stride 1
+        (
+            (1, 20, 6, 5),
+            (20, 1, 3, 3),
+            {"group": 20, "pads": [2, 2, 2, 2], "dilations": [2, 2]},
+            "float32",
+        ),  # pad lanes
         ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "float32"),
         ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float32"),  # columns, stride 1 (padded width)
         ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}, "float32"),  # strided
