@@ -109,3 +109,20 @@ def test_channels_last_depthwise_rule(plane):
     from panamera.subgraph.conv_step import channels_last
 
     assert channels_last(16, plane) is (plane <= 64)
+
+
+def test_cli_run_profile_prints_the_steps(rng, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from panamera.cli import cli
+
+    path = tmp_path / "se.onnx"
+    path.write_bytes(_se_model(rng))
+    r = CliRunner().invoke(cli, ["run", str(path), "--target", "cpu", "--profile", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output[r.output.index("{") :])["profile"]
+    assert rows[-1]["step"] == "whole run (wall)" and any(row["step"] == "conv depthwise" for row in rows)
+    text = CliRunner().invoke(cli, ["run", str(path), "--target", "cpu", "--profile", "2"])
+    assert text.exit_code == 0 and "us/run" in text.output
