@@ -126,3 +126,28 @@ def test_cli_run_profile_prints_the_steps(rng, tmp_path):
     assert rows[-1]["step"] == "whole run (wall)" and any(row["step"] == "conv depthwise" for row in rows)
     text = CliRunner().invoke(cli, ["run", str(path), "--target", "cpu", "--profile", "2"])
     assert text.exit_code == 0 and "us/run" in text.output
+
+
+def test_small_products_in_the_chain_against_float64(rng):
+    """A 1x1 Conv of 8 x 9 x 4 multiply-adds runs as the chain's plain C loops (no BLAS call, SIMD
+    over the 9 pixels), a 1-pixel one as dot products; both against float64."""
+    w = lambda *s: numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), f"w{len(s)}{s[0]}")  # noqa: E731
+    nodes = [
+        helper.make_node("Conv", ["x", "w48", "w18"], ["c"]),
+        helper.make_node("Relu", ["c"], ["y"]),
+        helper.make_node("GlobalAveragePool", ["y"], ["g"]),
+        helper.make_node("Conv", ["g", "w45"], ["z"]),
+    ]
+    g = helper.make_graph(
+        nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 3, 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 5, 1, 1])],
+        [w(8, 4, 1, 1), w(8), w(5, 8, 1, 1)],
+    )  # fmt: skip
+    opt = optimize(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString(), target="cpu")
+    x = rng.standard_normal((1, 4, 3, 3)).astype(np.float32)
+    for _ in range(3):
+        got = opt.run({"x": x})
+    chain = opt._chain[1]
+    assert chain is not None and sum(i.kind is cpu_chain.StepKind.GEMM for i in chain.infos) == 2
+    _check(opt, {"x": x}, got)
