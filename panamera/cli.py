@@ -399,13 +399,18 @@ def explain(model, node, section, shape, target, gpu):
     "--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="untimed runs before --repeat's"
 )
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (outputs, timing, verify) instead of text")
+@click.option(
+    "--profile", "profile_runs", type=click.IntRange(min=0), default=0,
+    help="time N more runs per kind of step (medians: subgraph/cpu_chain.profile) and print the table",
+)  # fmt: skip
 @shape_opt
 @target_opt
 @gpu_opt
-def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json, shape, target, gpu):
+def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json, profile_runs, shape, target, gpu):
     """Run MODEL (an .onnx file, or a directory written by `optimize --out`, which runs without
     optimizing again) on INPUTS: Panamera kernels for the subgraphs, the array library for the rest.
-    --repeat N times N runs after --warmup ones and prints p50, p90 and min (wall clock)."""
+    --repeat N times N runs after --warmup ones and prints p50, p90 and min (wall clock); --profile N
+    prints where a run's time goes, per kind of step."""
     from .subgraph import load_optimized
     from .subgraph.verify import random_inputs
 
@@ -442,6 +447,11 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
     host = {k: (v.get() if type(v).__module__.startswith("cupy") else np.asarray(v)) for k, v in outs.items()}
     means = {k: float(np.mean(a.astype(np.float64))) if a.size else float("nan") for k, a in host.items()}
     timing = opt.measure(feeds, repeat, warmup) if repeat else None
+    steps = None
+    if profile_runs:
+        from .subgraph.cpu_chain import describe, profile
+
+        steps = profile(opt, feeds, profile_runs)
     if output:
         np.savez(output, **host)
     checked = _verify(opt, feeds if inputs else None, seed, rtol, atol, verify) if verify else None
@@ -452,6 +462,7 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
             "outputs": {k: {"dtype": str(a.dtype), "shape": list(a.shape), "mean": means[k] if math.isfinite(means[k]) else None}
                         for k, a in host.items()},
             "timing": timing.to_dict() if timing else None, "verify": checked,
+            "profile": [{"step": k, "count": n, "us": us} for k, n, us in steps] if steps else None,
         }  # fmt: skip
         click.echo(json.dumps(doc, indent=1))
     else:
@@ -467,6 +478,8 @@ def run(model, inputs, output, verify, seed, rtol, atol, repeat, warmup, as_json
                 console.print(f"{sg.label}: ran on the emulator: {sg.runner_note}", markup=False)
         if timing:
             console.print(timing.describe(), markup=False)
+        if steps:
+            console.print(describe(steps), markup=False)
         if checked:
             for m in checked["mismatches"]:
                 console.print(f"[red]MISMATCH[/red] {m['value']!r} vs {m['reference']}: {m['detail']}")

@@ -109,8 +109,9 @@ def _conv_model(c: int, hw: int, m: int, rng) -> bytes:
 def test_cpu_target_runs_large_convs_in_the_host_convolution():
     """With the CPU target running the subgraphs, a Conv of at least HOST_CONV_MIN_MACS goes to
     the library's host convolution (route.host_rule) whatever the GPU model prefers; the ReLU
-    after it runs in the Conv's step (conv_fuse.py); the model matches the float64 reference. A smaller Conv,
-    or one planned for the emulator, is routed by the model."""
+    after it runs in the Conv's step (conv_fuse.py); the model matches the float64 reference. A smaller
+    float32 2-D Conv goes there too (its C kernels: route.host_c_conv); a small 1-D Conv, or one planned
+    for the emulator, is routed by the model."""
     from panamera.subgraph.optimizer import optimize
     from panamera.subgraph.partition import partition
     from panamera.subgraph.route import HOST_CONV_MIN_MACS, Runner, contraction_shape
@@ -125,8 +126,24 @@ def test_cpu_target_runs_large_convs_in_the_host_convolution():
     not_cpu = partition(opt.model)  # not the CPU target: the model decides, nothing fused (conv_fuse.py's 1)
     (model_route,) = [r for _, r in not_cpu.routes]
     assert "host convolution" not in model_route.reason and not not_cpu.fused
-    small = optimize(_conv_model(2, 8, 8, rng), target="cpu")  # 9 K multiply-adds
-    assert "host convolution" not in small.partition.routes[0][1].reason
+    small = optimize(_conv_model(2, 8, 8, rng), target="cpu")  # 9 K multiply-adds: float32 2-D, the C kernels
+    assert "host convolution's C kernels" in small.partition.routes[0][1].reason
+    one_d = optimize(_conv1d_model(2, 8, 8, rng), target="cpu")  # 1-D, 384 multiply-adds: the model decides
+    assert "host convolution" not in one_d.partition.routes[0][1].reason
+
+
+def _conv1d_model(c: int, length: int, m: int, rng) -> bytes:
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(rng.standard_normal((m, c, 3)).astype(np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, length])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, length])],
+        [w],
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
 def _conv_reference(x, w, win, group):
@@ -246,7 +263,14 @@ def _epilogue_reference(y, steps, residuals):
     "x_shape, w_shape, attrs, dtype",
     [
         ((2, 16, 4, 4), (24, 16, 1, 1), {}, "float32"),  # pointwise
-        ((2, 12, 7, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 0, 2, 1]}, "float32"),  # depthwise, stride 1
+        ((2, 12, 7, 6), (12, 1, 3, 3), {"group": 12, "pads": [1, 0, 2, 1]}, "float32"),  # depthwise, channels last
+        ((1, 8, 10, 9), (8, 1, 3, 3), {"group": 8, "pads": [1, 1, 1, 1]}, "float32"),  # depthwise by planes, stride 1
+        (
+            (1, 20, 6, 5),
+            (20, 1, 3, 3),
+            {"group": 20, "pads": [2, 2, 2, 2], "dilations": [2, 2]},
+            "float32",
+        ),  # pad lanes
         ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "float32"),
         ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float32"),  # columns, stride 1 (padded width)
         ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}, "float32"),  # strided

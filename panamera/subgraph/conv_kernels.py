@@ -208,6 +208,20 @@ extern "C" void pn_step_epilogue(void** p, const L* d) {
     pn_conv_epilogue((float*)p[0], (const float*)p[1], d[0], d[1], d[2], d[3], d[4], (const float*)p[2], (int)d[5],
                      (const int*)p[3], (const float*)p[4], (const float* const*)(p + 5));
 }
+// pn_step_epilogue where src is y itself (no dropped columns): the bias row by row, then each step once
+// over the whole output (element-wise; residuals in y's layout): no per-row switch for 1x1 outputs
+extern "C" void pn_step_epilogue_flat(void** p, const L* d) {
+    float* y = (float*)p[0];
+    const float* b = (const float*)p[2];
+    L rows = d[0], m = d[1], o = d[2] * d[3];
+    if (b)
+        for (L r = 0; r < rows; r++) {
+            float v = b[r % m];
+            float* __restrict q = y + r * o;
+            _Pragma("omp simd") for (L i = 0; i < o; i++) q[i] += v;
+        }
+    epi_row(y, rows * o, nullptr, (int)d[5], (const int*)p[3], (const float*)p[4], (const float* const*)(p + 5), 0);
+}
 extern "C" void pn_step_im2col(void** p, const L* d) {
     pn_im2col2d((const float*)p[0], (float*)p[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10],
                 d[11], d[12], d[13], d[14]);
@@ -221,6 +235,64 @@ extern "C" void pn_step_depthwise(void** p, const L* d) {
                    d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], (const float*)p[3], (int)d[16],
                    (const int*)p[4], (const float*)p[5], (const float* const*)(p + 6));
 }
+
+// depthwise over small planes, channels last: per image, x (C, H, W) is transposed into xt (H*W, CP) and the
+// weights into wt (KH*KW, CP), CP = C rounded up to 16 (the pad lanes stay zero: the scratch is zeroed once);
+// each output pixel is then, per block of 16 channels, one vector accumulator over its taps (the taps outside
+// the input skipped), stored to yt (OH*OW, CP) and transposed back into y (C, OH*OW) with the bias added last;
+// the epilogue runs over the whole output at once (element-wise; residuals in y's layout). Taps in (i, j)
+// order as pn_depthwise2d. p: x, w, y, bias, ops, params, xt, yt, wt, then the residuals; d as
+// pn_step_depthwise's, then 1 where w is already transposed and padded (KH*KW, CP).
+extern "C" void pn_step_depthwise_cl(void** p, const L* d) {
+    const float* x = (const float*)p[0];
+    const float* wt0 = (const float*)p[1];
+    float* y = (float*)p[2];
+    const float* bias = (const float*)p[3];
+    float* __restrict xt = (float*)p[6];
+    float* __restrict yt = (float*)p[7];
+    float* __restrict wt = (float*)p[8];
+    const float* const* res = (const float* const*)(p + 9);
+    L n = d[0], c = d[1], h = d[2], w = d[3], kh = d[4], kw = d[5], oh = d[6], ow = d[7];
+    L sh = d[8], sw = d[9], ph = d[10], pw = d[11], dh = d[12], dw = d[13];
+    int nops = (int)d[16];
+    L cp = (c + 15) / 16 * 16;
+    if (d[17]) wt = (float*)wt0;  // the caller's weights already (KH*KW, CP): conv_step.c_stages
+    else
+        for (L t = 0; t < kh * kw; t++)
+            for (L ch = 0; ch < c; ch++) wt[t * cp + ch] = wt0[ch * kh * kw + t];
+    L hw = h * w, o = oh * ow;
+    for (L b = 0; b < n; b++) {
+        const float* xb = x + b * c * hw;
+        for (L ch = 0; ch < c; ch++)
+            for (L t = 0; t < hw; t++) xt[t * cp + ch] = xb[ch * hw + t];
+        for (L oy = 0; oy < oh; oy++)
+            for (L ox = 0; ox < ow; ox++)
+                for (L c0 = 0; c0 < cp; c0 += 16) {
+                    float a[16];
+                    _Pragma("omp simd") for (int q = 0; q < 16; q++) a[q] = 0.0f;
+                    for (L i = 0; i < kh; i++) {
+                        L iy = oy * sh + i * dh - ph;
+                        if (iy < 0 || iy >= h) continue;
+                        for (L j = 0; j < kw; j++) {
+                            L ix = ox * sw + j * dw - pw;
+                            if (ix < 0 || ix >= w) continue;
+                            const float* __restrict s = xt + (iy * w + ix) * cp + c0;
+                            const float* __restrict v = wt + (i * kw + j) * cp + c0;
+                            _Pragma("omp simd") for (int q = 0; q < 16; q++) a[q] += v[q] * s[q];
+                        }
+                    }
+                    float* __restrict acc = yt + (oy * ow + ox) * cp + c0;
+                    _Pragma("omp simd") for (int q = 0; q < 16; q++) acc[q] = a[q];
+                }
+        float* yb = y + b * c * o;
+        for (L ch = 0; ch < c; ch++) {
+            float bv = bias ? bias[ch] : 0.0f;
+            for (L t = 0; t < o; t++) yb[ch * o + t] = yt[t * cp + ch] + bv;
+        }
+    }
+    epi_row(y, n * c * o, nullptr, nops, (const int*)p[4], (const float*)p[5], res, 0);
+}
+
 """
 )
 

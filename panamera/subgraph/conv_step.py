@@ -41,6 +41,24 @@ def _ok(a, shape: tuple) -> bool:
     return type(a) is np.ndarray and a.dtype == _F32 and a.shape == shape and a.flags.c_contiguous
 
 
+def channels_last(channels: int, plane: int) -> bool:
+    """Whether a 2-D depthwise conv runs channels last (`pn_step_depthwise_cl`: SIMD over the
+    channels at each output pixel) rather than plane by plane (SIMD over a padded plane): small
+    output planes, enough channels for the vector lanes.
+
+    Measured (thread CPU time, 1 thread, AVX-512): 2x64x4x4 3x3 10.7 -> 3.8 us, 1x96x4x4 5x5 11.2 ->
+    4.8, 1x16x8x8 7x7 6.9 -> 4.2; from 16x16 planes the two transposes cost more than they save
+    (1x16x16x16 3x3 5.7 -> 7.3, 1x64x16x16 21 -> 70).
+
+    >>> channels_last(96, 4), channels_last(16, 4096)
+    (True, False)
+    """
+    return plane <= CHANNELS_LAST_MAX_PLANE and channels >= 8
+
+
+CHANNELS_LAST_MAX_PLANE = 64  # output pixels per channel up to which a depthwise conv runs channels last
+
+
 @dataclass(frozen=True, eq=False)
 class HostConvStep:
     """One library Conv (and its fused epilogue) planned for input shapes `x_shape`, `w_shape`."""
@@ -81,10 +99,18 @@ class HostConvStep:
         if self.form is HostForm.DEPTHWISE:
             (h, w), (kh, kw), (oh, ow) = self.x_shape[2:], win.kernel, win.out
             (sh, sw), (dh, dw), ((ph, pe), (pw, pwe)) = win.strides, win.dilations, win.pads
-            c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
+            c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops, 0)
+            if channels_last(ch, oh * ow):  # scratch: x, y and the weights transposed (conv_kernels.py)
+                cp = -(-ch // 16) * 16  # channels padded to the vector blocks; the pad lanes stay zero
+                scratch = np.zeros((h * w + oh * ow + kh * kw) * cp, np.float32)
+                c["dw"] = (lib.pn_step_depthwise_cl, (ctypes.c_void_p * (9 + max(nres, 1)))())
+                base = scratch.ctypes.data
+                c["dw"][1][6:9] = [base, base + 4 * h * w * cp, base + 4 * (h * w + oh * ow) * cp]
+                c["dw_res"], c["keep"] = 9, (ops, par, scratch)
+            else:
+                c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
+                c["dw_res"], c["keep"] = 6, (ops, par)
             c["dw"][1][4], c["dw"][1][5] = ctypes.addressof(ops), ctypes.addressof(par)
-            c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops)
-            c["keep"] = (ops, par)
             return
         if self.form is HostForm.POINTWISE:
             rows, src_rows = (1, o), None
@@ -131,10 +157,11 @@ class HostConvStep:
         y = np.empty(self.out_shape, np.float32)
         if self.form is HostForm.DEPTHWISE:
             fn, p = c["dw"]
-            p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
-            for i, r in enumerate(res):
-                p[6 + i] = at(r)
-            fn(p, c["dw_d"])
+            with self._lock:  # the channels-last form's scratch is shared
+                p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
+                for i, r in enumerate(res):
+                    p[c["dw_res"] + i] = at(r)
+                fn(p, c["dw_d"])
             return y
         n, g = self.x_shape[0], c["w3"][0]
         with self._lock:
@@ -162,3 +189,50 @@ class HostConvStep:
             x, w, win, group, None if b is None else np.asarray(b), self.epilogue, tuple(map(np.asarray, res))
         )
         return y.astype(x.dtype, copy=False)
+
+
+def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool = False) -> tuple[tuple, ...] | None:
+    """The C calls of a `fast` step (planned for the chain alone: its tables are written here, once)
+    on these fixed arrays, as (kind, function address, pointer table, integer table) for
+    subgraph/cpu_chain.py. Kinds "columns", "depthwise", "epilogue" are `fn(p, d)` (the epilogue
+    over the whole output at once where no column is dropped; with `w_constant` a channels-last
+    depthwise's weights are transposed here, once); "gemm" is the chain's own product: `d` = m, n,
+    k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call. None where the step is not
+    `fast`. The arrays stay the caller's to keep alive."""
+    if not step.fast:
+        return None
+    c, at = step._c, ck.address
+    fn_of = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    if step.form is HostForm.DEPTHWISE:
+        fn, p = c["dw"]
+        d = c["dw_d"]
+        if c["dw_res"] == 9 and w_constant:  # channels last: the weights transposed once, here
+            taps, ch = w.shape[2] * w.shape[3], w.shape[0]
+            c["wt"] = np.zeros((taps, -(-ch // 16) * 16), np.float32)
+            c["wt"][:, :ch] = w.reshape(ch, taps).T
+            d = c["dw_d_chain"] = _longs(*d[:17], 1)
+            w = c["wt"]
+        p[0], p[1], p[2], p[3] = at(x), at(w), at(y), (at(b) if b is not None else None)
+        for i, r in enumerate(residuals):
+            p[c["dw_res"] + i] = at(r)
+        return (("depthwise", fn_of(fn), p, d),)
+    out: list[tuple] = []
+    n, (g, mg, cgk) = step.x_shape[0], c["w3"]
+    if step.form is HostForm.POINTWISE:
+        src, cols, o = y, x, math.prod(step.x_shape[2:])
+    else:
+        c["cols_p"][0] = at(x)
+        out.append(("columns", fn_of(c["cols_fn"]), c["cols_p"], c["cols_d"]))
+        src, cols, o = c.get("wide", y), c["cols"], c["cols"].shape[-1]
+    calls = [(gi * mg * cgk, (ni * g + gi) * cgk * o, (ni * g + gi) * mg * o, 0) for ni in range(n) for gi in range(g)]
+    gp = (ctypes.c_void_p * 3)(at(w), at(cols), at(src))
+    gd = (ctypes.c_longlong * (7 + 4 * len(calls)))(mg, o, cgk, cgk, o, o, len(calls), *(v for t in calls for v in t))
+    out.append(("gemm", None, gp, gd))
+    if c["epi"]:
+        p = c["epi_p"]
+        p[0], p[1], p[2] = at(y), at(src), (at(b) if b is not None else None)
+        for i, r in enumerate(residuals):
+            p[5 + i] = at(r)
+        flat = ck._lib().pn_step_epilogue_flat if src is y else ck._lib().pn_step_epilogue
+        out.append(("epilogue", fn_of(flat), p, c["epi_d"]))
+    return tuple(out)

@@ -32,6 +32,7 @@ from ..errors import DTypeError, InputError, OptionError, PanameraError, Schedul
 from ..frontend.tensor import Tensor
 from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
+from . import cpu_chain
 from .build import build_subgraph_tensors
 from .convert import VIEWS
 from .cpu_run import bind_constants
@@ -261,8 +262,13 @@ class OptimizedModel:
         """Run the whole model: Panamera kernels for the subgraphs, the array library for the
         rest. Returns the graph outputs (and the values named in `keep`). `threads`: the CPU
         target's thread count (default: the machine's cores; numpy's BLAS keeps its own pool)."""
+        checked = self._check_feeds(feeds)
+        chain = self._chain
+        names = tuple(self.model.outputs) + tuple(keep)
+        if len(chain) == 2 and chain[1] is not None and (got := chain[1].run(checked, names, threads)) is not None:
+            return got  # every unit in one C call (cpu_chain.py)
         env = dict(self.model.constants)
-        env.update(self._check_feeds(feeds))
+        env.update(checked)
         steps = self._steps
         if all(st[4] is not None for st in steps):  # every unit one C entry (cpu_run.py): no progress report
             for st in steps:
@@ -272,7 +278,14 @@ class OptimizedModel:
                 for st in steps:
                     bar.step(st[1])
                     self._unit(st, env, threads)
-        return {o: env[o] for o in tuple(self.model.outputs) + tuple(keep)}
+        if len(chain) < 2:  # the second run builds the chain from its values (cpu_chain.py)
+            chain.append(cpu_chain.build(self, env) if chain else None)
+        return {o: env[o] for o in names}
+
+    @cached_property
+    def _chain(self) -> list:
+        """[] before any run, [None] after one, then [None, the Chain or None] (cpu_chain.build)."""
+        return []
 
     def _unit(self, step: tuple, env: dict, threads: int | None) -> None:
         """Run one unit of `_steps` on the values in `env`, adding its outputs to `env`."""

@@ -32,7 +32,10 @@ and a matmul) costs 15-50 us of numpy calls at these sizes and splits the subgra
 it, so the threshold, 2^14 (a generated conv of that size costs ~130 us), keeps only the
 smallest convolutions (squeeze-excite 1x1s, a 2x16x8x8 depthwise) generated: measured,
 interleaved, 1 thread, MobileNetV3 1050 -> 674 us and EfficientNet 935 -> 595 us against 2^17,
-2^15, 2^13 and 2^12 worse or no better.
+2^15, 2^13 and 2^12 worse or no better. That threshold paid for ~15 us of Python per library
+unit; since a model whose units all have C forms runs as one C call (cpu_chain.py), every float32
+2-D Conv goes to the host convolution's C kernels whatever its size (`host_c_conv`); the threshold
+still decides the others (1-D, 3-D, other dtypes: numpy's host convolution).
 A MatMul or Gemm Panamera can plan goes to Panamera (`HOST_PANAMERA`): on the CPU the library's
 is a numpy call per node (5-10 us of Python on the exported transformers' 8 x 32 x 96 products),
 where Panamera's program calls the same BLAS from C (runtime/cpu_gemm.py) or fuses a small one
@@ -198,10 +201,27 @@ def neighbours(
 
 def host_rule(model: OnnxModel, node: Node) -> str:
     """Why the CPU target's library runs `node` whatever the model says ("" where the model decides):
-    a Conv of at least HOST_CONV_MIN_MACS runs in the host convolution (module docstring)."""
-    if node.op_type == "Conv" and math.prod(contraction_shape(model, node)) >= HOST_CONV_MIN_MACS:
+    a float32 2-D Conv (the host step's C kernels, whatever its size: `host_c_conv`), or another
+    Conv of at least HOST_CONV_MIN_MACS, runs in the host convolution (module docstring)."""
+    if node.op_type != "Conv":
+        return ""
+    if host_c_conv(model, node):
+        return "the CPU target: the host convolution's C kernels (any size: one step of the model's C chain)"
+    if math.prod(contraction_shape(model, node)) >= HOST_CONV_MIN_MACS:
         return "the CPU target: the host convolution (numpy window view + BLAS), no generated conv template"
     return ""
+
+
+def host_c_conv(model: OnnxModel, node: Node) -> bool:
+    """Whether a Conv runs in the host step's C kernels (conv_step.HostConvStep `fast`): float32,
+    4-D input and weights, no negative pad. On the CPU target such a Conv costs no Python per run
+    once the model runs as one C call (cpu_chain.py), so even a squeeze-excite 1x1 goes there:
+    its generated kernel (im2col index arithmetic per multiply-add) cost 14-21 us on the exported
+    MobileNetV3's 8-16 K multiply-add convs, the C step 1-3 us."""
+    x, w = (model.values.get(i) for i in node.inputs[:2])
+    if x is None or w is None or x.dtype != "float32" or len(x.shape or ()) != 4 or len(w.shape or ()) != 4:
+        return False
+    return min(node.attrs.get("pads", [0]), default=0) >= 0
 
 
 def route_contraction(
