@@ -28,6 +28,7 @@ import numpy as np
 
 from . import conv_kernels as ck
 from .conv import HostForm, _geometry_of, host_conv, host_form
+from .conv_direct import direct_geometry
 from .conv_kernels import NO_EPILOGUE, Epilogue
 
 _F32 = np.dtype(np.float32)
@@ -86,6 +87,9 @@ class HostConvStep:
             c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops)
             c["keep"] = (ops, par)
             return
+        if self.form is HostForm.COLUMNS and (dg := direct_geometry(self.x_shape, self.w_shape, win, group)):
+            self._bind_direct(dg, nops, ops, par, nres)
+            return
         if self.form is HostForm.POINTWISE:
             rows, src_rows = (1, o), None
         else:
@@ -114,6 +118,19 @@ class HostConvStep:
         c["epi_d"] = _longs(n * m, m, oh_, ow_, src_rows or ow_, nops)
         c["ops"] = (ops, par)
 
+    def _bind_direct(self, dg, nops: int, ops, par, nres: int) -> None:
+        """A dense stride-1 2-D Conv: one C call (conv_direct.py) with its padded planes and
+        accumulator rows as scratch."""
+        from .conv_direct import lib
+
+        c = self._c
+        xp = np.empty(dg.c * dg.plane if dg.pads_input else 1, np.float32)
+        acc = np.empty(dg.m * dg.span, np.float32)
+        p = (ctypes.c_void_p * (8 + max(nres, 1)))()
+        p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)
+        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops))
+        c["keep"] = (xp, acc, ops, par)
+
     def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
         """The Conv of x with w (and bias b), then the epilogue reading `residuals`; float32 NCHW."""
         res = residuals
@@ -135,6 +152,14 @@ class HostConvStep:
             for i, r in enumerate(res):
                 p[6 + i] = at(r)
             fn(p, c["dw_d"])
+            return y
+        if "direct" in c:
+            fn, p, d = c["direct"]
+            with self._lock:
+                p[0], p[1], p[2], p[5] = at(x), at(w), at(y), (at(b) if b is not None else None)
+                for i, r in enumerate(res):
+                    p[8 + i] = at(r)
+                fn(p, d)
             return y
         n, g = self.x_shape[0], c["w3"][0]
         with self._lock:
