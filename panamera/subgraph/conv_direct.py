@@ -94,7 +94,7 @@ static inline void pn_direct_tile(const float* __restrict x, L plane, const floa
 extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* xp, float* acc, L n, L C, L h,
                                L wd, L M, L kh, L kw, L oh, L ow, L ph, L pw, L dh, L dw, L wp, L plane, L span,
                                const float* bias, int nops, const int* ops, const float* par,
-                               const float* const* res) {
+                               const float* const* res, int nt) {
     L K = kh * kw, ck = C * K, toff[256];
     for (L i = 0; i < kh; i++)
         for (L j = 0; j < kw; j++) toff[i * kw + j] = i * dh * wp + j * dw;
@@ -108,12 +108,18 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
             }
         }
         const float* src = (ph || pw || plane != h * wd) ? xp : x + b * C * h * wd;
-        for (L p = 0; p < span; p += PN_DNB * PN_DVL) {
-            L m = 0;
-            for (; m + PN_DMB <= M; m += PN_DMB)
+        L full = M / PN_DMB, blocks = full + M % PN_DMB, tiles = span / (PN_DNB * PN_DVL);
+        // (channel block, position tile) pairs: each output value is one tile's, whatever the thread count
+        #pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)
+        for (L e = 0; e < blocks * tiles; e++) {
+            L blk = e % blocks, p = (e / blocks) * PN_DNB * PN_DVL;
+            L m = blk < full ? blk * PN_DMB : full * PN_DMB + (blk - full);
+            if (blk < full)
                 pn_direct_tile<PN_DMB>(src + p, plane, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
-            for (; m < M; m++) pn_direct_tile<1>(src + p, plane, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
+            else
+                pn_direct_tile<1>(src + p, plane, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
         }
+        #pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)
         for (L o = 0; o < M; o++) {
             float* __restrict d = y + (b * M + o) * oh * ow;
             const float* __restrict s = acc + o * span;
@@ -125,10 +131,12 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
 }
 
 // The step's table entry (conv_step.py): pointers x, w, y, xp, acc, bias, ops, params, residuals...; integers d
+// (the geometry, the epilogue's op count, the thread count)
 extern "C" void pn_step_direct(void** p, const L* d) {
     pn_conv_direct((const float*)p[0], (const float*)p[1], (float*)p[2], (float*)p[3], (float*)p[4], d[0], d[1], d[2],
                    d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15],
-                   (const float*)p[5], (int)d[16], (const int*)p[6], (const float*)p[7], (const float* const*)(p + 8));
+                   (const float*)p[5], (int)d[16], (const int*)p[6], (const float*)p[7], (const float* const*)(p + 8),
+                   (int)d[17]);
 }
 """
 )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,7 +129,7 @@ class HostConvStep:
         acc = np.empty(dg.m * dg.span, np.float32)
         p = (ctypes.c_void_p * (8 + max(nres, 1)))()
         p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)
-        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops))
+        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, 1))
         c["keep"] = (xp, acc, ops, par)
 
     def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
@@ -178,6 +179,35 @@ class HostConvStep:
                     p[5 + i] = at(r)
                 ck._lib().pn_step_epilogue(p, c["epi_d"])
         return y
+
+    def with_weights(self, w, b) -> Callable | None:
+        """This step with the weights `w` and bias `b` (a model's constants) in its own table, as
+        `call(x, residuals, threads) -> y` (None where x or a residual is not the planned float32
+        array: the caller's general path); None unless the step is one C call (conv_direct.py) and
+        w, b are the planned arrays. A call writes only x's, y's and the residuals' addresses and
+        the thread count (each output value is one register tile's: bit-stable across counts)."""
+        if "direct" not in self._c or not (_ok(w, self.w_shape) and (b is None) is not self.has_bias):
+            return None
+        if b is not None and not _ok(b, (self.w_shape[0],)):
+            return None
+        fn, p0, d0 = self._c["direct"]
+        p, d, at = (ctypes.c_void_p * len(p0))(*p0), _longs(*d0), ck.address
+        p[1], p[5] = at(w), (at(b) if b is not None else None)
+        xs, out, nres, lock, keep = self.x_shape, self.out_shape, self.epilogue.residuals, self._lock, (w, b, self)
+
+        def call(x, residuals: tuple, threads: int) -> np.ndarray | None:
+            if not (_ok(x, xs) and len(residuals) == nres and all(_ok(r, out) for r in residuals)):
+                return None
+            y = np.empty(out, np.float32)
+            with lock:
+                p[0], p[2], d[-1] = at(x), at(y), threads
+                for i, r in enumerate(residuals):
+                    p[8 + i] = at(r)
+                fn(p, d)
+            return y
+
+        call.keep = keep  # the arrays whose addresses the table holds
+        return call
 
     def _general(self, x, w, b, res) -> np.ndarray:
         """Arrays the step was not planned for: conv.host_conv (numpy where the C kernels do not fit)."""
