@@ -108,3 +108,63 @@ def test_library_conv_bound_run(rng):
     assert np.array_equal(one, two)
     with pytest.raises(DTypeError, match="'x'"):
         opt.run({"x": x.astype(np.float64)})
+
+
+def _pool_model(pool_attrs: dict, relu_out: bool = False, indices: bool = False) -> bytes:
+    """Conv (2x8x8x8 * 8x8x3x3, pads 1: a host conv), Relu, MaxPool(`pool_attrs`)."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    v = lambda n, s: helper.make_tensor_value_info(n, helper.TensorProto.FLOAT, s)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype("float32"), n) for n, s in
+             (("w", (8, 8, 3, 3)), ("b", (8,)))]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["a"]),
+        helper.make_node("MaxPool", ["a"], ["y", "i"] if indices else ["y"], **pool_attrs),
+    ]
+    k, st = pool_attrs["kernel_shape"], pool_attrs.get("strides", [1, 1])
+    dl, pads = pool_attrs.get("dilations", [1, 1]), pool_attrs.get("pads", [0, 0, 0, 0])
+    rnd = np.ceil if pool_attrs.get("ceil_mode") else np.floor
+    out = [2, 8] + [int(rnd((8 + pads[a] + pads[a + 2] - (k[a] - 1) * dl[a] - 1) / st[a])) + 1 for a in (0, 1)]
+    outs = [v("y", out)] + ([v("a", [2, 8, 8, 8])] if relu_out else [])
+    outs += [helper.make_tensor_value_info("i", helper.TensorProto.INT64, out)] if indices else []
+    g = helper.make_graph(nodes, "g", [v("x", [2, 8, 8, 8])], outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+POOL_CASES = [
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, {}, (2, 2, 2, 2)),
+    ({"kernel_shape": [3, 2], "strides": [2, 1]}, {}, (3, 2, 2, 1)),  # odd window, overlapping columns
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 0, 0]}, {}, None),  # 5: padded
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}, {}, None),  # 5: ceil_mode
+    ({"kernel_shape": [2, 2], "dilations": [2, 2]}, {}, None),  # 5: dilated
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, {"indices": True}, None),  # 5: the Indices output
+    ({"kernel_shape": [2, 2], "strides": [2, 2]}, {"relu_out": True}, None),  # 2: Relu's output a graph output
+]
+
+
+@pytest.mark.parametrize("attrs, extra, pool", POOL_CASES)
+def test_conv_maxpool_fusion(attrs, extra, pool):
+    """conv_fuse.fuse_pool (precondition 5, one negative each, and 2): a MaxPool after a host
+    Conv's chain joins its step, the direct kernel pooling each plane; the fused model's output
+    matches the float64 reference (verify) and the step's numpy path (a non-contiguous input)."""
+    from panamera.subgraph.conv_fuse import fuse_epilogues
+    from panamera.subgraph.model import load_model
+
+    model = load_model(_pool_model(attrs, **extra))
+    (f,) = fuse_epilogues(model, tuple(n for n in model.nodes if n.op_type == "Conv"))
+    assert f.pool == (pool or ()) and [n.op_type for n in f.nodes] == ["Relu"] + (["MaxPool"] if pool else [])
+    if pool is None:
+        return
+    from panamera.subgraph.optimizer import optimize
+
+    opt = optimize(_pool_model(attrs), target="cpu")
+    assert [[n.op_type for n in u.nodes] for u in opt.units] == [["Conv", "Relu", "MaxPool"]]
+    assert all(c.ok for c in opt.verify())
+    (unit,) = opt.units
+    step = HostConvStep.plan((2, 8, 8, 8), (8, 8, 3, 3), {"pads": [1, 1, 1, 1]}, True, f.epilogue, pool)
+    x = np.random.default_rng(4).standard_normal((2, 8, 8, 16)).astype(np.float32)[..., ::2]  # a view
+    w, b = (opt.model.constants[k] for k in ("w", "b"))
+    fast = step(np.ascontiguousarray(x), w, b)
+    np.testing.assert_array_equal(step(x, w, b), fast)  # numpy's pool over host_conv: the same values

@@ -1,6 +1,7 @@
 """A dense 2-D stride-1 convolution in one C call: the input padded once per image, every output
 channel block accumulated in registers over (input channel, tap) straight from the padded planes,
-then the bias and the epilogue (conv_kernels.Epilogue) on each output plane while it is in cache.
+then the bias and the epilogue (conv_kernels.Epilogue) on each output plane while it is in cache,
+and a fused MaxPool (conv_fuse.py precondition 5) over that plane, so only the pooled plane is stored.
 
 The columns form (conv_kernels.pn_cols_wide, np.matmul, pn_conv_epilogue) copies the input once
 per tap (9x for a 3x3 window) and crosses Python three times; measured on this project's 2-core
@@ -94,8 +95,10 @@ static inline void pn_direct_tile(const float* __restrict x, L plane, const floa
 extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* xp, float* acc, L n, L C, L h,
                                L wd, L M, L kh, L kw, L oh, L ow, L ph, L pw, L dh, L dw, L wp, L plane, L span,
                                const float* bias, int nops, const int* ops, const float* par,
-                               const float* const* res, int nt) {
+                               const float* const* res, L pkh, L pkw, L psh, L psw, int nt) {
     L K = kh * kw, ck = C * K, toff[256];
+    int nres = 0;  // the epilogue's residual reads (Add steps, op code 0)
+    for (int k = 0; k < nops; k++) nres += ops[k] == 0;
     for (L i = 0; i < kh; i++)
         for (L j = 0; j < kw; j++) toff[i * kw + j] = i * dh * wp + j * dw;
     for (L b = 0; b < n; b++) {
@@ -121,8 +124,32 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
         }
         #pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)
         for (L o = 0; o < M; o++) {
+            float* __restrict s = acc + o * span;
+            if (pkh) {  // a fused MaxPool: the epilogue in the padded width (row by row where it reads a
+                        // residual), then per pooled row the window rows' maxima, then the columns'
+                if (nres)
+                    for (L oy = 0; oy < oh; oy++)
+                        epi_row(s + oy * wp, ow, bias ? bias + o : nullptr, nops, ops, par, res,
+                                (b * M + o) * oh * ow + oy * ow);
+                else
+                    epi_row(s, oh * wp, bias ? bias + o : nullptr, nops, ops, par, res, 0);
+                L qh = (oh - pkh) / psh + 1, qw = (ow - pkw) / psw + 1;
+                float col[ow];
+                for (L qy = 0; qy < qh; qy++) {
+                    const float* __restrict r = s + qy * psh * wp;
+                    _Pragma("omp simd") for (L x = 0; x < ow; x++) col[x] = r[x];
+                    for (L i = 1; i < pkh; i++)
+                        _Pragma("omp simd") for (L x = 0; x < ow; x++) col[x] = std::max(col[x], r[i * wp + x]);
+                    float* __restrict d = y + ((b * M + o) * qh + qy) * qw;
+                    for (L qx = 0; qx < qw; qx++) {
+                        float v = col[qx * psw];
+                        for (L j = 1; j < pkw; j++) v = std::max(v, col[qx * psw + j]);
+                        d[qx] = v;
+                    }
+                }
+                continue;
+            }
             float* __restrict d = y + (b * M + o) * oh * ow;
-            const float* __restrict s = acc + o * span;
             for (L oy = 0; oy < oh; oy++)
                 _Pragma("omp simd") for (L ox = 0; ox < ow; ox++) d[oy * ow + ox] = s[oy * wp + ox];
             epi_row(d, oh * ow, bias ? bias + o : nullptr, nops, ops, par, res, (b * M + o) * oh * ow);
@@ -131,12 +158,12 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
 }
 
 // The step's table entry (conv_step.py): pointers x, w, y, xp, acc, bias, ops, params, residuals...; integers d
-// (the geometry, the epilogue's op count, the thread count)
+// (the geometry, the epilogue's op count, a fused MaxPool's kh, kw, sh, sw (kh 0: none), the thread count)
 extern "C" void pn_step_direct(void** p, const L* d) {
     pn_conv_direct((const float*)p[0], (const float*)p[1], (float*)p[2], (float*)p[3], (float*)p[4], d[0], d[1], d[2],
                    d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15],
                    (const float*)p[5], (int)d[16], (const int*)p[6], (const float*)p[7], (const float* const*)(p + 8),
-                   (int)d[17]);
+                   d[17], d[18], d[19], d[20], (int)d[21]);
 }
 """
 )

@@ -66,7 +66,8 @@ class BoundConv:
         u = self.unit
         epi = u.fused.epilogue if u.fused else NO_EPILOGUE
         try:
-            step = HostConvStep.plan(x.shape, self.w.shape, u.node.attrs, self.b is not None, epi)
+            pool = u.fused.pool if u.fused else ()
+            step = HostConvStep.plan(x.shape, self.w.shape, u.node.attrs, self.b is not None, epi, pool)
         except PanameraError:  # the general path raises it, naming the node
             return None
         call = step.with_weights(self.w, self.b)

@@ -53,21 +53,31 @@ class HostConvStep:
     has_bias: bool
     epilogue: Epilogue
     form: HostForm
-    out_shape: tuple
+    out_shape: tuple  # the step's output: the conv's, or a fused MaxPool's
     fast: bool  # the C kernels take it (2-D, or pointwise; padding >= 0); else conv.host_conv
+    pool: tuple = ()  # a fused MaxPool's (kh, kw, sh, sw) (conv_fuse.py precondition 5): the direct kernel's
+    conv_shape: tuple = ()  # the conv's output (the residuals' shape)
     _c: dict = field(default_factory=dict, repr=False)  # the C stages' tables and scratch, bound once
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the scratch is shared
 
     @classmethod
-    def plan(cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE) -> HostConvStep:
-        """The step of a Conv with these input shapes and attributes (`ShapeError` where they do not fit)."""
+    def plan(
+        cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE, pool: tuple = ()
+    ) -> HostConvStep:
+        """The step of a Conv with these input shapes and attributes (`ShapeError` where they do not
+        fit), then `epilogue`, then a max pool of window and strides `pool` (kh, kw, sh, sw) if given."""
         key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
         win, group = _geometry_of(tuple(x_shape), tuple(w_shape), key)
         form = host_form(tuple(w_shape), win, group)
         out = (x_shape[0], w_shape[0], *win.out)
         nonneg = min(min(win.pads)) >= 0
         fast = form is HostForm.POINTWISE or (len(win.kernel) == 2 and nonneg)
-        step = cls(tuple(x_shape), tuple(w_shape), key, has_bias, epilogue, form, out, fast)
+        pooled = out
+        if pool:
+            (kh, kw, sh, sw), (oh, ow) = pool, win.out
+            pooled = (*out[:2], (oh - kh) // sh + 1, (ow - kw) // sw + 1)
+            fast = fast and form is HostForm.COLUMNS and direct_geometry(tuple(x_shape), tuple(w_shape), win, group)
+        step = cls(tuple(x_shape), tuple(w_shape), key, has_bias, epilogue, form, pooled, bool(fast), pool, out)
         if fast:
             step._bind(win, group)
         return step
@@ -129,7 +139,7 @@ class HostConvStep:
         acc = np.empty(dg.m * dg.span, np.float32)
         p = (ctypes.c_void_p * (8 + max(nres, 1)))()
         p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)
-        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, 1))
+        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, *(self.pool or (0, 0, 1, 1)), 1))
         c["keep"] = (xp, acc, ops, par)
 
     def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
@@ -142,7 +152,7 @@ class HostConvStep:
             and (b is None) is not self.has_bias
             and (b is None or _ok(b, (self.w_shape[0],)))
             and len(res) == self.epilogue.residuals
-            and all(_ok(r, self.out_shape) for r in res)
+            and all(_ok(r, self.conv_shape) for r in res)
         ):
             return self._general(x, w, b, res)
         c, at = self._c, ck.address
@@ -194,9 +204,10 @@ class HostConvStep:
         p, d, at = (ctypes.c_void_p * len(p0))(*p0), _longs(*d0), ck.address
         p[1], p[5] = at(w), (at(b) if b is not None else None)
         xs, out, nres, lock, keep = self.x_shape, self.out_shape, self.epilogue.residuals, self._lock, (w, b, self)
+        rs = self.conv_shape
 
         def call(x, residuals: tuple, threads: int) -> np.ndarray | None:
-            if not (_ok(x, xs) and len(residuals) == nres and all(_ok(r, out) for r in residuals)):
+            if not (_ok(x, xs) and len(residuals) == nres and all(_ok(r, rs) for r in residuals)):
                 return None
             y = np.empty(out, np.float32)
             with lock:
@@ -216,4 +227,21 @@ class HostConvStep:
         y = host_conv(
             x, w, win, group, None if b is None else np.asarray(b), self.epilogue, tuple(map(np.asarray, res))
         )
+        if self.pool:
+            y = max_pool(y, self.pool)
         return y.astype(x.dtype, copy=False)
+
+
+def max_pool(y: np.ndarray, pool: tuple) -> np.ndarray:
+    """ONNX MaxPool of y (N, C, H, W) with window (kh, kw) and strides (sh, sw), no padding:
+    the strided windows' maxima (numpy, for arrays the direct kernel does not take).
+
+    >>> max_pool(np.arange(16.0).reshape(1, 1, 4, 4), (2, 2, 2, 2))[0, 0].tolist()
+    [[5.0, 7.0], [13.0, 15.0]]
+    """
+    kh, kw, sh, sw = pool
+    n, c, h, w = y.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    s = y.strides
+    v = np.lib.stride_tricks.as_strided(y, (n, c, oh, ow, kh, kw), (*s[:2], s[2] * sh, s[3] * sw, *s[2:]))
+    return v.max(axis=(4, 5))
