@@ -168,3 +168,14 @@ def test_conv_maxpool_fusion(attrs, extra, pool):
     w, b = (opt.model.constants[k] for k in ("w", "b"))
     fast = step(np.ascontiguousarray(x), w, b)
     np.testing.assert_array_equal(step(x, w, b), fast)  # numpy's pool over host_conv: the same values
+
+
+def test_fused_pool_propagates_nan():
+    """A NaN in a pooled window gives NaN (numpy's max, the step's fallback), wherever it lies."""
+    x = np.ones((1, 2, 6, 6), np.float32)
+    w, b = np.ones((3, 2, 3, 3), np.float32), np.zeros(3, np.float32)
+    x[0, 1, 2, 3] = np.nan  # reaches the outputs around (2, 3)
+    step = HostConvStep.plan(x.shape, w.shape, {"pads": [1, 1, 1, 1]}, True, NO_EPILOGUE, (2, 2, 2, 2))
+    y = step(x, w, b)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(step(x[..., ::-1].copy()[..., ::-1], w, b)))
+    assert np.isnan(y).sum() == 3 * 4 and not np.isnan(y[:, :, 2, 0]).any()

@@ -64,6 +64,8 @@ SOURCE = (
 #define PN_DNB 3
 typedef float pn_dv __attribute__((vector_size(PN_DVL * 4)));
 typedef float pn_dvu __attribute__((vector_size(PN_DVL * 4), aligned(4)));
+// the larger of v and u, NaN where either is (numpy's max, the pool's fallback)
+static inline float pn_nanmax(float v, float u) { return (u > v || u != u) ? u : v; }
 
 // MB output channels (weights w, row stride ck) x PN_DNB vectors of positions from x (channel 0 at
 // the tile's first position; planes `plane` apart), summed over C channels and K taps (offsets toff)
@@ -139,11 +141,11 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
                     const float* __restrict r = s + qy * psh * wp;
                     _Pragma("omp simd") for (L x = 0; x < ow; x++) col[x] = r[x];
                     for (L i = 1; i < pkh; i++)
-                        _Pragma("omp simd") for (L x = 0; x < ow; x++) col[x] = std::max(col[x], r[i * wp + x]);
+                        _Pragma("omp simd") for (L x = 0; x < ow; x++) col[x] = pn_nanmax(col[x], r[i * wp + x]);
                     float* __restrict d = y + ((b * M + o) * qh + qy) * qw;
                     for (L qx = 0; qx < qw; qx++) {
                         float v = col[qx * psw];
-                        for (L j = 1; j < pkw; j++) v = std::max(v, col[qx * psw + j]);
+                        for (L j = 1; j < pkw; j++) v = pn_nanmax(v, col[qx * psw + j]);
                         d[qx] = v;
                     }
                 }
