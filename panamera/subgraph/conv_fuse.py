@@ -15,7 +15,11 @@ link at a time while every precondition holds:
    parameters are attributes or constants (Clip's bounds), or an Add of the chain's value and one
    other float32 tensor of exactly the output's shape (no broadcasting);
 4. the link is in no earlier Conv's epilogue (an Add of two Convs' outputs, each its only consumer,
-   joins the first Conv's step, reading the second's output as its residual).
+   joins the first Conv's step, reading the second's output as its residual);
+5. after the chain, a MaxPool (`fuse_pool`) joins as the step's last link where its input is the
+   chain's value under 2 (one consumer, no graph output) and 4, it is 2-D with one output (no
+   Indices), no padding or auto_pad, dilations 1, ceil_mode 0, and the Conv's shapes are static
+   and take the direct kernel (conv_direct.direct_geometry), which pools each output plane in cache.
 
 An Add's other operand is then ready when the Conv's step runs, and the fused step is no cycle
 in the run order: every path from the Conv runs through the chain (2: each value's one consumer
@@ -53,6 +57,7 @@ class FusedConv:
     nodes: tuple[Node, ...]
     epilogue: Epilogue
     residuals: tuple[str, ...]
+    pool: tuple[int, ...] = ()  # a fused MaxPool's (kh, kw, sh, sw), applied after the epilogue (5)
 
     @property
     def output(self) -> str:
@@ -143,9 +148,44 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict, taken: frozenset = 
         nodes.append(nxt)
         steps.append(step)
         value = nxt.outputs[0]
+    pooled = fuse_pool(model, conv, value, users, taken)
+    if pooled is not None:
+        nodes.append(pooled[0])
     if not nodes:
         return None
-    return FusedConv(conv, tuple(nodes), Epilogue(tuple(steps)), tuple(residuals))
+    return FusedConv(conv, tuple(nodes), Epilogue(tuple(steps)), tuple(residuals), pooled[1] if pooled else ())
+
+
+def fuse_pool(
+    model: OnnxModel, conv: Node, value: str, users: dict, taken: frozenset = frozenset()
+) -> tuple[Node, tuple[int, ...]] | None:
+    """(MaxPool node, (kh, kw, sh, sw)) where the MaxPool reading the chain's `value` joins Conv
+    `conv`'s step under precondition 5, else None."""
+    from .conv import geometry
+    from .conv_direct import direct_geometry
+
+    us = users.get(value, ())
+    if value in model.outputs or len(us) != 1 or us[0].index in taken:  # 2, 4
+        return None
+    mp, a = us[0], us[0].attrs
+    if mp.op_type != "MaxPool" or mp.domain not in DEFAULT_DOMAINS or len([o for o in mp.outputs if o]) != 1:
+        return None
+    kernel = tuple(a.get("kernel_shape", ()))
+    if mp.outputs[0] == "" or len(kernel) != 2 or not _is_f32(model, mp.outputs[0]):
+        return None
+    auto = a.get("auto_pad", "NOTSET")
+    if any(a.get("pads", ())) or (auto.decode() if isinstance(auto, bytes) else str(auto)) != "NOTSET":
+        return None
+    if any(d != 1 for d in a.get("dilations", ())) or a.get("ceil_mode", 0):
+        return None
+    x, w = (model.values.get(i) for i in conv.inputs[:2])
+    shapes = [tuple(v.shape or ()) if v is not None else () for v in (x, w)]
+    if any(len(s) != 4 or not all(isinstance(d, int) and d > 0 for d in s) for s in shapes):
+        return None
+    win, group = geometry(shapes[0], shapes[1], conv.attrs)
+    if direct_geometry(shapes[0], shapes[1], win, group) is None or any(k > o for k, o in zip(kernel, win.out)):
+        return None
+    return mp, kernel + tuple(a.get("strides", (1, 1)))
 
 
 def fuse_epilogues(model: OnnxModel, convs: tuple[Node, ...]) -> tuple[FusedConv, ...]:

@@ -22,12 +22,14 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import conv_kernels as ck
 from .conv import HostForm, _geometry_of, host_conv, host_form
+from .conv_direct import direct_geometry
 from .conv_kernels import NO_EPILOGUE, Epilogue
 
 _F32 = np.dtype(np.float32)
@@ -69,21 +71,31 @@ class HostConvStep:
     has_bias: bool
     epilogue: Epilogue
     form: HostForm
-    out_shape: tuple
+    out_shape: tuple  # the step's output: the conv's, or a fused MaxPool's
     fast: bool  # the C kernels take it (2-D, or pointwise; padding >= 0); else conv.host_conv
+    pool: tuple = ()  # a fused MaxPool's (kh, kw, sh, sw) (conv_fuse.py precondition 5): the direct kernel's
+    conv_shape: tuple = ()  # the conv's output (the residuals' shape)
     _c: dict = field(default_factory=dict, repr=False)  # the C stages' tables and scratch, bound once
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the scratch is shared
 
     @classmethod
-    def plan(cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE) -> HostConvStep:
-        """The step of a Conv with these input shapes and attributes (`ShapeError` where they do not fit)."""
+    def plan(
+        cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE, pool: tuple = ()
+    ) -> HostConvStep:
+        """The step of a Conv with these input shapes and attributes (`ShapeError` where they do not
+        fit), then `epilogue`, then a max pool of window and strides `pool` (kh, kw, sh, sw) if given."""
         key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
         win, group = _geometry_of(tuple(x_shape), tuple(w_shape), key)
         form = host_form(tuple(w_shape), win, group)
         out = (x_shape[0], w_shape[0], *win.out)
         nonneg = min(min(win.pads)) >= 0
         fast = form is HostForm.POINTWISE or (len(win.kernel) == 2 and nonneg)
-        step = cls(tuple(x_shape), tuple(w_shape), key, has_bias, epilogue, form, out, fast)
+        pooled = out
+        if pool:
+            (kh, kw, sh, sw), (oh, ow) = pool, win.out
+            pooled = (*out[:2], (oh - kh) // sh + 1, (ow - kw) // sw + 1)
+            fast = fast and form is HostForm.COLUMNS and direct_geometry(tuple(x_shape), tuple(w_shape), win, group)
+        step = cls(tuple(x_shape), tuple(w_shape), key, has_bias, epilogue, form, pooled, bool(fast), pool, out)
         if fast:
             step._bind(win, group)
         return step
@@ -111,6 +123,9 @@ class HostConvStep:
                 c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
                 c["dw_res"], c["keep"] = 6, (ops, par)
             c["dw"][1][4], c["dw"][1][5] = ctypes.addressof(ops), ctypes.addressof(par)
+            return
+        if self.form is HostForm.COLUMNS and (dg := direct_geometry(self.x_shape, self.w_shape, win, group)):
+            self._bind_direct(dg, nops, ops, par, nres)
             return
         if self.form is HostForm.POINTWISE:
             rows, src_rows = (1, o), None
@@ -140,6 +155,19 @@ class HostConvStep:
         c["epi_d"] = _longs(n * m, m, oh_, ow_, src_rows or ow_, nops)
         c["ops"] = (ops, par)
 
+    def _bind_direct(self, dg, nops: int, ops, par, nres: int) -> None:
+        """A dense stride-1 2-D Conv: one C call (conv_direct.py) with its padded planes and
+        accumulator rows as scratch."""
+        from .conv_direct import lib
+
+        c = self._c
+        xp = np.empty(dg.c * dg.plane if dg.pads_input else 1, np.float32)
+        acc = np.empty(dg.m * dg.span, np.float32)
+        p = (ctypes.c_void_p * (8 + max(nres, 1)))()
+        p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)
+        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, *(self.pool or (0, 0, 1, 1)), 1))
+        c["keep"] = (xp, acc, ops, par)
+
     def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
         """The Conv of x with w (and bias b), then the epilogue reading `residuals`; float32 NCHW."""
         res = residuals
@@ -150,7 +178,7 @@ class HostConvStep:
             and (b is None) is not self.has_bias
             and (b is None or _ok(b, (self.w_shape[0],)))
             and len(res) == self.epilogue.residuals
-            and all(_ok(r, self.out_shape) for r in res)
+            and all(_ok(r, self.conv_shape) for r in res)
         ):
             return self._general(x, w, b, res)
         c, at = self._c, ck.address
@@ -162,6 +190,14 @@ class HostConvStep:
                 for i, r in enumerate(res):
                     p[c["dw_res"] + i] = at(r)
                 fn(p, c["dw_d"])
+            return y
+        if "direct" in c:
+            fn, p, d = c["direct"]
+            with self._lock:
+                p[0], p[1], p[2], p[5] = at(x), at(w), at(y), (at(b) if b is not None else None)
+                for i, r in enumerate(res):
+                    p[8 + i] = at(r)
+                fn(p, d)
             return y
         n, g = self.x_shape[0], c["w3"][0]
         with self._lock:
@@ -181,6 +217,36 @@ class HostConvStep:
                 ck._lib().pn_step_epilogue(p, c["epi_d"])
         return y
 
+    def with_weights(self, w, b) -> Callable | None:
+        """This step with the weights `w` and bias `b` (a model's constants) in its own table, as
+        `call(x, residuals, threads) -> y` (None where x or a residual is not the planned float32
+        array: the caller's general path); None unless the step is one C call (conv_direct.py) and
+        w, b are the planned arrays. A call writes only x's, y's and the residuals' addresses and
+        the thread count (each output value is one register tile's: bit-stable across counts)."""
+        if "direct" not in self._c or not (_ok(w, self.w_shape) and (b is None) is not self.has_bias):
+            return None
+        if b is not None and not _ok(b, (self.w_shape[0],)):
+            return None
+        fn, p0, d0 = self._c["direct"]
+        p, d, at = (ctypes.c_void_p * len(p0))(*p0), _longs(*d0), ck.address
+        p[1], p[5] = at(w), (at(b) if b is not None else None)
+        xs, out, nres, lock, keep = self.x_shape, self.out_shape, self.epilogue.residuals, self._lock, (w, b, self)
+        rs = self.conv_shape
+
+        def call(x, residuals: tuple, threads: int) -> np.ndarray | None:
+            if not (_ok(x, xs) and len(residuals) == nres and all(_ok(r, rs) for r in residuals)):
+                return None
+            y = np.empty(out, np.float32)
+            with lock:
+                p[0], p[2], d[-1] = at(x), at(y), threads
+                for i, r in enumerate(residuals):
+                    p[8 + i] = at(r)
+                fn(p, d)
+            return y
+
+        call.keep = keep  # the arrays whose addresses the table holds
+        return call
+
     def _general(self, x, w, b, res) -> np.ndarray:
         """Arrays the step was not planned for: conv.host_conv (numpy where the C kernels do not fit)."""
         win, group = _geometry_of(tuple(x.shape), tuple(w.shape), self.attrs)
@@ -188,13 +254,16 @@ class HostConvStep:
         y = host_conv(
             x, w, win, group, None if b is None else np.asarray(b), self.epilogue, tuple(map(np.asarray, res))
         )
+        if self.pool:
+            y = max_pool(y, self.pool)
         return y.astype(x.dtype, copy=False)
 
 
 def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool = False) -> tuple[tuple, ...] | None:
     """The C calls of a `fast` step (planned for the chain alone: its tables are written here, once)
     on these fixed arrays, as (kind, function address, pointer table, integer table) for
-    subgraph/cpu_chain.py. Kinds "columns", "depthwise", "epilogue" are `fn(p, d)` (the epilogue
+    subgraph/cpu_chain.py. Kinds "columns", "depthwise", "epilogue" are `fn(p, d)` ("direct" too,
+    its `d` ending with the thread count the chain writes) (the epilogue
     over the whole output at once where no column is dropped; with `w_constant` a channels-last
     depthwise's weights are transposed here, once); "gemm" is the chain's own product: `d` = m, n,
     k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call. None where the step is not
@@ -203,6 +272,12 @@ def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool 
         return None
     c, at = step._c, ck.address
     fn_of = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    if "direct" in c:  # one C call (conv_direct.py); its integer table ends with the thread count
+        fn, p, d = c["direct"]
+        p[0], p[1], p[2], p[5] = at(x), at(w), at(y), (at(b) if b is not None else None)
+        for i, r in enumerate(residuals):
+            p[8 + i] = at(r)
+        return (("direct", fn_of(fn), p, d),)
     if step.form is HostForm.DEPTHWISE:
         fn, p = c["dw"]
         d = c["dw_d"]
@@ -236,3 +311,18 @@ def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool 
         flat = ck._lib().pn_step_epilogue_flat if src is y else ck._lib().pn_step_epilogue
         out.append(("epilogue", fn_of(flat), p, c["epi_d"]))
     return tuple(out)
+
+
+def max_pool(y: np.ndarray, pool: tuple) -> np.ndarray:
+    """ONNX MaxPool of y (N, C, H, W) with window (kh, kw) and strides (sh, sw), no padding:
+    the strided windows' maxima (numpy, for arrays the direct kernel does not take).
+
+    >>> max_pool(np.arange(16.0).reshape(1, 1, 4, 4), (2, 2, 2, 2))[0, 0].tolist()
+    [[5.0, 7.0], [13.0, 15.0]]
+    """
+    kh, kw, sh, sw = pool
+    n, c, h, w = y.shape
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    s = y.strides
+    v = np.lib.stride_tricks.as_strided(y, (n, c, oh, ow, kh, kw), (*s[:2], s[2] * sh, s[3] * sw, *s[2:]))
+    return v.max(axis=(4, 5))

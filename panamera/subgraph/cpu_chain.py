@@ -49,7 +49,7 @@ CHAIN_SOURCE = (
     + r"""
 #include <time.h>
 typedef long L;
-struct PnChainStep { L kind; void* fn; void** p; const void* d; };
+struct PnChainStep { L kind; void* fn; void** p; const void* d; L nt_slot; };  // nt_slot >= 0: d[nt_slot] = nt
 typedef void (*PnProgram)(void**, int);
 typedef void (*PnStage)(void**, const L*);
 static inline double pn_now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e9 + t.tv_nsec; }
@@ -82,7 +82,10 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns) {
     double t0 = ns ? pn_now() : 0.0;
     switch (s[i].kind) {
     case 0: ((PnProgram)s[i].fn)(s[i].p, nt); break;
-    case 1: ((PnStage)s[i].fn)(s[i].p, (const L*)s[i].d); break;
+    case 1:
+      if (s[i].nt_slot >= 0) ((L*)s[i].d)[s[i].nt_slot] = nt;  // a stage that splits over threads
+      ((PnStage)s[i].fn)(s[i].p, (const L*)s[i].d);
+      break;
     default: {
       const long long* d = (const long long*)s[i].d;
       const float *a = (const float*)s[i].p[0], *b = (const float*)s[i].p[1];
@@ -112,7 +115,13 @@ class StepKind(Enum):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_long), ("fn", ctypes.c_void_p), ("p", ctypes.c_void_p), ("d", ctypes.c_void_p)]
+    _fields_ = [
+        ("kind", ctypes.c_long),
+        ("fn", ctypes.c_void_p),
+        ("p", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("nt_slot", ctypes.c_long),
+    ]
 
 
 @cache
@@ -240,7 +249,7 @@ def build(opt, env: dict) -> Chain | None:
                 resident[name] = np.empty(shape, dt)
                 fast.ptrs[slot] = address(resident[name])
             keep.append(fast)
-            steps.append((StepKind.PROGRAM, ctypes.cast(fast.steps[0], ctypes.c_void_p).value, fast.ptrs, None))
+            steps.append((StepKind.PROGRAM, ctypes.cast(fast.steps[0], ctypes.c_void_p).value, fast.ptrs, None, -1))
             infos.append(StepInfo(StepKind.PROGRAM, "subgraph program", k))
             blas, nt = blas or fast.blas, max(nt, fast.threads)
             continue
@@ -252,7 +261,8 @@ def build(opt, env: dict) -> Chain | None:
         nres = len(u.fused.residuals) if u.fused else 0
         nin = len(args) - nres
         epi = u.fused.epilogue if u.fused else NO_EPILOGUE
-        step = HostConvStep.plan(args[0].shape, args[1].shape, u.node.attrs, nin == 3, epi)
+        pool = u.fused.pool if u.fused else ()  # a MaxPool fused into the step (conv_fuse.py precondition 5)
+        step = HostConvStep.plan(args[0].shape, args[1].shape, u.node.attrs, nin == 3, epi, pool)
         out = env.get(outs_of[0])
         if type(out) is not np.ndarray or out.shape != step.out_shape or out.dtype != np.float32:
             return None
@@ -264,12 +274,12 @@ def build(opt, env: dict) -> Chain | None:
         keep.append(step)
         for kind, fn, p, d in stages:
             sk = StepKind.GEMM if kind == "gemm" else StepKind.STAGE
-            steps.append((sk, fn, p, d))
+            steps.append((sk, fn, p, d, len(d) - 1 if kind == "direct" else -1))
             infos.append(StepInfo(sk, _conv_label(step, kind), k))
             blas = blas or sk is StepKind.GEMM
     table = (_Step * max(1, len(steps)))()
-    for i, (kind, fn, p, d) in enumerate(steps):
-        table[i].kind, table[i].fn = kind.value, fn
+    for i, (kind, fn, p, d, nt_slot) in enumerate(steps):
+        table[i].kind, table[i].fn, table[i].nt_slot = kind.value, fn, nt_slot
         table[i].p, table[i].d = ctypes.addressof(p), (ctypes.addressof(d) if d is not None else None)
         keep += [p, d]
     return Chain(table, tuple(infos), resident, tuple(feeds), keep, nt, blas)

@@ -128,7 +128,9 @@ class LibraryNode:
         step = self._conv_steps.get(key)
         if step is None:
             epi = self.fused.epilogue if self.fused else NO_EPILOGUE
-            step = self._conv_steps[key] = HostConvStep.plan(args[0].shape, args[1].shape, self.node.attrs, k == 3, epi)
+            pool = self.fused.pool if self.fused else ()
+            step = HostConvStep.plan(args[0].shape, args[1].shape, self.node.attrs, k == 3, epi, pool)
+            self._conv_steps[key] = step
         return step(*args[:2], args[2] if k == 3 else None, *args[k:])
 
     def _run(self, model: OnnxModel, args: list) -> list:

@@ -34,6 +34,7 @@ from ..model.gpu import H100, GPUSpec
 from ..schedule.saved import Schedule
 from . import cpu_chain
 from .build import build_subgraph_tensors
+from .conv_run import bind_conv
 from .convert import VIEWS
 from .cpu_run import bind_constants
 from .library import LibraryNode, to_host
@@ -312,7 +313,7 @@ class OptimizedModel:
                 out.append((u, u.label, tuple(t.name for t in u.runs.inputs), tuple(u.outputs), bound))
             else:
                 what = "+".join(n.op_type for n in u.nodes)
-                out.append((u, f"{what} (library)", u.inputs, u.outputs, None))
+                out.append((u, f"{what} (library)", u.inputs, u.outputs, bind_conv(u, self.model.constants)))
         return tuple(out)
 
     def measure(self, feeds: dict, repeat: int = 10, warmup: int = 1) -> Measured:
