@@ -217,6 +217,40 @@ def test_blas_takes_split_groups_and_small_products(rng):
     assert set(pieces([t @ w1, t @ w2])) == {1}  # S2: too small for BLAS
 
 
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, form",
+    [
+        ((1, 16, 16), (32, 16, 3), {"pads": [1, 1]}, "columns"),  # whisper's stem: stride 1, the padded width
+        ((2, 8, 13), (6, 8, 3), {"pads": [1, 2], "strides": [2], "dilations": [2]}, "columns"),  # im2col
+        ((1, 6, 9), (6, 1, 5), {"group": 6, "pads": [2, 2], "strides": [2]}, "depthwise"),
+        ((2, 4, 7), (6, 2, 1), {"group": 2}, "pointwise"),
+        ((1, 4, 10), (3, 4, 4), {"auto_pad": "SAME_UPPER", "strides": [3]}, "columns"),
+    ],
+)
+def test_conv1d_runs_as_2d_of_unit_height(x_shape, w_shape, attrs, form, rng):
+    """A 1-D Conv's step is the 2-D step of unit height (conv_step.lift_1d): the C kernels' form,
+    not numpy's strided path; with bias and a residual Add + Relu epilogue, against the float64
+    tap-by-tap 1-D reference within the float32 bound of its Cg*K + 2 term sums."""
+    from panamera.subgraph.conv import geometry
+    from panamera.subgraph.conv_kernels import Epilogue, EpiOp, EpiStep
+    from panamera.subgraph.conv_step import HostConvStep, Lifted1d
+
+    win, group = geometry(x_shape, w_shape, attrs)
+    epi = Epilogue((EpiStep(EpiOp.ADD), EpiStep(EpiOp.RELU)))
+    step = HostConvStep.plan(x_shape, w_shape, attrs, True, epi)
+    assert isinstance(step, Lifted1d) and step.fast and step.form.value == form
+    x, w = random_array(x_shape, "float32", rng), random_array(w_shape, "float32", rng)
+    b = random_array((w_shape[0],), "float32", rng)
+    out = (x_shape[0], w_shape[0], *win.out)
+    r = random_array(out, "float32", rng)
+    ref = _conv_reference(x, w, win, group) + b.astype(np.float64)[None, :, None]
+    scale = float((_conv_reference(np.abs(x), np.abs(w), win, group) + np.abs(b).max() + np.abs(r).max()).max())
+    for _ in range(2):  # the scratch reused
+        got = step(x, w, b, r)
+        assert got.shape == out and got.dtype == np.float32 and got.flags.c_contiguous
+        close(got, np.maximum(ref + r, 0), "float32", int(np.prod(w_shape[1:])) + 2, scale)
+
+
 def _epilogue_reference(y, steps, residuals):
     """The epilogue's steps in float64 (ONNX's definitions), after the conv and its bias."""
     from panamera.subgraph.conv_kernels import EpiOp
@@ -250,7 +284,7 @@ def _epilogue_reference(y, steps, residuals):
         ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "float32"),
         ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float32"),  # columns, stride 1 (padded width)
         ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}, "float32"),  # strided
-        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "float32"),  # 1-D: numpy's strided form, the C epilogue
+        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "float32"),  # 1-D: conv() numpy's strided form; the step 2-D
         ((1, 3, 6, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float64"),  # float64: numpy throughout
     ],
 )
