@@ -1,6 +1,8 @@
 """Whole models on target="cpu" (issue 24): the contraction operands the CPU target stores
 (schedule/cpu_operands.py) against numpy in float64, one negative case per precondition."""
 
+import math
+
 import numpy as np
 import pytest
 from conftest import random_array, tolerance
@@ -271,6 +273,8 @@ def _epilogue_reference(y, steps, residuals):
             y = 1 / (1 + np.exp(-y))
         elif s.op is EpiOp.SILU:
             y = y * (1 / (1 + np.exp(-y)))
+        elif s.op is EpiOp.GELU:
+            y = 0.5 * y * (1 + np.vectorize(math.erf)(y / np.sqrt(2)))
         else:
             y = np.where(y >= 0, y, s.params[0] * y)
     return y
@@ -311,6 +315,7 @@ def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng
         (EpiStep(EpiOp.ADD), EpiStep(EpiOp.SILU)),
         (EpiStep(EpiOp.HARDSIGMOID, (0.3, 0.4)), EpiStep(EpiOp.LEAKYRELU, (0.1,))),
         (EpiStep(EpiOp.LEAKYRELU, (0.1,)),),
+        (EpiStep(EpiOp.GELU), EpiStep(EpiOp.ADD)),
     ]
     for steps in chains:
         res = (r1, r2)[: sum(s.op is EpiOp.ADD for s in steps)]
@@ -332,6 +337,9 @@ def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
     v = lambda n, s: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), s)  # noqa: E731
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(dtype), n) for n, s in
              (("w", (8, 8, 3, 3)), ("b", (8,)), ("lo", ()), ("hi", ()), ("row", (1, 8, 1, 1)), ("w1", (8, 8, 1, 1)))]  # fmt: skip
+    inits += [
+        numpy_helper.from_array(np.array(c, dtype), n) for n, c in (("s2", np.sqrt(2)), ("one", 1), ("half", 0.5))
+    ]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
     for line in tail.split(";"):
         op, ins, out = line.split()
@@ -341,6 +349,7 @@ def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+GELU_CHAIN = "Div c,s2 d;Erf d e;Add e,one a;Mul c,a m;Mul m,half g"  # PyTorch's exported erf GELU
 FUSION_CASES = [
     ("Add c,r a;Relu a y", ["Add", "Relu"]),  # residual from a graph input, then an activation
     ("Relu r q;Add q,c a;Clip a,lo,hi y", ["Add", "Clip"]),  # a residual made before the Conv, constant bounds
@@ -353,6 +362,12 @@ FUSION_CASES = [
     ("Tanh c y", []),  # 3: no epilogue op
     ("Relu c a;Add a,a y", ["Relu"]),  # 3: an Add of the chain's value with itself
     ("Conv x,w1 e;Add c,e y", ["Add"]),  # 4: the Add joins the first Conv only (the second's output its residual)
+    (GELU_CHAIN + ";Relu g y", ["Div", "Erf", "Add", "Mul", "Mul", "Relu"]),  # 2: the erf GELU chain, one step
+    ("Div c,s2 d;Erf d e;Add one,e a;Mul a,c m;Mul half,m y", ["Div", "Erf", "Add", "Mul", "Mul"]),  # operands swapped
+    ("Div c,half d;Erf d e;Add e,one a;Mul c,a m;Mul m,half y", []),  # 2: no GELU chain: not divided by sqrt 2
+    ("Div c,s2 d;Erf d e;Add e,half a;Mul c,a m;Mul m,half y", []),  # 2: no GELU chain: erf + 0.5
+    (GELU_CHAIN + ";Relu e y", []),  # 2: no GELU chain: an inner value (the Erf's) read twice
+    ("Div c,s2 d;Erf d e;Add e,one a;Mul c,a y;Mul y,half z", []),  # 2: no GELU chain: an inner value is an output
 ]
 
 
@@ -385,3 +400,6 @@ def test_fused_conv_epilogues_run():
     two = optimize(_fusion_model("Conv x,w1 e;Add c,e a;Relu a y"), target="cpu")  # 4: two Convs meet at the Add
     assert [[n.op_type for n in u.nodes] for u in two.units] == [["Conv"], ["Conv", "Add", "Relu"]]
     assert all(c.ok for c in two.verify())
+    gelu = optimize(_fusion_model(GELU_CHAIN + ";Add g,r y"), target="cpu")  # the GELU step, then a residual
+    assert [[n.op_type for n in u.nodes] for u in gelu.units] == [["Conv", "Div", "Erf", "Add", "Mul", "Mul", "Add"]]
+    assert all(c.ok for c in gelu.verify())
