@@ -1,6 +1,8 @@
 """Whole models on target="cpu" (issue 24): the contraction operands the CPU target stores
 (schedule/cpu_operands.py) against numpy in float64, one negative case per precondition."""
 
+import math
+
 import numpy as np
 import pytest
 from conftest import random_array, tolerance
@@ -234,6 +236,40 @@ def test_blas_takes_split_groups_and_small_products(rng):
     assert set(pieces([t @ w1, t @ w2])) == {1}  # S2: too small for BLAS
 
 
+@pytest.mark.parametrize(
+    "x_shape, w_shape, attrs, form",
+    [
+        ((1, 16, 16), (32, 16, 3), {"pads": [1, 1]}, "columns"),  # whisper's stem: stride 1, the padded width
+        ((2, 8, 13), (6, 8, 3), {"pads": [1, 2], "strides": [2], "dilations": [2]}, "columns"),  # im2col
+        ((1, 6, 9), (6, 1, 5), {"group": 6, "pads": [2, 2], "strides": [2]}, "depthwise"),
+        ((2, 4, 7), (6, 2, 1), {"group": 2}, "pointwise"),
+        ((1, 4, 10), (3, 4, 4), {"auto_pad": "SAME_UPPER", "strides": [3]}, "columns"),
+    ],
+)
+def test_conv1d_runs_as_2d_of_unit_height(x_shape, w_shape, attrs, form, rng):
+    """A 1-D Conv's step is the 2-D step of unit height (conv_step.lift_1d): the C kernels' form,
+    not numpy's strided path; with bias and a residual Add + Relu epilogue, against the float64
+    tap-by-tap 1-D reference within the float32 bound of its Cg*K + 2 term sums."""
+    from panamera.subgraph.conv import geometry
+    from panamera.subgraph.conv_kernels import Epilogue, EpiOp, EpiStep
+    from panamera.subgraph.conv_step import HostConvStep, Lifted1d
+
+    win, group = geometry(x_shape, w_shape, attrs)
+    epi = Epilogue((EpiStep(EpiOp.ADD), EpiStep(EpiOp.RELU)))
+    step = HostConvStep.plan(x_shape, w_shape, attrs, True, epi)
+    assert isinstance(step, Lifted1d) and step.fast and step.form.value == form
+    x, w = random_array(x_shape, "float32", rng), random_array(w_shape, "float32", rng)
+    b = random_array((w_shape[0],), "float32", rng)
+    out = (x_shape[0], w_shape[0], *win.out)
+    r = random_array(out, "float32", rng)
+    ref = _conv_reference(x, w, win, group) + b.astype(np.float64)[None, :, None]
+    scale = float((_conv_reference(np.abs(x), np.abs(w), win, group) + np.abs(b).max() + np.abs(r).max()).max())
+    for _ in range(2):  # the scratch reused
+        got = step(x, w, b, r)
+        assert got.shape == out and got.dtype == np.float32 and got.flags.c_contiguous
+        close(got, np.maximum(ref + r, 0), "float32", int(np.prod(w_shape[1:])) + 2, scale)
+
+
 def _epilogue_reference(y, steps, residuals):
     """The epilogue's steps in float64 (ONNX's definitions), after the conv and its bias."""
     from panamera.subgraph.conv_kernels import EpiOp
@@ -254,6 +290,8 @@ def _epilogue_reference(y, steps, residuals):
             y = 1 / (1 + np.exp(-y))
         elif s.op is EpiOp.SILU:
             y = y * (1 / (1 + np.exp(-y)))
+        elif s.op is EpiOp.GELU:
+            y = 0.5 * y * (1 + np.vectorize(math.erf)(y / np.sqrt(2)))
         else:
             y = np.where(y >= 0, y, s.params[0] * y)
     return y
@@ -274,7 +312,7 @@ def _epilogue_reference(y, steps, residuals):
         ((2, 12, 7, 6), (12, 1, 5, 5), {"group": 12, "pads": [2, 2, 2, 2], "strides": [2, 2]}, "float32"),
         ((2, 3, 9, 8), (5, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float32"),  # columns, stride 1 (padded width)
         ((1, 8, 5, 7), (6, 4, 3, 2), {"group": 2, "pads": [1, 0, 2, 1], "strides": [2, 1]}, "float32"),  # strided
-        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "float32"),  # 1-D: numpy's strided form, the C epilogue
+        ((1, 4, 11), (3, 4, 3), {"pads": [2, 1]}, "float32"),  # 1-D: conv() numpy's strided form; the step 2-D
         ((1, 3, 6, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "float64"),  # float64: numpy throughout
     ],
 )
@@ -301,6 +339,7 @@ def test_host_conv_epilogues_against_float64(x_shape, w_shape, attrs, dtype, rng
         (EpiStep(EpiOp.ADD), EpiStep(EpiOp.SILU)),
         (EpiStep(EpiOp.HARDSIGMOID, (0.3, 0.4)), EpiStep(EpiOp.LEAKYRELU, (0.1,))),
         (EpiStep(EpiOp.LEAKYRELU, (0.1,)),),
+        (EpiStep(EpiOp.GELU), EpiStep(EpiOp.ADD)),
     ]
     for steps in chains:
         res = (r1, r2)[: sum(s.op is EpiOp.ADD for s in steps)]
@@ -322,6 +361,9 @@ def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
     v = lambda n, s: helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), s)  # noqa: E731
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(dtype), n) for n, s in
              (("w", (8, 8, 3, 3)), ("b", (8,)), ("lo", ()), ("hi", ()), ("row", (1, 8, 1, 1)), ("w1", (8, 8, 1, 1)))]  # fmt: skip
+    inits += [
+        numpy_helper.from_array(np.array(c, dtype), n) for n, c in (("s2", np.sqrt(2)), ("one", 1), ("half", 0.5))
+    ]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
     for line in tail.split(";"):
         op, ins, out = line.split()
@@ -331,6 +373,7 @@ def _fusion_model(tail: str, dtype: str = "float32") -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+GELU_CHAIN = "Div c,s2 d;Erf d e;Add e,one a;Mul c,a m;Mul m,half g"  # PyTorch's exported erf GELU
 FUSION_CASES = [
     ("Add c,r a;Relu a y", ["Add", "Relu"]),  # residual from a graph input, then an activation
     ("Relu r q;Add q,c a;Clip a,lo,hi y", ["Add", "Clip"]),  # a residual made before the Conv, constant bounds
@@ -343,6 +386,12 @@ FUSION_CASES = [
     ("Tanh c y", []),  # 3: no epilogue op
     ("Relu c a;Add a,a y", ["Relu"]),  # 3: an Add of the chain's value with itself
     ("Conv x,w1 e;Add c,e y", ["Add"]),  # 4: the Add joins the first Conv only (the second's output its residual)
+    (GELU_CHAIN + ";Relu g y", ["Div", "Erf", "Add", "Mul", "Mul", "Relu"]),  # 2: the erf GELU chain, one step
+    ("Div c,s2 d;Erf d e;Add one,e a;Mul a,c m;Mul half,m y", ["Div", "Erf", "Add", "Mul", "Mul"]),  # operands swapped
+    ("Div c,half d;Erf d e;Add e,one a;Mul c,a m;Mul m,half y", []),  # 2: no GELU chain: not divided by sqrt 2
+    ("Div c,s2 d;Erf d e;Add e,half a;Mul c,a m;Mul m,half y", []),  # 2: no GELU chain: erf + 0.5
+    (GELU_CHAIN + ";Relu e y", []),  # 2: no GELU chain: an inner value (the Erf's) read twice
+    ("Div c,s2 d;Erf d e;Add e,one a;Mul c,a y;Mul y,half z", []),  # 2: no GELU chain: an inner value is an output
 ]
 
 
@@ -375,3 +424,6 @@ def test_fused_conv_epilogues_run():
     two = optimize(_fusion_model("Conv x,w1 e;Add c,e a;Relu a y"), target="cpu")  # 4: two Convs meet at the Add
     assert [[n.op_type for n in u.nodes] for u in two.units] == [["Conv"], ["Conv", "Add", "Relu"]]
     assert all(c.ok for c in two.verify())
+    gelu = optimize(_fusion_model(GELU_CHAIN + ";Add g,r y"), target="cpu")  # the GELU step, then a residual
+    assert [[n.op_type for n in u.nodes] for u in gelu.units] == [["Conv", "Div", "Erf", "Add", "Mul", "Mul", "Add"]]
+    assert all(c.ok for c in gelu.verify())

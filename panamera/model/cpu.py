@@ -176,7 +176,9 @@ class CpuWork:
     write_bytes: compulsory traffic; cheap, transcendental, division: operations per element
     summed over the statements (a reduction's combine is one cheap operation); reread_bytes:
     bytes a stitched group's later passes read again from cache; struct: an accumulator whose
-    combine does not vectorize (Welford, online softmax, argmax); width: bytes of the widest
+    combine does not vectorize (Welford, online softmax, argmax); struct_ops: that combine's
+    (instructions, transcendentals) per element, each run for one lane at a time (online softmax:
+    8 and 2 exps, algebra.ONLINE_LSE; default one scalar step); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
     SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
@@ -193,6 +195,7 @@ class CpuWork:
     division: float = 0.0
     reread_bytes: int = 0
     struct: bool = False
+    struct_ops: tuple[float, float] = (1.0, 0.0)
     width: int = 4
     row_combines: int = 0
     passes: tuple[CpuWork, ...] = ()
@@ -290,8 +293,8 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     """One thread's time per element (ns) of the body's operations, SIMD."""
     ns = r.add_ns * max(w.cheap, 1.0) + (r.exp_ns - r.add_ns) * w.transcendental + (r.div_ns - r.add_ns) * w.division
     ns *= max(1.0, w.width / 4)  # fewer lanes per vector for 8-byte types
-    if w.struct:  # the combine runs lane by lane
-        ns += r.add_ns * lanes
+    if w.struct:  # the combine runs lane by lane: its instructions and exps one lane at a time
+        ns += (r.add_ns * w.struct_ops[0] + r.exp_ns * w.struct_ops[1]) * lanes
     return ns
 
 

@@ -143,6 +143,11 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         o[0], o[1], o[2] = max(o[0] - c, 0.0), max(o[1] - t, 0.0), max(o[2] - d, 0.0)
         rereads[lv.get(stmts[k].name, 0)] += kept
     struct_at = {lv.get(stmts[k].name, 0) for k in g.accumulators if _struct(stmts[k])}
+    struct_ops = [(1.0, 0.0)] * passes  # per pass, the costliest scalar combine of a struct accumulator
+    for k in g.accumulators:
+        if _struct(stmts[k]):
+            c, p = stmts[k].combiner, lv.get(stmts[k].name, 0)
+            struct_ops[p] = max(struct_ops[p], (float(c.merge_instructions), float(c.merge_transcendentals)))
     combines = [0] * passes
     for k in g.accumulators:
         combines[lv.get(stmts[k].name, 0)] += 1 if g.form in (Form.ROW, Form.ALL) else 0
@@ -159,6 +164,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
             division=ops[p][2] / max(shares[p], 1e-12),
             reread_bytes=max(rereads[p], 0),
             struct=p in struct_at,
+            struct_ops=struct_ops[p],
             width=width,
             row_combines=combines[p],
         )
@@ -175,6 +181,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         division=sum(o[2] for o in ops),
         reread_bytes=max(sum(rereads), 0),
         struct=bool(struct_at),
+        struct_ops=max(struct_ops),
         width=width,
         row_combines=sum(combines),
         passes=tuple(one) if passes > 1 else (),

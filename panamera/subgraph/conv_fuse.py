@@ -9,8 +9,10 @@ link at a time while every precondition holds:
 
 1. the Conv is one the CPU target's library runs (the host convolution), float32 in and out;
 2. the chain's value so far has exactly one consumer, the next link, or two that make a Swish
-   pair (s = Sigmoid(v) and Mul(v, s), s read by that Mul alone: one SILU step), and is no graph
-   output (it is never materialized);
+   pair (s = Sigmoid(v) and Mul(v, s), s read by that Mul alone: one SILU step) or begin the erf
+   GELU chain (Div(v, sqrt 2), Erf, Add 1, Mul by v, Mul by 0.5, as PyTorch exports GELU; each
+   inner value read by the next link alone, the constants float32 scalars: one GELU step), and is
+   no graph output (it is never materialized);
 3. the link is an epilogue op (`EPILOGUE_OPS`) of the ONNX standard domain: an activation whose
    parameters are attributes or constants (Clip's bounds), or an Add of the chain's value and one
    other float32 tensor of exactly the output's shape (no broadcasting);
@@ -45,7 +47,9 @@ import numpy as np
 from .conv_kernels import Epilogue, EpiOp, EpiStep
 from .model import DEFAULT_DOMAINS, Node, OnnxModel
 
-EPILOGUE_OPS = frozenset(op.value for op in EpiOp) - {EpiOp.SILU.value}  # SILU: a Swish pair (2)
+# SILU: a Swish pair, GELU: the erf chain (2)
+EPILOGUE_OPS = frozenset(op.value for op in EpiOp) - {EpiOp.SILU.value, EpiOp.GELU.value}
+_SQRT2 = float(np.float32(np.sqrt(2)))
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,45 @@ def _swish(model: OnnxModel, value: str, users: dict, shape: tuple) -> tuple[Nod
     return (sig, mul) if _is_f32(model, s, shape) and _is_f32(model, mul.outputs[0], shape) else None
 
 
+def _scalar(model: OnnxModel, name: str) -> float | None:
+    """The value of a float32 scalar constant `name` (any shape of one element), else None."""
+    c = model.constants.get(name)
+    return float(c.reshape(())) if isinstance(c, np.ndarray) and c.size == 1 and c.dtype == np.float32 else None
+
+
+def _gelu(model: OnnxModel, value: str, users: dict, shape: tuple) -> tuple[Node, ...] | None:
+    """(Div, Erf, Add, Mul, Mul) computing 0.5 * value * (1 + erf(value / sqrt 2)) where `value`'s
+    two consumers are the Div and the first Mul, each inner value read by the next node alone and
+    no graph output, the constants float32 scalars sqrt 2, 1 and 0.5 (precondition 2's erf GELU
+    chain), else None."""
+    us = users.get(value, ())
+    if len(us) != 2 or any(u.domain not in DEFAULT_DOMAINS for u in us):
+        return None
+    div, mul = sorted(us, key=lambda u: u.op_type != "Div")
+    if div.op_type != "Div" or mul.op_type != "Mul" or div.inputs[0] != value or len(div.inputs) != 2:
+        return None
+    if _scalar(model, div.inputs[1]) != _SQRT2 or not _is_f32(model, div.outputs[0], shape):
+        return None
+    chain, at = [div], div.outputs[0]
+    for op, const in (("Erf", None), ("Add", 1.0), ("Mul", None), ("Mul", 0.5)):
+        nxt = users.get(at, ())
+        if at in model.outputs or len(nxt) != 1 or nxt[0].op_type != op or nxt[0].domain not in DEFAULT_DOMAINS:
+            return None
+        node = nxt[0]
+        others = [i for i in node.inputs if i != at]
+        if op == "Erf":
+            ok = len(node.inputs) == 1
+        elif const is None:  # v * (1 + erf(...)): the chain's first Mul reads `value`
+            ok = node is mul and len(node.inputs) == 2 and others == [value]
+        else:
+            ok = len(node.inputs) == 2 and len(others) == 1 and _scalar(model, others[0]) == const
+        if not (ok and _is_f32(model, node.outputs[0], shape)):
+            return None
+        chain.append(node)
+        at = node.outputs[0]
+    return tuple(chain)
+
+
 def fuse_epilogue(model: OnnxModel, conv: Node, users: dict, taken: frozenset = frozenset()) -> FusedConv | None:
     """The epilogue chain of library Conv `conv` under the module's preconditions (None: no link)."""
     out = conv.outputs[0]
@@ -125,6 +168,12 @@ def fuse_epilogue(model: OnnxModel, conv: Node, users: dict, taken: frozenset = 
             nodes += pair
             steps.append(EpiStep(EpiOp.SILU))
             value = pair[1].outputs[0]
+            continue
+        chain = _gelu(model, value, users, shape)
+        if chain and not taken & {n.index for n in chain}:  # 2: the erf GELU chain, one step (4)
+            nodes += chain
+            steps.append(EpiStep(EpiOp.GELU))
+            value = chain[-1].outputs[0]
             continue
         if len(users.get(value, ())) != 1:  # 2
             break

@@ -40,6 +40,7 @@ class EpiOp(Enum):
     SIGMOID = "Sigmoid"
     LEAKYRELU = "LeakyRelu"  # params (alpha,)
     SILU = "Silu"  # x * Sigmoid(x) (a Sigmoid and a Mul in ONNX: conv_fuse's Swish pair)
+    GELU = "Gelu"  # x (1 + erf(x / sqrt 2)) 0.5 (conv_fuse's erf chain: Div, Erf, Add, Mul, Mul)
 
 
 _CODE = {op: k for k, op in enumerate(EpiOp)}
@@ -105,6 +106,7 @@ static inline void epi_row(float* __restrict y, L o, const float* b, int nops, c
         case 5: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = 1.0f / (1.0f + expf(-y[i])); break;
         case 6: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = y[i] >= 0.0f ? y[i] : p * y[i]; break;
         case 7: _Pragma("omp simd") for (L i = 0; i < o; i++) y[i] = y[i] / (1.0f + expf(-y[i])); break;
+        case 8: for (L i = 0; i < o; i++) y[i] = y[i] * (1.0f + erff(y[i] / 1.41421353816986083984375f)) * 0.5f; break;
         }
     }
 }
@@ -372,6 +374,9 @@ def numpy_step(s: EpiStep, y: np.ndarray, other: np.ndarray | None = None) -> np
         return one / (one + np.exp(-y))
     if s.op is EpiOp.SILU:
         return y / (one + np.exp(-y))
+    if s.op is EpiOp.GELU:  # numpy has no erf: math.erf per element (a fallback for other dtypes)
+        e = np.frompyfunc(math.erf, 1, 1)(y / y.dtype.type(math.sqrt(2))).astype(y.dtype)
+        return y * (one + e) * y.dtype.type(0.5)
     return np.where(y >= 0, y, y.dtype.type(s.params[0]) * y)  # LEAKYRELU
 
 

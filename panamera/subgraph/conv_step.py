@@ -81,9 +81,13 @@ class HostConvStep:
     @classmethod
     def plan(
         cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE, pool: tuple = ()
-    ) -> HostConvStep:
+    ) -> HostConvStep | Lifted1d:
         """The step of a Conv with these input shapes and attributes (`ShapeError` where they do not
-        fit), then `epilogue`, then a max pool of window and strides `pool` (kh, kw, sh, sw) if given."""
+        fit), then `epilogue`, then a max pool of window and strides `pool` (kh, kw, sh, sw) if given
+        (2-D only: conv_fuse.py precondition 5); a 1-D Conv is planned as the 2-D one of unit height
+        (`Lifted1d`)."""
+        if len(x_shape) == 3 and len(w_shape) == 3 and not pool:
+            return Lifted1d.plan(x_shape, w_shape, attrs, has_bias, epilogue)
         key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
         win, group = _geometry_of(tuple(x_shape), tuple(w_shape), key)
         form = host_form(tuple(w_shape), win, group)
@@ -259,7 +263,9 @@ class HostConvStep:
         return y.astype(x.dtype, copy=False)
 
 
-def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool = False) -> tuple[tuple, ...] | None:
+def c_stages(
+    step: HostConvStep | Lifted1d, x, w, b, residuals: tuple, y, w_constant: bool = False
+) -> tuple[tuple, ...] | None:
     """The C calls of a `fast` step (planned for the chain alone: its tables are written here, once)
     on these fixed arrays, as (kind, function address, pointer table, integer table) for
     subgraph/cpu_chain.py. Kinds "columns", "depthwise", "epilogue" are `fn(p, d)` ("direct" too,
@@ -268,6 +274,9 @@ def c_stages(step: HostConvStep, x, w, b, residuals: tuple, y, w_constant: bool 
     depthwise's weights are transposed here, once); "gemm" is the chain's own product: `d` = m, n,
     k, lda, ldb, ldc, count, then (A, B, C offsets, beta) per call. None where the step is not
     `fast`. The arrays stay the caller's to keep alive."""
+    if isinstance(step, Lifted1d):  # the 2-D step's stages over unit-height views (same addresses)
+        lift = lambda a: a[:, :, None]  # noqa: E731
+        return c_stages(step.step, lift(x), lift(w), b, tuple(map(lift, residuals)), lift(y), w_constant)
     if not step.fast:
         return None
     c, at = step._c, ck.address
@@ -326,3 +335,66 @@ def max_pool(y: np.ndarray, pool: tuple) -> np.ndarray:
     s = y.strides
     v = np.lib.stride_tricks.as_strided(y, (n, c, oh, ow, kh, kw), (*s[:2], s[2] * sh, s[3] * sw, *s[2:]))
     return v.max(axis=(4, 5))
+
+
+def lift_1d(x_shape: tuple, w_shape: tuple, attrs: dict) -> tuple[tuple, tuple, dict]:
+    """A 1-D Conv's input and weight shapes and attributes as those of the same Conv in 2-D with a
+    unit height (kernel 1, stride 1, dilation 1, no padding along it): the two compute the same
+    values in the same order, so the 1-D Conv takes the 2-D C kernels (whisper's Conv1d stem
+    took numpy's strided path, 2-3x slower). auto_pad is kept: over a unit height with a unit
+    kernel and stride it pads nothing.
+
+    >>> lift_1d((1, 16, 10), (8, 16, 3), {"pads": [1, 2], "strides": [2]})
+    ((1, 16, 1, 10), (8, 16, 1, 3), {'pads': [0, 1, 0, 2], 'strides': [1, 2], 'kernel_shape': [1, 3], 'dilations': [1, 1]})
+    """
+    a = dict(attrs)
+    pads = list(a.get("pads") or (0, 0))
+    if "pads" in a or "auto_pad" not in a:
+        a["pads"] = [0, pads[0], 0, pads[1]]
+    a["strides"] = [1, *(a.get("strides") or (1,))]
+    a["kernel_shape"] = [1, *(a.get("kernel_shape") or w_shape[2:])]
+    a["dilations"] = [1, *(a.get("dilations") or (1,))]
+    return (*x_shape[:2], 1, x_shape[2]), (*w_shape[:2], 1, w_shape[2]), a
+
+
+@dataclass(frozen=True, eq=False)
+class Lifted1d:
+    """A 1-D Conv run as its 2-D step of unit height (`lift_1d`): the arrays viewed with a unit
+    axis 2 (no copy), the 2-D step's output viewed back (N, M, L)."""
+
+    step: HostConvStep
+    out_shape: tuple
+
+    @classmethod
+    def plan(cls, x_shape, w_shape, attrs: dict, has_bias: bool, epilogue: Epilogue = NO_EPILOGUE) -> Lifted1d:
+        x2, w2, a2 = lift_1d(tuple(x_shape), tuple(w_shape), attrs)
+        step = HostConvStep.plan(x2, w2, a2, has_bias, epilogue)
+        return cls(step, (*step.out_shape[:2], step.out_shape[3]))
+
+    @property
+    def form(self) -> HostForm:
+        return self.step.form
+
+    @property
+    def fast(self) -> bool:
+        return self.step.fast
+
+    def with_weights(self, w, b) -> Callable | None:
+        """The 2-D step's bound call (`HostConvStep.with_weights`) over unit-height views of the
+        arrays (the same memory), its output viewed back (N, M, L); None where that one is None."""
+        call = self.step.with_weights(w[:, :, None], b)
+        if call is None:
+            return None
+        out = self.out_shape
+
+        def lifted(x, residuals: tuple, threads: int) -> np.ndarray | None:
+            y = call(x[:, :, None], tuple(r[:, :, None] for r in residuals), threads)
+            return None if y is None else y.reshape(out)
+
+        lifted.keep = call.keep
+        return lifted
+
+    def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
+        """The 1-D Conv of x (N, C, L) with w (M, C/G, K) (and bias b), then the epilogue reading `residuals`."""
+        y = self.step(x[:, :, None], w[:, :, None], b, *(r[:, :, None] for r in residuals))
+        return y.reshape(self.out_shape)
