@@ -427,6 +427,7 @@ def kernel_time(
     spill_frame: int = 0,
     spill_registers: int = 0,
     shared_bytes: int = 0,
+    registers: int = 0,
 ) -> KernelCost:
     """Modeled time of one kernel launch (the terms are in the module docstring).
 
@@ -448,7 +449,8 @@ def kernel_time(
     bound the blocks per SM whose frames share the SM); `shared_bytes` a block's shared memory, as
     the stage that planned the kernel decided it: it bounds the resident blocks per SM
     (`GPUSpec.resident_blocks`: waves, bytes in flight, the tail) and the L1 a spilled frame
-    finds (model/spill.py: T_spill, added)."""
+    finds (model/spill.py: T_spill, added); `registers` the registers per thread where the planning
+    stage estimates them (0: not modeled), a third bound on the resident blocks."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),
@@ -470,9 +472,11 @@ def kernel_time(
                      ("spill_registers", spill_registers), ("shared_bytes", shared_bytes))  # fmt: skip
     elif shared_bytes:
         features += (("shared_bytes", shared_bytes),)
+    if registers:
+        features += (("registers", registers),)
     if blocks <= 0:
         return KernelCost(gpu.launch_s, 0.0, 0.0, 0.0, features=features)
-    resident = gpu.resident_blocks(threads, shared_bytes)
+    resident = gpu.resident_blocks(threads, shared_bytes, registers)
     per_sm_blocks = min(resident, math.ceil(blocks / gpu.sms))
     active = min(gpu.sms, blocks)
     in_flight = min(active * per_sm_blocks * threads * bytes_in_flight_per_thread, dram_bytes)

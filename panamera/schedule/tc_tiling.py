@@ -38,7 +38,7 @@ from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, input_bytes, levels_for, merges_for, partials_options, vector_extent
 from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
 from .tensor_core import FRAG, Mma, Operands, analyse, operand_reads
-from .warpgroup import MmaOp, warpgroup_tiles, wgmma_error
+from .warpgroup import MmaOp, registers, warpgroup_tiles, wgmma_error
 
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
 UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
@@ -419,6 +419,8 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
+        # a warpgroup tile's registers (N / 2 accumulators a thread, estimated) bound its blocks per SM too
+        registers=registers(d.mma_tile, d.split) if d.mma_op == MmaOp.WGMMA else 0,
     )
 
 

@@ -67,3 +67,22 @@ def wgmma_error(gpu: GPUSpec, kind: Mma, tile: tuple[int, ...], vec: int) -> str
     if vec > WGMMA_VEC:
         return f"4: {vec} lanes per staging step cross a core matrix's row of {WGMMA_VEC}"
     return None
+
+
+# registers per thread of a warpgroup-MMA block [fitted]: least squares over 46 ptxas -v reports
+# (nvcc, sm_90a; fp16, int8 and int4 weights; G 1-2, N 32-128, K slab 32-128, split 1-2; 0 spills):
+# rms 10, worst 26 under and 22 over. The accumulators (N / 2 fp32 per thread) and the unrolled
+# K slab's MMAs dominate; a split adds its partials' merge.
+REG_BASE, REG_PER_ACC, REG_PER_K16, REG_SPLIT = 14.0, 1.7, 4.7, 16.0
+
+
+def registers(tile: tuple[int, ...], split: int) -> int:
+    """Estimated registers per thread of a warpgroup-MMA block (`REG_*`, fitted): what bounds how
+    many such blocks an SM holds beside their threads and shared memory (GPUSpec.resident_blocks).
+
+    >>> registers((4, 2, 32, 1, 2), 2), registers((4, 1, 32, 1, 8), 1)  # ptxas: 64-72, 117-128
+    (67, 133)
+    """
+    n = tile[4] * FRAG
+    est = REG_BASE + REG_PER_ACC * n / 2 + REG_PER_K16 * tile[2] / FRAG + (REG_SPLIT if split > 1 else 0.0)
+    return min(255, math.ceil(est))
