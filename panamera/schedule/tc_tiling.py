@@ -420,7 +420,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
         # a warpgroup tile's registers (N / 2 accumulators a thread, estimated) bound its blocks per SM too
-        registers=registers(d.mma_tile, d.split) if d.mma_op == MmaOp.WGMMA else 0,
+        registers=registers(d.mma_tile, d.split, any(first)) if d.mma_op == MmaOp.WGMMA else 0,
     )
 
 

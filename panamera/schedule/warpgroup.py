@@ -69,20 +69,22 @@ def wgmma_error(gpu: GPUSpec, kind: Mma, tile: tuple[int, ...], vec: int) -> str
     return None
 
 
-# registers per thread of a warpgroup-MMA block [fitted]: least squares over 46 ptxas -v reports
+# registers per thread of a warpgroup-MMA block [fitted]: least squares over 48 ptxas -v reports
 # (nvcc, sm_90a; fp16, int8 and int4 weights; G 1-2, N 32-128, K slab 32-128, split 1-2; 0 spills):
-# rms 10, worst 26 under and 22 over. The accumulators (N / 2 fp32 per thread) and the unrolled
-# K slab's MMAs dominate; a split adds its partials' merge.
-REG_BASE, REG_PER_ACC, REG_PER_K16, REG_SPLIT = 14.0, 1.7, 4.7, 16.0
+# rms 8, worst 33 under and 17 over. The accumulators (N / 2 fp32 per thread) and the K slab's
+# staging dominate: 16-bit operands copied raw hold more per slab than weights loaded first
+# (tc_tiling.loads_first: int8 / int4, dequantized in registers); a split adds its partials' merge.
+REG_BASE, REG_PER_ACC, REG_SPLIT = 19.0, 1.6, 15.0
+REG_PER_K16 = {False: 5.3, True: 2.6}  # per 16 of the K slab: raw 16-bit copies, or weights loaded first
 
 
-def registers(tile: tuple[int, ...], split: int) -> int:
+def registers(tile: tuple[int, ...], split: int, loads_first: bool) -> int:
     """Estimated registers per thread of a warpgroup-MMA block (`REG_*`, fitted): what bounds how
     many such blocks an SM holds beside their threads and shared memory (GPUSpec.resident_blocks).
 
-    >>> registers((4, 2, 32, 1, 2), 2), registers((4, 1, 32, 1, 8), 1)  # ptxas: 64-72, 117-128
-    (67, 133)
+    >>> registers((4, 2, 128, 1, 2), 2, True), registers((4, 1, 32, 1, 8), 1, False)  # ptxas: 72, 128
+    (81, 132)
     """
     n = tile[4] * FRAG
-    est = REG_BASE + REG_PER_ACC * n / 2 + REG_PER_K16 * tile[2] / FRAG + (REG_SPLIT if split > 1 else 0.0)
-    return min(255, math.ceil(est))
+    per_k = REG_PER_K16[loads_first] * tile[2] / FRAG
+    return min(255, math.ceil(REG_BASE + REG_PER_ACC * n / 2 + per_k + (REG_SPLIT if split > 1 else 0.0)))
