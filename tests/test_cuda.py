@@ -257,3 +257,40 @@ def test_split_stitched_rows_run_cooperatively(shape):
         out = host(k(a))
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * ref.max())
         assert counters_are_zero(k)
+
+
+def wgmma_contraction(target: str, gpu):
+    """fp16 x @ w.T (M 20, N 40, K 100: tails on every axis) with its contraction on the first
+    warpgroup-MMA candidate for `gpu`, compiled for `target`: (kernel, X, W, float64 reference)."""
+    import dataclasses
+
+    from panamera.schedule.tc_tiling import candidates
+    from panamera.schedule.tensor_core import analyse
+    from panamera.schedule.warpgroup import MmaOp
+
+    m, n, kk = 20, 40, 100
+    x, w = pn.placeholder((m, kk), "float16", name="x"), pn.placeholder((n, kk), "float16", name="w")
+    kw = dict(target=target, gpu=gpu, use_database=False, cache=False)
+    base = pn.compile(x @ w.T, **kw)
+    g = base.groups[0]
+    d = next(d for d in candidates(g, analyse(g), gpu, None, False) if d.mma_op == MmaOp.WGMMA)
+    k = pn.compile(x @ w.T, schedule=dataclasses.replace(base.schedule, kernels=(d,)), **kw)
+    assert "pn_wgmma<" in k.source and "mma_sync" not in k.source
+    rng = np.random.default_rng(0)
+    X, W = rng.standard_normal((m, kk)).astype(np.float16), rng.standard_normal((n, kk)).astype(np.float16)
+    return k, X, W, X.astype(np.float64) @ W.astype(np.float64).T
+
+
+def test_a_wgmma_contraction_on_sm90():
+    """On an sm_90 device (H100, H200): warpgroup MMAs compiled for sm_90a (runtime/cuda.build)
+    against numpy; the emulator checks the same kernel everywhere else (tests/test_wgmma.py)."""
+    from panamera.model import detect
+
+    props = _cp().cuda.runtime.getDeviceProperties(0)
+    if (props["major"], props["minor"]) != (9, 0):
+        pytest.skip("warpgroup MMAs exist on sm_90 devices only")
+    gpu = detect.detect()
+    if gpu is None or not gpu.warpgroup_mma:
+        pytest.fail("an sm_90 device whose NVRTC or driver cannot build sm_90a (detect.arch_specific_ok)")
+    k, X, W, ref = wgmma_contraction("cuda", gpu)
+    close(k(X, W), ref, "float16", X.shape[1])

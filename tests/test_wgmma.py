@@ -18,11 +18,12 @@ from panamera.codegen import tc_kernel, wgmma_kernel
 from panamera.compiler import lower
 from panamera.errors import PanameraError, ScheduleError
 from panamera.model import A100, H100
+from panamera.model.gpu import kernel_time
 from panamera.runtime.nvcc import arch_for
 from panamera.schedule.mapping import map_group, replay
 from panamera.schedule.tc_tiling import candidates
 from panamera.schedule.tensor_core import Mma, analyse
-from panamera.schedule.warpgroup import MmaOp, wgmma_error
+from panamera.schedule.warpgroup import MmaOp, registers, wgmma_error
 
 M, N, K = 20, 40, 100
 
@@ -163,6 +164,19 @@ def test_model_takes_warpgroup_mmas_where_issue_binds():
     h = map_group(g, H100)
     assert h.mma_op == MmaOp.WGMMA and dict(h.cost.features).get("mma_async")
     assert map_group(g, A100).mma_op == ""
+    # its registers (estimated, warpgroup.registers) are a cost feature: they bound its blocks per SM
+    f = dict(h.cost.features)
+    assert f["registers"] == registers(h.mma_tile, h.split, loads_first=True)  # the int4 weight
+    assert kernel_time(H100, **f).total_s == pytest.approx(h.cost.total_s)
+
+
+def test_registers_bound_the_resident_blocks():
+    """A 256-thread block at 101 registers: two per SM (65536 registers), not the four its 48 KiB of
+    shared memory allow; the modeled time of a latency-bound kernel grows as its blocks per SM fall."""
+    assert H100.resident_blocks(256, 48 * 1024) == 4 and H100.resident_blocks(256, 48 * 1024, 101) == 2
+    kw = dict(dram_bytes=64e6, blocks=4 * H100.sms, threads=256, bytes_in_flight_per_thread=16, shared_bytes=48 * 1024)
+    fast, slow = kernel_time(H100, **kw), kernel_time(H100, **kw, registers=101)
+    assert slow.total_s > fast.total_s and dict(slow.features)["registers"] == 101
 
 
 def test_warpgroup_sources_compile_for_sm_90a():

@@ -51,10 +51,26 @@ def _base(name: str, major: int) -> GPUSpec:
     return H100 if major >= 9 else A100
 
 
-def spec_from_properties(props: dict) -> GPUSpec:
+# sm_90a (wgmma's target): NVRTC and the driver of CUDA 12.0 first know it
+SM90A_NVRTC = (12, 0)
+SM90A_DRIVER = 12000
+
+
+def arch_specific_ok(nvrtc_version: tuple[int, int], driver_version: int) -> bool:
+    """Whether this NVRTC and driver build and load an arch-specific sm_90a binary (the cuda
+    backend compiles warpgroup-MMA sources for it, runtime/cuda.py).
+
+    >>> arch_specific_ok((12, 4), 12040), arch_specific_ok((11, 8), 12040)
+    (True, False)
+    """
+    return tuple(nvrtc_version) >= SM90A_NVRTC and driver_version >= SM90A_DRIVER
+
+
+def spec_from_properties(props: dict, arch_specific: bool = False) -> GPUSpec:
     """A GPUSpec from a `cudaGetDeviceProperties` dict (CuPy's keys). Figures the driver reports
     replace the base GPU's; a field it leaves out (or reports as 0) keeps the base's. Raises
-    OptionError for a GPU below sm_80."""
+    OptionError for a GPU below sm_80. `arch_specific`: the toolchain builds sm_90a
+    (`arch_specific_ok`); with it an sm_90 device offers warpgroup MMAs."""
     raw = props.get("name", b"")
     name = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).strip("\x00 ") or "GPU"
     major = int(props.get("major", 0))
@@ -84,9 +100,9 @@ def spec_from_properties(props: dict) -> GPUSpec:
         "max_threads_sm": int(got("maxThreadsPerMultiProcessor")) or base.max_threads_sm,
         "max_blocks_sm": int(got("maxBlocksPerMultiProcessor")) or base.max_blocks_sm,
         "vector_atomics": major >= 9,
-        # wgmma is sm_90a's, but the cuda backend compiles through CuPy's NVRTC for compute_90, where the
-        # warpgroup MMAs would trap: none on a detected GPU until it targets sm_90a (issue 25)
-        "warpgroup_mma": False,
+        # wgmma exists on sm_90 devices only, compiled for sm_90a (runtime/cuda.py builds such sources
+        # for it where NVRTC and the driver know the target)
+        "warpgroup_mma": arch_specific and (major, int(props.get("minor", 0))) == (9, 0),
     }
     same = all(
         abs(getattr(base, k) - v) <= 0.02 * abs(getattr(base, k))
@@ -117,7 +133,8 @@ def detect() -> GPUSpec | None:
 
         if cupy.cuda.runtime.getDeviceCount() < 1:
             return None
-        return spec_from_properties(cupy.cuda.runtime.getDeviceProperties(0))
+        ok = arch_specific_ok(cupy.cuda.nvrtc.getVersion(), cupy.cuda.runtime.driverGetVersion())
+        return spec_from_properties(cupy.cuda.runtime.getDeviceProperties(0), arch_specific=ok)
     except Exception:  # no CuPy, no driver, no device, an old GPU: plan for the default
         return None
 

@@ -478,9 +478,10 @@ def kernel_time(
     `shared_bytes` a block's shared memory, as
     the stage that planned the kernel decided it: it bounds the resident blocks per SM
     (`GPUSpec.resident_blocks`: waves, bytes in flight, the tail) and the L1 a spilled frame
-    finds (model/spill.py: T_spill, added); `registers` the registers per thread, as ptxas reports them
-    or as the kernel's launch bounds cap them (`launch_bound_registers`): they bound the resident
-    blocks as shared memory does (0: unknown, bound by threads and shared memory alone)."""
+    finds (model/spill.py: T_spill, added); `registers` the registers per thread, as ptxas reports them,
+    as the kernel's launch bounds cap them (`launch_bound_registers`) or as the planning stage
+    estimates them: they bound the resident blocks as shared memory does (0: unknown, bound by
+    threads and shared memory alone)."""
     features = (("dram_bytes", dram_bytes), ("blocks", blocks), ("threads", threads),
                 ("bytes_in_flight_per_thread", bytes_in_flight_per_thread), ("atomics", atomics),
                 ("same_address", same_address), ("cas_atomics", cas_atomics), ("epilogue_cycles", epilogue_cycles),

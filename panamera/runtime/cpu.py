@@ -137,7 +137,7 @@ def machine_key() -> str:
 
 def library_path(source: str) -> Path:
     """Where the shared library of `source` lives in the disk cache: one per content, flags and machine."""
-    text = source + emulator.HEADER.read_text() + " ".join(flags()) + machine_key()
+    text = source + emulator.headers_text() + " ".join(flags()) + machine_key()  # every header g++ reads
     return emulator.cache_dir() / f"cpu_{hashlib.sha256(text.encode()).hexdigest()[:24]}.so"
 
 

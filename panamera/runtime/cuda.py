@@ -11,14 +11,55 @@ both rather than fight CuPy's appended option:
 
 So a deterministic result is bit-stable run to run on one GPU but not bit-equal to the
 emulator's; GPU tests compare with numpy under tolerances, never bitwise with the emulator.
+
+The target: CuPy's RawModule takes no architecture. It appends its own `-arch=sm_XY` (or
+`compute_XY`) from the device's numeric compute capability (cupy/cuda/compiler.py,
+`_get_arch_for_options_for_nvrtc`), and a caller's `-arch` beside it is a duplicate NVRTC rejects
+(NVRTC_ERROR_INVALID_OPTION, cupy/cupy#3292). A source with warpgroup MMAs needs the
+arch-specific sm_90a (`nvcc.arch_for`), so `build` decides the target once: the device's own,
+left to CuPy, or an arch-specific one, which Panamera compiles with NVRTC itself (the same
+`-ftz=true`) and loads as a cubin (`RawModule(path=...)`).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
 from ..errors import BackendError, CompileError
+from .nvcc import arch_for
 
 # -std=c++17 for the prelude's templates; CuPy adds -arch for the device and -ftz=true (above).
 NVRTC_OPTIONS = ("-std=c++17",)
+
+
+@dataclass(frozen=True)
+class Build:
+    """How the cuda backend compiles one source on one device: `target` (nvcc.arch_for's choice),
+    NVRTC's `options`, and `own`: True where Panamera runs NVRTC itself (an arch-specific target,
+    which CuPy cannot ask for), False where CuPy's RawModule compiles for the device.
+
+    >>> build("pn_wgmma<64, __half>(d, a, b);", "sm_90")
+    Build(target='sm_90a', options=('--gpu-architecture=sm_90a', '-std=c++17', '-ftz=true'), own=True)
+    >>> build("pn_wgmma<64, __half>(d, a, b);", "sm_80").options
+    ('-std=c++17',)
+    """
+
+    target: str
+    options: tuple[str, ...]
+    own: bool
+
+
+def build(source: str, device_arch: str, include: tuple[str, ...] = ()) -> Build:
+    """The Build of `source` on a device of `device_arch` ("sm_90"); `include`: extra -I options."""
+    target = arch_for(source, device_arch)
+    if target == device_arch:
+        return Build(target, NVRTC_OPTIONS + include, own=False)
+    return Build(target, (f"--gpu-architecture={target}", *NVRTC_OPTIONS, "-ftz=true", *include), own=True)
+
 
 _modules: dict = {}
 
@@ -57,6 +98,32 @@ def _cccl_include(cupy, source: str) -> tuple[str, ...]:
     return (f"-I{cccl}",) if cccl.is_dir() else ()
 
 
+@functools.cache
+def _cubin_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="panamera-cubin-"))
+
+
+def _own_module(cupy, source: str, b: Build):
+    """`source` compiled by NVRTC with `b.options` (plus CuPy's own include directories, as a
+    RawModule of code gets them) and loaded as a cubin: a RawModule like CuPy's."""
+    nvrtc = cupy.cuda.nvrtc
+    core = getattr(getattr(cupy, "_core", None), "core", None)
+    assemble = getattr(core, "assemble_cupy_compiler_options", None)
+    options = tuple(assemble(b.options)) if assemble else b.options
+    prog = nvrtc.createProgram(source, "panamera.cu", (), ())
+    try:
+        try:
+            nvrtc.compileProgram(prog, list(options))
+        except nvrtc.NVRTCError:
+            raise compile_error(nvrtc.getProgramLog(prog), source) from None
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    path = _cubin_dir() / f"{hashlib.sha256(source.encode() + b.target.encode()).hexdigest()[:24]}.cubin"
+    path.write_bytes(cubin)
+    return cupy.RawModule(path=str(path))
+
+
 def module(source: str):
     try:
         import cupy
@@ -64,11 +131,15 @@ def module(source: str):
         raise BackendError("cuda backend: CuPy is not installed (pip install 'panamera[cuda12]')") from e
     if not available():
         raise BackendError("cuda backend: no CUDA device is present; use target='emulator'")
-    if source not in _modules:
-        mod = cupy.RawModule(code=source, options=NVRTC_OPTIONS + _cccl_include(cupy, source))
-        try:
-            mod.compile()  # NVRTC runs here, not at the first get_function: report it as ours
-        except cupy.cuda.compiler.CompileException as e:
-            raise compile_error(str(e), source) from None
-        _modules[source] = mod
-    return _modules[source]
+    b = build(source, f"sm_{cupy.cuda.Device().compute_capability}", _cccl_include(cupy, source))
+    if (source, b.target) not in _modules:
+        if b.own:
+            mod = _own_module(cupy, source, b)
+        else:
+            mod = cupy.RawModule(code=source, options=b.options)
+            try:
+                mod.compile()  # NVRTC runs here, not at the first get_function: report it as ours
+            except cupy.cuda.compiler.CompileException as e:
+                raise compile_error(str(e), source) from None
+        _modules[source, b.target] = mod
+    return _modules[source, b.target]

@@ -32,8 +32,41 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
-HEADERS = (HEADER, HERE / "wmma_emulation.h", HERE / "wgmma_emulation.h")  # what the build reads: the cache key
 FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+
+
+LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def headers(root: Path | None = None) -> tuple[Path, ...]:
+    """The emulator's headers a build reads: `root` (cuda_emulation.h) and, in order, every header
+    it includes by a quoted `#include`, recursively. The headers' own include lines are the one
+    list: a cached library's key hashes them all (`headers_text`).
+
+    >>> [h.name for h in headers()]
+    ['cuda_emulation.h', 'wmma_emulation.h', 'wgmma_emulation.h']
+    """
+    seen: dict[Path, None] = {}
+
+    def visit(h: Path) -> None:
+        if h not in seen:
+            seen[h] = None
+            for name in LOCAL_INCLUDE.findall(h.read_text()):
+                visit(h.parent / name)
+
+    visit(root or HEADER)
+    return tuple(seen)
+
+
+def headers_text(root: Path | None = None) -> str:
+    """The text of every header `headers` lists, concatenated: what a library's cache key hashes."""
+    return "".join(h.read_text() for h in headers(root))
+
+
+def library_key(text: str) -> str:
+    """The disk-cache key of the emulator library built from `text`: its text, every header it
+    reads and the flags."""
+    return hashlib.sha256((text + headers_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
 
 
 def _header_int(name: str) -> int:
@@ -87,7 +120,7 @@ def build(source: str, signatures) -> ctypes.CDLL:
     if source in _by_source:  # the kernels, hence the signatures, are a function of the source
         return _by_source[source]
     text = source + "\n" + glue(signatures)
-    key = hashlib.sha256((text + "".join(h.read_text() for h in HEADERS) + " ".join(FLAGS)).encode()).hexdigest()[:24]
+    key = library_key(text)
     if key in _loaded:
         _by_source[source] = _loaded[key]
         return _loaded[key]

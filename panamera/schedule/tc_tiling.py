@@ -39,7 +39,7 @@ from .derived import access_for, along, input_bytes, levels_for, merges_for, par
 from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
 from .rtile import register_budget
 from .tensor_core import FRAG, Mma, Operands, analyse, operand_reads
-from .warpgroup import MmaOp, warpgroup_tiles, wgmma_error
+from .warpgroup import MmaOp, registers, warpgroup_tiles, wgmma_error
 
 UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
 UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
@@ -420,7 +420,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the block's shared memory (codegen/tc_kernel.py declares it): the K slabs and accumulators, or the
         # landing that reuses them; it bounds the blocks an SM holds (GPUSpec.resident_blocks)
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
-        registers=register_budget(d),  # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers)
+        # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers); a warpgroup tile's
+        # estimate where it is fewer (N / 2 accumulators a thread, schedule/warpgroup.registers)
+        registers=min(register_budget(d), registers(d.mma_tile, d.split, any(first)))
+        if d.mma_op == MmaOp.WGMMA
+        else register_budget(d),
     )
 
 

@@ -67,3 +67,24 @@ def wgmma_error(gpu: GPUSpec, kind: Mma, tile: tuple[int, ...], vec: int) -> str
     if vec > WGMMA_VEC:
         return f"4: {vec} lanes per staging step cross a core matrix's row of {WGMMA_VEC}"
     return None
+
+
+# registers per thread of a warpgroup-MMA block [fitted]: least squares over 48 ptxas -v reports
+# (nvcc, sm_90a; fp16, int8 and int4 weights; G 1-2, N 32-128, K slab 32-128, split 1-2; 0 spills):
+# rms 8, worst 33 under and 17 over. The accumulators (N / 2 fp32 per thread) and the K slab's
+# staging dominate: 16-bit operands copied raw hold more per slab than weights loaded first
+# (tc_tiling.loads_first: int8 / int4, dequantized in registers); a split adds its partials' merge.
+REG_BASE, REG_PER_ACC, REG_SPLIT = 19.0, 1.6, 15.0
+REG_PER_K16 = {False: 5.3, True: 2.6}  # per 16 of the K slab: raw 16-bit copies, or weights loaded first
+
+
+def registers(tile: tuple[int, ...], split: int, loads_first: bool) -> int:
+    """Estimated registers per thread of a warpgroup-MMA block (`REG_*`, fitted): what bounds how
+    many such blocks an SM holds beside their threads and shared memory (GPUSpec.resident_blocks).
+
+    >>> registers((4, 2, 128, 1, 2), 2, True), registers((4, 1, 32, 1, 8), 1, False)  # ptxas: 72, 128
+    (81, 132)
+    """
+    n = tile[4] * FRAG
+    per_k = REG_PER_K16[loads_first] * tile[2] / FRAG
+    return min(255, math.ceil(REG_BASE + REG_PER_ACC * n / 2 + per_k + (REG_SPLIT if split > 1 else 0.0)))

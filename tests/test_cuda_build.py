@@ -1,0 +1,111 @@
+"""The cuda backend's target, without a GPU (issue 25): a source with warpgroup MMAs is compiled for
+sm_90a by NVRTC itself and loaded as a cubin (CuPy's RawModule takes no architecture and rejects a
+second -arch), a plain source goes to RawModule as before; detect offers wgmma on sm_90 devices
+whose NVRTC and driver know sm_90a. A fake `cupy` module records what would reach CuPy."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from panamera.errors import CompileError
+from panamera.model import detect
+from panamera.runtime import cuda
+
+WGMMA = "__global__ void k() { pn_wgmma<64, __half>(d, a, b); }\n"
+PLAIN = "__global__ void k() { nvcuda::wmma::mma_sync(d, a, b, d); }\n"
+
+
+class _NVRTCError(RuntimeError):
+    pass
+
+
+def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12, 4), driver=12040):
+    """A stand-in `cupy` on sys.modules; returns its record of RawModule and NVRTC calls."""
+    calls = {"raw": [], "nvrtc": []}
+
+    class RawModule:
+        def __init__(self, **kw):
+            calls["raw"].append(kw)
+
+        def compile(self):
+            pass
+
+    def compile_program(prog, options):
+        calls["nvrtc"].append(tuple(options))
+        if fail:
+            raise _NVRTCError("NVRTC_ERROR_COMPILATION")
+
+    nvrtc = types.SimpleNamespace(
+        NVRTCError=_NVRTCError,
+        createProgram=lambda src, name, headers, names: 7,
+        compileProgram=compile_program,
+        getCUBIN=lambda prog: b"cubin bytes",
+        getProgramLog=lambda prog: 'panamera.cu(1): error: identifier "d" is undefined',
+        destroyProgram=lambda prog: None,
+        getVersion=lambda: nvrtc_version,
+    )
+    runtime = types.SimpleNamespace(
+        getDeviceCount=lambda: 1,
+        driverGetVersion=lambda: driver,
+        getDeviceProperties=lambda i: {"name": b"NVIDIA H100 80GB HBM3", "major": int(cc[:-1]), "minor": int(cc[-1])},
+    )
+    fake = types.SimpleNamespace(
+        RawModule=RawModule,
+        cuda=types.SimpleNamespace(
+            runtime=runtime,
+            nvrtc=nvrtc,
+            Device=lambda: types.SimpleNamespace(compute_capability=cc),
+            compiler=types.SimpleNamespace(CompileException=RuntimeError),
+            get_cuda_path=lambda: None,
+        ),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(cuda, "_modules", {})
+    return calls
+
+
+def test_a_plain_source_goes_to_rawmodule_with_cupys_target(monkeypatch):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(PLAIN)
+    assert calls["raw"] == [{"code": PLAIN, "options": cuda.NVRTC_OPTIONS}] and calls["nvrtc"] == []
+
+
+def test_a_wgmma_source_is_compiled_for_sm90a_and_loaded_as_a_cubin(monkeypatch):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(WGMMA)
+    (opts,) = calls["nvrtc"]
+    assert "--gpu-architecture=sm_90a" in opts and "-ftz=true" in opts and "-std=c++17" in opts
+    assert not any(o.startswith("-arch") for o in opts)  # one target, never CuPy's beside ours
+    (raw,) = calls["raw"]
+    assert set(raw) == {"path"} and open(raw["path"], "rb").read() == b"cubin bytes"
+    cuda.module(WGMMA)  # cached per source and target
+    assert len(calls["nvrtc"]) == 1
+
+
+def test_a_wgmma_source_on_sm80_is_left_to_cupy(monkeypatch):
+    calls = fake_cupy(monkeypatch, cc="80")
+    cuda.module(WGMMA)  # the PTX is guarded: it traps there, and the planner never offers it on sm_80
+    assert calls["raw"] == [{"code": WGMMA, "options": cuda.NVRTC_OPTIONS}] and calls["nvrtc"] == []
+
+
+def test_nvrtcs_rejection_is_a_compile_error_naming_the_line(monkeypatch):
+    fake_cupy(monkeypatch, fail=True)
+    with pytest.raises(CompileError, match="line 1"):
+        cuda.module(WGMMA)
+
+
+@pytest.mark.parametrize(
+    "cc,nvrtc_version,driver,offered",
+    [("90", (12, 4), 12040, True), ("90", (11, 8), 12040, False), ("90", (12, 4), 11080, False),
+     ("89", (12, 4), 12040, False), ("100", (12, 8), 12080, False)],
+)  # fmt: skip
+def test_detect_offers_wgmma_on_sm90_with_an_sm90a_toolchain(monkeypatch, cc, nvrtc_version, driver, offered):
+    fake_cupy(monkeypatch, cc=cc, nvrtc_version=nvrtc_version, driver=driver)
+    detect.detect.cache_clear()
+    try:
+        assert detect.detect().warpgroup_mma is offered
+    finally:
+        detect.detect.cache_clear()
