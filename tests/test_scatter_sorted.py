@@ -147,6 +147,20 @@ def test_a_computed_source_in_a_deterministic_compile_is_refused_clearly():
         lower(scatter_add_rows(ids, g * 2.0, 50257), target="emulator", deterministic=True)
 
 
+def test_sorted_segments_inside_a_larger_graph_leave_the_choice_to_a_form_that_fits():
+    """Precondition 1 at the formulation stage: inside `x + scatter` (or beside another output)
+    sorted segments are costed at infinity, so the model keeps the atomic form (the bench shape
+    alone takes sorted segments); a deterministic compile is refused with the reason."""
+    ids, g = pn.placeholder((8192,), "int64", name="ids"), pn.placeholder((8192, 768), "float32", name="g")
+    x = pn.placeholder((50257, 768), "float32", name="x")
+    assert lower(scatter_add_rows(ids, g, 50257), target="emulator").formulations[0].chosen == "sorted_segments"
+    for outs in (x + scatter_add_rows(ids, g, 50257), [scatter_add_rows(ids, g, 50257), g * 2.0]):
+        f = lower(outs, target="emulator").formulations[0]
+        assert f.chosen == "atomic" and "sorted_segments (cannot take this graph)" in f.describe()
+        with pytest.raises(pn.PanameraError, match="not deterministic"):
+            lower(outs, target="emulator", deterministic=True)
+
+
 def test_every_form_of_scatter_add_rows_drops_ids_outside_the_table(rng):
     """scatter_add_rows's contract (an id outside [0, rows) adds nothing) holds in each of its
     three forms, so the model's choice never changes an answer; `scatter_add_sorted` called
