@@ -10,7 +10,9 @@ from conftest import np_dtype, tolerance
 
 import panamera as pn
 from panamera.compiler import lower
+from panamera.dtypes import as_dtype
 from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
+from panamera.schedule.segments import plan_segments
 from panamera.segments import executor_of
 
 
@@ -129,6 +131,17 @@ def test_preconditions():
         executor_of(s, tile=48)
     with pytest.raises(pn.PanameraError, match="no CPU kernels"):
         pn.compile(s, target="cpu")
+
+
+def test_plan_preconditions():
+    """schedule/segments.py `plan_segments` preconditions 1 and 3 (2, the tile, is above)."""
+    i64, f32 = as_dtype("int64"), as_dtype("float32")
+    for n, rows in ((2**31, 10), (10, 2**31)):
+        with pytest.raises(pn.ShapeError, match="a sort key holds each in 31 bits"):
+            plan_segments(n, rows, 4, i64, f32, None)
+    for n, rows, width in ((0, 10, 4), (10, 0, 4), (10, 10, 0)):
+        with pytest.raises(pn.ShapeError, match="each must be positive"):
+            plan_segments(n, rows, width, i64, f32, None)
 
 
 def _float_index_node(g):
