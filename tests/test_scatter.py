@@ -7,7 +7,13 @@ import pytest
 from conftest import tolerance
 
 import panamera as pn
-from panamera.frontend.scatter import MAX_TERMS, scatter_add_atomic, scatter_add_owner, scatter_add_rows
+from panamera.frontend.scatter import (
+    MAX_TERMS,
+    scatter_add_along,
+    scatter_add_atomic,
+    scatter_add_owner,
+    scatter_add_rows,
+)
 
 
 def reference(index, src, rows, skip=None):
@@ -183,3 +189,13 @@ def test_integer_rows_keep_their_dtype_in_every_form(rng, dtype):
     for out in (t, scatter_add_atomic(*ph, 5)):  # the atomic form adds 8-bit integers in int32
         got = np.asarray(pn.compile(out, target="emulator")(ids, src))
         assert got.dtype == np.dtype(dtype) and np.array_equal(got, want.astype(dtype))
+
+
+def test_integer_values_scattered_along_an_axis(rng):
+    """scatter_add_along of int32 values: both formulations in int32, the sums exact."""
+    idx, src = rng.integers(0, 6, (4, 5)), rng.integers(-9, 9, (4, 5)).astype(np.int32)
+    t = scatter_add_along(pn.placeholder((4, 5), "int64", name="i"), pn.placeholder((4, 5), "int32", name="s"), 1, 6)
+    want = np.zeros((4, 6), np.int32)
+    np.add.at(want, (np.arange(4)[:, None], idx), src)
+    got = np.asarray(pn.compile(t, target="emulator")(idx, src))
+    assert got.dtype == np.int32 and np.array_equal(got, want)

@@ -76,9 +76,7 @@ def scatter_add_owner(index: Tensor, src: Tensor, rows: int, skip: int | None = 
     hit = ids == arange(rows).astype(index.dtype.name).reshape((1, rows, 1))
     if skip is not None:
         hit = hit & (ids != skip)
-    terms = where(hit, src.reshape((n, 1, width)), 0.0 if src.dtype.is_float else 0)
-    total = sum(terms, axis=0, dtype=None if src.dtype.is_float else src.dtype.name)  # an integer's in its type
-    return total.reshape((rows, *tail))
+    return _owner_sum(hit, src.reshape((n, 1, width)), 0, src).reshape((rows, *tail))
 
 
 def scatter_add_atomic(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
@@ -128,6 +126,14 @@ def scatter_add_sorted(index: Tensor, src: Tensor, rows: int, skip: int | None =
     attrs = (("skip", skip), ("index", index.label), ("check", bool(check)))
     out = Tensor("scatter_sorted", (index.reshape((n,)), src.reshape((n, width))), (rows, width), src.dtype, attrs)
     return out.reshape((rows, *tail))
+
+
+def _owner_sum(hit: Tensor, values: Tensor, axis: int, src: Tensor) -> Tensor:
+    """Owner computes' sum over `axis` of `values` where `hit`: in `src`'s dtype for an integer
+    source (as the atomic form adds), so that the formulations agree."""
+    if src.dtype.is_float:
+        return sum(where(hit, values, 0.0), axis=axis)
+    return sum(where(hit, values, 0), axis=axis, dtype=src.dtype.name)
 
 
 def _sortable(src: Tensor) -> bool:
@@ -192,5 +198,5 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
         return atomic
     spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
     r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
-    owner = sum(where(index.reshape(spread) == r, src.reshape(spread), 0.0), axis=a)
+    owner = _owner_sum(index.reshape(spread) == r, src.reshape(spread), a, src)
     return alternatives("scatter_add_along", ("owner_computes", "atomic"), (owner, atomic))
