@@ -199,6 +199,8 @@ def kernel_name(k: int, group: KernelGroup) -> str:
 # -- the stages ---------------------------------------------------------------------------------
 def _formulations(a: Artifacts, o: Options) -> Artifacts:
     def cost(outputs: tuple[Tensor, ...]) -> float:  # an alternative alone, planned freely on this GPU
+        if not sorted_segments.fits(a.outputs, outputs):  # sorted segments inside a larger computation
+            return math.inf
         alone = Options(Target.EMULATOR, False, o.gpu)
         try:
             return run_stages(outputs, alone).plan.modeled_us

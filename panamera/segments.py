@@ -46,6 +46,25 @@ def recognize_any(graph: tuple[Tensor, ...]) -> bool:
     return any(t.op == OP for t in topological(graph))
 
 
+def fits(graph: tuple[Tensor, ...], alternative: tuple[Tensor, ...]) -> bool:
+    """Whether `alternative`, a formulation of one choice point of `graph`, can be compiled there:
+    it holds no sorted scatter, or the choice point is the whole of `graph` (precondition 1; the
+    formulation stage costs a form that cannot at infinity, so that `x + scatter_add_rows(...)`
+    keeps a form that can).
+
+    >>> import panamera as pn
+    >>> from panamera.frontend.scatter import scatter_add_rows
+    >>> ids, g = pn.placeholder((4,), "int64"), pn.placeholder((4, 2))
+    >>> s = scatter_add_rows(ids, g, rows=1000)  # owner computes, atomic or sorted segments
+    >>> [fits((s,), (alt,)) for alt in s.inputs], [fits((s * 2.0,), (alt,)) for alt in s.inputs]
+    ([True, True, True], [True, True, False])
+    """
+    if not recognize_any(alternative):
+        return True
+    top = _source(graph[0]) if len(graph) == 1 else None
+    return top is not None and top.op == "choose" and any(t.uid == alternative[0].uid for t in top.inputs)
+
+
 def recognize(graph: tuple[Tensor, ...]) -> Tensor | None:
     """The sorted scatter node when it is the whole computation (preconditions 1-3), None when
     the graph has none; `Unsupported` when it has one elsewhere."""
@@ -54,8 +73,8 @@ def recognize(graph: tuple[Tensor, ...]) -> Tensor | None:
     node = _source(graph[0]) if len(graph) == 1 else None
     if node is None or node.op != OP:
         raise Unsupported(
-            f"a sorted-segment scatter-add must be the whole computation (precondition 1), here one of "
-            f"{len(graph)} output(s) of a larger graph: compile the scatter alone"
+            f"a sorted-segment scatter-add must be the whole computation (precondition 1), here part of a larger "
+            f"one ({len(graph)} output(s), the first computed by op {_source(graph[0]).op!r}): compile the scatter alone"
         )
     for what, t in zip(("index", "source"), node.inputs):
         if _source(t).op != "placeholder":

@@ -7,7 +7,13 @@ import pytest
 from conftest import tolerance
 
 import panamera as pn
-from panamera.frontend.scatter import MAX_TERMS, scatter_add_atomic, scatter_add_owner, scatter_add_rows
+from panamera.frontend.scatter import (
+    MAX_TERMS,
+    scatter_add_along,
+    scatter_add_atomic,
+    scatter_add_owner,
+    scatter_add_rows,
+)
 
 
 def reference(index, src, rows, skip=None):
@@ -166,3 +172,30 @@ def test_the_cpu_target_takes_owner_computes_deterministic_across_threads(rng):
     want = reference(index, src, 20)
     tol = tolerance("float32", int(np.bincount(index).max()))
     np.testing.assert_allclose(one, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "uint8"])
+def test_integer_rows_keep_their_dtype_in_every_form(rng, dtype):
+    """An integer source: every formulation gives its own dtype (owner computes sums in it, as the
+    atomic form adds in it), so the choice is built and the sums are exact; sorted segments are
+    offered only for the types they take (int32, int64)."""
+    ids = rng.integers(0, 5, 12)
+    src = rng.integers(0, 9, (12, 3)).astype(dtype)
+    t = scatter_add_rows(pn.placeholder((12,), "int64", name="ids"), pn.placeholder((12, 3), dtype, name="g"), 5)
+    assert t.dtype.name == dtype and ("sorted_segments" in t.attr("names")) == (dtype == "int32")
+    want = np.zeros((5, 3), np.int64)
+    np.add.at(want, ids, src.astype(np.int64))
+    ph = pn.placeholder((12,), "int64", name="ids"), pn.placeholder((12, 3), dtype, name="g")
+    for out in (t, scatter_add_atomic(*ph, 5)):  # the atomic form adds 8-bit integers in int32
+        got = np.asarray(pn.compile(out, target="emulator")(ids, src))
+        assert got.dtype == np.dtype(dtype) and np.array_equal(got, want.astype(dtype))
+
+
+def test_integer_values_scattered_along_an_axis(rng):
+    """scatter_add_along of int32 values: both formulations in int32, the sums exact."""
+    idx, src = rng.integers(0, 6, (4, 5)), rng.integers(-9, 9, (4, 5)).astype(np.int32)
+    t = scatter_add_along(pn.placeholder((4, 5), "int64", name="i"), pn.placeholder((4, 5), "int32", name="s"), 1, 6)
+    want = np.zeros((4, 6), np.int32)
+    np.add.at(want, (np.arange(4)[:, None], idx), src)
+    got = np.asarray(pn.compile(t, target="emulator")(idx, src))
+    assert got.dtype == np.int32 and np.array_equal(got, want)

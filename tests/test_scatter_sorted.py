@@ -10,7 +10,9 @@ from conftest import np_dtype, tolerance
 
 import panamera as pn
 from panamera.compiler import lower
+from panamera.dtypes import as_dtype
 from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
+from panamera.schedule.segments import plan_segments
 from panamera.segments import executor_of
 
 
@@ -131,6 +133,17 @@ def test_preconditions():
         pn.compile(s, target="cpu")
 
 
+def test_plan_preconditions():
+    """schedule/segments.py `plan_segments` preconditions 1 and 3 (2, the tile, is above)."""
+    i64, f32 = as_dtype("int64"), as_dtype("float32")
+    for n, rows in ((2**31, 10), (10, 2**31)):
+        with pytest.raises(pn.ShapeError, match="a sort key holds each in 31 bits"):
+            plan_segments(n, rows, 4, i64, f32, None)
+    for n, rows, width in ((0, 10, 4), (10, 0, 4), (10, 10, 0)):
+        with pytest.raises(pn.ShapeError, match="each must be positive"):
+            plan_segments(n, rows, width, i64, f32, None)
+
+
 def _float_index_node(g):
     """A sorted scatter whose index is a float tensor (the frontend refuses one; built directly)."""
     from panamera.frontend.tensor import Tensor
@@ -145,6 +158,20 @@ def test_a_computed_source_in_a_deterministic_compile_is_refused_clearly():
     ids, g = pn.placeholder((8192,), "int64", name="ids"), pn.placeholder((8192, 8), "float32", name="g")
     with pytest.raises(pn.PanameraError, match="not deterministic"):
         lower(scatter_add_rows(ids, g * 2.0, 50257), target="emulator", deterministic=True)
+
+
+def test_sorted_segments_inside_a_larger_graph_leave_the_choice_to_a_form_that_fits():
+    """Precondition 1 at the formulation stage: inside `x + scatter` (or beside another output)
+    sorted segments are costed at infinity, so the model keeps the atomic form (the bench shape
+    alone takes sorted segments); a deterministic compile is refused with the reason."""
+    ids, g = pn.placeholder((8192,), "int64", name="ids"), pn.placeholder((8192, 768), "float32", name="g")
+    x = pn.placeholder((50257, 768), "float32", name="x")
+    assert lower(scatter_add_rows(ids, g, 50257), target="emulator").formulations[0].chosen == "sorted_segments"
+    for outs in (x + scatter_add_rows(ids, g, 50257), [scatter_add_rows(ids, g, 50257), g * 2.0]):
+        f = lower(outs, target="emulator").formulations[0]
+        assert f.chosen == "atomic" and "sorted_segments (cannot take this graph)" in f.describe()
+        with pytest.raises(pn.PanameraError, match="not deterministic"):
+            lower(outs, target="emulator", deterministic=True)
 
 
 def test_every_form_of_scatter_add_rows_drops_ids_outside_the_table(rng):

@@ -109,6 +109,22 @@ def test_emulator_reports_a_missing_wait_or_fence(dropped, error, monkeypatch, r
         k(array((M, K), "float16", rng), array((N, K), "float16", rng))
 
 
+def test_emulator_reports_a_store_to_an_operand_in_flight(monkeypatch, rng):
+    """A store to the slab between an MMA and its wgmma.wait_group (here by thread 0, after a
+    barrier) races with the MMA's asynchronous reads: a launch error, though the emulator read the
+    operands at the issue and would otherwise give the right answer."""
+    slab, wait = wgmma_kernel.wgmma_slab, "    pn_wgmma_wait<0>();"
+    race = ["    __syncthreads();", "    if (tx == 0) ((unsigned char*)pn_sa)[0] ^= 1;", "    __syncthreads();", wait]
+    monkeypatch.setattr(
+        tc_kernel, "wgmma_slab", lambda *a: [x for ln in slab(*a) for x in (race if ln == wait else [ln])]
+    )
+    x, w = pn.placeholder((M, K), "float16", name="x"), pn.placeholder((N, K), "float16", name="w")
+    k = wg_compile(x @ w.T, 64)
+    assert "((unsigned char*)pn_sa)[0] ^= 1" in k.source
+    with pytest.raises(PanameraError, match="shared memory an MMA reads was written before the wgmma.wait_group"):
+        k(array((M, K), "float16", rng), array((N, K), "float16", rng))
+
+
 # -- preconditions (schedule/warpgroup.py `wgmma_error`), one negative test each ---------------------------------
 def _group(dtype="float16", k=K):
     x, w = pn.placeholder((M, k), dtype, name="x"), pn.placeholder((N, k), dtype, name="w")

@@ -28,7 +28,7 @@ from .stitched_kernel import CLUSTER_INCLUDE, emit_stitched
 from .tc_kernel import INCLUDE as MMA_INCLUDE
 from .tc_kernel import emit_tc
 from .thread_loop import ThreadLoop, address_ast
-from .wgmma_kernel import wgmma_helpers
+from .wgmma_kernel import sm90a_only, wgmma_helpers
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     lines.append(f'extern "C" __global__ void {dims}__launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")
     lines.append("  const pn_idx bx = blockIdx.x, by = blockIdx.y, tx = threadIdx.x, ty = threadIdx.y;")
-    lines += EMITTERS[template(group, m)](ThreadLoop(group, m, idx))
+    lines += sm90a_only(m, EMITTERS[template(group, m)](ThreadLoop(group, m, idx)))  # wgmma: sm_90a's alone
     lines.append("}")
     fills = resident_fills(group, m)
     init = render_init(f"{name}_init", fills, {p.key: p for p in m.buffers}) if fills else None

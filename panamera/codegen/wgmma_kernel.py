@@ -101,3 +101,15 @@ def wgmma_helpers(m) -> list[str]:
         "#endif",
         "#endif",
     ]
+
+
+def sm90a_only(m, body: list[str]) -> list[str]:
+    """A warpgroup-MMA kernel's body (`m.mma_op`), compiled only where wgmma exists (sm_90a), in
+    the emulator and in the host pass; compiled for any other target the kernel only traps, so
+    its sm_80 / sm_90 code holds neither wgmma nor the staging that feeds it (which ptxas would
+    otherwise fit, without the MMAs, under the launch bounds meant for sm_90a). Other kernels'
+    bodies are returned as they are."""
+    if m.mma_op != MmaOp.WGMMA:
+        return body
+    where = "defined(PANAMERA_EMULATOR) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)"
+    return [f"#if {where}", *body, "#else", "  __trap();  // no warpgroup MMAs on this target", "#endif"]

@@ -54,15 +54,13 @@ def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = N
     sorted segments (`scatter_add_sorted`). Over `MAX_TERMS` owner-computes terms owner computes
     is not offered; a deterministic compile never takes the atomic one."""
     tail, n, width = _check_rows(index, src, rows, "scatter_add_rows")
-    atomic = scatter_add_atomic(index, src, rows, skip)
-    ordered = scatter_add_sorted(index, src, rows, skip, check=False)  # ids outside drop, as in the other forms
-    if rows * n * width > MAX_TERMS:
-        return alternatives("scatter_add", ("atomic", "sorted_segments"), (atomic, ordered))
-    return alternatives(
-        "scatter_add",
-        ("owner_computes", "atomic", "sorted_segments"),
-        (scatter_add_owner(index, src, rows, skip), atomic, ordered),
-    )
+    forms = [("owner_computes", scatter_add_owner(index, src, rows, skip))] if rows * n * width <= MAX_TERMS else []
+    forms.append(("atomic", scatter_add_atomic(index, src, rows, skip)))
+    if _sortable(src):  # ids outside drop, as in the other forms
+        forms.append(("sorted_segments", scatter_add_sorted(index, src, rows, skip, check=False)))
+    if len(forms) == 1:
+        return forms[0][1]
+    return alternatives("scatter_add", tuple(n for n, _ in forms), tuple(t for _, t in forms))
 
 
 def scatter_add_owner(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
@@ -78,8 +76,7 @@ def scatter_add_owner(index: Tensor, src: Tensor, rows: int, skip: int | None = 
     hit = ids == arange(rows).astype(index.dtype.name).reshape((1, rows, 1))
     if skip is not None:
         hit = hit & (ids != skip)
-    terms = where(hit, src.reshape((n, 1, width)), 0.0)
-    return sum(terms, axis=0).reshape((rows, *tail))
+    return _owner_sum(hit, src.reshape((n, 1, width)), 0, src).reshape((rows, *tail))
 
 
 def scatter_add_atomic(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
@@ -121,19 +118,38 @@ def scatter_add_sorted(index: Tensor, src: Tensor, rows: int, skip: int | None =
     'float16'
     """
     tail, n, width = _check_rows(index, src, rows, "scatter_add_sorted")
-    if src.dtype.name == "bool" or not (src.dtype.is_float or src.dtype.name in ("int32", "int64")):
-        raise DTypeError(f"scatter_add_sorted: src {src.label!r} has dtype {src.dtype}; the sums take numbers")
+    if not _sortable(src):
+        raise DTypeError(
+            f"scatter_add_sorted: src {src.label!r} has dtype {src.dtype}; sorted segments sum floating-point, "
+            "int32 or int64 rows"
+        )
     attrs = (("skip", skip), ("index", index.label), ("check", bool(check)))
     out = Tensor("scatter_sorted", (index.reshape((n,)), src.reshape((n, width))), (rows, width), src.dtype, attrs)
     return out.reshape((rows, *tail))
 
 
+def _owner_sum(hit: Tensor, values: Tensor, axis: int, src: Tensor) -> Tensor:
+    """Owner computes' sum over `axis` of `values` where `hit`: in `src`'s dtype for an integer
+    source (as the atomic form adds), so that the formulations agree."""
+    if src.dtype.is_float:
+        return sum(where(hit, values, 0.0), axis=axis)
+    return sum(where(hit, values, 0), axis=axis, dtype=src.dtype.name)
+
+
+def _sortable(src: Tensor) -> bool:
+    """Whether sorted segments take `src`'s dtype (floating point, int32 or int64)."""
+    return src.dtype.is_float or src.dtype.name in ("int32", "int64")
+
+
 def _accumulated(src: Tensor) -> Tensor:
     """The values an indirect write adds: 16-bit floats in float32 (a 16-bit atomic would round
-    every add; the result is cast back once), bool refused."""
+    every add; the result is cast back once), 8-bit integers in int32 (CUDA has no 8-bit atomic
+    add; the cast back wraps as the 8-bit sum would), bool refused."""
     if src.dtype.name == "bool":
         raise DTypeError(f"scatter-add: src {src.label!r} is bool; atomic adds take numbers")
-    return src.astype("float32") if src.dtype.is_16bit_float else src
+    if src.dtype.is_16bit_float:
+        return src.astype("float32")
+    return src.astype("int32") if src.dtype.name in ("int8", "uint8") else src
 
 
 def _check_rows(index: Tensor, src: Tensor, rows: int, what: str) -> tuple[tuple[int, ...], int, int]:
@@ -182,5 +198,5 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
         return atomic
     spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
     r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))
-    owner = sum(where(index.reshape(spread) == r, src.reshape(spread), 0.0), axis=a)
+    owner = _owner_sum(index.reshape(spread) == r, src.reshape(spread), a, src)
     return alternatives("scatter_add_along", ("owner_computes", "atomic"), (owner, atomic))

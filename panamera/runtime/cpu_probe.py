@@ -60,7 +60,7 @@ CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machi
 # libgomp's spin counts (its manual, GOMP_SPINCOUNT; libgomp/env.c): OMP_WAIT_POLICY unset, ACTIVE, PASSIVE
 SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
 SPIN_INFINITE = (1 << 64) - 1
-_SUFFIX = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}  # either case, as libgomp reads them
 
 SOURCE = r"""
 #include <omp.h>
@@ -129,6 +129,8 @@ def spin_count(env: Mapping[str, str] | None = None) -> int:
 
     >>> spin_count({}), spin_count({"OMP_WAIT_POLICY": " passive "}), spin_count({"GOMP_SPINCOUNT": "10k"})
     (300000, 0, 10000)
+    >>> spin_count({"GOMP_SPINCOUNT": "2M"}), spin_count({"GOMP_SPINCOUNT": "2m"})
+    (2000000, 2000000)
     >>> spin_count({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}), spin_count({"OMP_WAIT_POLICY": "fast"})
     (0, 300000)
     """
@@ -136,7 +138,7 @@ def spin_count(env: Mapping[str, str] | None = None) -> int:
     text = env.get("GOMP_SPINCOUNT", "").strip()
     if text.lower() in ("infinite", "infinity"):
         return SPIN_INFINITE
-    digits, mult = (text[:-1], _SUFFIX[text[-1]]) if text and text[-1] in _SUFFIX else (text, 1)
+    digits, mult = (text[:-1], _SUFFIX[text[-1].lower()]) if text and text[-1].lower() in _SUFFIX else (text, 1)
     if digits.strip().isdigit():
         return int(digits) * mult
     policy = env.get("OMP_WAIT_POLICY", "").strip().lower()

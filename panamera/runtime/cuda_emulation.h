@@ -255,10 +255,14 @@ struct AsyncCopies {
 // Warpgroup MMAs (wgmma_emulation.h) a thread has issued and not yet waited for: the new
 // accumulator values of each, applied to the registers only at the wgmma.wait_group that covers
 // its group; `fenced`: a wgmma.fence since the thread last touched accumulator registers.
+// `ops` MMAs chained into one result: their descriptors and element size, and a hash of the
+// operand bytes this thread read at the issue, read again at the wait: shared memory written in
+// between (by any thread) is an error, as on a GPU the MMA may read its operands until the wait.
 static const int kMaxWgmma = 16;
 struct WgmmaPending {
   float* acc;  // the accumulator registers (pn_wgacc::v) it writes
-  int n, group;
+  int n, group, ops, esize;
+  unsigned long long da[kMaxWgmma], db[kMaxWgmma], hash;
   float v[128];
 };
 struct WgmmaState {

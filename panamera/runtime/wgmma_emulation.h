@@ -28,7 +28,9 @@
 // change only at the wgmma.wait_group that covers the MMA's group. Errors, as a GPU's undefined
 // behaviour would be a wrong answer: an MMA without a wgmma.fence since the thread last accessed
 // accumulator registers; accumulators accessed while an MMA writing them is not waited for; a
-// thread that exits with MMAs not waited for; more than kMaxWgmma MMAs in flight.
+// thread that exits with MMAs not waited for; more than kMaxWgmma MMAs in flight; operand bytes
+// an MMA read changed by its wait (any thread's store in between: the GPU reads them
+// asynchronously, so such a store races with the MMA).
 // Arithmetic as wmma_emulation.h: products of 16-bit floats are exact in float, accumulated with
 // one rounding per k (fmaf), k ascending.
 #pragma once
@@ -55,20 +57,39 @@ static inline WgmmaState& wgmma_state() {
   }
   return *cur->wgmma;
 }
-// The element (r, k) of a K-major operand of T described by `desc`, or nullptr (error set).
-template <class T> static inline const T* wgmma_element(unsigned long long desc, int r, int k) {
+// The bytes of element (r, k), `size` bytes each, of a K-major operand described by `desc`, or
+// nullptr (error set).
+static inline const unsigned char* wgmma_bytes(unsigned long long desc, int r, int k, size_t size) {
   if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) {
     if (!error) error = "wgmma: only descriptors without swizzle and with base offset 0 are emulated";
     return nullptr;
   }
   const size_t start = (desc & 0x3FFF) << 4, lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
-  const size_t kb = (size_t)k * sizeof(T);
+  const size_t kb = (size_t)k * size;
   const size_t at = start + (size_t)(r / 8) * sbo + (kb / 16) * lbo + (size_t)(r % 8) * 16 + kb % 16;
-  if (at + sizeof(T) > kArena) {
+  if (at + size > kArena) {
     if (!error) error = "wgmma: a descriptor addresses past the block's shared memory";
     return nullptr;
   }
-  return reinterpret_cast<const T*>(arena_of(blk) + at);
+  return arena_of(blk) + at;
+}
+template <class T> static inline const T* wgmma_element(unsigned long long desc, int r, int k) {
+  return reinterpret_cast<const T*>(wgmma_bytes(desc, r, k, sizeof(T)));
+}
+// This thread's D element i of an m64nNk16 MMA: (row, column) by the D fragment layout.
+static inline int wgmma_row(int i) { const int t = cur->tid % 128; return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
+static inline int wgmma_col(int i) { const int l = cur->tid % 32; return 8 * (i / 4) + 2 * (l % 4) + i % 2; }
+// A hash of the operand bytes this thread's D elements read (FNV-1a), folded into `h`.
+static inline unsigned long long wgmma_hash(unsigned long long h, unsigned long long da, unsigned long long db,
+                                            int n, size_t size) {
+  for (int i = 0; i < n; ++i)
+    for (int k = 0; k < 16; ++k) {
+      const unsigned char* a = wgmma_bytes(da, wgmma_row(i), k, size);
+      const unsigned char* b = wgmma_bytes(db, wgmma_col(i), k, size);
+      if (!a || !b) return h;
+      for (size_t j = 0; j < size; ++j) h = (h ^ a[j]) * 1099511628211ULL, h = (h ^ b[j]) * 1099511628211ULL;
+    }
+  return h;
 }
 }  // namespace pn_emu
 
@@ -92,6 +113,10 @@ template <int Pending> static inline void pn_wgmma_wait() {
   for (int j = 0; j < s.n; ++j) {
     WgmmaPending& q = s.p[j];
     if (q.group < s.committed - Pending) {
+      unsigned long long h = 14695981039346656037ULL;
+      for (int o = 0; o < q.ops; ++o) h = wgmma_hash(h, q.da[o], q.db[o], q.n, q.esize);
+      if (h != q.hash && !error)
+        error = "wgmma.mma_async: shared memory an MMA reads was written before the wgmma.wait_group that covers it";
       std::memcpy(q.acc, q.v, sizeof(float) * q.n);
     } else {
       s.p[kept++] = q;
@@ -114,9 +139,8 @@ template <int N, class T> static inline void pn_wgmma(pn_wgacc<N / 2>& d, unsign
   for (int j = 0; j < s.n; ++j)
     if (s.p[j].acc == d.v) from = s.p[j].v;
   float next[N / 2];
-  const int t = cur->tid % 128, w = t / 32, l = t % 32;
   for (int i = 0; i < N / 2; ++i) {
-    const int r = 16 * w + l / 4 + 8 * ((i / 2) % 2), c = 8 * (i / 4) + 2 * (l % 4) + i % 2;
+    const int r = wgmma_row(i), c = wgmma_col(i);
     float acc = from[i];
     for (int k = 0; k < 16; ++k) {
       const T* a = wgmma_element<T>(da, r, k);
@@ -126,18 +150,28 @@ template <int N, class T> static inline void pn_wgmma(pn_wgacc<N / 2>& d, unsign
     }
     next[i] = acc;
   }
+  WgmmaPending* q = nullptr;
   for (int j = 0; j < s.n; ++j)  // chained onto an MMA of the open group: one pending result
-    if (s.p[j].acc == d.v && s.p[j].group == s.committed) {
-      std::memcpy(s.p[j].v, next, sizeof next);
-      return;
-    }
-  if (s.n == kMaxWgmma) {
-    if (!error) error = "wgmma.mma_async: more than 16 MMAs of one thread in flight";
+    if (s.p[j].acc == d.v && s.p[j].group == s.committed) q = &s.p[j];
+  if (q && q->ops == kMaxWgmma) {
+    if (!error) error = "wgmma.mma_async: more than 16 MMAs chained into one accumulator in one group";
     return;
   }
-  WgmmaPending& q = s.p[s.n++];
-  q.acc = d.v;
-  q.n = N / 2;
-  q.group = s.committed;
-  std::memcpy(q.v, next, sizeof next);
+  if (!q) {
+    if (s.n == kMaxWgmma) {
+      if (!error) error = "wgmma.mma_async: more than 16 MMAs of one thread in flight";
+      return;
+    }
+    q = &s.p[s.n++];
+    q->acc = d.v;
+    q->n = N / 2;
+    q->group = s.committed;
+    q->ops = 0;
+    q->esize = (int)sizeof(T);
+    q->hash = 14695981039346656037ULL;
+  }
+  q->da[q->ops] = da;
+  q->db[q->ops++] = db;
+  q->hash = wgmma_hash(q->hash, da, db, N / 2, sizeof(T));  // the operands as this MMA read them
+  std::memcpy(q->v, next, sizeof next);
 }

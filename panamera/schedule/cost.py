@@ -267,7 +267,7 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     elif S > 1:
         resident = gx * d.ty
     else:
-        resident = min(gx, gpu.sms * gpu.resident_blocks(d.tx * d.ty, shared)) * d.ty
+        resident = min(gx, gpu.sms * blocks_per_sm(gpu, group, d)) * d.ty
     if group.consumed:  # poly/column_stitch.py: every row is read before any is re-read
         resident = M
     n_passes = passes(group, d.levels)

@@ -45,6 +45,14 @@ class Residence(StrEnum):
     SHARED = "shared"
 
 
+class MmaOp(StrEnum):
+    """The tensor-core instruction of a tile (`Decision.mma_op`; schedule/warpgroup.py offers the
+    warpgroup tiles)."""
+
+    MMA_SYNC = ""  # nvcuda::wmma (mma.sync): a warp's 16 x 16 fragments, every GPU with tensor cores
+    WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
+
+
 REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
 REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
@@ -89,9 +97,9 @@ class Decision:
     # tensor cores: the split's partials landed in shared memory (blocks, held, bytes, copy: schedule/
     # tc_tiling.py's Landing); (): merged without (register batches, atomics, or no split)
     mma_land: tuple[int, ...] = ()
-    # tensor cores: the MMA instruction (schedule/warpgroup.py's MmaOp): "" mma.sync (wmma), "wgmma" Hopper's
-    # warpgroup MMA (sm_90a), its mma_tile (4, 1, K slab, 1, N / 16): one warpgroup of 64 x N outputs
-    mma_op: str = ""
+    # tensor cores: the MMA instruction (MmaOp): MMA_SYNC mma.sync (wmma), WGMMA Hopper's
+    # warpgroup MMA (sm_90a), its mma_tile (4, G, K slab, 1, N / 16): G warpgroups of 64 x N outputs each
+    mma_op: MmaOp = MmaOp.MMA_SYNC
 
     @property
     def tile_rows(self) -> int:
@@ -113,7 +121,7 @@ class Decision:
             return self.per_sm
         if self.onchip == Residence.REGISTERS:
             return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
-        if self.mma_op:  # a warpgroup MMA's accumulators (N / 2 per thread) beside the staging and addresses
+        if self.mma_op == MmaOp.WGMMA:  # its accumulators (N / 2 per thread) beside the staging and addresses
             return max(1, REGISTER_FILE // (self.threads * (8 * self.mma_tile[4] + WGMMA_OTHERS)))
         base = max(1, 1024 // self.threads)
         return max(1, base // max(1, self.rtile * self.ctile // 2))
@@ -222,8 +230,10 @@ class Decision:
             d["mma_land"] = list(self.mma_land)
         else:  # likewise: nothing landed
             del d["mma_land"]
-        if not self.mma_op:  # likewise: mma.sync
+        if self.mma_op == MmaOp.MMA_SYNC:  # likewise: mma.sync
             del d["mma_op"]
+        else:
+            d["mma_op"] = str(self.mma_op)
         if self.onchip == Residence.MEMORY:  # likewise: schedules without rows on chip read the same
             del d["onchip"]
         else:
@@ -269,7 +279,7 @@ class Decision:
             mma=str(d.get("mma", "")),  # absent before tensor cores: CUDA cores
             mma_tile=tuple(int(v) for v in d.get("mma_tile", ())),
             mma_land=tuple(int(v) for v in d.get("mma_land", ())),  # absent before it was carried: not landed
-            mma_op=str(d.get("mma_op", "")),  # absent before warpgroup MMAs: mma.sync
+            mma_op=MmaOp(d.get("mma_op", "")),  # absent before warpgroup MMAs: mma.sync
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
         )

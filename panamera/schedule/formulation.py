@@ -25,6 +25,9 @@ class Formulation:
     names: tuple[str, ...]  # the formulations offered
     chosen: str
     costs_us: tuple[float, ...] = ()  # modeled µs of each formulation; empty when replayed
+    # each formulation barred by a deterministic compile (its cost infinite); another infinite
+    # cost is a form that cannot take this graph (the compiler's cost says so)
+    barred: tuple[bool, ...] = ()
 
     @property
     def record(self) -> str:
@@ -34,9 +37,10 @@ class Formulation:
     def describe(self) -> str:
         if not self.costs_us:
             return f"{self.op}: {self.chosen} (from the schedule)"
+        barred = self.barred or (False,) * len(self.names)
         vs = " vs ".join(
-            f"{n} {c:.1f} us" if c != math.inf else f"{n} (not deterministic)"
-            for n, c in zip(self.names, self.costs_us)
+            f"{n} {c:.1f} us" if c != math.inf else f"{n} (not deterministic)" if b else f"{n} (cannot take this graph)"
+            for n, c, b in zip(self.names, self.costs_us, barred)
         )
         return f"{self.op}: {vs} (modeled) -> {self.chosen}"
 
@@ -98,11 +102,9 @@ def choose_formulations(
                 )
             f = Formulation(op, names, name)
         else:
-            costs = tuple(
-                math.inf if deterministic and nondeterministic((alt,)) is not None else cost((alt,))
-                for alt in alternatives
-            )
-            f = Formulation(op, names, names[costs.index(min(costs))], costs)
+            barred = tuple(deterministic and nondeterministic((alt,)) is not None for alt in alternatives)
+            costs = tuple(math.inf if b else cost((alt,)) for alt, b in zip(alternatives, barred))
+            f = Formulation(op, names, names[costs.index(min(costs))], costs, barred)
         chosen.append(f)
         by[t.uid] = alternatives[names.index(f.chosen)]
     graph = substitute(outputs, by) if by else outputs

@@ -105,7 +105,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
             if group.stitched:  # its split would be a cooperative launch: whole K per block
                 splits = [1]
             probe = Decision(**base, tx=32 * wm * wn, split=1, chunk=bk, grid=(1, 1), merges=(), mma_tile=tile,
-                             mma_op=str(op))  # fmt: skip
+                             mma_op=op)  # fmt: skip
             if held_registers(ops, probe, group) > HELD_REGISTERS:
                 continue
             for s in splits:
@@ -114,7 +114,7 @@ def candidates(group: KernelGroup, ops: Operands, gpu: GPUSpec, split: int | Non
                 for partials in merge_options if s_eff > 1 else merge_options[:1]:
                     merges = merges_for(group, s_eff, partials)
                     d = Decision(**base, tx=32 * wm * wn, split=s_eff, chunk=chunk, grid=(gx, s_eff), merges=merges,
-                                 mma_tile=tile, mma_op=str(op))  # fmt: skip
+                                 mma_tile=tile, mma_op=op)  # fmt: skip
                     land = landing(ops.kind, d, ops.rows, group.statements[0].acc.itemsize)
                     if land:  # decided here, once: the cost, replay and codegen read it (`landed`)
                         d = replace(d, mma_land=astuple(land))

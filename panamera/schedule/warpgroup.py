@@ -15,17 +15,9 @@ from __future__ import annotations
 
 import math
 
-from ..enums import StrEnum
 from ..model.gpu import GPUSpec
+from .decision import MmaOp  # the tile kinds, owned by the Decision that carries them
 from .tensor_core import FRAG, Mma, Operands
-
-
-class MmaOp(StrEnum):
-    """The tensor-core instruction of a tile (`Decision.mma_op`)."""
-
-    MMA_SYNC = ""  # nvcuda::wmma (mma.sync): a warp's 16 x 16 fragments, every GPU with tensor cores
-    WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
-
 
 WGMMA_N = (32, 64, 128)  # a warpgroup's columns (wgmma's N): N / 2 accumulators per thread
 WARPGROUPS = (1, 2)  # warpgroups per block, side by side along the columns (each its own N)
