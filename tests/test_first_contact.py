@@ -106,6 +106,7 @@ def test_cuda_module_raises_compile_error(monkeypatch):
         cuda=types.SimpleNamespace(
             compiler=types.SimpleNamespace(CompileException=FakeCompileException),
             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1),
+            Device=lambda: types.SimpleNamespace(compute_capability="80"),  # the build's target (cuda.build)
         ),
     )
     monkeypatch.setitem(sys.modules, "cupy", fake)

@@ -23,7 +23,9 @@ ALLOWED = {
     "codegen": {"frontend", "poly", "schedule"},
     "runtime": set(),
     "cache": {"frontend", "schedule", "runtime"},
-    "compiler": {"frontend", "poly", "schedule", "codegen", "runtime", "cache", "explain"},
+    "compiler": {"frontend", "poly", "schedule", "codegen", "runtime", "cache", "explain", "segments"},
+    # the sorted-segment scatter's compile path (a whole-graph plan beside the stages, as attention's)
+    "segments": {"frontend", "poly", "schedule", "codegen", "runtime"},
     "explain": {"schedule"},  # compiler's explain(): reads the artifacts of every stage
 }
 

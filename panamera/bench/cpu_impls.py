@@ -1,4 +1,4 @@
-"""The CPU bench's implementations as built inside a worker process (bench/cpu_isolated.py):
+"""The CPU bench's implementations as built inside a worker process (panamera/bench/cpu_isolated.py):
 `build(impl, workload, threads)` returns (a callable running one call, a picklable info dict).
 
 Every worker derives the same inputs from the workload's name (`inputs`), sets its own library's
@@ -31,7 +31,7 @@ def find_workload(name: str):
 
     found = {w.name: w for w in [*cpu_workloads(), *tiny_cpu()]}
     if name not in found:
-        raise OptionError(f"the CPU bench has no workload {name!r} (bench/cpu_recipes.py: cpu_workloads, tiny_cpu)")
+        raise OptionError(f"the CPU bench has no workload {name!r} (panamera/bench/cpu_recipes.py: cpu_workloads, tiny_cpu)")
     return found[name]
 
 

@@ -3,7 +3,7 @@ side with numpy, PyTorch eager, torch.compile (Inductor's CPU backend) and onnxr
 provider, in one run, with the CPU model's prediction beside each measured time.
 
 Per workload (panamera/bench/cpu_recipes.py) and thread count (1, and every usable core): each
-implementation runs in its own worker process (bench/cpu_isolated.py: spawned once per run, its
+implementation runs in its own worker process (panamera/bench/cpu_isolated.py: spawned once per run, its
 libraries' idle thread pools asleep rather than spinning, its thread counts set inside it:
 Panamera by `threads=`, numpy's BLAS through threadpoolctl, torch by set_num_threads, Inductor
 compiled per count, onnxruntime by `intra_op_num_threads`; numpy's element-wise work is
@@ -271,11 +271,11 @@ def _version(dist: str) -> str | None:
 
 
 def harness(impls: list[str]) -> dict:
-    """results.json's description of the harness (bench/cpu_isolated.py) and its knobs."""
+    """results.json's description of the harness (panamera/bench/cpu_isolated.py) and its knobs."""
     from .cpu_isolated import PASSIVE_ENV
 
     return {
-        "kind": "one worker process per implementation (bench/cpu_isolated.py), rounds interleaved by the "
+        "kind": "one worker process per implementation (panamera/bench/cpu_isolated.py), rounds interleaved by the "
         "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
         "implementations": impls,
         "worker_env": dict(PASSIVE_ENV),

@@ -5,7 +5,7 @@ onnxruntime's CPU provider, measured in one run.
 Per model: `optimize(path, target="cpu")` once (the `panamera run` path: subgraphs on the CPU
 target, the rest in the array library), then at 1 and every usable thread, `rounds` interleaved
 rounds of `OptimizedModel.run(feeds, threads=n)` and an onnxruntime session with
-`intra_op_num_threads=n`, each in its own worker process (bench/cpu_isolated.py: idle pools
+`intra_op_num_threads=n`, each in its own worker process (panamera/bench/cpu_isolated.py: idle pools
 passive, onnxruntime's spinning off; medians and p25-p75), numpy's BLAS (the library's MatMul /
 Gemm nodes, the host convolution's products) held at n threads too. The inputs are verify.random_inputs (token ids
 within the embedding, masks); every Panamera output is checked against onnxruntime's within
@@ -85,7 +85,7 @@ _opt: dict = {}  # the last model optimized in this worker (both thread counts r
 
 
 def build(impl: str, path: str, threads: int, feeds: dict | None = None) -> tuple:
-    """A bench worker's implementation (bench/cpu_isolated.py): "panamera", `OptimizedModel.run`
+    """A bench worker's implementation (panamera/bench/cpu_isolated.py): "panamera", `OptimizedModel.run`
     on `threads` (its info: the inputs, the check against onnxruntime, the counts, optimize_s), or
     "onnxruntime", a session on `threads` with its spinning off, fed `feeds`."""
     from .cpu_impls import _set_blas

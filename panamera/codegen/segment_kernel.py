@@ -32,50 +32,9 @@ bit-identical across runs, block counts and thread counts.
 from __future__ import annotations
 
 from ..dtypes import DType
+from ..schedule.segments import SEGMENT_ROWS, UNROLL, merge_blocks, merge_runs, sort_blocks  # the plan's geometry
 
-SEGMENT_ROWS = 32  # positions per chunk: the fixed cut of a segment into pieces (never a mapping choice)
 ZERO_THREADS = 256
-SORT_THREADS = 256  # threads of the tile and merge kernels' sort blocks
-
-
-def sort_blocks(n: int, tile: int) -> int:
-    """Blocks of the tile kernel that sort (the others zero the table)."""
-    return -(-n // tile)
-
-
-def merge_blocks(n: int) -> int:
-    """Blocks of a merge kernel that merge, one key per thread (the others zero the table)."""
-    return -(-n // SORT_THREADS)
-
-
-UNROLL = 4  # source rows a thread loads before adding them (in order)
-
-
-def vector_width(src: DType, width: int) -> int:
-    """Elements per vector load of a source row (and of a partial): 16 bytes of a 4- or 8-byte
-    type, 8 bytes of a 16-bit one (its partials are float), 1 where the row does not divide.
-
-    >>> from panamera.dtypes import as_dtype
-    >>> vector_width(as_dtype("float32"), 768), vector_width(as_dtype("float64"), 3)
-    (4, 1)
-    """
-    v = 2 if src.itemsize == 8 else 4
-    while v > 1 and width % v:
-        v //= 2
-    return v if src.itemsize in (2, 4, 8) and src.name != "bool" else 1
-
-
-def merge_runs(n: int, tile: int) -> tuple[int, ...]:
-    """The run length each merge pass starts from: tile, 2 tile, ... below n.
-
-    >>> merge_runs(9, 2)
-    (2, 4, 8)
-    """
-    runs, r = [], tile
-    while r < n:
-        runs.append(r)
-        r *= 2
-    return tuple(runs)
 
 
 def render_segments(

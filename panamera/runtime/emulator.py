@@ -69,16 +69,6 @@ def library_key(text: str) -> str:
     return hashlib.sha256((text + headers_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
 
 
-def _header_int(name: str) -> int:
-    """The value of `#define name N` in cuda_emulation.h: a bound the emulator enforces and the
-    schedule stays within, stated once (in the header)."""
-    m = re.search(rf"^#define {name} (\d+)$", HEADER.read_text(), re.M)
-    if m is None:
-        raise BackendError(f"{HEADER}: no '#define {name} <int>'")
-    return int(m.group(1))
-
-
-MAX_ASYNC_COPIES = _header_int("PN_MAX_ASYNC")  # cp.async copies one thread may have in flight (kMaxAsync)
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 _loaded: dict[str, ctypes.CDLL] = {}  # by content hash
 _by_source: dict[str, ctypes.CDLL] = {}  # by source text: the per-call fast path

@@ -7,10 +7,26 @@ It is a leaf module (dtypes only), so the mapper can name buffers with the same 
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from ..dtypes import DType
 from ..enums import StrEnum
+from ..errors import BackendError
+
+
+def _header_int(name: str) -> int:
+    """The value of `#define name N` in the emulator's cuda_emulation.h: a bound every backend
+    enforces and every plan stays within, stated once (in the header)."""
+    header = Path(__file__).with_name("cuda_emulation.h")
+    m = re.search(rf"^#define {name} (\d+)$", header.read_text(), re.M)
+    if m is None:
+        raise BackendError(f"{header}: no '#define {name} <int>'")
+    return int(m.group(1))
+
+
+MAX_ASYNC_COPIES = _header_int("PN_MAX_ASYNC")  # cp.async copies one thread may have in flight (kMaxAsync)
 
 
 class BufferRole(StrEnum):

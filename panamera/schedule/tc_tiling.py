@@ -33,7 +33,7 @@ from ..poly.access import AccessKind, choose_vec
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import StatementKind
-from ..runtime.emulator import MAX_ASYNC_COPIES
+from ..runtime.plan import MAX_ASYNC_COPIES
 from .decision import MAX_GRID_Y, Decision, MergeMode
 from .derived import access_for, along, input_bytes, levels_for, merges_for, partials_options, vector_extent
 from .int4_dequant import OPS_PER_WEIGHT, Nibbles, nibbles
