@@ -31,7 +31,9 @@ def find_workload(name: str):
 
     found = {w.name: w for w in [*cpu_workloads(), *tiny_cpu()]}
     if name not in found:
-        raise OptionError(f"the CPU bench has no workload {name!r} (panamera/bench/cpu_recipes.py: cpu_workloads, tiny_cpu)")
+        raise OptionError(
+            f"the CPU bench has no workload {name!r} (panamera/bench/cpu_recipes.py: cpu_workloads, tiny_cpu)"
+        )
     return found[name]
 
 
