@@ -198,9 +198,8 @@ class HostConvStep:
         if "direct" in c:
             fn, p, d = c["direct"]
             with self._lock:
-                p[0], p[1], p[2], p[5] = at(x), at(w), at(y), (at(b) if b is not None else None)
-                for i, r in enumerate(res):
-                    p[8 + i] = at(r)
+                _direct_weights(p, w, b)
+                _direct_io(p, x, y, res)
                 fn(p, d)
             return y
         n, g = self.x_shape[0], c["w3"][0]
@@ -232,8 +231,8 @@ class HostConvStep:
         if b is not None and not _ok(b, (self.w_shape[0],)):
             return None
         fn, p0, d0 = self._c["direct"]
-        p, d, at = (ctypes.c_void_p * len(p0))(*p0), _longs(*d0), ck.address
-        p[1], p[5] = at(w), (at(b) if b is not None else None)
+        p, d = (ctypes.c_void_p * len(p0))(*p0), _longs(*d0)
+        _direct_weights(p, w, b)
         xs, out, nres, lock, keep = self.x_shape, self.out_shape, self.epilogue.residuals, self._lock, (w, b, self)
         rs = self.conv_shape
 
@@ -242,9 +241,8 @@ class HostConvStep:
                 return None
             y = np.empty(out, np.float32)
             with lock:
-                p[0], p[2], d[-1] = at(x), at(y), threads
-                for i, r in enumerate(residuals):
-                    p[8 + i] = at(r)
+                _direct_io(p, x, y, residuals)
+                d[-1] = threads
                 fn(p, d)
             return y
 
@@ -261,6 +259,19 @@ class HostConvStep:
         if self.pool:
             y = max_pool(y, self.pool)
         return y.astype(x.dtype, copy=False)
+
+
+# The direct call's pointer table (conv_direct.py `pn_step_direct`): x 0, w 1, y 2, padded planes 3,
+# accumulator rows 4, bias 5, epilogue operands and parameters 6-7, residuals from 8; every writer
+# of it (a call, a bound call, the chain's stage) goes through these two.
+def _direct_weights(p, w, b) -> None:
+    p[1], p[5] = ck.address(w), (ck.address(b) if b is not None else None)
+
+
+def _direct_io(p, x, y, residuals) -> None:
+    p[0], p[2] = ck.address(x), ck.address(y)
+    for i, r in enumerate(residuals):
+        p[8 + i] = ck.address(r)
 
 
 def c_stages(
@@ -283,9 +294,8 @@ def c_stages(
     fn_of = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
     if "direct" in c:  # one C call (conv_direct.py); its integer table ends with the thread count
         fn, p, d = c["direct"]
-        p[0], p[1], p[2], p[5] = at(x), at(w), at(y), (at(b) if b is not None else None)
-        for i, r in enumerate(residuals):
-            p[8 + i] = at(r)
+        _direct_weights(p, w, b)
+        _direct_io(p, x, y, residuals)
         return (("direct", fn_of(fn), p, d),)
     if step.form is HostForm.DEPTHWISE:
         fn, p = c["dw"]
