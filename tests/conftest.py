@@ -171,6 +171,20 @@ def _auto_is_the_emulator(request, monkeypatch):
         monkeypatch.setattr(_compiler, "host_target", lambda: _compiler.Target.EMULATOR)
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """A torch test's clean slate: dynamo's compiled frames and the Panamera backend's stats reset
+    before and after (`pytestmark = pytest.mark.usefixtures("fresh_dynamo")` in the torch test files)."""
+    import torch
+
+    import panamera.torch_backend as tb
+
+    torch._dynamo.reset()
+    tb.reset_stats()
+    yield
+    torch._dynamo.reset()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "auto_default: the default target keeps its real meaning (cpu without a GPU)")
     if not os.environ.get("PYTEST_XDIST_WORKER"):

@@ -25,12 +25,7 @@ OPTIONS = {"target": "emulator"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def compiled(module, **kw):

@@ -7,8 +7,6 @@ Tolerances: as tests/test_torch_backend.py: Panamera's result against the module
 further from it than twice eager PyTorch's float32 result plus one reduction's tolerance.
 """
 
-import warnings
-
 import pytest
 from conftest import tolerance
 
@@ -24,13 +22,7 @@ from panamera.torch_backend import symbolic  # noqa: E402
 OPTIONS = {"target": "emulator"}
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    warnings.simplefilter("ignore", pn.EmulatorWarning)
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.usefixtures("fresh_dynamo"), pytest.mark.filterwarnings("ignore::panamera.EmulatorWarning")]
 
 
 class Block(nn.Module):

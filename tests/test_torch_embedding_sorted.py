@@ -26,12 +26,7 @@ class Embed(nn.Module):
         return (self.table(ids) ** 2 * torch.arange(ids.shape[-1], dtype=self.table.weight.dtype)[:, None]).sum()
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def grad(m, compiled: bool, deterministic: bool):

@@ -29,12 +29,7 @@ OPTIONS = {"target": "emulator"}
 CONTRACTION = "a contraction"
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def step(module, inputs, compiled: bool, deterministic: bool = False):

@@ -18,12 +18,7 @@ import panamera.torch_backend as tb  # noqa: E402
 OPTIONS = {"target": "emulator"}
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def grads(module, inputs, compiled: bool, deterministic: bool = False):
