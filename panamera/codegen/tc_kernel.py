@@ -102,7 +102,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
         f"  const pn_idx pn_r0 = bx / {NT} * {BM}, pn_c0 = bx % {NT} * {BN};",
         f"  const pn_idx pn_k0 = by * (pn_idx){m.chunk};",
         f"  const pn_idx pn_k1 = pn_k0 + {m.chunk} < {K} ? pn_k0 + {m.chunk} : {K};",
-        *(wgmma_accumulators(BN, wn) if wg else wmma_accumulators(wn, FM, FN, ACC)),
+        *(wgmma_accumulators(BN, wn, kind) if wg else wmma_accumulators(wn, FM, FN, ACC)),
         f"  for (pn_idx pn_ks = pn_k0; pn_ks < pn_k1; pn_ks += {BK}) {{",
     ]
     operands = ((BM, "a", ops.a, "pn_r0", Q, f"pn_x * {P}"), (BN, "b", ops.b, "pn_c0", P, "pn_x"))
@@ -123,7 +123,7 @@ def emit_tc(loop: ThreadLoop) -> list[str]:
                 [pragma, *stage_operand(loop, kind, e, f"pn_s{tag}", rows, BK, threads, first, extent, i_of, tag)]
             )
     out += [ln for lines in staged for ln in lines]
-    out += wgmma_slab(BM, BN, BK, wn, T) if wg else wmma_slab(BM, BN, BK, FM, FN, T)
+    out += wgmma_slab(BM, BN, BK, wn, kind) if wg else wmma_slab(BM, BN, BK, FM, FN, T)
     RM = min(BM, Q)  # the tile's rows that hold outputs (fewer than BM where M is): each thread's share of them
     mode = m.merges[0]
     joined = len(g.statements) > 1  # element-wise consumers applied where an output is final

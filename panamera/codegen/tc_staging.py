@@ -13,7 +13,7 @@ from ..poly.access import AccessKind
 from ..schedule.int4_dequant import Nibbles
 from ..schedule.tc_tiling import raw_copy, staging_steps, tiles
 from ..schedule.tensor_core import Mma
-from ..schedule.warpgroup import MmaOp
+from ..schedule.warpgroup import MmaOp, wgmma_vec
 from .expr import ExprRenderer
 from .thread_loop import ThreadLoop
 
@@ -26,21 +26,25 @@ def _convert(kind: Mma, v: str) -> str:
 
 def slot(m, buf: str, rows: int, x: str, k: str, lane: str = "") -> str:
     """Element (x, k) of an operand's slab of `rows` x BK in shared memory (plus `lane`, the
-    consecutive k of a step's `vec` lanes, within k's 16, or k's 8 for wgmma): the one place the
-    staging loops write the layout the MMAs read. For wmma each 16-wide K step is a contiguous
-    `rows` x 16 block, row-major (fragments load it with ldm 16); for a warpgroup MMA (`m.mma_op`)
-    the slab is wgmma's core matrices of 8 rows x 8 k (16 bytes a row, 128 contiguous bytes each),
-    the `rows` / 8 of each 8 k consecutive: the descriptor's stride (SBO) between row groups is
-    128 bytes, its leading offset (LBO) between the two k halves of a step `rows` x 16 bytes.
+    consecutive k of a step's `vec` lanes, within k's 16, or a core matrix's row for wgmma): the one
+    place the staging loops write the layout the MMAs read. For wmma each 16-wide K step is a
+    contiguous `rows` x 16 block, row-major (fragments load it with ldm 16); for a warpgroup MMA
+    (`m.mma_op`) the slab is wgmma's core matrices of 8 rows x 16 bytes (8 k of a 16-bit operand,
+    16 of s8; 128 contiguous bytes each), the `rows` / 8 of each row's k consecutive: the
+    descriptor's stride (SBO) between row groups is 128 bytes, its leading offset (LBO) between the
+    two core matrices along K of one MMA `rows` x 16 bytes.
 
     >>> from types import SimpleNamespace as NS
-    >>> slot(NS(mma_op=""), "pn_sa", 32, "pn_q", "pn_p", " + v")
+    >>> slot(NS(mma_op="", mma="f16"), "pn_sa", 32, "pn_q", "pn_p", " + v")
     'pn_sa[(pn_p / 16 * 32 + pn_q) * 16 + pn_p % 16 + v]'
-    >>> slot(NS(mma_op="wgmma"), "pn_sa", 64, "pn_q", "pn_p", " + v")
+    >>> slot(NS(mma_op="wgmma", mma="f16"), "pn_sa", 64, "pn_q", "pn_p", " + v")
     'pn_sa[(pn_p / 8 * 8 + pn_q / 8) * 64 + pn_q % 8 * 8 + pn_p % 8 + v]'
+    >>> slot(NS(mma_op="wgmma", mma="s8"), "pn_sa", 64, "pn_q", "pn_p")
+    'pn_sa[(pn_p / 16 * 8 + pn_q / 8) * 128 + pn_q % 8 * 16 + pn_p % 16]'
     """
     if m.mma_op == MmaOp.WGMMA:
-        return f"{buf}[({k} / 8 * {rows // 8} + {x} / 8) * 64 + {x} % 8 * 8 + {k} % 8{lane}]"
+        c = wgmma_vec(Mma(m.mma))  # a core matrix's row: 16 bytes of k
+        return f"{buf}[({k} / {c} * {rows // 8} + {x} / 8) * {8 * c} + {x} % 8 * {c} + {k} % {c}{lane}]"
     return f"{buf}[({k} / 16 * {rows} + {x}) * 16 + {k} % 16{lane}]"
 
 
