@@ -13,8 +13,9 @@ Shared memory holds each 16-wide K step as a contiguous 16 x 16 block per fragme
 BK / 16 steps of `mma_sync` on its FM x FN 16 x 16 accumulators (each A fragment loaded once for
 FN MMAs, each B fragment once for FM); a barrier guards the slab before it is refilled. A
 warpgroup tile stages the same operands into wgmma's core matrices (tc_staging.py `slot`) in the block's shared
-memory (PN_BLOCK_SHARED: the descriptors address it) and each of its 1-2 warpgroups issues BK / 16
-`wgmma.mma_async` m64nNk16 on its 64 x N columns, fenced, committed and waited for within the slab.
+memory (PN_BLOCK_SHARED: the descriptors address it) and each of its 1-2 warpgroups issues BK / k
+`wgmma.mma_async` m64nNk (k16 f16 / bf16, k32 s8) on its 64 x N columns, fenced, committed and
+waited for within the slab.
 
 The accumulators go through shared memory (`store_matrix_sync`, row-major): the code never reads
 a fragment's elements, whose lane layout CUDA leaves unspecified. Then every thread finishes its

@@ -1,6 +1,7 @@
 """The warpgroup-MMA part of the tensor-core template (codegen/tc_kernel.py; schedule/warpgroup.py):
 the accumulators, a staged slab's wgmma.mma_async group, and the file-scope PTX of a kernel that
-issues them (m64nNk16 f16 / bf16 into f32, m64nNk32 s8 into s32). The emulator runs the same calls (runtime/wgmma_emulation.h).
+issues them (m64nNk16 f16 / bf16 into f32, m64nNk32 s8 into s32). The emulator runs the same calls
+(runtime/wgmma_emulation.h).
 """
 
 from __future__ import annotations

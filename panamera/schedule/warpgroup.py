@@ -74,17 +74,24 @@ def wgmma_error(gpu: GPUSpec, kind: Mma, tile: tuple[int, ...], vec: int) -> str
 # rms 8, worst 33 under and 17 over. The accumulators (N / 2 fp32 per thread) and the K slab's
 # staging dominate: 16-bit operands copied raw hold more per slab than weights loaded first
 # (tc_tiling.loads_first: int8 / int4, dequantized in registers); a split adds its partials' merge.
+# s8 x s8 copied raw holds half the bytes of 16-bit operands per 16 of K: its raw term is halved
+# [assumed: the copies' registers scale with their bytes]; against 20 ptxas -v reports of s8 tiles
+# (64 x 4096 x 4096, sm_90a, G 1-2, N 32-128, slab 32-128, split 1-2) it is rms 15 registers, 7 under
+# to 31 over (not halved: rms 27, 1 under to 43 over): s8 tiles are rated conservatively.
 REG_BASE, REG_PER_ACC, REG_SPLIT = 19.0, 1.6, 15.0
 REG_PER_K16 = {False: 5.3, True: 2.6}  # per 16 of the K slab: raw 16-bit copies, or weights loaded first
 
 
-def registers(tile: tuple[int, ...], split: int, loads_first: bool) -> int:
+def registers(tile: tuple[int, ...], split: int, loads_first: bool, kind: Mma = Mma.F16) -> int:
     """Estimated registers per thread of a warpgroup-MMA block (`REG_*`, fitted): what bounds how
     many such blocks an SM holds beside their threads and shared memory (GPUSpec.resident_blocks).
+    Operands of `kind` copied raw (not `loads_first`) count by their bytes.
 
     >>> registers((4, 2, 128, 1, 2), 2, True), registers((4, 1, 32, 1, 8), 1, False)  # ptxas: 72, 128
     (81, 132)
+    >>> registers((4, 1, 128, 1, 4), 1, False, Mma.S8)  # ptxas: 70
+    92
     """
     n = tile[4] * FRAG
-    per_k = REG_PER_K16[loads_first] * tile[2] / FRAG
+    per_k = REG_PER_K16[loads_first] * tile[2] / FRAG * (1.0 if loads_first else kind.itemsize / 2)
     return min(255, math.ceil(REG_BASE + REG_PER_ACC * n / 2 + per_k + (REG_SPLIT if split > 1 else 0.0)))
