@@ -161,7 +161,7 @@ def disk_info() -> DiskInfo:
     if d is None:
         return DiskInfo(None, 0, 0)
     files = diskcache.entries(d)
-    return DiskInfo(d, sum(p.suffix == ".so" for p in files), sum(p.stat().st_size for p in files))
+    return DiskInfo(d, sum(p.suffix in diskcache.SUFFIXES for p in files), sum(p.stat().st_size for p in files))
 
 
 def disk_clear() -> int:
@@ -172,4 +172,4 @@ def disk_clear() -> int:
     files = diskcache.entries(d)
     for p in files:
         p.unlink(missing_ok=True)
-    return sum(p.suffix == ".so" for p in files)
+    return sum(p.suffix in diskcache.SUFFIXES for p in files)

@@ -259,9 +259,10 @@ def test_split_stitched_rows_run_cooperatively(shape):
         assert counters_are_zero(k)
 
 
-def wgmma_contraction(target: str, gpu):
-    """fp16 x @ w.T (M 20, N 40, K 100: tails on every axis) with its contraction on the first
-    warpgroup-MMA candidate for `gpu`, compiled for `target`: (kernel, X, W, float64 reference)."""
+def wgmma_contraction(target: str, gpu, dtype: str = "float16"):
+    """x @ w.T (M 20, N 40, K 100: tails on every axis) of fp16 (f32 accumulators) or int8 (the int32
+    sum: s8 MMAs, s32 accumulators) with its contraction on the first warpgroup-MMA candidate for
+    `gpu`, compiled for `target`: (kernel, X, W, reference: float64, or int64 for int8)."""
     import dataclasses
 
     from panamera.schedule.tc_tiling import candidates
@@ -269,21 +270,27 @@ def wgmma_contraction(target: str, gpu):
     from panamera.schedule.warpgroup import MmaOp
 
     m, n, kk = 20, 40, 100
-    x, w = pn.placeholder((m, kk), "float16", name="x"), pn.placeholder((n, kk), "float16", name="w")
+    x, w = pn.placeholder((m, kk), dtype, name="x"), pn.placeholder((n, kk), dtype, name="w")
+    y = x @ w.T if dtype != "int8" else pn.matmul(x, w.T).inputs[0]
     kw = dict(target=target, gpu=gpu, use_database=False, cache=False)
-    base = pn.compile(x @ w.T, **kw)
+    base = pn.compile(y, **kw)
     g = base.groups[0]
     d = next(d for d in candidates(g, analyse(g), gpu, None, False) if d.mma_op == MmaOp.WGMMA)
-    k = pn.compile(x @ w.T, schedule=dataclasses.replace(base.schedule, kernels=(d,)), **kw)
+    k = pn.compile(y, schedule=dataclasses.replace(base.schedule, kernels=(d,)), **kw)
     assert "pn_wgmma<" in k.source and "mma_sync" not in k.source
     rng = np.random.default_rng(0)
+    if dtype == "int8":
+        X, W = rng.integers(-128, 128, (m, kk), dtype=np.int8), rng.integers(-128, 128, (n, kk), dtype=np.int8)
+        return k, X, W, X.astype(np.int64) @ W.astype(np.int64).T
     X, W = rng.standard_normal((m, kk)).astype(np.float16), rng.standard_normal((n, kk)).astype(np.float16)
     return k, X, W, X.astype(np.float64) @ W.astype(np.float64).T
 
 
-def test_a_wgmma_contraction_on_sm90():
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+def test_a_wgmma_contraction_on_sm90(dtype):
     """On an sm_90 device (H100, H200): warpgroup MMAs compiled for sm_90a (runtime/cuda.build)
-    against numpy; the emulator checks the same kernel everywhere else (tests/test_wgmma.py)."""
+    against numpy (int8 x int8 on s8 MMAs: exact); the emulator checks the same kernels everywhere
+    else (tests/test_wgmma.py)."""
     from panamera.model import detect
 
     props = _cp().cuda.runtime.getDeviceProperties(0)
@@ -292,5 +299,8 @@ def test_a_wgmma_contraction_on_sm90():
     gpu = detect.detect()
     if gpu is None or not gpu.warpgroup_mma:
         pytest.fail("an sm_90 device whose NVRTC or driver cannot build sm_90a (detect.arch_specific_ok)")
-    k, X, W, ref = wgmma_contraction("cuda", gpu)
-    close(k(X, W), ref, "float16", X.shape[1])
+    k, X, W, ref = wgmma_contraction("cuda", gpu, dtype)
+    if dtype == "int8":
+        assert np.array_equal(host(k(X, W)), ref)
+    else:
+        close(k(X, W), ref, "float16", X.shape[1])

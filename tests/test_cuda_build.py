@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
+from panamera import cache
 from panamera.errors import CompileError
 from panamera.model import detect
-from panamera.runtime import cuda
+from panamera.runtime import cuda, diskcache
 
 WGMMA = "__global__ void k() { pn_wgmma<64, __half>(d, a, b); }\n"
 PLAIN = "__global__ void k() { nvcuda::wmma::mma_sync(d, a, b, d); }\n"
@@ -20,6 +22,12 @@ PLAIN = "__global__ void k() { nvcuda::wmma::mma_sync(d, a, b, d); }\n"
 
 class _NVRTCError(RuntimeError):
     pass
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(monkeypatch, tmp_path):
+    """Every test's kernel cache is its own directory (cubins land there, never in ~/.cache)."""
+    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
 
 
 def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12, 4), driver=12040):
@@ -83,6 +91,52 @@ def test_a_wgmma_source_is_compiled_for_sm90a_and_loaded_as_a_cubin(monkeypatch)
     assert set(raw) == {"path"} and open(raw["path"], "rb").read() == b"cubin bytes"
     cuda.module(WGMMA)  # cached per source and target
     assert len(calls["nvrtc"]) == 1
+
+
+def _new_process(monkeypatch):
+    """What a later process sees: the in-memory module table empty, the disk cache kept."""
+    monkeypatch.setattr(cuda, "_modules", {})
+
+
+def test_the_sm90a_cubin_is_kept_on_disk_for_the_next_process(monkeypatch, tmp_path):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(WGMMA)
+    (path,) = [r["path"] for r in calls["raw"]]
+    assert Path(path).parent == tmp_path / "cache" and Path(path).name.startswith("cubin_")
+    assert diskcache.verified(Path(path))  # with its SHA-256 sidecar, as the emulator's libraries
+    _new_process(monkeypatch)
+    cuda.module(WGMMA)
+    assert len(calls["nvrtc"]) == 1 and calls["raw"][1] == {"path": path}  # loaded, NVRTC not run again
+    info = cache.disk_info()
+    assert info.files == 1 and info.bytes > 0  # `panamera cache info` counts it, `cache clear` removes it
+    assert cache.disk_clear() == 1 and not Path(path).exists()
+
+
+@pytest.mark.parametrize("change", ["source", "nvrtc", "options"])
+def test_a_new_source_nvrtc_or_option_compiles_again(monkeypatch, change):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(WGMMA)
+    first = calls["raw"][0]["path"]
+    source, version = WGMMA, (12, 4)
+    if change == "source":
+        source = WGMMA + "// another kernel\n"
+    elif change == "nvrtc":
+        version = (12, 8)
+    else:
+        monkeypatch.setattr(cuda, "NVRTC_OPTIONS", ("-std=c++20",))
+    calls = fake_cupy(monkeypatch, nvrtc_version=version)  # a later process, the disk cache kept
+    cuda.module(source)
+    assert len(calls["nvrtc"]) == 1 and calls["raw"][0]["path"] != first
+
+
+def test_a_corrupt_cached_cubin_is_rebuilt(monkeypatch, caplog):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(WGMMA)
+    path = Path(calls["raw"][0]["path"])
+    path.write_bytes(b"truncated")
+    _new_process(monkeypatch)
+    cuda.module(WGMMA)
+    assert len(calls["nvrtc"]) == 2 and path.read_bytes() == b"cubin bytes" and "rebuilding" in caplog.text
 
 
 def test_a_wgmma_source_on_sm80_is_left_to_cupy(monkeypatch):

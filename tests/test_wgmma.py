@@ -7,6 +7,7 @@ the MMA's 16-bit type). Shapes are small and not multiples of 16 (M 20, N 40, K 
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -88,6 +89,44 @@ def test_wgmma_int4_weights_dequantized(rng):
     assert (np.abs(out - X.astype(np.float64) @ Wd.T) <= _dequant_bound(X, Wd, "float32")).all()
 
 
+@pytest.mark.parametrize(
+    "k_len, groups, n, split, wrapped", [(100, 1, 64, 2, False), (256, 2, 32, 1, True)]
+)  # fmt: skip
+def test_wgmma_s8_exact(k_len, groups, n, split, wrapped, rng):
+    """int8 x int8 on m64nNk32 MMAs with s32 accumulators: exact (wrapping, as numpy's int32 sum).
+    The int32 sum split over K with its partials landed, and numpy's int8 result (the wrap stitched
+    as an element-wise consumer) staged 16 lanes a step: a whole row of an s8 core matrix."""
+    x, w = pn.placeholder((M, k_len), "int8", name="x"), pn.placeholder((N, k_len), "int8", name="w")
+    y = pn.matmul(x, w.T) if wrapped else pn.matmul(x, w.T).inputs[0]
+    k = wg_compile(y, n, split, deterministic=True, groups=groups)
+    d = k.schedule.kernels[0]
+    assert d.mma == Mma.S8 and d.split == split and (d.vec == 16) == wrapped
+    assert f"m64n{n}k32.s32.s8.s8" in k.source and "pn_wgacc<" + str(n // 2) + ", int>" in k.source
+    X, W = array((M, k_len), "int8", rng), array((N, k_len), "int8", rng)
+    X[0], W[0] = -128, -128  # the largest products: 128 * 128 * K fits in int32, exactly
+    ref = X.astype(np.int64) @ W.astype(np.int64).T
+    out = np.asarray(k(X, W))
+    assert out.dtype == (np.int8 if wrapped else np.int32)
+    assert np.array_equal(out, ref.astype(np.int8) if wrapped else ref)
+
+
+def test_wgmma_s8_sass_is_igmma():
+    """The s8 tile's PTX is what ptxas takes for sm_90a: integer warpgroup MMAs (IGMMA 64 x N x 32)
+    in its SASS, none in sm_80's (the kernel only traps there). Its 0 spills: the suite's nvcc check."""
+    from panamera.errors import BackendError
+    from panamera.runtime import nvcc
+
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        pytest.skip(str(e))
+    x, w = pn.placeholder((M, 64), "int8", name="x"), pn.placeholder((N, 64), "int8", name="w")
+    k = wg_compile(pn.matmul(x, w.T).inputs[0], 64)
+    name = re.search(r"__launch_bounds__\([^)]*\) (pn_k\w*)\(", k.source).group(1)  # the MMA kernel
+    assert "IGMMA.64x64x32.S8.S8" in nvcc.sass(k.source, name, "sm_90")
+    assert "GMMA" not in nvcc.sass(k.source, name, "sm_80")
+
+
 # -- the emulator's checks of the asynchronous groups ------------------------------------------------
 @pytest.mark.parametrize(
     "dropped, error",
@@ -145,12 +184,13 @@ def test_precondition_1_a_gpu_without_warpgroup_mmas():
     assert not any(e.mma_op for e in candidates(g, analyse(g), A100, None, False))
 
 
-def test_precondition_2_int8_operands():
+def test_precondition_2_operands_without_a_warpgroup_mma():
+    """Every operand kind tensor cores take here has a warpgroup MMA (f16 / bf16 k16, s8 k32: s8 x s8
+    tiles replay); another kind (here tf32, which Panamera does not stage) is refused."""
     g = _group("int8")
-    d = next(iter(candidates(g, analyse(g), H100, 1, False)))
-    assert not any(e.mma_op for e in candidates(g, analyse(g), H100, None, False))
-    with pytest.raises(ScheduleError, match=r"not a warpgroup-MMA tile \(2:"):
-        replay(g, dataclasses.replace(d, mma_op="wgmma", mma_tile=(4, 1, 32, 1, 4)), H100, "k")
+    d = _wgmma_decision(g)
+    assert d.mma == Mma.S8 and replay(g, d, H100, "k").mma_op == MmaOp.WGMMA
+    assert wgmma_error(H100, "tf32", d.mma_tile, d.vec).startswith("2:")
 
 
 def test_precondition_3_a_tile_that_is_not_one_warpgroup():
@@ -160,6 +200,9 @@ def test_precondition_3_a_tile_that_is_not_one_warpgroup():
         replay(g, dataclasses.replace(d, mma_tile=(4, 1, 32, 1, 3)), H100, "k")  # N 48
     with pytest.raises(ScheduleError, match=r"mma_op 'wmma'"):
         replay(g, dataclasses.replace(d, mma_op="wmma"), H100, "k")
+    s8 = _group("int8")  # s8's MMAs step K by 32: a K slab of 16 (f16's step) is not one
+    with pytest.raises(ScheduleError, match=r"not a warpgroup-MMA tile \(3: a K slab of 16 is not a multiple of s8's"):
+        replay(s8, dataclasses.replace(_wgmma_decision(s8), mma_tile=(4, 1, 16, 1, 4)), H100, "k")
 
 
 def test_precondition_4_staging_lanes_across_a_core_matrix_row():
@@ -168,6 +211,7 @@ def test_precondition_4_staging_lanes_across_a_core_matrix_row():
     d = _wgmma_decision(_group())
     assert wgmma_error(H100, Mma.F16, d.mma_tile, d.vec) is None
     assert wgmma_error(H100, Mma.F16, d.mma_tile, 16).startswith("4:")
+    assert wgmma_error(H100, Mma.S8, d.mma_tile, 16) is None  # an s8 core matrix's row is 16 k
 
 
 # -- the model's choice and the architecture ---------------------------------------------------------
@@ -187,6 +231,16 @@ def test_model_takes_warpgroup_mmas_where_issue_binds():
     f = dict(h.cost.features)
     assert f["registers"] == min(register_budget(h), registers(h.mma_tile, h.split, loads_first=True))  # int4
     assert kernel_time(H100, **f).total_s == pytest.approx(h.cost.total_s)
+
+
+def test_model_takes_s8_warpgroup_mmas_for_int8_x_int8():
+    """int8 x int8 at 16 rows of 4096 x 4096 on H100: the model takes s8 warpgroup tiles (modeled
+    faster than mma.sync's), never on A100."""
+    x, w = pn.placeholder((16, 4096), "int8", name="x"), pn.placeholder((4096, 4096), "int8", name="w")
+    g = lower(pn.matmul(x, w.T), stop_after="groups", target="emulator").groups[0]
+    h = map_group(g, H100)
+    assert h.mma == Mma.S8 and h.mma_op == MmaOp.WGMMA and dict(h.cost.features).get("mma_async")
+    assert map_group(g, A100).mma_op == ""
 
 
 def test_registers_bound_the_resident_blocks():

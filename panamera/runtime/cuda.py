@@ -18,18 +18,17 @@ The target: CuPy's RawModule takes no architecture. It appends its own `-arch=sm
 (NVRTC_ERROR_INVALID_OPTION, cupy/cupy#3292). A source with warpgroup MMAs needs the
 arch-specific sm_90a (`nvcc.arch_for`), so `build` decides the target once: the device's own,
 left to CuPy, or an arch-specific one, which Panamera compiles with NVRTC itself (the same
-`-ftz=true`) and loads as a cubin (`RawModule(path=...)`).
+`-ftz=true`) and loads as a cubin (`RawModule(path=...)`), kept in the kernel cache on disk
+(`cubin_KEY.cubin`, keyed by source, target, options and NVRTC version) as CuPy keeps its own.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import BackendError, CompileError
+from . import diskcache
 from .nvcc import arch_for
 
 # -std=c++17 for the prelude's templates; CuPy adds -arch for the device and -ftz=true (above).
@@ -98,29 +97,46 @@ def _cccl_include(cupy, source: str) -> tuple[str, ...]:
     return (f"-I{cccl}",) if cccl.is_dir() else ()
 
 
-@functools.cache
-def _cubin_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="panamera-cubin-"))
+def cubin_key(source: str, b: Build, options: tuple[str, ...], nvrtc_version) -> str:
+    """The disk-cache key of an arch-specific cubin: everything NVRTC's output depends on, the
+    source, the target, the options it really gets (CuPy's include directories among them) and
+    NVRTC's version.
+
+    >>> b = build("pn_wgmma<64, __half>(d, a, b);", "sm_90")
+    >>> k = cubin_key("src", b, b.options, (12, 4))
+    >>> len(k), k == cubin_key("src", b, b.options, (12, 8))
+    (24, False)
+    """
+    text = "\0".join((source, b.target, " ".join(options), ".".join(map(str, nvrtc_version))))
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def _own_module(cupy, source: str, b: Build):
-    """`source` compiled by NVRTC with `b.options` (plus CuPy's own include directories, as a
-    RawModule of code gets them) and loaded as a cubin: a RawModule like CuPy's."""
-    nvrtc = cupy.cuda.nvrtc
-    core = getattr(getattr(cupy, "_core", None), "core", None)
-    assemble = getattr(core, "assemble_cupy_compiler_options", None)
-    options = tuple(assemble(b.options)) if assemble else b.options
+def _nvrtc_cubin(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
+    """`source` compiled by NVRTC with `options` to a cubin; its rejection as a CompileError."""
     prog = nvrtc.createProgram(source, "panamera.cu", (), ())
     try:
         try:
             nvrtc.compileProgram(prog, list(options))
         except nvrtc.NVRTCError:
             raise compile_error(nvrtc.getProgramLog(prog), source) from None
-        cubin = nvrtc.getCUBIN(prog)
+        return nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    path = _cubin_dir() / f"{hashlib.sha256(source.encode() + b.target.encode()).hexdigest()[:24]}.cubin"
-    path.write_bytes(cubin)
+
+
+def _own_module(cupy, source: str, b: Build):
+    """`source` compiled by NVRTC with `b.options` (plus CuPy's own include directories, as a
+    RawModule of code gets them) and loaded as a cubin: a RawModule like CuPy's. The cubin is kept
+    in the kernel cache (runtime/diskcache.py: private directory, verified by its SHA-256), so a
+    later process loads it instead of running NVRTC again."""
+    nvrtc = cupy.cuda.nvrtc
+    core = getattr(getattr(cupy, "_core", None), "core", None)
+    assemble = getattr(core, "assemble_cupy_compiler_options", None)
+    options = tuple(assemble(b.options)) if assemble else b.options
+    key = cubin_key(source, b, options, nvrtc.getVersion())
+    path = diskcache.ensure(
+        diskcache.directory() / f"cubin_{key}.cubin", lambda: _nvrtc_cubin(nvrtc, source, options), "cuda backend"
+    )
     return cupy.RawModule(path=str(path))
 
 

@@ -260,10 +260,10 @@ struct AsyncCopies {
 // between (by any thread) is an error, as on a GPU the MMA may read its operands until the wait.
 static const int kMaxWgmma = 16;
 struct WgmmaPending {
-  float* acc;  // the accumulator registers (pn_wgacc::v) it writes
+  void* acc;  // the accumulator registers (pn_wgacc::v: f32 or s32) it writes
   int n, group, ops, esize;
   unsigned long long da[kMaxWgmma], db[kMaxWgmma], hash;
-  float v[128];
+  alignas(4) unsigned char v[128 * 4];  // the n new accumulator values, 4 bytes each
 };
 struct WgmmaState {
   int fenced, committed, n;  // committed: groups closed so far (the open group's number)

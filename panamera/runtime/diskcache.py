@@ -171,15 +171,23 @@ def discard(lib: Path, why: str) -> None:
             pass
 
 
+def ensure(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> Path:
+    """The path of a verified file for `lib`: the cached one when its bytes match its sidecar,
+    else built by `compile_bytes` and stored (a changed entry is discarded first). The cuda
+    backend keeps its NVRTC cubins this way; `load` adds loading them as shared libraries."""
+    if lib.exists() and not verified(lib):
+        discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
+    if not lib.exists():
+        lib = put(lib, compile_bytes(), who)
+    return lib
+
+
 def load(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> ctypes.CDLL:
     """The library at `lib`, loaded only when its bytes match its sidecar; a missing, changed or
     unloadable one is built again by `compile_bytes` (once) and stored verified. Every backend
     that builds shared libraries (the emulator, the CPU target) loads them through here."""
-    if lib.exists() and not verified(lib):
-        discard(lib, "does not match the SHA-256 recorded when it was built (corrupt or changed)")
     for attempt in (0, 1):
-        if not lib.exists():
-            lib = put(lib, compile_bytes(), who)
+        lib = ensure(lib, compile_bytes, who)
         try:
             return ctypes.CDLL(str(lib))
         except OSError as e:  # verified bytes that do not load: rebuilt once, then an error
@@ -189,7 +197,8 @@ def load(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> ctypes.CDLL
     raise AssertionError("unreachable")
 
 
-PREFIXES = ("emu_", "cpu_")  # the emulator's libraries, the CPU target's
+PREFIXES = ("emu_", "cpu_", "cubin_")  # the emulator's libraries, the CPU target's, the cuda backend's cubins
+SUFFIXES = (".so", ".cubin")  # what counts as one built library (a sidecar does not)
 
 
 def entries(d: Path) -> list[Path]:

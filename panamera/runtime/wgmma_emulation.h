@@ -1,14 +1,16 @@
 // wgmma_emulation.h: Hopper's warpgroup MMAs (PTX wgmma, sm_90a) for the emulator, as a reference.
 //
 // What Panamera's wgmma tiles use (codegen/tc_kernel.py, whose CUDA side issues the same PTX):
-//   pn_wgacc<N>          a thread's accumulator registers of an m64nNk16 MMA with f32 accumulators
-//                        (N = columns / 2 per thread); its operator[] is the only access to them
+//   pn_wgacc<N, A>       a thread's accumulator registers of an MMA (N = columns / 2 per thread), of
+//                        type A: float (f32 accumulators) or int (s32, s8 operands); its operator[]
+//                        is the only access to them
 //   pn_wgmma_desc        the 64-bit shared-memory matrix descriptor of an operand (PTX ISA, "Matrix
 //                        Descriptor Format"): bits 0-13 the start address >> 4, 16-29 the leading
 //                        dimension byte offset >> 4, 32-45 the stride dimension byte offset >> 4,
 //                        49-51 the base offset, 62-63 the swizzle mode
-//   pn_wgmma<N, T>       wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T, A and B from shared memory
-//                        through descriptors, both K-major, D += A * B^T
+//   pn_wgmma<N, T>       wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T (T f16 / bf16), or
+//                        .m64nNk32.s32.s8.s8 (T signed char): A and B from shared memory through
+//                        descriptors, both K-major, D += A * B^T; an MMA's K is 32 bytes of T
 //   pn_wgmma_fence / pn_wgmma_commit / pn_wgmma_wait<n>: wgmma.fence, commit_group, wait_group n
 //   pn_fence_proxy_async fence.proxy.async.shared::cta (generic-proxy stores made visible to wgmma)
 //
@@ -22,7 +24,8 @@
 //
 // Accumulators: a warpgroup is 4 warps (threads 128 g .. 128 g + 127); warp w holds rows
 // 16 w .. 16 w + 15, and lane l's element i is row 16 w + l / 4 + 8 ((i / 2) % 2), column
-// 8 (i / 4) + 2 (l % 4) + i % 2 (the PTX ISA's "Register Fragments" figure for wgmma .m64nNk16 D).
+// 8 (i / 4) + 2 (l % 4) + i % 2 (the PTX ISA's "Register Fragments" figure for wgmma D, the same
+// for .m64nNk16 f32 and .m64nNk32 s32 accumulators).
 // Each thread computes its own elements from shared memory at the call (the operands must be in
 // place, as on the GPU, where they are read asynchronously until the wait), but its registers
 // change only at the wgmma.wait_group that covers the MMA's group. Errors, as a GPU's undefined
@@ -32,12 +35,15 @@
 // an MMA read changed by its wait (any thread's store in between: the GPU reads them
 // asynchronously, so such a store races with the MMA).
 // Arithmetic as wmma_emulation.h: products of 16-bit floats are exact in float, accumulated with
-// one rounding per k (fmaf), k ascending.
+// one rounding per k (fmaf), k ascending; s8 products accumulate exactly in s32, wrapping (the
+// instruction without .satfinite).
 #pragma once
+#include <type_traits>
 
-template <int N> struct pn_wgacc {
-  float v[N];
-  float& operator[](int i) {
+template <int N, class A = float> struct pn_wgacc {
+  static_assert(sizeof(A) == 4, "wgmma accumulators are f32 or s32 registers");
+  A v[N];
+  A& operator[](int i) {
     using namespace pn_emu;
     WgmmaState* s = cur->wgmma;
     if (s) {
@@ -76,20 +82,28 @@ static inline const unsigned char* wgmma_bytes(unsigned long long desc, int r, i
 template <class T> static inline const T* wgmma_element(unsigned long long desc, int r, int k) {
   return reinterpret_cast<const T*>(wgmma_bytes(desc, r, k, sizeof(T)));
 }
-// This thread's D element i of an m64nNk16 MMA: (row, column) by the D fragment layout.
+// This thread's D element i of an MMA: (row, column) by the D fragment layout.
 static inline int wgmma_row(int i) { const int t = cur->tid % 128; return 16 * (t / 32) + (t % 32) / 4 + 8 * ((i / 2) % 2); }
 static inline int wgmma_col(int i) { const int l = cur->tid % 32; return 8 * (i / 4) + 2 * (l % 4) + i % 2; }
 // A hash of the operand bytes this thread's D elements read (FNV-1a), folded into `h`.
 static inline unsigned long long wgmma_hash(unsigned long long h, unsigned long long da, unsigned long long db,
                                             int n, size_t size) {
   for (int i = 0; i < n; ++i)
-    for (int k = 0; k < 16; ++k) {
+    for (int k = 0; k < (int)(32 / size); ++k) {  // the MMA's K: 32 bytes
       const unsigned char* a = wgmma_bytes(da, wgmma_row(i), k, size);
       const unsigned char* b = wgmma_bytes(db, wgmma_col(i), k, size);
       if (!a || !b) return h;
       for (size_t j = 0; j < size; ++j) h = (h ^ a[j]) * 1099511628211ULL, h = (h ^ b[j]) * 1099511628211ULL;
     }
   return h;
+}
+// acc + a b, one step of an MMA's dot product: 16-bit floats in float with one rounding (fmaf), s8 in
+// s32, exact and wrapping.
+template <class T> static inline float wgmma_fma(float acc, const T& a, const T& b) {
+  return std::fmaf(nvcuda::wmma::detail::to_float(a), nvcuda::wmma::detail::to_float(b), acc);
+}
+static inline int wgmma_fma(int acc, const signed char& a, const signed char& b) {
+  return (int)((uint32_t)acc + (uint32_t)((int)a * (int)b));
 }
 }  // namespace pn_emu
 
@@ -117,7 +131,7 @@ template <int Pending> static inline void pn_wgmma_wait() {
       for (int o = 0; o < q.ops; ++o) h = wgmma_hash(h, q.da[o], q.db[o], q.n, q.esize);
       if (h != q.hash && !error)
         error = "wgmma.mma_async: shared memory an MMA reads was written before the wgmma.wait_group that covers it";
-      std::memcpy(q.acc, q.v, sizeof(float) * q.n);
+      std::memcpy(q.acc, q.v, 4 * (size_t)q.n);
     } else {
       s.p[kept++] = q;
     }
@@ -125,28 +139,34 @@ template <int Pending> static inline void pn_wgmma_wait() {
   s.n = kept;
 }
 
-// D (this thread's N / 2 elements) += A (64 x 16) * B (N x 16)^T, both K-major in shared memory.
-template <int N, class T> static inline void pn_wgmma(pn_wgacc<N / 2>& d, unsigned long long da, unsigned long long db) {
+// D (this thread's N / 2 elements) += A (64 x K) * B (N x K)^T, both K-major in shared memory; K is
+// 32 bytes of T (16 f16 / bf16 with float accumulators, 32 s8 with int).
+template <int N, class T, class A> static inline void pn_wgmma(pn_wgacc<N / 2, A>& d, unsigned long long da,
+                                                             unsigned long long db) {
   using namespace pn_emu;
-  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk16: N is a multiple of 8 up to 256");
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma .m64nNk16 / k32: N is a multiple of 8 up to 256");
+  static_assert(sizeof(T) == 1 ? std::is_same<A, int>::value : std::is_same<A, float>::value,
+                "wgmma: s8 operands take s32 accumulators, 16-bit floats f32");
+  constexpr int kK = 32 / (int)sizeof(T);
   WgmmaState& s = wgmma_state();
   if (!s.fenced) {
     if (!error) error = "wgmma.mma_async: no wgmma.fence since the thread last accessed accumulator registers";
     return;
   }
   // the accumulator's value the MMA starts from: its newest pending result, else the registers
-  const float* from = d.v;
+  A from[N / 2];
+  std::memcpy(from, d.v, sizeof from);
   for (int j = 0; j < s.n; ++j)
-    if (s.p[j].acc == d.v) from = s.p[j].v;
-  float next[N / 2];
+    if (s.p[j].acc == d.v) std::memcpy(from, s.p[j].v, sizeof from);
+  A next[N / 2];
   for (int i = 0; i < N / 2; ++i) {
     const int r = wgmma_row(i), c = wgmma_col(i);
-    float acc = from[i];
-    for (int k = 0; k < 16; ++k) {
+    A acc = from[i];
+    for (int k = 0; k < kK; ++k) {
       const T* a = wgmma_element<T>(da, r, k);
       const T* b = wgmma_element<T>(db, c, k);
       if (!a || !b) return;
-      acc = std::fmaf(nvcuda::wmma::detail::to_float(*a), nvcuda::wmma::detail::to_float(*b), acc);
+      acc = wgmma_fma(acc, *a, *b);
     }
     next[i] = acc;
   }

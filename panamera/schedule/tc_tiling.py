@@ -7,7 +7,7 @@ evaluate the two operand expressions (with their fused producers: a dequantized 
 computed in registers) into shared memory as the MMA's operand type, zero outside the tile, and
 each warp runs FM x FN x BK / 16 `nvcuda::wmma` m16n16k16 MMAs (codegen/tc_kernel.py); on a GPU with
 warpgroup MMAs (sm_90a) a tile may instead be 1-2 warpgroups of 64 x N, each issuing BK / 16
-`wgmma.mma_async` (`MmaOp`, `wgmma_error`), which the model rates at the tensor cores' full peak. The result
+(s8: BK / 32) `wgmma.mma_async` (`MmaOp`, `wgmma_error`), which the model rates at the tensor cores' full peak. The result
 is merged as the CUDA-core template merges it (store, one atomic per block into the resident
 workspace, or partials the last block combines, landed in shared memory where they fit:
 `landing`, decided once by `candidates` and carried on the decision as `Decision.mma_land`).
@@ -422,7 +422,7 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         shared_bytes=land.bytes if land else smem_bytes(Mma(d.mma), BM, BN, BK),
         # what the launch bounds let ptxas use (model/gpu.py launch_bound_registers); a warpgroup tile's
         # estimate where it is fewer (N / 2 accumulators a thread, schedule/warpgroup.registers)
-        registers=min(register_budget(d), registers(d.mma_tile, d.split, any(first)))
+        registers=min(register_budget(d), registers(d.mma_tile, d.split, any(first), Mma(d.mma)))
         if d.mma_op == MmaOp.WGMMA
         else register_budget(d),
     )
