@@ -276,7 +276,8 @@ def harness(impls: list[str]) -> dict:
 
     return {
         "kind": "one worker process per implementation (panamera/bench/cpu_isolated.py), rounds interleaved by the "
-        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
+        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call) after one untimed call "
+        "a sample (warm caches), not pinned",
         "implementations": impls,
         "worker_env": dict(PASSIVE_ENV),
         "onnxruntime_session_config": dict(ORT_NO_SPIN),
@@ -313,7 +314,8 @@ def summary(result: dict) -> str:
         f"CPU model: {m['model']}.",
         "",
         f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
-        "calls timed inside the implementation's own worker process, the other workers idle with their thread "
+        "calls, after one untimed call, timed inside the implementation's own worker process, the other workers "
+        "idle with their thread "
         "pools asleep: "
         + ", ".join(f"{k}={v}" for k, v in m.get("harness", {}).get("worker_env", {}).items())
         + ", onnxruntime's spinning off). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "
