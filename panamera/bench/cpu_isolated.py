@@ -19,16 +19,19 @@ cores the next implementation measured needs (Panamera's bert at 2 threads: 46 u
   through threadpoolctl, torch by `torch.set_num_threads`, onnxruntime by `intra_op_num_threads`.
 - The parent sends "time this many calls" to one worker at a time, every worker once per round in
   an order shuffled per round (drift and bursts of outside load hit all alike); the worker times
-  each call with perf_counter_ns (after an untimed one, below) and answers the mean, its fastest
+  each call with perf_counter_ns (after untimed ones, below) and answers the mean, its fastest
   call, and the CPU time its process used while it sat idle since its previous sample
   (`idle_cpu_us`: near 0 when its pools really sleep; results.json keeps it, the evidence that the
   knobs held).
-- Each sample starts with one untimed call: between two samples of a worker the others stream
-  their own copies of the workload (and their temporaries) through the caches, so the first call
-  finds its data evicted. Without it a sample of one call (every workload over ~1 ms) timed that
-  cold call: A2#7 [64x128x768] (25 MB) took 1930 us a sample in bench/cpu (2026-11-25 02:50, idle,
-  one call a sample) against 940-975 us warm in one process; a 256 MB stream before the call made it
-  1987 (load 1-2). The model, like the samples of many calls, describes warm data.
+- Each sample starts with as many untimed calls as it times, at least WARM_CALLS: between two
+  samples of a worker the others stream their own copies of the workload (and their temporaries)
+  through the caches, so the first calls find its data evicted, and on this VM a 25 MB input takes
+  a few calls to be served at the warm rate again. Timed cold, a sample of one call (every
+  workload over ~1 ms) read A2#7 [64x128x768] at 1930 us in bench/cpu (2026-11-25 02:50, idle)
+  against 940-975 us warm in one process (load 1-2); in one process after a 256 MB stream its
+  calls took 2035, 5864, 1640, 1148, 1066, 986 us (medians of 8, load 3). In this harness (load
+  4-8, 8 rounds, panamera/numpy/torch eager) its median was 1721-5802 us after one untimed call and
+  969-1129 after four. The model, like samples of many calls, describes warm data.
 - Measured here (2 cores, load average 4-9 from other sessions, 9 rounds, 2 threads; median us):
   with the libraries' default spinning instead, Panamera's softmax [6144x128] took 16748 (448
   passive), sum row 768x768 23910 (73), torch eager's layer_norm [1024x768] 6260 (397): a team
@@ -77,6 +80,7 @@ PASSIVE_ENV = {
 }
 ORT_NO_SPIN = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
 MAX_INNER = 1000  # calls per sample at most
+WARM_CALLS = 4  # untimed calls before a sample at least (as many as it times where more: module docstring)
 
 
 class WorkerError(PanameraError):
@@ -124,8 +128,9 @@ def serve(inp, out) -> None:
                          isinstance(e, PanameraError))  # fmt: skip
         elif op == "time":
             idle_cpu = (time.process_time() - idle_since) * 1e6 if idle_since is not None else 0.0
-            fn()  # untimed: the other workers' samples evicted this one's data (module docstring)
-            warm += 1
+            for _ in range(max(WARM_CALLS, msg[1])):
+                fn()  # untimed: the other workers' samples evicted this one's data (module docstring)
+                warm += 1
             total, best = 0, None
             for _ in range(msg[1]):
                 t0 = time.perf_counter_ns()

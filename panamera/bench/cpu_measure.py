@@ -272,12 +272,12 @@ def _version(dist: str) -> str | None:
 
 def harness(impls: list[str]) -> dict:
     """results.json's description of the harness (panamera/bench/cpu_isolated.py) and its knobs."""
-    from .cpu_isolated import PASSIVE_ENV
+    from .cpu_isolated import PASSIVE_ENV, WARM_CALLS
 
     return {
         "kind": "one worker process per implementation (panamera/bench/cpu_isolated.py), rounds interleaved by the "
-        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call) after one untimed call "
-        "a sample (warm caches), not pinned",
+        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call) after as many untimed "
+        f"calls, at least {WARM_CALLS} (warm caches), not pinned",
         "implementations": impls,
         "worker_env": dict(PASSIVE_ENV),
         "onnxruntime_session_config": dict(ORT_NO_SPIN),
@@ -314,7 +314,7 @@ def summary(result: dict) -> str:
         f"CPU model: {m['model']}.",
         "",
         f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
-        "calls, after one untimed call, timed inside the implementation's own worker process, the other workers "
+        "calls, after as many untimed ones, timed inside the implementation's own worker process, the other workers "
         "idle with their thread "
         "pools asleep: "
         + ", ".join(f"{k}={v}" for k, v in m.get("harness", {}).get("worker_env", {}).items())
