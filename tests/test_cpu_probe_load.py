@@ -37,7 +37,7 @@ def test_rule_1_a_slow_region_entry_is_contended():
 
 def test_rule_2_a_collapsed_all_thread_rate_is_contended():
     collapsed = [IDLE[0], (29.0, 5.5), IDLE[2]]  # the 01:47 probe's DRAM: 5.5 GB/s on two threads
-    assert judge(2, FORK, IDLE, collapsed, True, 0.0)[0] is Verdict.CONTENDED
+    assert judge(2, FORK, IDLE, collapsed, True, 0.0) == (Verdict.CONTENDED, "2 threads streamed slower than one")
 
 
 def test_rule_3_the_load_average_makes_a_probe_contended():

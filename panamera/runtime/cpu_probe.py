@@ -207,8 +207,10 @@ def judge(
     """
     if threads <= 1:
         return Verdict.SETTLED, ""
+    if slowed(fork, wakes=wakes):
+        return Verdict.CONTENDED, f"a {threads}-thread region took {fork[1]:.0f} us"
     if slowed(fork, [*read, *write], wakes):
-        return Verdict.CONTENDED, f"a {threads}-thread region took {fork[1]:.0f} us or streamed slower than one thread"
+        return Verdict.CONTENDED, f"{threads} threads streamed slower than one"
     if load > LOADED_CORES:
         return Verdict.CONTENDED, f"other processes held {load:.1f} cores (1-minute load average)"
     one, full = read[LEVELS.index("L2")] if read else (0.0, 0.0)
