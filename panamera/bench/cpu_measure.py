@@ -218,7 +218,11 @@ def run_cpu_measure(
     skipped += [(w.name, f"inputs of {w.input_bytes >> 20} MiB exceed the bench's {MAX_INPUT_BYTES >> 20} MiB")
                 for w in big]  # fmt: skip
     todo = [w for w in workloads if w not in big]
+    described = model.describe()
     with Pool(impls if todo else []) as pool:
+        if todo:  # the workers' model (their wait policy's probe), probed while the other workers sit idle
+            probed = pool.load({"panamera": ("panamera.bench.cpu_impls:probe", {})})["panamera"]
+            described = probed.info["model"] if probed.error is None else described
         for k, w in enumerate(todo):
             try:
                 rs = run_workload(pool, w, threads, rounds, min_sample_s)
@@ -234,7 +238,7 @@ def run_cpu_measure(
         "cpu": machine.name,
         "cores": machine.cores,
         "threads": list(threads),
-        "model": model.describe(),
+        "model": described,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
         "load_average_start": [round(x, 2) for x in load],
         "untrustworthy": load[0] > LOAD_WARNING,

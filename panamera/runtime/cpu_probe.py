@@ -290,11 +290,11 @@ def measure(threads: int, caches: Caches) -> Rates:
         _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
     )
     verdict, why = judge(threads, fork, read, write, wakes, load)  # CONTENDED again where `early`
+    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays; OpenMP spin count {spin_count()})"
     if verdict is Verdict.CONTENDED:
         forkn = fork[1] if wakes else 2 * fork[0]
-        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn, why)
+        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn, why, note)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
-    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays; OpenMP spin count {spin_count()})"
     head = f"provisional probe ({why}): {when}" if verdict is Verdict.PROVISIONAL else f"probed {when}"
     return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"{head}{note}")
 
@@ -319,14 +319,16 @@ def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = Fa
     return slow_fork or any(n < 0.5 * one for one, n in rates)
 
 
-def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, why: str = "") -> Rates:
+def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, why: str = "", note: str = "") -> Rates:
     """Rates when the all-thread samples waited for busy cores (other processes hold them): the
     all-thread bandwidth is the one-thread figure times the threads (L2, private per core) or
     times at most 2 (L3, DRAM: shared), and a region's entry `forkn` (measure: twice one thread's,
-    or as measured where the pool wakes each region: its wake-up is the cost). Marked `contended`, and not cached: a later process on a quieter machine probes again."""
+    or as measured where the pool wakes each region: its wake-up is the cost). Marked `contended`
+    (`why`; `note`: the probe's settings): kept CONTENDED_TTL_S only, then a later process on a
+    quieter machine probes again."""
     scaled = lambda pairs: tuple((a, a * threads if k == 0 else a * min(threads, 2)) for k, (a, _) in enumerate(pairs))  # noqa: E731
     why = why or f"a {threads}-thread region took {forkn:.0f} us"
-    src = f"contended probe ({why}): all-thread figures extrapolated from one thread"
+    src = f"contended probe ({why}): all-thread figures extrapolated from one thread{note}"
     return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, forkn), src)
 
 
