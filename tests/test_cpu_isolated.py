@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from panamera.bench.cpu_isolated import PASSIVE_ENV, Pool, WorkerError
+from panamera.bench.cpu_isolated import PASSIVE_ENV, WARM_CALLS, Pool, WorkerError
 
 FAKE = "panamera.bench.cpu_isolated:counter"
 
@@ -27,6 +27,7 @@ def test_workers_are_separate_passive_and_interleaved_per_round():
     assert all(sorted(timed[r * 2 : r * 2 + 2]) == names for r in range(4))  # each worker once a round
     for v in res.values():
         assert v["calls"] == 4  # min_sample_s 0: one call a sample, made in the worker
+        assert v["warm_calls"] == 4 * WARM_CALLS  # each sample after untimed calls (its data back in cache)
         assert v["min_us"] <= v["p25_us"] <= v["median_us"] <= v["p75_us"]
         assert v["fastest_call_us"] <= v["min_us"] and v["idle_cpu_us"] >= 0
 

@@ -132,6 +132,7 @@ def test_measure_structure_and_skips(tmp_path, private_cache):
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["meta"]["load_average_start"] and "load average" in (tmp_path / "results.md").read_text()
     assert "sum all huge" in text and "model" in text
+    assert "OpenMP spin count 0" in result["meta"]["model"]  # the workers' (passive) probe, not this process's
 
 
 def test_measure_check_catches_wrong_results():

@@ -66,16 +66,12 @@ def test_rates_fall_smoothly_past_l2_and_the_limit_stays_below():
         assert limit_us(n + 4, m, 1) <= call_us(1) + kernel_time(w, m, tasks=1, split=1, threads=1).total_us
 
 
-def test_a_column_reduction_overlaps_its_accumulate_in_part():
-    """COLUMN work (each element accumulated into an L1 block) adds COLUMN_SERIAL of its shorter term
-    to the longer; a row reduction with the same terms takes the longer only."""
-    from panamera.model.cpu import COLUMN_SERIAL
-
+def test_a_column_reduction_hides_its_accumulate_under_the_stream():
+    """COLUMN work (each element accumulated into an L1 block) takes the longer of its memory and
+    compute terms, as a row reduction does (warm, the generated column loop streams at a plain sum's
+    rate: model/cpu.py, the note after L3_MAX)."""
     x = pn.placeholder((8192, 768), "float32")
-    col, row = work(_group(pn.sum(x, axis=0))), work(_group(pn.sum(x, axis=1)))
-    assert col.column and not row.column
+    col = work(_group(pn.sum(x, axis=0)))
     m = CpuModel.nominal(cores=1, simd_bytes=64)
-    as_row = replace(col, column=False)
-    a, b = kernel_time(col, m, tasks=1, split=1, threads=1), kernel_time(as_row, m, tasks=1, split=1, threads=1)
-    assert a.memory_us == b.memory_us and a.compute_us == b.compute_us
-    assert a.total_us - b.total_us == pytest.approx(COLUMN_SERIAL * min(a.memory_us, a.compute_us))
+    t = kernel_time(col, m, tasks=1, split=1, threads=1)
+    assert t.total_us == pytest.approx(t.fork_us + max(t.memory_us, t.compute_us))

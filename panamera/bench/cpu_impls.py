@@ -101,6 +101,15 @@ def build(impl: str, workload: str, threads: int, ort_spin: bool = False) -> tup
     raise OptionError(f"no CPU bench implementation {impl!r}: one of {', '.join(IMPLS)}")
 
 
+def probe() -> tuple:
+    """(a no-op, {"model": the CPU model's description}): the CPU model as this worker has it,
+    probed under the worker's OpenMP wait policy (runtime/cpu_probe.py keys the probe by it), which
+    is the model every Panamera build in this worker reports (`modeled_us`)."""
+    from ..cpu_target import cpu_model
+
+    return (lambda: None), {"model": cpu_model().describe()}
+
+
 def _panamera(w, arrays, threads: int, info: dict) -> tuple:
     from ..compiler import compile as pn_compile
     from ..frontend.tensor import placeholder

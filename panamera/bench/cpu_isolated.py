@@ -19,9 +19,19 @@ cores the next implementation measured needs (Panamera's bert at 2 threads: 46 u
   through threadpoolctl, torch by `torch.set_num_threads`, onnxruntime by `intra_op_num_threads`.
 - The parent sends "time this many calls" to one worker at a time, every worker once per round in
   an order shuffled per round (drift and bursts of outside load hit all alike); the worker times
-  each call with perf_counter_ns and answers the mean, its fastest call, and the CPU time its
-  process used while it sat idle since its previous sample (`idle_cpu_us`: near 0 when its pools
-  really sleep; results.json keeps it, the evidence that the knobs held).
+  each call with perf_counter_ns (after untimed ones, below) and answers the mean, its fastest
+  call, and the CPU time its process used while it sat idle since its previous sample
+  (`idle_cpu_us`: near 0 when its pools really sleep; results.json keeps it, the evidence that the
+  knobs held).
+- Each sample starts with as many untimed calls as it times, at least WARM_CALLS: between two
+  samples of a worker the others stream their own copies of the workload (and their temporaries)
+  through the caches, so the first calls find its data evicted, and on this VM a 25 MB input takes
+  a few calls to be served at the warm rate again. Timed cold, a sample of one call (every
+  workload over ~1 ms) read A2#7 [64x128x768] at 1930 us in bench/cpu (2026-11-25 02:50, idle)
+  against 940-975 us warm in one process (load 1-2); in one process after a 256 MB stream its
+  calls took 2035, 5864, 1640, 1148, 1066, 986 us (medians of 8, load 3). In this harness (load
+  4-8, 8 rounds, panamera/numpy/torch eager) its median was 1721-5802 us after one untimed call and
+  969-1129 after four. The model, like samples of many calls, describes warm data.
 - Measured here (2 cores, load average 4-9 from other sessions, 9 rounds, 2 threads; median us):
   with the libraries' default spinning instead, Panamera's softmax [6144x128] took 16748 (448
   passive), sum row 768x768 23910 (73), torch eager's layer_norm [1024x768] 6260 (397): a team
@@ -70,6 +80,7 @@ PASSIVE_ENV = {
 }
 ORT_NO_SPIN = {"session.intra_op.allow_spinning": "0", "session.inter_op.allow_spinning": "0"}
 MAX_INNER = 1000  # calls per sample at most
+WARM_CALLS = 4  # untimed calls before a sample at least (as many as it times where more: module docstring)
 
 
 class WorkerError(PanameraError):
@@ -97,14 +108,14 @@ def _factory(spec: str):
 
 def serve(inp, out) -> None:
     """The worker's loop: answer ("load", factory, kwargs), ("time", calls) and ("quit",)."""
-    fn, idle_since, calls = None, None, 0
+    fn, idle_since, calls, warm = None, None, 0, 0
     while True:
         msg = pickle.load(inp)
         op = msg[0]
         if op == "quit":
             return
         if op == "load":
-            fn, idle_since, calls = None, None, 0
+            fn, idle_since, calls, warm = None, None, 0, 0
             try:
                 fn, info = _factory(msg[1])(**msg[2])
                 fn()  # warm-up
@@ -117,6 +128,9 @@ def serve(inp, out) -> None:
                          isinstance(e, PanameraError))  # fmt: skip
         elif op == "time":
             idle_cpu = (time.process_time() - idle_since) * 1e6 if idle_since is not None else 0.0
+            for _ in range(max(WARM_CALLS, msg[1])):
+                fn()  # untimed: the other workers' samples evicted this one's data (module docstring)
+                warm += 1
             total, best = 0, None
             for _ in range(msg[1]):
                 t0 = time.perf_counter_ns()
@@ -124,7 +138,7 @@ def serve(inp, out) -> None:
                 dt = time.perf_counter_ns() - t0
                 total, best = total + dt, dt if best is None else min(best, dt)
             calls += msg[1]
-            reply = ("ok", total / msg[1] / 1e3, best / 1e3, idle_cpu, calls)
+            reply = ("ok", total / msg[1] / 1e3, best / 1e3, idle_cpu, calls, warm)
             idle_since = time.process_time()
         else:
             reply = ("error", f"unknown request {op!r}", False)
@@ -260,7 +274,7 @@ class Pool:
         `rounds` rounds, each sample the mean of >= `min_sample_s` of calls timed in its worker;
         every worker once a round in a shuffled order; `fastest_call_us`: its fastest call;
         `idle_cpu_us`: the median CPU time a worker used while the
-        others ran, `calls`: the calls it timed."""
+        others ran, `calls`: the calls it timed, `warm_calls`: the untimed ones before each sample."""
         inner = {k: max(1, min(MAX_INNER, int(min_sample_s / max(v.one_call_us * 1e-6, 1e-7))))
                  for k, v in self.loaded.items()}  # fmt: skip
         samples: dict[str, list] = {k: [] for k in self.loaded}
@@ -281,7 +295,7 @@ class Pool:
             out[k] = {"median_us": statistics.median(means), "p25_us": q[0], "p75_us": q[2],
                       "min_us": min(means), "fastest_call_us": min(x[1] for x in s),
                       "idle_cpu_us": statistics.median(x[2] for x in s[1:] or s),
-                      "calls": s[-1][3]}  # fmt: skip
+                      "calls": s[-1][3], "warm_calls": s[-1][4]}  # fmt: skip
         return out
 
 

@@ -218,7 +218,11 @@ def run_cpu_measure(
     skipped += [(w.name, f"inputs of {w.input_bytes >> 20} MiB exceed the bench's {MAX_INPUT_BYTES >> 20} MiB")
                 for w in big]  # fmt: skip
     todo = [w for w in workloads if w not in big]
+    described = model.describe()
     with Pool(impls if todo else []) as pool:
+        if todo:  # the workers' model (their wait policy's probe), probed while the other workers sit idle
+            probed = pool.load({"panamera": ("panamera.bench.cpu_impls:probe", {})})["panamera"]
+            described = probed.info["model"] if probed.error is None else described
         for k, w in enumerate(todo):
             try:
                 rs = run_workload(pool, w, threads, rounds, min_sample_s)
@@ -234,7 +238,7 @@ def run_cpu_measure(
         "cpu": machine.name,
         "cores": machine.cores,
         "threads": list(threads),
-        "model": model.describe(),
+        "model": described,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),  # noqa: UP017
         "load_average_start": [round(x, 2) for x in load],
         "untrustworthy": load[0] > LOAD_WARNING,
@@ -272,11 +276,12 @@ def _version(dist: str) -> str | None:
 
 def harness(impls: list[str]) -> dict:
     """results.json's description of the harness (panamera/bench/cpu_isolated.py) and its knobs."""
-    from .cpu_isolated import PASSIVE_ENV
+    from .cpu_isolated import PASSIVE_ENV, WARM_CALLS
 
     return {
         "kind": "one worker process per implementation (panamera/bench/cpu_isolated.py), rounds interleaved by the "
-        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call), not pinned",
+        "parent in a shuffled order, timed inside the worker (perf_counter_ns per call) after as many untimed "
+        f"calls, at least {WARM_CALLS} (warm caches), not pinned",
         "implementations": impls,
         "worker_env": dict(PASSIVE_ENV),
         "onnxruntime_session_config": dict(ORT_NO_SPIN),
@@ -313,7 +318,8 @@ def summary(result: dict) -> str:
         f"CPU model: {m['model']}.",
         "",
         f"Median [p25-p75] us of {m['rounds']} interleaved rounds (each sample >= {m['min_sample_s'] * 1e3:g} ms of "
-        "calls timed inside the implementation's own worker process, the other workers idle with their thread "
+        "calls, after as many untimed ones, timed inside the implementation's own worker process, the other workers "
+        "idle with their thread "
         "pools asleep: "
         + ", ".join(f"{k}={v}" for k, v in m.get("harness", {}).get("worker_env", {}).items())
         + ", onnxruntime's spinning off). speedup: best peer's median / Panamera's. model: the CPU model's time (modeled) / Panamera's "

@@ -16,8 +16,7 @@ time (`kernel_time`):
     fork + max(memory, compute) + merge
 
 (a stitched group whose rows are too long to overlap its passes: the sum over its passes of
-max(memory, compute), `streamed`; a column reduction: COLUMN_SERIAL of the shorter term added,
-`overlap`)
+max(memory, compute), `streamed`)
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
@@ -74,15 +73,12 @@ CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this 
 # and a 64 MiB column sum ran at a third of the 16 MiB probe's rate).
 L3_MAX = 32 << 20
 # A column reduction (the COLUMN form) accumulates each element into its block of accumulators in
-# L1 (codegen/cpu_kernel.py's pn_blk: a load, the body's operations and a store per vector); those
-# loads and stores share L1's ports with the stream's line fills, so its compute hides only in part
-# under the stream: COLUMN_SERIAL of the shorter of memory and compute is added to the longer
-# (`overlap`). Fitted on the lead's idle bench/cpu run (2026-11-25 00:17 UTC, one thread: the
-# median less the modeled call and fork, minus the memory term, over the compute term): sum column
-# 768x768 0.46, sum column 21128x768 0.43, A2#9 [8192x768] 0.33, A2#7 [64x128x768] 0.53 (its p25;
-# its median 1.4x the p25 in the in-process harness). Rows overlap: sum all 1024x1024 0.19, sum row
-# 768x768 measured below its memory term.
-COLUMN_SERIAL = 0.44
+# L1 (codegen/cpu_kernel.py's pn_blk: a load, the body's operations and a store per vector), and
+# that hides under the stream as a row's accumulate does: warm, the generated loop read 25 MB at
+# 27.2-27.8 GB/s against 26.8-27.4 for a plain SIMD sum (g++ -O3 -march=native, one thread, load
+# 1-4; 28.1 with two accumulators, A2#9's), and A2#7 [64x128x768] ran 941-975 us in one process
+# (memory term 853). The 0.44 x the shorter term once added here (COLUMN_SERIAL) was fitted on
+# bench/cpu samples of one cold call (panamera/bench/cpu_isolated.py: WARM_CALLS).
 
 
 @dataclass(frozen=True)
@@ -182,8 +178,7 @@ class CpuWork:
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
     SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
-    later ones re-read; each with the operations, writes and combines of its statements);
-    column: the COLUMN form (each element accumulated into a block of accumulators in L1)."""
+    later ones re-read; each with the operations, writes and combines of its statements)."""
 
     M: int
     N: int
@@ -199,7 +194,6 @@ class CpuWork:
     width: int = 4
     row_combines: int = 0
     passes: tuple[CpuWork, ...] = ()
-    column: bool = False  # a COLUMN reduction: its accumulate overlaps the stream in part (COLUMN_SERIAL)
 
     @property
     def bytes(self) -> int:
@@ -345,7 +339,7 @@ def kernel_time(
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
         merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
     mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
-    body = sum(overlap(a, b, w.column) for a, b in parts) * 1e6 * imbalance
+    body = sum(max(a, b) for a, b in parts) * 1e6 * imbalance
     return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
 
 
@@ -355,16 +349,6 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
     mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
     comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
     return mem, comp
-
-
-def overlap(memory: float, compute: float, column: bool = False) -> float:
-    """The time of a kernel's memory and compute terms run together: the longer of them, and for a
-    column reduction COLUMN_SERIAL of the shorter on top (its accumulate contends with the stream).
-
-    >>> overlap(10.0, 4.0), overlap(10.0, 4.0, column=True), overlap(10.0, 0.0, column=True)
-    (10.0, 11.76, 10.0)
-    """
-    return max(memory, compute) + (COLUMN_SERIAL * min(memory, compute) if column else 0.0)
 
 
 def streamed(w: CpuWork, m: CpuModel) -> bool:

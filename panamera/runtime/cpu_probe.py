@@ -16,8 +16,11 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
 
 The whole probe takes well under a second; its figures are cached as JSON in the library cache
 (runtime/diskcache.py) under a key of the CPU's model and flags, the thread count and the
-probe's version and the pool's spin count, so a machine probes once per setting (a contended
-probe, whose all-thread samples waited for cores other processes held, is kept 10 minutes only).
+probe's version and the pool's spin count, so a machine probes once per setting. A probe taken
+while other processes held the cores is kept CONTENDED_TTL_S (10 minutes) only (`judge`): its
+all-thread figures are extrapolated from one thread's where the load showed (a slow region entry,
+a collapsed all-thread rate, or the load average), and kept as measured, but provisional, where
+only the per-core L2 rate failed to scale (the cores may share a physical core; a re-probe tells).
 
 >>> r = rates(2)  # doctest: +SKIP
 >>> r.source  # doctest: +SKIP
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import enum
 import hashlib
 import json
 import logging
@@ -47,7 +51,7 @@ from . import diskcache
 Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 6  # 6: the region entry is the median of single calls, keyed by the spin count
+VERSION = 7  # 7: a loaded probe (load average, L2 scaling) is kept briefly (`judge`); 6: spin-keyed entry
 LARGE = 64 << 20
 TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
 SAMPLES = 9
@@ -56,7 +60,17 @@ CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for
 # ... and, where the pool sleeps between regions, a wake-up slower than this (2 threads here: a
 # median of 4.7 us at load 13 in one run, 45 us in another): kept CONTENDED_TTL_S only
 CONTENDED_WAKE_US = 25.0
-CONTENDED_TTL_S = 600.0  # a contended probe is reused this long, then the machine is probed again
+CONTENDED_TTL_S = 600.0  # a contended or provisional probe is reused this long, then the machine is probed again
+# Other processes' share of the cores, read from the 1-minute load average less the probe's own
+# process, above which the all-thread samples are not trusted: half a core (the CPU bench's own
+# warning is at a load of 1.5 on this 2-core machine). The 01:47 passive probe cached on
+# 2026-11-25 under a load of 10-15 held DRAM 5.5 GB/s and no 2-thread scaling, and passed the
+# region-entry test.
+LOADED_CORES = 0.5
+# The L2 (private to each core) read rate on every thread over one thread's, per thread, below
+# which the all-thread figures are provisional: idle probes here read 2.1-2.2x on 2 threads
+# (48/107, 50/104 GB/s); the 03:00 passive probe of 2026-11-25 read 51/50 and was cached for good.
+SCALING_MIN = 0.75
 # libgomp's spin counts (its manual, GOMP_SPINCOUNT; libgomp/env.c): OMP_WAIT_POLICY unset, ACTIVE, PASSIVE
 SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
 SPIN_INFINITE = (1 << 64) - 1
@@ -145,6 +159,66 @@ def spin_count(env: Mapping[str, str] | None = None) -> int:
     return {"active": SPIN_ACTIVE, "passive": SPIN_PASSIVE}.get(policy, SPIN_DEFAULT)
 
 
+class Verdict(enum.Enum):
+    """How far a probe's figures are trusted (`judge`); the value starts its `source`."""
+
+    SETTLED = "probed"  # cached for good
+    CONTENDED = "contended"  # all-thread figures extrapolated from one thread's, kept CONTENDED_TTL_S
+    PROVISIONAL = "provisional"  # kept as measured, CONTENDED_TTL_S only
+
+
+def provisional(source: str) -> bool:
+    """Whether a probe's `source` marks it kept CONTENDED_TTL_S only (contended or provisional).
+
+    >>> provisional("probed 2026-11-25 02:21 UTC"), provisional("provisional probe (...)")
+    (False, True)
+    """
+    return source.startswith((Verdict.CONTENDED.value, Verdict.PROVISIONAL.value))
+
+
+def others_load() -> float:
+    """Other processes' share of the cores: the 1-minute load average less the probe's own process
+    (0 where the OS gives none)."""
+    try:
+        return max(0.0, os.getloadavg()[0] - 1.0)
+    except OSError:
+        return 0.0
+
+
+def judge(
+    threads: int, fork: tuple[float, float], read: list | tuple, write: list | tuple, wakes: bool, load: float
+) -> tuple[Verdict, str]:
+    """The verdict on a probe's all-thread figures and its reason. CONTENDED where
+    1. an empty all-thread region was slow to enter (`slowed`), or
+    2. some level streamed slower on every thread than on one (`slowed`), or
+    3. other processes held more than LOADED_CORES of the cores (`load`, `others_load`);
+    PROVISIONAL where
+    4. the L2 read rate, private to each core, grew less than SCALING_MIN x threads over one
+       thread's: the cores may share a physical core (hyperthreads: then it is the machine's
+       scaling, and every re-probe confirms it) or a burst of load the average missed;
+    else SETTLED. One thread has no all-thread figures: SETTLED; no rates (before they are
+    sampled): rules 1 and 3 only.
+
+    >>> ok = [(50.0, 105.0), (29.0, 58.0), (29.0, 58.0)]
+    >>> judge(2, (0.8, 4.9), ok, ok, True, 0.1)[0], judge(2, (0.8, 4.9), ok, ok, True, 6.0)[0]
+    (<Verdict.SETTLED: 'probed'>, <Verdict.CONTENDED: 'contended'>)
+    >>> judge(2, (0.8, 4.9), [(51.0, 50.0), *ok[1:]], ok, True, 0.1)[0]
+    <Verdict.PROVISIONAL: 'provisional'>
+    """
+    if threads <= 1:
+        return Verdict.SETTLED, ""
+    if slowed(fork, wakes=wakes):
+        return Verdict.CONTENDED, f"a {threads}-thread region took {fork[1]:.0f} us"
+    if slowed(fork, [*read, *write], wakes):
+        return Verdict.CONTENDED, f"{threads} threads streamed slower than one"
+    if load > LOADED_CORES:
+        return Verdict.CONTENDED, f"other processes held {load:.1f} cores (1-minute load average)"
+    one, full = read[LEVELS.index("L2")] if read else (0.0, 0.0)
+    if full < SCALING_MIN * threads * one:
+        return Verdict.PROVISIONAL, f"L2 read {one:.0f} GB/s on one thread, {full:.0f} on {threads}"
+    return Verdict.SETTLED, ""
+
+
 def _timed(call, per_rep: float | None = None) -> float:
     """Seconds per repetition of `call(reps)`: the fastest of SAMPLES samples of about TARGET_S each."""
     t0 = time.perf_counter()
@@ -189,8 +263,9 @@ def measure(threads: int, caches: Caches) -> Rates:
 
     fork = tuple(_median_call_us(lambda t=t: lib.pn_empty(t)) for t in (1, threads))
     wakes = spin_count() == 0  # each region wakes the pool: its entry is a wake-up
-    contended = threads > 1 and slowed(fork, wakes=wakes)
-    counts = (1,) if contended or threads == 1 else (1, threads)
+    load = others_load()
+    early = judge(threads, fork, (), (), wakes, load)[0] is Verdict.CONTENDED  # the all-thread samples would wait
+    counts = (1,) if early or threads == 1 else (1, threads)
     sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
     sizes["DRAM"] = min(4 * caches.l3, LARGE)
     read, write = [], []
@@ -214,13 +289,14 @@ def measure(threads: int, caches: Caches) -> Rates:
     add_ns, exp_ns, div_ns = (
         _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
     )
-    contended = contended or slowed(fork, read + write, wakes)
-    if contended:
-        forkn = fork[1] if wakes else 2 * fork[0]
-        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn)
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+    verdict, why = judge(threads, fork, read, write, wakes, load)  # CONTENDED again where `early`
     note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays; OpenMP spin count {spin_count()})"
-    return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"probed {when}{note}")
+    if verdict is Verdict.CONTENDED:
+        forkn = fork[1] if wakes else 2 * fork[0]
+        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn, why, note)
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
+    head = f"provisional probe ({why}): {when}" if verdict is Verdict.PROVISIONAL else f"probed {when}"
+    return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"{head}{note}")
 
 
 def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = False) -> bool:
@@ -243,13 +319,16 @@ def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = Fa
     return slow_fork or any(n < 0.5 * one for one, n in rates)
 
 
-def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn) -> Rates:
+def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, why: str = "", note: str = "") -> Rates:
     """Rates when the all-thread samples waited for busy cores (other processes hold them): the
     all-thread bandwidth is the one-thread figure times the threads (L2, private per core) or
     times at most 2 (L3, DRAM: shared), and a region's entry `forkn` (measure: twice one thread's,
-    or as measured where the pool wakes each region: its wake-up is the cost). Marked `contended`, and not cached: a later process on a quieter machine probes again."""
+    or as measured where the pool wakes each region: its wake-up is the cost). Marked `contended`
+    (`why`; `note`: the probe's settings): kept CONTENDED_TTL_S only, then a later process on a
+    quieter machine probes again."""
     scaled = lambda pairs: tuple((a, a * threads if k == 0 else a * min(threads, 2)) for k, (a, _) in enumerate(pairs))  # noqa: E731
-    src = f"contended probe (a {threads}-thread region took {forkn:.0f} us): all-thread figures extrapolated from one thread"
+    why = why or f"a {threads}-thread region took {forkn:.0f} us"
+    src = f"contended probe ({why}): all-thread figures extrapolated from one thread{note}"
     return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, forkn), src)
 
 
@@ -290,17 +369,17 @@ def cached(
     path: Path, load: Callable[[str], Probed], dump: Callable[[Probed], str], probe: Callable[[], Probed], what: str
 ) -> Probed:
     """A probe's result kept on disk at `path`: `load(text)` of a verified entry, unless it was taken
-    contended (its `source` says so) more than CONTENDED_TTL_S ago; else `probe()`, stored as
+    contended or is provisional (its `source` says so) more than CONTENDED_TTL_S ago; else `probe()`, stored as
     `dump(result)` where the cache is writable. Shared by this probe and runtime/gemm_probe.py."""
     try:
         if diskcache.verified(path):
             r = load(path.read_text())
-            if not r.source.startswith("contended") or time.time() - path.stat().st_mtime < CONTENDED_TTL_S:
+            if not provisional(r.source) or time.time() - path.stat().st_mtime < CONTENDED_TTL_S:
                 return r
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         log.info("%s cache %s unreadable: probing again", what, path)
     r = probe()
-    if r.source.startswith("contended"):
+    if provisional(r.source):
         log.info("%s: %s", what, r.source)
     try:
         diskcache.store(path.parent, path.name, dump(r).encode())

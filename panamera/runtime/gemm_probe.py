@@ -51,7 +51,7 @@ def measure(r: Rates, caches: Caches, threads: int = 1) -> GemmRates:
 
 def _rates(r: Rates, call: float, one, threads: int, full) -> GemmRates:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
-    mark = "contended" if r.source.startswith("contended") else "probed"
+    mark = "contended" if cpu_probe.provisional(r.source) else "probed"
     where = f"numpy matmul {PROBE_N}^3" + (f", 1 and {threads} threads" if threads > 1 else "")
     return GemmRates(tuple(one), call, f"{mark} {when} ({where})", threads, tuple(full) if full else None)
 

@@ -185,7 +185,6 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = ()) -> CpuWork:
         width=width,
         row_combines=sum(combines),
         passes=tuple(one) if passes > 1 else (),
-        column=g.form == Form.COLUMN,
     )
 
 

@@ -1,0 +1,87 @@
+"""The CPU probe under load (runtime/cpu_probe.py `judge`): a probe taken while other processes
+held the cores is kept briefly, never cached for good. One test per rule of `judge`, and a real
+probe under a faked load. Structure only: no figure of this machine is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from panamera.model.cpu import NOMINAL, Caches
+from panamera.runtime import cpu_probe
+from panamera.runtime.cpu_probe import Verdict, judge
+
+IDLE = [(50.0, 105.0), (29.0, 58.0), (29.0, 58.0)]  # GB/s (one thread, two): an idle probe here
+FORK = (0.8, 4.9)  # us: a passive pool's wake-up on two threads, idle
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
+    cpu_probe.rates.cache_clear()
+    yield tmp_path / "cache"
+    cpu_probe.rates.cache_clear()
+
+
+def test_an_idle_probe_is_settled():
+    assert judge(2, FORK, IDLE, IDLE, True, 0.0) == (Verdict.SETTLED, "")
+    assert judge(1, FORK, [(50.0, 1.0)] * 3, IDLE, True, 9.0)[0] is Verdict.SETTLED  # one thread: nothing shared
+
+
+def test_rule_1_a_slow_region_entry_is_contended():
+    assert judge(2, (0.8, 2 * cpu_probe.CONTENDED_WAKE_US), IDLE, IDLE, True, 0.0)[0] is Verdict.CONTENDED
+    assert judge(2, (0.8, 2 * cpu_probe.CONTENDED_FORK_US), IDLE, IDLE, False, 0.0)[0] is Verdict.CONTENDED
+
+
+def test_rule_2_a_collapsed_all_thread_rate_is_contended():
+    collapsed = [IDLE[0], (29.0, 5.5), IDLE[2]]  # the 01:47 probe's DRAM: 5.5 GB/s on two threads
+    assert judge(2, FORK, IDLE, collapsed, True, 0.0) == (Verdict.CONTENDED, "2 threads streamed slower than one")
+
+
+def test_rule_3_the_load_average_makes_a_probe_contended():
+    """The 03:00 passive probe (L2 51/50 GB/s) passed rules 1 and 2; a load it ran under is seen."""
+    verdict, why = judge(2, FORK, IDLE, IDLE, True, cpu_probe.LOADED_CORES + 1.0)
+    assert verdict is Verdict.CONTENDED and "load average" in why
+    assert judge(2, FORK, IDLE, IDLE, True, cpu_probe.LOADED_CORES)[0] is Verdict.SETTLED
+
+
+def test_rule_4_an_unscaled_l2_rate_is_provisional():
+    flat = [(51.0, 50.0), *IDLE[1:]]  # 03:00 passive probe: no 2-thread scaling of a per-core cache
+    verdict, why = judge(2, FORK, flat, IDLE, True, 0.0)
+    assert verdict is Verdict.PROVISIONAL and "L2 read 51" in why
+    scaled = [(50.0, cpu_probe.SCALING_MIN * 2 * 50.0), *IDLE[1:]]
+    assert judge(2, FORK, scaled, IDLE, True, 0.0)[0] is Verdict.SETTLED
+
+
+def test_a_probe_under_a_faked_load_is_extrapolated_and_kept_briefly(private_cache, monkeypatch):
+    """measure() reads the load average; under load it times one thread only, extrapolates the
+    all-thread figures and `rates` keeps them CONTENDED_TTL_S, then probes again."""
+    monkeypatch.setattr(cpu_probe, "others_load", lambda: 3.0)
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)  # small arrays: a quick probe
+    hot = cpu_probe.rates(2, caches)
+    assert hot.source.startswith("contended") and cpu_probe.provisional(hot.source)
+    assert all(full == 2 * one for one, full in hot.read_gbs)  # from one thread's figures
+    cpu_probe.rates.cache_clear()
+    calm = dataclasses.replace(hot, source="probed now")
+    monkeypatch.setattr(cpu_probe, "measure", lambda *a: calm)
+    assert cpu_probe.rates(2, caches) == hot  # fresh on disk: reused
+    (path,) = private_cache.glob("cpu_probe_*.json")
+    os.utime(path, (0, 0))  # older than CONTENDED_TTL_S
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches) is calm
+
+
+def test_a_provisional_probe_is_kept_briefly(private_cache, monkeypatch):
+    unscaled = dataclasses.replace(NOMINAL, threads=2, source="provisional probe (L2 read 51 GB/s ...): now")
+    runs = iter([unscaled, dataclasses.replace(unscaled, source="probed")])
+    monkeypatch.setattr(cpu_probe, "measure", lambda *a: next(runs))
+    caches = Caches(48 << 10, 1 << 20, 8 << 20)
+    assert cpu_probe.rates(2, caches) is unscaled
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches) == unscaled
+    (path,) = private_cache.glob("cpu_probe_*.json")
+    os.utime(path, (0, 0))
+    cpu_probe.rates.cache_clear()
+    assert cpu_probe.rates(2, caches).source == "probed"
