@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from . import segments as sorted_segments
 from .codegen.cpu_segments import HELPER, PARAMS, render_cpu_scatter
 from .codegen.header import prelude
-from .compiler import _tensors, run_stages
-from .cpu_target import CpuCompiled
+from .compiler import Options, _tensors, run_stages
+from .cpu_target import CpuCompiled, cpu_model
 from .dtypes import as_dtype
 from .errors import Unsupported
 from .frontend.tensor import Tensor
@@ -90,6 +90,22 @@ class CpuScatterCompiled(CpuCompiled):
             f"<Compiled ({_tensors(self.inputs)}) -> ({_tensors(self.outputs)})\n"
             f"  1 CPU kernel [{self.plan.launches[0].kernel}: {self.scatter.form.value}]; target cpu; {self.origin}>"
         )
+
+
+def compile_pinned(outputs, **pinned) -> CpuScatterCompiled:
+    """`outputs` (a sorted scatter alone) compiled for the CPU with the plan's choices `pinned`
+    (`form`, `chunks`): the tests show every choice gives the bits of its form at any thread count.
+
+    >>> import panamera as pn
+    >>> from panamera.frontend.scatter import scatter_add_sorted
+    >>> from panamera.schedule.cpu_segments import CpuScatterForm
+    >>> s = scatter_add_sorted(pn.placeholder((4,), "int64"), pn.placeholder((4, 2)), rows=3)
+    >>> compile_pinned(s, form=CpuScatterForm.PRIVATIZED, chunks=3).scatter.chunks
+    3
+    """
+    graph = tuple(outputs) if isinstance(outputs, list | tuple) else (outputs,)
+    options = Options.make(target="cpu")
+    return compile_cpu_scatter(graph, graph, options, len(graph) == 1, (), cpu_model(), **pinned)
 
 
 def compile_cpu_scatter(graph, outs, options, single: bool, chosen, model: CpuModel, **pinned) -> CpuScatterCompiled:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from ..schedule.cpu_segments import CpuScatterForm, CpuScatterPlan
 
 BLOCK = 64  # elements of a row summed at once in registers (a row longer than this: in blocks)
+AHEAD = 8  # sorted segments: the source row this many terms ahead is prefetched
 PARAMS = {
     CpuScatterForm.PRIVATIZED: ("ids", "src", "out", "bad", "tables"),
     CpuScatterForm.SORTED: ("ids", "src", "out", "bad", "off", "ord"),
@@ -40,23 +41,32 @@ static inline void pn_scatter_bad(long long* p, long long v) {  // the least bad
 """
 
 
-def _row_sum(p: CpuScatterPlan, out_row: str, terms: str, first: str, indent: str) -> list[str]:
-    """Lines summing a row block by block: each element starts at `first` (an expression of `d`),
-    then the terms of the rows `terms` iterates (a `for (...)` header naming k; the term is
-    ROW_TERM, filled in by the caller), in order; the sums stored to `out_row`."""
+def _row_sum(p: CpuScatterPlan, out_row: str, terms: str, first: str, indent: str, ahead: str = "") -> list[str]:
+    """Lines summing a row block by block (BLOCK elements, then the tail: constant trip counts,
+    so that g++ keeps each block in vector registers): each element starts at `first` (an
+    expression of `d`), then the terms of the rows `terms` iterates (a `for (...)` header naming
+    k; the term is ROW_TERM, filled in by the caller), in order; the sums stored to `out_row`.
+    `ahead`: the address of a later term's block to prefetch (a gather's rows are not a stream)."""
     acc, W = p.acc, p.width
-    return [
-        f"{indent}for (pn_idx d0 = 0; d0 < {W}LL; d0 += {BLOCK}) {{",
-        f"{indent}  const pn_idx dn = {W}LL - d0 < {BLOCK} ? {W}LL - d0 : {BLOCK};",
-        f"{indent}  {acc} a[{BLOCK}];",
-        f"{indent}  for (pn_idx d = 0; d < dn; ++d) a[d] = {first};",
-        f"{indent}  {terms} {{",
-        f"{indent}    #pragma omp simd",
-        f"{indent}    for (pn_idx d = 0; d < dn; ++d) a[d] += ROW_TERM;",
-        f"{indent}  }}",
-        f"{indent}  for (pn_idx d = 0; d < dn; ++d) pn_st(&{out_row}[d0 + d], a[d]);",
-        f"{indent}}}",
-    ]
+    step = max(1, 64 // p.src.itemsize)  # elements per cache line
+    blocks = [(f"pn_idx d0 = 0; d0 < {W // BLOCK * BLOCK}LL; d0 += {BLOCK}", BLOCK)] if W >= BLOCK else []
+    blocks += [(f"pn_idx d0 = {W // BLOCK * BLOCK}LL; d0 < {W}LL; d0 += {W % BLOCK}", W % BLOCK)] if W % BLOCK else []
+    lines = []
+    for header, dn in blocks:
+        fetch = f"for (int l = 0; l < {dn}; l += {step}) __builtin_prefetch({ahead} + l);" if ahead else ""
+        lines += [
+            f"{indent}for ({header}) {{",
+            f"{indent}  {acc} a[{dn}];",
+            f"{indent}  for (pn_idx d = 0; d < {dn}; ++d) a[d] = {first};",
+            f"{indent}  {terms} {{",
+            *([f"{indent}    {fetch}"] if fetch else []),
+            f"{indent}    #pragma omp simd",
+            f"{indent}    for (pn_idx d = 0; d < {dn}; ++d) a[d] += ROW_TERM;",
+            f"{indent}  }}",
+            f"{indent}  for (pn_idx d = 0; d < {dn}; ++d) pn_st(&{out_row}[d0 + d], a[d]);",
+            f"{indent}}}",
+        ]
+    return lines
 
 
 def render_cpu_scatter(name: str, p: CpuScatterPlan) -> str:
@@ -125,7 +135,14 @@ def render_cpu_scatter(name: str, p: CpuScatterPlan) -> str:
             "    #pragma omp for schedule(static)",
             f"    for (pn_idx row = 0; row < {R}LL; ++row) {{  // whole segments per thread, each in position order",
             "      const pn_idx b = off[row], e = off[row + 1];",
-            *_row_sum(p, f"(out + row * {W}LL)", "for (pn_idx k = b; k < e; ++k)", f"({acc})0", "      "),
+            *_row_sum(
+                p,
+                f"(out + row * {W}LL)",
+                "for (pn_idx k = b; k < e; ++k)",
+                f"({acc})0",
+                "      ",
+                f"(src + ord[k + {AHEAD} < e ? k + {AHEAD} : k] * {W}LL + d0)",
+            ),  # fmt: skip
             "    }",
             "  }",
             "}",
