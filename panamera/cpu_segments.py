@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from . import segments as sorted_segments
 from .codegen.cpu_segments import HELPER, PARAMS, render_cpu_scatter
 from .codegen.header import prelude
-from .compiler import Options, _tensors, run_stages
+from .compiler import Options, _tensors, run_stages, view_source
 from .cpu_target import CpuCompiled, cpu_model
 from .dtypes import as_dtype
 from .errors import Unsupported
@@ -127,7 +127,7 @@ def _compulsory(node: Tensor) -> int:
 
 def launch_plan(node: Tensor, p: CpuScatterPlan, graph: tuple[Tensor, ...], inputs: tuple[Tensor, ...]):
     """(the LaunchPlan, the C++ source, the executor's kernel table) of plan `p`."""
-    ids, src = (sorted_segments._source(t) for t in node.inputs)
+    ids, src = (view_source(t) for t in node.inputs)
     digest = hashlib.sha1(repr((p.form, p.n, p.rows, p.width, p.ids.name, p.src.name, p.skip, p.chunks)).encode())
     name = f"pn_cpu_scatter_{digest.hexdigest()[:8]}"
     acc, i64 = as_dtype("float32") if p.src.is_16bit_float else p.src, as_dtype("int64")
@@ -142,9 +142,7 @@ def launch_plan(node: Tensor, p: CpuScatterPlan, graph: tuple[Tensor, ...], inpu
     }
     for what, size in scratch(p).items():
         key, dt = f"scatter:{what}", acc if what == "tables" else i64
-        buffers[key] = BufferSpec(
-            key, dt.c_type if what == "tables" else "long long", dt, size, BufferRole.PARTIALS, what
-        )
+        buffers[key] = BufferSpec(key, dt.c_type, dt, size, BufferRole.PARTIALS, what)
     params = tuple(keys.get(what, f"scatter:{what}") for what in PARAMS[p.form])
     launch = Launch(name, (1, 1, 1), (1, 1, 1), tuple(("buf", k) for k in params), LaunchRole.MAP,
                     form=p.form.value.upper(), mapping=p.describe())  # fmt: skip
