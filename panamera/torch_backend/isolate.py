@@ -9,13 +9,14 @@ embedding's gradient `mm + embedding_dense_backward`, `x + scatter`), three comp
 or `index_add(x, 0, idx, v, alpha)` as `x + alpha * embedding_dense_backward(v, idx', rows)`
 (torch's own scatter-add of rows into zeros; `idx' = where(idx < 0, idx + rows, idx)` wraps
 negative ids as index_put does).
-Preconditions of the rewrite (else the node is left as it is): (R1) the compile is deterministic;
+Preconditions of the rewrite (else the node is left as it is): (R1) the compile is deterministic
+(or its target is the CPU, which has no atomic form: partition.py passes `deterministic` so);
 (R2) one integer index tensor on axis 0, values of exactly `idx.shape + x.shape[1:]` and x's dtype
 (floating point, int32 or int64: the dtypes sorted segments take), static shapes; (R3) owner
 computes cannot take it (rows x ids x row size over frontend/scatter.py's MAX_TERMS).
 
 Preconditions of moving node n out of partition p (else p is left as it is, and compiles or
-stays eager with its reason): (1) the compile is deterministic; (2) n is
+stays eager with its reason): (1) the compile is deterministic (or targets the CPU); (2) n is
 `aten.embedding_dense_backward` without scale_grad_by_freq; (3) owner computes cannot take it.
 p less n is cut in two, U (the nodes of p that do not depend on n) and D (those that do): each
 is convex (a path between two nodes of U through D or n would make its end depend on n; one
