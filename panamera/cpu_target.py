@@ -10,8 +10,10 @@ layer_norm rows) and ALL groups (x - mean(x): one row, on one core), reductions 
 extent (numpy's values), contractions (generated as reductions, K split when the outputs are
 few; large float ones read straight from their operands run in numpy's BLAS:
 schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
-Refused with CpuUnsupportedError: replaying a GPU `schedule=`, and the group kinds
-cpu_kernel.py's `check` names (indirect writes: the atomic scatter-add).
+A deterministic scatter-add of rows compiled alone has CPU kernels of its own (cpu_segments.py:
+privatized tables or sorted segments). Refused with CpuUnsupportedError: replaying a GPU
+`schedule=`, and the group kinds cpu_kernel.py's `check` names (indirect writes: the atomic
+scatter-add).
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((4, 100), "float32"), axis=1), target="cpu")
@@ -149,6 +151,13 @@ template <class F, class T> static inline void pn_atomic_combine(T* p, T v) {
 """
 
 
+def cpu_segments():
+    """panamera/cpu_segments.py (imported on use: its compiled program is a CpuCompiled)."""
+    from . import cpu_segments as module
+
+    return module
+
+
 def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Fused attention nodes replaced by their chains (q @ k.T, a softmax per query row, @ v):
     the CPU target has no fused attention template; the chain's contractions and stitched rows
@@ -207,8 +216,10 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
             return math.inf
-        if sorted_segments.recognize_any(alternative) or nondeterministic(alternative) is not None:
-            return math.inf  # no sorted-segment kernels and no indirect writes on the CPU (cpu_kernel.py `check`)
+        if (scatter := cpu_segments().cost_us(outs, alternative, model)) is not None:
+            return scatter  # a deterministic scatter-add alone: its own CPU plan (cpu_segments.py)
+        if nondeterministic(alternative) is not None:
+            return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(alternative, alone, stop_after="groups")
         pairs = [
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
@@ -218,11 +229,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
     graph, chosen = choose_formulations(outs, cost)
-    if sorted_segments.recognize_any(graph):
-        raise CpuUnsupportedError(
-            "target='cpu': a sorted-segment scatter-add (frontend/scatter.py scatter_add_sorted) has no CPU kernels yet; "
-            "scatter_add_rows offers the owner-computes form for small tables"
-        )
+    if sorted_segments.recognize(graph) is not None:  # the scatter alone, else Unsupported (its precondition 1)
+        return cpu_segments().compile_cpu_scatter(graph, outs, options, single, chosen, model)
     a = run_stages(_unfused(graph), options, stop_after="groups")
     groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
     a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)

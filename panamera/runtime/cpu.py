@@ -182,7 +182,7 @@ class CpuExecutor(Executor):
         """The program's one-entry call path, or None (a numpy BLAS kernel, or results that are
         not whole buffers of their own: runtime/cpu_call.py's `simple`)."""
         if self._fast is None:
-            ok = simple(self.plan)
+            ok = simple(self.plan) and not self.plan.checks  # checks are read by the general path (`_results`)
             if ok:
                 self._fast = FastCall(self.plan, self._steps(), self.bound, self.threads, self.blas)
             else:

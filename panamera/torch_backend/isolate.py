@@ -1,14 +1,30 @@
-"""A deterministic embedding gradient too large for owner computes gets a partition of its own,
+"""A deterministic scatter-add of rows too large for owner computes gets a partition of its own,
 so that Panamera's sorted-segment scatter-add (frontend/scatter.py `scatter_add_sorted`, whose
 index and source must be the compiled computation's inputs: segments.py precondition 2) takes
-it instead of the whole partition falling back to eager PyTorch.
+it instead of its whole partition falling back to eager PyTorch. The partition is split at the
+scatter: the nodes it does not reach, the scatter alone, and the nodes that read it (a tied
+embedding's gradient `mm + embedding_dense_backward`, `x + scatter`), three compiled partitions.
+
+`canonical_scatters` first writes a large deterministic `index_put(x, [idx], v, accumulate=True)`
+or `index_add(x, 0, idx, v, alpha)` as `x + alpha * embedding_dense_backward(v, idx', rows)`
+(torch's own scatter-add of rows into zeros; `idx' = where(idx < 0, idx + rows, idx)` wraps
+negative ids as index_put does).
+Preconditions of the rewrite (else the node is left as it is): (R1) the compile is deterministic
+(or its target is the CPU, which has no atomic form: partition.py passes `deterministic` so);
+(R2) one integer index tensor on axis 0, values of exactly `idx.shape + x.shape[1:]` and x's dtype
+(floating point, int32 or int64: the dtypes sorted segments take), static shapes; (R3) owner
+computes cannot take it (rows x ids x row size over frontend/scatter.py's MAX_TERMS).
 
 Preconditions of moving node n out of partition p (else p is left as it is, and compiles or
-stays eager with its reason): (1) the compile is deterministic; (2) n is
-`aten.embedding_dense_backward` without scale_grad_by_freq; (3) owner computes cannot take it
-(rows x ids x row size over frontend/scatter.py's MAX_TERMS); (4) no node of p reads n (p less n
-stays convex: p was, and n is a sink of it). What is left of p keeps only the nodes connected to
-an anchor (`anchored`): an element-wise producer alone stays in eager PyTorch.
+stays eager with its reason): (1) the compile is deterministic (or targets the CPU); (2) n is
+`aten.embedding_dense_backward` without scale_grad_by_freq; (3) owner computes cannot take it.
+p less n is cut in two, U (the nodes of p that do not depend on n) and D (those that do): each
+is convex (a path between two nodes of U through D or n would make its end depend on n; one
+from D back into U likewise), and U runs before n before D. Each keeps the nodes p kept
+(`anchored` over p, n included): a piece is worth compiling when p was.
+
+>>> canonical_scatters.__name__, isolate_sorted_scatters.__name__
+('canonical_scatters', 'isolate_sorted_scatters')
 """
 
 from __future__ import annotations
@@ -21,33 +37,119 @@ from torch.fx.passes.infra.partitioner import Partition
 from ..frontend.scatter import MAX_TERMS
 from .aten import meta
 
-EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
+aten = torch.ops.aten
+EMBEDDING_BACKWARD = aten.embedding_dense_backward.default
+SORTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64)
 
 
-def movable(n: torch.fx.Node, members) -> bool:
-    """Preconditions 2-4 for node n of a partition holding `members`."""
+def movable(n: torch.fx.Node) -> bool:
+    """Preconditions 2-3 for node n."""
     if n.target is not EMBEDDING_BACKWARD or (len(n.args) > 4 and n.args[4]):
         return False
     g, ids, rows = meta(n.args[0]), meta(n.args[1]), int(n.args[2])
     width = g.shape[-1] if g.dim() else 1
-    terms = rows * math.prod(ids.shape) * width
-    return terms > MAX_TERMS and not any(u in members for u in n.users)
+    return rows * math.prod(ids.shape) * width > MAX_TERMS
+
+
+def _rows_scatter(n: torch.fx.Node):
+    """(x, idx, values, alpha) of an index_put(accumulate) / index_add node meeting R2, else None."""
+    if n.op != "call_function":
+        return None
+    if n.target is aten.index_put.default:
+        accumulate = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
+        given = [(k, i) for k, i in enumerate(n.args[1]) if i is not None]
+        if not accumulate or len(given) != 1 or given[0][0] != 0:
+            return None
+        x, idx, values, alpha = n.args[0], given[0][1], n.args[2], 1
+    elif n.target is aten.index_add.default:
+        if len(n.args) < 4 or n.args[1] not in (0, -meta(n.args[0]).dim()):
+            return None
+        x, idx, values, alpha = n.args[0], n.args[2], n.args[3], n.kwargs.get("alpha", 1)
+    else:
+        return None
+    xv, iv, vv = meta(x), meta(idx), meta(values)
+    shapes = (*xv.shape, *iv.shape, *vv.shape)
+    if not all(isinstance(s, int) for s in shapes) or xv.dim() == 0 or xv.dtype not in SORTABLE:
+        return None
+    if iv.dtype not in (torch.int64, torch.int32) or vv.dtype != xv.dtype or vv.shape != (*iv.shape, *xv.shape[1:]):
+        return None
+    return x, idx, values, alpha
+
+
+def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    """A call of `target` with its FakeTensor value (`meta["val"]`) computed from its arguments'."""
+    node = graph.call_function(target, args, kwargs or {})
+    fake = next(meta(a) for a in args if isinstance(a, torch.fx.Node))
+    vals = [meta(a) if isinstance(a, torch.fx.Node) else a for a in args]
+    with fake.fake_mode:
+        node.meta["val"] = target(*vals, **(kwargs or {}))
+    return node
+
+
+def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
+    """Rewrite `gm`'s large deterministic index_put(accumulate) / index_add nodes (R1-R3) as
+    `x + alpha * embedding_dense_backward(...)`, in place; returns how many."""
+    if not deterministic:
+        return 0
+    done = 0
+    for n in list(gm.graph.nodes):
+        found = _rows_scatter(n)
+        if found is None:
+            continue
+        x, idx, values, alpha = found
+        xv, iv = meta(x), meta(idx)
+        rows, width = xv.shape[0], math.prod(xv.shape[1:])
+        if rows * iv.numel() * width <= MAX_TERMS:
+            continue
+        g = gm.graph
+        with g.inserting_before(n):
+            negative = _node(g, aten.lt.Scalar, (idx, 0))  # x[-1] is the last row
+            wrapped = _node(g, aten.where.self, (negative, _node(g, aten.add.Tensor, (idx, rows)), idx))
+            flat = _node(g, aten.reshape.default, (values, [*iv.shape, width]))
+            table = _node(g, EMBEDDING_BACKWARD, (flat, wrapped, rows, -1, False))
+            table = _node(g, aten.reshape.default, (table, list(xv.shape)))
+            if alpha != 1:
+                table = _node(g, aten.mul.Tensor, (table, alpha))
+            out = _node(g, aten.add.Tensor, (x, table))
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+        done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
+def _descendants(n: torch.fx.Node) -> set:
+    seen, stack = set(), list(n.users)
+    while stack:
+        m = stack.pop()
+        if m not in seen:
+            seen.add(m)
+            stack.extend(m.users)
+    return seen
 
 
 def isolate_sorted_scatters(parts: list, deterministic: bool, anchored) -> list:
-    """`parts` with every movable embedding gradient (preconditions 1-4) in a partition of its
-    own, the rest of its partition pruned to its anchored nodes (empty partitions dropped)."""
+    """`parts` with every movable embedding gradient (preconditions 1-3) in a partition of its
+    own, the rest of its partition cut into the nodes before it and those after it (each keeping
+    what `anchored` kept of the whole; empty pieces dropped)."""
     if not deterministic:
         return parts
     out = []
     for p in parts:
-        moved = [n for n in p.nodes if movable(n, p.nodes)]
-        for n in moved:
-            p.remove_node(n)
         keep = anchored(p.nodes)
-        for n in [n for n in p.nodes if n not in keep]:
-            p.remove_node(n)
-        out += ([p] if p.nodes else []) + [Partition(nodes=[n]) for n in moved]
+        moved = [n for n in p.nodes if n in keep and movable(n)]
+        if not moved:
+            out.append(p)
+            continue
+        order = {m: k for k, m in enumerate(moved[0].graph.nodes)}
+        pieces = [[n for n in p.nodes if n in keep]]
+        for n in moved:
+            piece = next(s for s in pieces if n in s)
+            later = _descendants(n)
+            pieces.remove(piece)
+            pieces += [[m for m in piece if m is not n and m not in later], [n], [m for m in piece if m in later]]
+        out += [Partition(nodes=sorted(s, key=order.__getitem__)) for s in pieces if s]
     for k, p in enumerate(out):
         p.id = k
     return out

@@ -26,7 +26,7 @@ from ..frontend.symbolic import Dim
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
 from .foreach import fuse_total_norms
 from .foreach_map import lower_foreach_maps
-from .isolate import isolate_sorted_scatters
+from .isolate import canonical_scatters, isolate_sorted_scatters
 from .multitensor import lower_norms
 from .mutations import write_back
 from .symbolic import (
@@ -395,8 +395,10 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
     write_back(gm)  # the input mutations left: in place, or one _foreach_copy_
     multi = [SubgraphReport(n, ops, k, modeled_us=us) for n, ops, k, us in lowered]
+    alone = deterministic or target == "cpu"  # the CPU has no atomic scatter: a large one takes sorted segments
+    canonical_scatters(gm, alone)  # a large deterministic index_put / index_add: x + embedding gradient
     partitioner, parts = propose(gm)
-    parts = isolate_sorted_scatters(parts, deterministic, anchored)  # a large deterministic embedding gradient alone
+    parts = isolate_sorted_scatters(parts, alone, anchored)  # a large deterministic scatter alone
     inside = {n for p in parts for n in p.nodes}
     eager = [
         EagerOp(str(n.target), n.name, why_unsupported(n) or NO_ANCHOR)

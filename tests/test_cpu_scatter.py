@@ -1,0 +1,118 @@
+"""The CPU target's deterministic scatter-add (cpu_segments.py, schedule/cpu_segments.py,
+codegen/cpu_segments.py): privatized tables or sorted segments. Against numpy in float64
+(`np.add.at`) with repeated ids, tolerances from the dtype and the longest segment; the bits at 1
+and 2 threads (and, for the privatized form, at any chunk count the plan fixes); the model's
+choice; the run-time index check naming the tensor; the preconditions."""
+
+import numpy as np
+import pytest
+from conftest import tolerance
+
+import panamera as pn
+from panamera.cpu_segments import compile_pinned
+from panamera.dtypes import as_dtype
+from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
+from panamera.model.cpu import CpuModel
+from panamera.schedule.cpu_segments import PRIVATE_MAX, CpuScatterForm, plan_cpu_scatter
+
+FORMS = list(CpuScatterForm)
+
+
+def reference(index, src, rows, skip=None):
+    out = np.zeros((rows, *src.shape[1:]), np.float64)
+    keep = (index != skip) & (index >= 0) & (index < rows)
+    np.add.at(out, index[keep], src[keep].astype(np.float64))
+    return out
+
+
+def close(got, want, dtype, index):
+    """Within the tolerance of the longest segment's sum (float32 sums for 16-bit sources, one
+    rounding at the end), scaled by the largest magnitude."""
+    tol = tolerance(dtype, int(np.bincount(index[index >= 0]).max()))
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * scale)
+
+
+def scatter(n, rows, width, dtype="float32", ids_dtype="int64", skip=None, check=True):
+    ids, g = pn.placeholder((n,), ids_dtype, name="ids"), pn.placeholder((n, width), dtype, name="g")
+    return scatter_add_sorted(ids, g, rows, skip=skip, check=check)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("dtype", "ids_dtype"), [("float32", "int64"), ("float64", "int32"), ("float16", "int64")])
+def test_repeated_ids_against_numpy(rng, form, dtype, ids_dtype):
+    """400 ids into 30 rows of 70 (a row longer than one register block): id 3 fifty times, id 4
+    skipped, row 7 named by none (zero, and still zero on the second call)."""
+    index = rng.integers(0, 30, 400).astype(ids_dtype)
+    index[:50], index[index == 7] = 3, 8
+    src = rng.standard_normal((400, 70)).astype(dtype)
+    k = compile_pinned(scatter(400, 30, 70, dtype, ids_dtype, skip=4), form=form, chunks=3)
+    assert k.scatter.form == form and [ln.form for ln in k.plan.kernels] == [form.value.upper()]
+    want = reference(index, src, 30, skip=4)
+    for _ in range(2):
+        got = k(index, src)
+        assert got.dtype == np.dtype(dtype) and got.shape == (30, 70)
+        close(got, want, dtype, index)
+        assert not got[4].any() and not got[7].any()
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_integer_rows_are_exact(rng, form):
+    index, src = rng.integers(0, 9, 200), rng.integers(-50, 50, (200, 5)).astype(np.int32)
+    k = compile_pinned(scatter(200, 9, 5, "int32"), form=form)
+    assert np.array_equal(k(index, src), reference(index, src, 9).astype(np.int32))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_bits_do_not_move_with_threads(rng, form):
+    """Deterministic: the same bits at 1 and 2 threads and run to run (the privatized form's chunks
+    are fixed by the plan, never by the call's thread count); 3000 ids into 64 rows, so that
+    every row sums ~47 terms in an order that would show."""
+    index, src = rng.integers(0, 64, 3000), (rng.standard_normal((3000, 24)) * 1e3).astype(np.float32)
+    k = compile_pinned(scatter(3000, 64, 24), form=form, chunks=2)
+    one = k(index, src, threads=1)
+    assert np.array_equal(one, k(index, src, threads=2)) and np.array_equal(one, k(index, src, threads=2))
+    close(one, reference(index, src, 64), "float32", index)
+
+
+def test_large_table_compiles_deterministic_and_the_model_chooses(rng):
+    """A table too large for owner computes: on the CPU scatter_add_rows takes sorted segments
+    (refused before), deterministic and bit-stable; the CPU model's choice between its two forms
+    follows the sizes (many ids into a small table: privatized)."""
+    index, src = rng.integers(0, 20000, 4096), rng.standard_normal((4096, 64)).astype(np.float32)
+    index[::7] = 11
+    ids, g = pn.placeholder((4096,), "int64", name="ids"), pn.placeholder((4096, 64), "float32", name="g")
+    k = pn.compile(scatter_add_rows(ids, g, rows=20000), target="cpu", deterministic=True)
+    assert [f.chosen for f in k.formulations] == ["sorted_segments"]
+    assert k.scatter.form == CpuScatterForm.SORTED and "privatized" in k.explain()
+    one = k(index, src, threads=1)
+    assert np.array_equal(one, k(index, src, threads=2))
+    close(one, reference(index, src, 20000), "float32", index)
+    m, i64, f32 = CpuModel.nominal(2, 64), as_dtype("int64"), as_dtype("float32")
+    assert plan_cpu_scatter(1 << 20, 16, 64, i64, f32, None, m).form == CpuScatterForm.PRIVATIZED
+    assert plan_cpu_scatter(8192, 50257, 768, i64, f32, None, m).form == CpuScatterForm.SORTED
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_an_id_outside_the_table_names_the_tensor(rng, form):
+    """`scatter_add_sorted` checks its ids: the least bad position, whatever the thread order;
+    `scatter_add_rows`'s form drops them (its documented contract, every form alike)."""
+    index, src = rng.integers(0, 10, 100), np.ones((100, 4), np.float32)
+    index[[80, 40]] = [10, -1]
+    k = compile_pinned(scatter(100, 10, 4), form=form)
+    with pytest.raises(pn.InputError, match=r"scatter-add: index 'ids' holds -1 at position 40, outside \[0, 10\)"):
+        k(index, src, threads=2)
+    lax = compile_pinned(scatter(100, 10, 4, check=False), form=form)
+    close(lax(index, src), reference(index, src, 10), "float32", index)
+
+
+def test_preconditions():
+    """segments.py's precondition 1 on the CPU (the scatter alone), and a pinned form the plan
+    does not offer (privatized tables over PRIVATE_MAX bytes)."""
+    s = scatter(6, 4, 2)
+    with pytest.raises(pn.PanameraError, match="whole computation \\(precondition 1\\)"):
+        pn.compile([s, s.inputs[1] * 2.0], target="cpu")
+    rows = PRIVATE_MAX // (4 * 2 * 64) + 1
+    with pytest.raises(pn.OptionError, match="'privatized' is not offered"):
+        plan_cpu_scatter(8, rows, 64, as_dtype("int64"), as_dtype("float32"), None, CpuModel.nominal(2, 64),
+                         form=CpuScatterForm.PRIVATIZED)  # fmt: skip
