@@ -43,12 +43,7 @@ class Gathered(nn.Module):
         return (h.softmax(-1) * h).sum() + (self.w**2).sum()
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    tb.reset_stats()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def grads(m, target: str | None, deterministic: bool = True):
