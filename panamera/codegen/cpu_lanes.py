@@ -3,7 +3,7 @@
 scan runs at the speed of its loads rather than of one vector register's add latency, folded by
 an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
 value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
-a float max/min with plain compares and NaN flags (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
+a float max/min with plain compares and a NaN watch (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
 `kern` is cpu_kernel's `_Kernel` (its group, decision, ThreadLoop, bodies and accumulators);
 `scan` and `emit` are its isl helpers (`_scan`, `_print`), passed in: this module sits beside it.
@@ -49,12 +49,16 @@ struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { retu
 
 
 # A floating-point max/min's lanes (LaneKind.FLAGGED) step with the plain compare `a > b ? a : b`
-# (one vmaxps, one latency a step, no mask or/blend on the chain) and flag a NaN per lane on the
-# side; their fold is the same tree of plain compares (branch-free). Without a NaN both give what
-# the NaN-aware combiner (`(a != a || a > b) ? a : b`) gives, bit for bit: the compares are the
-# same. A block whose lanes saw a NaN is scanned again with the NaN-aware combiner in j order
-# (the first NaN wins; rare, and only that block). softmax [6144x128]: the row's max, on the
-# critical path before its exp pass, was a 4-op chain a step and a ~6-step NaN-aware fold.
+# (one vmaxps, one latency a step, no mask or/blend on the chain) and watch for a NaN on the side:
+# each lane also sums its values (one vaddps a step, no compare, off the chain), and that sum is
+# NaN where the lane saw a NaN (or, rarely, both +inf and -inf, or sums overflowing both ways: then
+# the block is only scanned again for nothing). Their fold is the same tree of plain compares
+# (branch-free). Without a NaN both give what the NaN-aware combiner (`(a != a || a > b) ? a : b`)
+# gives, bit for bit: the compares are the same. A block whose sums are NaN is scanned again with
+# the NaN-aware combiner in j order (the first NaN wins; rare, and only that block). softmax
+# [6144x128]: the row's max, on the critical path before its exp pass, was a 4-op chain a step and
+# a ~6-step NaN-aware fold; an int flag a lane (`|= x != x`: a compare and a masked move a step)
+# cost 6 % more than this sum (411 -> 387 us, 1 thread, CPU time).
 _NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
 
 
@@ -80,12 +84,12 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
     flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]
 
-    def flag_step(k: int, a: str, v: str) -> list[str]:  # _NUMERIC: a plain compare, a NaN flagged
+    def flag_step(k: int, a: str, v: str) -> list[str]:  # _NUMERIC: a plain compare, the values summed
         t, q = g.statements[k].acc.compute, a[a.index("[") :]
         num = _NUMERIC[g.statements[k].combiner.name]
         return [
             f"{{ const {t} pn_x = {v};",
-            f"  pn_nan{k}{q} |= (pn_x != pn_x);",
+            f"  pn_nan{k}{q} += pn_x;",
             f"  {a} = {num}::apply({a}, pn_x); }}",
         ]
 
@@ -117,7 +121,8 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
             out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
             if k in flagged:
-                out += [f"  int pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = 0;"]
+                t = s.acc.compute
+                out += [f"  {t} pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = ({t})0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
@@ -128,9 +133,11 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
             key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
             out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
             continue
-        if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block that saw a NaN
+        if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block whose sums are NaN
             rescan = kern.body([k], lambda k: f"pn_blk{k}")
-            out += [f"    int pn_any{k} = 0;", f"    for (int q = 0; q < {W}; ++q) pn_any{k} |= pn_nan{k}[q];"]
+            t = s.acc.compute
+            out += [f"    const {t} pn_sn{k} = pn_fold_lanes<pn_op_sum, {W}>(pn_nan{k});"]
+            out += [f"    const bool pn_any{k} = pn_sn{k} != pn_sn{k};"]
             out += [f"    if (pn_any{k}) {{", "      for (pn_idx j = pn_lo; j < pn_c; ++j) {"]
             out += ["        " + ln for ln in rescan] + ["      }", "    } else {"]
             out += [

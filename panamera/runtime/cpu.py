@@ -67,23 +67,48 @@ def openmp_flags() -> tuple[str, ...]:
     return ("-fopenmp",)
 
 
-# glibc's vector math (libmvec, <= 4 ulp, special values handled as the scalar functions do):
+# glibc's vector math (libmvec, <= 4 ulp, special values handled as the scalar functions do; float
+# exp is EXP_FLUSH's instead):
 # declaring the functions `simd` lets `#pragma omp simd` loops call their vector variants
 # (glibc's own headers declare them only under -ffast-math, which would also drop NaN semantics).
 SIMD_FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "erf", "pow")
-# float exp's results below the smallest normal float (x < ln FLT_MIN) are 0, not subnormal (an
-# absolute error under 1.2e-38, the bound of a flushed float): a subnormal result sends libmvec's
-# vector expf to its scalar path, and every later product or sum with it takes a microcode assist
-# (~100 cycles). A softmax over masked scores (-100: swin's shifted windows) then ran 25x slower
-# in the product after it (128x16 @ 16x32: 59 -> 1470 us). The input is clamped first, so the
-# vector expf never sees such a lane; NaN passes (its compare is false), -inf gives 0.
+# float exp is inline (vectorizes in any `omp simd` loop: no call, no spills): x = n ln2 + r with
+# n = round(x / ln2) (the 1.5 * 2^23 rounding constant, whose low bits are then n) and |r| <= ln2 / 2
+# (ln2 split in two, so n ln2 is exact); 2 e^r by a degree-6 polynomial (a least-squares fit of the
+# relative error on Chebyshev nodes, 1.7e-8; doubled coefficients, so the scaling is exact); times
+# 2^(n-1) built in the exponent bits, n + 126 clamped at 0 in integers. Below -125.5 ln2 (x < -86.99,
+# results < 1.42 FLT_MIN) n = -126 or less makes 2^(n-1) exactly 0: the result is 0, never subnormal
+# (absolute error < 1.7e-38); n = 128 (x up to 88.75) overflows to inf in the last product as expf
+# does. One select, at the end (off the chain of dependent operations): |x| > 88.75, where n leaves
+# its range and inf - inf would make r NaN, gives inf for a positive x and 0 for a negative one
+# (from the sign bit); a NaN fails the compare and propagates through the arithmetic. No subnormal:
+# a subnormal result sent libmvec's vector expf to its scalar path, and every later product or sum
+# with it takes a microcode assist (~100 cycles); a softmax over masked scores (-100: swin's shifted
+# windows) then ran 25x slower in the product after it (128x16 @ 16x32: 59 -> 1470 us). Below 1 ulp
+# elsewhere (tests/test_cpu_exp_flush.py). Why not libmvec's expf: its call spills every live vector
+# register; and each compare-and-select on the chain costs (softmax [6144x128], 1 thread, CPU time,
+# interleaved: libmvec 480 us, a two-sided float clamp first 418, one clamp first 398, this ~380).
 EXP_FLUSH = (
-    "static inline __attribute__((always_inline)) float pn_expf_normal(float x) {\n"
-    "  const float lo = -87.33654475f;  // ln FLT_MIN\n"
-    "  const float r = expf(x < lo ? lo : x);\n"
-    "  return x < lo ? 0.0f : r;\n"
+    "static inline __attribute__((always_inline)) float pn_expf_inline(float x) {\n"
+    "  const float t = __builtin_fmaf(x, 1.44269504088896341f, 12582912.0f);  // 1.5 * 2^23 + n\n"
+    "  const float n = t - 12582912.0f;\n"
+    "  float r = __builtin_fmaf(n, -0.693145751953125f, x);  // ln2's high part: n ln2_hi exact\n"
+    "  r = __builtin_fmaf(n, -1.428606765330187e-06f, r);\n"
+    "  float p = 2.771858125925064e-03f;  // 2 e^r\n"
+    "  p = __builtin_fmaf(p, r, 1.6749527305364609e-02f);\n"
+    "  p = __builtin_fmaf(p, r, 8.333545178174973e-02f);\n"
+    "  p = __builtin_fmaf(p, r, 3.333284258842468e-01f);\n"
+    "  p = __builtin_fmaf(p, r, 9.999998807907104e-01f);\n"
+    "  p = __builtin_fmaf(p, r, 2.0f);\n"
+    "  p = __builtin_fmaf(p, r, 2.0f);\n"
+    "  int k = (int)(__builtin_bit_cast(unsigned, t) - (0x4b400000u - 126u));  // n + 126, in range\n"
+    "  k = k < 0 ? 0 : k;\n"
+    "  const float e = p * __builtin_bit_cast(float, (unsigned)k << 23);  // 2^(n-1); n <= -126: +0\n"
+    "  const unsigned b = __builtin_bit_cast(unsigned, x);\n"
+    "  const float big = __builtin_bit_cast(float, ~(unsigned)((int)b >> 31) & 0x7f800000u);  // inf or 0\n"
+    "  return __builtin_fabsf(x) > 88.75f ? big : e;\n"
     "}\n"
-    "#define expf(x) pn_expf_normal(x)\n"
+    "#define expf(x) pn_expf_inline(x)\n"
 )
 SIMD_MATH = (
     "#include <cmath>\n#ifdef PN_LIBMVEC\n"

@@ -340,10 +340,11 @@ def _key(threads: int, spin: int | None = None) -> str:
     >>> _key(2, 0) != _key(2, 300000), _key(2, 0) == _key(2, 0)
     (True, True)
     """
-    from .cpu import machine_key
+    from .cpu import SIMD_MATH, machine_key
 
     spin = spin_count() if spin is None else spin
-    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}".encode()).hexdigest()[:20]
+    math_key = hashlib.sha256(SIMD_MATH.encode()).hexdigest()[:8]
+    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}|{math_key}".encode()).hexdigest()[:20]
 
 
 def _to_json(r: Rates) -> str:
