@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import cache as compile_cache
-from . import compiler
+from . import compiler, options
 from .algebra import AtomicStrategy, ordered
 from .codegen import islast
 from .codegen.header import prelude
@@ -501,10 +501,10 @@ def _refuse_empty(s: PStatement) -> None:
 
 
 def resolve_target(target) -> str:
-    """`target="auto"`: cuda with a GPU, else the host target (compiler.host_target: cpu)."""
+    """`target="auto"`: cuda with a GPU, else the host target (options.host_target: cpu)."""
     target = str(target)
     if target == "auto":
-        return "cuda" if cuda_backend.available() else str(compiler.host_target())
+        return "cuda" if cuda_backend.available() else str(options.host_target())
     return target
 
 
