@@ -3,7 +3,7 @@ and resolves `target="auto"` (`auto_target`: cuda with a GPU, else `host_target`
 is the emulator that runs what "auto"'s cpu refuses.
 
 >>> Options.make(target="emulator", gpu="a100").gpu.name
-'A100'
+'A100-SXM4-80GB'
 >>> str(Options.make(target="emulator").target)
 'emulator'
 """
