@@ -207,7 +207,7 @@ def _shapes(inputs) -> tuple:
 
 def _target(options: dict, inputs) -> str:
     """The target of a graph: options' `target`, else cuda for GPU tensors and the CPU target for
-    CPU tensors (options.host_target); a subgraph the CPU target refuses stays eager, the reason
+    CPU tensors (panamera/options.py: host_target); a subgraph the CPU target refuses stays eager, the reason
     in its report."""
     target = options.get("target")
     if target is None:
