@@ -32,21 +32,12 @@ from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.header import prelude
-from .compiler import (
-    TARGET_COMPILERS,
-    Compiled,
-    Options,
-    Target,
-    _output_specs,
-    _result_spec,
-    _tensors,
-    kernel_name,
-    rebind_stages,
-    run_stages,
-    write_out,
-)
+from .compiled import Compiled, _tensors, write_out
+from .compiler import TARGET_COMPILERS
 from .frontend.tensor import Tensor
+from .launch_plan import _output_specs, _result_spec
 from .model.cpu import Caches, CpuModel
+from .options import Options, Target
 from .poly import attention as fused_attention
 from .poly.statement import Form
 from .runtime import cpu_gemm, cpu_probe, gemm_probe
@@ -57,6 +48,7 @@ from .schedule.cpu_blas import blas_call, split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations, nondeterministic, substitute
+from .stages import kernel_name, rebind_stages, run_stages
 
 
 @dataclass(frozen=True, repr=False)

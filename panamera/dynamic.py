@@ -27,11 +27,13 @@ import numpy as np
 
 from . import cache as compile_cache
 from . import compiler
+from . import options as _options
 from .algebra import AtomicStrategy, ordered
 from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
 from .codegen.param_stitched import render_group
+from .compiled import write_out
 from .errors import (
     BackendError,
     DTypeError,
@@ -327,7 +329,7 @@ class DynamicCompiled:
             outs = self._execute(args, sizes, order, int(seed), threads)
         outs = arrays_mod.deliver(outs, caller)
         if out is not None:  # numpy's out=: the results written into the caller's arrays (sizes of this call)
-            return compiler.write_out(out, list(outs), self.single)
+            return write_out(out, list(outs), self.single)
         return outs[0] if self.single else tuple(outs)
 
     def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
@@ -501,10 +503,10 @@ def _refuse_empty(s: PStatement) -> None:
 
 
 def resolve_target(target) -> str:
-    """`target="auto"`: cuda with a GPU, else the host target (compiler.host_target: cpu)."""
+    """`target="auto"`: cuda with a GPU, else the host target (panamera/options.py: host_target, cpu)."""
     target = str(target)
     if target == "auto":
-        return "cuda" if cuda_backend.available() else str(compiler.host_target())
+        return "cuda" if cuda_backend.available() else str(_options.host_target())
     return target
 
 

@@ -1,7 +1,7 @@
 """The compile path of a sorted-segment scatter-add (frontend/scatter.py `scatter_add_sorted`):
 recognized by the program stage as the whole computation, planned by schedule/segments.py,
 rendered by codegen/segment_kernel.py, run through the same LaunchPlan and executor as every
-compiled computation (compiler.py's stages call the four functions below).
+compiled computation (stages.py's stages call the four functions below).
 
 Preconditions of the recognition (else `Unsupported`, and the formulation stage costs the
 alternative at infinity): (1) the computation has one output, the sorted scatter (a reshape of
@@ -164,7 +164,7 @@ def launch_plan(
                 bytes_read=read,
                 bytes_written=written,
                 mapping=f"{suffix}: {p.describe()}",
-                modeled_us=cost.total_s * 1e6,  # compiler.py's _queued takes the queued gap off
+                modeled_us=cost.total_s * 1e6,  # launch_plan.py's _queued takes the queued gap off
                 cost_features=cost.features,
             )
         )

@@ -87,10 +87,11 @@ import tempfile  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import panamera.compiler as _compiler  # noqa: E402
+import panamera.options as _options  # noqa: E402
+import panamera.stages as _stages  # noqa: E402  (the kernels stage renders: its lookups are recorded)
 
 _LOG = "PANAMERA_TEST_KERNEL_LOG"
-_render, _render_empty = _compiler.render_kernel, _compiler.render_empty
+_render, _render_empty = _stages.render_kernel, _stages.render_empty
 
 
 def _record(kname: str, src: str) -> None:
@@ -115,8 +116,8 @@ def _recording_render_empty(name, *args, **kw):
     return init
 
 
-_compiler.render_kernel = _recording_render
-_compiler.render_empty = _recording_render_empty
+_stages.render_kernel = _recording_render
+_stages.render_empty = _recording_render_empty
 
 
 import panamera.dynamic as _dynamic  # noqa: E402  (issue 22: the kernels of symbolic programs, one per size class)
@@ -163,12 +164,12 @@ _segments.render_segments = _recording_render_segments
 @pytest.fixture(autouse=True)
 def _auto_is_the_emulator(request, monkeypatch):
     """The default target on host arrays is pinned to the emulator in the suite: without a GPU,
-    `target="auto"` (and torch.compile on CPU tensors) means the CPU target (compiler.host_target),
+    `target="auto"` (and torch.compile on CPU tensors) means the CPU target (options.host_target),
     but the tests that leave the target to the default check the CUDA source on the emulator, so
     every CUDA kernel stays covered. A test marked `auto_default` sees the real default
     (subprocesses always do)."""
     if request.node.get_closest_marker("auto_default") is None:
-        monkeypatch.setattr(_compiler, "host_target", lambda: _compiler.Target.EMULATOR)
+        monkeypatch.setattr(_options, "host_target", lambda: _options.Target.EMULATOR)
 
 
 @pytest.fixture

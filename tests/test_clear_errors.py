@@ -9,8 +9,9 @@ import pytest
 from onnx import TensorProto, helper
 
 import panamera as pn
-from panamera import compiler, errors
+from panamera import errors
 from panamera.cli import main
+from panamera.runtime import cuda as cuda_backend
 
 
 def test_every_error_class_is_exported_at_the_top():
@@ -96,7 +97,7 @@ def test_bad_ddof_is_an_option_error():
 def test_auto_target_without_a_gpu_is_the_cpu(monkeypatch):
     """Without a GPU, target="auto" is the CPU target, silently; a program it refuses (a replayed
     GPU schedule) runs on the emulator with an EmulatorWarning that gives the reason."""
-    monkeypatch.setattr(compiler.cuda_backend, "available", lambda: False)
+    monkeypatch.setattr(cuda_backend, "available", lambda: False)
     x = pn.placeholder((4, 8), name="x")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -11,6 +11,7 @@ import pytest
 
 import panamera as pn
 from panamera.frontend.contract import memory_order
+from panamera.model.gpu import H100
 
 U = {"float32": 2.0**-24, "float64": 2.0**-53, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
@@ -302,7 +303,7 @@ def test_gemv_plan_streams_the_weights_near_the_limit():
 
     x, w = pn.placeholder((1, 4096), "float16", name="x"), pn.placeholder((4096, 4096), "float16", name="w")
     k = pn.compile(x @ w.T, target="emulator", use_database=False)
-    e = estimate(k.plan, pn.compiler.H100)
+    e = estimate(k.plan, H100)
     assert e.ratio_to_limit <= 1.15 and k.mappings[0].vec == 8  # 16-byte loads of the weights
 
 
@@ -310,8 +311,8 @@ def test_explain_gives_both_figures_and_the_verdict():
     from panamera.compiler import contraction_lines
 
     big = pn.placeholder((4096, 4096), "float16") @ pn.placeholder((4096, 4096), "float16")
-    line = contraction_lines(*plan(big), pn.compiler.H100)[0]
+    line = contraction_lines(*plan(big), H100)[0]
     assert "compute-bound" in line and "the library is modeled faster" in line and "cuBLAS roofline" in line
     gemv = pn.placeholder((1, 4096), "float16") @ pn.placeholder((4096, 4096), "float16", name="w").T
-    line = contraction_lines(*plan(gemv), pn.compiler.H100)[0]
+    line = contraction_lines(*plan(gemv), H100)[0]
     assert "memory-bound" in line and "Panamera is modeled faster" in line

@@ -9,14 +9,15 @@ from conftest import random_array, tolerance
 from onnx import TensorProto, helper
 
 import panamera as pn
-from panamera import compiler
+from panamera import compiler, options
+from panamera.runtime import cuda as cuda_backend
 
 pytestmark = pytest.mark.auto_default
 
 
 @pytest.fixture(autouse=True)
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(compiler.cuda_backend, "available", lambda: False)
+    monkeypatch.setattr(cuda_backend, "available", lambda: False)
 
 
 def _model(shape=(4, 8)):
@@ -53,7 +54,7 @@ def test_a_subgraph_the_cpu_refuses_runs_on_the_emulator(monkeypatch, rng):
     def refuse(*a, **k):
         raise cpu_target.CpuUnsupportedError("target='cpu': a kind this test refuses")
 
-    monkeypatch.setattr(compiler, "TARGET_COMPILERS", {compiler.Target.CPU: refuse})
+    monkeypatch.setattr(compiler, "TARGET_COMPILERS", {options.Target.CPU: refuse})
     opt = optimize(_model((4, 9)))  # a shape of its own: not in the in-memory compile cache
     assert build_report(opt)["subgraphs"][0]["runs_on"] == "cpu"  # planned; compiled for the CPU at the first run
     assert opt.backend == "emulator" and "this test refuses" in opt.subgraphs[0].runner_note
@@ -90,7 +91,7 @@ def test_torch_compile_on_cpu_tensors(rng):
 def test_the_default_target(monkeypatch):
     """auto: cuda with a GPU, cpu without; cpu refuses a replayed GPU schedule, auto then falls
     back to the emulator (test_clear_errors checks the warning)."""
-    assert compiler.auto_target() == "cpu"
-    monkeypatch.setattr(compiler.cuda_backend, "available", lambda: True)
-    assert compiler.auto_target() == "cuda"
+    assert options.auto_target() == "cpu"
+    monkeypatch.setattr(cuda_backend, "available", lambda: True)
+    assert options.auto_target() == "cuda"
     assert pn.compile(pn.sum(pn.placeholder((4,), name="x")), target="emulator").target == "emulator"

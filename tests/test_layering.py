@@ -1,6 +1,7 @@
 """The package reads top-down as the pipeline: each layer imports only the layers above it.
 
-    frontend -> poly -> schedule -> codegen -> compiler -> bench, subgraph, cli
+    frontend -> poly -> schedule -> codegen -> options, launch_plan -> stages -> compiled -> compiler
+             -> bench, subgraph, cli
     (leaves anyone may import: dtypes, errors, enums, algebra, model, runtime.plan, logs)
 
 runtime.executor and the backends import no compiler stage; the frontend imports no compiler.
@@ -23,7 +24,13 @@ ALLOWED = {
     "codegen": {"frontend", "poly", "schedule"},
     "runtime": set(),
     "cache": {"frontend", "schedule", "runtime"},
-    "compiler": {"frontend", "poly", "schedule", "codegen", "runtime", "cache", "explain", "segments"},
+    # the compiler, split by idea: the options and target, the launches of a plan, the stages, the runtime object,
+    # and the public API (compiler.py)
+    "options": {"schedule", "runtime"},
+    "launch_plan": {"frontend", "poly", "schedule", "codegen"},
+    "stages": {"frontend", "poly", "schedule", "codegen", "cache", "segments", "options", "launch_plan"},
+    "compiled": {"frontend", "poly", "schedule", "codegen", "runtime", "explain", "options", "stages"},
+    "compiler": {"frontend", "schedule", "runtime", "cache", "explain", "options", "stages", "compiled"},
     # the sorted-segment scatter's compile path (a whole-graph plan beside the stages, as attention's)
     "segments": {"frontend", "poly", "schedule", "codegen", "runtime"},
     "explain": {"schedule"},  # compiler's explain(): reads the artifacts of every stage

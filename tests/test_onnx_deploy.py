@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import panamera.compiler
+import panamera.stages
 import panamera.subgraph.optimizer
 from panamera.cli import cli
 from panamera.errors import ModelError
@@ -64,7 +64,7 @@ def test_deployable_round_trip_without_reoptimizing(encoder, tmp_path, monkeypat
         raise AssertionError("the planner ran: the load re-optimized")
 
     monkeypatch.setattr(panamera.subgraph.optimizer, "partition", no_search)
-    monkeypatch.setattr(panamera.compiler, "map_group", no_search)
+    monkeypatch.setattr(panamera.stages, "map_group", no_search)
     got = load_optimized(out, target="emulator").run(feeds)
     assert got.keys() == want.keys()
     for k in want:

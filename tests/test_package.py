@@ -191,7 +191,7 @@ def test_python_m_panamera_and_the_clis_spelling_of_the_emulator_warning(tmp_pat
     assert r.returncode == 0 and "(cpu backend)" in r.stdout and "warning" not in r.stderr, r.stdout + r.stderr
     # auto's fallback to the emulator (a program the CPU target refuses) warns: Python's spelling,
     # and the CLI's in `shell`
-    monkeypatch.setattr(pn.compiler.cuda_backend, "available", lambda: False)
+    monkeypatch.setattr(pn.runtime.cuda, "available", lambda: False)
     x = pn.placeholder((4,), name="x")
     saved = pn.compile(pn.sum(x), target="emulator").schedule
     with pytest.warns(pn.EmulatorWarning, match='target="emulator" says so') as w:

@@ -17,8 +17,9 @@ import pytest
 from test_contract import array, bound
 
 import panamera as pn
-from panamera.compiler import H100, lower
+from panamera.compiler import lower
 from panamera.errors import BackendError, ScheduleError
+from panamera.model.gpu import H100
 from panamera.poly.access import AccessKind
 from panamera.runtime import nvcc
 from panamera.schedule.cost import in_flight

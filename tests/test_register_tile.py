@@ -14,8 +14,9 @@ import pytest
 from test_contract import array, bound, dequant_reference, int4_weight
 
 import panamera as pn
-from panamera.compiler import H100, lower
+from panamera.compiler import lower
 from panamera.errors import ScheduleError
+from panamera.model.gpu import H100
 from panamera.schedule.mapping import map_group
 from panamera.schedule.saved import Schedule
 

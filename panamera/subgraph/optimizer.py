@@ -24,13 +24,14 @@ import numpy as np
 from onnx import helper
 
 from .. import compile as pn_compile
-from .. import compiler as _compiler
 from .. import logs
+from .. import options as _options
 from ..cache import placeholders
-from ..compiler import Compiled, Target
+from ..compiled import Compiled
 from ..errors import DTypeError, InputError, OptionError, PanameraError, ScheduleError, TargetRefused
 from ..frontend.tensor import Tensor
 from ..model.gpu import H100, GPUSpec
+from ..options import Target
 from ..schedule.saved import Schedule
 from . import cpu_chain
 from .build import build_subgraph_tensors
@@ -125,12 +126,12 @@ def compile_subgraph(
 def plan_and_run(target: str) -> tuple[str, bool]:
     """The target a subgraph is planned for (its schedule, CUDA source and modeled times: what
     reports and deploy folders hold) and whether the CPU target runs it: "auto" without a GPU
-    and "cpu" plan on the emulator and run on the CPU (compiler.auto_target).
+    and "cpu" plan on the emulator and run on the CPU (options.auto_target).
 
     >>> plan_and_run("emulator"), plan_and_run("cpu")
     (('emulator', False), ('emulator', True))
     """
-    chosen = Target(target) if target != "auto" else _compiler.auto_target()  # looked up here: tests pin it
+    chosen = Target(target) if target != "auto" else _options.auto_target()  # looked up here: tests pin it
     if chosen == Target.CPU:
         return "emulator", True
     return target, False

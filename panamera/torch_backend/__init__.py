@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .. import compiler as _compiler
+from .. import options as _options
 from ..enums import StrEnum
 from ..errors import EagerFallbackWarning, OptionError, PanameraWarning
 
@@ -207,12 +207,12 @@ def _shapes(inputs) -> tuple:
 
 def _target(options: dict, inputs) -> str:
     """The target of a graph: options' `target`, else cuda for GPU tensors and the CPU target for
-    CPU tensors (compiler.host_target); a subgraph the CPU target refuses stays eager, the reason
+    CPU tensors (panamera/options.py: host_target); a subgraph the CPU target refuses stays eager, the reason
     in its report."""
     target = options.get("target")
     if target is None:
         on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
-        target = "cuda" if on_gpu else str(_compiler.host_target())
+        target = "cuda" if on_gpu else str(_options.host_target())
     if target not in ("cpu", "emulator", "cuda"):
         raise OptionError(
             f"torch.compile(backend='panamera'): unknown target {target!r}; use 'cpu', 'emulator' or 'cuda'"
