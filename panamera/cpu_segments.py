@@ -26,17 +26,20 @@ from dataclasses import dataclass
 from . import segments as sorted_segments
 from .codegen.cpu_segments import HELPER, PARAMS, render_cpu_scatter
 from .codegen.header import prelude
-from .compiler import Options, _tensors, run_stages, view_source
+from .compiled import _tensors
 from .cpu_target import CpuCompiled, cpu_model
 from .dtypes import as_dtype
 from .errors import Unsupported
 from .frontend.tensor import Tensor
+from .launch_plan import view_source
 from .model.cpu import CpuModel, call_us, limit_us
+from .options import Options
 from .runtime.cpu import CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, BufferSpec, IndexCheck, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
 from .schedule.cpu_cost import PlanTime
 from .schedule.cpu_segments import CpuScatterPlan, plan_cpu_scatter, scratch
+from .stages import run_stages
 
 
 def plan_of(node: Tensor, model: CpuModel, **pinned) -> CpuScatterPlan:
