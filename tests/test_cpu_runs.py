@@ -94,9 +94,14 @@ def test_row_run_preconditions():
     a = isl.PwAff("{ [i, j] -> [(120i + 4j - 3*((j) mod 40))] }")  # j = 40 q + r: 120 i + 160 q + r
     b = isl.PwAff("{ [i, j] -> [(2j - ((j) mod 20))] }")  # runs of 20 only
     assert row_run([a], dom, 600).m == 40
-    # runs of 20 would make both affine, but isl keeps a's floor((20 q + r) / 40): the division stays
-    assert row_run([a, b], dom, 600) is None
     assert row_run([a], dom, 600).address(a) == "(((120 * i) + (120 * pn_q)) + j)"
+    # runs of 20 make both affine: isl's gist keeps a's floor((20 q + r) / 40), the run form (value at
+    # r = 0 plus a constant slope) drops it
+    both = row_run([a, b], dom, 600)
+    assert both.m == 20 and both.address(a) == "(((120 * i) + j) + (120 * pn_floordiv(pn_q, 2)))"
+    # a slope that changes within every run of 20 (r + r // 10 * 5): no form, no run (40 would not fit b)
+    bent = isl.PwAff("{ [i, j] -> [(j + 5 * floor((j) / 10))] }")
+    assert row_run([bent, b], dom, 600) is None
     pdom = isl.Set("[n] -> { [i, j] : 0 <= i < 4 and 0 <= j < 600 }")
     assert row_run([a], pdom, 600) is None
 
