@@ -122,3 +122,24 @@ def test_elementwise_broadcast_scans_runs(rows, cols, rng):
     ref = 0.5 * H * (1.0 + np.tanh(0.7978845834732056 * (H + 0.044715 * H**3)))
     t = tolerance("float32", 16)  # a chain of ~16 roundings and libm's tanh (a few ulp)
     np.testing.assert_allclose(k(X, B), ref, rtol=t, atol=t * float(np.abs(H).max() ** 3))
+
+
+def test_split_invariant_keeps_what_reads_the_index():
+    """split_invariant hoists only top-level declarations that read neither i nor a kept value: a
+    value of a kept one stays, a nested block stays whole, a store stays, the kept order is kept."""
+    from panamera.codegen.cpu_runs import split_invariant
+
+    lines = [
+        "const float a = pn_ld(&in1[pn_floordiv(pn_q, 2)]);",
+        "const float x = pn_ld(&in0[i]);",
+        "const float y = x * a;",  # reads a kept value
+        "{",
+        "  const float z = a + 1.0f;",  # nested: stays
+        "}",
+        "const float b = rsqrtf(a + 1e-05f);",
+        "pn_st(&out0[i], y * b);",
+    ]
+    hoisted, kept = split_invariant(lines)
+    assert hoisted == [lines[0], lines[6]]
+    assert kept == [ln for k, ln in enumerate(lines) if k not in (0, 6)]
+    assert split_invariant(["const float w = in0[j];"], index="j") == ([], ["const float w = in0[j];"])

@@ -31,6 +31,7 @@ True
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -140,15 +141,47 @@ def block_head(run: RowRun | None, lo: str, hi: str, inner: int) -> list[str]:
     ]
 
 
-def map_head(run: RowRun, n: int) -> list[str]:
+def map_head(run: RowRun, n: int, hoisted: Sequence[str] = ()) -> list[str]:
     """An element-wise loop over i < n in runs of `run.m` (addresses affine in i within a run): the
-    runs across threads, each run one `omp simd` loop; the caller closes both loops."""
+    runs across threads, each run one `omp simd` loop after the run's invariant lines `hoisted`
+    (`split_invariant`); the caller closes both loops."""
     return [
         "#pragma omp parallel for schedule(static) num_threads(pn_nt)",
         f"for (pn_idx pn_q = 0; pn_q < {n // run.m}LL; ++pn_q) {{",
+        "  const pn_idx j = 0; (void)j;",
+        *("  " + ln for ln in hoisted),
         "  #pragma omp simd",
         f"  for (pn_idx i = pn_q * {run.m}LL; i < (pn_q + 1) * {run.m}LL; ++i) {{",
     ]
+
+
+_DECL = re.compile(r"const [\w:<> ]+? (\w+) = (.+);")
+_IDENT = re.compile(r"[A-Za-z_]\w*")
+
+
+def split_invariant(lines: Sequence[str], index: str = "i") -> tuple[list[str], list[str]]:
+    """Straight-line body `lines` split into (hoisted, kept): the top-level `const T name = value;`
+    lines whose value reads neither `index` nor a kept name (a run's per-row scale, rsqrt(var + eps):
+    computed once per run instead of once per SIMD vector: g++ did not move them out of the
+    `omp simd` loop), and the rest in their order. Loads move too: a run has at least MIN_RUN
+    iterations, so each is read in the loop anyway.
+
+    >>> split_invariant(["const float a = in1[pn_q];", "const float b = rsqrtf(a);",
+    ...                  "const float c = in0[i] * b;", "const float d = c + a;", "pn_st(&out0[i], d);"])
+    (['const float a = in1[pn_q];', 'const float b = rsqrtf(a);'], ['const float c = in0[i] * b;', \
+'const float d = c + a;', 'pn_st(&out0[i], d);'])
+    """
+    hoisted, kept, variant, depth = [], [], {index}, 0
+    for ln in lines:
+        m = _DECL.fullmatch(ln.strip())
+        if depth == 0 and m and ln == ln.lstrip() and not set(_IDENT.findall(m.group(2))) & variant:
+            hoisted.append(ln)
+        else:
+            if m:
+                variant.add(m.group(1))
+            kept.append(ln)
+        depth += ln.count("{") - ln.count("}")
+    return hoisted, kept
 
 
 class RunLoop(ThreadLoop):
