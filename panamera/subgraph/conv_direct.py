@@ -17,9 +17,10 @@ ymm otherwise), each (channel, tap) one broadcast weight per output channel and 
 Positions are rounded up to whole tiles (`span`), the plane given zeros up to the last tap's
 furthest read, so no tile has a tail.
 
-On a small plane the padded width wastes lanes: (wp - ow) / wp, 1/9 of them at 16x16 with pads 1.
-There (`shifted_layout`) the input is copied instead into kw planes per channel, copy j the padded
-plane shifted left by j * dw and ow wide: tap (i, j) is offset `j * plane + i * dh * ow`, positions
+On a small plane the padded width wastes lanes: (wp - ow) / wp, 1/9 of them at 16x16 with pads 1,
+and so do the tiles of 48 positions (256 rounded to 288). There (`shifted_layout`: where it
+computes at least 1/16 fewer positions, tile rounding included) the input is copied instead into
+kw planes per channel, copy j the padded plane shifted left by j * dw and ow wide: tap (i, j) is offset `j * plane + i * dh * ow`, positions
 run oy * ow + ox with no dropped column, in tiles of 2 vectors (`SHIFT_TILE`; 16 x 16 = 256 = 8
 tiles of 32). The sum runs over the same (channel, tap) order: the values are the same bits as the
 padded-width layout's. Measured (1 thread, AVX-512, UNet's 16x16 planes, 32 output channels):
@@ -248,14 +249,15 @@ class DirectGeometry:
         return self.c * self.plane * max(self.kws, 1) if self.pads_input else 1
 
 
-def shifted_layout(c: int, kw: int, wp: int, ow: int, shifted_plane: int) -> bool:
-    """Whether the shifted layout pays (module docstring): the padded width drops at least 1/16 of
-    the lanes, and the kw copies of the c channels' planes (`shifted_plane` floats each) fit SHIFT_BYTES.
+def shifted_layout(c: int, kw: int, span: int, shifted_span: int, shifted_plane: int) -> bool:
+    """Whether the shifted layout pays (module docstring): it computes `shifted_span` positions per
+    output channel instead of `span`, at least 1/16 fewer, and the kw copies of the c channels'
+    planes (`shifted_plane` floats each) fit SHIFT_BYTES.
 
-    >>> shifted_layout(32, 3, 18, 16, 288), shifted_layout(32, 3, 58, 56, 3248)  # 16x16 / 56x56, pads 1
+    >>> shifted_layout(32, 3, 288, 256, 288), shifted_layout(32, 3, 3264, 3136, 3248)  # 16x16 / 56x56, pads 1
     (True, False)
     """
-    return (wp - ow) * 16 >= wp and c * kw * shifted_plane * 4 <= SHIFT_BYTES
+    return shifted_span * 16 <= span * 15 and c * kw * shifted_plane * 4 <= SHIFT_BYTES
 
 
 def direct_geometry(x_shape: tuple, w_shape: tuple, win: pool.Window, group: int) -> DirectGeometry | None:
@@ -282,9 +284,9 @@ def direct_geometry(x_shape: tuple, w_shape: tuple, win: pool.Window, group: int
     hp, wp = h + ph + pe, w + pw + pwe
     sspan = -(-oh * ow // SHIFT_TILE) * SHIFT_TILE
     splane = max(hp * ow, (kh - 1) * dh * ow + sspan)
-    if shifted_layout(c, kw, wp, ow, splane):
-        return DirectGeometry(n, c, h, w, w_shape[0], kh, kw, oh, ow, ph, pw, dh, dw, ow, splane, sspan, kw)
     span = -(-oh * wp // TILE) * TILE
+    if shifted_layout(c, kw, span, sspan, splane):
+        return DirectGeometry(n, c, h, w, w_shape[0], kh, kw, oh, ow, ph, pw, dh, dw, ow, splane, sspan, kw)
     plane = max(hp * wp, (kh - 1) * dh * wp + (kw - 1) * dw + span)
     return DirectGeometry(n, c, h, w, w_shape[0], kh, kw, oh, ow, ph, pw, dh, dw, wp, plane, span)
 
