@@ -151,3 +151,32 @@ def test_small_products_in_the_chain_against_float64(rng):
     chain = opt._chain[1]
     assert chain is not None and sum(i.kind is cpu_chain.StepKind.GEMM for i in chain.infos) == 2
     _check(opt, {"x": x}, got)
+
+
+def test_chain_holds_the_blas_threads_from_c(rng):
+    """A chain with gemm steps holds numpy's BLAS at the run's thread count from C (one OpenBLAS on
+    its own threads: blas_threads.native_count), restoring the user's count after every run; the
+    values are those of a run with the BLAS held from Python (blas_threads)."""
+    from panamera.runtime.blas_threads import loaded_blas, native_count
+
+    opt = optimize(_se_model(rng), target="cpu")
+    x = rng.standard_normal((2, 8, 8, 8)).astype(np.float32)
+    for _ in range(2):
+        opt.run({"x": x}, threads=1)
+    chain = opt._chain[1]
+    assert chain.blas and (chain._blas[0] is not None) is (native_count() is not None)
+    if native_count() is None:
+        pytest.skip("no single OpenBLAS on its own threads here: the Python path holds it")
+    lib = loaded_blas()[0]
+    user = lib.get_num_threads()
+    try:
+        lib.set_num_threads(2)
+        native = opt.run({"x": x}, threads=1)
+        assert lib.get_num_threads() == 2  # restored after the call
+        chain._blas = (None, None)  # the Python path
+        held = opt.run({"x": x}, threads=1)
+        assert lib.get_num_threads() == 2
+    finally:
+        lib.set_num_threads(user)
+    np.testing.assert_array_equal(native["y"], held["y"])
+    _check(opt, {"x": x}, native)

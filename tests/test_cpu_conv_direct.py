@@ -8,7 +8,7 @@ from test_cpu_models import _conv_reference, _epilogue_reference, close
 
 from panamera.frontend import pool
 from panamera.subgraph.conv import geometry
-from panamera.subgraph.conv_direct import MAX_TAPS, direct_geometry
+from panamera.subgraph.conv_direct import MAX_TAPS, SHIFT_BYTES, direct_geometry
 from panamera.subgraph.conv_kernels import NO_EPILOGUE, Epilogue, EpiOp, EpiStep
 from panamera.subgraph.conv_step import HostConvStep
 
@@ -25,6 +25,7 @@ CHAIN = Epilogue((EpiStep(EpiOp.ADD), EpiStep(EpiOp.LEAKYRELU, (0.1,))))
         ((1, 6, 5, 7), (8, 6, 5, 5), {"pads": [2, 2, 2, 2]}),  # 25 taps
         ((1, 16, 12, 12), (16, 16, 1, 1), {"pads": [1, 1, 1, 1]}),  # a padded 1x1 (not pointwise)
         ((1, 40, 7, 7), (3, 40, 3, 3), {"pads": [1, 1, 1, 1]}),  # reduction length 360
+        ((1, 3, 8, 40), (10, 3, 3, 3), {"pads": [1, 1, 1, 1]}),  # wide rows: the padded-width layout
     ],
 )
 def test_direct_conv_against_float64(x_shape, w_shape, attrs, rng):
@@ -55,6 +56,24 @@ def test_direct_conv_against_float64(x_shape, w_shape, attrs, rng):
     assert call(x.astype(np.float64), (r,), 1) is None  # not the planned array: the caller's general path
     assert call(x, (), 1) is None  # a residual missing
     assert bare.with_weights(w, b) is None  # planned without a bias
+
+
+def test_direct_layouts():
+    """Small planes take the shifted layout (kw copies, rows ow wide: no dropped lanes), wide rows and
+    copies beyond SHIFT_BYTES the padded width; a window one column wide drops none either way."""
+
+    def geo(x_shape, w_shape, attrs):
+        win, group = geometry(x_shape, w_shape, attrs)
+        return direct_geometry(x_shape, w_shape, win, group)
+
+    pads = {"pads": [1, 1, 1, 1]}
+    unet = geo((1, 32, 16, 16), (32, 32, 3, 3), pads)
+    assert (unet.kws, unet.wp, unet.span, unet.scratch_floats) == (3, 16, 256, 32 * 3 * unet.plane)
+    assert geo((1, 3, 8, 40), (10, 3, 3, 3), pads).kws == 0  # 336 positions, not 320: not worth 3 copies
+    assert geo((1, 3, 4, 40), (10, 3, 3, 3), pads).kws == 3  # 192 (168 in tiles of 48), not 160
+    assert geo((1, 512, 16, 16), (8, 512, 3, 3), pads).kws == 0  # 512 x 3 planes: beyond SHIFT_BYTES
+    assert geo((1, 4, 8, 8), (6, 4, 3, 1), {}).kws == 0  # no padding: x read in place
+    assert SHIFT_BYTES < 512 * 3 * unet.plane * 4
 
 
 def test_direct_geometry_preconditions():

@@ -94,9 +94,14 @@ def test_row_run_preconditions():
     a = isl.PwAff("{ [i, j] -> [(120i + 4j - 3*((j) mod 40))] }")  # j = 40 q + r: 120 i + 160 q + r
     b = isl.PwAff("{ [i, j] -> [(2j - ((j) mod 20))] }")  # runs of 20 only
     assert row_run([a], dom, 600).m == 40
-    # runs of 20 would make both affine, but isl keeps a's floor((20 q + r) / 40): the division stays
-    assert row_run([a, b], dom, 600) is None
     assert row_run([a], dom, 600).address(a) == "(((120 * i) + (120 * pn_q)) + j)"
+    # runs of 20 make both affine: isl's gist keeps a's floor((20 q + r) / 40), the run form (value at
+    # r = 0 plus a constant slope) drops it
+    both = row_run([a, b], dom, 600)
+    assert both.m == 20 and both.address(a) == "(((120 * i) + j) + (120 * pn_floordiv(pn_q, 2)))"
+    # a slope that changes within every run of 20 (r + r // 10 * 5): no form, no run (40 would not fit b)
+    bent = isl.PwAff("{ [i, j] -> [(j + 5 * floor((j) / 10))] }")
+    assert row_run([bent, b], dom, 600) is None
     pdom = isl.Set("[n] -> { [i, j] : 0 <= i < 4 and 0 <= j < 600 }")
     assert row_run([a], pdom, 600) is None
 
@@ -117,3 +122,24 @@ def test_elementwise_broadcast_scans_runs(rows, cols, rng):
     ref = 0.5 * H * (1.0 + np.tanh(0.7978845834732056 * (H + 0.044715 * H**3)))
     t = tolerance("float32", 16)  # a chain of ~16 roundings and libm's tanh (a few ulp)
     np.testing.assert_allclose(k(X, B), ref, rtol=t, atol=t * float(np.abs(H).max() ** 3))
+
+
+def test_split_invariant_keeps_what_reads_the_index():
+    """split_invariant hoists only top-level declarations that read neither i nor a kept value: a
+    value of a kept one stays, a nested block stays whole, a store stays, the kept order is kept."""
+    from panamera.codegen.cpu_runs import split_invariant
+
+    lines = [
+        "const float a = pn_ld(&in1[pn_floordiv(pn_q, 2)]);",
+        "const float x = pn_ld(&in0[i]);",
+        "const float y = x * a;",  # reads a kept value
+        "{",
+        "  const float z = a + 1.0f;",  # nested: stays
+        "}",
+        "const float b = rsqrtf(a + 1e-05f);",
+        "pn_st(&out0[i], y * b);",
+    ]
+    hoisted, kept = split_invariant(lines)
+    assert hoisted == [lines[0], lines[6]]
+    assert kept == [ln for k, ln in enumerate(lines) if k not in (0, 6)]
+    assert split_invariant(["const float w = in0[j];"], index="j") == ([], ["const float w = in0[j];"])

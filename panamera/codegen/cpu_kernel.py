@@ -47,7 +47,7 @@ from . import islast
 from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
-from .cpu_runs import RunLoop, block_head, map_head, row_run
+from .cpu_runs import RunLoop, block_head, map_head, row_run, split_invariant
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
@@ -416,12 +416,8 @@ class _Kernel(RowValues, SplitMerge):
         everything = list(range(len(g.statements)))
         if self.map_run is not None:  # runs of i with addresses affine in i (cpu_runs.py): plain SIMD loops
             with self.loop.over(self.map_run):
-                body = self.body(everything, lambda k: "")
-            return (
-                [*map_head(self.map_run, self.d.M), "    const pn_idx j = 0; (void)j;"]
-                + ["    " + ln for ln in body]
-                + ["  }", "}"]
-            )
+                hoisted, body = split_invariant(self.body(everything, lambda k: ""))
+            return [*map_head(self.map_run, self.d.M, hoisted)] + ["    " + ln for ln in body] + ["  }", "}"]
         ast = _scan(ctx, [("c0", "0", str(self.d.M))], [], "true")
 
         def user(a: list[str]) -> list[str]:

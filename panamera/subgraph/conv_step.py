@@ -165,7 +165,7 @@ class HostConvStep:
         from .conv_direct import lib
 
         c = self._c
-        xp = np.empty(dg.c * dg.plane if dg.pads_input else 1, np.float32)
+        xp = np.empty(dg.scratch_floats, np.float32)
         acc = np.empty(dg.m * dg.span, np.float32)
         p = (ctypes.c_void_p * (8 + max(nres, 1)))()
         p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)

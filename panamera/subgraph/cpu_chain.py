@@ -36,7 +36,7 @@ from functools import cache
 import numpy as np
 
 from ..runtime import cpu, cpu_gemm
-from ..runtime.blas_threads import blas_threads
+from ..runtime.blas_threads import blas_threads, native_count
 from ..runtime.cpu_call import address
 from . import conv_kernels as ck
 from .conv_kernels import NO_EPILOGUE
@@ -76,8 +76,13 @@ static void pn_small_gemm(L m, L n, L k, const float* a, L lda, const float* b, 
     }
   }
 }
-// kind 0: a program entry fn(table, threads); 1: a conv stage fn(p, d); 2: gemm calls (conv_step.c_stages)
-extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns) {
+// kind 0: a program entry fn(table, threads); 1: a conv stage fn(p, d); 2: gemm calls (conv_step.c_stages).
+// bget/bset (or null): the BLAS's thread count, held at nt for the call and restored after it
+typedef int (*PnBlasGet)();
+typedef void (*PnBlasSet)(int);
+extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns, void* bget, void* bset) {
+  const int before = bget ? ((PnBlasGet)bget)() : nt;
+  if (before != nt) ((PnBlasSet)bset)(nt);
   for (L i = 0; i < n; i++) {
     double t0 = ns ? pn_now() : 0.0;
     switch (s[i].kind) {
@@ -101,6 +106,7 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns) {
     }
     if (ns) ns[i] += pn_now() - t0;
   }
+  if (before != nt) ((PnBlasSet)bset)(before);
 }
 """
 )
@@ -127,7 +133,8 @@ class _Step(ctypes.Structure):
 @cache
 def _lib() -> ctypes.CDLL:
     lib = cpu.build(CHAIN_SOURCE)
-    lib.pn_chain.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p)
+    lib.pn_chain.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p)  # fmt: skip
     lib.pn_chain.restype = None
     return lib
 
@@ -153,6 +160,10 @@ class Chain:
         # the call's arguments as ctypes objects, made once (converting them cost ~1 us a run)
         self._head = (ctypes.c_void_p(ctypes.addressof(table)), ctypes.c_long(len(infos)))
         self._nts: dict = {}
+        # a chain with gemm steps holds the BLAS at the run's thread count from C where it can (one
+        # OpenBLAS on its own threads: blas_threads.native_count), else around the call from Python
+        native = native_count() if blas else None
+        self._blas = (ctypes.c_void_p(native[0]), ctypes.c_void_p(native[1])) if native else (None, None)
         self._names: dict = {}  # names tuple -> whether every name is resident
 
     def run(self, feeds: dict, names: tuple[str, ...], threads: int | None, ns=None) -> dict | None:
@@ -170,11 +181,11 @@ class Chain:
         with self.lock:
             for name, arr in self.feeds:
                 np.copyto(arr, feeds[name])
-            if self.blas:
+            if self.blas and self._blas[0] is None:
                 with blas_threads(nt):
-                    self.fn(*self._head, c_nt, ns)
+                    self.fn(*self._head, c_nt, ns, None, None)
             else:
-                self.fn(*self._head, c_nt, ns)
+                self.fn(*self._head, c_nt, ns, *self._blas)
             return {n: self.resident[n].copy() for n in names}
 
     def profile(self, feeds: dict, names: tuple[str, ...], rounds: int, threads: int | None = None) -> list[tuple]:
