@@ -154,29 +154,42 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     ]
 
 
-def _in_block_order(loop: ThreadLoop, k: int, lanes: int = 1) -> list[str]:
-    """Column j of owner k: its blocks' partials summed in block order (bit-identical); with
-    `lanes` > 1 lane l sums the blocks l, l + lanes, ... and a fixed shuffle tree combines the
-    lanes (lane 0 holds the value; `pn_ok`: j is a column, else the lane adds nothing)."""
+def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical), one thread
+    per column."""
     s = loop.g.statements[k]
-    if lanes == 1:
-        return [
-            f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-            f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
-            f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
-        ]
-    B = loop.m.blocks
     return [
         f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+    ]
+
+
+def _in_lanes(loop: ThreadLoop, lanes: int) -> list[str]:
+    """Column j of every owner, `lanes` > 1 threads per column: lane l sums the blocks l, l + lanes,
+    ... in block order, then a fixed shuffle tree combines the lanes (lane 0 holds the value;
+    `pn_ok`: j is a column, else the lane adds nothing). The owners share one unrolled loop of
+    constant trip count, so every load of the lane, of every owner, issues before the first sum
+    (schedule/cost.py `joined_cost`: one batch of loads per sweep), and one shuffle loop, so the
+    owners' shuffle trees overlap. Each owner's order is its own: the bits are those of one
+    owner combined alone."""
+    g, B = loop.g, loop.m.blocks
+    owners = _owners(loop)
+    out = [f"    {g.statements[k].acc.compute} pn_f{k} = {identity_expr(g.statements[k])};" for k in owners]
+    out += [
         "#pragma unroll  // a constant trip count: every load of the lane issued before the first sum",
         f"    for (int pn_b = 0; pn_b < {-(-B // lanes)}; ++pn_b) {{",
         f"      const pn_idx b = pn_lane + (pn_idx)pn_b * {lanes};",
-        f"      if (pn_ok && b < {B}) "
-        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
-        "    }",
-        f"    for (int o = {lanes // 2}; o > 0; o >>= 1) "
-        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));",
+        f"      if (pn_ok && b < {B}) {{",
     ]
+    for k in owners:
+        f = g.statements[k].combiner.functor
+        out.append(f"        pn_f{k} = {f}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {g.N} + j]));")
+    out += ["      }", "    }", f"    for (int o = {lanes // 2}; o > 0; o >>= 1) {{"]
+    for k in owners:
+        f = g.statements[k].combiner.functor
+        out.append(f"      pn_f{k} = {f}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));")
+    return out + ["    }"]
 
 
 def _stores(loop: ThreadLoop) -> list[str]:
@@ -234,8 +247,7 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
         f"    const pn_idx j = pn_j0 + pn_t / {L};",
         f"    const bool pn_ok = j < {g.N};",
     ]
-    for k in _owners(loop):
-        out += _in_block_order(loop, k, L)
+    out += _in_lanes(loop, L)
     out.append("    if (pn_ok && pn_lane == 0) {")
     out += ["  " + ln for ln in _stores(loop)]
     return out + ["    }", "  }"] + (_wait_and_discard(loop) + departure() if depart else [])

@@ -297,8 +297,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
-# [assumed] a lane's partial loads in flight at once: the loop is unrolled with a constant trip count
-# (codegen/column_partials.py), so ptxas may issue them all; 8, not measured, is what the model charges
+# [assumed] a lane's partial loads in flight at once, of every column owner together: the loop is unrolled
+# with a constant trip count (codegen/column_partials.py `_in_lanes`), so ptxas may issue them all; 8, not
+# measured, is what the model charges
 COMBINE_IN_FLIGHT = 8
 
 
@@ -346,10 +347,14 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
         lanes = combine_lanes(B, d.threads, width)
-        share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
-        shuffles = share * (lanes.bit_length() - 1) * 30
-        in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
-        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
+        sweeps = math.ceil(width / (B * d.threads // lanes))
+        if lanes > 1:  # every owner's loads in one unrolled loop, its shuffle trees in one loop: they overlap
+            batches = sweeps * math.ceil(math.ceil(B / lanes) * len(cols) / COMBINE_IN_FLIGHT)
+            shuffles = sweeps * (lanes.bit_length() - 1) * 30
+        else:  # one thread per column, each owner's loop of gridDim.x loads in turn
+            batches = sweeps * len(cols) * math.ceil(B / 4)
+            shuffles = 0
+        f["sync_cycles"] = (2 + batches) * gpu.l2_latency_cycles + shuffles
         if discard and not group.consumed and combine_owns_lines(group, d):
             # a barrier of the block's own, then its threads drop the lines it read, one partials row each
             rows = math.ceil(B / d.threads)
