@@ -26,6 +26,7 @@ from .derived import (
     combine_owns_lines,
     drops_column_partials,
     exchanges,
+    group_columns,
     input_bytes,
     kernel_buffers,
     passes,
@@ -318,22 +319,23 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
     reread = input_bytes(group)
+    C = d.cgroups  # column groups run in turn (consumed only): each its own passes, merge and re-read
     if group.consumed and reread > gpu.l2_reach:  # the consumers' pass runs the row tiles backwards:
-        hits = gpu.l2_reach  # the last ones the columns' pass read are still in L2 (half of it)
-        f["dram_bytes"] -= hits
+        hits = C * min(gpu.l2_reach, reread / C)  # the last ones the columns' pass read are still in L2 (half
+        f["dram_bytes"] -= hits  # of it), once per column group
         f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
-    B, width = d.blocks, group.N
-    merges = B * width * len(cols)
+    B, width = d.blocks, group_columns(group, d)
+    merges = B * group.N * len(cols)
     acc = max(c.acc.itemsize for c in cols)
     ws = column_partial_bytes(group, d)  # merges x acc: the workspace
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
     per_thread = steps * len(cols)  # partials in a thread's registers
     nbuf = tree_buffers(group)
-    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
+    tree = C * sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
     if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
-        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec)
+        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec, C)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
     discard = drops_column_partials(group, d)
@@ -366,9 +368,10 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
             f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
         last = 0
         if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
-            f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+            f["grid_syncs"] = 2 * C  # the passes are phased: the re-read (L2 or DRAM) adds to the first
             f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
-            f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+            f["sync_cycles"] = C * f["sync_cycles"] + _group_restarts(gpu, C)
+            f["l2_bytes"] += B * d.threads // d.tx * group.N * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["atomics"] += B
         last = ws + outputs
@@ -379,13 +382,21 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         last = width * len(cols) * 2 * acc + outputs
     if any(d.merges[k] == MergeMode.ATOMIC_GRID for k in owners):  # poly/column_stitch.py
         f["atomics"] += B  # the departures
-        f["grid_syncs"] = 1  # the passes are phased: the re-read (L2 or DRAM) adds to the first
-        f["sync_cycles"] = (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles  # the wait, then the columns
-        f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+        f["grid_syncs"] = C  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+        # the wait, then the columns, per column group
+        f["sync_cycles"] = C * (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles + _group_restarts(gpu, C)
+        f["l2_bytes"] += B * d.threads // d.tx * group.N * len(cols) * acc
         last = width * len(cols) * acc  # the last to depart resets the workspace
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)
+
+
+def _group_restarts(gpu: GPUSpec, cgroups: int) -> int:
+    """Column groups run in turn (`Decision.cgroups`): each group's two passes start after a
+    grid-wide wait with nothing in flight, so each pass beyond the two of one group waits for a
+    loaded DRAM round trip before its stream flows (kernel_time charges the first)."""
+    return int((2 * cgroups - 2) * gpu.loaded_latency_s * gpu.clock_hz)
 
 
 def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:
