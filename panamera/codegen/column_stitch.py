@@ -20,6 +20,12 @@ one grid-wide wait, every thread reads the merged values back (block 0 stores th
 the last block to depart resets the workspace. Either way every block reads the same values.
 
 Every block reads the same stored values, so dx is the same whatever the blocks' order.
+
+With column groups (`cgroups` > 1, schedule/persistent.py precondition 6) all of the above but the
+departure runs once per group, `for (pn_cg ...)`, over the group's N / cgroups columns (the threads
+span one group; partials reset at its start), and the waits count every group's arrivals before it
+(targets 2 (cg + 1) gridDim.x, or cg + 1 under atomics): each group's dx pass re-reads the L2 lines
+its own columns' pass left.
 """
 
 from __future__ import annotations

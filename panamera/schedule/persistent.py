@@ -26,7 +26,10 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
   4. every column statement merges (atomics, or partials where `deterministic` or a struct
      accumulator asks), every host statement stores;
   5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident; columns the group's
-     own statements read (poly/column_stitch.py) merge only that way (checked as 4).
+     own statements read (poly/column_stitch.py) merge only that way (checked as 4);
+  6. column groups (`cgroups` > 1: the columns in groups run one at a time, codegen/column_stitch.py)
+     only where the group's own statements read its columns, each group whole `vec` vectors and
+     whole 128-byte lines of every M x N tensor (`column_groups_ok`).
 """
 
 from __future__ import annotations
