@@ -20,6 +20,7 @@ from panamera.model.gpu import H100
 from panamera.schedule.cost import joined_cost
 from panamera.schedule.decision import MergeMode
 from panamera.schedule.persistent import column_group_options, map_joined
+from panamera.schedule.saved import Schedule
 
 pytestmark = pytest.mark.usefixtures("launches_pay_the_floor")
 
@@ -55,7 +56,8 @@ def test_two_column_groups_in_one_launch(deterministic, rng):
     if deterministic:  # and the counters and workspaces reset for the next call
         for got in runs[1:]:
             assert all(np.array_equal(a, b) for a, b in zip(runs[0], got))
-    again = pn.compile(list(outs), target="emulator", deterministic=deterministic, schedule=r.schedule)
+    saved = Schedule.from_json(r.schedule.to_json())  # cgroups saved and read back
+    again = pn.compile(list(outs), target="emulator", deterministic=deterministic, schedule=saved)
     assert again.source == r.source and again.mappings[0].cgroups == 2
 
 
