@@ -81,15 +81,15 @@ def test_the_model_drops_the_write_back_of_a_megabyte_of_partials(monkeypatch):
 
 
 def test_a_block_drops_its_own_lines_without_a_second_wait():
-    """LayerNorm backward 4096 x 2048 bf16 on 132 blocks: at 256 x 4 threads each block sums 32
-    columns (whole float32 lines) and drops them after a barrier of its own; at 128 x 4 it sums
-    16 (half lines, read by two blocks) and waits a second time (two L2 round trips, modeled). The
+    """LayerNorm backward 4096 x 2048 bf16 on 128 blocks (8 row tiles each): at 256 x 4 threads
+    each block sums 32 columns (whole float32 lines) and drops them after a barrier of its own; at
+    128 x 4 it sums 16 (half lines, read by two blocks) and waits a second time (two L2 round trips, modeled). The
     model takes the wider block although it is within 3 % of the narrower one: the same grid and
     merges with fewer partials per thread (schedule/persistent.py `_lighter`)."""
     prog = build_program(tuple(ln_suite(4096, 2048, "bfloat16")))
     group = joined_group(prog.column_candidates[0], prog)
     m = map_joined(group, H100)
-    assert (m.tx, m.ty, m.persistent) == (256, 4, 132) and MergeMode.PARTIALS_GRID in m.merges
+    assert (m.tx, m.ty, m.persistent) == (256, 4, 128) and MergeMode.PARTIALS_GRID in m.merges
     narrow = dataclasses.replace(m.decision, tx=128, chunk=256, unroll=2)  # the candidate the 3 % rule kept
     assert derived.combine_owns_lines(group, m.decision) and not derived.combine_owns_lines(group, narrow)
     assert derived.drops_column_partials(group, m.decision) and derived.drops_column_partials(group, narrow)

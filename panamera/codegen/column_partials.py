@@ -57,6 +57,18 @@ def _steps(loop: ThreadLoop) -> int:
     return loop.m.chunk // loop.m.tx
 
 
+def _cols(loop: ThreadLoop) -> int:
+    """The columns the threads span at once: N, or one column group's (schedule/derived.py
+    `group_columns`; the group's first column is `pn_cg * _cols`)."""
+    return loop.g.N // loop.m.cgroups
+
+
+def column(loop: ThreadLoop, local: str) -> str:
+    """Column `local` of the columns the threads span, as a column of the row: with column groups,
+    offset by the group's first (codegen/column_stitch.py's `pn_cg` loop)."""
+    return local if loop.m.cgroups == 1 else f"(pn_idx)pn_cg * {_cols(loop)} + {local}"
+
+
 def declare(loop: ThreadLoop) -> list[str]:
     """The register partials of every column owner, at the identity (before the row loop)."""
     out = []
@@ -64,8 +76,16 @@ def declare(loop: ThreadLoop) -> list[str]:
     for k in _owners(loop):
         s = loop.g.statements[k]
         out.append(f"  {s.acc.compute} pn_c{k}[{n}];  // column partials of {s.name}: this thread's columns")
-        out.append(f"  for (int v = 0; v < {n}; ++v) pn_c{k}[v] = {identity_expr(s)};")
-    return out
+    return out + reset(loop)
+
+
+def reset(loop: ThreadLoop) -> list[str]:
+    """Every owner's register partials at the identity: before the row loop, and again at each
+    column group's start."""
+    n = _steps(loop) * loop.m.vec
+    return [
+        f"  for (int v = 0; v < {n}; ++v) pn_c{k}[v] = {identity_expr(loop.g.statements[k])};" for k in _owners(loop)
+    ]
 
 
 def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
@@ -73,14 +93,16 @@ def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
     S steps along the row, unrolled, each a vector iteration of every statement of the pass (the
     columns accumulate into their register partials; the loads are shared)."""
     g, m = loop.g, loop.m
-    V, G = m.vec, g.N // m.vec
+    V, G = m.vec, _cols(loop) // m.vec
     for k in g.columns:
         loop.accs[k] = f"pn_c{k}[pn_s * {V} + v]" if V > 1 else f"pn_c{k}[pn_s]"
-    guard = f"o < {g.M}" + ("" if G % m.tx == 0 else f" && pn_g < {G}")
+    local = f"(pn_idx)pn_s * {m.tx} + tx"
+    guard = f"o < {g.M}" + ("" if G % m.tx == 0 else f" && {local} < {G}")
+    first = local if m.cgroups == 1 else f"(pn_idx)pn_cg * {G} + {local}"  # the group's first vector
     out = [
         "#pragma unroll",
         f"  for (int pn_s = 0; pn_s < {_steps(loop)}; ++pn_s) {{",
-        f"    const pn_idx pn_g = (pn_idx)pn_s * {m.tx} + tx;",
+        f"    const pn_idx pn_g = {first};",
         f"    if ({guard}) {{",
     ]
     out += ["    " + ln for ln in loop.iteration_at("o", "pn_g", here)]
@@ -93,6 +115,7 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     pass after it reads the columns, codegen/column_stitch.py, and departs itself)."""
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
+    Nc = _cols(loop)
     out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
     nbuf = tree_buffers(g)
     chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize, nbuf) for k in _owners(loop)}
@@ -118,9 +141,9 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
             f"  for (int pn_s = 0; pn_s < {S}; ++pn_s)",
             "#pragma unroll",
             f"  for (int v = 0; v < {V}; ++v) {{",
-            f"    const pn_idx j = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v;",
+            f"    const pn_idx pn_jl = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v, j = {column(loop, 'pn_jl')};",
             f"    const {s.acc.compute} pn_p = pn_c{k}[pn_s * {V} + v];",
-            f"    if (ty == 0 && j < {N}) {write}",
+            f"    if (ty == 0 && pn_jl < {Nc}) {write}",
             "  }",
         ]
     if MergeMode.PARTIALS_GRID in m.merges:
@@ -154,29 +177,42 @@ def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
     ]
 
 
-def _in_block_order(loop: ThreadLoop, k: int, lanes: int = 1) -> list[str]:
-    """Column j of owner k: its blocks' partials summed in block order (bit-identical); with
-    `lanes` > 1 lane l sums the blocks l, l + lanes, ... and a fixed shuffle tree combines the
-    lanes (lane 0 holds the value; `pn_ok`: j is a column, else the lane adds nothing)."""
+def _in_block_order(loop: ThreadLoop, k: int) -> list[str]:
+    """Column j of owner k: its blocks' partials summed in block order (bit-identical), one thread
+    per column."""
     s = loop.g.statements[k]
-    if lanes == 1:
-        return [
-            f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
-            f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
-            f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
-        ]
-    B = loop.m.blocks
     return [
         f"    {s.acc.compute} pn_f{k} = {identity_expr(s)};",
+        f"    for (pn_idx b = 0; b < (pn_idx)gridDim.x; ++b) "
+        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
+    ]
+
+
+def _in_lanes(loop: ThreadLoop, lanes: int) -> list[str]:
+    """Column j of every owner, `lanes` > 1 threads per column: lane l sums the blocks l, l + lanes,
+    ... in block order, then a fixed shuffle tree combines the lanes (lane 0 holds the value;
+    `pn_ok`: j is a column, else the lane adds nothing). The owners share one unrolled loop of
+    constant trip count, so every load of the lane, of every owner, issues before the first sum
+    (schedule/cost.py `joined_cost`: one batch of loads per sweep), and one shuffle loop, so the
+    owners' shuffle trees overlap. Each owner's order is its own: the bits are those of one
+    owner combined alone."""
+    g, B = loop.g, loop.m.blocks
+    owners = _owners(loop)
+    out = [f"    {g.statements[k].acc.compute} pn_f{k} = {identity_expr(g.statements[k])};" for k in owners]
+    out += [
         "#pragma unroll  // a constant trip count: every load of the lane issued before the first sum",
         f"    for (int pn_b = 0; pn_b < {-(-B // lanes)}; ++pn_b) {{",
         f"      const pn_idx b = pn_lane + (pn_idx)pn_b * {lanes};",
-        f"      if (pn_ok && b < {B}) "
-        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {loop.g.N} + j]));",
-        "    }",
-        f"    for (int o = {lanes // 2}; o > 0; o >>= 1) "
-        f"pn_f{k} = {s.combiner.functor}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));",
+        f"      if (pn_ok && b < {B}) {{",
     ]
+    for k in owners:
+        f = g.statements[k].combiner.functor
+        out.append(f"        pn_f{k} = {f}::apply(pn_f{k}, pn_ldcg(&ws{k}[b * {g.N} + j]));")
+    out += ["      }", "    }", f"    for (int o = {lanes // 2}; o > 0; o >>= 1) {{"]
+    for k in owners:
+        f = g.statements[k].combiner.functor
+        out.append(f"      pn_f{k} = {f}::apply(pn_f{k}, pn_shfl_down(pn_f{k}, o, {lanes}));")
+    return out + ["    }"]
 
 
 def _stores(loop: ThreadLoop) -> list[str]:
@@ -215,14 +251,16 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
     """PARTIALS_GRID: every block's partials written, a grid-wide wait (a cooperative launch),
     then block b sums the columns b * threads + t, stepping by every thread of the grid, each in
     block order; the last block to depart resets both counters."""
-    g, m = loop.g, loop.m
-    T = m.tx * m.ty
-    L = combine_lanes(m.blocks, T, g.N)
-    out = ["  pn_grid_sync(&pn_counter[0], gridDim.x);  // every block's partials are written"]
+    m = loop.m
+    T, Nc = m.tx * m.ty, _cols(loop)
+    L = combine_lanes(m.blocks, T, Nc)
+    target = "gridDim.x" if m.cgroups == 1 else "(2u * pn_cg + 1u) * gridDim.x"  # two waits per column group
+    out = [f"  pn_grid_sync(&pn_counter[0], {target});  // every block's partials are written"]
     if L == 1:
         out.append(
-            f"  for (pn_idx j = (pn_idx)bx * {T} + ty * {m.tx} + tx; j < {g.N}; j += (pn_idx)gridDim.x * {T}) {{"
+            f"  for (pn_idx pn_jl = (pn_idx)bx * {T} + ty * {m.tx} + tx; pn_jl < {Nc}; pn_jl += (pn_idx)gridDim.x * {T}) {{"
         )
+        out.append(f"    const pn_idx j = {column(loop, 'pn_jl')};")
         for k in _owners(loop):
             out += _in_block_order(loop, k)
         out += _stores(loop)
@@ -230,12 +268,11 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
     # L lanes per column; every thread sweeps the same count, so whole warps shuffle together
     out += [
         f"  const pn_idx pn_t = (pn_idx)bx * {T} + ty * {m.tx} + tx, pn_lane = pn_t % {L};",
-        f"  for (pn_idx pn_j0 = 0; pn_j0 < {g.N}; pn_j0 += (pn_idx)gridDim.x * {T // L}) {{",
-        f"    const pn_idx j = pn_j0 + pn_t / {L};",
-        f"    const bool pn_ok = j < {g.N};",
+        f"  for (pn_idx pn_j0 = 0; pn_j0 < {Nc}; pn_j0 += (pn_idx)gridDim.x * {T // L}) {{",
+        f"    const pn_idx pn_jl = pn_j0 + pn_t / {L}, j = {column(loop, 'pn_jl')};",
+        f"    const bool pn_ok = pn_jl < {Nc};",
     ]
-    for k in _owners(loop):
-        out += _in_block_order(loop, k, L)
+    out += _in_lanes(loop, L)
     out.append("    if (pn_ok && pn_lane == 0) {")
     out += ["  " + ln for ln in _stores(loop)]
     return out + ["    }", "  }"] + (_wait_and_discard(loop) + departure() if depart else [])

@@ -20,6 +20,12 @@ one grid-wide wait, every thread reads the merged values back (block 0 stores th
 the last block to depart resets the workspace. Either way every block reads the same values.
 
 Every block reads the same stored values, so dx is the same whatever the blocks' order.
+
+With column groups (`cgroups` > 1, schedule/persistent.py precondition 6) all of the above but the
+departure runs once per group, `for (pn_cg ...)`, over the group's N / cgroups columns (the threads
+span one group; partials reset at its start), and the waits count every group's arrivals before it
+(targets 2 (cg + 1) gridDim.x, or cg + 1 under atomics): each group's dx pass re-reads the L2 lines
+its own columns' pass left.
 """
 
 from __future__ import annotations
@@ -75,9 +81,11 @@ def _finals(loop: ThreadLoop) -> list[str]:
     loaded once into registers (L2: written by other blocks in this launch); under atomics, the
     row-0 threads of block 0 store the columns that are outputs."""
     g, m = loop.g, loop.m
-    V, S, N = m.vec, m.chunk // m.tx, g.N
+    V, S, N = m.vec, m.chunk // m.tx, g.N // m.cgroups
     read = {r.tensor.uid for k, s in enumerate(g.statements) if k not in g.columns for r in s.reads}
     waits = "gridDim.x" if _atomic(loop) else "2u * gridDim.x"
+    if m.cgroups > 1:  # the waits of every column group before count too
+        waits = "(pn_cg + 1u) * gridDim.x" if _atomic(loop) else "(2u * pn_cg + 2u) * gridDim.x"
     out = [f"  pn_grid_sync(&pn_counter[0], {waits});  // every column is final"]
     if not _atomic(loop) and column_partials.discarded(loop):  # every partial has been read: dropped
         out += column_partials.discard(loop)
@@ -86,15 +94,15 @@ def _finals(loop: ThreadLoop) -> list[str]:
         if s.result.uid not in read and not _atomic(loop):
             continue
         ct = s.result.dtype.compute
-        store = f"    if (blockIdx.x == 0 && ty == 0 && j < {N}) pn_st(&out{k}[j], pn_fin{k}[pn_s * {V} + v]);"
+        store = f"    if (blockIdx.x == 0 && ty == 0 && pn_jl < {N}) pn_st(&out{k}[j], pn_fin{k}[pn_s * {V} + v]);"
         out += [
             f"  {ct} pn_fin{k}[{S * V}];  // {s.name} at this thread's columns",
             "#pragma unroll",
             f"  for (int pn_s = 0; pn_s < {S}; ++pn_s)",
             "#pragma unroll",
             f"  for (int v = 0; v < {V}; ++v) {{",
-            f"    const pn_idx j = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v;",
-            f"    pn_fin{k}[pn_s * {V} + v] = j < {N} ? {_merged(loop, k)} : ({ct})0;",
+            f"    const pn_idx pn_jl = ((pn_idx)pn_s * {m.tx} + tx) * {V} + v, j = {column_partials.column(loop, 'pn_jl')};",
+            f"    pn_fin{k}[pn_s * {V} + v] = pn_jl < {N} ? {_merged(loop, k)} : ({ct})0;",
             *([store] if _atomic(loop) and s.result.uid in g.external else []),
             "  }",
         ]
@@ -112,13 +120,19 @@ def emit(loop: ThreadLoop) -> list[str]:
     first = [k for k in range(len(g.statements)) if level[k] == 0]
     second = [k for k in range(len(g.statements)) if level[k] == 1]
     out = column_partials.declare(loop)
-    out += ["  // pass 0: " + ", ".join(g.statements[k].name for k in first)]
-    out += _tiles(loop, column_partials.column_pass(loop, first))
-    out += column_partials.merge(loop, depart=False)
-    out += _finals(loop)
-    out += ["  // pass 1: " + ", ".join(g.statements[k].name for k in second)]
-    out += _tiles(loop, column_partials.column_pass(loop, second), backwards=True)
-    return out + column_partials.departure(_resets(loop))
+    body = ["  // pass 0: " + ", ".join(g.statements[k].name for k in first)]
+    body += _tiles(loop, column_partials.column_pass(loop, first))
+    body += column_partials.merge(loop, depart=False)
+    body += _finals(loop)
+    body += ["  // pass 1: " + ", ".join(g.statements[k].name for k in second)]
+    body += _tiles(loop, column_partials.column_pass(loop, second), backwards=True)
+    if m.cgroups > 1:  # the column groups in turn, each its two passes and its merge
+        body = (
+            [f"  for (int pn_cg = 0; pn_cg < {m.cgroups}; ++pn_cg) {{  // column group: its {g.N // m.cgroups} columns"]
+            + ["  " + ln for ln in column_partials.reset(loop) + body]
+            + ["  }"]
+        )
+    return out + body + column_partials.departure(_resets(loop))
 
 
 def _resets(loop: ThreadLoop) -> list[str]:

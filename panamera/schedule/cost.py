@@ -26,6 +26,7 @@ from .derived import (
     combine_owns_lines,
     drops_column_partials,
     exchanges,
+    group_columns,
     input_bytes,
     kernel_buffers,
     passes,
@@ -297,8 +298,9 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     )
 
 
-# [assumed] a lane's partial loads in flight at once: the loop is unrolled with a constant trip count
-# (codegen/column_partials.py), so ptxas may issue them all; 8, not measured, is what the model charges
+# [assumed] a lane's partial loads in flight at once, of every column owner together: the loop is unrolled
+# with a constant trip count (codegen/column_partials.py `_in_lanes`), so ptxas may issue them all; 8, not
+# measured, is what the model charges
 COMBINE_IN_FLIGHT = 8
 
 
@@ -317,22 +319,23 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     tiles in reverse: from L2 where all the input fits in half of it, else that half from L2."""
     f = dict(stitched_cost(group, gpu, d).features)
     reread = input_bytes(group)
+    C = d.cgroups  # column groups run in turn (consumed only): each its own passes, merge and re-read
     if group.consumed and reread > gpu.l2_reach:  # the consumers' pass runs the row tiles backwards:
-        hits = gpu.l2_reach  # the last ones the columns' pass read are still in L2 (half of it)
-        f["dram_bytes"] -= hits
+        hits = C * min(gpu.l2_reach, reread / C)  # the last ones the columns' pass read are still in L2 (half
+        f["dram_bytes"] -= hits  # of it), once per column group
         f["l2_bytes"] += hits
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
-    B, width = d.blocks, group.N
-    merges = B * width * len(cols)
+    B, width = d.blocks, group_columns(group, d)
+    merges = B * group.N * len(cols)
     acc = max(c.acc.itemsize for c in cols)
     ws = column_partial_bytes(group, d)  # merges x acc: the workspace
     steps = math.ceil(width / (d.vec * d.tx)) * d.vec  # one statement's partials per thread
     per_thread = steps * len(cols)  # partials in a thread's registers
     nbuf = tree_buffers(group)
-    tree = sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
+    tree = C * sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
     if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
-        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec)
+        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec, C)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
     discard = drops_column_partials(group, d)
@@ -346,10 +349,14 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # the wait at the end (its arrival and poll: two L2 round trips; the passes before it are
         # not phased), then each thread's columns: B partial loads (4 in flight) each
         lanes = combine_lanes(B, d.threads, width)
-        share = math.ceil(width / (B * d.threads // lanes)) * len(cols)
-        shuffles = share * (lanes.bit_length() - 1) * 30
-        in_flight = COMBINE_IN_FLIGHT if lanes > 1 else 4  # lanes: an unrolled constant trip count
-        f["sync_cycles"] = (2 + share * math.ceil(math.ceil(B / lanes) / in_flight)) * gpu.l2_latency_cycles + shuffles
+        sweeps = math.ceil(width / (B * d.threads // lanes))
+        if lanes > 1:  # every owner's loads in one unrolled loop, its shuffle trees in one loop: they overlap
+            batches = sweeps * math.ceil(math.ceil(B / lanes) * len(cols) / COMBINE_IN_FLIGHT)
+            shuffles = sweeps * (lanes.bit_length() - 1) * 30
+        else:  # one thread per column, each owner's loop of gridDim.x loads in turn
+            batches = sweeps * len(cols) * math.ceil(B / 4)
+            shuffles = 0
+        f["sync_cycles"] = (2 + batches) * gpu.l2_latency_cycles + shuffles
         if discard and not group.consumed and combine_owns_lines(group, d):
             # a barrier of the block's own, then its threads drop the lines it read, one partials row each
             rows = math.ceil(B / d.threads)
@@ -361,9 +368,10 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
             f["sync_cycles"] += 2 * gpu.l2_latency_cycles + 30 * lines
         last = 0
         if group.consumed:  # poly/column_stitch.py: a second wait, then each thread's columns from L2
-            f["grid_syncs"] = 2  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+            f["grid_syncs"] = 2 * C  # the passes are phased: the re-read (L2 or DRAM) adds to the first
             f["sync_cycles"] += (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles
-            f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+            f["sync_cycles"] = C * f["sync_cycles"] + _group_restarts(gpu, C)
+            f["l2_bytes"] += B * d.threads // d.tx * group.N * len(cols) * acc
     elif any(d.merges[k] == MergeMode.PARTIALS for k in owners):
         f["atomics"] += B
         last = ws + outputs
@@ -374,13 +382,21 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         last = width * len(cols) * 2 * acc + outputs
     if any(d.merges[k] == MergeMode.ATOMIC_GRID for k in owners):  # poly/column_stitch.py
         f["atomics"] += B  # the departures
-        f["grid_syncs"] = 1  # the passes are phased: the re-read (L2 or DRAM) adds to the first
-        f["sync_cycles"] = (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles  # the wait, then the columns
-        f["l2_bytes"] += B * d.threads // d.tx * width * len(cols) * acc
+        f["grid_syncs"] = C  # the passes are phased: the re-read (L2 or DRAM) adds to the first
+        # the wait, then the columns, per column group
+        f["sync_cycles"] = C * (2 + math.ceil(per_thread / 4)) * gpu.l2_latency_cycles + _group_restarts(gpu, C)
+        f["l2_bytes"] += B * d.threads // d.tx * group.N * len(cols) * acc
         last = width * len(cols) * acc  # the last to depart resets the workspace
     tail = last / (gpu.l2_bw / gpu.sms) + gpu.l2_latency_cycles / gpu.clock_hz if last else 0.0
     f["epilogue_cycles"] += tree + int(tail * gpu.clock_hz)
     return kernel_time(gpu, **f)
+
+
+def _group_restarts(gpu: GPUSpec, cgroups: int) -> int:
+    """Column groups run in turn (`Decision.cgroups`): each group's two passes start after a
+    grid-wide wait with nothing in flight, so each pass beyond the two of one group waits for a
+    loaded DRAM round trip before its stream flows (kernel_time charges the first)."""
+    return int((2 * cgroups - 2) * gpu.loaded_latency_s * gpu.clock_hz)
 
 
 def _exchange_cycles(gpu: GPUSpec, d: Decision) -> int:

@@ -134,6 +134,9 @@ class Decision:
     per_sm: int = 0  # the persistent grid's blocks per SM: the launch bounds leave registers for that many
     onchip: Residence = Residence.MEMORY  # where a stitched block keeps pass 0's row values (schedule/onchip.py)
     cluster: int = 1  # blocks along y per thread-block cluster: a split row's blocks (schedule/cluster.py; 1: none)
+    # column groups a joined group whose own statements read its columns (poly/column_stitch.py) runs in
+    # turn, each over every row tile: its columns' pass, the merge, the consumers' pass (schedule/persistent.py)
+    cgroups: int = 1
 
     @property
     def threads(self) -> int:
@@ -179,10 +182,10 @@ class Decision:
                 "g": spatial("bx", gx) * spatial("tx", self.tx),
                 "j": spatial("by", s) * serial("k", self.chunk // self.ty) * spatial("ty", self.ty),
             }
-        return {
-            "i": spatial("bx", gx) * spatial("ty", self.ty),
-            "g": spatial("by", s) * serial("k", self.chunk // self.tx) * spatial("tx", self.tx),
-        }
+        g = spatial("by", s) * serial("k", self.chunk // self.tx) * spatial("tx", self.tx)
+        if self.cgroups > 1:  # the column groups in turn: g = cg * (N / cgroups / vec) + the group's own
+            g = serial("cg", self.cgroups) * g
+        return {"i": spatial("bx", gx) * spatial("ty", self.ty), "g": g}
 
     @property
     def extents(self) -> tuple[int, int]:
@@ -203,6 +206,7 @@ class Decision:
             + (f" rows in {self.onchip}" if self.onchip != Residence.MEMORY else "")
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
+            + (f" column-groups={self.cgroups}" if self.cgroups > 1 else "")
             + (
                 f" tensor-cores={self.mma}{'/' + self.mma_op if self.mma_op else ''} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
                 + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
@@ -240,6 +244,8 @@ class Decision:
             d["onchip"] = str(self.onchip)
         if self.cluster == 1:
             del d["cluster"]
+        if self.cgroups == 1:  # likewise: every column at once
+            del d["cgroups"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -282,6 +288,7 @@ class Decision:
             mma_op=MmaOp(d.get("mma_op", "")),  # absent before warpgroup MMAs: mma.sync
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
+            cgroups=int(d.get("cgroups", 1)),
         )
 
 

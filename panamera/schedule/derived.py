@@ -244,14 +244,15 @@ def tree_buffers(group: KernelGroup) -> int:
     return len({group.statements[k].acc.compute for k in group.columns if group.accumulator_of[k] == k})
 
 
-def column_tree_bytes(group: KernelGroup, tx: int, ty: int, vec: int) -> int:
+def column_tree_bytes(group: KernelGroup, tx: int, ty: int, vec: int, cgroups: int = 1) -> int:
     """Shared memory of the column tree of a block of tx x ty threads loading `vec`-wide vectors
     (codegen/column_partials.py): one buffer per accumulator type of the column statements,
     `tree_chunk` partials per thread; none for one row of threads (ty 1). It bounds the blocks of
-    a joined-row kernel an SM holds (`co_resident`, the cost's `shared_bytes`)."""
+    a joined-row kernel an SM holds (`co_resident`, the cost's `shared_bytes`). `cgroups`: the
+    columns run in that many groups, one at a time (`group_columns`)."""
     if ty <= 1:
         return 0
-    steps = -(-group.N // (vec * tx)) * vec  # one statement's partials per thread
+    steps = -(-(group.N // cgroups) // (vec * tx)) * vec  # one statement's partials per thread
     by_type: dict[str, int] = {}
     for k in group.columns:
         if group.accumulator_of[k] == k:
@@ -357,12 +358,21 @@ def column_partial_bytes(group: KernelGroup, d: Decision) -> int:
     return d.blocks * group.N * len(owners) * acc
 
 
+def group_columns(group: KernelGroup, d: Decision) -> int:
+    """The columns a joined group's threads span at once: N, or with column groups
+    (`Decision.cgroups`, a consumed column stitch: BatchNorm backward NHWC) N / cgroups, the group
+    run in turn."""
+    return group.N // d.cgroups
+
+
 def drops_column_partials(group: KernelGroup, d: Decision) -> bool:
     """Whether decision `d` of a joined group drops its column partials once read: a
     PARTIALS_GRID merge of a column accumulator (`discards_partials` on `column_partial_bytes`).
-    The one rule the cost (schedule/cost.py) and the kernel (codegen/column_partials.py) follow."""
+    The one rule the cost (schedule/cost.py) and the kernel (codegen/column_partials.py) follow.
+    Never with column groups: a block dropping every line after one group's wait could drop the
+    next group's partials, already written by a faster block (and they are a few hundred KB)."""
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
-    if not grid:
+    if not grid or d.cgroups > 1:
         return False
     return discards_partials(column_partial_bytes(group, d), group.consumed, combine_owns_lines(group, d))

@@ -26,7 +26,10 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
   4. every column statement merges (atomics, or partials where `deterministic` or a struct
      accumulator asks), every host statement stores;
   5. a grid-wide combine (PARTIALS_GRID) only with every block co-resident; columns the group's
-     own statements read (poly/column_stitch.py) merge only that way (checked as 4).
+     own statements read (poly/column_stitch.py) merge only that way (checked as 4);
+  6. column groups (`cgroups` > 1: the columns in groups run one at a time, codegen/column_stitch.py)
+     only where the group's own statements read its columns, each group whole `vec` vectors and
+     whole 128-byte lines of every M x N tensor (`column_groups_ok`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,17 @@ from ..poly.access import AccessKind, choose_vec
 from ..poly.program import KernelGroup
 from .cost import complete, joined_cost
 from .decision import Decision, Mapping, MergeMode, pow2ceil
-from .derived import access_for, co_resident, column_tree_bytes, levels_for, merges_for, struct_accumulators, unroll_for
+from .derived import (
+    LINE_BYTES,
+    access_for,
+    co_resident,
+    column_tree_bytes,
+    group_columns,
+    levels_for,
+    merges_for,
+    struct_accumulators,
+    unroll_for,
+)
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
@@ -50,7 +63,7 @@ from .rtile import register_budget
 MAX_PARTIALS = 64
 
 
-def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
+def partials_per_thread(group: KernelGroup, tx: int, vec: int, cgroups: int = 1) -> int:
     """Register partials of one thread: per column statement that owns its accumulator, one per
     column it touches (ceil(N / (vec * tx)) steps of `vec` lanes).
 
@@ -64,7 +77,7 @@ def partials_per_thread(group: KernelGroup, tx: int, vec: int) -> int:
     8
     """
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
-    return math.ceil(group.N / (vec * tx)) * vec * len(owners)
+    return math.ceil(group.N // cgroups / (vec * tx)) * vec * len(owners)
 
 
 def column_registers(group: KernelGroup, d: Decision) -> int:
@@ -80,8 +93,12 @@ def column_registers(group: KernelGroup, d: Decision) -> int:
         for ri, r in enumerate(group.statements[k].reads)
         if r.memory and d.access and d.access[k][ri] == AccessKind.CONTIG
     }
-    steps = min(2, math.ceil(group.N / (d.vec * d.tx)))
-    return partials_per_thread(group, d.tx, d.vec) + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values()) + 24
+    steps = min(2, math.ceil(group_columns(group, d) / (d.vec * d.tx)))
+    return (
+        partials_per_thread(group, d.tx, d.vec, d.cgroups)
+        + steps * sum(math.ceil(b * d.vec / 4) for b in loads.values())
+        + 24
+    )
 
 
 def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
@@ -89,6 +106,21 @@ def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
     block per row tile, never more blocks than row tiles."""
     most = min(tiles, gpu.sms * gpu.resident_blocks(threads))
     return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
+
+
+def joined_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
+    """A joined group's persistent grids: `block_counts`, and for each the fewest blocks that loop
+    over the row tiles in as many rounds (ceil(tiles / ceil(tiles / b))): the same rounds, fewer
+    partials to combine, no block a round behind the others. LayerNorm backward 4096 x 1024 at
+    8 rows per block: 512 tiles, 128 blocks of 4 tiles each, not 132 of which 16 run 3. They come
+    last, so the 3 % chain runs as before; `_no_more` takes one where faster at all.
+
+    >>> from panamera.model.gpu import H100
+    >>> joined_counts(512, H100, 1024), joined_counts(264, H100, 1024)
+    ([132, 264, 128, 256], [132, 264])
+    """
+    counts = block_counts(tiles, gpu, threads)
+    return counts + sorted({math.ceil(tiles / math.ceil(tiles / b)) for b in counts} - set(counts))
 
 
 def merge_options(group: KernelGroup, partials_only: bool, resident: bool) -> list[tuple[MergeMode, ...]]:
@@ -124,29 +156,34 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     # Blocks of 256 threads first, then more
     # rows per block (512, 1024 threads) where clearly faster: fewer blocks' partials to merge
     # (LayerNorm backward 4096 x 1024 bf16: 132 blocks of 128 x 8, 17.1 -> 15.6 us modeled).
-    widths = {min(t, pow2ceil(G)) for t in (128, 256, 512, 1024)}
-    shapes = [
-        (tx, ty)
-        for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec) > 32, t))
-        for ty in sorted({max(1, min(n // tx, pow2ceil(M))) for n in (256, 512, 1024)})
-    ]
-    for tx, ty in shapes:
-        if partials_per_thread(group, tx, vec) > MAX_PARTIALS:
-            continue
-        tiles, steps = math.ceil(M / ty), math.ceil(G / tx)
-        tree = column_tree_bytes(group, tx, ty, vec)
-        for blocks in block_counts(tiles, gpu, tx * ty):
-            for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty, tree)):
-                d = Decision(
-                    **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1), unroll=unroll_for(vec, steps),
-                    merges=merges, persistent=blocks, per_sm=math.ceil(blocks / gpu.sms),
-                )  # fmt: skip
-                if column_registers(group, d) > register_budget(d):
-                    continue
-                cost = joined_cost(group, gpu, d)
-                if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
-                    best = (cost, d)
-                seen.append((cost, d))
+    # column groups (a consumed column stitch, `column_group_options`) after every column at once:
+    # they replace it only where clearly faster
+    for C in (1, *column_group_options(group, vec)):
+        Gc = G // C
+        widths = {min(t, pow2ceil(Gc)) for t in (128, 256, 512, 1024)}
+        shapes = [
+            (tx, ty)
+            for tx in sorted(widths, key=lambda t: (partials_per_thread(group, t, vec, C) > 32, t))
+            for ty in sorted({max(1, min(n // tx, pow2ceil(M))) for n in (256, 512, 1024)})
+        ]
+        for tx, ty in shapes:
+            if partials_per_thread(group, tx, vec, C) > MAX_PARTIALS:
+                continue
+            tiles, steps = math.ceil(M / ty), math.ceil(Gc / tx)
+            tree = column_tree_bytes(group, tx, ty, vec, C)
+            for blocks in joined_counts(tiles, gpu, tx * ty):
+                for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty, tree)):
+                    d = Decision(
+                        **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1),
+                        unroll=unroll_for(vec, steps), merges=merges, persistent=blocks,
+                        per_sm=math.ceil(blocks / gpu.sms), cgroups=C,
+                    )  # fmt: skip
+                    if column_registers(group, d) > register_budget(d):
+                        continue
+                    cost = joined_cost(group, gpu, d)
+                    if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
+                        best = (cost, d)
+                    seen.append((cost, d))
     if best is None:
         return None
     # then fewer blocks and no more threads, then the same grid and merges with fewer partials per
@@ -154,6 +191,40 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     best = smaller_if_faster(seen, best, _no_more)
     best = smaller_if_faster(seen, best, lambda d, than: _lighter(group, d, than))
     return complete(group, best[1], gpu, name, best[0])
+
+
+def column_groups_ok(group: KernelGroup, cgroups: int, vec: int) -> bool:
+    """Precondition 6: columns run in `cgroups` groups, one at a time, only where the group's own
+    statements read its columns (`consumed`, poly/column_stitch.py: the groups then hold less on chip
+    than all columns at once, schedule/cost.py `joined_cost`), each group `vec`-wide vectors and
+    whole `LINE_BYTES` lines of every row of every M x N tensor the group reads or writes (the
+    line-granular streams every measured rate read).
+
+    >>> import panamera as pn
+    >>> from panamera.bench.train_suite import batch_norm_backward
+    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100")
+    >>> [c for c in (2, 4, 8, 16) if column_groups_ok(k.groups[0], c, 4)]  # 32 float32 channels: one line
+    [2, 4, 8]
+    """
+    N = group.N
+    if cgroups < 1 or N % cgroups or (N // cgroups) % vec or not (group.consumed or cgroups == 1):
+        return False
+    sizes = {
+        t.dtype.itemsize
+        for s in group.statements
+        for t in (*(r.tensor for r in s.reads if r.memory), s.result)
+        if t.size >= group.M * N
+    }
+    return all((N // cgroups) * b % LINE_BYTES == 0 for b in sizes)
+
+
+def column_group_options(group: KernelGroup, vec: int) -> list[int]:
+    """The column groups `map_joined` tries beyond one: 2, 4, 8, ... while `column_groups_ok`."""
+    out, C = [], 2
+    while column_groups_ok(group, C, vec):
+        out.append(C)
+        C *= 2
+    return out
 
 
 def smaller_if_faster(seen: list, best: tuple | None, smaller: Callable[[Decision, Decision], bool]) -> tuple | None:
@@ -178,7 +249,11 @@ def _no_more(d: Decision, than: Decision) -> bool:
     `_no_larger` for stitched rows; the same grid in another merge still needs 3 % (atomics
     first). RMSNorm backward 4096 x 1024 bf16: 132 blocks of 128 x 8 (14.9 us modeled) after 528
     of 128 x 2 (15.3), the same threads with a quarter of the partials."""
-    return d.persistent < than.persistent and d.persistent * d.threads <= than.persistent * than.threads
+    return (
+        d.cgroups == than.cgroups
+        and d.persistent < than.persistent
+        and d.persistent * d.threads <= than.persistent * than.threads
+    )
 
 
 # [measured, nvcc 13 sm_80/sm_90] registers `_lighter` leaves free beyond `column_registers`: RMSNorm
@@ -198,7 +273,9 @@ def _lighter(group: KernelGroup, d: Decision, than: Decision) -> bool:
     return (
         d.persistent == than.persistent
         and d.merges == than.merges
-        and partials_per_thread(group, d.tx, d.vec) < partials_per_thread(group, than.tx, than.vec)
+        and d.cgroups == than.cgroups
+        and partials_per_thread(group, d.tx, d.vec, d.cgroups)
+        < partials_per_thread(group, than.tx, than.vec, than.cgroups)
         and column_registers(group, d) + LIGHTER_MARGIN <= register_budget(d)
     )
 
@@ -245,15 +322,22 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
     grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
-    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec))
+    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups))
     if grid and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
             f"{gpu.name} (at most {at_once}) (5)"
         )
-    if partials_per_thread(group, d.tx, d.vec) > MAX_PARTIALS or column_registers(group, d) > register_budget(d):
+    if d.cgroups > 1 and not column_groups_ok(group, d.cgroups, d.vec):
         raise ScheduleError(
-            f"{at}: {partials_per_thread(group, d.tx, d.vec)} column partials per thread (at most {MAX_PARTIALS}), "
+            f"{at}: {d.cgroups} column groups need columns the group's own statements read, and groups of whole "
+            f"{LINE_BYTES}-byte lines of every tensor of {group.M} x {group.N} (6)"
+        )
+    if partials_per_thread(group, d.tx, d.vec, d.cgroups) > MAX_PARTIALS or column_registers(
+        group, d
+    ) > register_budget(d):
+        raise ScheduleError(
+            f"{at}: {partials_per_thread(group, d.tx, d.vec, d.cgroups)} column partials per thread (at most {MAX_PARTIALS}), "
             f"{column_registers(group, d)} registers with the loads, {register_budget(d)} under the launch bounds (3)"
         )
     legal = merge_options(group, deterministic or struct_accumulators(group), True)
