@@ -57,4 +57,7 @@ def test_rule5_every_looped_step_is_a_dependent_round_trip():
     assert persistent_config(32768, 512, Hint.INNER).round_trips(512, loops=2) == 1
     p = inductor(work("softmax", 32768, 16384), H100)
     assert p.launches[0].features["round_trips"] == 16 and "16 dependent steps" in p.description
+    assert looped_config(8192, Hint.INNER).round_trips(8192, loops=2) == 2  # 4 steps: unrolled, loads together
+    assert looped_config(65536, Hint.INNER).round_trips(65536, loops=2, unroll=8) == 8  # RMSNorm's unroll by 8
+    assert inductor(work("cross_entropy", 32768, 16384), H100).launches[0].features["round_trips"] == 8
     assert "round_trips" not in inductor(work("softmax", 32768, 1024), H100).launches[0].features

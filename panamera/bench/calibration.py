@@ -124,29 +124,33 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "rms_norm",
         (256, 512, 1024, 8192, 16384, 32768, 65536, 131072, 262144),
     ): "torch.compile (PyTorch 2.7.1, default mode) of QuACK's rmsnorm_ref (x.float(), fp32 weight, .to(bf16)), "
-    "planned by 2.7.1's own rules (inductor_peer.py 1-5: persistent XBLOCK 1 up to 1024; beyond, one looped kernel of "
-    "R0_BLOCK 2048 x 16 warps, num_stages 1, a sum-of-squares loop then a normalize loop, every step a dependent "
-    "DRAM round trip). 2048 and 4096 fit; from 8192 the rows take 1.1-1.4 us per dependent step (waves x loops x "
-    "steps) where the model's round trip is 0.87 us (it charges the latency, not the step's own issue, 64 warps x 4 "
-    "elements, nor the loop-end block reduction): 0.75-0.88x. Persistent 256-1024: 5-9 us over the model, "
-    "unexplained",
+    "planned by 2.7.1's rules (inductor_peer.py 1-5: persistent XBLOCK 1 up to 1024; beyond, one looped kernel of "
+    "R0_BLOCK 2048 x 16 warps, a sum-of-squares loop then a normalize loop, which Triton 3.3.1 unrolls: compiled "
+    "here, 8-36 loads in flight, 24-32 registers, no spills, 4 blocks per SM). 2048 and 4096 fit; from 8192 the "
+    "rows stream at 1.5-1.95 TB/s of compulsory bytes where the model gives 1.7-2.46 (0.74-0.88x): neither registers, "
+    "unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB of rows in flight at 16384, "
+    "modeled as hits) would, but the same re-read rule fits eager RMSNorm. Persistent 256-1024: 5-9 us over the "
+    "model, unexplained",
     (
         "Q",
         "inductor",
         "softmax",
         (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 262144),
-    ): "as for RMSNorm, with Inductor's online softmax (2.7.1 default: one loop for max and sum, two exp per "
-    "element, then the write loop): 1.05-1.5 us per dependent step from 2048 up (0.61-0.83x). Its 32Kx256-1024 rows "
-    "take 119-121 us whatever the row (281-1107 GB/s) while RMSNorm's take 26-69: no static kernel of 2.7.1's "
-    "rules does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles one lambda per "
+    ): "as for RMSNorm, with 2.7.1's online softmax (one loop for max and sum, two exp per element, then the write "
+    "loop). From 16384 Triton keeps the online loop (96 SASS instructions per 4-element step, one 8-byte load) and "
+    "each step waits for its load: the rows take 1.2-1.5 us per dependent step where the model's round trip is "
+    "0.87 us; the SM's issue of a step (64 warps x 96 instructions over 4 schedulers, 0.78 us) is what it does not "
+    "charge (a per-step issue term, tried by calib4 in the shared model, put Liger's softmax 256/512 10-19 % over). "
+    "Its 32Kx256-1024 rows take 119-121 us whatever the row (RMSNorm's 26-69): no static kernel of 2.7.1's rules "
+    "does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles the same lambda for every "
     "shape in one process (its commented sweep), so Dynamo's automatic dynamic shapes recompile from the second "
-    "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint "
-    "at that compile reused for every later N; which shape came first is not recorded. Not modeled",
+    "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint at "
+    "that compile reused for every later N; the order is not recorded. Not modeled",
     ("Q", "inductor", "cross_entropy", None): "F.cross_entropy(reduction='none') under torch.compile: log-softmax "
     "matches Inductor's online-softmax pattern (fx_passes/post_grad.py prepare_softmax_pattern), so one loop reads "
-    "the logits once and the loss gathers x[target] in the epilogue. The measured rows are 42 us plus the logits "
-    "at 1.75 TB/s (2048-32768), 1.25-1.8 us per dependent step against the model's 0.87: 0.26-0.70x. The 42 us "
-    "floor (also at 256-1024, persistent) is not a launch rule we read",
+    "the logits once and the epilogue loads the target, then x[target] (L2 hits mostly). Measured: 42 us plus the "
+    "logits at 1.75 TB/s (2048-32768); from 16384, 1.25-1.7 us per dependent step against the model's 0.87, as "
+    "softmax's: 0.26-0.70x. The 42 us floor (also at 256-1024, persistent) is not a launch rule we read",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "

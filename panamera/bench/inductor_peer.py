@@ -23,16 +23,21 @@ Rules (numbered as the tests are):
    `triton_helpers.online_softmax_combine`), then a loop writes exp(x - max) / sum (one exp); cross-entropy's
    log-softmax is the same online loop and its loss only gathers x[target] in the epilogue: one loop, nothing
    re-read; RMSNorm and LayerNorm (Welford) reduce in one loop and normalize in a second.
-5. Dependent steps (`triton_config_reduction` l. 1719, `num_stages=1`: Triton does not pipeline the loop's loads):
-   each step of a looped kernel waits for its own load, so a program makes loops x ceil(rnumel / RBLOCK) DRAM
-   round trips in turn (`kernel(round_trips=)`); a persistent program one.
+5. Dependent steps (`triton_config_reduction` l. 1719, `num_stages=1`: Triton does not software-pipeline the loop;
+   Inductor bakes r0_numel into the kernel, so LLVM may unroll it). Compiled here with Triton 3.3.1 (2.7.1's) for
+   sm_90a, the kernels re-typed from the QuACK blog's listing (RBLOCK 2048, 16 warps; SASS by cuobjdump): a loop
+   of at most 4 steps is unrolled whole, its loads issued together (one round trip per loop); beyond, the online
+   softmax loop (96 instructions a step) stays a loop with one 8-byte load a step, each step a DRAM round trip in
+   turn (`RowLoops.unroll` 1), while RMSNorm's loops are unrolled by 8 or wholly (8-36 loads in flight);
+   cross-entropy's epilogue loads the target, then x[target], after the loop (L2 hits mostly: not charged). 24-32
+   registers, no spills: 4 blocks of 512 threads per SM, as the thread rule gives.
 
 >>> looped_config(65536, Hint.INNER)
 InductorConfig(persistent=False, xblock=1, rblock=2048, warps=16)
 >>> persistent_config(32768, 512, Hint.INNER)
 InductorConfig(persistent=True, xblock=1, rblock=512, warps=4)
 >>> row_loops("softmax"), row_loops("cross_entropy")
-(RowLoops(loops=2, exp_per_element=3), RowLoops(loops=1, exp_per_element=2))
+(RowLoops(loops=2, exp_per_element=3, unroll=1), RowLoops(loops=1, exp_per_element=2, unroll=1))
 """
 
 from __future__ import annotations
@@ -63,15 +68,20 @@ class InductorConfig:
     def threads(self) -> int:
         return 32 * self.warps
 
-    def round_trips(self, rnumel: int, loops: int = 1) -> int:
-        """Rule 5: dependent DRAM round trips one program waits for: a looped kernel's every step (num_stages=1,
-        the next step's load issued after this step's data arrived) in each of its `loops`; a persistent one's
-        single load of its rows.
+    def round_trips(self, rnumel: int, loops: int = 1, unroll: int = 1) -> int:
+        """Rule 5: dependent DRAM round trips one program waits for: one per loop when its steps are unrolled
+        whole (at most `UNROLLED_STEPS`), else one per `unroll` steps in each of its `loops`; a persistent
+        program's single load of its rows.
 
         >>> looped_config(16384, Hint.INNER).round_trips(16384, loops=2)
         16
+        >>> looped_config(8192, Hint.INNER).round_trips(8192, loops=2)
+        2
         """
-        return 1 if self.persistent else loops * -(-rnumel // self.rblock)
+        if self.persistent:
+            return 1
+        steps = -(-rnumel // self.rblock)
+        return loops if steps <= UNROLLED_STEPS else loops * -(-steps // unroll)
 
     def per_thread(self) -> int:
         """Elements of the row each thread loads per step: with num_stages=1 nothing else is in flight."""
@@ -84,6 +94,7 @@ class RowLoops:
 
     loops: int
     exp_per_element: int
+    unroll: int = 8  # rule 5: steps whose loads one round trip carries (RMSNorm's, by its SASS)
 
     def exps(self, persistent: bool) -> int:
         """Exponentials per element: a persistent kernel holds the row and takes max, then sum of exp, in two
@@ -94,6 +105,7 @@ class RowLoops:
 PERSISTENT_INNER_MAX = 1024  # rule 1
 PERSISTENT_OTHER_MAX = 64
 MAX_R0_BLOCK = 2048  # rule 3
+UNROLLED_STEPS = 4  # rule 5: loops of at most this many steps unrolled whole (Triton 3.3.1, sm_90a)
 
 
 def _pow2(n: int) -> int:
@@ -134,11 +146,11 @@ def reduction_config(xnumel: int, rnumel: int, hint: Hint) -> InductorConfig:
 
 
 _LOOPS = {
-    "softmax": RowLoops(2, 3),
-    "log_softmax": RowLoops(2, 2),  # the online loop, then x - max - log(sum) written
-    "cross_entropy": RowLoops(1, 2),
+    "softmax": RowLoops(2, 3, unroll=1),  # the online-softmax loop is kept: every step a round trip
+    "log_softmax": RowLoops(2, 2, unroll=1),  # the online loop, then x - max - log(sum) written
+    "cross_entropy": RowLoops(1, 2, unroll=1),
     "rms_norm": RowLoops(2, 0),
-    "layer_norm": RowLoops(2, 0),
+    "layer_norm": RowLoops(2, 0),  # [assumed] unrolled as RMSNorm's: small loop bodies (not compiled)
     "l2_normalize": RowLoops(2, 0),
     "group_norm": RowLoops(2, 0),
 }

@@ -540,22 +540,26 @@ def inductor_num_splits(numel: int, rnumel: int, hint: str, gpu: GPUSpec, reduct
     return cdiv(rnumel, rv * split)
 
 
-def _inductor_kernel(name, xnumel, rnumel, hint, elem, gpu, *, read, written, passes=1, sfu=0.0, outs=1):
+def _inductor_kernel(
+    name, xnumel, rnumel, hint, elem, gpu, *, read, written, passes=1, sfu=0.0, outs=1, unroll=0, gathers=0
+):
     """One Triton reduction kernel as Inductor configures it (inductor_peer.py rules 1-3: persistent up to 1024
     (INNER) or 64; else the looped config, XBLOCK 1 and RBLOCK up to 2048 with up to 16 warps for INNER, XBLOCK 64
-    and RBLOCK 8 for OUTER). `passes` loops over the row re-read it (L2 when it is resident)."""
+    and RBLOCK 8 for OUTER). `passes` loops over the row re-read it (L2 when it is resident); `unroll`: the
+    steps one round trip carries where the kernel was compiled (rule 5; 0: not compiled, no round trips charged)."""
     c = reduction_config(xnumel, rnumel, Hint(hint))
     if c.persistent:
         return kernel(name, read=read, written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
                       in_flight=c.per_thread() * elem, sfu=sfu), \
             f"persistent XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
-    trips = c.round_trips(rnumel, passes)
+    trips = c.round_trips(rnumel, passes, unroll) if unroll else 0
     if c.xblock == 1:
         again = reread(xnumel, rnumel * elem, c.threads, passes, gpu)
         where = f", re-read from {again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2" if passes > 1 else ""
         return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=c.threads,
                       in_flight=c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
-            f"XBLOCK 1 RBLOCK {c.rblock} {c.warps} warps, {passes} loop(s){where}, {trips} dependent steps"  # fmt: skip
+            f"XBLOCK 1 RBLOCK {c.rblock} {c.warps} warps, {passes} loop(s){where}" + \
+            (f", {trips} dependent steps" if trips else "")  # fmt: skip
     again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, rows_per_block=c.xblock)
     return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
                   in_flight=c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
@@ -570,7 +574,8 @@ def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         params = N * e * (2 if w.pattern in ("layer_norm",) else 1 if w.pattern == "rms_norm" else 0)
         sfu = M * N * loops.exps(is_persistent(N, Hint.INNER))
         ln, cfg = _inductor_kernel("triton_red_fused", M, N, "INNER", e, gpu, read=M * N * e + params,
-                                   written=(M * N if out_full else M) * w.out_bytes, passes=loops.loops, sfu=sfu)  # fmt: skip
+                                   written=(M * N if out_full else M) * w.out_bytes, passes=loops.loops, sfu=sfu,
+                                   unroll=loops.unroll)  # fmt: skip
         return _plan("inductor", [ln], f"one fused kernel per row, {cfg}")
     launches, what, facts = [], [], {}
     seen: dict = {}
