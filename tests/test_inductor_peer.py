@@ -61,3 +61,12 @@ def test_rule5_every_looped_step_is_a_dependent_round_trip():
     assert looped_config(65536, Hint.INNER).round_trips(65536, loops=2, unroll=8) == 8  # RMSNorm's unroll by 8
     assert inductor(work("cross_entropy", 32768, 16384), H100).launches[0].features["round_trips"] == 8
     assert "round_trips" not in inductor(work("softmax", 32768, 1024), H100).launches[0].features
+
+
+def test_rule5_unrolled_steps_are_in_flight_together():
+    assert looped_config(8192, Hint.INNER).steps_together(8192) == 4  # unrolled whole
+    assert looped_config(65536, Hint.INNER).steps_together(65536, unroll=8) == 8  # RMSNorm's unroll
+    assert looped_config(65536, Hint.INNER).steps_together(65536, unroll=1) == 1  # the online-softmax loop
+    rms = inductor(work("rms_norm", 32768, 8192), H100).launches[0].features
+    soft = inductor(work("softmax", 32768, 65536), H100).launches[0].features
+    assert rms["bytes_in_flight_per_thread"] == 4 * 4 * 2 and soft["bytes_in_flight_per_thread"] == 4 * 2

@@ -122,14 +122,15 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "Q",
         "inductor",
         "rms_norm",
-        (256, 512, 1024, 8192, 16384, 32768, 65536, 131072, 262144),
+        (256, 512, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
     ): "torch.compile (PyTorch 2.7.1, default mode) of QuACK's rmsnorm_ref (x.float(), fp32 weight, .to(bf16)), "
     "planned by 2.7.1's rules (inductor_peer.py 1-5: persistent XBLOCK 1 up to 1024; beyond, one looped kernel of "
     "R0_BLOCK 2048 x 16 warps, a sum-of-squares loop then a normalize loop, which Triton 3.3.1 unrolls: compiled "
-    "here, 8-36 loads in flight, 24-32 registers, no spills, 4 blocks per SM). 2048 and 4096 fit; from 8192 the "
-    "rows stream at 1.5-1.95 TB/s of compulsory bytes where the model gives 1.7-2.46 (0.74-0.88x): neither registers, "
-    "unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB of rows in flight at 16384, "
-    "modeled as hits) would, but the same re-read rule fits eager RMSNorm. Persistent 256-1024: 5-9 us over the "
+    "here, 8-36 loads in flight, 24-32 registers, no spills, 4 blocks per SM). 2048 fits; from 4096 the rows stream "
+    "at 1.5-2.3 TB/s of compulsory bytes, the model (the unrolled loads in flight) at 2.1-3.0 "
+    "(0.61-0.79x): neither registers, unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB "
+    "of rows in flight at 16384, modeled as hits) would in part, but the same re-read rule fits eager RMSNorm. "
+    "Persistent 256-1024: 5-9 us over the "
     "model, unexplained",
     (
         "Q",

@@ -28,7 +28,8 @@ Rules (numbered as the tests are):
    sm_90a, the kernels re-typed from the QuACK blog's listing (RBLOCK 2048, 16 warps; SASS by cuobjdump): a loop
    of at most 4 steps is unrolled whole, its loads issued together (one round trip per loop); beyond, the online
    softmax loop (96 instructions a step) stays a loop with one 8-byte load a step, each step a DRAM round trip in
-   turn (`RowLoops.unroll` 1), while RMSNorm's loops are unrolled by 8 or wholly (8-36 loads in flight);
+   turn (`RowLoops.unroll` 1), while RMSNorm's loops are unrolled by 8 or wholly (8-36 loads in flight); the
+   loads of unrolled steps are in flight together (`steps_together`), one round trip for them;
    cross-entropy's epilogue loads the target, then x[target], after the loop (L2 hits mostly: not charged). 24-32
    registers, no spills: 4 blocks of 512 threads per SM, as the thread rule gives.
 
@@ -82,6 +83,15 @@ class InductorConfig:
             return 1
         steps = -(-rnumel // self.rblock)
         return loops if steps <= UNROLLED_STEPS else loops * -(-steps // unroll)
+
+    def steps_together(self, rnumel: int, unroll: int = 1) -> int:
+        """Rule 5: loop steps whose loads are in flight at once: all of a loop unrolled whole, else `unroll`.
+
+        >>> looped_config(8192, Hint.INNER).steps_together(8192), looped_config(65536, Hint.INNER).steps_together(65536, 8)
+        (4, 8)
+        """
+        steps = -(-rnumel // self.rblock)
+        return 1 if self.persistent else steps if steps <= UNROLLED_STEPS else min(unroll, steps)
 
     def per_thread(self) -> int:
         """Elements of the row each thread loads per step: with num_stages=1 nothing else is in flight."""

@@ -553,16 +553,17 @@ def _inductor_kernel(
                       in_flight=c.per_thread() * elem, sfu=sfu), \
             f"persistent XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
     trips = c.round_trips(rnumel, passes, unroll) if unroll else 0
+    ahead = c.steps_together(rnumel, unroll) if unroll else 1  # steps whose loads are in flight together
     if c.xblock == 1:
         again = reread(xnumel, rnumel * elem, c.threads, passes, gpu)
         where = f", re-read from {again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2" if passes > 1 else ""
         return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=c.threads,
-                      in_flight=c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+                      in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
             f"XBLOCK 1 RBLOCK {c.rblock} {c.warps} warps, {passes} loop(s){where}" + \
             (f", {trips} dependent steps" if trips else "")  # fmt: skip
     again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, rows_per_block=c.xblock)
     return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
-                  in_flight=c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+                  in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
         f"XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
 
 
