@@ -19,10 +19,9 @@ Sources (every rule below names its file and function; bench/README.md "Peers an
   `CUB_SUBSCRIPTION_FACTOR` 5), cub/device/dispatch/dispatch_reduce.cuh (`InvokePasses`,
   `InvokeSingleTile`), cub/grid/grid_even_share.cuh (`DispatchInit`),
   cub/device/dispatch/dispatch_segmented_reduce.cuh (one block per segment).
-- TorchInductor: torch/_inductor/ir.py (`Reduction.num_splits`, `inner_reduction_splits`,
-  `outer_reduction_splits`, `create_multilayer`), torch/_inductor/codegen/triton.py
-  (`should_use_persistent_reduction`), torch/_inductor/runtime/triton_heuristics.py
-  (`persistent_reduction`, `reduction`, `triton_config_reduction`).
+- TorchInductor (PyTorch 2.7.1): torch/_inductor/ir.py (`Reduction.num_splits`, `inner_reduction_splits`,
+  `outer_reduction_splits`, `create_multilayer`); the kernel configs, loops and dependent steps are
+  inductor_peer.py's rules (choices.py, runtime/triton_heuristics.py, fx_passes/post_grad.py, with lines).
 - Triton tutorials: python/tutorials/02-fused-softmax.py, 05-layer-norm.py; the reduction pattern is
   those kernels' structure (one program per row, `tl.sum` over BLOCK_SIZE) plus `tl.atomic_add` for
   outputs shared by programs.
