@@ -118,21 +118,40 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "rms_norm",
         None,
     ): "cuDNN is closed source: no plan to model (its 32K-262K rows fall to 273-1601 GB/s)",
-    ("Q", "inductor", "rms_norm", None): "torch.compile (PyTorch 2.7.1, default mode, QuACK blog) measures 1.1-2x "
-    "slower than the model of the launch its rules give (persistent XBLOCK 1 up to 1024, looped RBLOCK 2048 beyond, "
-    "the second loop re-read from DRAM past L2). Charging each loop step the SM's issue time in Little's law (the "
-    "loads of the next step wait for it) moves its softmax rows 5-20 points closer but puts Liger's softmax 256/512, "
-    "which fix the loaded latency, 10-19 % over: not separable without a measurement of the latency alone",
+    (
+        "Q",
+        "inductor",
+        "rms_norm",
+        (256, 512, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
+    ): "torch.compile (PyTorch 2.7.1, default mode) of QuACK's rmsnorm_ref (x.float(), fp32 weight, .to(bf16)), "
+    "planned by 2.7.1's rules (inductor_peer.py 1-5: persistent XBLOCK 1 up to 1024; beyond, one looped kernel of "
+    "R0_BLOCK 2048 x 16 warps, a sum-of-squares loop then a normalize loop, which Triton 3.3.1 unrolls: compiled "
+    "here, 8-36 loads in flight, 24-32 registers, no spills, 4 blocks per SM). 2048 fits; from 4096 the rows stream "
+    "at 1.5-2.3 TB/s of compulsory bytes, the model (the unrolled loads in flight) at 2.1-3.0 "
+    "(0.61-0.79x): neither registers, unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB "
+    "of rows in flight at 16384, modeled as hits) would in part, but the same re-read rule fits eager RMSNorm. "
+    "Persistent 256-1024: 5-9 us over the "
+    "model, unexplained",
     (
         "Q",
         "inductor",
         "softmax",
         (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 262144),
-    ): "as for RMSNorm; its 32Kx256-1024 rows take 119-121 us whatever the row "
-    "(281-1107 GB/s), which no launch rule we read explains",
-    ("Q", "inductor", "cross_entropy", None): "as for RMSNorm: 2-4x slower than the model of its launch. Two full "
-    "DRAM reads of the logits (a max loop, then a sum-exp loop, no L2 re-use) would land 4096-65536 within 10 % but "
-    "not 256-2048 or 131072-262144, and contradict the L2 re-read rule that the rows in flight (4-17 MB) imply",
+    ): "as for RMSNorm, with 2.7.1's online softmax (one loop for max and sum, two exp per element, then the write "
+    "loop). From 16384 Triton keeps the online loop (96 SASS instructions per 4-element step, one 8-byte load) and "
+    "each step waits for its load: the rows take 1.2-1.5 us per dependent step where the model's round trip is "
+    "0.87 us; the SM's issue of a step (64 warps x 96 instructions over 4 schedulers, 0.78 us) is what it does not "
+    "charge (a per-step issue term, tried by calib4 in the shared model, put Liger's softmax 256/512 10-19 % over). "
+    "Its 32Kx256-1024 rows take 119-121 us whatever the row (RMSNorm's 26-69): no static kernel of 2.7.1's rules "
+    "does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles the same lambda for every "
+    "shape in one process (its commented sweep), so Dynamo's automatic dynamic shapes recompile from the second "
+    "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint at "
+    "that compile reused for every later N; the order is not recorded. Not modeled",
+    ("Q", "inductor", "cross_entropy", None): "F.cross_entropy(reduction='none') under torch.compile: log-softmax "
+    "matches Inductor's online-softmax pattern (fx_passes/post_grad.py prepare_softmax_pattern), so one loop reads "
+    "the logits once and the epilogue loads the target, then x[target] (L2 hits mostly). Measured: 42 us plus the "
+    "logits at 1.75 TB/s (2048-32768); from 16384, 1.25-1.7 us per dependent step against the model's 0.87, as "
+    "softmax's: 0.26-0.70x. The 42 us floor (also at 256-1024, persistent) is not a launch rule we read",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "

@@ -19,10 +19,9 @@ Sources (every rule below names its file and function; bench/README.md "Peers an
   `CUB_SUBSCRIPTION_FACTOR` 5), cub/device/dispatch/dispatch_reduce.cuh (`InvokePasses`,
   `InvokeSingleTile`), cub/grid/grid_even_share.cuh (`DispatchInit`),
   cub/device/dispatch/dispatch_segmented_reduce.cuh (one block per segment).
-- TorchInductor: torch/_inductor/ir.py (`Reduction.num_splits`, `inner_reduction_splits`,
-  `outer_reduction_splits`, `create_multilayer`), torch/_inductor/codegen/triton.py
-  (`should_use_persistent_reduction`), torch/_inductor/runtime/triton_heuristics.py
-  (`persistent_reduction`, `reduction`, `triton_config_reduction`).
+- TorchInductor (PyTorch 2.7.1): torch/_inductor/ir.py (`Reduction.num_splits`, `inner_reduction_splits`,
+  `outer_reduction_splits`, `create_multilayer`); the kernel configs, loops and dependent steps are
+  inductor_peer.py's rules (choices.py, runtime/triton_heuristics.py, fx_passes/post_grad.py, with lines).
 - Triton tutorials: python/tutorials/02-fused-softmax.py, 05-layer-norm.py; the reduction pattern is
   those kernels' structure (one program per row, `tl.sum` over BLOCK_SIZE) plus `tl.atomic_add` for
   outputs shared by programs.
@@ -43,6 +42,8 @@ from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
 from ..model.spill import Spill
 from ..model.workspace import workspace_fits
+from .inductor_peer import ROW_PATTERNS as INDUCTOR_ROWS
+from .inductor_peer import Hint, is_persistent, reduction_config, row_loops
 
 _KT_ARGS = set(inspect.signature(kernel_time).parameters) - {"gpu"}
 INLINE = ("const", "iota", "argkey_max", "argkey_min", "placeholder", "reshape")
@@ -538,46 +539,43 @@ def inductor_num_splits(numel: int, rnumel: int, hint: str, gpu: GPUSpec, reduct
     return cdiv(rnumel, rv * split)
 
 
-def _inductor_kernel(name, xnumel, rnumel, hint, elem, gpu, *, read, written, passes=1, sfu=0.0, outs=1):
-    """One Triton reduction kernel as Inductor configures it: persistent when rnumel <= 1024 (INNER) or
-    <= 64 (codegen/triton.py should_use_persistent_reduction); else the looped configs of
-    triton_heuristics.reduction (INNER: XBLOCK 1, RBLOCK min(rnumel, 2048); OUTER: XBLOCK 64,
-    RBLOCK 8, 4 warps). `passes` loops over the row re-read it (L2 when it is resident)."""
-    persistent = rnumel <= (1024 if hint == "INNER" else 64)
-    if persistent:
-        r = next_pow2(rnumel)
-        xb = (
-            1
-            if (hint == "INNER" and rnumel >= 256)
-            else max(x for x in (1, 8, 32, 128) if x == 1 or (r * x <= 4096 and x <= xnumel))
-        )
-        warps = min(max(next_pow2(r * xb // 128), 2), 8)
-        per = max(r * xb // (32 * warps), 1)
-        return kernel(name, read=read, written=written, blocks=cdiv(xnumel, xb), threads=32 * warps,
-                      in_flight=per * elem, sfu=sfu), f"persistent XBLOCK {xb} RBLOCK {r} {warps} warps"  # fmt: skip
-    if hint == "INNER":
-        rb = min(next_pow2(rnumel), 2048)
-        warps = min(max(rb // 128, 2), 8)
-        again = reread(xnumel, rnumel * elem, 32 * warps, passes, gpu)
-        where = f"{again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2"
-        return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=32 * warps,
-                      in_flight=rb // (32 * warps) * elem, l2=again["l2"], sfu=sfu), \
-            f"XBLOCK 1 RBLOCK {rb} {warps} warps, {passes} loop(s), re-read from {where}"  # fmt: skip
-    again = reread(xnumel, rnumel * elem, 128, passes, gpu, rows_per_block=64)
-    return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, 64), threads=128,
-                  in_flight=4 * elem, l2=again["l2"], sfu=sfu), "XBLOCK 64 RBLOCK 8 4 warps"  # fmt: skip
+def _inductor_kernel(
+    name, xnumel, rnumel, hint, elem, gpu, *, read, written, passes=1, sfu=0.0, outs=1, unroll=0, gathers=0
+):
+    """One Triton reduction kernel as Inductor configures it (inductor_peer.py rules 1-3: persistent up to 1024
+    (INNER) or 64; else the looped config, XBLOCK 1 and RBLOCK up to 2048 with up to 16 warps for INNER, XBLOCK 64
+    and RBLOCK 8 for OUTER). `passes` loops over the row re-read it (L2 when it is resident); `unroll`: the
+    steps one round trip carries where the kernel was compiled (rule 5; 0: not compiled, no round trips charged)."""
+    c = reduction_config(xnumel, rnumel, Hint(hint))
+    if c.persistent:
+        return kernel(name, read=read, written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
+                      in_flight=c.per_thread() * elem, sfu=sfu), \
+            f"persistent XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
+    trips = c.round_trips(rnumel, passes, unroll) if unroll else 0
+    ahead = c.steps_together(rnumel, unroll) if unroll else 1  # steps whose loads are in flight together
+    if c.xblock == 1:
+        again = reread(xnumel, rnumel * elem, c.threads, passes, gpu)
+        where = f", re-read from {again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2" if passes > 1 else ""
+        return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=c.threads,
+                      in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+            f"XBLOCK 1 RBLOCK {c.rblock} {c.warps} warps, {passes} loop(s){where}" + \
+            (f", {trips} dependent steps" if trips else "")  # fmt: skip
+    again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, rows_per_block=c.xblock)
+    return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
+                  in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+        f"XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
 
 
 def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     M, N, e = w.M, w.N, w.in_bytes
-    row = {"softmax": 2, "log_softmax": 2, "cross_entropy": 2, "layer_norm": 2, "rms_norm": 2, "l2_normalize": 2,
-           "group_norm": 2}  # loops over the row: reductions, then the pointwise write  # fmt: skip
-    if w.pattern in row:
+    if w.pattern in INDUCTOR_ROWS:  # inductor_peer.py rule 4: the loops over the row and their exponentials
+        loops = row_loops(w.pattern)
         out_full = w.pattern != "cross_entropy"
         params = N * e * (2 if w.pattern in ("layer_norm",) else 1 if w.pattern == "rms_norm" else 0)
-        sfu = M * N * (2 if w.pattern == "softmax" else 1 if w.pattern in ("log_softmax", "cross_entropy") else 0)
+        sfu = M * N * loops.exps(is_persistent(N, Hint.INNER))
         ln, cfg = _inductor_kernel("triton_red_fused", M, N, "INNER", e, gpu, read=M * N * e + params,
-                                   written=(M * N if out_full else M) * w.out_bytes, passes=row[w.pattern], sfu=sfu)  # fmt: skip
+                                   written=(M * N if out_full else M) * w.out_bytes, passes=loops.loops, sfu=sfu,
+                                   unroll=loops.unroll)  # fmt: skip
         return _plan("inductor", [ln], f"one fused kernel per row, {cfg}")
     launches, what, facts = [], [], {}
     seen: dict = {}

@@ -1,0 +1,72 @@
+"""TorchInductor's reduction-kernel rules (panamera/bench/inductor_peer.py, PyTorch 2.7.1), one test per rule,
+and the peer plan that peers.py builds from them."""
+
+from panamera.bench.inductor_peer import (
+    Hint,
+    InductorConfig,
+    is_persistent,
+    looped_config,
+    persistent_config,
+    reduction_config,
+    row_loops,
+)
+from panamera.bench.peers import Work, inductor
+from panamera.model.gpu import H100
+
+
+def work(pattern: str, M: int, N: int) -> Work:
+    return Work(pattern, (), (), M, N, 2, 4 if pattern == "cross_entropy" else 2, 0)
+
+
+def test_rule1_persistent_up_to_1024_inner_and_64_otherwise():
+    assert is_persistent(1024, Hint.INNER) and not is_persistent(1025, Hint.INNER)
+    assert is_persistent(64, Hint.OUTER) and not is_persistent(65, Hint.OUTER)
+    assert reduction_config(32768, 1024, Hint.INNER).persistent
+    assert not reduction_config(32768, 2048, Hint.INNER).persistent
+
+
+def test_rule2_persistent_xblock_and_warps():
+    assert persistent_config(32768, 256, Hint.INNER) == InductorConfig(True, 1, 256, 2)  # 256 / 128, at least 2
+    assert persistent_config(32768, 1024, Hint.INNER) == InductorConfig(True, 1, 1024, 8)
+    assert persistent_config(32768, 600, Hint.INNER).rblock == 1024  # the row padded to its power of 2
+    short = persistent_config(4096, 64, Hint.OUTER)  # XBLOCK x RBLOCK <= 4096: 32 rows of 64
+    assert (short.xblock, short.warps) == (32, 8)  # 2048 / 128 = 16 warps, halved maximum (register intensive): 8
+    assert persistent_config(4, 64, Hint.OUTER).xblock == 1  # no more rows per program than there are rows
+
+
+def test_rule3_looped_rblock_2048_and_up_to_16_warps():
+    c = looped_config(65536, Hint.INNER)
+    assert (c.xblock, c.rblock, c.warps, c.threads, c.per_thread()) == (1, 2048, 16, 512, 4)
+    assert looped_config(1500, Hint.INNER).rblock == 2048  # the size hint's power of 2
+    assert looped_config(100_000, Hint.OUTER) == InductorConfig(False, 64, 8, 4)
+
+
+def test_rule4_loops_over_the_row():
+    assert row_loops("softmax").loops == 2 and row_loops("softmax").exps(persistent=False) == 3  # online, then write
+    assert row_loops("softmax").exps(persistent=True) == 1
+    assert row_loops("cross_entropy").loops == 1  # online log-softmax, the target gathered in the epilogue
+    assert row_loops("rms_norm").loops == row_loops("layer_norm").loops == 2
+    p = inductor(work("cross_entropy", 32768, 65536), H100)
+    assert "1 loop(s)," in p.description and "re-read" not in p.description
+    assert p.launches[0].bytes_read == 32768 * 65536 * 2  # the logits once
+
+
+def test_rule5_every_looped_step_is_a_dependent_round_trip():
+    assert looped_config(16384, Hint.INNER).round_trips(16384, loops=2) == 16
+    assert looped_config(16385, Hint.INNER).round_trips(16385) == 9
+    assert persistent_config(32768, 512, Hint.INNER).round_trips(512, loops=2) == 1
+    p = inductor(work("softmax", 32768, 16384), H100)
+    assert p.launches[0].features["round_trips"] == 16 and "16 dependent steps" in p.description
+    assert looped_config(8192, Hint.INNER).round_trips(8192, loops=2) == 2  # 4 steps: unrolled, loads together
+    assert looped_config(65536, Hint.INNER).round_trips(65536, loops=2, unroll=8) == 8  # RMSNorm's unroll by 8
+    assert inductor(work("cross_entropy", 32768, 16384), H100).launches[0].features["round_trips"] == 8
+    assert "round_trips" not in inductor(work("softmax", 32768, 1024), H100).launches[0].features
+
+
+def test_rule5_unrolled_steps_are_in_flight_together():
+    assert looped_config(8192, Hint.INNER).steps_together(8192) == 4  # unrolled whole
+    assert looped_config(65536, Hint.INNER).steps_together(65536, unroll=8) == 8  # RMSNorm's unroll
+    assert looped_config(65536, Hint.INNER).steps_together(65536, unroll=1) == 1  # the online-softmax loop
+    rms = inductor(work("rms_norm", 32768, 8192), H100).launches[0].features
+    soft = inductor(work("softmax", 32768, 65536), H100).launches[0].features
+    assert rms["bytes_in_flight_per_thread"] == 4 * 4 * 2 and soft["bytes_in_flight_per_thread"] == 4 * 2
