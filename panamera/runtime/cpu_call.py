@@ -12,8 +12,10 @@ and a contiguity flag per input, `threads` an int, outputs from `np.empty` (or t
 `out=` arrays, written in place when they are contiguous and do not overlap an input). Contiguous
 torch CPU tensors are read in place likewise, and give torch outputs (`torch.empty`). Anything
 else (views that need a copy, names, a wrong shape, a tensor requiring grad) returns None and
-takes the general path (`Compiled._bind`), which raises the specific error. Calls are serialized by a lock:
-the pointer table and the intermediates are shared.
+takes the general path (`Compiled._bind`), which raises the specific error. A numpy call passes
+its arrays as one tuple to OBJECT_CALL, which reads their data pointers in C (no ctypes object per
+array) into a copy of the table on its stack: such calls take the lock only when the program has
+intermediates (shared between calls). Torch calls write the shared table under the lock.
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((3, 4), "float32"), axis=1), target="cpu")
@@ -251,7 +253,7 @@ class FastCall:
     def _object_call(self, plan: LaunchPlan, order: tuple[str, ...]) -> tuple:
         """OBJECT_CALL's function and this program's `pn_objects` (None, None: a program with numpy
         BLAS steps, or no object layout here)."""
-        fn = object_entry() if not self.hosts else None
+        fn = object_entry() if self.steps and not self.hosts else None
         if fn is None:
             return None, None
         nbytes = [0] * len(order)
