@@ -337,7 +337,7 @@ class FastCall:
         for o, (_, shape, dt) in zip(outs, self.outs):
             if type(o) is not np.ndarray or o.shape != shape or (o.dtype is not dt and o.dtype != dt):
                 return False
-            if not (o.flags.c_contiguous and o.flags.writeable):
+            if not ((f := o.flags).c_contiguous and f.writeable):
                 return False
         return not overlap or not any(
             np.may_share_memory(o, b) for k, o in enumerate(outs) for b in (*arrays, *self.keep, *outs[k + 1 :])
