@@ -12,8 +12,10 @@ and a contiguity flag per input, `threads` an int, outputs from `np.empty` (or t
 `out=` arrays, written in place when they are contiguous and do not overlap an input). Contiguous
 torch CPU tensors are read in place likewise, and give torch outputs (`torch.empty`). Anything
 else (views that need a copy, names, a wrong shape, a tensor requiring grad) returns None and
-takes the general path (`Compiled._bind`), which raises the specific error. Calls are serialized by a lock:
-the pointer table and the intermediates are shared.
+takes the general path (`Compiled._bind`), which raises the specific error. A numpy call passes
+its arrays as one tuple to OBJECT_CALL, which reads their data pointers in C (no ctypes object per
+array) into a copy of the table on its stack: such calls take the lock only when the program has
+intermediates (shared between calls). Torch calls write the shared table under the lock.
 
 >>> import numpy as np, panamera as pn
 >>> k = pn.compile(pn.sum(pn.placeholder((3, 4), "float32"), axis=1), target="cpu")
@@ -24,9 +26,11 @@ the pointer table and the intermediates are shared.
 from __future__ import annotations
 
 import ctypes
+import math
 import sys
 import threading
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -101,6 +105,83 @@ def address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
+# The numpy call's C side: the caller's arrays and the results passed as one Python tuple, their
+# data pointers read from the objects in C (numpy's `PyArrayObject.data`, the first field after
+# the object header), so a call builds no ctypes or buffer object per array; the table is copied
+# to the stack (no shared state written: no lock unless the program has intermediates). With
+# `check` (the caller's out= arrays) it first refuses, returning 1, an output overlapping any
+# other buffer of the table (np.may_share_memory's bounds test).
+OBJECT_CALL = r"""#include <cstring>
+#include <alloca.h>
+struct pn_objects {
+  void (*entry)(void**, int); void* const* base; const long* bytes; const int* slots;
+  int n, m, outs; long data_at, item_at;
+};
+extern "C" int pn_call_objects(const pn_objects* d, const char* objs, int check, int nt) {
+  void** b = (void**)alloca(sizeof(void*) * d->n);
+  memcpy(b, d->base, sizeof(void*) * d->n);
+  const char* const* item = (const char* const*)(objs + d->item_at);
+  for (int i = 0; i < d->m; ++i) b[d->slots[i]] = *(void* const*)(item[i] + d->data_at);
+  for (int i = d->m - d->outs; check && i < d->m; ++i) {
+    const int o = d->slots[i];
+    const char* lo = (const char*)b[o];
+    for (int s = 0; s < d->n; ++s) {
+      const char* x = (const char*)b[s];
+      if (s != o && x && d->bytes[s] > 0 && d->bytes[o] > 0 && x < lo + d->bytes[o] && lo < x + d->bytes[s]) return 1;
+    }
+  }
+  d->entry(b, nt);
+  return 0;
+}
+"""
+
+
+class _Objects(ctypes.Structure):
+    """OBJECT_CALL's `pn_objects`: the entry, the table of resident pointers, each slot's bytes,
+    the slots of the tuple's arrays (free inputs, then results) and the two layout offsets."""
+
+    _fields_ = [
+        ("entry", ctypes.c_void_p),
+        ("base", ctypes.c_void_p),
+        ("bytes", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        ("n", ctypes.c_int),
+        ("m", ctypes.c_int),
+        ("outs", ctypes.c_int),
+        ("data_at", ctypes.c_long),
+        ("item_at", ctypes.c_long),
+    ]
+
+
+@cache
+def object_layout() -> tuple[int, int] | None:
+    """Where a numpy array's data pointer and a tuple's first item lie in their objects (bytes from
+    the object's address: `object.__basicsize__`, `tuple.__basicsize__`), checked once on probe
+    objects; None where either does not hold (another interpreter build): calls then write the
+    pointers from Python (`FastCall.launch`)."""
+    a, data_at, item_at = np.ones(3, np.float32), object.__basicsize__, tuple.__basicsize__
+    t = (a,)
+    if ctypes.c_void_p.from_address(id(a) + data_at).value != a.ctypes.data:
+        return None
+    if ctypes.c_void_p.from_address(id(t) + item_at).value != id(a):
+        return None
+    return data_at, item_at
+
+
+@cache
+def object_entry():
+    """OBJECT_CALL's C function (one small library, built once and kept on disk), or None where
+    `object_layout` does not hold."""
+    if object_layout() is None:
+        return None
+    from .cpu import build  # runtime/cpu.py imports this module
+
+    fn = build(OBJECT_CALL).pn_call_objects
+    fn.argtypes = (ctypes.POINTER(_Objects), ctypes.py_object, ctypes.c_int, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
+
+
 def _torch_of(a):
     """torch, when `a` is exactly a torch.Tensor (not a subclass: FakeTensor, Parameter), else None."""
     torch = sys.modules.get("torch")
@@ -166,6 +247,39 @@ class FastCall:
                 arr = _alloc(np.empty, plan.buffers[key])
                 self.keep.append(arr)
                 self.ptrs[slot[key]], self.arrays[slot[key]] = address(arr), arr
+        self.scratch = len(self.keep) > len(bound)  # intermediates shared between calls: the lock
+        self.objects, self._desc = self._object_call(plan, order)
+
+    def _object_call(self, plan: LaunchPlan, order: tuple[str, ...]) -> tuple:
+        """OBJECT_CALL's function and this program's `pn_objects` (None, None: a program with numpy
+        BLAS steps, or no object layout here)."""
+        fn = object_entry() if self.steps and not self.hosts else None
+        if fn is None:
+            return None, None
+        nbytes = [0] * len(order)
+        for k, t in enumerate(plan.inputs):
+            nbytes[k] = math.prod(t.shape) * t.dtype.np.itemsize
+        for k, arr in enumerate(self.arrays):
+            if arr is not None:
+                nbytes[k] = arr.nbytes
+        for k, shape, dt in self.outs:
+            nbytes[k] = math.prod(shape) * dt.itemsize
+        slots = (*self.free, *(k for k, _, _ in self.outs))
+        self._bytes = (ctypes.c_long * len(order))(*nbytes)
+        self._slots = (ctypes.c_int * max(1, len(slots)))(*slots)
+        data_at, item_at = object_layout()
+        desc = _Objects(
+            ctypes.cast(self.steps[0], ctypes.c_void_p).value,
+            ctypes.addressof(self.ptrs),
+            ctypes.addressof(self._bytes),
+            ctypes.addressof(self._slots),
+            len(order),
+            len(slots),
+            len(self.outs),
+            data_at,
+            item_at,
+        )
+        return fn, desc
 
     def call(self, arrays: tuple, threads, out) -> list | None:
         """The results of one call on the caller's arrays (free inputs in order), or None when a
@@ -175,7 +289,7 @@ class FastCall:
         torch = None
         for a, (shape, dt) in zip(arrays, self.specs):
             if type(a) is np.ndarray:
-                if a.shape != shape or a.dtype != dt or not a.flags.c_contiguous:
+                if a.shape != shape or (a.dtype is not dt and a.dtype != dt) or not a.flags.c_contiguous:
                     return None
             elif (torch := _torch_of(a)) is None or not _plain_tensor(torch, a, shape, self._torch_dtype(dt)):
                 return None
@@ -187,10 +301,25 @@ class FastCall:
             results = [np.empty(shape, dt) for _, shape, dt in self.outs]
         else:
             results = list(out) if isinstance(out, tuple | list) else [out]
-            if not self._writable(results, arrays):
+            if not self._writable(results, arrays, self.objects is None):
                 return None
-        self.launch(arrays, results, threads)
+        if torch is not None or self.objects is None:
+            self.launch(arrays, results, threads)
+        elif self._run_objects(arrays, results, threads, out is not None):
+            return None  # an out= array overlaps another buffer: the general path copies
         return results
+
+    def _run_objects(self, arrays: tuple, results: list, threads: int | None, check: bool) -> int:
+        """One call of OBJECT_CALL on numpy `arrays` and `results` (contiguous, checked); nonzero
+        when `check` found an output overlapping another buffer (nothing ran)."""
+        objs, nt = (*arrays, *results), threads or self.threads
+        if self.blas:  # a gemm on numpy's BLAS inside the entry: on the call's thread count too
+            with self.lock, blas_threads(nt):
+                return self.objects(self._desc, objs, check, nt)
+        if self.scratch:
+            with self.lock:
+                return self.objects(self._desc, objs, check, nt)
+        return self.objects(self._desc, objs, check, nt)
 
     def _torch_dtype(self, dt: np.dtype):
         """torch's dtype of numpy's `dt` (looked up once)."""
@@ -199,17 +328,18 @@ class FastCall:
             t = self._torch_dtypes[dt] = numpy_to_torch_dtype(dt)
         return t
 
-    def _writable(self, outs: list, arrays: tuple) -> bool:
+    def _writable(self, outs: list, arrays: tuple, overlap: bool = True) -> bool:
         """Whether the caller's `out=` arrays can be written in place: numpy, of the results'
-        shapes and dtypes, contiguous, writable, and sharing no memory with an input or another."""
+        shapes and dtypes, contiguous, writable, and (with `overlap`; else OBJECT_CALL tests it)
+        sharing no memory with an input or another."""
         if len(outs) != len(self.outs):
             return False
         for o, (_, shape, dt) in zip(outs, self.outs):
-            if type(o) is not np.ndarray or o.shape != shape or o.dtype != dt:
+            if type(o) is not np.ndarray or o.shape != shape or (o.dtype is not dt and o.dtype != dt):
                 return False
-            if not (o.flags.c_contiguous and o.flags.writeable):
+            if not ((f := o.flags).c_contiguous and f.writeable):
                 return False
-        return not any(
+        return not overlap or not any(
             np.may_share_memory(o, b) for k, o in enumerate(outs) for b in (*arrays, *self.keep, *outs[k + 1 :])
         )
 
