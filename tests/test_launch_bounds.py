@@ -15,9 +15,10 @@ from panamera.model import H100, kernel_time
 from panamera.model.gpu import launch_bound_registers
 from panamera.schedule.cost import stitched_cost
 from panamera.schedule.decision import Residence
-from panamera.schedule.derived import co_resident
+from panamera.schedule.derived import co_resident, resident_per_sm
 from panamera.schedule.mapping import map_group
 from panamera.schedule.onchip import blocks_per_sm
+from panamera.schedule.persistent import block_counts, row_grids
 from panamera.schedule.rtile import register_budget
 
 
@@ -87,3 +88,17 @@ def test_panamera_plans_are_modeled_at_their_launch_bounds():
         assert f["registers"] == register_budget(dd) == launch_bound_registers(dd.threads, dd.min_blocks)
         assert H100.resident_blocks(dd.threads, f.get("shared_bytes", 0), f["registers"]) == blocks_per_sm(H100, g, dd)
     assert blocks_per_sm(H100, g, dataclasses.replace(d, onchip=Residence.REGISTERS)) <= 1024 // d.threads
+
+
+def test_one_residency_for_pipelines_and_persistent_grids():
+    """`derived.resident_per_sm` is the schedule stage's one residency (launch bounds' registers,
+    shared memory): a persistent grid's bounds ask for its ceil(B / SMs) blocks per SM, so that
+    many are co-resident whatever the default 1024 / T says; one block of 1024 threads per SM
+    under the default bounds (64 registers) is what `row_grids` and the cost count."""
+    assert resident_per_sm(H100, 256) == 4 == co_resident(H100, 256) // H100.sms
+    assert resident_per_sm(H100, 256, min_blocks=8) == 8  # 32 registers: the thread rule
+    assert co_resident(H100, 256, min_blocks=5) == 5 * H100.sms  # 48 registers: 5 blocks of 8 warps
+    assert resident_per_sm(H100, 1024) == 1 < H100.resident_blocks(1024)
+    assert row_grids(4096, H100, 1024, 16384 * 8) == []  # 132 rows of 128 KiB in flight fit half the L2
+    assert row_grids(4096, H100, 512, 16384 * 8) == [H100.sms]  # 264 do not: one block per SM loops
+    assert block_counts(4096, H100, 256)[-1] == 8 * H100.sms  # a persistent grid may ask for 8 per SM

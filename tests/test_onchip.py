@@ -16,7 +16,7 @@ from panamera.runtime import nvcc
 from panamera.schedule.cost import stitched_cost
 from panamera.schedule.decision import Residence
 from panamera.schedule.mapping import map_group
-from panamera.schedule.onchip import kept_bytes, kept_reads
+from panamera.schedule.onchip import kept_bytes, kept_reads, problem
 
 ORDERS = ("forward", "reverse", "shuffled")
 
@@ -127,8 +127,16 @@ def test_precondition_4_the_row_must_fit(rng):
 
 
 def test_precondition_5_a_cooperative_split_stays_co_resident(rng):
-    outputs, _, _ = case("softmax", (300, 8192), "float32", rng)  # 150 x 2 blocks: 4 per SM, 2 with registers
-    with pytest.raises(ScheduleError, match="precondition 5"):  # a cooperative split, not a cluster
+    """150 x 2 blocks of 256 threads: 4 per SM under the launch bounds, 2 with the row kept in
+    registers (264 on an H100). A replayed schedule meets the launch rule first (mapping.replay 2),
+    which counts the same residency (`derived.resident_per_sm`)."""
+    outputs, _, _ = case("softmax", (300, 8192), "float32", rng)
+    k = pn.compile(outputs, target="emulator", use_database=False)
+    g = next(g for g in k.groups if g.stitched)
+    d = map_group(g, H100, split=2, cluster=False).decision  # a cooperative split, not a cluster
+    assert d.blocks == 300 and problem(g, d, H100, Residence.MEMORY) == ""
+    assert problem(g, d, H100, Residence.REGISTERS).startswith("5: the split's 300 blocks are not co-resident")
+    with pytest.raises(ScheduleError, match="not all co-resident on H100-SXM5 \\(at most 264\\)"):
         compile_with(outputs, 2, Residence.REGISTERS, cluster=False)
 
 

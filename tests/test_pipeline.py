@@ -23,6 +23,7 @@ from panamera.model.gpu import H100
 from panamera.poly.access import AccessKind
 from panamera.runtime import nvcc
 from panamera.schedule.cost import in_flight
+from panamera.schedule.derived import resident_per_sm
 from panamera.schedule.mapping import map_group
 from panamera.schedule.pipeline import check, choose, copy_bytes, staged_reads
 from panamera.schedule.saved import Schedule
@@ -203,14 +204,18 @@ def test_full_size_plans_show_the_stages_without_running():
 
 
 def test_direct_loads_that_keep_enough_bytes_in_flight_keep_one_stage():
-    """Little's law: 8 resident blocks x 256 threads x 16 bytes = 32 KB per SM saturate H100's
-    DRAM (gpu.in_flight_per_sm: 24 KB fitted to Liger's rows), so no stage is added."""
+    """Little's law: 4 resident blocks (the launch bounds' 64 registers per thread,
+    `derived.resident_per_sm`) x 256 threads x 32 bytes = 32 KB per SM saturate H100's DRAM
+    (gpu.in_flight_per_sm: 24 KB fitted to Liger's rows), so no stage is added; 16 bytes a thread
+    (16 KB) do not."""
     y = matmul(4, 4096, 256, "float16")
     a = lower(y, stop_after="mappings", target="emulator")
     g, m = a.groups[0], a.mappings[0]
     assert H100.in_flight_per_sm == pytest.approx(24 * 1024)
-    c = choose(g, H100, m, 16, 1 << 20, 1e-5)
+    assert m.threads == 256 and resident_per_sm(H100, m.threads, 0, m.min_blocks) == 4
+    c = choose(g, H100, m, 32, 1 << 20, 1e-5)
     assert c.stages == 1 and "direct loads already keep enough bytes in flight" in c.describe()
+    assert "x4 blocks" in c.describe() and choose(g, H100, m, 16, 1 << 20, 1e-5).reason != c.reason
     assert choose(g, H100, m, in_flight(g, m), 1 << 20, 1e-5).reason != c.reason
 
 

@@ -322,12 +322,13 @@ def test_replay_preconditions_of_the_persistent_grid(rng):
         "(4)": dict(merges=(MergeMode.STORE,) * len(m.merges)),  # the columns never merge
     }
     grid = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in m.merges)
-    one_sm = dataclasses.replace(FLOORED, sms=1)  # 4 co-resident blocks of 256 threads
-    with pytest.raises(ScheduleError, match=re.escape("(5)")):  # a grid-wide wait of 5 blocks on 1 SM
+    # 8 co-resident blocks of 256 threads (the thread rule; the launch bounds ask for per_sm)
+    one_sm = dataclasses.replace(FLOORED, sms=1)
+    with pytest.raises(ScheduleError, match=re.escape("(5)")):  # a grid-wide wait of 9 blocks on 1 SM
         pn.compile(
-            layer_norm_backward(160, 24), target="emulator", gpu=one_sm,
-            schedule=_with(pn.compile(layer_norm_backward(160, 24), target="emulator", gpu=one_sm), ty=32,
-                           grid=(5, 1), persistent=5, per_sm=5, merges=grid),
+            layer_norm_backward(288, 24), target="emulator", gpu=one_sm,
+            schedule=_with(pn.compile(layer_norm_backward(288, 24), target="emulator", gpu=one_sm), ty=32,
+                           grid=(9, 1), persistent=9, per_sm=9, merges=grid),
         )  # fmt: skip
     for rule, change in bad.items():
         with pytest.raises(ScheduleError, match=re.escape(rule)):

@@ -162,13 +162,25 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
     "the 2-8 us it pays beyond that are not explained (-11 to -20 %). Nor by occupancy: its staged rows' shared "
     "memory (sX, now in the plan) binds only from 2048 and moves nothing; a register count that fixed 1024 "
-    "(96-128 per thread) would put 256 and 512 at 1.47-1.85x",
+    "(96-128 per thread) would put 256 and 512 at 1.47-1.85x. A count that follows the source (the row's "
+    "N / threads_per_row fp32 values live per thread, plus 24-48) moves 256 first (1.13-1.25x at +32-48) and leaves "
+    "1024/2048 unmoved: their 64-128 B per thread in flight saturate at any occupancy. The excess over QuACK's own "
+    "softmax at half the bytes is 6-10 us at 256-4096 and none from 8192 (one row per block); the serial per-block "
+    "chain (target index, row, target logit from L2) added to the stream instead of overlapped fits 1024/2048 "
+    "(1.04-1.05x) but not 256 (1.45x) or 4096 (1.13x)",
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
     "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
     "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law at 16 "
     "blocks per SM. Its register count does not explain it: the kernel re-typed from layer_norm_kernel.cu compiles "
     "to 39 registers (nvcc 13, sm_90, -O3; 32 for bf16, 0 spills), 12 blocks of 128 per SM, which moves the model "
-    "0-8 % the wrong way (fewer rows in flight: more of the second pass hits L2) and puts eager RMSNorm 12-19 % over",
+    "0-8 % the wrong way (fewer rows in flight: more of the second pass hits L2) and puts eager RMSNorm 12-19 % over. "
+    "Nor the block's serial phases: charging its in-flight bytes only while pass 1's N / 512 DRAM round trips run "
+    "(not during the Welford block reduction or pass 2's L2 round trips) moves the rows <= 1 % (the model's latency "
+    "falls with the load); about half the bytes in flight (12 KB per SM) would fit 1024 but not 16384, whose second "
+    "pass is mostly DRAM. The ratio is flat over N (0.78-0.86), the mark of a per-element cost: the Welford update "
+    "(an IEEE reciprocal per element, ~20 instructions) added to the stream rather than overlapped lands the five "
+    "rows at 0.88-1.01, but queueing 12 warps per scheduler at ~80 issue cycles per loop step against a 1.07 us "
+    "round trip explains only 4-8 %",
     ("L", "pytorch-eager", "rms_norm", (8192,)): "10.2 % under the measurement: at the edge of the L2 re-read model",
     ("C", "cub", "reduce", (2**24,)): "2^20 to 2^24 runs at 3.25 TB/s and 2^24 to 2^28 at 4.5 (-19 %). The plan is "
     "CCCL's sm60+ policy (256 threads x 16 items, vector 4; tuning_reduce.cuh: sm100 tunings only), 4096 one-tile "

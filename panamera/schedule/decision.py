@@ -59,6 +59,17 @@ REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
 # registers a warpgroup-MMA thread needs besides its N / 2 accumulators (ptxas, sm_90a: 72 in all for
 # m64n32 with 16 accumulators, 119 for m64n128 with 64: 56 others; 64 leaves a margin)
 WGMMA_OTHERS = 64
+BOUNDS_THREADS = 1024  # threads per SM a kernel's __launch_bounds__ leave room for by default (64 registers each)
+
+
+def bounds_blocks(threads: int) -> int:
+    """Blocks per SM a kernel's __launch_bounds__ ask room for unless its plan asks otherwise
+    (`Decision.min_blocks`): BOUNDS_THREADS threads' worth.
+
+    >>> bounds_blocks(256), bounds_blocks(1024)
+    (4, 1)
+    """
+    return max(1, BOUNDS_THREADS // max(threads, 1))
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,7 @@ class Decision:
             return max(1, REGISTER_FILE // (self.threads * (REGISTER_VALUES + REGISTER_OTHERS)))
         if self.mma_op == MmaOp.WGMMA:  # its accumulators (N / 2 per thread) beside the staging and addresses
             return max(1, REGISTER_FILE // (self.threads * (8 * self.mma_tile[4] + WGMMA_OTHERS)))
-        base = max(1, 1024 // self.threads)
-        return max(1, base // max(1, self.rtile * self.ctile // 2))
+        return max(1, bounds_blocks(self.threads) // max(1, self.rtile * self.ctile // 2))
 
     epilogue: bool = False  # an epilogue group (poly/epilogue.py): whoever finishes output o applies its MAP statements
     # A persistent row loop (a stitched group with column partials, schedule/persistent.py): the

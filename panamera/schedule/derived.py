@@ -14,7 +14,7 @@ from ..poly.row_columns import column_levels
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import is_epilogue, levels
 from ..runtime.plan import BufferRole, BufferSpec
-from .decision import Decision, MergeMode
+from .decision import Decision, MergeMode, bounds_blocks
 
 
 def along(group: KernelGroup) -> str:
@@ -277,20 +277,33 @@ def column_tree_cycles(partials: int, ty: int, chunk: int) -> int:
     return -(-partials // chunk) * 3 * 30 + 3 * partials
 
 
+def resident_per_sm(gpu: GPUSpec, threads: int, shared_bytes: int = 0, min_blocks: int = 0) -> int:
+    """Blocks of `threads` threads, each with `shared_bytes` of shared memory, that one SM surely
+    holds at once: the kernels carry __launch_bounds__(threads, min_blocks) (codegen/kernel.py;
+    `Decision.min_blocks`, by default `bounds_blocks`: 1024 / threads), so ptxas uses at most the registers that leave
+    room for that many per SM (`launch_bound_registers`), and the SM holds as many as its thread,
+    block, register and shared-memory rules allow with those (`GPUSpec.resident_blocks`). The one
+    definition of residency the schedule stage uses (the cost, pipelines, persistent grids,
+    cooperative launches).
+
+    >>> from panamera.model import H100
+    >>> resident_per_sm(H100, 256), resident_per_sm(H100, 256, min_blocks=2), resident_per_sm(H100, 1024)
+    (4, 2, 1)
+    """
+    bound = launch_bound_registers(threads, min_blocks or bounds_blocks(threads))
+    return gpu.resident_blocks(threads, shared_bytes, bound)
+
+
 def co_resident(gpu: GPUSpec, threads: int, shared_bytes: int = 0, min_blocks: int = 0) -> int:
     """Blocks of `threads` threads, each with `shared_bytes` of shared memory, that are surely
-    resident at once: the kernels carry __launch_bounds__(threads, min_blocks) (codegen/kernel.py;
-    default 1024 / threads), so ptxas uses at most the registers that leave room for that many
-    per SM (`launch_bound_registers`), and the SM holds as many as its thread, block, register and
-    shared-memory rules allow with those (`GPUSpec.resident_blocks`). A cooperative launch of more
-    fails.
+    resident at once on the whole GPU (`resident_per_sm` on every SM). A cooperative launch of
+    more fails.
 
     >>> from panamera.model import H100
     >>> co_resident(H100, 256) // H100.sms, co_resident(H100, 256, shared_bytes=60 * 1024) // H100.sms
     (4, 3)
     """
-    bound = launch_bound_registers(threads, min_blocks or max(1, 1024 // max(threads, 1)))
-    return gpu.sms * gpu.resident_blocks(threads, shared_bytes, bound)
+    return gpu.sms * resident_per_sm(gpu, threads, shared_bytes, min_blocks)
 
 
 def exchanges(group: KernelGroup, lv: tuple[int, ...]) -> int:

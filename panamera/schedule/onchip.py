@@ -46,8 +46,7 @@ from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
 from ..poly.stitch import is_epilogue
 from .decision import REGISTER_VALUES, Decision, Residence
-from .derived import access_for, co_resident, levels_for, passes
-from .rtile import register_budget
+from .derived import access_for, co_resident, levels_for, passes, resident_per_sm
 
 SHARED_BYTES = 48 * 1024  # static shared memory of one block (beyond it: a dynamic opt-in launch)
 
@@ -126,8 +125,9 @@ def kept_bytes(group: KernelGroup, vec: int) -> int:
 
 def blocks_per_sm(gpu: GPUSpec, group: KernelGroup, d: Decision) -> int:
     """Blocks one SM holds under the residence: its threads, shared memory and the registers its
-    launch bounds leave each thread (`Decision.min_blocks`: a row kept in registers asks for more)."""
-    return gpu.resident_blocks(d.threads, block_shared_bytes(group, d), register_budget(d))
+    launch bounds leave each thread (`Decision.min_blocks`: a row kept in registers asks for more;
+    `derived.resident_per_sm`)."""
+    return resident_per_sm(gpu, d.threads, block_shared_bytes(group, d), d.min_blocks)
 
 
 def block_shared_bytes(group: KernelGroup, d: Decision) -> int:
@@ -156,8 +156,9 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec, res: Residence) -> st
     if res == Residence.SHARED and shared_bytes(group, d) > SHARED_BYTES:
         return f"4: {shared_bytes(group, d)} bytes of kept rows exceed {SHARED_BYTES} bytes of shared memory per block"
     if d.cooperative:
-        at_once = gpu.sms * blocks_per_sm(gpu, group, _with(d, res))
-        if d.blocks > min(at_once, co_resident(gpu, d.threads, block_shared_bytes(group, _with(d, res)))):
+        kept = _with(d, res)
+        at_once = co_resident(gpu, d.threads, block_shared_bytes(group, kept), kept.min_blocks)
+        if d.blocks > at_once:
             return f"5: the split's {d.blocks} blocks are not co-resident at that occupancy (at most {at_once})"
     return ""
 

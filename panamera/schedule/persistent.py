@@ -51,6 +51,7 @@ from .derived import (
     group_columns,
     levels_for,
     merges_for,
+    resident_per_sm,
     struct_accumulators,
     unroll_for,
 )
@@ -102,9 +103,10 @@ def column_registers(group: KernelGroup, d: Decision) -> int:
 
 
 def block_counts(tiles: int, gpu: GPUSpec, threads: int) -> list[int]:
-    """Persistent grids of k blocks per SM (k = 1, 2, 4, ... up to the resident blocks), and one
-    block per row tile, never more blocks than row tiles."""
-    most = min(tiles, gpu.sms * gpu.resident_blocks(threads))
+    """Persistent grids of k blocks per SM (k = 1, 2, 4, ... up to the blocks an SM holds when the
+    launch bounds ask for as many as its threads allow: `derived.resident_per_sm`), and one block
+    per row tile, never more blocks than row tiles."""
+    most = min(tiles, gpu.sms * resident_per_sm(gpu, threads, 0, gpu.max_threads_sm // max(threads, 1)))
     return sorted({min(most, gpu.sms * k) for k in (1, 2, 4, 8, 16, 32)} | {most})
 
 
@@ -172,11 +174,13 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
             tiles, steps = math.ceil(M / ty), math.ceil(Gc / tx)
             tree = column_tree_bytes(group, tx, ty, vec, C)
             for blocks in joined_counts(tiles, gpu, tx * ty):
-                for merges in merge_options(group, partials_only, blocks <= co_resident(gpu, tx * ty, tree)):
+                per_sm = math.ceil(blocks / gpu.sms)  # the launch bounds ask for room for that many (3)
+                fits = blocks <= co_resident(gpu, tx * ty, tree, per_sm)
+                for merges in merge_options(group, partials_only, fits):
                     d = Decision(
                         **base, tx=tx, ty=ty, split=1, chunk=steps * tx, grid=(tiles, 1),
                         unroll=unroll_for(vec, steps), merges=merges, persistent=blocks,
-                        per_sm=math.ceil(blocks / gpu.sms), cgroups=C,
+                        per_sm=per_sm, cgroups=C,
                     )  # fmt: skip
                     if column_registers(group, d) > register_budget(d):
                         continue
@@ -285,16 +289,17 @@ def row_grids(tiles: int, gpu: GPUSpec, threads: int, tile_bytes: float) -> list
     the row (softmax backward: sum(dy * y), then dx reads y and dy again; `tile_bytes`: the input
     bytes of one block's row tile): the most blocks, k per SM, whose row tiles in flight fit in
     half the L2 (schedule/cost.py `stitched_cost`: then the re-read hits L2), where one block per
-    row tile keeps every resident block's tile in flight (4096 x 16384 float32 at 1024 threads:
-    264 rows of 128 KiB, 34 MiB, re-read from DRAM). Empty when one block per row tile fits
+    row tile keeps every resident block's tile in flight (4096 x 16384 float32 at 512 threads, two
+    blocks per SM under their launch bounds: 264 rows of 128 KiB, 33 MiB, re-read from DRAM; at
+    1024 threads one block per SM, 16.5 MiB, fits). Empty when one block per row tile fits
     already, or no grid does.
 
     >>> from panamera.model.gpu import H100
-    >>> row_grids(4096, H100, 1024, 16384 * 8), row_grids(4096, H100, 1024, 1024 * 8)
+    >>> row_grids(4096, H100, 512, 16384 * 8), row_grids(4096, H100, 1024, 16384 * 8)
     ([132], [])
     """
     half = gpu.l2_reach
-    if min(tiles, gpu.sms * gpu.resident_blocks(threads)) * tile_bytes <= half:
+    if min(tiles, gpu.sms * resident_per_sm(gpu, threads)) * tile_bytes <= half:
         return []
     return [b for b in block_counts(tiles, gpu, threads) if b * tile_bytes <= half and b < tiles][-1:]
 
@@ -322,7 +327,7 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
     grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
-    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups))
+    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups), d.per_sm)
     if grid and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "

@@ -67,6 +67,7 @@ from ..poly.statement import Form
 from .contraction import shared_along_rows
 from .cost import in_flight
 from .decision import Decision
+from .derived import resident_per_sm
 from .task import FactorKind
 
 STAGES = (1, 2, 4)
@@ -187,7 +188,8 @@ def choose(
     dram_share = min(1.0, sum(t.size * t.dtype.itemsize for t in staged.values()) / max(1, requested))
     options = []
     for s in STAGES:
-        blocks = min(present, gpu.resident_blocks(d.threads, s * slab if s > 1 else 0))  # the stages' shared memory
+        # the stages' shared memory and the registers the launch bounds leave (`derived.resident_per_sm`)
+        blocks = min(present, resident_per_sm(gpu, d.threads, s * slab if s > 1 else 0, d.min_blocks))
         flight = blocks * (d.threads * per_thread + (s - 1) * slab * dram_share)
         options.append((s, flight, blocks, dram_bytes / gpu.bandwidth(max(1.0, flight * sms))))
     direct = options[0]

@@ -125,7 +125,7 @@ def check_launch(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None
             f"{at}: grid {d.grid} with split {d.split} exceeds CUDA's limits or disagrees with the split"
         )
     # split rows outside a cluster wait for each other (column partials' grid-wide wait: rule 11)
-    at_once = co_resident(gpu, d.threads, block_shared_bytes(group, d))
+    at_once = co_resident(gpu, d.threads, block_shared_bytes(group, d), d.min_blocks)
     if d.stitched and d.split > 1 and d.cluster == 1 and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a split stitched group's {d.blocks} blocks of {d.threads} threads are not all "
