@@ -9,8 +9,9 @@ millisecond. `info()` counts hits and misses; `clear()` empties it; `pn.compile(
 bypasses it.
 
 **On disk.** The emulator's shared libraries (g++ builds of the generated CUDA C, one per
-source) live in `$PANAMERA_CACHE`, default `~/.cache/panamera`; `PANAMERA_CACHE=off` builds
-into a temporary directory instead. The directory must be private (runtime/diskcache.py: mode
+source), the CPU target's and the cuda backend's sm_90a cubins (runtime/cuda.py) live in
+`$PANAMERA_CACHE`, default `~/.cache/panamera`; `PANAMERA_CACHE=off` builds into a temporary
+directory instead. The directory must be private (runtime/diskcache.py: mode
 0700, owned by the user; otherwise a warning and a temporary directory) and each library is
 loaded only when it matches the SHA-256 recorded when it was built. `panamera cache info` and `panamera cache clear` show and
 empty it (`disk_info()`, `disk_clear()`).

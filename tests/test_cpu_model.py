@@ -230,6 +230,23 @@ def test_probe_keyed_by_the_openmp_wait_policy(private_cache, monkeypatch):
     assert not cpu_probe.slowed((0.5, 0.5 * cpu_probe.CONTENDED_WAKE_US), wakes=True)
 
 
+def test_probe_keyed_by_what_its_library_is_built_from(monkeypatch):
+    """The probe times its own library: a new math prelude (the inline expf it times), probe
+    source or compile flag (libmvec's) is probed again, not served the old figures."""
+    from panamera.runtime import cpu
+
+    base, built = cpu_probe._key(2, 0), cpu.flags()
+    for target, attr, value in (
+        (cpu, "SIMD_MATH", cpu.SIMD_MATH + "// another expf\n"),
+        (cpu_probe, "SOURCE", cpu_probe.SOURCE + "// another probe\n"),
+        (cpu, "flags", lambda: (*built, "-DPN_OTHER")),
+    ):
+        with monkeypatch.context() as m:
+            m.setattr(target, attr, value)
+            assert cpu_probe._key(2, 0) != base, attr
+    assert cpu_probe._key(2, 0) == base
+
+
 def test_contended_probe_kept_briefly(private_cache, monkeypatch):
     import os
 

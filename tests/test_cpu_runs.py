@@ -143,3 +143,21 @@ def test_split_invariant_keeps_what_reads_the_index():
     assert hoisted == [lines[0], lines[6]]
     assert kept == [ln for k, ln in enumerate(lines) if k not in (0, 6)]
     assert split_invariant(["const float w = in0[j];"], index="j") == ([], ["const float w = in0[j];"])
+
+
+def test_split_invariant_keeps_reads_after_kept_writes():
+    """What a kept line may write stays kept below it: a load from a buffer a kept store wrote (it
+    would read the value before the loop's store), a value of a non-const variable a kept line
+    declares or assigns; a called function's name (pn_st) is not a write."""
+    from panamera.codegen.cpu_runs import split_invariant
+
+    lines = [
+        "pn_st(&out0[i], 1.0f);",
+        "const float a = pn_ld(&out0[pn_q]);",  # reads the buffer the store above wrote
+        "float s = pn_ld(&in0[i]);",
+        "s += 1.0f;",
+        "const float b = s * 2.0f;",  # reads a non-const kept variable
+        "const float c = pn_ld(&in1[pn_q]);",  # nothing kept wrote in1: hoisted
+    ]
+    hoisted, kept = split_invariant(lines)
+    assert hoisted == [lines[5]] and kept == lines[:5]

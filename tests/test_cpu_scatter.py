@@ -116,3 +116,14 @@ def test_preconditions():
     with pytest.raises(pn.OptionError, match="'privatized' is not offered"):
         plan_cpu_scatter(8, rows, 64, as_dtype("int64"), as_dtype("float32"), None, CpuModel.nominal(2, 64),
                          form=CpuScatterForm.PRIVATIZED)  # fmt: skip
+
+
+def test_preconditions_2_and_3_on_the_cpu():
+    """segments.py's precondition 2 (index and source are the computation's inputs) refused on the
+    CPU as on the emulator, naming the computed tensor; a float index (precondition 3) is refused
+    before, by the frontend, naming the index."""
+    ids, g = pn.placeholder((6,), "int64", name="ids"), pn.placeholder((6, 2), name="g")
+    with pytest.raises(pn.PanameraError, match="source 'mul.*precondition 2"):
+        pn.compile(scatter_add_sorted(ids, g * 2.0, 4), target="cpu")
+    with pytest.raises(pn.DTypeError, match="index 'f' has dtype float32"):
+        scatter_add_sorted(pn.placeholder((6,), "float32", name="f"), g, 4)

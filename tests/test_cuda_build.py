@@ -30,7 +30,7 @@ def _private_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
 
 
-def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12, 4), driver=12040):
+def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12, 4), driver=12040, version="13.6.0"):
     """A stand-in `cupy` on sys.modules; returns its record of RawModule and NVRTC calls."""
     calls = {"raw": [], "nvrtc": []}
 
@@ -61,6 +61,7 @@ def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12
         getDeviceProperties=lambda i: {"name": b"NVIDIA H100 80GB HBM3", "major": int(cc[:-1]), "minor": int(cc[-1])},
     )
     fake = types.SimpleNamespace(
+        __version__=version,
         RawModule=RawModule,
         cuda=types.SimpleNamespace(
             runtime=runtime,
@@ -112,19 +113,23 @@ def test_the_sm90a_cubin_is_kept_on_disk_for_the_next_process(monkeypatch, tmp_p
     assert cache.disk_clear() == 1 and not Path(path).exists()
 
 
-@pytest.mark.parametrize("change", ["source", "nvrtc", "options"])
-def test_a_new_source_nvrtc_or_option_compiles_again(monkeypatch, change):
+@pytest.mark.parametrize("change", ["source", "nvrtc", "options", "cupy"])
+def test_a_new_source_nvrtc_option_or_cupy_compiles_again(monkeypatch, change):
+    """CuPy's version too: its include directory (in the options by path) holds other headers after
+    an upgrade in place."""
     calls = fake_cupy(monkeypatch)
     cuda.module(WGMMA)
     first = calls["raw"][0]["path"]
-    source, version = WGMMA, (12, 4)
+    source, version, cupy_version = WGMMA, (12, 4), "13.6.0"
     if change == "source":
         source = WGMMA + "// another kernel\n"
     elif change == "nvrtc":
         version = (12, 8)
+    elif change == "cupy":
+        cupy_version = "14.0.0"
     else:
         monkeypatch.setattr(cuda, "NVRTC_OPTIONS", ("-std=c++20",))
-    calls = fake_cupy(monkeypatch, nvrtc_version=version)  # a later process, the disk cache kept
+    calls = fake_cupy(monkeypatch, nvrtc_version=version, version=cupy_version)  # a later process, the cache kept
     cuda.module(source)
     assert len(calls["nvrtc"]) == 1 and calls["raw"][0]["path"] != first
 

@@ -97,3 +97,19 @@ def test_rewrite_preconditions():
     assert canonical_scatters(gm, True) == 1
     left = [str(n.target) for n in gm.graph.nodes if "index_put" in str(n.target) or "index_add" in str(n.target)]
     assert len(left) == 4 and "aten.embedding_dense_backward.default" in {str(n.target) for n in gm.graph.nodes}
+
+
+def test_only_index_put_wraps_negative_ids():
+    """index_put counts a negative id from the end (x[-1]); index_add does not (eager torch refuses
+    one): its rewrite passes the ids as they are, as backward.py's index_add translation reads them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from panamera.torch_backend.isolate import canonical_scatters
+
+    def wraps(f) -> bool:
+        gm = make_fx(f, tracing_mode="fake")(torch.randn(ROWS, D), torch.randn(32, D), torch.randint(0, ROWS, (32,)))
+        assert canonical_scatters(gm, True) == 1
+        return any(n.target is torch.ops.aten.where.self for n in gm.graph.nodes)
+
+    assert wraps(lambda w, v, ids: torch.ops.aten.index_put(w, [ids], v, True))
+    assert not wraps(lambda w, v, ids: torch.ops.aten.index_add(w, 0, ids, v))

@@ -274,7 +274,8 @@ class Pool:
         `rounds` rounds, each sample the mean of >= `min_sample_s` of calls timed in its worker;
         every worker once a round in a shuffled order; `fastest_call_us`: its fastest call;
         `idle_cpu_us`: the median CPU time a worker used while the
-        others ran, `calls`: the calls it timed, `warm_calls`: the untimed ones before each sample."""
+        others ran, `calls`: the calls it timed, `warm_calls`: the untimed ones
+        made before its samples, in all."""
         inner = {k: max(1, min(MAX_INNER, int(min_sample_s / max(v.one_call_us * 1e-6, 1e-7))))
                  for k, v in self.loaded.items()}  # fmt: skip
         samples: dict[str, list] = {k: [] for k in self.loaded}

@@ -157,6 +157,7 @@ def map_head(run: RowRun, n: int, hoisted: Sequence[str] = ()) -> list[str]:
 
 _DECL = re.compile(r"const [\w:<> ]+? (\w+) = (.+);")
 _IDENT = re.compile(r"[A-Za-z_]\w*")
+_WRITTEN = re.compile(r"[A-Za-z_]\w*\b(?!\s*\()")  # an identifier not called
 
 
 def split_invariant(lines: Sequence[str], index: str = "i") -> tuple[list[str], list[str]]:
@@ -164,7 +165,9 @@ def split_invariant(lines: Sequence[str], index: str = "i") -> tuple[list[str], 
     lines whose value reads neither `index` nor a kept name (a run's per-row scale, rsqrt(var + eps):
     computed once per run instead of once per SIMD vector: g++ did not move them out of the
     `omp simd` loop), and the rest in their order. Loads move too: a run has at least MIN_RUN
-    iterations, so each is read in the loop anyway.
+    iterations, so each is read in the loop anyway. Every name a kept line may write (each
+    identifier of a kept line other than a call's) counts as kept: a load from a buffer a kept
+    store wrote, or a value read after a kept non-const declaration or assignment, stays below it.
 
     >>> split_invariant(["const float a = in1[pn_q];", "const float b = rsqrtf(a);",
     ...                  "const float c = in0[i] * b;", "const float d = c + a;", "pn_st(&out0[i], d);"])
@@ -177,8 +180,7 @@ def split_invariant(lines: Sequence[str], index: str = "i") -> tuple[list[str], 
         if depth == 0 and m and ln == ln.lstrip() and not set(_IDENT.findall(m.group(2))) & variant:
             hoisted.append(ln)
         else:
-            if m:
-                variant.add(m.group(1))
+            variant |= {m.group(1)} if m else set(_WRITTEN.findall(ln))
             kept.append(ln)
         depth += ln.count("{") - ln.count("}")
     return hoisted, kept

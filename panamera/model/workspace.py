@@ -37,7 +37,7 @@ def workspace_traffic(gpu: GPUSpec, nbytes: float, discarded: bool = False) -> d
     (`write_bytes`) and the read from L2 (`l2_bytes`). Add them to a kernel's own.
 
     `discarded`: the reader drops the lines it has read without a write-back (discard.global.L2,
-    sm_80+; codegen/tc_kernel.py's split-K partials): where the workspace fits, it never reaches
+    sm_80+; codegen/tc_partials.py `discard_partials`): where the workspace fits, it never reaches
     DRAM; where it does not, its lines were evicted (written back) before the read.
 
     >>> from panamera.model import H100

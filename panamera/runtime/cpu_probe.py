@@ -15,8 +15,9 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
   library) sleeps between them and pays a futex wake-up each time (tens of microseconds here).
 
 The whole probe takes well under a second; its figures are cached as JSON in the library cache
-(runtime/diskcache.py) under a key of the CPU's model and flags, the thread count and the
-probe's version and the pool's spin count, so a machine probes once per setting. A probe taken
+(runtime/diskcache.py) under a key of the CPU's model and flags, the thread count, the probe's
+version, the pool's spin count and what its library is built from (`_key`), so a machine probes
+once per setting. A probe taken
 while other processes held the cores is kept CONTENDED_TTL_S (10 minutes) only (`judge`): its
 all-thread figures are extrapolated from one thread's where the load showed (a slow region entry,
 a collapsed all-thread rate, or the load average), and kept as measured, but provisional, where
@@ -333,18 +334,19 @@ def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, wh
 
 
 def _key(threads: int, spin: int | None = None) -> str:
-    """The cache key of a probe on `threads` threads: the machine, the threads, the probe's version
-    and the OpenMP pool's spin count (default: this process's, `spin_count`), which sets the
-    parallel region's entry cost.
+    """The cache key of a probe on `threads` threads: the machine, the threads, the probe's version,
+    the OpenMP pool's spin count (default: this process's, `spin_count`), which sets the parallel
+    region's entry cost, and what its library is built from (`measure`: the math prelude, whose
+    inline expf `exp_ns` times, the probe's SOURCE and the compile flags, libmvec's among them).
 
     >>> _key(2, 0) != _key(2, 300000), _key(2, 0) == _key(2, 0)
     (True, True)
     """
-    from .cpu import SIMD_MATH, machine_key
+    from .cpu import SIMD_MATH, flags, machine_key
 
     spin = spin_count() if spin is None else spin
-    math_key = hashlib.sha256(SIMD_MATH.encode()).hexdigest()[:8]
-    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}|{math_key}".encode()).hexdigest()[:20]
+    built = hashlib.sha256((SIMD_MATH + SOURCE + " ".join(flags())).encode()).hexdigest()[:8]
+    return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}|{built}".encode()).hexdigest()[:20]
 
 
 def _to_json(r: Rates) -> str:

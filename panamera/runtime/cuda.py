@@ -97,17 +97,18 @@ def _cccl_include(cupy, source: str) -> tuple[str, ...]:
     return (f"-I{cccl}",) if cccl.is_dir() else ()
 
 
-def cubin_key(source: str, b: Build, options: tuple[str, ...], nvrtc_version) -> str:
+def cubin_key(source: str, b: Build, options: tuple[str, ...], nvrtc_version, cupy_version: str = "") -> str:
     """The disk-cache key of an arch-specific cubin: everything NVRTC's output depends on, the
-    source, the target, the options it really gets (CuPy's include directories among them) and
-    NVRTC's version.
+    source, the target, the options it really gets (CuPy's include directories among them),
+    NVRTC's version and CuPy's (the options name its include directory by path only: an upgrade
+    in place changes the headers there, not the path).
 
     >>> b = build("pn_wgmma<64, __half>(d, a, b);", "sm_90")
     >>> k = cubin_key("src", b, b.options, (12, 4))
-    >>> len(k), k == cubin_key("src", b, b.options, (12, 8))
-    (24, False)
+    >>> len(k), k == cubin_key("src", b, b.options, (12, 8)), k == cubin_key("src", b, b.options, (12, 4), "14.0")
+    (24, False, False)
     """
-    text = "\0".join((source, b.target, " ".join(options), ".".join(map(str, nvrtc_version))))
+    text = "\0".join((source, b.target, " ".join(options), ".".join(map(str, nvrtc_version)), cupy_version))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -133,7 +134,7 @@ def _own_module(cupy, source: str, b: Build):
     core = getattr(getattr(cupy, "_core", None), "core", None)
     assemble = getattr(core, "assemble_cupy_compiler_options", None)
     options = tuple(assemble(b.options)) if assemble else b.options
-    key = cubin_key(source, b, options, nvrtc.getVersion())
+    key = cubin_key(source, b, options, nvrtc.getVersion(), str(getattr(cupy, "__version__", "")))
     path = diskcache.ensure(
         diskcache.directory() / f"cubin_{key}.cubin", lambda: _nvrtc_cubin(nvrtc, source, options), "cuda backend"
     )

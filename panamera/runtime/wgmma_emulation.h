@@ -1,6 +1,6 @@
 // wgmma_emulation.h: Hopper's warpgroup MMAs (PTX wgmma, sm_90a) for the emulator, as a reference.
 //
-// What Panamera's wgmma tiles use (codegen/tc_kernel.py, whose CUDA side issues the same PTX):
+// What Panamera's wgmma tiles use (codegen/wgmma_kernel.py, whose CUDA side issues the same PTX):
 //   pn_wgacc<N, A>       a thread's accumulator registers of an MMA (N = columns / 2 per thread), of
 //                        type A: float (f32 accumulators) or int (s32, s8 operands); its operator[]
 //                        is the only access to them

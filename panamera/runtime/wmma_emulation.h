@@ -1,7 +1,7 @@
 // wmma_emulation.h: nvcuda::wmma (mma.h) for the emulator, as a reference implementation.
 //
-// The operations Panamera's tensor-core kernels use (codegen/tc_kernel.py): fragment,
-// fill_fragment, load_matrix_sync, mma_sync, store_matrix_sync, for the shapes m16n16k16 with
+// The operations Panamera's tensor-core kernels use (codegen/wmma_kernel.py): fragment, fill_fragment,
+// load_matrix_sync, mma_sync, store_matrix_sync, for the shapes m16n16k16 with
 // __half / __nv_bfloat16 operands and float accumulators, and signed char operands with int
 // accumulators. A fragment's layout across the lanes of a warp is unspecified by CUDA; here every
 // lane holds the whole tile (row-major, logical indices), and the fragment has no `x` or

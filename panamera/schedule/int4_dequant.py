@@ -10,7 +10,7 @@ whose exponent is fixed and subtract the bias with one paired instruction; `pn_i
 The result equals the element-wise expression rounded to the MMA's type bit for bit: n - z is
 exact, and (n - z) * s is rounded once in both.
 
-`nibbles` recognizes the operand and says which reads play which part; codegen/tc_kernel.py
+`nibbles` recognizes the operand and says which reads play which part; codegen/tc_staging.py (`stage_int4`)
 stages it with `pn_i4x8`, and schedule/tc_tiling.py's cost counts `OPS_PER_WEIGHT`.
 
 Preconditions (`nibbles` returns the first that fails, by number; one negative test each in

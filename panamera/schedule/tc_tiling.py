@@ -41,7 +41,7 @@ from .rtile import register_budget
 from .tensor_core import FRAG, Mma, Operands, analyse, operand_reads
 from .warpgroup import MmaOp, registers, warpgroup_tiles, wgmma_error
 
-UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_kernel.py)
+UNROLL = 4  # staging loop copies per step: the operand loads a thread has in flight (codegen/tc_staging.py)
 UNROLL_OPS = 6  # beyond this many operations per element (int4's unpacking), 2 copies: 64 registers, no spill
 STAGING_REGISTERS = 32  # loaded lanes a thread's staging step may hold (staging_unroll)
 SMEM_BYTES = 48 * 1024  # static shared memory per block
@@ -166,7 +166,7 @@ def staging_steps(rows: int, d: Decision) -> int:
 def loads_first(e: Expr, d: Decision, group: KernelGroup) -> bool:
     """Whether operand `e`'s slabs are loaded whole into registers (`staging_steps` vectors per
     thread, all in flight), double-buffered: the next slab's loads are issued before this slab's
-    other operand is staged and its values converted (codegen/tc_kernel.py). So are a packed int4
+    other operand is staged and its values converted (codegen/tc_staging.py). So are a packed int4
     weight (schedule/int4_dequant.py) and `words_first` operands (an int8 weight and its scale).
     Their tiles hold at most `HELD_REGISTERS` registers of loads per thread (`held_registers`;
     ptxas spilled 8 held int4 words of bf16, and 24 registers of int8 loads, beside the MMA's
@@ -232,8 +232,8 @@ PARTIAL_REGISTERS = 16  # partials a thread of the last block holds at once (ptx
 def partial_batch(per_thread: int, split: int) -> int:
     """Blocks whose partials the last block's threads load together in one batch: each thread's
     `per_thread` outputs x that many blocks stay within `PARTIAL_REGISTERS` loads in flight
-    (codegen/tc_kernel.py); the partials then cost ceil(split / batch) L2 round trips, not one per
-    output and block.
+    (codegen/tc_partials.py `combine_partials`); the partials then cost ceil(split / batch) L2 round
+    trips, not one per output and block.
 
     >>> partial_batch(8, 2), partial_batch(4, 16), partial_batch(64, 2)
     (2, 4, 1)
@@ -252,7 +252,7 @@ class Landing:
     """How the last block of a split with partials gathers them in one L2 round trip: the first
     `blocks` blocks' partials of each of its outputs copied to shared memory (`bytes` of it, the
     K slabs' and the accumulators' storage reused), the other `held` blocks' loaded into
-    registers, all in flight together (codegen/tc_kernel.py)."""
+    registers, all in flight together (codegen/tc_partials.py `land_partials`)."""
 
     blocks: int
     held: int
@@ -335,7 +335,7 @@ RAW_OPS_PER_STEP = 4  # a raw staging step: its vector load, shared store, addre
 
 def raw_copy(e: Expr, st, kind: Mma, vec: int, access: tuple) -> bool:
     """Whether operand `e` is one contiguous read of the MMA's own type whose `vec` lanes are 4,
-    8 or 16 bytes: staged by copying them (codegen/tc_kernel.py), not converted lane by lane."""
+    8 or 16 bytes: staged by copying them (codegen/tc_staging.py), not converted lane by lane."""
     if e.op != "load" or not st.reads[e.read].memory or access[e.read] != AccessKind.CONTIG:
         return False
     return st.reads[e.read].tensor.dtype.name == kind.dtype and vec * kind.itemsize in (4, 8, 16)
@@ -388,11 +388,11 @@ def tc_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     partials = any(m.value == "partials" for m in d.merges)
     # the workspace (every block's partials, or the words the atomics merge into): written back, read from
     # L2 where it fits (model/workspace.py, the one rule of every split plan); the last block discards the
-    # partials' lines it has read (codegen/tc_kernel.py), an atomic workspace stays resident
+    # partials' lines it has read (codegen/tc_partials.py), an atomic workspace stays resident
     ws = workspace_traffic(gpu, group.M * (d.split if partials else 1) * st.acc.itemsize if split else 0, partials)
     blocks = d.grid[0] * d.split
     # the last block's element loop over its share of the tile's outputs (4 cycles each) after the loads of
-    # what it merges, all in flight together (codegen/tc_kernel.py): one L2 round trip for the atomic
+    # what it merges, all in flight together (codegen/tc_partials.py): one L2 round trip for the atomic
     # workspace, one per batch of blocks' partials (`partial_batch`)
     # (or all of them at once where they land in shared memory and registers, `landing`)
     per_thread = math.ceil(min(BM, ops.rows) * BN / d.threads)  # the rows of the tile that hold outputs

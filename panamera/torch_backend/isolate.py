@@ -7,8 +7,9 @@ embedding's gradient `mm + embedding_dense_backward`, `x + scatter`), three comp
 
 `canonical_scatters` first writes a large deterministic `index_put(x, [idx], v, accumulate=True)`
 or `index_add(x, 0, idx, v, alpha)` as `x + alpha * embedding_dense_backward(v, idx', rows)`
-(torch's own scatter-add of rows into zeros; `idx' = where(idx < 0, idx + rows, idx)` wraps
-negative ids as index_put does).
+(torch's own scatter-add of rows into zeros; for index_put `idx' = where(idx < 0, idx + rows, idx)`
+wraps negative ids as index_put does; index_add never wraps one (eager torch refuses it), so its
+ids go as they are, and a negative one adds nothing, as backward.py's `index_add` translation).
 Preconditions of the rewrite (else the node is left as it is): (R1) the compile is deterministic
 (or its target is the CPU, which has no atomic form: partition.py passes `deterministic` so);
 (R2) one integer index tensor on axis 0, values of exactly `idx.shape + x.shape[1:]` and x's dtype
@@ -52,7 +53,8 @@ def movable(n: torch.fx.Node) -> bool:
 
 
 def _rows_scatter(n: torch.fx.Node):
-    """(x, idx, values, alpha) of an index_put(accumulate) / index_add node meeting R2, else None."""
+    """(x, idx, values, alpha, wraps) of an index_put(accumulate) / index_add node meeting R2, else
+    None; `wraps`: negative ids count from the end (index_put's, not index_add's)."""
     if n.op != "call_function":
         return None
     if n.target is aten.index_put.default:
@@ -60,11 +62,11 @@ def _rows_scatter(n: torch.fx.Node):
         given = [(k, i) for k, i in enumerate(n.args[1]) if i is not None]
         if not accumulate or len(given) != 1 or given[0][0] != 0:
             return None
-        x, idx, values, alpha = n.args[0], given[0][1], n.args[2], 1
+        x, idx, values, alpha, wraps = n.args[0], given[0][1], n.args[2], 1, True
     elif n.target is aten.index_add.default:
         if len(n.args) < 4 or n.args[1] not in (0, -meta(n.args[0]).dim()):
             return None
-        x, idx, values, alpha = n.args[0], n.args[2], n.args[3], n.kwargs.get("alpha", 1)
+        x, idx, values, alpha, wraps = n.args[0], n.args[2], n.args[3], n.kwargs.get("alpha", 1), False
     else:
         return None
     xv, iv, vv = meta(x), meta(idx), meta(values)
@@ -73,7 +75,7 @@ def _rows_scatter(n: torch.fx.Node):
         return None
     if iv.dtype not in (torch.int64, torch.int32) or vv.dtype != xv.dtype or vv.shape != (*iv.shape, *xv.shape[1:]):
         return None
-    return x, idx, values, alpha
+    return x, idx, values, alpha, wraps
 
 
 def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
@@ -96,15 +98,17 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
         found = _rows_scatter(n)
         if found is None:
             continue
-        x, idx, values, alpha = found
+        x, idx, values, alpha, wraps = found
         xv, iv = meta(x), meta(idx)
         rows, width = xv.shape[0], math.prod(xv.shape[1:])
         if rows * iv.numel() * width <= MAX_TERMS:
             continue
         g = gm.graph
         with g.inserting_before(n):
-            negative = _node(g, aten.lt.Scalar, (idx, 0))  # x[-1] is the last row
-            wrapped = _node(g, aten.where.self, (negative, _node(g, aten.add.Tensor, (idx, rows)), idx))
+            wrapped = idx
+            if wraps:  # x[-1] is the last row
+                negative = _node(g, aten.lt.Scalar, (idx, 0))
+                wrapped = _node(g, aten.where.self, (negative, _node(g, aten.add.Tensor, (idx, rows)), idx))
             flat = _node(g, aten.reshape.default, (values, [*iv.shape, width]))
             table = _node(g, EMBEDDING_BACKWARD, (flat, wrapped, rows, -1, False))
             table = _node(g, aten.reshape.default, (table, list(xv.shape)))
