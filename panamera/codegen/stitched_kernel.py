@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
-from ..schedule.decision import Residence
+from ..schedule.decision import Completion, Residence
 from ..schedule.mapping import passes
 from ..schedule.onchip import kept_reads, steps
-from . import column_partials, column_stitch
+from . import column_partials, column_stitch, mbarrier
 from .expr import convert
 from .row_finish import finish_pass, shared_buffers
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
@@ -64,6 +64,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         out.append("  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();")
         # every block of the cluster has started before a peer pushes into its shared memory: the
         # barrier is split around the first pass, whose loads hide it (schedule/cluster.py)
+        setup_at = len(out)  # the mbarriers' set-up (codegen/mbarrier.py) goes before the arrival
         out.append("  pn_cluster.barrier_arrive();  // this block has started")
     out += _keep_rows(loop)
     exchange = 0
@@ -107,6 +108,8 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     if columns:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
+    if clustered and m.completion == Completion.MBARRIER and exchange:
+        out[setup_at:setup_at] = mbarrier.setup(exchange)
     if clustered:  # no peer reads this block's shared memory: its pushes all landed before the last barrier
         return head + out + ["#endif"]
     if split:
@@ -131,12 +134,14 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
     same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`)."""
     g, m = loop.g, loop.m
     S, W = m.cluster, m.tx // 32
+    mbar = m.completion == Completion.MBARRIER  # completed by mbarriers counting bytes (codegen/mbarrier.py)
     out = [
         f"  // exchange {e}: each warp's partial pushed into the {S} blocks of the row's cluster "
-        "(distributed shared memory)"
+        f"(distributed shared memory{', st.async onto their mbarriers' if mbar else ''})"
     ]
     if e == 1:
         out.append("  pn_cluster.barrier_wait();  // every block of the cluster has started")
+    pushes = []
     for k in reduces:
         s = g.statements[k]
         ct = s.acc.compute
@@ -144,11 +149,15 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
             f"  acc{k} = pn_shfl0(pn_reduce_x<{s.combiner.functor}, 32, {m.ty}>(acc{k}, pn_smem_{c_ident(ct)}));"
         )
         out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}][{W * S}]);")
-        out.append(
-            f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty][pn_cluster.block_rank() * {W}u "
-            f"+ tx / 32u], tx % 32u) = acc{k};"
-        )
-    out.append("  pn_cluster.sync();  // every block's partials are written")
+        slot = f"pn_dsm{e}_{k}[ty][pn_cluster.block_rank() * {W}u + tx / 32u]"
+        if mbar:
+            pushes.append(mbarrier.push(slot, f"acc{k}", e, S))
+        else:
+            pushes.append(f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&{slot}, tx % 32u) = acc{k};")
+    if mbar:
+        out.append(mbarrier.expect(e, [g.statements[k].acc.compute for k in reduces], m.ty * W * S))
+    out += pushes
+    out.append(mbarrier.wait(e) if mbar else "  pn_cluster.sync();  // every block's partials are written")
     for k in reduces:
         s = g.statements[k]
         f = s.combiner.functor

@@ -53,6 +53,14 @@ class MmaOp(StrEnum):
     WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
 
 
+class Completion(StrEnum):
+    """How a stitched cluster's exchange knows every peer's partial has landed (`Decision.completion`,
+    schedule/cluster.py)."""
+
+    BARRIER = "barrier"  # the cluster barrier (barrier.cluster arrive + wait)
+    MBARRIER = "mbarrier"  # each block's own mbarrier counting the bytes its peers' st.async deliver (QuACK)
+
+
 REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
 REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
@@ -134,6 +142,7 @@ class Decision:
     per_sm: int = 0  # the persistent grid's blocks per SM: the launch bounds leave registers for that many
     onchip: Residence = Residence.MEMORY  # where a stitched block keeps pass 0's row values (schedule/onchip.py)
     cluster: int = 1  # blocks along y per thread-block cluster: a split row's blocks (schedule/cluster.py; 1: none)
+    completion: Completion = Completion.BARRIER  # a stitched cluster's exchanges completed by (schedule/cluster.py)
 
     @property
     def threads(self) -> int:
@@ -210,6 +219,7 @@ class Decision:
                 else ""
             )
             + (f" cluster={self.cluster}" if self.cluster > 1 else "")
+            + (f" completion={self.completion}" if self.completion != Completion.BARRIER else "")
         )
 
     def to_dict(self) -> dict:
@@ -240,6 +250,10 @@ class Decision:
             d["onchip"] = str(self.onchip)
         if self.cluster == 1:
             del d["cluster"]
+        if self.completion == Completion.BARRIER:  # likewise: schedules before mbarriers read the same
+            del d["completion"]
+        else:
+            d["completion"] = str(self.completion)
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -282,6 +296,7 @@ class Decision:
             mma_op=MmaOp(d.get("mma_op", "")),  # absent before warpgroup MMAs: mma.sync
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
+            completion=Completion(d.get("completion", "barrier")),
         )
 
 
