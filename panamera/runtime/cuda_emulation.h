@@ -560,25 +560,29 @@ template <class T> static inline void push(T* slot, T v, unsigned long long* bar
   m->tx -= (int)sizeof(T);
   mbar_progress(m);
 }
-static inline const char* mbar_deadlock(const Mbar* m) {
-  std::snprintf(error_text, sizeof error_text,
-                "deadlock: threads wait on an mbarrier whose phase never completes (%d arrival(s) missing, %d "
-                "byte(s) expected that no push delivers: a missing mbarrier.arrive.expect_tx, or an expect_tx of "
-                "more bytes than its peers push)", (int)m->pending, m->tx);
+// Why an mbarrier's phase is not complete: `what` then the reason, in error_text.
+static inline const char* mbar_incomplete(const char* what, const Mbar* m) {
+  // bytes below zero after a completed phase (Panamera's mbarriers serve one phase each): pushed
+  // beyond the count that completed it
+  bool late = m->tx < 0 && mbar_parity(m) != 0;
+  int n = m->pending && !late ? (int)m->pending : m->tx < 0 ? -m->tx : m->tx;
+  const char* why =
+      late ? "byte(s) landed beyond those its expect_tx announced, after its phase completed (fewer bytes expected "
+             "than pushed)"
+      : m->pending ? "arrival(s) missing (a missing mbarrier.arrive.expect_tx)"
+      : m->tx > 0  ? "byte(s) announced by expect_tx that no push delivers (more bytes expected than pushed)"
+                   : "byte(s) landed beyond those its expect_tx announced (fewer bytes expected than pushed)";
+  std::snprintf(error_text, sizeof error_text, "%s: %d %s", what, n, why);
   return error_text;
+}
+static inline const char* mbar_deadlock(const Mbar* m) {
+  return mbar_incomplete("deadlock: threads wait on an mbarrier whose phase never completes", m);
 }
 // At a cluster's end: every mbarrier's last phase complete, no byte beyond those announced.
 static inline const char* mbar_leftover() {
-  for (int k = 0; k < n_mbars; ++k) {
-    const Mbar* m = mbars[k];
-    if (m->tx == 0 && m->pending == (m->count & 0x7fff)) continue;
-    std::snprintf(error_text, sizeof error_text,
-                  "mbarrier: a phase left incomplete when the cluster exited (%d arrival(s) missing, %d byte(s) "
-                  "%s)", (int)m->pending, m->tx < 0 ? -m->tx : m->tx,
-                  m->tx < 0 ? "landed beyond those its expect_tx announced: an expect_tx of fewer bytes than pushed"
-                            : "expected and never landed");
-    return error_text;
-  }
+  for (int k = 0; k < n_mbars; ++k)
+    if (mbars[k]->tx != 0 || mbars[k]->pending != (mbars[k]->count & 0x7fff))
+      return mbar_incomplete("mbarrier: a phase left incomplete when the cluster exited", mbars[k]);
   return nullptr;
 }
 static inline int warp_members(int w) {
