@@ -131,7 +131,10 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
     so no barrier guards its reuse); after the cluster barrier every warp combines the W * S
     partials of its row from its own shared memory (lane l: slots l, l + 32, ...; then shuffles)
     and hands lane 0's value to its lanes. Every warp of every block of the row computes the
-    same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`)."""
+    same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`). Under
+    `Completion.MBARRIER` the pushes are st.async onto the peer's mbarrier of exchange e and the
+    cluster barrier becomes a wait on the block's own mbarrier (codegen/mbarrier.py): the same
+    slots, the same combine order, the same bits."""
     g, m = loop.g, loop.m
     S, W = m.cluster, m.tx // 32
     mbar = m.completion == Completion.MBARRIER  # completed by mbarriers counting bytes (codegen/mbarrier.py)
