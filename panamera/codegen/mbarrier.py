@@ -3,11 +3,11 @@
 stitched kernel (codegen/stitched_kernel.py) that set them up, announce, push and wait.
 
 Exchange e has its own mbarrier `pn_mbar[e - 1]`, used for one phase (parity 0). One thread per
-block initializes them all (arrival count 1) and fences the initialization to the cluster before
-the split cluster barrier of the kernel's start: a peer pushes only after that barrier's wait. In
-the exchange one thread announces the bytes the block will receive (its W x S warps' partials of
-each row and reduction, from the S blocks: mbarrier.arrive.expect_tx), every warp's lanes b < S
-push the warp's partial into block b with st.async, which completes its bytes on block b's
+block initializes them all (arrival count 1), fences the initialization to the cluster and
+announces each exchange's bytes the block will receive (its W x S warps' partials of each row and
+reduction, from the S blocks: mbarrier.arrive.expect_tx), as QuACK arms them, before the split
+cluster barrier of the kernel's start: a peer pushes only after that barrier's wait. In the
+exchange every warp's lanes b < S push the warp's partial into block b with st.async, which completes its bytes on block b's
 mbarrier, and every thread waits on its own block's mbarrier (mbarrier.try_wait.parity). A
 block exits only after every byte aimed at it has landed, so no barrier precedes the exit.
 
@@ -16,8 +16,8 @@ before it reaches them). The emulator (runtime/cuda_emulation.h) implements the 
 bytes counted per mbarrier phase, a wait that never completes reported as a deadlock, a push into
 a block that has exited or into an mbarrier not initialized reported.
 
->>> print(expect(2, ["float", "float"], 16))
-  if (tx == 0 && ty == 0) pn_mbar_expect(&pn_mbar[1], 16u * (sizeof(float) + sizeof(float)));  // bytes that land here
+>>> expected(["float", "float"], 16)
+'16u * (sizeof(float) + sizeof(float))'
 >>> print(push("pn_dsm1_0[ty][0]", "acc0", 1, 4))
   if (tx % 32u < 4u) pn_push(&pn_dsm1_0[ty][0], acc0, &pn_mbar[0], tx % 32u);
 """
@@ -73,25 +73,38 @@ __device__ __forceinline__ void pn_mbar_wait(unsigned long long* bar, unsigned p
 #endif"""
 
 
-def setup(n: int) -> list[str]:
-    """The kernel's start: the `n` exchanges' mbarriers, initialized by one thread and fenced to the
-    cluster (before the split cluster barrier's arrival, which the caller prints next)."""
-    return [
+def setup(expected: Sequence[str]) -> list[str]:
+    """The kernel's start: one mbarrier per exchange, initialized by one thread, fenced to the
+    cluster and armed with the bytes that will land in this block (`expected`: a C expression per
+    exchange), before the split cluster barrier's arrival, which the caller prints next (QuACK's
+    `_initialize_cluster` arms them there too).
+
+    >>> for ln in setup(["32u * (sizeof(float))"]): print(ln)
+      PN_BLOCK_SHARED(unsigned long long, pn_mbar, [1]);  // one mbarrier per exchange
+      if (tx == 0 && ty == 0) {
+        for (int e = 0; e < 1; ++e) pn_mbar_init(&pn_mbar[e], 1u);
+        pn_mbar_fence_init();
+        pn_mbar_expect(&pn_mbar[0], 32u * (sizeof(float)));  // the bytes of exchange 1 that land here
+      }
+    """
+    n = len(expected)
+    out = [
         f"  PN_BLOCK_SHARED(unsigned long long, pn_mbar, [{n}]);  // one mbarrier per exchange",
         "  if (tx == 0 && ty == 0) {",
         f"    for (int e = 0; e < {n}; ++e) pn_mbar_init(&pn_mbar[e], 1u);",
         "    pn_mbar_fence_init();",
-        "  }",
     ]
+    out += [
+        f"    pn_mbar_expect(&pn_mbar[{e}], {b});  // the bytes of exchange {e + 1} that land here"
+        for e, b in enumerate(expected)
+    ]
+    return out + ["  }"]
 
 
-def expect(e: int, types: Sequence[str], partials: int) -> str:
-    """Exchange e's announcement: `partials` values of each accumulator type in `types` land in
-    this block (its rows' W warps' partials from each of the S blocks)."""
-    size = " + ".join(f"sizeof({t})" for t in types)
-    return (
-        f"  if (tx == 0 && ty == 0) pn_mbar_expect(&pn_mbar[{e - 1}], {partials}u * ({size}));  // bytes that land here"
-    )
+def expected(types: Sequence[str], partials: int) -> str:
+    """An exchange's bytes: `partials` values of each accumulator type in `types` land in a block
+    (its rows' W warps' partials from each of the S blocks)."""
+    return f"{partials}u * (" + " + ".join(f"sizeof({t})" for t in types) + ")"
 
 
 def push(slot: str, value: str, e: int, blocks: int) -> str:

@@ -67,7 +67,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         setup_at = len(out)  # the mbarriers' set-up (codegen/mbarrier.py) goes before the arrival
         out.append("  pn_cluster.barrier_arrive();  // this block has started")
     out += _keep_rows(loop)
-    exchange = 0
+    exchange, expected = 0, []  # under mbarriers: each exchange's bytes (codegen/mbarrier.py)
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
         out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
@@ -86,7 +86,9 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
             exchange += 1
-            out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
+            out += (
+                _cluster_exchange(loop, owners, exchange, expected) if clustered else _exchange(loop, owners, exchange)
+            )
         lines, regs = finish_pass(
             g.statements, reduces, own, m.tx, m.ty, leader, g.M, g.external, post, reduced=clustered and split
         )
@@ -109,7 +111,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
     if clustered and m.completion == Completion.MBARRIER and exchange:
-        out[setup_at:setup_at] = mbarrier.setup(exchange)
+        out[setup_at:setup_at] = mbarrier.setup(expected)
     if clustered:  # no peer reads this block's shared memory: its pushes all landed before the last barrier
         return head + out + ["#endif"]
     if split:
@@ -124,7 +126,7 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     return head + out
 
 
-def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
+def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int, expected: list[str]) -> list[str]:
     """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py,
     QuACK's cluster reduction): every warp reduces its partial with shuffles, and its lanes b < S
     push it into slot [ty][rank * W + warp] of block b's shared memory (one buffer per exchange,
@@ -132,7 +134,7 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
     partials of its row from its own shared memory (lane l: slots l, l + 32, ...; then shuffles)
     and hands lane 0's value to its lanes. Every warp of every block of the row computes the
     same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`). Under
-    `Completion.MBARRIER` the pushes are st.async onto the peer's mbarrier of exchange e and the
+    `Completion.MBARRIER` (the exchange's bytes appended to `expected`, announced at the start) the pushes are st.async onto the peer's mbarrier of exchange e and the
     cluster barrier becomes a wait on the block's own mbarrier (codegen/mbarrier.py): the same
     slots, the same combine order, the same bits."""
     g, m = loop.g, loop.m
@@ -157,8 +159,8 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
             pushes.append(mbarrier.push(slot, f"acc{k}", e, S))
         else:
             pushes.append(f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&{slot}, tx % 32u) = acc{k};")
-    if mbar:
-        out.append(mbarrier.expect(e, [g.statements[k].acc.compute for k in reduces], m.ty * W * S))
+    if mbar:  # its bytes announced at the kernel's start (mbarrier.setup), as QuACK's
+        expected.append(mbarrier.expected([g.statements[k].acc.compute for k in reduces], m.ty * W * S))
     out += pushes
     out.append(mbarrier.wait(e) if mbar else "  pn_cluster.sync();  // every block's partials are written")
     for k in reduces:
