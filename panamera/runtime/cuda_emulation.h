@@ -548,8 +548,8 @@ template <class T> static inline void push(T* slot, T v, unsigned long long* bar
   Cluster* c = blk->cluster;
   if (c && rank < (unsigned)c->n && c->blocks[rank]->live == 0 && !error) {
     std::snprintf(error_text, sizeof error_text,
-                  "st.async into the shared memory of cluster block %u after it exited (its mbarrier completed "
-                  "before this push: an expect_tx of fewer bytes than its peers push)", rank);
+                  "st.async into the shared memory of cluster block %u after it exited (a block may exit only "
+                  "once its mbarrier saw every push: a skipped wait, or an expect_tx of fewer bytes than pushed)", rank);
     error = error_text;
     return;
   }
