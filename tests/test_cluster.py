@@ -19,24 +19,31 @@ from panamera.errors import BackendError, ScheduleError
 from panamera.model import A100, H100
 from panamera.runtime import nvcc
 from panamera.runtime.executor import Executor
-from panamera.schedule.decision import MergeMode, Residence
+from panamera.schedule.decision import Completion, MergeMode, Residence
 from panamera.schedule.derived import merges_for
 from panamera.schedule.mapping import map_group
 
 ORDERS = ("forward", "reverse", "shuffled")
 
 
-def compile_split(outputs, split: int, cluster: bool, res: Residence = Residence.MEMORY, gpu=H100):
+def compile_split(
+    outputs, split: int, cluster: bool, res: Residence = Residence.MEMORY, gpu=H100, how=Completion.BARRIER
+):
     """The model's plan with its stitched group split `split` ways, as one cluster or a
-    cooperative launch, rows kept in `res` (a replayed schedule: validated as any saved one)."""
+    cooperative launch, rows kept in `res`, a cluster's exchanges completed `how` (None: as the
+    model chose; a replayed schedule: validated as any saved one)."""
     k = pn.compile(outputs, target="emulator", use_database=False, gpu=gpu)
     kernels = tuple(
-        dataclasses.replace(map_group(g, gpu, split=split, cluster=cluster).decision, onchip=res)
+        _completed(dataclasses.replace(map_group(g, gpu, split=split, cluster=cluster).decision, onchip=res), how)
         if g.stitched
         else m.decision
         for g, m in zip(k.groups, k.mappings)
     )
     return pn.compile(outputs, target="emulator", gpu=gpu, schedule=dataclasses.replace(k.schedule, kernels=kernels))
+
+
+def _completed(d, how):
+    return d if how is None or d.cluster == 1 else dataclasses.replace(d, completion=how)
 
 
 CASES = [

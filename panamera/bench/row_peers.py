@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ..model.gpu import GPUSpec
 from ..model.spill import Spill
-from ..schedule.cluster import reduce_cycles
+from ..schedule.cluster import MBARRIER_INIT_CYCLES, reduce_cycles
 from .peers import PeerPlan, Work, _plan, cdiv, kernel, next_pow2
 
 ROW_PATTERNS = ("rms_norm", "softmax", "cross_entropy", "layer_norm")
@@ -51,8 +51,10 @@ def quack(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     written = M * N * w.out_bytes if w.pattern != "cross_entropy" else M * (w.out_bytes + 4)  # loss, lse
     blocks = cdiv(M, c["rows_per_block"]) * c["cluster_n"]
     # the block reduction, plus the cluster's exchange through distributed shared memory: the warps'
-    # partials pushed into every block, completed by an mbarrier (quack/reduce.py cluster_reduce)
-    epilogue = 400 + (reduce_cycles(barrier=False) if c["cluster_n"] > 1 else 0)
+    # partials pushed into every block, completed by an mbarrier (quack/reduce.py cluster_reduce),
+    # and its set-up once, as Panamera's (quack/reduction_base.py `_initialize_cluster`: mbarrier_init,
+    # mbarrier_init_fence, arrive_and_expect_tx, then the relaxed cluster arrive)
+    epilogue = 400 + (reduce_cycles(barrier=False) + MBARRIER_INIT_CYCLES if c["cluster_n"] > 1 else 0)
     ln = kernel(f"quack_{w.pattern}", read=M * N * e + params, written=written, blocks=blocks, threads=c["threads"],
                 in_flight=c["per_thread"] * e, epilogue=epilogue, sfu=M * N if w.pattern != "rms_norm" else 0.0,
                 round_trips=2 if w.pattern == "cross_entropy" else 1,  # the target's index, then its logit

@@ -18,10 +18,12 @@ from ..enums import StrEnum
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
 from ..runtime.plan import BufferRole, BufferSpec, Fill
+from ..schedule.decision import Completion
 from ..schedule.mapping import Mapping, MergeMode
 from . import islast
 from .expr import literal
 from .map_kernel import emit_map
+from .mbarrier import HELPERS as MBARRIER_HELPERS
 from .pipeline import INCLUDE as PIPELINE_INCLUDE
 from .reduce_kernel import emit_reduce, workspace_identity
 from .stitched_kernel import CLUSTER_INCLUDE, emit_stitched
@@ -162,6 +164,7 @@ def render_kernel(name: str, group: KernelGroup, m: Mapping) -> RenderedKernel:
     dims = ""
     if m.cluster > 1:  # a thread-block cluster of the split row's blocks (schedule/cluster.py)
         lines += CLUSTER_INCLUDE
+        lines += [MBARRIER_HELPERS] if m.completion == Completion.MBARRIER else []  # codegen/mbarrier.py
         dims = f"PN_CLUSTER_DIMS(1, {m.cluster}, 1) "
     lines.append(f'extern "C" __global__ void {dims}__launch_bounds__({bounds}) {name}({", ".join(sig)}) {{')
     lines.append(f"  typedef {idx} pn_idx;")

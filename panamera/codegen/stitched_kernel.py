@@ -29,10 +29,10 @@ from __future__ import annotations
 
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
-from ..schedule.decision import Residence
+from ..schedule.decision import Completion, Residence
 from ..schedule.mapping import passes
 from ..schedule.onchip import kept_reads, steps
-from . import column_partials, column_stitch
+from . import column_partials, column_stitch, mbarrier
 from .expr import convert
 from .row_finish import finish_pass, shared_buffers
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
@@ -64,9 +64,10 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         out.append("  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();")
         # every block of the cluster has started before a peer pushes into its shared memory: the
         # barrier is split around the first pass, whose loads hide it (schedule/cluster.py)
+        setup_at = len(out)  # the mbarriers' set-up (codegen/mbarrier.py) goes before the arrival
         out.append("  pn_cluster.barrier_arrive();  // this block has started")
     out += _keep_rows(loop)
-    exchange = 0
+    exchange, expected = 0, []  # under mbarriers: each exchange's bytes (codegen/mbarrier.py)
     for lv in range(passes(g, level)):
         here = [k for k in range(len(g.statements)) if level[k] == lv and k not in epilogues]
         out.append(f"  // pass {lv}: " + ", ".join(g.statements[k].name for k in here))
@@ -85,7 +86,9 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
         owners = [k for k in reduces if own[k] == k]
         if split and owners:
             exchange += 1
-            out += _cluster_exchange(loop, owners, exchange) if clustered else _exchange(loop, owners, exchange)
+            out += (
+                _cluster_exchange(loop, owners, exchange, expected) if clustered else _exchange(loop, owners, exchange)
+            )
         lines, regs = finish_pass(
             g.statements, reduces, own, m.tx, m.ty, leader, g.M, g.external, post, reduced=clustered and split
         )
@@ -107,6 +110,8 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     if columns:
         head += column_partials.declare(loop)
         out += column_partials.merge(loop)
+    if clustered and m.completion == Completion.MBARRIER and exchange:
+        out[setup_at:setup_at] = mbarrier.setup(expected)
     if clustered:  # no peer reads this block's shared memory: its pushes all landed before the last barrier
         return head + out + ["#endif"]
     if split:
@@ -121,22 +126,27 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     return head + out
 
 
-def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]:
+def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int, expected: list[str]) -> list[str]:
     """Exchange number e of a split row that is one thread-block cluster (schedule/cluster.py,
     QuACK's cluster reduction): every warp reduces its partial with shuffles, and its lanes b < S
     push it into slot [ty][rank * W + warp] of block b's shared memory (one buffer per exchange,
     so no barrier guards its reuse); after the cluster barrier every warp combines the W * S
     partials of its row from its own shared memory (lane l: slots l, l + 32, ...; then shuffles)
     and hands lane 0's value to its lanes. Every warp of every block of the row computes the
-    same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`)."""
+    same bits, so no block barrier and no all-reduce follow (finish_pass `reduced`). Under
+    `Completion.MBARRIER` (the exchange's bytes appended to `expected`, announced at the start) the pushes are st.async onto the peer's mbarrier of exchange e and the
+    cluster barrier becomes a wait on the block's own mbarrier (codegen/mbarrier.py): the same
+    slots, the same combine order, the same bits."""
     g, m = loop.g, loop.m
     S, W = m.cluster, m.tx // 32
+    mbar = m.completion == Completion.MBARRIER  # completed by mbarriers counting bytes (codegen/mbarrier.py)
     out = [
         f"  // exchange {e}: each warp's partial pushed into the {S} blocks of the row's cluster "
-        "(distributed shared memory)"
+        f"(distributed shared memory{', st.async onto their mbarriers' if mbar else ''})"
     ]
     if e == 1:
         out.append("  pn_cluster.barrier_wait();  // every block of the cluster has started")
+    pushes = []
     for k in reduces:
         s = g.statements[k]
         ct = s.acc.compute
@@ -144,11 +154,15 @@ def _cluster_exchange(loop: ThreadLoop, reduces: list[int], e: int) -> list[str]
             f"  acc{k} = pn_shfl0(pn_reduce_x<{s.combiner.functor}, 32, {m.ty}>(acc{k}, pn_smem_{c_ident(ct)}));"
         )
         out.append(f"  PN_BLOCK_SHARED({ct}, pn_dsm{e}_{k}, [{m.ty}][{W * S}]);")
-        out.append(
-            f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&pn_dsm{e}_{k}[ty][pn_cluster.block_rank() * {W}u "
-            f"+ tx / 32u], tx % 32u) = acc{k};"
-        )
-    out.append("  pn_cluster.sync();  // every block's partials are written")
+        slot = f"pn_dsm{e}_{k}[ty][pn_cluster.block_rank() * {W}u + tx / 32u]"
+        if mbar:
+            pushes.append(mbarrier.push(slot, f"acc{k}", e, S))
+        else:
+            pushes.append(f"  if (tx % 32u < {S}u) *pn_cluster.map_shared_rank(&{slot}, tx % 32u) = acc{k};")
+    if mbar:  # its bytes announced at the kernel's start (mbarrier.setup), as QuACK's
+        expected.append(mbarrier.expected([g.statements[k].acc.compute for k in reduces], m.ty * W * S))
+    out += pushes
+    out.append(mbarrier.wait(e) if mbar else "  pn_cluster.sync();  // every block's partials are written")
     for k in reduces:
         s = g.statements[k]
         f = s.combiner.functor

@@ -231,7 +231,7 @@ static inline unsigned atomicExch(unsigned* p, unsigned v) { return __atomic_exc
 
 // ---------------------------------------------------------------- fibers and the block scheduler
 namespace pn_emu {
-enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4, AT_CLUSTER = 5 };
+enum State { RUNNABLE = 0, AT_BARRIER = 1, AT_WARP = 2, DONE = 3, AT_GRID = 4, AT_CLUSTER = 5, AT_MBAR = 6 };
 static const int kMaxCluster = 16;  // blocks of one thread-block cluster (sm_90, non-portable size)
 static const int kMaxThreads = 1024;
 // Asynchronous copies a thread has issued and not yet waited for (cuda_pipeline.h): the source is
@@ -282,7 +282,18 @@ struct Fiber {
   WgmmaState* wgmma;        // allocated at the thread's first warpgroup MMA
   int cluster_arrived;      // 1 + the cluster barrier phase it arrived at and has not waited for (0: none)
   int cluster_passed;       // cluster barriers it has passed (distributed shared memory needs one)
+  const struct Mbar* mbar;  // AT_MBAR: the mbarrier awaited ...
+  int parity;               // ... until its phase of this parity completes
 };
+// An mbarrier (8 bytes of a block's PN_BLOCK_SHARED memory, as on a GPU): `count` the arrivals a
+// phase needs (its top bit the phase's parity), `pending` those still missing, `tx` the bytes still
+// expected (expect_tx adds, complete_tx subtracts; below zero while bytes land before their
+// announcement). A phase completes when both reach zero. 0xffff: never initialized.
+struct Mbar {
+  unsigned short count, pending;
+  int tx;
+};
+static_assert(sizeof(Mbar) == 8, "an mbarrier is 8 bytes");
 // One block's threads and barrier bookkeeping (a plain launch reuses one for every block).
 struct Block;
 // The blocks of one thread-block cluster and its barrier: `live` threads not yet exited, `arrived`
@@ -314,7 +325,10 @@ static int nthreads = 0;
 static void (*entry)(void**) = nullptr;
 static void** entry_args = nullptr;
 static const char* error = nullptr;
-static char error_text[192];
+static char error_text[320];
+static const int kMaxMbars = 256;  // mbarriers initialized in one cluster's run (checked at its end)
+static Mbar* mbars[kMaxMbars];
+static int n_mbars = 0;
 static const size_t kArena = 256 * 1024;
 static size_t arena_used = 0;  // bytes the declarations seen so far take (offsets are per library)
 static inline size_t shared_slot(size_t bytes) {
@@ -458,6 +472,119 @@ template <class T> static inline T* map_shared_rank(T* p, unsigned rank) {
   }
   return reinterpret_cast<T*>(arena_of(peer) + off);
 }
+// ---- mbarriers and st.async (sm_90; codegen/mbarrier.py): bytes counted per phase
+static inline int mbar_parity(const Mbar* m) { return m->count >> 15; }
+static inline void mbar_progress(Mbar* m) {  // a phase whose arrivals and bytes are all in completes
+  if (m->pending == 0 && m->tx == 0) {
+    m->count ^= 0x8000;
+    m->pending = m->count & 0x7fff;
+  }
+}
+// The mbarrier at `p` (this block's PN_BLOCK_SHARED memory) of the cluster's block `rank`; `what`
+// names the operation in an error. nullptr (and the error recorded) if there is none.
+static inline Mbar* mbar_at(unsigned long long* p, int rank, const char* what) {
+  Cluster* c = blk->cluster;
+  long long off = (long long)((unsigned char*)p - arena_of(blk));
+  if (!c || off < 0 || off + 8 > (long long)kArena || off % 8) {
+    if (!error) {
+      std::snprintf(error_text, sizeof error_text,
+                    "%s: the mbarrier is not 8-byte aligned shared memory of a block of a thread-block cluster "
+                    "(PN_BLOCK_SHARED in a cluster launch)", what);
+      error = error_text;
+    }
+    return nullptr;
+  }
+  Mbar* m = reinterpret_cast<Mbar*>(arena_of(c->blocks[rank]) + off);
+  if (m->count == 0xffff) {
+    if (!error) {
+      std::snprintf(error_text, sizeof error_text,
+                    "%s: the mbarrier of cluster block %d is not initialized (mbarrier.init, then "
+                    "fence.mbarrier_init and a cluster barrier, before any block uses it)", what, rank);
+      error = error_text;
+    }
+    return nullptr;
+  }
+  return m;
+}
+static inline void mbar_init(unsigned long long* p, unsigned arrivals) {
+  Cluster* c = blk->cluster;
+  long long off = (long long)((unsigned char*)p - arena_of(blk));
+  if (!c || off < 0 || off + 8 > (long long)kArena || off % 8 || arrivals < 1 || arrivals > 1024) {
+    if (!error) error = "mbarrier.init: 1 to 1024 arrivals on 8-byte aligned PN_BLOCK_SHARED memory in a cluster launch";
+    return;
+  }
+  if (n_mbars == kMaxMbars) {
+    if (!error) error = "mbarrier.init: more than 256 mbarriers in one cluster";
+    return;
+  }
+  Mbar* m = reinterpret_cast<Mbar*>(p);
+  m->count = m->pending = (unsigned short)arrivals;
+  m->tx = 0;
+  mbars[n_mbars++] = m;
+}
+// mbarrier.arrive.expect_tx: `bytes` more to land in this phase, and this thread's arrival.
+static inline void mbar_expect(unsigned long long* p, unsigned bytes) {
+  Mbar* m = mbar_at(p, blk->cluster ? blk->cluster_rank : 0, "mbarrier.arrive.expect_tx");
+  if (!m) return;
+  m->tx += (int)bytes;
+  m->pending--;
+  mbar_progress(m);
+}
+// mbarrier.try_wait.parity in a loop: returns once the phase of that parity has completed.
+static inline void mbar_wait(unsigned long long* p, unsigned parity) {
+  Mbar* m = mbar_at(p, blk->cluster ? blk->cluster_rank : 0, "mbarrier.try_wait.parity");
+  if (!m) return;
+  while (mbar_parity(m) == (int)(parity & 1)) {
+    cur->state = AT_MBAR;
+    cur->mbar = m;
+    cur->parity = (int)(parity & 1);
+    yield();
+  }
+}
+// st.async.shared::cluster.mbarrier::complete_tx::bytes: v written into `slot` of block `rank`
+// (this block's address mapped there) and its bytes completed on that block's mbarrier `bar`.
+template <class T> static inline void push(T* slot, T v, unsigned long long* bar, unsigned rank) {
+  static_assert(sizeof(T) % 4 == 0, "st.async pushes 4-byte words");
+  Cluster* c = blk->cluster;
+  if (c && rank < (unsigned)c->n && c->blocks[rank]->live == 0 && !error) {
+    std::snprintf(error_text, sizeof error_text,
+                  "st.async into the shared memory of cluster block %u after it exited (a block may exit only "
+                  "once its mbarrier saw every push: a skipped wait, or an expect_tx of fewer bytes than pushed)", rank);
+    error = error_text;
+    return;
+  }
+  T* dst = map_shared_rank(slot, rank);
+  Mbar* m = error ? nullptr : mbar_at(bar, (int)rank, "st.async");
+  if (!m) return;
+  std::memcpy(dst, &v, sizeof(T));
+  m->tx -= (int)sizeof(T);
+  mbar_progress(m);
+}
+// Why an mbarrier's phase is not complete: `what` then the reason, in error_text.
+static inline const char* mbar_incomplete(const char* what, const Mbar* m) {
+  // bytes below zero after a completed phase (Panamera's mbarriers serve one phase each): pushed
+  // beyond the count that completed it
+  bool late = m->tx < 0 && mbar_parity(m) != 0;
+  int n = m->pending && !late ? (int)m->pending : m->tx < 0 ? -m->tx : m->tx;
+  const char* why =
+      late ? "byte(s) landed beyond those its expect_tx announced, after its phase completed (fewer bytes expected "
+             "than pushed)"
+      : m->pending ? "arrival(s) missing (a missing mbarrier.arrive.expect_tx)"
+      : m->tx > 0  ? "byte(s) announced by expect_tx that no push delivers (more bytes expected than pushed)"
+                   : "byte(s) landed beyond those its expect_tx announced (fewer bytes expected than pushed)";
+  std::snprintf(error_text, sizeof error_text, "%s: %d %s", what, n, why);
+  return error_text;
+}
+static inline const char* mbar_deadlock(const Mbar* m) {
+  return mbar_incomplete("deadlock: threads wait on an mbarrier whose phase never completes", m);
+}
+// At a cluster's end: every mbarrier's last phase complete, no byte beyond those announced.
+static inline const char* mbar_leftover() {
+  for (int k = 0; k < n_mbars; ++k)
+    if (mbars[k]->tx != 0 || mbars[k]->pending != (mbars[k]->count & 0x7fff))
+      return mbar_incomplete("mbarrier: a phase left incomplete when the cluster exited", mbars[k]);
+  return nullptr;
+}
 static inline int warp_members(int w) {
   int first = w * 32, n = nthreads - first;
   return n < 32 ? n : 32;
@@ -588,6 +715,7 @@ static const char* run_together(const uint3* idx, long long nblocks, dim3 block,
   Block* bs = new Block[nblocks]();
   long long nclusters = cluster_y > 1 ? nblocks / cluster_y : 0;
   Cluster* cs = nclusters ? new Cluster[nclusters]() : nullptr;
+  n_mbars = 0;
   long long* border = new long long[nblocks];
   int perm[kMaxThreads];
   unsigned long long rng = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -618,6 +746,7 @@ static const char* run_together(const uint3* idx, long long nblocks, dim3 block,
       for (int t = 0; t < nthreads; ++t) {  // a grid-wide wait whose counter has arrived resumes
         Fiber& f = b.fibers[t];
         if (f.state == AT_GRID && __atomic_load_n(f.wait_at, __ATOMIC_ACQUIRE) >= f.wait_for) f.state = RUNNABLE;
+        if (f.state == AT_MBAR && mbar_parity(f.mbar) != f.parity) f.state = RUNNABLE;  // its phase completed
       }
       blk = &b;
       progressed |= run_block(perm);
@@ -626,13 +755,17 @@ static const char* run_together(const uint3* idx, long long nblocks, dim3 block,
     }
     if (!progressed && left > 0 && !result) {
       bool at_grid = false, at_cluster = false;
+      const Mbar* at_mbar = nullptr;
       for (size_t t = 0; t < total; ++t) {
         at_grid |= fs[t].state == AT_GRID;
         at_cluster |= fs[t].state == AT_CLUSTER;
+        if (fs[t].state == AT_MBAR && !at_mbar) at_mbar = fs[t].mbar;
       }
-      result = at_cluster ? kClusterDeadlock : at_grid ? kGridDeadlock : kDivergent;
+      result = at_mbar ? mbar_deadlock(at_mbar) : at_cluster ? kClusterDeadlock : at_grid ? kGridDeadlock : kDivergent;
     }
   }
+  if (!result && !error && cluster_y > 1) result = mbar_leftover();
+  n_mbars = 0;
   blk = &single;
   delete[] border;
   for (long long b = 0; b < nblocks; ++b) std::free(bs[b].arena);
@@ -715,6 +848,14 @@ struct cluster_group {
 static inline cluster_group this_cluster() { return cluster_group{}; }
 }  // namespace cooperative_groups
 #define PN_CLUSTER_DIMS(x, y, z)
+// The mbarrier helpers of codegen/mbarrier.py (sm_90 PTX there), run by pn_emu.
+static inline void pn_mbar_init(unsigned long long* bar, unsigned arrivals) { pn_emu::mbar_init(bar, arrivals); }
+static inline void pn_mbar_fence_init() {}
+static inline void pn_mbar_expect(unsigned long long* bar, unsigned bytes) { pn_emu::mbar_expect(bar, bytes); }
+static inline void pn_mbar_wait(unsigned long long* bar, unsigned parity) { pn_emu::mbar_wait(bar, parity); }
+template <class T> static inline void pn_push(T* slot, T v, unsigned long long* bar, unsigned rank) {
+  pn_emu::push(slot, v, bar, rank);
+}
 
 #define threadIdx (pn_emu::cur->tidx)
 #define blockIdx (pn_emu::blk->idx)

@@ -21,6 +21,21 @@ must be co-resident, so a grid of many split rows (32K rows of 65K) runs in wave
 
 Splits larger than a cluster keep the cooperative plan.
 
+Completion (`Decision.completion`). The cluster barrier after the pushes makes every block wait
+for every thread of the cluster. QuACK completes the exchange instead with an mbarrier in each
+block that counts the bytes landing in it (quack/utils.py `store_shared_remote`,
+`mbarrier_arrive_and_expect_tx`): one thread of each block announces the bytes its peers will
+push (mbarrier.arrive.expect_tx), every push is an `st.async ... mbarrier::complete_tx::bytes`
+into the peer's buffer and onto the peer's mbarrier, and a block's threads wait on their own
+mbarrier only (mbarrier.try_wait.parity), for the bytes that are theirs. Each exchange has its
+own mbarrier, used for one phase; they are initialized once at the start, before the split
+cluster barrier that already guards the first push (fence.mbarrier_init.release.cluster, then
+barrier.cluster.arrive), codegen/mbarrier.py. The model takes it where it is cheaper
+(`exchange_cycles`, `MBARRIER_INIT_CYCLES`):
+
+    exchange (mbarrier):     expect_tx(bytes of W x S partials); st.async(peer slot, part, peer mbarrier)
+                             for each peer b; wait(own mbarrier, parity 0); acc = warp-reduce as above
+
 A split reduce kernel (codegen/reduce_kernel.py) may group its blocks into clusters of C too: the
 cluster's blocks combine their partials in its rank-0 block through distributed shared memory,
 and only the split / C rank-0 blocks merge as the merge mode says (atomics or partials and the
@@ -33,7 +48,9 @@ Preconditions (`check`; one negative test each in tests/test_cluster.py):
   3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
      per row of the block);
   4. a stitched row's cluster: whole warps per row (`tx` a multiple of 32: each warp pushes one
-     partial of one row).
+     partial of one row);
+  5. mbarrier completion only for a stitched row split over one cluster (a reduce kernel's
+     clusters, and a plan without clusters, complete by barriers).
 
 >>> from panamera.model import H100, A100
 >>> H100.max_cluster, A100.max_cluster
@@ -42,11 +59,13 @@ Preconditions (`check`; one negative test each in tests/test_cluster.py):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
-from .decision import Decision
+from .decision import Completion, Decision
 
 # [assumed] Hopper microbenchmarks (Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU
 # Architecture", 2024) put a distributed-shared-memory load at ~180-210 cycles; the cluster barrier
@@ -56,10 +75,17 @@ CLUSTER_SYNC_CYCLES = 200
 # [assumed] the warp-level work around a pushed exchange: the shuffle reduction of the warp's
 # partial before it, the W x S local loads and the shuffle reduction after it (no block barrier).
 WARP_COMBINE_CYCLES = 100
+# [assumed] the mbarriers' set-up, once per kernel: one thread's mbarrier.init per exchange and its
+# fence.mbarrier_init.release.cluster, before the split cluster barrier of the start (whose wait the
+# first pass's loads hide); taken as half a distributed-shared-memory round trip. No measurement in
+# docs/GPU_MODEL.md or CALIBRATION.md yet: a GPU run of bench/long_rows should replace it.
+MBARRIER_INIT_CYCLES = 100
 
 
 def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
     """Why `d.cluster` is not legal (the module's preconditions), or "" when it is."""
+    if d.completion == Completion.MBARRIER and (d.cluster == 1 or not group.stitched):
+        return "5: mbarrier completion needs a stitched row split over one thread-block cluster"
     if d.cluster == 1:
         return ""
     if d.split < 2 or d.split % d.cluster or d.grid[1] != d.split or (group.stitched and d.cluster != d.split):
@@ -74,6 +100,22 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
     if not 2 <= d.cluster <= gpu.max_cluster:
         return f"2: {gpu.name} has no thread-block clusters of {d.cluster} blocks (at most {gpu.max_cluster})"
     return ""
+
+
+def completions(group: KernelGroup, d: Decision, gpu: GPUSpec) -> tuple[Completion, ...]:
+    """The completions the model prices for `d` (precondition 5): the cluster barrier always, and
+    mbarriers for a stitched row split over one cluster.
+
+    >>> from panamera.model import H100
+    >>> import panamera as pn
+    >>> g = pn.compile(pn.nn.softmax(pn.placeholder((2, 8192))), target="emulator", use_database=False).groups[0]
+    >>> d = Decision(statements=g.names, form=g.form, M=2, N=8192, stitched=True, vec=4, tx=256, ty=1, split=4,
+    ...              chunk=512, grid=(2, 4), unroll=1, merges=(), access=(), levels=(), cluster=4)
+    >>> [str(c) for c in completions(g, d, H100)]
+    ['barrier', 'mbarrier']
+    """
+    how = (Completion.BARRIER, Completion.MBARRIER)
+    return tuple(c for c in how if not problem(group, replace(d, completion=c), gpu)) or (Completion.BARRIER,)
 
 
 def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
@@ -106,6 +148,11 @@ def reduce_cycles(barrier: bool) -> int:
 
 def exchange_cycles(d: Decision) -> int:
     """One exchange of a stitched row's cluster (codegen/stitched_kernel.py): the pushed warp
-    partials completed by the cluster barrier (`reduce_cycles`). The barrier at the start, split
-    around the first pass's loads, is not exposed."""
-    return reduce_cycles(barrier=True)
+    partials completed by the cluster barrier, or by each block's mbarrier (`reduce_cycles`). The
+    barrier at the start, split around the first pass's loads, is not exposed."""
+    return reduce_cycles(barrier=d.completion == Completion.BARRIER)
+
+
+def setup_cycles(d: Decision) -> int:
+    """Once per kernel: the mbarriers' initialization (`MBARRIER_INIT_CYCLES`), 0 without them."""
+    return MBARRIER_INIT_CYCLES if d.completion == Completion.MBARRIER else 0

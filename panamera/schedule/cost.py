@@ -14,6 +14,7 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cluster import exchange_cycles as cluster_exchange_cycles
 from .cluster import merge_cycles as cluster_merge_cycles
+from .cluster import setup_cycles as cluster_setup_cycles
 from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
@@ -252,7 +253,8 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
 
     A split row that is one thread-block cluster (d.cluster, schedule/cluster.py) exchanges on
     chip: no grid-wide wait (the clusters run in waves, their passes overlap other clusters'),
-    each exchange `cluster.exchange_cycles`, exposed once at the kernel's end."""
+    each exchange `cluster.exchange_cycles` (by the cluster barrier or by mbarriers, plus their
+    set-up `cluster.setup_cycles`), exposed once at the kernel's end."""
     M = group.M
     in_bytes = input_bytes(group)
     out_bytes = sum(
@@ -291,7 +293,10 @@ def stitched_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         # ends without one, as every peer's row kernel pays one epilogue), each tile row's
         epilogue_cycles=400 * (1 if S > 1 else row_reductions(group, d.levels)) * d.rtile * d.ctile,
         grid_syncs=0 if d.cluster > 1 else n_ex,
-        sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d)) if n_ex else 0,
+        sync_cycles=n_ex * (cluster_exchange_cycles(d) if d.cluster > 1 else _exchange_cycles(gpu, d))
+        + cluster_setup_cycles(d)
+        if n_ex
+        else 0,
         shared_bytes=shared,
         registers=register_budget(d),  # with the shared memory, the blocks an SM holds (onchip.blocks_per_sm)
         **arithmetic(group, d).features(),

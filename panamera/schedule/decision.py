@@ -53,6 +53,14 @@ class MmaOp(StrEnum):
     WGMMA = "wgmma"  # wgmma.mma_async (sm_90a): a warpgroup's 64 x N tile, at the tensor cores' full rate
 
 
+class Completion(StrEnum):
+    """How a stitched cluster's exchange knows every peer's partial has landed (`Decision.completion`,
+    schedule/cluster.py)."""
+
+    BARRIER = "barrier"  # the cluster barrier (barrier.cluster arrive + wait)
+    MBARRIER = "mbarrier"  # each block's own mbarrier counting the bytes its peers' st.async deliver (QuACK)
+
+
 REGISTER_VALUES = 48  # row values one thread keeps in registers (80 more registers for everything else)
 REGISTER_OTHERS = 80  # registers a thread keeping its row needs besides (ptxas: 64 spilled a cross-entropy)
 REGISTER_FILE = 65536  # 32-bit registers per SM (sm_80, sm_90)
@@ -147,6 +155,7 @@ class Decision:
     # column groups a joined group whose own statements read its columns (poly/column_stitch.py) runs in
     # turn, each over every row tile: its columns' pass, the merge, the consumers' pass (schedule/persistent.py)
     cgroups: int = 1
+    completion: Completion = Completion.BARRIER  # a stitched cluster's exchanges completed by (schedule/cluster.py)
 
     @property
     def threads(self) -> int:
@@ -224,6 +233,7 @@ class Decision:
                 else ""
             )
             + (f" cluster={self.cluster}" if self.cluster > 1 else "")
+            + (f" completion={self.completion}" if self.completion != Completion.BARRIER else "")
         )
 
     def to_dict(self) -> dict:
@@ -256,6 +266,10 @@ class Decision:
             del d["cluster"]
         if self.cgroups == 1:  # likewise: every column at once
             del d["cgroups"]
+        if self.completion == Completion.BARRIER:  # likewise: schedules before mbarriers read the same
+            del d["completion"]
+        else:
+            d["completion"] = str(self.completion)
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -299,6 +313,7 @@ class Decision:
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
             cgroups=int(d.get("cgroups", 1)),
+            completion=Completion(d.get("completion", "barrier")),
         )
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from itertools import product
 
 from ..errors import ScheduleError
 from ..model.gpu import H100, GPUSpec
 from ..poly.access import choose_vec
 from ..poly.program import KernelGroup
 from ..poly.statement import Form
+from .cluster import completions
 from .cost import complete, decision_cost, in_flight, stitched_cost
 from .decision import MAX_GRID_Y, Decision, Mapping, Residence, pow2ceil
 from .derived import (
@@ -259,10 +261,11 @@ def _map_stitched(
             continue
         if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
             continue
+        ways = completions(group, d, gpu)  # a cluster's exchange: by the cluster barrier or by mbarriers
         # the row kept in registers or shared memory (schedule/onchip.py), or re-read
         # (a persistent row loop is the re-reading plan's alternative: its rows are re-read from L2)
-        for res in (*(() if persistent else onchip_choices(group, d, gpu)), Residence.MEMORY):
-            dd = replace(d, onchip=res)
+        for res, how in product((*(() if persistent else onchip_choices(group, d, gpu)), Residence.MEMORY), ways):
+            dd = replace(d, onchip=res, completion=how)
             cost = stitched_cost(group, gpu, dd)
             kind = res == Residence.MEMORY
             # fewer blocks and threads unless clearly faster; no more of them and faster at all
