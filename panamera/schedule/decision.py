@@ -137,6 +137,9 @@ class Decision:
     # column groups a joined group whose own statements read its columns (poly/column_stitch.py) runs in
     # turn, each over every row tile: its columns' pass, the merge, the consumers' pass (schedule/persistent.py)
     cgroups: int = 1
+    # row tiles of each column group a joined column stitch's block keeps in shared memory from the columns'
+    # pass, its first `hold` (schedule/persistent.py precondition 7): the consumers' pass reads them from chip
+    hold: int = 0
 
     @property
     def threads(self) -> int:
@@ -207,6 +210,7 @@ class Decision:
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (f" column-groups={self.cgroups}" if self.cgroups > 1 else "")
+            + (f" hold={self.hold}" if self.hold else "")
             + (
                 f" tensor-cores={self.mma}{'/' + self.mma_op if self.mma_op else ''} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
                 + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
@@ -246,6 +250,8 @@ class Decision:
             del d["cluster"]
         if self.cgroups == 1:  # likewise: every column at once
             del d["cgroups"]
+        if self.hold == 0:  # likewise: nothing held on chip
+            del d["hold"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -289,6 +295,7 @@ class Decision:
             onchip=Residence(d.get("onchip", "memory")),
             cluster=int(d.get("cluster", 1)),
             cgroups=int(d.get("cgroups", 1)),
+            hold=int(d.get("hold", 0)),
         )
 
 
