@@ -55,7 +55,7 @@ def _tiles(loop: ThreadLoop, body: list[str], backwards: bool = False) -> list[s
         loop_head,
         "    const pn_idx bx = pn_tile;  // the row tile",
         *(
-            [f"    const pn_idx pn_k = (pn_tile - (pn_idx)blockIdx.x) / (pn_idx)gridDim.x;  // the block's k-th"]
+            ["    const pn_idx pn_k = (pn_tile - (pn_idx)blockIdx.x) / (pn_idx)gridDim.x;  // the block's k-th"]
             if m.hold
             else []
         ),

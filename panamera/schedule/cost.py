@@ -33,7 +33,7 @@ from .derived import (
     tree_buffers,
     tree_chunk,
 )
-from .hold import hold_bytes, held_bytes
+from .hold import held_bytes, hold_bytes
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors, register_budget
 from .tc_tiling import tc_cost

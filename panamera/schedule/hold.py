@@ -20,14 +20,13 @@ from __future__ import annotations
 import math
 
 from ..errors import ScheduleError
+from ..frontend.tensor import Tensor
 from ..model.gpu import GPUSpec
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
-from ..frontend.tensor import Tensor
 from .decision import Decision
 from .derived import co_resident, column_tree_bytes
 from .onchip import SHARED_BYTES
-
 
 COMPUTE_BYTES = {"float": 4, "double": 8}  # a held value's bytes in shared memory: its compute type's
 

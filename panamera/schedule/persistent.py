@@ -47,7 +47,6 @@ from ..poly.access import AccessKind, choose_vec
 from ..poly.program import KernelGroup
 from .cost import complete, joined_cost
 from .decision import Decision, Mapping, MergeMode, pow2ceil
-from .hold import check_hold, most_held
 from .derived import (
     LINE_BYTES,
     access_for,
@@ -59,6 +58,7 @@ from .derived import (
     struct_accumulators,
     unroll_for,
 )
+from .hold import check_hold, most_held
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
