@@ -100,3 +100,17 @@ def test_the_model_counts_the_bytes_held():
     )
     base = joined_cost(group, H100, at_once).total_s
     assert b.total_s < 0.97 * base and a.total_s > 0.97 * base
+
+
+def test_bfloat16_inputs_held_as_float(rng):
+    """bf16 x and dy are held as the float32 values the sums' pass computed with: the same bits as
+    the plan that re-reads them from memory."""
+    outs, _ = bn_backward(SHAPE, "nhwc", "bfloat16")
+    k = pn.compile(list(outs), target="emulator", deterministic=True)
+    plain = _grouped(k, 1)
+    r = pn.compile(list(outs), target="emulator", deterministic=True, schedule=_held(plain, 2))
+    assert "PN_BLOCK_SHARED(float, pn_hold0, [1024])" in r.source, r.source
+    arrays = inputs(SHAPE, "nhwc", "bfloat16", rng)
+    got = check(r, arrays, "nhwc", "bfloat16", order="shuffled", seed=3)
+    base = pn.compile(list(outs), target="emulator", deterministic=True, schedule=plain)(*arrays)
+    assert all(np.array_equal(a, b) for a, b in zip(got, base))

@@ -60,12 +60,14 @@ def tile_bytes(group: KernelGroup, d: Decision) -> int:
 def hold_bytes(group: KernelGroup, d: Decision) -> int:
     """A block's shared memory for its `d.hold` held row tiles.
 
-    >>> import dataclasses, panamera as pn
+    >>> import panamera as pn
     >>> from panamera.bench.train_suite import batch_norm_backward
-    >>> k = pn.compile(batch_norm_backward((2, 4, 5, 64), True), target="emulator")
-    >>> d = dataclasses.replace(k.mappings[0], hold=2, tx=16, ty=8, vec=4)
-    >>> hold_bytes(k.groups[0], d)  # 2 tiles x 8 rows x 64 channels x (x, dy) x 4 bytes
-    8192
+    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100")
+    >>> from panamera.model.gpu import H100
+    >>> from panamera.schedule.persistent import map_joined
+    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate holds)
+    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 5 tiles x 32 rows x 32 channels x (x, dy) x 4 B
+    (8, 32, 5, 40960)
     """
     return d.hold * tile_bytes(group, d)
 
@@ -94,7 +96,7 @@ def held_bytes(group: KernelGroup, d: Decision) -> int:
     group together: each block's first `hold` tiles (the last ones partial or absent)."""
     if not d.hold:
         return 0
-    rows = sum(min(d.ty, group.M - t * d.ty) for t in range(d.grid[0]) if (t // d.blocks) < d.hold)
+    rows = min(min(d.hold * d.blocks, d.grid[0]) * d.ty, group.M)  # tiles 0 .. hold x blocks - 1 (the last partial)
     return d.cgroups * rows * (group.N // d.cgroups) * sum(t.dtype.itemsize for t in held_tensors(group, d))
 
 
