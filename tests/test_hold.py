@@ -114,3 +114,12 @@ def test_bfloat16_inputs_held_as_float(rng):
     got = check(r, arrays, "nhwc", "bfloat16", order="shuffled", seed=3)
     base = pn.compile(list(outs), target="emulator", deterministic=True, schedule=plain)(*arrays)
     assert all(np.array_equal(a, b) for a, b in zip(got, base))
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100"])
+def test_the_bench_plans_hold_tiles(gpu):
+    """The deterministic bench plans (mapped afresh: the shipped database answers only the default
+    compile) hold row tiles on both GPUs; their sources go through nvcc (tests/conftest.py)."""
+    k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=gpu, deterministic=True)
+    (m,) = k.mappings
+    assert m.hold > 0 and "PN_BLOCK_SHARED(float, pn_hold1," in k.source, m.describe()
