@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from ..algebra import AtomicStrategy
 from ..poly.statement import StatementKind
+from ..schedule.hold import held_tensors
 from ..schedule.mapping import MergeMode, passes
 from . import column_partials
 from .expr import convert
@@ -53,6 +54,11 @@ def _tiles(loop: ThreadLoop, body: list[str], backwards: bool = False) -> list[s
     return [
         loop_head,
         "    const pn_idx bx = pn_tile;  // the row tile",
+        *(
+            ["    const pn_idx pn_k = (pn_tile - (pn_idx)blockIdx.x) / (pn_idx)gridDim.x;  // the block's k-th"]
+            if m.hold
+            else []
+        ),
         f"    const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on",
         *["  " + ln for ln in body],
         "  }",
@@ -119,9 +125,11 @@ def emit(loop: ThreadLoop) -> list[str]:
     assert not any(s.kind == StatementKind.REDUCE and k not in cols for k, s in enumerate(g.statements))
     first = [k for k in range(len(g.statements)) if level[k] == 0]
     second = [k for k in range(len(g.statements)) if level[k] == 1]
-    out = column_partials.declare(loop)
+    out = column_partials.declare(loop) + _hold(loop)
     body = ["  // pass 0: " + ", ".join(g.statements[k].name for k in first)]
+    loop.held_store = True
     body += _tiles(loop, column_partials.column_pass(loop, first))
+    loop.held_store = False
     body += column_partials.merge(loop, depart=False)
     body += _finals(loop)
     body += ["  // pass 1: " + ", ".join(g.statements[k].name for k in second)]
@@ -133,6 +141,24 @@ def emit(loop: ThreadLoop) -> list[str]:
             + ["  }"]
         )
     return out + body + column_partials.departure(_resets(loop))
+
+
+def _hold(loop: ThreadLoop) -> list[str]:
+    """The shared memory of the row tiles each block holds (`hold`, schedule/hold.py): per held
+    tensor, the block's first `hold` tiles of its column group, each thread's S vectors of V lanes,
+    which the same thread stores in the columns' pass and reads back in the consumers'."""
+    g, m = loop.g, loop.m
+    held = held_tensors(g, m) if m.hold else []
+    S, T, V = m.chunk // m.tx, m.tx * m.ty, m.vec
+    out = []
+    for n, t in enumerate(held):
+        out.append(
+            f"  PN_BLOCK_SHARED({t.dtype.compute}, pn_hold{n}, [{m.hold * S * T * V}]);  // {t.name}, across the waits"
+        )
+        loop.held[t.uid] = f"pn_hold{n}"
+    loop.held_at = f"(((pn_idx)pn_k * {S} + pn_s) * {T} + (pn_idx)ty * {m.tx} + tx) * {V}"
+    loop.held_if = f"pn_k < {m.hold}"
+    return out
 
 
 def _resets(loop: ThreadLoop) -> list[str]:

@@ -82,6 +82,10 @@ class ThreadLoop:
         # and the pairs whose iteration loads it there (pass 0's); the others read it back.
         self.kept: dict[tuple[int, int], str] = {}
         self.kept_loads: set[tuple[int, int]] = set()
+        # Row tiles held in shared memory (schedule/hold.py, codegen/column_stitch.py): tensor uid -> its
+        # array, the thread's vector there, the condition to use it, and whether this pass stores or reads it
+        self.held: dict[int, str] = {}
+        self.held_at, self.held_if, self.held_store = "", "", False
 
     # -- isl: the loop nest of one thread ---------------------------------------------------
     def loops(self, user: Callable[[isl.AstExpr], list[str]]) -> list[str]:
@@ -200,9 +204,19 @@ class ThreadLoop:
                     by_access[key] = name = f"pn_v{k}_{ri}"
                     decl.append(f"{r.tensor.dtype.compute} {name}[{self.m.vec}];")
                     src = self.staged.get((k, ri), f"&{self.in_name[r.tensor.uid]}[{key[1]}]")
-                    loads.append(f"pn_ldv({src}, {name});")
+                    loads.append(self._held(r.tensor.uid, name, f"pn_ldv({src}, {name});"))
                 vregs[(k, ri)] = by_access[key]
         return decl, loads, vregs
+
+    def _held(self, uid: int, name: str, load: str) -> str:
+        """Vector `name`'s `load`, with a held tensor's copy in shared memory (`held`): stored
+        after the load (the columns' pass) or read instead of it (the consumers')."""
+        if uid not in self.held:
+            return load
+        at, V = f"{self.held[uid]}[{self.held_at} + pn_h]", self.m.vec
+        if self.held_store:
+            return f"{load} if ({self.held_if}) for (int pn_h = 0; pn_h < {V}; ++pn_h) {at} = {name}[pn_h];"
+        return f"if ({self.held_if}) {{ for (int pn_h = 0; pn_h < {V}; ++pn_h) {name}[pn_h] = {at}; }} else {load}"
 
     def iteration(self, call: isl.AstExpr, here: list[int]) -> list[str]:
         """One instance of the isl loop nest for the statements `here`: the contiguous reads

@@ -34,6 +34,7 @@ from .derived import (
     tree_buffers,
     tree_chunk,
 )
+from .hold import held_bytes, hold_bytes
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors, register_budget
 from .tc_tiling import tc_cost
@@ -329,6 +330,12 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         hits = C * min(gpu.l2_reach, reread / C)  # the last ones the columns' pass read are still in L2 (half
         f["dram_bytes"] -= hits  # of it), once per column group
         f["l2_bytes"] += hits
+    if d.hold:  # each block's first tiles of each group from shared memory (schedule/hold.py): the oldest, DRAM's first
+        held = held_bytes(group, d)
+        from_dram = min(held, max(reread - (hits if group.consumed and reread > gpu.l2_reach else reread), 0))
+        f["dram_bytes"] -= from_dram
+        f["l2_bytes"] = max(f["l2_bytes"] - (held - from_dram), 0)
+        f["shared_bytes"] = f.get("shared_bytes", 0) + hold_bytes(group, d)
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group_columns(group, d)

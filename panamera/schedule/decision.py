@@ -156,6 +156,9 @@ class Decision:
     # turn, each over every row tile: its columns' pass, the merge, the consumers' pass (schedule/persistent.py)
     cgroups: int = 1
     completion: Completion = Completion.BARRIER  # a stitched cluster's exchanges completed by (schedule/cluster.py)
+    # row tiles of each column group a joined column stitch's block keeps in shared memory from the columns'
+    # pass, its first `hold` (schedule/persistent.py precondition 7): the consumers' pass reads them from chip
+    hold: int = 0
 
     @property
     def threads(self) -> int:
@@ -226,6 +229,7 @@ class Decision:
             + (" cooperative" if self.cooperative else "")
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (f" column-groups={self.cgroups}" if self.cgroups > 1 else "")
+            + (f" hold={self.hold}" if self.hold else "")
             + (
                 f" tensor-cores={self.mma}{'/' + self.mma_op if self.mma_op else ''} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
                 + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
@@ -270,6 +274,8 @@ class Decision:
             del d["completion"]
         else:
             d["completion"] = str(self.completion)
+        if self.hold == 0:  # likewise: nothing held on chip
+            del d["hold"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -314,6 +320,7 @@ class Decision:
             cluster=int(d.get("cluster", 1)),
             cgroups=int(d.get("cgroups", 1)),
             completion=Completion(d.get("completion", "barrier")),
+            hold=int(d.get("hold", 0)),
         )
 
 

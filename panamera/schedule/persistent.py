@@ -29,13 +29,17 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
      own statements read (poly/column_stitch.py) merge only that way (checked as 4);
   6. column groups (`cgroups` > 1: the columns in groups run one at a time, codegen/column_stitch.py)
      only where the group's own statements read its columns, each group whole `vec` vectors and
-     whole 128-byte lines of every M x N tensor (`column_groups_ok`).
+     whole 128-byte lines of every M x N tensor (`column_groups_ok`);
+  7. row tiles held in shared memory (`hold` > 0, schedule/hold.py) only in a column stitch whose two
+     passes read an M x N input, at most the tiles a block owns, within one block's static shared memory
+     beside the column tree, every block still co-resident (`check_hold`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
@@ -55,6 +59,7 @@ from .derived import (
     struct_accumulators,
     unroll_for,
 )
+from .hold import check_hold, most_held
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
@@ -184,7 +189,7 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
                     )  # fmt: skip
                     if column_registers(group, d) > register_budget(d):
                         continue
-                    cost = joined_cost(group, gpu, d)
+                    cost, d = _with_hold(group, gpu, d)
                     if best is None or cost.total_s < best[0].total_s * 0.97:  # fewer blocks, atomics first
                         best = (cost, d)
                     seen.append((cost, d))
@@ -195,6 +200,21 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
     best = smaller_if_faster(seen, best, _no_more)
     best = smaller_if_faster(seen, best, lambda d, than: _lighter(group, d, than))
     return complete(group, best[1], gpu, name, best[0])
+
+
+def _with_hold(group: KernelGroup, gpu: GPUSpec, d: Decision) -> tuple:
+    """`d` and its cost, or (where faster) the same with the most row tiles its blocks can hold in
+    shared memory (schedule/hold.py, precondition 7)."""
+    cost = joined_cost(group, gpu, d)
+    if MergeMode.PARTIALS_GRID not in d.merges and MergeMode.ATOMIC_GRID not in d.merges:
+        return cost, d
+    n = most_held(group, gpu, d)
+    if n:
+        held = replace(d, hold=n)
+        held_cost = joined_cost(group, gpu, held)
+        if held_cost.total_s < cost.total_s:
+            return held_cost, held
+    return cost, d
 
 
 def column_groups_ok(group: KernelGroup, cgroups: int, vec: int) -> bool:
@@ -338,6 +358,7 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
             f"{at}: {d.cgroups} column groups need columns the group's own statements read, and groups of whole "
             f"{LINE_BYTES}-byte lines of every tensor of {group.M} x {group.N} (6)"
         )
+    check_hold(group, gpu, d, at)
     if partials_per_thread(group, d.tx, d.vec, d.cgroups) > MAX_PARTIALS or column_registers(
         group, d
     ) > register_budget(d):

@@ -1,0 +1,117 @@
+"""Row tiles held in shared memory by a joined column stitch (Decision.hold; BatchNorm backward NHWC).
+
+In a column stitch (poly/column_stitch.py, codegen/column_stitch.py) every block streams its row
+tiles twice: the columns' pass (the sums), then, after the grid-wide merge, the consumers' pass
+(dx) backwards. The last tiles the first pass read are still in L2; the first ones are not. A
+block that keeps its first `hold` row tiles (of each column group, `Decision.cgroups`) of every
+input both passes read in shared memory re-reads those from chip: each thread stores the vectors
+it loaded and loads them back itself (the same thread reads the same element in both passes), so
+no barrier. The mapper picks `hold` (`hold_options`): the most tiles the block's static shared
+memory takes beside the column tree, with every block still co-resident; the cost
+(schedule/cost.py `joined_cost`) moves exactly `held_bytes` of the re-read off DRAM.
+
+Precondition 7 (`check_hold`): hold > 0 only in a column stitch (the group's own statements read
+its columns) with inputs both passes read, at most the row tiles a block owns, within the static
+shared memory of one block with the column tree (`SHARED_BYTES`), every block still co-resident.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ScheduleError
+from ..frontend.tensor import Tensor
+from ..model.gpu import GPUSpec
+from ..poly.access import AccessKind
+from ..poly.program import KernelGroup
+from .decision import Decision
+from .derived import co_resident, column_tree_bytes
+from .onchip import SHARED_BYTES
+
+COMPUTE_BYTES = {"float": 4, "double": 8}  # a held value's bytes in shared memory: its compute type's
+
+
+def held_tensors(group: KernelGroup, d: Decision) -> list[Tensor]:
+    """The M x N inputs a column stitch holds: read as contiguous vectors (`d.vec` > 1) by both its
+    passes (`d.levels` 0 and 1), computed in float or double, in first-read order; none unless the
+    group's own statements read its columns (`consumed`)."""
+    levels, access = d.levels, d.access
+    if not group.consumed or d.vec == 1:
+        return []
+    by_pass: list[dict[int, Tensor]] = [{}, {}]
+    for k, s in enumerate(group.statements):
+        if group.accumulator_of[k] != k or levels[k] not in (0, 1):
+            continue
+        for ri, r in enumerate(s.reads):
+            big = r.memory and r.indirect is None and r.tensor.size >= group.M * group.N
+            kind = r.tensor.dtype.compute in COMPUTE_BYTES and access[k][ri] == AccessKind.CONTIG
+            if big and kind and r.tensor.uid not in group.on_chip:
+                by_pass[levels[k]].setdefault(r.tensor.uid, r.tensor)
+    return [t for uid, t in by_pass[0].items() if uid in by_pass[1]]
+
+
+def tile_bytes(group: KernelGroup, d: Decision) -> int:
+    """Shared memory of one held row tile: every thread's S steps of V lanes of each held tensor
+    (S * tx * V >= the group's N / cgroups columns)."""
+    width = math.ceil(group.N // d.cgroups / (d.vec * d.tx)) * d.vec * d.tx
+    return d.ty * width * sum(COMPUTE_BYTES[t.dtype.compute] for t in held_tensors(group, d))
+
+
+def hold_bytes(group: KernelGroup, d: Decision) -> int:
+    """A block's shared memory for its `d.hold` held row tiles.
+
+    >>> import panamera as pn
+    >>> from panamera.bench.train_suite import batch_norm_backward
+    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100")
+    >>> from panamera.model.gpu import H100
+    >>> from panamera.schedule.persistent import map_joined
+    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate holds)
+    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 5 tiles x 32 rows x 32 channels x (x, dy) x 4 B
+    (8, 32, 5, 40960)
+    """
+    return d.hold * tile_bytes(group, d)
+
+
+def tiles_per_block(d: Decision) -> int:
+    """The most row tiles one block of the persistent grid owns."""
+    return math.ceil(d.grid[0] / max(d.blocks, 1))
+
+
+def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
+    """The most row tiles `d`'s blocks can hold (precondition 7): within one block's static shared
+    memory beside its column tree, every block of the grid still co-resident, at most the tiles a
+    block owns; 0 where nothing is held."""
+    per = tile_bytes(group, d)
+    if not per:
+        return 0
+    tree = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups)
+    n = min(tiles_per_block(d), (SHARED_BYTES - tree) // per)
+    while n > 0 and co_resident(gpu, d.threads, tree + n * per) < d.blocks:
+        n -= 1
+    return max(n, 0)
+
+
+def held_bytes(group: KernelGroup, d: Decision) -> int:
+    """The bytes of the consumers' re-read that come from shared memory, every block and column
+    group together: each block's first `hold` tiles (the last ones partial or absent)."""
+    if not d.hold:
+        return 0
+    rows = min(min(d.hold * d.blocks, d.grid[0]) * d.ty, group.M)  # tiles 0 .. hold x blocks - 1 (the last partial)
+    return d.cgroups * rows * (group.N // d.cgroups) * sum(t.dtype.itemsize for t in held_tensors(group, d))
+
+
+def check_hold(group: KernelGroup, gpu: GPUSpec, d: Decision, at: str) -> None:
+    """Precondition 7 of a replayed decision, else a ScheduleError naming the decision."""
+    if d.hold == 0:
+        return
+    if d.hold < 0 or not held_tensors(group, d):
+        raise ScheduleError(
+            f"{at}: hold={d.hold} row tiles in shared memory need a column stitch whose two passes both read "
+            "an M x N input (7)"
+        )
+    if d.hold > most_held(group, gpu, d):
+        raise ScheduleError(
+            f"{at}: hold={d.hold} row tiles of {tile_bytes(group, d)} bytes each: at most {most_held(group, gpu, d)} "
+            f"fit {SHARED_BYTES} bytes of static shared memory beside the column tree with {d.blocks} blocks "
+            f"co-resident and {tiles_per_block(d)} tiles per block (7)"
+        )
