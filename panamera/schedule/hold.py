@@ -86,7 +86,7 @@ def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
         return 0
     tree = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups)
     n = min(tiles_per_block(d), (SHARED_BYTES - tree) // per)
-    while n > 0 and co_resident(gpu, d.threads, tree + n * per) < d.blocks:
+    while n > 0 and co_resident(gpu, d.threads, tree + n * per, d.per_sm) < d.blocks:
         n -= 1
     return max(n, 0)
 
