@@ -180,7 +180,8 @@ class CpuWork:
     (instructions, transcendentals) per element, each run for one lane at a time (online softmax:
     8 and 2 exps, algebra.ONLINE_LSE; default one scalar step); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
-    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); rows: outputs
+    whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping; passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
     later ones re-read; each with the operations, writes and combines of its statements);
     column: the COLUMN form (each element accumulated into a block of accumulators in L1)."""
@@ -198,6 +199,7 @@ class CpuWork:
     struct_ops: tuple[float, float] = (1.0, 0.0)
     width: int = 4
     row_combines: int = 0
+    rows: int = 1
     passes: tuple[CpuWork, ...] = ()
     column: bool = False  # a COLUMN reduction: its accumulate overlaps the stream in part (COLUMN_SERIAL)
 
@@ -353,7 +355,8 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
     rates `gbs`, its operations and combines."""
     mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
-    comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) / w.rows  # R rows' folds overlap
+    comp = (w.elements * element_ns(w, r, lanes) + combines) / busy * 1e-9
     return mem, comp
 
 
