@@ -54,6 +54,12 @@ from .cpu_gemm import NOMINAL_GEMM, GemmRates
 # emits (`lanes_pass`, W = LANE_VECTORS x lanes) and `combine_ns` prices; here, so that codegen
 # imports the model and not the other way round.
 LANE_VECTORS = 4
+# The share of a row's lane folds (`combine_ns`, latency chains) that R rows scanned side by side
+# (schedule/cpu_rows.py) hide: each row's combines cost (1 - ROW_OVERLAP (1 - 1/R)) of one row's.
+# Fitted on softmax [6144x128] at 1 thread (CPU time, loaded machine, 2026-11-25): R = 2 measured
+# 4-8 % faster than one row a pass; a full overlap (1/R) modeled 12 %, this 6 %. (A plain row
+# sum [1024x128] at R = 4 measured 4 %: its one-row combines are over-charged already.)
+ROW_OVERLAP = 0.5
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -355,7 +361,7 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
     rates `gbs`, its operations and combines."""
     mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
-    combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) / w.rows  # R rows' folds overlap
+    combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) * (1 - ROW_OVERLAP * (1 - 1 / w.rows))
     comp = (w.elements * element_ns(w, r, lanes) + combines) / busy * 1e-9
     return mem, comp
 
