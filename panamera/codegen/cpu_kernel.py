@@ -44,6 +44,7 @@ from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
+from .cpu_interleave import rows_region
 from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
@@ -245,11 +246,11 @@ class _Kernel(RowValues, SplitMerge):
         return [k for k in here if k in self.reductions and self.g.accumulator_of[k] == k]
 
     # -- templates ----------------------------------------------------------------------------
-    def row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
+    def row_pass(self, here: list[int], lo: str, hi: str, rows: int = 1, bind=None) -> list[str]:
         with self.loop.over(self.run):
-            return self._row_pass(here, lo, hi)
+            return self._row_pass(here, lo, hi, rows, bind)
 
-    def _row_pass(self, here: list[int], lo: str, hi: str) -> list[str]:
+    def _row_pass(self, here: list[int], lo: str, hi: str, rows: int = 1, bind=None) -> list[str]:
         """The scan of j in [lo, hi) for the statements `here`, accumulators declared before, in
         blocks of `decision.inner` iterations: each block reduces into fresh block accumulators
         (under `omp simd`, one partial per lane), merged into the running accumulator after the
@@ -262,15 +263,23 @@ class _Kernel(RowValues, SplitMerge):
         (x - shift)^2, shift = the block's first element (0 if not finite), two plain `+` reductions; after the
         block they become one pn_welford (mean = S1 / n, m2 = S2 - S1 * mean) merged into the
         accumulator by the combiner. The shift keeps the cancellation of m2 small: its error is
-        that of (mean - shift)^2 against the variance, for rows of values near each other."""
+        that of (mean - shift)^2 against the variance, for rows of values near each other.
+
+        `rows` > 1 (codegen/cpu_interleave.py): the pass of that many rows, `bind(r)` the lines
+        naming row r's registers: one scan stepping every row's lanes in turn (cpu_lanes.py), or
+        (other accumulators) the one-row pass once per row."""
         g = self.g
         ctx = g.statements[0].domain.get_ctx()
         ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
         shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
         plain = [k for k in owners if k not in shifted]
-        if owners and not shifted and all(lane_kind(g.statements[k]) != LaneKind.NONE for k in owners):
-            return lanes_pass(self, here, lo, hi, owners, _scan, _print)  # codegen/cpu_lanes.py
+        kinds = {lane_kind(g.statements[k]) for k in owners}
+        lanes = bool(owners) and not shifted and LaneKind.NONE not in kinds
+        if rows > 1 and not (lanes and LaneKind.ARG not in kinds):
+            return [ln for r in range(rows) for ln in ["{", *bind(r), *self._row_pass(here, lo, hi), "}"]]
+        if lanes:
+            return lanes_pass(self, here, lo, hi, owners, _scan, _print, rows, bind)  # codegen/cpu_lanes.py
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]
         clause = self.simd_clause(plain, lambda k: f"pn_blk{k}")
         clause += f" reduction(+ : {', '.join(sums)})" if sums else ""
@@ -321,7 +330,10 @@ class _Kernel(RowValues, SplitMerge):
     def emit_row(self) -> list[str]:
         g, d = self.g, self.d
         if d.split == 1:
-            out = [f"for (pn_idx i = 0; i < {d.M}; ++i) {{"]
+            start = (
+                d.M - d.M % d.rows if d.rows > 1 else 0
+            )  # rows > 1: the rows before it in groups (cpu_interleave.py)
+            out = [f"for (pn_idx i = {start}; i < {d.M}; ++i) {{"]
             self.read_back()
             passes = max((v for k, v in enumerate(self.level) if k not in self.epilogues), default=0) + 1
             for lv in range(passes):
@@ -332,6 +344,8 @@ class _Kernel(RowValues, SplitMerge):
                 out += ["  " + ln for ln in self.finish([k for k in here if k in self.reductions], lambda k: f"acc{k}")]
                 out += ["  " + ln for ln in self.run_epilogues(lv)]
             out.append("}")
+            if d.rows > 1:
+                return rows_region(self, out, passes)
             if not d.reuse:
                 return ["#pragma omp parallel for schedule(static) num_threads(pn_nt)", *out]
             rows = [  # one scratch row per reused value and thread, 64-byte aligned

@@ -62,7 +62,9 @@ struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { retu
 _NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
 
 
-def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit) -> list[str]:
+def lanes_pass(
+    kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit, rows: int = 1, bind=None
+) -> list[str]:
     """`row_pass` with W = LANE_VECTORS x lanes accumulators per reduction: each block of
     `inner` iterations scans j in steps of W under `omp simd`, lane q accumulating j = c + q
     (W independent chains, several vector registers: the loop runs at the speed of the
@@ -75,8 +77,14 @@ def lanes_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     value's own type (LaneKind.ARG): a lane takes a value greater (less) than its best, or the
     first NaN, so it holds the first index of its extreme; the lanes become keys
     (pn_argkey_*) only once, at the fold, and the keys' order resolves ties across lanes as
-    numpy does (the first index, the first NaN)."""
+    numpy does (the first index, the first NaN).
+
+    `rows` > 1 (codegen/cpu_interleave.py): that many rows in one scan, their lanes side by side
+    in each step (independent chains the core overlaps), `bind(r)` the lines naming row r's
+    registers (i, its earlier passes' values, its scratch rows); no ARG lanes there."""
     g, d = kern.g, kern.d
+    if rows > 1:
+        return _rows_pass(kern, here, lo, hi, owners, scan, emit, rows, bind)
     ctx = g.statements[0].domain.get_ctx()
     W, B = LANE_VECTORS * d.lanes, d.inner
     lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
@@ -181,3 +189,88 @@ def arg_lane(kern, k: int, q: str) -> list[str]:
         f"  const bool pn_t = !(pn_v {keep} {best}) & ({best} == {best});",
         f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_x : {at}; }}",
     ]
+
+
+def _rows_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan, emit, rows: int, bind) -> list[str]:
+    """`lanes_pass` over `rows` rows at once: the lanes, block accumulators and NaN watches of each
+    row in arrays over the rows (`..._R[r]`, a scope binding row r's names to them: the bodies are
+    the one-row ones), the main loop stepping every row's lanes in turn, the folds and the last
+    < W iterations row after row. Each row's values and their rounding are the one-row scan's."""
+    g, d = kern.g, kern.d
+    ctx = g.statements[0].domain.get_ctx()
+    W, B = LANE_VECTORS * d.lanes, d.inner
+    lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
+    tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
+    flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]
+    assert all(lane_kind(g.statements[k]) != LaneKind.ARG for k in owners), "rows > 1: no ARG lanes"
+    names = [f"pn_blk{k}" for k in owners] + [f"pn_lane{k}" for k in owners] + [f"pn_nan{k}" for k in flagged]
+
+    def row(r: int, lines: list[str]) -> list[str]:  # lines in a scope where row r's names are bound
+        own = [f"auto& {n} = {n}_R[{r}];" for n in names]
+        return ["{"] + ["  " + ln for ln in bind(r) + own + lines] + ["}"]
+
+    def flag_step(k: int, a: str, v: str) -> list[str]:
+        t, q = g.statements[k].acc.compute, a[a.index("[") :]
+        return [
+            f"{{ const {t} pn_x = {v};",
+            f"  pn_nan{k}{q} += pn_x;",
+            f"  {a} = {_NUMERIC[g.statements[k].combiner.name]}::apply({a}, pn_x); }}",
+        ]
+
+    def lane(q: str) -> list[str]:
+        out = [f"const pn_idx j = pn_c + {q};"]
+        for r in range(rows):
+            lines = []
+            for k in here:
+                lines += kern.body([k], lambda k: f"pn_lane{k}[{q}]", step=flag_step if k in flagged else None)
+            out += row(r, lines)
+        return ["{"] + ["  " + ln for ln in out] + ["}"]
+
+    def tail(a: list[str]) -> list[str]:
+        body = kern.body(here, lambda k: f"pn_blk{k}")
+        return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in body] + ["}"]
+
+    out = block_head(kern.run, lo, hi, B)
+    init = []
+    for k in owners:
+        s = g.statements[k]
+        t = s.acc.compute
+        out += [f"  {t} pn_blk{k}_R[{rows}];", f"  {t} pn_lane{k}_R[{rows}][{W}];"]
+        init += [
+            f"pn_blk{k} = {identity_expr(s)};",
+            f"for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};",
+        ]
+        if k in flagged:
+            out += [f"  {t} pn_nan{k}_R[{rows}][{W}];"]
+            init += [f"for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = ({t})0;"]
+    for r in range(rows):
+        out += ["  " + ln for ln in row(r, init)]
+    out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
+    out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
+    out += ["  }"]
+    after = ["if (pn_c > pn_lo) {"]
+    for k in owners:
+        s = g.statements[k]
+        f = s.combiner.functor
+        if k in flagged:
+            t = s.acc.compute
+            after += [f"  const {t} pn_sn{k} = pn_fold_lanes<pn_op_sum, {W}>(pn_nan{k});"]
+            after += [f"  if (pn_sn{k} != pn_sn{k}) {{", "    for (pn_idx j = pn_lo; j < pn_c; ++j) {"]
+            after += ["      " + ln for ln in kern.body([k], lambda k: f"pn_blk{k}")] + ["    }", "  } else {"]
+            fold = f"pn_fold_lanes<{_NUMERIC[s.combiner.name]}, {W}>(pn_lane{k})"
+            after += [f"    pn_blk{k} = {f}::apply(pn_blk{k}, {fold});", "  }"]
+        elif s.acc.compute in LANE_TYPES:
+            after.append(f"  pn_blk{k} = {f}::apply(pn_blk{k}, pn_fold_lanes<{f}, {W}>(pn_lane{k}));")
+        else:
+            after.append(f"  for (int w = {W // 2}; w > 0; w /= 2)")
+            after.append(
+                f"    for (int q = 0; q < w; ++q) pn_lane{k}[q] = {f}::apply(pn_lane{k}[q], pn_lane{k}[q + w]);"
+            )
+            after.append(f"  pn_blk{k} = {f}::apply(pn_blk{k}, pn_lane{k}[0]);")
+    after += ["}", "{ const pn_idx pn_lo = pn_c;  // the last < W iterations"]
+    pragma = f"#pragma omp simd {kern.simd_clause(owners, lambda k: f'pn_blk{k}')}"
+    after += ["  " + ln for ln in emit(tail_ast, tail, [pragma])] + ["}"]
+    after += [f"acc{k} = {g.statements[k].combiner.functor}::apply(acc{k}, pn_blk{k});" for k in owners]
+    for r in range(rows):
+        out += ["  " + ln for ln in row(r, after)]
+    return out + ["}"]

@@ -53,6 +53,12 @@ from .cpu_gemm import NOMINAL_GEMM, GemmRates
 # emits (`lanes_pass`, W = LANE_VECTORS x lanes) and `combine_ns` prices; here, so that codegen
 # imports the model and not the other way round.
 LANE_VECTORS = 4
+# The share of a row's lane folds (`combine_ns`, latency chains) that R rows scanned side by side
+# (schedule/cpu_rows.py) hide: each row's combines cost (1 - ROW_OVERLAP (1 - 1/R)) of one row's.
+# Fitted on softmax [6144x128] at 1 thread (CPU time, loaded machine, 2026-11-25): R = 2 measured
+# 4-8 % faster than one row a pass; a full overlap (1/R) modeled 12 %, this 6 %. (A plain row
+# sum [1024x128] at R = 4 measured 4 %: its one-row combines are over-charged already.)
+ROW_OVERLAP = 0.5
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -176,7 +182,8 @@ class CpuWork:
     (instructions, transcendentals) per element, each run for one lane at a time (online softmax:
     8 and 2 exps, algebra.ONLINE_LSE; default one scalar step); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
-    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); passes: a
+    SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); rows: outputs
+    whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping; passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
     later ones re-read; each with the operations, writes and combines of its statements)."""
 
@@ -193,6 +200,7 @@ class CpuWork:
     struct_ops: tuple[float, float] = (1.0, 0.0)
     width: int = 4
     row_combines: int = 0
+    rows: int = 1
     passes: tuple[CpuWork, ...] = ()
 
     @property
@@ -347,7 +355,8 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
     rates `gbs`, its operations and combines."""
     mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
-    comp = (w.elements * element_ns(w, r, lanes) + w.M * w.row_combines * combine_ns(r, lanes, w.struct)) / busy * 1e-9
+    combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) * (1 - ROW_OVERLAP * (1 - 1 / w.rows))
+    comp = (w.elements * element_ns(w, r, lanes) + combines) / busy * 1e-9
     return mem, comp
 
 

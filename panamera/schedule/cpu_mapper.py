@@ -39,6 +39,7 @@ from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cpu_reuse import Reuse, choose
+from .cpu_rows import choose_rows
 
 # A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
 # accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
@@ -113,6 +114,7 @@ class CpuDecision:
     merge: CpuMerge = CpuMerge.NONE
     inner: int = INNER
     reuse: tuple[Reuse, ...] = ()
+    rows: int = 1  # rows a stitched ROW pass scans at once (codegen/cpu_interleave.py; schedule/cpu_rows.py)
 
     @property
     def tasks(self) -> int:
@@ -125,6 +127,7 @@ class CpuDecision:
             f"threads={self.threads} lanes={self.lanes}"
             + (f" merge={self.merge}" if self.split > 1 else "")
             + "".join(f" reuse={r.ops}" for r in self.reuse)
+            + (f" rows={self.rows}" if self.rows > 1 else "")
         )
 
 
@@ -182,4 +185,5 @@ def map_cpu(
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
     merge = merge_mode(group, s, deterministic)
-    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse)
+    rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
+    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows)
