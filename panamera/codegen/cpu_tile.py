@@ -1,0 +1,147 @@
+"""The register-tiled contraction kernel of the CPU target: a `Gemm` (schedule/cpu_gemm.py) the CPU
+model routes away from the BLAS (model/cpu_tile.py `gemm_kernel`) runs as `pn_tile_gemm`, printed
+once into the program's source (`TILE_SOURCE`) and called by the group's C function.
+
+The shape is Goto's micro-kernel without his A packing (what ONNX Runtime's MLAS does for a small
+M): C is cut into MR x NR tiles (MR rows, NR = NV vectors of columns), each tile's accumulators
+held in MR x NV vector registers across its K loop, the innermost, one broadcast of A and one FMA
+per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
+every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
+N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing).
+Threads share the (N panel, M tile) tasks under one static schedule (the same tasks each K block):
+each C element is summed by one thread in K order, so results are bit-stable across thread counts.
+
+>>> "pn_tile_gemm" in TILE_SOURCE
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """The register tile: `mr` rows x `nv` vectors of `lanes` columns.
+
+    >>> TileShape(4, 2, 16).nr
+    32
+    """
+
+    mr: int
+    nv: int
+    lanes: int
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
+    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`.
+
+    >>> tile_call(TileShape(8, 2, 16), "float", "...", "pn_nt")
+    'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt)'
+    """
+    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt})"
+
+
+# pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt): pn_gemm's calls
+# (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads.
+TILE_SOURCE = (
+    r"""
+#include <immintrin.h>
+#include <vector>
+template <class T, int W> struct pn_tv { typedef T V __attribute__((vector_size(W))); };
+template <class V> static inline V pn_fma(V a, V b, V c) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(a[0]) == 4) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+  if constexpr (sizeof(V) == 64 && sizeof(a[0]) == 8) return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+#endif
+#if defined(__FMA__)
+  if constexpr (sizeof(V) == 32 && sizeof(a[0]) == 4) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  if constexpr (sizeof(V) == 32 && sizeof(a[0]) == 8) return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+#endif
+  return a * b + c;
+}
+// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
+template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
+    long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+  typedef typename pn_tv<T, W>::V V;
+  constexpr int L = W / sizeof(T);
+  V acc[R][NV];
+  for (int i = 0; i < R; ++i) for (int v = 0; v < NV; ++v) acc[i][v] = V{} ;
+  for (long long p = 0; p < kn; ++p) {
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + p * bks + v * L, W);
+    for (int i = 0; i < R; ++i) {
+      V ai = V{} + a[i * ars + p * aks];
+      for (int v = 0; v < NV; ++v) acc[i][v] = pn_fma(ai, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    T* ci = c + i * ldc;
+    if (nvalid == NV * L) {
+      for (int v = 0; v < NV; ++v) {
+        V o = acc[i][v];
+        if (add) { V x; __builtin_memcpy(&x, ci + v * L, W); o += x; }
+        __builtin_memcpy(ci + v * L, &o, W);
+      }
+    } else {
+      T tmp[NV * L];
+      __builtin_memcpy(tmp, acc[i], sizeof(tmp));
+      for (int j = 0; j < nvalid; ++j) ci[j] = add ? ci[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r, long long kn, const T* a,
+    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+  if constexpr (MR > 1) {
+    if (r < MR) { pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid); return; }
+  }
+  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
+}
+template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
+    long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
+    const long long* t, int nt) {
+  constexpr int W = L * sizeof(T);
+  constexpr long long NR = NV * L, KC = """
+    + str(KC)
+    + r""";
+  const long long mt = (m + MR - 1) / MR, np = (n + NR - 1) / NR, tasks = mt * np;
+  const bool pack = tb || n % NR;
+  static thread_local std::vector<T> pn_pk;
+  if (pack && (long long)pn_pk.size() < np * NR * k) pn_pk.resize(np * NR * k);
+  const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;
+  if (nt > tasks) nt = (int)tasks;
+  for (int call = 0; call < count; ++call, t += 4) {
+    const T* a = a0 + t[0];
+    const T* b = b0 + t[1];
+    T* c = c0 + t[2];
+    const int beta = (int)t[3];
+    T* pk = pn_pk.data();
+    if (pack)  // panel q: k rows of NR columns, zero past n
+      for (long long q = 0; q < np; ++q)
+        for (long long p = 0; p < k; ++p)
+          for (long long j = 0; j < NR; ++j) {
+            long long col = q * NR + j;
+            pk[(q * k + p) * NR + j] = col < n ? (tb ? b[col * ldb + p] : b[p * ldb + col]) : T(0);
+          }
+    #pragma omp parallel num_threads(nt)
+    for (long long k0 = 0; k0 < k || k0 == 0; k0 += KC) {
+      const long long kn = k - k0 < KC ? k - k0 : KC;
+      #pragma omp for schedule(static) nowait
+      for (long long task = 0; task < tasks; ++task) {
+        const long long q = task / mt, i0 = (task % mt) * MR, j0 = q * NR;
+        const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
+        const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
+        pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn, a + i0 * ars + k0 * aks, ars, aks, bq,
+                                   pack ? NR : ldb, c + i0 * ldc + j0, ldc, k0 > 0 || beta, nvalid);
+      }
+    }
+  }
+}
+"""
+)

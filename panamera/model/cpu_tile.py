@@ -1,0 +1,105 @@
+"""Which kernel runs a contraction the CPU target can call from C (schedule/cpu_gemm.py's `Gemm`):
+numpy's BLAS (model/cpu_gemm.py `gemm_time`) or the register-tiled kernel (codegen/cpu_tile.py),
+whichever the model finds faster (`gemm_choice`): a decision made once, carried by the kernel.
+Every figure is *modeled*.
+
+The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over them):
+
+    fork + pack + max(compute, memory)
+
+- compute: 2 M N K flops at TILE_SHARE of the BLAS micro-kernel's probed rate on min(t, tasks)
+  threads (the same FMA units fed from registers: model/cpu_gemm.py `GemmRates.rate`), scaled by
+  the static schedule's waves;
+- memory: A read once per N panel (it is not packed), B once (a KC x NR block stays in L1 while
+  the panel's M tiles read it), C read and written once per K block, at the rate of the level
+  the operands live in (`CpuModel.gbs`);
+- pack: where B is transposed (`tb`) or N is not whole panels, B copied once into panels (read
+  and written at one thread's rate);
+- fork: one parallel region's entry (no Python step: the call is the program's C).
+
+So a small or skinny product (no Python step, no packing of A, nothing to amortize) goes to the
+tile, a large one (C re-read per K block, A per panel) to the BLAS.
+
+>>> from panamera.model.cpu import CpuModel
+>>> from panamera.schedule.cpu_gemm import Gemm
+>>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+>>> small = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
+>>> big = Gemm(1024, 1024, 1024, False, 1024, False, 1024, 1024, ((0, 0, 0, 0),))
+>>> gemm_choice(small, 4, m, 1)[0], gemm_choice(big, 4, m, 1)[0]
+(<GemmKernel.TILE: 'tile'>, <GemmKernel.BLAS: 'blas'>)
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from ..codegen.cpu_tile import KC, TileShape
+from .cpu_gemm import gemm_time
+
+if TYPE_CHECKING:
+    from ..schedule.cpu_gemm import Gemm
+    from .cpu import CpuModel, KernelTime
+
+# The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
+# fitted here: 128x32x1024 float32 on one thread (see the report of helper cputile, 2026-11-25).
+TILE_SHARE = 0.8
+
+
+class GemmKernel(Enum):
+    """What runs a `Gemm`: the BLAS numpy links, or the register-tiled kernel."""
+
+    BLAS = "blas"
+    TILE = "tile"
+
+
+def tile_shape(simd_bytes: int, itemsize: int) -> TileShape:
+    """The register tile for vectors of `simd_bytes`: two vectors of columns, and as many rows as
+    the register file holds beside the two B vectors and the broadcast (32 registers with
+    AVX-512, else 16): 8 rows, else 6.
+
+    >>> tile_shape(64, 4), tile_shape(32, 8)
+    (TileShape(mr=8, nv=2, lanes=16), TileShape(mr=6, nv=2, lanes=4))
+    """
+    return TileShape(8 if simd_bytes >= 64 else 6, 2, max(1, simd_bytes // itemsize))
+
+
+def tile_time(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> KernelTime:
+    """The tile kernel's modeled time for `gm` on `threads` threads (module docstring)."""
+    from .cpu import KernelTime
+
+    ts = tile_shape(m.simd_bytes, itemsize)
+    mt, panels = math.ceil(gm.m / ts.mr), math.ceil(gm.n / ts.nr)
+    tasks = max(1, mt * panels)
+    used = max(1, min(threads, tasks))
+    waves = math.ceil(tasks / used) * used / tasks
+    calls = len(gm.calls)
+    flops = 2 * gm.m * gm.n * gm.k * calls
+    comp = flops / (m.gemm.rate(itemsize, used) * TILE_SHARE) / 1e3 * waves
+    a, b, c = (x * itemsize for x in (gm.m * gm.k, gm.k * gm.n, gm.m * gm.n))
+    blocks = max(1, math.ceil(gm.k / KC))
+    moved = calls * (a * panels + b + 2 * c * blocks)
+    level = m.level(a + b + c, used)
+    mem = moved / m.gbs(a + b + c, used) / 1e3
+    packed = gm.tb or gm.n % ts.nr
+    pack = calls * b * (1 / m.rates.bandwidth(level, 1) + 1 / m.rates.bandwidth(level, 1, write=True)) / 1e3
+    pack = pack if packed else 0.0
+    fork = m.rates.fork(used)
+    return KernelTime(fork + pack + max(comp, mem), mem + pack, comp, fork, 0.0, level, used)
+
+
+def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple[GemmKernel, KernelTime]:
+    """The faster of the BLAS and the tile kernel for `gm` on `threads` threads, and its time."""
+    mnk = gm.m * gm.n * gm.k
+    blas = gemm_time(2 * mnk * len(gm.calls), (gm.m * gm.k + gm.k * gm.n) * itemsize, itemsize, m, threads, mnk)
+    tile = tile_time(gm, itemsize, m, threads)
+    return (GemmKernel.TILE, tile) if tile.total_us < blas.total_us else (GemmKernel.BLAS, blas)
+
+
+def gemm_tile(gm: Gemm | None, itemsize: int, m: CpuModel, threads: int = 1) -> TileShape | None:
+    """The tile `gm` runs as where the model picks the tile kernel (`gemm_choice`), else None (the
+    BLAS, or no `Gemm`: numpy runs the contraction)."""
+    if gm is None or gemm_choice(gm, itemsize, m, threads)[0] is GemmKernel.BLAS:
+        return None
+    return tile_shape(m.simd_bytes, itemsize)
