@@ -66,6 +66,17 @@ template <class V> static inline V pn_fma(V a, V b, V c) {
 #endif
   return a * b + c;
 }
+template <class V, class T> static inline V pn_bcast(const T* p) {  // a broadcast load (the load port, not a shuffle)
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(T) == 4) return (V)_mm512_set1_ps(*p);
+  if constexpr (sizeof(V) == 64 && sizeof(T) == 8) return (V)_mm512_set1_pd(*p);
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && sizeof(T) == 4) return (V)_mm256_broadcast_ss(p);
+  if constexpr (sizeof(V) == 32 && sizeof(T) == 8) return (V)_mm256_broadcast_sd(p);
+#endif
+  return V{} + *p;
+}
 // One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
 template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
     long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
@@ -77,7 +88,7 @@ template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long
     V bv[NV];
     for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + p * bks + v * L, W);
     for (int i = 0; i < R; ++i) {
-      V ai = V{} + a[i * ars + p * aks];
+      V ai = pn_bcast<V>(a + i * ars + p * aks);
       for (int v = 0; v < NV; ++v) acc[i][v] = pn_fma(ai, bv[v], acc[i][v]);
     }
   }
@@ -122,13 +133,19 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
     T* c = c0 + t[2];
     const int beta = (int)t[3];
     T* pk = pn_pk.data();
-    if (pack)  // panel q: k rows of NR columns, zero past n
-      for (long long q = 0; q < np; ++q)
-        for (long long p = 0; p < k; ++p)
-          for (long long j = 0; j < NR; ++j) {
-            long long col = q * NR + j;
-            pk[(q * k + p) * NR + j] = col < n ? (tb ? b[col * ldb + p] : b[p * ldb + col]) : T(0);
-          }
+    if (pack)  // panel q: k rows of NR columns, zero past n; B read along its rows
+      for (long long q = 0; q < np; ++q) {
+        T* pq = pk + q * k * NR;
+        if (tb)  // in blocks of a cache line of K: the block's NR rows of the panel stay in L1
+          for (long long p0 = 0; p0 < k; p0 += 64 / sizeof(T))
+            for (long long j = 0; j < NR; ++j) {
+              const long long col = q * NR + j, pe = p0 + 64 / (long long)sizeof(T) < k ? p0 + 64 / sizeof(T) : k;
+              for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
+            }
+        else
+          for (long long p = 0; p < k; ++p)
+            for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
+      }
     #pragma omp parallel num_threads(nt)
     for (long long k0 = 0; k0 < k || k0 == 0; k0 += KC) {
       const long long kn = k - k0 < KC ? k - k0 : KC;
