@@ -36,7 +36,7 @@ def test_tile_matches_numpy_with_tails(forced_tile, m, n, k, tb):
     """M, N, K off the tile (MR, NR, KC): the row tails, the zero-padded last panel, a short last K block."""
     x = pn.placeholder((m, k), "float32")
     w = pn.placeholder((n, k) if tb else (k, n), "float32")
-    f = pn.compile(x @ (w.T if tb else w), target="cpu")
+    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)
     assert "pn_tile_gemm<" in f.source and f.cpu_kernels[0].tile is not None
     a, b = (
         random_array((m, k), "float32", np.random.default_rng(1)),
@@ -51,7 +51,7 @@ def test_tile_batched_and_bit_stable_across_threads(forced_tile):
     """A batched product (several gemm calls, one per batch); 1 and 2 threads give the same bits (each
     C element summed by one thread in K order)."""
     x, w = pn.placeholder((3, 20, 70), "float32"), pn.placeholder((3, 70, 50), "float32")
-    f = pn.compile(pn.matmul(x, w) if hasattr(pn, "matmul") else x @ w, target="cpu")
+    f = pn.compile(pn.matmul(x, w) if hasattr(pn, "matmul") else x @ w, target="cpu", cache=False)
     assert f.cpu_kernels[0].tile is not None
     a, b = (
         random_array((3, 20, 70), "float32", np.random.default_rng(3)),
@@ -65,9 +65,9 @@ def test_tile_batched_and_bit_stable_across_threads(forced_tile):
 
 def test_model_routes_small_to_tile_and_large_to_blas():
     """The model picks the tile for table1's 128x32x1024 (x @ w.T) and the BLAS for 1024^3, on 1 and
-    2 threads of a nominal AVX-512 machine whose BLAS scales to 2 threads; no `Gemm`: no tile."""
+    2 threads of a nominal AVX-512 machine with this machine's BLAS rate, scaling to 2 threads; no `Gemm`: no tile."""
     m = CpuModel.nominal(cores=2, simd_bytes=64)
-    m = dataclasses.replace(m, gemm=GemmRates((160.0, 70.0), 0.9, threads=2, gflops_all=(300.0, 130.0)))
+    m = dataclasses.replace(m, gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(300.0, 130.0)))
     small = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
     big = Gemm(1024, 1024, 1024, False, 1024, False, 1024, 1024, ((0, 0, 0, 0),))
     for t in (1, 2):

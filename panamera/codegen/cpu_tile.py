@@ -126,36 +126,40 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
   static thread_local std::vector<T> pn_pk;
   if (pack && (long long)pn_pk.size() < np * NR * k) pn_pk.resize(np * NR * k);
   const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;
-  if (nt > tasks) nt = (int)tasks;
+  if (nt > tasks) nt = (int)tasks;  // the pack has as many blocks or more
   for (int call = 0; call < count; ++call, t += 4) {
     const T* a = a0 + t[0];
     const T* b = b0 + t[1];
     T* c = c0 + t[2];
     const int beta = (int)t[3];
     T* pk = pn_pk.data();
-    if (pack)  // panel q: k rows of NR columns, zero past n; B read along its rows
-      for (long long q = 0; q < np; ++q) {
+    constexpr long long CL = 64 / sizeof(T);  // K steps a block of the pack: a cache line of a B row
+    const long long pblocks = pack ? np * ((k + CL - 1) / CL) : 0;
+    #pragma omp parallel num_threads(nt)
+    {
+      #pragma omp for schedule(static)
+      for (long long blk = 0; blk < pblocks; ++blk) {  // panel q: k rows of NR columns, zero past n
+        const long long q = blk % np, p0 = blk / np * CL, pe = p0 + CL < k ? p0 + CL : k;
         T* pq = pk + q * k * NR;
-        if (tb)  // in blocks of a cache line of K: the block's NR rows of the panel stay in L1
-          for (long long p0 = 0; p0 < k; p0 += 64 / sizeof(T))
-            for (long long j = 0; j < NR; ++j) {
-              const long long col = q * NR + j, pe = p0 + 64 / (long long)sizeof(T) < k ? p0 + 64 / sizeof(T) : k;
-              for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
-            }
+        if (tb)  // B read along its rows, the block's rows of the panel in L1
+          for (long long j = 0; j < NR; ++j) {
+            const long long col = q * NR + j;
+            for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
+          }
         else
-          for (long long p = 0; p < k; ++p)
+          for (long long p = p0; p < pe; ++p)
             for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
       }
-    #pragma omp parallel num_threads(nt)
-    for (long long k0 = 0; k0 < k || k0 == 0; k0 += KC) {
-      const long long kn = k - k0 < KC ? k - k0 : KC;
-      #pragma omp for schedule(static) nowait
-      for (long long task = 0; task < tasks; ++task) {
-        const long long q = task / mt, i0 = (task % mt) * MR, j0 = q * NR;
-        const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
-        const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
-        pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn, a + i0 * ars + k0 * aks, ars, aks, bq,
-                                   pack ? NR : ldb, c + i0 * ldc + j0, ldc, k0 > 0 || beta, nvalid);
+      for (long long k0 = 0; k0 < k || k0 == 0; k0 += KC) {
+        const long long kn = k - k0 < KC ? k - k0 : KC;
+        #pragma omp for schedule(static) nowait
+        for (long long task = 0; task < tasks; ++task) {
+          const long long q = task / mt, i0 = (task % mt) * MR, j0 = q * NR;
+          const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
+          const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
+          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn, a + i0 * ars + k0 * aks, ars, aks, bq,
+                                     pack ? NR : ldb, c + i0 * ldc + j0, ldc, k0 > 0 || beta, nvalid);
+        }
       }
     }
   }

@@ -13,16 +13,19 @@ The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over t
 - memory: A read once per N panel (it is not packed), B once (a KC x NR block stays in L1 while
   the panel's M tiles read it), C read and written once per K block, at the rate of the level
   the operands live in (`CpuModel.gbs`);
-- pack: where B is transposed (`tb`) or N is not whole panels, B copied once into panels (read
-  and written at one thread's rate);
+- pack: where B is transposed (`tb`) or N is not whole panels, B copied once into panels
+  (`pack_us`), the panels' blocks shared by the threads;
 - fork: one parallel region's entry (no Python step: the call is the program's C).
 
 So a small or skinny product (no Python step, no packing of A, nothing to amortize) goes to the
 tile, a large one (C re-read per K block, A per panel) to the BLAS.
 
+>>> import dataclasses
 >>> from panamera.model.cpu import CpuModel
+>>> from panamera.model.cpu_gemm import GemmRates
 >>> from panamera.schedule.cpu_gemm import Gemm
 >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+>>> m = dataclasses.replace(m, gemm=GemmRates((165.0, 72.0), 0.9))  # this machine's probe
 >>> small = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
 >>> big = Gemm(1024, 1024, 1024, False, 1024, False, 1024, 1024, ((0, 0, 0, 0),))
 >>> gemm_choice(small, 4, m, 1)[0], gemm_choice(big, 4, m, 1)[0]
@@ -43,8 +46,13 @@ if TYPE_CHECKING:
     from .cpu import CpuModel, KernelTime
 
 # The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
-# fitted here: 128x32x1024 float32 on one thread (see the report of helper cputile, 2026-11-25).
+# fitted here:
+# 128x32x1024 float32 (B row-major: no pack) took 62.8 us a call on one thread (median of 30
+# interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
 TILE_SHARE = 0.8
+# A transposed B's pack, per element (scalar moves in blocks of a cache line of K): the same product
+# with B transposed (x @ w.T) took 17 us more, 32768 elements.
+TRANSPOSE_NS = 0.5
 
 
 class GemmKernel(Enum):
@@ -82,11 +90,25 @@ def tile_time(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> KernelT
     moved = calls * (a * panels + b + 2 * c * blocks)
     level = m.level(a + b + c, used)
     mem = moved / m.gbs(a + b + c, used) / 1e3
-    packed = gm.tb or gm.n % ts.nr
-    pack = calls * b * (1 / m.rates.bandwidth(level, 1) + 1 / m.rates.bandwidth(level, 1, write=True)) / 1e3
-    pack = pack if packed else 0.0
+    pack = calls * pack_us(gm, itemsize, ts, m, level) / used
     fork = m.rates.fork(used)
     return KernelTime(fork + pack + max(comp, mem), mem + pack, comp, fork, 0.0, level, used)
+
+
+def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
+    """One thread's copy of B into panels: element by element at TRANSPOSE_NS where B is transposed
+    (`tb`), else read and written at `level`'s rates where N is not whole panels, else none.
+
+    >>> from panamera.schedule.cpu_gemm import Gemm
+    >>> pack_us(Gemm(8, 32, 1024, False, 1024, True, 1024, 32, ()), 4, TileShape(8, 2, 16), None, "L2")
+    16.384
+    """
+    if gm.tb:
+        return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * TRANSPOSE_NS / 1e3
+    if gm.n % ts.nr == 0:
+        return 0.0
+    b = gm.k * gm.n * itemsize
+    return b * (1 / m.rates.bandwidth(level, 1) + 1 / m.rates.bandwidth(level, 1, write=True)) / 1e3
 
 
 def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple[GemmKernel, KernelTime]:
