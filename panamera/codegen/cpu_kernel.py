@@ -74,6 +74,9 @@ class CpuKernel:
         return self.host if not self.source else None
 
     def describe(self) -> str:
+        if self.tile is not None and self.host is not None:
+            t = self.tile
+            return f"register tiles {t.mr}x{t.nr} in place of the {self.host.describe()} (the model's pick)"
         return self.host.describe() if self.host is not None else self.decision.describe()
 
 
