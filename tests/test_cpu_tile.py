@@ -13,7 +13,7 @@ import panamera as pn
 import panamera.cpu_target as cpu_target
 from panamera.model.cpu import CpuModel
 from panamera.model.cpu_gemm import GemmRates
-from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_shape
+from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_plan, tile_shape
 from panamera.schedule.cpu_gemm import Gemm
 
 
@@ -75,3 +75,39 @@ def test_model_routes_small_to_tile_and_large_to_blas():
         assert gemm_choice(big, 4, m, t)[0] is GemmKernel.BLAS
     assert gemm_tile(small, 4, m, 1) == tile_shape(64, 4)
     assert gemm_tile(None, 4, m, 1) is None and gemm_tile(big, 4, m, 1) is None
+
+
+@pytest.mark.parametrize(("m", "n", "k", "ksplit", "tb"), [(3, 20, 1000, 2, False), (8, 32, 700, 4, True)])
+def test_k_split_merges_partials_in_order(monkeypatch, m, n, k, ksplit, tb):
+    """K cut into chunks (the last one short, or (4 chunks of 256 over 700) one empty), each chunk's
+    partial a task, added in chunk order: against float64 numpy, and the same bits on 1 and 2 threads."""
+    monkeypatch.setattr(
+        cpu_target, "gemm_tile", lambda gm, i, md, t=1: dataclasses.replace(tile_shape(md.simd_bytes, i), ksplit=ksplit)
+    )
+    x = pn.placeholder((m, k), "float32")
+    w = pn.placeholder((n, k) if tb else (k, n), "float32")
+    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)
+    assert f"pn_nt, {ksplit})" in f.source
+    a, b = (
+        random_array((m, k), "float32", np.random.default_rng(5)),
+        random_array(w.shape, "float32", np.random.default_rng(6)),
+    )
+    ref = a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    _check(one, ref, k, np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+
+
+def test_model_splits_k_only_where_tiles_cannot_occupy_the_threads():
+    """8x32x8192: one C tile, two threads: K in 2 chunks; on one thread, or with 16 tiles
+    (128x32x8192), no split."""
+    m = dataclasses.replace(
+        CpuModel.nominal(cores=2, simd_bytes=64),
+        gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(300.0, 130.0)),
+    )
+    skinny = Gemm(8, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    wide = Gemm(128, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    assert tile_plan(skinny, 4, m, 2)[0].ksplit == 2 and tile_plan(skinny, 4, m, 1)[0].ksplit == 1
+    assert tile_plan(wide, 4, m, 2)[0].ksplit == 1
+    t = tile_plan(skinny, 4, m, 2)[1]
+    assert t.merge_us > 0 and t.threads == 2

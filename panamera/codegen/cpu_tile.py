@@ -8,8 +8,10 @@ held in MR x NV vector registers across its K loop, the innermost, one broadcast
 per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
 every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
 N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing).
-Threads share the (N panel, M tile) tasks under one static schedule (the same tasks each K block):
-each C element is summed by one thread in K order, so results are bit-stable across thread counts.
+Threads share the (K chunk, N panel, M tile) tasks under one static schedule (the same tasks each K
+block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
+model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
+counts.
 
 >>> "pn_tile_gemm" in TILE_SOURCE
 True
@@ -24,7 +26,9 @@ KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB,
 
 @dataclass(frozen=True)
 class TileShape:
-    """The register tile: `mr` rows x `nv` vectors of `lanes` columns.
+    """The register tile: `mr` rows x `nv` vectors of `lanes` columns; K cut into `ksplit` chunks
+    (whole KC blocks), each chunk's partial product a task of its own, the partials then added in
+    chunk order (the multi-block binding of a reduction: where the C tiles cannot occupy the threads).
 
     >>> TileShape(4, 2, 16).nr
     32
@@ -33,6 +37,7 @@ class TileShape:
     mr: int
     nv: int
     lanes: int
+    ksplit: int = 1
 
     @property
     def nr(self) -> int:
@@ -43,13 +48,13 @@ def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
     """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`.
 
     >>> tile_call(TileShape(8, 2, 16), "float", "...", "pn_nt")
-    'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt)'
+    'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt, 1)'
     """
-    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt})"
+    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit})"
 
 
-# pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt): pn_gemm's calls
-# (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads.
+# pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
+# (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads, K in `ks` chunks.
 TILE_SOURCE = (
     r"""
 #include <immintrin.h>
@@ -116,7 +121,7 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
 }
 template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
     long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
-    const long long* t, int nt) {
+    const long long* t, int nt, int ks) {
   constexpr int W = L * sizeof(T);
   constexpr long long NR = NV * L, KC = """
     + str(KC)
@@ -126,7 +131,12 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
   static thread_local std::vector<T> pn_pk;
   if (pack && (long long)pn_pk.size() < np * NR * k) pn_pk.resize(np * NR * k);
   const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;
-  if (nt > tasks) nt = (int)tasks;  // the pack has as many blocks or more
+  if (nt > tasks * ks) nt = (int)(tasks * ks);  // the pack has as many blocks or more
+  const long long chunk = ks > 1 ? ((k + ks - 1) / ks + KC - 1) / KC * KC : k;  // K per chunk: whole KC blocks
+  const long long nkb = chunk > 0 ? (chunk + KC - 1) / KC : 1;
+  static thread_local std::vector<T> pn_ws;
+  if (ks > 1 && (long long)pn_ws.size() < ks * m * n) pn_ws.resize(ks * m * n);
+  T* ws = pn_ws.data();
   for (int call = 0; call < count; ++call, t += 4) {
     const T* a = a0 + t[0];
     const T* b = b0 + t[1];
@@ -150,16 +160,30 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
           for (long long p = p0; p < pe; ++p)
             for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
       }
-      for (long long k0 = 0; k0 < k || k0 == 0; k0 += KC) {
-        const long long kn = k - k0 < KC ? k - k0 : KC;
+      for (long long kb = 0; kb < nkb; ++kb) {  // the same tasks each K block (static): one thread per C element
         #pragma omp for schedule(static) nowait
-        for (long long task = 0; task < tasks; ++task) {
-          const long long q = task / mt, i0 = (task % mt) * MR, j0 = q * NR;
+        for (long long task = 0; task < tasks * ks; ++task) {
+          const long long sk = task / tasks, tt = task % tasks, q = tt / mt, i0 = (tt % mt) * MR, j0 = q * NR;
+          const long long ks0 = sk * chunk, k0 = ks0 + kb * KC, ke = ks0 + chunk < k ? ks0 + chunk : k;
+          const long long kn = ke - k0 < KC ? ke - k0 : KC;
+          if (kn <= 0 && kb > 0) continue;
           const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
           const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
-          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn, a + i0 * ars + k0 * aks, ars, aks, bq,
-                                     pack ? NR : ldb, c + i0 * ldc + j0, ldc, k0 > 0 || beta, nvalid);
+          T* out = ks > 1 ? ws + sk * m * n + i0 * n + j0 : c + i0 * ldc + j0;
+          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars,
+                                     aks, bq, pack ? NR : ldb, out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta),
+                                     nvalid);
         }
+      }
+      if (ks > 1) {  // the K chunks' partials merged in chunk order: the same bits on any threads
+        #pragma omp barrier
+        #pragma omp for schedule(static)
+        for (long long i = 0; i < m; ++i)
+          for (long long j = 0; j < n; ++j) {
+            T v = ws[i * n + j];
+            for (long long sk = 1; sk < ks; ++sk) v += ws[sk * m * n + i * n + j];
+            c[i * ldc + j] = beta ? c[i * ldc + j] + v : v;
+          }
       }
     }
   }

@@ -34,6 +34,7 @@ tile, a large one (C re-read per K block, A per panel) to the BLAS.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -68,31 +69,65 @@ def tile_shape(simd_bytes: int, itemsize: int) -> TileShape:
     AVX-512, else 16): 8 rows, else 6.
 
     >>> tile_shape(64, 4), tile_shape(32, 8)
-    (TileShape(mr=8, nv=2, lanes=16), TileShape(mr=6, nv=2, lanes=4))
+    (TileShape(mr=8, nv=2, lanes=16, ksplit=1), TileShape(mr=6, nv=2, lanes=4, ksplit=1))
     """
     return TileShape(8 if simd_bytes >= 64 else 6, 2, max(1, simd_bytes // itemsize))
 
 
-def tile_time(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> KernelTime:
-    """The tile kernel's modeled time for `gm` on `threads` threads (module docstring)."""
+def tile_time(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1, ksplit: int | None = None) -> KernelTime:
+    """The tile kernel's modeled time for `gm` on `threads` threads (module docstring), K in
+    `ksplit` chunks (default: the best, `tile_plan`)."""
+    return tile_plan(gm, itemsize, m, threads, ksplit)[1]
+
+
+def tile_plan(
+    gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1, ksplit: int | None = None
+) -> tuple[TileShape, KernelTime]:
+    """The tile for `gm` and its modeled time on `threads` threads. K is split (`TileShape.ksplit`:
+    1, 2, 4, ... chunks of whole KC blocks) only where the C tiles are fewer than the threads, and
+    only where the model finds it faster: the chunks' partials (ksplit x M x N) are written, then
+    read and added in chunk order, at the rates of the level they live in (the merge).
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> from panamera.model.cpu_gemm import GemmRates
+    >>> from panamera.schedule.cpu_gemm import Gemm
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)  # a BLAS probe that scales to 2 threads:
+    >>> m = dataclasses.replace(m, gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(300.0, 130.0)))
+    >>> g = Gemm(8, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    >>> tile_plan(g, 4, m, 1)[0].ksplit, tile_plan(g, 4, m, 2)[0].ksplit
+    (1, 2)
+    """
     from .cpu import KernelTime
 
-    ts = tile_shape(m.simd_bytes, itemsize)
-    mt, panels = math.ceil(gm.m / ts.mr), math.ceil(gm.n / ts.nr)
+    base = tile_shape(m.simd_bytes, itemsize)
+    mt, panels = math.ceil(gm.m / base.mr), math.ceil(gm.n / base.nr)
     tasks = max(1, mt * panels)
-    used = max(1, min(threads, tasks))
-    waves = math.ceil(tasks / used) * used / tasks
+    splits = [1]
+    while ksplit is None and tasks * splits[-1] < threads and gm.k >= 2 * splits[-1] * KC:
+        splits.append(2 * splits[-1])
     calls = len(gm.calls)
     flops = 2 * gm.m * gm.n * gm.k * calls
-    comp = flops / (m.gemm.rate(itemsize, used) * TILE_SHARE) / 1e3 * waves
     a, b, c = (x * itemsize for x in (gm.m * gm.k, gm.k * gm.n, gm.m * gm.n))
     blocks = max(1, math.ceil(gm.k / KC))
-    moved = calls * (a * panels + b + 2 * c * blocks)
-    level = m.level(a + b + c, used)
-    mem = moved / m.gbs(a + b + c, used) / 1e3
-    pack = calls * pack_us(gm, itemsize, ts, m, level) / used
-    fork = m.rates.fork(used)
-    return KernelTime(fork + pack + max(comp, mem), mem + pack, comp, fork, 0.0, level, used)
+    best: tuple[TileShape, KernelTime] | None = None
+    for ks in splits if ksplit is None else [ksplit]:
+        used = max(1, min(threads, tasks * ks))
+        waves = math.ceil(tasks * ks / used) * used / (tasks * ks)
+        comp = flops / (m.gemm.rate(itemsize, used) * TILE_SHARE) / 1e3 * waves
+        moved = calls * (a * panels + b + 2 * c * blocks)
+        level = m.level(a + b + c * ks, used)
+        mem = moved / m.gbs(a + b + c * ks, used) / 1e3
+        pack = calls * pack_us(gm, itemsize, base, m, level) / used
+        merge = 0.0
+        if ks > 1:  # partials written, then read and added, each C element by one thread
+            merge = calls * c * ks * (1 / m.gbs(c * ks, used, write=True) + 1 / m.gbs(c * ks, used)) / 1e3
+        fork = m.rates.fork(used)
+        t = KernelTime(fork + pack + max(comp, mem) + merge, mem + pack, comp, fork, merge, level, used)
+        if best is None or t.total_us < best[1].total_us:
+            best = (dataclasses.replace(base, ksplit=ks), t)
+    assert best is not None
+    return best
 
 
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
@@ -115,7 +150,7 @@ def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple
     """The faster of the BLAS and the tile kernel for `gm` on `threads` threads, and its time."""
     mnk = gm.m * gm.n * gm.k
     blas = gemm_time(2 * mnk * len(gm.calls), (gm.m * gm.k + gm.k * gm.n) * itemsize, itemsize, m, threads, mnk)
-    tile = tile_time(gm, itemsize, m, threads)
+    tile = tile_plan(gm, itemsize, m, threads)[1]
     return (GemmKernel.TILE, tile) if tile.total_us < blas.total_us else (GemmKernel.BLAS, blas)
 
 
@@ -124,4 +159,4 @@ def gemm_tile(gm: Gemm | None, itemsize: int, m: CpuModel, threads: int = 1) -> 
     BLAS, or no `Gemm`: numpy runs the contraction)."""
     if gm is None or gemm_choice(gm, itemsize, m, threads)[0] is GemmKernel.BLAS:
         return None
-    return tile_shape(m.simd_bytes, itemsize)
+    return tile_plan(gm, itemsize, m, threads)[0]
