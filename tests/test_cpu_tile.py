@@ -30,10 +30,18 @@ def _check(got, ref, k, scale):
 
 @pytest.mark.parametrize(
     ("m", "n", "k", "tb"),
-    [(37, 45, 131, False), (5, 19, 300, True), (16, 32, 256, False), (1, 70, 150, False), (9, 33, 129, True)],
+    [
+        (37, 45, 131, False),
+        (5, 19, 300, True),
+        (16, 32, 256, False),
+        (1, 70, 150, False),
+        (9, 33, 129, True),
+        (16, 64, 100, True),
+    ],
 )
 def test_tile_matches_numpy_with_tails(forced_tile, m, n, k, tb):
-    """M, N, K off the tile (MR, NR, KC): the row tails, the zero-padded last panel, a short last K block."""
+    """M, N, K off the tile (MR, NR, KC): the row tails, the zero-padded last panel, a short last K block;
+    B transposed: copied (a tail panel) or gathered (whole panels)."""
     x = pn.placeholder((m, k), "float32")
     w = pn.placeholder((n, k) if tb else (k, n), "float32")
     f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)

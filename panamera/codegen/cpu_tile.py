@@ -7,7 +7,8 @@ M): C is cut into MR x NR tiles (MR rows, NR = NV vectors of columns), each tile
 held in MR x NV vector registers across its K loop, the innermost, one broadcast of A and one FMA
 per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
 every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
-N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing).
+N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing;
+a transposed B's whole panels gathered 16 columns at a time with AVX-512).
 Threads share the (K chunk, N panel, M tile) tasks under one static schedule (the same tasks each K
 block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
 model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
@@ -119,6 +120,24 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
   }
   pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
 }
+// A transposed B's block (rows p0..pe of a whole panel of NR columns, column j at bq + j ldb) gathered
+// 16 columns at a time (AVX-512, float32); false where that does not apply (the scalar copy runs).
+template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
+    long long pe, long long cols) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 4 && NR % 16 == 0) {
+    if (cols < NR || ldb * NR >= (1LL << 31)) return false;
+    for (long long h = 0; h < NR; h += 16) {
+      const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int)ldb));
+      const T* bh = bq + h * ldb;
+      for (long long p = p0; p < pe; ++p) _mm512_storeu_ps(pq + p * NR + h, _mm512_i32gather_ps(idx, bh + p, 4));
+    }
+    return true;
+  }
+#endif
+  return false;
+}
 template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
     long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
     const long long* t, int nt, int ks) {
@@ -151,7 +170,8 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
       for (long long blk = 0; blk < pblocks; ++blk) {  // panel q: k rows of NR columns, zero past n
         const long long q = blk % np, p0 = blk / np * CL, pe = p0 + CL < k ? p0 + CL : k;
         T* pq = pk + q * k * NR;
-        if (tb)  // B read along its rows, the block's rows of the panel in L1
+        if (tb && pn_tile_gather<T, NR>(pq, b + q * NR * ldb, ldb, p0, pe, n - q * NR)) {
+        } else if (tb)  // B read along its rows, the block's rows of the panel in L1
           for (long long j = 0; j < NR; ++j) {
             const long long col = q * NR + j;
             for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);

@@ -51,9 +51,10 @@ if TYPE_CHECKING:
 # 128x32x1024 float32 (B row-major: no pack) took 62.8 us a call on one thread (median of 30
 # interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
 TILE_SHARE = 0.8
-# A transposed B's pack, per element (scalar moves in blocks of a cache line of K): the same product
-# with B transposed (x @ w.T) took 17 us more, 32768 elements.
-TRANSPOSE_NS = 0.5
+# A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
+# B transposed, x @ w.T, took 17 us more: 32768 elements), or AVX-512 gathers of 16 columns (float32,
+# whole panels: 8 us more, 2026-11-25, same rounds).
+TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 
 class GemmKernel(Enum):
@@ -132,14 +133,15 @@ def tile_plan(
 
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
     """One thread's copy of B into panels: element by element at TRANSPOSE_NS where B is transposed
-    (`tb`), else read and written at `level`'s rates where N is not whole panels, else none.
+    (`tb`; GATHER_NS where the kernel gathers: AVX-512, float32, whole panels), else read and written at `level`'s rates where N is not whole panels, else none.
 
     >>> from panamera.schedule.cpu_gemm import Gemm
     >>> pack_us(Gemm(8, 32, 1024, False, 1024, True, 1024, 32, ()), 4, TileShape(8, 2, 16), None, "L2")
-    16.384
+    8.192
     """
     if gm.tb:
-        return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * TRANSPOSE_NS / 1e3
+        gathered = ts.lanes * itemsize >= 64 and itemsize == 4 and gm.n % ts.nr == 0
+        return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * (GATHER_NS if gathered else TRANSPOSE_NS) / 1e3
     if gm.n % ts.nr == 0:
         return 0.0
     b = gm.k * gm.n * itemsize
