@@ -119,3 +119,16 @@ def test_model_splits_k_only_where_tiles_cannot_occupy_the_threads():
     assert tile_plan(wide, 4, m, 2)[0].ksplit == 1
     t = tile_plan(skinny, 4, m, 2)[1]
     assert t.merge_us > 0 and t.threads == 2
+
+
+def test_tile_float64(forced_tile):
+    """dgemm's shape: float64 lanes (half as many a vector), against float64 numpy at float64's tolerance."""
+    x, w = pn.placeholder((13, 300), "float64"), pn.placeholder((300, 21), "float64")
+    f = pn.compile(x @ w, target="cpu", cache=False)
+    assert "pn_tile_gemm<double" in f.source
+    a, b = (
+        random_array((13, 300), "float64", np.random.default_rng(7)),
+        random_array((300, 21), "float64", np.random.default_rng(8)),
+    )
+    t = tolerance("float64", 300)
+    np.testing.assert_allclose(f(a, b), a @ b, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(300))
