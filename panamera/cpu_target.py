@@ -31,12 +31,14 @@ from . import segments as sorted_segments
 from .codegen import islast
 from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
 from .codegen.cpu_lanes import LANE_FOLD
+from .codegen.cpu_tile import TILE_SOURCE
 from .codegen.header import prelude
 from .compiled import Compiled, _tensors, write_out
 from .compiler import TARGET_COMPILERS
 from .frontend.tensor import Tensor
 from .launch_plan import _output_specs, _result_spec
 from .model.cpu import Caches, CpuModel
+from .model.cpu_tile import gemm_tile
 from .options import Options, Target
 from .poly import attention as fused_attention
 from .poly.statement import Form
@@ -232,7 +234,8 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if g.M > 0 and g.N == 0:  # reductions over nothing
             kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
         elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
-            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores, cpu_gemm.blas() is not None))
+            tile = gemm_tile(call.gemm, g.statements[0].result.dtype.itemsize, model, machine.cores)
+            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores, cpu_gemm.blas() is not None, tile))
         elif g.M * g.N:
             d: CpuDecision = map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic)
             kernels.append(render_cpu(kernel_name(k, g), g, d))
@@ -249,6 +252,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     calls = tuple((k.name, tuple(p.key for p in k.params), k.by_numpy) for k in kernels)
     decls = sorted({r for k in kernels for r in k.reductions})
     decls += [cpu_gemm.GEMM_SOURCE] if any(k.host is not None and k.source for k in kernels) else []
+    decls += [TILE_SOURCE] if any(k.tile is not None for k in kernels) else []
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body

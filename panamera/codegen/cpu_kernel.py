@@ -49,6 +49,7 @@ from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, map_head, row_run, split_invariant
+from .cpu_tile import TileShape, tile_call
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
@@ -66,6 +67,7 @@ class CpuKernel:
     decision: CpuDecision
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
     host: BlasCall | None = None  # a BLAS contraction (schedule/cpu_blas.py): by numpy where `source` is ""
+    tile: TileShape | None = None  # that contraction run by the tile kernel (codegen/cpu_tile.py), not the BLAS
 
     @property
     def by_numpy(self) -> BlasCall | None:
@@ -73,6 +75,9 @@ class CpuKernel:
         return self.host if not self.source else None
 
     def describe(self) -> str:
+        if self.tile is not None and self.host is not None:
+            t = self.tile
+            return f"register tiles {t.mr}x{t.nr} in place of the {self.host.describe()} (the model's pick)"
         return self.host.describe() if self.host is not None else self.decision.describe()
 
 
@@ -460,11 +465,14 @@ class _Kernel(RowValues, SplitMerge):
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
-def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False) -> CpuKernel:
+def host_blas(
+    name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False, tile: TileShape | None = None
+) -> CpuKernel:
     """A contraction group run by the BLAS numpy links (schedule/cpu_blas.py), its buffers as a
     kernel's. `in_c` (the BLAS's gemm is callable from C: runtime/cpu_gemm.py) and the call a
     `Gemm`: a C function calling `pn_gemm` (the program's C entry runs it in line); else no C++,
-    and numpy runs it between the entries.
+    and numpy runs it between the entries. `tile` (the model's pick, model/cpu_tile.py `gemm_tile`;
+    the call a `Gemm`): `pn_tile_gemm` instead, the register-tiled kernel (codegen/cpu_tile.py).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -476,7 +484,7 @@ def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c:
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
     d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
     gm = call.gemm
-    if not in_c or gm is None:
+    if gm is None or (not in_c and tile is None):
         return CpuKernel(name, "", params, d, (), call)
     slot = {p.key: n for n, p in enumerate(params)}
     (a, b), c = (slot[op.key] for op in call.operands), slot[call.out_key]
@@ -487,11 +495,12 @@ def host_blas(name: str, group: KernelGroup, call: BlasCall, threads: int, in_c:
         f"{int(gm.ta)}, {int(gm.tb)}, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], {gm.lda}LL, "
         f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
+    fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt")
     source = (
         f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
-        f"  pn_gemm<{t}>({args});\n}}"
+        f"  {fn};\n}}"
     )
-    return CpuKernel(name, source, params, d, (), call)
+    return CpuKernel(name, source, params, d, (), call, tile)
 
 
 def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:

@@ -30,6 +30,7 @@ from ..model.cpu import (
     limit_us,
 )
 from ..model.cpu_gemm import gemm_time
+from ..model.cpu_tile import gemm_choice
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
@@ -203,6 +204,8 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
     call = blas_call(g) if g.M * g.N else None
     if call is not None:
         itemsize = g.statements[0].result.dtype.itemsize
+        if call.gemm is not None:  # the BLAS or the tile kernel, as the model picks (model/cpu_tile.py)
+            return gemm_choice(call.gemm, itemsize, m, max(1, threads or m.cores))[1]
         packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
         return gemm_time(call.flops, packed, itemsize, m, max(1, threads or m.cores), _mnk(call))
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's

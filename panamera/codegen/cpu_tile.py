@@ -1,0 +1,212 @@
+"""The register-tiled contraction kernel of the CPU target: a `Gemm` (schedule/cpu_gemm.py) the CPU
+model routes away from the BLAS (model/cpu_tile.py `gemm_kernel`) runs as `pn_tile_gemm`, printed
+once into the program's source (`TILE_SOURCE`) and called by the group's C function.
+
+The shape is Goto's micro-kernel without his A packing (what ONNX Runtime's MLAS does for a small
+M): C is cut into MR x NR tiles (MR rows, NR = NV vectors of columns), each tile's accumulators
+held in MR x NV vector registers across its K loop, the innermost, one broadcast of A and one FMA
+per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
+every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
+N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing;
+a transposed B's whole panels gathered 16 columns at a time with AVX-512).
+Threads share the (K chunk, N panel, M tile) tasks under one static schedule (the same tasks each K
+block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
+model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
+counts.
+
+>>> "pn_tile_gemm" in TILE_SOURCE
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
+
+
+@dataclass(frozen=True)
+class TileShape:
+    """The register tile: `mr` rows x `nv` vectors of `lanes` columns; K cut into `ksplit` chunks
+    (whole KC blocks), each chunk's partial product a task of its own, the partials then added in
+    chunk order (the multi-block binding of a reduction: where the C tiles cannot occupy the threads).
+
+    >>> TileShape(4, 2, 16).nr
+    32
+    """
+
+    mr: int
+    nv: int
+    lanes: int
+    ksplit: int = 1
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
+
+def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
+    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`.
+
+    >>> tile_call(TileShape(8, 2, 16), "float", "...", "pn_nt")
+    'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt, 1)'
+    """
+    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit})"
+
+
+# pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
+# (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads, K in `ks` chunks.
+TILE_SOURCE = (
+    r"""
+#include <immintrin.h>
+#include <vector>
+template <class T, int W> struct pn_tv { typedef T V __attribute__((vector_size(W))); };
+template <class V> static inline V pn_fma(V a, V b, V c) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(a[0]) == 4) return (V)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+  if constexpr (sizeof(V) == 64 && sizeof(a[0]) == 8) return (V)_mm512_fmadd_pd((__m512d)a, (__m512d)b, (__m512d)c);
+#endif
+#if defined(__FMA__)
+  if constexpr (sizeof(V) == 32 && sizeof(a[0]) == 4) return (V)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+  if constexpr (sizeof(V) == 32 && sizeof(a[0]) == 8) return (V)_mm256_fmadd_pd((__m256d)a, (__m256d)b, (__m256d)c);
+#endif
+  return a * b + c;
+}
+template <class V, class T> static inline V pn_bcast(const T* p) {  // a broadcast load (the load port, not a shuffle)
+#if defined(__AVX512F__)
+  if constexpr (sizeof(V) == 64 && sizeof(T) == 4) return (V)_mm512_set1_ps(*p);
+  if constexpr (sizeof(V) == 64 && sizeof(T) == 8) return (V)_mm512_set1_pd(*p);
+#endif
+#if defined(__AVX__)
+  if constexpr (sizeof(V) == 32 && sizeof(T) == 4) return (V)_mm256_broadcast_ss(p);
+  if constexpr (sizeof(V) == 32 && sizeof(T) == 8) return (V)_mm256_broadcast_sd(p);
+#endif
+  return V{} + *p;
+}
+// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
+template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
+    long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+  typedef typename pn_tv<T, W>::V V;
+  constexpr int L = W / sizeof(T);
+  V acc[R][NV];
+  for (int i = 0; i < R; ++i) for (int v = 0; v < NV; ++v) acc[i][v] = V{} ;
+  for (long long p = 0; p < kn; ++p) {
+    V bv[NV];
+    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + p * bks + v * L, W);
+    for (int i = 0; i < R; ++i) {
+      V ai = pn_bcast<V>(a + i * ars + p * aks);
+      for (int v = 0; v < NV; ++v) acc[i][v] = pn_fma(ai, bv[v], acc[i][v]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    T* ci = c + i * ldc;
+    if (nvalid == NV * L) {
+      for (int v = 0; v < NV; ++v) {
+        V o = acc[i][v];
+        if (add) { V x; __builtin_memcpy(&x, ci + v * L, W); o += x; }
+        __builtin_memcpy(ci + v * L, &o, W);
+      }
+    } else {
+      T tmp[NV * L];
+      __builtin_memcpy(tmp, acc[i], sizeof(tmp));
+      for (int j = 0; j < nvalid; ++j) ci[j] = add ? ci[j] + tmp[j] : tmp[j];
+    }
+  }
+}
+template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r, long long kn, const T* a,
+    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+  if constexpr (MR > 1) {
+    if (r < MR) { pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid); return; }
+  }
+  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
+}
+// A transposed B's block (rows p0..pe of a whole panel of NR columns, column j at bq + j ldb) gathered
+// 16 columns at a time (AVX-512, float32); false where that does not apply (the scalar copy runs).
+template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
+    long long pe, long long cols) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 4 && NR % 16 == 0) {
+    if (cols < NR || ldb * NR >= (1LL << 31)) return false;
+    for (long long h = 0; h < NR; h += 16) {
+      const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int)ldb));
+      const T* bh = bq + h * ldb;
+      for (long long p = p0; p < pe; ++p) _mm512_storeu_ps(pq + p * NR + h, _mm512_i32gather_ps(idx, bh + p, 4));
+    }
+    return true;
+  }
+#endif
+  return false;
+}
+template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
+    long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
+    const long long* t, int nt, int ks) {
+  constexpr int W = L * sizeof(T);
+  constexpr long long NR = NV * L, KC = """
+    + str(KC)
+    + r""";
+  const long long mt = (m + MR - 1) / MR, np = (n + NR - 1) / NR, tasks = mt * np;
+  const bool pack = tb || n % NR;
+  static thread_local std::vector<T> pn_pk;
+  if (pack && (long long)pn_pk.size() < np * NR * k) pn_pk.resize(np * NR * k);
+  const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;
+  if (nt > tasks * ks) nt = (int)(tasks * ks);  // the pack has as many blocks or more
+  const long long chunk = ks > 1 ? ((k + ks - 1) / ks + KC - 1) / KC * KC : k;  // K per chunk: whole KC blocks
+  const long long nkb = chunk > 0 ? (chunk + KC - 1) / KC : 1;
+  static thread_local std::vector<T> pn_ws;
+  if (ks > 1 && (long long)pn_ws.size() < ks * m * n) pn_ws.resize(ks * m * n);
+  T* ws = pn_ws.data();
+  for (int call = 0; call < count; ++call, t += 4) {
+    const T* a = a0 + t[0];
+    const T* b = b0 + t[1];
+    T* c = c0 + t[2];
+    const int beta = (int)t[3];
+    T* pk = pn_pk.data();
+    constexpr long long CL = 64 / sizeof(T);  // K steps a block of the pack: a cache line of a B row
+    const long long pblocks = pack ? np * ((k + CL - 1) / CL) : 0;
+    #pragma omp parallel num_threads(nt)
+    {
+      #pragma omp for schedule(static)
+      for (long long blk = 0; blk < pblocks; ++blk) {  // panel q: k rows of NR columns, zero past n
+        const long long q = blk % np, p0 = blk / np * CL, pe = p0 + CL < k ? p0 + CL : k;
+        T* pq = pk + q * k * NR;
+        if (tb && pn_tile_gather<T, NR>(pq, b + q * NR * ldb, ldb, p0, pe, n - q * NR)) {
+        } else if (tb)  // B read along its rows, the block's rows of the panel in L1
+          for (long long j = 0; j < NR; ++j) {
+            const long long col = q * NR + j;
+            for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
+          }
+        else
+          for (long long p = p0; p < pe; ++p)
+            for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
+      }
+      for (long long kb = 0; kb < nkb; ++kb) {  // the same tasks each K block (static): one thread per C element
+        #pragma omp for schedule(static) nowait
+        for (long long task = 0; task < tasks * ks; ++task) {
+          const long long sk = task / tasks, tt = task % tasks, q = tt / mt, i0 = (tt % mt) * MR, j0 = q * NR;
+          const long long ks0 = sk * chunk, k0 = ks0 + kb * KC, ke = ks0 + chunk < k ? ks0 + chunk : k;
+          const long long kn = ke - k0 < KC ? ke - k0 : KC;
+          if (kn <= 0 && kb > 0) continue;
+          const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
+          const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
+          T* out = ks > 1 ? ws + sk * m * n + i0 * n + j0 : c + i0 * ldc + j0;
+          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars,
+                                     aks, bq, pack ? NR : ldb, out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta),
+                                     nvalid);
+        }
+      }
+      if (ks > 1) {  // the K chunks' partials merged in chunk order: the same bits on any threads
+        #pragma omp barrier
+        #pragma omp for schedule(static)
+        for (long long i = 0; i < m; ++i)
+          for (long long j = 0; j < n; ++j) {
+            T v = ws[i * n + j];
+            for (long long sk = 1; sk < ks; ++sk) v += ws[sk * m * n + i * n + j];
+            c[i * ldc + j] = beta ? c[i * ldc + j] + v : v;
+          }
+      }
+    }
+  }
+}
+"""
+)

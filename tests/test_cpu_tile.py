@@ -1,0 +1,134 @@
+"""target="cpu": the register-tiled contraction kernel (codegen/cpu_tile.py) and the model's routing
+between it and numpy's BLAS (model/cpu_tile.py). Results against float64 numpy with tolerances from
+K and the operands' magnitudes; tails in M, N and K; transposed operands (B packed) and batched calls
+(accumulated K pieces); bit-stable across 1 and 2 threads."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import random_array, tolerance
+
+import panamera as pn
+import panamera.cpu_target as cpu_target
+from panamera.model.cpu import CpuModel
+from panamera.model.cpu_gemm import GemmRates
+from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_plan, tile_shape
+from panamera.schedule.cpu_gemm import Gemm
+
+
+@pytest.fixture
+def forced_tile(monkeypatch):
+    """Compile every `Gemm` as the tile kernel, whatever this (loaded) machine's probe says."""
+    monkeypatch.setattr(cpu_target, "gemm_tile", lambda gm, itemsize, m, threads=1: tile_shape(m.simd_bytes, itemsize))
+
+
+def _check(got, ref, k, scale):
+    t = tolerance("float32", k)
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=t, atol=t * scale)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k", "tb"),
+    [
+        (37, 45, 131, False),
+        (5, 19, 300, True),
+        (16, 32, 256, False),
+        (1, 70, 150, False),
+        (9, 33, 129, True),
+        (16, 64, 100, True),
+    ],
+)
+def test_tile_matches_numpy_with_tails(forced_tile, m, n, k, tb):
+    """M, N, K off the tile (MR, NR, KC): the row tails, the zero-padded last panel, a short last K block;
+    B transposed: copied (a tail panel) or gathered (whole panels)."""
+    x = pn.placeholder((m, k), "float32")
+    w = pn.placeholder((n, k) if tb else (k, n), "float32")
+    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)
+    assert "pn_tile_gemm<" in f.source and f.cpu_kernels[0].tile is not None
+    a, b = (
+        random_array((m, k), "float32", np.random.default_rng(1)),
+        random_array(w.shape, "float32", np.random.default_rng(2)),
+    )
+    ref = a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    scale = np.abs(a).max() * np.abs(b).max() * np.sqrt(k)
+    _check(f(a, b), ref, k, scale)
+
+
+def test_tile_batched_and_bit_stable_across_threads(forced_tile):
+    """A batched product (several gemm calls, one per batch); 1 and 2 threads give the same bits (each
+    C element summed by one thread in K order)."""
+    x, w = pn.placeholder((3, 20, 70), "float32"), pn.placeholder((3, 70, 50), "float32")
+    f = pn.compile(pn.matmul(x, w) if hasattr(pn, "matmul") else x @ w, target="cpu", cache=False)
+    assert f.cpu_kernels[0].tile is not None
+    a, b = (
+        random_array((3, 20, 70), "float32", np.random.default_rng(3)),
+        random_array((3, 70, 50), "float32", np.random.default_rng(4)),
+    )
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    _check(one, ref, 70, np.abs(a).max() * np.abs(b).max() * np.sqrt(70))
+    assert np.array_equal(one, two)
+
+
+def test_model_routes_small_to_tile_and_large_to_blas():
+    """The model picks the tile for table1's 128x32x1024 (x @ w.T) and the BLAS for 1024^3, on 1 and
+    2 threads of a nominal AVX-512 machine with this machine's BLAS rate, scaling to 2 threads; no `Gemm`: no tile."""
+    m = CpuModel.nominal(cores=2, simd_bytes=64)
+    m = dataclasses.replace(m, gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(300.0, 130.0)))
+    small = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
+    big = Gemm(1024, 1024, 1024, False, 1024, False, 1024, 1024, ((0, 0, 0, 0),))
+    for t in (1, 2):
+        assert gemm_choice(small, 4, m, t)[0] is GemmKernel.TILE
+        assert gemm_choice(big, 4, m, t)[0] is GemmKernel.BLAS
+    assert gemm_tile(small, 4, m, 1) == tile_shape(64, 4)
+    assert gemm_tile(None, 4, m, 1) is None and gemm_tile(big, 4, m, 1) is None
+
+
+@pytest.mark.parametrize(("m", "n", "k", "ksplit", "tb"), [(3, 20, 1000, 2, False), (8, 32, 700, 4, True)])
+def test_k_split_merges_partials_in_order(monkeypatch, m, n, k, ksplit, tb):
+    """K cut into chunks (the last one short, or (4 chunks of 256 over 700) one empty), each chunk's
+    partial a task, added in chunk order: against float64 numpy, and the same bits on 1 and 2 threads."""
+    monkeypatch.setattr(
+        cpu_target, "gemm_tile", lambda gm, i, md, t=1: dataclasses.replace(tile_shape(md.simd_bytes, i), ksplit=ksplit)
+    )
+    x = pn.placeholder((m, k), "float32")
+    w = pn.placeholder((n, k) if tb else (k, n), "float32")
+    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)
+    assert f"pn_nt, {ksplit})" in f.source
+    a, b = (
+        random_array((m, k), "float32", np.random.default_rng(5)),
+        random_array(w.shape, "float32", np.random.default_rng(6)),
+    )
+    ref = a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    _check(one, ref, k, np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+
+
+def test_model_splits_k_only_where_tiles_cannot_occupy_the_threads():
+    """8x32x8192: one C tile, two threads: K in 2 chunks; on one thread, or with 16 tiles
+    (128x32x8192), no split."""
+    m = dataclasses.replace(
+        CpuModel.nominal(cores=2, simd_bytes=64),
+        gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(300.0, 130.0)),
+    )
+    skinny = Gemm(8, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    wide = Gemm(128, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    assert tile_plan(skinny, 4, m, 2)[0].ksplit == 2 and tile_plan(skinny, 4, m, 1)[0].ksplit == 1
+    assert tile_plan(wide, 4, m, 2)[0].ksplit == 1
+    t = tile_plan(skinny, 4, m, 2)[1]
+    assert t.merge_us > 0 and t.threads == 2
+
+
+def test_tile_float64(forced_tile):
+    """dgemm's shape: float64 lanes (half as many a vector), against float64 numpy at float64's tolerance."""
+    x, w = pn.placeholder((13, 300), "float64"), pn.placeholder((300, 21), "float64")
+    f = pn.compile(x @ w, target="cpu", cache=False)
+    assert "pn_tile_gemm<double" in f.source
+    a, b = (
+        random_array((13, 300), "float64", np.random.default_rng(7)),
+        random_array((300, 21), "float64", np.random.default_rng(8)),
+    )
+    t = tolerance("float64", 300)
+    np.testing.assert_allclose(f(a, b), a @ b, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(300))
