@@ -37,7 +37,7 @@ import numpy as np
 
 from ..runtime import cpu, cpu_gemm
 from ..runtime.blas_threads import blas_threads, native_count
-from ..runtime.cpu_call import address
+from ..runtime.cpu_call import address, object_layout
 from . import conv_kernels as ck
 from .conv_kernels import NO_EPILOGUE
 from .conv_step import HostConvStep, c_stages
@@ -108,6 +108,15 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns, void* bg
   }
   if (before != nt) ((PnBlasSet)bset)(before);
 }
+// pn_chain after pointing the tables at this run's arrays: slot i (an address inside a step's pointer
+// table) gets the data pointer of item which[i] of the tuple `objs` (the feeds read in place, the fresh
+// outputs), read from the objects as runtime/cpu_call.py's OBJECT_CALL does (`object_layout`)
+extern "C" void pn_chain_objects(const PnChainStep* s, L n, int nt, double* ns, void* bget, void* bset,
+                                 void* const* slots, const int* which, L m, const char* objs, L data_at, L item_at) {
+  const char* const* item = (const char* const*)(objs + item_at);
+  for (L i = 0; i < m; i++) *(void**)slots[i] = *(void* const*)(item[which[i]] + data_at);
+  pn_chain(s, n, nt, ns, bget, bset);
+}
 """
 )
 
@@ -136,6 +145,10 @@ def _lib() -> ctypes.CDLL:
     lib.pn_chain.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_void_p)  # fmt: skip
     lib.pn_chain.restype = None
+    lib.pn_chain_objects.argtypes = lib.pn_chain.argtypes + (
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.py_object, ctypes.c_long, ctypes.c_long
+    )  # fmt: skip
+    lib.pn_chain_objects.restype = None
     return lib
 
 
@@ -149,10 +162,25 @@ class StepInfo:
 
 
 class Chain:
-    """A model's units as one C call over resident arrays (`build` makes it from a completed run)."""
+    """A model's units as one C call over resident arrays (`build` makes it from a completed run).
+
+    Where the interpreter's object layout allows (cpu_call.object_layout), a run reads a feed in
+    place (C-contiguous, aligned; the caller checked its shape and dtype) and writes each model output
+    into a fresh array it returns: `in_place` names the values whose pointer-table slots it points at
+    them per run (`slots_of`). Any other feed is copied into its resident array, any other output
+    copied out of its own."""
 
     def __init__(
-        self, table, infos: tuple[StepInfo, ...], resident: dict, feeds: tuple, keep: list, nt: int, blas: bool
+        self,
+        table,
+        infos: tuple[StepInfo, ...],
+        resident: dict,
+        feeds: tuple,
+        keep: list,
+        nt: int,
+        blas: bool,
+        tables: tuple = (),
+        outputs: tuple[str, ...] = (),
     ):
         self.table, self.infos, self.resident, self.feeds = table, infos, resident, feeds
         self.keep, self.nt, self.blas, self.lock = keep, nt, blas, threading.Lock()
@@ -165,10 +193,26 @@ class Chain:
         native = native_count() if blas else None
         self._blas = (ctypes.c_void_p(native[0]), ctypes.c_void_p(native[1])) if native else (None, None)
         self._names: dict = {}  # names tuple -> whether every name is resident
+        layout = object_layout()
+        fed = self._fed = frozenset(n for n, _ in feeds)
+        wanted = [n for n, _ in feeds] + [o for o in dict.fromkeys(outputs) if o in resident and o not in fed]
+        slots = slots_of(tables, {n: resident[n] for n in wanted}) if layout else {}
+        self.in_place = tuple(n for n in wanted if n in slots)
+        self._feeds = tuple((n, a, n in slots) for n, a in feeds)
+        self._outs = tuple((n, resident[n].shape, resident[n].dtype) for n in self.in_place if n not in fed)
+        at = [s for n in self.in_place for s in slots[n]]
+        which = [k for k, n in enumerate(self.in_place) for _ in slots[n]]
+        self._slots = ((ctypes.c_void_p * max(1, len(at)))(*at), (ctypes.c_int * max(1, len(which)))(*which))
+        self._tail = (*self._slots, ctypes.c_long(len(at)))
+        self._layout = tuple(map(ctypes.c_long, layout)) if layout else ()
+        if self.in_place:
+            self.fn = _lib().pn_chain_objects
 
     def run(self, feeds: dict, names: tuple[str, ...], threads: int | None, ns=None) -> dict | None:
-        """Copies of `names` after one run on `feeds` (checked by the caller), or None where the
-        chain cannot take them (a name it does not hold, a feed that is not a numpy array)."""
+        """`names` after one run on `feeds` (checked by the caller: shapes and dtypes), or None where
+        the chain cannot take them (a name it does not hold, a feed that is not a numpy array). Every
+        result is a fresh array (an output written in place there, another value copied out); a feed
+        read in place is only read during the call."""
         held = self._names.get(names)
         if held is None:
             held = self._names[names] = all(n in self.resident for n in names)
@@ -178,15 +222,31 @@ class Chain:
         c_nt = self._nts.get(nt)
         if c_nt is None:
             c_nt = self._nts[nt] = ctypes.c_int(nt)
+        blas = self._blas if not (self.blas and self._blas[0] is None) else (None, None)
         with self.lock:
-            for name, arr in self.feeds:
-                np.copyto(arr, feeds[name])
+            objs = []
+            for name, arr, in_place in self._feeds:
+                a = feeds[name]
+                if in_place:
+                    f = a.flags
+                    if f.c_contiguous and f.aligned:  # read in place (shape and dtype checked by the caller)
+                        objs.append(a)
+                        continue
+                    objs.append(arr)
+                np.copyto(arr, a)
+            fresh = {n: np.empty(shape, dt) for n, shape, dt in self._outs}
+            args = (*self._tail, tuple(objs) + tuple(fresh.values()), *self._layout) if self.in_place else ()
             if self.blas and self._blas[0] is None:
                 with blas_threads(nt):
-                    self.fn(*self._head, c_nt, ns, None, None)
+                    self.fn(*self._head, c_nt, ns, *blas, *args)
             else:
-                self.fn(*self._head, c_nt, ns, *self._blas)
-            return {n: self.resident[n].copy() for n in names}
+                self.fn(*self._head, c_nt, ns, *blas, *args)
+            return {n: fresh[n] if n in fresh else self._copy(n, feeds) for n in names}
+
+    def _copy(self, name: str, feeds: dict) -> np.ndarray:
+        """A copy of value `name` after a run (a feed's from the caller's array: one read in place
+        never reached its resident array)."""
+        return np.array(feeds[name], order="C") if name in self._fed else self.resident[name].copy()
 
     def profile(self, feeds: dict, names: tuple[str, ...], rounds: int, threads: int | None = None) -> list[tuple]:
         """Rows (label, steps, µs per run), the largest first, then ("whole run (wall)", 1, µs): each
@@ -208,6 +268,35 @@ class Chain:
             cnt[info.label] += 1
         rows = sorted(((k, cnt[k], tot[k]) for k in tot), key=lambda r: -r[2])
         return rows + [("whole run (wall)", 1, float(np.median(walls)) * 1e6)]
+
+
+def slots_of(tables, arrays: dict) -> dict[str, tuple[int, ...]]:
+    """The addresses of the entries of the pointer `tables` (ctypes arrays of void*) that hold the
+    data pointer of each of `arrays` (name -> array), for the names whose arrays every table refers
+    to only by that pointer (none inside them: a view at an offset would not follow a new pointer)
+    and that own a distinct, non-empty buffer.
+
+    >>> a, b = np.zeros(4, np.float32), np.zeros(2, np.float32)
+    >>> t = (ctypes.c_void_p * 3)(address(a), address(b), address(b) + 4)
+    >>> got = slots_of([t], {"a": a, "b": b})
+    >>> list(got), got["a"] == (ctypes.addressof(t),)
+    (['a'], True)
+    """
+    spans = {n: (address(a), address(a) + a.nbytes) for n, a in arrays.items() if a.nbytes}
+    starts = [lo for lo, _ in spans.values()]
+    found: dict = {n: [] for n in spans if starts.count(spans[n][0]) == 1}
+    width = ctypes.sizeof(ctypes.c_void_p)
+    for t in tables:
+        base = ctypes.addressof(t)
+        for i, v in enumerate(t):
+            if v is None:
+                continue
+            for n, (lo, hi) in spans.items():
+                if v == lo and n in found:
+                    found[n].append(base + i * width)
+                elif lo < v < hi:
+                    found.pop(n, None)
+    return {n: tuple(s) for n, s in found.items() if s}
 
 
 def _conv_label(step: HostConvStep, kind: str) -> str:
@@ -293,7 +382,8 @@ def build(opt, env: dict) -> Chain | None:
         table[i].kind, table[i].fn, table[i].nt_slot = kind.value, fn, nt_slot
         table[i].p, table[i].d = ctypes.addressof(p), (ctypes.addressof(d) if d is not None else None)
         keep += [p, d]
-    return Chain(table, tuple(infos), resident, tuple(feeds), keep, nt, blas)
+    tables = tuple({id(p): p for _, _, p, _, _ in steps}.values())
+    return Chain(table, tuple(infos), resident, tuple(feeds), keep, nt, blas, tables, tuple(opt.model.outputs))
 
 
 def _epi_fn() -> int:
