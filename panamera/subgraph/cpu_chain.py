@@ -110,15 +110,20 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns, void* bg
 }
 // pn_chain after pointing the tables at this run's arrays: slot i (an address inside a step's pointer
 // table) gets the data pointer of item which[i] of the tuple `objs` (the feeds read in place, the fresh
-// outputs), read from the objects as runtime/cpu_call.py's OBJECT_CALL does (`object_layout`)
-extern "C" void pn_chain_objects(const PnChainStep* s, L n, int nt, double* ns, void* bget, void* bset,
-                                 void* const* slots, const int* which, L m, const char* objs, L data_at, L item_at) {
-  const char* const* item = (const char* const*)(objs + item_at);
-  for (L i = 0; i < m; i++) *(void**)slots[i] = *(void* const*)(item[which[i]] + data_at);
-  pn_chain(s, n, nt, ns, bget, bset);
+// outputs), read from the objects as runtime/cpu_call.py's OBJECT_CALL does (`object_layout`). The
+// fixed arguments in one struct: each ctypes argument costs ~0.1-0.2 us a call
+struct PnChainRun { const PnChainStep* s; L n; void* bget; void* bset; void* const* slots; const int* which; L m;
+                    L data_at, item_at; };
+extern "C" void pn_chain_objects(const PnChainRun* r, int nt, double* ns, const char* objs) {
+  const char* const* item = (const char* const*)(objs + r->item_at);
+  for (L i = 0; i < r->m; i++) *(void**)r->slots[i] = *(void* const*)(item[r->which[i]] + r->data_at);
+  pn_chain(r->s, r->n, nt, ns, r->bget, r->bset);
 }
 """
 )
+
+
+_UNSEEN = object()  # Chain.run: a names tuple not seen before
 
 
 class StepKind(Enum):
@@ -145,11 +150,25 @@ def _lib() -> ctypes.CDLL:
     lib.pn_chain.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_void_p)  # fmt: skip
     lib.pn_chain.restype = None
-    lib.pn_chain_objects.argtypes = lib.pn_chain.argtypes + (
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.py_object, ctypes.c_long, ctypes.c_long
-    )  # fmt: skip
+    lib.pn_chain_objects.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.py_object)
     lib.pn_chain_objects.restype = None
     return lib
+
+
+class _Run(ctypes.Structure):
+    """pn_chain_objects's `PnChainRun`: pn_chain's fixed arguments and the slots a run points."""
+
+    _fields_ = [
+        ("s", ctypes.c_void_p),
+        ("n", ctypes.c_long),
+        ("bget", ctypes.c_void_p),
+        ("bset", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        ("which", ctypes.c_void_p),
+        ("m", ctypes.c_long),
+        ("data_at", ctypes.c_long),
+        ("item_at", ctypes.c_long),
+    ]
 
 
 @dataclass(frozen=True)
@@ -192,7 +211,8 @@ class Chain:
         # OpenBLAS on its own threads: blas_threads.native_count), else around the call from Python
         native = native_count() if blas else None
         self._blas = (ctypes.c_void_p(native[0]), ctypes.c_void_p(native[1])) if native else (None, None)
-        self._names: dict = {}  # names tuple -> whether every name is resident
+        self._names: dict = {}  # names tuple -> None (a name not resident), True (the fresh outputs), False
+        self._py_blas = blas and native is None
         layout = object_layout()
         fed = self._fed = frozenset(n for n, _ in feeds)
         wanted = [n for n, _ in feeds] + [o for o in dict.fromkeys(outputs) if o in resident and o not in fed]
@@ -200,33 +220,45 @@ class Chain:
         self.in_place = tuple(n for n in wanted if n in slots)
         self._feeds = tuple((n, a, n in slots) for n, a in feeds)
         self._outs = tuple((n, resident[n].shape, resident[n].dtype) for n in self.in_place if n not in fed)
+        self._out_names = tuple(n for n, _, _ in self._outs)
         at = [s for n in self.in_place for s in slots[n]]
         which = [k for k, n in enumerate(self.in_place) for _ in slots[n]]
         self._slots = ((ctypes.c_void_p * max(1, len(at)))(*at), (ctypes.c_int * max(1, len(which)))(*which))
-        self._tail = (*self._slots, ctypes.c_long(len(at)))
-        self._layout = tuple(map(ctypes.c_long, layout)) if layout else ()
         if self.in_place:
-            self.fn = _lib().pn_chain_objects
+            head = (ctypes.addressof(table), len(infos), *(b.value if b is not None else None for b in self._blas))
+            self._run = _Run(*head, *map(ctypes.addressof, self._slots), len(at), *layout)
+            self._objects = (_lib().pn_chain_objects, ctypes.c_void_p(ctypes.addressof(self._run)))
 
     def run(self, feeds: dict, names: tuple[str, ...], threads: int | None, ns=None) -> dict | None:
         """`names` after one run on `feeds` (checked by the caller: shapes and dtypes), or None where
         the chain cannot take them (a name it does not hold, a feed that is not a numpy array). Every
         result is a fresh array (an output written in place there, another value copied out); a feed
         read in place is only read during the call."""
-        held = self._names.get(names)
-        if held is None:
-            held = self._names[names] = all(n in self.resident for n in names)
-        if not held or not all(type(feeds[n]) is np.ndarray for n, _ in self.feeds):
-            return None
-        nt = threads or self.nt
-        c_nt = self._nts.get(nt)
+        how = self._names.get(names, _UNSEEN)
+        if how is _UNSEEN:  # first seen: whether every name is resident, and whether `names` are the fresh outputs
+            how = self._names[names] = (names == self._out_names) if all(n in self.resident for n in names) else None
+        c_nt = self._nts.get(threads)
         if c_nt is None:
-            c_nt = self._nts[nt] = ctypes.c_int(nt)
-        blas = self._blas if not (self.blas and self._blas[0] is None) else (None, None)
+            c_nt = self._nts[threads] = ctypes.c_int(threads or self.nt)
+        if how is None:
+            return None
         with self.lock:
+            if not self.in_place:
+                if not all(type(feeds[n]) is np.ndarray for n, _ in self.feeds):
+                    return None
+                for name, arr in self.feeds:
+                    np.copyto(arr, feeds[name])
+                if self._py_blas:
+                    with blas_threads(c_nt.value):
+                        self.fn(*self._head, c_nt, ns, *self._blas)
+                else:
+                    self.fn(*self._head, c_nt, ns, *self._blas)
+                return {n: self._copy(n, feeds) for n in names}
             objs = []
             for name, arr, in_place in self._feeds:
                 a = feeds[name]
+                if type(a) is not np.ndarray:
+                    return None
                 if in_place:
                     f = a.flags
                     if f.c_contiguous and f.aligned:  # read in place (shape and dtype checked by the caller)
@@ -234,14 +266,17 @@ class Chain:
                         continue
                     objs.append(arr)
                 np.copyto(arr, a)
-            fresh = {n: np.empty(shape, dt) for n, shape, dt in self._outs}
-            args = (*self._tail, tuple(objs) + tuple(fresh.values()), *self._layout) if self.in_place else ()
-            if self.blas and self._blas[0] is None:
-                with blas_threads(nt):
-                    self.fn(*self._head, c_nt, ns, *blas, *args)
+            fresh = [np.empty(shape, dt) for _, shape, dt in self._outs]
+            fn, run = self._objects
+            if self._py_blas:
+                with blas_threads(c_nt.value):
+                    fn(run, c_nt, ns, (*objs, *fresh))
             else:
-                self.fn(*self._head, c_nt, ns, *blas, *args)
-            return {n: fresh[n] if n in fresh else self._copy(n, feeds) for n in names}
+                fn(run, c_nt, ns, (*objs, *fresh))
+            if how:
+                return dict(zip(names, fresh))
+            out = dict(zip(self._out_names, fresh))
+            return {n: out[n] if n in out else self._copy(n, feeds) for n in names}
 
     def _copy(self, name: str, feeds: dict) -> np.ndarray:
         """A copy of value `name` after a run (a feed's from the caller's array: one read in place
