@@ -12,9 +12,11 @@ shape and dtype known), when every unit has a C form:
    (columns, one gemm through the BLAS numpy links, epilogue; or the direct depthwise kernel),
    planned again for the chain alone (its own tables and scratch: conv_step.c_stages).
 
-Every value between units is a resident array, written in place by each run; a run copies the
-feeds into theirs, makes one ctypes call (`pn_chain`: the steps in order, a switch on their kind)
-and returns copies of the outputs (a run's results are never overwritten by a later run). Any
+Every value between units is a resident array, written in place by each run. A run points the
+tables at the caller's feeds (C-contiguous and aligned ones; others are copied into their resident
+arrays) and at fresh output arrays it returns (a run's results are never overwritten by a later run),
+in the same ctypes call as the steps (`pn_chain_objects`, then `pn_chain`: the steps in order, a
+switch on their kind); where the object layout is unknown it copies feeds in and outputs out. Any
 other unit (a numpy library node, a subgraph with a numpy BLAS step, a torch feed) leaves the
 model on the unit-by-unit path. `pn_chain` also times each step when given an array
 (`Chain.profile`: the per-step table `panamera profile` prints).
