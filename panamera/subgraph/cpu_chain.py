@@ -12,9 +12,11 @@ shape and dtype known), when every unit has a C form:
    (columns, one gemm through the BLAS numpy links, epilogue; or the direct depthwise kernel),
    planned again for the chain alone (its own tables and scratch: conv_step.c_stages).
 
-Every value between units is a resident array, written in place by each run; a run copies the
-feeds into theirs, makes one ctypes call (`pn_chain`: the steps in order, a switch on their kind)
-and returns copies of the outputs (a run's results are never overwritten by a later run). Any
+Every value between units is a resident array, written in place by each run. A run points the
+tables at the caller's feeds (C-contiguous and aligned ones; others are copied into their resident
+arrays) and at fresh output arrays it returns (a run's results are never overwritten by a later run),
+in the same ctypes call as the steps (`pn_chain_objects`, then `pn_chain`: the steps in order, a
+switch on their kind); where the object layout is unknown it copies feeds in and outputs out. Any
 other unit (a numpy library node, a subgraph with a numpy BLAS step, a torch feed) leaves the
 model on the unit-by-unit path. `pn_chain` also times each step when given an array
 (`Chain.profile`: the per-step table `panamera profile` prints).
@@ -37,7 +39,7 @@ import numpy as np
 
 from ..runtime import cpu, cpu_gemm
 from ..runtime.blas_threads import blas_threads, native_count
-from ..runtime.cpu_call import address
+from ..runtime.cpu_call import address, object_layout
 from . import conv_kernels as ck
 from .conv_kernels import NO_EPILOGUE
 from .conv_step import HostConvStep, c_stages
@@ -108,8 +110,22 @@ extern "C" void pn_chain(const PnChainStep* s, L n, int nt, double* ns, void* bg
   }
   if (before != nt) ((PnBlasSet)bset)(before);
 }
+// pn_chain after pointing the tables at this run's arrays: slot i (an address inside a step's pointer
+// table) gets the data pointer of item which[i] of the tuple `objs` (the feeds read in place, the fresh
+// outputs), read from the objects as runtime/cpu_call.py's OBJECT_CALL does (`object_layout`). The
+// fixed arguments in one struct: each ctypes argument costs ~0.1-0.2 us a call
+struct PnChainRun { const PnChainStep* s; L n; void* bget; void* bset; void* const* slots; const int* which; L m;
+                    L data_at, item_at; };
+extern "C" void pn_chain_objects(const PnChainRun* r, int nt, double* ns, const char* objs) {
+  const char* const* item = (const char* const*)(objs + r->item_at);
+  for (L i = 0; i < r->m; i++) *(void**)r->slots[i] = *(void* const*)(item[r->which[i]] + r->data_at);
+  pn_chain(r->s, r->n, nt, ns, r->bget, r->bset);
+}
 """
 )
+
+
+_UNSEEN = object()  # Chain.run: a names tuple not seen before
 
 
 class StepKind(Enum):
@@ -136,7 +152,25 @@ def _lib() -> ctypes.CDLL:
     lib.pn_chain.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                              ctypes.c_void_p)  # fmt: skip
     lib.pn_chain.restype = None
+    lib.pn_chain_objects.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.py_object)
+    lib.pn_chain_objects.restype = None
     return lib
+
+
+class _Run(ctypes.Structure):
+    """pn_chain_objects's `PnChainRun`: pn_chain's fixed arguments and the slots a run points."""
+
+    _fields_ = [
+        ("s", ctypes.c_void_p),
+        ("n", ctypes.c_long),
+        ("bget", ctypes.c_void_p),
+        ("bset", ctypes.c_void_p),
+        ("slots", ctypes.c_void_p),
+        ("which", ctypes.c_void_p),
+        ("m", ctypes.c_long),
+        ("data_at", ctypes.c_long),
+        ("item_at", ctypes.c_long),
+    ]
 
 
 @dataclass(frozen=True)
@@ -149,10 +183,25 @@ class StepInfo:
 
 
 class Chain:
-    """A model's units as one C call over resident arrays (`build` makes it from a completed run)."""
+    """A model's units as one C call over resident arrays (`build` makes it from a completed run).
+
+    Where the interpreter's object layout allows (cpu_call.object_layout), a run reads a feed in
+    place (C-contiguous, aligned; the caller checked its shape and dtype) and writes each model output
+    into a fresh array it returns: `in_place` names the values whose pointer-table slots it points at
+    them per run (`slots_of`). Any other feed is copied into its resident array, any other output
+    copied out of its own."""
 
     def __init__(
-        self, table, infos: tuple[StepInfo, ...], resident: dict, feeds: tuple, keep: list, nt: int, blas: bool
+        self,
+        table,
+        infos: tuple[StepInfo, ...],
+        resident: dict,
+        feeds: tuple,
+        keep: list,
+        nt: int,
+        blas: bool,
+        tables: tuple = (),
+        outputs: tuple[str, ...] = (),
     ):
         self.table, self.infos, self.resident, self.feeds = table, infos, resident, feeds
         self.keep, self.nt, self.blas, self.lock = keep, nt, blas, threading.Lock()
@@ -164,29 +213,77 @@ class Chain:
         # OpenBLAS on its own threads: blas_threads.native_count), else around the call from Python
         native = native_count() if blas else None
         self._blas = (ctypes.c_void_p(native[0]), ctypes.c_void_p(native[1])) if native else (None, None)
-        self._names: dict = {}  # names tuple -> whether every name is resident
+        self._names: dict = {}  # names tuple -> None (a name not resident), True (the fresh outputs), False
+        self._py_blas = blas and native is None
+        layout = object_layout()
+        fed = self._fed = frozenset(n for n, _ in feeds)
+        wanted = [n for n, _ in feeds] + [o for o in dict.fromkeys(outputs) if o in resident and o not in fed]
+        slots = slots_of(tables, {n: resident[n] for n in wanted}) if layout else {}
+        self.in_place = tuple(n for n in wanted if n in slots)
+        self._feeds = tuple((n, a, n in slots) for n, a in feeds)
+        self._outs = tuple((n, resident[n].shape, resident[n].dtype) for n in self.in_place if n not in fed)
+        self._out_names = tuple(n for n, _, _ in self._outs)
+        at = [s for n in self.in_place for s in slots[n]]
+        which = [k for k, n in enumerate(self.in_place) for _ in slots[n]]
+        self._slots = ((ctypes.c_void_p * max(1, len(at)))(*at), (ctypes.c_int * max(1, len(which)))(*which))
+        if self.in_place:
+            head = (ctypes.addressof(table), len(infos), *(b.value if b is not None else None for b in self._blas))
+            self._run = _Run(*head, *map(ctypes.addressof, self._slots), len(at), *layout)
+            self._objects = (_lib().pn_chain_objects, ctypes.c_void_p(ctypes.addressof(self._run)))
 
     def run(self, feeds: dict, names: tuple[str, ...], threads: int | None, ns=None) -> dict | None:
-        """Copies of `names` after one run on `feeds` (checked by the caller), or None where the
-        chain cannot take them (a name it does not hold, a feed that is not a numpy array)."""
-        held = self._names.get(names)
-        if held is None:
-            held = self._names[names] = all(n in self.resident for n in names)
-        if not held or not all(type(feeds[n]) is np.ndarray for n, _ in self.feeds):
-            return None
-        nt = threads or self.nt
-        c_nt = self._nts.get(nt)
+        """`names` after one run on `feeds` (checked by the caller: shapes and dtypes), or None where
+        the chain cannot take them (a name it does not hold, a feed that is not a numpy array). Every
+        result is a fresh array (an output written in place there, another value copied out); a feed
+        read in place is only read during the call."""
+        how = self._names.get(names, _UNSEEN)
+        if how is _UNSEEN:  # first seen: whether every name is resident, and whether `names` are the fresh outputs
+            how = self._names[names] = (names == self._out_names) if all(n in self.resident for n in names) else None
+        c_nt = self._nts.get(threads)
         if c_nt is None:
-            c_nt = self._nts[nt] = ctypes.c_int(nt)
+            c_nt = self._nts[threads] = ctypes.c_int(threads or self.nt)
+        if how is None:
+            return None
         with self.lock:
-            for name, arr in self.feeds:
-                np.copyto(arr, feeds[name])
-            if self.blas and self._blas[0] is None:
-                with blas_threads(nt):
-                    self.fn(*self._head, c_nt, ns, None, None)
+            if not self.in_place:
+                if not all(type(feeds[n]) is np.ndarray for n, _ in self.feeds):
+                    return None
+                for name, arr in self.feeds:
+                    np.copyto(arr, feeds[name])
+                if self._py_blas:
+                    with blas_threads(c_nt.value):
+                        self.fn(*self._head, c_nt, ns, *self._blas)
+                else:
+                    self.fn(*self._head, c_nt, ns, *self._blas)
+                return {n: self._copy(n, feeds) for n in names}
+            objs = []
+            for name, arr, in_place in self._feeds:
+                a = feeds[name]
+                if type(a) is not np.ndarray:
+                    return None
+                if in_place:
+                    f = a.flags
+                    if f.c_contiguous and f.aligned:  # read in place (shape and dtype checked by the caller)
+                        objs.append(a)
+                        continue
+                    objs.append(arr)
+                np.copyto(arr, a)
+            fresh = [np.empty(shape, dt) for _, shape, dt in self._outs]
+            fn, run = self._objects
+            if self._py_blas:
+                with blas_threads(c_nt.value):
+                    fn(run, c_nt, ns, (*objs, *fresh))
             else:
-                self.fn(*self._head, c_nt, ns, *self._blas)
-            return {n: self.resident[n].copy() for n in names}
+                fn(run, c_nt, ns, (*objs, *fresh))
+            if how:
+                return dict(zip(names, fresh))
+            out = dict(zip(self._out_names, fresh))
+            return {n: out[n] if n in out else self._copy(n, feeds) for n in names}
+
+    def _copy(self, name: str, feeds: dict) -> np.ndarray:
+        """A copy of value `name` after a run (a feed's from the caller's array: one read in place
+        never reached its resident array)."""
+        return np.array(feeds[name], order="C") if name in self._fed else self.resident[name].copy()
 
     def profile(self, feeds: dict, names: tuple[str, ...], rounds: int, threads: int | None = None) -> list[tuple]:
         """Rows (label, steps, µs per run), the largest first, then ("whole run (wall)", 1, µs): each
@@ -208,6 +305,35 @@ class Chain:
             cnt[info.label] += 1
         rows = sorted(((k, cnt[k], tot[k]) for k in tot), key=lambda r: -r[2])
         return rows + [("whole run (wall)", 1, float(np.median(walls)) * 1e6)]
+
+
+def slots_of(tables, arrays: dict) -> dict[str, tuple[int, ...]]:
+    """The addresses of the entries of the pointer `tables` (ctypes arrays of void*) that hold the
+    data pointer of each of `arrays` (name -> array), for the names whose arrays every table refers
+    to only by that pointer (none inside them: a view at an offset would not follow a new pointer)
+    and that own a distinct, non-empty buffer.
+
+    >>> a, b = np.zeros(4, np.float32), np.zeros(2, np.float32)
+    >>> t = (ctypes.c_void_p * 3)(address(a), address(b), address(b) + 4)
+    >>> got = slots_of([t], {"a": a, "b": b})
+    >>> list(got), got["a"] == (ctypes.addressof(t),)
+    (['a'], True)
+    """
+    spans = {n: (address(a), address(a) + a.nbytes) for n, a in arrays.items() if a.nbytes}
+    starts = [lo for lo, _ in spans.values()]
+    found: dict = {n: [] for n in spans if starts.count(spans[n][0]) == 1}
+    width = ctypes.sizeof(ctypes.c_void_p)
+    for t in tables:
+        base = ctypes.addressof(t)
+        for i, v in enumerate(t):
+            if v is None:
+                continue
+            for n, (lo, hi) in spans.items():
+                if v == lo and n in found:
+                    found[n].append(base + i * width)
+                elif lo < v < hi:
+                    found.pop(n, None)
+    return {n: tuple(s) for n, s in found.items() if s}
 
 
 def _conv_label(step: HostConvStep, kind: str) -> str:
@@ -293,7 +419,8 @@ def build(opt, env: dict) -> Chain | None:
         table[i].kind, table[i].fn, table[i].nt_slot = kind.value, fn, nt_slot
         table[i].p, table[i].d = ctypes.addressof(p), (ctypes.addressof(d) if d is not None else None)
         keep += [p, d]
-    return Chain(table, tuple(infos), resident, tuple(feeds), keep, nt, blas)
+    tables = tuple({id(p): p for _, _, p, _, _ in steps}.values())
+    return Chain(table, tuple(infos), resident, tuple(feeds), keep, nt, blas, tables, tuple(opt.model.outputs))
 
 
 def _epi_fn() -> int:

@@ -236,7 +236,25 @@ class OptimizedModel:
         """Each model input's numpy dtype (looked up once, not per run)."""
         return {name: helper.tensor_dtype_to_np_dtype(self.model.values[name].elem) for name in self.model.inputs}
 
+    @cached_property
+    def _signature(self) -> tuple:
+        """(name, shape, numpy dtype) per model input: what a run's feeds are compared against."""
+        return tuple((n, self.model.values[n].shape, self._feed_dtypes[n]) for n in self.model.inputs)
+
     def _check_feeds(self, feeds: dict) -> dict:
+        """`feeds` checked against the compiled inputs: the model's inputs (the caller's dict
+        itself where it holds exactly numpy arrays of the compiled shapes and dtypes: one compare
+        each per run), else an InputError or DTypeError naming the input (`_check_feeds_in_full`)."""
+        sig = self._signature
+        if len(feeds) != len(sig) or self.model.specialized:
+            return self._check_feeds_in_full(feeds)
+        for name, shape, dt in sig:
+            a = feeds.get(name)
+            if type(a) is not np.ndarray or a.shape != shape or (a.dtype is not dt and a.dtype != dt):
+                return self._check_feeds_in_full(feeds)
+        return feeds
+
+    def _check_feeds_in_full(self, feeds: dict) -> dict:
         for name, v in self.model.specialized.items():
             if name in feeds and not np.array_equal(np.asarray(feeds[name]), v):
                 raise InputError(f"model input {name!r} was compiled in as {v.tolist()}; got a different value")
@@ -266,7 +284,7 @@ class OptimizedModel:
         target's thread count (default: the machine's cores; numpy's BLAS keeps its own pool)."""
         checked = self._check_feeds(feeds)
         chain = self._chain
-        names = tuple(self.model.outputs) + tuple(keep)
+        names = self._outputs + tuple(keep) if keep else self._outputs
         if len(chain) == 2 and chain[1] is not None and (got := chain[1].run(checked, names, threads)) is not None:
             return got  # every unit in one C call (cpu_chain.py)
         env = dict(self.model.constants)
@@ -283,6 +301,10 @@ class OptimizedModel:
         if len(chain) < 2:  # the second run builds the chain from its values (cpu_chain.py)
             chain.append(cpu_chain.build(self, env) if chain else None)
         return {o: env[o] for o in names}
+
+    @cached_property
+    def _outputs(self) -> tuple[str, ...]:
+        return tuple(self.model.outputs)
 
     @cached_property
     def _chain(self) -> list:
