@@ -1,6 +1,6 @@
 """The CPU target's inline float tanh, erf and log (runtime/cpu.py MATH_INLINE, replacing libmvec's
-spilling calls). Measured on every float (2^32 inputs, vector path, against double libm): tanh and log
-within 1 ulp, erf within 2 ulp; C's special values (+-0 keep their sign in tanh/erf, log(+-0) = -inf,
+spilling calls). Measured on every float (2^32 inputs, vector path, against double libm): tanh 1.37 ulp,
+erf 1.13, log 0.90 (bounds here: 2, 2, 1); C's special values (+-0 keep their sign in tanh/erf, log(+-0) = -inf,
 log(x < 0) = NaN, log(inf) = inf, tanh/erf(+-inf) = +-1, NaN in -> NaN out). Here: 2^20 random bit
 patterns a function plus the special values, through compiled kernels, against numpy float64."""
 
