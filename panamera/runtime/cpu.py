@@ -110,6 +110,83 @@ EXP_FLUSH = (
     "}\n"
     "#define expf(x) pn_expf_inline(x)\n"
 )
+# float tanh, erf and log inline too, for the same reason (libmvec's calls spill every live vector
+# register; GELU epilogues, log_softmax, cross-entropy). Branch-free: both sides computed, one select.
+# Polynomials are this project's own least-squares fits (numpy, Chebyshev nodes); bounds measured on
+# every positive float against double libm (tests/test_cpu_math_inline.py states them).
+# tanh: |x| < 0.625: x + x^3 P(x^2) (degree 5, 2.7e-9 relative: -0, subnormals exact); else
+# 1 - 2 / (e^2|x| + 1) with EXP_FLUSH's exp; on |x|, sign copied at the end (e^2|x| = inf past 44.4: exactly +-1; NaN
+# propagates through the exp).
+# erf: |x| < 0.875: x + x P(x^2) (degree 6, coefficients fitted one at a time after rounding); else 1 - e^L(|x|), L a degree-8 fit of log erfc on
+# [0.875, 4] (|x| clamped at 4, where erf rounds to 1; NaN passes the clamp), sign copied.
+# log: x = 2^k m, m in [sqrt(1/2), sqrt(2)) by integer subtraction of sqrt(1/2)'s bits (subnormals
+# scaled by 2^23 first), f = m - 1 exact, log1p(f) = f + f^2 Q(f) (degree 8, 6e-9 relative),
+# plus k ln2 (ln2 split: k ln2_hi exact). +-0 -> -inf, x < 0 -> NaN, +inf -> inf, NaN -> NaN.
+MATH_INLINE = (
+    "static inline __attribute__((always_inline)) float pn_tanhf_inline(float x) {\n"
+    "  const float a = __builtin_fabsf(x), x2 = x * x;\n"
+    "  float p = 2.148991e-03f;\n"
+    "  p = __builtin_fmaf(p, x2, -8.18467e-03f);\n"
+    "  p = __builtin_fmaf(p, x2, 2.1704003e-02f);\n"
+    "  p = __builtin_fmaf(p, x2, -5.3947456e-02f);\n"
+    "  p = __builtin_fmaf(p, x2, 1.3333212e-01f);\n"
+    "  p = __builtin_fmaf(p, x2, -3.333333e-01f);\n"
+    "  const float small = __builtin_fmaf(a * x2, p, a);  // on |x|: x = -0 would give +0\n"
+    "  const float big = 1.0f - 2.0f / (pn_expf_inline(a + a) + 1.0f);\n"
+    "  return __builtin_copysignf(a < 0.625f ? small : big, x);\n"
+    "}\n"
+    "static inline __attribute__((always_inline)) float pn_erff_inline(float x) {\n"
+    "  const float a = __builtin_fabsf(x), x2 = x * x;\n"
+    "  float p = 8.43565e-05f;  // erf(a) / a - 1\n"
+    "  p = __builtin_fmaf(p, x2, -8.1525696e-04f);\n"
+    "  p = __builtin_fmaf(p, x2, 5.201296e-03f);\n"
+    "  p = __builtin_fmaf(p, x2, -2.6859183e-02f);\n"
+    "  p = __builtin_fmaf(p, x2, 1.1283683e-01f);\n"
+    "  p = __builtin_fmaf(p, x2, -3.7612632e-01f);\n"
+    "  p = __builtin_fmaf(p, x2, 1.2837917e-01f);\n"
+    "  const float small = __builtin_fmaf(a, p, a);  // a + a p: the leading 1 exact\n"
+    "  const float c = a > 4.0f ? 4.0f : a;  // NaN > 4 is false: NaN flows on\n"
+    "  float l = 1.6054321e-06f;  // log erfc(c)\n"
+    "  l = __builtin_fmaf(l, c, -4.5415043e-05f);\n"
+    "  l = __builtin_fmaf(l, c, 5.9124536e-04f);\n"
+    "  l = __builtin_fmaf(l, c, -4.7328663e-03f);\n"
+    "  l = __builtin_fmaf(l, c, 2.634318e-02f);\n"
+    "  l = __builtin_fmaf(l, c, -1.0993917e-01f);\n"
+    "  l = __builtin_fmaf(l, c, -6.319799e-01f);\n"
+    "  l = __builtin_fmaf(l, c, -1.1301409e+00f);\n"
+    "  l = __builtin_fmaf(l, c, 2.9666504e-04f);\n"
+    "  const float big = 1.0f - pn_expf_inline(l);\n"
+    "  return __builtin_copysignf(a < 0.875f ? small : big, x);\n"
+    "}\n"
+    "static inline __attribute__((always_inline)) float pn_logf_inline(float x) {\n"
+    "  const unsigned b0 = __builtin_bit_cast(unsigned, x);\n"
+    "  const bool sub = b0 < 0x00800000u;  // +0 and positive subnormals: scaled by 2^23\n"
+    "  const unsigned b = __builtin_bit_cast(unsigned, sub ? x * 8388608.0f : x);\n"
+    "  const int k = (int)(b - 0x3f3504f3u) >> 23;  // m = x / 2^k in [sqrt(1/2), sqrt(2))\n"
+    "  const float f = __builtin_bit_cast(float, b - ((unsigned)k << 23)) - 1.0f;  // exact\n"
+    "  const float kf = (float)k - (sub ? 23.0f : 0.0f);\n"
+    "  float q = -7.473211e-02f;\n"
+    "  q = __builtin_fmaf(q, f, 1.2819512e-01f);\n"
+    "  q = __builtin_fmaf(q, f, -1.3261995e-01f);\n"
+    "  q = __builtin_fmaf(q, f, 1.4196686e-01f);\n"
+    "  q = __builtin_fmaf(q, f, -1.6608596e-01f);\n"
+    "  q = __builtin_fmaf(q, f, 2.0001175e-01f);\n"
+    "  q = __builtin_fmaf(q, f, -2.5001577e-01f);\n"
+    "  q = __builtin_fmaf(q, f, 3.3333337e-01f);\n"
+    "  q = __builtin_fmaf(q, f, -4.9999988e-01f);\n"
+    "  float r = __builtin_fmaf(kf, 1.428606765330187e-06f, f * f * q);  // ln2's low part\n"
+    "  r = __builtin_fmaf(kf, 0.693145751953125f, r + f);  // ln2's high part: k ln2_hi exact\n"
+    "  // +-0: -inf; x < 0: NaN; +inf, NaN: x + x. Masks, not selects: three selects on a loop-invariant\n"
+    "  // x (log_softmax's log of the row sum) left g++'s `omp simd` loop unvectorized (2.7x slower)\n"
+    "  const unsigned sm = 0u - (unsigned)(b0 - 1u >= 0x7f7fffffu);  // +-0, negative, +inf, NaN\n"
+    "  const unsigned zm = 0u - (unsigned)(x == 0.0f), nm = 0u - (unsigned)(x < 0.0f);\n"
+    "  const unsigned s = (zm & 0xff800000u) | (~zm & ((nm & 0x7fc00000u) | (~nm & __builtin_bit_cast(unsigned, x + x))));\n"
+    "  return __builtin_bit_cast(float, (sm & s) | (~sm & __builtin_bit_cast(unsigned, r)));\n"
+    "}\n"
+    "#define tanhf(x) pn_tanhf_inline(x)\n"
+    "#define erff(x) pn_erff_inline(x)\n"
+    "#define logf(x) pn_logf_inline(x)\n"
+)
 SIMD_MATH = (
     "#include <cmath>\n#ifdef PN_LIBMVEC\n"
     + "".join(
@@ -119,6 +196,7 @@ SIMD_MATH = (
     )
     + "#endif\n"
     + EXP_FLUSH
+    + MATH_INLINE
 )
 
 
