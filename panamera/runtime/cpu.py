@@ -110,31 +110,18 @@ EXP_FLUSH = (
     "}\n"
     "#define expf(x) pn_expf_inline(x)\n"
 )
-# float tanh, erf and log inline too, for the same reason (libmvec's calls spill every live vector
-# register; GELU epilogues, log_softmax, cross-entropy). Branch-free: both sides computed, one select.
+# float erf and log inline too, for the same reason (libmvec's calls spill every live vector
+# register; GELU-erf epilogues, log_softmax, cross-entropy). Branch-free: both sides computed, one select.
 # Polynomials are this project's own least-squares fits (numpy, Chebyshev nodes); bounds measured on
-# every positive float against double libm (tests/test_cpu_math_inline.py states them).
-# tanh: |x| < 0.625: x + x^3 P(x^2) (degree 5, 2.7e-9 relative: -0, subnormals exact); else
-# 1 - 2 / (e^2|x| + 1) with EXP_FLUSH's exp; on |x|, sign copied at the end (e^2|x| = inf past 44.4: exactly +-1; NaN
-# propagates through the exp).
+# every positive float against double libm (tests/test_cpu_math_inline.py states them). tanh stays
+# libmvec's: an inline 1 - 2 / (e^2|x| + 1) pays a divide and a full exp beside the polynomial side, and a
+# GELU-tanh map [512x3072] ran 1.20x slower with it (1 thread, idle, 2026-11-25), where GELU-erf ran 0.84x.
 # erf: |x| < 0.875: x + x P(x^2) (degree 6, coefficients fitted one at a time after rounding); else 1 - e^L(|x|), L a degree-8 fit of log erfc on
 # [0.875, 4] (|x| clamped at 4, where erf rounds to 1; NaN passes the clamp), sign copied.
 # log: x = 2^k m, m in [sqrt(1/2), sqrt(2)) by integer subtraction of sqrt(1/2)'s bits (subnormals
 # scaled by 2^23 first), f = m - 1 exact, log1p(f) = f + f^2 Q(f) (degree 8, 6e-9 relative),
 # plus k ln2 (ln2 split: k ln2_hi exact). +-0 -> -inf, x < 0 -> NaN, +inf -> inf, NaN -> NaN.
 MATH_INLINE = (
-    "static inline __attribute__((always_inline)) float pn_tanhf_inline(float x) {\n"
-    "  const float a = __builtin_fabsf(x), x2 = x * x;\n"
-    "  float p = 2.148991e-03f;\n"
-    "  p = __builtin_fmaf(p, x2, -8.18467e-03f);\n"
-    "  p = __builtin_fmaf(p, x2, 2.1704003e-02f);\n"
-    "  p = __builtin_fmaf(p, x2, -5.3947456e-02f);\n"
-    "  p = __builtin_fmaf(p, x2, 1.3333212e-01f);\n"
-    "  p = __builtin_fmaf(p, x2, -3.333333e-01f);\n"
-    "  const float small = __builtin_fmaf(a * x2, p, a);  // on |x|: x = -0 would give +0\n"
-    "  const float big = 1.0f - 2.0f / (pn_expf_inline(a + a) + 1.0f);\n"
-    "  return __builtin_copysignf(a < 0.625f ? small : big, x);\n"
-    "}\n"
     "static inline __attribute__((always_inline)) float pn_erff_inline(float x) {\n"
     "  const float a = __builtin_fabsf(x), x2 = x * x;\n"
     "  float p = 8.43565e-05f;  // erf(a) / a - 1\n"
@@ -183,7 +170,6 @@ MATH_INLINE = (
     "  const unsigned s = (zm & 0xff800000u) | (~zm & ((nm & 0x7fc00000u) | (~nm & __builtin_bit_cast(unsigned, x + x))));\n"
     "  return __builtin_bit_cast(float, (sm & s) | (~sm & __builtin_bit_cast(unsigned, r)));\n"
     "}\n"
-    "#define tanhf(x) pn_tanhf_inline(x)\n"
     "#define erff(x) pn_erff_inline(x)\n"
     "#define logf(x) pn_logf_inline(x)\n"
 )
