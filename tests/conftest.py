@@ -173,6 +173,20 @@ def _auto_is_the_emulator(request, monkeypatch):
 
 
 @pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A private kernel/probe cache directory ($PANAMERA_CACHE) with the CPU and BLAS probes' in-process
+    memos cleared before and after: a test's probe never reads or writes the shared one."""
+    from panamera.runtime import cpu_probe, gemm_probe
+
+    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
+    cpu_probe.rates.cache_clear()
+    gemm_probe.rates.cache_clear()
+    yield tmp_path / "cache"
+    cpu_probe.rates.cache_clear()
+    gemm_probe.rates.cache_clear()
+
+
+@pytest.fixture
 def fresh_dynamo():
     """A torch test's clean slate: dynamo's compiled frames and the Panamera backend's stats reset
     before and after (`pytestmark = pytest.mark.usefixtures("fresh_dynamo")` in the torch test files)."""

@@ -13,20 +13,10 @@ from panamera.compiler import lower
 from panamera.model import cpu_tile
 from panamera.model.cpu import Caches, CpuModel
 from panamera.model.cpu_gemm import BLAS_SERIAL_MNK, HOST_STEP_US, GemmRates, gemm_time, pack_us
-from panamera.runtime import cpu_probe, gemm_probe
+from panamera.runtime import gemm_probe
 from panamera.schedule.cpu_blas import blas_call
 from panamera.schedule.cpu_cost import time_of
 from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
-
-
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
-    cpu_probe.rates.cache_clear()
-    gemm_probe.rates.cache_clear()
-    yield tmp_path / "cache"
-    cpu_probe.rates.cache_clear()
-    gemm_probe.rates.cache_clear()
 
 
 def _linear(M, N, K, dtype="float32"):

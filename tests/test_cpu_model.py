@@ -24,14 +24,6 @@ def _group(t):
     return lower(t, stop_after="groups", target="emulator").groups[0]
 
 
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
-    cpu_probe.rates.cache_clear()
-    yield tmp_path / "cache"
-    cpu_probe.rates.cache_clear()
-
-
 def test_probe_is_cached_and_reused(private_cache, monkeypatch):
     caches = Caches(48 << 10, 1 << 20, 8 << 20)  # small arrays: a quick probe
     r = cpu_probe.rates(2, caches)

@@ -7,22 +7,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import pytest
-
 from panamera.model.cpu import NOMINAL, Caches
 from panamera.runtime import cpu_probe
 from panamera.runtime.cpu_probe import Verdict, judge
 
 IDLE = [(50.0, 105.0), (29.0, 58.0), (29.0, 58.0)]  # GB/s (one thread, two): an idle probe here
 FORK = (0.8, 4.9)  # us: a passive pool's wake-up on two threads, idle
-
-
-@pytest.fixture
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
-    cpu_probe.rates.cache_clear()
-    yield tmp_path / "cache"
-    cpu_probe.rates.cache_clear()
 
 
 def test_an_idle_probe_is_settled():

@@ -11,6 +11,8 @@ a float max/min with plain compares and a NaN watch (LaneKind.FLAGGED). The kind
 
 from __future__ import annotations
 
+import functools
+
 from ..model.cpu import LANE_VECTORS
 from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_runs import block_head
@@ -92,14 +94,7 @@ def lanes_pass(
     arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
     flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]
 
-    def flag_step(k: int, a: str, v: str) -> list[str]:  # _NUMERIC: a plain compare, the values summed
-        t, q = g.statements[k].acc.compute, a[a.index("[") :]
-        num = _NUMERIC[g.statements[k].combiner.name]
-        return [
-            f"{{ const {t} pn_x = {v};",
-            f"  pn_nan{k}{q} += pn_x;",
-            f"  {a} = {num}::apply({a}, pn_x); }}",
-        ]
+    flag_step = functools.partial(_flag_step, g)
 
     def lane(q: str) -> list[str]:
         out = [f"const pn_idx j = pn_c + {q};"]
@@ -167,6 +162,17 @@ def lanes_pass(
     return out + ["}"]
 
 
+def _flag_step(g, k: int, a: str, v: str) -> list[str]:
+    """A FLAGGED lane's step of statement `k` (accumulator `a`, value `v`): a plain compare
+    (`_NUMERIC`), the values summed into the lane's NaN watch `pn_nan<k>`."""
+    t, q = g.statements[k].acc.compute, a[a.index("[") :]
+    return [
+        f"{{ const {t} pn_x = {v};",
+        f"  pn_nan{k}{q} += pn_x;",
+        f"  {a} = {_NUMERIC[g.statements[k].combiner.name]}::apply({a}, pn_x); }}",
+    ]
+
+
 def arg_lane(kern, k: int, q: str) -> list[str]:
     """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and index, and
     the lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
@@ -209,13 +215,7 @@ def _rows_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
         own = [f"auto& {n} = {n}_R[{r}];" for n in names]
         return ["{"] + ["  " + ln for ln in bind(r) + own + lines] + ["}"]
 
-    def flag_step(k: int, a: str, v: str) -> list[str]:
-        t, q = g.statements[k].acc.compute, a[a.index("[") :]
-        return [
-            f"{{ const {t} pn_x = {v};",
-            f"  pn_nan{k}{q} += pn_x;",
-            f"  {a} = {_NUMERIC[g.statements[k].combiner.name]}::apply({a}, pn_x); }}",
-        ]
+    flag_step = functools.partial(_flag_step, g)
 
     def lane(q: str) -> list[str]:
         out = [f"const pn_idx j = pn_c + {q};"]
