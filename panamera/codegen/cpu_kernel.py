@@ -465,24 +465,25 @@ class _Kernel(RowValues, SplitMerge):
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
-def host_blas(
-    name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False, tile: TileShape | None = None
-) -> CpuKernel:
-    """A contraction group run by the BLAS numpy links (schedule/cpu_blas.py), its buffers as a
-    kernel's. `in_c` (the BLAS's gemm is callable from C: runtime/cpu_gemm.py) and the call a
-    `Gemm`: a C function calling `pn_gemm` (the program's C entry runs it in line); else no C++,
-    and numpy runs it between the entries. `tile` (the model's pick, model/cpu_tile.py `gemm_tile`;
-    the call a `Gemm`): `pn_tile_gemm` instead, the register-tiled kernel (codegen/cpu_tile.py).
+def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False) -> CpuKernel:
+    """A contraction group run as its decision's `gemm` plan says (schedule/cpu_contraction.py: read
+    here, never chosen), its buffers as a kernel's. BLAS: `in_c` (the BLAS's gemm is callable from
+    C: runtime/cpu_gemm.py) and the call a `Gemm`: a C function calling `pn_gemm` (the program's C
+    entry runs it in line); else no C++, and numpy runs it between the entries. TILE:
+    `pn_tile_gemm` with the plan's tile, the register-tiled kernel (codegen/cpu_tile.py).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
+    >>> from panamera.model.cpu_tile import GemmKernel
     >>> from panamera.schedule.cpu_blas import blas_call
+    >>> from panamera.schedule.cpu_contraction import GemmPlan
     >>> g = lower(pn.placeholder((64, 64)) @ pn.placeholder((64, 32)), stop_after="groups", target="emulator").groups[0]
-    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[2].strip())
+    >>> d = CpuDecision(g.form, g.M, g.N, 1, g.N, 1, 1, 1, gemm=GemmPlan(GemmKernel.BLAS, blas_call(g), 4))
+    >>> print(host_blas("k0", g, d, in_c=True).source.splitlines()[2].strip())
     pn_gemm<float>(0, 0, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, (const float*)pn_a[1], 32LL, (float*)pn_a[2], 32LL, 1, pn_t);
     """
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
-    d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
+    call, tile = d.gemm.call, d.gemm.tile
     gm = call.gemm
     if gm is None or (not in_c and tile is None):
         return CpuKernel(name, "", params, d, (), call)
