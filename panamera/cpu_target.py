@@ -251,13 +251,13 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     )
     calls = tuple((k.name, tuple(p.key for p in k.params), k.by_numpy) for k in kernels)
     decls = sorted({r for k in kernels for r in k.reductions})
-    decls += [cpu_gemm.GEMM_SOURCE] if any(k.host is not None and k.source for k in kernels) else []
+    decls += [cpu_gemm.GEMM_SOURCE] if any(k.calls_blas and k.source for k in kernels) else []
     decls += [TILE_SOURCE] if any(k.tile is not None for k in kernels) else []
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
-    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.host is not None for k in kernels))
+    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.calls_blas for k in kernels))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)
 
 

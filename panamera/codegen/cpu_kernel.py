@@ -70,6 +70,12 @@ class CpuKernel:
     tile: TileShape | None = None  # that contraction run by the tile kernel (codegen/cpu_tile.py), not the BLAS
 
     @property
+    def calls_blas(self) -> bool:
+        """Whether the kernel runs numpy's BLAS (from C or through numpy): a tiled contraction does not,
+        so its calls need not hold the BLAS's thread count (runtime/blas_threads.py, ~5-15 us a call)."""
+        return self.host is not None and self.tile is None
+
+    @property
     def by_numpy(self) -> BlasCall | None:
         """The BLAS call numpy runs between the C entries, or None (a C function: `source`)."""
         return self.host if not self.source else None
