@@ -7,15 +7,9 @@ The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over t
 
     fork + pack + max(compute, memory)
 
-- compute: 2 M N K flops at TILE_SHARE of the BLAS micro-kernel's one-thread probed rate (the
-  same FMA units fed from registers: model/cpu_gemm.py `GemmRates.rate`) on each of min(t, tasks)
-  threads, scaled by the static schedule's waves. Its tasks share nothing but the read-only B
-  panels, so, as every generated kernel's compute (model/cpu.py `kernel_time`), it scales with the
-  busy threads; the BLAS's all-thread probe measures OpenBLAS's own threading (its packing
-  shared, its synchronization) and is not the tile's: where that probe saw no gain (a contended
-  probe keeps one thread's rate), the tile was modeled no faster on 2 threads than on 1 and lost
-  table1 128x32x1024 to the BLAS there (modeled 69.8 vs 69.4 us), which ran 139 us measured
-  (bench/cpu, 2026-11-25);
+- compute: 2 M N K flops at TILE_SHARE of the BLAS micro-kernel's probed rate on min(t, tasks)
+  threads (the same FMA units fed from registers: model/cpu_gemm.py `GemmRates.rate`), scaled by
+  the static schedule's waves;
 - memory: A read once per N panel (it is not packed), B once (a KC x NR block stays in L1 while
   the panel's M tiles read it), C read and written once per K block, at the rate of the level
   the operands live in (`CpuModel.gbs`);
@@ -58,8 +52,9 @@ if TYPE_CHECKING:
 # interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
 TILE_SHARE = 0.8
 # A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
-# B transposed, x @ w.T, took 17 us more: 32768 elements), or AVX-512 gathers of 16 columns (float32,
-# whole panels: 8 us more, 2026-11-25, same rounds).
+# B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) 16 x 16 blocks
+# transposed in AVX-512 registers (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
+# more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound).
 TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 
@@ -121,7 +116,7 @@ def tile_plan(
     for ks in splits if ksplit is None else [ksplit]:
         used = max(1, min(threads, tasks * ks))
         waves = math.ceil(tasks * ks / used) * used / (tasks * ks)
-        comp = flops / (m.gemm.rate(itemsize, 1) * TILE_SHARE * used) / 1e3 * waves
+        comp = flops / (m.gemm.rate(itemsize, used) * TILE_SHARE) / 1e3 * waves
         moved = calls * (a * panels + b + 2 * c * blocks)
         level = m.level(a + b + c * ks, used)
         mem = moved / m.gbs(a + b + c * ks, used) / 1e3
