@@ -97,3 +97,17 @@ def test_table1_matches_numpy_on_either_route(monkeypatch, route):
         np.testing.assert_allclose(got, ref, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(1024))
     if forced is not None:
         assert np.array_equal(one, two)
+
+
+def test_tile_runs_on_fewer_threads_where_the_region_entry_outweighs_them():
+    """A passive pool whose wake-up costs more than the second thread saves: the plan's tile runs on one
+    thread (its decision's `threads`, capped in the kernel's C); with a cheap entry, on both."""
+    g = _linear_group(128, 32, 1024)
+    m = _model(2)
+    woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)))
+    cheap = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 0.3)))
+    d1, d2 = (map_cpu(g, CpuMachine(2, 64, "x"), model=x) for x in (woken, cheap))
+    assert d1.gemm.kernel is d2.gemm.kernel is GemmKernel.TILE
+    assert (d1.threads, d1.gemm.threads, d2.threads) == (1, 1, 2)
+    assert "if (pn_nt > 1) pn_nt = 1;" in host_blas("k0", g, d1, in_c=True).source
+    assert time_of(g, d1, woken, threads=2).threads == 1

@@ -503,9 +503,10 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
         f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
     fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt")
+    cap = f"  if (pn_nt > {d.threads}) pn_nt = {d.threads};  // the plan's threads\n" if tile is not None else ""
     source = (
         f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
-        f"  {fn};\n}}"
+        f"{cap}  {fn};\n}}"
     )
     return CpuKernel(name, source, params, d, (), call, tile)
 

@@ -27,24 +27,27 @@ Any other group (a small or fused contraction included) is a generated kernel: t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.cpu_gemm import gemm_time
-from ..model.cpu_tile import GemmKernel, gemm_tile, tile_time
+from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
 from .cpu_blas import BlasCall, blas_call
 
 if TYPE_CHECKING:
     from ..codegen.cpu_tile import TileShape
     from ..model.cpu import CpuModel, KernelTime
     from ..poly.program import KernelGroup
+    from .cpu_gemm import Gemm
 
 
 @dataclass(frozen=True)
 class GemmPlan:
     """A contraction group's kernel: `kernel` (BLAS or TILE), the product as `call` (its einsum, and
-    its `Gemm` where it is gemm calls from C), `tile` (the TILE kernel's shape, else None), and the
-    threads the choice was made for."""
+    its `Gemm` where it is gemm calls from C), `tile` (the TILE kernel's shape, else None), and
+    `threads`: the most the tile runs on (`tile_threads`; a call asking for more runs on this many),
+    for the BLAS the cores the choice was made for."""
 
     kernel: GemmKernel
     call: BlasCall
@@ -71,13 +74,13 @@ class GemmPlan:
         chosen kernel's, never re-chosen (the tile keeps its K split)."""
         t = max(1, threads or m.cores)
         gm = self.call.gemm
-        if self.kernel is GemmKernel.TILE and gm is not None and self.tile is not None:
-            return tile_time(gm, self.itemsize, m, t, self.tile.ksplit)
+        if self.kernel is GemmKernel.TILE and gm is not None and self.tile is not None:  # on at most its threads
+            return tile_time(gm, self.itemsize, m, min(t, self.threads), self.tile.ksplit)
         if gm is not None:
             mnk = gm.m * gm.n * gm.k
             packed = (gm.m * gm.k + gm.k * gm.n) * self.itemsize
             return gemm_time(2 * mnk * len(gm.calls), packed, self.itemsize, m, t, mnk)
-        packed = sum(_size(op.shape) for op in self.call.operands) * self.itemsize
+        packed = sum(math.prod(op.shape) for op in self.call.operands) * self.itemsize
         return gemm_time(self.call.flops, packed, self.itemsize, m, t, _mnk(self.call))
 
 
@@ -90,14 +93,36 @@ def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
         return None
     itemsize = group.statements[0].result.dtype.itemsize
     tile = gemm_tile(call.gemm, itemsize, m, threads)
-    return GemmPlan(GemmKernel.BLAS if tile is None else GemmKernel.TILE, call, itemsize, tile, threads)
+    if tile is None or call.gemm is None:
+        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads)
+    used = tile_threads(call.gemm, itemsize, m, threads)
+    if used != threads:  # the tile (its K split) for the threads it runs on
+        tile = tile_plan(call.gemm, itemsize, m, used)[0]
+    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used)
 
 
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for e in shape:
-        n *= e
-    return n
+def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
+    """The threads the tile kernel runs `gm` on: `threads` unless fewer (halving down to 1) are modeled
+    faster by 2 %, as a generated kernel's (schedule/cpu_cost.py `best_threads`): where the parallel
+    region's entry (a passive pool's wake-up) outweighs what the second thread saves.
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> from panamera.schedule.cpu_gemm import Gemm
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
+    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)))
+    >>> g = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
+    >>> tile_threads(g, 4, m, 2), tile_threads(g, 4, woken, 2)
+    (2, 1)
+    """
+    best, best_us, t = threads, math.inf, max(1, threads)
+    while True:
+        us = tile_plan(gm, itemsize, m, t)[1].total_us
+        if us < best_us * 0.98:
+            best, best_us = t, us
+        if t == 1:
+            return best
+        t = max(1, t // 2)
 
 
 def _mnk(call: BlasCall) -> int:

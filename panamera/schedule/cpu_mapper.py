@@ -182,7 +182,7 @@ def map_cpu(
     from .cpu_contraction import plan_gemm
 
     if (gemm := plan_gemm(group, model, machine.cores)) is not None:
-        return CpuDecision(form, M, N, 1, N, 1, machine.cores, 1, gemm=gemm)
+        return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
     reuse = choose(group, model)
     threads = machine.cores
