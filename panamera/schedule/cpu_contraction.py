@@ -22,7 +22,7 @@ Any other group (a small or fused contraction included) is a generated kernel: t
 >>> x, w = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32")
 >>> g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
 >>> plan_gemm(g, m, 1).describe()
-'TILE 8x32 ksplit=1 (128x32x1024, 1 gemm call)'
+'TILE 8x32 ksplit=1 threads=1 (128x32x1024, 1 gemm call)'
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class GemmPlan:
             return self.call.describe()
         t = self.tile
         calls = f"{len(gm.calls)} gemm call" + ("s" if len(gm.calls) > 1 else "")
-        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} ({gm.m}x{gm.n}x{gm.k}, {calls})"
+        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads} ({gm.m}x{gm.n}x{gm.k}, {calls})"
 
     def time(self, m: CpuModel, threads: int | None = None) -> KernelTime:
         """The modeled time of this plan on `threads` threads (default: the model's cores): the
