@@ -81,9 +81,8 @@ class CpuKernel:
         return self.host if not self.source else None
 
     def describe(self) -> str:
-        if self.tile is not None and self.host is not None:
-            t = self.tile
-            return f"register tiles {t.mr}x{t.nr} in place of the {self.host.describe()} (the model's pick)"
+        if self.tile is not None and self.decision.gemm is not None:
+            return f"register tiles: {self.decision.gemm.describe()} (the mapper's pick over the BLAS)"
         return self.host.describe() if self.host is not None else self.decision.describe()
 
 
