@@ -38,7 +38,6 @@ from .compiler import TARGET_COMPILERS
 from .frontend.tensor import Tensor
 from .launch_plan import _output_specs, _result_spec
 from .model.cpu import Caches, CpuModel
-from .model.cpu_tile import gemm_tile
 from .options import Options, Target
 from .poly import attention as fused_attention
 from .poly.statement import Form
@@ -46,7 +45,7 @@ from .runtime import cpu_gemm, cpu_probe, gemm_probe
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
-from .schedule.cpu_blas import blas_call, split_for_blas
+from .schedule.cpu_blas import split_for_blas
 from .schedule.cpu_cost import PlanTime, plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations, nondeterministic, substitute
@@ -215,9 +214,10 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if nondeterministic(alternative) is not None:
             return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(alternative, alone, stop_after="groups")
-        pairs = [
+        pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
-            for g in a.groups
+            for group in a.groups
+            for g in split_for_blas(group)
             if g.M * g.N
         ]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
@@ -233,12 +233,12 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     for k, g in enumerate(a.groups):
         if g.M > 0 and g.N == 0:  # reductions over nothing
             kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
-        elif g.M * g.N and (call := blas_call(g)) is not None:  # large contractions: numpy's BLAS
-            tile = gemm_tile(call.gemm, g.statements[0].result.dtype.itemsize, model, machine.cores)
-            kernels.append(host_blas(kernel_name(k, g), g, call, machine.cores, cpu_gemm.blas() is not None, tile))
-        elif g.M * g.N:
+        elif g.M * g.N:  # the mapper's decision; a contraction's BLAS or tile kernel is its `gemm` plan
             d: CpuDecision = map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic)
-            kernels.append(render_cpu(kernel_name(k, g), g, d))
+            if d.gemm is not None:
+                kernels.append(host_blas(kernel_name(k, g), g, d, cpu_gemm.blas() is not None))
+            else:
+                kernels.append(render_cpu(kernel_name(k, g), g, d))
     for kern in kernels:
         for p in kern.params:
             buffers.setdefault(p.key, p)
@@ -251,13 +251,13 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     )
     calls = tuple((k.name, tuple(p.key for p in k.params), k.by_numpy) for k in kernels)
     decls = sorted({r for k in kernels for r in k.reductions})
-    decls += [cpu_gemm.GEMM_SOURCE] if any(k.host is not None and k.source for k in kernels) else []
+    decls += [cpu_gemm.GEMM_SOURCE] if any(k.calls_blas and k.source for k in kernels) else []
     decls += [TILE_SOURCE] if any(k.tile is not None for k in kernels) else []
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
     body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
     source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
     a = dataclasses.replace(a, plan=plan, source=source)
-    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.host is not None for k in kernels))
+    ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.calls_blas for k in kernels))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)
 
 

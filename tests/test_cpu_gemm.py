@@ -8,6 +8,7 @@ import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
+from panamera.model.cpu_tile import tile_shape
 from panamera.runtime import cpu_gemm
 from panamera.schedule.cpu_blas import matmul_form
 from panamera.schedule.cpu_gemm import MAX_CALLS, gemm_calls, pieces, refine
@@ -104,8 +105,10 @@ def test_cpu_target_runs_small_matmuls_in_its_program():
 
 def test_gemm_runs_on_the_calls_thread_count(monkeypatch):
     """numpy's BLAS keeps its own pool: a program with a gemm holds it at the call's `threads`
-    (runtime/blas_threads.py), on the one-table path and kernel by kernel; without a gemm it is not touched."""
+    (runtime/blas_threads.py), on the one-table path and kernel by kernel; without a gemm (a reduction,
+    or the product on the register tile: no BLAS call) it is not touched."""
     from panamera.runtime import cpu, cpu_call
+    from panamera.schedule import cpu_contraction
 
     seen = []
 
@@ -121,8 +124,9 @@ def test_gemm_runs_on_the_calls_thread_count(monkeypatch):
 
     monkeypatch.setattr(cpu_call, "blas_threads", Recorder)
     monkeypatch.setattr(cpu, "blas_threads", Recorder)
+    monkeypatch.setattr(cpu_contraction, "gemm_tile", lambda *a: None)  # the BLAS, whatever the model says
     x, w = pn.placeholder((64, 64), "float32", name="x"), pn.placeholder((64, 64), "float32", name="w")
-    k = pn.compile(x @ w, target="cpu")
+    k = pn.compile(x @ w, target="cpu", cache=False)
     rng = np.random.default_rng(5)
     a, b = random_array((64, 64), "float32", rng), random_array((64, 64), "float32", rng)
     got = k(a, b, threads=1)
@@ -131,3 +135,9 @@ def test_gemm_runs_on_the_calls_thread_count(monkeypatch):
     seen.clear()
     pn.compile(x.sum(axis=1), target="cpu")(a, threads=1)
     assert seen == []
+    monkeypatch.setattr(cpu_contraction, "gemm_tile", lambda gm, i, m, t=1: tile_shape(m.simd_bytes, i))
+    tiled = pn.compile(x @ w, target="cpu", cache=False)
+    _close(
+        tiled(a, b, threads=1), a.astype(np.float64) @ b, 64, float((np.abs(a.astype(np.float64)) @ np.abs(b)).max())
+    )
+    assert seen == [] and "pn_tile_gemm<" in tiled.source

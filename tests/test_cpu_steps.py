@@ -9,7 +9,7 @@ import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
-import panamera.cpu_target as cpu_target
+import panamera.schedule.cpu_contraction as cpu_contraction
 from panamera.runtime import cpu_gemm
 from panamera.runtime.cpu_call import HostStep
 
@@ -24,7 +24,8 @@ def test_blas_between_compiled_kernels_in_one_table(rng, monkeypatch, gemm_in_c)
     """exp(a) (compiled, stored), its product with b (BLAS), then a row sum and a max of the product
     (compiled): one C entry (gemm from C) or three steps, one table. Two calls with other inputs (the
     resident intermediate rewritten), a call by name, out= in place, and torch inputs agree."""
-    monkeypatch.setattr(cpu_target, "gemm_tile", lambda *a: None)  # the BLAS, not the tile kernel (test_cpu_tile.py)
+    # the BLAS, not the tile kernel (test_cpu_tile.py)
+    monkeypatch.setattr(cpu_contraction, "gemm_tile", lambda *a: None)
     if not gemm_in_c:
         monkeypatch.setattr(cpu_gemm, "blas", lambda: None)
     elif cpu_gemm.blas() is None:

@@ -10,7 +10,7 @@ import pytest
 from conftest import random_array, tolerance
 
 import panamera as pn
-import panamera.cpu_target as cpu_target
+import panamera.schedule.cpu_contraction as cpu_contraction
 from panamera.model.cpu import CpuModel
 from panamera.model.cpu_gemm import GemmRates
 from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_plan, tile_shape
@@ -20,7 +20,9 @@ from panamera.schedule.cpu_gemm import Gemm
 @pytest.fixture
 def forced_tile(monkeypatch):
     """Compile every `Gemm` as the tile kernel, whatever this (loaded) machine's probe says."""
-    monkeypatch.setattr(cpu_target, "gemm_tile", lambda gm, itemsize, m, threads=1: tile_shape(m.simd_bytes, itemsize))
+    monkeypatch.setattr(
+        cpu_contraction, "gemm_tile", lambda gm, itemsize, m, threads=1: tile_shape(m.simd_bytes, itemsize)
+    )
 
 
 def _check(got, ref, k, scale):
@@ -90,7 +92,9 @@ def test_k_split_merges_partials_in_order(monkeypatch, m, n, k, ksplit, tb):
     """K cut into chunks (the last one short, or (4 chunks of 256 over 700) one empty), each chunk's
     partial a task, added in chunk order: against float64 numpy, and the same bits on 1 and 2 threads."""
     monkeypatch.setattr(
-        cpu_target, "gemm_tile", lambda gm, i, md, t=1: dataclasses.replace(tile_shape(md.simd_bytes, i), ksplit=ksplit)
+        cpu_contraction,
+        "gemm_tile",
+        lambda gm, i, md, t=1: dataclasses.replace(tile_shape(md.simd_bytes, i), ksplit=ksplit),
     )
     x = pn.placeholder((m, k), "float32")
     w = pn.placeholder((n, k) if tb else (k, n), "float32")

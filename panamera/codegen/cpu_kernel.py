@@ -70,14 +70,19 @@ class CpuKernel:
     tile: TileShape | None = None  # that contraction run by the tile kernel (codegen/cpu_tile.py), not the BLAS
 
     @property
+    def calls_blas(self) -> bool:
+        """Whether the kernel runs numpy's BLAS (from C or through numpy): a tiled contraction does not,
+        so its calls need not hold the BLAS's thread count (runtime/blas_threads.py, ~5-15 us a call)."""
+        return self.host is not None and self.tile is None
+
+    @property
     def by_numpy(self) -> BlasCall | None:
         """The BLAS call numpy runs between the C entries, or None (a C function: `source`)."""
         return self.host if not self.source else None
 
     def describe(self) -> str:
-        if self.tile is not None and self.host is not None:
-            t = self.tile
-            return f"register tiles {t.mr}x{t.nr} in place of the {self.host.describe()} (the model's pick)"
+        if self.tile is not None and self.decision.gemm is not None:
+            return f"register tiles: {self.decision.gemm.describe()} (the mapper's pick over the BLAS)"
         return self.host.describe() if self.host is not None else self.decision.describe()
 
 
@@ -465,24 +470,25 @@ class _Kernel(RowValues, SplitMerge):
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))
 
 
-def host_blas(
-    name: str, group: KernelGroup, call: BlasCall, threads: int, in_c: bool = False, tile: TileShape | None = None
-) -> CpuKernel:
-    """A contraction group run by the BLAS numpy links (schedule/cpu_blas.py), its buffers as a
-    kernel's. `in_c` (the BLAS's gemm is callable from C: runtime/cpu_gemm.py) and the call a
-    `Gemm`: a C function calling `pn_gemm` (the program's C entry runs it in line); else no C++,
-    and numpy runs it between the entries. `tile` (the model's pick, model/cpu_tile.py `gemm_tile`;
-    the call a `Gemm`): `pn_tile_gemm` instead, the register-tiled kernel (codegen/cpu_tile.py).
+def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False) -> CpuKernel:
+    """A contraction group run as its decision's `gemm` plan says (schedule/cpu_contraction.py: read
+    here, never chosen), its buffers as a kernel's. BLAS: `in_c` (the BLAS's gemm is callable from
+    C: runtime/cpu_gemm.py) and the call a `Gemm`: a C function calling `pn_gemm` (the program's C
+    entry runs it in line); else no C++, and numpy runs it between the entries. TILE:
+    `pn_tile_gemm` with the plan's tile, the register-tiled kernel (codegen/cpu_tile.py).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
+    >>> from panamera.model.cpu_tile import GemmKernel
     >>> from panamera.schedule.cpu_blas import blas_call
+    >>> from panamera.schedule.cpu_contraction import GemmPlan
     >>> g = lower(pn.placeholder((64, 64)) @ pn.placeholder((64, 32)), stop_after="groups", target="emulator").groups[0]
-    >>> print(host_blas("k0", g, blas_call(g), 1, in_c=True).source.splitlines()[2].strip())
+    >>> d = CpuDecision(g.form, g.M, g.N, 1, g.N, 1, 1, 1, gemm=GemmPlan(GemmKernel.BLAS, blas_call(g), 4))
+    >>> print(host_blas("k0", g, d, in_c=True).source.splitlines()[2].strip())
     pn_gemm<float>(0, 0, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, (const float*)pn_a[1], 32LL, (float*)pn_a[2], 32LL, 1, pn_t);
     """
     params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
-    d = CpuDecision(group.form, group.M, group.N, 1, group.N, 1, threads, 1)
+    call, tile = d.gemm.call, d.gemm.tile
     gm = call.gemm
     if gm is None or (not in_c and tile is None):
         return CpuKernel(name, "", params, d, (), call)
@@ -496,9 +502,10 @@ def host_blas(
         f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
     fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt")
+    cap = f"  if (pn_nt > {d.threads}) pn_nt = {d.threads};  // the plan's threads\n" if tile is not None else ""
     source = (
         f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
-        f"  {fn};\n}}"
+        f"{cap}  {fn};\n}}"
     )
     return CpuKernel(name, source, params, d, (), call, tile)
 

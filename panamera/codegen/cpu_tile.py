@@ -120,18 +120,43 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
   }
   pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
 }
-// A transposed B's block (rows p0..pe of a whole panel of NR columns, column j at bq + j ldb) gathered
-// 16 columns at a time (AVX-512, float32); false where that does not apply (the scalar copy runs).
+// A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
+// 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
+// in-lane unpacks and 128-bit lane shuffles), then stored as the panel's rows (AVX-512, float32); false
+// where that does not apply (the scalar copy runs).
 template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
     long long pe, long long cols) {
 #if defined(__AVX512F__)
   if constexpr (sizeof(T) == 4 && NR % 16 == 0) {
-    if (cols < NR || ldb * NR >= (1LL << 31)) return false;
+    if (cols < NR || pe - p0 > 16) return false;
+    const int cnt = (int)(pe - p0);
+    const __mmask16 mk = (__mmask16)((1u << cnt) - 1u);
     for (long long h = 0; h < NR; h += 16) {
-      const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int)ldb));
-      const T* bh = bq + h * ldb;
-      for (long long p = p0; p < pe; ++p) _mm512_storeu_ps(pq + p * NR + h, _mm512_i32gather_ps(idx, bh + p, 4));
+      __m512 r[16], t[16];
+      for (int j = 0; j < 16; ++j) r[j] = _mm512_maskz_loadu_ps(mk, bq + (h + j) * ldb + p0);
+      for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+      }
+      for (int j = 0; j < 16; j += 4) {
+        const __m512d t0 = _mm512_castps_pd(t[j]), t1 = _mm512_castps_pd(t[j + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[j + 2]), t3 = _mm512_castps_pd(t[j + 3]);
+        r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+      }
+      for (int j = 0; j < 4; ++j) {
+        t[j] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0x88);
+        t[j + 4] = _mm512_shuffle_f32x4(r[j], r[j + 4], 0xdd);
+        t[j + 8] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0x88);
+        t[j + 12] = _mm512_shuffle_f32x4(r[j + 8], r[j + 12], 0xdd);
+      }
+      for (int j = 0; j < 8; ++j) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+      }
+      for (int c = 0; c < cnt; ++c) _mm512_storeu_ps(pq + (p0 + c) * NR + h, r[c]);
     }
     return true;
   }

@@ -106,12 +106,14 @@ def gemm_time(flops: int, packed_bytes: int, itemsize: int, m: CpuModel, threads
     """A BLAS call of `flops` (2 M N K; `mnk`: the M N K of each product where the call makes
     several, default flops / 2) whose operands take `packed_bytes`, on `threads` BLAS threads, as
     a `KernelTime`: memory = its packing, compute = its flops, fork = the call and the Python step
-    around it; threads as OpenBLAS uses them (`blas_threads_used`)."""
+    around it, and on more than one thread its pool's wake-up (the probe's parallel-region entry,
+    as a generated or tile kernel pays it: a passive pool either way); threads as OpenBLAS uses
+    them (`blas_threads_used`)."""
     from .cpu import KernelTime
 
     used = blas_threads_used(flops // 2 if mnk is None else mnk, threads)
     level = m.level(packed_bytes, used)
     mem = pack_us(packed_bytes, m.rates, level, used)
     comp = flops / m.gemm.rate(itemsize, used) / 1e3
-    fork = HOST_STEP_US + m.gemm.call_us
+    fork = HOST_STEP_US + m.gemm.call_us + (m.rates.fork(used) if used > 1 else 0.0)  # its pool woken
     return KernelTime(fork + mem + comp, mem, comp, fork, 0.0, level, used)

@@ -52,8 +52,9 @@ if TYPE_CHECKING:
 # interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
 TILE_SHARE = 0.8
 # A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
-# B transposed, x @ w.T, took 17 us more: 32768 elements), or AVX-512 gathers of 16 columns (float32,
-# whole panels: 8 us more, 2026-11-25, same rounds).
+# B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) 16 x 16 blocks
+# transposed in AVX-512 registers (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
+# more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound).
 TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 

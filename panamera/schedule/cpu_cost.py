@@ -29,12 +29,9 @@ from ..model.cpu import (
     kernel_time,
     limit_us,
 )
-from ..model.cpu_gemm import gemm_time
-from ..model.cpu_tile import gemm_choice
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
-from .cpu_blas import blas_call
 from .cpu_lane_kind import LaneKind, lane_kind
 from .cpu_reuse import Reuse, saved_by_statement
 
@@ -198,27 +195,14 @@ def _struct(s) -> bool:
 
 
 def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> KernelTime:
-    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision);
-    a contraction the CPU target hands to numpy's BLAS (schedule/cpu_blas.py's rule) at the BLAS's
-    probed speed on the threads OpenBLAS takes of `threads` (model/cpu_gemm.py), whatever `d` is."""
-    call = blas_call(g) if g.M * g.N else None
-    if call is not None:
-        itemsize = g.statements[0].result.dtype.itemsize
-        if call.gemm is not None:  # the BLAS or the tile kernel, as the model picks (model/cpu_tile.py)
-            return gemm_choice(call.gemm, itemsize, m, max(1, threads or m.cores))[1]
-        packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
-        return gemm_time(call.flops, packed, itemsize, m, max(1, threads or m.cores), _mnk(call))
+    """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision) on
+    `threads` threads: a contraction the decision gives to the BLAS or the tile kernel (`d.gemm`,
+    schedule/cpu_contraction.py) at that kernel's modeled time, the choice read, not made again;
+    any other group as a generated kernel."""
+    if d.gemm is not None:
+        return d.gemm.time(m, threads)
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
     return kernel_time(work(g, d.reuse, d.rows), m, d.tasks, d.split, t, d.lanes)
-
-
-def _mnk(call) -> int:
-    """M N K of each of a BLAS call's products: its gemm calls' shape from C, else its flops over
-    the matmul's batch."""
-    if call.gemm is not None:
-        return call.gemm.m * call.gemm.n * call.gemm.k
-    batch = call.form.a_shape[0] if call.form is not None else 1
-    return call.flops // 2 // max(1, batch)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:

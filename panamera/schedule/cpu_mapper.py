@@ -33,6 +33,7 @@ import math
 import os
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 from ..enums import StrEnum
 from ..model.cpu import CpuModel
@@ -40,6 +41,9 @@ from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
+
+if TYPE_CHECKING:
+    from .cpu_contraction import GemmPlan
 
 # A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
 # accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
@@ -115,6 +119,7 @@ class CpuDecision:
     inner: int = INNER
     reuse: tuple[Reuse, ...] = ()
     rows: int = 1  # rows a stitched ROW pass scans at once (codegen/cpu_interleave.py; schedule/cpu_rows.py)
+    gemm: GemmPlan | None = None  # a contraction run by the BLAS or the tile kernel (schedule/cpu_contraction.py)
 
     @property
     def tasks(self) -> int:
@@ -122,6 +127,8 @@ class CpuDecision:
         return math.ceil(self.M / self.block) * self.split
 
     def describe(self) -> str:
+        if self.gemm is not None:
+            return self.gemm.describe()
         return (
             f"{self.form} M={self.M} N={self.N} split={self.split} chunk={self.chunk} block={self.block} "
             f"threads={self.threads} lanes={self.lanes}"
@@ -167,10 +174,15 @@ def map_cpu(
     """The decision for one group; `split` overrides the chunks per reduction (clamped to N; the
     kernel then runs on every core), else the CPU `model` picks the threads and the split on them
     (default: nominal rates for `machine`); `deterministic`: a merge whose bits do not depend on
-    the threads or the run."""
+    the threads or the run. A contraction schedule/cpu_blas.py's rule accepts is decided here too,
+    once, on every core: the BLAS or the tile kernel (`gemm`: schedule/cpu_contraction.py)."""
     form, M, N = group.form, group.M, group.N
     lanes = _lanes(group, machine.simd_bytes)
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
+    from .cpu_contraction import plan_gemm
+
+    if (gemm := plan_gemm(group, model, machine.cores)) is not None:
+        return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
     reuse = choose(group, model)
     threads = machine.cores

@@ -1,0 +1,131 @@
+"""What runs a contraction group on the CPU: the decision, made once by the CPU mapper
+(schedule/cpu_mapper.py `map_cpu`) and carried on its `CpuDecision` as a `GemmPlan`.
+
+A group schedule/cpu_blas.py's rule (`blas_call`) accepts runs as one of:
+
+- `GemmKernel.BLAS`: numpy's BLAS, called from C (runtime/cpu_gemm.py) where the product is a `Gemm`,
+  else by numpy between the program's C entries;
+- `GemmKernel.TILE`: the register-tiled kernel (codegen/cpu_tile.py) with its `TileShape` (K split
+  included), where the CPU model (model/cpu_tile.py `gemm_choice`) finds it faster than the BLAS on
+  the machine's cores.
+
+Any other group (a small or fused contraction included) is a generated kernel: the decision's form
+(ROW dot products, ...) and no `GemmPlan`. The formulation stage's cost (schedule/cpu_cost.py
+`time_of`) and the renderer (codegen/cpu_kernel.py `host_blas`) read the plan; neither chooses.
+
+>>> import dataclasses, panamera as pn
+>>> from panamera.compiler import lower
+>>> from panamera.model.cpu import CpuModel
+>>> from panamera.model.cpu_gemm import GemmRates
+>>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+>>> m = dataclasses.replace(m, gemm=GemmRates((165.0, 72.0), 0.9))  # an AVX-512 machine's BLAS probe
+>>> x, w = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32")
+>>> g = lower(x @ w.T, stop_after="groups", target="emulator").groups[0]
+>>> plan_gemm(g, m, 1).describe()
+'TILE 8x32 ksplit=1 threads=1 (128x32x1024, 1 gemm call)'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model.cpu_gemm import gemm_time
+from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
+from .cpu_blas import BlasCall, blas_call
+
+if TYPE_CHECKING:
+    from ..codegen.cpu_tile import TileShape
+    from ..model.cpu import CpuModel, KernelTime
+    from ..poly.program import KernelGroup
+    from .cpu_gemm import Gemm
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """A contraction group's kernel: `kernel` (BLAS or TILE), the product as `call` (its einsum, and
+    its `Gemm` where it is gemm calls from C), `tile` (the TILE kernel's shape, else None), and
+    `threads`: the most the tile runs on (`tile_threads`; a call asking for more runs on this many),
+    for the BLAS the cores the choice was made for."""
+
+    kernel: GemmKernel
+    call: BlasCall
+    itemsize: int
+    tile: TileShape | None = None
+    threads: int = 1
+
+    def describe(self) -> str:
+        """One line: the kernel, its tile and the product.
+
+        >>> from panamera.schedule.cpu_blas import BlasCall
+        >>> GemmPlan(GemmKernel.BLAS, BlasCall("ab,bc->ac", (), "out:1", (8, 8), 1024), 4).describe()
+        "BLAS (numpy einsum 'ab,bc->ac', 0.0 MFLOP)"
+        """
+        gm = self.call.gemm
+        if self.tile is None or gm is None:
+            return self.call.describe()
+        t = self.tile
+        calls = f"{len(gm.calls)} gemm call" + ("s" if len(gm.calls) > 1 else "")
+        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads} ({gm.m}x{gm.n}x{gm.k}, {calls})"
+
+    def time(self, m: CpuModel, threads: int | None = None) -> KernelTime:
+        """The modeled time of this plan on `threads` threads (default: the model's cores): the
+        chosen kernel's, never re-chosen (the tile keeps its K split)."""
+        t = max(1, threads or m.cores)
+        gm = self.call.gemm
+        if self.kernel is GemmKernel.TILE and gm is not None and self.tile is not None:  # on at most its threads
+            return tile_time(gm, self.itemsize, m, min(t, self.threads), self.tile.ksplit)
+        if gm is not None:
+            mnk = gm.m * gm.n * gm.k
+            packed = (gm.m * gm.k + gm.k * gm.n) * self.itemsize
+            return gemm_time(2 * mnk * len(gm.calls), packed, self.itemsize, m, t, mnk)
+        packed = sum(math.prod(op.shape) for op in self.call.operands) * self.itemsize
+        return gemm_time(self.call.flops, packed, self.itemsize, m, t, _mnk(self.call))
+
+
+def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
+    """The kernel of contraction `group` on `threads` threads, or None where `blas_call`'s rule
+    refuses it (a generated kernel runs it): TILE where the model finds the tile faster
+    (model/cpu_tile.py `gemm_tile`), else BLAS."""
+    call = blas_call(group) if group.M * group.N else None
+    if call is None:
+        return None
+    itemsize = group.statements[0].result.dtype.itemsize
+    tile = gemm_tile(call.gemm, itemsize, m, threads)
+    if tile is None or call.gemm is None:
+        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads)
+    used = tile_threads(call.gemm, itemsize, m, threads)
+    if used != threads:  # the tile (its K split) for the threads it runs on
+        tile = tile_plan(call.gemm, itemsize, m, used)[0]
+    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used)
+
+
+def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
+    """The threads the tile kernel runs `gm` on: `threads` unless fewer (halving down to 1) are modeled
+    faster by 2 %, as a generated kernel's (schedule/cpu_cost.py `best_threads`): where the parallel
+    region's entry (a passive pool's wake-up) outweighs what the second thread saves.
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> from panamera.schedule.cpu_gemm import Gemm
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
+    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)))
+    >>> g = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
+    >>> tile_threads(g, 4, m, 2), tile_threads(g, 4, woken, 2)
+    (2, 1)
+    """
+    best, best_us, t = threads, math.inf, max(1, threads)
+    while True:
+        us = tile_plan(gm, itemsize, m, t)[1].total_us
+        if us < best_us * 0.98:
+            best, best_us = t, us
+        if t == 1:
+            return best
+        t = max(1, t // 2)
+
+
+def _mnk(call: BlasCall) -> int:
+    """M N K of each product of a call numpy runs: its flops over the matmul's batch."""
+    batch = call.form.a_shape[0] if call.form is not None else 1
+    return call.flops // 2 // max(1, batch)
