@@ -92,11 +92,12 @@ def _width(s) -> int:
     return s.body.args[0].dtype.itemsize if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
 
 
-def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWork:
+def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch: bool = False) -> CpuWork:
     """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
     `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing. A
     stitched group's passes over a row are also given one by one (`CpuWork.passes`); `rows`: the
-    rows a pass scans at once (schedule/cpu_rows.py)."""
+    rows a pass scans at once (schedule/cpu_rows.py); `prefetch`: the first pass's reads prefetched
+    (schedule/cpu_prefetch.py)."""
     stmts = g.statements
     on_chip = g.on_chip
     inputs: dict[int, int] = {}
@@ -170,6 +171,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWor
             width=width,
             row_combines=combines[p],
             rows=rows,
+            prefetch=prefetch and p == 0,
         )
         for p in range(passes)
     ]
@@ -189,6 +191,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWor
         row_combines=sum(combines),
         rows=rows,
         passes=tuple(one) if passes > 1 else (),
+        prefetch=prefetch,
     )
 
 
@@ -209,7 +212,7 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
         packed = sum(math.prod(op.shape) for op in call.operands) * itemsize
         return gemm_time(call.flops, packed, itemsize, m, max(1, threads or m.cores), _mnk(call))
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
-    return kernel_time(work(g, d.reuse, d.rows), m, d.tasks, d.split, t, d.lanes)
+    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes)
 
 
 def _mnk(call) -> int:
