@@ -271,6 +271,8 @@ def _rows_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     for r in range(rows):
         out += ["  " + ln for ln in row(r, init)]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
+    if ahead := prefetch_lines(kern, here, W):  # each row's lines of the step, ahead
+        out += ["    " + ln for r in range(rows) for ln in row(r, ahead)]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }"]
     after = ["if (pn_c > pn_lo) {"]

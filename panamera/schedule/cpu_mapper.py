@@ -189,5 +189,5 @@ def map_cpu(
         s = math.ceil(N / chunk)
     merge = merge_mode(group, s, deterministic)
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
-    prefetch = choose_prefetch(group, rows, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
+    prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
     return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch)
