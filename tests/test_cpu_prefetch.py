@@ -146,9 +146,11 @@ def test_precondition_2_lanes():
     assert choose_prefetch(g, MODEL) is None
 
 
-def test_precondition_3_unit_stride():
+def test_precondition_3_unit_stride_whole_rows():
     g = _group(pn.sum(pn.placeholder((64, 40000))[:, ::2], axis=1))
     assert choose_prefetch(g, MODEL) is None
+    w = pn.placeholder((40000,))  # a row broadcast to every row: no stream
+    assert choose_prefetch(_group(pn.sum(pn.placeholder((64, 40000)) * w, axis=1)), MODEL).reads == ((0, 0),)
     ctx = isl.Context()
     assert unit_stride(isl.PwAff("{ [i, j] -> [(40000i + j)] }", context=ctx))
     assert not unit_stride(isl.PwAff("{ [i, j] -> [(40000i + 2j)] }", context=ctx))

@@ -13,7 +13,8 @@ Preconditions (else no prefetch), each with a negative test in tests/test_cpu_pr
 2. every reduction of its first pass has SIMD lanes (LaneKind PLAIN, FLAGGED or ARG: codegen/cpu_lanes.py's
    main loop, where the prefetches go, one row's or, rows > 1, each row's; a Welford or log-sum-exp scan
    has no such loop);
-3. the first pass reads at least one input tensor with unit stride along j (the rows it streams);
+3. the first pass reads at least one input tensor of at least M x N elements with unit stride along j
+   (the rows it streams; a row broadcast to every row, say a weight, stays in L1);
 4. the group's bytes do not fit L2 (`CpuModel.level`): from L2 the hardware keeps up.
 
 >>> import panamera as pn
@@ -72,7 +73,8 @@ def choose_prefetch(g: KernelGroup, model: CpuModel, threads: int = 1) -> Prefet
     for k in first:
         for n, r in enumerate(g.statements[k].reads):
             key = (r.tensor.uid, str(r.addr))
-            if r.memory and r.indirect is None and r.tensor.uid not in on_chip and unit_stride(r.addr):
+            streams = r.tensor.size >= g.M * g.N and unit_stride(r.addr)
+            if r.memory and r.indirect is None and r.tensor.uid not in on_chip and streams:
                 if key not in seen:
                     seen.add(key)
                     reads.append((k, n))
