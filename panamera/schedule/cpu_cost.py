@@ -155,13 +155,15 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch:
     for k in g.accumulators:
         combines[lv.get(stmts[k].name, 0)] += 1 if g.form in (Form.ROW, Form.ALL) else 0
     width = max((_width(s) for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
+    # an output row that is a kept value's scratch row (cpu_reuse.py `Reuse.into`) streams out in the producer's pass
+    written_in = {x.into: lv.get(stmts[x.producer].name, 0) for x in reuse if x.into is not None}
     one = [
         CpuWork(
             M=g.M,
             N=g.N,
             elements=round(g.M * g.N * shares[p]),  # a pass of one value per row (a loss): M elements
             read_bytes=firsts[p],
-            write_bytes=sum(b for s, b in zip(stmts, writes) if lv.get(s.name, 0) == p),
+            write_bytes=sum(b for k, b in enumerate(writes) if written_in.get(k, lv.get(stmts[k].name, 0)) == p),
             cheap=ops[p][0] / max(shares[p], 1e-12),
             transcendental=ops[p][1] / max(shares[p], 1e-12),
             division=ops[p][2] / max(shares[p], 1e-12),
