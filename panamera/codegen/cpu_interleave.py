@@ -6,11 +6,11 @@ side in the core's window instead of one row's chain at a time.
 Each row keeps the one-row code (`_Kernel`'s bodies, finishes, reciprocals): its registers
 (`accK`, `pn_rK`, `pn_rcp...`) become arrays over the R rows (`accK_R[r]`), and every piece of row
 r's code runs in a scope that binds those names to row r's elements (`auto& accK = accK_R[r];`),
-`i` to the row and each scratch row `pn_cseN` to row r's part of an R-row scratch (or its output row). The reduction
-passes step every row's lanes in turn in one scan (codegen/cpu_lanes.py); their folds, tails,
-finishes and the element-wise passes run row after row. Every row's operations and rounding are
-the one-row code's, so results are bit-identical to R = 1 and across thread counts; the last
-M % R rows run the one-row loop.
+`i` to the row and each scratch row `pn_cseN` to row r's part of an R-row scratch (or to its output
+row: `Reuse.into`). The reduction passes step every row's lanes in turn in one scan
+(codegen/cpu_lanes.py); their folds, tails, finishes and the element-wise passes run row after row.
+Every row's operations and rounding are the one-row code's, so results are bit-identical to R = 1
+and across thread counts; the last M % R rows run the one-row loop.
 """
 
 from __future__ import annotations

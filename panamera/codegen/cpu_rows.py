@@ -1,8 +1,9 @@
 """The values a stitched CPU row carries between its passes (codegen/cpu_kernel.py's `_Kernel`
 mixes these in): a value an earlier pass evaluates and later ones need again (the decision's
-`reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row
-`pn_cseK` (or to the output row the last pass writes: `Reuse.into`) and read back by the later ones; a later pass's division by a row invariant as a
-product with its reciprocal `pn_rcp...`, computed once per row.
+`reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row `pn_cseK`
+(or to the output row the last pass writes: `Reuse.into`) and read back by the later ones; a
+later pass's division by a row invariant as a product with its reciprocal `pn_rcp...`, computed
+once per row.
 """
 
 from __future__ import annotations
