@@ -160,3 +160,16 @@ def test_precondition_3_unit_stride_whole_rows():
 def test_precondition_4_beyond_l2():
     assert choose_prefetch(_group(pn.argmax(pn.placeholder((64, 1000)), axis=1)), MODEL) is None
     assert choose_prefetch(_group(pn.argmax(pn.placeholder((64, 1000)), axis=1)), TINY) is not None
+
+
+def test_float16_rows_prefetched(force_prefetch, rng):
+    """Half inputs: W x 2 bytes a step, two lines; the float16 result rounds once (2^-11 relative, and
+    half of float16's least subnormal, 2^-25, absolute) after the float32 computation's bound."""
+    a = (rng.standard_normal((3, 1000)) * 4).astype(np.float16)
+    y = pn.nn.softmax(pn.placeholder(a.shape, "float16"), axis=-1)
+    plain, k = _both(y, force_prefetch)
+    assert k.source.count("__builtin_prefetch") == 2
+    got = k(a, threads=2)
+    assert np.array_equal(got, plain(a, threads=1))
+    ref, tol = _softmax_bound(a.astype(np.float32))
+    assert (np.abs(got.astype(np.float64) - ref) <= tol + 2.0**-11 * ref + 2.0**-25).all()
