@@ -6,11 +6,11 @@ side in the core's window instead of one row's chain at a time.
 Each row keeps the one-row code (`_Kernel`'s bodies, finishes, reciprocals): its registers
 (`accK`, `pn_rK`, `pn_rcp...`) become arrays over the R rows (`accK_R[r]`), and every piece of row
 r's code runs in a scope that binds those names to row r's elements (`auto& accK = accK_R[r];`),
-`i` to the row and each scratch row `pn_cseN` to row r's part of an R-row scratch. The reduction
-passes step every row's lanes in turn in one scan (codegen/cpu_lanes.py); their folds, tails,
-finishes and the element-wise passes run row after row. Every row's operations and rounding are
-the one-row code's, so results are bit-identical to R = 1 and across thread counts; the last
-M % R rows run the one-row loop.
+`i` to the row and each scratch row `pn_cseN` to row r's part of an R-row scratch (or to its output
+row: `Reuse.into`). The reduction passes step every row's lanes in turn in one scan
+(codegen/cpu_lanes.py); their folds, tails, finishes and the element-wise passes run row after row.
+Every row's operations and rounding are the one-row code's, so results are bit-identical to R = 1
+and across thread counts; the last M % R rows run the one-row loop.
 """
 
 from __future__ import annotations
@@ -33,9 +33,15 @@ def rows_region(kern, tail: list[str], passes: int) -> list[str]:
 
     def bind(r: int) -> list[str]:
         out = [f"const pn_idx i = pn_i0 + {r};"] + [f"auto& {n} = {n}_R[{r}];" for n in regs]
-        return out + [
-            f"{x.ctype}* __restrict__ pn_cse{n} = pn_cseall{n} + {r} * {stride[n]};" for n, x in enumerate(d.reuse)
-        ]
+        return (
+            out
+            + [
+                f"{x.ctype}* __restrict__ pn_cse{n} = pn_cseall{n} + {r} * {stride[n]};"
+                for n, x in enumerate(d.reuse)
+                if x.into is None
+            ]
+            + kern.output_scratch()
+        )
 
     def each(lines: list[str], kept: list[str]) -> list[str]:  # per row r: lines, then `kept` names stored to row r's
         return [
@@ -66,6 +72,8 @@ def rows_region(kern, tail: list[str], passes: int) -> list[str]:
         regs += [f"pn_r{k}" for k in done]
     alloc, free = [], []
     for n, x in enumerate(d.reuse):  # R scratch rows per reused value and thread, 64-byte aligned
+        if x.into is not None:  # the output rows (bind)
+            continue
         alloc.append(
             f"{x.ctype}* __restrict__ pn_cseall{n} = ({x.ctype}*)aligned_alloc(64, {R} * {stride[n]} * sizeof({x.ctype}));"
         )

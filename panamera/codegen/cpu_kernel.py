@@ -343,7 +343,7 @@ class _Kernel(RowValues, SplitMerge):
             start = (
                 d.M - d.M % d.rows if d.rows > 1 else 0
             )  # rows > 1: the rows before it in groups (cpu_interleave.py)
-            out = [f"for (pn_idx i = {start}; i < {d.M}; ++i) {{"]
+            out = [f"for (pn_idx i = {start}; i < {d.M}; ++i) {{", *["  " + ln for ln in self.output_scratch()]]
             self.read_back()
             passes = max((v for k, v in enumerate(self.level) if k not in self.epilogues), default=0) + 1
             for lv in range(passes):
@@ -356,12 +356,13 @@ class _Kernel(RowValues, SplitMerge):
             out.append("}")
             if d.rows > 1:
                 return rows_region(self, out, passes)
-            if not d.reuse:
-                return ["#pragma omp parallel for schedule(static) num_threads(pn_nt)", *out]
-            rows = [  # one scratch row per reused value and thread, 64-byte aligned
+            rows = [  # one scratch row per reused value and thread, 64-byte aligned (not an output row's)
                 (f"pn_cse{n}", x.ctype, f"(({d.N}LL * sizeof({x.ctype}) + 63) / 64 * 64)")
                 for n, x in enumerate(d.reuse)
+                if x.into is None
             ]
+            if not rows:
+                return ["#pragma omp parallel for schedule(static) num_threads(pn_nt)", *out]
             alloc = [f"{t}* __restrict__ {v} = ({t}*)aligned_alloc(64, {size});" for v, t, size in rows]
             loop = ["#pragma omp for schedule(static)", *out]
             free = [f"free({v});" for v, _, _ in rows]

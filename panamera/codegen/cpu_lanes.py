@@ -62,6 +62,7 @@ struct pn_op_min_num { template <class T> static inline T apply(T a, T b) { retu
 # a ~6-step NaN-aware fold; an int flag a lane (`|= x != x`: a compare and a masked move a step)
 # cost 6 % more than this sum (411 -> 387 us, 1 thread, CPU time).
 _NUMERIC = {"max": "pn_op_max_num", "min": "pn_op_min_num"}
+CACHE_LINE = 64  # bytes: one software prefetch a line (prefetch_lines)
 
 
 def lanes_pass(
@@ -127,6 +128,7 @@ def lanes_pass(
                 t = s.acc.compute
                 out += [f"  {t} pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = ({t})0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
+    out += ["    " + ln for ln in prefetch_lines(kern, here, W)]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
     for k in owners:
@@ -160,6 +162,29 @@ def lanes_pass(
     for k in owners:
         out.append(f"  acc{k} = {g.statements[k].combiner.functor}::apply(acc{k}, pn_blk{k});")
     return out + ["}"]
+
+
+def prefetch_lines(kern, here: list[int], W: int) -> list[str]:
+    """The decision's prefetches (schedule/cpu_prefetch.py) of statements `here` in a step of W
+    iterations at j = pn_c: each read's cache lines of the step, `ahead` bytes further on.
+
+    A prefetch never faults, so the lines past a row's end (the next row's first) need no bound."""
+    d, g = kern.d, kern.g
+    if d.prefetch is None:
+        return []
+    out = []
+    for k, n in d.prefetch.reads:
+        if k not in here:
+            continue
+        r = g.statements[k].reads[n]
+        size = r.tensor.dtype.itemsize
+        per_line = max(1, CACHE_LINE // size)
+        for t in range(max(1, W * size // CACHE_LINE)):
+            at = f"{kern.loop.in_name[r.tensor.uid]}[{kern.loop.address(r.addr)}]"
+            out.append(
+                f"{{ const pn_idx j = pn_c + {d.prefetch.ahead // size + t * per_line}LL; __builtin_prefetch(&{at}); }}"
+            )
+    return out
 
 
 def _flag_step(g, k: int, a: str, v: str) -> list[str]:
@@ -246,6 +271,8 @@ def _rows_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     for r in range(rows):
         out += ["  " + ln for ln in row(r, init)]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
+    if ahead := prefetch_lines(kern, here, W):  # each row's lines of the step, ahead
+        out += ["    " + ln for r in range(rows) for ln in row(r, ahead)]
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }"]
     after = ["if (pn_c > pn_lo) {"]

@@ -1,8 +1,9 @@
 """The values a stitched CPU row carries between its passes (codegen/cpu_kernel.py's `_Kernel`
 mixes these in): a value an earlier pass evaluates and later ones need again (the decision's
-`reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row
-`pn_cseK` and read back by the later ones; a later pass's division by a row invariant as a
-product with its reciprocal `pn_rcp...`, computed once per row.
+`reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row `pn_cseK`
+(or to the output row the last pass writes: `Reuse.into`) and read back by the later ones; a
+later pass's division by a row invariant as a product with its reciprocal `pn_rcp...`, computed
+once per row.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class RowValues:
                 out += ["{"] + ["  " + ln for ln in lines] + [f"  pn_cse{n}[j] = {val};", "}"]
                 self.held.setdefault(k, {})[id(node)] = f"pn_cse{n}[j]"
         return out
+
+    def output_scratch(self) -> list[str]:
+        """Row i's scratch rows that are its output rows (`Reuse.into`, schedule/cpu_reuse.py): the
+        output row's start, `i` in scope. The other scratch rows are allocated per thread."""
+        return [
+            f"{x.ctype}* const pn_cse{n} = &out{x.into}[{self.d.N}LL * i];  // the output row as scratch"
+            for n, x in enumerate(self.d.reuse)
+            if x.into is not None
+        ]
 
     def read_back(self) -> None:
         """The consumers of each reused value read it from its scratch row at j."""

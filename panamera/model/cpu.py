@@ -59,6 +59,10 @@ LANE_VECTORS = 4
 # 4-8 % faster than one row a pass; a full overlap (1/R) modeled 12 %, this 6 %. (A plain row
 # sum [1024x128] at R = 4 measured 4 %: its one-row combines are over-charged already.)
 ROW_OVERLAP = 0.5
+# How much faster a row scan's first pass streams its inputs from L3 or beyond with software
+# prefetches ahead of the loads (schedule/cpu_prefetch.py, `CpuWork.prefetch`): argmax [64x30522],
+# 1 thread, CPU time, kernel level, 2026-11-25 (load 1.5): 295 -> 277 us, at the probed L3 rate.
+PREFETCH_GAIN = 1.06
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -185,7 +189,8 @@ class CpuWork:
     SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); rows: outputs
     whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping; passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
-    later ones re-read; each with the operations, writes and combines of its statements)."""
+    later ones re-read; each with the operations, writes and combines of its statements);
+    prefetch: the reads stream with software prefetches ahead (PREFETCH_GAIN)."""
 
     M: int
     N: int
@@ -202,6 +207,7 @@ class CpuWork:
     row_combines: int = 0
     rows: int = 1
     passes: tuple[CpuWork, ...] = ()
+    prefetch: bool = False
 
     @property
     def bytes(self) -> int:
@@ -354,7 +360,11 @@ def kernel_time(
 def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, lanes: int) -> tuple[float, float]:
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
     rates `gbs`, its operations and combines."""
-    mem = (w.read_bytes / gbs[0] + w.write_bytes / gbs[1] + w.reread_bytes / gbs[2]) / 1e9
+    mem = (
+        w.read_bytes / (gbs[0] * (PREFETCH_GAIN if w.prefetch else 1.0))
+        + w.write_bytes / gbs[1]
+        + w.reread_bytes / gbs[2]
+    ) / 1e9
     combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) * (1 - ROW_OVERLAP * (1 - 1 / w.rows))
     comp = (w.elements * element_ns(w, r, lanes) + combines) / busy * 1e-9
     return mem, comp

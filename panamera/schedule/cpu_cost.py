@@ -89,11 +89,12 @@ def _width(s) -> int:
     return s.body.args[0].dtype.itemsize if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
 
 
-def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWork:
+def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch: bool = False) -> CpuWork:
     """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
     `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing. A
     stitched group's passes over a row are also given one by one (`CpuWork.passes`); `rows`: the
-    rows a pass scans at once (schedule/cpu_rows.py)."""
+    rows a pass scans at once (schedule/cpu_rows.py); `prefetch`: the first pass's reads prefetched
+    (schedule/cpu_prefetch.py)."""
     stmts = g.statements
     on_chip = g.on_chip
     inputs: dict[int, int] = {}
@@ -151,13 +152,15 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWor
     for k in g.accumulators:
         combines[lv.get(stmts[k].name, 0)] += 1 if g.form in (Form.ROW, Form.ALL) else 0
     width = max((_width(s) for s in stmts if s.kind == StatementKind.REDUCE and not s.acc.is_struct), default=4)
+    # an output row that is a kept value's scratch row (cpu_reuse.py `Reuse.into`) streams out in the producer's pass
+    written_in = {x.into: lv.get(stmts[x.producer].name, 0) for x in reuse if x.into is not None}
     one = [
         CpuWork(
             M=g.M,
             N=g.N,
             elements=round(g.M * g.N * shares[p]),  # a pass of one value per row (a loss): M elements
             read_bytes=firsts[p],
-            write_bytes=sum(b for s, b in zip(stmts, writes) if lv.get(s.name, 0) == p),
+            write_bytes=sum(b for k, b in enumerate(writes) if written_in.get(k, lv.get(stmts[k].name, 0)) == p),
             cheap=ops[p][0] / max(shares[p], 1e-12),
             transcendental=ops[p][1] / max(shares[p], 1e-12),
             division=ops[p][2] / max(shares[p], 1e-12),
@@ -167,6 +170,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWor
             width=width,
             row_combines=combines[p],
             rows=rows,
+            prefetch=prefetch and p == 0,
         )
         for p in range(passes)
     ]
@@ -186,6 +190,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1) -> CpuWor
         row_combines=sum(combines),
         rows=rows,
         passes=tuple(one) if passes > 1 else (),
+        prefetch=prefetch,
     )
 
 
@@ -202,7 +207,7 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
     if d.gemm is not None:
         return d.gemm.time(m, threads)
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
-    return kernel_time(work(g, d.reuse, d.rows), m, d.tasks, d.split, t, d.lanes)
+    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:

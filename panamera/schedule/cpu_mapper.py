@@ -24,7 +24,7 @@ so ORDERED and LAST results are bit-identical for every thread count.
 >>> from panamera.compiler import lower
 >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
 >>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
-'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=atomic'
+'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=atomic prefetch=4096'
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cpu_prefetch import Prefetch, choose_prefetch
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
 
@@ -120,6 +121,7 @@ class CpuDecision:
     reuse: tuple[Reuse, ...] = ()
     rows: int = 1  # rows a stitched ROW pass scans at once (codegen/cpu_interleave.py; schedule/cpu_rows.py)
     gemm: GemmPlan | None = None  # a contraction run by the BLAS or the tile kernel (schedule/cpu_contraction.py)
+    prefetch: Prefetch | None = None  # the first pass's rows prefetched ahead (schedule/cpu_prefetch.py)
 
     @property
     def tasks(self) -> int:
@@ -135,6 +137,7 @@ class CpuDecision:
             + (f" merge={self.merge}" if self.split > 1 else "")
             + "".join(f" reuse={r.ops}" for r in self.reuse)
             + (f" rows={self.rows}" if self.rows > 1 else "")
+            + (f" prefetch={self.prefetch.ahead}" if self.prefetch else "")
         )
 
 
@@ -198,4 +201,5 @@ def map_cpu(
         s = math.ceil(N / chunk)
     merge = merge_mode(group, s, deterministic)
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
-    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows)
+    prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
+    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch)
