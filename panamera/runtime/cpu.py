@@ -225,8 +225,10 @@ def machine_key() -> str:
 
 
 def library_path(source: str) -> Path:
-    """Where the shared library of `source` lives in the disk cache: one per content, flags and machine."""
-    text = source + emulator.headers_text() + " ".join(flags()) + machine_key()  # every header g++ reads
+    """Where the shared library of `source` lives in the disk cache: one per content, flags, compiler
+    (emulator.compiler_identity) and machine."""
+    text = source + emulator.headers_text() + " ".join(flags()) + emulator.compiler_identity("target='cpu'")
+    text += machine_key()  # every header g++ reads, above
     return emulator.cache_dir() / f"cpu_{hashlib.sha256(text.encode()).hexdigest()[:24]}.so"
 
 
