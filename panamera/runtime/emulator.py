@@ -33,7 +33,8 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
-FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+# -fwrapv: signed integer overflow wraps, as on the GPU's two's complement adders and in numpy.
+FLAGS = ("-std=c++20", "-O1", "-fwrapv", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 
 
 LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
