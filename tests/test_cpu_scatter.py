@@ -100,7 +100,9 @@ def test_an_id_outside_the_table_names_the_tensor(rng, form):
     index, src = rng.integers(0, 10, 100), np.ones((100, 4), np.float32)
     index[[80, 40]] = [10, -1]
     k = compile_pinned(scatter(100, 10, 4), form=form)
-    with pytest.raises(pn.InputError, match=r"scatter-add: index 'ids' holds -1 at position 40, outside \[0, 10\)"):
+    with pytest.raises(
+        pn.IndexRangeError, match=r"scatter-add: index 'ids' holds -1 at position 40, outside \[0, 10\)"
+    ):
         k(index, src, threads=2)
     lax = compile_pinned(scatter(100, 10, 4, check=False), form=form)
     close(lax(index, src), reference(index, src, 10), "float32", index)
