@@ -14,6 +14,7 @@ from panamera.dtypes import as_dtype
 from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
 from panamera.model.cpu import CpuModel
 from panamera.schedule.cpu_segments import PRIVATE_MAX, CpuScatterForm, plan_cpu_scatter
+from panamera.schedule.scatter_problem import ScatterProblem
 
 FORMS = list(CpuScatterForm)
 
@@ -89,8 +90,8 @@ def test_large_table_compiles_deterministic_and_the_model_chooses(rng):
     assert np.array_equal(one, k(index, src, threads=2))
     close(one, reference(index, src, 20000), "float32", index)
     m, i64, f32 = CpuModel.nominal(2, 64), as_dtype("int64"), as_dtype("float32")
-    assert plan_cpu_scatter(1 << 20, 16, 64, i64, f32, None, m).form == CpuScatterForm.PRIVATIZED
-    assert plan_cpu_scatter(8192, 50257, 768, i64, f32, None, m).form == CpuScatterForm.SORTED
+    assert plan_cpu_scatter(ScatterProblem(1 << 20, 16, 64, i64, f32), m).form == CpuScatterForm.PRIVATIZED
+    assert plan_cpu_scatter(ScatterProblem(8192, 50257, 768, i64, f32), m).form == CpuScatterForm.SORTED
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -116,8 +117,8 @@ def test_preconditions():
         pn.compile([s, s.inputs[1] * 2.0], target="cpu")
     rows = PRIVATE_MAX // (4 * 2 * 64) + 1
     with pytest.raises(pn.OptionError, match="'privatized' is not offered"):
-        plan_cpu_scatter(8, rows, 64, as_dtype("int64"), as_dtype("float32"), None, CpuModel.nominal(2, 64),
-                         form=CpuScatterForm.PRIVATIZED)  # fmt: skip
+        problem = ScatterProblem(8, rows, 64, as_dtype("int64"), as_dtype("float32"))
+        plan_cpu_scatter(problem, CpuModel.nominal(2, 64), form=CpuScatterForm.PRIVATIZED)
 
 
 def test_preconditions_2_and_3_on_the_cpu():
