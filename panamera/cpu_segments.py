@@ -27,7 +27,7 @@ from . import segments as sorted_segments
 from .codegen.cpu_segments import HELPER, PARAMS, render_cpu_scatter
 from .codegen.header import prelude
 from .compiled import _tensors
-from .cpu_target import CpuCompiled, cpu_model
+from .cpu_compiled import CpuCompiled, cpu_model
 from .dtypes import as_dtype
 from .errors import Unsupported
 from .frontend.tensor import Tensor
