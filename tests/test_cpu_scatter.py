@@ -130,3 +130,14 @@ def test_preconditions_2_and_3_on_the_cpu():
         pn.compile(scatter_add_sorted(ids, g * 2.0, 4), target="cpu")
     with pytest.raises(pn.DTypeError, match="index 'f' has dtype float32"):
         scatter_add_sorted(pn.placeholder((6,), "float32", name="f"), g, 4)
+
+
+def test_the_cpu_and_gpu_plans_read_one_problem():
+    """One ScatterProblem (n, rows, width, dtypes, skip) for both plans, read off the node once."""
+    from panamera import cpu_segments, segments
+    from panamera.model.gpu import H100
+
+    node = segments.recognize((scatter(40, 7, 3, "float16", skip=2),))
+    want = ScatterProblem(40, 7, 3, as_dtype("int64"), as_dtype("float16"), 2)
+    cpu, gpu = cpu_segments.plan_of(node, CpuModel.nominal(2, 64)), segments.plan_of(node, H100)
+    assert cpu.problem == gpu.problem == want and (cpu.n, cpu.acc) == (gpu.n, gpu.acc) == (40, "float")
