@@ -103,3 +103,15 @@ def test_an_empty_index_and_a_symbolic_extent():
     b.check((torch.tensor([0, 2]), torch.zeros(2, 3)))
     with pytest.raises(IndexRangeError, match=r"outside \[0, 3\) \(dimension 1 of size 3\)"):
         b.check((torch.tensor([3]), torch.zeros(2, 3)))
+
+
+def test_a_dynamic_graph_checks_its_ids():
+    """A dynamic partition (symbolic lengths of the ids) is wrapped the same way."""
+    f = torch.compile(embedding, backend="panamera", options={"target": "cpu"}, dynamic=True)
+    for n in (3, 5):
+        ids = torch.arange(n) % R
+        torch.testing.assert_close(f(W, ids), embedding(W, ids), rtol=1e-12, atol=1e-12)
+    with pytest.raises(IndexRangeError, match=r"holds 6 at position 3"):
+        f(W, torch.tensor([0, 1, 2, 6]))
+    with pytest.raises(IndexRangeError, match=r"holds -1 at position 0"):
+        f(torch.randn(R + 1, D, dtype=torch.float64), torch.tensor([-1, 1, 2, 0, 1, 2]))
