@@ -115,3 +115,23 @@ def test_a_dynamic_graph_checks_its_ids():
         f(W, torch.tensor([0, 1, 2, 6]))
     with pytest.raises(IndexRangeError, match=r"holds -1 at position 0"):
         f(torch.randn(R + 1, D, dtype=torch.float64), torch.tensor([-1, 1, 2, 0, 1, 2]))
+
+
+def test_cross_entropy_targets_outside_the_classes():
+    """nll_loss's targets: [0, C) or ignore_index (-100); one outside picked no class and still
+    counted in the mean: a wrong loss where eager raises."""
+
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x, t)
+
+    x = torch.randn(4, R, dtype=torch.float64)
+    f = compiled(loss, "cpu")
+    t = torch.tensor([0, -100, 5, 1])
+    torch.testing.assert_close(f(x, t), loss(x, t), rtol=1e-12, atol=1e-12)
+    assert tb.stats().reports[-1].subgraphs
+    for bad in (R, -1):
+        t = torch.tensor([0, -100, bad, 1])
+        with pytest.raises(IndexError):
+            loss(x, t)
+        with pytest.raises(IndexRangeError, match=rf"aten\.nll_loss_forward: index '\w+' holds {bad} at position 2"):
+            f(x, t)

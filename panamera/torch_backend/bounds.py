@@ -11,7 +11,9 @@ range eager enforces:
 
 - [-n, n) where torch wraps a negative id: `x[idx]` (aten.index) and `index_put` (accumulate);
 - [0, n) elsewhere: embedding, index_select, gather, index_add, scatter_add
-  (n: the indexed tensor's extent on the indexed axis).
+  (n: the indexed tensor's extent on the indexed axis);
+- [0, C) or ignore_index for nll_loss's targets (cross-entropy; C the classes: a target outside
+  picked no class and counted as a valid one).
 
 A partition that takes such a tensor as an argument checks it before it runs (`IndexChecked`):
 one min/max pass over the ids (torch.aminmax), on the ids' device; on CUDA that reads two numbers
@@ -52,7 +54,8 @@ SAME_VALUES = frozenset(
 class IndexBound:
     """One index argument of a compiled partition: `arg` its position among the partition's
     arguments, `tensor` its name, `op` the index op, `extent` the indexed axis' size (None: read at
-    call time from argument `data`'s axis `axis`), `wraps`: negative ids count from the end."""
+    call time from argument `data`'s axis `axis`), `wraps`: negative ids count from the end,
+    `ignore`: an id outside the range that is allowed (nll_loss's ignore_index)."""
 
     arg: int
     tensor: str
@@ -61,6 +64,7 @@ class IndexBound:
     data: int | None = None
     axis: int = 0
     wraps: bool = False
+    ignore: int | None = None
 
     def check(self, args) -> None:
         """Raise an IndexRangeError when an id of `args[self.arg]` is outside the range."""
@@ -73,7 +77,12 @@ class IndexBound:
         if least >= lo and most < n:
             return
         flat = ids.reshape(-1)
-        pos = int(((flat < lo) | (flat >= n)).nonzero()[0, 0])
+        bad = (flat < lo) | (flat >= n)
+        if self.ignore is not None:
+            bad &= flat != self.ignore
+            if not bool(bad.any()):
+                return
+        pos = int(bad.nonzero()[0, 0])
         raise IndexRangeError(
             f"{self.op}: index {self.tensor!r} holds {int(flat[pos])} at position {pos}, outside [{lo}, {n}) "
             f"(dimension {self.axis} of size {n}), as eager PyTorch refuses it"
@@ -83,10 +92,11 @@ class IndexBound:
 @dataclass(frozen=True)
 class _Rule:
     """Where an index op's ids, indexed tensor and axis are (`place(node)` -> (ids, data, axis) or
-    None), and whether it wraps negative ids."""
+    None), whether it wraps negative ids, and the id it ignores (`ignore(node)`, or None)."""
 
     place: object
     wraps: bool
+    ignore: object = None
 
 
 def _single(node):
@@ -107,6 +117,11 @@ RULES = {
     aten.gather.default: _Rule(_dim(1, 2), False),
     aten.index_add.default: _Rule(_dim(1, 2), False),
     aten.scatter_add.default: _Rule(_dim(1, 2), False),
+    aten.nll_loss_forward.default: _Rule(
+        lambda node: (node.args[1], node.args[0], 1 if _meta(node.args[0]).ndim > 1 else 0),
+        False,
+        lambda node: node.args[4] if len(node.args) > 4 else node.kwargs.get("ignore_index", -100),
+    ),
 }
 
 
@@ -121,6 +136,7 @@ class NodeBound:
     axis: int
     extent: int | None
     wraps: bool
+    ignore: int | None = None
 
 
 def _meta(node):
@@ -145,8 +161,9 @@ def index_bounds(gm: torch.fx.GraphModule) -> dict:
             continue
         axis %= x.ndim
         size = x.shape[axis]
+        ignore = rule.ignore(node) if rule.ignore is not None else None
         bound = NodeBound(str(node.target.overloadpacket.__name__), data.name, axis, size if isinstance(size, int) else None,
-                          rule.wraps)  # fmt: skip
+                          rule.wraps, ignore)  # fmt: skip
         while True:
             out.setdefault(ids.name, []).append(bound)
             src = ids.args[0] if ids.op == "call_function" and ids.target in SAME_VALUES and ids.args else None
@@ -165,7 +182,7 @@ def partition_bounds(call: torch.fx.Node, recorded: dict) -> tuple[IndexBound, .
             data = next((j for j, d in enumerate(call.args) if isinstance(d, torch.fx.Node) and d.name == b.data), None)
             if b.extent is None and data is None:
                 continue  # a symbolic extent computed inside the partition: not checked (module docstring)
-            out.append(IndexBound(k, a.name, f"aten.{b.op}", b.extent, data, b.axis, b.wraps))
+            out.append(IndexBound(k, a.name, f"aten.{b.op}", b.extent, data, b.axis, b.wraps, b.ignore))
     return tuple(dict.fromkeys(out))
 
 
