@@ -73,16 +73,13 @@ class IndexBound:
         if not isinstance(ids, torch.Tensor) or ids.numel() == 0:
             return
         lo = -n if self.wraps else 0
+        if self.ignore is not None:  # an ignored id read as 0, a valid one: still one min/max pass after it
+            ids = torch.where(ids == self.ignore, torch.zeros((), dtype=ids.dtype, device=ids.device), ids)
         least, most = (int(v) for v in torch.aminmax(ids))  # one pass; on CUDA two numbers read back
         if least >= lo and most < n:
             return
         flat = ids.reshape(-1)
-        bad = (flat < lo) | (flat >= n)
-        if self.ignore is not None:
-            bad &= flat != self.ignore
-            if not bool(bad.any()):
-                return
-        pos = int(bad.nonzero()[0, 0])
+        pos = int(((flat < lo) | (flat >= n)).nonzero()[0, 0])
         raise IndexRangeError(
             f"{self.op}: index {self.tensor!r} holds {int(flat[pos])} at position {pos}, outside [{lo}, {n}) "
             f"(dimension {self.axis} of size {n}), as eager PyTorch refuses it"
