@@ -27,7 +27,7 @@ from . import segments as sorted_segments
 from .codegen.cpu_segments import HELPER, PARAMS, render_cpu_scatter
 from .codegen.header import prelude
 from .compiled import _tensors
-from .cpu_target import CpuCompiled, cpu_model
+from .cpu_compiled import CpuCompiled, cpu_model
 from .dtypes import as_dtype
 from .errors import Unsupported
 from .frontend.tensor import Tensor
@@ -44,9 +44,7 @@ from .stages import run_stages
 
 def plan_of(node: Tensor, model: CpuModel, **pinned) -> CpuScatterPlan:
     """The CPU plan of sorted-scatter node `node` (`pinned`: `form`, `chunks`)."""
-    ids, src = node.inputs
-    rows, width = node.shape
-    return plan_cpu_scatter(ids.shape[0], rows, width, ids.dtype, src.dtype, node.attr("skip"), model, **pinned)
+    return plan_cpu_scatter(sorted_segments.problem_of(node), model, **pinned)
 
 
 def cost_us(graph: tuple[Tensor, ...], alternative: tuple[Tensor, ...], model: CpuModel) -> float | None:
@@ -133,7 +131,7 @@ def launch_plan(node: Tensor, p: CpuScatterPlan, graph: tuple[Tensor, ...], inpu
     ids, src = (view_source(t) for t in node.inputs)
     digest = hashlib.sha1(repr((p.form, p.n, p.rows, p.width, p.ids.name, p.src.name, p.skip, p.chunks)).encode())
     name = f"pn_cpu_scatter_{digest.hexdigest()[:8]}"
-    acc, i64 = as_dtype("float32") if p.src.is_16bit_float else p.src, as_dtype("int64")
+    acc, i64 = p.problem.acc_dtype, as_dtype("int64")
     keys = {"ids": f"in:{ids.uid}", "src": f"in:{src.uid}", "out": f"out:{node.uid}"}
     buffers = {
         keys["ids"]: BufferSpec(keys["ids"], ids.dtype.c_type, ids.dtype, p.n, BufferRole.INPUT, "ids", uid=ids.uid),

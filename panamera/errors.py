@@ -36,6 +36,11 @@ class InputError(PanameraError, ValueError):
     """An array passed to a compiled kernel that does not fit its placeholder."""
 
 
+class IndexRangeError(InputError, IndexError):
+    """An index input holding an id outside the range its op accepts (an IndexError, as numpy's
+    and eager PyTorch's); the message names the op, the index tensor, the id and its position."""
+
+
 class CompileError(PanameraError, RuntimeError):
     """A host or device compiler rejected generated code; the message shows the source line."""
 
@@ -113,7 +118,7 @@ class EmulatorWarning(PanameraWarning):
 
 __all__ = [
     "OutOfMemoryError", "SymbolicShapeError", "SymbolBindingError",
-    "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "CompileError",
+    "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "IndexRangeError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "TargetRefused", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",
 ]  # fmt: skip

@@ -30,7 +30,7 @@ from .model.gpu import H100, GPUSpec
 from .poly.program import Program, tensor_graph
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, IndexCheck, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec
-from .schedule.segments import SegmentPlan, plan_segments
+from .schedule.segments import ScatterProblem, SegmentPlan, plan_segments
 
 OP = "scatter_sorted"
 
@@ -94,10 +94,15 @@ def program_of(node: Tensor, graph: tuple[Tensor, ...]) -> Program:
     return Program(graph, inputs, (), (), None, tensor_graph(graph))
 
 
-def plan_of(node: Tensor, gpu: GPUSpec, **pinned) -> SegmentPlan:
+def problem_of(node: Tensor) -> ScatterProblem:
+    """The ScatterProblem of sorted-scatter node `node` (the GPU plan's and the CPU plan's input)."""
     ids, src = node.inputs
     rows, width = node.shape
-    return plan_segments(ids.shape[0], rows, width, ids.dtype, src.dtype, node.attr("skip"), gpu, **pinned)
+    return ScatterProblem(ids.shape[0], rows, width, ids.dtype, src.dtype, node.attr("skip"))
+
+
+def plan_of(node: Tensor, gpu: GPUSpec, **pinned) -> SegmentPlan:
+    return plan_segments(problem_of(node), gpu, **pinned)
 
 
 def executor_of(outputs, target: str = "emulator", gpu: GPUSpec = H100, **pinned) -> Executor:
@@ -119,12 +124,10 @@ def launch_plan(
 ) -> tuple[LaunchPlan, str, tuple]:
     """(the LaunchPlan, the source, the kernels' C signatures) of plan `p`."""
     ids, src = (_source(t) for t in node.inputs)
-    acc = as_dtype("float32") if p.src.is_16bit_float else p.src
+    acc = p.problem.acc_dtype
     digest = hashlib.sha1(repr((p.n, p.rows, p.width, p.ids.name, p.src.name, p.skip, p.tile)).encode()).hexdigest()
     name = f"pn_seg_{digest[:8]}"
-    body = HELPERS + render_segments(
-        name, p.n, p.rows, p.width, p.ids, p.src, p.skip, p.tile, p.groups_per_block, p.threads, p.vec
-    )
+    body = HELPERS + render_segments(name, p)
     ids_key, src_key, out_key = f"in:{ids.uid}", f"in:{src.uid}", f"out:{node.uid}"
     i64 = key64 = as_dtype("int64")  # the keys are unsigned 64-bit words in int64-sized buffers
     buffers = {

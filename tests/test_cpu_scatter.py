@@ -14,6 +14,7 @@ from panamera.dtypes import as_dtype
 from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
 from panamera.model.cpu import CpuModel
 from panamera.schedule.cpu_segments import PRIVATE_MAX, CpuScatterForm, plan_cpu_scatter
+from panamera.schedule.scatter_problem import ScatterProblem
 
 FORMS = list(CpuScatterForm)
 
@@ -89,8 +90,8 @@ def test_large_table_compiles_deterministic_and_the_model_chooses(rng):
     assert np.array_equal(one, k(index, src, threads=2))
     close(one, reference(index, src, 20000), "float32", index)
     m, i64, f32 = CpuModel.nominal(2, 64), as_dtype("int64"), as_dtype("float32")
-    assert plan_cpu_scatter(1 << 20, 16, 64, i64, f32, None, m).form == CpuScatterForm.PRIVATIZED
-    assert plan_cpu_scatter(8192, 50257, 768, i64, f32, None, m).form == CpuScatterForm.SORTED
+    assert plan_cpu_scatter(ScatterProblem(1 << 20, 16, 64, i64, f32), m).form == CpuScatterForm.PRIVATIZED
+    assert plan_cpu_scatter(ScatterProblem(8192, 50257, 768, i64, f32), m).form == CpuScatterForm.SORTED
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -100,7 +101,9 @@ def test_an_id_outside_the_table_names_the_tensor(rng, form):
     index, src = rng.integers(0, 10, 100), np.ones((100, 4), np.float32)
     index[[80, 40]] = [10, -1]
     k = compile_pinned(scatter(100, 10, 4), form=form)
-    with pytest.raises(pn.InputError, match=r"scatter-add: index 'ids' holds -1 at position 40, outside \[0, 10\)"):
+    with pytest.raises(
+        pn.IndexRangeError, match=r"scatter-add: index 'ids' holds -1 at position 40, outside \[0, 10\)"
+    ):
         k(index, src, threads=2)
     lax = compile_pinned(scatter(100, 10, 4, check=False), form=form)
     close(lax(index, src), reference(index, src, 10), "float32", index)
@@ -114,8 +117,8 @@ def test_preconditions():
         pn.compile([s, s.inputs[1] * 2.0], target="cpu")
     rows = PRIVATE_MAX // (4 * 2 * 64) + 1
     with pytest.raises(pn.OptionError, match="'privatized' is not offered"):
-        plan_cpu_scatter(8, rows, 64, as_dtype("int64"), as_dtype("float32"), None, CpuModel.nominal(2, 64),
-                         form=CpuScatterForm.PRIVATIZED)  # fmt: skip
+        problem = ScatterProblem(8, rows, 64, as_dtype("int64"), as_dtype("float32"))
+        plan_cpu_scatter(problem, CpuModel.nominal(2, 64), form=CpuScatterForm.PRIVATIZED)
 
 
 def test_preconditions_2_and_3_on_the_cpu():
@@ -127,3 +130,14 @@ def test_preconditions_2_and_3_on_the_cpu():
         pn.compile(scatter_add_sorted(ids, g * 2.0, 4), target="cpu")
     with pytest.raises(pn.DTypeError, match="index 'f' has dtype float32"):
         scatter_add_sorted(pn.placeholder((6,), "float32", name="f"), g, 4)
+
+
+def test_the_cpu_and_gpu_plans_read_one_problem():
+    """One ScatterProblem (n, rows, width, dtypes, skip) for both plans, read off the node once."""
+    from panamera import cpu_segments, segments
+    from panamera.model.gpu import H100
+
+    node = segments.recognize((scatter(40, 7, 3, "float16", skip=2),))
+    want = ScatterProblem(40, 7, 3, as_dtype("int64"), as_dtype("float16"), 2)
+    cpu, gpu = cpu_segments.plan_of(node, CpuModel.nominal(2, 64)), segments.plan_of(node, H100)
+    assert cpu.problem == gpu.problem == want and (cpu.n, cpu.acc) == (gpu.n, gpu.acc) == (40, "float")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from panamera import cache
-from panamera.errors import CompileError
+from panamera.errors import BackendError, CompileError
 from panamera.model import detect
 from panamera.runtime import cuda, diskcache
 
@@ -24,22 +24,32 @@ class _NVRTCError(RuntimeError):
     pass
 
 
+class _DriverError(RuntimeError):
+    pass
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(monkeypatch, tmp_path):
     """Every test's kernel cache is its own directory (cubins land there, never in ~/.cache)."""
     monkeypatch.setenv("PANAMERA_CACHE", str(tmp_path / "cache"))
 
 
-def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12, 4), driver=12040, version="13.6.0"):
-    """A stand-in `cupy` on sys.modules; returns its record of RawModule and NVRTC calls."""
-    calls = {"raw": [], "nvrtc": []}
+def fake_cupy(
+    monkeypatch, cc="90", fail=False, nvrtc_version=(12, 4), driver=12040, version="13.6.0", refusals=0, cuda_path=None
+):
+    """A stand-in `cupy` on sys.modules; returns its record of RawModule and NVRTC calls. The
+    driver refuses the first `refusals` cubins it is asked to load."""
+    calls = {"raw": [], "nvrtc": [], "refusals": refusals}
 
     class RawModule:
         def __init__(self, **kw):
             calls["raw"].append(kw)
 
         def compile(self):
-            pass
+            if "path" in calls["raw"][-1] and calls["refusals"] > 0:
+                calls["refusals"] -= 1
+                raise _DriverError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an "
+                                   "unsupported toolchain.")  # fmt: skip
 
     def compile_program(prog, options):
         calls["nvrtc"].append(tuple(options))
@@ -68,7 +78,8 @@ def fake_cupy(monkeypatch, cc: str = "90", fail: bool = False, nvrtc_version=(12
             nvrtc=nvrtc,
             Device=lambda: types.SimpleNamespace(compute_capability=cc),
             compiler=types.SimpleNamespace(CompileException=RuntimeError),
-            get_cuda_path=lambda: None,
+            get_cuda_path=lambda: cuda_path,
+            driver=types.SimpleNamespace(CUDADriverError=_DriverError),
         ),
     )
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -142,6 +153,36 @@ def test_a_corrupt_cached_cubin_is_rebuilt(monkeypatch, caplog):
     _new_process(monkeypatch)
     cuda.module(WGMMA)
     assert len(calls["nvrtc"]) == 2 and path.read_bytes() == b"cubin bytes" and "rebuilding" in caplog.text
+
+
+def test_a_cached_cubin_the_driver_refuses_is_rebuilt_once(monkeypatch, caplog):
+    calls = fake_cupy(monkeypatch)
+    cuda.module(WGMMA)
+    _new_process(monkeypatch)
+    calls = fake_cupy(monkeypatch, refusals=1)  # e.g. the driver was downgraded under the same NVRTC
+    cuda.module(WGMMA)
+    assert len(calls["nvrtc"]) == 1 and len(calls["raw"]) == 2 and "does not load" in caplog.text
+
+
+def test_a_cubin_refused_twice_is_a_backend_error(monkeypatch):
+    fake_cupy(monkeypatch, refusals=2)
+    with pytest.raises(BackendError, match="cuda backend: .*does not load: CUDA_ERROR_UNSUPPORTED_PTX_VERSION"):
+        cuda.module(WGMMA)
+
+
+def test_other_toolkit_headers_compile_again(monkeypatch, tmp_path):
+    """The toolkit's headers (mma.h, cuda_pipeline.h) reach NVRTC through -I<cuda>/include: another
+    toolkit at that path keys the cubin apart, though NVRTC's own version is the same."""
+    inc = tmp_path / "cuda" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cuda.h").write_text("#define CUDA_VERSION 12040\n")
+    calls = fake_cupy(monkeypatch, cuda_path=str(tmp_path / "cuda"))
+    cuda.module(WGMMA)
+    (inc / "cuda.h").write_text("#define CUDA_VERSION 12080\n")
+    _new_process(monkeypatch)
+    again = fake_cupy(monkeypatch, cuda_path=str(tmp_path / "cuda"))
+    cuda.module(WGMMA)
+    assert len(again["nvrtc"]) == 1 and again["raw"][0]["path"] != calls["raw"][0]["path"]
 
 
 def test_a_wgmma_source_on_sm80_is_left_to_cupy(monkeypatch):

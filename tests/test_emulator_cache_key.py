@@ -37,3 +37,20 @@ def test_changing_any_header_changes_both_keys(headers, name):
         f.write("// edited\n")
     after = emulator.library_key(SOURCE), cpu.library_path(SOURCE)
     assert before[0] != after[0] and before[1] != after[1]
+
+
+def test_another_compiler_version_changes_both_keys(tmp_path, monkeypatch):
+    """A g++ upgraded in place (same path, another `--version`) or another $CXX builds apart: a library
+    from one compiler is never loaded for another."""
+    fake = tmp_path / "g++"
+    fake.write_text("#!/bin/sh\necho 'g++ (GCC) 12.2.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    emulator._identity.cache_clear()
+    before = emulator.library_key(SOURCE), cpu.library_path(SOURCE)
+    fake.write_text("#!/bin/sh\necho 'g++ (GCC) 13.1.0'\n")
+    emulator._identity.cache_clear()  # a later process
+    after = emulator.library_key(SOURCE), cpu.library_path(SOURCE)
+    assert before[0] != after[0] and before[1] != after[1]
+    monkeypatch.delenv("CXX")
+    assert emulator.library_key(SOURCE) not in (before[0], after[0])  # the system g++ is a third

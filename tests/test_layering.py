@@ -76,3 +76,12 @@ def test_imports_follow_the_pipeline(path):
             continue
         bad.append(imp)
     assert not bad, f"{module} ({layer}) imports {bad}"
+
+
+def test_the_cpu_compile_paths_import_one_way():
+    """cpu_target.py (the stages' kernel groups) calls cpu_segments.py (a scatter-add alone); both build
+    on cpu_compiled.py (CpuCompiled, cpu_model). Neither of the two imports cpu_target, even on use:
+    the cycle that made cpu_target import cpu_segments inside a function is gone."""
+    for name in ("cpu_segments", "cpu_compiled"):
+        assert "cpu_target" not in _imports(ROOT / f"{name}.py"), name
+    assert "cpu_segments" in _imports(ROOT / "cpu_target.py")

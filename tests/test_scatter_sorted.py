@@ -12,6 +12,7 @@ import panamera as pn
 from panamera.compiler import lower
 from panamera.dtypes import as_dtype
 from panamera.frontend.scatter import scatter_add_rows, scatter_add_sorted
+from panamera.schedule.scatter_problem import ScatterProblem
 from panamera.schedule.segments import plan_segments
 from panamera.segments import executor_of
 
@@ -138,10 +139,10 @@ def test_plan_preconditions():
     i64, f32 = as_dtype("int64"), as_dtype("float32")
     for n, rows in ((2**31, 10), (10, 2**31)):
         with pytest.raises(pn.ShapeError, match="a sort key holds each in 31 bits"):
-            plan_segments(n, rows, 4, i64, f32, None)
+            plan_segments(ScatterProblem(n, rows, 4, i64, f32))
     for n, rows, width in ((0, 10, 4), (10, 0, 4), (10, 10, 0)):
         with pytest.raises(pn.ShapeError, match="each must be positive"):
-            plan_segments(n, rows, width, i64, f32, None)
+            plan_segments(ScatterProblem(n, rows, width, i64, f32))
 
 
 def _float_index_node(g):

@@ -16,9 +16,9 @@ accumulator type (float for 16-bit sources) and stored once (`pn_st` rounds).
 
 >>> from panamera.dtypes import as_dtype
 >>> from panamera.model.cpu import CpuModel
->>> from panamera.schedule.cpu_segments import CpuScatterForm, plan_cpu_scatter
+>>> from panamera.schedule.cpu_segments import CpuScatterForm, ScatterProblem, plan_cpu_scatter
 >>> i64, f32, m = as_dtype("int64"), as_dtype("float32"), CpuModel.nominal(2, 32)
->>> p = plan_cpu_scatter(6, 4, 3, i64, f32, None, m, form=CpuScatterForm.SORTED)
+>>> p = plan_cpu_scatter(ScatterProblem(6, 4, 3, i64, f32), m, form=CpuScatterForm.SORTED)
 >>> PARAMS[p.form], "omp single" in render_cpu_scatter("pn_sc", p)
 (('ids', 'src', 'out', 'bad', 'off', 'ord'), True)
 """

@@ -24,37 +24,26 @@ Every sum's order depends on the ids alone, never on blocks, threads or timing: 
 bit-identical across runs, block counts and thread counts.
 
 >>> from panamera.dtypes import as_dtype
->>> src = render_segments("pn_seg", 6, 4, 3, as_dtype("int64"), as_dtype("float32"), None, 2, 2, 32)
->>> [ln.split("(")[0].split()[-1] for ln in src.splitlines() if "__global__" in ln]
+>>> from panamera.schedule.segments import ScatterProblem, plan_segments
+>>> p = plan_segments(ScatterProblem(6, 4, 3, as_dtype("int64"), as_dtype("float32")), tile=2, groups_per_block=2)
+>>> [ln.split("(")[0].split()[-1] for ln in render_segments("pn_seg", p).splitlines() if "__global__" in ln]
 ['pn_seg_tile', 'pn_seg_merge2', 'pn_seg_merge4', 'pn_seg_part', 'pn_seg_own']
 """
 
 from __future__ import annotations
 
-from ..dtypes import DType
-from ..schedule.segments import SEGMENT_ROWS, UNROLL, merge_blocks, merge_runs, sort_blocks  # the plan's geometry
+from ..schedule.segments import SEGMENT_ROWS, UNROLL, SegmentPlan, merge_blocks, merge_runs, sort_blocks  # the geometry
 
 ZERO_THREADS = 256
 
 
-def render_segments(
-    name: str,
-    n: int,
-    rows: int,
-    width: int,
-    ids: DType,
-    src: DType,
-    skip: int | None,
-    tile: int,
-    groups_per_block: int,
-    threads: int,
-    vec: int = 1,
-) -> str:
-    """The kernels' source (`{name}_tile`, `_merge{L}` per pass, `_part`, `_own`);
-    `tile` keys per sort block, `groups_per_block` chunks of SEGMENT_ROWS positions per block of
-    `part` and `own`, `threads` threads across a row's `width` elements there, `vec` elements
-    per load (`vector_width`)."""
-    acc = src.compute  # float for 16-bit sources (rounded once, at the write), else the source's type
+def render_segments(name: str, p: SegmentPlan) -> str:
+    """The kernels' source (`{name}_tile`, `_merge{L}` per pass, `_part`, `_own`) of plan `p`: its
+    problem (n ids into a `rows x width` table, the dtypes, `skip`), `tile` keys per sort block,
+    `groups_per_block` chunks of SEGMENT_ROWS positions per block of `part` and `own`, `vec`
+    elements per load (`vector_width`); the launch gives `p.threads` threads across a row there."""
+    n, rows, width, ids, src, skip = p.n, p.rows, p.width, p.ids, p.src, p.skip
+    tile, groups_per_block, vec, acc = p.tile, p.groups_per_block, p.vec, p.acc  # acc: float for 16-bit sources
     P, key = SEGMENT_ROWS, "unsigned long long"
     zero = f"({acc})0"
     drop = f" || id == {skip}LL" if skip is not None else ""

@@ -377,7 +377,9 @@ def resize_nearest(x: Tensor, shape, scales, coord: str = "half_pixel", nearest:
 # -- gathers: the non-affine reads --------------------------------------------------------------
 def take(x: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
     """numpy.take / ONNX Gather: x read at a *loaded* subscript along `axis` (negative indices
-    count from the end; out-of-range ones are clamped, a GPU kernel cannot raise). The read is
+    count from the end; out-of-range ones are clamped, a GPU kernel cannot raise: numpy's
+    `mode="clip"`, where np.take's default raises an IndexError; torch.compile checks the ids
+    where they enter a compiled partition, torch_backend/bounds.py, and raises as eager). The read is
     non-affine: isl cannot know which element it touches, so the read is modeled as touching the
     whole axis, and x is never fused into the gathering statement (it is materialized first).
 

@@ -47,7 +47,9 @@ MAX_TERMS = 1 << 26  # rows × len(index) × row size that the owner-computes fo
 def scatter_add_rows(index: Tensor, src: Tensor, rows: int, skip: int | None = None) -> Tensor:
     """`out` of shape `(rows, *src.shape[index.ndim:])` with `out[index[t]] += src[t]` for every
     position t of `index` (any rank; `src` is indexed by the same leading axes); an index equal to
-    `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows).
+    `skip` (an embedding's padding_idx) adds nothing, and so does one outside [0, rows) (where
+    np.add.at raises an IndexError: `scatter_add_sorted(check=True)` raises one, an IndexRangeError,
+    and torch.compile checks the ids where they enter a compiled partition, torch_backend/bounds.py).
 
     Three formulations, and the planner keeps the one the model prefers (schedule/formulation.py):
     owner computes (`scatter_add_owner`), the atomic indirect write (`scatter_add_atomic`) and

@@ -337,15 +337,18 @@ def _key(threads: int, spin: int | None = None) -> str:
     """The cache key of a probe on `threads` threads: the machine, the threads, the probe's version,
     the OpenMP pool's spin count (default: this process's, `spin_count`), which sets the parallel
     region's entry cost, and what its library is built from (`measure`: the math prelude, whose
-    inline expf `exp_ns` times, the probe's SOURCE and the compile flags, libmvec's among them).
+    inline expf `exp_ns` times, the probe's SOURCE, the compile flags, libmvec's among them, and the
+    compiler's identity).
 
     >>> _key(2, 0) != _key(2, 300000), _key(2, 0) == _key(2, 0)
     (True, True)
     """
     from .cpu import SIMD_MATH, flags, machine_key
+    from .emulator import compiler_identity
 
     spin = spin_count() if spin is None else spin
-    built = hashlib.sha256((SIMD_MATH + SOURCE + " ".join(flags())).encode()).hexdigest()[:8]
+    built = SIMD_MATH + SOURCE + " ".join(flags()) + compiler_identity("target='cpu'")
+    built = hashlib.sha256(built.encode()).hexdigest()[:8]
     return hashlib.sha256(f"{machine_key()}|{threads}|{VERSION}|spin={spin}|{built}".encode()).hexdigest()[:20]
 
 

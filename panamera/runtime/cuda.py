@@ -19,7 +19,9 @@ The target: CuPy's RawModule takes no architecture. It appends its own `-arch=sm
 arch-specific sm_90a (`nvcc.arch_for`), so `build` decides the target once: the device's own,
 left to CuPy, or an arch-specific one, which Panamera compiles with NVRTC itself (the same
 `-ftz=true`) and loads as a cubin (`RawModule(path=...)`), kept in the kernel cache on disk
-(`cubin_KEY.cubin`, keyed by source, target, options and NVRTC version) as CuPy keeps its own.
+(`cubin_KEY.cubin`, keyed by source, target, options, NVRTC's and CuPy's versions and the toolkit's
+headers) as CuPy keeps its own; a cached cubin the driver refuses to load is rebuilt once, and a
+second refusal is a BackendError.
 """
 
 from __future__ import annotations
@@ -97,19 +99,56 @@ def _cccl_include(cupy, source: str) -> tuple[str, ...]:
     return (f"-I{cccl}",) if cccl.is_dir() else ()
 
 
-def cubin_key(source: str, b: Build, options: tuple[str, ...], nvrtc_version, cupy_version: str = "") -> str:
+def cubin_key(
+    source: str, b: Build, options: tuple[str, ...], nvrtc_version, cupy_version: str = "", toolkit: str = ""
+) -> str:
     """The disk-cache key of an arch-specific cubin: everything NVRTC's output depends on, the
     source, the target, the options it really gets (CuPy's include directories among them),
-    NVRTC's version and CuPy's (the options name its include directory by path only: an upgrade
-    in place changes the headers there, not the path).
+    NVRTC's version, CuPy's (the options name its include directory by path only: an upgrade
+    in place changes the headers there, not the path) and the toolkit whose headers
+    `-I<cuda>/include` reaches (`toolkit_identity`: a pip NVRTC beside another system toolkit).
 
     >>> b = build("pn_wgmma<64, __half>(d, a, b);", "sm_90")
     >>> k = cubin_key("src", b, b.options, (12, 4))
     >>> len(k), k == cubin_key("src", b, b.options, (12, 8)), k == cubin_key("src", b, b.options, (12, 4), "14.0")
     (24, False, False)
+    >>> k == cubin_key("src", b, b.options, (12, 4), "", "/usr/local/cuda|1f2e")
+    False
     """
-    text = "\0".join((source, b.target, " ".join(options), ".".join(map(str, nvrtc_version)), cupy_version))
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    parts = (source, b.target, " ".join(options), ".".join(map(str, nvrtc_version)), cupy_version, toolkit)
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+TOOLKIT_HEADERS = ("cuda.h", "cuda_runtime_api.h", "mma.h", "cuda_pipeline.h", "cooperative_groups.h")
+
+
+def toolkit_identity(cuda_path: str | None) -> str:
+    """The CUDA toolkit headers NVRTC reads through `-I<cuda_path>/include` (mma.h, cuda_pipeline.h,
+    cooperative_groups.h; cuda.h carries CUDA_VERSION), as a key: the path, and each header's size
+    and a hash of its bytes; "" without a toolkit. Headers they include in turn change with them
+    in a toolkit release.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp()); (d / "include").mkdir()
+    >>> _ = (d / "include" / "cuda.h").write_text("#define CUDA_VERSION 12040")
+    >>> a = toolkit_identity(str(d))
+    >>> _ = (d / "include" / "cuda.h").write_text("#define CUDA_VERSION 12080")
+    >>> a == toolkit_identity(str(d)), toolkit_identity(None)
+    (False, '')
+    """
+    if not cuda_path:
+        return ""
+    from pathlib import Path
+
+    inc = Path(cuda_path, "include")
+    found = []
+    for name in TOOLKIT_HEADERS:
+        try:
+            data = (inc / name).read_bytes()
+        except OSError:
+            continue
+        found.append(f"{name}:{len(data)}:{hashlib.sha256(data).hexdigest()[:16]}")
+    return "|".join([str(inc), *found])
 
 
 def _nvrtc_cubin(nvrtc, source: str, options: tuple[str, ...]) -> bytes:
@@ -134,11 +173,24 @@ def _own_module(cupy, source: str, b: Build):
     core = getattr(getattr(cupy, "_core", None), "core", None)
     assemble = getattr(core, "assemble_cupy_compiler_options", None)
     options = tuple(assemble(b.options)) if assemble else b.options
-    key = cubin_key(source, b, options, nvrtc.getVersion(), str(getattr(cupy, "__version__", "")))
-    path = diskcache.ensure(
-        diskcache.directory() / f"cubin_{key}.cubin", lambda: _nvrtc_cubin(nvrtc, source, options), "cuda backend"
+    toolkit = toolkit_identity(cupy.cuda.get_cuda_path())
+    key = cubin_key(source, b, options, nvrtc.getVersion(), str(getattr(cupy, "__version__", "")), toolkit)
+    return diskcache.load(
+        diskcache.directory() / f"cubin_{key}.cubin",
+        lambda: _nvrtc_cubin(nvrtc, source, options),
+        "cuda backend",
+        lambda path: _load_cubin(cupy, path),
+        (cupy.cuda.driver.CUDADriverError,),
     )
-    return cupy.RawModule(path=str(path))
+
+
+def _load_cubin(cupy, path):
+    """A RawModule of the cubin at `path`, loaded now (CuPy loads lazily, at the first kernel): a
+    cubin the driver refuses (a driver older than the NVRTC that built it) fails here, where the
+    cache rebuilds it once (diskcache.load) instead of at the launch."""
+    mod = cupy.RawModule(path=str(path))
+    mod.compile()  # a file module: cuModuleLoad on the current device
+    return mod
 
 
 def module(source: str):

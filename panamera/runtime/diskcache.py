@@ -39,12 +39,14 @@ import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import BackendError, CacheWarning
 
 ENV = "PANAMERA_CACHE"  # a directory for the built libraries, or "off"
 SIDECAR = ".sha256"
 log = logging.getLogger("panamera.cache")
+T = TypeVar("T")
 _private: list[str] = []  # this process's own directory (cache off, or refused)
 _refused: set[str] = set()  # directories already warned about
 
@@ -182,15 +184,34 @@ def ensure(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> Path:
     return lib
 
 
-def load(lib: Path, compile_bytes: Callable[[], bytes], who: str) -> ctypes.CDLL:
-    """The library at `lib`, loaded only when its bytes match its sidecar; a missing, changed or
-    unloadable one is built again by `compile_bytes` (once) and stored verified. Every backend
-    that builds shared libraries (the emulator, the CPU target) loads them through here."""
+def load(
+    lib: Path,
+    compile_bytes: Callable[[], bytes],
+    who: str,
+    opener: Callable[[Path], T] = lambda p: ctypes.CDLL(str(p)),
+    failures: tuple[type[BaseException], ...] = (OSError,),
+) -> T:
+    """`opener(path)` of the library at `lib`, opened only when its bytes match its sidecar; a
+    missing, changed or unopenable one (`opener` raises one of `failures`) is built again by
+    `compile_bytes` (once) and stored verified; a second failure is a BackendError naming `who`.
+    Every backend that builds libraries loads them through here: the emulator and the CPU target
+    (a ctypes.CDLL, the default), the cuda backend's cubins (CuPy's module load).
+
+    >>> d = Path(tempfile.mkdtemp()); opened = []
+    >>> def flaky(p):
+    ...     opened.append(p.read_bytes())
+    ...     if len(opened) == 1:
+    ...         raise OSError("bad")
+    ...     return "module"
+    >>> _ = store(d, "cubin_k.cubin", b"old")
+    >>> load(d / "cubin_k.cubin", lambda: b"new", "cuda backend", flaky), opened
+    ('module', [b'old', b'new'])
+    """
     for attempt in (0, 1):
         lib = ensure(lib, compile_bytes, who)
         try:
-            return ctypes.CDLL(str(lib))
-        except OSError as e:  # verified bytes that do not load: rebuilt once, then an error
+            return opener(lib)
+        except failures as e:  # verified bytes that do not load: rebuilt once, then an error
             if attempt:
                 raise BackendError(f"{who}: the library built for this kernel does not load: {e}") from None
             discard(lib, f"does not load ({e})")

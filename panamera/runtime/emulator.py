@@ -25,6 +25,7 @@ import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from ..errors import BackendError, CompileError
@@ -32,7 +33,8 @@ from . import diskcache
 
 HERE = Path(__file__).parent
 HEADER = HERE / "cuda_emulation.h"
-FLAGS = ("-std=c++20", "-O1", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
+# -fwrapv: signed integer overflow wraps, as on the GPU's two's complement adders and in numpy.
+FLAGS = ("-std=c++20", "-O1", "-fwrapv", "-shared", "-fPIC", "-DPANAMERA_EMULATOR", "-w")
 
 
 LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -65,8 +67,8 @@ def headers_text(root: Path | None = None) -> str:
 
 def library_key(text: str) -> str:
     """The disk-cache key of the emulator library built from `text`: its text, every header it
-    reads and the flags."""
-    return hashlib.sha256((text + headers_text() + " ".join(FLAGS)).encode()).hexdigest()[:24]
+    reads, the flags and the compiler's identity (`compiler_identity`)."""
+    return hashlib.sha256((text + headers_text() + " ".join(FLAGS) + compiler_identity()).encode()).hexdigest()[:24]
 
 
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
@@ -125,6 +127,27 @@ def compiler(who: str = "emulator") -> str:
     if cxx is None:
         raise BackendError(f"{who}: no C++ compiler (g++) found; install g++ or set CXX")
     return cxx
+
+
+def compiler_identity(who: str = "emulator") -> str:
+    """What a built library depends on besides its source, headers and flags: the compiler's
+    resolved path and its `--version` banner (an upgraded g++ in place, or another $CXX, keys its
+    libraries apart). Asked once per compiler path per process.
+
+    >>> "g++" in compiler_identity() or "clang" in compiler_identity() or "c++" in compiler_identity()
+    True
+    """
+    return _identity(os.path.realpath(compiler(who)))
+
+
+@cache
+def _identity(path: str) -> str:
+    try:
+        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
+        banner = r.stdout.strip() or r.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        banner = f"unknown ({e})"
+    return f"{path}|{banner}"
 
 
 def _compile(text: str, flags: tuple[str, ...] = FLAGS, who: str = "emulator", libs: tuple[str, ...] = ()) -> bytes:

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..errors import DTypeError, InputError, OptionError, OutOfMemoryError
+from ..errors import DTypeError, IndexRangeError, InputError, OptionError, OutOfMemoryError
 from . import arrays as arrays_mod
 from . import cuda as cuda_backend
 from . import emulator
@@ -180,7 +180,7 @@ class Executor:
             pos = int(bufs[c.key][0])
             if pos != c.sentinel:
                 got = int(inputs[c.input_index].reshape(-1)[pos])
-                raise InputError(
+                raise IndexRangeError(
                     f"{c.op}: index {c.tensor!r} holds {got} at position {pos}, outside [0, {c.extent}) "
                     f"(the table's rows)"
                 )

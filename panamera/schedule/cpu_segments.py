@@ -20,9 +20,9 @@ Both accumulate 16-bit floats in float32 and round once at the write, as the GPU
 >>> from panamera.model.cpu import CpuModel
 >>> m = CpuModel.nominal(cores=2, simd_bytes=32)
 >>> i64, f32 = as_dtype("int64"), as_dtype("float32")
->>> plan_cpu_scatter(8192, 50257, 768, i64, f32, None, m).form.value
+>>> plan_cpu_scatter(ScatterProblem(8192, 50257, 768, i64, f32), m).form.value
 'sorted_segments'
->>> plan_cpu_scatter(1 << 20, 16, 64, i64, f32, None, m).form.value
+>>> plan_cpu_scatter(ScatterProblem(1 << 20, 16, 64, i64, f32), m).form.value
 'privatized'
 """
 
@@ -34,6 +34,7 @@ from enum import Enum
 from ..dtypes import DType
 from ..errors import OptionError
 from ..model.cpu import CpuModel, CpuWork, kernel_time
+from .scatter_problem import OfProblem, ScatterProblem
 
 PRIVATE_MAX = 64 << 20  # bytes of private tables (chunks x table) the privatized form may take
 
@@ -46,28 +47,19 @@ class CpuScatterForm(Enum):
 
 
 @dataclass(frozen=True)
-class CpuScatterPlan:
-    """The decision: `form`, `chunks` (the privatized form's fixed ranges of ids; 1 for sorted
-    segments) and each offered form's modeled time (`costs`, µs, *modeled*)."""
+class CpuScatterPlan(OfProblem):
+    """The decision for `problem` (its fields read on the plan: `p.n`, `p.rows`, ...): `form`,
+    `chunks` (the privatized form's fixed ranges of ids; 1 for sorted segments) and each offered
+    form's modeled time (`costs`, µs, *modeled*)."""
 
     form: CpuScatterForm
-    n: int
-    rows: int
-    width: int
-    ids: DType
-    src: DType
-    skip: int | None
+    problem: ScatterProblem
     chunks: int
     costs: tuple[tuple[CpuScatterForm, float], ...]
 
     @property
     def modeled_us(self) -> float:
         return dict(self.costs)[self.form]
-
-    @property
-    def acc(self) -> str:
-        """The C type sums are kept in: float for 16-bit sources, else the source's own."""
-        return self.src.compute
 
     def describe(self) -> str:
         """One line: the form, its geometry and the modeled times of the forms offered."""
@@ -127,20 +119,13 @@ def sorted_us(n: int, rows: int, width: int, ids: DType, src: DType, m: CpuModel
 
 
 def plan_cpu_scatter(
-    n: int,
-    rows: int,
-    width: int,
-    ids: DType,
-    src: DType,
-    skip: int | None,
-    m: CpuModel,
-    form: CpuScatterForm | None = None,
-    chunks: int | None = None,
+    problem: ScatterProblem, m: CpuModel, form: CpuScatterForm | None = None, chunks: int | None = None
 ) -> CpuScatterPlan:
-    """The CPU plan of `n` ids into a `rows x width` table: the form the model prefers (or
-    `form`, pinned: the tests check both give the same bits), the privatized form's `chunks`
+    """The CPU plan of `problem` (n ids into a `rows x width` table): the form the model prefers
+    (or `form`, pinned: the tests check both give the same bits), the privatized form's `chunks`
     (default: the machine's cores; offered only while `chunks x table` takes at most PRIVATE_MAX
     bytes)."""
+    n, rows, width, ids, src = problem.n, problem.rows, problem.width, problem.ids, problem.src
     c = max(1, chunks if chunks is not None else m.cores)
     costs = [(CpuScatterForm.SORTED, sorted_us(n, rows, width, ids, src, m))]
     if c * rows * width * _acc_bytes(src) <= PRIVATE_MAX:
@@ -153,7 +138,7 @@ def plan_cpu_scatter(
         )
     chosen = form or min(offered, key=lambda f: (offered[f], f.value))
     used = c if chosen == CpuScatterForm.PRIVATIZED else 1
-    return CpuScatterPlan(chosen, n, rows, width, ids, src, skip, used, tuple(costs))
+    return CpuScatterPlan(chosen, problem, used, tuple(costs))
 
 
 def scratch(p: CpuScatterPlan) -> dict[str, int]:

@@ -16,7 +16,7 @@ The mapping choices (sort tile, chunks per block, threads across a row) change n
 SEGMENT_ROWS, the cut of a segment into pieces, is fixed, so every choice gives the same bits.
 
 >>> from panamera.dtypes import as_dtype
->>> p = plan_segments(8192, 50257, 768, as_dtype("int64"), as_dtype("float32"), None)
+>>> p = plan_segments(ScatterProblem(8192, 50257, 768, as_dtype("int64"), as_dtype("float32")))
 >>> [name for name, *_ in p.launches], p.passes
 (['tile', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 4)
 """
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from ..dtypes import DType
 from ..errors import ShapeError
 from ..model.gpu import H100, GPUSpec, KernelCost, chain_s, kernel_time
+from .scatter_problem import OfProblem, ScatterProblem
 
 SEGMENT_ROWS = 32  # positions per chunk: the fixed cut of a segment into pieces (never a mapping choice)
 SORT_THREADS = 256  # threads of the tile and merge kernels' sort blocks
@@ -81,17 +82,12 @@ KEY_BYTES = 8
 
 
 @dataclass(frozen=True)
-class SegmentPlan:
-    """Every decision of one sorted-segment scatter-add: the shape (n ids into `rows` rows of
-    `width` elements), the sort tile, chunks per block, threads, and each launch with its grid,
-    block and modeled cost."""
+class SegmentPlan(OfProblem):
+    """Every decision of one sorted-segment scatter-add of `problem` (n ids into `rows` rows of
+    `width` elements; its fields read on the plan: `p.n`, `p.rows`, ...): the sort tile, chunks
+    per block, threads, and each launch with its grid, block and modeled cost."""
 
-    n: int
-    rows: int
-    width: int
-    ids: DType
-    src: DType
-    skip: int | None
+    problem: ScatterProblem
     tile: int
     groups_per_block: int
     threads: int
@@ -181,12 +177,7 @@ def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu:
 
 
 def plan_segments(
-    n: int,
-    rows: int,
-    width: int,
-    ids: DType,
-    src: DType,
-    skip: int | None,
+    problem: ScatterProblem,
     gpu: GPUSpec = H100,
     tile: int | None = None,
     groups_per_block: int | None = None,
@@ -199,9 +190,10 @@ def plan_segments(
     of at most MAX_TILE; (3) n, rows and width positive.
 
     >>> from panamera.dtypes import as_dtype
-    >>> plan_segments(5, 4, 3, as_dtype("int64"), as_dtype("float32"), None, tile=2).passes
+    >>> plan_segments(ScatterProblem(5, 4, 3, as_dtype("int64"), as_dtype("float32")), tile=2).passes
     2
     """
+    n, rows, width, ids, src = problem.n, problem.rows, problem.width, problem.ids, problem.src
     if n <= 0 or rows <= 0 or width <= 0:
         raise ShapeError(f"sorted scatter-add: {n} ids, {rows} rows, {width} elements per row: each must be positive")
     if n >= 2**31 or rows >= 2**31:
@@ -216,4 +208,4 @@ def plan_segments(
     candidates = (groups_per_block,) if groups_per_block is not None else GROUPS
     options = [(t, g, _costs(n, rows, width, ids, src, t, g, threads, vec, gpu)) for t in tiles for g in candidates]
     t, g, costs = min(options, key=lambda o: (chain_s([c.total_s for _, _, c, _ in o[2]], gpu), -o[0], o[1]))
-    return SegmentPlan(n, rows, width, ids, src, skip, t, g, threads, vec, gpu, costs)
+    return SegmentPlan(problem, t, g, threads, vec, gpu, costs)

@@ -22,7 +22,9 @@ Indexing is built here too: `index` (one index tensor), `index_select` and `gath
 (pn.take, pn.take_along_axis), and their backwards `index_put(accumulate=True)` and `index_add`
 as the same scatter-adds of rows, `scatter_add` as the same two forms along an axis; each check
 refuses, with its reason, a call outside what the builder computes (several index tensors, a bool
-mask, an index smaller than the input).
+mask, an index smaller than the input). The kernels clamp (gathers) or drop (scatter-adds) an id
+outside the range; eager torch raises there, and so do compiled partitions: torch_backend/bounds.py
+checks each index argument against the range eager enforces before the partition runs.
 
 >>> import torch  # doctest: +SKIP
 >>> torch.ops.aten.gelu_backward.default in DECOMPOSITIONS  # doctest: +SKIP

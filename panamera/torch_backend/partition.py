@@ -24,6 +24,7 @@ import panamera as pn
 from ..errors import PanameraError
 from ..frontend.symbolic import Dim
 from .aten import DTYPES, TABLE, OpKind, TranslationError, fit, meta
+from .bounds import checked, index_bounds
 from .foreach import fuse_total_norms
 from .foreach_map import lower_foreach_maps
 from .isolate import canonical_scatters, isolate_sorted_scatters
@@ -391,6 +392,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
     graph module, a report per partition and every op left to eager PyTorch with its reason.
     A dynamic graph's partitions are compiled over their symbolic shapes (`_symbolic`);
     `on_specialize(name, shapes, reason)` hears of each per-shape fallback compiled at call time."""
+    recorded = index_bounds(gm)  # the ranges eager PyTorch checks, read before any rewrite (bounds.py)
     fuse_total_norms(gm)  # clip_grad_norm_'s norm of per-tensor norms: one reduction over every tensor
     lowered = lower_norms(gm, target, deterministic) + lower_foreach_maps(gm, target)  # multi-tensor launches
     write_back(gm)  # the input mutations left: in place, or one _foreach_copy_
@@ -421,7 +423,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
         vals = _values(fused, node)
         if _is_dynamic(vals):
             module, report = _symbolic(node.target, sub, vals, target, deterministic, on_specialize)
-            setattr(fused, node.target, module)
+            setattr(fused, node.target, checked(module, node, recorded))
             reports.append(report)
             continue
         try:
@@ -436,7 +438,7 @@ def compile_partitions(gm: torch.fx.GraphModule, target: str, deterministic: boo
             continue
         used_uids = {t.uid for t in k.inputs}
         used = tuple(i for i, h in enumerate(holders) if isinstance(h, pn.Tensor) and h.uid in used_uids)
-        setattr(fused, node.target, PanameraSubgraph(k, used))
+        setattr(fused, node.target, checked(PanameraSubgraph(k, used), node, recorded))
         reports.append(SubgraphReport(node.target, ops, len(k.plan.kernels), modeled_us=k.plan.modeled_us,
                                       traffic=tuple(op_traffic(n) for n in calls)))  # fmt: skip
     fused.recompile()

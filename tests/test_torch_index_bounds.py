@@ -1,0 +1,137 @@
+"""An id outside the range eager PyTorch accepts, through `torch.compile(backend="panamera")`: an
+IndexRangeError (an IndexError too) naming the op, the index tensor, the id and its position, where the
+kernels alone would clamp (a gather) or drop (a scatter-add) it and return a wrong answer
+(torch_backend/bounds.py). Negative ids follow eager: x[idx] and index_put wrap them, the rest refuse."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import panamera.torch_backend as tb  # noqa: E402
+from panamera.errors import IndexRangeError  # noqa: E402
+from panamera.torch_backend.bounds import IndexBound, index_bounds  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+R, D = 6, 5
+W = torch.randn(R, D, dtype=torch.float64)
+
+
+def embedding(w, ids):
+    return torch.nn.functional.embedding(ids, w).softmax(-1)
+
+
+def index(w, ids):
+    return w[ids].softmax(-1)
+
+
+def index_select(w, ids):
+    return w.index_select(0, ids).softmax(-1)
+
+
+def gather(w, ids):
+    return w.gather(0, ids.reshape(-1, 1).expand(-1, D)).softmax(-1)
+
+
+def index_put(w, ids):
+    return torch.ops.aten.index_put(w, [ids], torch.ones(ids.shape[0], D, dtype=w.dtype), True).sum(-1)
+
+
+def index_add(w, ids):
+    return w.index_add(0, ids, torch.ones(ids.shape[0], D, dtype=w.dtype)).sum(-1)
+
+
+def scatter_add(w, ids):
+    return w.scatter_add(0, ids.reshape(-1, 1).expand(-1, D), torch.ones(ids.shape[0], D, dtype=w.dtype)).sum(-1)
+
+
+WRAPS = {index, index_put}  # eager counts a negative id from the end here, and refuses it elsewhere
+OPS = [embedding, index, index_select, gather, index_put, index_add, scatter_add]
+
+
+def compiled(f, target):
+    return torch.compile(f, backend="panamera", options={"target": target}, dynamic=False)
+
+
+def test_in_range_and_wrapped_ids_match_eager():
+    for f in OPS:
+        ids = torch.tensor([0, 5, 2, 5] + ([-1, -6] if f in WRAPS else []))
+        torch._dynamo.reset()
+        got = compiled(f, "cpu")(W, ids)
+        torch.testing.assert_close(got, f(W, ids), rtol=1e-12, atol=1e-12)
+        assert tb.stats().reports[-1].subgraphs, f.__name__  # the op ran compiled, not eager
+
+
+@pytest.mark.parametrize("f", OPS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("bad", [R, -R - 1, -1])
+def test_an_id_eager_refuses_is_an_index_range_error(f, bad):
+    if bad == -1 and f in WRAPS:
+        pytest.skip("x[-1] is the last row: tested above")
+    ids = torch.tensor([1, 2, bad, 0])
+    with pytest.raises(Exception):  # noqa: B017, PT011 - eager's own error: IndexError or RuntimeError
+        f(W, ids)
+    with pytest.raises(IndexRangeError, match=rf"aten\.{f.__name__}: index '\w+' holds {bad} at position 2, outside"):
+        compiled(f, "cpu")(W, ids)
+
+
+def test_the_emulator_checks_too_and_the_error_is_an_index_error():
+    ids = torch.tensor([0, 1, 9])
+    with pytest.raises(IndexError, match=r"holds 9 at position 2, outside \[0, 6\)"):
+        compiled(embedding, "emulator")(W, ids)
+
+
+def test_the_bound_is_read_before_the_canonical_rewrite():
+    """isolate.py's canonical_scatters writes a large deterministic index_put as an embedding gradient
+    (which eager does not check): the ranges are recorded on the graph before, on the ids' node."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from panamera.torch_backend.isolate import canonical_scatters
+
+    def f(w, v, ids):
+        return torch.ops.aten.index_put(w, [ids.reshape(-1)], v, True)
+
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(4096, 520), torch.randn(32, 520), torch.randint(0, 4096, (4, 8)))
+    recorded = index_bounds(gm)
+    assert canonical_scatters(gm, True) == 1
+    ids = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("ids"))
+    (b,) = recorded[ids.name]  # on the placeholder, through the reshape
+    assert (b.op, b.extent, b.wraps, b.axis) == ("index_put", 4096, True, 0)
+
+
+def test_an_empty_index_and_a_symbolic_extent():
+    b = IndexBound(arg=0, tensor="ids", op="aten.gather", extent=None, data=1, axis=1)
+    b.check((torch.tensor([], dtype=torch.int64), torch.zeros(2, 3)))
+    b.check((torch.tensor([0, 2]), torch.zeros(2, 3)))
+    with pytest.raises(IndexRangeError, match=r"outside \[0, 3\) \(dimension 1 of size 3\)"):
+        b.check((torch.tensor([3]), torch.zeros(2, 3)))
+
+
+def test_a_dynamic_graph_checks_its_ids():
+    """A dynamic partition (symbolic lengths of the ids) is wrapped the same way."""
+    f = torch.compile(embedding, backend="panamera", options={"target": "cpu"}, dynamic=True)
+    for n in (3, 5):
+        ids = torch.arange(n) % R
+        torch.testing.assert_close(f(W, ids), embedding(W, ids), rtol=1e-12, atol=1e-12)
+    with pytest.raises(IndexRangeError, match=r"holds 6 at position 3"):
+        f(W, torch.tensor([0, 1, 2, 6]))
+    with pytest.raises(IndexRangeError, match=r"holds -1 at position 0"):
+        f(torch.randn(R + 1, D, dtype=torch.float64), torch.tensor([-1, 1, 2, 0, 1, 2]))
+
+
+def test_cross_entropy_targets_outside_the_classes():
+    """nll_loss's targets: [0, C) or ignore_index (-100); one outside picked no class and still
+    counted in the mean: a wrong loss where eager raises."""
+
+    def loss(x, t):
+        return torch.nn.functional.cross_entropy(x, t)
+
+    x = torch.randn(4, R, dtype=torch.float64)
+    f = compiled(loss, "cpu")
+    t = torch.tensor([0, -100, 5, 1])
+    torch.testing.assert_close(f(x, t), loss(x, t), rtol=1e-12, atol=1e-12)
+    assert tb.stats().reports[-1].subgraphs
+    for bad in (R, -1):
+        t = torch.tensor([0, -100, bad, 1])
+        with pytest.raises(IndexError):
+            loss(x, t)
+        with pytest.raises(IndexRangeError, match=rf"aten\.nll_loss_forward: index '\w+' holds {bad} at position 2"):
+            f(x, t)
