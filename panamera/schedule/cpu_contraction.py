@@ -36,7 +36,7 @@ from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
 from .cpu_blas import BlasCall, blas_call
 
 if TYPE_CHECKING:
-    from ..codegen.cpu_tile import TileShape
+    from ..model.cpu_tile import TileShape
     from ..model.cpu import CpuModel, KernelTime
     from ..poly.program import KernelGroup
     from .cpu_gemm import Gemm
