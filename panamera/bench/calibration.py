@@ -163,7 +163,11 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "
     "(row_peers.LIGER_REGISTERS) and neither moves: a block's 32 KB in flight still saturate the stream. An "
-    "outlier no term follows",
+    "outlier no term follows. Its SASS (the same compile, cuobjdump) issues the weight's loads only after the "
+    "warp-level sum of squares, at every size: with one block per SM one L2 round trip plus the block's 32 KB of W "
+    "at an SM's share of the L2 (75.8 GB/s) are exposed per block, +141 us: 1.06x. Not adopted: the same rule puts "
+    "Liger's 32768 row (64 KB of W, one block per SM) at 1.21x and Liger-Kernel's own 4096x16384 bf16 row (L, "
+    "fits) at 1.20x",
     ("Q", "quack", "cross_entropy", (512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
     "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
