@@ -47,3 +47,22 @@ def test_inductor_looped_rows_are_re_read_from_dram_past_l2():
     assert spills["read"] == pytest.approx(32768 * 65536 * 2 * (1 - 25 * 2**20 / (1056 * 131072)))
     p = inductor(work("softmax", 32768, 65536), H100)
     assert "re-read from 38% L2" in p.description  # 528 resident blocks of 16 warps x 128 KB: 69 MB
+
+
+def test_peers_count_residency_with_their_own_registers():
+    """Peers' blocks per SM follow Panamera's rule (`GPUSpec.resident_blocks`, registers included) with the
+    registers their compilers' output shows: eager LayerNorm fp32 39 (12 blocks of 128 per SM, not 16), so fewer
+    rows are in flight and more of its second pass hits L2; bf16 32 (16, as before). Inductor's looped row kernels
+    (24-32: 32) and CUB's DeviceReduce (32) stay bound by threads."""
+    from panamera.bench.peers import CUB_REGISTERS, EAGER_LN_REGISTERS, cub_device_reduce, pytorch_eager
+
+    assert (H100.resident_blocks(128, registers=EAGER_LN_REGISTERS[4]), H100.resident_blocks(128)) == (12, 16)
+    assert reread(4096, 16384 * 4, 128, 2, H100, registers=39)["read"] < reread(4096, 16384 * 4, 128, 2, H100)["read"]
+    (ln,) = pytorch_eager(work("layer_norm", 4096, 16384, 4), H100).launches
+    assert ln.features["registers"] == 39
+    assert ln.features["l2_bytes"] == reread(4096, 16384 * 4, 128, 2, H100, registers=39)["l2"]
+    (ln,) = inductor(work("softmax", 32768, 65536), H100).launches
+    assert ln.features["registers"] == 32 and H100.resident_blocks(512, registers=32) == 4
+    k1, _ = cub_device_reduce(2**24, 4, 4, H100, 4)[0]
+    assert k1.features["registers"] == CUB_REGISTERS[4] == 32
+    assert k1.features["blocks"] == min(2**24 // 4096, H100.resident_blocks(256, registers=32) * H100.sms * 5)

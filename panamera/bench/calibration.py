@@ -136,31 +136,43 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "Q",
         "inductor",
         "softmax",
-        (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 262144),
+        (256, 512, 1024, 2048, 4096, 8192, 65536, 131072, 262144),
     ): "as for RMSNorm, with 2.7.1's online softmax (one loop for max and sum, two exp per element, then the write "
     "loop). From 16384 Triton keeps the online loop (96 SASS instructions per 4-element step, one 8-byte load) and "
-    "each step waits for its load: the rows take 1.2-1.5 us per dependent step where the model's round trip is "
-    "0.87 us; the SM's issue of a step (64 warps x 96 instructions over 4 schedulers, 0.78 us) is what it does not "
-    "charge (a per-step issue term, tried by calib4 in the shared model, put Liger's softmax 256/512 10-19 % over). "
+    "each step waits for its load; the round-trip rule (model/gpu.py: the chain's latency plus the SM's issue in "
+    "series) fits 16384 and 32768 (1.2-1.3 us per dependent step). 65536 is faster than its neighbours (2032 GB/s "
+    "between 1684 and 1440; 1.05 us per step, below the model's loaded latency of its own 16 KB-per-SM stream: 1.20x "
+    "with the issue, 1.07x without); 131072 and 262144 are slower (1.46-1.49 us per step: 0.84-0.86x). "
     "Its 32Kx256-1024 rows take 119-121 us whatever the row (RMSNorm's 26-69): no static kernel of 2.7.1's rules "
     "does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles the same lambda for every "
     "shape in one process (its commented sweep), so Dynamo's automatic dynamic shapes recompile from the second "
     "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint at "
     "that compile reused for every later N; the order is not recorded. Not modeled",
-    ("Q", "inductor", "cross_entropy", None): "F.cross_entropy(reduction='none') under torch.compile: log-softmax "
-    "matches Inductor's online-softmax pattern (fx_passes/post_grad.py prepare_softmax_pattern), so one loop reads "
-    "the logits once and the epilogue loads the target, then x[target] (L2 hits mostly). Measured: 42 us plus the "
-    "logits at 1.75 TB/s (2048-32768); from 16384, 1.25-1.7 us per dependent step against the model's 0.87, as "
-    "softmax's: 0.26-0.70x. The 42 us floor (also at 256-1024, persistent) is not a launch rule we read",
+    (
+        "Q",
+        "inductor",
+        "cross_entropy",
+        (256, 512, 1024, 2048, 4096, 8192, 32768, 131072, 262144),
+    ): "F.cross_entropy(reduction='none') under torch.compile: log-softmax matches Inductor's online-softmax pattern "
+    "(fx_passes/post_grad.py prepare_softmax_pattern), so one loop reads the logits once and the epilogue loads the "
+    "target, then x[target] (L2 hits mostly). Measured: 42 us plus the logits at 1.75 TB/s (2048-32768); the "
+    "round-trip rule with its issue in series fits 16384 and 65536 and puts 32768 at 1.11x; 131072 and 262144 "
+    "take 1.7 us per dependent step (0.81x). The 42 us floor (also at 256-1024, persistent) is not a launch rule "
+    "we read",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "
     "(row_peers.LIGER_REGISTERS) and neither moves: a block's 32 KB in flight still saturate the stream. An "
-    "outlier no term follows",
-    ("Q", "quack", "cross_entropy", (256, 512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
+    "outlier no term follows. Its SASS (the same compile, cuobjdump) issues the weight's loads only after the "
+    "warp-level sum of squares, at every size: with one block per SM one L2 round trip plus the block's 32 KB of W "
+    "at an SM's share of the L2 (75.8 GB/s) are exposed per block, +141 us: 1.06x. Not adopted: the same rule puts "
+    "Liger's 32768 row (64 KB of W, one block per SM) at 1.21x and Liger-Kernel's own 4096x16384 bf16 row (L, "
+    "fits) at 1.20x",
+    ("Q", "quack", "cross_entropy", (512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
     "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
-    "the 2-8 us it pays beyond that are not explained (-11 to -20 %). Nor by occupancy: its staged rows' shared "
+    "the 2-8 us it pays beyond that are not explained (-15 to -20 %; 256 fits since the chain's issue is in series with "
+    "its two round trips per wave, model/gpu.py). Nor by occupancy: its staged rows' shared "
     "memory (sX, now in the plan) binds only from 2048 and moves nothing; a register count that fixed 1024 "
     "(96-128 per thread) would put 256 and 512 at 1.47-1.85x. A count that follows the source (the row's "
     "N / threads_per_row fp32 values live per thread, plus 24-48) moves 256 first (1.13-1.25x at +32-48) and leaves "
@@ -170,10 +182,10 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "(1.04-1.05x) but not 256 (1.45x) or 4096 (1.13x)",
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
     "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
-    "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law at 16 "
-    "blocks per SM. Its register count does not explain it: the kernel re-typed from layer_norm_kernel.cu compiles "
-    "to 39 registers (nvcc 13, sm_90, -O3; 32 for bf16, 0 spills), 12 blocks of 128 per SM, which moves the model "
-    "0-8 % the wrong way (fewer rows in flight: more of the second pass hits L2) and puts eager RMSNorm 12-19 % over. "
+    "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law. Its "
+    "register count does not explain it: the kernel re-typed from layer_norm_kernel.cu compiles to 39 registers "
+    "(nvcc 13, sm_90, -O3; 32 for bf16, 0 spills), 12 blocks of 128 per SM, now counted (peers.EAGER_LN_REGISTERS), "
+    "which moves the model 0-9 % the wrong way (fewer rows in flight: more of the second pass hits L2; 0.77-0.81x). "
     "Nor the block's serial phases: charging its in-flight bytes only while pass 1's N / 512 DRAM round trips run "
     "(not during the Welford block reduction or pass 2's L2 round trips) moves the rows <= 1 % (the model's latency "
     "falls with the load); about half the bytes in flight (12 KB per SM) would fit 1024 but not 16384, whose second "

@@ -31,7 +31,9 @@ Rules (numbered as the tests are):
    turn (`RowLoops.unroll` 1), while RMSNorm's loops are unrolled by 8 or wholly (8-36 loads in flight); the
    loads of unrolled steps are in flight together (`steps_together`), one round trip for them;
    cross-entropy's epilogue loads the target, then x[target], after the loop (L2 hits mostly: not charged). 24-32
-   registers, no spills: 4 blocks of 512 threads per SM, as the thread rule gives.
+   registers, no spills: 4 blocks of 512 threads per SM, as the thread rule gives (`registers`: ptxas -v of the same
+   PTX, nvcc 13.0's ptxas, sm_90a: looped softmax, RMSNorm and cross-entropy kernels of 4096-262144 elements 24-32,
+   taken as 32; the persistent softmax kernels of 256 and 1024 elements 18, taken for every persistent row kernel).
 
 >>> looped_config(65536, Hint.INNER)
 InductorConfig(persistent=False, xblock=1, rblock=2048, warps=16)
@@ -116,6 +118,21 @@ PERSISTENT_INNER_MAX = 1024  # rule 1
 PERSISTENT_OTHER_MAX = 64
 MAX_R0_BLOCK = 2048  # rule 3
 UNROLLED_STEPS = 4  # rule 5: loops of at most this many steps unrolled whole (Triton 3.3.1, sm_90a)
+
+
+LOOPED_REGISTERS = 32  # rule 5: ptxas -v, the most of the compiled looped row kernels (24-32)
+PERSISTENT_REGISTERS = 18  # rule 5: ptxas -v, the persistent softmax kernels (256 x 2 warps, 1024 x 8 warps)
+COMPILED_ROWS = ("softmax", "rms_norm", "cross_entropy")  # the row kernels compiled here (rule 5)
+
+
+def registers(c: InductorConfig) -> int:
+    """Rule 5: registers per thread of a compiled row kernel of config `c` (they bound its residency as
+    Panamera's registers bound its own, `GPUSpec.resident_blocks`; neither count binds below the thread rule).
+
+    >>> registers(looped_config(65536, Hint.INNER)), registers(persistent_config(32768, 512, Hint.INNER))
+    (32, 18)
+    """
+    return PERSISTENT_REGISTERS if c.persistent else LOOPED_REGISTERS
 
 
 def _pow2(n: int) -> int:

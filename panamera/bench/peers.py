@@ -42,8 +42,9 @@ from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec, kernel_time
 from ..model.spill import Spill
 from ..model.workspace import workspace_fits
+from .inductor_peer import COMPILED_ROWS, Hint, is_persistent, reduction_config, row_loops
 from .inductor_peer import ROW_PATTERNS as INDUCTOR_ROWS
-from .inductor_peer import Hint, is_persistent, reduction_config, row_loops
+from .inductor_peer import registers as inductor_registers
 
 _KT_ARGS = set(inspect.signature(kernel_time).parameters) - {"gpu"}
 INLINE = ("const", "iota", "argkey_max", "argkey_min", "placeholder", "reshape")
@@ -139,15 +140,19 @@ def _plan(peer: str, launches, what: str, **facts) -> PeerPlan:
     return PeerPlan(peer, launches, f"{what}: {n} kernel{'s' * (n != 1)} ({shapes} blocks x threads)", facts)
 
 
-def reread(rows: int, row_bytes: int, threads: int, passes: int, gpu: GPUSpec, rows_per_block: int = 1) -> dict:
+def reread(
+    rows: int, row_bytes: int, threads: int, passes: int, gpu: GPUSpec, rows_per_block: int = 1, registers: int = 0
+) -> dict:
     """Where a looped row kernel's later passes re-read its rows: from L2 while the rows in flight
     (the resident blocks' rows) fit in half of it (the half an SM's requests reach); beyond, the
     part that no longer fits comes from DRAM again (the QuACK blog's profile of torch.compile's
     looped softmax; fitted to eager PyTorch's RMSNorm and LayerNorm rows in CALIBRATION.md L).
+    The resident blocks are counted as the kernel's are (`GPUSpec.resident_blocks`), with the
+    peer's `registers` per thread where its compiler's output was read (0: not known).
     Returns the extra `read` (DRAM) and `l2` bytes for `kernel`."""
     extra = (passes - 1) * rows * row_bytes
     blocks = cdiv(rows, rows_per_block)
-    in_flight = min(blocks, gpu.sms * gpu.resident_blocks(threads)) * rows_per_block * row_bytes
+    in_flight = min(blocks, gpu.sms * gpu.resident_blocks(threads, registers=registers)) * rows_per_block * row_bytes
     hit = min(1.0, gpu.l2_reach / max(in_flight, 1))
     return {"l2": extra * hit, "read": extra * (1 - hit)}
 
@@ -346,6 +351,11 @@ def _acc(r: Reduction, argmax: bool = False) -> int:
     return max(4, r.in_bytes, r.out_bytes)
 
 
+# ptxas -v of vectorized_layer_norm_kernel (ATen layer_norm_kernel.cu) re-typed standalone (nvcc 13.0, sm_90,
+# -O3, 0 spills), by element bytes: fp32 39, bf16 32 registers (12 and 16 blocks of 128 threads per SM).
+EAGER_LN_REGISTERS = {4: 39, 2: 32}
+
+
 def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
     M, N, e = w.M, w.N, w.in_bytes
     if w.pattern in ("softmax", "log_softmax", "cross_entropy"):
@@ -360,10 +370,12 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         if N % 4:
             return None  # the RowwiseMoments + LayerNormForward pair; no workload needs it
         params = (2 if w.pattern == "layer_norm" else 1) * N * e
-        again = reread(M, N * e, 128, 2, gpu)  # pass 2 re-reads the row
+        regs = EAGER_LN_REGISTERS.get(e, 0)
+        again = reread(M, N * e, 128, 2, gpu, registers=regs)  # pass 2 re-reads the row
         ln = kernel(
             "vectorized_layer_norm_kernel", read=M * N * e + params + again["read"],
             written=M * N * w.out_bytes + 2 * M * 4, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
+            registers=regs,
         )  # fmt: skip
         return _plan("pytorch-eager", [ln], f"layer_norm_kernel.cu vectorized ({w.pattern}), one block of 32x4 per row")
     if w.pattern == "batch_norm":
@@ -451,21 +463,28 @@ def cub_policy(acc: int) -> tuple[int, int, int]:
     return threads, items, 4
 
 
+# ptxas -v of DeviceReduce's kernels (CCCL 3.0 as nvcc 13.0 ships it, sm_90, -O3; cub::DeviceReduce::Sum of int32
+# and float32): DeviceReduceKernel and DeviceReduceSingleTileKernel use 32 registers, by accumulator bytes. Other
+# accumulators were not compiled (0: not known).
+CUB_REGISTERS = {4: 32}
+
+
 def cub_device_reduce(n: int, elem: int, acc: int, gpu: GPUSpec, out_bytes: int) -> tuple[list[PeerLaunch], dict]:
     """DeviceReduce (dispatch_reduce.cuh): one DeviceReduceSingleTileKernel when n fits one tile, else
-    DeviceReduceKernel over GridEvenShare (grid = min(tiles, sm_occupancy x SMs x 5)) and a
-    single-tile pass over the partials."""
+    DeviceReduceKernel over GridEvenShare (grid = min(tiles, sm_occupancy x SMs x 5), sm_occupancy from
+    the CUDA occupancy calculator, registers included: `CUB_REGISTERS`) and a single-tile pass over the
+    partials."""
     threads, items, vec = cub_policy(acc)
+    regs = CUB_REGISTERS.get(acc, 0)
     tile = threads * items
     if n <= tile:
         return [kernel("DeviceReduceSingleTileKernel", read=n * elem, written=out_bytes, blocks=1, threads=threads,
-                       in_flight=items * elem)], {"grid": 1, "kernels": 1, "threads": threads}  # fmt: skip
-    grid = min(cdiv(n, tile), gpu.resident_blocks(threads) * gpu.sms * 5)
-    k1 = kernel(
-        "DeviceReduceKernel", read=n * elem, written=grid * acc, blocks=grid, threads=threads, in_flight=items * elem
-    )
+                       in_flight=items * elem, registers=regs)], {"grid": 1, "kernels": 1, "threads": threads}  # fmt: skip
+    grid = min(cdiv(n, tile), gpu.resident_blocks(threads, registers=regs) * gpu.sms * 5)
+    k1 = kernel("DeviceReduceKernel", read=n * elem, written=grid * acc, blocks=grid, threads=threads,
+                in_flight=items * elem, registers=regs)  # fmt: skip
     k2 = kernel("DeviceReduceSingleTileKernel", read=grid * acc, written=out_bytes, blocks=1, threads=threads,
-                in_flight=items * acc)  # fmt: skip
+                in_flight=items * acc, registers=regs)  # fmt: skip
     k2 = from_workspace(k2, grid * acc, gpu)  # the partials were just written by k1
     return [k1, k2], {"grid": grid, "kernels": 2, "threads": threads, "items": items, "vec": vec}
 
@@ -540,29 +559,47 @@ def inductor_num_splits(numel: int, rnumel: int, hint: str, gpu: GPUSpec, reduct
 
 
 def _inductor_kernel(
-    name, xnumel, rnumel, hint, elem, gpu, *, read, written, passes=1, sfu=0.0, outs=1, unroll=0, gathers=0
+    name,
+    xnumel,
+    rnumel,
+    hint,
+    elem,
+    gpu,
+    *,
+    read,
+    written,
+    passes=1,
+    sfu=0.0,
+    outs=1,
+    unroll=0,
+    gathers=0,
+    compiled=False,
 ):
     """One Triton reduction kernel as Inductor configures it (inductor_peer.py rules 1-3: persistent up to 1024
     (INNER) or 64; else the looped config, XBLOCK 1 and RBLOCK up to 2048 with up to 16 warps for INNER, XBLOCK 64
     and RBLOCK 8 for OUTER). `passes` loops over the row re-read it (L2 when it is resident); `unroll`: the
-    steps one round trip carries where the kernel was compiled (rule 5; 0: not compiled, no round trips charged)."""
+    steps one round trip carries where the kernel was compiled (rule 5; 0: not compiled, no round trips charged);
+    `compiled`: a row kernel whose registers were read (inductor_peer.py `registers`; else not known)."""
     c = reduction_config(xnumel, rnumel, Hint(hint))
+    regs = inductor_registers(c) if compiled else 0
     if c.persistent:
         return kernel(name, read=read, written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
-                      in_flight=c.per_thread() * elem, sfu=sfu), \
+                      in_flight=c.per_thread() * elem, sfu=sfu, registers=regs), \
             f"persistent XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
     trips = c.round_trips(rnumel, passes, unroll) if unroll else 0
     ahead = c.steps_together(rnumel, unroll) if unroll else 1  # steps whose loads are in flight together
     if c.xblock == 1:
-        again = reread(xnumel, rnumel * elem, c.threads, passes, gpu)
+        again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, registers=regs)
         where = f", re-read from {again['l2'] / max(again['l2'] + again['read'], 1):.0%} L2" if passes > 1 else ""
         return kernel(name, read=read + again["read"], written=written, blocks=xnumel, threads=c.threads,
-                      in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+                      in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips,
+                      registers=regs), \
             f"XBLOCK 1 RBLOCK {c.rblock} {c.warps} warps, {passes} loop(s){where}" + \
             (f", {trips} dependent steps" if trips else "")  # fmt: skip
-    again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, rows_per_block=c.xblock)
+    again = reread(xnumel, rnumel * elem, c.threads, passes, gpu, rows_per_block=c.xblock, registers=regs)
     return kernel(name, read=read + again["read"], written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
-                  in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips), \
+                  in_flight=ahead * c.per_thread() * elem, l2=again["l2"], sfu=sfu, round_trips=trips,
+                  registers=regs), \
         f"XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
 
 
@@ -575,7 +612,7 @@ def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         sfu = M * N * loops.exps(is_persistent(N, Hint.INNER))
         ln, cfg = _inductor_kernel("triton_red_fused", M, N, "INNER", e, gpu, read=M * N * e + params,
                                    written=(M * N if out_full else M) * w.out_bytes, passes=loops.loops, sfu=sfu,
-                                   unroll=loops.unroll)  # fmt: skip
+                                   unroll=loops.unroll, compiled=w.pattern in COMPILED_ROWS)  # fmt: skip
         return _plan("inductor", [ln], f"one fused kernel per row, {cfg}")
     launches, what, facts = [], [], {}
     seen: dict = {}

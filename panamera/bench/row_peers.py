@@ -8,7 +8,9 @@ source's rules and modeled by the same model as Panamera (peers.py beside it exp
   block up to 16384 elements, else 256; a 16-bit row longer than 16K elements is split over a
   thread-block cluster of 2, 4, 8 or 16 blocks (up to 32K, 64K, 128K, longer) that reduce through
   distributed shared memory. Every thread loads its whole share of the row before reducing (the row
-  stays in registers and shared memory), so the row is read from DRAM once and written once.
+  stays in registers and shared memory), so the row is read from DRAM once and written once. Its
+  registers per thread are not known (its CuTe-DSL kernels were not compiled here): its residency is
+  bound by threads and the staged rows' shared memory alone.
 - **Liger-Kernel** (repository linkedin/Liger-Kernel, `src/liger_kernel/ops/utils.py`
   `calculate_settings`; `ops/rms_norm.py`, `ops/layer_norm.py`, `ops/softmax.py` forward kernels):
   one Triton program per row, BLOCK_SIZE = next_power_of_2(n_cols) (at most 65536), num_warps 4,
