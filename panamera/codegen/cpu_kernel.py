@@ -22,7 +22,8 @@ in chunk order after the tasks' barrier, by the last task of the output, or by a
 compare-and-swap into a shared accumulator; codegen/cpu_merge.py), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
-of `CpuKernel.params`, `pn_nt` threads.
+of `CpuKernel.params`, `pn_nt` threads. A kernel the mapper runs on one thread opens no parallel
+region (codegen/cpu_region.py: a region of one thread still ends in a futex call).
 """
 
 from __future__ import annotations
