@@ -22,7 +22,8 @@ in chunk order after the tasks' barrier, by the last task of the output, or by a
 compare-and-swap into a shared accumulator; codegen/cpu_merge.py), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
-of `CpuKernel.params`, `pn_nt` threads.
+of `CpuKernel.params`, `pn_nt` threads. A kernel the mapper runs on one thread opens no parallel
+region (codegen/cpu_region.py: a region of one thread still ends in a futex call).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from . import islast
 from .cpu_interleave import rows_region
 from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
+from .cpu_region import one_thread
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, map_head, row_run, split_invariant
 from .cpu_tile import TileShape, tile_call
@@ -465,7 +467,7 @@ class _Kernel(RowValues, SplitMerge):
             const = "const " if p.role == BufferRole.INPUT else ""
             lines.append(f"  {const}{p.ctype}* __restrict__ {p.param} = ({const}{p.ctype}*)pn_a[{n}];")
         body = {Form.MAP: self.emit_map, Form.COLUMN: self.emit_column}.get(g.form, self.emit_row)()
-        lines += ["  " + ln for ln in body]
+        lines += ["  " + ln for ln in (one_thread(body) if self.d.threads == 1 else body)]
         lines.append("}")
         decls = sorted({declare_reduction(g.statements[k]) for k in self.owners(self.reductions)})
         return CpuKernel(self.name, "\n".join(lines), self.params, self.d, tuple(decls))

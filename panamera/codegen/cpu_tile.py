@@ -189,8 +189,7 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
     T* pk = pn_pk.data();
     constexpr long long CL = 64 / sizeof(T);  // K steps a block of the pack: a cache line of a B row
     const long long pblocks = pack ? np * ((k + CL - 1) / CL) : 0;
-    #pragma omp parallel num_threads(nt)
-    {
+    auto region = [&]() {  // on one thread no region: its team's closing barrier is a futex call (cpu_region.py)
       #pragma omp for schedule(static)
       for (long long blk = 0; blk < pblocks; ++blk) {  // panel q: k rows of NR columns, zero past n
         const long long q = blk % np, p0 = blk / np * CL, pe = p0 + CL < k ? p0 + CL : k;
@@ -230,6 +229,12 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
             c[i * ldc + j] = beta ? c[i * ldc + j] + v : v;
           }
       }
+    };
+    if (nt > 1) {
+      #pragma omp parallel num_threads(nt)
+      region();
+    } else {
+      region();
     }
   }
 }

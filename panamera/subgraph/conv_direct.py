@@ -82,6 +82,16 @@ typedef float pn_dv __attribute__((vector_size(PN_DVL * 4)));
 typedef float pn_dvu __attribute__((vector_size(PN_DVL * 4), aligned(4)));
 // the larger of v and u, NaN where either is (numpy's max, the pool's fallback)
 static inline float pn_nanmax(float v, float u) { return (u > v || u != u) ? u : v; }
+// f(0..count-1) statically shared among nt threads; on one thread no region (codegen/cpu_region.py: a team's
+// closing barrier is a futex call, an `if(nt > 1)` clause included)
+template <class F> static inline void pn_direct_for(int nt, L count, const F& f) {
+    if (nt > 1) {
+        #pragma omp parallel for schedule(static) num_threads(nt)
+        for (L e = 0; e < count; e++) f(e);
+    } else {
+        for (L e = 0; e < count; e++) f(e);
+    }
+}
 
 // MB output channels (weights w, row stride ck) x NB vectors of positions from x (channel 0 at
 // the tile's first position; planes `plane` apart), summed over C channels and K taps (offsets toff)
@@ -151,17 +161,15 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
         const L nb = kws ? 2 : PN_DNB;  // vectors per tile: the shifted layout's rows are tiled by 2
         L full = M / PN_DMB, blocks = full + M % PN_DMB, tiles = span / (nb * PN_DVL);
         // (channel block, position tile) pairs: each output value is one tile's, whatever the thread count
-        #pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)
-        for (L e = 0; e < blocks * tiles; e++) {
+        pn_direct_for(nt, blocks * tiles, [&](L e) {
             L blk = e % blocks, p = (e / blocks) * nb * PN_DVL;
             L m = blk < full ? blk * PN_DMB : full * PN_DMB + (blk - full);
             if (kws)
                 pn_direct_block<2>(blk < full, src + p, cs, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
             else
                 pn_direct_block<PN_DNB>(blk < full, src + p, cs, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
-        }
-        #pragma omp parallel for schedule(static) num_threads(nt) if(nt > 1)
-        for (L o = 0; o < M; o++) {
+        });
+        pn_direct_for(nt, M, [&](L o) {
             float* __restrict s = acc + o * span;
             if (pkh) {  // a fused MaxPool: the epilogue in the padded width (row by row where it reads a
                         // residual), then per pooled row the window rows' maxima, then the columns'
@@ -185,13 +193,13 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
                         d[qx] = v;
                     }
                 }
-                continue;
+                return;
             }
             float* __restrict d = y + (b * M + o) * oh * ow;
             for (L oy = 0; oy < oh; oy++)
                 _Pragma("omp simd") for (L ox = 0; ox < ow; ox++) d[oy * ow + ox] = s[oy * wp + ox];
             epi_row(d, oh * ow, bias ? bias + o : nullptr, nops, ops, par, res, (b * M + o) * oh * ow);
-        }
+        });
     }
 }
 
