@@ -22,10 +22,7 @@ run-time counter, and the partials in local memory):
                  bit-identical whatever the blocks' order
       and resets the counter.
     PARTIALS_GRID (a cooperative launch): the partials written, a grid-wide wait
-    (pn_grid_sync; split where the blocks arrive early, schedule/derived.py `arrives_early`: in
-    the block's last row tile the partials are reduced, written and the block arrives,
-    pn_grid_arrive, right after the pass that completes them; the tile's later passes run, then
-    pn_grid_await), then every block sums its share of the columns, `combine_lanes` threads per
+    (pn_grid_sync), then every block sums its share of the columns, `combine_lanes` threads per
     column (schedule/persistent.py), each over every lanes-th block in block order, then a fixed
     shuffle tree: one order whatever the blocks' arrival, so bit-identical run to run. Where each
     block's columns are whole L2 lines (schedule/derived.py `combine_owns_lines`), a barrier of the
