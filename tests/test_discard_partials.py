@@ -53,8 +53,7 @@ def test_partials_dropped_once_read_match_numpy_float64(drop, rng, monkeypatch):
     # a block's columns in a sweep span whole lines, several even where the emulator's buffers are 64-byte aligned
     assert derived.combine_columns(m.blocks, m.threads, N) * 4 >= 256
     assert ("pn_discard_range(&ws" in r.source) == (drop != "kept")
-    waits = r.source.count("pn_grid_sync(&pn_counter") + r.source.count("pn_grid_await(&pn_counter")  # early arrival
-    assert waits == (2 if drop == "wait" else 1) and "pn_grid_arrive(&pn_counter[0]);" in r.source
+    assert r.source.count("pn_grid_sync(&pn_counter") == (2 if drop == "wait" else 1)
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
     runs = [r(a, d, g, mean, rstd, order=o, seed=3) for o in ("forward", "reverse", "shuffled", "forward")]
     for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):

@@ -292,7 +292,6 @@ def test_the_grid_combine_loads_every_owner_in_one_batch(rng):
     loop = r.source[r.source.index("for (int pn_b = 0;") :]
     loop = loop[: loop.index("pn_shfl_down")]
     assert len(re.findall(r"pn_ldcg\(&ws\d+\[b \* 1024 \+ j\]\)", loop)) == 2, loop  # one loop, both owners
-    assert "pn_grid_arrive(&pn_counter[0]);" in r.source and "pn_grid_await(&pn_counter[0]" in r.source  # early
     refs, scales = _layer_norm64(*(v.astype(np.float64) for v in (a, d, g, mean, rstd)))
     runs = [r(a, d, g, mean, rstd, order=o, seed=5) for o in ("forward", "reverse", "shuffled")]
     for out, ref, scale, n in zip(runs[0], refs, scales, [N, M, M]):
@@ -482,74 +481,3 @@ def test_more_rows_per_block_where_the_model_says_so():
     assert (m.vec, m.tx, m.ty, m.persistent) == (8, 128, 8, 128), m.describe()
     small = dataclasses.replace(m.decision, ty=2, grid=(2048, 1), persistent=264, per_sm=2)
     assert m.cost.total_s < joined_cost(group, H100, small).total_s * 0.97
-
-
-def _joined(outs, deterministic: bool = True):
-    prog = build_program(tuple(outs))
-    group = joined_group(prog.column_candidates[0], prog)
-    return group, map_joined(group, H100, deterministic=deterministic).decision
-
-
-def test_a_block_arrives_early_where_its_partials_are_final_before_dx(monkeypatch):
-    """schedule/derived.py `arrives_early` at the bench shapes: LayerNorm's dgamma and dbeta and
-    RMSNorm's dgamma run in the row sums' pass (poly/row_columns.py `column_levels`: RMSNorm's
-    per-row rstd need not be shared), so each block publishes its partials and arrives before its
-    last tile's dx pass: the model charges one L2 round trip less (the arrival's)."""
-    import panamera.schedule.cost as cost
-    from panamera.bench.train_suite import layer_norm_backward as ln_bf16
-    from panamera.bench.train_suite import rms_norm_backward as rms_bf16
-
-    for build in (ln_bf16, rms_bf16):
-        group, d = _joined(build(4096, 1024, "bfloat16"))
-        assert MergeMode.PARTIALS_GRID in d.merges and derived.arrives_early(group, d)
-        assert derived.column_pass_of(group, d) == 0 < derived.passes(group, d.levels) - 1
-        early = dict(joined_cost(group, H100, d).features)["sync_cycles"]
-        with monkeypatch.context() as mp:
-            mp.setattr(cost, "arrives_early", lambda g, dec: False)
-            late = dict(joined_cost(group, H100, d).features)["sync_cycles"]
-        assert late - early == H100.l2_latency_cycles
-
-
-def test_rms_norm_backward_arrives_early_on_the_emulator(rng):
-    """RMSNorm backward bf16 on 2 blocks (each looping over row tiles) of a PARTIALS_GRID merge: the column's pass loads the
-    per-row rstd itself; within bf16 rounding of numpy float64, bit-identical across thread orders."""
-    from panamera.bench.train_suite import rms_norm_backward as rms_bf16
-
-    M, N = 64, 256
-    a, d, g, _, rstd = _inputs(rng, M, N, "bfloat16")
-    outs = rms_bf16(M, N, "bfloat16")
-    k = pn.compile(outs, target="emulator", deterministic=True)
-    merges = tuple(MergeMode.STORE if x == MergeMode.STORE else MergeMode.PARTIALS_GRID for x in k.mappings[0].merges)
-    r = pn.compile(
-        outs, target="emulator", deterministic=True, schedule=_with(k, persistent=2, per_sm=1, merges=merges)
-    )
-    assert "pn_grid_arrive(&pn_counter[0]);" in r.source and r.mappings[0].grid[0] > 2, r.explain()
-    refs, scales = _rms_norm64(*(v.astype(np.float64) for v in (a, d, g, rstd)))
-    runs = [r(a, d, g, rstd, order=o, seed=3) for o in ("forward", "shuffled")]
-    for out, ref, scale, n in zip(runs[0], refs, scales, [N, M]):
-        np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=tolerance("bfloat16", n) * scale.max())
-    assert all(np.array_equal(x, y) for x, y in zip(*runs))
-
-
-def test_arrives_early_preconditions():
-    """One negative test per precondition of `arrives_early`: (1) a merge other than
-    PARTIALS_GRID; (2) columns the group reads (BatchNorm backward's column stitch); (3) column
-    groups; (4) a column in the last pass (it reads a row sum)."""
-    from panamera.bench.train_suite import batch_norm_backward
-    from panamera.bench.train_suite import layer_norm_backward as ln_bf16
-
-    group, d = _joined(ln_bf16(4096, 1024, "bfloat16"))
-    assert derived.arrives_early(group, d)
-    last = tuple(MergeMode.PARTIALS if m == MergeMode.PARTIALS_GRID else m for m in d.merges)
-    assert not derived.arrives_early(group, dataclasses.replace(d, merges=last))  # (1)
-    bn = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=H100).groups[0]
-    bd = map_joined(bn, H100, deterministic=True).decision
-    assert bn.consumed and MergeMode.PARTIALS_GRID in bd.merges and not derived.arrives_early(bn, bd)  # (2)
-    assert not derived.arrives_early(group, dataclasses.replace(d, cgroups=2))  # (3)
-    x = pn.placeholder((256, 64), name="x")
-    rs = pn.sum(x, axis=1, keepdims=True)
-    late, ld = _joined([x - rs, pn.sum(x * rs, axis=0)])
-    grid = tuple(MergeMode.PARTIALS_GRID if k in late.columns else m for k, m in enumerate(ld.merges))
-    ld = dataclasses.replace(ld, merges=grid)
-    assert derived.column_pass_of(late, ld) == derived.passes(late, ld.levels) - 1
-    assert not derived.arrives_early(late, ld)  # (4)

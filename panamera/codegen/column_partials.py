@@ -35,7 +35,6 @@ from __future__ import annotations
 
 from ..algebra import AtomicStrategy
 from ..schedule.derived import (
-    arrives_early,
     combine_columns,
     combine_lanes,
     combine_owns_lines,
@@ -110,29 +109,22 @@ def column_pass(loop: ThreadLoop, here: list[int]) -> list[str]:
     return out + ["    }", "  }"]
 
 
-def tree_memory(loop: ThreadLoop) -> list[str]:
-    """The shared memory of the reduction of the partials over the block's rows: one buffer per
-    accumulator type (none for one row per block)."""
-    g, m = loop.g, loop.m
-    if m.ty <= 1:
-        return []
-    nbuf, S = tree_buffers(g), _steps(loop)
-    sizes: dict[str, int] = {}
-    for k in _owners(loop):
-        ct = g.statements[k].acc.compute
-        chunk = tree_chunk(m.threads, S * m.vec, g.statements[k].acc.itemsize, nbuf)
-        sizes[ct] = max(sizes.get(ct, 0), m.tx * m.ty * chunk)
-    return [f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{n}];" for ct, n in sizes.items()]
-
-
-def publish(loop: ThreadLoop) -> list[str]:
-    """Each partial reduced over the block's rows and merged (written, or added atomically)."""
+def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
+    """After the row loop: each partial reduced over the block's rows and merged, then the last
+    block's finish (module docstring). `depart`: a grid-wide combine ends the kernel (False: a
+    pass after it reads the columns, codegen/column_stitch.py, and departs itself)."""
     g, m = loop.g, loop.m
     V, N, S = m.vec, g.N, _steps(loop)
     Nc = _cols(loop)
-    out = []
+    out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
     nbuf = tree_buffers(g)
     chunk = {k: tree_chunk(m.threads, S * V, g.statements[k].acc.itemsize, nbuf) for k in _owners(loop)}
+    if m.ty > 1:
+        sizes: dict[str, int] = {}
+        for k in _owners(loop):
+            ct = g.statements[k].acc.compute
+            sizes[ct] = max(sizes.get(ct, 0), m.tx * m.ty * chunk[k])
+        out += [f"  __shared__ {ct} pn_csmem_{c_ident(ct)}[{n}];" for ct, n in sizes.items()]
     for k in _owners(loop):
         s = g.statements[k]
         if m.ty > 1:
@@ -154,35 +146,6 @@ def publish(loop: ThreadLoop) -> list[str]:
             f"    if (ty == 0 && pn_jl < {Nc}) {write}",
             "  }",
         ]
-    return out
-
-
-def early_arrival(loop: ThreadLoop) -> list[str]:
-    """A split-phase wait (schedule/derived.py `arrives_early`): in the block's last row tile,
-    right after the pass that completes its column partials, they are published and the block
-    arrives; the tile's later passes run before `merge` waits. The block's partials are written
-    from the block index (`bx` is the tile in the loop, so the block's own index here)."""
-    m = loop.m
-    lines = [ln.replace("(pn_idx)bx * ", "(pn_idx)blockIdx.x * ") for ln in publish(loop)]
-    return [
-        f"  if (pn_tile + gridDim.x >= {m.grid[0]}) {{  // the block's last tile: its column partials are final",
-        *["  " + ln for ln in lines],
-        "    pn_grid_arrive(&pn_counter[0]);",
-        "  }",
-    ]
-
-
-def merge(loop: ThreadLoop, depart: bool = True) -> list[str]:
-    """After the row loop: each partial reduced over the block's rows and merged, then the last
-    block's finish (module docstring). `depart`: a grid-wide combine ends the kernel (False: a
-    pass after it reads the columns, codegen/column_stitch.py, and departs itself). Where the
-    block arrived early (`early_arrival`), only the wait and the combine."""
-    g, m = loop.g, loop.m
-    N = g.N
-    if arrives_early(g, m):
-        return ["  // column partials: published in the last tile (split-phase wait)"] + _grid_combine(loop, depart)
-    out = ["  // column partials: reduced over the block's rows, one merge per block per column"]
-    out += tree_memory(loop) + publish(loop)
     if MergeMode.PARTIALS_GRID in m.merges:
         return out + _grid_combine(loop, depart)
     if MergeMode.ATOMIC_GRID in m.merges:  # codegen/column_stitch.py waits and reads them back
@@ -292,8 +255,7 @@ def _grid_combine(loop: ThreadLoop, depart: bool = True) -> list[str]:
     T, Nc = m.tx * m.ty, _cols(loop)
     L = combine_lanes(m.blocks, T, Nc)
     target = "gridDim.x" if m.cgroups == 1 else "(2u * pn_cg + 1u) * gridDim.x"  # two waits per column group
-    wait = "pn_grid_await" if arrives_early(loop.g, m) else "pn_grid_sync"  # arrived early: the wait alone
-    out = [f"  {wait}(&pn_counter[0], {target});  // every block's partials are written"]
+    out = [f"  pn_grid_sync(&pn_counter[0], {target});  // every block's partials are written"]
     if L == 1:
         out.append(
             f"  for (pn_idx pn_jl = (pn_idx)bx * {T} + ty * {m.tx} + tx; pn_jl < {Nc}; pn_jl += (pn_idx)gridDim.x * {T}) {{"

@@ -319,25 +319,6 @@ __device__ __forceinline__ void pn_grid_sync(unsigned* arrivals, unsigned target
   __syncthreads();
 }
 
-// pn_grid_sync in two halves (a split-phase wait, schedule/derived.py `arrives_early`): the block
-// arrives once its partials are written, runs work of its own (no other block's data), then waits.
-// The arrival's fence stalls thread 0's warp only; the other warps go on.
-__device__ __forceinline__ void pn_grid_arrive(unsigned* arrivals) {
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    __threadfence();
-    atomicAdd(arrivals, 1u);
-  }
-}
-__device__ __forceinline__ void pn_grid_await(unsigned* arrivals, unsigned target) {
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) {
-    pn_grid_wait(arrivals, target);
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // Reduce across threadIdx.y (TY rows, TY a power of two); valid at threadIdx.y == 0.
 template <class OP, int TX, int TY, class T>
 __device__ __forceinline__ T pn_reduce_y(T v, T* smem) {

@@ -30,7 +30,6 @@ from __future__ import annotations
 from ..poly.statement import StatementKind
 from ..poly.stitch import is_epilogue
 from ..schedule.decision import Completion, Residence
-from ..schedule.derived import arrives_early, column_pass_of
 from ..schedule.mapping import passes
 from ..schedule.onchip import kept_reads, steps
 from . import column_partials, column_stitch, mbarrier
@@ -52,7 +51,6 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
     leader = "by == 0 && tx == 0" if split else "tx == 0"  # who stores a row's values
     epilogues = [k for k, s in enumerate(g.statements) if is_epilogue(s)]
     columns = set(g.columns)  # column partials (codegen/column_partials.py): a persistent row loop
-    early = bool(columns) and m.persistent and arrives_early(g, m)  # a split-phase wait (schedule/derived.py)
     head, out = [], [f"  const pn_idx o = bx * {m.ty} + ty;  // the row this thread works on"]
     head += shared_buffers(g.statements, m.tx, m.ty)
     clustered = m.cluster > 1
@@ -106,13 +104,11 @@ def emit_stitched(loop: ThreadLoop) -> list[str]:
             out += ["    " + ln for ln in body]
             out.append(f"    pn_st(&out{k}[{loop.address(s.write)}], {convert(val, s.body.dtype, s.result.dtype)});")
             out.append("  }")
-        if early and lv == column_pass_of(g, m):  # the block's last tile: publish and arrive, then the later passes
-            out += column_partials.early_arrival(loop)
     if m.persistent:  # block b's row tiles: b, b + gridDim.x, ...; then the columns' merge
         tiles = f"  for (pn_idx pn_tile = blockIdx.x; pn_tile < {m.grid[0]}; pn_tile += gridDim.x) {{"
         out = [tiles, "    const pn_idx bx = pn_tile;  // the row tile"] + ["  " + ln for ln in out] + ["  }"]
     if columns:
-        head += column_partials.declare(loop) + (column_partials.tree_memory(loop) if early else [])
+        head += column_partials.declare(loop)
         out += column_partials.merge(loop)
     if clustered and m.completion == Completion.MBARRIER and exchange:
         out[setup_at:setup_at] = mbarrier.setup(expected)

@@ -31,10 +31,9 @@ Preconditions for a COLUMN reduction to join a stitched ROW group, each checked:
      a column's value is final only once every block has merged, after the kernel;
   5. joining keeps the kernel graph acyclic (no dependence path leaves the group and comes back).
 The joiner's earliest pass is one more than the latest host reduction it reads (0 if none); it
-runs in the first pass from there on whose statements load every tensor it loads along the row
-(`column_levels`: the loads are shared; LayerNorm's dgamma and dbeta run in the row sums' pass,
-so their partials are final before dx's pass and a block can arrive at the grid-wide wait
-early, schedule/derived.py `arrives_early`), else in its earliest. Whether it joins is the cost model's call (schedule/row_columns.py: the bytes it
+runs in the latest pass from there on whose statements load every tensor it loads from memory
+(`column_levels`: the loads are shared; LayerNorm's dgamma and dbeta run in dx's pass), else in
+its earliest. Whether it joins is the cost model's call (schedule/row_columns.py: the bytes it
 saves); the kernel is schedule/persistent.py's mapping and codegen/column_partials.py's code.
 """
 
@@ -199,27 +198,10 @@ def column_epilogues(statements) -> tuple[int, ...]:
     return tuple(out)
 
 
-def along_row(r) -> bool:
-    """Whether read `r` moves along the row (its address involves j): a per-row value (RMSNorm's
-    saved rstd, [M, 1]) is one load per row, which a pass need not share.
-
-    >>> import panamera as pn
-    >>> from panamera.compiler import lower
-    >>> x, s = pn.placeholder((8, 4), name="x"), pn.placeholder((8, 1), name="s")
-    >>> p = lower([x - pn.sum(x, axis=1, keepdims=True), pn.sum(x * s, axis=0)], stop_after="program", target="emulator")
-    >>> sorted((r.tensor.name, along_row(r)) for r in p.program.column_candidates[0].columns[0].reads)
-    [('s', False), ('x', True)]
-    """
-    pos = r.addr.get_domain_space().find_dim_by_name(isl.dim_type.set, "j")
-    return pos < 0 or r.addr.involves_dims(isl.dim_type.in_, pos, 1)
-
-
 def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
     """The pass of every statement of a joined group (host and COLUMN statements, `lv` their
-    `stitch.levels`, which for a column is its earliest pass): a column moves to the first
-    pass at or after its earliest whose host statements load every tensor it loads from memory
-    (the first, not the last: the partials are final before the later passes run); a per-row
-    value it reads (`along_row` False) need not be loaded there.
+    `stitch.levels`, which for a column is its earliest pass): a column moves to the latest
+    pass at or after its earliest whose host statements load every tensor it loads from memory.
     A host statement that reads a column (poly/column_stitch.py: it runs after the grid-wide
     merge) shares no loads: the columns stay in their earliest pass.
 
@@ -230,7 +212,7 @@ def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
     >>> c = p.program.column_candidates[0]
     >>> st = c.group + c.columns
     >>> column_levels(st, levels(st))
-    {'S1': 0, 'S2': 1, 'S0': 0}
+    {'S1': 0, 'S2': 1, 'S0': 1}
     """
     out = dict(lv)
     cols = {s.result.uid for s in statements if s.form == Form.COLUMN}
@@ -242,9 +224,9 @@ def column_levels(statements, lv: dict[str, int]) -> dict[str, int]:
     for s in statements:
         if s.form != Form.COLUMN:
             continue
-        mine = {r.tensor.uid for r in s.reads if r.memory and along_row(r)}
+        mine = {r.tensor.uid for r in s.reads if r.memory}
         shared = [
             lv[h.name] for h in host if lv[h.name] >= lv[s.name] and mine <= {r.tensor.uid for r in h.reads if r.memory}
         ]
-        out[s.name] = min(shared, default=lv[s.name])
+        out[s.name] = max(shared, default=lv[s.name])
     return out

@@ -19,7 +19,6 @@ from .contraction import l2_bytes as contraction_l2_bytes
 from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
     LINE_BYTES,
-    arrives_early,
     column_partial_bytes,
     column_tree_bytes,
     column_tree_cycles,
@@ -369,9 +368,7 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         else:  # one thread per column, each owner's loop of gridDim.x loads in turn
             batches = sweeps * len(cols) * math.ceil(B / 4)
             shuffles = 0
-        # a block that arrives early (`arrives_early`) waits only for the poll: its arrival's round trip
-        # runs beside its last tile's later passes
-        f["sync_cycles"] = (2 - arrives_early(group, d) + batches) * gpu.l2_latency_cycles + shuffles
+        f["sync_cycles"] = (2 + batches) * gpu.l2_latency_cycles + shuffles
         if discard and not group.consumed and combine_owns_lines(group, d):
             # a barrier of the block's own, then its threads drop the lines it read, one partials row each
             rows = math.ceil(B / d.threads)

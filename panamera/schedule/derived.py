@@ -389,26 +389,3 @@ def drops_column_partials(group: KernelGroup, d: Decision) -> bool:
     if not grid or d.cgroups > 1:
         return False
     return discards_partials(column_partial_bytes(group, d), group.consumed, combine_owns_lines(group, d))
-
-
-def arrives_early(group: KernelGroup, d: Decision) -> bool:
-    """Whether decision `d` of a joined group splits its grid-wide wait (a split-phase wait): each
-    block publishes its column partials and arrives right after the pass of its last row tile
-    that completes them, runs that tile's later passes (dx) while the other blocks arrive, and
-    waits only before the combine: the arrival's round trip (its fence) hides behind those
-    passes. The one rule the cost (schedule/cost.py) and the kernel (codegen/stitched_kernel.py)
-    follow. Preconditions: (1) every column owner merges by PARTIALS_GRID (a wait every block
-    passes); (2) the group's own statements do not read the columns (`consumed`: the column
-    stitch waits before its own pass); (3) one column group; (4) a pass after the last one that
-    holds a column statement (else nothing runs between the arrival and the wait)."""
-    owners = [k for k in group.columns if group.accumulator_of[k] == k]
-    if not owners or any(d.merges[k] != MergeMode.PARTIALS_GRID for k in owners):  # (1)
-        return False
-    if group.consumed or d.cgroups > 1:  # (2), (3)
-        return False
-    return column_pass_of(group, d) < passes(group, d.levels) - 1  # (4)
-
-
-def column_pass_of(group: KernelGroup, d: Decision) -> int:
-    """The last pass that holds a column statement of a joined group."""
-    return max(d.levels[k] for k in group.columns)
