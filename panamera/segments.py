@@ -138,20 +138,25 @@ def launch_plan(
         "seg:keys0": BufferSpec("seg:keys0", "unsigned long long", key64, p.n, BufferRole.PARTIALS, "keys0"),
         "seg:keys1": BufferSpec("seg:keys1", "unsigned long long", key64, p.n, BufferRole.PARTIALS, "keys1"),
         "seg:part": BufferSpec("seg:part", acc.c_type, acc, p.n * p.width, BufferRole.PARTIALS, "part"),
+        # a byte per row: set by `tile` for the rows some id names, cleared by `own` (zeroed once)
+        "seg:mark": BufferSpec("seg:mark", "unsigned char", as_dtype("uint8"), p.rows, BufferRole.COUNTER, "mark"),
     }
     runs = merge_runs(p.n, p.tile)
     sorted_key = "seg:keys0" if len(runs) % 2 == 0 else "seg:keys1"
     args = {
-        "tile": ((ids_key, True), ("seg:keys0", False), (out_key, False), ("seg:bad", False)),
+        "tile": ((ids_key, True), ("seg:keys0", False), ("seg:mark", False), ("seg:bad", False)),
         **{
-            f"merge{L}": ((f"seg:keys{k % 2}", True), (f"seg:keys{(k + 1) % 2}", False), (out_key, False))
+            f"merge{L}": ((f"seg:keys{k % 2}", True), (f"seg:keys{(k + 1) % 2}", False), (out_key, False),
+                          ("seg:mark", True))
             for k, L in enumerate(runs)
         },
         "part": ((sorted_key, True), (src_key, True), (ids_key, True), (out_key, False), ("seg:part", False),
-                 ("seg:bad", False)),
-        "own": ((sorted_key, True), ("seg:part", True), (out_key, False)),
+                 ("seg:bad", False), ("seg:mark", True)),
+        "own": ((sorted_key, True), ("seg:part", True), (out_key, False), ("seg:mark", False)),
     }  # fmt: skip
-    launches, signatures = [], []
+    signatures = [(f"{name}_clear", ("unsigned char*",))]
+    launches = [Launch(f"{name}_clear", (max(1, min(-(-p.rows // 256), 1024)), 1, 1), (256, 1, 1),
+                       (("buf", "seg:mark"),), LaunchRole.INIT_ONCE)]  # fmt: skip
     for suffix, (grid, block), cost, (read, written) in p.launches:
         kargs = args[suffix]
         sig = tuple(f"{'const ' if ro else ''}{buffers[key].ctype}*" for key, ro in kargs)

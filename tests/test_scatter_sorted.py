@@ -94,6 +94,44 @@ def test_bits_do_not_move_with_tile_blocks_threads_or_order(rng):
     close(runs[0], reference(index, src, 12), "float32", index)
 
 
+@pytest.mark.parametrize("tile", [8, 256])
+def test_each_call_zeroes_only_the_rows_no_id_names_and_clears_its_marks(rng, tile):
+    """`tile` marks the rows some id names; the merge launches and `part` zero the others, `own`
+    clears the marks: calls whose ids name other rows (all ids in one row, then none valid) leave
+    no row of an earlier call behind. Tile 8: 3 merge passes (4 shares); 256: none (`part` alone)."""
+    ids, g = pn.placeholder((60,), "int64", name="ids"), pn.placeholder((60, 5), "float32", name="g")
+    e = executor_of(scatter_add_rows(ids, g, 37).inputs[2], tile=tile, groups_per_block=1, threads=32)
+    assert [ln.kernel.rsplit("_", 1)[1] for ln in e.plan.launches][:2] == ["clear", "tile"]
+    assert e.plan.launches[0].role == "init_once" and len(e.plan.per_call) == 3 + (tile == 8) * 3
+    calls = (rng.integers(0, 37, 60), rng.integers(20, 37, 60), np.full(60, 3), np.full(60, 99))
+    for index in calls:
+        src = rng.standard_normal((60, 5)).astype(np.float32)
+        got = e(e.bind((index, src), {}), order="shuffled", seed=3)[0]
+        keep = index < 37
+        if keep.any():
+            close(got, reference(index[keep], src[keep], 37), "float32", index[keep])
+        else:
+            assert not got.any()
+
+
+def test_the_plan_writes_the_table_once():
+    """The modeled traffic: every row written once (the rows no id names by the zeroing blocks,
+    the others by `part` or `own`), beside the pieces' partials; the bench shape within 1.10x of
+    its limit (modeled, H100)."""
+    from panamera.model.estimate import limit_us
+    from panamera.model.gpu import H100
+    from panamera.schedule.segments import expected_segments
+
+    n, rows, width = 8192, 50257, 768
+    p = plan_segments(n, rows, width, as_dtype("int64"), as_dtype("float32"), None)
+    written = sum(w for *_, (_, w) in p.launches)
+    marks, keys = expected_segments(n, rows), (p.passes + 1) * n * 8
+    partials = written - rows * width * 4 - marks - keys
+    assert 0 <= partials < 0.1 * rows * width * 4
+    read, out = n * 8 + n * width * 4, rows * width * 4
+    assert p.modeled_us < 1.10 * limit_us(read + out, H100, out)
+
+
 def test_an_id_outside_the_table_is_an_input_error(rng):
     src = rng.standard_normal((6, 2)).astype(np.float32)
     k = compiled(6, 5, 2, skip=-1)

@@ -36,8 +36,8 @@ from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
 from .cpu_blas import BlasCall, blas_call
 
 if TYPE_CHECKING:
-    from ..model.cpu_tile import TileShape
     from ..model.cpu import CpuModel, KernelTime
+    from ..model.cpu_tile import TileShape
     from ..poly.program import KernelGroup
     from .cpu_gemm import Gemm
 

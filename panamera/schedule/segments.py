@@ -5,10 +5,13 @@ of one row, sum each segment's rows in order, in pieces, then the pieces in orde
 codegen/segment_kernel.py.
 
 The plan holds every launch and the model's cost of each (sort passes, reads, writes, through
-model/gpu.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory,
-`ceil(log2(n / tile))` merge passes over 8-byte keys (each of these launches also zeroes a share
-of the table), the pieces' partial sums (every source row read once, whole segments' rows
-written), the owners' sums of the segments cut at a chunk boundary. The ids are
+model/gpu.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory
+(each valid id marks its row), `ceil(log2(n / tile))` merge passes over 8-byte keys, the pieces'
+partial sums (every source row read once, whole segments' rows written), the owners' sums of
+the segments cut at a chunk boundary. The rows no id marked are zeroed by blocks beside the
+merges and the pieces (a share of the rows per launch), so every row of the table is written
+once: the table's write is the limit's, and zeroing a row that a segment then writes again
+(22 MB more at the bench shape) is gone. The ids are
 data: the model takes them uniform (as the atomic plan does, schedule/cost.py), so a table of
 `rows` rows hit by `n` ids has `rows (1 - (1 - 1/rows)^n)` segments.
 
@@ -18,7 +21,7 @@ SEGMENT_ROWS, the cut of a segment into pieces, is fixed, so every choice gives 
 >>> from panamera.dtypes import as_dtype
 >>> p = plan_segments(ScatterProblem(8192, 50257, 768, as_dtype("int64"), as_dtype("float32")))
 >>> [name for name, *_ in p.launches], p.passes
-(['tile', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 4)
+(['tile', 'merge256', 'merge512', 'merge1024', 'merge2048', 'merge4096', 'part', 'own'], 5)
 """
 
 from __future__ import annotations
@@ -123,6 +126,20 @@ def expected_segments(n: int, rows: int) -> float:
     return rows * -math.expm1(n * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
 
 
+def share_rows(rows: int, shares: int) -> int:
+    """Rows of each zeroing share but the last (which takes the rest).
+
+    >>> share_rows(10, 3)
+    4
+    """
+    return -(-rows // shares)
+
+
+def zero_blocks(rows: int, width: int, shares: int, threads: int, gpu: GPUSpec) -> int:
+    """Zeroing blocks of one launch: four elements a thread, at most 8 blocks per SM."""
+    return max(1, min(math.ceil(rows * width / shares / (threads * 4)), gpu.sms * 8))
+
+
 def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu: GPUSpec):
     e, acc = src.itemsize, 4 if src.is_16bit_float else src.itemsize
     segs = expected_segments(n, rows)
@@ -136,39 +153,51 @@ def _costs(n, rows, width, ids: DType, src: DType, tile, gpb, threads, vec, gpu:
         out.append((name, shape, cost, (int(sum(x["dram_bytes"] for x in f) - written), int(written))))
 
     runs = merge_runs(n, tile)
-    shares = 1 + len(runs)
-    table = rows * width * e / shares  # each sort launch zeroes its share of the table
+    shares = 1 + len(runs)  # the merge launches and `part` each zero a share of the rows no id names
+    untouched = (rows - segs) * width * e / shares
 
-    def zeroing(name: str, blocks: int, sort: KernelCost) -> None:
-        """A sort launch with zeroing blocks: its sort blocks and zeroing blocks run side by side,
-        so it lasts as long as the longer of the two alone (the sort's few blocks wait on
-        latencies and shared memory, the zeroing blocks stream the table's writes)."""
-        zb = max(1, min(math.ceil(rows * width / shares / (SORT_THREADS * 4)), gpu.sms * 8))
-        z = kernel_time(gpu, dram_bytes=table, write_bytes=table, blocks=zb, threads=SORT_THREADS,
-                        bytes_in_flight_per_thread=e)  # fmt: skip
+    def zeroing(shares_rows: int) -> KernelCost:
+        """The zeroing blocks of one share: they stream the writes of its rows no id names (the
+        rows the tile launch did not mark), reading the marks (a byte per row, left in L2 by the
+        tile launch just before: L2 traffic, no DRAM round trip)."""
+        zb = zero_blocks(rows, width, shares, SORT_THREADS, gpu)
+        return kernel_time(gpu, dram_bytes=untouched, write_bytes=untouched, blocks=zb, threads=SORT_THREADS,
+                           bytes_in_flight_per_thread=e, l2_bytes=32.0 * shares_rows)  # fmt: skip
+
+    def beside(name: str, blocks: int, sort: KernelCost) -> None:
+        """A merge launch with zeroing blocks: its merge blocks and zeroing blocks run side by side,
+        so it lasts as long as the longer of the two alone (the merge's few blocks wait on
+        latencies, the zeroing blocks stream the table's writes)."""
+        z = zeroing(share_rows(rows, shares))
+        zb = dict(z.features)["blocks"]
         add(name, (blocks + zb, SORT_THREADS), max(sort, z, key=lambda c: c.total_s), sort, z)
 
     tiles = sort_blocks(n, tile)
     # each key counts the smaller keys of its tile: a shared-memory load (a quarter of the FP32 rate), a
-    # compare and an add per key of the tile, on the sort blocks' SMs only
-    zeroing("tile", tiles, kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES), write_bytes=n * KEY_BYTES,
-                                       blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
-                                       fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
+    # compare and an add per key of the tile, on the sort blocks' SMs only; each valid id marks its row
+    add("tile", (tiles, SORT_THREADS),
+        kernel_time(gpu, dram_bytes=n * (ids.itemsize + KEY_BYTES) + segs, write_bytes=n * KEY_BYTES + segs,
+                    blocks=tiles, threads=SORT_THREADS, bytes_in_flight_per_thread=ids.itemsize,
+                    fp32_ops=4.0 * n * min(n, tile), shared_bytes=tile * KEY_BYTES))  # fmt: skip
     for L in runs:
         probes = math.ceil(math.log2(L)) + 1  # the binary search's dependent L2 round trips, per thread
         blocks = merge_blocks(n)
         merge = kernel_time(gpu, dram_bytes=2 * n * KEY_BYTES, write_bytes=n * KEY_BYTES, blocks=blocks,
                             threads=SORT_THREADS, bytes_in_flight_per_thread=KEY_BYTES, l2_bytes=n * probes * 32.0,
                             epilogue_cycles=probes * gpu.l2_latency_cycles)  # fmt: skip
-        zeroing(f"merge{L}", blocks, merge)
+        beside(f"merge{L}", blocks, merge)
     blocks = math.ceil(n / (gpb * SEGMENT_ROWS))
     spans = (math.ceil(n / SEGMENT_ROWS) - 1) * (n - segs) / max(1, n - 1)  # segments cut at a chunk boundary
     partials = min(pieces, 2 * spans)  # the pieces of those: written by `part`, read by `own`
     whole = (segs - spans) * width * e  # rows `part` writes itself
-    add("part", (blocks, threads),
-        kernel_time(gpu, dram_bytes=n * KEY_BYTES + n * width * e + whole + partials * width * acc,
-                    write_bytes=whole + partials * width * acc, blocks=blocks, threads=threads,
-                    bytes_in_flight_per_thread=UNROLL * vec * e, fp32_ops=float(n * width)))  # fmt: skip
+    # `part` carries the last share's zeroing blocks (its rows stream beside the pieces' sums)
+    zb, last = zero_blocks(rows, width, shares, threads, gpu), rows - (shares - 1) * share_rows(rows, shares)
+    zero_w = (rows - segs) * width * e * last / rows
+    add("part", (blocks + zb, threads),
+        kernel_time(gpu, dram_bytes=n * KEY_BYTES + n * width * e + whole + partials * width * acc + zero_w,
+                    write_bytes=whole + partials * width * acc + zero_w, blocks=blocks + zb, threads=threads,
+                    bytes_in_flight_per_thread=UNROLL * vec * e, fp32_ops=float(n * width),
+                    l2_bytes=32.0 * last))  # fmt: skip
     add("own", (blocks, threads),
         kernel_time(gpu, dram_bytes=n * KEY_BYTES + partials * width * acc + spans * width * e,
                     write_bytes=spans * width * e, blocks=blocks, threads=threads,
