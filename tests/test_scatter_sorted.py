@@ -123,7 +123,7 @@ def test_the_plan_writes_the_table_once():
     from panamera.schedule.segments import expected_segments
 
     n, rows, width = 8192, 50257, 768
-    p = plan_segments(n, rows, width, as_dtype("int64"), as_dtype("float32"), None)
+    p = plan_segments(ScatterProblem(n, rows, width, as_dtype("int64"), as_dtype("float32")))
     written = sum(w for *_, (_, w) in p.launches)
     marks, keys = expected_segments(n, rows), (p.passes + 1) * n * 8
     partials = written - rows * width * 4 - marks - keys
