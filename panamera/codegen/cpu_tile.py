@@ -45,13 +45,15 @@ class TileShape:
         return self.nv * self.lanes
 
 
-def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
-    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`.
+def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = False) -> str:
+    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`;
+    `epilogue`: the kernel's `pn_ep` lambda applied at the store (codegen/cpu_tile_epilogue.py).
 
     >>> tile_call(TileShape(8, 2, 16), "float", "...", "pn_nt")
     'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt, 1)'
     """
-    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit})"
+    ep = ", pn_ep" if epilogue else ""
+    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit}{ep})"
 
 
 # pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
@@ -59,7 +61,11 @@ def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
 TILE_SOURCE = (
     r"""
 #include <immintrin.h>
+#include <type_traits>
 #include <vector>
+struct pn_no_ep {  // no epilogue: the tile's values are the result
+  void operator()(long long, const void*, int) const {}
+};
 template <class T, int W> struct pn_tv { typedef T V __attribute__((vector_size(W))); };
 template <class V> static inline V pn_fma(V a, V b, V c) {
 #if defined(__AVX512F__)
@@ -83,9 +89,11 @@ template <class V, class T> static inline V pn_bcast(const T* p) {  // a broadca
 #endif
   return V{} + *p;
 }
-// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
-template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
-    long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store;
+// `fin` (its last K block): then `ep` runs over each row of the tile just stored (in L1), at flat offset `off`.
+template <class T, int R, int NV, int W, class E> static inline void pn_tile_mk(long long kn, const T* a,
+    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid, const E& ep,
+    long long off, bool fin) {
   typedef typename pn_tv<T, W>::V V;
   constexpr int L = W / sizeof(T);
   V acc[R][NV];
@@ -111,14 +119,21 @@ template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long
       __builtin_memcpy(tmp, acc[i], sizeof(tmp));
       for (int j = 0; j < nvalid; ++j) ci[j] = add ? ci[j] + tmp[j] : tmp[j];
     }
+    if constexpr (!std::is_same_v<E, pn_no_ep>) {
+      if (fin) ep(off + i * ldc, ci, nvalid);
+    }
   }
 }
-template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r, long long kn, const T* a,
-    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
+template <class T, int MR, int NV, int W, class E> static inline void pn_tile_rows(int r, long long kn, const T* a,
+    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid, const E& ep,
+    long long off, bool fin) {
   if constexpr (MR > 1) {
-    if (r < MR) { pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid); return; }
+    if (r < MR) {
+      pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid, ep, off, fin);
+      return;
+    }
   }
-  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
+  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid, ep, off, fin);
 }
 // A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
 // 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
@@ -163,9 +178,9 @@ template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const 
 #endif
   return false;
 }
-template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
-    long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
-    const long long* t, int nt, int ks) {
+template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_tile_gemm(int ta, int tb, long long m,
+    long long n, long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc,
+    int count, const long long* t, int nt, int ks, const E& ep = E{}) {
   constexpr int W = L * sizeof(T);
   constexpr long long NR = NV * L, KC = """
     + str(KC)
@@ -217,18 +232,20 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
           T* out = ks > 1 ? ws + sk * m * n + i0 * n + j0 : c + i0 * ldc + j0;
           pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars,
                                      aks, bq, pack ? NR : ldb, out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta),
-                                     nvalid);
+                                     nvalid, ep, t[2] + i0 * ldc + j0, ks == 1 && kb == nkb - 1);
         }
       }
       if (ks > 1) {  // the K chunks' partials merged in chunk order: the same bits on any threads
         #pragma omp barrier
         #pragma omp for schedule(static)
-        for (long long i = 0; i < m; ++i)
+        for (long long i = 0; i < m; ++i) {
           for (long long j = 0; j < n; ++j) {
             T v = ws[i * n + j];
             for (long long sk = 1; sk < ks; ++sk) v += ws[sk * m * n + i * n + j];
             c[i * ldc + j] = beta ? c[i * ldc + j] + v : v;
           }
+          if constexpr (!std::is_same_v<E, pn_no_ep>) ep(t[2] + i * ldc, c + i * ldc, (int)n);  // the merged row
+        }
       }
     }
   }
