@@ -89,11 +89,9 @@ template <class V, class T> static inline V pn_bcast(const T* p) {  // a broadca
 #endif
   return V{} + *p;
 }
-// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store;
-// `fin` (its last K block): then `ep` runs over each row of the tile just stored (in L1), at flat offset `off`.
-template <class T, int R, int NV, int W, class E> static inline void pn_tile_mk(long long kn, const T* a,
-    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid, const E& ep,
-    long long off, bool fin) {
+// One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
+template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
+    long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
   typedef typename pn_tv<T, W>::V V;
   constexpr int L = W / sizeof(T);
   V acc[R][NV];
@@ -119,21 +117,14 @@ template <class T, int R, int NV, int W, class E> static inline void pn_tile_mk(
       __builtin_memcpy(tmp, acc[i], sizeof(tmp));
       for (int j = 0; j < nvalid; ++j) ci[j] = add ? ci[j] + tmp[j] : tmp[j];
     }
-    if constexpr (!std::is_same_v<E, pn_no_ep>) {
-      if (fin) ep(off + i * ldc, ci, nvalid);
-    }
   }
 }
-template <class T, int MR, int NV, int W, class E> static inline void pn_tile_rows(int r, long long kn, const T* a,
-    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid, const E& ep,
-    long long off, bool fin) {
+template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r, long long kn, const T* a,
+    long long ars, long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
   if constexpr (MR > 1) {
-    if (r < MR) {
-      pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid, ep, off, fin);
-      return;
-    }
+    if (r < MR) { pn_tile_rows<T, MR - 1, NV, W>(r, kn, a, ars, aks, b, bks, c, ldc, add, nvalid); return; }
   }
-  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid, ep, off, fin);
+  pn_tile_mk<T, MR, NV, W>(kn, a, ars, aks, b, bks, c, ldc, add, nvalid);
 }
 // A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
 // 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
@@ -230,9 +221,13 @@ template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_til
           const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
           const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
           T* out = ks > 1 ? ws + sk * m * n + i0 * n + j0 : c + i0 * ldc + j0;
-          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars,
-                                     aks, bq, pack ? NR : ldb, out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta),
-                                     nvalid, ep, t[2] + i0 * ldc + j0, ks == 1 && kb == nkb - 1);
+          const int rows = (int)(m - i0 < MR ? m - i0 : MR);
+          pn_tile_rows<T, MR, NV, W>(rows, kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars, aks, bq, pack ? NR : ldb,
+                                     out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta), nvalid);
+          if constexpr (!std::is_same_v<E, pn_no_ep>) {  // the tile's last K block: its rows, still in L1
+            if (ks == 1 && kb == nkb - 1)
+              for (int r = 0; r < rows; ++r) ep(t[2] + (i0 + r) * ldc + j0, out + r * ldc, nvalid);
+          }
         }
       }
       if (ks > 1) {  // the K chunks' partials merged in chunk order: the same bits on any threads

@@ -13,7 +13,7 @@ lambda's argument in place of memory.
 >>> g = lower(pn.maximum(x @ w.T + b, 0.0), stop_after="groups", target="emulator").groups[0]
 >>> params = kernel_buffers(g, "k", (MergeMode.STORE,) * 2, 1, (1, 1))
 >>> epilogue_lambda(g, params, tile_epilogue(g))[0]
-'auto pn_ep = [&](long long pn_o, const float* pn_v, int pn_n) {'
+'auto pn_ep = [&](pn_idx pn_o, const float* pn_v, int pn_n) {'
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..poly.program import KernelGroup
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_epilogue import TileEpilogue
-from .cpu_runs import RunLoop
+from .cpu_runs import RunLoop, row_run, split_invariant
 from .expr import convert
 
 
@@ -34,23 +34,44 @@ class _Params:  # what ThreadLoop reads of a mapping for loads: the buffers
 
 def epilogue_lambda(group: KernelGroup, params: tuple[BufferSpec, ...], ep: TileEpilogue) -> list[str]:
     """The lines of `pn_ep` for `ep`, the consumer (statement 1 of `group`) storing to its buffer
-    in `params` (named as the kernel's pointers: `in`k / `out`k)."""
+    in `params` (named as the kernel's pointers: `in`k / `out`k). Where an address divides the
+    element index (a bias: `i mod N`), a segment inside one run of codegen/cpu_runs.py's `row_run`
+    (a tile's row inside an output row) scans with that run's division-free addresses, its
+    invariant loads hoisted, so that it vectorizes; any other segment scans element by element."""
     k = group.statements.index(ep.consumer)
+    st = ep.consumer
     product = group.statements[0].result.dtype.compute
     loop = RunLoop(group, _Params(params), "long long")
     loop.regs[ep.product_uid] = "pn_p"
-    lines, val = loop.body_lines(k, None)
-    st = ep.consumer
     out = next(p for p in params if p.role == BufferRole.OUTPUT and p.statement == k)
-    store = f"pn_st(&{out.param}[{loop.address(st.write)}], {convert(val, st.body.dtype, st.result.dtype)});"
+
+    def body() -> list[str]:
+        lines, val = loop.body_lines(k, None)
+        store = f"pn_st(&{out.param}[{loop.address(st.write)}], {convert(val, st.body.dtype, st.result.dtype)});"
+        return [f"const {product} pn_p = pn_v[i - pn_o];", *lines, store]
+
+    scan = ["#pragma omp simd", "for (pn_idx i = pn_o; i < pn_o + pn_n; ++i) {"]
+    general = [*scan, *("  " + ln for ln in body()), "}"]
+    dom = st.domain.reset_tuple_id()
+    run = row_run([st.write, *(r.addr for r in st.reads)], dom, ep.elements, dim="i")
+    lines = general
+    if run is not None:
+        with loop.over(run):
+            hoisted, kept = split_invariant(body())
+        lines = [
+            f"const pn_idx pn_q = pn_o / {run.m}LL;",
+            f"if ((pn_o + pn_n - 1) / {run.m}LL == pn_q) {{  // inside one run: no division per element",
+            *("  " + ln for ln in hoisted),
+            *("  " + ln for ln in scan),
+            *("    " + ln for ln in kept),
+            "  }",
+            "} else {",
+            *("  " + ln for ln in general),
+            "}",
+        ]
     return [
-        f"auto pn_ep = [&](long long pn_o, const {product}* pn_v, int pn_n) {{",
-        "  #pragma omp simd",
-        "  for (int pn_q = 0; pn_q < pn_n; ++pn_q) {",
-        "    const pn_idx i = pn_o + pn_q; const pn_idx j = 0; (void)j;",
-        f"    const {product} pn_p = pn_v[pn_q];",
-        *("    " + ln for ln in lines),
-        f"    {store}",
-        "  }",
+        f"auto pn_ep = [&](pn_idx pn_o, const {product}* pn_v, int pn_n) {{",
+        "  const pn_idx j = 0; (void)j;",
+        *("  " + ln for ln in lines),
         "};",
     ]
