@@ -100,6 +100,7 @@ def test_k_split_applies_the_epilogue_after_the_merge_bit_identical_on_2_threads
 def test_blas_route_keeps_the_epilogue_a_separate_pass(monkeypatch):
     """Where the BLAS runs the contraction, the consumer stays a MAP kernel over the stored product."""
     _force_tile(monkeypatch, None)
+    monkeypatch.setattr(cpu_contraction, "_fused_tile", lambda *args: None)  # the BLAS even with the pass
     f = pn.compile(_linear(128, 32, 1024), target="cpu", cache=False)
     assert len(f.cpu_kernels) == 2 and f.decisions[0].gemm.kernel is GemmKernel.BLAS
     assert f.decisions[0].gemm.epilogue is None
@@ -167,3 +168,21 @@ def test_precondition_4_a_value_that_is_not_stored():
     reads = tuple(Read(iota((128, 32)), r.addr) if r.tensor.uid != product.result.uid else r for r in consumer.reads)
     bad = dataclasses.replace(g, statements=(product, dataclasses.replace(consumer, reads=reads)))
     _refused([bad], 4)
+
+
+@pytest.mark.parametrize("pass_us", [0.0, 1e6])
+def test_tile_taken_over_the_blas_only_where_the_consumers_pass_outweighs_it(monkeypatch, pass_us):
+    """The BLAS faster alone (`gemm_tile` None): the group stays whole on the tile (the consumer at its
+    store) only where the BLAS plus the consumer's own MAP kernel is modeled slower; else it is split."""
+    import panamera.schedule.cpu_cost as cpu_cost
+    from panamera.model.cpu import CpuModel, KernelTime
+
+    monkeypatch.setattr(cpu_contraction, "gemm_tile", lambda gm, i, m, t=1: None)
+    monkeypatch.setattr(cpu_cost, "time_of", lambda g, d, m, t=None: KernelTime(pass_us, 0, pass_us, 0, 0, "L1", 1))
+    (g,) = _group(_linear(128, 32, 1024))
+    m = CpuModel.nominal(cores=1, simd_bytes=64)
+    plan, groups = cpu_contraction.plan_gemm(g, m, 1), cpu_contraction.cpu_groups(g, m, 1)
+    if pass_us:
+        assert plan.kernel is GemmKernel.TILE and plan.epilogue is not None and groups == (g,)
+    else:
+        assert plan is None and len(groups) == 2

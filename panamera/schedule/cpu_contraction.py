@@ -108,12 +108,31 @@ def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
         return None
     itemsize = group.statements[0].result.dtype.itemsize
     tile = gemm_tile(call.gemm, itemsize, m, threads)
+    if tile is None and ep is not None and call.gemm is not None:  # the tile saves the consumer's pass
+        tile = _fused_tile(call, ep, group, itemsize, m, threads)
     if tile is None or call.gemm is None:
         return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads) if ep is None else None
     used = tile_threads(call.gemm, itemsize, m, threads)
     if used != threads:  # the tile (its K split) for the threads it runs on
         tile = tile_plan(call.gemm, itemsize, m, used)[0]
     return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used, ep)
+
+
+def _fused_tile(
+    call: BlasCall, ep: TileEpilogue, group: KernelGroup, itemsize: int, m: CpuModel, threads: int
+) -> TileShape | None:
+    """The tile where the BLAS is faster alone but not with the consumer's own pass over its product:
+    the tile with `ep` at its store (its arithmetic added) against the BLAS and the consumer's MAP
+    kernel as the mapper would run it, both modeled on `threads` threads; else None."""
+    from .cpu_cost import time_of
+    from .cpu_mapper import CpuMachine, map_cpu
+
+    tile, kt = tile_plan(call.gemm, itemsize, m, threads)
+    fused = kt.total_us + ep.compute_us(m, threads, itemsize)
+    alone = KernelGroup((group.statements[1],))
+    d = map_cpu(alone, CpuMachine(threads, m.simd_bytes, m.name), model=m)
+    split = GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads).time(m, threads).total_us
+    return tile if fused < split + time_of(alone, d, m, threads).total_us else None
 
 
 def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGroup, ...]:
