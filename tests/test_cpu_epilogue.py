@@ -186,3 +186,22 @@ def test_tile_taken_over_the_blas_only_where_the_consumers_pass_outweighs_it(mon
         assert plan.kernel is GemmKernel.TILE and plan.epilogue is not None and groups == (g,)
     else:
         assert plan is None and len(groups) == 2
+
+
+def test_product_also_an_output_is_stored_whole(monkeypatch):
+    """`(y, relu(y + b))` with y = x @ w.T, float64: the tile stores the product (a program output) and
+    applies the consumer; both against numpy."""
+    _force_tile(monkeypatch, TileShape(8, 2, 8))
+    x, w = pn.placeholder((24, 200), "float64", name="x"), pn.placeholder((40, 200), "float64", name="w")
+    b = pn.placeholder((40,), "float64", name="b")
+    y = x @ w.T
+    f = pn.compile([y, pn.maximum(y + b, 0.0)], target="cpu", cache=False)
+    assert len(f.cpu_kernels) == 1 and f.decisions[0].gemm.epilogue is not None
+    rng = np.random.default_rng(5)
+    a, c, bias = (random_array(s, "float64", rng) for s in ((24, 200), (40, 200), (40,)))
+    got_y, got = f(a, c, bias, threads=2)
+    ref = a @ c.T
+    t = tolerance("float64", 200)
+    atol = t * np.abs(a).max() * np.abs(c).max() * math.sqrt(200)
+    np.testing.assert_allclose(got_y, ref, rtol=t, atol=atol)
+    np.testing.assert_allclose(got, np.maximum(ref + bias, 0.0), rtol=t, atol=atol)
