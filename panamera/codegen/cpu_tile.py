@@ -13,6 +13,10 @@ Threads share the (K chunk, N panel, M tile) tasks under one static schedule (th
 block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
 model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
 counts.
+An element-wise consumer the grouping fused (schedule/cpu_epilogue.py) is the kernel's `pn_ep` lambda
+(codegen/cpu_tile_epilogue.py), the template's `E`: called on each row of a tile right after the
+tile's last K block (the rows still in L1), or on each row after the K split's merge; it writes the
+consumer's output, so the product never makes a pass through memory of its own.
 
 >>> "pn_tile_gemm" in TILE_SOURCE
 True
