@@ -44,7 +44,7 @@ from .runtime import cpu_gemm
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
-from .schedule.cpu_blas import split_for_blas
+from .schedule.cpu_contraction import cpu_groups
 from .schedule.cpu_cost import plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
 from .schedule.formulation import choose_formulations, nondeterministic, substitute
@@ -105,10 +105,10 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         if nondeterministic(alternative) is not None:
             return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(alternative, alone, stop_after="groups")
-        pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone
+        pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone, tile epilogues fused
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
             for group in a.groups
-            for g in split_for_blas(group)
+            for g in cpu_groups(group, model, machine.cores)
             if g.M * g.N
         ]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
@@ -117,7 +117,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     if sorted_segments.recognize(graph) is not None:  # the scatter alone, else Unsupported (its precondition 1)
         return cpu_segments.compile_cpu_scatter(graph, outs, options, single, chosen, model)
     a = run_stages(_unfused(graph), options, stop_after="groups")
-    groups = tuple(piece for g in a.groups for piece in split_for_blas(g))  # BLAS's contractions alone
+    groups = tuple(piece for g in a.groups for piece in cpu_groups(g, model, machine.cores))  # BLAS's alone
     a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
     kernels = []
     buffers = _output_specs(a.groups)

@@ -28,6 +28,7 @@ region (codegen/cpu_region.py: a region of one thread still ends in a futex call
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ from .cpu_region import one_thread
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, map_head, row_run, split_invariant
 from .cpu_tile import TileShape, tile_call
+from .cpu_tile_epilogue import epilogue_lambda
 from .expr import convert
 from .kernel import render_empty
 from .thread_loop import accumuland, c_ident, identity_expr, post, post_dtype
@@ -490,26 +492,36 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
     >>> print(host_blas("k0", g, d, in_c=True).source.splitlines()[2].strip())
     pn_gemm<float>(0, 0, 64LL, 32LL, 64LL, (const float*)pn_a[0], 64LL, (const float*)pn_a[1], 32LL, (float*)pn_a[2], 32LL, 1, pn_t);
     """
-    params = kernel_buffers(group, name, (MergeMode.STORE,), 1, (1, 1))
-    call, tile = d.gemm.call, d.gemm.tile
+    params = kernel_buffers(group, name, (MergeMode.STORE,) * len(group.statements), 1, (1, 1))
+    call, tile, ep = d.gemm.call, d.gemm.tile, d.gemm.epilogue
     gm = call.gemm
     if gm is None or (not in_c and tile is None):
         return CpuKernel(name, "", params, d, (), call)
     slot = {p.key: n for n, p in enumerate(params)}
-    (a, b), c = (slot[op.key] for op in call.operands), slot[call.out_key]
+    a, b = (slot[op.key] for op in call.operands)
     a, b = (b, a) if gm.swap else (a, b)
-    t = params[c].ctype
+    t = params[a].ctype
+    # the product's buffer; with a fused epilogue and no buffer (on chip), a scratch the tile sums K blocks in
+    c = f"({t}*)pn_a[{slot[call.out_key]}]" if call.out_key in slot else "pn_cs.data()"
     table = ", ".join(f"{x}LL" for call_ in gm.calls for x in call_)
     args = (
         f"{int(gm.ta)}, {int(gm.tb)}, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], {gm.lda}LL, "
-        f"(const {t}*)pn_a[{b}], {gm.ldb}LL, ({t}*)pn_a[{c}], {gm.ldc}LL, {len(gm.calls)}, pn_t"
+        f"(const {t}*)pn_a[{b}], {gm.ldb}LL, {c}, {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
-    fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt")
-    cap = f"  if (pn_nt > {d.threads}) pn_nt = {d.threads};  // the plan's threads\n" if tile is not None else ""
-    source = (
-        f'extern "C" void {name}(void** pn_a, int pn_nt) {{\n  static const long long pn_t[] = {{{table}}};\n'
-        f"{cap}  {fn};\n}}"
-    )
+    fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt", ep is not None)
+    lines = [f'extern "C" void {name}(void** pn_a, int pn_nt) {{', f"  static const long long pn_t[] = {{{table}}};"]
+    if tile is not None:
+        lines.append(f"  if (pn_nt > {d.threads}) pn_nt = {d.threads};  // the plan's threads")
+    if ep is not None:  # schedule/cpu_epilogue.py: the consumer applied by the tile at its store
+        lines.append("  typedef long long pn_idx;")
+        for n, p in enumerate(params):
+            const = "const " if p.role == BufferRole.INPUT else ""
+            lines.append(f"  {const}{p.ctype}* __restrict__ {p.param} = ({const}{p.ctype}*)pn_a[{n}];")
+        if call.out_key not in slot:
+            size = math.prod(call.out_shape)
+            lines.append(f"  static thread_local std::vector<{t}> pn_cs({size}LL);")
+        lines += ["  " + ln for ln in epilogue_lambda(group, params, ep)]
+    source = "\n".join([*lines, f"  {fn};", "}"])
     return CpuKernel(name, source, params, d, (), call, tile)
 
 

@@ -13,6 +13,10 @@ Threads share the (K chunk, N panel, M tile) tasks under one static schedule (th
 block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
 model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
 counts.
+An element-wise consumer the grouping fused (schedule/cpu_epilogue.py) is the kernel's `pn_ep` lambda
+(codegen/cpu_tile_epilogue.py), the template's `E`: called on each row of a tile right after the
+tile's last K block (the rows still in L1), or on each row after the K split's merge; it writes the
+consumer's output, so the product never makes a pass through memory of its own.
 
 >>> "pn_tile_gemm" in TILE_SOURCE
 True
@@ -45,13 +49,15 @@ class TileShape:
         return self.nv * self.lanes
 
 
-def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
-    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`.
+def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = False) -> str:
+    """The call of `pn_tile_gemm` for `tile`, with pn_gemm's arguments `args` and the threads `nt`;
+    `epilogue`: the kernel's `pn_ep` lambda applied at the store (codegen/cpu_tile_epilogue.py).
 
     >>> tile_call(TileShape(8, 2, 16), "float", "...", "pn_nt")
     'pn_tile_gemm<float, 8, 2, 16>(..., pn_nt, 1)'
     """
-    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit})"
+    ep = ", pn_ep" if epilogue else ""
+    return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit}{ep})"
 
 
 # pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
@@ -59,7 +65,11 @@ def tile_call(tile: TileShape, ctype: str, args: str, nt: str) -> str:
 TILE_SOURCE = (
     r"""
 #include <immintrin.h>
+#include <type_traits>
 #include <vector>
+struct pn_no_ep {  // no epilogue: the tile's values are the result
+  void operator()(long long, const void*, int) const {}
+};
 template <class T, int W> struct pn_tv { typedef T V __attribute__((vector_size(W))); };
 template <class V> static inline V pn_fma(V a, V b, V c) {
 #if defined(__AVX512F__)
@@ -163,9 +173,9 @@ template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const 
 #endif
   return false;
 }
-template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int tb, long long m, long long n,
-    long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc, int count,
-    const long long* t, int nt, int ks) {
+template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_tile_gemm(int ta, int tb, long long m,
+    long long n, long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc,
+    int count, const long long* t, int nt, int ks, const E& ep = E{}) {
   constexpr int W = L * sizeof(T);
   constexpr long long NR = NV * L, KC = """
     + str(KC)
@@ -214,20 +224,26 @@ template <class T, int MR, int NV, int L> static void pn_tile_gemm(int ta, int t
           const T* bq = pack ? pk + q * k * NR + k0 * NR : b + k0 * ldb + j0;
           const int nvalid = (int)(n - j0 < NR ? n - j0 : NR);
           T* out = ks > 1 ? ws + sk * m * n + i0 * n + j0 : c + i0 * ldc + j0;
-          pn_tile_rows<T, MR, NV, W>((int)(m - i0 < MR ? m - i0 : MR), kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars,
-                                     aks, bq, pack ? NR : ldb, out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta),
-                                     nvalid);
+          const int rows = (int)(m - i0 < MR ? m - i0 : MR);
+          pn_tile_rows<T, MR, NV, W>(rows, kn > 0 ? kn : 0, a + i0 * ars + k0 * aks, ars, aks, bq, pack ? NR : ldb,
+                                     out, ks > 1 ? n : ldc, kb > 0 || (ks == 1 && beta), nvalid);
+          if constexpr (!std::is_same_v<E, pn_no_ep>) {  // the tile's last K block: its rows, still in L1
+            if (ks == 1 && kb == nkb - 1)
+              for (int r = 0; r < rows; ++r) ep(t[2] + (i0 + r) * ldc + j0, out + r * ldc, nvalid);
+          }
         }
       }
       if (ks > 1) {  // the K chunks' partials merged in chunk order: the same bits on any threads
         #pragma omp barrier
         #pragma omp for schedule(static)
-        for (long long i = 0; i < m; ++i)
+        for (long long i = 0; i < m; ++i) {
           for (long long j = 0; j < n; ++j) {
             T v = ws[i * n + j];
             for (long long sk = 1; sk < ks; ++sk) v += ws[sk * m * n + i * n + j];
             c[i * ldc + j] = beta ? c[i * ldc + j] + v : v;
           }
+          if constexpr (!std::is_same_v<E, pn_no_ep>) ep(t[2] + i * ldc, c + i * ldc, (int)n);  // the merged row
+        }
       }
     };
     if (nt > 1) {

@@ -30,7 +30,9 @@ links (runtime/cpu_gemm.py), never returning to Python.
 statement where that lets BLAS take its contractions; it is one of (each checked):
   S1. a contraction `blas_call` accepts alone and one element-wise (MAP) consumer of it, as an
       epilogue group or a stitched row: the consumer then reads the stored product (a MAP
-      kernel). A stitched group with another reduction (a softmax row) keeps its rows on chip;
+      kernel; schedule/cpu_contraction.py `cpu_groups` keeps the group whole instead where the
+      register tile applies the consumer at its store: schedule/cpu_epilogue.py). A stitched group
+      with another reduction (a softmax row) keeps its rows on chip;
   S2. a horizontal group (neither stitched nor an epilogue) of contractions, each of which
       `blas_call` accepts alone.
 

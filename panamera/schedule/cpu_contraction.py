@@ -27,18 +27,20 @@ Any other group (a small or fused contraction included) is a generated kernel: t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.cpu_gemm import gemm_time
 from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
-from .cpu_blas import BlasCall, blas_call
+from ..poly.program import KernelGroup
+from .cpu_blas import BlasCall, blas_call, split_for_blas
+from .cpu_epilogue import TileEpilogue, tile_epilogue
 
 if TYPE_CHECKING:
     from ..model.cpu import CpuModel, KernelTime
     from ..model.cpu_tile import TileShape
-    from ..poly.program import KernelGroup
     from .cpu_gemm import Gemm
 
 
@@ -47,13 +49,15 @@ class GemmPlan:
     """A contraction group's kernel: `kernel` (BLAS or TILE), the product as `call` (its einsum, and
     its `Gemm` where it is gemm calls from C), `tile` (the TILE kernel's shape, else None), and
     `threads`: the most the tile runs on (`tile_threads`; a call asking for more runs on this many),
-    for the BLAS the cores the choice was made for."""
+    for the BLAS the cores the choice was made for; `epilogue`: the element-wise consumer the tile
+    applies at its store (schedule/cpu_epilogue.py), TILE only."""
 
     kernel: GemmKernel
     call: BlasCall
     itemsize: int
     tile: TileShape | None = None
     threads: int = 1
+    epilogue: TileEpilogue | None = None
 
     def describe(self) -> str:
         """One line: the kernel, its tile and the product.
@@ -67,7 +71,8 @@ class GemmPlan:
             return self.call.describe()
         t = self.tile
         calls = f"{len(gm.calls)} gemm call" + ("s" if len(gm.calls) > 1 else "")
-        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads} ({gm.m}x{gm.n}x{gm.k}, {calls})"
+        fused = f", {self.epilogue.describe()}" if self.epilogue is not None else ""
+        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads} ({gm.m}x{gm.n}x{gm.k}, {calls}{fused})"
 
     def time(self, m: CpuModel, threads: int | None = None) -> KernelTime:
         """The modeled time of this plan on `threads` threads (default: the model's cores): the
@@ -75,7 +80,12 @@ class GemmPlan:
         t = max(1, threads or m.cores)
         gm = self.call.gemm
         if self.kernel is GemmKernel.TILE and gm is not None and self.tile is not None:  # on at most its threads
-            return tile_time(gm, self.itemsize, m, min(t, self.threads), self.tile.ksplit)
+            used = min(t, self.threads)
+            kt = tile_time(gm, self.itemsize, m, used, self.tile.ksplit)
+            if self.epilogue is None:
+                return kt
+            extra = self.epilogue.compute_us(m, used, self.itemsize)  # its arithmetic; no pass over C
+            return dataclasses.replace(kt, total_us=kt.total_us + extra, compute_us=kt.compute_us + extra)
         if gm is not None:
             mnk = gm.m * gm.n * gm.k
             packed = (gm.m * gm.k + gm.k * gm.n) * self.itemsize
@@ -87,18 +97,60 @@ class GemmPlan:
 def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
     """The kernel of contraction `group` on `threads` threads, or None where `blas_call`'s rule
     refuses it (a generated kernel runs it): TILE where the model finds the tile faster
-    (model/cpu_tile.py `gemm_tile`), else BLAS."""
-    call = blas_call(group) if group.M * group.N else None
+    (model/cpu_tile.py `gemm_tile`), else BLAS. A group of a contraction and an element-wise
+    consumer the tile can apply (schedule/cpu_epilogue.py) is planned as its contraction, the
+    consumer carried as the plan's `epilogue`; under the BLAS such a group has no plan (the
+    grouping, `cpu_groups`, splits it)."""
+    ep = tile_epilogue(group)
+    core = KernelGroup((group.statements[0],)) if ep is not None else group
+    call = blas_call(core) if group.M * group.N else None
     if call is None:
         return None
     itemsize = group.statements[0].result.dtype.itemsize
     tile = gemm_tile(call.gemm, itemsize, m, threads)
+    if tile is None and ep is not None and call.gemm is not None:  # the tile saves the consumer's pass
+        tile = _fused_tile(call, ep, group, itemsize, m, threads)
     if tile is None or call.gemm is None:
-        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads)
+        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads) if ep is None else None
     used = tile_threads(call.gemm, itemsize, m, threads)
     if used != threads:  # the tile (its K split) for the threads it runs on
         tile = tile_plan(call.gemm, itemsize, m, used)[0]
-    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used)
+    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used, ep)
+
+
+def _fused_tile(
+    call: BlasCall, ep: TileEpilogue, group: KernelGroup, itemsize: int, m: CpuModel, threads: int
+) -> TileShape | None:
+    """The tile where the BLAS is faster alone but not with the consumer's own pass over its product:
+    the tile with `ep` at its store (its arithmetic added) against the BLAS and the consumer's MAP
+    kernel as the mapper would run it, both modeled on `threads` threads; else None."""
+    from .cpu_cost import time_of
+    from .cpu_mapper import CpuMachine, map_cpu
+
+    tile, kt = tile_plan(call.gemm, itemsize, m, threads)
+    fused = kt.total_us + ep.compute_us(m, threads, itemsize)
+    alone = KernelGroup((group.statements[1],))
+    d = map_cpu(alone, CpuMachine(threads, m.simd_bytes, m.name), model=m)
+    split = GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads).time(m, threads).total_us
+    return tile if fused < split + time_of(alone, d, m, threads).total_us else None
+
+
+def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGroup, ...]:
+    """The CPU kernels of a planner group: a contraction with an element-wise consumer the tile
+    applies at its store (schedule/cpu_epilogue.py) stays one group where the model runs the
+    contraction on the tile (`plan_gemm`); else as schedule/cpu_blas.py's `split_for_blas` says.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> from panamera.model.cpu import CpuModel
+    >>> x, w, b = pn.placeholder((128, 1024)), pn.placeholder((32, 1024)), pn.placeholder((32,))
+    >>> g = lower(pn.maximum(x @ w.T + b, 0.0), stop_after="groups", target="emulator").groups[0]
+    >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
+    >>> len(cpu_groups(g, m, 1)) == (1 if plan_gemm(g, m, 1) is not None else 2)
+    True
+    """
+    plan = plan_gemm(group, m, threads) if tile_epilogue(group) is not None else None
+    return (group,) if plan is not None else split_for_blas(group)
 
 
 def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
