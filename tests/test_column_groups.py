@@ -34,11 +34,13 @@ def _with(k, **changes):
 
 def _grouped(k, cgroups: int, blocks: int = 3):
     """`k`'s stitched decision with its columns in `cgroups` groups: 8 threads per row of a group
-    (vec 4), 8 rows per block, `blocks` blocks looping over the row tiles (the last one partial)."""
+    (vec 4), 8 rows per block, `blocks` blocks looping over the row tiles (the last one partial), no
+    row tiles held (the mapper's hold and its dynamic shared memory are for its own block shape)."""
     m = k.mappings[0]
     tx = m.N // cgroups // m.vec
     tiles = -(-m.M // 8)
-    return _with(k, cgroups=cgroups, tx=tx, ty=8, chunk=tx, unroll=1, grid=(tiles, 1), persistent=blocks, per_sm=1)
+    shape = dict(tx=tx, ty=8, chunk=tx, unroll=1, grid=(tiles, 1), persistent=blocks, per_sm=1)
+    return _with(k, cgroups=cgroups, **shape, hold=0, dynamic_smem=0)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
