@@ -89,6 +89,12 @@ def tiles_per_block(d: Decision) -> int:
     return math.ceil(d.grid[0] / max(d.blocks, 1))
 
 
+def static_bytes(group: KernelGroup, d: Decision) -> int:
+    """The static shared memory of `d`'s kernel beside the held tiles: its column tree and its shared
+    scalars (ptxas's figure; tests/test_dynsmem.py)."""
+    return column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups) + dynsmem.SCALAR_BYTES
+
+
 def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     """The most row tiles `d`'s blocks can hold (precondition 7): in dynamic shared memory within
     the block's opt-in maximum beside its static column tree, every block of the grid still
@@ -96,7 +102,7 @@ def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     per = tile_bytes(group, d)
     if not per:
         return 0
-    tree = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups)
+    tree = static_bytes(group, d)
     n = min(tiles_per_block(d), (dynsmem.opt_in(gpu) - tree) // per)
     while n > 0 and co_resident(gpu, d.threads, tree + n * per, d.per_sm) < d.blocks:
         n -= 1
@@ -120,7 +126,7 @@ def with_hold(group: KernelGroup, d: Decision, hold: int) -> Decision:
 
 def check_hold(group: KernelGroup, gpu: GPUSpec, d: Decision, at: str) -> None:
     """Precondition 7 of a replayed decision, else a ScheduleError naming the decision."""
-    tree = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups)
+    tree = static_bytes(group, d)
     if d.hold < 0 or (d.hold and not held_tensors(group, d)):
         raise ScheduleError(
             f"{at}: hold={d.hold} row tiles in shared memory need a column stitch whose two passes both read "
