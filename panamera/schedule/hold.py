@@ -74,12 +74,12 @@ def hold_bytes(group: KernelGroup, d: Decision) -> int:
 
     >>> import panamera as pn
     >>> from panamera.bench.train_suite import batch_norm_backward
-    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100")
+    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100", use_database=False)
     >>> from panamera.model.gpu import H100
     >>> from panamera.schedule.persistent import map_joined
-    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate holds)
-    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 5 tiles x 32 rows x 32 channels x (x, dy) x 4 B
-    (8, 32, 5, 40960)
+    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate it)
+    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 6 tiles x 128 rows x 32 channels x (x, dy) x 4 B
+    (8, 128, 6, 196608)
     """
     return dynsmem.layout(region_bytes(group, d))[1]
 
