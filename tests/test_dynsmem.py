@@ -64,6 +64,29 @@ def test_more_dynamic_shared_memory_than_the_emulators_arena_fails():
         _keep(257 * 1024)
 
 
+BOTH = r"""
+extern "C" __global__ void both(float* out) {
+  PN_BLOCK_SHARED(float, pn_rows, [10 * 1024]);  // 40 KiB, each block's own
+  PN_DYNAMIC_SHARED(pn_dsmem);
+  float* const d = reinterpret_cast<float*>(pn_dsmem);
+  pn_rows[threadIdx.x] = 1.f;
+  d[threadIdx.x] = 2.f;
+  out[threadIdx.x] = pn_rows[threadIdx.x] + d[threadIdx.x];
+}
+"""
+
+
+def test_block_shared_and_dynamic_shared_memory_share_the_emulators_arena():
+    """Each block's PN_BLOCK_SHARED arrays and its dynamic shared memory never overlap: together past the
+    emulator's 256 KB arena, the launch fails (on a GPU: past the opt-in maximum)."""
+    lib = emulator.build(PRELUDE + BOTH, {"both": ["float*"]})
+    out = np.zeros(32, np.float32)
+    emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=200 * 1024)
+    assert (out == 3).all()
+    with pytest.raises(BackendError, match=r"both: PN_BLOCK_SHARED: .*with its dynamic.* 256 KB arena"):
+        emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=220 * 1024)
+
+
 def test_the_raw_kernel_compiles_with_nvcc():
     try:
         nvcc.find_nvcc()

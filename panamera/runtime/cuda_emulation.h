@@ -363,8 +363,8 @@ static inline unsigned char* dynamic_shared() {
   return arena_of(blk) + dyn_at();
 }
 static inline unsigned char* block_shared(size_t at, size_t bytes) {
-  if (at + bytes > kArena) {
-    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory exceeds the emulator's 256 KB arena";
+  if (at + bytes > dyn_at()) {  // the launch's dynamic shared memory takes the arena's end
+    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory (with its dynamic) exceeds the emulator's 256 KB arena";
     static unsigned char scratch[16];
     return scratch;
   }
