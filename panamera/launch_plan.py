@@ -117,4 +117,5 @@ def _kernel_launch(rk: RenderedKernel, grp: KernelGroup, m: Mapping) -> Launch:
         cost_features=m.cost.features,
         cooperative=m.cooperative,
         cluster=m.cluster,
+        dynamic_smem_bytes=m.dynamic_smem,  # schedule/dynsmem.py: stated by the stage that carves it
     )

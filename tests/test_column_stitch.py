@@ -21,6 +21,7 @@ from panamera.errors import ScheduleError
 from panamera.model.gpu import H100
 from panamera.poly.column_stitch import column_stitches
 from panamera.schedule.decision import MergeMode
+from panamera.schedule.hold import with_hold
 
 # one launch at the emulator's small shapes: planned for an H100 whose every launch pays the floor
 pytestmark = pytest.mark.usefixtures("launches_pay_the_floor")
@@ -32,8 +33,11 @@ def stitches(outputs) -> list[tuple[str, ...]]:
 
 
 def _with(k, **changes):
+    """`k`'s schedule with its stitched decision changed; the tiles it holds restate their dynamic shared
+    memory for the new shape (schedule/dynsmem.py precondition 1)."""
     s = k.schedule
-    return dataclasses.replace(s, kernels=(dataclasses.replace(s.kernels[0], **changes),))
+    d = dataclasses.replace(s.kernels[0], **changes)
+    return dataclasses.replace(s, kernels=(with_hold(k.groups[0], d, d.hold),))
 
 
 SHAPE = (4, 8, 9, 16)  # N·H·W = 288 rows of 16 channels

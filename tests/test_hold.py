@@ -18,15 +18,23 @@ from panamera.bench.train_suite import batch_norm_backward
 from panamera.errors import ScheduleError
 from panamera.model.gpu import H100
 from panamera.schedule.cost import joined_cost
-from panamera.schedule.hold import check_hold, held_bytes, hold_bytes, most_held
+from panamera.schedule.hold import check_hold, held_bytes, hold_bytes, most_held, with_hold
 from panamera.schedule.persistent import map_joined
 from panamera.schedule.saved import Schedule
 
 pytestmark = pytest.mark.usefixtures("launches_pay_the_floor")
 
 
-def _held(s, hold: int):
-    return dataclasses.replace(s, kernels=(dataclasses.replace(s.kernels[0], hold=hold),))
+def _held(outs, s, hold: int, deterministic: bool):
+    """Schedule `s` of `outs` holding `hold` row tiles in its one stitched kernel, with the dynamic
+    shared memory they carve (the group is the one `s` compiles to: the stitched one)."""
+    group = pn.compile(list(outs), target="emulator", deterministic=deterministic, schedule=s).groups[0]
+    return dataclasses.replace(s, kernels=(with_hold(group, s.kernels[0], hold),))
+
+
+def _launch(k):
+    """The plan's launch of `k`'s one kernel."""
+    return next(ln for ln in k.plan.launches if ln.kernel == k.mappings[0].name)
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
@@ -37,10 +45,14 @@ def test_held_tiles_read_back_from_shared_memory(deterministic, cgroups, rng):
     outs, _ = bn_backward(SHAPE, "nhwc", "float32")
     k = pn.compile(list(outs), target="emulator", deterministic=deterministic)
     plain = _grouped(k, cgroups)
-    r = pn.compile(list(outs), target="emulator", deterministic=deterministic, schedule=_held(plain, 1))
+    r = pn.compile(
+        list(outs), target="emulator", deterministic=deterministic, schedule=_held(outs, plain, 1, deterministic)
+    )
     (m,) = r.mappings
-    assert m.hold == 1 and "hold=1" in m.describe()
-    assert "PN_BLOCK_SHARED(float, pn_hold0," in r.source and "pn_k < 1" in r.source, r.source
+    assert m.hold == 1 and "hold=1" in m.describe() and m.dynamic_smem == hold_bytes(k.groups[0], m) > 0
+    assert "PN_DYNAMIC_SHARED(pn_dsmem)" in r.source and "pn_k < 1" in r.source, r.source
+    assert "float* const pn_hold1 = reinterpret_cast<float*>(pn_dsmem + " in r.source, r.source
+    assert _launch(r).dynamic_smem_bytes == m.dynamic_smem  # the plan passes the bytes at launch
     arrays = inputs(SHAPE, "nhwc", "float32", rng)
     runs = [check(r, arrays, "nhwc", "float32", order=o, seed=7) for o in ("reverse", "shuffled", "forward")]
     if deterministic:  # the same bits whatever the order, and as the plan that re-reads every tile
@@ -50,6 +62,7 @@ def test_held_tiles_read_back_from_shared_memory(deterministic, cgroups, rng):
     saved = Schedule.from_json(r.schedule.to_json())  # hold saved and read back
     again = pn.compile(list(outs), target="emulator", deterministic=deterministic, schedule=saved)
     assert again.source == r.source and again.mappings[0].hold == 1
+    assert again.mappings[0].dynamic_smem == m.dynamic_smem
 
 
 def test_precondition_7_only_a_column_stitch_holds_tiles():
@@ -66,35 +79,47 @@ def test_precondition_7_at_most_the_tiles_a_block_owns():
     outs, _ = bn_backward(SHAPE, "nhwc", "float32")
     k = pn.compile(list(outs), target="emulator", deterministic=True)
     with pytest.raises(ScheduleError, match=r"hold=3 row tiles .*at most 2 .*2 tiles per block \(7\)"):
-        pn.compile(list(outs), target="emulator", deterministic=True, schedule=_held(_grouped(k, 2), 3))
+        pn.compile(list(outs), target="emulator", deterministic=True, schedule=_held(outs, _grouped(k, 2), 3, True))
 
 
 def _bench():
     """The mapper's plan of BatchNorm backward NHWC [256, 56, 56, 256] float32 on an H100 (modeled)."""
-    group = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=H100).groups[0]
-    return group, map_joined(group, H100)
+    k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=H100, use_database=False)
+    return k.groups[0], map_joined(k.groups[0], H100)
 
 
-def test_precondition_7_within_one_blocks_static_shared_memory():
-    """At the bench shape, 8 groups of 32 channels on 8 x 32 threads: 8 KiB a tile (x and dy), 4 KiB of
-    column tree, so at most 5 tiles in 48 KiB (4 such blocks an SM); 6 are refused."""
+def test_precondition_7_within_the_opt_in_shared_memory_every_block_co_resident():
+    """At the bench shape the mapper takes 8 groups of 32 channels on 8 x 128 threads, one block an SM:
+    32 KiB a tile (x and dy), 16 KiB of static column tree (and a flag), so 6 tiles (192 KiB) of dynamic shared memory
+    within the H100's 227 KiB opt-in; a 7th is over it (dynsmem.py (2)). Blocks of 8 x 32 threads (8 KiB a
+    tile, 4 KiB of tree), 4 an SM: 6 tiles (52 KiB, past the 48 KiB of static shared memory) leave 4 blocks
+    an SM in its 228 KiB; 7 fit one block's opt-in, but then not 4 blocks an SM (7)."""
     group, m = _bench()
     d = m.decision
-    assert (d.cgroups, d.tx, d.ty, d.hold) == (8, 8, 32, 5) and hold_bytes(group, d) == 5 * 8192
-    assert most_held(group, H100, d) == 5 < 25088 // d.blocks
-    with pytest.raises(ScheduleError, match=r"hold=6 row tiles of 8192 bytes each: at most 5 fit 49152 bytes.*\(7\)"):
-        check_hold(group, H100, dataclasses.replace(d, hold=6), "bench")
+    assert (d.cgroups, d.tx, d.ty, d.blocks, d.hold) == (8, 8, 128, 132, 6), d.describe()
+    assert d.dynamic_smem == hold_bytes(group, d) == 6 * 32768 > 48 * 1024
+    assert most_held(group, H100, d) == 6 < 6272 // d.blocks
+    with pytest.raises(
+        ScheduleError, match=r"dynamic_smem=229376 bytes .* beside 16400 static: over the 232448 .*\(2\)"
+    ):
+        check_hold(group, H100, with_hold(group, d, 7), "bench")
+    small = dataclasses.replace(d, hold=0, dynamic_smem=0, ty=32, grid=(25088, 1), persistent=528, per_sm=4)
+    assert most_held(group, H100, small) == 6  # 4 x (6 x 8 KiB + 4 KiB of tree + 1 KiB reserved) <= 228 KiB
+    with pytest.raises(ScheduleError, match=r"hold=7 row tiles of 8192 bytes each: at most 6 fit .*528 blocks .*\(7\)"):
+        check_hold(group, H100, with_hold(group, small, 7), "bench")
 
 
 def test_the_model_counts_the_bytes_held():
     """Modeled, H100, the bench shape: the held bytes come off the re-read's DRAM, exactly `held_bytes`
-    (8 groups x 528 blocks x 5 tiles x 32 rows x 32 channels x 2 tensors x 4 bytes: 173 MB); the plan
-    with the hold beats every channel at once by more than the mapper's 3 %, the same without by less."""
+    (8 groups x 132 blocks x 6 tiles x 128 rows x 32 channels x 2 tensors x 4 bytes: 208 MB), and the
+    dynamic shared memory is the block's shared memory to occupancy; the plan with the hold beats every
+    channel at once by more than the mapper's 3 %, the same without by less."""
     group, m = _bench()
-    held, plain = m.decision, dataclasses.replace(m.decision, hold=0)
+    held, plain = m.decision, dataclasses.replace(m.decision, hold=0, dynamic_smem=0)
     a, b = joined_cost(group, H100, plain), joined_cost(group, H100, held)
-    assert held_bytes(group, held) == 8 * 528 * 5 * 32 * 32 * 2 * 4
+    assert held_bytes(group, held) == 8 * 132 * 6 * 128 * 32 * 2 * 4
     assert dict(a.features)["dram_bytes"] - dict(b.features)["dram_bytes"] == pytest.approx(held_bytes(group, held))
+    assert dict(b.features)["shared_bytes"] - dict(a.features)["shared_bytes"] == held.dynamic_smem
     at_once = dataclasses.replace(
         plain, cgroups=1, tx=64, ty=4, chunk=64, grid=(200704 // 4, 1), persistent=528, per_sm=4
     )
@@ -108,8 +133,9 @@ def test_bfloat16_inputs_held_as_float(rng):
     outs, _ = bn_backward(SHAPE, "nhwc", "bfloat16")
     k = pn.compile(list(outs), target="emulator", deterministic=True)
     plain = _grouped(k, 1)
-    r = pn.compile(list(outs), target="emulator", deterministic=True, schedule=_held(plain, 2))
-    assert "PN_BLOCK_SHARED(float, pn_hold0, [1024])" in r.source, r.source
+    r = pn.compile(list(outs), target="emulator", deterministic=True, schedule=_held(outs, plain, 2, True))
+    assert "float* const pn_hold0 = reinterpret_cast<float*>(pn_dsmem + 0);" in r.source, r.source
+    assert r.mappings[0].dynamic_smem == 2 * 1024 * 4  # x and dy: 2 tiles of 8 rows x 64 channels each, as float
     arrays = inputs(SHAPE, "nhwc", "bfloat16", rng)
     got = check(r, arrays, "nhwc", "bfloat16", order="shuffled", seed=3)
     base = pn.compile(list(outs), target="emulator", deterministic=True, schedule=plain)(*arrays)
@@ -122,4 +148,5 @@ def test_the_bench_plans_hold_tiles(gpu):
     compile) hold row tiles on both GPUs; their sources go through nvcc (tests/conftest.py)."""
     k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=gpu, deterministic=True)
     (m,) = k.mappings
-    assert m.hold > 0 and "PN_BLOCK_SHARED(float, pn_hold1," in k.source, m.describe()
+    assert m.hold > 0 and "reinterpret_cast<float*>(pn_dsmem + " in k.source, m.describe()
+    assert _launch(k).dynamic_smem_bytes == m.dynamic_smem > 48 * 1024  # past static shared memory

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from ..algebra import AtomicStrategy
 from ..poly.statement import StatementKind
-from ..schedule.hold import held_tensors
+from ..schedule import dynsmem
+from ..schedule.hold import held_tensors, region_bytes
 from ..schedule.mapping import MergeMode, passes
 from . import column_partials
 from .expr import convert
@@ -144,17 +145,21 @@ def emit(loop: ThreadLoop) -> list[str]:
 
 
 def _hold(loop: ThreadLoop) -> list[str]:
-    """The shared memory of the row tiles each block holds (`hold`, schedule/hold.py): per held
-    tensor, the block's first `hold` tiles of its column group, each thread's S vectors of V lanes,
-    which the same thread stores in the columns' pass and reads back in the consumers'."""
+    """The row tiles each block holds (`hold`, schedule/hold.py), carved from the launch's dynamic
+    shared memory (schedule/dynsmem.py `layout`: one region per held tensor): the block's first
+    `hold` tiles of its column group, each thread's S vectors of V lanes, which the same thread
+    stores in the columns' pass and reads back in the consumers'."""
     g, m = loop.g, loop.m
     held = held_tensors(g, m) if m.hold else []
+    if not held:
+        return []
     S, T, V = m.chunk // m.tx, m.tx * m.ty, m.vec
-    out = []
-    for n, t in enumerate(held):
-        out.append(
-            f"  PN_BLOCK_SHARED({t.dtype.compute}, pn_hold{n}, [{m.hold * S * T * V}]);  // {t.name}, across the waits"
-        )
+    offsets, total = dynsmem.layout(region_bytes(g, m))
+    assert total == m.dynamic_smem, "the decision states the bytes the held tiles carve"
+    out = [f"  PN_DYNAMIC_SHARED(pn_dsmem);  // {total} bytes a block (the launch's), across the waits"]
+    for n, (t, at) in enumerate(zip(held, offsets)):
+        ct = t.dtype.compute
+        out.append(f"  {ct}* const pn_hold{n} = reinterpret_cast<{ct}*>(pn_dsmem + {at});  // {t.name}")
         loop.held[t.uid] = f"pn_hold{n}"
     loop.held_at = f"(((pn_idx)pn_k * {S} + pn_s) * {T} + (pn_idx)ty * {m.tx} + tx) * {V}"
     loop.held_if = f"pn_k < {m.hold}"

@@ -39,6 +39,9 @@ __device__ __forceinline__ void pn_discard_l2(void* p) { asm volatile("discard.g
 // Shared memory that holds a value across a grid-wide wait or a cluster barrier (rows kept on
 // chip, a cluster's partials): the emulator gives each block its own instance of it.
 #define PN_BLOCK_SHARED(T, name, dims) __shared__ __align__(16) T name dims
+// The block's dynamic shared memory (schedule/dynsmem.py): the bytes the launch passes, carved by
+// the kernel at 16-byte offsets; the emulator gives each block its own.
+#define PN_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 // A thread-block cluster's shape (sm_90); compiled for an older GPU the kernel only traps.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define PN_CLUSTER_DIMS(x, y, z)

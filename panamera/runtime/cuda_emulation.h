@@ -15,7 +15,8 @@
 // block can move, the launch fails with a deadlock report instead of hanging.
 // Shared memory that must hold a value while other blocks run (PN_BLOCK_SHARED: rows kept on chip,
 // a cluster's partials) is each block's own instead: a per-block arena of kArena bytes, every
-// declaration at its own offset, filled with 0xff bytes (NaN) when the block starts.
+// declaration at its own offset, filled with 0xff bytes (NaN) when the block starts. A launch's
+// dynamic shared memory (PN_DYNAMIC_SHARED, `extern __shared__`) is the arena's last bytes.
 // Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
 // though one host thread runs everything.
 #pragma once
@@ -343,9 +344,27 @@ static inline unsigned char* arena_of(Block* b) {
   }
   return b->arena;
 }
+static size_t dyn_bytes = 0;  // the launch's dynamic shared memory (the shared_mem launch argument)
+static inline size_t dyn_at() { return (kArena - dyn_bytes) / 16 * 16; }  // at the arena's end, 16-byte aligned
+static unsigned char no_dynamic[kArena];  // what a kernel launched without dynamic shared memory gets (an error)
+// Sets the next launch's dynamic shared memory; an error past the arena.
+static inline const char* set_dynamic(size_t bytes) {
+  dyn_bytes = bytes;
+  return bytes <= kArena ? nullptr : "dynamic shared memory: more bytes than the emulator's 256 KB arena";
+}
+// This block's dynamic shared memory (PN_DYNAMIC_SHARED).
+static inline unsigned char* dynamic_shared() {
+  if (dyn_bytes == 0 || arena_used > dyn_at()) {
+    if (!error)
+      error = dyn_bytes == 0 ? "extern __shared__: a kernel that uses dynamic shared memory launched with none"
+                             : "dynamic shared memory: with the block's PN_BLOCK_SHARED over the emulator's 256 KB arena";
+    return no_dynamic;
+  }
+  return arena_of(blk) + dyn_at();
+}
 static inline unsigned char* block_shared(size_t at, size_t bytes) {
-  if (at + bytes > kArena) {
-    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory exceeds the emulator's 256 KB arena";
+  if (at + bytes > dyn_at()) {  // the launch's dynamic shared memory takes the arena's end
+    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory (with its dynamic) exceeds the emulator's 256 KB arena";
     static unsigned char scratch[16];
     return scratch;
   }
@@ -636,6 +655,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
 static inline void reset_block(Block& b, Fiber* fs, uint3 idx) {
   b.idx = idx;
   if (b.arena) std::memset(b.arena, 0xff, arena_used < kArena ? arena_used : kArena);  // stale: NaN
+  if (b.arena && dyn_bytes) std::memset(b.arena + dyn_at(), 0xff, kArena - dyn_at());
   b.fibers = fs;
   b.live = nthreads;
   b.barrier_count = 0;
@@ -830,6 +850,8 @@ template <class V, class T> static inline void pn_vstore(T* p, V v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// The block's dynamic shared memory (see the top of this file).
+#define PN_DYNAMIC_SHARED(name) unsigned char* const name = pn_emu::dynamic_shared()
 // Each block's own instance (see the top of this file); the offset is fixed at the first use.
 #define PN_BLOCK_SHARED(T, name, dims)                                              \
   static const size_t name##_pn_at = pn_emu::shared_slot(sizeof(T dims));          \

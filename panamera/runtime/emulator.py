@@ -97,7 +97,8 @@ def glue(signatures) -> str:
         out.append(f"static void pn_call_{name}(void** a) {{ {name}({args}); }}")
         out.append(
             f'extern "C" const char* pn_emu_launch_{name}(void** a, unsigned gx, unsigned gy, unsigned gz, '
-            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed, int cooperative, int cluster) {{ "
+            f"unsigned bx, unsigned by, unsigned bz, int order, unsigned seed, int cooperative, int cluster, "
+            f"unsigned smem) {{ if (const char* e = pn_emu::set_dynamic(smem)) return e; "
             f"return cluster > 1 ? pn_emu::launch_clusters(&pn_call_{name}, a, dim3{{gx, gy, gz}}, "
             f"dim3{{bx, by, bz}}, order, seed, cluster) : "
             f"(cooperative ? pn_emu::launch_cooperative : pn_emu::launch)("
@@ -206,11 +207,12 @@ def run(
     seed: int = 0,
     cooperative: bool = False,
     cluster: int = 1,
+    shared: int = 0,
 ) -> None:
     """Launch `entry` (from `function`) under its library's lock; args: ctypes objects, one per
     kernel parameter (c_void_p for pointers); `cooperative`: every block resident at once;
     `cluster` > 1: thread-block clusters of that many blocks along y, each cluster's blocks run
-    at once. A fault the emulator detects (a deadlock, a misaligned vector load, distributed
+    at once; `shared`: each block's bytes of dynamic shared memory (`extern __shared__`). A fault the emulator detects (a deadlock, a misaligned vector load, distributed
     shared memory of an exited block) is a BackendError."""
     arr = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args])
     with entry.lock:
@@ -222,6 +224,7 @@ def run(
             ctypes.c_uint(seed),
             ctypes.c_int(int(cooperative)),
             ctypes.c_int(cluster),
+            ctypes.c_uint(shared),
         )
         err = err.decode() if err else None  # the message lives in the library's static buffer
     if err:
@@ -238,6 +241,7 @@ def launch(
     seed: int = 0,
     cooperative=False,
     cluster: int = 1,
+    shared: int = 0,
 ) -> None:
     """Look up and launch one kernel (tests and one-off launches)."""
-    run(function(lib, kernel), kernel, grid, block, args, order, seed, cooperative, cluster)
+    run(function(lib, kernel), kernel, grid, block, args, order, seed, cooperative, cluster, shared)

@@ -205,7 +205,16 @@ class Executor:
             def launch(ln):
                 args = [ctypes.c_void_p(bufs[key].ctypes.data) for _, key in ln.args]
                 emulator.run(
-                    fns[ln.kernel], ln.kernel, ln.grid, ln.block, args, order, seed, ln.cooperative, ln.cluster
+                    fns[ln.kernel],
+                    ln.kernel,
+                    ln.grid,
+                    ln.block,
+                    args,
+                    order,
+                    seed,
+                    ln.cooperative,
+                    ln.cluster,
+                    ln.dynamic_smem_bytes,
                 )
 
             self._launches(EMULATOR, fresh, launch)
@@ -228,10 +237,13 @@ class Executor:
                 args = tuple(bufs[key] for _, key in ln.args)
                 if ln.cluster > 8:  # __cluster_dims__ past the portable 8: the function must allow it
                     cupy.cuda.driver.funcSetAttribute(fns[ln.kernel].kernel.ptr, NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                shared = ln.dynamic_smem_bytes  # schedule/dynsmem.py: past 48 KiB the function must opt in
+                if shared and shared > fns[ln.kernel].max_dynamic_shared_size_bytes:
+                    fns[ln.kernel].max_dynamic_shared_size_bytes = shared  # cudaFuncAttributeMaxDynamicSharedMemorySize
                 if ln.cooperative:  # cuLaunchCooperativeKernel: all blocks resident, or a launch error
-                    fns[ln.kernel].kernel(ln.grid, ln.block, args, enable_cooperative_groups=True)
+                    fns[ln.kernel].kernel(ln.grid, ln.block, args, shared_mem=shared, enable_cooperative_groups=True)
                 else:
-                    fns[ln.kernel](ln.grid, ln.block, args)
+                    fns[ln.kernel](ln.grid, ln.block, args, shared_mem=shared)
 
             self._launches(backend, fresh, launch)
             return self._results(bufs, inputs)

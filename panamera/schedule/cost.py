@@ -34,7 +34,7 @@ from .derived import (
     tree_buffers,
     tree_chunk,
 )
-from .hold import held_bytes, hold_bytes
+from .hold import held_bytes
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors, register_budget
 from .tc_tiling import tc_cost
@@ -335,7 +335,8 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         from_dram = min(held, max(reread - (hits if group.consumed and reread > gpu.l2_reach else reread), 0))
         f["dram_bytes"] -= from_dram
         f["l2_bytes"] = max(f["l2_bytes"] - (held - from_dram), 0)
-        f["shared_bytes"] = f.get("shared_bytes", 0) + hold_bytes(group, d)
+    if d.dynamic_smem:  # the launch's dynamic shared memory (schedule/dynsmem.py): occupancy counts it
+        f["shared_bytes"] = f.get("shared_bytes", 0) + d.dynamic_smem
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group_columns(group, d)

@@ -159,6 +159,9 @@ class Decision:
     # row tiles of each column group a joined column stitch's block keeps in shared memory from the columns'
     # pass, its first `hold` (schedule/persistent.py precondition 7): the consumers' pass reads them from chip
     hold: int = 0
+    # bytes of dynamic shared memory a block asks for at launch, beyond its static arrays (schedule/dynsmem.py):
+    # stated by the stage that carves it (the held tiles), counted by residency, passed at launch
+    dynamic_smem: int = 0
 
     @property
     def threads(self) -> int:
@@ -230,6 +233,7 @@ class Decision:
             + (f" persistent={self.persistent}" if self.persistent else "")
             + (f" column-groups={self.cgroups}" if self.cgroups > 1 else "")
             + (f" hold={self.hold}" if self.hold else "")
+            + (f" dynamic-smem={self.dynamic_smem}" if self.dynamic_smem else "")
             + (
                 f" tensor-cores={self.mma}{'/' + self.mma_op if self.mma_op else ''} warps={self.mma_tile[0]}x{self.mma_tile[1]} bk={self.mma_tile[2]}"
                 + (f" frags={self.mma_tile[3]}x{self.mma_tile[4]}" if len(self.mma_tile) == 5 else "")
@@ -276,6 +280,8 @@ class Decision:
             d["completion"] = str(self.completion)
         if self.hold == 0:  # likewise: nothing held on chip
             del d["hold"]
+        if self.dynamic_smem == 0:  # likewise: static shared memory only
+            del d["dynamic_smem"]
         d["form"], d["access"], d["levels"] = (
             str(self.form),
             [[str(k) for k in a] for a in self.access],
@@ -321,6 +327,7 @@ class Decision:
             cgroups=int(d.get("cgroups", 1)),
             completion=Completion(d.get("completion", "barrier")),
             hold=int(d.get("hold", 0)),
+            dynamic_smem=int(d.get("dynamic_smem", 0)),
         )
 
 

@@ -6,27 +6,32 @@ tiles twice: the columns' pass (the sums), then, after the grid-wide merge, the 
 block that keeps its first `hold` row tiles (of each column group, `Decision.cgroups`) of every
 input both passes read in shared memory re-reads those from chip: each thread stores the vectors
 it loaded and loads them back itself (the same thread reads the same element in both passes), so
-no barrier. The mapper picks `hold` (`hold_options`): the most tiles the block's static shared
-memory takes beside the column tree, with every block still co-resident; the cost
-(schedule/cost.py `joined_cost`) moves exactly `held_bytes` of the re-read off DRAM.
+no barrier. The tiles live in the block's dynamic shared memory (schedule/dynsmem.py: one region
+per held tensor, carved by `dynsmem.layout`; the decision states the bytes, `Decision.dynamic_smem`),
+so a block holds up to the device's opt-in maximum (227 KiB on an H100) beside its static column
+tree, not the 48 KiB of static shared memory. The mapper picks `hold` (`most_held`): the most tiles
+that fit, with every block still co-resident; the cost (schedule/cost.py `joined_cost`) moves
+exactly `held_bytes` of the re-read off DRAM.
 
 Precondition 7 (`check_hold`): hold > 0 only in a column stitch (the group's own statements read
-its columns) with inputs both passes read, at most the row tiles a block owns, within the static
-shared memory of one block with the column tree (`SHARED_BYTES`), every block still co-resident.
+its columns) with inputs both passes read, at most the row tiles a block owns, within the opt-in
+shared memory of one block beside the column tree (`dynsmem.opt_in`), every block still
+co-resident; the decision's `dynamic_smem` is the held tiles' bytes (dynsmem.py's preconditions).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..frontend.tensor import Tensor
 from ..model.gpu import GPUSpec
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
+from . import dynsmem
 from .decision import Decision
 from .derived import co_resident, column_tree_bytes
-from .onchip import SHARED_BYTES
 
 COMPUTE_BYTES = {"float": 4, "double": 8}  # a held value's bytes in shared memory: its compute type's
 
@@ -53,8 +58,15 @@ def held_tensors(group: KernelGroup, d: Decision) -> list[Tensor]:
 def tile_bytes(group: KernelGroup, d: Decision) -> int:
     """Shared memory of one held row tile: every thread's S steps of V lanes of each held tensor
     (S * tx * V >= the group's N / cgroups columns)."""
+    return sum(region_bytes(group, d, 1))
+
+
+def region_bytes(group: KernelGroup, d: Decision, hold: int | None = None) -> list[int]:
+    """The dynamic shared memory of each held tensor (first-read order): `hold` (default `d.hold`)
+    row tiles of every thread's S steps of V lanes."""
     width = math.ceil(group.N // d.cgroups / (d.vec * d.tx)) * d.vec * d.tx
-    return d.ty * width * sum(COMPUTE_BYTES[t.dtype.compute] for t in held_tensors(group, d))
+    n = d.hold if hold is None else hold
+    return [n * d.ty * width * COMPUTE_BYTES[t.dtype.compute] for t in held_tensors(group, d)]
 
 
 def hold_bytes(group: KernelGroup, d: Decision) -> int:
@@ -62,14 +74,14 @@ def hold_bytes(group: KernelGroup, d: Decision) -> int:
 
     >>> import panamera as pn
     >>> from panamera.bench.train_suite import batch_norm_backward
-    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100")
+    >>> k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu="h100", use_database=False)
     >>> from panamera.model.gpu import H100
     >>> from panamera.schedule.persistent import map_joined
-    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate holds)
-    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 5 tiles x 32 rows x 32 channels x (x, dy) x 4 B
-    (8, 32, 5, 40960)
+    >>> m = map_joined(k.groups[0], H100)  # the mapper's pick (the shipped plan may predate it)
+    >>> m.cgroups, m.ty, m.hold, hold_bytes(k.groups[0], m)  # 6 tiles x 128 rows x 32 channels x (x, dy) x 4 B
+    (8, 128, 6, 196608)
     """
-    return d.hold * tile_bytes(group, d)
+    return dynsmem.layout(region_bytes(group, d))[1]
 
 
 def tiles_per_block(d: Decision) -> int:
@@ -77,15 +89,21 @@ def tiles_per_block(d: Decision) -> int:
     return math.ceil(d.grid[0] / max(d.blocks, 1))
 
 
+def static_bytes(group: KernelGroup, d: Decision) -> int:
+    """The static shared memory of `d`'s kernel beside the held tiles: its column tree and its shared
+    scalars (ptxas's figure; tests/test_dynsmem.py)."""
+    return column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups) + dynsmem.SCALAR_BYTES
+
+
 def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
-    """The most row tiles `d`'s blocks can hold (precondition 7): within one block's static shared
-    memory beside its column tree, every block of the grid still co-resident, at most the tiles a
-    block owns; 0 where nothing is held."""
+    """The most row tiles `d`'s blocks can hold (precondition 7): in dynamic shared memory within
+    the block's opt-in maximum beside its static column tree, every block of the grid still
+    co-resident, at most the tiles a block owns; 0 where nothing is held."""
     per = tile_bytes(group, d)
     if not per:
         return 0
-    tree = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups)
-    n = min(tiles_per_block(d), (SHARED_BYTES - tree) // per)
+    tree = static_bytes(group, d)
+    n = min(tiles_per_block(d), (dynsmem.opt_in(gpu) - tree) // per)
     while n > 0 and co_resident(gpu, d.threads, tree + n * per, d.per_sm) < d.blocks:
         n -= 1
     return max(n, 0)
@@ -100,18 +118,26 @@ def held_bytes(group: KernelGroup, d: Decision) -> int:
     return d.cgroups * rows * (group.N // d.cgroups) * sum(t.dtype.itemsize for t in held_tensors(group, d))
 
 
+def with_hold(group: KernelGroup, d: Decision, hold: int) -> Decision:
+    """`d` holding `hold` row tiles, its dynamic shared memory stated (the held tiles' bytes)."""
+    held = replace(d, hold=hold)
+    return replace(held, dynamic_smem=hold_bytes(group, held))
+
+
 def check_hold(group: KernelGroup, gpu: GPUSpec, d: Decision, at: str) -> None:
     """Precondition 7 of a replayed decision, else a ScheduleError naming the decision."""
-    if d.hold == 0:
-        return
-    if d.hold < 0 or not held_tensors(group, d):
+    tree = static_bytes(group, d)
+    if d.hold < 0 or (d.hold and not held_tensors(group, d)):
         raise ScheduleError(
             f"{at}: hold={d.hold} row tiles in shared memory need a column stitch whose two passes both read "
             "an M x N input (7)"
         )
+    dynsmem.check(gpu, d, hold_bytes(group, d), tree, at)  # the held tiles are its dynamic shared memory
+    if d.hold == 0:
+        return
     if d.hold > most_held(group, gpu, d):
         raise ScheduleError(
             f"{at}: hold={d.hold} row tiles of {tile_bytes(group, d)} bytes each: at most {most_held(group, gpu, d)} "
-            f"fit {SHARED_BYTES} bytes of static shared memory beside the column tree with {d.blocks} blocks "
-            f"co-resident and {tiles_per_block(d)} tiles per block (7)"
+            f"fit {dynsmem.opt_in(gpu)} bytes of shared memory (the opt-in maximum) beside the column tree with "
+            f"{d.blocks} blocks co-resident and {tiles_per_block(d)} tiles per block (7)"
         )

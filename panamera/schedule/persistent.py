@@ -31,15 +31,15 @@ Preconditions the mapping holds (`check`, also for a replayed decision), each a 
      only where the group's own statements read its columns, each group whole `vec` vectors and
      whole 128-byte lines of every M x N tensor (`column_groups_ok`);
   7. row tiles held in shared memory (`hold` > 0, schedule/hold.py) only in a column stitch whose two
-     passes read an M x N input, at most the tiles a block owns, within one block's static shared memory
-     beside the column tree, every block still co-resident (`check_hold`).
+     passes read an M x N input, at most the tiles a block owns, in dynamic shared memory within one
+     block's opt-in maximum beside the column tree (schedule/dynsmem.py's preconditions), every block
+     still co-resident (`check_hold`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 
 from ..errors import ScheduleError
 from ..model.gpu import GPUSpec
@@ -59,7 +59,7 @@ from .derived import (
     struct_accumulators,
     unroll_for,
 )
-from .hold import check_hold, most_held
+from .hold import check_hold, most_held, with_hold
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
@@ -210,7 +210,7 @@ def _with_hold(group: KernelGroup, gpu: GPUSpec, d: Decision) -> tuple:
         return cost, d
     n = most_held(group, gpu, d)
     if n:
-        held = replace(d, hold=n)
+        held = with_hold(group, d, n)
         held_cost = joined_cost(group, gpu, held)
         if held_cost.total_s < cost.total_s:
             return held_cost, held
@@ -347,7 +347,8 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
     grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
-    at_once = co_resident(gpu, d.threads, column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups), d.per_sm)
+    shared = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups) + max(d.dynamic_smem, 0)
+    at_once = co_resident(gpu, d.threads, shared, d.per_sm)
     if grid and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "

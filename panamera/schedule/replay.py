@@ -21,6 +21,7 @@ from .derived import (
     struct_accumulators,
     vector_extent,
 )
+from .dynsmem import check as check_dynamic
 from .onchip import block_shared_bytes
 from .onchip import check as check_onchip
 from .persistent import check as check_columns
@@ -58,7 +59,9 @@ def replay(
     12. tensor cores only as schedule/tensor_core.py's preconditions and tc_tiling.py's `check` allow;
     13. rows kept on chip only as schedule/onchip.py's preconditions allow;
     14. a thread-block cluster only as schedule/cluster.py's preconditions allow (every block of
-       a split stitched row, a cluster size the GPU has).
+       a split stitched row, a cluster size the GPU has);
+    15. dynamic shared memory only as schedule/dynsmem.py's preconditions allow: exactly the bytes
+       the plan's stages carve (the held tiles of a column stitch, 11), within the opt-in maximum.
     Anything else is a ScheduleError naming the kernel and the rule.
     """
     at = f"{where}kernel {name or '?'}"
@@ -76,6 +79,8 @@ def replay(
         check_columns(group, d, gpu, deterministic, at)
     elif d.persistent or d.per_sm:  # a persistent row loop: schedule/persistent.py `check_rows`
         check_rows(group, d, gpu, at)
+    if not group.columns:  # no stage of these plans carves dynamic shared memory (a column stitch's: 11)
+        check_dynamic(gpu, d, 0, 0, at)
     check_merges(group, d, deterministic, at)
     if d.levels != levels_for(group):
         raise ScheduleError(f"{at}: stitching levels {list(d.levels)} are not the group's {list(levels_for(group))}")

@@ -1,0 +1,152 @@
+"""Dynamic shared memory (schedule/dynsmem.py): the emulator gives each block its own buffer of the
+launch's bytes (past the 48 KiB of static shared memory), refuses a kernel launched without them or
+with more than its arena; the decision carries the bytes (JSON), the plan passes them at launch, and
+the preconditions refuse a plan whose bytes are not its stages' (1) or are over the device's opt-in
+maximum (2). The held tiles of BatchNorm backward NHWC (tests/test_hold.py) are checked against numpy
+float64 there; here their static and dynamic bytes against ptxas's report."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+import panamera as pn
+from panamera.bench.train_suite import batch_norm_backward
+from panamera.codegen.header import PRELUDE
+from panamera.errors import BackendError, ScheduleError
+from panamera.model.gpu import A100, H100
+from panamera.poly.statement import Form
+from panamera.runtime import emulator, nvcc
+from panamera.schedule import dynsmem
+from panamera.schedule.decision import Decision
+from panamera.schedule.hold import hold_bytes, static_bytes
+from panamera.schedule.persistent import map_joined
+
+KEEP = r"""
+// Each block fills n floats of its dynamic shared memory, waits for every block (a grid-wide wait: the
+// other blocks run meanwhile on the emulator), then copies them out: each block must find its own.
+extern "C" __global__ void keep(float* out, unsigned* arrived, int n) {
+  PN_DYNAMIC_SHARED(pn_dsmem);
+  float* const s = reinterpret_cast<float*>(pn_dsmem);
+  for (int k = threadIdx.x; k < n; k += blockDim.x) s[k] = blockIdx.x * 100000.f + k;
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(arrived, 1u);
+  pn_grid_wait(arrived, gridDim.x);
+  for (int k = threadIdx.x; k < n; k += blockDim.x) out[blockIdx.x * n + k] = s[k];
+}
+"""
+N = 15 * 1024  # 60 KiB of floats a block: past the 48 KiB of static shared memory
+
+
+def _keep(shared: int, blocks: int = 3) -> np.ndarray:
+    lib = emulator.build(PRELUDE + KEEP, {"keep": ["float*", "unsigned*", "int"]})
+    out, arrived = np.zeros(blocks * N, np.float32), np.zeros(1, np.uint32)
+    args = [ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(arrived.ctypes.data), ctypes.c_int(N)]
+    emulator.launch(lib, "keep", (blocks, 1, 1), (64, 1, 1), args, "shuffled", seed=5, cooperative=True, shared=shared)
+    return out
+
+
+def test_each_block_keeps_its_own_dynamic_shared_memory_across_a_grid_wide_wait():
+    want = (np.arange(3)[:, None] * 100000.0 + np.arange(N)[None, :]).astype(np.float32).reshape(-1)
+    assert np.array_equal(_keep(N * 4), want)
+
+
+def test_a_kernel_launched_without_its_dynamic_shared_memory_fails():
+    with pytest.raises(BackendError, match=r"keep: extern __shared__: .*launched with none"):
+        _keep(0)
+
+
+def test_more_dynamic_shared_memory_than_the_emulators_arena_fails():
+    with pytest.raises(BackendError, match=r"keep: dynamic shared memory: more bytes than .*256 KB arena"):
+        _keep(257 * 1024)
+
+
+BOTH = r"""
+extern "C" __global__ void both(float* out) {
+  PN_BLOCK_SHARED(float, pn_rows, [10 * 1024]);  // 40 KiB, each block's own
+  PN_DYNAMIC_SHARED(pn_dsmem);
+  float* const d = reinterpret_cast<float*>(pn_dsmem);
+  pn_rows[threadIdx.x] = 1.f;
+  d[threadIdx.x] = 2.f;
+  out[threadIdx.x] = pn_rows[threadIdx.x] + d[threadIdx.x];
+}
+"""
+
+
+def test_block_shared_and_dynamic_shared_memory_share_the_emulators_arena():
+    """Each block's PN_BLOCK_SHARED arrays and its dynamic shared memory never overlap: together past the
+    emulator's 256 KB arena, the launch fails (on a GPU: past the opt-in maximum)."""
+    lib = emulator.build(PRELUDE + BOTH, {"both": ["float*"]})
+    out = np.zeros(32, np.float32)
+    emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=200 * 1024)
+    assert (out == 3).all()
+    with pytest.raises(BackendError, match=r"both: PN_BLOCK_SHARED: .*with its dynamic.* 256 KB arena"):
+        emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=220 * 1024)
+
+
+def test_the_raw_kernel_compiles_with_nvcc():
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        pytest.skip(str(e))
+    (res,) = nvcc.compile_cuda(PRELUDE + KEEP, archs=("sm_90",))
+    assert res.shared_bytes == 0 and res.spill_stores == 0  # all of it dynamic: none static
+
+
+def test_the_decision_carries_its_bytes_in_json_only_when_it_has_some():
+    d = Decision(statements=("S0",), form=Form.ROW, M=8, N=64, stitched=False, vec=1, tx=64, ty=1, split=1,
+                 chunk=64, grid=(8, 1), unroll=1, merges=(), access=(), levels=(0,))  # fmt: skip
+    assert "dynamic_smem" not in d.to_dict()
+    held = dataclasses.replace(d, dynamic_smem=65536)
+    assert held.to_dict()["dynamic_smem"] == 65536 and Decision.from_dict(held.to_dict()) == held
+    assert "dynamic-smem=65536" in held.describe()
+
+
+def test_precondition_1_a_plan_no_stage_carves_asks_for_none():
+    """A softmax's stitched plan carves nothing: a saved decision asking for dynamic shared memory is refused."""
+    x = pn.placeholder((8, 256), name="x")
+    k = pn.compile(pn.nn.softmax(x), target="emulator")
+    s = k.schedule
+    bad = dataclasses.replace(s, kernels=(dataclasses.replace(s.kernels[0], dynamic_smem=1024),))
+    with pytest.raises(ScheduleError, match=r"dynamic_smem=1024 bytes .*carve 0 \(1\)"):
+        pn.compile(pn.nn.softmax(x), target="emulator", schedule=bad)
+
+
+def _bench(gpu):
+    k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=gpu, use_database=False)
+    return k.groups[0], map_joined(k.groups[0], gpu).decision
+
+
+def test_precondition_1_the_bytes_are_the_held_tiles():
+    group, d = _bench(H100)
+    tree = static_bytes(group, d)
+    dynsmem.check(H100, d, hold_bytes(group, d), tree, "bench")
+    with pytest.raises(ScheduleError, match=r"bench: dynamic_smem=196592 bytes .*carve 196608 \(1\)"):
+        dynsmem.check(
+            H100, dataclasses.replace(d, dynamic_smem=d.dynamic_smem - 16), hold_bytes(group, d), tree, "bench"
+        )
+
+
+def test_precondition_2_over_the_devices_opt_in_maximum():
+    """The H100's held plan (16 KiB static + 192 KiB dynamic) is over an A100's 163 KiB opt-in."""
+    group, d = _bench(H100)
+    tree = static_bytes(group, d)
+    with pytest.raises(ScheduleError, match=r"196608 bytes .*beside 16400 static: over the 166912 bytes .*A100.*\(2\)"):
+        dynsmem.check(A100, d, hold_bytes(group, d), tree, "bench")
+
+
+def test_the_bench_kernels_static_shared_memory_is_the_column_tree():
+    """ptxas's static shared memory of the H100 bench kernel is what the preconditions count beside the
+    dynamic bytes (`static_bytes`), and the two stay within the opt-in maximum."""
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        pytest.skip(str(e))
+    k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=H100, use_database=False)
+    (m,) = k.mappings
+    (res,) = [r for r in nvcc.compile_cuda(k.source, archs=("sm_90",)) if r.kernel == m.name]
+    assert res.shared_bytes == static_bytes(k.groups[0], m) == 16384 + 16  # the column tree and pn_is_last
+    assert res.shared_bytes + m.dynamic_smem <= dynsmem.opt_in(H100)
