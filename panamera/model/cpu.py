@@ -251,7 +251,10 @@ class CpuModel:
         data in order evicts what the next call reads first. Measured on one thread (bench/cpu and
         2026-11-24, loaded; L2 53 GB/s, L3 31 in the probe): sum row 768x768 (2.4 MB) at 34-39
         GB/s, l2_normalize [256x1000] (1 + 1 MB) in 57-70 us, where the all-L3 rate modeled them
-        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate.
+        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate. (That probe's one-thread
+        L2 figure was a one-register sum over both cores' buffer; since 2026-11-25 it is the generated
+        scans' LANE_VECTORS registers over one core's half, 74 GB/s: sum row 768x768 modeled 77.6 ->
+        70.2 us against 59.3 measured idle.)
 
         >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
         >>> m.gbs(1 << 20, 1) == m.rates.bandwidth("L2", 1) > m.gbs(2 << 20, 1) > m.gbs(3 << 20, 1)
