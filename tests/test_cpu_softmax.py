@@ -104,7 +104,10 @@ def test_exp_evaluated_once():
     lsm = pn.compile(
         pn.nn.log_softmax(pn.placeholder((16, 1000), "float32"), axis=-1, method="multipass"), target="cpu"
     )
-    assert lsm.cpu_kernels[0].decision.reuse == ()  # only x - m is shared: recomputing it is cheaper
+    # only x - m is shared: kept in the output row where the probe's one-thread L2 store and load cost
+    # less than the subtraction (74/88 GB/s since the probe reads one core's L2 half; log_softmax
+    # [64x30522] ran 12 % faster so, 1 thread, 2026-11-25), else recomputed
+    assert [(r.ops, r.into is not None) for r in lsm.cpu_kernels[0].decision.reuse] in ([], [("sub", True)])
 
 
 def _group(t):

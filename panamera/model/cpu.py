@@ -70,13 +70,15 @@ FREE = frozenset({"load", "const"})
 LEVELS = ("L2", "L3", "DRAM")
 # The Python side of one call of a CPU program on numpy arrays (CpuCompiled.__call__ through
 # runtime/cpu_call.py: a shape/dtype compare per input, np.empty per output, one ctypes call),
-# fitted on this project's machine (Xeon, Python 3.11, the bench's interleaved samples): each
-# further output about 0.7 us more. Refitted 2026-11-24 on integ4: a 16-, 1280- and 4096-element
-# sum took 4.65, 4.83, 4.95 us a call (min of 40 x 400, one thread, loaded), bench/cpu's A2#5
-# [1280] 4.9 us, with 3.0 modeled 3.8 (0.78); a parallel region's entry (the probe's fork_us,
-# ~0.7) and the kernel are counted apart. Other inputs (torch tensors, views to copy) take the
+# less the ctypes call itself, which the probe's region entry (fork_us, timed as an empty region
+# called through ctypes) already holds; each further output about 0.7 us more. Measured
+# 2026-11-25 (load 8, 1 thread, medians of 40 x 300 calls, interleaved): a 16- and a 1280-element
+# sum took 3.35 and 3.28 us a call, a ctypes no-op 0.29, an empty 1-thread region through ctypes
+# 0.67; bench/cpu (idle, 06:08) A2#5 [1280] 3.4 us. So 3.3 - fork_us(1) (0.87-0.89) = 2.4. (4.0,
+# fitted under load on 2026-11-24 with the fork counted apart, modeled A2#5 5.0 and sum all
+# 65536 10.3 against 3.4 and 7.0 idle.) Other inputs (torch tensors, views to copy) take the
 # general path, about 14 us. Refit when runtime/cpu_call.py changes.
-CALL_US, OUTPUT_US = 4.0, 0.7
+CALL_US, OUTPUT_US = 2.4, 0.7
 CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this share of it
 # Beyond this many bytes the model uses the large-array rates even when the L3 the OS reports
 # is bigger: in a virtual machine that L3 is shared with other guests (here 260 MiB reported,
@@ -249,7 +251,10 @@ class CpuModel:
         data in order evicts what the next call reads first. Measured on one thread (bench/cpu and
         2026-11-24, loaded; L2 53 GB/s, L3 31 in the probe): sum row 768x768 (2.4 MB) at 34-39
         GB/s, l2_normalize [256x1000] (1 + 1 MB) in 57-70 us, where the all-L3 rate modeled them
-        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate.
+        1.22-1.35x and 1.26-1.44x too slow; sum all 1024x1024 (4 MB) at the L3 rate. (That probe's one-thread
+        L2 figure was a one-register sum over both cores' buffer; since 2026-11-25 it is the generated
+        scans' LANE_VECTORS registers over one core's half, 74 GB/s: sum row 768x768 modeled 77.6 ->
+        70.2 us against 59.3 measured idle.)
 
         >>> m = CpuModel.nominal(cores=1, simd_bytes=64)
         >>> m.gbs(1 << 20, 1) == m.rates.bandwidth("L2", 1) > m.gbs(2 << 20, 1) > m.gbs(3 << 20, 1)

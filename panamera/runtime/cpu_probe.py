@@ -3,7 +3,7 @@ STREAM-like probe and kept on disk.
 
 A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
 -fopenmp`, libmvec) times, each the fastest of 9 runs of about 1 ms (or one repetition):
-- a read-only SIMD sum over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
+- a read-only SIMD sum (LANE_VECTORS registers of lanes, the generated row scans' shape) over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
   resident in L2 (half of it per thread), in L3 (8 x L2, at least 16 MiB, at most half the L3:
   the sizes of the bench's workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's
   "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
@@ -46,13 +46,13 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..model.cpu import LEVELS, Caches, Rates
+from ..model.cpu import LANE_VECTORS, LEVELS, Caches, Rates
 from . import diskcache
 
 Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 7  # 7: a loaded probe (load average, L2 scaling) is kept briefly (`judge`); 6: spin-keyed entry
+VERSION = 8  # 8: the read sum keeps LANE_VECTORS registers of lanes (L2 rate); 7: a loaded probe (load average, L2 scaling) is kept briefly (`judge`); 6: spin-keyed entry
 LARGE = 64 << 20
 TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
 SAMPLES = 9
@@ -77,6 +77,11 @@ SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
 SPIN_INFINITE = (1 << 64) - 1
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}  # either case, as libgomp reads them
 
+# The read rates' sum keeps PN_W = LANE_VECTORS x 16 float lanes (four AVX-512 registers)
+# independent, as the generated row scans do (codegen/cpu_lanes.py): one accumulator register is
+# bound by the add's latency, not by the cache. g++ -O3 -march=native, 1 thread, thread CPU time,
+# medians of 20 rounds, load 8 (2026-11-25): 1 MiB (L2) 54 GB/s with one register, 74 with four;
+# 16 MiB (L3) 28.6 and 28.1.
 SOURCE = r"""
 #include <omp.h>
 extern "C" {
@@ -84,8 +89,17 @@ double pn_sum(const float* a, long n, int reps, int nt) {
   double keep = 0;
   for (int r = 0; r < reps; ++r) {
     float s = 0;
-#pragma omp parallel for simd reduction(+ : s) num_threads(nt) schedule(static)
-    for (long i = 0; i < n; ++i) s += a[i];
+#pragma omp parallel num_threads(nt) reduction(+ : s)
+    {
+      float acc[PN_W] = {0};
+#pragma omp for schedule(static)
+      for (long b = 0; b < n / PN_W; ++b) {
+#pragma omp simd
+        for (int l = 0; l < PN_W; ++l) acc[l] += a[b * PN_W + l];
+      }
+      for (int l = 0; l < PN_W; ++l) s += acc[l];
+    }
+    for (long i = n / PN_W * PN_W; i < n; ++i) s += a[i];
     keep += s;
   }
   return keep;
@@ -132,7 +146,7 @@ void pn_empty(int nt) {
   { x = 1; }
 }
 }
-"""
+""".replace("PN_W", str(LANE_VECTORS * 16))
 
 
 def spin_count(env: Mapping[str, str] | None = None) -> int:
@@ -276,12 +290,16 @@ def measure(threads: int, caches: Caches) -> Rates:
         pb, p3 = buf.ctypes.data, tuple(buf[k * n3 :].ctypes.data for k in range(3))
         pair_r, pair_w = [], []
         for t in counts:
-            rs = _timed(lambda reps, t=t, pb=pb, n=n: lib.pn_sum(pb, n, reps, t))
-            ts = _timed(lambda reps, t=t, p=p3, n=n3: lib.pn_triad(*p, n, reps, t))
+            # L2 is per core: t threads read t halves of an L2 (one thread read the whole 2-core buffer
+            # before, twice its L2's half: 50-54 GB/s where 1 MiB reads at 74)
+            part = t / threads if level == "L2" else 1.0
+            m, m3 = int(n * part), int(n3 * part)
+            rs = _timed(lambda reps, t=t, pb=pb, n=m: lib.pn_sum(pb, n, reps, t))
+            ts = _timed(lambda reps, t=t, p=p3, n=m3: lib.pn_triad(*p, n, reps, t))
             if wakes:  # each repetition is a region that woke the pool: the model charges that apart
                 rs, ts = (max(x - fork[t > 1] * 1e-6, x / 2) for x in (rs, ts))
-            pair_r.append(4 * n / rs / 1e9)
-            pair_w.append(12 * n3 / ts / 1e9)
+            pair_r.append(4 * m / rs / 1e9)
+            pair_w.append(12 * m3 / ts / 1e9)
         read.append((pair_r[0], pair_r[-1]))
         write.append((pair_w[0], pair_w[-1]))
     k = 6144  # 24 KiB: in L1

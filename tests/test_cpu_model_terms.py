@@ -1,0 +1,71 @@
+"""The CPU model's 1-thread terms refit by issue 24 (helper cpumodel3), one test per term: the
+per-call floor (model/cpu.py CALL_US) and the probe's L2 read rate (runtime/cpu_probe.py: the
+sum's independent lanes, one thread's share of the L2 buffer). Structure only: no timing."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+import pytest
+
+from panamera.model.cpu import LANE_VECTORS, NOMINAL, Caches, CpuModel, CpuWork, call_us, kernel_time
+from panamera.runtime import cpu_probe
+
+
+def test_call_floor_excludes_the_ctypes_call_the_region_entry_holds():
+    """A tiny kernel's call is the Python side plus the probe's region entry (itself timed through
+    ctypes), not both with a ctypes call each: a 1280-element sum with the idle probe's 1-thread
+    entry (0.89 us) models the measured 3.3-3.4 us floor, not the 5.0 of the double count."""
+    rates = NOMINAL.__class__(**{**NOMINAL.__dict__, "fork_us": (0.89, 47.0)})
+    m = CpuModel(2, 64, "x", Caches(48 << 10, 2 << 20, 32 << 20), rates)
+    w = CpuWork(M=1, N=1280, elements=1280, read_bytes=1280 * 4, write_bytes=4)
+    total = call_us(1) + kernel_time(w, m, tasks=1, split=1, threads=1).total_us
+    assert 3.0 <= total <= 3.8, total
+    assert call_us(3) - call_us(1) == pytest.approx(1.4)  # each further output, unchanged
+
+
+def _fake_lib(seen: list):
+    def sum_(pb, n, reps, t):
+        seen.append(("sum", n, t))
+
+    def triad(a, b, c, n, reps, t):
+        seen.append(("triad", n, t))
+
+    noop = lambda *a: None  # noqa: E731
+    return types.SimpleNamespace(pn_sum=sum_, pn_triad=triad, pn_add=noop, pn_exp=noop, pn_div=noop, pn_empty=noop)
+
+
+def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
+    """At one thread the L2 samples read half of one core's L2 (the 2-thread buffer is one half per
+    core: read whole by one thread it spilled out of L2); L3 and beyond read the whole buffer."""
+    seen: list = []
+    import panamera.runtime.cpu as rcpu
+
+    monkeypatch.setattr(rcpu, "build", lambda src: _fake_lib(seen))
+    monkeypatch.setattr(cpu_probe, "_timed", lambda call, per_rep=None: (call(1), 1e-4)[1])
+    monkeypatch.setattr(cpu_probe, "_median_call_us", lambda call, *a, **k: 1.0)
+    monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
+    caches = Caches(48 << 10, 256 << 10, 4 << 20)
+    cpu_probe.measure(2, caches)
+    l2 = (caches.l2 // 2) // 4  # one core's half, in floats
+    sums = [(n, t) for k, n, t in seen if k == "sum"]
+    assert sums[:2] == [(l2, 1), (2 * l2, 2)]  # L2: one thread its half, two threads both
+    assert sums[2][0] == sums[3][0] > 2 * l2  # L3: the same (whole) buffer on 1 and 2 threads
+    triads = [(n, t) for k, n, t in seen if k == "triad"]
+    assert triads[0] == ((2 * l2 // 3) // 2, 1) and triads[1] == (2 * l2 // 3, 2)
+
+
+def test_probe_sum_keeps_independent_lanes_and_its_tail():
+    """The read sum keeps LANE_VECTORS x 16 lanes (the row scans' accumulators, not one register
+    bound by the add's latency) and still adds every element, a tail shorter than those lanes too."""
+    assert f"acc[{LANE_VECTORS * 16}]" in cpu_probe.SOURCE and "PN_W" not in cpu_probe.SOURCE
+    from panamera.runtime.cpu import SIMD_MATH, build
+
+    lib = build(SIMD_MATH + cpu_probe.SOURCE)
+    lib.pn_sum.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int)
+    lib.pn_sum.restype = ctypes.c_double
+    x = np.arange(1000, dtype=np.float32) % 7
+    for t in (1, 2):
+        assert lib.pn_sum(x.ctypes.data, x.size, 3, t) == pytest.approx(3 * float(x.sum()))
