@@ -146,8 +146,8 @@ def merge_cycles(d: Decision) -> int:
     loads; by mbarriers, one push's latency, rank 0's C loads of its own shared memory and the
     mbarrier's set-up.
 
-    >>> d = Decision(statements=("s",), form=Form.ROW, M=2, N=65536, vec=4, tx=256, ty=1, split=16, chunk=4096,
-    ...              grid=(2, 16), unroll=1, merges=(), access=(), cluster=8)
+    >>> d = Decision(statements=("s",), form=Form.ROW, M=2, N=65536, stitched=False, vec=4, tx=256, ty=1, split=16,
+    ...              chunk=4096, grid=(2, 16), unroll=1, merges=(), access=(), levels=(), cluster=8)
     >>> merge_cycles(d), merge_cycles(replace(d, completion=Completion.MBARRIER))
     (2000, 540)
     """
