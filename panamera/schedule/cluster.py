@@ -52,7 +52,7 @@ partials from its own shared memory: one push latency, no barrier after the main
     combine (mbarrier):  st.async(rank 0's csm[rank][ty], part, rank 0's mbarrier);
                          rank 0: wait(mbarrier, parity 0); acc = fold_b csm[b][ty]
 
-Preconditions (`check`; one negative test each in tests/test_cluster.py):
+Preconditions (`check`; one negative test each in tests/test_cluster.py, 5's in tests/test_mbarrier.py):
   1. the cluster divides the split (= gridDim.y), and is every block of a split stitched row;
   2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before);
   3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
