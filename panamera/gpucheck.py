@@ -262,21 +262,26 @@ def gpu_key(device: str) -> str:
     return next((k for k in ("h100", "a100", "v100") if k in name), "h100")
 
 
-def run_bench_step(out: Path, device: str) -> tuple[StepResult, list[dict]]:
+def run_bench_step(out: Path, device: str, suites: list[str] | None = None) -> tuple[StepResult, list[dict]]:
+    """`panamera bench --measure` over `suites` (all by default; a subset is its own step and
+    folder, bench-<suites>, so two calls can split the suites)."""
     from .bench.runner import run_bench
     from .bench.suites import SUITES
     from .model.gpu import GPUS
 
     t0 = time.perf_counter()
     key = gpu_key(device)
-    command = f"panamera bench --suite all --measure --gpu {key}"
+    names = suites or list(SUITES)
+    tag = "" if suites is None else "-" + "-".join(names)
+    command = f"panamera bench --suite {','.join(names) if suites else 'all'} --measure --gpu {key}"
+    name, folder = f"bench{tag}", out / f"bench{tag}"
     try:
-        records, _ = run_bench(list(SUITES), GPUS[key], out=str(out / "bench"), measure=True, command=command)
+        records, _ = run_bench(names, GPUS[key], out=str(folder), measure=True, command=command)
     except Exception as e:  # one failed workload must not lose the other steps' results
-        return StepResult("bench", Outcome.FAILED, time.perf_counter() - t0, f"{type(e).__name__}: {e}"), []
+        return StepResult(name, Outcome.FAILED, time.perf_counter() - t0, f"{type(e).__name__}: {e}"), []
     n = sum(1 for r in records if "measured_us" in r)
     detail = f"{n} workloads measured, modeled for {key}"
-    return StepResult("bench", Outcome.PASSED, time.perf_counter() - t0, detail, ("bench/results.json",)), records
+    return StepResult(name, Outcome.PASSED, time.perf_counter() - t0, detail, (f"{folder.name}/results.json",)), records
 
 
 def onnx_feeds(model_bytes: bytes, symbolic: int = 2) -> tuple[dict, dict]:
@@ -353,7 +358,7 @@ def geomean_ratio(records: list[dict]) -> float:
 
 def earlier(out: Path, steps: list[StepResult], records: list[dict]) -> tuple[list[StepResult], list[dict]]:
     """This call's steps and bench records after those an earlier call into `out` recorded (its
-    measurements.json), a step run again replacing the earlier one's result."""
+    measurements.json), a step or workload run again replacing the earlier one's result."""
     path = out / "measurements.json"
     if not path.is_file():
         return steps, records
@@ -361,7 +366,12 @@ def earlier(out: Path, steps: list[StepResult], records: list[dict]) -> tuple[li
     names = {s.name for s in steps}
     kept = [StepResult(**(s | {"outcome": Outcome(s["outcome"]), "files": tuple(s["files"])})) for s in data["steps"]]
     kept = [s for s in kept if s.name not in names]
-    return kept + steps, (data["records"] if not records else records)
+
+    def key(r):
+        return r.get("suite"), r.get("workload"), r.get("dtype"), r.get("plan")
+
+    new = {key(r) for r in records}
+    return kept + steps, [r for r in data["records"] if key(r) not in new] + records
 
 
 def write_report(out: Path, device: str, steps: list[StepResult], records: list[dict]) -> list[Path]:
@@ -387,7 +397,7 @@ def write_report(out: Path, device: str, steps: list[StepResult], records: list[
     return paths
 
 
-STEPS = ("pytest", "sanitizers", "paths", "bench", "onnx")
+STEPS = ("paths", "pytest", "sanitizers", "bench", "onnx")  # the never-run paths first: the newest news
 
 
 def steps_for(only: str | None, skip_bench: bool) -> tuple[str, ...]:
@@ -395,7 +405,7 @@ def steps_for(only: str | None, skip_bench: bool) -> tuple[str, ...]:
     with `skip_bench`.
 
     >>> steps_for(None, True), steps_for("bench", False)
-    (('pytest', 'sanitizers', 'paths', 'onnx'), ('bench',))
+    (('paths', 'pytest', 'sanitizers', 'onnx'), ('bench',))
     """
     chosen = tuple(only.split(",")) if only else STEPS
     unknown = [s for s in chosen if s not in STEPS]
@@ -405,15 +415,18 @@ def steps_for(only: str | None, skip_bench: bool) -> tuple[str, ...]:
 
 
 def plan_text(arch: int = 90) -> str:
-    """What `make gpu-check` runs, as two device calls of at most 10 minutes (the first has every
-    check, the second the measured bench), and the paths step's kernels on a device of compute
+    """What `make gpu-check` runs as device calls of at most 10 minutes (the first has every check,
+    the others the measured bench), and the paths step's kernels on a device of compute
     capability `arch` x 10."""
     from . import gpucheck_paths
 
     lines = [
         "call 1: python3 scripts/gpu_check.py --skip-bench   # steps: " + ", ".join(steps_for(None, True)),
-        "        (pytest <= 300 s, each sanitizer tool <= 300 s, paths <= 300 s, onnx <= 600 s: timeouts, not estimates)",
-        "call 2: python3 scripts/gpu_check.py --only bench   # panamera bench --suite all --measure, same folder",
+        "        (timeouts, not estimates: paths, pytest and each sanitizer tool 300 s, onnx 2 x 300 s;",
+        "        the report is rewritten after each step, so a call cut short keeps the steps it finished)",
+        "call 2: python3 scripts/gpu_check.py --only bench --suites single,subgraphs,norms",
+        "call 3: python3 scripts/gpu_check.py --only bench --suites contractions,training,long_rows",
+        "        (panamera bench --measure, split in two so that each fits one call; same folder, one report)",
         f"paths on sm_{arch}:",
     ]
     return "\n".join(lines + ["  " + ln for ln in gpucheck_paths.plan_lines(arch)])
@@ -425,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="GPU", help="the device name, for the report")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--only", help=f"comma-separated steps to run ({', '.join(STEPS)})")
+    ap.add_argument("--suites", help="the bench step's suites, comma-separated (default: all)")
     ap.add_argument("--list", action="store_true", help="print what each device call runs, and exit")
     ap.add_argument("--driver", action="store_true", help="run one kernel per template (under compute-sanitizer)")
     ap.add_argument("--paths", type=Path, help="run gpucheck_paths on the device, its records as JSON to PATHS")
@@ -454,15 +468,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     run = steps_for(args.only, args.skip_bench)
-    steps = [run_pytest(args.out)] if "pytest" in run else []
-    steps += run_sanitizers(args.out, sanitizer=find_sanitizer()) if "sanitizers" in run else []
-    steps += [run_paths_step(args.out)] if "paths" in run else []
+    steps: list[StepResult] = []
     records: list[dict] = []
-    if "bench" in run:
-        step, records = run_bench_step(args.out, args.device)
-        steps.append(step)
-    steps += [run_onnx(args.out)] if "onnx" in run else []
-    write_report(args.out, args.device, steps, records)
+    for name in run:  # the report rewritten after each step: a call cut short keeps what it did
+        if name == "paths":
+            steps.append(run_paths_step(args.out))
+        elif name == "pytest":
+            steps.append(run_pytest(args.out))
+        elif name == "sanitizers":
+            steps += run_sanitizers(args.out, sanitizer=find_sanitizer())
+        elif name == "bench":
+            step, records = run_bench_step(args.out, args.device, args.suites.split(",") if args.suites else None)
+            steps.append(step)
+        else:
+            steps.append(run_onnx(args.out))
+        write_report(args.out, args.device, steps, records)
     for s in steps:
         print(f"gpu-check: {s.name}: {s.outcome} ({s.seconds:.0f} s) {s.detail}")
     print(f"gpu-check: results in {args.out}")

@@ -164,6 +164,11 @@ def test_steps_and_a_second_call_into_the_same_folder(tmp_path):
     data = json.loads(paths[0].read_text())
     assert [s["name"] for s in data["steps"]] == ["pytest", "bench"] and len(data["records"]) == 6
     assert "| pytest | passed |" in paths[2].read_text() and "| bench | passed |" in paths[2].read_text()
+    again = json.loads(FIXTURE.read_text())[:1]  # one workload measured again by a third call
+    again[0] = again[0] | {"measured_us": 99.0}
+    gpucheck.write_report(tmp_path, "NVIDIA H100 80GB HBM3", [], again)
+    data = json.loads(paths[0].read_text())
+    assert len(data["records"]) == 6 and sum(r.get("measured_us") == 99.0 for r in data["records"]) == 1
 
 
 def test_the_paths_step_reads_its_child_and_writes_the_table(tmp_path):
