@@ -319,13 +319,9 @@ def run_onnx(out: Path, python: str = sys.executable, target: str = "cuda") -> S
             cmd += ["--target", target]
             for k, s in shapes.items():
                 cmd += ["--shape", f"{k}={'x'.join(map(str, s))}"]
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
-            ok &= r.returncode == 0
-            lines += [
-                f"$ panamera run {name}.onnx --verify --target {target} (exit {r.returncode})",
-                r.stdout,
-                r.stderr,
-            ]
+            rc, text, _ = _run(cmd, Path(tmp, f"{name}.log"), timeout=300)  # a hang is exit 124, not a crash
+            ok &= rc == 0
+            lines += [f"$ panamera run {name}.onnx --verify --target {target} (exit {rc})", text]
     (out / "onnx.txt").write_text(_tail("\n".join(lines)))
     outcome = Outcome.PASSED if ok else Outcome.FAILED
     return StepResult("onnx examples", outcome, time.perf_counter() - t0, "encoder, convnet", ("onnx.txt",))
