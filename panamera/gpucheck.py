@@ -5,8 +5,14 @@ then runs `python -m panamera.gpucheck --out DIR --device NAME`):
 2. compute-sanitizer memcheck, racecheck and synccheck on one kernel of each template
    (`template_cases`, run by `python -m panamera.gpucheck --driver`), skipped with a note
    when compute-sanitizer is absent;
-3. `panamera bench --suite all --measure` (CUDA events, L2 flushed, median of repeats);
-4. the ONNX examples (examples/onnx_models.py) through `panamera run --verify`.
+3. the paths no GPU has run yet, one kernel each (panamera/gpucheck_paths.py: clusters by
+   barriers and by mbarriers, warpgroup MMAs, mma.sync, cp.async stages), checked against numpy
+   and timed beside their peers (paths.json, paths.md), in a child process (`--paths FILE`);
+4. `panamera bench --suite all --measure` (CUDA events, L2 flushed, median of repeats);
+5. the ONNX examples (examples/onnx_models.py) through `panamera run --verify`.
+
+`--only STEP,...` runs some of them (`STEPS`); a later call into the same folder keeps the
+earlier calls' steps and records in its report. `--list` prints what each device call runs.
 
 Everything lands in one folder: measurements.json (every step and measurement),
 modeled_vs_measured.md (per workload, with the ratio), summary.md, junit.xml and pytest.txt,
@@ -173,7 +179,11 @@ def run_case(case: Case, target: str) -> float:
 
 
 def driver(target: str = "cuda") -> int:
-    """Run every template case once (what compute-sanitizer watches); 0 when all match numpy."""
+    """Run every template case once, then every path of gpucheck_paths at small shapes (what
+    compute-sanitizer watches: racecheck and synccheck see the cluster and mbarrier protocols);
+    0 when all match numpy."""
+    from . import gpucheck_paths
+
     failed = 0
     for case in template_cases():
         try:
@@ -181,6 +191,9 @@ def driver(target: str = "cuda") -> int:
         except AssertionError as e:
             failed += 1
             print(f"{case.name}: FAILED {e}")
+    for rec in gpucheck_paths.run_paths(target, small=True, timed=False):
+        failed += rec["outcome"] == "failed"
+        print(f"{rec['path']}: {rec['outcome']} {rec.get('error', rec.get('detail', ''))}")
     return 1 if failed else 0
 
 
@@ -221,6 +234,24 @@ def run_sanitizers(out: Path, python: str = sys.executable, sanitizer: str | Non
     return results
 
 
+def run_paths_step(out: Path, python: str = sys.executable) -> StepResult:
+    """gpucheck_paths in a child process (a kernel that faults loses only this step): paths.json
+    and paths.md."""
+    from . import gpucheck_paths
+
+    data = out / "paths.json"
+    rc, text, dt = _run([python, "-m", "panamera.gpucheck", "--paths", str(data)], out / "paths.txt", timeout=300)
+    records = json.loads(data.read_text()) if data.is_file() else []
+    (out / "paths.md").write_text(gpucheck_paths.table(records) + "\n")
+    failed = [r["path"] for r in records if r["outcome"] == "failed"]
+    ran = sum(r["outcome"] == "passed" for r in records)
+    outcome = Outcome.FAILED if rc or failed or not records else Outcome.PASSED
+    detail = f"{ran} of {len(records)} paths passed" + (f"; failed: {', '.join(failed)}" if failed else "")
+    return StepResult(
+        "paths", outcome, dt, detail if records else f"exit {rc}", ("paths.json", "paths.md", "paths.txt")
+    )
+
+
 def gpu_key(device: str) -> str:
     """The model's GPU for a device name (H100 when the device is none of them).
 
@@ -231,21 +262,26 @@ def gpu_key(device: str) -> str:
     return next((k for k in ("h100", "a100", "v100") if k in name), "h100")
 
 
-def run_bench_step(out: Path, device: str) -> tuple[StepResult, list[dict]]:
+def run_bench_step(out: Path, device: str, suites: list[str] | None = None) -> tuple[StepResult, list[dict]]:
+    """`panamera bench --measure` over `suites` (all by default; a subset is its own step and
+    folder, bench-<suites>, so two calls can split the suites)."""
     from .bench.runner import run_bench
     from .bench.suites import SUITES
     from .model.gpu import GPUS
 
     t0 = time.perf_counter()
     key = gpu_key(device)
-    command = f"panamera bench --suite all --measure --gpu {key}"
+    names = suites or list(SUITES)
+    tag = "" if suites is None else "-" + "-".join(names)
+    command = f"panamera bench --suite {','.join(names) if suites else 'all'} --measure --gpu {key}"
+    name, folder = f"bench{tag}", out / f"bench{tag}"
     try:
-        records, _ = run_bench(list(SUITES), GPUS[key], out=str(out / "bench"), measure=True, command=command)
+        records, _ = run_bench(names, GPUS[key], out=str(folder), measure=True, command=command)
     except Exception as e:  # one failed workload must not lose the other steps' results
-        return StepResult("bench", Outcome.FAILED, time.perf_counter() - t0, f"{type(e).__name__}: {e}"), []
+        return StepResult(name, Outcome.FAILED, time.perf_counter() - t0, f"{type(e).__name__}: {e}"), []
     n = sum(1 for r in records if "measured_us" in r)
     detail = f"{n} workloads measured, modeled for {key}"
-    return StepResult("bench", Outcome.PASSED, time.perf_counter() - t0, detail, ("bench/results.json",)), records
+    return StepResult(name, Outcome.PASSED, time.perf_counter() - t0, detail, (f"{folder.name}/results.json",)), records
 
 
 def onnx_feeds(model_bytes: bytes, symbolic: int = 2) -> tuple[dict, dict]:
@@ -283,13 +319,9 @@ def run_onnx(out: Path, python: str = sys.executable, target: str = "cuda") -> S
             cmd += ["--target", target]
             for k, s in shapes.items():
                 cmd += ["--shape", f"{k}={'x'.join(map(str, s))}"]
-            r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
-            ok &= r.returncode == 0
-            lines += [
-                f"$ panamera run {name}.onnx --verify --target {target} (exit {r.returncode})",
-                r.stdout,
-                r.stderr,
-            ]
+            rc, text, _ = _run(cmd, Path(tmp, f"{name}.log"), timeout=300)  # a hang is exit 124, not a crash
+            ok &= rc == 0
+            lines += [f"$ panamera run {name}.onnx --verify --target {target} (exit {rc})", text]
     (out / "onnx.txt").write_text(_tail("\n".join(lines)))
     outcome = Outcome.PASSED if ok else Outcome.FAILED
     return StepResult("onnx examples", outcome, time.perf_counter() - t0, "encoder, convnet", ("onnx.txt",))
@@ -320,9 +352,28 @@ def geomean_ratio(records: list[dict]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else math.nan
 
 
+def earlier(out: Path, steps: list[StepResult], records: list[dict]) -> tuple[list[StepResult], list[dict]]:
+    """This call's steps and bench records after those an earlier call into `out` recorded (its
+    measurements.json), a step or workload run again replacing the earlier one's result."""
+    path = out / "measurements.json"
+    if not path.is_file():
+        return steps, records
+    data = json.loads(path.read_text())
+    names = {s.name for s in steps}
+    kept = [StepResult(**(s | {"outcome": Outcome(s["outcome"]), "files": tuple(s["files"])})) for s in data["steps"]]
+    kept = [s for s in kept if s.name not in names]
+
+    def key(r):
+        return r.get("suite"), r.get("workload"), r.get("dtype"), r.get("plan")
+
+    new = {key(r) for r in records}
+    return kept + steps, [r for r in data["records"] if key(r) not in new] + records
+
+
 def write_report(out: Path, device: str, steps: list[StepResult], records: list[dict]) -> list[Path]:
     """measurements.json, modeled_vs_measured.md and summary.md in `out`; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
+    steps, records = earlier(out, steps, records)
     stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     data = {"device": device, "date": stamp, "steps": [asdict(s) for s in steps], "records": records}
     paths = [out / "measurements.json", out / "modeled_vs_measured.md", out / "summary.md"]
@@ -342,16 +393,65 @@ def write_report(out: Path, device: str, steps: list[StepResult], records: list[
     return paths
 
 
+STEPS = ("paths", "pytest", "sanitizers", "bench", "onnx")  # the never-run paths first: the newest news
+
+
+def steps_for(only: str | None, skip_bench: bool) -> tuple[str, ...]:
+    """The steps a call runs: `only` (comma-separated names of `STEPS`), else all, less bench
+    with `skip_bench`.
+
+    >>> steps_for(None, True), steps_for("bench", False)
+    (('paths', 'pytest', 'sanitizers', 'onnx'), ('bench',))
+    """
+    chosen = tuple(only.split(",")) if only else STEPS
+    unknown = [s for s in chosen if s not in STEPS]
+    if unknown:
+        raise SystemExit(f"gpu-check: unknown step(s) {', '.join(unknown)}: the steps are {', '.join(STEPS)}")
+    return tuple(s for s in STEPS if s in chosen and not (skip_bench and s == "bench"))
+
+
+def plan_text(arch: int = 90) -> str:
+    """What `make gpu-check` runs as device calls of at most 10 minutes (the first has every check,
+    the others the measured bench), and the paths step's kernels on a device of compute
+    capability `arch` x 10."""
+    from . import gpucheck_paths
+
+    lines = [
+        "call 1: python3 scripts/gpu_check.py --skip-bench   # steps: " + ", ".join(steps_for(None, True)),
+        "        (timeouts, not estimates: paths, pytest and each sanitizer tool 300 s, onnx 2 x 300 s;",
+        "        the report is rewritten after each step, so a call cut short keeps the steps it finished)",
+        "call 2: python3 scripts/gpu_check.py --only bench --suites single,subgraphs,norms",
+        "call 3: python3 scripts/gpu_check.py --only bench --suites contractions,training,long_rows",
+        "        (panamera bench --measure, split in two so that each fits one call; same folder, one report)",
+        f"paths on sm_{arch}:",
+    ]
+    return "\n".join(lines + ["  " + ln for ln in gpucheck_paths.plan_lines(arch)])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m panamera.gpucheck", description="the steps of make gpu-check")
     ap.add_argument("--out", type=Path, help="the results folder")
     ap.add_argument("--device", default="GPU", help="the device name, for the report")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--only", help=f"comma-separated steps to run ({', '.join(STEPS)})")
+    ap.add_argument("--suites", help="the bench step's suites, comma-separated (default: all)")
+    ap.add_argument("--list", action="store_true", help="print what each device call runs, and exit")
     ap.add_argument("--driver", action="store_true", help="run one kernel per template (under compute-sanitizer)")
+    ap.add_argument("--paths", type=Path, help="run gpucheck_paths on the device, its records as JSON to PATHS")
     ap.add_argument("--target", default="cuda", choices=["cuda", "emulator"], help="the driver's target")
     args = ap.parse_args(argv)
+    if args.list:
+        print(plan_text())
+        return 0
     if args.driver:
         return driver(args.target)
+    if args.paths:
+        from . import gpucheck_paths
+
+        records = gpucheck_paths.run_paths(args.target)
+        args.paths.write_text(json.dumps(records, indent=1, default=str))
+        print(gpucheck_paths.table(records))
+        return 1 if any(r["outcome"] == "failed" for r in records) else 0
     if args.out is None:
         ap.error("--out is required")
     missing = missing_from_clone()
@@ -363,14 +463,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = [run_pytest(args.out)]
-    steps += run_sanitizers(args.out, sanitizer=find_sanitizer())
+    run = steps_for(args.only, args.skip_bench)
+    steps: list[StepResult] = []
     records: list[dict] = []
-    if not args.skip_bench:
-        step, records = run_bench_step(args.out, args.device)
-        steps.append(step)
-    steps.append(run_onnx(args.out))
-    write_report(args.out, args.device, steps, records)
+    for name in run:  # the report rewritten after each step: a call cut short keeps what it did
+        if name == "paths":
+            steps.append(run_paths_step(args.out))
+        elif name == "pytest":
+            steps.append(run_pytest(args.out))
+        elif name == "sanitizers":
+            steps += run_sanitizers(args.out, sanitizer=find_sanitizer())
+        elif name == "bench":
+            step, records = run_bench_step(args.out, args.device, args.suites.split(",") if args.suites else None)
+            steps.append(step)
+        else:
+            steps.append(run_onnx(args.out))
+        write_report(args.out, args.device, steps, records)
     for s in steps:
         print(f"gpu-check: {s.name}: {s.outcome} ({s.seconds:.0f} s) {s.detail}")
     print(f"gpu-check: results in {args.out}")

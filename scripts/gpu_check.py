@@ -6,7 +6,9 @@ Standard library only: it runs before Panamera's dependencies are installed. It 
 beforehand by scripts/fetch_wheels.sh; a registry is tried only when there is no wheels/), then
 runs `python -m panamera.gpucheck`, which writes everything into one folder.
 
-    python3 scripts/gpu_check.py [--out DIR] [--skip-bench]
+    python3 scripts/gpu_check.py [--out DIR] [--skip-bench | --only STEP,...] [--suites S,...]
+
+(`python -m panamera.gpucheck --list` prints the steps and what each device call runs.)
 
 Without a GPU it prints one line and exits 0 in CI-like runs (CI=true, GITHUB_ACTIONS, ...), 2
 when asked directly.
@@ -111,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="results folder (default: bench/gpu-check-<date>-<device>)")
     ap.add_argument("--skip-bench", action="store_true", help="correctness and sanitizers only")
+    ap.add_argument("--only", help="comma-separated steps: paths, pytest, sanitizers, bench, onnx")
+    ap.add_argument("--suites", help="the bench step's suites, comma-separated (default: all)")
     args = ap.parse_args(argv)
     gpu = detect_gpu()
     if gpu is None:
@@ -121,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cmd = [python, "-m", "panamera.gpucheck", "--out", str(out), "--device", gpu]
     cmd += ["--skip-bench"] if args.skip_bench else []
+    cmd += ["--only", args.only] if args.only else []
+    cmd += ["--suites", args.suites] if args.suites else []
     return subprocess.call(cmd, cwd=REPO, env=env)
 
 

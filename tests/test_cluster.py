@@ -121,14 +121,15 @@ REDUCE_CASES = [  # op, shape, split, cluster, deterministic (partials) or atomi
 ]
 
 
-def compile_reduce(y, split: int, cluster: int, det: bool):
-    """y's split reduction with its blocks in clusters of `cluster` (a replayed schedule)."""
+def compile_reduce(y, split: int, cluster: int, det: bool, how=Completion.BARRIER):
+    """y's split reduction with its blocks in clusters of `cluster` (a replayed schedule), their
+    combine completed `how`."""
     k = pn.compile(y, target="emulator", use_database=False, deterministic=det)
     (g,) = k.groups
     d = map_group(g, H100, split=split, deterministic=det, cluster=True).decision
     partials = det or any(m == MergeMode.PARTIALS for m in d.merges)
     merges = merges_for(g, d.split // cluster, partials)
-    d = dataclasses.replace(d, cluster=cluster, merges=merges)
+    d = dataclasses.replace(d, cluster=cluster, merges=merges, completion=how)
     return pn.compile(y, target="emulator", deterministic=det, schedule=dataclasses.replace(k.schedule, kernels=(d,)))
 
 

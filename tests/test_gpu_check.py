@@ -121,3 +121,71 @@ def test_onnx_feeds_fix_symbolic_dimensions():
     assert shapes and all(s[0] == 2 for s in shapes.values())
     assert all(feeds[k].shape == s for k, s in shapes.items())
     assert all(a.dtype == np.float32 for a in feeds.values())
+
+
+# -- the paths no GPU has run yet (panamera/gpucheck_paths.py) -----------------------------------
+from panamera import gpucheck_paths  # noqa: E402
+
+PATHS = [
+    "stitched_cluster_mbarrier", "stitched_cluster_barrier", "reduce_cluster_mbarrier", "reduce_cluster_barrier",
+    "wgmma_f16", "wgmma_s8", "mma_sync_f16", "cp_async_pipeline",
+]  # fmt: skip
+
+
+def test_every_path_runs_and_matches_numpy_on_the_emulator():
+    """The builders a device call runs, at small shapes on H100's plans: each plan takes its path
+    and its result is within the dtype-derived tolerance of numpy's float64 (int8: exact)."""
+    records = gpucheck_paths.run_paths("emulator", small=True)
+    assert [r["path"] for r in records] == PATHS
+    assert all(r["outcome"] == "passed" for r in records), gpucheck_paths.table(records)
+    assert all(r["error"] <= r["tolerance"] for r in records if r["tolerance"])
+    assert next(r for r in records if r["path"] == "wgmma_s8")["error"] == 0.0
+
+
+def test_the_listing_names_both_calls_every_path_and_the_pending_one(capsys):
+    assert gpucheck.main(["--list"]) == 0
+    text = capsys.readouterr().out
+    assert "call 1: python3 scripts/gpu_check.py --skip-bench" in text and "--only bench" in text
+    assert all(f"  {p}: " in text for p in PATHS)
+    assert "dynamic_smem: not built yet" in text  # the hook for dynsmem's held tiles
+    on_a100 = gpucheck_paths.plan_lines(80)
+    assert sum("skipped (needs sm_90" in ln for ln in on_a100) == 6 and "cp_async_pipeline: fp32" in on_a100[7]
+
+
+def test_steps_and_a_second_call_into_the_same_folder(tmp_path):
+    assert gpucheck.steps_for(None, False) == gpucheck.STEPS
+    assert gpucheck.steps_for("paths,bench", True) == ("paths",)
+    with pytest.raises(SystemExit, match="unknown step\\(s\\) bnech"):
+        gpucheck.steps_for("bnech", False)
+    first = [gpucheck.StepResult("pytest", gpucheck.Outcome.PASSED, 60.0, "45 passed", ("junit.xml",))]
+    gpucheck.write_report(tmp_path, "NVIDIA H100 80GB HBM3", first, [])
+    bench = [gpucheck.StepResult("bench", gpucheck.Outcome.PASSED, 400.0, "6 workloads measured")]
+    paths = gpucheck.write_report(tmp_path, "NVIDIA H100 80GB HBM3", bench, json.loads(FIXTURE.read_text()))
+    data = json.loads(paths[0].read_text())
+    assert [s["name"] for s in data["steps"]] == ["pytest", "bench"] and len(data["records"]) == 6
+    assert "| pytest | passed |" in paths[2].read_text() and "| bench | passed |" in paths[2].read_text()
+    again = json.loads(FIXTURE.read_text())[:1]  # one workload measured again by a third call
+    again[0] = again[0] | {"measured_us": 99.0}
+    gpucheck.write_report(tmp_path, "NVIDIA H100 80GB HBM3", [], again)
+    data = json.loads(paths[0].read_text())
+    assert len(data["records"]) == 6 and sum(r.get("measured_us") == 99.0 for r in data["records"]) == 1
+
+
+def test_the_paths_step_reads_its_child_and_writes_the_table(tmp_path):
+    """A stand-in interpreter writes what `python -m panamera.gpucheck --paths FILE` would: one
+    path passed and timed beside its peer, one failed; the step fails naming it."""
+    child = tmp_path / "python"
+    recs = [
+        {"path": "wgmma_f16", "outcome": "passed", "error": 0.01, "tolerance": 0.2, "us": 30.0,
+         "peer": "cupy.matmul (cuBLAS)", "peer_us": 25.0},
+        {"path": "reduce_cluster_mbarrier", "outcome": "failed", "detail": "deadlock"},
+    ]  # fmt: skip
+    child.write_text(f"#!/bin/sh\ncat > \"$4\" <<'EOF'\n{json.dumps(recs)}\nEOF\nexit 1\n")
+    child.chmod(0o755)
+    step = gpucheck.run_paths_step(tmp_path, python=str(child))
+    assert (
+        step.outcome == gpucheck.Outcome.FAILED
+        and step.detail == "1 of 2 paths passed; failed: reduce_cluster_mbarrier"
+    )
+    table = (tmp_path / "paths.md").read_text()
+    assert "| wgmma_f16 | passed | 0.01 / 0.2 | 30.0 | cupy.matmul (cuBLAS) | 25.0 | 1.20 |" in table

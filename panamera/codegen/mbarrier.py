@@ -73,11 +73,12 @@ __device__ __forceinline__ void pn_mbar_wait(unsigned long long* bar, unsigned p
 #endif"""
 
 
-def setup(expected: Sequence[str]) -> list[str]:
+def setup(expected: Sequence[str], where: str = "") -> list[str]:
     """The kernel's start: one mbarrier per exchange, initialized by one thread, fenced to the
     cluster and armed with the bytes that will land in this block (`expected`: a C expression per
     exchange), before the split cluster barrier's arrival, which the caller prints next (QuACK's
-    `_initialize_cluster` arms them there too).
+    `_initialize_cluster` arms them there too). `where`: a further condition on the blocks that
+    receive (a reduce kernel's rank 0, codegen/reduce_kernel.py); the others' stay unused.
 
     >>> for ln in setup(["32u * (sizeof(float))"]): print(ln)
       PN_BLOCK_SHARED(unsigned long long, pn_mbar, [1]);  // one mbarrier per exchange
@@ -90,7 +91,7 @@ def setup(expected: Sequence[str]) -> list[str]:
     n = len(expected)
     out = [
         f"  PN_BLOCK_SHARED(unsigned long long, pn_mbar, [{n}]);  // one mbarrier per exchange",
-        "  if (tx == 0 && ty == 0) {",
+        f"  if (tx == 0 && ty == 0{' && ' + where if where else ''}) {{",
         f"    for (int e = 0; e < {n}; ++e) pn_mbar_init(&pn_mbar[e], 1u);",
         "    pn_mbar_fence_init();",
     ]

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 from ..algebra import AtomicStrategy
 from ..poly.statement import Form, Statement, StatementKind
+from ..schedule.decision import Completion
 from ..schedule.mapping import MergeMode
+from . import mbarrier
 from .expr import convert
 from .pipeline import emit_pipeline
 from .thread_loop import ThreadLoop, c_ident, identity_expr, post, post_dtype
@@ -40,7 +42,7 @@ def emit_reduce(loop: ThreadLoop) -> list[str]:
     g, m = loop.g, loop.m
     col = g.form == Form.COLUMN
     V = m.vec
-    lines = []
+    lines = _cluster_start(loop) if m.cluster > 1 and m.completion == Completion.MBARRIER else []
     reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
     for k, s in enumerate(g.statements):
         if g.accumulator_of[k] != k or k not in reductions:
@@ -138,19 +140,46 @@ def _sn(m) -> str:
     return "pn_sn" if m.cluster > 1 else "(pn_idx)gridDim.y"
 
 
+def _owners(g) -> list[int]:
+    """The statements with an accumulator of their own (a shared one merges once, by its owner)."""
+    return [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE and g.accumulator_of[k] == k]
+
+
+def _cluster_start(loop: ThreadLoop) -> list[str]:
+    """Under mbarriers (`Completion.MBARRIER`), the kernel's start: rank 0's slots for the C x ty
+    partials of each accumulator and its mbarrier, armed with their bytes (codegen/mbarrier.py),
+    then the arrival of the split cluster barrier whose wait comes before the first push (the
+    main loop hides it). Printed for sm_90 only, as the combine is."""
+    g, m = loop.g, loop.m
+    C = m.cluster
+    types = [g.statements[k].acc.compute for k in _owners(g)]
+    out = [
+        "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900",
+        "  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();",
+        *[f"  PN_BLOCK_SHARED({ct}, pn_csm{k}, [{C}][{m.ty}]);" for k, ct in zip(_owners(g), types)],
+        *mbarrier.setup([mbarrier.expected(types, C * m.ty)], where="pn_cluster.block_rank() == 0"),
+        "  pn_cluster.barrier_arrive();  // this block has started, rank 0's mbarrier is armed",
+        "#endif",
+    ]
+    return out
+
+
 def _cluster_combine(loop: ThreadLoop) -> list[str]:
     """A cluster's blocks combine their partials in its rank-0 block (schedule/cluster.py): each
     block's partial into its own shared memory, the cluster barrier, rank 0's output threads read
     the C partials in rank order through distributed shared memory, and a second barrier keeps
     every block's shared memory alive until then. Only rank 0 goes on to merge (its cluster's
-    partial is the cluster's one partial: `pn_sb` of `pn_sn`)."""
+    partial is the cluster's one partial: `pn_sb` of `pn_sn`). Under mbarriers
+    (`_cluster_mbarrier`) no cluster-wide barrier follows the partials."""
     g, m = loop.g, loop.m
     C = m.cluster
+    if m.completion == Completion.MBARRIER:
+        return _cluster_mbarrier(loop)
     out = [
         f"  // the {C} blocks of the cluster combine their partials in rank 0 (distributed shared memory)",
         "  const cooperative_groups::cluster_group pn_cluster = cooperative_groups::this_cluster();",
     ]
-    owners = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE and g.accumulator_of[k] == k]
+    owners = _owners(g)
     for k in owners:
         ct = g.statements[k].acc.compute
         out.append(f"  PN_BLOCK_SHARED({ct}, pn_csm{k}, [{m.ty}]);")
@@ -167,6 +196,33 @@ def _cluster_combine(loop: ThreadLoop) -> list[str]:
     out.append("  }")
     out.append("  pn_cluster.sync();  // rank 0 has read them: the other blocks may exit")
     out.append(f"  const pn_idx pn_sb = by / {C}, pn_sn = gridDim.y / {C};")
+    return out
+
+
+def _cluster_mbarrier(loop: ThreadLoop) -> list[str]:
+    """The cluster combine completed by rank 0's mbarrier (schedule/cluster.py, as QuACK's
+    exchange): after the start's split barrier (every block started, rank 0's mbarrier armed:
+    `_cluster_start`), each row's tx == 0 thread pushes its block's partial into slot [rank][ty]
+    of rank 0 with st.async, whose bytes complete on rank 0's mbarrier; rank 0's threads wait for
+    all C x ty of them and fold them in rank order (the barrier plan's order: bit-identical). The
+    other blocks exit after their pushes: nobody reads their shared memory."""
+    g, m = loop.g, loop.m
+    C = m.cluster
+    out = [
+        f"  // the {C} blocks of the cluster push their partials into rank 0 (st.async onto its mbarrier)",
+        "  pn_cluster.barrier_wait();  // every block has started and rank 0's mbarrier is armed",
+        "  const unsigned pn_rank = pn_cluster.block_rank();",
+    ]
+    out += [f"  if (tx == 0) pn_push(&pn_csm{k}[pn_rank][ty], acc{k}, &pn_mbar[0], 0u);" for k in _owners(g)]
+    out.append("  if (pn_rank == 0) {")
+    out.append("  " + mbarrier.wait(1).replace("every block's", "the cluster's"))
+    out.append("    if (tx == 0) {")
+    for k in _owners(g):
+        s = g.statements[k]
+        out.append(f"      acc{k} = {identity_expr(s)};")
+        fold = f"{s.combiner.functor}::apply(acc{k}, pn_csm{k}[b][ty])"
+        out.append(f"      for (unsigned b = 0; b < {C}u; ++b) acc{k} = {fold};")
+    out += ["    }", "  }", f"  const pn_idx pn_sb = by / {C}, pn_sn = gridDim.y / {C};"]
     return out
 
 

@@ -40,17 +40,29 @@ A split reduce kernel (codegen/reduce_kernel.py) may group its blocks into clust
 cluster's blocks combine their partials in its rank-0 block through distributed shared memory,
 and only the split / C rank-0 blocks merge as the merge mode says (atomics or partials and the
 last block; a split that is one cluster stores directly). `Decision.merges` are the merges of
-those split / C partials.
+those split / C partials. By the cluster barrier, each block stores its partial in its own shared
+memory, a barrier, rank 0 loads the C partials from its peers (loop-carried distributed-shared-
+memory loads), a second barrier keeps the peers alive until then (`merge_cycles`). By mbarriers,
+every block pushes its partial into rank 0 with st.async onto rank 0's mbarrier (armed at the
+start, before the split barrier the main loop hides), and only rank 0 waits, then folds the C
+partials from its own shared memory: one push latency, no barrier after the main loop.
 
-Preconditions (`check`; one negative test each in tests/test_cluster.py):
+    combine (barrier):   csm[ty] = part; cluster.sync(); rank 0: acc = fold_b *map_shared_rank(&csm[ty], b);
+                         cluster.sync()
+    combine (mbarrier):  st.async(rank 0's csm[rank][ty], part, rank 0's mbarrier);
+                         rank 0: wait(mbarrier, parity 0); acc = fold_b csm[b][ty]
+
+Preconditions (`check`; one negative test each in tests/test_cluster.py, 5's in tests/test_mbarrier.py):
   1. the cluster divides the split (= gridDim.y), and is every block of a split stitched row;
   2. the GPU has clusters of that size (`GPUSpec.max_cluster`: 16 on sm_90, none before);
   3. a reduce kernel's clusters: a ROW/ALL group without register tile or pipeline (one partial
      per row of the block);
   4. a stitched row's cluster: whole warps per row (`tx` a multiple of 32: each warp pushes one
      partial of one row);
-  5. mbarrier completion only for a stitched row split over one cluster (a reduce kernel's
-     clusters, and a plan without clusters, complete by barriers).
+  5. mbarrier completion only with clusters: a stitched row split over one cluster, or a reduce
+     kernel's clusters (a plan without clusters has nothing to complete). The bytes a phase
+     expects stay far below the mbarrier's 2^20 - 1 transaction count: at most 16 blocks x 1024
+     threads' partials of a few words.
 
 >>> from panamera.model import H100, A100
 >>> H100.max_cluster, A100.max_cluster
@@ -80,12 +92,15 @@ WARP_COMBINE_CYCLES = 100
 # first pass's loads hide); taken as half a distributed-shared-memory round trip. No measurement in
 # docs/GPU_MODEL.md or CALIBRATION.md yet: a GPU run of bench/long_rows should replace it.
 MBARRIER_INIT_CYCLES = 100
+# [assumed] one shared-memory load of the block's own memory, loop-carried in rank 0's fold of the C
+# partials under mbarriers (GPU_MODEL's L1 latency, ~30 cycles).
+SMEM_CYCLES = 30
 
 
 def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
     """Why `d.cluster` is not legal (the module's preconditions), or "" when it is."""
-    if d.completion == Completion.MBARRIER and (d.cluster == 1 or not group.stitched):
-        return "5: mbarrier completion needs a stitched row split over one thread-block cluster"
+    if d.completion == Completion.MBARRIER and d.cluster == 1:
+        return "5: mbarrier completion needs a thread-block cluster (a stitched row's, or a reduce kernel's)"
     if d.cluster == 1:
         return ""
     if d.split < 2 or d.split % d.cluster or d.grid[1] != d.split or (group.stitched and d.cluster != d.split):
@@ -103,8 +118,8 @@ def problem(group: KernelGroup, d: Decision, gpu: GPUSpec) -> str:
 
 
 def completions(group: KernelGroup, d: Decision, gpu: GPUSpec) -> tuple[Completion, ...]:
-    """The completions the model prices for `d` (precondition 5): the cluster barrier always, and
-    mbarriers for a stitched row split over one cluster.
+    """The completions the model prices for `d` (precondition 5): the cluster barrier
+    always, and mbarriers with clusters.
 
     >>> from panamera.model import H100
     >>> import panamera as pn
@@ -126,10 +141,20 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, at: str) -> None:
 
 
 def merge_cycles(d: Decision) -> int:
-    """A reduce kernel's cluster combine (codegen/reduce_kernel.py): two barriers and the rank-0
-    thread's C loop-carried distributed-shared-memory loads (0 without clusters)."""
+    """A reduce kernel's cluster combine (codegen/reduce_kernel.py), 0 without clusters: by the
+    cluster barrier, two barriers and the rank-0 thread's C loop-carried distributed-shared-memory
+    loads; by mbarriers, one push's latency, rank 0's C loads of its own shared memory and the
+    mbarrier's set-up.
+
+    >>> d = Decision(statements=("s",), form=Form.ROW, M=2, N=65536, stitched=False, vec=4, tx=256, ty=1, split=16,
+    ...              chunk=4096, grid=(2, 16), unroll=1, merges=(), access=(), levels=(), cluster=8)
+    >>> merge_cycles(d), merge_cycles(replace(d, completion=Completion.MBARRIER))
+    (2000, 540)
+    """
     if d.cluster == 1 or d.stitched:
         return 0
+    if d.completion == Completion.MBARRIER:
+        return DSMEM_CYCLES + d.cluster * SMEM_CYCLES + MBARRIER_INIT_CYCLES
     return 2 * CLUSTER_SYNC_CYCLES + d.cluster * DSMEM_CYCLES
 
 

@@ -54,8 +54,8 @@ class MmaOp(StrEnum):
 
 
 class Completion(StrEnum):
-    """How a stitched cluster's exchange knows every peer's partial has landed (`Decision.completion`,
-    schedule/cluster.py)."""
+    """How a cluster's exchange knows every peer's partial has landed (`Decision.completion`,
+    schedule/cluster.py): a stitched row's exchanges, or a reduce kernel's combine in rank 0."""
 
     BARRIER = "barrier"  # the cluster barrier (barrier.cluster arrive + wait)
     MBARRIER = "mbarrier"  # each block's own mbarrier counting the bytes its peers' st.async deliver (QuACK)
@@ -155,7 +155,7 @@ class Decision:
     # column groups a joined group whose own statements read its columns (poly/column_stitch.py) runs in
     # turn, each over every row tile: its columns' pass, the merge, the consumers' pass (schedule/persistent.py)
     cgroups: int = 1
-    completion: Completion = Completion.BARRIER  # a stitched cluster's exchanges completed by (schedule/cluster.py)
+    completion: Completion = Completion.BARRIER  # a cluster's exchanges completed by (schedule/cluster.py)
     # row tiles of each column group a joined column stitch's block keeps in shared memory from the columns'
     # pass, its first `hold` (schedule/persistent.py precondition 7): the consumers' pass reads them from chip
     hold: int = 0

@@ -135,7 +135,11 @@ def map_group(
                 d = fit_unroll(group, d)
                 if R * C > 1 and rtile is None and registers(group, d) > register_budget(d):
                     continue  # ptxas would spill the tile's accumulators and loads
-                cost = decision_cost(group, gpu, d, partials)
+                # a cluster's combine by barriers or by mbarriers, whichever the model prices lower
+                cost, d = min(
+                    ((decision_cost(group, gpu, dd, partials), dd) for dd in _completed(group, d, gpu)),
+                    key=lambda c: c[0].total_s,
+                )
                 # fewer blocks and threads, and atomics before partials, unless clearly faster
                 if best is None or cost.total_s < best[0].total_s * 0.97:
                     best = (cost, d)
@@ -157,6 +161,11 @@ def map_group(
 
 
 _DUMMY = dict(vec=1, tx=1, ty=1, split=1, chunk=1, grid=(1, 1), unroll=1, merges=(), access=())
+
+
+def _completed(group: KernelGroup, d: Decision, gpu: GPUSpec) -> list[Decision]:
+    """`d` with each completion its cluster may take (schedule/cluster.py `completions`)."""
+    return [replace(d, completion=how) for how in completions(group, d, gpu)]
 
 
 def _reduce_clusters(group: KernelGroup, gpu: GPUSpec, split: int, tile: int, cluster: bool | None) -> list[int]:
