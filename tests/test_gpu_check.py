@@ -147,7 +147,7 @@ def test_the_listing_names_both_calls_every_path_and_the_pending_one(capsys):
     text = capsys.readouterr().out
     assert "call 1: python3 scripts/gpu_check.py --skip-bench" in text and "--only bench" in text
     assert all(f"  {p}: " in text for p in PATHS)
-    assert "dynamic_smem: not built yet" in text  # the hook for dynsmem's held tiles
+    assert "dynamic_smem: no case (held tiles in dynamic shared memory" in text  # run by the training bench
     on_a100 = gpucheck_paths.plan_lines(80)
     assert sum("skipped (needs sm_90" in ln for ln in on_a100) == 6 and "cp_async_pipeline: fp32" in on_a100[7]
 
