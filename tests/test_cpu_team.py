@@ -94,6 +94,11 @@ def test_a_caller_allowed_one_core_places_nothing():
     assert _in_thread(call) == -1
 
 
+def test_panamera_cpu_place_0_turns_it_off(monkeypatch):
+    monkeypatch.setenv("PANAMERA_CPU_PLACE", "0")  # read by C getenv when a thread first runs 2 threads
+    assert _in_thread(lambda: _lib().pn_team_test(2, 0)) == -1
+
+
 def test_the_users_omp_proc_bind_stands():
     """libgomp reads OMP_PROC_BIND when it loads: a fresh process."""
     code = "from tests.test_cpu_team import _lib; print(_lib().pn_team_test(2, 0))"

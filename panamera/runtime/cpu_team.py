@@ -19,8 +19,15 @@ took a median 529-552 us (97-98 of 100 regions on different cores); libgomp's OM
 which pins the caller too, took 511-610.
 
 Nothing is placed (the C function returns at once) with one thread, without OpenMP, inside a
-parallel region, when the caller is allowed one core only, or where the user asked libgomp to bind
-threads (`OMP_PROC_BIND`, read through `omp_get_proc_bind`): their placement stands.
+parallel region, when the caller is allowed one core only, where the user asked libgomp to bind
+threads (`OMP_PROC_BIND`, read through `omp_get_proc_bind`: their placement stands), or with
+PANAMERA_CPU_PLACE=0 in the environment (read when a calling thread first runs 2 threads).
+
+The trade-off, measured in the same C experiment: on an idle machine the scheduler already wakes the
+worker on the idle core (placement changes nothing there); with one busy process on the other core
+placement wins (above); with the cores oversubscribed (load 8 on 2) a placed worker waits for a turn
+on the other core: 2 threads took a median 4000-4486 us placed against 1116-3078 unplaced, and 905-921
+on one thread. There one thread is the answer; the CPU bench marks such runs untrustworthy (load > 1.5).
 
 >>> "pn_team_place" in TEAM_SOURCE and TEAM_CALL.strip()
 'pn_team_place(pn_nt);'
@@ -34,6 +41,7 @@ TEAM_CALL = "  pn_team_place(pn_nt);\n"
 TEAM_SOURCE = r"""#ifndef PN_TEAM_PLACE
 #define PN_TEAM_PLACE
 #if defined(_OPENMP) && defined(__linux__)
+#include <cstdlib>
 #include <omp.h>
 #include <pthread.h>
 #include <sched.h>
@@ -44,7 +52,8 @@ static thread_local cpu_set_t pn_team_allowed;
 static void pn_team_place(int nt) {
   if (nt < 2 || pn_team_off || omp_in_parallel()) return;
   if (nt - 1 > pn_team_known) {  // learn the pool's threads (libgomp: one pool per calling thread)
-    if (omp_get_proc_bind() != omp_proc_bind_false || nt > 256 ||
+    const char* off = getenv("PANAMERA_CPU_PLACE");
+    if ((off && off[0] == '0') || omp_get_proc_bind() != omp_proc_bind_false || nt > 256 ||
         sched_getaffinity(0, sizeof(cpu_set_t), &pn_team_allowed) || CPU_COUNT(&pn_team_allowed) < 2) {
       pn_team_off = 1;
       return;
