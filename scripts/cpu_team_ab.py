@@ -48,7 +48,7 @@ def calls(name: str) -> dict:
     for tag, lib in libs.items():
         f = lib.pn_program
         f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_int), None
-        out.update({(tag, t): (lambda f=f, t=t: f(table, t)) for t in (1, 2)})
+        out.update({(tag, t): (lambda f=f, t=t, keep=bufs: f(table, t)) for t in (1, 2)})  # keep: the arrays live
     out.update({("onnxruntime", t): build_peer("onnxruntime", name, t)[0] for t in (1, 2)})
     return out
 
