@@ -32,6 +32,7 @@ extern "C" int pn_team_test(int nt, int nested) {
   { }
   return pn_team_off ? -1 : pn_team_known;  // -1: placement off; else the threads learnt
 }
+extern "C" int pn_team_state() { return pn_team_known; }
 #endif
 """
 )
@@ -47,6 +48,7 @@ def _lib():
 
     lib = build(HARNESS)
     lib.pn_team_test.argtypes, lib.pn_team_test.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    lib.pn_team_state.argtypes, lib.pn_team_state.restype = (), ctypes.c_int
     return lib
 
 
@@ -99,14 +101,29 @@ def test_panamera_cpu_place_0_turns_it_off(monkeypatch):
     assert _in_thread(lambda: _lib().pn_team_test(2, 0)) == -1
 
 
-def test_the_users_omp_proc_bind_stands():
-    """libgomp reads OMP_PROC_BIND when it loads: a fresh process."""
-    code = "from tests.test_cpu_team import _lib; print(_lib().pn_team_test(2, 0))"
-    env = {**os.environ, "OMP_PROC_BIND": "true"}
+def _fresh(code: str, **env) -> str:
+    """The last word `code` prints in a fresh process (libgomp reads its environment when it loads)."""
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, cwd=root, capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split()[-1] == "-1"
+    return r.stdout.split()[-1]
+
+
+def test_the_users_omp_proc_bind_stands():
+    assert (
+        _fresh("from tests.test_cpu_team import _lib; print(_lib().pn_team_test(2, 0))", OMP_PROC_BIND="true") == "-1"
+    )
+
+
+def test_a_forked_child_forgets_the_parents_threads():
+    code = (
+        "import os; from tests.test_cpu_team import _lib; lib = _lib(); assert lib.pn_team_test(2, 0) == 1\n"
+        "pid = os.fork()\n"
+        "if pid == 0: os._exit(10 + lib.pn_team_state())\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) - 10)"
+    )
+    assert _fresh(code) == "0"
 
 
 def test_a_program_entry_places_its_team_and_results_hold():

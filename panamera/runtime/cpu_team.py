@@ -13,7 +13,7 @@ the 06:08 UTC bench for this reason; onnxruntime's pool does (its caller steals 
 cores *other than the caller's current one* (the caller itself is never pinned). The threads are learnt
 once per calling thread (libgomp keeps one pool per calling thread: the table is thread_local) and
 re-pinned only when the caller has moved to another core: a `sched_getcpu` per call, `nt - 1`
-`pthread_setaffinity_np` calls per move. A woken worker then starts on another core (preempting,
+`pthread_setaffinity_np` calls per move. A forked child forgets the table (`pthread_atfork`). A woken worker then starts on another core (preempting,
 or behind, what runs there) instead of queueing behind the caller. Same run, same load: 2 threads
 took a median 529-552 us (97-98 of 100 regions on different cores); libgomp's OMP_PROC_BIND=true,
 which pins the caller too, took 511-610.
@@ -49,9 +49,15 @@ TEAM_SOURCE = r"""#ifndef PN_TEAM_PLACE
 static thread_local pthread_t pn_team_threads[256];
 static thread_local int pn_team_known = 0, pn_team_cpu = -1, pn_team_off = 0;
 static thread_local cpu_set_t pn_team_allowed;
+// A forked child has none of the parent's pool threads: the forking thread's table (its only copy
+// there) is emptied, so the child never pins a thread id of the parent's
+static void pn_team_forked() { pn_team_known = 0, pn_team_cpu = -1; }
+static pthread_once_t pn_team_once = PTHREAD_ONCE_INIT;
+static void pn_team_atfork() { pthread_atfork(nullptr, nullptr, pn_team_forked); }
 static void pn_team_place(int nt) {
   if (nt < 2 || pn_team_off || omp_in_parallel()) return;
   if (nt - 1 > pn_team_known) {  // learn the pool's threads (libgomp: one pool per calling thread)
+    pthread_once(&pn_team_once, pn_team_atfork);
     const char* off = getenv("PANAMERA_CPU_PLACE");
     if ((off && off[0] == '0') || omp_get_proc_bind() != omp_proc_bind_false || nt > 256 ||
         sched_getaffinity(0, sizeof(cpu_set_t), &pn_team_allowed) || CPU_COUNT(&pn_team_allowed) < 2) {
