@@ -36,6 +36,7 @@ import numpy as np
 
 from .arrays import numpy_to_torch_dtype
 from .blas_threads import blas_threads
+from .cpu_team import TEAM_CALL, TEAM_SOURCE
 from .executor import _alloc
 from .plan import LaunchPlan
 
@@ -73,12 +74,15 @@ def program_entry(plan: LaunchPlan, kernels: tuple) -> str:
     """The C source of `pn_program`: each kernel of `kernels` ((name, parameter keys, host), in
     order) called with its parameters taken from the table; with numpy BLAS kernels among them,
     one entry per run of compiled kernels (`segments`, `entry_name`), called between the BLAS calls.
+    Each entry first places its OpenMP team off the caller's core (runtime/cpu_team.py, whose C
+    source leads the text).
 
     >>> import panamera as pn
     >>> x = pn.placeholder((4, 8), "float32")
     >>> k = pn.compile([pn.sum(x, axis=1), pn.sum(x, axis=0)], target="cpu")
-    >>> print(program_entry(k.plan, k.executor.kernels))
+    >>> print(program_entry(k.plan, k.executor.kernels).removeprefix(TEAM_SOURCE))
     extern "C" void pn_program(void** pn_b, int pn_nt) {
+      pn_team_place(pn_nt);
       { void* a[] = {pn_b[0], pn_b[1]}; pn_k0_reduce(a, pn_nt); }
       { void* a[] = {pn_b[0], pn_b[2]}; pn_k1_reduce(a, pn_nt); }
     }
@@ -89,11 +93,12 @@ def program_entry(plan: LaunchPlan, kernels: tuple) -> str:
         if kernels[seg[0]][2] is not None:
             continue
         lines.append(f'extern "C" void {entry_name(kernels, seg)}(void** pn_b, int pn_nt) {{')
+        lines.append(TEAM_CALL.rstrip("\n"))
         for name, keys, _ in (kernels[n] for n in seg):
             args = ", ".join(f"pn_b[{slot[k]}]" for k in keys)
             lines.append(f"  {{ void* a[] = {{{args}}}; {name}(a, pn_nt); }}" if keys else f"  {name}(nullptr, pn_nt);")
         lines.append("}")
-    return "\n".join(lines)
+    return TEAM_SOURCE + "\n".join(lines)
 
 
 def address(a: np.ndarray) -> int:

@@ -9,6 +9,7 @@ A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 
   "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
   the triad's (its 12 bytes per element over its time);
 - one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
+- every region's team placed as the kernels' are (runtime/cpu_team.py: off the caller's core);
 - an empty parallel region, called from Python through ctypes (the median of single calls), under this process's OpenMP wait
   policy (`spin_count`): a pool that spins between regions (libgomp's default) enters one in about
   a microsecond or two; a passive one (OMP_WAIT_POLICY=PASSIVE, as the CPU bench runs every
@@ -48,6 +49,7 @@ import numpy as np
 
 from ..model.cpu import LANE_VECTORS, LEVELS, Caches, Rates
 from . import diskcache
+from .cpu_team import TEAM_SOURCE
 
 Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
@@ -82,10 +84,13 @@ _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}  # either case, as l
 # bound by the add's latency, not by the cache. g++ -O3 -march=native, 1 thread, thread CPU time,
 # medians of 20 rounds, load 8 (2026-11-25): 1 MiB (L2) 54 GB/s with one register, 74 with four;
 # 16 MiB (L3) 28.6 and 28.1.
-SOURCE = r"""
+SOURCE = (
+    TEAM_SOURCE
+    + r"""
 #include <omp.h>
 extern "C" {
 double pn_sum(const float* a, long n, int reps, int nt) {
+  pn_team_place(nt);
   double keep = 0;
   for (int r = 0; r < reps; ++r) {
     float s = 0;
@@ -105,6 +110,7 @@ double pn_sum(const float* a, long n, int reps, int nt) {
   return keep;
 }
 void pn_triad(float* a, const float* b, const float* c, long n, int reps, int nt) {
+  pn_team_place(nt);
   for (int r = 0; r < reps; ++r) {
 #pragma omp parallel for simd num_threads(nt) schedule(static)
     for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
@@ -141,12 +147,14 @@ double pn_div(const float* a, long n, int reps) {
   return keep;
 }
 void pn_empty(int nt) {
+  pn_team_place(nt);
   volatile int x = 0;
 #pragma omp parallel num_threads(nt)
   { x = 1; }
 }
 }
 """.replace("PN_W", str(LANE_VECTORS * 16))
+)
 
 
 def spin_count(env: Mapping[str, str] | None = None) -> int:
