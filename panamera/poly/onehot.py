@@ -22,7 +22,7 @@ Preconditions (each checked; the tensor is left as it is when one fails):
 
 >>> import panamera as pn
 >>> x, t = pn.placeholder((4, 10), name="x"), pn.placeholder((4,), "int64", name="t")
->>> picked = pn.sum(pn.where(pn.iota((4, 10), 1) == t.reshape((4, 1)), x, 0.0), axis=1)
+>>> picked = pn.sum(pn.where(pn.arange(10).reshape((1, 10)) == t.reshape((4, 1)), x, 0.0), axis=1)
 >>> [u.op for u in gathers((picked,))[0].inputs]
 ['where']
 """
