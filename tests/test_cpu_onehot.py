@@ -90,6 +90,21 @@ def test_nll_ignore_index_and_nan(rng):
     )  # the gathered values, exact
 
 
+def test_nll_of_log_softmax_one_kernel(rng):
+    """torch's cross_entropy (log_softmax, then nll_loss): the log-probability is recomputed at the
+    target, so log_softmax's (N, C) output is never written: one row kernel."""
+    x = pn.placeholder((N, C), "float32", name="x")
+    t = pn.placeholder((N,), "int64", name="t")
+    k = pn.compile(_nll(pn.nn.log_softmax(x, axis=1), t, -100), target="cpu")
+    assert "eq" not in {u.op for u in topological(k.stages.graph)} and len(k.cpu_kernels) == 1
+    xs = (rng.standard_normal((N, C)) * 4).astype(np.float32)
+    ts = _targets(rng)
+    ts[0] = -100
+    x64 = xs.astype(np.float64)
+    want = np.where(ts != -100, -_picked(x64 - _lse(x64)[:, None], ts), 0.0)
+    np.testing.assert_allclose(k(xs, ts), want, rtol=tolerance("float32", C), atol=_atol(x64, "float32"))
+
+
 # -- one negative test per precondition of onehot.match -------------------------------------------
 def _x():
     return pn.placeholder((N, C), "float32", name="x")
@@ -137,10 +152,15 @@ def test_precondition_4_one_integer_target_per_row():
     assert onehot.match(pn.sum(_select(x, _t(dtype="float32")), axis=1)) is None
 
 
-def test_precondition_5_reads_memory():
+def test_precondition_5_elementwise_of_memory():
     x, t = _x(), _t()
-    assert onehot.match(pn.sum(_select(pn.exp(x), t), axis=1)) is None
-    assert onehot.match(pn.sum(_select(x.astype("float64"), t), axis=1)) is not None  # a cast of one: gathered
+    xt = pn.placeholder((C, N), "float32", name="xt").T
+    assert onehot.match(pn.sum(_select(xt, t), axis=1)) is None  # a transpose: not element-wise
+    bias = pn.placeholder((C,), "float32", name="b")
+    assert onehot.match(pn.sum(_select(x + bias, t), axis=1)) is None  # a per-class operand would need a gather too
+    row = pn.max(x, axis=1, keepdims=True)
+    assert onehot.match(pn.sum(_select(pn.exp(x - row), t), axis=1)) is not None  # per-row operands: read as they are
+    assert onehot.match(pn.sum(_select(x.astype("float64"), t), axis=1)) is not None
 
 
 def test_precondition_6_same_dtype():

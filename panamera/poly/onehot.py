@@ -16,8 +16,11 @@ Preconditions (each checked; the tensor is left as it is when one fails):
     iota (torch's `arange(C).reshape(1, C)`) to extent C on axis `a` and 1 elsewhere.
  4. `T` is an integer tensor of the where's rank, extent 1 on `a` and the where's extents elsewhere
     (one target per row, no broadcast target).
- 5. `X` is a placeholder, or a cast of one, of the where's shape: the gather reads memory that
-    exists (a gather of a computed tensor would materialize it: frontend/movement.py `take`).
+ 5. `X` is an element-wise function (poly/fusion.py's ELEMENTWISE) of float placeholders of the
+    where's shape and of tensors constant along `a` (row statistics, scalars): the gather reads
+    memory that exists and X is recomputed at one element per row (nll_loss of log_softmax:
+    x[i, t[i]] - m[i] - log s[i]); a gather of a computed tensor would materialize it
+    (frontend/movement.py `take`).
  6. The reduce's dtype is X's dtype (the sum is then exactly the picked value).
 
 >>> import panamera as pn
@@ -29,9 +32,12 @@ Preconditions (each checked; the tensor is left as it is when one fails):
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..frontend.movement import take_along_axis
-from ..frontend.tensor import Tensor, topological, where
+from ..frontend.tensor import Tensor, _ids, topological, where
 from ..schedule.formulation import substitute
+from .fusion import ELEMENTWISE
 
 
 def _index_axis(i: Tensor, rank: int) -> int | None:
@@ -54,10 +60,31 @@ def _zero(z: Tensor) -> bool:
     return v == 0 and str(v)[0] != "-"  # +0.0 (a -0.0 would differ from the sum's +0.0 identity)
 
 
-def _source(x: Tensor, shape) -> Tensor | None:
-    """X read from memory, looked through one cast (precondition 5)."""
-    base = x.inputs[0] if x.op == "cast" else x
-    return base if base.op == "placeholder" and base.shape == tuple(shape) else None
+def _at_target(x: Tensor, t: Tensor, a: int, shape: tuple) -> Tensor | None:
+    """`x` (of the where's `shape`) read at the target of each row, shaped as `t`; None where x
+    is not an element-wise function of placeholders and per-row tensors (precondition 5)."""
+    memo: dict[int, Tensor | None] = {}
+
+    def at(u: Tensor) -> Tensor | None:
+        if u.uid not in memo:
+            memo[u.uid] = one(u)
+        return memo[u.uid]
+
+    def one(u: Tensor) -> Tensor | None:
+        if u.ndim == 0 or (u.ndim == len(shape) and u.shape[a] == 1):
+            return u  # constant along the axis: read as it is, per row
+        if u.shape != shape or not u.dtype.is_float:
+            return None
+        if u.op == "placeholder":
+            return take_along_axis(u, t, a)
+        if u.op not in ELEMENTWISE:
+            return None
+        new = [at(v) for v in u.inputs]
+        if any(v is None for v in new):
+            return None
+        return dataclasses.replace(u, inputs=tuple(new), shape=t.shape, uid=next(_ids))
+
+    return at(x)
 
 
 def match(r: Tensor) -> Tensor | None:
@@ -74,12 +101,10 @@ def match(r: Tensor) -> Tensor | None:
         row = tuple(1 if k == a else s for k, s in enumerate(w.shape))
         if t.dtype.is_float or t.dtype.name == "bool" or t.shape != row:
             return None  # 4
-        src = _source(x, w.shape)
-        if src is None or r.dtype != x.dtype:
+        picked = _at_target(x, t, a, w.shape)
+        if picked is None or r.dtype != x.dtype:
             return None  # 5, 6
-        n = w.shape[a]
-        picked = take_along_axis(src, t, a).astype(x.dtype)
-        return where((t >= 0) & (t < n), picked, 0.0).reshape(r.shape)
+        return where((t >= 0) & (t < w.shape[a]), picked, 0.0).reshape(r.shape)
     return None  # 3
 
 
