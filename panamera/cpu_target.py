@@ -10,6 +10,8 @@ layer_norm rows) and ALL groups (x - mean(x): one row, on one core), reductions 
 extent (numpy's values), contractions (generated as reductions, K split when the outputs are
 few; large float ones read straight from their operands run in numpy's BLAS:
 schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
+One-hot selections summed over their axis (cross_entropy's and nll_loss's target logit) are read
+as gathers, one element per row (poly/onehot.py), before the model ranks formulations.
 A deterministic scatter-add of rows compiled alone has CPU kernels of its own (cpu_segments.py:
 privatized tables or sorted segments). Refused with CpuUnsupportedError: replaying a GPU
 `schedule=`, and the group kinds cpu_kernel.py's `check` names (indirect writes: the atomic
