@@ -10,6 +10,8 @@ layer_norm rows) and ALL groups (x - mean(x): one row, on one core), reductions 
 extent (numpy's values), contractions (generated as reductions, K split when the outputs are
 few; large float ones read straight from their operands run in numpy's BLAS:
 schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
+One-hot selections summed over their axis (cross_entropy's and nll_loss's target logit) are read
+as gathers, one element per row (poly/onehot.py), before the model ranks formulations.
 A deterministic scatter-add of rows compiled alone has CPU kernels of its own (cpu_segments.py:
 privatized tables or sorted segments). Refused with CpuUnsupportedError: replaying a GPU
 `schedule=`, and the group kinds cpu_kernel.py's `check` names (indirect writes: the atomic
@@ -39,6 +41,7 @@ from .frontend.tensor import Tensor
 from .launch_plan import _output_specs, _result_spec
 from .options import Options, Target
 from .poly import attention as fused_attention
+from .poly import onehot
 from .poly.statement import Form
 from .runtime import cpu_gemm
 from .runtime.cpu import SIMD_MATH, CpuExecutor
@@ -67,6 +70,12 @@ def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     are CPU kernels (materialized scores, not an online softmax)."""
     nodes = fused_attention.chains_in(outs)
     return substitute(outs, {t.uid: fused_attention.chain_of(t) for t in nodes}) if nodes else outs
+
+
+def _cpu_graph(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The graph the CPU plans: attention as its chain (`_unfused`), one-hot selections summed
+    over their axis read as gathers (poly/onehot.py: cross_entropy's target logit, one read per row)."""
+    return onehot.gathers(_unfused(outs))
 
 
 def _launch(k: CpuKernel) -> Launch:
@@ -104,7 +113,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
             return scatter  # a deterministic scatter-add alone: its own CPU plan (cpu_segments.py)
         if nondeterministic(alternative) is not None:
             return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
-        a = run_stages(alternative, alone, stop_after="groups")
+        a = run_stages(onehot.gathers(alternative), alone, stop_after="groups")
         pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone, tile epilogues fused
             (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
             for group in a.groups
@@ -116,7 +125,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     graph, chosen = choose_formulations(outs, cost)
     if sorted_segments.recognize(graph) is not None:  # the scatter alone, else Unsupported (its precondition 1)
         return cpu_segments.compile_cpu_scatter(graph, outs, options, single, chosen, model)
-    a = run_stages(_unfused(graph), options, stop_after="groups")
+    a = run_stages(_cpu_graph(graph), options, stop_after="groups")
     groups = tuple(piece for g in a.groups for piece in cpu_groups(g, model, machine.cores))  # BLAS's alone
     a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
     kernels = []
