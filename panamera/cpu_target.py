@@ -11,7 +11,7 @@ extent (numpy's values), contractions (generated as reductions, K split when the
 few; large float ones read straight from their operands run in numpy's BLAS:
 schedule/cpu_blas.py) and attention (as its chain: the CPU has no fused attention template).
 One-hot selections summed over their axis (cross_entropy's and nll_loss's target logit) are read
-as gathers, one element per row (poly/onehot.py), before the model ranks formulations.
+as gathers, one element per row (schedule/onehot.py), before the model ranks formulations.
 A deterministic scatter-add of rows compiled alone has CPU kernels of its own (cpu_segments.py:
 privatized tables or sorted segments). Refused with CpuUnsupportedError: replaying a GPU
 `schedule=`, and the group kinds cpu_kernel.py's `check` names (indirect writes: the atomic
@@ -41,12 +41,12 @@ from .frontend.tensor import Tensor
 from .launch_plan import _output_specs, _result_spec
 from .options import Options, Target
 from .poly import attention as fused_attention
-from .poly import onehot
 from .poly.statement import Form
 from .runtime import cpu_gemm
 from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
+from .schedule import onehot
 from .schedule.cpu_contraction import cpu_groups
 from .schedule.cpu_cost import plan_time
 from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
@@ -74,7 +74,7 @@ def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
 
 def _cpu_graph(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """The graph the CPU plans: attention as its chain (`_unfused`), one-hot selections summed
-    over their axis read as gathers (poly/onehot.py: cross_entropy's target logit, one read per row)."""
+    over their axis read as gathers (schedule/onehot.py: cross_entropy's target logit, one read per row)."""
     return onehot.gathers(_unfused(outs))
 
 

@@ -1,4 +1,4 @@
-"""One-hot selections summed over their axis read as gathers on the CPU target (poly/onehot.py):
+"""One-hot selections summed over their axis read as gathers on the CPU target (schedule/onehot.py):
 cross_entropy's and nll_loss's target logit, against numpy in float64; one negative test per
 precondition of `onehot.match`."""
 
@@ -8,7 +8,7 @@ from conftest import tolerance
 
 import panamera as pn
 from panamera.frontend.tensor import topological
-from panamera.poly import onehot
+from panamera.schedule import onehot
 
 N, C = 6, 300
 

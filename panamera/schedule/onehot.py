@@ -36,8 +36,8 @@ import dataclasses
 
 from ..frontend.movement import take_along_axis
 from ..frontend.tensor import Tensor, _ids, topological, where
-from ..schedule.formulation import substitute
-from .fusion import ELEMENTWISE
+from ..poly.fusion import ELEMENTWISE
+from .formulation import substitute
 
 
 def _index_axis(i: Tensor, rank: int) -> int | None:
