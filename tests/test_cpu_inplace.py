@@ -108,3 +108,19 @@ def test_precondition_8_output_read_in_the_group():
     s0 = g.statements[0]
     again = s0.reads + (Read(g.statements[2].result, g.statements[2].write),)
     assert output_row(_with(g, 0, reads=again), x) is None
+
+
+def test_out_aliasing_the_input_is_not_the_scratch_row(rng):
+    """The sum pass writes exp(x - m) into the output row before the last pass: an `out=` that is the
+    input itself, or overlaps it a row further on, must not be read back as x (the call copies
+    through its own output instead; runtime/cpu_call.py `_writable`/OBJECT_CALL's overlap test)."""
+    a = (rng.standard_normal((5, 1000)) * 6).astype(np.float32)
+    k = pn.compile(pn.nn.softmax(pn.placeholder(a.shape, "float32"), axis=-1), target="cpu", cache=False)
+    assert [x.into for d in k.decisions for x in d.reuse] == [2]
+    want = k(a, threads=1)
+    same = a.copy()
+    k(same, threads=2, out=same)
+    assert np.array_equal(same, want)
+    buf = np.concatenate([a, a[:1]])  # out = the input's rows shifted by one: row i of out is row i + 1 of x
+    k(buf[:5], threads=1, out=buf[1:])
+    assert np.array_equal(buf[1:], want)
