@@ -4,7 +4,7 @@ output row, the last pass scales it in place. Results against numpy in float64, 
 and row tails, bit-identical to the per-thread scratch row and across thread counts, at one and two
 rows a scan; one negative test per precondition 5 to 8 of cpu_reuse.
 
-Tolerance: test_cpu_rows' softmax bound (float32, u = 2^-24: exp < 1 ulp, x - m, the row's sum of
+Tolerance: conftest's softmax_bound (float32, u = 2^-24: exp < 1 ulp, x - m, the row's sum of
 n terms, the reciprocal and the product)."""
 
 from dataclasses import replace
@@ -12,6 +12,7 @@ from dataclasses import replace
 import islpy as isl
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 import panamera as pn
 import panamera.schedule.cpu_mapper as cpu_mapper
@@ -21,18 +22,7 @@ from panamera.model.cpu import CpuModel
 from panamera.poly.statement import Form, Read
 from panamera.schedule.cpu_reuse import choose, output_row
 
-U = 2.0**-24
 MODEL = CpuModel.nominal(cores=2, simd_bytes=64)
-
-
-def _bound(a: np.ndarray):
-    x = a.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        ref = e / e.sum(-1, keepdims=True)
-        d = np.where(np.isfinite(x), x.max(-1, keepdims=True) - x, 0.0)
-    n = a.shape[-1]
-    return ref, ((d + 4) * U + (n - 1 + d.max(-1, keepdims=True) + 2) * U + U) * ref + 1.7e-38
 
 
 @pytest.mark.parametrize("rows,shape", [(1, (5, 1000)), (2, (7, 200))])
@@ -56,7 +46,7 @@ def test_softmax_output_row_scratch(monkeypatch, rng, rows, shape):
     assert all(np.array_equal(want, r, equal_nan=True) for r in runs)
     got = runs[0].astype(np.float64)
     assert np.isnan(got[1:3]).all() and got[-1, 150] == 1.0 and (got[3, ::3] == 0).all()
-    ref, tol = _bound(a)
+    ref, tol = softmax_bound(a)
     ok = np.isfinite(ref)
     assert (np.abs(got[ok] - ref[ok]) <= tol[ok]).all()
     out = np.full_like(a, 7.0)  # a caller's output array: written in place
