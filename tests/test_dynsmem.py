@@ -150,3 +150,64 @@ def test_the_bench_kernels_static_shared_memory_is_the_column_tree():
     (res,) = [r for r in nvcc.compile_cuda(k.source, archs=("sm_90",)) if r.kernel == m.name]
     assert res.shared_bytes == static_bytes(k.groups[0], m) == 16384 + 16  # the column tree and pn_is_last
     assert res.shared_bytes + m.dynamic_smem <= dynsmem.opt_in(H100)
+
+
+class _FakeKernel:
+    """CuPy's RawKernel as the CUDA backend uses it: the opt-in attribute (48 KiB less the kernel's
+    static bytes until raised: cudaFuncAttributeMaxDynamicSharedMemorySize), plain and cooperative
+    launches; every call recorded."""
+
+    def __init__(self, calls: list, name: str):
+        self.calls, self.name, self.raised = calls, name, []
+        self._max = dynsmem.STATIC_BYTES - 16400
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, v: int) -> None:
+        self.raised.append(v)
+        self._max = v
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        self.calls.append((self.name, False, shared_mem))
+
+    @property
+    def kernel(self):
+        def launch(grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+            self.calls.append((self.name, enable_cooperative_groups, shared_mem))
+
+        return launch
+
+
+def test_the_cuda_backend_opts_in_and_passes_the_bytes_at_each_launch(monkeypatch):
+    """runtime/executor.py `_run_cuda` with a fake CuPy (no GPU here): a launch past the kernel's
+    default maximum raises the attribute once to its bytes, before it, and passes `shared_mem=` to
+    plain and cooperative launches alike; a launch of none passes 0 and raises nothing."""
+    import sys
+    import types
+
+    from panamera.runtime import executor as ex
+    from panamera.runtime.plan import BufferRole, BufferSpec, Launch, LaunchPlan, LaunchRole
+
+    calls: list = []
+    kernels = {n: _FakeKernel(calls, n) for n in ("big", "coop", "none")}
+    module = types.SimpleNamespace(get_function=lambda n: kernels[n])
+    stream = types.SimpleNamespace(ptr=0)
+    cuda = types.SimpleNamespace(
+        Device=lambda *a: types.SimpleNamespace(id=0), get_current_stream=lambda: stream, driver=None
+    )
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, empty=np.empty))
+    monkeypatch.setattr(ex.cuda_backend, "module", lambda source: module)
+    buf = {"ws": BufferSpec("ws", "float", None, 4, BufferRole.PARTIALS)}
+    launches = (
+        Launch("big", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP, dynamic_smem_bytes=196608),
+        Launch("coop", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP, 100000, cooperative=True),
+        Launch("none", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP),
+    )
+    e = ex.Executor(LaunchPlan(launches, buf), "", tuple((n, ("float*",)) for n in kernels), "cuda")
+    e._run_cuda([])
+    e._run_cuda([])
+    assert calls == [("big", False, 196608), ("coop", True, 100000), ("none", False, 0)] * 2
+    assert kernels["big"].raised == [196608] and kernels["coop"].raised == [100000] and not kernels["none"].raised
