@@ -90,7 +90,11 @@ class IndexBound:
         lo = -n if self.wraps else 0
         if self.ignore is not None:  # an ignored id read as 0, a valid one: still one min/max pass after it
             ids = torch.where(ids == self.ignore, torch.zeros((), dtype=ids.dtype, device=ids.device), ids)
-        least, most = (int(v) for v in torch.aminmax(ids))  # one pass; on CUDA two numbers read back
+        low_high = torch.aminmax(ids)  # one pass
+        if ids.device.type == "cpu":
+            least, most = int(low_high.min), int(low_high.max)
+        else:  # both numbers in one copy back: one synchronisation, not one per number
+            least, most = torch.stack(tuple(low_high)).tolist()
         if least >= lo and most < n:
             return
         flat = ids.reshape(-1)
