@@ -38,6 +38,20 @@ def tolerance(dtype: str, n: int) -> float:
     return 2 * eps + acc * max(n, 1) ** 0.5 * 8
 
 
+def softmax_bound(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 reference, per-element bound) of a float32 softmax over the last axis of `a` (u = 2^-24):
+    exp within 1 ulp of x - m, the row's sum of n terms, the reciprocal and the product, each error
+    relative to the result; plus float32's least normal for the results that underflow."""
+    u = 2.0**-24
+    x = a.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        ref = e / e.sum(-1, keepdims=True)
+        d = np.where(np.isfinite(x), x.max(-1, keepdims=True) - x, 0.0)
+    n = a.shape[-1]
+    return ref, ((d + 4) * u + (n - 1 + d.max(-1, keepdims=True) + 2) * u + u) * ref + 1.7e-38
+
+
 def check(k, arrays, ref, dtype, n, orders=("forward", "reverse")):
     outs = []
     for order in orders:

@@ -4,7 +4,7 @@ output row, the last pass scales it in place. Results against numpy in float64, 
 and row tails, bit-identical to the per-thread scratch row and across thread counts, at one and two
 rows a scan; one negative test per precondition 5 to 8 of cpu_reuse.
 
-Tolerance: test_cpu_rows' softmax bound (float32, u = 2^-24: exp < 1 ulp, x - m, the row's sum of
+Tolerance: conftest's softmax_bound (float32, u = 2^-24: exp < 1 ulp, x - m, the row's sum of
 n terms, the reciprocal and the product)."""
 
 from dataclasses import replace
@@ -12,6 +12,7 @@ from dataclasses import replace
 import islpy as isl
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 import panamera as pn
 import panamera.schedule.cpu_mapper as cpu_mapper
@@ -21,18 +22,7 @@ from panamera.model.cpu import CpuModel
 from panamera.poly.statement import Form, Read
 from panamera.schedule.cpu_reuse import choose, output_row
 
-U = 2.0**-24
 MODEL = CpuModel.nominal(cores=2, simd_bytes=64)
-
-
-def _bound(a: np.ndarray):
-    x = a.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        ref = e / e.sum(-1, keepdims=True)
-        d = np.where(np.isfinite(x), x.max(-1, keepdims=True) - x, 0.0)
-    n = a.shape[-1]
-    return ref, ((d + 4) * U + (n - 1 + d.max(-1, keepdims=True) + 2) * U + U) * ref + 1.7e-38
 
 
 @pytest.mark.parametrize("rows,shape", [(1, (5, 1000)), (2, (7, 200))])
@@ -56,7 +46,7 @@ def test_softmax_output_row_scratch(monkeypatch, rng, rows, shape):
     assert all(np.array_equal(want, r, equal_nan=True) for r in runs)
     got = runs[0].astype(np.float64)
     assert np.isnan(got[1:3]).all() and got[-1, 150] == 1.0 and (got[3, ::3] == 0).all()
-    ref, tol = _bound(a)
+    ref, tol = softmax_bound(a)
     ok = np.isfinite(ref)
     assert (np.abs(got[ok] - ref[ok]) <= tol[ok]).all()
     out = np.full_like(a, 7.0)  # a caller's output array: written in place
@@ -108,3 +98,19 @@ def test_precondition_8_output_read_in_the_group():
     s0 = g.statements[0]
     again = s0.reads + (Read(g.statements[2].result, g.statements[2].write),)
     assert output_row(_with(g, 0, reads=again), x) is None
+
+
+def test_out_aliasing_the_input_is_not_the_scratch_row(rng):
+    """The sum pass writes exp(x - m) into the output row before the last pass: an `out=` that is the
+    input itself, or overlaps it a row further on, must not be read back as x (the call copies
+    through its own output instead; runtime/cpu_call.py `_writable`/OBJECT_CALL's overlap test)."""
+    a = (rng.standard_normal((5, 1000)) * 6).astype(np.float32)
+    k = pn.compile(pn.nn.softmax(pn.placeholder(a.shape, "float32"), axis=-1), target="cpu", cache=False)
+    assert [x.into for d in k.decisions for x in d.reuse] == [2]
+    want = k(a, threads=1)
+    same = a.copy()
+    k(same, threads=2, out=same)
+    assert np.array_equal(same, want)
+    buf = np.concatenate([a, a[:1]])  # out = the input's rows shifted by one: row i of out is row i + 1 of x
+    k(buf[:5], threads=1, out=buf[1:])
+    assert np.array_equal(buf[1:], want)

@@ -13,6 +13,7 @@ from dataclasses import replace
 import islpy as isl
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 import panamera as pn
 import panamera.schedule.cpu_mapper as cpu_mapper
@@ -66,17 +67,6 @@ def test_argmax_prefetched_tails_nan_ties_threads(force_prefetch, rng):
     assert np.array_equal(plain(a, threads=1), want)
 
 
-def _softmax_bound(a: np.ndarray):
-    x = a.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        ref = e / e.sum(-1, keepdims=True)
-        d = np.where(np.isfinite(x), x.max(-1, keepdims=True) - x, 0.0)
-    n = a.shape[-1]
-    tol = ((d + 4) * U + (n - 1 + d.max(-1, keepdims=True) + 2) * U + U) * ref + 1.7e-38
-    return ref, tol
-
-
 def test_softmax_prefetched_special_rows_same_bits(force_prefetch, rng):
     a = (rng.standard_normal((5, 3001)) * 6).astype(np.float32)  # 3001: a tail of 57 after the 64-lane steps
     a[1, 2000] = np.nan
@@ -93,7 +83,7 @@ def test_softmax_prefetched_special_rows_same_bits(force_prefetch, rng):
     assert all(np.array_equal(base, r, equal_nan=True) for r in runs)
     got = runs[0].astype(np.float64)
     assert np.isnan(got[1:3]).all() and got[3, 3000] == 1.0 and (got[4, ::3] == 0).all()
-    ref, tol = _softmax_bound(a)
+    ref, tol = softmax_bound(a)
     ok = np.isfinite(ref)
     assert (np.abs(got[ok] - ref[ok]) <= tol[ok]).all()
 
@@ -114,7 +104,7 @@ def test_short_rows_prefetched_rows_a_scan(force_prefetch, monkeypatch, rng, row
     assert all(np.array_equal(base, k(a, threads=t), equal_nan=True) for t in (1, 2))
     got = base.astype(np.float64)
     assert np.isnan(got[1:3]).all() and got[6, 150] == 1.0
-    ref, tol = _softmax_bound(a)
+    ref, tol = softmax_bound(a)
     ok = np.isfinite(ref)
     assert (np.abs(got[ok] - ref[ok]) <= tol[ok]).all()
 
@@ -171,5 +161,5 @@ def test_float16_rows_prefetched(force_prefetch, rng):
     assert k.source.count("__builtin_prefetch") == 2
     got = k(a, threads=2)
     assert np.array_equal(got, plain(a, threads=1))
-    ref, tol = _softmax_bound(a.astype(np.float32))
+    ref, tol = softmax_bound(a.astype(np.float32))
     assert (np.abs(got.astype(np.float64) - ref) <= tol + 2.0**-11 * ref + 2.0**-25).all()

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from panamera.codegen.cpu_region import one_thread
+from panamera.errors import LegalityError
 from panamera.subgraph.optimizer import optimize
 from panamera.subgraph.verify import reference_values
 
@@ -100,10 +101,10 @@ def test_one_thread_forms():
 
 
 def test_precondition_1_unknown_region_form_refused():
-    with pytest.raises(ValueError, match="unknown parallel region form"):
+    with pytest.raises(LegalityError, match="unknown parallel region form"):
         one_thread(["#pragma omp parallel for schedule(dynamic) num_threads(pn_nt)", "for (;;) {}"])
 
 
 def test_precondition_2_bare_region_without_its_block_refused():
-    with pytest.raises(ValueError, match="not followed by its block"):
+    with pytest.raises(LegalityError, match="not followed by its block"):
         one_thread(["#pragma omp parallel num_threads(pn_nt)", "y[0] = 0;"])

@@ -9,6 +9,7 @@ the reciprocal and the product)."""
 
 import numpy as np
 import pytest
+from conftest import softmax_bound
 
 import panamera as pn
 import panamera.schedule.cpu_mapper as cpu_mapper
@@ -42,17 +43,6 @@ def _softmax_rows(rng, m: int, n: int = 128) -> np.ndarray:
     return a
 
 
-def _softmax_bound(a: np.ndarray):
-    x = a.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        e = np.exp(x - x.max(-1, keepdims=True))
-        ref = e / e.sum(-1, keepdims=True)
-        d = np.where(np.isfinite(x), x.max(-1, keepdims=True) - x, 0.0)
-    n = a.shape[-1]
-    tol = ((d + 4) * U + (n - 1 + d.max(-1, keepdims=True) + 2) * U + U) * ref + 1.7e-38
-    return ref, tol
-
-
 @pytest.mark.parametrize("rows,m", [(2, 7), (3, 11), (4, 9)])
 def test_softmax_rows_tails_threads_and_one_row_bits(force_rows, rng, rows, m):
     a = _softmax_rows(rng, m)
@@ -64,7 +54,7 @@ def test_softmax_rows_tails_threads_and_one_row_bits(force_rows, rng, rows, m):
     assert f"pn_i0 += {rows}" in k.source  # the rows-a-pass loop (codegen/cpu_interleave.py)
     runs = [k(a, threads=t) for t in (1, 2, 3)]
     assert all(np.array_equal(one, r, equal_nan=True) for r in runs)
-    ref, tol = _softmax_bound(a)
+    ref, tol = softmax_bound(a)
     got = runs[0].astype(np.float64)
     assert np.isnan(got[1:3]).all() and got[m - 1, 5] == 1.0 and (got[3, ::3] == 0).all()
     ok = np.isfinite(ref)

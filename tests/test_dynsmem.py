@@ -76,15 +76,45 @@ extern "C" __global__ void both(float* out) {
 """
 
 
-def test_block_shared_and_dynamic_shared_memory_share_the_emulators_arena():
-    """Each block's PN_BLOCK_SHARED arrays and its dynamic shared memory never overlap: together past the
-    emulator's 256 KB arena, the launch fails (on a GPU: past the opt-in maximum)."""
+def test_block_shared_and_dynamic_shared_memory_never_overlap():
+    """Each block's PN_BLOCK_SHARED arrays and its dynamic shared memory are apart, whatever their sum
+    (a GPU's opt-in maximum is the plan's precondition 2, not the emulator's)."""
     lib = emulator.build(PRELUDE + BOTH, {"both": ["float*"]})
     out = np.zeros(32, np.float32)
-    emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=200 * 1024)
-    assert (out == 3).all()
-    with pytest.raises(BackendError, match=r"both: PN_BLOCK_SHARED: .*with its dynamic.* 256 KB arena"):
-        emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=220 * 1024)
+    for shared in (200 * 1024, 240 * 1024):
+        out[:] = 0
+        emulator.launch(lib, "both", (2, 1, 1), (32, 1, 1), [ctypes.c_void_p(out.ctypes.data)], shared=shared)
+        assert (out == 3).all()
+
+
+TWO = r"""
+extern "C" __global__ void rows(float* out) {  // another kernel's block-shared rows: 160 KiB
+  PN_BLOCK_SHARED(float, pn_rows, [40 * 1024]);
+  pn_rows[threadIdx.x] = 1.f;
+  out[threadIdx.x] = pn_rows[threadIdx.x];
+}
+extern "C" __global__ void held(float* out) {  // 192 KiB of dynamic shared memory, no block-shared array
+  PN_DYNAMIC_SHARED(pn_dsmem);
+  float* const d = reinterpret_cast<float*>(pn_dsmem);
+  d[48 * 1024 - 1 - threadIdx.x] = 2.f;
+  out[threadIdx.x] = d[48 * 1024 - 1 - threadIdx.x];
+}
+"""
+
+
+def test_a_kernels_dynamic_shared_memory_is_not_taken_by_another_kernels_block_shared_arrays():
+    """PN_BLOCK_SHARED offsets are fixed per library (all its kernels' declarations in turn): one
+    kernel's 160 KiB of rows must not leave another kernel of the same program too little room for
+    its own 192 KiB of dynamic shared memory (a training program holds both kinds)."""
+    lib = emulator.build(PRELUDE + TWO, {"rows": ["float*"], "held": ["float*"]})
+    out = np.zeros(32, np.float32)
+    arg = [ctypes.c_void_p(out.ctypes.data)]
+    emulator.launch(lib, "rows", (2, 1, 1), (32, 1, 1), arg)
+    assert (out == 1).all()
+    emulator.launch(lib, "held", (2, 1, 1), (32, 1, 1), arg, shared=192 * 1024)
+    assert (out == 2).all()
+    emulator.launch(lib, "held", (3, 1, 1), (32, 1, 1), arg, "shuffled", cooperative=True, shared=192 * 1024)
+    assert (out == 2).all()
 
 
 def test_the_raw_kernel_compiles_with_nvcc():
@@ -150,3 +180,64 @@ def test_the_bench_kernels_static_shared_memory_is_the_column_tree():
     (res,) = [r for r in nvcc.compile_cuda(k.source, archs=("sm_90",)) if r.kernel == m.name]
     assert res.shared_bytes == static_bytes(k.groups[0], m) == 16384 + 16  # the column tree and pn_is_last
     assert res.shared_bytes + m.dynamic_smem <= dynsmem.opt_in(H100)
+
+
+class _FakeKernel:
+    """CuPy's RawKernel as the CUDA backend uses it: the opt-in attribute (48 KiB less the kernel's
+    static bytes until raised: cudaFuncAttributeMaxDynamicSharedMemorySize), plain and cooperative
+    launches; every call recorded."""
+
+    def __init__(self, calls: list, name: str):
+        self.calls, self.name, self.raised = calls, name, []
+        self._max = dynsmem.STATIC_BYTES - 16400
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, v: int) -> None:
+        self.raised.append(v)
+        self._max = v
+
+    def __call__(self, grid, block, args, *, shared_mem=0):
+        self.calls.append((self.name, False, shared_mem))
+
+    @property
+    def kernel(self):
+        def launch(grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+            self.calls.append((self.name, enable_cooperative_groups, shared_mem))
+
+        return launch
+
+
+def test_the_cuda_backend_opts_in_and_passes_the_bytes_at_each_launch(monkeypatch):
+    """runtime/executor.py `_run_cuda` with a fake CuPy (no GPU here): a launch past the kernel's
+    default maximum raises the attribute once to its bytes, before it, and passes `shared_mem=` to
+    plain and cooperative launches alike; a launch of none passes 0 and raises nothing."""
+    import sys
+    import types
+
+    from panamera.runtime import executor as ex
+    from panamera.runtime.plan import BufferRole, BufferSpec, Launch, LaunchPlan, LaunchRole
+
+    calls: list = []
+    kernels = {n: _FakeKernel(calls, n) for n in ("big", "coop", "none")}
+    module = types.SimpleNamespace(get_function=lambda n: kernels[n])
+    stream = types.SimpleNamespace(ptr=0)
+    cuda = types.SimpleNamespace(
+        Device=lambda *a: types.SimpleNamespace(id=0), get_current_stream=lambda: stream, driver=None
+    )
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda, empty=np.empty))
+    monkeypatch.setattr(ex.cuda_backend, "module", lambda source: module)
+    buf = {"ws": BufferSpec("ws", "float", None, 4, BufferRole.PARTIALS)}
+    launches = (
+        Launch("big", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP, dynamic_smem_bytes=196608),
+        Launch("coop", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP, 100000, cooperative=True),
+        Launch("none", (2, 1, 1), (32, 1, 1), (("buf", "ws"),), LaunchRole.MAP),
+    )
+    e = ex.Executor(LaunchPlan(launches, buf), "", tuple((n, ("float*",)) for n in kernels), "cuda")
+    e._run_cuda([])
+    e._run_cuda([])
+    assert calls == [("big", False, 196608), ("coop", True, 100000), ("none", False, 0)] * 2
+    assert kernels["big"].raised == [196608] and kernels["coop"].raised == [100000] and not kernels["none"].raised

@@ -135,3 +135,20 @@ def test_cross_entropy_targets_outside_the_classes():
             loss(x, t)
         with pytest.raises(IndexRangeError, match=rf"aten\.nll_loss_forward: index '\w+' holds {bad} at position 2"):
             f(x, t)
+
+
+@pytest.mark.parametrize(("given", "cast", "upstream"), [("int32", "int64", True), ("int64", "int32", False)])
+def test_the_range_crosses_a_cast_only_where_it_keeps_every_id(given, cast, upstream):
+    """A widening cast keeps every id: the range is the uncast ids' too. A narrowing one does not (an
+    int64 id 2^32 + 1 is 1 once cast, which eager accepts): the range stays on the cast's result."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(w, ids):
+        return torch.nn.functional.embedding(ids.to(getattr(torch, cast)), w)
+
+    gm = make_fx(f, tracing_mode="fake")(W, torch.tensor([0, 1], dtype=getattr(torch, given)))
+    recorded = index_bounds(gm)
+    ids = next(n for n in gm.graph.nodes if n.op == "placeholder" and n.name.startswith("ids"))
+    to = next(n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default)
+    assert [b.op for b in recorded[to.name]] == ["embedding"]
+    assert (ids.name in recorded) == upstream

@@ -9,7 +9,7 @@ the model splits across threads keeps them (its work outweighs a region's entry)
 the same iterations in the same order as a region of one thread (the same bits), without the
 team or its barrier.
 
-Preconditions of `one_thread` (each refused with ValueError, one test each in
+Preconditions of `one_thread` (each refused with LegalityError, one test each in
 tests/test_cpu_region.py):
 1. every `omp parallel` line is one of `REGION_FORMS` (a form it does not know is not guessed at);
 2. a bare region's pragma is followed by a line opening its block (`{`), so the block survives
@@ -26,6 +26,8 @@ for (long i = 0; i < 8; ++i) y[i] = x[i];
 from __future__ import annotations
 
 import re
+
+from ..errors import LegalityError
 
 REGION_FORMS = {  # a region's pragma (after "#pragma omp parallel") -> its serial form ("" drops the line)
     r"for simd schedule\(static\) num_threads\(pn_nt\)": "#pragma omp for simd schedule(static)",
@@ -46,9 +48,9 @@ def one_thread(lines: list[str]) -> list[str]:
             continue
         form = next((serial for pat, serial in REGION_FORMS.items() if re.fullmatch(pat, m.group(2))), None)
         if form is None:
-            raise ValueError(f"cpu_region: unknown parallel region form {line.strip()!r}")
+            raise LegalityError(f"cpu_region: unknown parallel region form {line.strip()!r}")
         if form:
             out.append(m.group(1) + form)
         elif n + 1 >= len(lines) or lines[n + 1].strip() != "{":
-            raise ValueError(f"cpu_region: a bare region's pragma not followed by its block: {line.strip()!r}")
+            raise LegalityError(f"cpu_region: a bare region's pragma not followed by its block: {line.strip()!r}")
     return out

@@ -16,7 +16,9 @@
 // Shared memory that must hold a value while other blocks run (PN_BLOCK_SHARED: rows kept on chip,
 // a cluster's partials) is each block's own instead: a per-block arena of kArena bytes, every
 // declaration at its own offset, filled with 0xff bytes (NaN) when the block starts. A launch's
-// dynamic shared memory (PN_DYNAMIC_SHARED, `extern __shared__`) is the arena's last bytes.
+// dynamic shared memory (PN_DYNAMIC_SHARED, `extern __shared__`) is each block's own buffer beside
+// the arena (the arena's offsets are fixed per library, over all its kernels' declarations: another
+// kernel's arrays must not take its room), likewise filled with NaN.
 // Atomics are real atomic operations (GCC __atomic builtins), so the semantics stay honest even
 // though one host thread runs everything.
 #pragma once
@@ -306,6 +308,8 @@ struct Cluster {
 struct Block {
   uint3 idx;
   unsigned char* arena;  // PN_BLOCK_SHARED memory of this block (allocated at its first use)
+  unsigned char* dyn;    // its dynamic shared memory (allocated at its first use), `dyn_cap` bytes
+  size_t dyn_cap;
   Cluster* cluster;      // the block's cluster (nullptr outside a cluster launch) and its rank in it
   int cluster_rank;
   Fiber* fibers;
@@ -345,26 +349,29 @@ static inline unsigned char* arena_of(Block* b) {
   return b->arena;
 }
 static size_t dyn_bytes = 0;  // the launch's dynamic shared memory (the shared_mem launch argument)
-static inline size_t dyn_at() { return (kArena - dyn_bytes) / 16 * 16; }  // at the arena's end, 16-byte aligned
 static unsigned char no_dynamic[kArena];  // what a kernel launched without dynamic shared memory gets (an error)
-// Sets the next launch's dynamic shared memory; an error past the arena.
+// Sets the next launch's dynamic shared memory; an error past kArena (more than any GPU's opt-in maximum).
 static inline const char* set_dynamic(size_t bytes) {
   dyn_bytes = bytes;
   return bytes <= kArena ? nullptr : "dynamic shared memory: more bytes than the emulator's 256 KB arena";
 }
-// This block's dynamic shared memory (PN_DYNAMIC_SHARED).
+// This block's dynamic shared memory (PN_DYNAMIC_SHARED): its own buffer, 16-byte aligned.
 static inline unsigned char* dynamic_shared() {
-  if (dyn_bytes == 0 || arena_used > dyn_at()) {
-    if (!error)
-      error = dyn_bytes == 0 ? "extern __shared__: a kernel that uses dynamic shared memory launched with none"
-                             : "dynamic shared memory: with the block's PN_BLOCK_SHARED over the emulator's 256 KB arena";
+  if (dyn_bytes == 0) {
+    if (!error) error = "extern __shared__: a kernel that uses dynamic shared memory launched with none";
     return no_dynamic;
   }
-  return arena_of(blk) + dyn_at();
+  if (blk->dyn_cap < dyn_bytes) {  // a block's first use, or a launch asking for more than the last
+    std::free(blk->dyn);
+    blk->dyn = static_cast<unsigned char*>(std::aligned_alloc(16, (dyn_bytes + 15) / 16 * 16));
+    blk->dyn_cap = dyn_bytes;
+    std::memset(blk->dyn, 0xff, dyn_bytes);
+  }
+  return blk->dyn;
 }
 static inline unsigned char* block_shared(size_t at, size_t bytes) {
-  if (at + bytes > dyn_at()) {  // the launch's dynamic shared memory takes the arena's end
-    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory (with its dynamic) exceeds the emulator's 256 KB arena";
+  if (at + bytes > kArena) {
+    if (!error) error = "PN_BLOCK_SHARED: the block's shared memory exceeds the emulator's 256 KB arena";
     static unsigned char scratch[16];
     return scratch;
   }
@@ -655,7 +662,7 @@ static inline void init_fiber(Fiber& f, int t, dim3 block, char* stack) {
 static inline void reset_block(Block& b, Fiber* fs, uint3 idx) {
   b.idx = idx;
   if (b.arena) std::memset(b.arena, 0xff, arena_used < kArena ? arena_used : kArena);  // stale: NaN
-  if (b.arena && dyn_bytes) std::memset(b.arena + dyn_at(), 0xff, kArena - dyn_at());
+  if (b.dyn && dyn_bytes) std::memset(b.dyn, 0xff, dyn_bytes < b.dyn_cap ? dyn_bytes : b.dyn_cap);
   b.fibers = fs;
   b.live = nthreads;
   b.barrier_count = 0;
@@ -788,7 +795,7 @@ static const char* run_together(const uint3* idx, long long nblocks, dim3 block,
   n_mbars = 0;
   blk = &single;
   delete[] border;
-  for (long long b = 0; b < nblocks; ++b) std::free(bs[b].arena);
+  for (long long b = 0; b < nblocks; ++b) std::free(bs[b].arena), std::free(bs[b].dyn);
   delete[] cs;
   delete[] bs;
   delete[] fs;

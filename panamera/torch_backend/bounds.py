@@ -41,13 +41,28 @@ from ..errors import IndexRangeError
 
 aten = torch.ops.aten
 
-# ops whose result holds every value of their input (a view, an expansion, an integer cast): ids
-# that reach an index op through them cross the boundary as the view's input
+# ops whose result holds every value of their input (a view, an expansion; a cast, `_keeps_values`):
+# ids that reach an index op through them cross the boundary as the view's input
 SAME_VALUES = frozenset(
     (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
      aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.default, aten.permute.default, aten.t.default,
      aten.transpose.int, aten.clone.default, aten.alias.default, aten._to_copy.default, aten.contiguous.default)
 )  # fmt: skip
+
+
+def _keeps_values(node) -> bool:
+    """Whether FX `node` (a SAME_VALUES op) holds every value of its input: a cast only between
+    integer dtypes where the result's range covers the input's (int32 -> int64, not int64 -> int32,
+    whose wrapped id eager checks, nor a float's truncation); every other SAME_VALUES op."""
+    if node.target is not aten._to_copy.default:
+        return True
+    src, dst = _meta(node.args[0]), _meta(node)
+    if src is None or dst is None or src.dtype.is_floating_point or dst.dtype.is_floating_point:
+        return src is not None and dst is not None and src.dtype == dst.dtype
+    if src.dtype == torch.bool or dst.dtype == torch.bool or src.dtype.is_complex or dst.dtype.is_complex:
+        return src.dtype == dst.dtype
+    a, b = torch.iinfo(src.dtype), torch.iinfo(dst.dtype)
+    return b.min <= a.min and a.max <= b.max
 
 
 @dataclass(frozen=True)
@@ -75,7 +90,11 @@ class IndexBound:
         lo = -n if self.wraps else 0
         if self.ignore is not None:  # an ignored id read as 0, a valid one: still one min/max pass after it
             ids = torch.where(ids == self.ignore, torch.zeros((), dtype=ids.dtype, device=ids.device), ids)
-        least, most = (int(v) for v in torch.aminmax(ids))  # one pass; on CUDA two numbers read back
+        low_high = torch.aminmax(ids)  # one pass
+        if ids.device.type == "cpu":
+            least, most = int(low_high.min), int(low_high.max)
+        else:  # both numbers in one copy back: one synchronisation, not one per number
+            least, most = torch.stack(tuple(low_high)).tolist()
         if least >= lo and most < n:
             return
         flat = ids.reshape(-1)
@@ -163,7 +182,8 @@ def index_bounds(gm: torch.fx.GraphModule) -> dict:
                           rule.wraps, ignore)  # fmt: skip
         while True:
             out.setdefault(ids.name, []).append(bound)
-            src = ids.args[0] if ids.op == "call_function" and ids.target in SAME_VALUES and ids.args else None
+            keeps = ids.op == "call_function" and ids.target in SAME_VALUES and ids.args and _keeps_values(ids)
+            src = ids.args[0] if keeps else None
             if not isinstance(src, torch.fx.Node):
                 break
             ids = src
