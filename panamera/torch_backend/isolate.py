@@ -78,6 +78,51 @@ def _rows_scatter(n: torch.fx.Node):
     return x, idx, values, alpha, wraps
 
 
+def _axis_scatter(n: torch.fx.Node):
+    """(x, dim, idx, src) of a scatter_add / scatter_reduce("sum", include_self) node meeting A2, else None."""
+    if n.op != "call_function" or n.target not in (aten.scatter_add.default, aten.scatter_reduce.two):
+        return None
+    if n.target is aten.scatter_reduce.two:
+        include_self = n.kwargs.get("include_self", n.args[5] if len(n.args) > 5 else True)
+        if n.args[4] != "sum" or not include_self:
+            return None
+    x, dim, idx, src = n.args[:4]
+    xv, iv, sv = meta(x), meta(idx), meta(src)
+    if not all(isinstance(s, int) for s in (*xv.shape, *iv.shape, *sv.shape)) or xv.dim() == 0:
+        return None
+    dim %= xv.dim()
+    same_off_dim = all(i == k for a, (i, k) in enumerate(zip(iv.shape, xv.shape)) if a != dim)
+    if xv.dtype not in SORTABLE or sv.dtype != xv.dtype or iv.dtype not in (torch.int64, torch.int32):
+        return None
+    if iv.shape != sv.shape or iv.dim() != xv.dim() or not same_off_dim or xv.numel() >= 2**31:
+        return None
+    return x, dim, idx, src
+
+
+def _positions(g: torch.fx.Graph, idx: torch.fx.Node, dim: int, out_shape: tuple[int, ...]) -> torch.fx.Node:
+    """The flat position in the output (of `out_shape`) that each element of `idx` names along `dim`
+    (int64), -1 where the id is outside [0, out_shape[dim]) (the sorted form drops it)."""
+    iv = meta(idx)
+    strides = [math.prod(out_shape[a + 1 :]) for a in range(len(out_shape))]
+    wide = _node(g, aten._to_copy.default, (idx,), {"dtype": torch.int64})
+    key = _node(g, aten.mul.Tensor, (wide, strides[dim]))
+    for a, extent in enumerate(iv.shape):
+        if a == dim or extent == 1:
+            continue
+        with iv.fake_mode:
+            val = aten.arange.default(extent, dtype=torch.int64, device=iv.device)
+        line = g.call_function(aten.arange.default, (extent,), {"dtype": torch.int64, "device": iv.device})
+        line.meta["val"] = val
+        along = [1] * iv.dim()
+        along[a] = extent
+        line = _node(g, aten.view.default, (line, along))
+        key = _node(g, aten.add.Tensor, (key, _node(g, aten.mul.Tensor, (line, strides[a]))))
+    inside = _node(g, aten.logical_and.default, (_node(g, aten.ge.Scalar, (idx, 0)),
+                                                 _node(g, aten.lt.Scalar, (idx, out_shape[dim]))))  # fmt: skip
+    inside = _node(g, aten._to_copy.default, (inside,), {"dtype": torch.int64})
+    return _node(g, aten.sub.Tensor, (_node(g, aten.mul.Tensor, (_node(g, aten.add.Tensor, (key, 1)), inside)), 1))
+
+
 def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
     """A call of `target` with its FakeTensor value (`meta["val"]`) computed from its arguments'."""
     node = graph.call_function(target, args, kwargs or {})
@@ -95,6 +140,10 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
         return 0
     done = 0
     for n in list(gm.graph.nodes):
+        along = _axis_scatter(n)
+        if along is not None:
+            done += _rewrite_axis_scatter(gm.graph, n, *along)
+            continue
         found = _rows_scatter(n)
         if found is None:
             continue
@@ -121,6 +170,23 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
     if done:
         gm.recompile()
     return done
+
+
+def _rewrite_axis_scatter(g: torch.fx.Graph, n: torch.fx.Node, x, dim: int, idx, src) -> int:
+    """Rewrite axis scatter `n` (A1-A3 given A2 checked) as a scatter of one-element rows keyed by
+    output position, `x + reshape(embedding_dense_backward(src as [n, 1], positions, numel(x)))`;
+    1 if rewritten, 0 if owner computes takes it (A3)."""
+    xv, iv = meta(x), meta(idx)
+    if xv.shape[dim] * iv.numel() <= MAX_TERMS:
+        return 0
+    with g.inserting_before(n):
+        keys = _node(g, aten.view.default, (_positions(g, idx, dim, tuple(xv.shape)), [iv.numel()]))
+        flat = _node(g, aten.view.default, (src, [iv.numel(), 1]))
+        table = _node(g, EMBEDDING_BACKWARD, (flat, keys, xv.numel(), -1, False))
+        out = _node(g, aten.add.Tensor, (x, _node(g, aten.view.default, (table, list(xv.shape)))))
+    n.replace_all_uses_with(out)
+    g.erase_node(n)
+    return 1
 
 
 def _descendants(n: torch.fx.Node) -> set:
