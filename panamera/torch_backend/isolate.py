@@ -16,6 +16,18 @@ Preconditions of the rewrite (else the node is left as it is): (R1) the compile 
 (floating point, int32 or int64: the dtypes sorted segments take), static shapes; (R3) owner
 computes cannot take it (rows x ids x row size over frontend/scatter.py's MAX_TERMS).
 
+A large deterministic scatter **along an axis**, `x.scatter_add(dim, idx, src)` (the backward of
+gather) or `x.scatter_reduce(dim, idx, src, "sum")` with include_self, is written the same way as
+a scatter of one-element rows keyed by output position: `x + reshape(embedding_dense_backward(
+src as [n, 1], p, x.numel()), x.shape)`, where p is the flat position in x that each element of idx
+names (its coordinates off `dim`, idx's value on it; -1, which adds nothing, for an id outside
+[0, x.shape[dim]), which bounds.py refuses first wherever idx crosses a partition boundary). Each
+output element's terms are then summed in source position order, whatever the thread order.
+Preconditions (else the node is left as it is): (A1) = R1; (A2) idx and src of one shape, equal
+to x's off `dim`, idx an integer tensor, src of x's dtype, a dtype sorted segments take, static
+shapes, x under 2^31 elements; (A3) owner computes cannot take it (x.shape[dim] x idx.numel() over
+MAX_TERMS, frontend/scatter.py `scatter_add_along`'s bound).
+
 Preconditions of moving node n out of partition p (else p is left as it is, and compiles or
 stays eager with its reason): (1) the compile is deterministic (or targets the CPU); (2) n is
 `aten.embedding_dense_backward` without scale_grad_by_freq; (3) owner computes cannot take it.
