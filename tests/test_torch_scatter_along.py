@@ -93,3 +93,68 @@ def test_rewrite_preconditions():
     assert canonical_scatters(gm, True) == 1
     left = [n for n in gm.graph.nodes if "scatter" in str(n.target)]
     assert len(left) == 5
+
+
+class Gathered(torch.nn.Module):
+    """A gather of rows along axis 1 by an index expanded across the last axis (the usual
+    `gather(w, 1, ids[..., None].expand(-1, -1, D))`): its backward scatters along axis 1 with an
+    index constant along the last axis, so the sorted scatter takes rows of D (C1-C2)."""
+
+    B, S, K, D = 2, 4096, 512, 64
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(self.B, self.S, self.D))
+
+    def forward(self, ids):
+        h = torch.gather(self.w, 1, ids[:, :, None].expand(-1, -1, self.D))
+        return (h * h.tanh()).sum()
+
+
+def test_a_gather_backward_scatters_rows_of_its_expanded_axis():
+    torch.manual_seed(0)
+    m = Gathered().double()
+    ids = torch.randint(0, 100, (m.B, m.K))
+    assert m.S * ids.numel() * m.D > MAX_TERMS
+    m(ids).backward()
+    want = m.w.grad.clone()
+    m.w.grad = None
+    f = torch.compile(m, backend="panamera", options={"target": "emulator", "deterministic": True})
+    f(ids).backward()
+    got = m.w.grad.clone()
+    r = [r for r in tb.stats().reports if r.phase == tb.Phase.BACKWARD][-1]
+    assert r.eager == () and any(s.ops == ("aten.embedding_dense_backward.default",) for s in r.subgraphs)
+    tol = tolerance("float64", int(np.bincount(ids.flatten().numpy()).max()))
+    assert ((got - want).abs().max() / want.abs().max()).item() <= tol
+    m.w.grad = None
+    f(ids).backward()
+    assert torch.equal(got, m.w.grad)
+
+
+def test_rows_when_the_index_is_an_expansion_else_single_elements():
+    """isolate.py `constant_after`: rows of the axes after dim when idx expands a tensor of extent 1
+    there; (C1) an expansion of a lower-rank tensor, or no expansion, and (C2) an expansion that is
+    not constant after dim, scatter single elements (rows of 1)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from panamera.torch_backend.isolate import EMBEDDING_BACKWARD, canonical_scatters
+
+    B, S, K, D = Gathered.B, Gathered.S, Gathered.K, Gathered.D
+
+    def f(x, ids, src, flat_ids, full):
+        rows = torch.ops.aten.scatter_add(x, 1, ids[:, :, None].expand(B, K, D), src)
+        lower = torch.ops.aten.scatter_add(x, 1, flat_ids[:, None].expand(B, K, D), src)  # (C1) rank 2 expanded
+        plain = torch.ops.aten.scatter_add(x, 1, full, src)  # (C1) no expansion
+        varying = torch.ops.aten.scatter_add(x, 1, full[:1].expand(B, K, D), src)  # (C2) varies along D
+        return rows, lower, plain, varying
+
+    x, src = torch.randn(B, S, D), torch.randn(B, K, D)
+    ids, full = torch.randint(0, S, (B, K)), torch.randint(0, S, (B, K, D))
+    gm = make_fx(f, tracing_mode="fake")(x, ids, src, torch.randint(0, S, (K,)), full)
+    assert canonical_scatters(gm, True) == 4
+    widths = [meta_shape(n.args[0])[-1] for n in gm.graph.nodes if n.target is EMBEDDING_BACKWARD]
+    assert widths == [D, 1, 1, 1]
+
+
+def meta_shape(n) -> tuple[int, ...]:
+    return tuple(n.meta["val"].shape)

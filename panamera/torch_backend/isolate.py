@@ -185,20 +185,46 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
 
 
 def _rewrite_axis_scatter(g: torch.fx.Graph, n: torch.fx.Node, x, dim: int, idx, src) -> int:
-    """Rewrite axis scatter `n` (A1-A3 given A2 checked) as a scatter of one-element rows keyed by
-    output position, `x + reshape(embedding_dense_backward(src as [n, 1], positions, numel(x)))`;
-    1 if rewritten, 0 if owner computes takes it (A3)."""
+    """Rewrite axis scatter `n` (A2 checked) as a sorted scatter of rows keyed by output position:
+    rows of x's extents after `dim` when idx is constant along them (C1-C2), else one-element
+    rows; 1 if rewritten, 0 if owner computes takes it (A3)."""
     xv, iv = meta(x), meta(idx)
     if xv.shape[dim] * iv.numel() <= MAX_TERMS:
         return 0
+    base = constant_after(idx, dim)
+    inner = math.prod(xv.shape[dim + 1 :]) if base is not None else 1
+    lead = tuple(xv.shape[: dim + 1]) if base is not None else tuple(xv.shape)
     with g.inserting_before(n):
-        keys = _node(g, aten.view.default, (_positions(g, idx, dim, tuple(xv.shape)), [iv.numel()]))
-        flat = _node(g, aten.view.default, (src, [iv.numel(), 1]))
-        table = _node(g, EMBEDDING_BACKWARD, (flat, keys, xv.numel(), -1, False))
-        out = _node(g, aten.add.Tensor, (x, _node(g, aten.view.default, (table, list(xv.shape)))))
+        ids = idx
+        if base is not None:  # one id per row: idx's values at position 0 after dim
+            ids = _node(g, aten.expand.default, (base, [*iv.shape[: dim + 1], *meta(base).shape[dim + 1 :]]))
+        n_rows = iv.numel() // inner
+        keys = _node(g, aten.reshape.default, (_positions(g, ids, dim, lead + (1,) * (xv.dim() - len(lead))), [n_rows]))
+        flat = _node(g, aten.reshape.default, (src, [n_rows, inner]))
+        table = _node(g, EMBEDDING_BACKWARD, (flat, keys, xv.numel() // inner, -1, False))
+        out = _node(g, aten.add.Tensor, (x, _node(g, aten.reshape.default, (table, list(xv.shape)))))
     n.replace_all_uses_with(out)
     g.erase_node(n)
     return 1
+
+
+def constant_after(idx: torch.fx.Node, dim: int) -> torch.fx.Node | None:
+    """The node idx expands (`aten.expand`) when its extents after `dim` are all 1 there and some is
+    not in idx (C2: idx is constant along those axes by construction, as `ids[..., None].expand(...)`
+    makes a gather's index), else None.
+
+    Preconditions, each else None: (C1) idx is an `aten.expand` of a node of the same rank; (C2)
+    that node's extents after `dim` are 1, and idx's product after `dim` is over 1."""
+    iv = meta(idx)
+    if not isinstance(idx, torch.fx.Node) or idx.target is not aten.expand.default:
+        return None
+    base = idx.args[0]
+    bv = meta(base) if isinstance(base, torch.fx.Node) else None
+    if bv is None or bv.dim() != iv.dim():  # (C1)
+        return None
+    if any(e != 1 for e in bv.shape[dim + 1 :]) or math.prod(iv.shape[dim + 1 :]) <= 1:  # (C2)
+        return None
+    return base
 
 
 def _descendants(n: torch.fx.Node) -> set:
