@@ -62,11 +62,12 @@ def test_a_large_deterministic_axis_scatter_is_sorted_segments(f, dtype):
     assert torch.equal(got, c(x, idx, src))  # the same bits on rerun
 
 
-def test_an_id_outside_the_axis_is_an_index_range_error():
+@pytest.mark.parametrize(("f", "op"), [(along, "scatter_add"), (along_reduce, "scatter_reduce")])
+def test_an_id_outside_the_axis_is_an_index_range_error(f, op):
     x, idx, src = inputs(torch.float32)
     idx[0, 5] = S
-    c = torch.compile(along, backend="panamera", options={"target": "emulator", "deterministic": True})
-    with pytest.raises(IndexRangeError, match=rf"aten\.scatter_add.*holds {S} at position 5"):
+    c = torch.compile(f, backend="panamera", options={"target": "emulator", "deterministic": True})
+    with pytest.raises(IndexRangeError, match=rf"aten\.{op}.*holds {S} at position 5"):
         c(x, idx, src)
 
 
