@@ -160,3 +160,23 @@ def test_rows_when_the_index_is_an_expansion_else_single_elements():
 
 def meta_shape(n) -> tuple[int, ...]:
     return tuple(n.meta["val"].shape)
+
+
+def test_a_small_scatter_reduce_sum_is_translated_and_a_max_stays_eager():
+    """backward.py `scatter_reduce`: a sum with include_self is scatter_add's (owner computes or
+    atomics, the model's choice); an amax is left to eager PyTorch with its reason."""
+    g = torch.Generator().manual_seed(1)
+    x, src, idx = (
+        torch.randn(3, 6, generator=g),
+        torch.randn(3, 5, generator=g),
+        torch.randint(0, 6, (3, 5), generator=g),
+    )
+    c = torch.compile(along_reduce, backend="panamera", options={"target": "emulator"})
+    got = c(x, idx, src)
+    (r,) = tb.stats().reports
+    assert r.eager == () and r.subgraphs, r.describe()
+    want = 2 * reference(x, 1, idx, src)
+    assert np.abs(got.numpy() - want).max() <= tolerance("float32", 5) * np.abs(want).max()
+    tb.reset_stats()
+    torch.compile(lambda x, i, s: x.scatter_reduce(1, i, s, "amax"), backend="panamera")(x, idx, src)
+    assert any("scatter_reduce 'amax'" in e.reason for e in tb.stats().reports[0].eager), tb.stats().reports[0].eager
