@@ -238,6 +238,8 @@ def arange(node, end, **kw):
 
 
 def arange_check(node) -> str | None:
+    if not isinstance(node.args[0], int):
+        return "arange of a symbolic length"
     return None if meta(node).dtype in (torch.int64, torch.int32) else "arange of a floating dtype"
 
 
