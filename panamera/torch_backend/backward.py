@@ -237,7 +237,12 @@ def arange(node, end, **kw):
     return pn.arange(int(end)).astype(out_dtype(node))
 
 
+POSITIONS = "scatter positions"  # node.meta["panamera"] of the aranges isolate.py writes
+
+
 def arange_check(node) -> str | None:
+    if node.meta.get("panamera") != POSITIONS:  # a model's own arange: left as before (opening it moves partitions)
+        return "arange outside a scatter's output positions (torch_backend/isolate.py)"
     if not isinstance(node.args[0], int):
         return "arange of a symbolic length"
     return None if meta(node).dtype in (torch.int64, torch.int32) else "arange of a floating dtype"

@@ -49,6 +49,7 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from ..frontend.scatter import MAX_TERMS
 from .aten import meta
+from .backward import POSITIONS
 
 aten = torch.ops.aten
 EMBEDDING_BACKWARD = aten.embedding_dense_backward.default
@@ -124,7 +125,7 @@ def _positions(g: torch.fx.Graph, idx: torch.fx.Node, dim: int, out_shape: tuple
         with iv.fake_mode:
             val = aten.arange.default(extent, dtype=torch.int64, device=iv.device)
         line = g.call_function(aten.arange.default, (extent,), {"dtype": torch.int64, "device": iv.device})
-        line.meta["val"] = val
+        line.meta["val"], line.meta["panamera"] = val, POSITIONS
         along = [1] * iv.dim()
         along[a] = extent
         line = _node(g, aten.view.default, (line, along))
