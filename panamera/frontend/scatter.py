@@ -176,7 +176,10 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
     extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same two formulations
     as `scatter_add_rows`, the model's choice: owner computes (each output element reduces over
     the k of its line; bounded by `MAX_TERMS`) or the atomic indirect write (one atomic add per
-    element of src, its write through index along `axis`; never in a deterministic compile).
+    element of src, its write through index along `axis`; never in a deterministic compile). A
+    deterministic scatter too large for owner computes has no form here; torch.compile's
+    scatter_add / scatter_reduce(sum) writes it as sorted segments keyed by output position
+    (torch_backend/isolate.py).
 
     >>> import panamera as pn
     >>> i = pn.placeholder((4, 2), "int64", name="i")

@@ -456,6 +456,8 @@ def _build_table() -> dict:
     add(A, bw.index_put, aten.index_put.default, check=bw.index_put_check)
     add(A, bw.index_add, aten.index_add.default, check=bw.index_add_check)
     add(A, bw.scatter_add, aten.scatter_add.default, check=bw.scatter_add_check)
+    add(A, bw.scatter_reduce, aten.scatter_reduce.two, check=bw.scatter_reduce_check)
+    add(E, bw.arange, aten.arange.default, check=bw.arange_check)
     add(A, bw.nll_loss_backward, aten.nll_loss_backward.default, check=bw.nll_loss_backward_check)
     add(A, bw.embedding_dense_backward, aten.embedding_dense_backward.default, check=bw.embedding_dense_backward_check)
     add(A, bw.embedding_bag_backward, aten._embedding_bag_backward.default, check=bw.embedding_bag_backward_check)

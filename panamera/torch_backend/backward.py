@@ -220,6 +220,34 @@ def scatter_add_check(node) -> str | None:
     return None
 
 
+def scatter_reduce(node, x, dim, idx, src, reduce, include_self=True):
+    """x.scatter_reduce(dim, idx, src, "sum", include_self=True): scatter_add's sum."""
+    return scatter_add(node, x, dim, idx, src)
+
+
+def scatter_reduce_check(node) -> str | None:
+    reduce, include_self = node.args[4], node.kwargs.get("include_self", node.args[5] if len(node.args) > 5 else True)
+    if reduce != "sum" or not include_self:
+        return f"scatter_reduce {reduce!r}" + ("" if include_self else " without include_self") + " (only a sum)"
+    return scatter_add_check(node)
+
+
+def arange(node, end, **kw):
+    """arange(end) of torch's integer dtype (isolate.py's flat output positions of a scatter along an axis)."""
+    return pn.arange(int(end)).astype(out_dtype(node))
+
+
+POSITIONS = "scatter positions"  # node.meta["panamera"] of the aranges isolate.py writes
+
+
+def arange_check(node) -> str | None:
+    if node.meta.get("panamera") != POSITIONS:  # a model's own arange: left as before (opening it moves partitions)
+        return "arange outside a scatter's output positions (torch_backend/isolate.py)"
+    if not isinstance(node.args[0], int):
+        return "arange of a symbolic length"
+    return None if meta(node).dtype in (torch.int64, torch.int32) else "arange of a floating dtype"
+
+
 def zeros(node, *args, **kw):
     """zeros / new_zeros: a constant of torch's shape and dtype."""
     return pn.full(tuple(meta(node).shape), 0, out_dtype(node))

@@ -10,7 +10,7 @@ index op's id tensor is found in the FX graph **before** any rewrite (`index_bou
 range eager enforces:
 
 - [-n, n) where torch wraps a negative id: `x[idx]` (aten.index) and `index_put` (accumulate);
-- [0, n) elsewhere: embedding, index_select, gather, index_add, scatter_add
+- [0, n) elsewhere: embedding, index_select, gather, index_add, scatter_add, scatter_reduce
   (n: the indexed tensor's extent on the indexed axis);
 - [0, C) or ignore_index for nll_loss's targets (cross-entropy; C the classes: a target outside
   picked no class and counted as a valid one).
@@ -133,6 +133,7 @@ RULES = {
     aten.gather.default: _Rule(_dim(1, 2), False),
     aten.index_add.default: _Rule(_dim(1, 2), False),
     aten.scatter_add.default: _Rule(_dim(1, 2), False),
+    aten.scatter_reduce.two: _Rule(_dim(1, 2), False),
     aten.nll_loss_forward.default: _Rule(
         lambda node: (node.args[1], node.args[0], 1 if _meta(node.args[0]).ndim > 1 else 0),
         False,

@@ -16,6 +16,18 @@ Preconditions of the rewrite (else the node is left as it is): (R1) the compile 
 (floating point, int32 or int64: the dtypes sorted segments take), static shapes; (R3) owner
 computes cannot take it (rows x ids x row size over frontend/scatter.py's MAX_TERMS).
 
+A large deterministic scatter **along an axis**, `x.scatter_add(dim, idx, src)` (the backward of
+gather) or `x.scatter_reduce(dim, idx, src, "sum")` with include_self, is written the same way as
+a scatter of one-element rows keyed by output position: `x + reshape(embedding_dense_backward(
+src as [n, 1], p, x.numel()), x.shape)`, where p is the flat position in x that each element of idx
+names (its coordinates off `dim`, idx's value on it; -1, which adds nothing, for an id outside
+[0, x.shape[dim]), which bounds.py refuses first wherever idx crosses a partition boundary). Each
+output element's terms are then summed in source position order, whatever the thread order.
+Preconditions (else the node is left as it is): (A1) = R1; (A2) idx and src of one shape, equal
+to x's off `dim`, idx an integer tensor, src of x's dtype, a dtype sorted segments take, static
+shapes, x under 2^31 elements; (A3) owner computes cannot take it (x.shape[dim] x idx.numel() over
+MAX_TERMS, frontend/scatter.py `scatter_add_along`'s bound).
+
 Preconditions of moving node n out of partition p (else p is left as it is, and compiles or
 stays eager with its reason): (1) the compile is deterministic (or targets the CPU); (2) n is
 `aten.embedding_dense_backward` without scale_grad_by_freq; (3) owner computes cannot take it.
@@ -37,6 +49,7 @@ from torch.fx.passes.infra.partitioner import Partition
 
 from ..frontend.scatter import MAX_TERMS
 from .aten import meta
+from .backward import POSITIONS
 
 aten = torch.ops.aten
 EMBEDDING_BACKWARD = aten.embedding_dense_backward.default
@@ -78,6 +91,51 @@ def _rows_scatter(n: torch.fx.Node):
     return x, idx, values, alpha, wraps
 
 
+def _axis_scatter(n: torch.fx.Node):
+    """(x, dim, idx, src) of a scatter_add / scatter_reduce("sum", include_self) node meeting A2, else None."""
+    if n.op != "call_function" or n.target not in (aten.scatter_add.default, aten.scatter_reduce.two):
+        return None
+    if n.target is aten.scatter_reduce.two:
+        include_self = n.kwargs.get("include_self", n.args[5] if len(n.args) > 5 else True)
+        if n.args[4] != "sum" or not include_self:
+            return None
+    x, dim, idx, src = n.args[:4]
+    xv, iv, sv = meta(x), meta(idx), meta(src)
+    if not all(isinstance(s, int) for s in (*xv.shape, *iv.shape, *sv.shape)) or xv.dim() == 0:
+        return None
+    dim %= xv.dim()
+    same_off_dim = all(i == k for a, (i, k) in enumerate(zip(iv.shape, xv.shape)) if a != dim)
+    if xv.dtype not in SORTABLE or sv.dtype != xv.dtype or iv.dtype not in (torch.int64, torch.int32):
+        return None
+    if iv.shape != sv.shape or iv.dim() != xv.dim() or not same_off_dim or xv.numel() >= 2**31:
+        return None
+    return x, dim, idx, src
+
+
+def _positions(g: torch.fx.Graph, idx: torch.fx.Node, dim: int, out_shape: tuple[int, ...]) -> torch.fx.Node:
+    """The flat position in the output (of `out_shape`) that each element of `idx` names along `dim`
+    (int64), -1 where the id is outside [0, out_shape[dim]) (the sorted form drops it)."""
+    iv = meta(idx)
+    strides = [math.prod(out_shape[a + 1 :]) for a in range(len(out_shape))]
+    wide = _node(g, aten._to_copy.default, (idx,), {"dtype": torch.int64})
+    key = _node(g, aten.mul.Tensor, (wide, strides[dim]))
+    for a, extent in enumerate(iv.shape):
+        if a == dim or extent == 1:
+            continue
+        with iv.fake_mode:
+            val = aten.arange.default(extent, dtype=torch.int64, device=iv.device)
+        line = g.call_function(aten.arange.default, (extent,), {"dtype": torch.int64, "device": iv.device})
+        line.meta["val"], line.meta["panamera"] = val, POSITIONS
+        along = [1] * iv.dim()
+        along[a] = extent
+        line = _node(g, aten.view.default, (line, along))
+        key = _node(g, aten.add.Tensor, (key, _node(g, aten.mul.Tensor, (line, strides[a]))))
+    inside = _node(g, aten.logical_and.default, (_node(g, aten.ge.Scalar, (idx, 0)),
+                                                 _node(g, aten.lt.Scalar, (idx, out_shape[dim]))))  # fmt: skip
+    inside = _node(g, aten._to_copy.default, (inside,), {"dtype": torch.int64})
+    return _node(g, aten.sub.Tensor, (_node(g, aten.mul.Tensor, (_node(g, aten.add.Tensor, (key, 1)), inside)), 1))
+
+
 def _node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
     """A call of `target` with its FakeTensor value (`meta["val"]`) computed from its arguments'."""
     node = graph.call_function(target, args, kwargs or {})
@@ -95,6 +153,10 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
         return 0
     done = 0
     for n in list(gm.graph.nodes):
+        along = _axis_scatter(n)
+        if along is not None:
+            done += _rewrite_axis_scatter(gm.graph, n, *along)
+            continue
         found = _rows_scatter(n)
         if found is None:
             continue
@@ -121,6 +183,49 @@ def canonical_scatters(gm: torch.fx.GraphModule, deterministic: bool) -> int:
     if done:
         gm.recompile()
     return done
+
+
+def _rewrite_axis_scatter(g: torch.fx.Graph, n: torch.fx.Node, x, dim: int, idx, src) -> int:
+    """Rewrite axis scatter `n` (A2 checked) as a sorted scatter of rows keyed by output position:
+    rows of x's extents after `dim` when idx is constant along them (C1-C2), else one-element
+    rows; 1 if rewritten, 0 if owner computes takes it (A3)."""
+    xv, iv = meta(x), meta(idx)
+    if xv.shape[dim] * iv.numel() <= MAX_TERMS:
+        return 0
+    base = constant_after(idx, dim)
+    inner = math.prod(xv.shape[dim + 1 :]) if base is not None else 1
+    lead = tuple(xv.shape[: dim + 1]) if base is not None else tuple(xv.shape)
+    with g.inserting_before(n):
+        ids = idx
+        if base is not None:  # one id per row: idx's values at position 0 after dim
+            ids = _node(g, aten.expand.default, (base, [*iv.shape[: dim + 1], *meta(base).shape[dim + 1 :]]))
+        n_rows = iv.numel() // inner
+        keys = _node(g, aten.reshape.default, (_positions(g, ids, dim, lead + (1,) * (xv.dim() - len(lead))), [n_rows]))
+        flat = _node(g, aten.reshape.default, (src, [n_rows, inner]))
+        table = _node(g, EMBEDDING_BACKWARD, (flat, keys, xv.numel() // inner, -1, False))
+        out = _node(g, aten.add.Tensor, (x, _node(g, aten.reshape.default, (table, list(xv.shape)))))
+    n.replace_all_uses_with(out)
+    g.erase_node(n)
+    return 1
+
+
+def constant_after(idx: torch.fx.Node, dim: int) -> torch.fx.Node | None:
+    """The node idx expands (`aten.expand`) when its extents after `dim` are all 1 there and some is
+    not in idx (C2: idx is constant along those axes by construction, as `ids[..., None].expand(...)`
+    makes a gather's index), else None.
+
+    Preconditions, each else None: (C1) idx is an `aten.expand` of a node of the same rank; (C2)
+    that node's extents after `dim` are 1, and idx's product after `dim` is over 1."""
+    iv = meta(idx)
+    if not isinstance(idx, torch.fx.Node) or idx.target is not aten.expand.default:
+        return None
+    base = idx.args[0]
+    bv = meta(base) if isinstance(base, torch.fx.Node) else None
+    if bv is None or bv.dim() != iv.dim():  # (C1)
+        return None
+    if any(e != 1 for e in bv.shape[dim + 1 :]) or math.prod(iv.shape[dim + 1 :]) <= 1:  # (C2)
+        return None
+    return base
 
 
 def _descendants(n: torch.fx.Node) -> set:
