@@ -70,3 +70,18 @@ def test_rule5_unrolled_steps_are_in_flight_together():
     rms = inductor(work("rms_norm", 32768, 8192), H100).launches[0].features
     soft = inductor(work("softmax", 32768, 65536), H100).launches[0].features
     assert rms["bytes_in_flight_per_thread"] == 4 * 4 * 2 and soft["bytes_in_flight_per_thread"] == 4 * 2
+
+
+def test_long_rows_are_one_looped_kernel_not_a_split_reduction():
+    """ir.py `Reduction.num_splits` (2.7.1 l. 1209-1213: no split once the rows number 64 per SM) and choices.py
+    `reduction_split_factor` (l. 138-142: none from 2 rows per SM): QuACK's long rows (16384 x 131072 and
+    8192 x 262144) have thousands of rows, so each is one looped kernel, not a split reduction's two. A split takes
+    few rows: 2 x SMs - 1 rows of 262144 elements are split."""
+    from panamera.bench.peers import inductor_num_splits
+
+    for M, N in ((16384, 131072), (8192, 262144)):
+        assert inductor_num_splits(M, N, "INNER", H100) == 1
+        for pattern in ("softmax", "cross_entropy", "rms_norm"):
+            assert len(inductor(work(pattern, M, N), H100).launches) == 1
+    assert inductor_num_splits(2 * H100.sms - 1, 262144, "INNER", H100) > 1
+    assert inductor_num_splits(2 * H100.sms, 262144, "INNER", H100) == 1
