@@ -134,7 +134,9 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "(0.61-0.79x): neither registers, unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB "
     "of rows in flight at 16384, modeled as hits) would in part, but the same re-read rule fits eager RMSNorm. "
     "Persistent 256-1024: 5-9 us over the "
-    "model, unexplained",
+    "model, unexplained. The dynamic-shape reading of the softmax entry with the recompile's size hint 512 (R0_BLOCK "
+    "512 x 4 warps, the loop not unrolled) fits 2048, 4096, 16384, 32768 and 262144 (0.90-1.01), leaves 8192, "
+    "65536 and 131072 at 0.89-0.90 and puts 256 at 1.28x; that hint is not recorded: not adopted",
     (
         "Q",
         "inductor",
@@ -150,7 +152,13 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles the same lambda for every "
     "shape in one process (its commented sweep), so Dynamo's automatic dynamic shapes recompile from the second "
     "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint at "
-    "that compile reused for every later N; the order is not recorded. Not modeled",
+    "that compile reused for every later N; the order is not recorded. Not modeled. Tried (calib8): that reading "
+    "with the hint at 2048 or more (every kernel looped, R0_BLOCK 2048 x 16 warps, its loop of a symbolic trip count "
+    "not unrolled: a round trip per step) puts 256-8192 at 1.02/1.06/1.15/0.86/0.97/1.05 and keeps 16384-65536 as "
+    "they are (7 of 11 fit, against 2), but the hint is the shape the sweep met second, which is not recorded, and "
+    "RMSNorm's series wants 512: not adopted. 131072 and 262144 are no split reduction (two kernels): ir.py "
+    "Reduction.num_splits / choices.py reduction_split_factor split no reduction of 2 rows per SM or more "
+    "(test_inductor_peer); their M changes, so a recompile there keeps R0_BLOCK 2048 and they stay at 0.84-0.86",
     (
         "Q",
         "inductor",
@@ -161,7 +169,11 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "target, then x[target] (L2 hits mostly). Measured: 42 us plus the logits at 1.75 TB/s (2048-32768); the "
     "round-trip rule with its issue in series fits 16384 and 65536 and puts 32768 at 1.11x; 131072 and 262144 "
     "take 1.7 us per dependent step (0.81x). The 42 us floor (also at 256-1024, persistent) is not a launch rule "
-    "we read",
+    "we read. It is what the softmax entry's dynamic-shape reading gives: 32768 rows are 63 waves of 528 looped "
+    "programs (R0_BLOCK 2048 x 16 warps), each wave one dependent round trip of about 1 us, so 256-8192 model at "
+    "1.30/1.19/1.00/0.80/0.94/1.02 (1024, 4096, 8192 fit); not adopted for the reason given there. 131072 and "
+    "262144 are one kernel each (no split: thousands of rows) and their M changes, so any recompile there keeps "
+    "R0_BLOCK 2048: 0.80 either way",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "
