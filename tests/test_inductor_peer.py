@@ -85,3 +85,21 @@ def test_long_rows_are_one_looped_kernel_not_a_split_reduction():
             assert len(inductor(work(pattern, M, N), H100).launches) == 1
     assert inductor_num_splits(2 * H100.sms - 1, 262144, "INNER", H100) > 1
     assert inductor_num_splits(2 * H100.sms, 262144, "INNER", H100) == 1
+
+
+def test_rule6_a_symbolic_row_is_looped_from_its_size_hint_and_not_unrolled():
+    """A kernel recompiled with its row length symbolic (QuACK's sweeps, recompiled at 256): never persistent, the
+    looped config of the size hint (R0_BLOCK 256, 2 warps, at any length), every step of every loop a round trip
+    with one step's loads in flight; the static compile of the same row unrolls it (4 steps, one round trip)."""
+    from panamera.bench.inductor_peer import QUACK_SWEEP_HINT, dynamic_config
+
+    c = reduction_config(32768, 8192, Hint.INNER, size_hint=QUACK_SWEEP_HINT)
+    assert c == dynamic_config(256, Hint.INNER) == InductorConfig(False, 1, 256, 2, symbolic=True)
+    assert reduction_config(32768, 512, Hint.INNER, size_hint=256) == c  # not persistent, though <= 1024
+    assert (c.round_trips(8192, loops=2, unroll=8), c.steps_together(8192, 8)) == (64, 1)
+    static = reduction_config(32768, 8192, Hint.INNER)
+    assert (static.round_trips(8192, loops=2, unroll=8), static.steps_together(8192, 8)) == (2, 4)
+    assert dynamic_config(65536, Hint.INNER) == InductorConfig(False, 1, 2048, 16, symbolic=True)
+    dyn = inductor(work("softmax", 32768, 8192), H100, size_hint=256)
+    assert dyn.launches[0].features["round_trips"] == 2 * 8192 // 256
+    assert dyn.estimate(H100, 0).total_us > inductor(work("softmax", 32768, 8192), H100).estimate(H100, 0).total_us
