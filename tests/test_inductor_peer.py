@@ -70,3 +70,36 @@ def test_rule5_unrolled_steps_are_in_flight_together():
     rms = inductor(work("rms_norm", 32768, 8192), H100).launches[0].features
     soft = inductor(work("softmax", 32768, 65536), H100).launches[0].features
     assert rms["bytes_in_flight_per_thread"] == 4 * 4 * 2 and soft["bytes_in_flight_per_thread"] == 4 * 2
+
+
+def test_long_rows_are_one_looped_kernel_not_a_split_reduction():
+    """ir.py `Reduction.num_splits` (2.7.1 l. 1209-1213: no split once the rows number 64 per SM) and choices.py
+    `reduction_split_factor` (l. 138-142: none from 2 rows per SM): QuACK's long rows (16384 x 131072 and
+    8192 x 262144) have thousands of rows, so each is one looped kernel, not a split reduction's two. A split takes
+    few rows: 2 x SMs - 1 rows of 262144 elements are split."""
+    from panamera.bench.peers import inductor_num_splits
+
+    for M, N in ((16384, 131072), (8192, 262144)):
+        assert inductor_num_splits(M, N, "INNER", H100) == 1
+        for pattern in ("softmax", "cross_entropy", "rms_norm"):
+            assert len(inductor(work(pattern, M, N), H100).launches) == 1
+    assert inductor_num_splits(2 * H100.sms - 1, 262144, "INNER", H100) > 1
+    assert inductor_num_splits(2 * H100.sms, 262144, "INNER", H100) == 1
+
+
+def test_rule6_a_symbolic_row_is_looped_from_its_size_hint_and_not_unrolled():
+    """A kernel recompiled with its row length symbolic (QuACK's sweeps, recompiled at 256): never persistent, the
+    looped config of the size hint (R0_BLOCK 256, 2 warps, at any length), every step of every loop a round trip
+    with one step's loads in flight; the static compile of the same row unrolls it (4 steps, one round trip)."""
+    from panamera.bench.inductor_peer import QUACK_SWEEP_HINT, dynamic_config
+
+    c = reduction_config(32768, 8192, Hint.INNER, size_hint=QUACK_SWEEP_HINT)
+    assert c == dynamic_config(256, Hint.INNER) == InductorConfig(False, 1, 256, 2, symbolic=True)
+    assert reduction_config(32768, 512, Hint.INNER, size_hint=256) == c  # not persistent, though <= 1024
+    assert (c.round_trips(8192, loops=2, unroll=8), c.steps_together(8192, 8)) == (64, 1)
+    static = reduction_config(32768, 8192, Hint.INNER)
+    assert (static.round_trips(8192, loops=2, unroll=8), static.steps_together(8192, 8)) == (2, 4)
+    assert dynamic_config(65536, Hint.INNER) == InductorConfig(False, 1, 2048, 16, symbolic=True)
+    dyn = inductor(work("softmax", 32768, 8192), H100, size_hint=256)
+    assert dyn.launches[0].features["round_trips"] == 2 * 8192 // 256
+    assert dyn.estimate(H100, 0).total_us > inductor(work("softmax", 32768, 8192), H100).estimate(H100, 0).total_us

@@ -20,9 +20,11 @@ fixed time, so moving one against the other leaves those rows where they were.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from ..model.estimate import estimate, limit_us
 from ..model.gpu import H100, H200, GPUSpec
+from .inductor_peer import QUACK_SWEEP_HINT
 from .peers import Work, cub_device_reduce, inductor, pytorch_eager
 from .row_peers import liger, quack
 
@@ -51,7 +53,14 @@ L_US = {  # Liger-Kernel benchmark/data/all_benchmark_data.csv, forward, 4096 x 
 }
 C_US = {4: 5.01, 8: 4.86, 12: 5.29, 16: 5.35, 20: 7.13, 24: 25.7, 28: 249.3}  # cccl PR #9722 "Ref", H200, int32
 
-PEER_PLANS = {"quack": quack, "liger": liger, "inductor": inductor, "pytorch-eager": pytorch_eager}
+# QuACK's torch.compile rows: every shape of its sweep runs the kernel recompiled at the sweep's first, 32768 x 256,
+# with the row length symbolic (inductor_peer.py rule 6); the bench's Inductor peer is the static compile
+PEER_PLANS = {
+    "quack": quack,
+    "liger": liger,
+    "inductor": partial(inductor, size_hint=QUACK_SWEEP_HINT),
+    "pytorch-eager": pytorch_eager,
+}
 ITEMSIZE = {"bfloat16": 2, "float32": 4}
 
 
@@ -125,43 +134,35 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         "Q",
         "inductor",
         "rms_norm",
-        (256, 512, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
-    ): "torch.compile (PyTorch 2.7.1, default mode) of QuACK's rmsnorm_ref (x.float(), fp32 weight, .to(bf16)), "
-    "planned by 2.7.1's rules (inductor_peer.py 1-5: persistent XBLOCK 1 up to 1024; beyond, one looped kernel of "
-    "R0_BLOCK 2048 x 16 warps, a sum-of-squares loop then a normalize loop, which Triton 3.3.1 unrolls: compiled "
-    "here, 8-36 loads in flight, 24-32 registers, no spills, 4 blocks per SM). 2048 fits; from 4096 the rows stream "
-    "at 1.5-2.3 TB/s of compulsory bytes, the model (the unrolled loads in flight) at 2.1-3.0 "
-    "(0.61-0.79x): neither registers, unrolling nor spills explain it; the second loop from DRAM instead of L2 (17 MB "
-    "of rows in flight at 16384, modeled as hits) would in part, but the same re-read rule fits eager RMSNorm. "
-    "Persistent 256-1024: 5-9 us over the "
-    "model, unexplained",
+        (256, 512, 1024),
+    ): "torch.compile (PyTorch 2.7.1) of QuACK's rmsnorm_ref, every row of the sweep run by the kernel recompiled "
+    "at 32768 x 256 with the row length symbolic (inductor_peer.py rule 6: looped, R0_BLOCK 256 x 2 warps, the loop "
+    "not unrolled), which fits 2048-262144 (0.90-1.07). 256-1024 measure 7-9 us over it (0.75-0.89), unexplained",
     (
         "Q",
         "inductor",
         "softmax",
-        (256, 512, 1024, 2048, 4096, 8192, 65536, 131072, 262144),
-    ): "as for RMSNorm, with 2.7.1's online softmax (one loop for max and sum, two exp per element, then the write "
-    "loop). From 16384 Triton keeps the online loop (96 SASS instructions per 4-element step, one 8-byte load) and "
-    "each step waits for its load; the round-trip rule (model/gpu.py: the chain's latency plus the SM's issue in "
-    "series) fits 16384 and 32768 (1.2-1.3 us per dependent step). 65536 is faster than its neighbours (2032 GB/s "
-    "between 1684 and 1440; 1.05 us per step, below the model's loaded latency of its own 16 KB-per-SM stream: 1.20x "
-    "with the issue, 1.07x without); 131072 and 262144 are slower (1.46-1.49 us per step: 0.84-0.86x). "
-    "Its 32Kx256-1024 rows take 119-121 us whatever the row (RMSNorm's 26-69): no static kernel of 2.7.1's rules "
-    "does that. QuACK's harness (benchmarks/benchmark_softmax.py, July 2025) compiles the same lambda for every "
-    "shape in one process (its commented sweep), so Dynamo's automatic dynamic shapes recompile from the second "
-    "shape with N symbolic: no persistent reduction (not statically <= 1024) and the config of the size hint at "
-    "that compile reused for every later N; the order is not recorded. Not modeled",
+        (256, 512, 1024, 2048, 65536, 131072, 262144),
+    ): "as for RMSNorm (rule 6, the kernel compiled at 256 with the row length symbolic), with 2.7.1's online softmax "
+    "(one loop for max and sum, two exp per element, then the write loop), each step of a loop waiting for its "
+    "load (the chain's latency plus its issue in series, model/gpu.py): 4096-32768 fit (0.98-1.07). 256-1024 take "
+    "119-121 us whatever the row (0.22-0.71; the same kernel's RMSNorm takes 26-69), 2048 is at 0.87. 65536 is "
+    "faster than its neighbours (2032 GB/s between 1684 and 1440: 1.21x); 131072 and 262144 are slower (0.85-0.87). "
+    "They are one kernel, not a split reduction (ir.py Reduction.num_splits / choices.py reduction_split_factor: no "
+    "split from 2 rows per SM; test_inductor_peer), and the static kernel (R0_BLOCK 2048, 16 warps) models them the "
+    "same (0.84-0.86)",
     (
         "Q",
         "inductor",
         "cross_entropy",
-        (256, 512, 1024, 2048, 4096, 8192, 32768, 131072, 262144),
+        (256, 512, 1024, 2048, 32768, 131072, 262144),
     ): "F.cross_entropy(reduction='none') under torch.compile: log-softmax matches Inductor's online-softmax pattern "
     "(fx_passes/post_grad.py prepare_softmax_pattern), so one loop reads the logits once and the epilogue loads the "
-    "target, then x[target] (L2 hits mostly). Measured: 42 us plus the logits at 1.75 TB/s (2048-32768); the "
-    "round-trip rule with its issue in series fits 16384 and 65536 and puts 32768 at 1.11x; 131072 and 262144 "
-    "take 1.7 us per dependent step (0.81x). The 42 us floor (also at 256-1024, persistent) is not a launch rule "
-    "we read",
+    "target, then x[target] (L2 hits mostly); run by the kernel recompiled at 32768 x 256 (rule 6), it fits 4096, "
+    "8192, 16384 and 65536 (0.94-1.09). Below, a floor of about 42 us (256-2048 at 0.34-0.81): the static kernel "
+    "(persistent to 1024) is further off, the one compiled at 2048 (R0_BLOCK 2048 x 16 warps, 63 waves of one round "
+    "trip each) would fit 1024 but not 256/512 (1.30/1.19). 32768 is at 1.12x; 131072 and 262144 (one kernel, no "
+    "split) take 1.7 us per dependent step (0.80)",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "

@@ -34,11 +34,23 @@ Rules (numbered as the tests are):
    registers, no spills: 4 blocks of 512 threads per SM, as the thread rule gives (`registers`: ptxas -v of the same
    PTX, nvcc 13.0's ptxas, sm_90a: looped softmax, RMSNorm and cross-entropy kernels of 4096-262144 elements 24-32,
    taken as 32; the persistent softmax kernels of 256 and 1024 elements 18, taken for every persistent row kernel).
+6. Dynamic shapes (`size_hint`): a function compiled again for a new shape is recompiled with the sizes that changed
+   symbolic (`torch/_dynamo/config.py` `automatic_dynamic_shapes`, on by default). Its row length is then not
+   statically known: no persistent kernel (rule 1 asks `statically_known_leq`), the looped config of rule 3 taken
+   from the size hint (the example's length at that compile, `size_hints`), and its loop, of a symbolic trip count,
+   is not unrolled (`symbolic`: every step a round trip, one step's loads in flight). QuACK's harnesses
+   (Dao-AILab/quack benchmarks/benchmark_{softmax,cross_entropy,rmsnorm}.py, July 2025) run their command-line shape,
+   then the sweep of the blog's shapes from (32768, 256) up (`MN_pairs`), each call wrapping the same lambda (one
+   code object, one Dynamo cache) in torch.compile: every row of that sweep runs the kernel compiled at 256
+   elements (`QUACK_SWEEP_HINT`). [assumed] that the blog's figures came from that sweep; they fit 7 RMSNorm, 2
+   softmax and 2 cross-entropy rows more, and none leaves (tests/test_calibration.py).
 
 >>> looped_config(65536, Hint.INNER)
-InductorConfig(persistent=False, xblock=1, rblock=2048, warps=16)
+InductorConfig(persistent=False, xblock=1, rblock=2048, warps=16, symbolic=False)
 >>> persistent_config(32768, 512, Hint.INNER)
-InductorConfig(persistent=True, xblock=1, rblock=512, warps=4)
+InductorConfig(persistent=True, xblock=1, rblock=512, warps=4, symbolic=False)
+>>> dynamic_config(256, Hint.INNER)
+InductorConfig(persistent=False, xblock=1, rblock=256, warps=2, symbolic=True)
 >>> row_loops("softmax"), row_loops("cross_entropy")
 (RowLoops(loops=2, exp_per_element=3, unroll=1), RowLoops(loops=1, exp_per_element=2, unroll=1))
 """
@@ -46,7 +58,7 @@ InductorConfig(persistent=True, xblock=1, rblock=512, warps=4)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -66,6 +78,7 @@ class InductorConfig:
     xblock: int
     rblock: int
     warps: int
+    symbolic: bool = False  # rule 6: the row length is symbolic, the loop not unrolled
 
     @property
     def threads(self) -> int:
@@ -84,6 +97,8 @@ class InductorConfig:
         if self.persistent:
             return 1
         steps = -(-rnumel // self.rblock)
+        if self.symbolic:
+            return loops * steps
         return loops if steps <= UNROLLED_STEPS else loops * -(-steps // unroll)
 
     def steps_together(self, rnumel: int, unroll: int = 1) -> int:
@@ -93,7 +108,9 @@ class InductorConfig:
         (4, 8)
         """
         steps = -(-rnumel // self.rblock)
-        return 1 if self.persistent else steps if steps <= UNROLLED_STEPS else min(unroll, steps)
+        if self.persistent or self.symbolic:
+            return 1
+        return steps if steps <= UNROLLED_STEPS else min(unroll, steps)
 
     def per_thread(self) -> int:
         """Elements of the row each thread loads per step: with num_stages=1 nothing else is in flight."""
@@ -115,6 +132,7 @@ class RowLoops:
 
 
 PERSISTENT_INNER_MAX = 1024  # rule 1
+QUACK_SWEEP_HINT = 256  # rule 6: the row length QuACK's sweeps recompile at (their first shape, 32768 x 256)
 PERSISTENT_OTHER_MAX = 64
 MAX_R0_BLOCK = 2048  # rule 3
 UNROLLED_STEPS = 4  # rule 5: loops of at most this many steps unrolled whole (Triton 3.3.1, sm_90a)
@@ -167,8 +185,16 @@ def looped_config(rnumel: int, hint: Hint) -> InductorConfig:
     return InductorConfig(False, 1, rb, _warps(rb // 128, register_intensive=False))
 
 
-def reduction_config(xnumel: int, rnumel: int, hint: Hint) -> InductorConfig:
-    """Rules 1-3: the launch of one reduction kernel over `xnumel` rows of `rnumel` elements."""
+def dynamic_config(size_hint: int, hint: Hint) -> InductorConfig:
+    """Rule 6: the looped config of a kernel compiled with its row length symbolic, `size_hint` at that compile."""
+    return replace(looped_config(size_hint, hint), symbolic=True)
+
+
+def reduction_config(xnumel: int, rnumel: int, hint: Hint, size_hint: int | None = None) -> InductorConfig:
+    """Rules 1-3: the launch of one reduction kernel over `xnumel` rows of `rnumel` elements; rule 6 when it was
+    compiled with the row length symbolic (`size_hint`: the length at that compile)."""
+    if size_hint is not None:
+        return dynamic_config(size_hint, hint)
     return persistent_config(xnumel, rnumel, hint) if is_persistent(rnumel, hint) else looped_config(rnumel, hint)
 
 

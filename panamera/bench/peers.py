@@ -574,13 +574,14 @@ def _inductor_kernel(
     unroll=0,
     gathers=0,
     compiled=False,
+    size_hint=None,
 ):
     """One Triton reduction kernel as Inductor configures it (inductor_peer.py rules 1-3: persistent up to 1024
     (INNER) or 64; else the looped config, XBLOCK 1 and RBLOCK up to 2048 with up to 16 warps for INNER, XBLOCK 64
     and RBLOCK 8 for OUTER). `passes` loops over the row re-read it (L2 when it is resident); `unroll`: the
     steps one round trip carries where the kernel was compiled (rule 5; 0: not compiled, no round trips charged);
     `compiled`: a row kernel whose registers were read (inductor_peer.py `registers`; else not known)."""
-    c = reduction_config(xnumel, rnumel, Hint(hint))
+    c = reduction_config(xnumel, rnumel, Hint(hint), size_hint)  # size_hint: inductor_peer.py rule 6
     regs = inductor_registers(c) if compiled else 0
     if c.persistent:
         return kernel(name, read=read, written=written, blocks=cdiv(xnumel, c.xblock), threads=c.threads,
@@ -603,16 +604,18 @@ def _inductor_kernel(
         f"XBLOCK {c.xblock} RBLOCK {c.rblock} {c.warps} warps"  # fmt: skip
 
 
-def inductor(w: Work, gpu: GPUSpec) -> PeerPlan | None:
+def inductor(w: Work, gpu: GPUSpec, size_hint: int | None = None) -> PeerPlan | None:
+    """`size_hint`: a row kernel compiled with its length symbolic at that length (inductor_peer.py rule 6)."""
     M, N, e = w.M, w.N, w.in_bytes
     if w.pattern in INDUCTOR_ROWS:  # inductor_peer.py rule 4: the loops over the row and their exponentials
         loops = row_loops(w.pattern)
         out_full = w.pattern != "cross_entropy"
         params = N * e * (2 if w.pattern in ("layer_norm",) else 1 if w.pattern == "rms_norm" else 0)
-        sfu = M * N * loops.exps(is_persistent(N, Hint.INNER))
+        sfu = M * N * loops.exps(is_persistent(N, Hint.INNER) and size_hint is None)
         ln, cfg = _inductor_kernel("triton_red_fused", M, N, "INNER", e, gpu, read=M * N * e + params,
                                    written=(M * N if out_full else M) * w.out_bytes, passes=loops.loops, sfu=sfu,
-                                   unroll=loops.unroll, compiled=w.pattern in COMPILED_ROWS)  # fmt: skip
+                                   unroll=loops.unroll, compiled=w.pattern in COMPILED_ROWS,
+                                   size_hint=size_hint)  # fmt: skip
         return _plan("inductor", [ln], f"one fused kernel per row, {cfg}")
     launches, what, facts = [], [], {}
     seen: dict = {}
