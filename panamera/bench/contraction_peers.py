@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 from ..frontend.tensor import topological
 from ..model.estimate import Estimate, estimate
-from ..model.gpu import GPUSpec, kernel_time
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import kernel_time
 from ..model.library import tensor_core_peak
 from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, from_workspace, kernel
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 
 from ..frontend.tensor import Tensor, topological
 from ..model.estimate import Estimate, estimate
-from ..model.gpu import GPUSpec, kernel_time
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import kernel_time
 from ..model.spill import Spill
 from ..model.workspace import workspace_fits
 from .inductor_peer import COMPILED_ROWS, Hint, is_persistent, reduction_config, row_loops
