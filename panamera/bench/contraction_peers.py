@@ -46,7 +46,8 @@ from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 from ..model.kernel_cost import kernel_time
 from ..model.library import tensor_core_peak
-from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, from_workspace, kernel
+from .eager_peer import _torch_softmax, aten_elementwise
+from .peer_plan import PeerLaunch, PeerPlan, _plan, cdiv, from_workspace, kernel
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int4": 0.5}
 
