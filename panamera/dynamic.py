@@ -50,7 +50,7 @@ from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
-from .model.gpu import sequence_s
+from .model.kernel_cost import sequence_s
 from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
@@ -213,7 +213,7 @@ class DynamicCompiled:
         """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
         (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
         Its kernels run back to back, as a static plan's: every one after the first pays only the
-        queued-launch gap (model/gpu.sequence_s).
+        queued-launch gap (model/kernel_cost.sequence_s).
 
         >>> import panamera as pn
         >>> k = pn.compile(pn.sum(pn.placeholder(("B", 768), name="x"), axis=1), target="emulator")

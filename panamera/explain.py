@@ -144,7 +144,7 @@ def _model(k) -> list[str]:
         f"  model ({e.gpu}, modeled): {e.total_us:.2f} us per call; limit {e.limit_us:.2f} us, ratio "
         f"{e.ratio_to_limit:.2f}; {e.launches} launch(es), {e.dram_bytes} bytes moved ({e.compulsory_bytes} "
         f"compulsory)",
-        f"    parts in us (model/gpu.py's kernel_time overlaps some of them): {shown or 'none'}",
+        f"    parts in us (model/kernel_cost.py's kernel_time overlaps some of them): {shown or 'none'}",
     ]
 
 

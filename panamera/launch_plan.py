@@ -18,7 +18,8 @@ import math
 
 from .codegen.kernel import InitKernel, RenderedKernel
 from .frontend.tensor import Tensor
-from .model.gpu import GPUSpec, kernel_time
+from .model.gpu import GPUSpec
+from .model.kernel_cost import kernel_time
 from .poly.access import AccessKind
 from .poly.program import KernelGroup
 from .poly.statement import Form

@@ -32,7 +32,8 @@ from .codegen.multitensor_kernel import (
 )
 from .dtypes import as_dtype
 from .errors import DTypeError, LegalityError, OptionError
-from .model.gpu import H100, GPUSpec, kernel_time
+from .model.gpu import H100, GPUSpec
+from .model.kernel_cost import kernel_time
 from .poly.multitensor import PARAM_BYTES, POINTER_BYTES, MultiTensorSet
 from .runtime.executor import Executor
 from .runtime.plan import BufferRole, BufferSpec, InputSpec, Launch, LaunchPlan, LaunchRole, ResultSpec

@@ -69,7 +69,7 @@ def check(k, arrays, ref, dtype, n, orders=("forward", "reverse")):
 @pytest.fixture
 def launches_pay_the_floor(monkeypatch):
     """Plan for an H100 on which every launch pays the per-kernel floor (no queued-launch gap,
-    model/gpu.sequence_s). On the real H100 a second kernel queued behind the first costs 0.1 us,
+    model/kernel_cost.sequence_s). On the real H100 a second kernel queued behind the first costs 0.1 us,
     so the tiny shapes the emulator runs quickly take two launches; tests of a one-launch kernel
     (column partials, column stitches) use this GPU to check that kernel at those shapes."""
     import dataclasses

@@ -105,9 +105,9 @@ def test_the_floor_counts_its_round_trip_once():
 
 
 def test_a_chain_of_dependent_steps_issues_in_series():
-    """model/gpu.py: a kernel of `round_trips` dependent steps per wave lasts at least the chain's latency plus
+    """model/kernel_cost.py: a kernel of `round_trips` dependent steps per wave lasts at least the chain's latency plus
     its issue (each step's work waits for its load), while a plain stream's issue hides under it."""
-    from panamera.model.gpu import kernel_time
+    from panamera.model.kernel_cost import kernel_time
 
     kw = dict(dram_bytes=2**27, blocks=528, threads=512, bytes_in_flight_per_thread=8, sfu_ops=2**30)
     plain, chain = kernel_time(H100, **kw), kernel_time(H100, **kw, round_trips=64)

@@ -1,4 +1,4 @@
-"""Each term of the performance model (panamera/model/gpu.py) pinned on a hand-computed example."""
+"""Each term of the performance model (panamera/model/kernel_cost.py) pinned on a hand-computed example."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """QuACK and Liger-Kernel as peers (bench/row_peers.py) and torch.compile's looped rows re-read from
-DRAM beyond L2 (bench/peers.py `reread`), each on hand-computed cases from their sources' rules."""
+DRAM beyond L2 (bench/peer_plan.py `reread`), each on hand-computed cases from their sources' rules."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from panamera.bench.peers import Work, kernel
 from panamera.bench.row_peers import LIGER_SPILLS, liger
 from panamera.model import H100
 from panamera.model.estimate import estimate
-from panamera.model.gpu import kernel_time
+from panamera.model.kernel_cost import kernel_time
 from panamera.model.spill import spill_s
 
 GB = 2**30

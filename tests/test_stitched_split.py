@@ -248,7 +248,7 @@ def test_many_rows_keep_whole_rows_per_block():
 def test_the_model_charges_grid_wide_waits():
     """T_sync, worked by hand: two waits at two L2 round trips (270 cycles) each, plus 1000 cycles
     of the kernel's own, at 1.98 GHz; and the passes add DRAM and L2 times instead of overlapping."""
-    from panamera.model.gpu import kernel_time
+    from panamera.model.kernel_cost import kernel_time
 
     base = dict(dram_bytes=64 << 20, blocks=264, threads=256, bytes_in_flight_per_thread=64, l2_bytes=32 << 20)
     plain = kernel_time(H100, **base)

@@ -19,7 +19,7 @@ from panamera.codegen import tc_kernel, wgmma_kernel
 from panamera.compiler import lower
 from panamera.errors import PanameraError, ScheduleError
 from panamera.model import A100, H100
-from panamera.model.gpu import kernel_time
+from panamera.model.kernel_cost import kernel_time
 from panamera.runtime.nvcc import arch_for
 from panamera.schedule.mapping import map_group, replay
 from panamera.schedule.tc_tiling import candidates

@@ -2,7 +2,7 @@
 
 - **panamera**: fusion, stitching, the model-chosen multi-block split, one atomic per block.
 - **panamera-deterministic**: Panamera with `deterministic=True` (block partials merged in a fixed order).
-- The real peers of peers.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
+- The real peers of peers.py and eager_peer.py, each planned from that peer's own rules: **pytorch-eager**, **cub**,
   **inductor**, **triton-tutorial**, **tvm-default**, and row_peers.py's **quack** and **liger**; for contractions those of contraction_peers.py:
   **cublas**, **triton-splitk**, **flash-decoding**, **pytorch-eager**, **marlin** (marlin_peer.py), and decode_peers.py's **fa3-decode** and
   **flashinfer-decode** (absent where the peer has no kernel).
@@ -27,7 +27,8 @@ from ..model.estimate import Estimate, estimate
 from ..model.gpu import GPUSpec
 from .contraction_peers import CONTRACTION_PEERS
 from .decode_peers import DECODE_PEERS
-from .peers import PEERS, PeerPlan, plan_peers
+from .peer_plan import PeerPlan
+from .peers import PEERS, plan_peers
 from .reread import forced_reread
 from .row_peers import ROW_PEERS
 from .train_peers import plan_train_peers

@@ -24,8 +24,10 @@ from functools import partial
 
 from ..model.estimate import estimate, limit_us
 from ..model.gpu import H100, H200, GPUSpec
+from .eager_peer import pytorch_eager
 from .inductor_peer import QUACK_SWEEP_HINT
-from .peers import Work, cub_device_reduce, inductor, pytorch_eager
+from .peer_work import Work
+from .peers import cub_device_reduce, inductor
 from .row_peers import liger, quack
 
 HOST_GAP_S = 1.1e-6  # [fitted] do_bench's event-to-kernel gap of a Python launch (every fitting do_bench row)

@@ -43,9 +43,11 @@ from dataclasses import dataclass
 
 from ..frontend.tensor import topological
 from ..model.estimate import Estimate, estimate
-from ..model.gpu import GPUSpec, kernel_time
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import kernel_time
 from ..model.library import tensor_core_peak
-from .peers import PeerLaunch, PeerPlan, _plan, _torch_softmax, aten_elementwise, cdiv, from_workspace, kernel
+from .eager_peer import _torch_softmax, aten_elementwise
+from .peer_plan import PeerLaunch, PeerPlan, _plan, cdiv, from_workspace, kernel
 
 _BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "int8": 1, "int4": 0.5}
 

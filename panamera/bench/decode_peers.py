@@ -25,7 +25,7 @@ import math
 
 from ..model.gpu import GPUSpec
 from .contraction_peers import ContractionPlan, DecodeAttention, _contraction_plan, _mma
-from .peers import cdiv, from_workspace, kernel
+from .peer_plan import cdiv, from_workspace, kernel
 
 FA3_BLOCK_N = {128: 176}  # hopper tile_size_fwd_sm90, non-causal (other head dims: not modeled)
 FA3_THREADS = 384  # a producer warpgroup and two consumer warpgroups

@@ -30,7 +30,7 @@ import dataclasses
 
 from ..model.gpu import GPUSpec
 from .contraction_peers import ContractionPlan, Linear, _contraction_plan
-from .peers import cdiv, kernel
+from .peer_plan import cdiv, kernel
 
 THREADS = 256
 STAGES = 4

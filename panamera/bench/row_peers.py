@@ -27,7 +27,8 @@ from __future__ import annotations
 from ..model.gpu import GPUSpec
 from ..model.spill import Spill
 from ..schedule.cluster import MBARRIER_INIT_CYCLES, reduce_cycles
-from .peers import PeerPlan, Work, _plan, cdiv, kernel, next_pow2
+from .peer_plan import PeerPlan, _plan, cdiv, kernel, next_pow2
+from .peer_work import Work
 
 ROW_PATTERNS = ("rms_norm", "softmax", "cross_entropy", "layer_norm")
 

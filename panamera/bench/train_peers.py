@@ -25,7 +25,7 @@ Sources (bench/README.md "Peers and their rules"):
   Cross-entropy has no backward kernel: its forward writes the gradient in place
   (`ops/cross_entropy.py`), so Liger has no plan for this graph (None).
 - **TorchInductor**: a row reduction kernel for dx (persistent up to 1024 values, else looped: the
-  write loop re-reads the row, peers.py `reread`), and the column sums as an OUTER reduction split
+  write loop re-reads the row, peer_plan.py `reread`), and the column sums as an OUTER reduction split
   by `Reduction.num_splits` (ir.py) into partials and a final kernel; BatchNorm: the channel sums,
   then a pointwise kernel for dx; embedding: torch/_decomp's `embedding_dense_backward` (`new_zeros`,
   then `index_put(accumulate=True)`), lowered to a zeroing kernel and atomic_add stores.
@@ -43,20 +43,10 @@ from dataclasses import dataclass
 
 from ..enums import StrEnum
 from ..model.gpu import GPUSpec
-from .peers import (
-    PeerPlan,
-    Reduction,
-    _aten_reduce_launch,
-    _inductor_kernel,
-    _plan,
-    aten_elementwise,
-    cdiv,
-    from_workspace,
-    inductor_num_splits,
-    kernel,
-    next_pow2,
-    reread,
-)
+from .eager_peer import _aten_reduce_launch, aten_elementwise
+from .peer_plan import PeerPlan, _plan, cdiv, from_workspace, kernel, next_pow2, reread
+from .peer_work import Reduction
+from .peers import _inductor_kernel, inductor_num_splits
 from .row_peers import liger_settings
 
 

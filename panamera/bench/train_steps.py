@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..model.estimate import estimate
 from ..model.gpu import H100, GPUSpec
-from .peers import aten_elementwise
+from .eager_peer import aten_elementwise
 
 
 def _resnet():

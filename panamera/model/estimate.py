@@ -18,7 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..runtime.plan import LaunchPlan
-from .gpu import GPUSpec, kernel_time
+from .gpu import GPUSpec
+from .kernel_cost import kernel_time
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def estimate(plan, gpu: GPUSpec, compulsory: int | tuple[int, int] | None = None
     plans) on `gpu` and add them up; `extra_launches` empty launches are added (a library's second
     pass). The first launch pays the per-kernel floor `gpu.launch_s`, every later one only the
     gap of a queued launch (`gpu.queued_s`). `compulsory`: the limit's bytes, or (read, written).
-    See model/gpu.py for the terms."""
+    See model/kernel_cost.py for the terms."""
     launches = plan.per_call if isinstance(plan, LaunchPlan) else list(plan)
     costs = [kernel_time(gpu, **dict(ln.cost_features)) for ln in launches]
     queued = gpu.launch_s - gpu.queued_s

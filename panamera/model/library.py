@@ -5,7 +5,7 @@ bytes, on the SMs its output tiles occupy.
 
 The tile grid is cuBLAS's usual one: 128 x 128 output tiles, 64 x 64 when the 128-tiles would
 not give every SM one; no split-K (the path the paper compares against in Table 1: AKG's
-tensor-core schedule). T_dram is model/gpu.py's Little's-law stream of A, B and C once, with a
+tensor-core schedule). T_dram is model/kernel_cost.py's Little's-law stream of A, B and C once, with a
 three-stage pipeline of 32-deep K slabs of both operands in flight per block. Tensor-core peaks
 are the dense figures of the vendor datasheets [spec]; V100 has no TF32: fp32 runs on its CUDA
 cores.
@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .gpu import A100, H100, V100, GPUSpec, kernel_time
+from .gpu import A100, H100, V100, GPUSpec
+from .kernel_cost import kernel_time
 
 # Dense tensor-core FLOP/s by operand dtype [spec]: NVIDIA H100 SXM5, A100 SXM4 and V100 SXM2
 # datasheets (FP16/BF16, TF32 for float32, FP64; int8 in OP/s).

@@ -12,7 +12,7 @@ a merge kernel (`launches` = 2).
 The model chooses the split and the merge: every power-of-two split that keeps the grid in one
 wave of resident blocks (registers bound residency: `registers` is this module's estimate of
 the kernel's per-thread need, checked by ptxas in tests/test_attention.py), both merges, each
-costed with model/gpu.py's `kernel_time`, the cheapest kept. The peer is Flash-Decoding's split
+costed with model/kernel_cost.py's `kernel_time`, the cheapest kept. The peer is Flash-Decoding's split
 rule (`flash_decoding_split`: split until the (batch x heads x splits) blocks fill the SMs in
 waves of at least 85 % of the best efficiency), shown beside ours in `describe`.
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from ..algebra import ONLINE_SOFTMAX_VEC
 from ..errors import OptionError
-from ..model.gpu import GPUSpec, KernelCost, kernel_time, sequence_s
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import KernelCost, kernel_time, sequence_s
 from ..model.workspace import workspace_traffic
 from ..poly.attention import AttentionChain
 
@@ -59,7 +60,7 @@ class AttentionPlan:
     threads: int = THREADS
     peer_split: int = 1  # Flash-Decoding's rule on the same GPU, for comparison (not used)
     peer_us: float = 0.0  # this kernel at the peer's split with the peer's separate combine kernel, modeled
-    queued_s: float | None = None  # the planned GPU's queued-launch gap (model/gpu.sequence_s); None: every floor
+    queued_s: float | None = None  # the planned GPU's queued-launch gap (kernel_cost.sequence_s); None: every floor
 
     @property
     def groups(self) -> int:
@@ -155,7 +156,7 @@ def _tile(c: AttentionChain, vec: int, lanes: int, slots: int) -> tuple[int, int
 
 
 def _costs(c: AttentionChain, gpu: GPUSpec, vec, lanes, slots, unroll, rt, split, launches) -> tuple[KernelCost, ...]:
-    """Modeled launches of one candidate (model/gpu.py's terms)."""
+    """Modeled launches of one candidate (model/kernel_cost.py's terms)."""
     tiles = math.ceil(c.rows / rt)
     blocks = split * tiles * c.B * c.Hkv
     kv = c.k.size * c.k.dtype.itemsize + c.v.size * c.v.dtype.itemsize

@@ -1,4 +1,4 @@
-"""The model's cost of one mapping decision (model/gpu.py's `kernel_time` on its launch): the
+"""The model's cost of one mapping decision (model/kernel_cost.py's `kernel_time` on its launch): the
 same for the search (schedule/search.py) and for a replay (schedule/replay.py).
 """
 
@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, fields
 
 from ..algebra import SUM, AtomicStrategy
-from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import KernelCost, kernel_time
 from ..model.workspace import workspace_traffic
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind

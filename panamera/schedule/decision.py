@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields
 
 from ..enums import StrEnum
-from ..model.gpu import KernelCost
+from ..model.kernel_cost import KernelCost
 from ..poly.access import AccessKind
 from ..poly.statement import Form
 from ..runtime.plan import BufferSpec

@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec, sequence_s
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import sequence_s
 from ..poly.param_attention import SymbolicAttention
 from .attention import AttentionPlan, _costs, plan_attention, split_limits
 from .size_class import SizeClass

@@ -1,6 +1,6 @@
 """The mapping of a parametric statement for one size class (issue 22).
 
-The mapper evaluates the GPU model (model/gpu.py `kernel_time`) at the class's representative
+The mapper evaluates the GPU model (model/kernel_cost.py `kernel_time`) at the class's representative
 size over a small space (threads per row, rows per block, blocks per reduction) and keeps the
 fastest; the vector width is the widest the class proves legal (poly/params.py precondition 3).
 The result is one frozen `ParamDecision` per statement, serialized with the class.
@@ -112,7 +112,7 @@ def atomic_width(s: PStatement, d: ParamDecision, gpu: GPUSpec) -> int:
 
 
 def cost(s: PStatement, d: ParamDecision, sizes: dict[str, int], gpu: GPUSpec):
-    """The modeled time (model/gpu.py KernelCost) of statement `s` under decision `d` at `sizes`:
+    """The modeled time (model/kernel_cost.py KernelCost) of statement `s` under decision `d` at `sizes`:
     schedule/cost.py's, on the kernel's static view (schedule/bound.py)."""
     return group_cost((s,), d, sizes, gpu, "single")
 

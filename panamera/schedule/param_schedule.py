@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec, chain_s
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import chain_s
 from ..poly.params import PStatement
 from . import replay
 from .bound import as_decision, bound
@@ -37,7 +38,7 @@ class ClassPlan:
     def modeled_us(self, gpu: GPUSpec) -> float:
         """Modeled at the class's representative size on `gpu`: the kernels back to back, each
         after the first paying only the queued-launch gap, as a static plan is modeled
-        (model/gpu.py `sequence_s`, applied to each kernel's single-launch figure by `chain_s`).
+        (model/kernel_cost.py `sequence_s`, applied to each kernel's single-launch figure by `chain_s`).
 
         >>> from panamera.model.gpu import H100
         >>> from panamera.schedule.decision import MergeMode

@@ -59,7 +59,8 @@ from dataclasses import dataclass
 import islpy as isl
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec, KernelCost
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import KernelCost
 from ..poly.access import AccessKind
 from ..poly.bounded import proven_empty
 from ..poly.program import KernelGroup

@@ -1,6 +1,6 @@
 """The fusion planner: among legal plans, the one the performance model prefers.
 
-For every legal stitched group (poly/stitch.py) it compares, with model/gpu.py, the stitched
+For every legal stitched group (poly/stitch.py) it compares, with model/kernel_cost.py, the stitched
 kernel against the unfused kernels of the same statements (each mapped freely, multi-block where
 that pays, plus its init launch). It keeps the stitched group when it is cheaper, as
 FusionStitching does, and records what it considered for `explain()`. The stitched kernel is
@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..errors import ScheduleError
-from ..model.gpu import GPUSpec, KernelCost, sequence_s
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import KernelCost, sequence_s
 from ..poly.program import KernelGroup, Program, external_results, group_statements
 from ..poly.row_columns import with_epilogues
 from ..poly.statement import Form, StatementKind

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model.gpu import GPUSpec, sequence_s
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import sequence_s
 from ..poly.column_stitch import ColumnStitch
 from ..poly.program import KernelGroup, Program, external_results
 from ..poly.row_columns import ColumnJoin

@@ -5,7 +5,7 @@ of one row, sum each segment's rows in order, in pieces, then the pieces in orde
 codegen/segment_kernel.py.
 
 The plan holds every launch and the model's cost of each (sort passes, reads, writes, through
-model/gpu.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory
+model/kernel_cost.py's `kernel_time`, the model every plan uses): sort tiles of keys in shared memory
 (each valid id marks its row), `ceil(log2(n / tile))` merge passes over 8-byte keys, the pieces'
 partial sums (every source row read once, whole segments' rows written), the owners' sums of
 the segments cut at a chunk boundary. The rows no id marked are zeroed by blocks beside the
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from ..dtypes import DType
 from ..errors import ShapeError
-from ..model.gpu import H100, GPUSpec, KernelCost, chain_s, kernel_time
+from ..model.gpu import H100, GPUSpec
+from ..model.kernel_cost import KernelCost, chain_s, kernel_time
 from .scatter_problem import OfProblem, ScatterProblem
 
 SEGMENT_ROWS = 32  # positions per chunk: the fixed cut of a segment into pieces (never a mapping choice)
@@ -106,7 +107,7 @@ class SegmentPlan(OfProblem):
 
     @property
     def modeled_us(self) -> float:
-        """The launches in sequence, each after the first queued (model/gpu.py `chain_s`)."""
+        """The launches in sequence, each after the first queued (model/kernel_cost.py `chain_s`)."""
         return chain_s([c.total_s for _, _, c, _ in self.launches], self.gpu) * 1e6
 
     def describe(self) -> str:

@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import astuple, dataclass, replace
 
-from ..model.gpu import GPUSpec, KernelCost, kernel_time
+from ..model.gpu import GPUSpec
+from ..model.kernel_cost import KernelCost, kernel_time
 from ..model.workspace import workspace_traffic
 from ..poly.access import AccessKind, choose_vec
 from ..poly.expr import Expr
