@@ -1,4 +1,4 @@
-"""PyTorch eager as a peer (bench/peers.py explains peers): its launches planned from ATen's own rules,
+"""PyTorch eager as a peer (panamera/bench/peers.py explains peers): its launches planned from ATen's own rules,
 read from its source code (every rule names its file and function; bench/README.md "Peers and their rules"):
 - PyTorch eager: aten/src/ATen/native/cuda/Reduce.cuh (`setReduceConfig`, `ReduceConfig::
   set_block_dimension`, `get_output_vec_size`, `ReduceOp::input_vectorized_thread_reduce_impl`,

@@ -1,4 +1,4 @@
-"""A peer's plan (bench/peers.py explains peers): its launches as kernel_time's keyword arguments (`kernel`,
+"""A peer's plan (panamera/bench/peers.py explains peers): its launches as kernel_time's keyword arguments (`kernel`,
 `PeerLaunch`, `PeerPlan`), and the rules every peer's plan shares: a workspace read back from L2
 (`from_workspace`), a looped row's later passes re-read from L2 or DRAM (`reread`).
 

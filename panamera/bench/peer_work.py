@@ -1,4 +1,4 @@
-"""What a workload is as the peers see it (bench/peers.py explains peers): its reductions in canonical form
+"""What a workload is as the peers see it (panamera/bench/peers.py explains peers): its reductions in canonical form
 (`Reduction`: M outputs over N values, ROW, COLUMN or ALL) and the whole graph (`Work`), read from
 Panamera's front-end graph (`describe`).
 
