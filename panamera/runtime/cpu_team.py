@@ -24,8 +24,9 @@ threads (`OMP_PROC_BIND`, read through `omp_get_proc_bind`: their placement stan
 PANAMERA_CPU_PLACE=0 in the environment (read when a calling thread first runs 2 threads).
 
 The trade-off: on an idle machine the scheduler already wakes the worker on the idle core (earlier idle
-probes: a 4.9 us wake, L2 reads 2.1x on 2 threads), so placement should change nothing there (not yet
-measured idle: issue 24's note); in the same C experiment, with one busy process on the other core
+probes: a 4.9 us wake, L2 reads 2.1x on 2 threads), so placement changes nothing there (measured
+at load 1.8, scripts/cpu_team_ab.py, 2 threads: A2#7 638 us unplaced, 652 placed; softmax [64x30522]
+571, 599); in the same C experiment, with one busy process on the other core
 placement wins (above); with the cores oversubscribed (load 8 on 2) a placed worker waits for a turn
 on the other core: 2 threads took a median 4000-4486 us placed against 1116-3078 unplaced, and 905-921
 on one thread. There one thread is the answer; the CPU bench marks such runs untrustworthy (load > 1.5).
