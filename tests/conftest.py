@@ -1,3 +1,5 @@
+import threading
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -64,6 +66,35 @@ def check(k, arrays, ref, dtype, n, orders=("forward", "reverse")):
             np.testing.assert_array_equal(out, ref)
         outs.append(out)
     return outs
+
+
+def need_nvcc() -> None:
+    """Skip the calling test, with the reason, where no nvcc is found (the wheel or a toolkit)."""
+    from panamera.errors import BackendError
+    from panamera.runtime import nvcc
+
+    try:
+        nvcc.find_nvcc()
+    except BackendError as e:
+        pytest.skip(str(e))
+
+
+def concurrent_mismatches(call, arrays, wants, equal, repeats: int = 50) -> list[str]:
+    """One thread per array calling `call(a)` `repeats` times; "mixed results" for each result
+    `equal(got, want)` refuses (a call reading another thread's buffers)."""
+    errors = []
+
+    def work(a, want):
+        for _ in range(repeats):
+            if not equal(call(a), want):
+                errors.append("mixed results")
+
+    ts = [threading.Thread(target=work, args=(a, w)) for a, w in zip(arrays, wants)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errors
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 
 import panamera as pn
 from panamera.algebra import ONLINE_SOFTMAX_VEC
@@ -258,10 +259,7 @@ def test_full_size_decode_plans_read_the_kv_cache_once_near_the_limit(batch, key
     [("float16", 128, "bool"), ("bfloat16", 128, "float16"), ("float32", 7, None), ("float64", 64, "float64")],
 )
 def test_nvcc_compiles_both_merges_for_sm80_and_sm90_without_spills(dtype, d, mask):
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     q = pn.placeholder((1, 32, 1, d), dtype, name="q")
     kv = pn.placeholder((1, 8, 4096, d), dtype, name="k")
     m = pn.placeholder((1, 1, 1, 4096), mask, name="m") if mask else None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 from test_stitched_split import assert_close, case, tolerance
 
 import panamera as pn
@@ -225,10 +226,7 @@ def test_the_model_takes_clusters_for_long_rows_on_h100_and_not_on_a100():
 
 
 def test_cluster_kernels_compile_for_sm80_and_sm90_and_use_distributed_shared_memory(rng):
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     outputs, _, _ = case("rms_norm", (1, 16384), "bfloat16", rng)
     k = compile_split(outputs, 16, True, Residence.REGISTERS)
     assert k.mappings[-1].cluster == 16, k.explain()

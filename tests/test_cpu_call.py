@@ -2,11 +2,9 @@
 intermediates bound once; plain numpy calls checked by a tuple compare, anything else through the
 general path and its errors. Results against numpy in float64 with conftest's tolerances."""
 
-import threading
-
 import numpy as np
 import pytest
-from conftest import random_array, tolerance
+from conftest import concurrent_mismatches, random_array, tolerance
 
 import panamera as pn
 
@@ -110,20 +108,11 @@ def test_concurrent_calls(chain, rng):
     shared, so calls are serialized, and every result is its own input's."""
     arrays = [random_array((6, 40), "float32", rng) for _ in range(4)]
     wants = [chain(a, threads=1) for a in arrays]  # one thread: bit-stable, so equal is exact
-    errors = []
 
-    def work(a, want):
-        for _ in range(50):
-            got = chain(a, threads=1)  # both results: [0] goes through the shared intermediate
-            if not all(np.array_equal(g, w) for g, w in zip(got, want)):
-                errors.append("mixed results")
+    def equal(got, want):  # both results: [0] goes through the shared intermediate
+        return all(np.array_equal(g, w) for g, w in zip(got, want))
 
-    ts = [threading.Thread(target=work, args=(a, w)) for a, w in zip(arrays, wants)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors
+    assert not concurrent_mismatches(lambda a: chain(a, threads=1), arrays, wants, equal)
 
 
 def test_torch_cpu_tensors_in_place(rng):

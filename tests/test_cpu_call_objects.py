@@ -3,11 +3,9 @@ their data pointers read in C. A warm call must not skip the checks of a later c
 signature; out= is written in place unless it overlaps another buffer; the Python table path stays
 the fallback. Results against numpy in float64 with conftest's tolerances."""
 
-import threading
-
 import numpy as np
 import pytest
-from conftest import random_array, tolerance
+from conftest import concurrent_mismatches, random_array, tolerance
 
 import panamera as pn
 from panamera.runtime import cpu_call
@@ -97,19 +95,7 @@ def test_table_path_when_no_object_layout(monkeypatch, rng):
 def test_concurrent_calls_without_the_lock(rows, rng):
     arrays = [random_array((6, 40), "float32", rng) for _ in range(4)]
     wants = [rows(a, threads=1) for a in arrays]
-    errors = []
-
-    def work(a, w):
-        for _ in range(50):
-            if not np.array_equal(rows(a, threads=1), w):
-                errors.append("mixed results")
-
-    ts = [threading.Thread(target=work, args=(a, w)) for a, w in zip(arrays, wants)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors
+    assert not concurrent_mismatches(lambda a: rows(a, threads=1), arrays, wants, np.array_equal)
 
 
 def test_torch_tensors_read_in_place(rows, rng):

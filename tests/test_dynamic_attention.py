@@ -6,11 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import tolerance
+from conftest import need_nvcc, tolerance
 
 import panamera as pn
 from panamera.dynamic_attention import DynamicAttention
-from panamera.errors import BackendError, EmptyReductionError
+from panamera.errors import EmptyReductionError
 from panamera.poly.param_attention import recognize_symbolic
 from panamera.runtime import nvcc
 
@@ -117,10 +117,7 @@ def test_each_failed_precondition_keeps_the_chain(outputs):
 
 
 def test_nvcc_compiles_the_symbolic_kernels_of_both_merges_without_spills():
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     k = _program(hq=32, hkv=8, d=128, batch=1, dtype="float16")
     for launches in (1, 2):
         _force(k, {"T": 4096}, 16, launches)

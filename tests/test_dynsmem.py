@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 
 import panamera as pn
 from panamera.bench.train_suite import batch_norm_backward
@@ -118,10 +119,7 @@ def test_a_kernels_dynamic_shared_memory_is_not_taken_by_another_kernels_block_s
 
 
 def test_the_raw_kernel_compiles_with_nvcc():
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     (res,) = nvcc.compile_cuda(PRELUDE + KEEP, archs=("sm_90",))
     assert res.shared_bytes == 0 and res.spill_stores == 0  # all of it dynamic: none static
 
@@ -171,10 +169,7 @@ def test_precondition_2_over_the_devices_opt_in_maximum():
 def test_the_bench_kernels_static_shared_memory_is_the_column_tree():
     """ptxas's static shared memory of the H100 bench kernel is what the preconditions count beside the
     dynamic bytes (`static_bytes`), and the two stay within the opt-in maximum."""
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     k = pn.compile(batch_norm_backward((256, 56, 56, 256), True), target="emulator", gpu=H100, use_database=False)
     (m,) = k.mappings
     (res,) = [r for r in nvcc.compile_cuda(k.source, archs=("sm_90",)) if r.kernel == m.name]

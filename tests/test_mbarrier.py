@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 from test_cluster import _broken, compile_reduce, compile_split
 from test_stitched_split import assert_close, case, tolerance
 
@@ -127,10 +128,7 @@ def test_the_model_takes_mbarriers_for_long_rows_on_h100():
 
 
 def test_mbarrier_kernels_compile_for_sm80_and_sm90_with_syncs_and_stas(rng):
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     outputs, _, _ = case("rms_norm", (1, 16384), "bfloat16", rng)
     k = compile_split(outputs, 16, True, Residence.REGISTERS, how=MB)
     res = nvcc.compile_cuda(k.source)
@@ -237,10 +235,7 @@ def test_the_model_takes_mbarriers_for_a_reduce_kernels_clusters_on_h100():
 
 
 def test_reduce_mbarrier_kernel_compiles_for_sm80_and_sm90_with_syncs_and_stas(rng):
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     k, _ = _reduce(rng)
     res = nvcc.compile_cuda(k.source)
     assert {r.arch for r in res} == {"sm_80", "sm_90"}

@@ -1,6 +1,7 @@
 """Every kind of kernel the suite generates compiles with nvcc for sm_80 and sm_90, no spills."""
 
 import pytest
+from conftest import need_nvcc
 
 import panamera as pn
 from panamera.errors import BackendError
@@ -23,10 +24,7 @@ def _kernels():
 
 
 def test_generated_kernels_compile_for_sm80_and_sm90_without_spills():
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     seen = 0
     for k in _kernels():
         res = nvcc.compile_cuda(k.source)

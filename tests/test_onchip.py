@@ -7,10 +7,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 from test_stitched_split import assert_close, case
 
 import panamera as pn
-from panamera.errors import BackendError, ScheduleError
+from panamera.errors import ScheduleError
 from panamera.model import H100
 from panamera.runtime import nvcc
 from panamera.schedule.cost import stitched_cost
@@ -82,10 +83,7 @@ def test_the_mapper_keeps_long_rows_on_chip():
 
 @pytest.mark.parametrize("res", [Residence.REGISTERS, Residence.SHARED])
 def test_kept_rows_compile_for_sm80_and_sm90_without_spills(res, rng):
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     outputs, _, _ = case("rms_norm", (2, 8192), "bfloat16", rng)
     k = compile_with(outputs, 4, res)
     for r in nvcc.compile_cuda(k.source):

@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import need_nvcc
 from test_contract import array, bound, dequant_reference, int4_weight
 from test_tensor_core import _dequant_bound
 
@@ -113,13 +114,9 @@ def test_wgmma_s8_exact(k_len, groups, n, split, wrapped, rng):
 def test_wgmma_s8_sass_is_igmma():
     """The s8 tile's PTX is what ptxas takes for sm_90a: integer warpgroup MMAs (IGMMA 64 x N x 32)
     in its SASS, none in sm_80's (the kernel only traps there). Its 0 spills: the suite's nvcc check."""
-    from panamera.errors import BackendError
     from panamera.runtime import nvcc
 
-    try:
-        nvcc.find_nvcc()
-    except BackendError as e:
-        pytest.skip(str(e))
+    need_nvcc()
     x, w = pn.placeholder((M, 64), "int8", name="x"), pn.placeholder((N, 64), "int8", name="w")
     k = wg_compile(pn.matmul(x, w.T).inputs[0], 64)
     name = re.search(r"__launch_bounds__\([^)]*\) (pn_k\w*)\(", k.source).group(1)  # the MMA kernel
