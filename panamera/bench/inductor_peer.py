@@ -45,9 +45,9 @@ Rules (numbered as the tests are):
    elements (`QUACK_SWEEP_HINT`). [assumed] that the blog's figures came from that sweep; they fit 7 RMSNorm, 2
    softmax and 2 cross-entropy rows more, and none leaves (tests/test_calibration.py).
 7. Split rows (`ir.py` `Reduction.num_splits` l. 1128-1287, `choices.py` `InductorChoices.reduction_split_factor`
-   l. 117-170; peers.py `inductor_num_splits`): a row pattern of fewer than 2 x SMs rows longer than 8192 is split
-   like any INNER reduction: each reduction becomes two kernels (`ir.py` `Reduction.create_multilayer`: partials of
-   M x split chunks into a workspace, then one per row over the split partials). Online softmax is kept only
+   l. 118-170; peers.py `inductor_num_splits`): a row pattern of fewer than 2 x SMs rows longer than 8192 is split
+   like any INNER reduction: each reduction becomes two kernels (`ir.py` `Reduction.create_multilayer`, l. 1673:
+   partials of M x split chunks into a workspace, then one per row over the split partials). Online softmax is kept only
    without a split (`lowering.py` `prepare_softmax_online` l. 6986-6993: `num_split == 1`); else max, then
    sum(exp(x - max)), are separate split reductions, each reading the row. What follows them (`SplitRows`):
    softmax's and log-softmax's output is a pointwise kernel over M x N (`codegen/simd.py` `SIMDScheduling.can_fuse`
