@@ -103,3 +103,41 @@ def test_rule6_a_symbolic_row_is_looped_from_its_size_hint_and_not_unrolled():
     dyn = inductor(work("softmax", 32768, 8192), H100, size_hint=256)
     assert dyn.launches[0].features["round_trips"] == 2 * 8192 // 256
     assert dyn.estimate(H100, 0).total_us > inductor(work("softmax", 32768, 8192), H100).estimate(H100, 0).total_us
+
+
+def test_rule7_few_long_rows_are_split_and_online_softmax_falls_back():
+    """choices.py `reduction_split_factor` / ir.py `Reduction.num_splits`: fewer than 2 x SMs rows longer than 8192
+    are split; lowering.py `prepare_softmax_online` then takes max and sum(exp) as two split reductions (two
+    kernels each) and softmax's output is a pointwise kernel (codegen/simd.py `can_fuse`), cross-entropy's loss
+    the final sum kernel's epilogue, a norm's normalize a pointwise kernel after its one split reduction. The norms
+    suite's softmax [8x128256] and cross-entropy [64x256000] (bench/suites.py)."""
+    import panamera as pn
+    from panamera.bench.inductor_peer import split_rows
+    from panamera.bench.peers import inductor_num_splits, plan_peers
+
+    soft = plan_peers([pn.nn.softmax(pn.placeholder((8, 128256), "float32", name="x"))], H100)["inductor"]
+    assert soft.facts["split"] == 16 == inductor_num_splits(8, 128256, "INNER", H100)  # 1M elements: 32 per thread
+    names = [ln.name for ln in soft.launches]
+    assert names == ["triton_red_split", "triton_red_final"] * 2 + ["triton_poi_fused"]
+    assert [ln.features["blocks"] for ln in soft.launches[::2]] == [8 * 16, 8 * 16, -(-8 * 128256 // 1024)]
+    x = 8 * 128256 * 4  # the row, read by both split reductions and the pointwise kernel: from L2 after the first
+    assert [ln.features["l2_bytes"] >= x for ln in soft.launches[::2]] == [False, True, True]
+    assert "online softmax off" in soft.description
+    t = pn.placeholder((64,), "int64", name="t")
+    ce = plan_peers([pn.nn.cross_entropy(pn.placeholder((64, 256000), "float32", name="x"), t, reduction="none")], H100)
+    ce = ce["inductor"]
+    assert ce.facts["split"] == 10  # split size 100: the divisor of 256000 nearest 112 (512 target blocks / 64 rows)
+    assert [ln.name for ln in ce.launches] == ["triton_red_split", "triton_red_final"] * 2  # the loss fused
+    assert ce.launches[-1].bytes_written == 64 * 4
+    rms = inductor(work("rms_norm", 64, 256000), H100)
+    assert [ln.name for ln in rms.launches] == ["triton_red_split", "triton_red_final", "triton_poi_fused"]
+    assert split_rows("layer_norm").outputs == 3  # Welford's partials
+
+
+def test_rule7_no_split_from_2_sms_rows_or_at_8192():
+    """The two preconditions of rule 7, each failing alone: 2 x SMs rows, or a row of 8192, stay one kernel."""
+    few, enough = 2 * H100.sms - 1, 2 * H100.sms
+    assert len(inductor(work("softmax", few, 16384), H100).launches) == 5
+    assert len(inductor(work("softmax", enough, 16384), H100).launches) == 1
+    assert len(inductor(work("softmax", 8, 8192), H100).launches) == 1
+    assert len(inductor(work("softmax", 8, 8193), H100).launches) == 5

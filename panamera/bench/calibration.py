@@ -139,7 +139,8 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
         (256, 512, 1024),
     ): "torch.compile (PyTorch 2.7.1) of QuACK's rmsnorm_ref, every row of the sweep run by the kernel recompiled "
     "at 32768 x 256 with the row length symbolic (inductor_peer.py rule 6: looped, R0_BLOCK 256 x 2 warps, the loop "
-    "not unrolled), which fits 2048-262144 (0.90-1.07). 256-1024 measure 7-9 us over it (0.75-0.89), unexplained",
+    "not unrolled), which fits 2048-262144 (0.90-1.07). 256-1024 measure 7-9 us over it (0.75-0.89), unexplained. "
+    "Its harness runs 32768 x 32768 first (benchmark_rmsnorm.py's defaults), so only N turns symbolic at 256",
     (
         "Q",
         "inductor",
@@ -152,7 +153,16 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "faster than its neighbours (2032 GB/s between 1684 and 1440: 1.21x); 131072 and 262144 are slower (0.85-0.87). "
     "They are one kernel, not a split reduction (ir.py Reduction.num_splits / choices.py reduction_split_factor: no "
     "split from 2 rows per SM; test_inductor_peer), and the static kernel (R0_BLOCK 2048, 16 warps) models them the "
-    "same (0.84-0.86)",
+    "same (0.84-0.86). Read against 2.7.1 for 256-1024 and not it: online softmax stays on with a symbolic row "
+    "(lowering.py prepare_softmax_online l. 6986-6988 compares size_hint(rnumel), 256, with 8); the harness's "
+    "first shape, 8192 x 16384 (benchmark_softmax.py's defaults), makes M symbolic too at the recompile, but no rule "
+    "that picks the kernel reads a symbolic M (choices.py, triton_heuristics.py take the size hints); "
+    "Dynamo's local PGO (_dynamo/config.py automatic_dynamic_local_pgo, on), which would compile the first shape "
+    "already symbolic at its hint 16384, keys its state by a job id (_dynamo/pgo.py get_cache_key: None in a plain "
+    "run). Flat 119-121 us is what a 512-thread program (R0_BLOCK 2048 x 16 warps, one step per loop, 63 waves) "
+    "would take (1.02/1.06/1.15 modeled), not the 2-warp kernel of a 256 hint; do_bench's 256 MB L2 clear "
+    "(about 90 us on the GPU) before each timed call hides up to that much host time, so a host-bound call would "
+    "need about 210 us of Python per call",
     (
         "Q",
         "inductor",
@@ -164,7 +174,9 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "8192, 16384 and 65536 (0.94-1.09). Below, a floor of about 42 us (256-2048 at 0.34-0.81): the static kernel "
     "(persistent to 1024) is further off, the one compiled at 2048 (R0_BLOCK 2048 x 16 warps, 63 waves of one round "
     "trip each) would fit 1024 but not 256/512 (1.30/1.19). 32768 is at 1.12x; 131072 and 262144 (one kernel, no "
-    "split) take 1.7 us per dependent step (0.80)",
+    "split) take 1.7 us per dependent step (0.80). Its harness, as softmax's, runs 8192 x 16384 first, so M and N "
+    "turn symbolic together at 32768 x 256 (no rule that picks the kernel reads M); the measured rows 256-2048 lie "
+    "on one line, 39 us + 0.0375 us per element of a row, whose intercept no kernel term of the model has",
     ("Q", "liger", "rms_norm", (16384,)): "12 % slower than modeled and slower per byte than the 32768 row of the "
     "same series (811.9 vs 751 us per 2 GB); Triton 3.3.1 compiles its kernel (16 warps) to 124 registers without "
     "spills, one block per SM, as its softmax at 16384 (80 registers), which fits; both are modeled so "

@@ -44,6 +44,16 @@ Rules (numbered as the tests are):
    code object, one Dynamo cache) in torch.compile: every row of that sweep runs the kernel compiled at 256
    elements (`QUACK_SWEEP_HINT`). [assumed] that the blog's figures came from that sweep; they fit 7 RMSNorm, 2
    softmax and 2 cross-entropy rows more, and none leaves (tests/test_calibration.py).
+7. Split rows (`ir.py` `Reduction.num_splits` l. 1128-1287, `choices.py` `InductorChoices.reduction_split_factor`
+   l. 118-170; peers.py `inductor_num_splits`): a row pattern of fewer than 2 x SMs rows longer than 8192 is split
+   like any INNER reduction: each reduction becomes two kernels (`ir.py` `Reduction.create_multilayer`, l. 1673:
+   partials of M x split chunks into a workspace, then one per row over the split partials). Online softmax is kept only
+   without a split (`lowering.py` `prepare_softmax_online` l. 6986-6993: `num_split == 1`); else max, then
+   sum(exp(x - max)), are separate split reductions, each reading the row. What follows them (`SplitRows`):
+   softmax's and log-softmax's output is a pointwise kernel over M x N (`codegen/simd.py` `SIMDScheduling.can_fuse`
+   l. 1175-1201: a pointwise node fuses with a reduction only over the reduction's M x split or M elements), while
+   cross-entropy's loss, M elements, fuses into the final sum kernel; a norm's one split reduction (sum of squares,
+   Welford) is followed by the normalizing pointwise kernel.
 
 >>> looped_config(65536, Hint.INNER)
 InductorConfig(persistent=False, xblock=1, rblock=2048, warps=16, symbolic=False)
@@ -53,6 +63,8 @@ InductorConfig(persistent=True, xblock=1, rblock=512, warps=4, symbolic=False)
 InductorConfig(persistent=False, xblock=1, rblock=256, warps=2, symbolic=True)
 >>> row_loops("softmax"), row_loops("cross_entropy")
 (RowLoops(loops=2, exp_per_element=3, unroll=1), RowLoops(loops=1, exp_per_element=2, unroll=1))
+>>> split_rows("softmax"), split_rows("cross_entropy").pointwise
+(SplitRows(reductions=2, pointwise=True, sfu_per_element=2, outputs=1), False)
 """
 
 from __future__ import annotations
@@ -215,3 +227,32 @@ def row_loops(pattern: str) -> RowLoops:
 
 
 ROW_PATTERNS = tuple(_LOOPS)
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """Rule 7: the kernels of a row pattern whose reduction Inductor splits: `reductions` split reductions in turn
+    (two kernels each, each reading the row), then a `pointwise` kernel over M x N or not (the output fused into
+    the last reduction's final kernel), `sfu_per_element` (exp, log) over all of them, and `outputs` values per partial
+    (Welford: mean, M2 and count)."""
+
+    reductions: int
+    pointwise: bool
+    sfu_per_element: int
+    outputs: int = 1
+
+
+_SPLIT = {
+    "softmax": SplitRows(2, True, 2),  # max; sum(exp(x - max)); exp(x - max) / sum
+    "log_softmax": SplitRows(2, True, 2),  # max; sum(exp(x - max)); x - max - log(sum), a log per element
+    "cross_entropy": SplitRows(2, False, 1),  # the loss gathers x[target] in the final sum kernel
+    "rms_norm": SplitRows(1, True, 0),
+    "layer_norm": SplitRows(1, True, 0, outputs=3),  # Welford's partials
+    "l2_normalize": SplitRows(1, True, 0),
+    "group_norm": SplitRows(1, True, 0, outputs=3),
+}
+
+
+def split_rows(pattern: str) -> SplitRows:
+    """Rule 7 for a row pattern (one of `ROW_PATTERNS`)."""
+    return _SPLIT[pattern]

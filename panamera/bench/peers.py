@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from ..model.gpu import GPUSpec
 from .eager_peer import EAGER_LN_REGISTERS, aten_reduce_config, pytorch_eager
-from .inductor_peer import COMPILED_ROWS, Hint, is_persistent, reduction_config, row_loops
+from .inductor_peer import COMPILED_ROWS, Hint, is_persistent, reduction_config, row_loops, split_rows
 from .inductor_peer import ROW_PATTERNS as INDUCTOR_ROWS
 from .inductor_peer import registers as inductor_registers
 from .peer_plan import PeerLaunch, PeerPlan, _plan, cdiv, from_workspace, kernel, next_pow2, reread
@@ -218,6 +218,9 @@ def _inductor_kernel(
 def inductor(w: Work, gpu: GPUSpec, size_hint: int | None = None) -> PeerPlan | None:
     """`size_hint`: a row kernel compiled with its length symbolic at that length (inductor_peer.py rule 6)."""
     M, N, e = w.M, w.N, w.in_bytes
+    split = inductor_num_splits(M, N, "INNER", gpu) if w.pattern in INDUCTOR_ROWS else 1
+    if split > 1:  # inductor_peer.py rule 7: few long rows are split, online softmax falls back
+        return _inductor_split_rows(w, gpu, split)
     if w.pattern in INDUCTOR_ROWS:  # inductor_peer.py rule 4: the loops over the row and their exponentials
         loops = row_loops(w.pattern)
         out_full = w.pattern != "cross_entropy"
@@ -267,6 +270,35 @@ def inductor(w: Work, gpu: GPUSpec, size_hint: int | None = None) -> PeerPlan | 
                                threads=128, in_flight=8 * e))  # fmt: skip
         what.append("pointwise XBLOCK 1024")
     return _plan("inductor", launches, "Inductor " + "; ".join(what), **facts)
+
+
+def _inductor_split_rows(w: Work, gpu: GPUSpec, split: int) -> PeerPlan:
+    """inductor_peer.py rule 7: a row pattern's split reductions in turn (the partials of M x `split` chunks, then
+    one program per row over them), then its pointwise output kernel over M x N where it does not fuse. The row is
+    read by every split reduction and by the pointwise kernel: after the first, from L2 where it fits (the rule of
+    a workspace read back, model/workspace.py). The split kernels were not compiled here: no dependent steps
+    charged (as a plain split reduction's)."""
+    M, N, e, acc = w.M, w.N, w.in_bytes, 4
+    rule, rn, x = split_rows(w.pattern), cdiv(w.N, split), M * N * e
+    params = N * e * (2 if w.pattern == "layer_norm" else 1 if w.pattern == "rms_norm" else 0)
+    later = max(rule.reductions - 1 + int(rule.pointwise), 1)  # the kernels after the first pass: exp and log
+    sfu = M * N * rule.sfu_per_element / later
+    launches = []
+    for i in range(rule.reductions):
+        part = rule.outputs * M * split * acc
+        k1, c1 = _inductor_kernel("triton_red_split", M * split, rn, "INNER", e, gpu, read=x + i * M * acc,
+                                  written=part, sfu=sfu if i else 0.0)  # fmt: skip
+        last = i == rule.reductions - 1 and not rule.pointwise  # cross-entropy's loss: the target, x[target]
+        k2, c2 = _inductor_kernel("triton_red_final", M, split, "INNER", acc, gpu, read=part + last * M * (8 + e),
+                                  written=M * (w.out_bytes if last else acc))  # fmt: skip
+        launches += [k1 if i == 0 else from_workspace(k1, x, gpu), from_workspace(k2, part, gpu)]
+    if rule.pointwise:
+        ln = kernel("triton_poi_fused", read=x + params + 2 * M * acc, written=M * N * w.out_bytes,
+                    blocks=cdiv(M * N, 1024), threads=128, in_flight=8 * e, sfu=sfu)  # fmt: skip
+        launches.append(from_workspace(ln, x, gpu))
+    what = f"split {split} x {rule.reductions} ({c1}; then {c2})" + ", pointwise XBLOCK 1024" * rule.pointwise
+    off = " (online softmax off)" * (rule.reductions == 2)
+    return _plan("inductor", launches, f"Inductor split rows{off}, {what}", split=split)
 
 
 # --- Triton tutorials ----------------------------------------------------------------------------------
