@@ -117,11 +117,13 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         if N % 4:
             return None  # the RowwiseMoments + LayerNormForward pair; no workload needs it
         params = (2 if w.pattern == "layer_norm" else 1) * N * e
+        # fp32 statistics per row: mean and rstd (layer_norm_cuda), rstd alone (_fused_rms_norm_cuda)
+        stats = (2 if w.pattern == "layer_norm" else 1) * M * 4
         regs = EAGER_LN_REGISTERS.get(e, 0)
         again = reread(M, N * e, 128, 2, gpu, registers=regs)  # pass 2 re-reads the row
         ln = kernel(
             "vectorized_layer_norm_kernel", read=M * N * e + params + again["read"],
-            written=M * N * w.out_bytes + 2 * M * 4, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
+            written=M * N * w.out_bytes + stats, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
             registers=regs,
         )  # fmt: skip
         return _plan("pytorch-eager", [ln], f"layer_norm_kernel.cu vectorized ({w.pattern}), one block of 32x4 per row")
