@@ -213,7 +213,10 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "Liger 0.8.0's of 2026-06-10, through the same kernel template (_fused_rms_norm_cuda, `bool rms_norm`). Their "
     "excess is per element (0.8-1.3 ns per element fits all five; measured less modeled: 5.7 / 8.3 / 15.0 / 36.2 / "
     "59.4 us), but the issue in series with the stream (the lock-step rule of model/gpu.py) at ~20 instructions per "
-    "element for Welford's two passes is ~0.6 ns, and at RMSNorm's ~8 (4 per byte against LayerNorm's 5) it would put "
+    "element for Welford's two passes is ~0.6 ns (2.7.1's SASS: pass 1 keeps one 16-byte load per thread per step, "
+    "runtime-unrolled by 4 but each load issued after the last step's four updates, every reciprocal behind a "
+    "slow-path branch: 88 instructions per 4-element step, ~17 executed per element), and at RMSNorm's ~8 (4 per byte "
+    "against LayerNorm's 5) it would put "
     "eager RMSNorm 4096 at 1.14x. Every re-read charged to DRAM (as if pass 2 always missed L2) lands them at 0.98 / "
     "1.06 / 1.09 / 0.90 / 0.88, with no source for a miss; RMSNorm's rows fit with the L2 hits",
     ("L", "pytorch-eager", "rms_norm", (8192,)): "10.8 % under the measurement (0.892), at the edge of the L2 re-read "
