@@ -43,6 +43,14 @@ def test_pytorch_layer_norm_is_one_vectorized_kernel():
     g, b = pn.placeholder((768,), "float32", name="g"), pn.placeholder((768,), "float32", name="b")
     p = _peers([pn.nn.layer_norm(x, g, b)])["pytorch-eager"]
     assert p.kernels == 1 and p.blocks == 1024 and p.launches[0].features["threads"] == 128
+    assert p.launches[0].bytes_written == 1024 * 768 * 4 + 2 * 1024 * 4  # Y, then mean and rstd (fp32)
+
+
+def test_pytorch_rms_norm_writes_its_rstd_alone():
+    # layer_norm_kernel.cu _fused_rms_norm_cuda allocates Y and rstd only (the rms_norm template has no mean)
+    x, g = pn.placeholder((1024, 768), "float32", name="x"), pn.placeholder((768,), "float32", name="g")
+    p = _peers([pn.nn.rms_norm(x, g)])["pytorch-eager"]
+    assert p.kernels == 1 and p.launches[0].bytes_written == 1024 * 768 * 4 + 1024 * 4
 
 
 def test_cub_device_reduce_grid_for_65536_floats():

@@ -52,11 +52,16 @@ def test_inductor_looped_rows_are_re_read_from_dram_past_l2():
 def test_peers_count_residency_with_their_own_registers():
     """Peers' blocks per SM follow Panamera's rule (`GPUSpec.resident_blocks`, registers included) with the
     registers their compilers' output shows: eager LayerNorm fp32 39 (12 blocks of 128 per SM, not 16), so fewer
-    rows are in flight and more of its second pass hits L2; bf16 32 (16, as before). Inductor's looped row kernels
+    rows are in flight and more of its second pass hits L2; bf16 32 (16, as before); eager RMSNorm, its own
+    instantiation, bf16 27 (16: threads bind). Inductor's looped row kernels
     (24-32: 32) and CUB's DeviceReduce (32) stay bound by threads."""
     from panamera.bench.peers import CUB_REGISTERS, EAGER_LN_REGISTERS, cub_device_reduce, pytorch_eager
 
-    assert (H100.resident_blocks(128, registers=EAGER_LN_REGISTERS[4]), H100.resident_blocks(128)) == (12, 16)
+    ln_fp32, rms_bf16 = EAGER_LN_REGISTERS[("layer_norm", 4)], EAGER_LN_REGISTERS[("rms_norm", 2)]
+    assert (H100.resident_blocks(128, registers=ln_fp32), H100.resident_blocks(128)) == (12, 16)
+    assert H100.resident_blocks(128, registers=rms_bf16) == 16  # 27 registers: bound by threads, as before
+    (rms,) = pytorch_eager(work("rms_norm", 4096, 8192, 2), H100).launches
+    assert rms.features["registers"] == 27
     assert reread(4096, 16384 * 4, 128, 2, H100, registers=39)["read"] < reread(4096, 16384 * 4, 128, 2, H100)["read"]
     (ln,) = pytorch_eager(work("layer_norm", 4096, 16384, 4), H100).launches
     assert ln.features["registers"] == 39

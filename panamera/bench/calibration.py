@@ -185,7 +185,9 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "warp-level sum of squares, at every size: with one block per SM one L2 round trip plus the block's 32 KB of W "
     "at an SM's share of the L2 (75.8 GB/s) are exposed per block, +141 us: 1.06x. Not adopted: the same rule puts "
     "Liger's 32768 row (64 KB of W, one block per SM) at 1.21x and Liger-Kernel's own 4096x16384 bf16 row (L, "
-    "fits) at 1.20x",
+    "fits) at 1.20x. That L row is another compile (Liger-Kernel's CSV: megatron_rms_norm, Liger 0.8.0, 2026-06-10, "
+    "the same _rms_norm_forward_kernel in llama casting through liger_kernel/megatron/rms_norm.py, under that date's "
+    "Triton), so the SASS order read from Triton 3.3.1 need not hold for it; the 32768 row still stands against it",
     ("Q", "quack", "cross_entropy", (512, 1024, 2048)): "QuACK's cross-entropy reads these rows at 2.0-2.3 TB/s, "
     "below its softmax's rate (the same exp per element, twice the bytes, fits); quack/cross_entropy.py adds only the "
     "target logit read after the row's cp.async wait (an L2 hit, already charged as a second round trip per wave): "
@@ -197,27 +199,55 @@ GAPS: dict[tuple[str, str, str, tuple[int, ...] | None], str] = {
     "1024/2048 unmoved: their 64-128 B per thread in flight saturate at any occupancy. The excess over QuACK's own "
     "softmax at half the bytes is 6-10 us at 256-4096 and none from 8192 (one row per block); the serial per-block "
     "chain (target index, row, target logit from L2) added to the stream instead of overlapped fits 1024/2048 "
-    "(1.04-1.05x) but not 256 (1.45x) or 4096 (1.13x)",
+    "(1.04-1.05x) but not 256 (1.45x) or 4096 (1.13x). Read again at the blog's commit (00ff856, 2025-07-10: online "
+    "softmax, 32 threads per row and 4 rows per block to 3072): the target index is loaded before the row's cp.async, "
+    "in parallel with it, so the dependent step after the row is the logit gather alone, an L2 hit that the plan "
+    "charges at the loaded DRAM latency; without that second round trip the model leaves 3.0 / 3.6 / 7.4 / 8.8 / 8.5 "
+    "/ 6.9 / 6.5 us at 256-16384, flat in N from 1024 (per 32768 rows, not per byte), and any constant of 3.9-4.5 us "
+    "would fit all eleven rows. benchmark_cross_entropy.py times _cross_entropy(x, target) itself (three from_dlpack "
+    "conversions per call, as benchmark_rmsnorm.py's _rmsnorm_fwd, whose rows fit with the common 1.1 us gap): no "
+    "source sets such a constant for this harness alone",
     ("L", "pytorch-eager", "layer_norm", None): "nn.LayerNorm fp32 measures 1.2-1.3x the model of "
     "vectorized_layer_norm_kernel (32x4 threads per row, launch_vectorized_layer_norm_kernel) with its second pass "
     "from L2 or DRAM. Its Welford update (a reciprocal per element) hides under the stream by Little's law. Its "
-    "register count does not explain it: the kernel re-typed from layer_norm_kernel.cu compiles to 39 registers "
-    "(nvcc 13, sm_90, -O3; 32 for bf16, 0 spills), 12 blocks of 128 per SM, now counted (peers.EAGER_LN_REGISTERS), "
-    "which moves the model 0-9 % the wrong way (fewer rows in flight: more of the second pass hits L2; 0.77-0.81x). "
+    "register count does not explain it: the kernel compiles to 39 registers (the sm_90 SASS of PyTorch 2.11's and "
+    "2.12's wheels, as a standalone re-typed compile; 32 for bf16, no stack), 12 blocks of 128 per SM, now counted "
+    "(eager_peer.EAGER_LN_REGISTERS), which moves the model 0-9 % the wrong way (fewer rows in flight: more of the "
+    "second pass hits L2; 0.76-0.81x). PyTorch 2.7.1's wheel, the release current when these rows were taken, ships "
+    "it at 45 (10 blocks): 0.76 / 0.79 / 0.80 / 0.78 / 0.85, still out. "
     "Nor the block's serial phases: charging its in-flight bytes only while pass 1's N / 512 DRAM round trips run "
     "(not during the Welford block reduction or pass 2's L2 round trips) moves the rows <= 1 % (the model's latency "
     "falls with the load); about half the bytes in flight (12 KB per SM) would fit 1024 but not 16384, whose second "
     "pass is mostly DRAM. The ratio is flat over N (0.78-0.86), the mark of a per-element cost: the Welford update "
     "(an IEEE reciprocal per element, ~20 instructions) added to the stream rather than overlapped lands the five "
     "rows at 0.88-1.01, but queueing 12 warps per scheduler at ~80 issue cycles per loop step against a 1.07 us "
-    "round trip explains only 4-8 %",
-    ("L", "pytorch-eager", "rms_norm", (8192,)): "10.2 % under the measurement: at the edge of the L2 re-read model",
+    "round trip explains only 4-8 %. The rows are Liger 0.6.0's run of 2025-07-17; eager RMSNorm's (which fit) are "
+    "Liger 0.8.0's of 2026-06-10, through the same kernel template (_fused_rms_norm_cuda, `bool rms_norm`). Their "
+    "excess is per element (0.8-1.3 ns per element fits all five; measured less modeled: 5.7 / 8.3 / 15.0 / 36.2 / "
+    "59.4 us), but the issue in series with the stream (the lock-step rule of model/gpu.py) at ~20 instructions per "
+    "element for Welford's two passes is ~0.6 ns (2.7.1's SASS: pass 1 keeps one 16-byte load per thread per step, "
+    "runtime-unrolled by 4 but each load issued after the last step's four updates, every reciprocal behind a "
+    "slow-path branch: 88 instructions per 4-element step, ~17 executed per element), and at RMSNorm's ~8 (4 per byte "
+    "against LayerNorm's 5) it would put "
+    "eager RMSNorm 4096 at 1.14x. Every re-read charged to DRAM (as if pass 2 always missed L2) lands them at 0.98 / "
+    "1.06 / 1.09 / 0.90 / 0.88, with no source for a miss; RMSNorm's rows fit with the L2 hits",
+    ("L", "pytorch-eager", "rms_norm", (8192,)): "10.8 % under the measurement (0.892), at the edge of the L2 re-read "
+    "rule (peer_plan.reread): 2112 resident rows of 16 KB (34.6 MB) against half the L2 (26.2 MB) re-read 75.8 % from "
+    "L2, and 73.6 % or less would fit (a reach 3 % smaller), within the rule's precision but set by no measurement; "
+    "the rule is shared with Inductor's looped rows. The measurement is confirmed by the CSV's second provider "
+    "(megatron: WrappedTorchNorm returns the same nn.RMSNorm, 74.496 us to the ns)",
     ("C", "cub", "reduce", (2**24,)): "2^20 to 2^24 runs at 3.25 TB/s and 2^24 to 2^28 at 4.5 (-19 %). The plan is "
-    "CCCL's sm60+ policy (256 threads x 16 items, vector 4; tuning_reduce.cuh: sm100 tunings only), 4096 one-tile "
-    "blocks with 128 KB per SM in flight, so neither latency nor occupancy explains it. 2^24 and 2^28 both fit a "
+    "CCCL's as the PR ran it (tuning_reduce.cuh policy_selector: the sm60+ policy, 256 threads x 16 items, vector 4, "
+    "on sm90, whose only tunings are sm100's for float32 and 8-byte accumulators; dispatch_reduce.cuh: grid = "
+    "min(tiles, sm_occupancy x SMs x CUB_SUBSCRIPTION_FACTOR 5)), 4096 one-tile blocks (5280 allowed at 8 per SM) with "
+    "128 KB per SM in flight, so neither latency, occupancy nor the grid explains it. Nor the two-kernel plan: cccl PR "
+    "#8884 times the one-kernel atomic reduce (reduce.nondeterministic, H200 NVL, NVBench) at 7.61 / 27.28 / 259.45 us "
+    "for 2^20 / 2^24 / 2^28, 2^24 again 0.105 of 2^28 (0.103 here). 2^24 and 2^28 both fit a "
     "read at 4.50 TB/s plus 5.3 us, the write-back of 21 MB of dirty lines such as NVBench's l2flush (a "
-    "cudaMemsetAsync of the L2's size before each sample) leaves; but do_bench's cache clear (a 256 MB zero_) leaves "
-    "them too, and Liger's series rises at one slope (2.9 TB/s) from 16 MB up, with no such term",
+    "cudaMemsetAsync of the L2's size before each sample, nvbench/detail/l2flush.cuh) leaves; but do_bench's cache "
+    "clear (a 256 MB zero_ just before the start event) leaves them too, and NVBench even waits for the memset "
+    "(measure_cold.cuh: flush, stream sync, then the timer), while Liger's series rises at one slope (2.9 TB/s) from "
+    "16 MB up, with no such term",
 }
 
 

@@ -98,9 +98,12 @@ def aten_elementwise(name: str, numel: int, read: int, written: int, elem_in: in
                   in_flight=per * max(read // max(numel, 1), 1))  # fmt: skip
 
 
-# ptxas -v of vectorized_layer_norm_kernel (ATen layer_norm_kernel.cu) re-typed standalone (nvcc 13.0, sm_90,
-# -O3, 0 spills), by element bytes: fp32 39, bf16 32 registers (12 and 16 blocks of 128 threads per SM).
-EAGER_LN_REGISTERS = {4: 39, 2: 32}
+# Registers of vectorized_layer_norm_kernel (ATen layer_norm_kernel.cu) as PyTorch ships it: the sm_90 SASS of
+# libtorch_cuda.so in the PyPI wheels of 2.11.0 and 2.12.0 alike (cuobjdump --dump-resource-usage, no stack), by
+# (pattern, element bytes): LayerNorm (rms_norm = false) fp32 39, bf16 32 (12 and 16 blocks of 128 threads per SM;
+# a standalone re-typed compile gave the same); RMSNorm (the rms_norm = true instantiation) fp32 32, bf16 27 (16).
+# PyTorch 2.7.1's wheel, the release of the LayerNorm rows in CALIBRATION.md L, ships LayerNorm fp32 at 45 (10).
+EAGER_LN_REGISTERS = {("layer_norm", 4): 39, ("layer_norm", 2): 32, ("rms_norm", 4): 32, ("rms_norm", 2): 27}
 
 
 def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
@@ -117,11 +120,13 @@ def pytorch_eager(w: Work, gpu: GPUSpec) -> PeerPlan | None:
         if N % 4:
             return None  # the RowwiseMoments + LayerNormForward pair; no workload needs it
         params = (2 if w.pattern == "layer_norm" else 1) * N * e
-        regs = EAGER_LN_REGISTERS.get(e, 0)
+        # fp32 statistics per row: mean and rstd (layer_norm_cuda), rstd alone (_fused_rms_norm_cuda)
+        stats = (2 if w.pattern == "layer_norm" else 1) * M * 4
+        regs = EAGER_LN_REGISTERS.get((w.pattern, e), 0)
         again = reread(M, N * e, 128, 2, gpu, registers=regs)  # pass 2 re-reads the row
         ln = kernel(
             "vectorized_layer_norm_kernel", read=M * N * e + params + again["read"],
-            written=M * N * w.out_bytes + 2 * M * 4, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
+            written=M * N * w.out_bytes + stats, blocks=M, threads=128, in_flight=4 * e, l2=again["l2"],
             registers=regs,
         )  # fmt: skip
         return _plan("pytorch-eager", [ln], f"layer_norm_kernel.cu vectorized ({w.pattern}), one block of 32x4 per row")
