@@ -15,7 +15,7 @@ import panamera as pn
 import panamera.schedule.cpu_mapper as cpu_mapper
 import panamera.schedule.cpu_rows as cpu_rows
 from panamera.compiler import lower
-from panamera.model.cpu import CpuModel
+from panamera.model.cpu import LANE_VECTORS, CpuModel
 from panamera.poly.statement import Form
 from panamera.schedule.cpu_rows import choose_rows
 
@@ -126,8 +126,20 @@ def test_precondition_3_struct_or_arg_lanes():
 
 def test_precondition_4_registers(monkeypatch):
     g = _group(pn.sum(pn.placeholder((1024, 128)), axis=-1))
-    monkeypatch.setattr(cpu_rows, "ROW_REGISTERS", 7)  # a row's 4 vectors: no 2 rows fit
+    monkeypatch.setattr(cpu_rows, "row_registers", lambda model: 7)  # a row's 4 vectors: no 2 rows fit
     assert choose_rows(g, 1, 16, (), MODEL) == 1
+
+
+def test_precondition_4_half_the_isa_registers():
+    """AVX2's 16 registers leave 8 to the rows' lanes: softmax's NaN-watched max (8 vectors) one
+    row a pass, where AVX-512's 32 take two; its exp pass steps one register of lanes."""
+    from panamera.schedule.cpu_lane_kind import pass_vectors
+
+    g = _group(pn.nn.softmax(pn.placeholder((1024, 128)), axis=-1, method="multipass"))
+    avx2 = CpuModel.nominal(cores=2, simd_bytes=32)
+    assert cpu_rows.row_registers(avx2) == 8 and cpu_rows.row_registers(MODEL) == 16
+    assert cpu_rows.lane_vectors(g) == 2 * LANE_VECTORS and pass_vectors([g.statements[1]]) == 1
+    assert choose_rows(g, 1, 8, (), avx2) == 1 and choose_rows(g, 1, 16, (), MODEL) == 2
 
 
 def test_precondition_5_model_gain():

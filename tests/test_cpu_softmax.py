@@ -13,6 +13,8 @@ Tolerances are derived per element, in units of the compute dtype's unit roundof
   error (absolute, through log) + u |y| for the subtraction, and u_o |y| for the store.
 """
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -149,8 +151,25 @@ def test_reuse_precondition_4_model_decides():
     sm = _group(pn.nn.softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
     slow = Rates(1, ((1.0, 1.0),) * 3, ((1.0, 1.0),) * 3, 0.05, 0.2, 0.2, (1.0, 1.0))  # 1 GB/s everywhere
     assert candidates(sm) and choose(sm, CpuModel(2, 64, "slow memory", rates=slow)) == ()
+    # 4 MiB a row, beyond L2: a float16 output cannot be the scratch row (float values), and a
+    # scratch row of its own is not allocated
+    long = _group(pn.nn.softmax(pn.placeholder((2, 1 << 20), "float16"), axis=1, method="multipass"))
+    assert candidates(long) and choose(long, MODEL) == ()
+
+
+def test_reuse_beyond_l2_into_the_output_row():
+    """A row beyond L2 keeps exp(x - m) in the float32 output row (no row allocated) where the
+    model prices the store, the read back and a second write-back of the row at the L3 rates below
+    the exp (this machine's probe: L3 written at ~30 GB/s, 0.27 ns a value, exp 0.49 ns); at the
+    nominal model's 15 GB/s (0.53 ns against 0.35) it recomputes. log_softmax's x - m (one
+    subtraction) is recomputed either way."""
+    fast_l3 = Rates(2, ((60.0, 120.0), (30.0, 60.0), (12.0, 24.0)), ((30.0, 60.0), (30.0, 60.0), (8.0, 16.0)),
+                    0.08, 0.35, 0.2, (1.0, 1.0))  # fmt: skip
+    l3 = CpuModel(2, 64, "L3 written at 30 GB/s", rates=fast_l3)
     long = _group(pn.nn.softmax(pn.placeholder((2, 1 << 20), "float32"), axis=1, method="multipass"))
-    assert candidates(long) and choose(long, MODEL) == ()  # 4 MiB of scratch a row: beyond L2
+    assert [(x.ops, x.into) for x in choose(long, l3)] == [("exp(sub)", 2)] and choose(long, MODEL) == ()
+    lsm = _group(pn.nn.log_softmax(pn.placeholder((2, 1 << 20), "float32"), axis=1, method="multipass"))
+    assert candidates(lsm) and choose(lsm, l3) == ()
 
 
 def _edge_floats(rng) -> np.ndarray:
@@ -260,6 +279,25 @@ def test_row_reciprocal_keeps_subnormal_and_huge_rows_finite(scale, rng):
     got = k(a)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, ref, rtol=tolerance("float32", 100), atol=0)
+
+
+def test_row_division_pass_unswitched_on_the_reciprocal_flag(rng):
+    """The pass dividing by a row invariant is printed twice under `if (flag)`, the flag folded to
+    true (the product) and to false (the division) in each: no select on a loop-invariant bool is
+    left in a SIMD loop (g++ 12 on AVX2 left that loop scalar). Rows of both kinds in one call."""
+    x = pn.placeholder((4, 100), "float32", name="x")
+    k = pn.compile(x / pn.sum(x, axis=1, keepdims=True), target="cpu", cache=False)
+    (flag,) = set(re.findall(r"\bpn_rcp\w+_ok\b", k.source))
+    assert f"if ({flag}) {{" in k.source and k.source.count(flag) == 3  # declared, set, tested
+    assert "(true ? " in k.source and "(false ? " in k.source
+    a = rng.random((4, 100)).astype(np.float32)
+    a[1] *= np.float32(1e-41)  # subnormal: 1/s is inf, the row divides
+    a[2] *= np.float32(3e36)  # 1/s subnormal: the row divides
+    ref = a.astype(np.float64) / a.astype(np.float64).sum(1, keepdims=True)
+    for t in (1, 2):
+        got = k(a, threads=t)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, ref, rtol=tolerance("float32", 100), atol=0)
 
 
 def test_a_divisor_that_varies_along_the_row_is_not_hoisted(rng):

@@ -154,6 +154,7 @@ class _Kernel(RowValues, SplitMerge):
         self.reductions = [k for k, s in enumerate(g.statements) if s.kind == StatementKind.REDUCE]
         self.bodies: dict[int, Expr] = {}  # statements whose body is rewritten (reciprocals)
         self.held: dict[int, dict[int, str]] = {}  # statement -> nodes whose values are held (reuse, reciprocals)
+        self.rcp_flags: dict[int, dict[str, int]] = {}  # statement -> its reciprocals' flag nodes (cpu_rows.py)
         addrs = [a for s in g.statements for a in (s.write, *(r.addr for r in s.reads)) if a is not None]
         dom = g.statements[0].domain.reset_tuple_id()  # codegen/cpu_runs.py: j's runs without a division
         self.run = row_run(addrs, dom, d.N) if g.form in (Form.ROW, Form.ALL) else None
@@ -281,17 +282,26 @@ class _Kernel(RowValues, SplitMerge):
 
         `rows` > 1 (codegen/cpu_interleave.py): the pass of that many rows, `bind(r)` the lines
         naming row r's registers: one scan stepping every row's lanes in turn (cpu_lanes.py), or
-        (other accumulators) the one-row pass once per row."""
+        (other accumulators) the one-row pass once per row. A pass dividing by a row invariant is
+        unswitched on its reciprocal's flag (cpu_rows.py's `unswitched`)."""
         g = self.g
-        ctx = g.statements[0].domain.get_ctx()
-        ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
         owners = self.owners(here)
-        shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
-        plain = [k for k in owners if k not in shifted]
+        shifted = any(g.statements[k].combiner.name == WELFORD.name for k in owners)
         kinds = {lane_kind(g.statements[k]) for k in owners}
         lanes = bool(owners) and not shifted and LaneKind.NONE not in kinds
         if rows > 1 and not (lanes and LaneKind.ARG not in kinds):
             return [ln for r in range(rows) for ln in ["{", *bind(r), *self._row_pass(here, lo, hi), "}"]]
+        return self.unswitched(here, rows, lambda: self._scan_pass(here, lo, hi, owners, lanes, rows, bind))
+
+    def _scan_pass(
+        self, here: list[int], lo: str, hi: str, owners: list[int], lanes: bool, rows: int, bind
+    ) -> list[str]:
+        """`_row_pass`'s scan once its rows and reciprocal flags are settled."""
+        g = self.g
+        ctx = g.statements[0].domain.get_ctx()
+        ast = _scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo < pn_hi <= {self.d.N}")
+        shifted = frozenset(k for k in owners if g.statements[k].combiner.name == WELFORD.name)
+        plain = [k for k in owners if k not in shifted]
         if lanes:
             return lanes_pass(self, here, lo, hi, owners, _scan, _print, rows, bind)  # codegen/cpu_lanes.py
         sums = [f"pn_s1_{k}, pn_s2_{k}" for k in sorted(shifted)]

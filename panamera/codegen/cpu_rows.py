@@ -3,12 +3,13 @@ mixes these in): a value an earlier pass evaluates and later ones need again (th
 `reuse`, schedule/cpu_reuse.py) stored by the earlier pass to a per-thread scratch row `pn_cseK`
 (or to the output row the last pass writes: `Reuse.into`) and read back by the later ones; a
 later pass's division by a row invariant as a product with its reciprocal `pn_rcp...`, computed
-once per row.
+once per row, the pass unswitched on whether that product is exact enough (`unswitched`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ..dtypes import bool_
 from ..poly.expr import Expr
@@ -19,7 +20,8 @@ from .expr import convert
 class RowValues:
     """Needs of its host: `g` (the group), `d` (the CpuDecision), `loop` (a ThreadLoop), `held`
     (statement -> {node id: C expression holding its value}), `bodies` (statement -> its
-    rewritten body), `epilogues` and `reductions` (statement indices)."""
+    rewritten body), `rcp_flags` (statement -> {a reciprocal's flag: its node's id}), `epilogues`
+    and `reductions` (statement indices)."""
 
     def store_reused(self, k: int) -> list[str]:
         """Statement k's values that later passes read back (decision.reuse): each evaluated in a
@@ -63,13 +65,14 @@ class RowValues:
                 continue
             along = varying(s, g.on_chip)
             table = {}
+            self.rcp_flags[k] = {}
             for e in s.body.walk():
                 if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
                     name = f"pn_rcp{k}_{len(table)}"
                     lines, val = self.loop.body_lines(k, None, expr=e.args[1])
                     t = e.dtype.compute
                     # x * (1/s) is x / s within one more rounding only where s and 1/s are both normal
-                    # (1/s of a subnormal s is inf); other rows divide (a row invariant: g++ unswitches)
+                    # (1/s of a subnormal s is inf); other rows divide (the pass unswitched on the flag: `unswitched`)
                     out += (
                         ["{"]
                         + ["  " + ln for ln in lines]
@@ -83,10 +86,36 @@ class RowValues:
                     out[:0] = [f"{t} {name}_v;", f"bool {name}_ok;"]
                     r, ok = Expr("load", (), e.dtype), Expr("load", (), bool_)
                     self.held.setdefault(k, {}).update({id(r): f"{name}_v", id(ok): f"{name}_ok"})
+                    self.rcp_flags.setdefault(k, {})[f"{name}_ok"] = id(ok)
                     table[id(e)] = Expr("where", (ok, Expr("mul", (e.args[0], r), e.dtype), e), e.dtype)
             if table:
                 self.bodies[k] = _substitute(s.body, table)
         return out
+
+    def unswitched(self, here: list[int], rows: int, emit: Callable[[], list[str]]) -> list[str]:
+        """The pass `emit()` prints over the statements `here`, unswitched on their reciprocals'
+        flags (`pn_rcp..._ok`, `reciprocals`): `if (every flag) {the pass, each flag true} else {the
+        pass, each flag false}`, so that each version's select folds to the product or to the
+        division. Left to g++ (a `?:` on a loop-invariant bool in the `omp simd` loop), g++ 12 on an
+        AVX2 machine neither unswitches nor if-converts it (a bool has no vector mask there, unlike
+        AVX-512's mask registers): the loop stayed scalar (softmax [8x128256]'s last pass, exp
+        included: 4.0 ms instead of ~0.4 ms, 1 thread) or, where the flag is read through a
+        reference, computed both the product and the division and blended them (a vdivps per 8
+        elements). `rows` > 1: the flags of rows 0..rows-1 (codegen/cpu_interleave.py's `..._R`)."""
+        flags = [(k, name, i) for k in here for name, i in self.rcp_flags.get(k, {}).items()]
+        if not flags:
+            return emit()
+        names = [n for _, n, _ in flags]
+        cond = " && ".join(names if rows == 1 else [f"{n}_R[{r}]" for n in names for r in range(rows)])
+        versions = []
+        for value in ("true", "false"):
+            for k, _, i in flags:
+                self.held[k][i] = value
+            versions.append(emit())
+        for k, name, i in flags:
+            self.held[k][i] = name
+        a, b = (["  " + ln for ln in v] for v in versions)
+        return [f"if ({cond}) {{", *a, "} else {", *b, "}"]
 
 
 def _substitute(e: Expr, table: dict[int, Expr]) -> Expr:

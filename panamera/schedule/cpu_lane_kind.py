@@ -1,5 +1,6 @@
 """How a CPU row scan spreads each reduction's accumulator over its W lanes (`LaneKind`, decided
-once here from the statement; codegen/cpu_lanes.py emits it, schedule/cpu_cost.py costs it).
+once here from the statement; codegen/cpu_lanes.py emits it, schedule/cpu_cost.py costs it), and
+how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the decision's lanes).
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import islpy as isl
 
 from ..enums import StrEnum
+from ..model.cpu import LANE_VECTORS, TRANSCENDENTAL
 from ..poly.statement import Statement
 
 LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
@@ -44,6 +46,30 @@ def lane_kind(s: Statement) -> LaneKind:
     if x.op == "load" and not s.reads[x.read].memory and _rises_with_j(s.reads[x.read].addr):
         return LaneKind.ARG
     return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
+
+
+def pass_vectors(statements: list[Statement]) -> int:
+    """The vector registers of lanes each reduction of one row pass over `statements` steps:
+    LANE_VECTORS, so that a cheap body (a sum, a max) runs at the speed of its loads rather than of
+    one register's add latency; 1 where a body of the pass evaluates a transcendental (softmax's
+    exp pass): each vector's own work (~25 instructions for exp) outlasts the add latency more
+    registers would hide, and on a 16-register ISA (AVX2) LANE_VECTORS accumulators beside exp's
+    constants and temporaries spill, and fold in more steps. AMD EPYC AVX2, 1 thread, kernel level
+    (CPU time, 41 interleaved rounds, 2026-11-25, load 11-12; with the register-wide lane folds),
+    median / min: softmax [8x128256] 870 / 767 -> 798-836 / 667-738 us, softmax [64x30522]
+    2532-2545 / 2098-2132 -> 2381-2430 / 1973-1985 us, log_softmax [64x30522] 2205-2257 /
+    1909-1946 -> 2102-2241 / 1814-1851 us (a different sum tree: last-bit changes, 3.6e-7 relative at
+    most); softmax [6144x128] unchanged.
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((4, 50), "float32")
+    >>> [pass_vectors(list(lower(y, target="cpu", stop_after="groups").groups[0].statements))
+    ...  for y in (pn.sum(x, axis=1), pn.sum(pn.exp(x), axis=1))] == [LANE_VECTORS, 1]
+    True
+    """
+    heavy = any(e.op in TRANSCENDENTAL for s in statements for e in s.body.walk())
+    return 1 if heavy else LANE_VECTORS
 
 
 def _rises_with_j(addr: isl.PwAff) -> bool:

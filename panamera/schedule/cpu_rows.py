@@ -11,9 +11,10 @@ Preconditions (else 1 row), each with a negative test in tests/test_cpu_rows.py:
 3. every reduction's lanes are plain or NaN-watched (LaneKind.PLAIN / FLAGGED): a struct accumulator
    (Welford, log-sum-exp) has no lanes to step side by side, and an argmax's (value, index) lanes
    are not interleaved (measured: layer_norm's Welford rows run one after the other, 0.99-1.01x);
-4. R x the lane vectors of the widest pass (LANE_VECTORS a reduction, twice for a NaN watch) fit
-   ROW_REGISTERS: softmax [6144x128] at 1 thread, CPU time, loaded machine: R = 2 (16 vectors)
-   0.97-0.99x of one row, R = 4 (32, spilling) 1.05-1.24x;
+4. R x the lane vectors of the widest pass (cpu_lane_kind.py's `pass_vectors` a reduction, twice
+   for a NaN watch) fit half the ISA's vector registers (`row_registers`: 16 of AVX-512's 32, 8 of
+   AVX2's 16): softmax [6144x128] at 1 thread, CPU time, loaded machine (AVX-512): R = 2 (16
+   vectors) 0.97-0.99x of one row, R = 4 (32, spilling) 1.05-1.24x;
 5. the model finds R rows at least GAIN faster.
 
 >>> import panamera as pn
@@ -26,28 +27,41 @@ Preconditions (else 1 row), each with a negative test in tests/test_cpu_rows.py:
 
 from __future__ import annotations
 
-from ..model.cpu import LANE_VECTORS, CpuModel, kernel_time
+from ..model.cpu import CpuModel, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
-from .cpu_lane_kind import LaneKind, lane_kind
+from .cpu_lane_kind import LaneKind, lane_kind, pass_vectors
 from .cpu_reuse import Reuse
 
-ROW_REGISTERS = 16  # of AVX-512's 32 vector registers: the rest for the bodies (exp's constants and temporaries)
 GAIN = 0.02  # the modeled saving that makes R rows worth their longer code
 CANDIDATES = (4, 3, 2)
 
 
 def lane_vectors(g: KernelGroup) -> int:
-    """The vector registers of accumulator lanes one row's widest pass holds (0: no reduction)."""
+    """The vector registers of accumulator lanes one row's widest pass holds (0: no reduction):
+    each reduction's `pass_vectors` of its pass, twice for a NaN watch."""
     lv = levels(g.statements) if g.stitched else {}
+    passes: dict[int, list[int]] = {}
+    for k, s in enumerate(g.statements):
+        if not (s.kind == StatementKind.MAP and s.form == Form.MAP):  # an epilogue runs once a row
+            passes.setdefault(lv.get(s.name, 0), []).append(k)
     per: dict[int, int] = {}
-    for k in g.accumulators:
-        s = g.statements[k]
-        per[lv.get(s.name, 0)] = per.get(lv.get(s.name, 0), 0) + LANE_VECTORS * (
-            2 if lane_kind(s) == LaneKind.FLAGGED else 1
+    for p, ks in passes.items():
+        v = pass_vectors([g.statements[k] for k in ks])
+        per[p] = sum(
+            v * (2 if lane_kind(g.statements[k]) == LaneKind.FLAGGED else 1) for k in ks if k in g.accumulators
         )
     return max(per.values(), default=0)
+
+
+def row_registers(model: CpuModel) -> int:
+    """The vector registers R rows' lanes may take: half the ISA's (AVX-512: 32 registers of 64
+    bytes; AVX2 and narrower: 16), the rest for the bodies (exp's constants and temporaries). On
+    AVX2 softmax's NaN-watched max (8 vectors) is then one row a pass: softmax [6144x128] measured
+    the same as two rows (AMD EPYC, 1 thread, 2026-11-25, load 11), whose 16 vectors are every
+    register AVX2 has."""
+    return (32 if model.simd_bytes >= 64 else 16) // 2
 
 
 def choose_rows(g: KernelGroup, split: int, lanes: int, reuse: tuple[Reuse, ...], model: CpuModel) -> int:
@@ -60,7 +74,7 @@ def choose_rows(g: KernelGroup, split: int, lanes: int, reuse: tuple[Reuse, ...]
     if not reductions or any(lane_kind(s) not in (LaneKind.PLAIN, LaneKind.FLAGGED) for s in reductions):  # 3
         return 1
     vectors = lane_vectors(g)
-    fits = [r for r in CANDIDATES if r * vectors <= ROW_REGISTERS and r <= g.M]  # 4
+    fits = [r for r in CANDIDATES if r * vectors <= row_registers(model) and r <= g.M]  # 4
     if not fits:
         return 1
     r = fits[0]
