@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 # fitted here:
 # 128x32x1024 float32 (B row-major: no pack) took 62.8 us a call on one thread (median of 30
 # interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
-TILE_SHARE = 0.8
+TILE_SHARE = 0.88
 # A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
 # B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) blocks transposed
 # in registers: 16 x 16 with AVX-512 (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
