@@ -47,9 +47,11 @@ if TYPE_CHECKING:
     from .cpu import CpuModel, KernelTime
 
 # The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
-# fitted here:
-# 128x32x1024 float32 (B row-major: no pack) took 62.8 us a call on one thread (median of 30
-# interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
+# the mean of two machines' fits, 128x32x1024 float32 with B row-major (no pack), one thread:
+# - a 2-core Xeon (AVX-512, the 8x32 tile): 62.8 us a call (median of 30 interleaved rounds, load 3.5,
+#   2026-11-25), the probe's rate 165 GFLOP/s: 0.81;
+# - a 2-core AMD EPYC (AVX2, the 6x16 tile): 99.6 us in C (best of 200 x 10 calls, load 9, 2026-11-25),
+#   the probe's 89 GFLOP/s: 0.95.
 TILE_SHARE = 0.88
 # A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
 # B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) blocks transposed
