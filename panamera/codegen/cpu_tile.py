@@ -60,6 +60,38 @@ def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = 
     return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit}{ep})"
 
 
+def plan_calls(plans: tuple, ctype: str, args: str, epilogue: bool = False) -> list[str]:
+    """The body lines of a contraction kernel that runs its plans (schedule/cpu_contraction.py's
+    `GemmPlan`s, fewest threads decided first, the last for any call): each but the last under
+    `if (pn_nt <= decided)`; a TILE plan caps the threads at its own, a BLAS plan calls `pn_gemm`
+    with pn_gemm's arguments `args`.
+
+    >>> from types import SimpleNamespace as P
+    >>> one, two = P(decided=1, tile=TileShape(6, 2, 8), threads=1), P(decided=2, tile=None, threads=2)
+    >>> print("\\n".join(plan_calls((one, two), "float", "...")))
+      if (pn_nt <= 1) {  // the plan of a call on 1 thread(s)
+        if (pn_nt > 1) pn_nt = 1;  // the plan's threads
+        pn_tile_gemm<float, 6, 2, 8>(..., pn_nt, 1);
+        return;
+      }
+      pn_gemm<float>(...);
+    """
+    lines = []
+    for k, plan in enumerate(plans):
+        last = k == len(plans) - 1
+        pad = "  " if last else "    "
+        if not last:
+            lines.append(f"  if (pn_nt <= {plan.decided}) {{  // the plan of a call on {plan.decided} thread(s)")
+        if plan.tile is None:
+            lines.append(f"{pad}pn_gemm<{ctype}>({args});")
+        else:
+            lines.append(f"{pad}if (pn_nt > {plan.threads}) pn_nt = {plan.threads};  // the plan's threads")
+            lines.append(f"{pad}{tile_call(plan.tile, ctype, args, 'pn_nt', epilogue)};")
+        if not last:
+            lines += [f"{pad}return;", "  }"]
+    return lines
+
+
 # pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
 # (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads, K in `ks` chunks.
 TILE_SOURCE = (
