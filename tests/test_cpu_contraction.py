@@ -152,3 +152,20 @@ def test_a_call_on_fewer_threads_runs_the_plan_decided_for_them(monkeypatch):
     for threads in (1, 2):
         got = f(a, b, threads=threads)
         np.testing.assert_allclose(got, ref, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(1024))
+
+
+def test_compile_plans_each_group_once_and_renders_that_plan(monkeypatch):
+    """compile_cpu decides each kernel's gemm plan once (the grouping's plan carried into the mapper,
+    `cpu_plans`), and renders what was decided: a contraction with a fused consumer and a plain one."""
+    planned = []
+    plan_gemm = cpu_contraction.plan_gemm
+
+    def counting(g, m, threads):
+        planned.append(g)  # kept alive: identities stay distinct
+        return plan_gemm(g, m, threads)
+
+    monkeypatch.setattr(cpu_contraction, "plan_gemm", counting)
+    x, w, b = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32"), pn.placeholder((32,))
+    f = pn.compile(pn.maximum(x @ w.T + b, 0.0), target="cpu", cache=False)
+    assert planned and len({id(g) for g in planned}) == len(planned)
+    assert any(d.gemm is not None for d in f.decisions)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..model.cpu import CpuModel, KernelTime
     from ..model.cpu_tile import TileShape
     from .cpu_gemm import Gemm
+    from .cpu_mapper import CpuDecision, CpuMachine
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,7 @@ def _fused_tile(
 
 
 def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGroup, ...]:
-    """The CPU kernels of a planner group: a contraction with an element-wise consumer the tile
-    applies at its store (schedule/cpu_epilogue.py) stays one group where the model runs the
-    contraction on the tile (`plan_gemm`); else as schedule/cpu_blas.py's `split_for_blas` says.
+    """The CPU kernels of a planner group (`cpu_plans` without the decisions).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -192,8 +191,33 @@ def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGro
     >>> len(cpu_groups(g, m, 1)) == (1 if plan_gemm(g, m, 1) is not None else 2)
     True
     """
+    return tuple(g for g, _ in _pieces(group, m, threads))
+
+
+def _pieces(group: KernelGroup, m: CpuModel, threads: int) -> tuple[tuple[KernelGroup, GemmPlan | None], ...]:
+    """A planner group's CPU kernels, each with its gemm plan where it was made deciding the grouping: a
+    contraction with an element-wise consumer the tile applies at its store (schedule/cpu_epilogue.py)
+    stays one group where the model runs the contraction on the tile (`plan_gemm`); else as
+    schedule/cpu_blas.py's `split_for_blas` says (no plan made yet)."""
     plan = plan_gemm(group, m, threads) if tile_epilogue(group) is not None else None
-    return (group,) if plan is not None else split_for_blas(group)
+    if plan is not None:
+        return ((group, plan),)
+    return tuple((g, None) for g in split_for_blas(group))
+
+
+def cpu_plans(
+    group: KernelGroup, machine: CpuMachine, m: CpuModel, split: int | None = None, deterministic: bool = False
+) -> tuple[tuple[KernelGroup, CpuDecision | None], ...]:
+    """The CPU kernels of a planner group and their decisions, each made once: the grouping's gemm plan
+    carried into the mapper (`map_cpu`'s `gemm`), never planned again; None for a kernel with nothing
+    to map (an empty extent: its fill)."""
+    from .cpu_mapper import map_cpu
+
+    out = []
+    for g, plan in _pieces(group, m, machine.cores):
+        d = map_cpu(g, machine, split, model=m, deterministic=deterministic, gemm=plan) if g.M * g.N else None
+        out.append((g, d))
+    return tuple(out)
 
 
 def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
