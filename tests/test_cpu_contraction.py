@@ -79,7 +79,7 @@ def test_renderer_and_cost_read_the_decision(monkeypatch):
 
 @pytest.mark.parametrize("route", ["tile", "blas"])
 def test_table1_matches_numpy_on_either_route(monkeypatch, route):
-    """table1 128x32x1024 through the tile (whole transposed panels: 16x16 transposes, 8 K blocks) and
+    """table1 128x32x1024 through the tile (whole transposed panels: register transposes, 8 K blocks) and
     the BLAS: float64 numpy within a K-derived tolerance; the tile's bits equal on 1 and 2 threads;
     only the BLAS route holds the BLAS's thread count around a call."""
     forced = TileShape(8, 2, 16) if route == "tile" else None
@@ -169,3 +169,24 @@ def test_compile_plans_each_group_once_and_renders_that_plan(monkeypatch):
     f = pn.compile(pn.maximum(x @ w.T + b, 0.0), target="cpu", cache=False)
     assert planned and len({id(g) for g in planned}) == len(planned)
     assert any(d.gemm is not None for d in f.decisions)
+
+
+def test_the_tile_is_weighed_on_the_threads_it_would_run_on():
+    """A 2-thread call where a parallel region's entry costs more than the second thread saves: the
+    tile is compared with the BLAS as it would run (one thread, `tile_threads`), not as a 2-thread
+    region, and taken where that beats the BLAS with its pool's cost."""
+    from panamera.model.cpu_tile import gemm_choice, tile_plan
+
+    m = _model(2)
+    m = dataclasses.replace(
+        m,
+        rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)),
+        gemm=dataclasses.replace(m.gemm, wake_us=60.0),
+    )
+    g = _linear_group(128, 32, 1024)
+    gm = cpu_contraction.blas_call(g).gemm
+    one = tile_plan(gm, 4, m, 1)[1].total_us
+    kernel, t = gemm_choice(gm, 4, m, 2)
+    assert kernel is GemmKernel.TILE and t.total_us == pytest.approx(one) and t.threads == 1
+    d = map_cpu(g, CpuMachine(2, 64, "x"), model=m)
+    assert d.gemm.kernel is GemmKernel.TILE and d.threads == 1 and not d.gemm.fewer

@@ -155,10 +155,15 @@ def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> 
 
 
 def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple[GemmKernel, KernelTime]:
-    """The faster of the BLAS and the tile kernel for `gm` on `threads` threads, and its time."""
+    """The faster of the BLAS and the tile kernel for a call of `gm` on `threads` threads, and its time:
+    the tile on the count it would run on (`threads` or fewer, halving: schedule/cpu_contraction.py
+    `tile_threads` keeps the plan's tile there), where a parallel region's entry outweighs a thread."""
     mnk = gm.m * gm.n * gm.k
     blas = gemm_time(2 * mnk * len(gm.calls), (gm.m * gm.k + gm.k * gm.n) * itemsize, itemsize, m, threads, mnk)
-    tile = tile_plan(gm, itemsize, m, threads)[1]
+    counts = [max(1, threads)]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    tile = min((tile_plan(gm, itemsize, m, t)[1] for t in counts), key=lambda kt: kt.total_us)
     return (GemmKernel.TILE, tile) if tile.total_us < blas.total_us else (GemmKernel.BLAS, blas)
 
 
