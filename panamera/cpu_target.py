@@ -47,9 +47,9 @@ from .runtime.cpu import SIMD_MATH, CpuExecutor
 from .runtime.cpu_call import program_entry
 from .runtime.plan import BufferRole, InputSpec, Launch, LaunchPlan, LaunchRole
 from .schedule import onehot
-from .schedule.cpu_contraction import cpu_groups
+from .schedule.cpu_contraction import cpu_plans
 from .schedule.cpu_cost import plan_time
-from .schedule.cpu_mapper import CpuDecision, CpuMachine, map_cpu
+from .schedule.cpu_mapper import CpuMachine
 from .schedule.formulation import choose_formulations, nondeterministic, substitute
 from .stages import kernel_name, run_stages
 
@@ -105,6 +105,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     machine = CpuMachine.detect()
     model = cpu_model(machine)
     alone = Options(Target.EMULATOR, False, options.gpu)
+    mapping = (options.split, options.deterministic)
 
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
         if fused_attention.chains_in(alternative):  # no fused attention template on the CPU
@@ -115,10 +116,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
             return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
         a = run_stages(onehot.gathers(alternative), alone, stop_after="groups")
         pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone, tile epilogues fused
-            (g, map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic))
-            for group in a.groups
-            for g in cpu_groups(group, model, machine.cores)
-            if g.M * g.N
+            (g, d) for group in a.groups for g, d in cpu_plans(group, machine, model, *mapping) if d is not None
         ]
         return plan_time(pairs, model, _compulsory(a), None, len(a.graph)).total_us
 
@@ -126,15 +124,15 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     if sorted_segments.recognize(graph) is not None:  # the scatter alone, else Unsupported (its precondition 1)
         return cpu_segments.compile_cpu_scatter(graph, outs, options, single, chosen, model)
     a = run_stages(_cpu_graph(graph), options, stop_after="groups")
-    groups = tuple(piece for g in a.groups for piece in cpu_groups(g, model, machine.cores))  # BLAS's alone
-    a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=groups)
+    # each group's kernels (BLAS's alone) and decisions, made once and carried to the rendering
+    pairs = tuple(p for g in a.groups for p in cpu_plans(g, machine, model, *mapping))
+    a = dataclasses.replace(a, outputs=outs, formulations=chosen, groups=tuple(g for g, _ in pairs))
     kernels = []
     buffers = _output_specs(a.groups)
-    for k, g in enumerate(a.groups):
+    for k, (g, d) in enumerate(pairs):
         if g.M > 0 and g.N == 0:  # reductions over nothing
             kernels.append(render_cpu_empty(kernel_name(k, g), g, buffers, machine.cores))
-        elif g.M * g.N:  # the mapper's decision; a contraction's BLAS or tile kernel is its `gemm` plan
-            d: CpuDecision = map_cpu(g, machine, options.split, model=model, deterministic=options.deterministic)
+        elif d is not None:  # the mapper's decision; a contraction's BLAS or tile kernel is its `gemm` plan
             if d.gemm is not None:
                 kernels.append(host_blas(kernel_name(k, g), g, d, cpu_gemm.blas() is not None))
             else:

@@ -79,7 +79,7 @@ def test_renderer_and_cost_read_the_decision(monkeypatch):
 
 @pytest.mark.parametrize("route", ["tile", "blas"])
 def test_table1_matches_numpy_on_either_route(monkeypatch, route):
-    """table1 128x32x1024 through the tile (whole transposed panels: 16x16 transposes, 8 K blocks) and
+    """table1 128x32x1024 through the tile (whole transposed panels: register transposes, 8 K blocks) and
     the BLAS: float64 numpy within a K-derived tolerance; the tile's bits equal on 1 and 2 threads;
     only the BLAS route holds the BLAS's thread count around a call."""
     forced = TileShape(8, 2, 16) if route == "tile" else None
@@ -111,3 +111,82 @@ def test_tile_runs_on_fewer_threads_where_the_region_entry_outweighs_them():
     assert (d1.threads, d1.gemm.threads, d2.threads) == (1, 1, 2)
     assert "if (pn_nt > 1) pn_nt = 1;" in host_blas("k0", g, d1, in_c=True).source
     assert time_of(g, d1, woken, threads=2).threads == 1
+
+
+def test_a_call_on_fewer_threads_runs_the_plan_decided_for_them(monkeypatch):
+    """The plan is decided once for each thread count a call may run on (halving): where the BLAS wins
+    on 2 threads (a pool that scales, free to wake) and the tile on 1 (the BLAS's one-thread rate), the
+    decision carries both (`GemmPlan.fewer`), the kernel's C branches on the call's threads, the cost
+    prices each count with its own plan, and both branches match numpy."""
+    machine = CpuMachine.detect()
+    machine = CpuMachine(2, machine.simd_bytes, machine.name)
+    m = CpuModel.nominal(cores=2, simd_bytes=machine.simd_bytes)
+    m = dataclasses.replace(
+        m,
+        rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)),
+        gemm=GemmRates((165.0, 72.0), 0.9, threads=2, gflops_all=(4000.0, 2000.0), wake_us=0.0),
+    )
+    g = _linear_group(128, 32, 1024)
+    d = map_cpu(g, machine, model=m)
+    assert d.gemm.kernel is GemmKernel.BLAS and d.gemm.decided == 2
+    (one,) = d.gemm.fewer
+    assert one.kernel is GemmKernel.TILE and one.decided == 1 and d.gemm.at(1) is one and d.gemm.at(2) is d.gemm
+    assert "on 1 thread(s): TILE" in d.describe()
+    k = host_blas("k0", g, d, in_c=True)
+    assert "if (pn_nt <= 1) {" in k.source and "pn_tile_gemm<" in k.source and "pn_gemm<float>(" in k.source
+    assert k.calls_blas and k.tile == one.tile
+    assert time_of(g, d, m, threads=1).total_us == pytest.approx(one.time(m, 1).total_us)
+    assert time_of(g, d, m, threads=2).total_us == pytest.approx(d.gemm.time(m, 2).total_us)
+    assert time_of(g, d, m, threads=1).total_us != pytest.approx(time_of(g, d, m, threads=2).total_us)
+    import panamera.cpu_target as cpu_target
+
+    monkeypatch.setattr(cpu_target.CpuMachine, "detect", staticmethod(lambda: machine))
+    monkeypatch.setattr(cpu_target, "cpu_model", lambda _machine: m)
+    x, w = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32")
+    f = pn.compile(x @ w.T, target="cpu", cache=False)
+    assert f.decisions[0].gemm.fewer and f.executor.blas
+    a = random_array((128, 1024), "float32", np.random.default_rng(13))
+    b = random_array((32, 1024), "float32", np.random.default_rng(14))
+    ref = a.astype(np.float64) @ b.T.astype(np.float64)
+    t = tolerance("float32", 1024)
+    for threads in (1, 2):
+        got = f(a, b, threads=threads)
+        np.testing.assert_allclose(got, ref, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(1024))
+
+
+def test_compile_plans_each_group_once_and_renders_that_plan(monkeypatch):
+    """compile_cpu decides each kernel's gemm plan once (the grouping's plan carried into the mapper,
+    `cpu_plans`), and renders what was decided: a contraction with a fused consumer and a plain one."""
+    planned = []
+    plan_gemm = cpu_contraction.plan_gemm
+
+    def counting(g, m, threads):
+        planned.append(g)  # kept alive: identities stay distinct
+        return plan_gemm(g, m, threads)
+
+    monkeypatch.setattr(cpu_contraction, "plan_gemm", counting)
+    x, w, b = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32"), pn.placeholder((32,))
+    f = pn.compile(pn.maximum(x @ w.T + b, 0.0), target="cpu", cache=False)
+    assert planned and len({id(g) for g in planned}) == len(planned)
+    assert any(d.gemm is not None for d in f.decisions)
+
+
+def test_the_tile_is_weighed_on_the_threads_it_would_run_on():
+    """A 2-thread call where a parallel region's entry costs more than the second thread saves: the
+    tile is compared with the BLAS as it would run (one thread, `tile_threads`), not as a 2-thread
+    region, and taken where that beats the BLAS with its pool's cost."""
+    from panamera.model.cpu_tile import gemm_choice, tile_plan
+
+    m = _model(2)
+    m = dataclasses.replace(
+        m,
+        rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)),
+        gemm=dataclasses.replace(m.gemm, wake_us=60.0),
+    )
+    g = _linear_group(128, 32, 1024)
+    gm = cpu_contraction.blas_call(g).gemm
+    one = tile_plan(gm, 4, m, 1)[1].total_us
+    kernel, t = gemm_choice(gm, 4, m, 2)
+    assert kernel is GemmKernel.TILE and t.total_us == pytest.approx(one) and t.threads == 1
+    d = map_cpu(g, CpuMachine(2, 64, "x"), model=m)
+    assert d.gemm.kernel is GemmKernel.TILE and d.threads == 1 and not d.gemm.fewer

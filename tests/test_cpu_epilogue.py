@@ -174,10 +174,12 @@ def test_precondition_4_a_value_that_is_not_stored():
 def test_tile_taken_over_the_blas_only_where_the_consumers_pass_outweighs_it(monkeypatch, pass_us):
     """The BLAS faster alone (`gemm_tile` None): the group stays whole on the tile (the consumer at its
     store) only where the BLAS plus the consumer's own MAP kernel is modeled slower; else it is split."""
+    import panamera.model.cpu_tile as model_tile
     import panamera.schedule.cpu_cost as cpu_cost
     from panamera.model.cpu import CpuModel, KernelTime
 
     monkeypatch.setattr(cpu_contraction, "gemm_tile", lambda gm, i, m, t=1: None)
+    monkeypatch.setattr(model_tile, "TILE_SHARE", 0.3)  # the tile modeled slower than the BLAS, as gemm_tile says
     monkeypatch.setattr(cpu_cost, "time_of", lambda g, d, m, t=None: KernelTime(pass_us, 0, pass_us, 0, 0, "L1", 1))
     (g,) = _group(_linear(128, 32, 1024))
     m = CpuModel.nominal(cores=1, simd_bytes=64)

@@ -112,9 +112,33 @@ def test_gemm_probe_all_threads_rate_is_bounded_and_stored(monkeypatch):
     format."""
     rates = iter([(1.0, [100.0, 50.0]), (1.0, [90.0, 400.0])])
     monkeypatch.setattr(gemm_probe, "_measure", lambda *a: next(rates))
+    monkeypatch.setattr(gemm_probe, "_wake_us", lambda call, threads: 30.0)
     g = gemm_probe.measure(CpuModel.nominal(2, 64).rates, Caches(48 << 10, 1 << 20, 8 << 20), threads=2)
-    assert g.threads == 2 and g.gflops == (100.0, 50.0) and g.gflops_all == (100.0, 100.0)
+    assert g.threads == 2 and g.gflops == (100.0, 50.0) and g.gflops_all == (100.0, 100.0) and g.wake_us == 30.0
     assert "1 and 2 threads" in g.source
     assert gemm_probe._from_json(gemm_probe._to_json(g)) == g
     one = GemmRates((100.0, 50.0), 1.0)
     assert gemm_probe._from_json(gemm_probe._to_json(one)) == one
+
+
+def test_blas_pool_cost_is_charged_per_call_on_more_than_one_thread(monkeypatch):
+    """The probed `wake_us` is a call's cost of running on the BLAS's pool: charged once per call on
+    more than one thread (in place of the OpenMP region entry that stands in where it was not
+    probed), never on one; the probe takes it out of the all-thread rate's fit, and measures it as
+    a small threaded product's median on every thread less a share of its one-thread median."""
+    g = GemmRates((100.0, 50.0), 1.0, threads=2, gflops_all=(160.0, 80.0))
+    m = dataclasses.replace(CpuModel.nominal(cores=2, simd_bytes=64), gemm=g)
+    woken = dataclasses.replace(m, gemm=dataclasses.replace(g, wake_us=m.rates.fork(2) + 40.0))
+    flops = 4 * BLAS_SERIAL_MNK
+    one, two = gemm_time(flops, 1 << 16, 4, woken, 1), gemm_time(flops, 1 << 16, 4, woken, 2)
+    assert one == gemm_time(flops, 1 << 16, 4, m, 1)  # one thread: no pool
+    assert two.fork_us == pytest.approx(gemm_time(flops, 1 << 16, 4, m, 2).fork_us + 40.0)
+    seen = []
+    monkeypatch.setattr(gemm_probe.cpu_probe, "_median_call_us", lambda f: seen.append(f) or (10.0 + 5 * len(seen)))
+    assert gemm_probe._wake_us(1.0, 2) == pytest.approx(20.0 - 1.0 - (15.0 - 1.0) / 2)  # medians 15 (1), 20 (2)
+    calls = iter([(1.0, [100.0, 50.0]), (1.0, [150.0, 75.0])])
+    fits = []
+    monkeypatch.setattr(gemm_probe, "_measure", lambda *a: fits.append(a) or next(calls))
+    monkeypatch.setattr(gemm_probe, "_wake_us", lambda call, threads: 25.0)
+    gemm_probe.measure(CpuModel.nominal(2, 64).rates, Caches(48 << 10, 1 << 20, 8 << 20), threads=2)
+    assert fits[1][-1] == 25.0 and len(fits[0]) == 3  # the all-thread fit takes the pool's cost out

@@ -36,6 +36,7 @@ import islpy as isl
 
 from ..algebra import WELFORD
 from ..errors import TargetRefused
+from ..model.cpu_tile import GemmKernel
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, Statement, StatementKind
@@ -52,7 +53,7 @@ from .cpu_merge import SplitMerge
 from .cpu_region import one_thread
 from .cpu_rows import RowValues
 from .cpu_runs import RunLoop, block_head, map_head, row_run, split_invariant
-from .cpu_tile import TileShape, tile_call
+from .cpu_tile import TileShape, plan_calls
 from .cpu_tile_epilogue import epilogue_lambda
 from .expr import convert
 from .kernel import render_empty
@@ -77,6 +78,9 @@ class CpuKernel:
     def calls_blas(self) -> bool:
         """Whether the kernel runs numpy's BLAS (from C or through numpy): a tiled contraction does not,
         so its calls need not hold the BLAS's thread count (runtime/blas_threads.py, ~5-15 us a call)."""
+        g = self.decision.gemm
+        if g is not None and self.source:  # from C: a plan for some thread count is the BLAS
+            return any(p.kernel is GemmKernel.BLAS for p in (g, *g.fewer))
         return self.host is not None and self.tile is None
 
     @property
@@ -85,8 +89,10 @@ class CpuKernel:
         return self.host if not self.source else None
 
     def describe(self) -> str:
-        if self.tile is not None and self.decision.gemm is not None:
-            return f"register tiles: {self.decision.gemm.describe()} (the mapper's pick over the BLAS)"
+        g = self.decision.gemm
+        if self.tile is not None and g is not None:
+            pick = "register tiles: " if g.kernel is GemmKernel.TILE else ""
+            return f"{pick}{g.describe()} (the mapper's pick over the {'BLAS' if pick else 'tile'})"
         return self.host.describe() if self.host is not None else self.decision.describe()
 
 
@@ -507,6 +513,8 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
     gm = call.gemm
     if gm is None or (not in_c and tile is None):
         return CpuKernel(name, "", params, d, (), call)
+    # the plans by the call's threads (GemmPlan.fewer), fewest first; without a BLAS callable from C, the one plan
+    plans = (*reversed(d.gemm.fewer), d.gemm) if in_c else (d.gemm,)
     slot = {p.key: n for n, p in enumerate(params)}
     a, b = (slot[op.key] for op in call.operands)
     a, b = (b, a) if gm.swap else (a, b)
@@ -518,10 +526,7 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
         f"{int(gm.ta)}, {int(gm.tb)}, {gm.m}LL, {gm.n}LL, {gm.k}LL, (const {t}*)pn_a[{a}], {gm.lda}LL, "
         f"(const {t}*)pn_a[{b}], {gm.ldb}LL, {c}, {gm.ldc}LL, {len(gm.calls)}, pn_t"
     )
-    fn = f"pn_gemm<{t}>({args})" if tile is None else tile_call(tile, t, args, "pn_nt", ep is not None)
     lines = [f'extern "C" void {name}(void** pn_a, int pn_nt) {{', f"  static const long long pn_t[] = {{{table}}};"]
-    if tile is not None:
-        lines.append(f"  if (pn_nt > {d.threads}) pn_nt = {d.threads};  // the plan's threads")
     if ep is not None:  # schedule/cpu_epilogue.py: the consumer applied by the tile at its store
         lines.append("  typedef long long pn_idx;")
         for n, p in enumerate(params):
@@ -531,8 +536,10 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
             size = math.prod(call.out_shape)
             lines.append(f"  static thread_local std::vector<{t}> pn_cs({size}LL);")
         lines += ["  " + ln for ln in epilogue_lambda(group, params, ep)]
-    source = "\n".join([*lines, f"  {fn};", "}"])
-    return CpuKernel(name, source, params, d, (), call, tile)
+    lines += plan_calls(plans, t, args, ep is not None)
+    source = "\n".join([*lines, "}"])
+    tiles = [p.tile for p in plans if p.tile is not None]
+    return CpuKernel(name, source, params, d, (), call, tile if tile is not None else (tiles[0] if tiles else None))
 
 
 def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:

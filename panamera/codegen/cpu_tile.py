@@ -8,7 +8,7 @@ held in MR x NV vector registers across its K loop, the innermost, one broadcast
 per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
 every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
 N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing;
-a transposed B's whole panels gathered 16 columns at a time with AVX-512).
+a transposed B's whole panels transposed in registers, 16 columns at a time with AVX-512, 8 with AVX2).
 Threads share the (K chunk, N panel, M tile) tasks under one static schedule (the same tasks each K
 block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
 model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
@@ -60,6 +60,38 @@ def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = 
     return f"pn_tile_gemm<{ctype}, {tile.mr}, {tile.nv}, {tile.lanes}>({args}, {nt}, {tile.ksplit}{ep})"
 
 
+def plan_calls(plans: tuple, ctype: str, args: str, epilogue: bool = False) -> list[str]:
+    """The body lines of a contraction kernel that runs its plans (schedule/cpu_contraction.py's
+    `GemmPlan`s, fewest threads decided first, the last for any call): each but the last under
+    `if (pn_nt <= decided)`; a TILE plan caps the threads at its own, a BLAS plan calls `pn_gemm`
+    with pn_gemm's arguments `args`.
+
+    >>> from types import SimpleNamespace as P
+    >>> one, two = P(decided=1, tile=TileShape(6, 2, 8), threads=1), P(decided=2, tile=None, threads=2)
+    >>> print("\\n".join(plan_calls((one, two), "float", "...")))
+      if (pn_nt <= 1) {  // the plan of a call on 1 thread(s)
+        if (pn_nt > 1) pn_nt = 1;  // the plan's threads
+        pn_tile_gemm<float, 6, 2, 8>(..., pn_nt, 1);
+        return;
+      }
+      pn_gemm<float>(...);
+    """
+    lines = []
+    for k, plan in enumerate(plans):
+        last = k == len(plans) - 1
+        pad = "  " if last else "    "
+        if not last:
+            lines.append(f"  if (pn_nt <= {plan.decided}) {{  // the plan of a call on {plan.decided} thread(s)")
+        if plan.tile is None:
+            lines.append(f"{pad}pn_gemm<{ctype}>({args});")
+        else:
+            lines.append(f"{pad}if (pn_nt > {plan.threads}) pn_nt = {plan.threads};  // the plan's threads")
+            lines.append(f"{pad}{tile_call(plan.tile, ctype, args, 'pn_nt', epilogue)};")
+        if not last:
+            lines += [f"{pad}return;", "  }"]
+    return lines
+
+
 # pn_tile_gemm<T, MR, NV, L>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, count, t, nt, ks): pn_gemm's calls
 # (runtime/cpu_gemm.py: `t` = (A, B, C offset, beta) per call) on `nt` OpenMP threads, K in `ks` chunks.
 TILE_SOURCE = (
@@ -70,6 +102,9 @@ TILE_SOURCE = (
 struct pn_no_ep {  // no epilogue: the tile's values are the result
   void operator()(long long, const void*, int) const {}
 };
+#ifndef PN_UNROLL
+#define PN_UNROLL _Pragma("GCC unroll 32")
+#endif
 template <class T, int W> struct pn_tv { typedef T V __attribute__((vector_size(W))); };
 template <class V> static inline V pn_fma(V a, V b, V c) {
 #if defined(__AVX512F__)
@@ -94,31 +129,34 @@ template <class V, class T> static inline V pn_bcast(const T* p) {  // a broadca
   return V{} + *p;
 }
 // One R x (NV vectors) tile over kn steps: acc (+)= A[R rows, kn] B[kn, NV*L]; `add`: add to C, else store.
+// Every loop over R and NV unrolled and `acc` never addressed: the accumulators stay in registers (g++ 12
+// otherwise kept them in a stack array, stored each K step: 12 stores a step held the AVX2 6x16 tile to a
+// third of its FMA rate, 280 us on 128x32x1024 against 99 unrolled).
 template <class T, int R, int NV, int W> static inline void pn_tile_mk(long long kn, const T* a, long long ars,
     long long aks, const T* b, long long bks, T* c, long long ldc, int add, int nvalid) {
   typedef typename pn_tv<T, W>::V V;
   constexpr int L = W / sizeof(T);
   V acc[R][NV];
-  for (int i = 0; i < R; ++i) for (int v = 0; v < NV; ++v) acc[i][v] = V{} ;
+  PN_UNROLL for (int i = 0; i < R; ++i) PN_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = V{};
   for (long long p = 0; p < kn; ++p) {
     V bv[NV];
-    for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + p * bks + v * L, W);
-    for (int i = 0; i < R; ++i) {
+    PN_UNROLL for (int v = 0; v < NV; ++v) __builtin_memcpy(&bv[v], b + p * bks + v * L, W);
+    PN_UNROLL for (int i = 0; i < R; ++i) {
       V ai = pn_bcast<V>(a + i * ars + p * aks);
-      for (int v = 0; v < NV; ++v) acc[i][v] = pn_fma(ai, bv[v], acc[i][v]);
+      PN_UNROLL for (int v = 0; v < NV; ++v) acc[i][v] = pn_fma(ai, bv[v], acc[i][v]);
     }
   }
-  for (int i = 0; i < R; ++i) {
+  PN_UNROLL for (int i = 0; i < R; ++i) {
     T* ci = c + i * ldc;
     if (nvalid == NV * L) {
-      for (int v = 0; v < NV; ++v) {
+      PN_UNROLL for (int v = 0; v < NV; ++v) {
         V o = acc[i][v];
         if (add) { V x; __builtin_memcpy(&x, ci + v * L, W); o += x; }
         __builtin_memcpy(ci + v * L, &o, W);
       }
     } else {
       T tmp[NV * L];
-      __builtin_memcpy(tmp, acc[i], sizeof(tmp));
+      PN_UNROLL for (int v = 0; v < NV; ++v) { V o = acc[i][v]; __builtin_memcpy(tmp + v * L, &o, W); }
       for (int j = 0; j < nvalid; ++j) ci[j] = add ? ci[j] + tmp[j] : tmp[j];
     }
   }
@@ -132,8 +170,8 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
 }
 // A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
 // 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
-// in-lane unpacks and 128-bit lane shuffles), then stored as the panel's rows (AVX-512, float32); false
-// where that does not apply (the scalar copy runs).
+// in-lane unpacks and 128-bit lane shuffles), then stored as the panel's rows (AVX-512, float32); with AVX2
+// 8 columns by 8 K values at a time (three rounds); false where neither applies (the scalar copy runs).
 template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
     long long pe, long long cols) {
 #if defined(__AVX512F__)
@@ -168,6 +206,38 @@ template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const 
       }
       for (int c = 0; c < cnt; ++c) _mm512_storeu_ps(pq + (p0 + c) * NR + h, r[c]);
     }
+    return true;
+  }
+#endif
+#if defined(__AVX2__)
+  if constexpr (sizeof(T) == 4 && NR % 8 == 0) {  // AVX2: 8 x 8 blocks, three rounds (unpacks, shuffles, lanes)
+    if (cols < NR || pe - p0 > 16) return false;
+    const int cnt = (int)(pe - p0);
+    for (long long h = 0; h < NR; h += 8)
+      for (int q0 = 0; q0 < cnt; q0 += 8) {
+        const int c8 = cnt - q0 < 8 ? cnt - q0 : 8;
+        const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(c8), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 r[8], t[8];
+        for (int j = 0; j < 8; ++j) {
+          const T* src = bq + (h + j) * ldb + p0 + q0;
+          r[j] = c8 == 8 ? _mm256_loadu_ps(src) : _mm256_maskload_ps(src, mk);
+        }
+        for (int j = 0; j < 8; j += 2) {
+          t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+          t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 8; j += 4) {
+          r[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);
+          r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xee);
+          r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);
+          r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xee);
+        }
+        for (int j = 0; j < 4; ++j) {
+          t[j] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x20);
+          t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
+        }
+        for (int c = 0; c < c8; ++c) _mm256_storeu_ps(pq + (p0 + q0 + c) * NR + h, t[c]);
+      }
     return true;
   }
 #endif

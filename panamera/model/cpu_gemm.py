@@ -25,6 +25,14 @@ packing takes 1/t of one thread's time and the flops run at the probe's rate on 
 and 151; 64^3 (M N K at the threshold) 5.1 and 4.3 (one thread either way). A gemm called from C
 (runtime/cpu_gemm.py) pays no Python step: left to refit on an idle machine.
 
+The pool's cost per call (`blas_wake_us`). On more than one thread a call also pays for its pool:
+waking the threads and their hand-offs, a fixed cost that a 256^3 product amortizes and a small one
+does not. On an AMD EPYC VM (AVX2, 2 vCPUs, idle bench 2026-11-25) 128x32x1024 took 174 us in numpy
+on one thread and 224 on two, where flops and packing alone model 97 on two: the cost is the
+machine's, not the shape's. The probe (runtime/gemm_probe.py) measures it on the `WAKE_MNK` product as
+the median single call on every thread less a `threads`-th of its one-thread median, and fits the
+all-thread rate with it taken out; without that figure the OpenMP probe's region entry stands in.
+
 >>> from panamera.model.cpu import CpuModel
 >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
 >>> t = gemm_time(2 * 128 * 32 * 1024, (128 + 32) * 1024 * 4, 4, m)
@@ -62,6 +70,7 @@ class GemmRates:
     source: str = "nominal"
     threads: int = 1  # the threads `gflops_all` was measured on (1: no multi-thread figure)
     gflops_all: tuple[float, float] | None = None
+    wake_us: float | None = None  # a call's cost of running on the BLAS's pool (`WAKE_MNK`), where probed
 
     def rate(self, itemsize: int, threads: int = 1) -> float:
         """GFLOP/s of the micro-kernel for operands of `itemsize` bytes (4: sgemm, 8: dgemm) on
@@ -85,6 +94,14 @@ NOMINAL_GEMM = GemmRates((64.0, 32.0), 1.0)
 # OpenBLAS interface/gemm.c: SMP_THRESHOLD_MIN (65536, real types) x GEMM_MULTITHREAD_THRESHOLD (4,
 # its build default): a product of at most this many M N K runs on one thread.
 BLAS_SERIAL_MNK = 65536 * 4
+
+
+# The product the probe times on one and on every BLAS thread for `GemmRates.wake_us` (runtime/gemm_probe.py):
+# M N K = 128 x 32 x 128, twice BLAS_SERIAL_MNK (threaded), its flops (~1 MFLOP) a few us of one core, so the
+# difference is the pool's cost per call: waking its threads and their hand-offs of packed panels
+# (OpenBLAS driver/level3/level3_thread.c: each thread waits on flags for the others' shares of B). On a
+# VM whose second vCPU another process holds, a thread waits for its core at every hand-off.
+WAKE_MNK = (128, 32, 128)
 
 
 def blas_threads_used(mnk: int, threads: int) -> int:
@@ -118,5 +135,19 @@ def gemm_time(flops: int, packed_bytes: int, itemsize: int, m: CpuModel, threads
     level = m.level(packed_bytes, used)
     mem = pack_us(packed_bytes, m.rates, level, used)
     comp = flops / m.gemm.rate(itemsize, used) / 1e3
-    fork = HOST_STEP_US + m.gemm.call_us + (m.rates.fork(used) if used > 1 else 0.0)  # its pool woken
+    fork = HOST_STEP_US + m.gemm.call_us + (blas_wake_us(m, used) if used > 1 else 0.0)  # its pool woken
     return KernelTime(fork + mem + comp, mem, comp, fork, 0.0, level, used)
+
+
+def blas_wake_us(m: CpuModel, threads: int) -> float:
+    """A BLAS call's cost of running on `threads` (> 1) of its pool: the probed `wake_us` where the
+    probe measured one, else the OpenMP probe's parallel-region entry (a passive pool's wake-up).
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=32)
+    >>> probed = GemmRates((100.0, 50.0), 1.0, threads=2, gflops_all=(160.0, 80.0), wake_us=40.0)
+    >>> blas_wake_us(m, 2) == m.rates.fork(2), blas_wake_us(dataclasses.replace(m, gemm=probed), 2)
+    (True, 40.0)
+    """
+    return m.gemm.wake_us if m.gemm.wake_us is not None else m.rates.fork(threads)

@@ -47,14 +47,18 @@ if TYPE_CHECKING:
     from .cpu import CpuModel, KernelTime
 
 # The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
-# fitted here:
-# 128x32x1024 float32 (B row-major: no pack) took 62.8 us a call on one thread (median of 30
-# interleaved rounds, load 3.5 on 2 cores, 2026-11-25), the probe's rate 165 GFLOP/s: 0.81.
-TILE_SHARE = 0.8
+# the mean of two machines' fits, 128x32x1024 float32 with B row-major (no pack), one thread:
+# - a 2-core Xeon (AVX-512, the 8x32 tile): 62.8 us a call (median of 30 interleaved rounds, load 3.5,
+#   2026-11-25), the probe's rate 165 GFLOP/s: 0.81;
+# - a 2-core AMD EPYC (AVX2, the 6x16 tile): 99.6 us in C (best of 200 x 10 calls, load 9, 2026-11-25),
+#   the probe's 89 GFLOP/s: 0.95.
+TILE_SHARE = 0.88
 # A transposed B's pack, per element: scalar moves in blocks of a cache line of K (the same product with
-# B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) 16 x 16 blocks
-# transposed in AVX-512 registers (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
-# more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound).
+# B transposed, x @ w.T, took 17 us more: 32768 elements), or (float32, whole panels) blocks transposed
+# in registers: 16 x 16 with AVX-512 (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
+# more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound), 8 x 8 with AVX2 (AMD
+# EPYC, 128x32x1024 in C, best of 200 x 10 calls at load 9, 2026-11-25: 24 us more than B row-major
+# with the scalar copy, 8.6 with the transposes).
 TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 
@@ -134,14 +138,15 @@ def tile_plan(
 
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
     """One thread's copy of B into panels: element by element at TRANSPOSE_NS where B is transposed
-    (`tb`; GATHER_NS where the kernel gathers: AVX-512, float32, whole panels), else read and written at `level`'s rates where N is not whole panels, else none.
+    (`tb`; GATHER_NS where the kernel transposes blocks in registers: AVX2 or AVX-512, float32, whole
+    panels), else read and written at `level`'s rates where N is not whole panels, else none.
 
     >>> from panamera.schedule.cpu_gemm import Gemm
     >>> pack_us(Gemm(8, 32, 1024, False, 1024, True, 1024, 32, ()), 4, TileShape(8, 2, 16), None, "L2")
     8.192
     """
     if gm.tb:
-        gathered = ts.lanes * itemsize >= 64 and itemsize == 4 and gm.n % ts.nr == 0
+        gathered = ts.lanes * itemsize >= 32 and itemsize == 4 and gm.n % ts.nr == 0
         return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * (GATHER_NS if gathered else TRANSPOSE_NS) / 1e3
     if gm.n % ts.nr == 0:
         return 0.0
@@ -150,10 +155,15 @@ def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> 
 
 
 def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple[GemmKernel, KernelTime]:
-    """The faster of the BLAS and the tile kernel for `gm` on `threads` threads, and its time."""
+    """The faster of the BLAS and the tile kernel for a call of `gm` on `threads` threads, and its time:
+    the tile on the count it would run on (`threads` or fewer, halving: schedule/cpu_contraction.py
+    `tile_threads` keeps the plan's tile there), where a parallel region's entry outweighs a thread."""
     mnk = gm.m * gm.n * gm.k
     blas = gemm_time(2 * mnk * len(gm.calls), (gm.m * gm.k + gm.k * gm.n) * itemsize, itemsize, m, threads, mnk)
-    tile = tile_plan(gm, itemsize, m, threads)[1]
+    counts = [max(1, threads)]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    tile = min((tile_plan(gm, itemsize, m, t)[1] for t in counts), key=lambda kt: kt.total_us)
     return (GemmKernel.TILE, tile) if tile.total_us < blas.total_us else (GemmKernel.BLAS, blas)
 
 

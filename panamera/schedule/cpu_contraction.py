@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ..model.cpu import CpuModel, KernelTime
     from ..model.cpu_tile import TileShape
     from .cpu_gemm import Gemm
+    from .cpu_mapper import CpuDecision, CpuMachine
 
 
 @dataclass(frozen=True)
@@ -58,26 +59,46 @@ class GemmPlan:
     tile: TileShape | None = None
     threads: int = 1
     epilogue: TileEpilogue | None = None
+    decided: int = 0  # the threads of the call this plan was decided for (0: any)
+    fewer: tuple[GemmPlan, ...] = ()  # the plans of calls on fewer threads, where another kernel or tile wins
+
+    def at(self, threads: int) -> GemmPlan:
+        """The plan a call on `threads` threads runs: of those in `fewer` decided for `threads` or
+        more, the one decided for the fewest; else this one.
+
+        >>> from panamera.schedule.cpu_blas import BlasCall
+        >>> call = BlasCall("ab,bc->ac", (), "out:1", (8, 8), 1024)
+        >>> one = GemmPlan(GemmKernel.TILE, call, 4, None, 1, decided=1)
+        >>> p = GemmPlan(GemmKernel.BLAS, call, 4, None, 2, decided=2, fewer=(one,))
+        >>> p.at(1).kernel, p.at(2).kernel, p.at(8).kernel
+        (<GemmKernel.TILE: 'tile'>, <GemmKernel.BLAS: 'blas'>, <GemmKernel.BLAS: 'blas'>)
+        """
+        fits = [p for p in self.fewer if p.decided >= threads]
+        return min(fits, key=lambda p: p.decided) if fits else self
 
     def describe(self) -> str:
-        """One line: the kernel, its tile and the product.
+        """One line: the kernel, its tile and the product; then each of `fewer`, on its threads.
 
         >>> from panamera.schedule.cpu_blas import BlasCall
         >>> GemmPlan(GemmKernel.BLAS, BlasCall("ab,bc->ac", (), "out:1", (8, 8), 1024), 4).describe()
         "BLAS (numpy einsum 'ab,bc->ac', 0.0 MFLOP)"
         """
+        below = "".join(f"; on {p.decided} thread(s): {p.describe()}" for p in self.fewer)
         gm = self.call.gemm
         if self.tile is None or gm is None:
-            return self.call.describe()
+            return self.call.describe() + below
         t = self.tile
         calls = f"{len(gm.calls)} gemm call" + ("s" if len(gm.calls) > 1 else "")
         fused = f", {self.epilogue.describe()}" if self.epilogue is not None else ""
-        return f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads} ({gm.m}x{gm.n}x{gm.k}, {calls}{fused})"
+        head = f"TILE {t.mr}x{t.nr} ksplit={t.ksplit} threads={self.threads}"
+        return f"{head} ({gm.m}x{gm.n}x{gm.k}, {calls}{fused})" + below
 
     def time(self, m: CpuModel, threads: int | None = None) -> KernelTime:
         """The modeled time of this plan on `threads` threads (default: the model's cores): the
-        chosen kernel's, never re-chosen (the tile keeps its K split)."""
+        kernel chosen for a call on that many (`at`), never re-chosen (the tile keeps its K split)."""
         t = max(1, threads or m.cores)
+        if self.fewer and (p := self.at(t)) is not self:
+            return p.time(m, t)
         gm = self.call.gemm
         if self.kernel is GemmKernel.TILE and gm is not None and self.tile is not None:  # on at most its threads
             used = min(t, self.threads)
@@ -95,27 +116,50 @@ class GemmPlan:
 
 
 def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
-    """The kernel of contraction `group` on `threads` threads, or None where `blas_call`'s rule
-    refuses it (a generated kernel runs it): TILE where the model finds the tile faster
+    """The kernel of contraction `group` for a call on `threads` threads, or None where `blas_call`'s
+    rule refuses it (a generated kernel runs it): TILE where the model finds the tile faster
     (model/cpu_tile.py `gemm_tile`), else BLAS. A group of a contraction and an element-wise
     consumer the tile can apply (schedule/cpu_epilogue.py) is planned as its contraction, the
     consumer carried as the plan's `epilogue`; under the BLAS such a group has no plan (the
-    grouping, `cpu_groups`, splits it)."""
+    grouping, `cpu_groups`, splits it). A call on fewer threads (halving down to 1) is decided too,
+    once, here: where another kernel or tile wins there, that plan is in the result's `fewer`
+    (a call with `threads=1` on a machine planned for 2 runs the kernel chosen for one thread); a
+    fused consumer keeps the tile on every count (the grouping is one for all)."""
     ep = tile_epilogue(group)
     core = KernelGroup((group.statements[0],)) if ep is not None else group
     call = blas_call(core) if group.M * group.N else None
     if call is None:
         return None
     itemsize = group.statements[0].result.dtype.itemsize
+    plan = _plan_at(call, ep, group, itemsize, m, threads)
+    if plan is None:
+        return None
+    fewer, last, t = [], plan, threads // 2
+    while t >= 1:
+        p = _plan_at(call, ep, group, itemsize, m, t)
+        if p is None:  # the consumer fused: the tile on `t` threads, as the grouping for all counts needs
+            tile = tile_plan(call.gemm, itemsize, m, (used := tile_threads(call.gemm, itemsize, m, t)))[0]
+            p = GemmPlan(GemmKernel.TILE, call, itemsize, tile, used, ep, t)
+        if (p.kernel, p.tile) != (last.kernel, last.tile):
+            fewer.append(p)
+            last = p
+        t //= 2
+    return dataclasses.replace(plan, fewer=tuple(fewer))
+
+
+def _plan_at(
+    call: BlasCall, ep: TileEpilogue | None, group: KernelGroup, itemsize: int, m: CpuModel, threads: int
+) -> GemmPlan | None:
+    """`plan_gemm`'s choice for a call on `threads` threads, with no `fewer`."""
     tile = gemm_tile(call.gemm, itemsize, m, threads)
     if tile is None and ep is not None and call.gemm is not None:  # the tile saves the consumer's pass
         tile = _fused_tile(call, ep, group, itemsize, m, threads)
     if tile is None or call.gemm is None:
-        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads) if ep is None else None
+        return GemmPlan(GemmKernel.BLAS, call, itemsize, None, threads, None, threads) if ep is None else None
     used = tile_threads(call.gemm, itemsize, m, threads)
     if used != threads:  # the tile (its K split) for the threads it runs on
         tile = tile_plan(call.gemm, itemsize, m, used)[0]
-    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used, ep)
+    return GemmPlan(GemmKernel.TILE, call, itemsize, tile, used, ep, threads)
 
 
 def _fused_tile(
@@ -136,9 +180,7 @@ def _fused_tile(
 
 
 def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGroup, ...]:
-    """The CPU kernels of a planner group: a contraction with an element-wise consumer the tile
-    applies at its store (schedule/cpu_epilogue.py) stays one group where the model runs the
-    contraction on the tile (`plan_gemm`); else as schedule/cpu_blas.py's `split_for_blas` says.
+    """The CPU kernels of a planner group (`cpu_plans` without the decisions).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -149,8 +191,33 @@ def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGro
     >>> len(cpu_groups(g, m, 1)) == (1 if plan_gemm(g, m, 1) is not None else 2)
     True
     """
+    return tuple(g for g, _ in _pieces(group, m, threads))
+
+
+def _pieces(group: KernelGroup, m: CpuModel, threads: int) -> tuple[tuple[KernelGroup, GemmPlan | None], ...]:
+    """A planner group's CPU kernels, each with its gemm plan where it was made deciding the grouping: a
+    contraction with an element-wise consumer the tile applies at its store (schedule/cpu_epilogue.py)
+    stays one group where the model runs the contraction on the tile (`plan_gemm`); else as
+    schedule/cpu_blas.py's `split_for_blas` says (no plan made yet)."""
     plan = plan_gemm(group, m, threads) if tile_epilogue(group) is not None else None
-    return (group,) if plan is not None else split_for_blas(group)
+    if plan is not None:
+        return ((group, plan),)
+    return tuple((g, None) for g in split_for_blas(group))
+
+
+def cpu_plans(
+    group: KernelGroup, machine: CpuMachine, m: CpuModel, split: int | None = None, deterministic: bool = False
+) -> tuple[tuple[KernelGroup, CpuDecision | None], ...]:
+    """The CPU kernels of a planner group and their decisions, each made once: the grouping's gemm plan
+    carried into the mapper (`map_cpu`'s `gemm`), never planned again; None for a kernel with nothing
+    to map (an empty extent: its fill)."""
+    from .cpu_mapper import map_cpu
+
+    out = []
+    for g, plan in _pieces(group, m, machine.cores):
+        d = map_cpu(g, machine, split, model=m, deterministic=deterministic, gemm=plan) if g.M * g.N else None
+        out.append((g, d))
+    return tuple(out)
 
 
 def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:

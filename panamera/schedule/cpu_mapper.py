@@ -173,18 +173,20 @@ def map_cpu(
     *,
     model: CpuModel | None = None,
     deterministic: bool = False,
+    gemm: GemmPlan | None = None,
 ) -> CpuDecision:
     """The decision for one group; `split` overrides the chunks per reduction (clamped to N; the
     kernel then runs on every core), else the CPU `model` picks the threads and the split on them
     (default: nominal rates for `machine`); `deterministic`: a merge whose bits do not depend on
     the threads or the run. A contraction schedule/cpu_blas.py's rule accepts is decided here too,
-    once, on every core: the BLAS or the tile kernel (`gemm`: schedule/cpu_contraction.py)."""
+    once, on every core: the BLAS or the tile kernel (`gemm`: schedule/cpu_contraction.py), or given as
+    `gemm` where the grouping already made it (`cpu_plans`)."""
     form, M, N = group.form, group.M, group.N
     lanes = _lanes(group, machine.simd_bytes)
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     from .cpu_contraction import plan_gemm
 
-    if (gemm := plan_gemm(group, model, machine.cores)) is not None:
+    if (gemm := gemm or plan_gemm(group, model, machine.cores)) is not None:
         return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
     block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
     reuse = choose(group, model)
