@@ -94,6 +94,7 @@ SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
 SPIN_INFINITE = (1 << 64) - 1
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}  # either case, as libgomp reads them
 
+
 def spin_count(env: Mapping[str, str] | None = None) -> int:
     """How long an idle thread of libgomp's pool spins before it sleeps, read from `env` (default:
     this process's environment) as libgomp reads it when it loads: GOMP_SPINCOUNT (a count, with
