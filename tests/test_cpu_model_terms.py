@@ -50,7 +50,7 @@ def _fake_lib(seen: list):
         seen.append(("triad", n, t))
 
     noop = lambda *a: None  # noqa: E731
-    names = ("pn_add", "pn_lanes", "pn_exp", "pn_div", "pn_empty", "pn_column", "pn_sum_exp")
+    names = ("pn_add", "pn_lanes", "pn_exp", "pn_div", "pn_empty", "pn_entry", "pn_column", "pn_sum_exp")
     return types.SimpleNamespace(pn_sum=sum_, pn_triad=triad, **{k: noop for k in names})
 
 
@@ -62,7 +62,7 @@ def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
 
     monkeypatch.setattr(rcpu, "build", lambda src: _fake_lib(seen))
     monkeypatch.setattr(cpu_probe, "_trials", lambda sample: (sample(1), (1e-4, 0.0))[1])
-    monkeypatch.setattr(cpu_probe, "_median_call_us", lambda call, *a, **k: 1.0)
+    monkeypatch.setattr(cpu_probe, "region_entry", lambda *a: (1.0, 1.0))
     monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
     caches = Caches(48 << 10, 256 << 10, 4 << 20)
     cpu_probe.measure(2, caches)

@@ -73,6 +73,14 @@ LARGE = 64 << 20
 TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
 SAMPLES = 11  # trials per figure (`_trials`)
 FORK_S = 0.02  # an empty region's single calls are timed for this long
+# A region's entry is timed after the caller worked alone this long (`region_entry`), and this
+# many times: about a small kernel's run, long enough for a passive pool's sleeping thread to leave
+# its core idle, as between a program's calls. Back-to-back empty regions entered in a median
+# 14 us in the idle bench's probe (09:52 UTC) while the bench's 2-thread kernels paid 13-95 us
+# more than half their 1-thread time (2026-11-25, AMD EPYC guest, cpu0 results); at load 10 the
+# entry after 0, 50, 100 and 200 us of work took 32, 34, 40 and 59 us.
+GAP_S = 100e-6
+ENTRIES = 41
 # A spinning pool's empty parallel region slower than this waited for a busy core. A sleeping
 # pool's (OMP_WAIT_POLICY=PASSIVE) is no test of load: its wake-up is the machine's own cost, a
 # median of 4.7 us at load 13 in one run and 45-54 us idle on these KVM guests whenever the woken
@@ -253,6 +261,24 @@ def _median_call_us(call, seconds: float = FORK_S, least: int = 20) -> float:
     return float(np.median(times)) / 1e3
 
 
+def region_entry(empty: Callable[[], object], after_gap: Callable[[int], float], threads: int) -> tuple[float, float]:
+    """(one thread's, `threads` threads') cost in microseconds of a region a kernel enters: an empty
+    1-thread region called from Python through ctypes (`empty`, the median of single calls: the
+    ctypes call is in it), and on `threads` threads that plus the median extra of entering on
+    `threads` over 1 (`after_gap(t)`: the seconds an empty region took after GAP_S of the caller's
+    work alone), ENTRIES times each.
+
+    >>> region_entry(lambda: None, lambda t: 50e-6 if t > 1 else 1e-6, 2)[1] - region_entry(lambda: None, lambda t: 0.0, 1)[0] > 48
+    True
+    """
+    one = _median_call_us(empty)
+    if threads <= 1:
+        return one, one
+    after_gap(threads)  # the pool's threads are created by the first region
+    extra = float(np.median([after_gap(threads) - after_gap(1) for _ in range(ENTRIES)])) * 1e6
+    return one, one + max(0.0, extra)
+
+
 def measure(threads: int, caches: Caches) -> Rates:
     """Run the probe now (about a second on an idle machine) and return its rates; when the load
     average shows other processes holding the cores, only one thread is timed."""
@@ -267,7 +293,8 @@ def measure(threads: int, caches: Caches) -> Rates:
         f.argtypes, f.restype = (P, L, I), ctypes.c_double
     lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
 
-    fork = tuple(_median_call_us(lambda t=t: lib.pn_empty(t)) for t in (1, threads))
+    lib.pn_entry.argtypes, lib.pn_entry.restype = (I, ctypes.c_double), ctypes.c_double
+    fork = region_entry(lambda: lib.pn_empty(1), lambda t: lib.pn_entry(t, GAP_S), threads)
     wakes = spin_count() == 0  # each region wakes the pool: its entry is a wake-up
     load = others_load()
     early = judge(threads, fork, (), (), wakes, load)[0] is Verdict.CONTENDED  # the all-thread samples would wait

@@ -182,6 +182,24 @@ double pn_div(const float* a, long n, int reps) {
   }
   return keep;
 }
+// An empty region's entry and exit, in seconds by the wall clock, after the caller worked alone
+// for `gap` seconds (the other threads asleep or spinning meanwhile, as between a program's kernels).
+double pn_entry(int nt, double gap) {
+  pn_team_place(nt);
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  const double end = t.tv_sec + 1e-9 * t.tv_nsec + gap;
+  double now;
+  do {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    now = t.tv_sec + 1e-9 * t.tv_nsec;
+  } while (now < end);
+  volatile int x = 0;
+#pragma omp parallel num_threads(nt)
+  { x = 1; }
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec - now;
+}
 void pn_empty(int nt) {
   pn_team_place(nt);
   volatile int x = 0;
