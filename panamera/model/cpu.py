@@ -4,8 +4,10 @@ bytes it moves, the SIMD work per element and the threads that share it. Every f
 The machine is described by what it has (cores, SIMD width, cache sizes read from /sys) and by
 what it does, measured once per machine by the short probe of runtime/cpu_probe.py (`Rates`):
 read and write bandwidth with the data resident in L2, in L3 and beyond (`DRAM`), at one thread and at
-all of them; the time per element of a SIMD sum, of an `exp` and of a division with the data in
-L1; the cost of entering an OpenMP parallel region under the process's wait policy (charged
+all of them, and how much data the L3 serves at its rate; the time per element of a SIMD sum (one
+register: the add's latency, and in the scans' lanes: a cheap operation's throughput), of an `exp`
+and of a division with the data in L1; the COLUMN form's read rate over a plain sum's and the share
+of a loop's memory and compute the core overlaps; the cost of entering an OpenMP parallel region under the process's wait policy (charged
 once per kernel's region: with a passive pool, a wake-up of its threads; the mapper runs a kernel
 on fewer threads when that outweighs the split: schedule/cpu_cost.py `best_threads`). Without a
 probe, `NOMINAL` stands in.
@@ -22,8 +24,9 @@ group whose rows are too long to overlap its passes: the sum over its passes, `s
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
   the L2 rate) over the bandwidth of the level the kernel's bytes fit in, the share the cache
   below holds at its rate (`CpuModel.gbs`; warm data: a benchmark calls the same kernel on the
-  same arrays);
-- compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
+  same arrays), a COLUMN group's reads at the probe's column ratio of it;
+- compute: elements x (SIMD cost per element of the body's operations, a cheap one at the lanes'
+  throughput, `element_ns`; a struct accumulator
   whose combine does not vectorize pays one scalar step per element), plus per output row the
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
