@@ -219,7 +219,7 @@ def test_probe_keyed_by_the_openmp_wait_policy(private_cache, monkeypatch):
     assert cpu_probe.rates(2, caches).source == "probed 1"  # another setting: probed, not the first's
     assert len(list(private_cache.glob("cpu_probe_*.json"))) == 2
     assert cpu_probe.slowed((0.5, 1.5 * cpu_probe.CONTENDED_FORK_US), wakes=False)
-    assert not cpu_probe.slowed((0.5, 0.5 * cpu_probe.CONTENDED_WAKE_US), wakes=True)
+    assert not cpu_probe.slowed((0.5, 2 * cpu_probe.CONTENDED_FORK_US), wakes=True)  # a wake-up is its cost
 
 
 def test_probe_keyed_by_what_its_library_is_built_from(monkeypatch):
@@ -244,7 +244,7 @@ def test_contended_probe_kept_briefly(private_cache, monkeypatch):
 
     from panamera.model.cpu import NOMINAL
 
-    hot = cpu_probe._extrapolated(2, NOMINAL.read_gbs, NOMINAL.write_gbs, 0.1, 0.3, 0.2, 1.0, 9000.0)
+    hot = cpu_probe._extrapolated(2, NOMINAL.read_gbs, NOMINAL.write_gbs, (0.1, 0.3, 0.2, 0.05), 1.0, 9000.0)
     assert hot.source.startswith("contended") and hot.read_gbs[0][1] == 2 * hot.read_gbs[0][0]
     calm = Rates(**{**hot.__dict__, "source": "probed"})
     runs = iter([hot, calm])

@@ -1,17 +1,33 @@
-"""The CPU model's 1-thread terms refit by issue 24 (helper cpumodel3), one test per term: the
-per-call floor (model/cpu.py CALL_US) and the probe's L2 read rate (runtime/cpu_probe.py: the
-sum's independent lanes, one thread's share of the L2 buffer). Structure only: no timing."""
+"""The CPU model's 1-thread terms refit by issue 24 (helpers cpumodel3, cpuprobe3), one test per term:
+the per-call floor (model/cpu.py CALL_US), the probe's L2 read rate (runtime/cpu_probe.py: the
+sum's independent lanes, one thread's share of the L2 buffer), its loops timed inside their region,
+and the terms the probe adds (`lane_op_ns`, the L3's extent, the column ratio, the overlap).
+Structure only: no timing."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import json
 import types
 
 import numpy as np
 import pytest
 
-from panamera.model.cpu import LANE_VECTORS, NOMINAL, Caches, CpuModel, CpuWork, call_us, kernel_time
+from panamera.model.cpu import (
+    CACHE_FILL,
+    LANE_VECTORS,
+    NOMINAL,
+    Caches,
+    CpuModel,
+    CpuWork,
+    call_us,
+    element_ns,
+    kernel_time,
+)
 from panamera.runtime import cpu_probe
+from panamera.runtime.cpu_probe_source import COLUMN_BLOCK
+from panamera.schedule.cpu_cost import work
 
 
 def test_call_floor_excludes_the_ctypes_call_the_region_entry_holds():
@@ -27,14 +43,15 @@ def test_call_floor_excludes_the_ctypes_call_the_region_entry_holds():
 
 
 def _fake_lib(seen: list):
-    def sum_(pb, n, reps, t):
+    def sum_(pb, n, reps, t, secs):
         seen.append(("sum", n, t))
 
-    def triad(a, b, c, n, reps, t):
+    def triad(a, b, c, n, reps, t, secs):
         seen.append(("triad", n, t))
 
     noop = lambda *a: None  # noqa: E731
-    return types.SimpleNamespace(pn_sum=sum_, pn_triad=triad, pn_add=noop, pn_exp=noop, pn_div=noop, pn_empty=noop)
+    names = ("pn_add", "pn_lanes", "pn_exp", "pn_div", "pn_empty", "pn_entry", "pn_column", "pn_sum_exp")
+    return types.SimpleNamespace(pn_sum=sum_, pn_triad=triad, **{k: noop for k in names})
 
 
 def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
@@ -44,28 +61,108 @@ def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
     import panamera.runtime.cpu as rcpu
 
     monkeypatch.setattr(rcpu, "build", lambda src: _fake_lib(seen))
-    monkeypatch.setattr(cpu_probe, "_timed", lambda call, per_rep=None: (call(1), 1e-4)[1])
-    monkeypatch.setattr(cpu_probe, "_median_call_us", lambda call, *a, **k: 1.0)
+    monkeypatch.setattr(cpu_probe, "_trials", lambda sample: (sample(1), (1e-4, 0.0))[1])
+    monkeypatch.setattr(cpu_probe, "region_entry", lambda *a: (1.0, 1.0))
     monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
     caches = Caches(48 << 10, 256 << 10, 4 << 20)
     cpu_probe.measure(2, caches)
     l2 = (caches.l2 // 2) // 4  # one core's half, in floats
     sums = [(n, t) for k, n, t in seen if k == "sum"]
+    sums = sums[sums.index((l2, 1)) :]  # after the L3's extent (`l3_extent`: one thread, doubling buffers)
     assert sums[:2] == [(l2, 1), (2 * l2, 2)]  # L2: one thread its half, two threads both
     assert sums[2][0] == sums[3][0] > 2 * l2  # L3: the same (whole) buffer on 1 and 2 threads
     triads = [(n, t) for k, n, t in seen if k == "triad"]
-    assert triads[0] == ((2 * l2 // 3) // 2, 1) and triads[1] == (2 * l2 // 3, 2)
+    third = (2 * l2 // 3) // cpu_probe.LANES * cpu_probe.LANES  # whole blocks of lanes
+    assert triads[0] == (third // 2 // cpu_probe.LANES * cpu_probe.LANES, 1) and triads[1] == (third, 2)
 
 
-def test_probe_sum_keeps_independent_lanes_and_its_tail():
+def test_probe_loops_add_every_element_timed_inside_their_region():
     """The read sum keeps LANE_VECTORS x 16 lanes (the row scans' accumulators, not one register
-    bound by the add's latency) and still adds every element, a tail shorter than those lanes too."""
+    bound by the add's latency); it, the column sum and the sum of exps add every element on one
+    thread and on two (each its share), and report the slowest thread's seconds."""
     assert f"acc[{LANE_VECTORS * 16}]" in cpu_probe.SOURCE and "PN_W" not in cpu_probe.SOURCE
     from panamera.runtime.cpu import SIMD_MATH, build
 
     lib = build(SIMD_MATH + cpu_probe.SOURCE)
-    lib.pn_sum.argtypes = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int)
-    lib.pn_sum.restype = ctypes.c_double
-    x = np.arange(1000, dtype=np.float32) % 7
+    d = ctypes.POINTER(ctypes.c_double)
+    for f in (lib.pn_sum, lib.pn_column, lib.pn_sum_exp):
+        f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, d), ctypes.c_double
+    x = (np.arange(8 * COLUMN_BLOCK, dtype=np.float32) % 7) / 8
+    secs = ctypes.c_double()
     for t in (1, 2):
-        assert lib.pn_sum(x.ctypes.data, x.size, 3, t) == pytest.approx(3 * float(x.sum()))
+        got = lib.pn_sum(x.ctypes.data, x.size, 3, t, ctypes.byref(secs))
+        assert got == pytest.approx(3 * float(x.sum())) and secs.value > 0
+        exps = lib.pn_sum_exp(x.ctypes.data, x.size, 1, t, ctypes.byref(secs))
+        assert exps == pytest.approx(float(np.exp(x.astype(np.float64)).sum()), rel=1e-5)
+        cols = x.reshape(-1, COLUMN_BLOCK).sum(0)
+        assert lib.pn_column(x.ctypes.data, x.size, 1, t, ctypes.byref(secs)) == pytest.approx(cols[0] + cols[-1])
+
+
+def _with(**kw) -> CpuModel:
+    m = CpuModel(2, 32, "x", Caches(32 << 10, 512 << 10, 32 << 20), NOMINAL)
+    return dataclasses.replace(m, rates=dataclasses.replace(NOMINAL, **kw))
+
+
+def test_cheap_ops_priced_at_the_lanes_throughput_not_a_dependent_adds_latency():
+    """element_ns prices a cheap operation at `lane_op_ns` (the probe's op_ns); an unmeasured op_ns
+    (an older cache entry, NOMINAL) falls back to add_ns; exp and division keep their own rates."""
+    w = CpuWork(M=1, N=8, elements=8, read_bytes=32, write_bytes=4, cheap=3.0)
+    lanes = _with(add_ns=0.12, op_ns=0.04).rates
+    assert element_ns(w, lanes, 8) == pytest.approx(3 * 0.04)
+    assert element_ns(w, _with(add_ns=0.12, op_ns=0.0).rates, 8) == pytest.approx(3 * 0.12)
+    e = dataclasses.replace(w, cheap=1.0, transcendental=1.0)
+    assert element_ns(e, lanes, 8) == pytest.approx(lanes.exp_ns)  # the exp's rate, its add included once
+
+
+def test_l3_extent_measured_sets_the_level():
+    """With the probe's L3 extent (l3_bytes) the model's L3 ends at CACHE_FILL of it; without, at
+    CACHE_FILL of the L3 the OS reports (at most L3_MAX)."""
+    measured, reported = _with(l3_bytes=8 << 20), _with()
+    assert measured.level(5 << 20, 1) == "L3" and measured.level(7 << 20, 1) == "DRAM"
+    assert reported.level(7 << 20, 1) == "L3" and reported.level(25 << 20, 1) == "DRAM"
+    assert measured.l3_held() == CACHE_FILL * (8 << 20)
+
+
+def test_column_form_reads_at_the_probed_column_ratio():
+    """A COLUMN group's work says so (schedule/cpu_cost.py `work`), and its reads take 1 / column
+    as long; other forms, or column = 1 (unmeasured), are unchanged."""
+    import panamera as pn
+    from panamera.compiler import lower
+
+    g = lower(pn.sum(pn.placeholder((4096, 768), "float32"), axis=0), stop_after="groups", target="emulator").groups[0]
+    w = work(g)
+    assert (
+        w.column
+        and not work(
+            lower(
+                pn.sum(pn.placeholder((768, 4096), "float32"), axis=1), stop_after="groups", target="emulator"
+            ).groups[0]
+        ).column
+    )
+    slow, plain = _with(column=0.5), _with()
+    t_slow, t_plain = (kernel_time(w, m, tasks=1, split=1, threads=1).memory_us for m in (slow, plain))
+    assert t_slow == pytest.approx(2 * t_plain, rel=1e-3)  # its 3 KiB of writes aside
+    row = dataclasses.replace(w, column=False)
+    assert kernel_time(row, slow, 1, 1, 1).memory_us == pytest.approx(t_plain)
+
+
+def test_overlap_adds_the_unhidden_share_of_the_shorter_part():
+    """A kernel's body is max(memory, compute) + (1 - overlap) x min(...): overlap 1 (unmeasured)
+    is the longer alone, 0 their sum."""
+    w = CpuWork(M=1, N=1 << 20, elements=1 << 20, read_bytes=4 << 20, write_bytes=4, cheap=20.0)
+    for ov in (1.0, 0.5, 0.0):
+        t = kernel_time(w, _with(overlap=ov), tasks=1, split=1, threads=1)
+        lo, hi = sorted((t.memory_us, t.compute_us))
+        assert t.total_us - t.fork_us == pytest.approx(hi + (1 - ov) * lo)
+
+
+def test_probe_json_round_trip_and_older_entries_load():
+    """The probe's new figures survive its cache; an entry without them (an older probe) loads
+    with the defaults that leave the model as it was."""
+    r = dataclasses.replace(NOMINAL, op_ns=0.05, l3_bytes=8 << 20, column=0.8, overlap=0.6)
+    assert cpu_probe._from_json(cpu_probe._to_json(r)) == r
+    old = json.loads(cpu_probe._to_json(NOMINAL))
+    for k in ("op_ns", "l3_bytes", "column", "overlap"):
+        old.pop(k)
+    back = cpu_probe._from_json(json.dumps(old))
+    assert (back.lane_op_ns, back.l3_bytes, back.column, back.overlap) == (NOMINAL.add_ns, 0, 1.0, 1.0)

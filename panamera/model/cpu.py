@@ -4,8 +4,10 @@ bytes it moves, the SIMD work per element and the threads that share it. Every f
 The machine is described by what it has (cores, SIMD width, cache sizes read from /sys) and by
 what it does, measured once per machine by the short probe of runtime/cpu_probe.py (`Rates`):
 read and write bandwidth with the data resident in L2, in L3 and beyond (`DRAM`), at one thread and at
-all of them; the time per element of a SIMD sum, of an `exp` and of a division with the data in
-L1; the cost of entering an OpenMP parallel region under the process's wait policy (charged
+all of them, and how much data the L3 serves at its rate; the time per element of a SIMD sum (one
+register: the add's latency, and in the scans' lanes: a cheap operation's throughput), of an `exp`
+and of a division with the data in L1; the COLUMN form's read rate over a plain sum's and the share
+of a loop's memory and compute the core overlaps; the cost of entering an OpenMP parallel region under the process's wait policy (charged
 once per kernel's region: with a passive pool, a wake-up of its threads; the mapper runs a kernel
 on fewer threads when that outweighs the split: schedule/cpu_cost.py `best_threads`). Without a
 probe, `NOMINAL` stands in.
@@ -13,17 +15,18 @@ probe, `NOMINAL` stands in.
 A program's time is the Python side of its call (`call_us`, fitted here) plus each kernel's
 time (`kernel_time`):
 
-    fork + max(memory, compute) + merge
+    fork + both(memory, compute) + merge
 
-(a stitched group whose rows are too long to overlap its passes: the sum over its passes of
-max(memory, compute), `streamed`)
+(both: the longer plus the share of the shorter the core does not hide, `Rates.both`; a stitched
+group whose rows are too long to overlap its passes: the sum over its passes, `streamed`)
 
 - memory: the bytes the kernel moves (each input read once, each output written once, and the
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
   the L2 rate) over the bandwidth of the level the kernel's bytes fit in, the share the cache
   below holds at its rate (`CpuModel.gbs`; warm data: a benchmark calls the same kernel on the
-  same arrays);
-- compute: elements x (SIMD cost per element of the body's operations; a struct accumulator
+  same arrays), a COLUMN group's reads at the probe's column ratio of it;
+- compute: elements x (SIMD cost per element of the body's operations, a cheap one at the lanes'
+  throughput, `element_ns`; a struct accumulator
   whose combine does not vectorize pays one scalar step per element), plus per output row the
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
@@ -81,8 +84,9 @@ LEVELS = ("L2", "L3", "DRAM")
 CALL_US, OUTPUT_US = 2.4, 0.7
 CACHE_FILL = 0.75  # a kernel's bytes "fit" a cache when they take at most this share of it
 # Beyond this many bytes the model uses the large-array rates even when the L3 the OS reports
-# is bigger: in a virtual machine that L3 is shared with other guests (here 260 MiB reported,
-# and a 64 MiB column sum ran at a third of the 16 MiB probe's rate).
+# is bigger, where the probe did not measure how much it holds (`Rates.l3_bytes`): in a virtual
+# machine that L3 is shared with other guests (here 260 MiB reported, and a 64 MiB column sum ran
+# at a third of the 16 MiB probe's rate).
 L3_MAX = 32 << 20
 # A column reduction (the COLUMN form) accumulates each element into its block of accumulators in
 # L1 (codegen/cpu_kernel.py's pn_blk: a load, the body's operations and a store per vector), and
@@ -134,7 +138,14 @@ class Rates:
     read_gbs: per level of LEVELS, (one thread, `threads` threads) in GB/s of a SIMD sum;
     write_gbs: the same of a triad (a = b + 0.5 c: two reads and a write), the rate of written bytes;
     add_ns, exp_ns, div_ns: one thread's time per float32 element of `s += x[i]`,
-    `s += exp(x[i])`, `s += x[i] / (x[i] + 2)` (data in L1, SIMD); fork_us: entering and
+    `s += exp(x[i])`, `s += x[i] / (x[i] + 2)` (data in L1, SIMD, one accumulator register: the
+    add's latency bounds the first); op_ns: `s += x[i]` in LANE_VECTORS registers of lanes (a
+    cheap operation's throughput; 0: not measured, `lane_op_ns`); l3_bytes: the most data one
+    thread still read from the L3 at its rate (runtime/cpu_probe.py `l3_extent`; 0: not measured,
+    `CpuModel.l3_held`); column: the COLUMN form's read rate (rows summed into a block of
+    accumulators in L1) over a plain sum's (1: not measured); overlap: the share of a loop's shorter
+    part, memory or compute, hidden under the longer (runtime/cpu_probe.py `overlap`; 1: not
+    measured, the longer alone); fork_us: entering and
     leaving a parallel region from Python through ctypes, (one thread, `threads`), under the
     process's OpenMP wait policy (a passive pool's threads sleep between regions: each region
     pays their wake-up; runtime/cpu_probe.py `spin_count`)."""
@@ -147,6 +158,22 @@ class Rates:
     div_ns: float
     fork_us: tuple[float, float]
     source: str = "nominal"
+    op_ns: float = 0.0
+    l3_bytes: int = 0
+    column: float = 1.0
+    overlap: float = 1.0
+
+    def both(self, memory: float, compute: float) -> float:
+        """A loop's time from its memory and compute times: the longer, plus the share of the shorter
+        the core does not hide under it (1 - `overlap`)."""
+        return max(memory, compute) + (1.0 - self.overlap) * min(memory, compute)
+
+    @property
+    def lane_op_ns(self) -> float:
+        """One thread's time per element of a cheap SIMD operation in the generated scans' LANE_VECTORS
+        independent registers (the probe's `op_ns`: its throughput, where `add_ns` is one dependent
+        register's latency); `add_ns` where no probe measured it."""
+        return self.op_ns or self.add_ns
 
     def bandwidth(self, level: str, threads: int, write: bool = False) -> float:
         """GB/s at `level` with `threads` threads (linear between one and all threads, flat beyond)."""
@@ -192,7 +219,8 @@ class CpuWork:
     whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping; passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
     later ones re-read; each with the operations, writes and combines of its statements);
-    prefetch: the reads stream with software prefetches ahead (PREFETCH_GAIN)."""
+    prefetch: the reads stream with software prefetches ahead (PREFETCH_GAIN); column: the COLUMN
+    form, whose reads stream at the probe's `Rates.column` of a plain sum's rate."""
 
     M: int
     N: int
@@ -210,6 +238,7 @@ class CpuWork:
     rows: int = 1
     passes: tuple[CpuWork, ...] = ()
     prefetch: bool = False
+    column: bool = False
 
     @property
     def bytes(self) -> int:
@@ -236,11 +265,16 @@ class CpuModel:
         rates = Rates(cores, scale(r.read_gbs, 2), scale(r.write_gbs, 2), r.add_ns, r.exp_ns, r.div_ns, r.fork_us)
         return CpuModel(cores, simd_bytes, name, Caches(48 << 10, 2 << 20, 32 << 20), rates)
 
+    def l3_held(self) -> float:
+        """The bytes of warm data the L3 serves at its rate: CACHE_FILL of what the probe found it
+        holds (`Rates.l3_bytes`), else of the L3 the OS reports, at most L3_MAX."""
+        return CACHE_FILL * (self.rates.l3_bytes or min(self.caches.l3, L3_MAX))
+
     def level(self, nbytes: int, threads: int) -> str:
         """The cache level `nbytes` of warm data live in when `threads` cores work on them."""
         if nbytes <= CACHE_FILL * self.caches.l2 * max(1, threads):
             return "L2"
-        if nbytes <= min(CACHE_FILL * self.caches.l3, L3_MAX):
+        if nbytes <= self.l3_held():
             return "L3"
         return "DRAM"
 
@@ -268,9 +302,7 @@ class CpuModel:
         if k == 0:
             return bw
         below = LEVELS[k - 1]
-        held = (
-            CACHE_FILL * self.caches.l2 * max(1, threads) if below == "L2" else min(CACHE_FILL * self.caches.l3, L3_MAX)
-        )
+        held = CACHE_FILL * self.caches.l2 * max(1, threads) if below == "L2" else self.l3_held()
         f = min(1.0, max(0.0, (2 * held - nbytes) / max(nbytes, 1)))
         return 1.0 / (f / r.bandwidth(below, threads, write) + (1.0 - f) / bw)
 
@@ -303,8 +335,13 @@ class KernelTime:
 
 
 def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
-    """One thread's time per element (ns) of the body's operations, SIMD."""
-    ns = r.add_ns * max(w.cheap, 1.0) + (r.exp_ns - r.add_ns) * w.transcendental + (r.div_ns - r.add_ns) * w.division
+    """One thread's time per element (ns) of the body's operations, SIMD: a cheap operation at its
+    throughput in the scans' independent lanes (`Rates.lane_op_ns`; a dependent add's latency,
+    `add_ns`, priced it before: sum row 768x768 on one thread modeled 92.5 us against 62.6
+    measured, AMD EPYC AVX2, 2026-11-25), an exp or a division at the probe's rate less the
+    add it was timed with."""
+    op = r.lane_op_ns
+    ns = op * max(w.cheap, 1.0) + max(r.exp_ns - op, 0.0) * w.transcendental + max(r.div_ns - op, 0.0) * w.division
     ns *= max(1.0, w.width / 4)  # fewer lanes per vector for 8-byte types
     if w.struct:  # the combine runs lane by lane: its instructions and exps one lane at a time
         ns += (r.add_ns * w.struct_ops[0] + r.exp_ns * w.struct_ops[1]) * lanes
@@ -358,7 +395,7 @@ def kernel_time(
     if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
         merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
     mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
-    body = sum(max(a, b) for a, b in parts) * 1e6 * imbalance
+    body = sum(r.both(a, b) for a, b in parts) * 1e6 * imbalance
     return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
 
 
@@ -366,7 +403,7 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
     rates `gbs`, its operations and combines."""
     mem = (
-        w.read_bytes / (gbs[0] * (PREFETCH_GAIN if w.prefetch else 1.0))
+        w.read_bytes / (gbs[0] * (PREFETCH_GAIN if w.prefetch else 1.0) * (r.column if w.column else 1.0))
         + w.write_bytes / gbs[1]
         + w.reread_bytes / gbs[2]
     ) / 1e9

@@ -1,32 +1,46 @@
 """The CPU model's measurements (model/cpu.py `Rates`), taken once per machine by a short
 STREAM-like probe and kept on disk.
 
-A tiny generated C++ library (built like every CPU kernel: runtime/cpu.py, `-O3 -march=native
--fopenmp`, libmvec) times, each the fastest of 9 runs of about 1 ms (or one repetition):
-- a read-only SIMD sum (LANE_VECTORS registers of lanes, the generated row scans' shape) over a buffer and a triad (a = b + 0.5 c) over its thirds, the buffer
-  resident in L2 (half of it per thread), in L3 (8 x L2, at least 16 MiB, at most half the L3:
-  the sizes of the bench's workloads) and beyond (4 x L3, at most `LARGE` bytes: the model's
-  "DRAM" level), at one thread and at `threads`: the read rate is the sum's, the write rate
-  the triad's (its 12 bytes per element over its time);
-- one thread's SIMD `s += x`, `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
+A tiny generated C++ library (runtime/cpu_probe_source.py, built like every CPU kernel:
+runtime/cpu.py, `-O3 -march=native -fopenmp`, libmvec) times, each figure the median of the faster
+half of SAMPLES trials of about 1 ms (`_trials`; the slower half: trials another process
+preempted; the widest spread of those halves is written in the figures' `source`):
+- a read-only SIMD sum (LANE_VECTORS registers of lanes, the generated row scans' shape) over a
+  buffer and a triad (a = b + 0.5 c) over its thirds, the buffer resident in L2 (half of it per
+  thread), in L3 and beyond (4 x L3, at most `LARGE` bytes: the model's "DRAM" level), at one
+  thread and at `threads`: the read rate is the sum's, the write rate the triad's (its 12 bytes
+  per element over its time). Each trial is one parallel region whose threads first wait for one
+  another, then each times its share by its own CPU time: the region's entry (a passive pool's
+  wake-up, 45-54 us on the AMD EPYC guests of 2026-11-25 when the woken thread takes the other
+  vCPU) stays out of the rates and is carried as its own term (`fork_us`, below), and a
+  preemption by another process is not counted as streaming. (Before VERSION 9 each repetition
+  was a region and a passive probe subtracted the median entry: L2 read 137 or 60 GB/s in two
+  probes of one idle machine.)
+- the L3's extent (`l3_extent`): one thread's read rate over doubling buffers from 4 x L2; the
+  L3 figures are taken over half the largest that still reads at the L3's rate;
+- the COLUMN form's read rate over a plain sum's (`column_ratio`) and the share of a loop's memory
+  or compute hidden under the other (`overlap`), one thread over the DRAM buffer;
+- one thread's SIMD `s += x` (one register: the add's latency) and in LANE_VECTORS registers (a
+  cheap operation's throughput), `s += exp(x)`, `s += x / (x + 2)` over 24 KiB (L1);
 - every region's team placed as the kernels' are (runtime/cpu_team.py: off the caller's core);
-- an empty parallel region, called from Python through ctypes (the median of single calls), under this process's OpenMP wait
-  policy (`spin_count`): a pool that spins between regions (libgomp's default) enters one in about
-  a microsecond or two; a passive one (OMP_WAIT_POLICY=PASSIVE, as the CPU bench runs every
-  library) sleeps between them and pays a futex wake-up each time (tens of microseconds here).
+- an empty parallel region, called from Python through ctypes (the median of single calls), under
+  this process's OpenMP wait policy (`spin_count`): a pool that spins between regions (libgomp's
+  default) enters one in about a microsecond or two; a passive one (OMP_WAIT_POLICY=PASSIVE, as
+  the CPU bench runs every library) sleeps between them and pays a futex wake-up each time (tens
+  of microseconds here). That wake-up is the machine's cost, not a sign of load (`judge`).
 
-The whole probe takes well under a second; its figures are cached as JSON in the library cache
+The whole probe takes a second or two; its figures are cached as JSON in the library cache
 (runtime/diskcache.py) under a key of the CPU's model and flags, the thread count, the probe's
 version, the pool's spin count and what its library is built from (`_key`), so a machine probes
-once per setting. A probe taken
-while other processes held the cores is kept CONTENDED_TTL_S (10 minutes) only (`judge`): its
-all-thread figures are extrapolated from one thread's where the load showed (a slow region entry,
-a collapsed all-thread rate, or the load average), and kept as measured, but provisional, where
-only the per-core L2 rate failed to scale (the cores may share a physical core; a re-probe tells).
+once per setting. A probe taken while other processes held the cores is kept CONTENDED_TTL_S (10
+minutes) only (`judge`): its all-thread figures are extrapolated from one thread's where the load
+showed (a slow entry of a spinning pool's region, a collapsed all-thread rate, or the load
+average), and kept as measured, but provisional, where only the per-core L2 rate failed to scale
+(the cores may share a physical core; a re-probe tells).
 
 >>> r = rates(2)  # doctest: +SKIP
 >>> r.source  # doctest: +SKIP
-'probed 2026-11-24 12:40 UTC (DRAM: 64 MiB arrays)'
+'probed 2026-11-25 10:40 UTC (L3: 4 MiB arrays, 8 MiB held; ...)'
 """
 
 from __future__ import annotations
@@ -47,22 +61,31 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..model.cpu import LANE_VECTORS, LEVELS, Caches, Rates
+from ..model.cpu import LEVELS, Caches, Rates
 from . import diskcache
-from .cpu_team import TEAM_SOURCE
+from .cpu_probe_source import LANES, SOURCE
 
 Probed = TypeVar("Probed")  # a probe's result: a value with a `source` string
 
 log = logging.getLogger("panamera.cpu")
-VERSION = 8  # 8: the read sum keeps LANE_VECTORS registers of lanes (L2 rate); 7: a loaded probe (load average, L2 scaling) is kept briefly (`judge`); 6: spin-keyed entry
+VERSION = 9  # 9: rates timed inside one region (its entry outside), thread CPU time, the median of the faster trials; the L3 extent, lane op, column and overlap figures; 8: the read sum keeps LANE_VECTORS registers of lanes (L2 rate); 7: a loaded probe (load average, L2 scaling) is kept briefly (`judge`); 6: spin-keyed entry
 LARGE = 64 << 20
 TARGET_S = 0.001  # each sample runs for about this long (short: more likely to run unpreempted)
-SAMPLES = 9
+SAMPLES = 11  # trials per figure (`_trials`)
 FORK_S = 0.02  # an empty region's single calls are timed for this long
-CONTENDED_FORK_US = 50.0  # an empty parallel region slower than this waited for a busy core
-# ... and, where the pool sleeps between regions, a wake-up slower than this (2 threads here: a
-# median of 4.7 us at load 13 in one run, 45 us in another): kept CONTENDED_TTL_S only
-CONTENDED_WAKE_US = 25.0
+# A region's entry is timed after the caller worked alone this long (`region_entry`), and this
+# many times: about a small kernel's run, long enough for a passive pool's sleeping thread to leave
+# its core idle, as between a program's calls. Back-to-back empty regions entered in a median
+# 14 us in the idle bench's probe (09:52 UTC) while the bench's 2-thread kernels paid 13-95 us
+# more than half their 1-thread time (2026-11-25, AMD EPYC guest, cpu0 results); at load 10 the
+# entry after 0, 50, 100 and 200 us of work took 32, 34, 40 and 59 us.
+GAP_S = 100e-6
+ENTRIES = 41
+# A spinning pool's empty parallel region slower than this waited for a busy core. A sleeping
+# pool's (OMP_WAIT_POLICY=PASSIVE) is no test of load: its wake-up is the machine's own cost, a
+# median of 4.7 us at load 13 in one run and 45-54 us idle on these KVM guests whenever the woken
+# thread takes the other vCPU (2026-11-25).
+CONTENDED_FORK_US = 50.0
 CONTENDED_TTL_S = 600.0  # a contended or provisional probe is reused this long, then the machine is probed again
 # Other processes' share of the cores, read from the 1-minute load average less the probe's own
 # process, above which the all-thread samples are not trusted: half a core (the CPU bench's own
@@ -78,83 +101,6 @@ SCALING_MIN = 0.75
 SPIN_DEFAULT, SPIN_ACTIVE, SPIN_PASSIVE = 300_000, 30_000_000_000, 0
 SPIN_INFINITE = (1 << 64) - 1
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}  # either case, as libgomp reads them
-
-# The read rates' sum keeps PN_W = LANE_VECTORS x 16 float lanes (four AVX-512 registers)
-# independent, as the generated row scans do (codegen/cpu_lanes.py): one accumulator register is
-# bound by the add's latency, not by the cache. g++ -O3 -march=native, 1 thread, thread CPU time,
-# medians of 20 rounds, load 8 (2026-11-25): 1 MiB (L2) 54 GB/s with one register, 74 with four;
-# 16 MiB (L3) 28.6 and 28.1.
-SOURCE = (
-    TEAM_SOURCE
-    + r"""
-#include <omp.h>
-extern "C" {
-double pn_sum(const float* a, long n, int reps, int nt) {
-  pn_team_place(nt);
-  double keep = 0;
-  for (int r = 0; r < reps; ++r) {
-    float s = 0;
-#pragma omp parallel num_threads(nt) reduction(+ : s)
-    {
-      float acc[PN_W] = {0};
-#pragma omp for schedule(static)
-      for (long b = 0; b < n / PN_W; ++b) {
-#pragma omp simd
-        for (int l = 0; l < PN_W; ++l) acc[l] += a[b * PN_W + l];
-      }
-      for (int l = 0; l < PN_W; ++l) s += acc[l];
-    }
-    for (long i = n / PN_W * PN_W; i < n; ++i) s += a[i];
-    keep += s;
-  }
-  return keep;
-}
-void pn_triad(float* a, const float* b, const float* c, long n, int reps, int nt) {
-  pn_team_place(nt);
-  for (int r = 0; r < reps; ++r) {
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-    for (long i = 0; i < n; ++i) a[i] = b[i] + 0.5f * c[i];
-  }
-}
-double pn_add(const float* a, long n, int reps) {
-  double keep = 0;
-  for (int r = 0; r < reps; ++r) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (long i = 0; i < n; ++i) s += a[i];
-    keep += s;
-  }
-  return keep;
-}
-double pn_exp(const float* a, long n, int reps) {
-  double keep = 0;
-  for (int r = 0; r < reps; ++r) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (long i = 0; i < n; ++i) s += expf(a[i]);
-    keep += s;
-  }
-  return keep;
-}
-double pn_div(const float* a, long n, int reps) {
-  double keep = 0;
-  for (int r = 0; r < reps; ++r) {
-    float s = 0;
-#pragma omp simd reduction(+ : s)
-    for (long i = 0; i < n; ++i) s += a[i] / (a[i] + 2.0f);
-    keep += s;
-  }
-  return keep;
-}
-void pn_empty(int nt) {
-  pn_team_place(nt);
-  volatile int x = 0;
-#pragma omp parallel num_threads(nt)
-  { x = 1; }
-}
-}
-""".replace("PN_W", str(LANE_VECTORS * 16))
-)
 
 
 def spin_count(env: Mapping[str, str] | None = None) -> int:
@@ -212,7 +158,7 @@ def judge(
     threads: int, fork: tuple[float, float], read: list | tuple, write: list | tuple, wakes: bool, load: float
 ) -> tuple[Verdict, str]:
     """The verdict on a probe's all-thread figures and its reason. CONTENDED where
-    1. an empty all-thread region was slow to enter (`slowed`), or
+    1. an empty all-thread region of a spinning pool was slow to enter (`slowed`), or
     2. some level streamed slower on every thread than on one (`slowed`), or
     3. other processes held more than LOADED_CORES of the cores (`load`, `others_load`);
     PROVISIONAL where
@@ -242,18 +188,62 @@ def judge(
     return Verdict.SETTLED, ""
 
 
-def _timed(call, per_rep: float | None = None) -> float:
-    """Seconds per repetition of `call(reps)`: the fastest of SAMPLES samples of about TARGET_S each."""
+def _trials(sample: Callable[[int], float]) -> tuple[float, float]:
+    """(seconds per repetition, spread) of `sample(reps)`, the seconds `reps` repetitions took:
+    SAMPLES trials of about TARGET_S each. The estimate is the median of the faster half (the
+    slower half holds the trials another process preempted), the spread that half's range over
+    the estimate (a quiet machine: a few %).
+
+    >>> t = iter([1e-3] + [1e-3, 2e-3, 1.1e-3, 0.8e-3, 5e-3, 1e-3, 1e-3, 3e-3, 1e-3, 1e-3, 9e-3])
+    >>> sec, spread = _trials(lambda reps: next(t))
+    >>> round(sec * 1e3, 3), round(spread, 2)
+    (1.0, 0.2)
+    """
+    one = max(sample(1), 1e-7)
+    reps = max(1, int(TARGET_S / one))
+    times = sorted(sample(reps) / reps for _ in range(SAMPLES))
+    fast = times[: (SAMPLES + 1) // 2]
+    est = float(np.median(fast))
+    return est, (fast[-1] - fast[0]) / est
+
+
+def _timed(call, samples: int = 9) -> float:
+    """Seconds per repetition of `call(reps)`: the fastest of `samples` samples of about TARGET_S
+    each (runtime/gemm_probe.py's timing)."""
     t0 = time.perf_counter()
     call(1)
     one = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, int(TARGET_S / one))
     best = math.inf
-    for _ in range(SAMPLES):
+    for _ in range(samples):
         t0 = time.perf_counter()
         call(reps)
         best = min(best, (time.perf_counter() - t0) / reps)
     return best
+
+
+def _clocked(call: Callable[[int], object]) -> Callable[[int], float]:
+    """`call(reps)` as a sample for `_trials`: its seconds by the wall clock."""
+
+    def sample(reps: int) -> float:
+        t0 = time.perf_counter()
+        call(reps)
+        return time.perf_counter() - t0
+
+    return sample
+
+
+def _in_region(fn, *args) -> Callable[[int], float]:
+    """`fn(*args, reps, threads, &secs)` as a sample for `_trials`: the seconds its threads
+    streamed, timed inside its one parallel region (the region's entry outside, `SOURCE`)."""
+    *head, threads = args
+    secs = ctypes.c_double()
+
+    def sample(reps: int) -> float:
+        fn(*head, reps, threads, ctypes.byref(secs))
+        return secs.value
+
+    return sample
 
 
 def _median_call_us(call, seconds: float = FORK_S, least: int = 20) -> float:
@@ -271,29 +261,54 @@ def _median_call_us(call, seconds: float = FORK_S, least: int = 20) -> float:
     return float(np.median(times)) / 1e3
 
 
+def region_entry(empty: Callable[[], object], after_gap: Callable[[int], float], threads: int) -> tuple[float, float]:
+    """(one thread's, `threads` threads') cost in microseconds of a region a kernel enters: an empty
+    1-thread region called from Python through ctypes (`empty`, the median of single calls: the
+    ctypes call is in it), and on `threads` threads that plus the median extra of entering on
+    `threads` over 1 (`after_gap(t)`: the seconds an empty region took after GAP_S of the caller's
+    work alone), ENTRIES times each.
+
+    >>> region_entry(lambda: None, lambda t: 50e-6 if t > 1 else 1e-6, 2)[1] - region_entry(lambda: None, lambda t: 0.0, 1)[0] > 48
+    True
+    """
+    one = _median_call_us(empty)
+    if threads <= 1:
+        return one, one
+    after_gap(threads)  # the pool's threads are created by the first region
+    extra = float(np.median([after_gap(threads) - after_gap(1) for _ in range(ENTRIES)])) * 1e6
+    return one, one + max(0.0, extra)
+
+
 def measure(threads: int, caches: Caches) -> Rates:
-    """Run the probe now (well under a second on an idle machine) and return its rates; when an
-    empty all-thread region shows other processes holding the cores, only one thread is timed."""
+    """Run the probe now (about a second on an idle machine) and return its rates; when the load
+    average shows other processes holding the cores, only one thread is timed."""
     from .cpu import SIMD_MATH, build
 
     lib = build(SIMD_MATH + SOURCE)
-    P, L, I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int  # noqa: E741, N806
-    lib.pn_sum.argtypes, lib.pn_sum.restype = (P, L, I, I), ctypes.c_double
-    lib.pn_triad.argtypes, lib.pn_triad.restype = (P, P, P, L, I, I), None
-    for f in (lib.pn_add, lib.pn_exp, lib.pn_div):
+    P, L, I, D = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_double)  # noqa: E741, N806
+    for f in (lib.pn_sum, lib.pn_column, lib.pn_sum_exp):
+        f.argtypes, f.restype = (P, L, I, I, D), ctypes.c_double
+    lib.pn_triad.argtypes, lib.pn_triad.restype = (P, P, P, L, I, I, D), None
+    for f in (lib.pn_add, lib.pn_lanes, lib.pn_exp, lib.pn_div):
         f.argtypes, f.restype = (P, L, I), ctypes.c_double
     lib.pn_empty.argtypes, lib.pn_empty.restype = (I,), None
 
-    fork = tuple(_median_call_us(lambda t=t: lib.pn_empty(t)) for t in (1, threads))
+    lib.pn_entry.argtypes, lib.pn_entry.restype = (I, ctypes.c_double), ctypes.c_double
+    fork = region_entry(lambda: lib.pn_empty(1), lambda t: lib.pn_entry(t, GAP_S), threads)
     wakes = spin_count() == 0  # each region wakes the pool: its entry is a wake-up
     load = others_load()
     early = judge(threads, fork, (), (), wakes, load)[0] is Verdict.CONTENDED  # the all-thread samples would wait
     counts = (1,) if early or threads == 1 else (1, threads)
-    sizes = {"L2": caches.l2 // 2 * threads, "L3": min(caches.l3 // 2, max(8 * caches.l2, 16 << 20))}
-    sizes["DRAM"] = min(4 * caches.l3, LARGE)
-    read, write = [], []
+
+    def one_read_gbs(nbytes: int) -> float:  # one thread's read rate over `nbytes`
+        buf = _buffer(nbytes)
+        return 4 * buf.size / _trials(_in_region(lib.pn_sum, buf.ctypes.data, buf.size, 1))[0] / 1e9
+
+    sizes = {"L2": caches.l2 // 2 * threads, "DRAM": min(4 * caches.l3, LARGE)}
+    sizes["L3"], l3_bytes = l3_extent(caches, one_read_gbs, sizes["DRAM"])
+    read, write, spreads = [], [], []
     for level in LEVELS:
-        buf = np.full(sizes[level] // 4, 1.0, np.float32)  # the sum reads all of it, the triad its thirds
+        buf = _buffer(sizes[level])  # the sum reads all of it, the triad its thirds
         n, n3 = buf.size, buf.size // 3
         pb, p3 = buf.ctypes.data, tuple(buf[k * n3 :].ctypes.data for k in range(3))
         pair_r, pair_w = [], []
@@ -301,35 +316,112 @@ def measure(threads: int, caches: Caches) -> Rates:
             # L2 is per core: t threads read t halves of an L2 (one thread read the whole 2-core buffer
             # before, twice its L2's half: 50-54 GB/s where 1 MiB reads at 74)
             part = t / threads if level == "L2" else 1.0
-            m, m3 = int(n * part), int(n3 * part)
-            rs = _timed(lambda reps, t=t, pb=pb, n=m: lib.pn_sum(pb, n, reps, t))
-            ts = _timed(lambda reps, t=t, p=p3, n=m3: lib.pn_triad(*p, n, reps, t))
-            if wakes:  # each repetition is a region that woke the pool: the model charges that apart
-                rs, ts = (max(x - fork[t > 1] * 1e-6, x / 2) for x in (rs, ts))
+            m, m3 = int(n * part) // LANES * LANES, int(n3 * part) // LANES * LANES  # whole blocks per thread
+            rs, r_spread = _trials(_in_region(lib.pn_sum, pb, m, t))
+            ts, w_spread = _trials(_in_region(lib.pn_triad, *p3, m3, t))
+            spreads += [r_spread, w_spread]
             pair_r.append(4 * m / rs / 1e9)
             pair_w.append(12 * m3 / ts / 1e9)
         read.append((pair_r[0], pair_r[-1]))
         write.append((pair_w[0], pair_w[-1]))
+    # over the last level's buffer (DRAM), one thread
+    per_rep = lambda f, b=buf: _trials(_in_region(f, b.ctypes.data, b.size, 1))  # noqa: E731
+    column = column_ratio(per_rep, lib.pn_sum, lib.pn_column)
+    l1 = _buffer(24 << 10)
+    both = overlap(
+        per_rep(lib.pn_sum)[0] / buf.size,
+        per_rep(lib.pn_sum_exp, l1)[0] / l1.size,
+        per_rep(lib.pn_sum_exp)[0] / buf.size,
+    )
     k = 6144  # 24 KiB: in L1
     x = np.linspace(-1.0, 1.0, k, dtype=np.float32)
     px = x.ctypes.data
-    add_ns, exp_ns, div_ns = (
-        _timed(lambda reps, f=f: f(px, k, reps)) / k * 1e9 for f in (lib.pn_add, lib.pn_exp, lib.pn_div)
-    )
+    l1 = [
+        _trials(_clocked(lambda reps, f=f: f(px, k, reps))) for f in (lib.pn_add, lib.pn_lanes, lib.pn_exp, lib.pn_div)
+    ]
+    add_ns, op_ns, exp_ns, div_ns = (sec / k * 1e9 for sec, _ in l1)
+    spreads += [spread for _, spread in l1]
     verdict, why = judge(threads, fork, read, write, wakes, load)  # CONTENDED again where `early`
-    note = f" (DRAM: {sizes['DRAM'] >> 20} MiB arrays; OpenMP spin count {spin_count()})"
+    note = (
+        f" (L3: {sizes['L3'] >> 20} MiB arrays, {l3_bytes >> 20} MiB held; DRAM: {sizes['DRAM'] >> 20} MiB arrays;"
+        f" OpenMP spin count {spin_count()};"
+        f" spread of the faster trials up to {100 * max(spreads):.0f} %)"
+    )
     if verdict is Verdict.CONTENDED:
         forkn = fork[1] if wakes else 2 * fork[0]
-        return _extrapolated(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork[0], forkn, why, note)
+        ops = (add_ns, exp_ns, div_ns, op_ns)
+        return _extrapolated(
+            threads, tuple(read), tuple(write), ops, fork[0], forkn, why, note, (l3_bytes, column, both)
+        )
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")  # noqa: UP017 (3.10)
     head = f"provisional probe ({why}): {when}" if verdict is Verdict.PROVISIONAL else f"probed {when}"
-    return Rates(threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"{head}{note}")
+    return Rates(
+        threads, tuple(read), tuple(write), add_ns, exp_ns, div_ns, fork, f"{head}{note}", op_ns, l3_bytes, column, both
+    )
+
+
+def _buffer(nbytes: int) -> np.ndarray:
+    """A buffer of `nbytes` (whole LANES blocks) of ones, written once: its pages are mapped."""
+    return np.full(max(LANES, nbytes // 4 // LANES * LANES), 1.0, np.float32)
+
+
+def l3_extent(caches: Caches, read_gbs: Callable[[int], float], dram_bytes: int) -> tuple[int, int]:
+    """(the bytes the L3 figures are measured over, the bytes the L3 holds at its rate) from one
+    thread's read rate `read_gbs(nbytes)`: over buffers of 4 x L2, doubling up to the L3 the OS
+    reports (at most half of `dram_bytes`), the largest that still reads faster than the geometric
+    mean of the first one's rate and the DRAM buffer's; the L3 figures are taken over half of it
+    (at least the first). What the OS reports can exceed what a core reaches at its rate: this
+    AMD EPYC guest reports 32 MiB, and a sum read 54-67 GB/s over 1-8 MiB, 18-22 over 16 MiB and
+    16-17 over 64 MiB (2026-11-25, thread CPU time, load 9).
+
+    >>> rate = {2 << 20: 60.0, 4 << 20: 62.0, 8 << 20: 54.0, 16 << 20: 20.0, 32 << 20: 17.0, 64 << 20: 16.0}
+    >>> [n >> 20 for n in l3_extent(Caches(32 << 10, 512 << 10, 32 << 20), rate.__getitem__, 64 << 20)]
+    [4, 8]
+    """
+    first = 4 * caches.l2
+    sizes = [first]
+    while sizes[-1] * 2 <= min(caches.l3, dram_bytes // 2):
+        sizes.append(sizes[-1] * 2)
+    rates = [read_gbs(n) for n in sizes]
+    enough = math.sqrt(rates[0] * read_gbs(dram_bytes))
+    held = max([n for n, r in zip(sizes, rates) if r >= enough], default=first)
+    return max(first, held // 2), held
+
+
+def column_ratio(time_of: Callable, plain, column) -> float:
+    """The COLUMN form's read rate over a plain sum's, one thread over the same buffer (the last
+    level's, beyond the L3): `time_of(fn)` is the seconds per repetition of `fn` over it, and
+    their trials alternate. At most 1. On this AMD EPYC guest (2026-11-25, thread CPU time, load
+    10) the generated column kernels read at 0.63-0.69 of a plain sum over the same input (A2#7,
+    A2#9, sum column 21128x768 and 768x768), 0.85 with 64 accumulators (bias_grad).
+
+    >>> column_ratio(lambda f: (f, 0.0), 2.0, 3.0), column_ratio(lambda f: (f, 0.0), 2.0, 1.0)
+    (0.6666666666666666, 1.0)
+    """
+    one, cols = [], []
+    for _ in range(2):
+        one.append(time_of(plain)[0])
+        cols.append(time_of(column)[0])
+    return min(1.0, min(one) / min(cols))
+
+
+def overlap(stream: float, compute: float, both: float) -> float:
+    """The share of the shorter of a loop's stream (`stream`: seconds per element of a plain sum
+    from beyond the L3) and its compute (`compute`: of a sum of exps over L1 data) that the core
+    hides under the longer, from the time per element of the sum of exps over the stream
+    (`both`), in [0, 1]: 1 where `both` is the longer alone, 0 where it is their sum. This AMD
+    EPYC guest: 0.71 (0.285, 0.484 and 0.566 ns; 2026-11-25, thread CPU time, load 10).
+
+    >>> round(overlap(0.285, 0.484, 0.566), 2), overlap(1.0, 2.0, 2.0), overlap(1.0, 2.0, 3.5)
+    (0.71, 1.0, 0.0)
+    """
+    return min(1.0, max(0.0, (stream + compute - both) / max(min(stream, compute), 1e-15)))
 
 
 def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = False) -> bool:
     """Whether other processes held the cores while the probe ran: an empty all-thread region
-    slow to enter (where the pool `wakes` each region, slower than CONTENDED_WAKE_US: the wake is
-    a region's cost, its wait for a busy core is not), or all threads
+    slow to enter (not where the pool `wakes` each region: that wake is the machine's cost,
+    CONTENDED_FORK_US), or all threads
     streaming slower than one did (an empty region can still enter quickly between two
     preemptions: a probe here read 0.18 GB/s from L2 on two threads against 54 on one, and was
     cached as this machine's rate).
@@ -337,16 +429,23 @@ def slowed(fork: tuple[float, float], rates: list | tuple = (), wakes: bool = Fa
     >>> slowed((0.7, 1.5), [(54.0, 0.18)]), slowed((0.7, 1.5), [(54.0, 100.0)]), slowed((0.7, 80.0))
     (True, False, True)
     >>> slowed((0.7, 12.0), wakes=True), slowed((0.7, 80.0), wakes=True)
-    (False, True)
+    (False, False)
     """
-    if wakes:
-        slow_fork = fork[1] > CONTENDED_WAKE_US
-    else:
-        slow_fork = fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0]
+    slow_fork = not wakes and (fork[1] > CONTENDED_FORK_US or fork[1] > 20 * fork[0])
     return slow_fork or any(n < 0.5 * one for one, n in rates)
 
 
-def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, why: str = "", note: str = "") -> Rates:
+def _extrapolated(
+    threads,
+    read,
+    write,
+    ops: tuple[float, ...],
+    fork1,
+    forkn,
+    why: str = "",
+    note: str = "",
+    more: tuple = (0, 1.0, 1.0),
+) -> Rates:
     """Rates when the all-thread samples waited for busy cores (other processes hold them): the
     all-thread bandwidth is the one-thread figure times the threads (L2, private per core) or
     times at most 2 (L3, DRAM: shared), and a region's entry `forkn` (measure: twice one thread's,
@@ -356,7 +455,8 @@ def _extrapolated(threads, read, write, add_ns, exp_ns, div_ns, fork1, forkn, wh
     scaled = lambda pairs: tuple((a, a * threads if k == 0 else a * min(threads, 2)) for k, (a, _) in enumerate(pairs))  # noqa: E731
     why = why or f"a {threads}-thread region took {forkn:.0f} us"
     src = f"contended probe ({why}): all-thread figures extrapolated from one thread{note}"
-    return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, forkn), src)
+    add_ns, exp_ns, div_ns, op_ns = ops
+    return Rates(threads, scaled(read), scaled(write), add_ns, exp_ns, div_ns, (fork1, forkn), src, op_ns, *more)
 
 
 def _key(threads: int, spin: int | None = None) -> str:
@@ -394,6 +494,10 @@ def _from_json(text: str) -> Rates:
         float(d["div_ns"]),
         tuple(map(float, d["fork_us"])),
         str(d["source"]),
+        float(d.get("op_ns", 0.0)),
+        int(d.get("l3_bytes", 0)),
+        float(d.get("column", 1.0)),
+        float(d.get("overlap", 1.0)),
     )
 
 

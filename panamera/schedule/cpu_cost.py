@@ -191,6 +191,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch:
         rows=rows,
         passes=tuple(one) if passes > 1 else (),
         prefetch=prefetch,
+        column=g.form == Form.COLUMN,
     )
 
 
