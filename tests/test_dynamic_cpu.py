@@ -332,3 +332,38 @@ def test_the_class_decision_has_the_static_decisions_lanes_and_at_most_the_cores
             d = map_cpu_group(p.statements, p.kinds[0], SizeClass.of({"B": 64}, frozenset(), 1), model, False)
             assert d.lanes == map_cpu(static, machine, model=model).lanes, (dtype, d.describe())
             assert 1 <= d.threads <= machine.cores
+
+
+def test_a_call_at_a_key_seen_before_skips_the_checks_but_not_their_refusals(rng):
+    """The fast call (plain C-contiguous numpy arrays at a (shape, dtype) key a call ran at): the
+    same values as the general path and counted; anything else takes the general path, whose
+    refusals stand (a wrong dtype, a bad threads=, a symbol bound twice)."""
+    from panamera.errors import DTypeError, SymbolBindingError
+
+    x, y = pn.placeholder(("B", "N"), name="x"), pn.placeholder(("N",), name="y")
+    k = pn.compile(pn.sum(x * y, axis=1), target="cpu", cache=False)
+    a, b = rng.random((5, 33)).astype(np.float32), rng.random(33).astype(np.float32)
+    want = (a.astype(np.float64) * b).sum(1)
+    tol = tolerance("float32", 33)
+    first = k(a, b)
+    assert len(k._fast) == 1
+    for got in (k(a, b), k(a, b, threads=1), k(a.copy(), b.copy(), threads=2), k(x=a, y=b)):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(k(a, b), first)
+    assert k.stats()["calls"] == 6 and len(k._fast) == 1
+    np.testing.assert_allclose(k(np.asfortranarray(a), b), want, rtol=tol, atol=tol)  # not C order: general path
+    with pytest.raises(DTypeError, match="'x'"):
+        k(a.astype(np.float64), b)
+    for bad in (0, True, 1.0):
+        with pytest.raises(OptionError, match="threads"):
+            k(a, b, threads=bad)
+    with pytest.raises(SymbolBindingError, match="'N'"):
+        k(a, b[:32])
+
+
+def test_an_input_named_threads_is_an_input_on_the_fast_call_too(rng):
+    t = pn.placeholder(("B",), name="threads")
+    k = pn.compile(pn.sum(t), target="cpu", cache=False)
+    a = rng.random(9).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(k(threads=a), a.astype(np.float64).sum(), rtol=tolerance("float32", 9))
