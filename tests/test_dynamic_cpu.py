@@ -367,3 +367,39 @@ def test_an_input_named_threads_is_an_input_on_the_fast_call_too(rng):
     a = rng.random(9).astype(np.float32)
     for _ in range(2):
         np.testing.assert_allclose(k(threads=a), a.astype(np.float64).sum(), rtol=tolerance("float32", 9))
+
+
+def test_long_cheap_rows_scan_in_lane_accumulators_short_or_exp_rows_in_one(rng):
+    """schedule/cpu_param_mapping.py `lane_scan`: W lane accumulators where every row of the class
+    has LANE_MIN_GROUPS groups of W and the reduced body is cheap; the values numpy's (a tail of
+    N % W iterations, a NaN reaching a lane's max)."""
+    from panamera.cpu_target import cpu_model
+    from panamera.model.cpu import LANE_VECTORS
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_mapper import CpuMachine
+    from panamera.schedule.cpu_param_mapping import LANE_MIN_GROUPS, map_cpu_group
+    from panamera.schedule.size_class import SizeClass
+
+    model = cpu_model(CpuMachine.detect())
+    w = LANE_VECTORS * model.simd_bytes // 4
+    x = pn.placeholder(("B", "N"), name="x")
+
+    def scan(y, n: int) -> int:
+        p = build((y,))
+        return map_cpu_group(
+            p.statements, p.kinds[0], SizeClass.of({"B": 8, "N": n}, frozenset(), 1), model, False
+        ).lane_scan
+
+    long = LANE_MIN_GROUPS * w
+    assert scan(pn.sum(x, axis=1), long) == scan(pn.max(x, axis=1), long) == w
+    assert scan(pn.sum(x, axis=1), long // 2) == 0  # a class whose smallest rows are short
+    assert scan(pn.sum(pn.exp(x), axis=1), long) == scan(pn.var(x, axis=1), long) == 0  # exp-bound; Welford
+    k = pn.compile([pn.sum(x * x, axis=1), pn.max(x, axis=1)], target="cpu", cache=False)
+    a = (rng.random((3, long + 5)) * 2 - 0.7).astype(np.float32)
+    a[1, 37] = np.nan
+    (d0, d1) = k.plan(k.size_class({"B": 3, "N": long + 5})).decisions
+    assert d0.lane_scan == d1.lane_scan == w
+    s, m = k(a)
+    tol = tolerance("float32", long)
+    np.testing.assert_allclose(s, (a.astype(np.float64) ** 2).sum(1), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(m, a.max(1))  # NaN in row 1, as numpy

@@ -40,10 +40,8 @@ import islpy as isl
 from ..algebra import WELFORD
 from ..errors import ScheduleError
 from ..frontend.symbolic import Dim
-from ..model.cpu import LANE_VECTORS
 from ..poly.params import ParamProgram, PStatement
 from ..poly.statement import Form, StatementKind
-from ..schedule.cpu_lane_kind import LANE_TYPES
 from ..schedule.cpu_mapper import CpuMerge
 from ..schedule.cpu_param_mapping import CpuParamDecision
 from .cpu_kernel import _print, _scan, declare_reduction, reduction_name
@@ -113,8 +111,8 @@ class _Kernel:
     def row_pass(self, phase: list[int], acc: str, lo: str, hi: str, target: Callable[[str], str] | None = None):
         """Accumulator `acc` of `phase` over j in [lo, hi) at row i, in blocks of `inner`
         iterations into fresh block accumulators under `omp simd` (a Welford accumulator as the
-        shifted sums of its block, as cpu_kernel.row_pass). A scalar accumulator scans a block's
-        whole groups of W = LANE_VECTORS x lanes iterations into W lane accumulators folded by
+        shifted sums of its block, as cpu_kernel.row_pass). Under a decision's `lane_scan` W, a scalar
+        accumulator scans a block's whole groups of W iterations into W lane accumulators folded by
         the fixed tree `pn_fold_lanes` (codegen/cpu_lanes.py, as the static kernels: the scan runs
         at the speed of its loads, not of one vector register's add latency), the last < W
         iterations under `omp simd reduction`."""
@@ -137,7 +135,7 @@ class _Kernel:
         else:
             out.append(f"  {t} pn_blk = {identity_expr(s)};")
             pragma = f"#pragma omp simd reduction({reduction_name(s)} : pn_blk)"
-            if not s.acc.is_struct and t in LANE_TYPES:
+            if self.d.lane_scan:
                 out += ["  " + ln for ln in self.lanes(s)]
 
         def user(a: list[str]) -> list[str]:
@@ -151,7 +149,7 @@ class _Kernel:
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in lines] + ["}"]
 
         scan = _print(ast, user, [pragma])
-        if not welford and not s.acc.is_struct and t in LANE_TYPES:  # the last < W iterations
+        if not welford and self.d.lane_scan:  # the last < W iterations
             scan = ["{ const pn_idx pn_lo = pn_c;"] + ["  " + ln for ln in scan] + ["}"]
         out += ["  " + ln for ln in scan]
         if welford:
@@ -168,7 +166,7 @@ class _Kernel:
     def lanes(self, s: PStatement) -> list[str]:
         """The block's whole groups of W iterations into W lane accumulators, folded into `pn_blk`
         (`pn_c`: the first iteration left)."""
-        t, f, w = s.acc.compute, s.combiner.functor, LANE_VECTORS * self.d.lanes
+        t, f, w = s.acc.compute, s.combiner.functor, self.d.lane_scan
         lines, val = self.value(s, f"l{s.name}_")
         body = ["{", "  const pn_idx j = pn_c + c0;"] + ["  " + ln for ln in lines]
         body += [f"  pn_lane[c0] = {f}::apply(pn_lane[c0], {accumuland(s, val)});", "}"]

@@ -14,7 +14,9 @@ time (whole SIMD vectors), so one kernel serves every size of the class. The thr
 with it, as the static mapper's `best_threads` chooses them: every core unless fewer are as fast
 over the class (a kernel whose parallel region's entry outweighs its work runs on one thread, and
 then opens no region at all: codegen/cpu_region.py). The lanes are the static mapper's
-(`cpu_mapper._lanes` of the model's SIMD width: the probe's, the same figure a static kernel uses).
+(`cpu_mapper._lanes` of the model's SIMD width: the probe's, the same figure a static kernel uses);
+long rows of cheap reductions scan in W = LANE_VECTORS x lanes accumulators as the static kernels
+do (`lane_scan`, decided here from the class's smallest rows, carried to the codegen as data).
 
 >>> import panamera as pn
 >>> from panamera.poly.params import build
@@ -23,7 +25,7 @@ then opens no region at all: codegen/cpu_region.py). The lanes are the static ma
 >>> p = build((pn.sum(pn.placeholder(("N",), name="x")),))
 >>> m = CpuModel.nominal(4, 32)
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 1 << 20}, frozenset()), m, False).describe()
-'ALL split=4 block=1 threads=4 lanes=8 merge=atomic'
+'ALL split=4 block=1 threads=4 lanes=8 merge=atomic lane_scan=32'
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), m, False).describe()
 'ALL split=1 block=1 threads=4 lanes=8'
 >>> import dataclasses  # a machine whose parallel region wakes its threads: short rows on one thread
@@ -40,14 +42,21 @@ from types import SimpleNamespace
 
 from ..algebra import WELFORD
 from ..frontend import symbolic
-from ..model.cpu import CpuModel, CpuWork, KernelTime, kernel_time
+from ..model.cpu import LANE_VECTORS, CpuModel, CpuWork, KernelTime, kernel_time
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
+from .cpu_lane_kind import LANE_TYPES
 from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
+# A row scan in W = LANE_VECTORS x lanes accumulators (`lane_scan`) where each row of the class has at
+# least this many groups of W: measured on the AMD EPYC (AVX2, W 32, 1 thread, thread_time medians
+# of 11, 2026-11-25 10:31-10:35 UTC, load ~12): sum [64x30522] 745 us vs 868 one accumulator,
+# [8x128256] 217 vs 265, rms_norm [1024x512] 272 vs 336; rows of 128 lose (sum [6144x128] 436 vs
+# 226, max 1045 vs 460: the lanes' start and fold per row, unknown trip counts).
+LANE_MIN_GROUPS = 16
 
 
 @dataclass(frozen=True)
@@ -69,10 +78,14 @@ class CpuParamDecision:
     inner: int = INNER
     modeled_us: float = 0.0
     threads: int = 1
+    lane_scan: int = 0  # W lane accumulators of a scalar row scan (codegen/cpu_param_kernel.py `lanes`); 0: one
 
     def describe(self) -> str:
         merge = f" merge={self.merge}" if self.split > 1 else ""
-        return f"{self.form} split={self.split} block={self.block} threads={self.threads} lanes={self.lanes}{merge}"
+        scan = f" lane_scan={self.lane_scan}" if self.lane_scan else ""
+        return (
+            f"{self.form} split={self.split} block={self.block} threads={self.threads} lanes={self.lanes}{merge}{scan}"
+        )
 
 
 @dataclass(frozen=True)
@@ -187,6 +200,26 @@ def thread_counts(m: CpuModel) -> list[int]:
         t = max(1, t // 2)
 
 
+def lane_scan(members: tuple[PStatement, ...], cls: SizeClass, lanes: int) -> int:
+    """W = LANE_VECTORS x lanes lane accumulators for the kernel's row scans, or 0 (one accumulator):
+    a ROW or ALL reduction whose accumulators are scalars of LANE_TYPES, whose reduced bodies are
+    cheap (no transcendental, no division per element: an exp-bound scan gains nothing, measured),
+    and whose rows have at least LANE_MIN_GROUPS groups of W at the class's smallest sizes."""
+    w = LANE_VECTORS * lanes
+    reds = [m for m in members if m.kind == StatementKind.REDUCE]
+    if not reds or members[0].form == Form.COLUMN:
+        return 0
+    if any(m.acc.is_struct or m.acc.compute not in LANE_TYPES for m in reds):
+        return 0
+    own = {m.result.uid for m in members}
+    for m in reds:
+        _, trans, div = _ops(m.body, [SimpleNamespace(memory=True, tensor=r.tensor) for r in m.reads], own)
+        if trans or div:
+            return 0
+    n_min = min(_at(members[0].N, z) for z in cls.samples())
+    return w if n_min >= LANE_MIN_GROUPS * w else 0
+
+
 def map_cpu_group(
     members: tuple[PStatement, ...],
     kind: str,
@@ -219,5 +252,5 @@ def map_cpu_group(
     rep = time_at(members, kind, cls.representative(), best, block, lanes, m, threads).total_us
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
-        merge_mode(group, best, deterministic), INNER, rep, threads,
+        merge_mode(group, best, deterministic), INNER, rep, threads, lane_scan(members, cls, lanes),
     )  # fmt: skip
