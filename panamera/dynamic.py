@@ -171,7 +171,7 @@ class DynamicCompiled:
         self.outputs, self.single, self.deterministic = tuple(outputs), single, bool(deterministic)
         self.target = target
         self.gpu, _ = resolve_gpu(gpu)
-        self.program = build(self.outputs)
+        self.program = self.build(self.outputs)
         self._plans: dict[SizeClass, ClassPlan] = {}
         self._classes: dict[SizeClass, _ClassKernels] = {}
         self._lock = threading.Lock()
@@ -189,6 +189,10 @@ class DynamicCompiled:
                                         f"has kernels {[group_name(g) for g in members(self.program)]}")  # fmt: skip
                 check_plan(self.program, p, "schedule", self.gpu, self.deterministic)
                 self._plans[p.cls] = p
+
+    def build(self, outputs: tuple[Tensor, ...], cost=None):
+        """The parametric program of `outputs` as this target compiles it (poly/params.py)."""
+        return build(outputs, cost)
 
     # -- public ----------------------------------------------------------------------------------
     @property

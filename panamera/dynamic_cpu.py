@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .codegen import islast
+from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.cpu_param_kernel import CpuParamKernel, render_cpu_group, scalars
 from .codegen.header import prelude
 from .cpu_target import ATOMIC_COMBINE, cpu_model
@@ -39,6 +40,8 @@ from .poly.statement import StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cpu as cpu_backend
 from .runtime.cpu import SIMD_MATH
+from .runtime.cpu_call import address
+from .schedule import onehot
 from .schedule.cpu_mapper import CpuMachine
 from .schedule.cpu_param_mapping import CpuClassPlan, map_cpu_group, time_at
 from .schedule.size_class import SizeClass
@@ -49,9 +52,9 @@ MAX_CALLS = 256  # the sizes whose calls are kept prepared (DynamicCpuCompiled._
 
 @dataclass(frozen=True)
 class _Call:
-    allocs: tuple  # (buffer key, elements, numpy dtype) of every statement's result
-    steps: tuple  # (entry point, buffer keys, extents array, reductions to refuse) of every kernel run
-    results: tuple  # (buffer key, shape, copied) of every output
+    allocs: tuple  # (elements, numpy dtype) of every statement's result: buffers len(inputs) on
+    steps: tuple  # (entry point, its pointer table, the buffers' slots, extents array, reductions to refuse)
+    results: tuple  # (buffer slot, shape, copied) of every output
 
 
 @dataclass
@@ -75,10 +78,12 @@ class DynamicCpuCompiled(DynamicCompiled):
         self.split = split  # an override of the model's chunks per reduction (tests, experiments)
         self._libs: dict[str, ctypes.CDLL] = {}
         self._calls: dict[tuple[int, ...], _Call] = {}
+        self._fast: dict[tuple, _Call] = {}  # by the inputs' (shape, dtype): calls whose checks held (`__call__`)
+        self._names = frozenset(t.name for t in self.inputs)
         self.counters["sources_built"] = 0
         self.origin = "chosen by the CPU model"
         if self.program.formulations:  # ranked by the CPU model instead of by their reductions
-            self.program = build(self.outputs, cost=self.formulation_cost)
+            self.program = self.build(self.outputs, cost=self.formulation_cost)
         self._symbols = self.program.parameters  # (a property that sorts them: once, not per call)
 
     def formulation_cost(self, outputs) -> float:
@@ -86,7 +91,7 @@ class DynamicCpuCompiled(DynamicCompiled):
         of FORMULATION_HINT per symbol: the formulation is one for the program, not per class (an
         online softmax's struct accumulator costs more here than a second pass over a row in cache)."""
         try:
-            p = build(outputs)
+            p = self.build(outputs)
         except PanameraError:
             return math.inf
         hint = SizeClass.of({n: FORMULATION_HINT for n in p.parameters}, frozenset(), 1)
@@ -94,6 +99,12 @@ class DynamicCpuCompiled(DynamicCompiled):
             map_cpu_group(g, kind, hint, self.model, self.deterministic).modeled_us
             for g, kind in zip(members(p), p.kinds)
         )
+
+    def build(self, outputs, cost=None):
+        """The program of the graph the CPU plans: one-hot selections summed over their axis read
+        as gathers (schedule/onehot.py, as the static CPU target: cross_entropy's target logit one
+        load per row, not a compare and a select per element), gathers read indirectly."""
+        return build(onehot.gathers(tuple(outputs)), cost, gathers=True)
 
     def modeled_us(self, **sizes: int) -> float:
         """The CPU model's time (µs) of one call's kernels at `sizes` with its class's decisions (the
@@ -106,7 +117,9 @@ class DynamicCpuCompiled(DynamicCompiled):
         """
         plan = self.plan(self.size_class(sizes))
         kernels = zip(members(self.program), self.program.kinds, plan.decisions)
-        return sum(time_at(g, kind, sizes, d.split, d.block, d.lanes, self.model).total_us for g, kind, d in kernels)
+        return sum(
+            time_at(g, kind, sizes, d.split, d.block, d.lanes, self.model, d.threads).total_us for g, kind, d in kernels
+        )
 
     @property
     def schedule(self):
@@ -147,7 +160,7 @@ class DynamicCpuCompiled(DynamicCompiled):
         )
         decls = sorted({r for k in kernels for r in k.reductions})
         body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
-        source = "#include <cstdlib>\n" + ATOMIC_COMBINE + SIMD_MATH + prelude(body) + body
+        source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
         if source not in self._libs:  # classes with equal plans print equal sources: one library
             self._libs[source] = cpu_backend.build(source)
             self.counters["sources_built"] += 1
@@ -160,6 +173,37 @@ class DynamicCpuCompiled(DynamicCompiled):
         self.counters["classes_compiled"] += 1
         _count("classes_compiled")
         return ck
+
+    def __call__(self, *arrays, **named):
+        """DynamicCompiled's call; plain C-contiguous numpy arrays passed positionally (and
+        `threads=`, a positive int) at shapes and dtypes a call has run at before skip its checks
+        and its symbol binding, which held for that key: the prepared call runs at once (a few µs
+        a call instead of ~40: a small kernel's whole time)."""
+        threads = named.get("threads")
+        if (not named or (len(named) == 1 and threads is not None and "threads" not in self._names)) and (
+            threads is None or (type(threads) is int and threads >= 1)
+        ):
+            try:
+                key = tuple((a.shape, a.dtype) for a in arrays if type(a) is np.ndarray and a.flags.c_contiguous)
+            except AttributeError:
+                key = ()
+            call = self._fast.get(key) if len(key) == len(arrays) else None
+            if call is not None:
+                with self._lock:
+                    self.counters["calls"] += 1
+                    _count("calls")
+                    outs = self._run_cpu(call, list(arrays), threads or self.machine.cores)
+                return outs[0] if self.single else tuple(outs)
+            result = super().__call__(*arrays, **named)
+            if len(key) == len(arrays) == len(self.inputs):  # checked by the general path: kept for this key
+                sizes = self.bind_sizes(arrays)
+                call = self._calls.get(tuple(sizes[n] for n in self._symbols))
+                if call is not None:
+                    if len(self._fast) >= MAX_CALLS:
+                        self._fast.clear()
+                    self._fast[key] = call
+            return result
+        return super().__call__(*arrays, **named)
 
     def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -176,22 +220,25 @@ class DynamicCpuCompiled(DynamicCompiled):
         sizes): the class's entry points with their extents, the buffers to allocate, the results."""
         ck = self._class(self.size_class(sizes))
         symbols = [sizes[n] for n in self.program.parameters]
+        slot = {f"t:{t.uid}": n for n, t in enumerate(self.inputs)}
         allocs, steps = [], []
         for group, k, fn in zip(members(self.program), ck.kernels, ck.entries):
-            allocs += [(f"t:{m.result.uid}", math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np)
-                       for m in group]  # fmt: skip
+            for m in group:
+                slot[f"t:{m.result.uid}"] = len(slot)
+                allocs.append((math.prod(symbolic.evaluate(m.result.shape, sizes)), m.result.dtype.np))
             s = group[0]
             M, N = _at(s.M, sizes), _at(s.N, sizes)  # noqa: N806
             if M == 0:
                 continue
             empty = tuple(m for m in group if m.kind == StatementKind.REDUCE and N == 0 and not m.combiner.has_identity)
             xs = (ctypes.c_longlong * len(scalars(self.program)))(M, N, *symbols)
-            steps.append((fn, k.buffers, xs, empty))
+            table = (ctypes.c_void_p * len(k.buffers))()  # filled per call (under the program's lock)
+            steps.append((fn, table, tuple(slot[b] for b in k.buffers), xs, empty))
         results, used = [], set()
         for o in self.program.outputs:
             key = f"t:{storage(o).uid}"
             fresh = storage(o).op != "placeholder" and key not in used  # two outputs never share memory
-            results.append((key, symbolic.evaluate(o.shape, sizes), not fresh))
+            results.append((slot[key], symbolic.evaluate(o.shape, sizes), not fresh))
             used.add(key)
         if len(self._calls) >= MAX_CALLS:
             self._calls.clear()
@@ -200,11 +247,12 @@ class DynamicCpuCompiled(DynamicCompiled):
 
     def _run_cpu(self, call: _Call, inputs: list[np.ndarray], threads: int) -> list:
         """One call: the outputs allocated, every kernel of the class in order."""
-        bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
-        for key, n, dtype in call.allocs:
-            bufs[key] = np.empty(n, dtype)
-        for fn, keys, xs, empty in call.steps:
+        bufs = inputs + [np.empty(n, dtype) for n, dtype in call.allocs]
+        at = [address(b) for b in bufs]
+        for fn, table, slots, xs, empty in call.steps:
             for m in empty:  # a reduction over nothing without an identity (max, min): numpy's error
                 _refuse_empty(m)
-            fn((ctypes.c_void_p * len(keys))(*[bufs[key].ctypes.data for key in keys]), xs, threads)
-        return [(bufs[key].copy() if copy else bufs[key]).reshape(shape) for key, shape, copy in call.results]
+            for q, k in enumerate(slots):
+                table[q] = at[k]
+            fn(table, xs, threads)
+        return [(bufs[k].copy() if copy else bufs[k]).reshape(shape) for k, shape, copy in call.results]

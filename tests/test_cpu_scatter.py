@@ -141,3 +141,36 @@ def test_the_cpu_and_gpu_plans_read_one_problem():
     want = ScatterProblem(40, 7, 3, as_dtype("int64"), as_dtype("float16"), 2)
     cpu, gpu = cpu_segments.plan_of(node, CpuModel.nominal(2, 64)), segments.plan_of(node, H100)
     assert cpu.problem == gpu.problem == want and (cpu.n, cpu.acc) == (gpu.n, gpu.acc) == (40, "float")
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_a_one_thread_plan_opens_no_region_and_gives_the_same_bits(rng, form):
+    """codegen/cpu_region.py's `one_thread` on the scatter: where the model finds one thread faster
+    (here a machine whose region entry is dear) the plan's kernel has no `omp parallel` (the
+    sorted form's `omp single` and both forms' `omp for` bind to a team of one), and its bits are
+    those of the same form and chunks on two threads."""
+    import dataclasses
+
+    from panamera.codegen.cpu_segments import render_cpu_scatter
+    from panamera.cpu_compiled import cpu_model
+    from panamera.cpu_segments import compile_cpu_scatter
+    from panamera.options import Options
+
+    m = cpu_model()
+
+    def compiled(fork_us):
+        model = dataclasses.replace(m, cores=2, rates=dataclasses.replace(m.rates, fork_us=fork_us))
+        graph = (scatter(300, 16, 8, skip=5),)
+        return compile_cpu_scatter(graph, graph, Options.make(target="cpu"), True, (), model, form=form, chunks=2)
+
+    one, two = compiled((0.2, 40.0)), compiled((40.0, 0.2))
+    assert (one.scatter.threads, two.scatter.threads) == (1, 2)
+    kernel = {k: render_cpu_scatter("pn_sc", c.scatter) for k, c in (("one", one), ("two", two))}
+    assert "omp parallel" not in kernel["one"] and "omp parallel" in kernel["two"]
+    assert "if (pn_nt > 1) pn_nt = 1;" in one.cpu_source  # the program runs that kernel
+    assert "on 1 thread(s)" in one.scatter.describe()
+    index, src = rng.integers(0, 16, 300), rng.standard_normal((300, 8)).astype(np.float32)
+    index[:40] = 3  # a long segment (and id 5 skipped)
+    got = one(index, src, threads=2)
+    assert np.array_equal(got, two(index, src, threads=2)) and np.array_equal(got, two(index, src, threads=1))
+    close(got, reference(index, src, 16, skip=5), "float32", index)

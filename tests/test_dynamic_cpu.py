@@ -271,3 +271,135 @@ def test_a_split_stitched_or_map_kernel_is_a_schedule_error():
     assert "pn_c0" in render_cpu_group(members, d, p, "pn_c0").source
     with pytest.raises(ScheduleError, match="cannot be split"):
         render_cpu_group(members, dataclasses.replace(d, split=2), p, "pn_c0")
+
+
+def test_a_one_thread_class_decision_opens_no_parallel_region(monkeypatch, rng):
+    """codegen/cpu_region.py's `one_thread` on the symbolic path: every kernel form (MAP, rows,
+    split rows with each merge, COLUMN, stitched) under a one-thread decision prints no `omp
+    parallel` (no team, no closing futex wake) and computes what the parallel form computes."""
+    import dataclasses
+
+    from panamera import dynamic_cpu
+
+    real = dynamic_cpu.map_cpu_group
+    monkeypatch.setattr(dynamic_cpu, "map_cpu_group", lambda *a, **kw: dataclasses.replace(real(*a, **kw), threads=1))
+    x = pn.placeholder(("B", "N"), name="x")
+    for split, deterministic in ((None, False), (4, False), (4, True)):
+        k = DynamicCpuCompiled((*_forms(x), pn.exp(x)), False, deterministic, None, split=split)
+        for b, n in ((1, 1), (3, 37), (17, 1031)):
+            a = (rng.random((b, n)) * 2 - 0.7).astype(np.float32)
+            got, want = k(a, threads=2), _reference(lambda v: [*_forms_ref(v), np.exp(v)], [a])
+            for g, w, m in zip(got, want, (n, b, n, n, 1)):
+                tol = 4 * tolerance("float32", m)
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=f"split={split} ({b}, {n})")
+        for ck in k._classes.values():
+            assert all(d.threads == 1 for d in ck.plan.decisions)
+            assert "omp parallel" not in ck.source and "if (pn_nt > 1) pn_nt = 1;" in ck.source
+            assert ck.plan.decisions[0].describe().count("threads=1") == 1
+
+
+def test_a_decision_on_more_threads_keeps_its_regions_and_clamps_the_call():
+    import dataclasses
+
+    from panamera.codegen.cpu_param_kernel import render_cpu_group
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_param_mapping import CpuParamDecision
+
+    p = build((pn.sum(pn.placeholder(("B", 64), name="x"), axis=1),))
+    d = CpuParamDecision("S0", p.statements[0].form, "single", 1, 1, 8, threads=2)
+    src = render_cpu_group(p.statements, d, p, "pn_c0").source
+    assert "#pragma omp parallel for schedule(static) num_threads(pn_nt)" in src and "if (pn_nt > 2) pn_nt = 2;" in src
+    assert "omp parallel" not in render_cpu_group(p.statements, dataclasses.replace(d, threads=1), p, "pn_c0").source
+
+
+def test_the_class_decision_has_the_static_decisions_lanes_and_at_most_the_cores():
+    """What the static mapper decides from the machine (schedule/cpu_mapper.py: the SIMD width of
+    its flags, AVX2 32 bytes, AVX-512 64) is what a class decision uses: the same lanes per form
+    and dtype, the threads within the cores."""
+    from panamera.compiler import lower
+    from panamera.cpu_target import cpu_model
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
+    from panamera.schedule.cpu_param_mapping import map_cpu_group
+    from panamera.schedule.size_class import SizeClass
+
+    machine = CpuMachine.detect()
+    model = cpu_model(machine)
+    for dtype in ("float32", "float64", "bfloat16"):
+        for f in (lambda v: pn.sum(v, axis=1), lambda v: pn.sum(v, axis=0), lambda v: pn.exp(v)):
+            static = lower(f(pn.placeholder((64, 768), dtype)), stop_after="groups", target="emulator").groups[0]
+            p = build((f(pn.placeholder(("B", 768), dtype, name="x")),))
+            d = map_cpu_group(p.statements, p.kinds[0], SizeClass.of({"B": 64}, frozenset(), 1), model, False)
+            assert d.lanes == map_cpu(static, machine, model=model).lanes, (dtype, d.describe())
+            assert 1 <= d.threads <= machine.cores
+
+
+def test_a_call_at_a_key_seen_before_skips_the_checks_but_not_their_refusals(rng):
+    """The fast call (plain C-contiguous numpy arrays at a (shape, dtype) key a call ran at): the
+    same values as the general path and counted; anything else takes the general path, whose
+    refusals stand (a wrong dtype, a bad threads=, a symbol bound twice)."""
+    from panamera.errors import DTypeError, SymbolBindingError
+
+    x, y = pn.placeholder(("B", "N"), name="x"), pn.placeholder(("N",), name="y")
+    k = pn.compile(pn.sum(x * y, axis=1), target="cpu", cache=False)
+    a, b = rng.random((5, 33)).astype(np.float32), rng.random(33).astype(np.float32)
+    want = (a.astype(np.float64) * b).sum(1)
+    tol = tolerance("float32", 33)
+    first = k(a, b)
+    assert len(k._fast) == 1
+    for got in (k(a, b), k(a, b, threads=1), k(a.copy(), b.copy(), threads=2), k(x=a, y=b)):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_array_equal(k(a, b), first)
+    assert k.stats()["calls"] == 6 and len(k._fast) == 1
+    np.testing.assert_allclose(k(np.asfortranarray(a), b), want, rtol=tol, atol=tol)  # not C order: general path
+    with pytest.raises(DTypeError, match="'x'"):
+        k(a.astype(np.float64), b)
+    for bad in (0, True, 1.0):
+        with pytest.raises(OptionError, match="threads"):
+            k(a, b, threads=bad)
+    with pytest.raises(SymbolBindingError, match="'N'"):
+        k(a, b[:32])
+
+
+def test_an_input_named_threads_is_an_input_on_the_fast_call_too(rng):
+    t = pn.placeholder(("B",), name="threads")
+    k = pn.compile(pn.sum(t), target="cpu", cache=False)
+    a = rng.random(9).astype(np.float32)
+    for _ in range(2):
+        np.testing.assert_allclose(k(threads=a), a.astype(np.float64).sum(), rtol=tolerance("float32", 9))
+
+
+def test_long_cheap_rows_scan_in_lane_accumulators_short_or_exp_rows_in_one(rng):
+    """schedule/cpu_param_mapping.py `lane_scan`: W lane accumulators where every row of the class
+    has LANE_MIN_GROUPS groups of W and the reduced body is cheap; the values numpy's (a tail of
+    N % W iterations, a NaN reaching a lane's max)."""
+    from panamera.cpu_target import cpu_model
+    from panamera.model.cpu import LANE_VECTORS
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_mapper import CpuMachine
+    from panamera.schedule.cpu_param_mapping import LANE_MIN_GROUPS, map_cpu_group
+    from panamera.schedule.size_class import SizeClass
+
+    model = cpu_model(CpuMachine.detect())
+    w = LANE_VECTORS * model.simd_bytes // 4
+    x = pn.placeholder(("B", "N"), name="x")
+
+    def scan(y, n: int) -> int:
+        p = build((y,))
+        return map_cpu_group(
+            p.statements, p.kinds[0], SizeClass.of({"B": 8, "N": n}, frozenset(), 1), model, False
+        ).lane_scan
+
+    long = LANE_MIN_GROUPS * w
+    assert scan(pn.sum(x, axis=1), long) == scan(pn.max(x, axis=1), long) == w
+    assert scan(pn.sum(x, axis=1), long // 2) == 0  # a class whose smallest rows are short
+    assert scan(pn.sum(pn.exp(x), axis=1), long) == scan(pn.var(x, axis=1), long) == 0  # exp-bound; Welford
+    k = pn.compile([pn.sum(x * x, axis=1), pn.max(x, axis=1)], target="cpu", cache=False)
+    a = (rng.random((3, long + 5)) * 2 - 0.7).astype(np.float32)
+    a[1, 37] = np.nan
+    (d0, d1) = k.plan(k.size_class({"B": 3, "N": long + 5})).decisions
+    assert d0.lane_scan == d1.lane_scan == w
+    s, m = k(a)
+    tol = tolerance("float32", long)
+    np.testing.assert_allclose(s, (a.astype(np.float64) ** 2).sum(1), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(m, a.max(1))  # NaN in row 1, as numpy

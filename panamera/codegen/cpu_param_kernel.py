@@ -13,6 +13,9 @@ one pass over the row per accumulator and a last one for the MAP. The difference
 are the symbolic strides' (codegen/param_kernel.py `address`); the loop nests are isl's AST of the
 boxes with those parameters; a split's chunk length is computed from the bound N (whole SIMD
 vectors). `omp simd` loops have scalar tails, so every size is legal without an alignment proof.
+A kernel runs on at most its decision's `threads` (a call asking for more is clamped); one whose
+decision is one thread opens no parallel region (codegen/cpu_region.py `one_thread`, as a static
+kernel: a region of one thread still ends in a futex call).
 
 Entry point: `extern "C" void NAME(void** pn_a, const long long* pn_x, int pn_nt)`: the buffers
 in the order of `CpuParamKernel.buffers`, the extents [M, N, symbols...], `pn_nt` threads.
@@ -23,8 +26,8 @@ in the order of `CpuParamKernel.buffers`, the extents [M, N, symbols...], `pn_nt
 >>> p = build((pn.sum(pn.placeholder(("B", 64), name="x"), axis=1),))
 >>> d = CpuParamDecision("S0", p.statements[0].form, "single", 1, 1, 8)
 >>> k = render_cpu_group(p.statements, d, p, "pn_c0")
->>> "pn_s_B = pn_x[2]" in k.source, "#pragma omp simd reduction" in k.source
-(True, True)
+>>> "pn_s_B = pn_x[2]" in k.source, "#pragma omp simd reduction" in k.source, "omp parallel" in k.source
+(True, True, False)
 """
 
 from __future__ import annotations
@@ -36,13 +39,15 @@ import islpy as isl
 
 from ..algebra import WELFORD
 from ..errors import ScheduleError
+from ..frontend.symbolic import Dim
 from ..poly.params import ParamProgram, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.cpu_mapper import CpuMerge
 from ..schedule.cpu_param_mapping import CpuParamDecision
 from .cpu_kernel import _print, _scan, declare_reduction, reduction_name
+from .cpu_region import one_thread
 from .expr import ExprRenderer, convert
-from .param_kernel import address, finish
+from .param_kernel import address, c_extent, finish
 from .thread_loop import accumuland, identity_expr, post_dtype
 
 
@@ -85,13 +90,19 @@ class _Kernel:
         lines: list[str] = []
         names = {u: f"in{k}" for k, u in enumerate(self.inputs)}
 
-        def load(read: int) -> str:
+        def load(read: int, index: str | None = None) -> str:
             r = s.reads[read]
+            if r.indirect is not None:  # a gather (poly/params.py): the loaded index, wrapped if negative, clamped
+                (stride, n), q = (c_extent(e) for e in r.indirect), f"((pn_idx)({index}))"
+                q = f"({q} + ({q} < 0 ? {n} : 0LL))"
+                q = f"({q} < 0LL ? 0LL : ({q} >= {n} ? {n} - 1LL : {q}))"
+                return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]} + {q} * {stride}])"
             if r.tensor.uid in self.regs:
                 return self.regs[r.tensor.uid]
             return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]}])"
 
-        return lines, ExprRenderer(lines, prefix).render(s.body, load)
+        extents = {id(e): c_extent(e.value) for e in s.body.walk() if e.op == "const" and isinstance(e.value, Dim)}
+        return lines, ExprRenderer(lines, prefix, extents).render(s.body, load)
 
     def out(self, k: int) -> str:
         return f"out{k}"
@@ -100,7 +111,11 @@ class _Kernel:
     def row_pass(self, phase: list[int], acc: str, lo: str, hi: str, target: Callable[[str], str] | None = None):
         """Accumulator `acc` of `phase` over j in [lo, hi) at row i, in blocks of `inner`
         iterations into fresh block accumulators under `omp simd` (a Welford accumulator as the
-        shifted sums of its block, as cpu_kernel.row_pass)."""
+        shifted sums of its block, as cpu_kernel.row_pass). Under a decision's `lane_scan` W, a scalar
+        accumulator scans a block's whole groups of W iterations into W lane accumulators folded by
+        the fixed tree `pn_fold_lanes` (codegen/cpu_lanes.py, as the static kernels: the scan runs
+        at the speed of its loads, not of one vector register's add latency), the last < W
+        iterations under `omp simd reduction`."""
         s = self.members[phase[0]]
         t, f, inner = s.acc.compute, s.combiner.functor, self.d.inner
         ast = _scan(self.ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], "0 <= pn_lo <= pn_hi")
@@ -120,6 +135,8 @@ class _Kernel:
         else:
             out.append(f"  {t} pn_blk = {identity_expr(s)};")
             pragma = f"#pragma omp simd reduction({reduction_name(s)} : pn_blk)"
+            if self.d.lane_scan:
+                out += ["  " + ln for ln in self.lanes(s)]
 
         def user(a: list[str]) -> list[str]:
             lines, val = self.value(s, f"e{s.name}_")
@@ -131,7 +148,10 @@ class _Kernel:
                 lines.append(f"pn_blk = {f}::apply(pn_blk, {accumuland(s, val)});")
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in lines] + ["}"]
 
-        out += ["  " + ln for ln in _print(ast, user, [pragma])]
+        scan = _print(ast, user, [pragma])
+        if not welford and self.d.lane_scan:  # the last < W iterations
+            scan = ["{ const pn_idx pn_lo = pn_c;"] + ["  " + ln for ln in scan] + ["}"]
+        out += ["  " + ln for ln in scan]
         if welford:
             ft = s.acc.field.compute
             out += [
@@ -142,6 +162,25 @@ class _Kernel:
         else:
             out.append(f"  {acc} = {f}::apply({acc}, pn_blk);")
         return out + ["}"]
+
+    def lanes(self, s: PStatement) -> list[str]:
+        """The block's whole groups of W iterations into W lane accumulators, folded into `pn_blk`
+        (`pn_c`: the first iteration left)."""
+        t, f, w = s.acc.compute, s.combiner.functor, self.d.lane_scan
+        lines, val = self.value(s, f"l{s.name}_")
+        body = ["{", "  const pn_idx j = pn_c + c0;"] + ["  " + ln for ln in lines]
+        body += [f"  pn_lane[c0] = {f}::apply(pn_lane[c0], {accumuland(s, val)});", "}"]
+        return [
+            f"{t} pn_lane[{w}];",
+            f"for (int q = 0; q < {w}; ++q) pn_lane[q] = {identity_expr(s)};",
+            "pn_idx pn_c = pn_lo;",
+            f"for (; pn_c + {w} <= pn_hi; pn_c += {w}) {{",
+            "  #pragma omp simd",
+            f"  for (pn_idx c0 = 0; c0 < {w}; ++c0)",
+            *["  " + ln for ln in body],
+            "}",
+            f"if (pn_c > pn_lo) pn_blk = {f}::apply(pn_blk, pn_fold_lanes<{f}, {w}>(pn_lane));",
+        ]
 
     def finish(self, phase: list[int], acc: str, at: str = "i") -> list[str]:
         """The phase's reductions finished at output `at` from `acc`: a register each, stored."""
@@ -337,6 +376,7 @@ class _Kernel:
         lines = [
             f'extern "C" void {self.name}(void** pn_a, const long long* pn_x, int pn_nt) {{',
             "  typedef long long pn_idx;",
+            f"  if (pn_nt > {self.d.threads}) pn_nt = {self.d.threads};  // the class decision's threads",
         ]
         for n, u in enumerate(self.inputs):
             ct = self.dtype_of[u].c_type
@@ -354,7 +394,7 @@ class _Kernel:
             body = self.emit_split_rows()
         else:
             body = self.emit_rows()
-        lines += ["  " + ln for ln in body] + ["}"]
+        lines += ["  " + ln for ln in (one_thread(body) if self.d.threads == 1 else body)] + ["}"]
         decls = sorted({declare_reduction(self.members[p[0]]) for p in self.phases})
         return CpuParamKernel(self.name, self.d.statement, "\n".join(lines), tuple(keys), self.d, tuple(decls))
 

@@ -1,6 +1,7 @@
 """C++ (OpenMP) of the CPU's deterministic scatter-add (schedule/cpu_segments.py plans it): one
 function `name(void** a, int nt)` in the CPU target's calling convention (runtime/cpu_call.py),
-its parameters: ids, src, out, the bad-id slot, then the scratch of its form (`PARAMS`).
+its parameters: ids, src, out, the bad-id slot, then the scratch of its form (`PARAMS`). It runs
+on at most the plan's `threads`; a one-thread plan's body opens no parallel region (`one_thread`).
 
 - privatized: one parallel region; `omp for` over the plan's fixed chunks of ids (each zeroes its
   table, adds its source rows in position order), the barrier, `omp for` over rows: each output
@@ -26,6 +27,7 @@ accumulator type (float for 16-bit sources) and stored once (`pn_st` rounds).
 from __future__ import annotations
 
 from ..schedule.cpu_segments import CpuScatterForm, CpuScatterPlan
+from .cpu_region import one_thread
 
 BLOCK = 64  # elements of a row summed at once in registers (a row longer than this: in blocks)
 AHEAD = 8  # sorted segments: the source row this many terms ahead is prefetched
@@ -82,6 +84,7 @@ def render_cpu_scatter(name: str, p: CpuScatterPlan) -> str:
         f"  {p.src.c_type}* __restrict__ out = ({p.src.c_type}*)pn_a[2];",
         "  long long* __restrict__ bad = (long long*)pn_a[3];",
         f"  bad[0] = {N}LL;",
+        f"  if (pn_nt > {p.threads}) pn_nt = {p.threads};  // the plan's threads (its model's choice)",
     ]
     cls = (  # the id's row, or -1: skipped (nothing added), or outside the table (recorded, nothing added)
         f"const long long id = (long long)ids[q]; "
@@ -149,4 +152,5 @@ def render_cpu_scatter(name: str, p: CpuScatterPlan) -> str:
             "}",
         ]
         term = f"({acc})pn_ld(&src[ord[k] * {W}LL + d0 + d])"
+    body = one_thread(body) if p.threads == 1 else body  # no region, no closing futex wake (codegen/cpu_region.py)
     return "\n".join(head + body).replace("ROW_TERM", term) + "\n"

@@ -402,7 +402,9 @@ def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
     if indices.dtype.is_float or indices.dtype.name == "bool":
         raise DTypeError(f"take_along_axis of {x.label!r}: indices must be integers, got {indices.dtype}")
     a = _axis(axis, x.ndim, "take_along_axis", x.label)
-    if indices.ndim != x.ndim or any(i > n for k, (i, n) in enumerate(zip(indices.shape, x.shape)) if k != a):
+    if indices.ndim != x.ndim or any(
+        not (i == n) and i > n for k, (i, n) in enumerate(zip(indices.shape, x.shape)) if k != a
+    ):  # (an equal symbolic extent needs no comparison)
         raise ShapeError(f"take_along_axis of {x.label!r}: indices of shape {indices.shape} do not fit {x.shape}")
     return Tensor("gather", (x, indices), indices.shape, x.dtype, attrs=(("axis", a), ("elements", True)))
 

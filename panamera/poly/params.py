@@ -13,7 +13,9 @@ address from the symbolic strides, so broadcasts (a bias, a row statistic) stay 
 Preconditions (each a clear error naming the op, one negative test each):
 1. A statement's cone is element-wise ops, casts, broadcasts, transposes (index permutations),
    constants and reshapes of a stored tensor (no reshape of a computed value, movement, gather,
-   iota or contraction): else `Unsupported`.
+   iota or contraction): else `Unsupported`. Where the target asks for them (`gathers`: the CPU's
+   schedule/onehot.py rewrite), a take_along_axis of a stored tensor is one too: an indirect read
+   (`PRead.indirect`), its index an element-wise value, its other extents the data's.
 2. A reduction reduces at least one axis: else `Unsupported`. Its form follows from the axes,
    for every size: all of them ALL, a suffix ROW (threads along the contiguous row), any other
    set COLUMN (threads along the kept axes, whose last is innermost); a read whose axes are not
@@ -59,6 +61,8 @@ class PRead:
     tensor: Tensor
     shape: tuple[Extent, ...]
     axes: tuple[int, ...]  # statement axes this read varies along, aligned with `shape`'s trailing axes
+    indirect: tuple[Extent, Extent] | None = None  # a gather: (stride, extent) of the axis its loaded index
+    # addresses (the axis's entry in `axes` is -1: no statement axis); the index wrapped if negative, clamped
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,9 @@ def storage(t: Tensor) -> Tensor:
     return t
 
 
-def _choose(outputs: tuple[Tensor, ...], cost=None) -> tuple[tuple[Tensor, ...], tuple[str, ...]]:
+def _choose(
+    outputs: tuple[Tensor, ...], cost=None, gathers: bool = False
+) -> tuple[tuple[Tensor, ...], tuple[str, ...]]:
     """Each `choose` node replaced by its formulation with the fewest reductions (the fewest
     passes over memory, the model's first-order term), or the least `cost((alternative,))` where
     a target's model gives one (dynamic_cpu.py); the choices recorded."""
@@ -165,7 +171,10 @@ def _choose(outputs: tuple[Tensor, ...], cost=None) -> tuple[tuple[Tensor, ...],
         ins = tuple(memo[a.uid] for a in t.inputs)
         if t.op == "choose":
             costs = [
-                (not _supported(o), cost((o,)) if cost else sum(1 for u in topological((o,)) if u.op == "reduce"))
+                (
+                    not _supported(o, gathers),
+                    cost((o,)) if cost else sum(1 for u in topological((o,)) if u.op == "reduce"),
+                )
                 for o in ins
             ]
             k = costs.index(min(costs))  # one this path compiles, with the fewest passes
@@ -181,9 +190,14 @@ def _choose(outputs: tuple[Tensor, ...], cost=None) -> tuple[tuple[Tensor, ...],
 VIEWS = frozenset(("reshape", "transpose", "placeholder", "const", "reduce", "choose"))
 
 
-def _supported(t: Tensor) -> bool:
+def _supported(t: Tensor, gathers: bool = False) -> bool:
     """Whether every op of `t`'s graph is one a symbolic program compiles (precondition 1)."""
-    return all(u.op in ELEMENTWISE or u.op in VIEWS for u in topological((t,)))
+    return all(u.op in ELEMENTWISE or u.op in VIEWS or (gathers and _gather(u)) for u in topological((t,)))
+
+
+def _gather(t: Tensor) -> bool:
+    """A take_along_axis (frontend/movement.py): the gathers `gathers=True` reads indirectly."""
+    return t.op == "gather" and bool(t.attr("elements"))
 
 
 def unsqueeze(t: Tensor) -> bool:
@@ -192,10 +206,11 @@ def unsqueeze(t: Tensor) -> bool:
     return keep == [e for e in t.inputs[0].shape if not (isinstance(e, int) and e == 1)]
 
 
-def build(outputs: tuple[Tensor, ...], cost=None) -> ParamProgram:
+def build(outputs: tuple[Tensor, ...], cost=None, gathers: bool = False) -> ParamProgram:
     """The parametric program of symbolic `outputs`: one statement per output and per reduction;
-    `cost` ranks the formulations of a `choose` (default: the fewest reductions)."""
-    graph, chosen = _choose(tuple(outputs), cost)
+    `cost` ranks the formulations of a `choose` (default: the fewest reductions); `gathers`: a
+    take_along_axis of a stored tensor is an indirect read (a target whose codegen prints them)."""
+    graph, chosen = _choose(tuple(outputs), cost, gathers)
     stored = {storage(o).uid for o in graph}
     order = topological(graph)
     stored |= {t.uid for t in order if t.op == "reduce"}
@@ -206,7 +221,7 @@ def build(outputs: tuple[Tensor, ...], cost=None) -> ParamProgram:
     statements = []
     for t in order:
         if t.uid in stored and t.op not in ("placeholder", "const"):
-            statements.append(_statement(f"S{len(statements)}", t, stored))
+            statements.append(_statement(f"S{len(statements)}", t, stored, gathers))
     inputs = tuple(sorted((t for t in order if t.op == "placeholder"), key=lambda t: t.uid))
     for t in inputs:
         if t.attr("bound") is not None:
@@ -217,7 +232,7 @@ def build(outputs: tuple[Tensor, ...], cost=None) -> ParamProgram:
     return ParamProgram(tuple(statements), inputs, tuple(graph), chosen, groups, kinds)
 
 
-def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
+def _statement(name: str, t: Tensor, stored: set[int], gathers: bool = False) -> PStatement:
     if t.op == "reduce":
         src = t.inputs[0]
         shape, axes = src.shape, tuple(t.attr("axes"))
@@ -231,13 +246,13 @@ def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
             form, i_axes, j_axes = Form.ROW, kept, axes
         else:  # a prefix, middle or scattered axes: threads along the kept axes (the last one innermost)
             form, i_axes, j_axes = Form.COLUMN, kept, axes
-        b = _Body(shape, stored)
+        b = _Body(shape, stored, gathers)
         body = b.expr(src, tuple(range(rank)))
         return PStatement(
             name, t, StatementKind.REDUCE, form, shape, i_axes, j_axes, tuple(b.reads), body,
             t.attr("combiner"), t.attr("acc"), t.attr("post"), bool(t.attr("mean")), source=src.uid,
         )  # fmt: skip
-    b = _Body(t.shape, stored)
+    b = _Body(t.shape, stored, gathers)
     body = b.compute(t, tuple(range(len(t.shape))))
     return PStatement(
         name, t, StatementKind.MAP, Form.MAP, t.shape, tuple(range(len(t.shape))), (), tuple(b.reads), body
@@ -247,8 +262,8 @@ def _statement(name: str, t: Tensor, stored: set[int]) -> PStatement:
 class _Body:
     """The element-wise cone of one statement as an Expr; every leaf a read (precondition 1)."""
 
-    def __init__(self, shape, stored: set[int]):
-        self.shape, self.stored = tuple(shape), stored
+    def __init__(self, shape, stored: set[int], gathers: bool = False):
+        self.shape, self.stored, self.gathers = tuple(shape), stored, gathers
         self.reads: list[PRead] = []
         self.memo: dict = {}
 
@@ -257,13 +272,32 @@ class _Body:
         broadcasting drops its extent-1 axes."""
         return tuple(a for a, e in zip(axes[len(axes) - len(view_shape) :], view_shape) if not (e == 1))
 
-    def read(self, t: Tensor, view_shape, axes) -> Expr:
-        r = PRead(storage(t), tuple(view_shape), self._axes(view_shape, axes))
-        keys = [(x.tensor.uid, x.shape, x.axes) for x in self.reads]  # (Tensor's == builds a graph node)
-        if (r.tensor.uid, r.shape, r.axes) not in keys:
+    def read(self, t: Tensor, view_shape, axes, index: Expr | None = None, indirect=None) -> Expr:
+        r = PRead(storage(t), tuple(view_shape), self._axes(view_shape, axes), indirect)
+        keys = [(x.tensor.uid, x.shape, x.axes, x.indirect) for x in self.reads]  # (Tensor's == builds a graph node)
+        key = (r.tensor.uid, r.shape, r.axes, r.indirect)
+        if index is not None or key not in keys:  # a gather's load is its own (its index differs)
             self.reads.append(r)
-            keys.append((r.tensor.uid, r.shape, r.axes))
-        return Expr("load", (), t.dtype, read=keys.index((r.tensor.uid, r.shape, r.axes)))
+            keys.append(key)
+        k = len(keys) - 1 if index is not None else keys.index(key)
+        return Expr("load", (index,) if index is not None else (), t.dtype, read=k)
+
+    def gather(self, t: Tensor, axes) -> Expr:
+        """take_along_axis(x, index, a) at `axes`: x (stored) read at the statement's index with
+        axis a's subscript the index's value (precondition 1)."""
+        x, index, a = t.inputs[0], t.inputs[1], t.attr("axis")
+        if not (storage(x).op == "placeholder" or storage(x).uid in self.stored) or any(
+            k != a and not (i == n) for k, (i, n) in enumerate(zip(index.shape, x.shape))
+        ):
+            raise Unsupported(
+                f"gather {t.label!r}: a symbolic program gathers a stored tensor by an index of its extents "
+                f"(index {index.shape}, data {x.shape}; precondition 1)"
+            )
+        axes = tuple(axes[len(axes) - len(t.shape) :])
+        q = self.expr(index, axes)
+        at = tuple(-1 if k == a else ax for k, ax in enumerate(axes))
+        stride = symbolic.prod(x.shape[k] for k in range(a + 1, len(x.shape)))
+        return self.read(x, x.shape, at, q, (stride, x.shape[a]))
 
     def expr(self, t: Tensor, axes) -> Expr:
         """The value of `t` (aligned with the statement's trailing `axes`) at the iteration point."""
@@ -291,6 +325,8 @@ class _Body:
             for k, a in enumerate(tuple(axes[len(axes) - len(t.shape) :])):
                 inner[perm[k]] = a
             return self.expr(t.inputs[0], tuple(inner))
+        if self.gathers and _gather(t):
+            return self.gather(t, axes)
         if t.op not in ELEMENTWISE:
             raise Unsupported(
                 f"{t.op} {t.label!r} of shape {t.shape}: a symbolic program fuses element-wise ops, casts, "

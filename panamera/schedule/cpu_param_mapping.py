@@ -10,7 +10,13 @@ the split. It is chosen by the CPU model (model/cpu.py) once per class: the cand
 multiple of the cores, as `cpu_cost.best_split`) whose worst ratio to the best candidate over the
 class's smallest, representative and largest sizes is least: robust over the class, as the GPU
 classes are (schedule/param_mapping.py). The chunk length is computed from the bound N at run
-time (whole SIMD vectors), so one kernel serves every size of the class.
+time (whole SIMD vectors), so one kernel serves every size of the class. The threads are chosen
+with it, as the static mapper's `best_threads` chooses them: every core unless fewer are as fast
+over the class (a kernel whose parallel region's entry outweighs its work runs on one thread, and
+then opens no region at all: codegen/cpu_region.py). The lanes are the static mapper's
+(`cpu_mapper._lanes` of the model's SIMD width: the probe's, the same figure a static kernel uses);
+long rows of cheap reductions scan in W = LANE_VECTORS x lanes accumulators as the static kernels
+do (`lane_scan`, decided here from the class's smallest rows, carried to the codegen as data).
 
 >>> import panamera as pn
 >>> from panamera.poly.params import build
@@ -19,9 +25,13 @@ time (whole SIMD vectors), so one kernel serves every size of the class.
 >>> p = build((pn.sum(pn.placeholder(("N",), name="x")),))
 >>> m = CpuModel.nominal(4, 32)
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 1 << 20}, frozenset()), m, False).describe()
-'ALL split=4 block=1 lanes=8 merge=atomic'
+'ALL split=4 block=1 threads=4 lanes=8 merge=atomic lane_scan=32'
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), m, False).describe()
-'ALL split=1 block=1 lanes=8'
+'ALL split=1 block=1 threads=4 lanes=8'
+>>> import dataclasses  # a machine whose parallel region wakes its threads: short rows on one thread
+>>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 40.0)))
+>>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), woken, False).describe()
+'ALL split=1 block=1 threads=1 lanes=8'
 """
 
 from __future__ import annotations
@@ -32,20 +42,28 @@ from types import SimpleNamespace
 
 from ..algebra import WELFORD
 from ..frontend import symbolic
-from ..model.cpu import CpuModel, CpuWork, KernelTime, kernel_time
+from ..model.cpu import LANE_VECTORS, CpuModel, CpuWork, KernelTime, kernel_time
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
+from .cpu_lane_kind import LANE_TYPES
 from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
+# A row scan in W = LANE_VECTORS x lanes accumulators (`lane_scan`) where each row of the class has at
+# least this many groups of W: measured on the AMD EPYC (AVX2, W 32, 1 thread, thread_time medians
+# of 11, 2026-11-25 10:31-10:35 UTC, load ~12): sum [64x30522] 745 us vs 868 one accumulator,
+# [8x128256] 217 vs 265, rms_norm [1024x512] 272 vs 336; rows of 128 lose (sum [6144x128] 436 vs
+# 226, max 1045 vs 460: the lanes' start and fold per row, unknown trip counts).
+LANE_MIN_GROUPS = 16
 
 
 @dataclass(frozen=True)
 class CpuParamDecision:
     """One kernel's CPU decision for a size class: `split` chunks per output (1: none, chunk
-    length from N at run time), `block` kept outputs per COLUMN task (1 otherwise), `lanes` of
+    length from N at run time), `block` kept outputs per COLUMN task (1 otherwise), `threads` the
+    most threads it runs on (a call asking for more runs on this many; 1: no parallel region), `lanes` of
     the accumulator, `merge` of a split's partials, `inner` reduced iterations per block of fresh
     accumulators (cpu_kernel.row_pass: the rounding of long rows); `modeled_us` at the class's
     representative size."""
@@ -59,10 +77,15 @@ class CpuParamDecision:
     merge: CpuMerge = CpuMerge.NONE
     inner: int = INNER
     modeled_us: float = 0.0
+    threads: int = 1
+    lane_scan: int = 0  # W lane accumulators of a scalar row scan (codegen/cpu_param_kernel.py `lanes`); 0: one
 
     def describe(self) -> str:
         merge = f" merge={self.merge}" if self.split > 1 else ""
-        return f"{self.form} split={self.split} block={self.block} lanes={self.lanes}{merge}"
+        scan = f" lane_scan={self.lane_scan}" if self.lane_scan else ""
+        return (
+            f"{self.form} split={self.split} block={self.block} threads={self.threads} lanes={self.lanes}{merge}{scan}"
+        )
 
 
 @dataclass(frozen=True)
@@ -148,23 +171,53 @@ def time_at(
 
 
 def candidates(
-    members: tuple[PStatement, ...], kind: str, cls: SizeClass, m: CpuModel, lanes: int, block: int
+    members: tuple[PStatement, ...], kind: str, cls: SizeClass, m: CpuModel, lanes: int, block: int, threads=None
 ) -> list[int]:
-    """The splits worth comparing: 1 (and only 1 for a MAP, a stitched group and a single core),
-    else multiples of the cores up to MAX_SPLIT whose chunks keep MIN_TASK_ITERATIONS iterations
-    (a COLUMN chunk: that many elements over its block of outputs; whole vectors) at the class's
-    largest sizes, as `cpu_cost.best_split`."""
-    lead = members[0]
-    if lead.kind == StatementKind.MAP or kind == "stitched" or m.cores <= 1:
+    """The splits worth comparing on `threads` threads (default: every core): 1 (and only 1 for a
+    MAP, a stitched group and a single thread), else multiples of the threads up to MAX_SPLIT
+    whose chunks keep MIN_TASK_ITERATIONS iterations (a COLUMN chunk: that many elements over its
+    block of outputs; whole vectors) at the class's largest sizes, as `cpu_cost.best_split`."""
+    lead, nt = members[0], max(1, threads or m.cores)
+    if lead.kind == StatementKind.MAP or kind == "stitched" or nt <= 1:
         return [1]
     up = cls.upper()
     n_max, outputs = _at(lead.N, up), max(1, min(block, _at(lead.M, up)))
     min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / outputs))
-    out, s = [1], m.cores
+    out, s = [1], nt
     while s <= MAX_SPLIT and n_max // s >= min_chunk:
         out.append(s)
         s *= 2
     return out
+
+
+def thread_counts(m: CpuModel) -> list[int]:
+    """The thread counts compared: every core, halved down to 1 (as `cpu_cost.best_threads`)."""
+    out, t = [], max(1, m.cores)
+    while True:
+        out.append(t)
+        if t == 1:
+            return out
+        t = max(1, t // 2)
+
+
+def lane_scan(members: tuple[PStatement, ...], cls: SizeClass, lanes: int) -> int:
+    """W = LANE_VECTORS x lanes lane accumulators for the kernel's row scans, or 0 (one accumulator):
+    a ROW or ALL reduction whose accumulators are scalars of LANE_TYPES, whose reduced bodies are
+    cheap (no transcendental, no division per element: an exp-bound scan gains nothing, measured),
+    and whose rows have at least LANE_MIN_GROUPS groups of W at the class's smallest sizes."""
+    w = LANE_VECTORS * lanes
+    reds = [m for m in members if m.kind == StatementKind.REDUCE]
+    if not reds or members[0].form == Form.COLUMN:
+        return 0
+    if any(m.acc.is_struct or m.acc.compute not in LANE_TYPES for m in reds):
+        return 0
+    own = {m.result.uid for m in members}
+    for m in reds:
+        _, trans, div = _ops(m.body, [SimpleNamespace(memory=True, tensor=r.tensor) for r in m.reads], own)
+        if trans or div:
+            return 0
+    n_min = min(_at(members[0].N, z) for z in cls.samples())
+    return w if n_min >= LANE_MIN_GROUPS * w else 0
 
 
 def map_cpu_group(
@@ -176,27 +229,28 @@ def map_cpu_group(
     split: int | None = None,
 ) -> CpuParamDecision:
     """The class's decision for one kernel: `split` forced (an override for tests and
-    experiments, 1 for kernels that cannot split), else the candidate with the least worst ratio
-    to the best over the class's sample sizes (ties keep fewer chunks)."""
+    experiments, 1 for kernels that cannot split; on every core), else the (threads, split) pair
+    with the least worst ratio to the best over the class's sample sizes; ties keep more threads
+    (a region's entry is only skipped where the model finds it costs), then fewer chunks."""
     lead = members[0]
     group = SimpleNamespace(statements=members)
     lanes = _lanes(group, m.simd_bytes)
     block = block_of(members, lanes)
-    options = candidates(members, kind, cls, m, lanes, block)
     if split is not None:
         can = lead.kind != StatementKind.MAP and kind != "stitched"
-        best = max(1, min(split, MAX_SPLIT)) if can else 1
+        threads, best = max(1, m.cores), (max(1, min(split, MAX_SPLIT)) if can else 1)
     else:
         samples = cls.samples()
-        times = {s: [time_at(members, kind, z, s, block, lanes, m).total_us for z in samples] for s in options}
-        floor = [min(times[s][k] for s in options) for k in range(len(samples))]
+        options = [(t, s) for t in thread_counts(m) for s in candidates(members, kind, cls, m, lanes, block, t)]
+        times = {o: [time_at(members, kind, z, o[1], block, lanes, m, o[0]).total_us for z in samples] for o in options}
+        floor = [min(times[o][k] for o in options) for k in range(len(samples))]
 
-        def worst(s: int) -> float:
-            return max(t / f if f > 0 else 1.0 for t, f in zip(times[s], floor))
+        def worst(o: tuple[int, int]) -> float:
+            return max(t / f if f > 0 else 1.0 for t, f in zip(times[o], floor))
 
-        best = min(options, key=lambda s: (round(worst(s), 2), s))
-    rep = time_at(members, kind, cls.representative(), best, block, lanes, m).total_us
+        threads, best = min(options, key=lambda o: (round(worst(o), 2), -o[0], o[1]))
+    rep = time_at(members, kind, cls.representative(), best, block, lanes, m, threads).total_us
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
-        merge_mode(group, best, deterministic), INNER, rep,
+        merge_mode(group, best, deterministic), INNER, rep, threads, lane_scan(members, cls, lanes),
     )  # fmt: skip

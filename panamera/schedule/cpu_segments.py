@@ -15,6 +15,9 @@ in position order (rows no id names are zero). Every row's sum depends on the id
 the table once and the source once, plus the sort: it suits large tables.
 
 Both accumulate 16-bit floats in float32 and round once at the write, as the GPU's kernels do.
+The plan's `threads` is the model's choice with the form (every core unless one thread is
+modeled faster, as `cpu_cost.best_threads`): a one-thread plan's kernel opens no parallel region
+(codegen/cpu_region.py), and a call asking for more threads runs on the plan's.
 
 >>> from panamera.dtypes import as_dtype
 >>> from panamera.model.cpu import CpuModel
@@ -49,13 +52,15 @@ class CpuScatterForm(Enum):
 @dataclass(frozen=True)
 class CpuScatterPlan(OfProblem):
     """The decision for `problem` (its fields read on the plan: `p.n`, `p.rows`, ...): `form`,
-    `chunks` (the privatized form's fixed ranges of ids; 1 for sorted segments) and each offered
-    form's modeled time (`costs`, µs, *modeled*)."""
+    `chunks` (the privatized form's fixed ranges of ids; 1 for sorted segments), each offered
+    form's modeled time on the plan's threads (`costs`, µs, *modeled*) and `threads`, the most the
+    kernel runs on (1: no parallel region)."""
 
     form: CpuScatterForm
     problem: ScatterProblem
     chunks: int
     costs: tuple[tuple[CpuScatterForm, float], ...]
+    threads: int = 1
 
     @property
     def modeled_us(self) -> float:
@@ -69,17 +74,23 @@ class CpuScatterPlan(OfProblem):
             else ("a stable counting sort of the ids, then whole segments per thread")
         )
         costs = ", ".join(f"{f.value} {us:.1f} us" for f, us in self.costs)
-        return f"{self.form.value}: {self.n} ids into {self.rows}x{self.width}, {what} (modeled: {costs})"
+        return (
+            f"{self.form.value}: {self.n} ids into {self.rows}x{self.width}, {what} on {self.threads} thread(s) "
+            f"(modeled: {costs})"
+        )
 
 
 def _acc_bytes(src: DType) -> int:
     return 4 if src.is_16bit_float else src.itemsize
 
 
-def privatized_us(n: int, rows: int, width: int, ids: DType, src: DType, chunks: int, m: CpuModel) -> float:
-    """Modeled µs of the privatized form: the chunks' pass (each zeroes its table, reads its ids
-    and source rows and adds them into the table), a barrier, the merge over rows (every table
-    read, the output written)."""
+def privatized_us(
+    n: int, rows: int, width: int, ids: DType, src: DType, chunks: int, m: CpuModel, threads: int | None = None
+) -> float:
+    """Modeled µs of the privatized form on `threads` (default: every core): the chunks' pass (each
+    zeroes its table, reads its ids and source rows and adds them into the table), a barrier, the
+    merge over rows (every table read, the output written)."""
+    t = max(1, threads or m.cores)
     a, table = _acc_bytes(src), rows * width
     add = CpuWork(
         M=chunks,
@@ -91,13 +102,13 @@ def privatized_us(n: int, rows: int, width: int, ids: DType, src: DType, chunks:
     )
     merge = CpuWork(M=rows, N=chunks * width, elements=chunks * table, read_bytes=chunks * table * a,
                     write_bytes=table * src.itemsize)  # fmt: skip
-    one = kernel_time(add, m, tasks=chunks, split=1)
-    two = kernel_time(merge, m, tasks=rows, split=1)
-    return one.total_us + two.total_us - two.fork_us + m.rates.fork(m.cores) / 2  # one region, a barrier
+    one = kernel_time(add, m, tasks=chunks, split=1, threads=t)
+    two = kernel_time(merge, m, tasks=rows, split=1, threads=t)
+    return one.total_us + two.total_us - two.fork_us + m.rates.fork(t) / 2  # one region, a barrier
 
 
-def sorted_us(n: int, rows: int, width: int, ids: DType, src: DType, m: CpuModel) -> float:
-    """Modeled µs of sorted segments: the counting sort on one thread (the ids read twice, the
+def sorted_us(n: int, rows: int, width: int, ids: DType, src: DType, m: CpuModel, threads: int | None = None) -> float:
+    """Modeled µs of sorted segments on `threads` (default: every core): the counting sort on one thread (the ids read twice, the
     counts zeroed, scanned and bumped, the positions written: scalar steps with a dependent
     load each), a barrier, then the rows across the threads (each segment's source rows read
     once, every row of the output written once)."""
@@ -113,9 +124,10 @@ def sorted_us(n: int, rows: int, width: int, ids: DType, src: DType, m: CpuModel
     table = rows * width
     own = CpuWork(M=rows, N=width, elements=n * width + table, read_bytes=n * (8 + width * src.itemsize) + rows * 8,
                   write_bytes=table * src.itemsize)  # fmt: skip
+    t = max(1, threads or m.cores)
     one = kernel_time(sort, m, tasks=1, split=1, threads=1)
-    two = kernel_time(own, m, tasks=rows, split=1)
-    return one.total_us + two.total_us - two.fork_us + m.rates.fork(m.cores) / 2
+    two = kernel_time(own, m, tasks=rows, split=1, threads=t)
+    return one.total_us + two.total_us - two.fork_us + m.rates.fork(t) / 2
 
 
 def plan_cpu_scatter(
@@ -127,18 +139,25 @@ def plan_cpu_scatter(
     bytes)."""
     n, rows, width, ids, src = problem.n, problem.rows, problem.width, problem.ids, problem.src
     c = max(1, chunks if chunks is not None else m.cores)
-    costs = [(CpuScatterForm.SORTED, sorted_us(n, rows, width, ids, src, m))]
-    if c * rows * width * _acc_bytes(src) <= PRIVATE_MAX:
-        costs.insert(0, (CpuScatterForm.PRIVATIZED, privatized_us(n, rows, width, ids, src, c, m)))
-    offered = dict(costs)
+
+    def costs_on(t: int) -> list[tuple[CpuScatterForm, float]]:
+        out = [(CpuScatterForm.SORTED, sorted_us(n, rows, width, ids, src, m, t))]
+        if c * rows * width * _acc_bytes(src) <= PRIVATE_MAX:
+            out.insert(0, (CpuScatterForm.PRIVATIZED, privatized_us(n, rows, width, ids, src, c, m, t)))
+        return out
+
+    offered = dict(costs_on(max(1, m.cores)))
     if form is not None and form not in offered:
         raise OptionError(
             f"scatter-add on the CPU: form {form.value!r} is not offered for {n} ids into {rows}x{width} "
             f"({c} private tables would take over {PRIVATE_MAX} bytes)"
         )
     chosen = form or min(offered, key=lambda f: (offered[f], f.value))
+    threads = max(1, m.cores)
+    if threads > 1 and dict(costs_on(1))[chosen] < offered[chosen] * 0.98:  # one thread wins by 2 % (best_threads)
+        threads = 1
     used = c if chosen == CpuScatterForm.PRIVATIZED else 1
-    return CpuScatterPlan(chosen, problem, used, tuple(costs))
+    return CpuScatterPlan(chosen, problem, used, tuple(costs_on(threads)), threads)
 
 
 def scratch(p: CpuScatterPlan) -> dict[str, int]:

@@ -8,6 +8,8 @@ a select and an add per element of the row scan to keep one value. `gathers` rew
 the same value bit for bit (a sum of zeros and one value is that value; +0.0 for -0.0 only, which
 the loss's subtraction cannot tell apart), the same answer for targets outside [0, C) (nothing
 selected: 0), and the same NaN semantics (a NaN off the target column is not read by either).
+Symbolic extents (dynamic_cpu.py) are rewritten alike: C a symbol is a constant of that extent
+(poly/params.py reads a gather of a stored tensor as an indirect load; its codegen prints C).
 
 Preconditions (each checked; the tensor is left as it is when one fails):
  1. A `reduce` with the sum combiner over exactly one axis `a`, not a mean.
@@ -34,8 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..dtypes import as_dtype
 from ..frontend.movement import take_along_axis
-from ..frontend.tensor import Tensor, _ids, topological, where
+from ..frontend.symbolic import Dim
+from ..frontend.tensor import Tensor, _ids, constant, topological, where
 from ..poly.fusion import ELEMENTWISE
 from .formulation import substitute
 
@@ -104,7 +108,9 @@ def match(r: Tensor) -> Tensor | None:
         picked = _at_target(x, t, a, w.shape)
         if picked is None or r.dtype != x.dtype:
             return None  # 5, 6
-        return where((t >= 0) & (t < w.shape[a]), picked, 0.0).reshape(r.shape)
+        c = w.shape[a]
+        bound = constant(c, as_dtype("int64")) if isinstance(c, Dim) else c  # a symbol: its extent's value
+        return where((t >= 0) & (t < bound), picked, 0.0).reshape(r.shape)
     return None  # 3
 
 
