@@ -1,7 +1,7 @@
 """Row scans of the CPU target in W accumulator lanes (`lanes_pass`, called by codegen/cpu_kernel.py's
 `row_pass`): W = LANE_VECTORS x the decision's SIMD lanes accumulators per reduction, so that a
 scan runs at the speed of its loads rather than of one vector register's add latency, folded by
-an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
+an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, offset in the block) in the
 value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
 a float max/min with plain compares and a NaN watch (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
@@ -96,11 +96,12 @@ def lanes_pass(
     of algebra.py is associative, and a float sum's rounding stays that of a tree of short
     sums (no -ffast-math: the tree is explicit).
 
-    An argmax/argmin whose index rises with j keeps per lane its best (value, index) in the
-    value's own type (LaneKind.ARG): a lane takes a value greater (less) than its best, or the
-    first NaN, so it holds the first index of its extreme; the lanes become keys
-    (pn_argkey_*) only once, at the fold, and the keys' order resolves ties across lanes as
-    numpy does (the first index, the first NaN).
+    An argmax/argmin whose index rises with j keeps per lane its best value, in the value's own
+    type, and that value's offset j - pn_lo in the block (LaneKind.ARG; 32-bit where the block
+    fits): a lane takes a value greater (less) than its best, or the first NaN, so it holds the
+    first offset of its extreme; the offsets become indices and the lanes keys (pn_argkey_*)
+    only once, at the fold, and the keys' order resolves ties across lanes as numpy does (the
+    first index, the first NaN).
 
     `rows` > 1 (codegen/cpu_interleave.py): that many rows in one scan, their lanes side by side
     in each step (independent chains the core overlaps), `bind(r)` the lines naming row r's
@@ -137,10 +138,8 @@ def lanes_pass(
         if k in arg:
             v = s.body.args[0].dtype.compute
             init = "lowest" if s.combiner.name == "max" else "highest"
-            lines, x = kern.loop.body_lines(k, None, expr=s.body.args[1])
-            out += [f"  {v} pn_lv{k}[{W}]; long long pn_li{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) {{"]
-            out += ["    const pn_idx j = pn_lo + q;"] + ["    " + ln for ln in lines]
-            out += [f"    pn_lv{k}[q] = pn_lim<{v}>::{init}(); pn_li{k}[q] = (long long)({x});", "  }"]
+            out += [f"  {v} pn_lv{k}[{W}]; {_offset_type(d)} pn_lj{k}[{W}];"]
+            out += [f"  for (int q = 0; q < {W}; ++q) {{ pn_lv{k}[q] = pn_lim<{v}>::{init}(); pn_lj{k}[q] = q; }}"]
         else:
             out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
             out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
@@ -149,14 +148,18 @@ def lanes_pass(
                 out += [f"  {t} pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = ({t})0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
     out += ["    " + ln for ln in prefetch_lines(kern, here, W)]
+    if arg:
+        out.append(f"    const {_offset_type(d)} pn_cb = ({_offset_type(d)})(pn_c - pn_lo);")
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
     for k in owners:
         s = g.statements[k]
         f = s.combiner.functor
-        if k in arg:
-            key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
-            out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
+        if k in arg:  # each lane's index at its offset, and its key
+            lines, x = kern.loop.body_lines(k, None, expr=s.body.args[1])
+            key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], (long long)({x}))"
+            out += [f"    for (int q = 0; q < {W}; ++q) {{", f"      const pn_idx j = pn_lo + pn_lj{k}[q];"]
+            out += ["      " + ln for ln in lines] + [f"      pn_blk{k} = {f}::apply(pn_blk{k}, {key});", "    }"]
             continue
         if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block whose sums are NaN
             rescan = kern.body([k], lambda k: f"pn_blk{k}")
@@ -218,27 +221,30 @@ def _flag_step(g, k: int, a: str, v: str) -> list[str]:
     ]
 
 
+def _offset_type(d) -> str:
+    """The C type of an ARG lane's index: its offset j - pn_lo in a block of at most `inner`
+    iterations, 32-bit where that fits (a blend as wide as a float value's: on AVX2 a 64-bit
+    index took two registers and a widened mask each step, argmax [64x30522] 662 -> 337 us)."""
+    return "int" if d.inner < 2**31 else "long long"
+
+
 def arg_lane(kern, k: int, q: str) -> list[str]:
-    """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and index, and
-    the lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
+    """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and its offset
+    j - pn_lo in the block (`pn_cb + q`: the index itself is made once, at the fold), the
+    lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
     s = kern.g.statements[k]
     v = s.body.args[0].dtype.compute
     vl, val = kern.loop.body_lines(k, None, expr=s.body.args[0])
-    xl, idx = kern.loop.body_lines(k, None, expr=s.body.args[1])
     keep = "<=" if s.combiner.name == "max" else ">="
-    best, at = f"pn_lv{k}[{q}]", f"pn_li{k}[{q}]"
+    best, at = f"pn_lv{k}[{q}]", f"pn_lj{k}[{q}]"
     return [
-        f"{{ {v} pn_v; long long pn_x;",  # each in its own scope: the two renderings share register names
+        f"{{ {v} pn_v;",
         "  {",
         *["    " + ln for ln in vl],
         f"    pn_v = {val};",
         "  }",
-        "  {",
-        *["    " + ln for ln in xl],
-        f"    pn_x = (long long)({idx});",
-        "  }",
         f"  const bool pn_t = !(pn_v {keep} {best}) & ({best} == {best});",
-        f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_x : {at}; }}",
+        f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_cb + ({_offset_type(kern.d)})({q}) : {at}; }}",
     ]
 
 

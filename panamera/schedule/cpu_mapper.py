@@ -39,6 +39,7 @@ from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cpu_lane_kind import LaneKind, lane_kind
 from .cpu_prefetch import Prefetch, choose_prefetch
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
@@ -142,7 +143,14 @@ class CpuDecision:
 
 
 def _lanes(group: KernelGroup, simd_bytes: int) -> int:
-    sizes = [s.acc.itemsize for s in group.statements if s.kind == StatementKind.REDUCE and not s.acc.is_struct]
+    """SIMD lanes of the group's widest register element: a reduction's accumulator, an
+    argmax/argmin scanned as (value, 32-bit block offset) lanes (LaneKind.ARG) its value's (at
+    least 4 bytes), not its 8-byte key's; a map's result."""
+    sizes = [
+        max(s.body.args[0].dtype.itemsize, 4) if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
+        for s in group.statements
+        if s.kind == StatementKind.REDUCE and not s.acc.is_struct
+    ]
     sizes += [s.result.dtype.itemsize for s in group.statements if s.kind == StatementKind.MAP]
     return max(1, simd_bytes // max(sizes, default=4))
 
