@@ -70,6 +70,12 @@ class SplitMerge:
                 out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
         return out
 
+    def tasks_pragma(self) -> str:
+        """The work-sharing of the tasks' loop: LAST ends the parallel region with it, so it does
+        not wait at its end (`nowait`: the region's join is the one barrier, where a barrier
+        there and the join each cost a wake-up of a sleeping thread under a passive pool)."""
+        return "#pragma omp for schedule(static)" + (" nowait" if self.d.merge == CpuMerge.LAST else "")
+
     def last_of(self, counter: str) -> str:
         """LAST: the condition that this task is the last of its output (or block) to finish; the
         acquire-release increment makes the other tasks' partials visible to it."""
@@ -79,5 +85,8 @@ class SplitMerge:
         """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
         if self.d.merge == CpuMerge.LAST:
             return []
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
+        out = [
+            "#pragma omp for schedule(static) nowait",
+            f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{",
+        ]  # the region's end
         return out + ["  " + ln for ln in self.combine_partials()] + ["}"]

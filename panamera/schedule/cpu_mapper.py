@@ -6,10 +6,10 @@ kept extent). A reduction whose outputs cannot occupy the cores (ALL, or few row
 blocks) is **split** when the CPU model (model/cpu.py, via schedule/cpu_cost.py) finds it faster:
 its reduced extent is cut into `split` fixed chunks of `chunk` iterations, one task per
 (output, chunk). The partials of an output are merged in one of three ways
-(`CpuMerge`, chosen once by `merge_mode`):
+(`CpuMerge`; `merge_mode` chooses LAST, the others are there to be forced):
 
 - ORDERED: each task writes its partial; after the tasks' barrier, each output's partials are
-  combined in chunk order (deterministic; asked for with `deterministic=True`);
+  combined in chunk order (deterministic);
 - LAST: each task writes its partial and counts itself in the output's counter (an atomic
   fetch-add); the task that counts last combines the partials in chunk order and finishes the
   output: no barrier, no second pass, and deterministic too;
@@ -24,7 +24,7 @@ so ORDERED and LAST results are bit-identical for every thread count.
 >>> from panamera.compiler import lower
 >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
 >>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
-'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=atomic prefetch=4096'
+'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=last prefetch=4096'
 """
 
 from __future__ import annotations
@@ -156,22 +156,24 @@ def _lanes(group: KernelGroup, simd_bytes: int) -> int:
 
 
 def merge_mode(group: KernelGroup, split: int, deterministic: bool) -> CpuMerge:
-    """How a group split in `split` chunks merges its partials: not split, NONE; asked to be
-    deterministic, ORDERED; else ATOMIC where every accumulator is one scalar (a
-    compare-and-swap per task), LAST where one is a struct (Welford, argmax pairs).
+    """How a group split in `split` chunks merges its partials: not split, NONE; else LAST, for
+    every accumulator and with or without `deterministic` (its chunk-order combine gives the same
+    bits on any number of threads, as ORDERED's does). LAST ends the parallel region with the
+    tasks' loop (`nowait`): ATOMIC waits twice more inside it (its accumulators set, then its
+    compare-and-swaps done) and ORDERED once, and under a passive OpenMP pool each such barrier
+    put a thread to sleep and woke it: sum column 768x768 at 2 threads, split 2 (GOMP_SPINCOUNT=0,
+    OMP_WAIT_POLICY=PASSIVE, the CPU bench's settings), 3.95 voluntary context switches a call
+    with ATOMIC, 2.0 with LAST (AMD EPYC, 2026-11-25). A COLUMN task's CAS per output of its
+    block also bounced the shared accumulators' lines between the cores. ORDERED and ATOMIC stay
+    for tests that force them (tests/test_cpu_target.py).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
     >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
     >>> [str(merge_mode(g, s, d)) for s, d in ((1, False), (8, True), (8, False))]
-    ['none', 'ordered', 'atomic']
+    ['none', 'last', 'last']
     """
-    if split <= 1:
-        return CpuMerge.NONE
-    if deterministic:
-        return CpuMerge.ORDERED
-    structs = any(s.acc.is_struct for s in group.statements if s.kind == StatementKind.REDUCE)
-    return CpuMerge.LAST if structs else CpuMerge.ATOMIC
+    return CpuMerge.NONE if split <= 1 else CpuMerge.LAST
 
 
 def map_cpu(
