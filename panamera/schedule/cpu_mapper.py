@@ -47,10 +47,12 @@ from .cpu_rows import choose_rows
 if TYPE_CHECKING:
     from .cpu_contraction import GemmPlan
 
-# A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
-# accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
-# sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector strips.
-COLUMN_BLOCK_VECTORS = 256
+# A COLUMN task's kept block: whole rows up to 16 KiB of accumulators (in L1), so that a task
+# streams contiguous rows. Measured at one thread, sum over axis 0: 4096x768 660 -> 422 us,
+# 1024x4096 865 -> 586 us against 16-vector strips (AVX-512). In bytes, not vectors: as 256
+# vectors it was 8 KiB on an AVX2 machine, 1024x4096 1682 -> 1394 us and 4096x3072 5850 -> 4481 us
+# at 16 KiB (AMD EPYC, 1 thread, CPU time, medians of 15 and 9 interleaved rounds, load 12).
+COLUMN_BLOCK_BYTES = 16384
 INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
 
 
@@ -155,6 +157,12 @@ def _lanes(group: KernelGroup, simd_bytes: int) -> int:
     return max(1, simd_bytes // max(sizes, default=4))
 
 
+def column_block(lanes: int, simd_bytes: int) -> int:
+    """A COLUMN task's kept outputs: COLUMN_BLOCK_BYTES of accumulators of `lanes` to a
+    `simd_bytes` register (a whole number of registers)."""
+    return lanes * max(1, COLUMN_BLOCK_BYTES // simd_bytes)
+
+
 def merge_mode(group: KernelGroup, split: int, deterministic: bool) -> CpuMerge:
     """How a group split in `split` chunks merges its partials: not split, NONE; else LAST, for
     every accumulator and with or without `deterministic` (its chunk-order combine gives the same
@@ -196,7 +204,7 @@ def map_cpu(
 
     if (gemm := plan_gemm(group, model, machine.cores)) is not None:
         return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
-    block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
+    block = min(M, column_block(lanes, machine.simd_bytes)) if form == Form.COLUMN else 1
     reuse = choose(group, model)
     threads = machine.cores
     if split is not None and form != Form.MAP and not group.stitched:

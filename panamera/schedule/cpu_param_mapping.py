@@ -19,7 +19,7 @@ time (whole SIMD vectors), so one kernel serves every size of the class.
 >>> p = build((pn.sum(pn.placeholder(("N",), name="x")),))
 >>> m = CpuModel.nominal(4, 32)
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 1 << 20}, frozenset()), m, False).describe()
-'ALL split=4 block=1 lanes=8 merge=atomic'
+'ALL split=4 block=1 lanes=8 merge=last'
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), m, False).describe()
 'ALL split=1 block=1 lanes=8'
 """
@@ -36,7 +36,7 @@ from ..model.cpu import CpuModel, CpuWork, KernelTime, kernel_time
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
-from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
+from .cpu_mapper import INNER, CpuMerge, _lanes, column_block, merge_mode
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
@@ -129,10 +129,10 @@ def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]
     )
 
 
-def block_of(members: tuple[PStatement, ...], lanes: int) -> int:
+def block_of(members: tuple[PStatement, ...], lanes: int, simd_bytes: int) -> int:
     """A COLUMN task's kept outputs (a compile-time constant: whole rows of accumulators in L1,
-    as cpu_mapper.COLUMN_BLOCK_VECTORS; the last block is clipped to M at run time)."""
-    return lanes * COLUMN_BLOCK_VECTORS if members[0].form == Form.COLUMN else 1
+    cpu_mapper.column_block; the last block is clipped to M at run time)."""
+    return column_block(lanes, simd_bytes) if members[0].form == Form.COLUMN else 1
 
 
 def time_at(
@@ -181,7 +181,7 @@ def map_cpu_group(
     lead = members[0]
     group = SimpleNamespace(statements=members)
     lanes = _lanes(group, m.simd_bytes)
-    block = block_of(members, lanes)
+    block = block_of(members, lanes, m.simd_bytes)
     options = candidates(members, kind, cls, m, lanes, block)
     if split is not None:
         can = lead.kind != StatementKind.MAP and kind != "stitched"
