@@ -1,5 +1,5 @@
 """target="cpu": row scans with W accumulator lanes (codegen/cpu_lanes.py `lanes_pass`), and
-argmax/argmin kept per lane as (value, index) in the value's type. Every case against numpy:
+argmax/argmin kept per lane as (value, offset in the block) in the value's type. Every case against numpy:
 argmax/argmin exactly (numpy's tie rule: the first index; the first NaN wins), sums within
 conftest's tolerance. Shapes cover rows shorter than W (the tail alone), exactly W, several
 blocks of `inner` iterations with a tail, and chunks of a split row."""
@@ -171,3 +171,50 @@ def test_flagged_max_min_rescan_only_a_block_with_a_nan(dtype, rng):
     assert not np.isnan(got[0][[3, 4, 5, 6]]).any()
     ok = [3, 5, 6]  # rows whose int32 cast is defined
     np.testing.assert_array_equal(got[2][ok], ints[ok].max(1))
+
+
+@pytest.mark.parametrize(("dtype", "lanes"), [("float32", 8), ("float16", 8), ("int32", 8)])
+def test_arg_lanes_are_the_values_width(dtype, lanes):
+    """An argmax/argmin's lanes (LaneKind.ARG) hold (value, 32-bit offset in the block): as many
+    SIMD lanes as its value's register type (float16: float) has on a 256-bit machine, not its
+    8-byte key's, and the offsets are `int` (schedule/cpu_mapper.py `_lanes`,
+    codegen/cpu_lanes.py `_offset_type`)."""
+    from panamera.codegen.cpu_kernel import render_cpu
+    from panamera.compiler import lower
+    from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
+
+    x = pn.placeholder((4, 9000), dtype, name="x")
+    g = lower(pn.argmax(x, axis=1), target="cpu", stop_after="groups").groups[0]
+    d = map_cpu(g, CpuMachine(2, 32, "x"))
+    assert d.lanes == lanes
+    src = render_cpu("k", g, d).source
+    assert f"int pn_lj0[{LANE_VECTORS * lanes}]" in src and "long long pn_li" not in src
+
+
+def test_avx512_decisions_compile_and_follow_numpy(monkeypatch, rng):
+    """A 512-bit machine's decisions (16 float lanes, W = 64: the fold's first steps are wider
+    than a 256-bit register) give numpy's results here, and their source builds with AVX-512
+    enabled (PN_VEC_BYTES 64 in LANE_FOLD): max/min with NaNs, argmax/argmin with ties, sums."""
+    from panamera.runtime import cpu as cpu_runtime
+    from panamera.runtime import emulator
+    from panamera.schedule.cpu_mapper import CpuMachine
+
+    monkeypatch.setattr(CpuMachine, "detect", staticmethod(lambda: CpuMachine(2, 64, "AVX-512 stand-in")))
+    n = 2 * 4096 + 77
+    x, y = pn.placeholder((9, n), "float32", name="x"), pn.placeholder((3, n), "float64", name="y")
+    outs = [pn.max(x, axis=1), pn.argmax(x, axis=1), pn.argmin(x, axis=1), pn.min(y, axis=1), pn.sum(y, axis=1)]
+    k = pn.compile(outs, target="cpu")
+    assert "lanes=16" in k.explain() and "lanes=8" in k.explain()
+    a, b = hard_rows(rng, n, "float32"), random_array((3, n), "float64", rng)
+    b[1, 5000] = np.nan
+    got = k(a, b)
+    np.testing.assert_array_equal(got[0], a.max(1))
+    np.testing.assert_array_equal(got[1], a.argmax(1))
+    np.testing.assert_array_equal(got[2], a.argmin(1))
+    np.testing.assert_array_equal(got[3], b.min(1))
+    tol = tolerance("float64", n)
+    ok = b[[0, 2]]
+    np.testing.assert_allclose(got[4][[0, 2]], ok.sum(1), rtol=tol, atol=tol * float(np.abs(ok).sum(1).max()))
+    assert np.isnan(got[4][1])
+    fl = tuple(f for f in cpu_runtime.flags() if not f.startswith("-l"))
+    assert emulator._compile(k.cpu_source, (*fl, "-mavx512f", "-mavx512vl", "-mavx512dq", "-mavx512bw"), "cpu")

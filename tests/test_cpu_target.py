@@ -95,8 +95,8 @@ def test_split_merge_modes(merge, rng, monkeypatch):
 
 
 def test_merge_rule():
-    """deterministic=True: ORDERED; otherwise ATOMIC for scalar accumulators (argmax's is one
-    packed int64), LAST for struct ones (Welford's variance); not split, NONE."""
+    """Split: LAST, deterministic or not, for scalar accumulators (argmax's is one packed int64)
+    and struct ones (Welford's variance) alike; not split, NONE."""
     from panamera.compiler import lower
     from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
 
@@ -106,7 +106,7 @@ def test_merge_rule():
     for y in (pn.sum(x, axis=1), pn.var(x, axis=1), pn.argmax(x, axis=1)):
         g = lower(y, stop_after="groups", target="emulator").groups[0]
         modes.append([str(map_cpu(g, two, 4, deterministic=det).merge) for det in (True, False)])
-    assert modes == [["ordered", "atomic"], ["ordered", "last"], ["ordered", "atomic"]], modes
+    assert modes == [["last", "last"]] * 3, modes
     assert map_cpu(g, two, 1).merge == "none"
 
 

@@ -390,7 +390,7 @@ class _Kernel(RowValues, SplitMerge):
         alloc, free = self.partial_decls(d.M)
         owners = self.owners(self.reductions)
         out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out.append("#pragma omp for schedule(static)")
+        out.append(self.tasks_pragma())
         out.append(f"for (pn_idx pn_t = 0; pn_t < {d.M * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
         out += ["  " + ln for ln in self.acc_decls(owners)]
@@ -425,7 +425,7 @@ class _Kernel(RowValues, SplitMerge):
         nb = -(-d.M // B)
         alloc, free = self.partial_decls(nb) if d.split > 1 else ([], [])
         out = alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out.append("#pragma omp for schedule(static)")
+        out.append(self.tasks_pragma())
         out.append(f"for (pn_idx pn_t = 0; pn_t < {nb * d.split}LL; ++pn_t) {{")
         out.append(f"  const pn_idx pn_i0 = pn_t / {d.split} * {B}, pn_p = pn_t % {d.split};")
         out.append(f"  const pn_idx pn_j0 = pn_p * {d.chunk}LL, pn_j1 = pn_imin({d.N}LL, (pn_p + 1) * {d.chunk}LL);")

@@ -3,7 +3,7 @@
 scan runs at the speed of its loads rather than of one vector register's add latency (one register
 of lanes in a pass that evaluates exp or another transcendental: schedule/cpu_lane_kind.py's
 `pass_vectors`), folded by
-an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, index) in the
+an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, offset in the block) in the
 value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
 a float max/min with plain compares and a NaN watch (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
@@ -22,19 +22,39 @@ from .thread_loop import identity_expr
 
 # The fold of W lanes l[0..W) (W a power of two) as the tree l[q] = l[q] op l[q + W/2], W/2 -> 1, in
 # that order (a float sum's rounding is that of this fixed tree): while a half is wider than a vector
-# register, a loop of constant trip count (g++ vectorizes it); then halves of GCC vector types, so
+# register (PN_VEC_BYTES, from the compiler's ISA macros: 64 AVX-512, 32 AVX, else 16), a loop over
+# register-wide GCC vector chunks; then halves of GCC vector types, so
 # each step is one vector operation on a register and its upper half (`F::apply` on vector types:
 # the combiners' expressions are element-wise there, a max's `a != a || a > b` included, so NaN
 # semantics are the scalar ones), the last step scalar. log2(W) dependent vector steps a row
-# instead of the W - 1 scalar, branchy (NaN-aware max) steps g++ made of the generic loop.
+# instead of the W - 1 scalar, branchy (NaN-aware max) steps g++ made of the generic loop. Never a
+# vector type wider than the register: on AVX2 g++ 12 split a 64-byte `a > b ? a : b` into 16
+# scalar compares and cmovs, and left a scalar loop of the wider-than-register step unvectorized
+# (vmaxss a lane): max row 768x768 130 -> 62 us at 1 thread once every step is register-wide
+# (AMD EPYC AVX2, 2026-11-25, CPU time, medians of 15 interleaved rounds, load 4.7-7.6).
 LANE_FOLD = """#include <cstring>
+#if defined(__AVX512F__)
+#define PN_VEC_BYTES 64
+#elif defined(__AVX__)
+#define PN_VEC_BYTES 32
+#else
+#define PN_VEC_BYTES 16
+#endif
 template <class F, int N, class T> static inline T pn_fold_lanes(const T* l) {
   static_assert(N >= 2 && (N & (N - 1)) == 0, "pn_fold_lanes: N a power of two");
   if constexpr (N == 2) {
     return F::apply(l[0], l[1]);
-  } else if constexpr (N / 2 * sizeof(T) > 64) {
+  } else if constexpr (N / 2 * sizeof(T) > PN_VEC_BYTES) {
+    typedef T V __attribute__((vector_size(PN_VEC_BYTES)));
+    constexpr int n = PN_VEC_BYTES / sizeof(T);
     T t[N / 2];
-    for (int q = 0; q < N / 2; ++q) t[q] = F::apply(l[q], l[q + N / 2]);
+    for (int q = 0; q < N / 2; q += n) {
+      V a, b;
+      std::memcpy(&a, l + q, sizeof(V));
+      std::memcpy(&b, l + q + N / 2, sizeof(V));
+      const V r = F::apply(a, b);
+      std::memcpy(t + q, &r, sizeof(V));
+    }
     return pn_fold_lanes<F, N / 2>(t);
   } else {
     typedef T H __attribute__((vector_size(N / 2 * sizeof(T))));
@@ -78,11 +98,12 @@ def lanes_pass(
     of algebra.py is associative, and a float sum's rounding stays that of a tree of short
     sums (no -ffast-math: the tree is explicit).
 
-    An argmax/argmin whose index rises with j keeps per lane its best (value, index) in the
-    value's own type (LaneKind.ARG): a lane takes a value greater (less) than its best, or the
-    first NaN, so it holds the first index of its extreme; the lanes become keys
-    (pn_argkey_*) only once, at the fold, and the keys' order resolves ties across lanes as
-    numpy does (the first index, the first NaN).
+    An argmax/argmin whose index rises with j keeps per lane its best value, in the value's own
+    type, and that value's offset j - pn_lo in the block (LaneKind.ARG; 32-bit where the block
+    fits): a lane takes a value greater (less) than its best, or the first NaN, so it holds the
+    first offset of its extreme; the offsets become indices and the lanes keys (pn_argkey_*)
+    only once, at the fold, and the keys' order resolves ties across lanes as numpy does (the
+    first index, the first NaN).
 
     `rows` > 1 (codegen/cpu_interleave.py): that many rows in one scan, their lanes side by side
     in each step (independent chains the core overlaps), `bind(r)` the lines naming row r's
@@ -119,10 +140,8 @@ def lanes_pass(
         if k in arg:
             v = s.body.args[0].dtype.compute
             init = "lowest" if s.combiner.name == "max" else "highest"
-            lines, x = kern.loop.body_lines(k, None, expr=s.body.args[1])
-            out += [f"  {v} pn_lv{k}[{W}]; long long pn_li{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) {{"]
-            out += ["    const pn_idx j = pn_lo + q;"] + ["    " + ln for ln in lines]
-            out += [f"    pn_lv{k}[q] = pn_lim<{v}>::{init}(); pn_li{k}[q] = (long long)({x});", "  }"]
+            out += [f"  {v} pn_lv{k}[{W}]; {_offset_type(d)} pn_lj{k}[{W}];"]
+            out += [f"  for (int q = 0; q < {W}; ++q) {{ pn_lv{k}[q] = pn_lim<{v}>::{init}(); pn_lj{k}[q] = q; }}"]
         else:
             out += [f"  {s.acc.compute} pn_lane{k}[{W}];"]
             out += [f"  for (int q = 0; q < {W}; ++q) pn_lane{k}[q] = {identity_expr(s)};"]
@@ -131,14 +150,18 @@ def lanes_pass(
                 out += [f"  {t} pn_nan{k}[{W}];", f"  for (int q = 0; q < {W}; ++q) pn_nan{k}[q] = ({t})0;"]
     out += ["  pn_idx pn_c = pn_lo;", f"  for (; pn_c + {W} <= pn_hi; pn_c += {W}) {{"]
     out += ["    " + ln for ln in prefetch_lines(kern, here, W)]
+    if arg:
+        out.append(f"    const {_offset_type(d)} pn_cb = ({_offset_type(d)})(pn_c - pn_lo);")
     out += ["    " + ln for ln in emit(lane_ast, lambda a: lane(a[0]), ["#pragma omp simd"])]
     out += ["  }", "  if (pn_c > pn_lo) {"]
     for k in owners:
         s = g.statements[k]
         f = s.combiner.functor
-        if k in arg:
-            key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], pn_li{k}[q])"
-            out.append(f"    for (int q = 0; q < {W}; ++q) pn_blk{k} = {f}::apply(pn_blk{k}, {key});")
+        if k in arg:  # each lane's index at its offset, and its key
+            lines, x = kern.loop.body_lines(k, None, expr=s.body.args[1])
+            key = f"pn_argkey_{s.combiner.name}(pn_lv{k}[q], (long long)({x}))"
+            out += [f"    for (int q = 0; q < {W}; ++q) {{", f"      const pn_idx j = pn_lo + pn_lj{k}[q];"]
+            out += ["      " + ln for ln in lines] + [f"      pn_blk{k} = {f}::apply(pn_blk{k}, {key});", "    }"]
             continue
         if k in flagged:  # the plain tree, or the NaN-aware combiner again over a block whose sums are NaN
             rescan = kern.body([k], lambda k: f"pn_blk{k}")
@@ -200,27 +223,30 @@ def _flag_step(g, k: int, a: str, v: str) -> list[str]:
     ]
 
 
+def _offset_type(d) -> str:
+    """The C type of an ARG lane's index: its offset j - pn_lo in a block of at most `inner`
+    iterations, 32-bit where that fits (a blend as wide as a float value's: on AVX2 a 64-bit
+    index took two registers and a widened mask each step, argmax [64x30522] 662 -> 337 us)."""
+    return "int" if d.inner < 2**31 else "long long"
+
+
 def arg_lane(kern, k: int, q: str) -> list[str]:
-    """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and index, and
-    the lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
+    """Lane q of an argmax/argmin (LaneKind.ARG) at the current j: its value and its offset
+    j - pn_lo in the block (`pn_cb + q`: the index itself is made once, at the fold), the
+    lane's best replaced when the value is greater (argmin: less), or a NaN first seen."""
     s = kern.g.statements[k]
     v = s.body.args[0].dtype.compute
     vl, val = kern.loop.body_lines(k, None, expr=s.body.args[0])
-    xl, idx = kern.loop.body_lines(k, None, expr=s.body.args[1])
     keep = "<=" if s.combiner.name == "max" else ">="
-    best, at = f"pn_lv{k}[{q}]", f"pn_li{k}[{q}]"
+    best, at = f"pn_lv{k}[{q}]", f"pn_lj{k}[{q}]"
     return [
-        f"{{ {v} pn_v; long long pn_x;",  # each in its own scope: the two renderings share register names
+        f"{{ {v} pn_v;",
         "  {",
         *["    " + ln for ln in vl],
         f"    pn_v = {val};",
         "  }",
-        "  {",
-        *["    " + ln for ln in xl],
-        f"    pn_x = (long long)({idx});",
-        "  }",
         f"  const bool pn_t = !(pn_v {keep} {best}) & ({best} == {best});",
-        f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_x : {at}; }}",
+        f"  {best} = pn_t ? pn_v : {best}; {at} = pn_t ? pn_cb + ({_offset_type(kern.d)})({q}) : {at}; }}",
     ]
 
 

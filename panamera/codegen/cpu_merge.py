@@ -18,8 +18,10 @@ class SplitMerge:
     indices), `owners(here)`, `finish(here, acc)` and `run_epilogues(after)`."""
 
     def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
-        """The per-call arrays of a split plan: partials (ORDERED, LAST), a counter per output or
-        block (LAST), one shared accumulator per output (ATOMIC); and the lines that free them."""
+        """The per-call arrays of a split plan: partials (ORDERED, LAST; chunk-major, chunk p's
+        outputs at p * M: a COLUMN task's block of partials shares no cache line with another
+        chunk's), a counter per output or block (LAST), one shared accumulator per output
+        (ATOMIC); and the lines that free them."""
         g, d = self.g, self.d
         alloc, free = [], []
         for k in self.owners(self.reductions):
@@ -42,9 +44,9 @@ class SplitMerge:
             if d.merge == CpuMerge.ATOMIC:
                 out.append(f"{s.acc.compute} acc{k} = pn_acc{k}[i];")
                 continue
-            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i * {d.split}];")
+            out.append(f"{s.acc.compute} acc{k} = pn_part{k}[i];")
             out.append(
-                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[i * {d.split} + p]);"
+                f"for (int p = 1; p < {d.split}; ++p) acc{k} = {s.combiner.functor}::apply(acc{k}, pn_part{k}[p * {d.M}LL + i]);"
             )
         out += self.finish(self.reductions, lambda k: f"acc{k}")
         return out + self.run_epilogues(0)
@@ -67,8 +69,14 @@ class SplitMerge:
             if d.merge == CpuMerge.ATOMIC:
                 out.append(f"pn_atomic_combine<{g.statements[k].combiner.functor}>(&pn_acc{k}[i], {value(k)});")
             else:
-                out.append(f"pn_part{k}[i * {d.split} + pn_p] = {value(k)};")
+                out.append(f"pn_part{k}[pn_p * {d.M}LL + i] = {value(k)};")
         return out
+
+    def tasks_pragma(self) -> str:
+        """The work-sharing of the tasks' loop: LAST ends the parallel region with it, so it does
+        not wait at its end (`nowait`: the region's join is the one barrier, where a barrier
+        there and the join each cost a wake-up of a sleeping thread under a passive pool)."""
+        return "#pragma omp for schedule(static)" + (" nowait" if self.d.merge == CpuMerge.LAST else "")
 
     def last_of(self, counter: str) -> str:
         """LAST: the condition that this task is the last of its output (or block) to finish; the
@@ -79,5 +87,8 @@ class SplitMerge:
         """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
         if self.d.merge == CpuMerge.LAST:
             return []
-        out = ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{"]
+        out = [
+            "#pragma omp for schedule(static) nowait",
+            f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{",
+        ]  # the region's end
         return out + ["  " + ln for ln in self.combine_partials()] + ["}"]

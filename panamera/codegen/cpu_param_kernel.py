@@ -284,6 +284,10 @@ class _Kernel:
                    f"for (int q = 1; q < {split}; ++q) pn_m = {f}::apply(pn_m, pn_part[i * {split} + q]);"]  # fmt: skip
         return out + self.finish(self.phases[0], "pn_m")
 
+    def tasks_pragma(self) -> str:
+        """The tasks' loop; LAST's ends the region: no barrier of its own (codegen/cpu_merge.py)."""
+        return "#pragma omp for schedule(static)" + (" nowait" if self.d.merge == CpuMerge.LAST else "")
+
     def last_of(self, counter: str) -> str:
         return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
 
@@ -291,7 +295,7 @@ class _Kernel:
         if self.d.merge == CpuMerge.LAST:
             return []
         return (
-            ["#pragma omp for schedule(static)", "for (pn_idx i = 0; i < pn_M; ++i) {"]
+            ["#pragma omp for schedule(static) nowait", "for (pn_idx i = 0; i < pn_M; ++i) {"]  # the region's end
             + ["  " + ln for ln in self.combine()]
             + ["}"]
         )
@@ -306,7 +310,7 @@ class _Kernel:
         s = self.members[self.phases[0][0]]
         alloc, free = self.partials(f"pn_M * {d.split}", "pn_M")
         out = self.chunk() + alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out += ["#pragma omp for schedule(static)", f"for (pn_idx pn_t = 0; pn_t < pn_M * {d.split}; ++pn_t) {{"]
+        out += [self.tasks_pragma(), f"for (pn_idx pn_t = 0; pn_t < pn_M * {d.split}; ++pn_t) {{"]
         out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
         out.append("  const pn_idx pn_j0 = pn_imin(pn_N, pn_p * pn_chunk), pn_j1 = pn_imin(pn_N, pn_j0 + pn_chunk);")
         out.append(f"  {s.acc.compute} acc0 = {identity_expr(s)};")
@@ -338,7 +342,7 @@ class _Kernel:
         alloc, free = self.partials(f"pn_M * {S}", "pn_nb") if S > 1 else ([], [])
         out = [f"const pn_idx pn_nb = (pn_M + {B - 1}) / {B};"] + (self.chunk() if S > 1 else [])
         out += alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out += ["#pragma omp for schedule(static)", f"for (pn_idx pn_t = 0; pn_t < pn_nb * {S}; ++pn_t) {{"]
+        out += [self.tasks_pragma(), f"for (pn_idx pn_t = 0; pn_t < pn_nb * {S}; ++pn_t) {{"]
         out.append(f"  const pn_idx pn_i0 = pn_t / {S} * {B}, pn_nq = pn_imin({B}, pn_M - pn_i0);")
         if S > 1:
             out.append(f"  const pn_idx pn_p = pn_t % {S};")

@@ -48,8 +48,8 @@ F16_CONVERT = 2.0
 # where the load's pn_emu_h2f has ~12 and the former integer rounding ~25): layer_norm 1024x768
 # float16's kernel measured 949 -> 840 us on one thread when the store became this.
 F16_STORE = 1.0
-# An argmax/argmin scanned in (value, index) lanes (LaneKind.ARG: two compares and an and on the
-# value, a blend of the value and of its 64-bit index; the keys only once a block) costs this
+# An argmax/argmin scanned in (value, offset) lanes (LaneKind.ARG: two compares and an and on the
+# value, a blend of the value and of its 32-bit offset in the block; the keys only once a block) costs this
 # many cheap operations an element at the value's width, not the key's: argmax [64x30522] float32
 # measured 327 us on one thread (bench/cpu, 2026-11-24), modeled 876 with the per-element key.
 ARG_LANE_OPS = 3.0

@@ -21,7 +21,7 @@ class LaneKind(StrEnum):
     NONE = "none"  # a struct accumulator (Welford, log-sum-exp): one per scan, as before
     PLAIN = "plain"  # a scalar accumulator: W of them, folded by the combiner
     FLAGGED = "flagged"  # a float max/min: W plain compares and W sums watching for a NaN (codegen/cpu_lanes.py)
-    ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, index) per lane
+    ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, offset in the block) per lane
 
 
 def lane_kind(s: Statement) -> LaneKind:

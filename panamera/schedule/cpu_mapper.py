@@ -6,10 +6,10 @@ kept extent). A reduction whose outputs cannot occupy the cores (ALL, or few row
 blocks) is **split** when the CPU model (model/cpu.py, via schedule/cpu_cost.py) finds it faster:
 its reduced extent is cut into `split` fixed chunks of `chunk` iterations, one task per
 (output, chunk). The partials of an output are merged in one of three ways
-(`CpuMerge`, chosen once by `merge_mode`):
+(`CpuMerge`; `merge_mode` chooses LAST, the others are there to be forced):
 
 - ORDERED: each task writes its partial; after the tasks' barrier, each output's partials are
-  combined in chunk order (deterministic; asked for with `deterministic=True`);
+  combined in chunk order (deterministic);
 - LAST: each task writes its partial and counts itself in the output's counter (an atomic
   fetch-add); the task that counts last combines the partials in chunk order and finishes the
   output: no barrier, no second pass, and deterministic too;
@@ -24,7 +24,7 @@ so ORDERED and LAST results are bit-identical for every thread count.
 >>> from panamera.compiler import lower
 >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
 >>> map_cpu(g, CpuMachine(cores=2, simd_bytes=32, name="x")).describe()
-'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=atomic prefetch=4096'
+'ALL M=1 N=1048576 split=2 chunk=524288 block=1 threads=2 lanes=8 merge=last prefetch=4096'
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
+from .cpu_lane_kind import LaneKind, lane_kind
 from .cpu_prefetch import Prefetch, choose_prefetch
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
@@ -46,10 +47,12 @@ from .cpu_rows import choose_rows
 if TYPE_CHECKING:
     from .cpu_contraction import GemmPlan
 
-# A COLUMN task's kept block, in SIMD vectors of the accumulator: whole rows up to 16 KiB of
-# accumulators (in L1), so that a task streams contiguous rows. Measured here at one thread,
-# sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector strips.
-COLUMN_BLOCK_VECTORS = 256
+# A COLUMN task's kept block: whole rows up to 16 KiB of accumulators (in L1), so that a task
+# streams contiguous rows. Measured at one thread, sum over axis 0: 4096x768 660 -> 422 us,
+# 1024x4096 865 -> 586 us against 16-vector strips (AVX-512). In bytes, not vectors: as 256
+# vectors it was 8 KiB on an AVX2 machine, 1024x4096 1682 -> 1394 us and 4096x3072 5850 -> 4481 us
+# at 16 KiB (AMD EPYC, 1 thread, CPU time, medians of 15 and 9 interleaved rounds, load 12).
+COLUMN_BLOCK_BYTES = 16384
 INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
 
 
@@ -142,28 +145,43 @@ class CpuDecision:
 
 
 def _lanes(group: KernelGroup, simd_bytes: int) -> int:
-    sizes = [s.acc.itemsize for s in group.statements if s.kind == StatementKind.REDUCE and not s.acc.is_struct]
+    """SIMD lanes of the group's widest register element: a reduction's accumulator, an
+    argmax/argmin scanned as (value, 32-bit block offset) lanes (LaneKind.ARG) its value's (at
+    least 4 bytes), not its 8-byte key's; a map's result."""
+    sizes = [
+        max(s.body.args[0].dtype.itemsize, 4) if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
+        for s in group.statements
+        if s.kind == StatementKind.REDUCE and not s.acc.is_struct
+    ]
     sizes += [s.result.dtype.itemsize for s in group.statements if s.kind == StatementKind.MAP]
     return max(1, simd_bytes // max(sizes, default=4))
 
 
+def column_block(lanes: int, simd_bytes: int) -> int:
+    """A COLUMN task's kept outputs: COLUMN_BLOCK_BYTES of accumulators of `lanes` to a
+    `simd_bytes` register (a whole number of registers)."""
+    return lanes * max(1, COLUMN_BLOCK_BYTES // simd_bytes)
+
+
 def merge_mode(group: KernelGroup, split: int, deterministic: bool) -> CpuMerge:
-    """How a group split in `split` chunks merges its partials: not split, NONE; asked to be
-    deterministic, ORDERED; else ATOMIC where every accumulator is one scalar (a
-    compare-and-swap per task), LAST where one is a struct (Welford, argmax pairs).
+    """How a group split in `split` chunks merges its partials: not split, NONE; else LAST, for
+    every accumulator and with or without `deterministic` (its chunk-order combine gives the same
+    bits on any number of threads, as ORDERED's does). LAST ends the parallel region with the
+    tasks' loop (`nowait`): ATOMIC waits twice more inside it (its accumulators set, then its
+    compare-and-swaps done) and ORDERED once, and under a passive OpenMP pool each such barrier
+    put a thread to sleep and woke it: sum column 768x768 at 2 threads, split 2 (GOMP_SPINCOUNT=0,
+    OMP_WAIT_POLICY=PASSIVE, the CPU bench's settings), 3.95 voluntary context switches a call
+    with ATOMIC, 2.0 with LAST (AMD EPYC, 2026-11-25). A COLUMN task's CAS per output of its
+    block also bounced the shared accumulators' lines between the cores. ORDERED and ATOMIC stay
+    for tests that force them (tests/test_cpu_target.py).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
     >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
     >>> [str(merge_mode(g, s, d)) for s, d in ((1, False), (8, True), (8, False))]
-    ['none', 'ordered', 'atomic']
+    ['none', 'last', 'last']
     """
-    if split <= 1:
-        return CpuMerge.NONE
-    if deterministic:
-        return CpuMerge.ORDERED
-    structs = any(s.acc.is_struct for s in group.statements if s.kind == StatementKind.REDUCE)
-    return CpuMerge.LAST if structs else CpuMerge.ATOMIC
+    return CpuMerge.NONE if split <= 1 else CpuMerge.LAST
 
 
 def map_cpu(
@@ -188,7 +206,7 @@ def map_cpu(
 
     if (gemm := gemm or plan_gemm(group, model, machine.cores)) is not None:
         return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
-    block = min(M, lanes * COLUMN_BLOCK_VECTORS) if form == Form.COLUMN else 1
+    block = min(M, column_block(lanes, machine.simd_bytes)) if form == Form.COLUMN else 1
     reuse = choose(group, model)
     threads = machine.cores
     if split is not None and form != Form.MAP and not group.stitched:

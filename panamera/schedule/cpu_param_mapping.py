@@ -25,7 +25,7 @@ do (`lane_scan`, decided here from the class's smallest rows, carried to the cod
 >>> p = build((pn.sum(pn.placeholder(("N",), name="x")),))
 >>> m = CpuModel.nominal(4, 32)
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 1 << 20}, frozenset()), m, False).describe()
-'ALL split=4 block=1 threads=4 lanes=8 merge=atomic lane_scan=32'
+'ALL split=4 block=1 threads=4 lanes=8 merge=last lane_scan=32'
 >>> map_cpu_group(p.statements, "single", SizeClass.of({"N": 100}, frozenset()), m, False).describe()
 'ALL split=1 block=1 threads=4 lanes=8'
 >>> import dataclasses  # a machine whose parallel region wakes its threads: short rows on one thread
@@ -47,7 +47,7 @@ from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
 from .cpu_lane_kind import LANE_TYPES
-from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
+from .cpu_mapper import INNER, CpuMerge, _lanes, column_block, merge_mode
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
@@ -152,10 +152,10 @@ def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]
     )
 
 
-def block_of(members: tuple[PStatement, ...], lanes: int) -> int:
+def block_of(members: tuple[PStatement, ...], lanes: int, simd_bytes: int) -> int:
     """A COLUMN task's kept outputs (a compile-time constant: whole rows of accumulators in L1,
-    as cpu_mapper.COLUMN_BLOCK_VECTORS; the last block is clipped to M at run time)."""
-    return lanes * COLUMN_BLOCK_VECTORS if members[0].form == Form.COLUMN else 1
+    cpu_mapper.column_block; the last block is clipped to M at run time)."""
+    return column_block(lanes, simd_bytes) if members[0].form == Form.COLUMN else 1
 
 
 def time_at(
@@ -235,7 +235,7 @@ def map_cpu_group(
     lead = members[0]
     group = SimpleNamespace(statements=members)
     lanes = _lanes(group, m.simd_bytes)
-    block = block_of(members, lanes)
+    block = block_of(members, lanes, m.simd_bytes)
     if split is not None:
         can = lead.kind != StatementKind.MAP and kind != "stitched"
         threads, best = max(1, m.cores), (max(1, min(split, MAX_SPLIT)) if can else 1)
