@@ -18,7 +18,7 @@ from panamera.bench.train_suite import batch_norm_backward
 from panamera.errors import ScheduleError
 from panamera.model.gpu import H100
 from panamera.schedule.cost import joined_cost
-from panamera.schedule.hold import check_hold, held_bytes, hold_bytes, most_held, with_hold
+from panamera.schedule.hold import check_hold, held_bytes, hold_bytes, most_held, static_bytes, with_hold
 from panamera.schedule.persistent import map_joined
 from panamera.schedule.saved import Schedule
 
@@ -119,7 +119,9 @@ def test_the_model_counts_the_bytes_held():
     a, b = joined_cost(group, H100, plain), joined_cost(group, H100, held)
     assert held_bytes(group, held) == 8 * 132 * 6 * 128 * 32 * 2 * 4
     assert dict(a.features)["dram_bytes"] - dict(b.features)["dram_bytes"] == pytest.approx(held_bytes(group, held))
-    assert dict(b.features)["shared_bytes"] - dict(a.features)["shared_bytes"] == held.dynamic_smem
+    # the static bytes (schedule/hold.py `static_bytes`) to the dynamic buffer's 16-byte boundary, then the tiles
+    assert dict(a.features)["shared_bytes"] == static_bytes(group, plain) == 16384 + 4
+    assert dict(b.features)["shared_bytes"] == static_bytes(group, held) + held.dynamic_smem == 16400 + 196608
     at_once = dataclasses.replace(
         plain, cgroups=1, tx=64, ty=4, chunk=64, grid=(200704 // 4, 1), persistent=528, per_sm=4
     )

@@ -201,3 +201,50 @@ def test_integer_values_scattered_along_an_axis(rng):
     np.add.at(want, (np.arange(4)[:, None], idx), src)
     got = np.asarray(pn.compile(t, target="emulator")(idx, src))
     assert got.dtype == np.int32 and np.array_equal(got, want)
+
+
+# scatter_add_along over MAX_TERMS (frontend/scatter.py): a line of ids takes sorted segments in a
+# deterministic compile; any other shape, or a dtype sorted segments do not take, is refused naming
+# the source, the axis and the limit.
+LINE = (9000, 8000)  # 9000 ids into 8000 places: 72e6 owner-computes terms, over MAX_TERMS (2**26)
+
+
+@pytest.mark.parametrize("lead", [False, True], ids=["rank1", "1xn-axis1"])
+def test_a_large_deterministic_line_scatter_along_is_sorted_segments_and_bit_stable(rng, lead):
+    n, size = LINE
+    assert n * size > MAX_TERMS
+    shape, axis = ((1, n), 1) if lead else ((n,), 0)
+    index = rng.integers(0, size, shape).astype(np.int64)
+    src = rng.standard_normal(shape).astype(np.float32)
+    want = np.zeros(shape[:-1] + (size,), np.float64)
+    np.add.at(want.reshape(-1), index.reshape(-1), src.reshape(-1).astype(np.float64))
+
+    def build():
+        i, s = pn.placeholder(shape, "int64", name="i"), pn.placeholder(shape, "float32", name="s")
+        return pn.compile(scatter_add_along(i, s, axis, size), target="emulator", deterministic=True)
+
+    first, second = build(), build()
+    assert [f.chosen for f in first.formulations] == ["sorted_segments"]
+    got = first(index, src)
+    tol = tolerance("float32", int(np.bincount(index.reshape(-1)).max()))
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * max(1.0, float(np.abs(want).max())))
+    for k, order in ((first, "shuffled"), (second, "forward"), (second, "shuffled")):
+        np.testing.assert_array_equal(k(index, src, order=order, seed=3), got)  # bits from the ids alone
+
+
+def test_a_large_deterministic_scatter_along_off_a_line_is_refused_naming_it():
+    """Precondition of the sorted form: every extent of index off the axis is 1 (else its keys
+    would be computed, and sorted segments read the caller's index: segments.py (2))."""
+    i, s = pn.placeholder((300, 300), "int64", name="i"), pn.placeholder((300, 300), "float32", name="s")
+    with pytest.raises(
+        pn.PanameraError, match=r"scatter_add_along of s on axis 1: 90000000 terms > MAX_TERMS 67108864"
+    ):
+        pn.compile(scatter_add_along(i, s, 1, 1000), target="emulator", deterministic=True)
+
+
+def test_a_large_deterministic_line_scatter_along_of_a_dtype_sorted_segments_refuse_is_refused_naming_it():
+    """Precondition of the sorted form: src's dtype sorts (floating point, int32, int64)."""
+    n, size = LINE
+    i, s = pn.placeholder((n,), "int64", name="i"), pn.placeholder((n,), "int8", name="s8")
+    with pytest.raises(pn.PanameraError, match=r"scatter_add_along of s8 on axis 0: 72000000 terms > MAX_TERMS"):
+        pn.compile(scatter_add_along(i, s, 0, size), target="emulator", deterministic=True)

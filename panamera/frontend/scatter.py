@@ -176,10 +176,14 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
     extent `size` on `axis` (numpy: `np.put_along_axis` accumulating). The same two formulations
     as `scatter_add_rows`, the model's choice: owner computes (each output element reduces over
     the k of its line; bounded by `MAX_TERMS`) or the atomic indirect write (one atomic add per
-    element of src, its write through index along `axis`; never in a deterministic compile). A
-    deterministic scatter too large for owner computes has no form here; torch.compile's
-    scatter_add / scatter_reduce(sum) writes it as sorted segments keyed by output position
-    (torch_backend/isolate.py).
+    element of src, its write through index along `axis`; never in a deterministic compile).
+    Over `MAX_TERMS` terms, a third where every extent of index off `axis` is 1 (a line of ids,
+    `out[index[k]] += src[k]`) and src's dtype sorts: sorted segments (`scatter_add_sorted`,
+    keyed by index itself; deterministic at any size, compiled alone). Any other deterministic
+    scatter over `MAX_TERMS` has no deterministic form here: the atomic node is named after src,
+    the axis and the limit, so that a deterministic compile's refusal (schedule/formulation.py)
+    says which scatter and why; torch.compile's scatter_add / scatter_reduce(sum) writes it as
+    sorted segments keyed by output position (torch_backend/isolate.py).
 
     >>> import panamera as pn
     >>> i = pn.placeholder((4, 2), "int64", name="i")
@@ -197,9 +201,19 @@ def scatter_add_along(index: Tensor, src: Tensor, axis: int, size: int) -> Tenso
     a = axis % index.ndim
     shape = index.shape
     out_shape = shape[:a] + (size,) + shape[a + 1 :]
+    terms = size * math.prod(shape)
     vals = _accumulated(src)
-    atomic = Tensor("scatter_add", (index, vals), out_shape, vals.dtype, (("axis", a),)).astype(src.dtype.name)
-    if size * math.prod(shape) > MAX_TERMS:
+    if terms > MAX_TERMS and _sortable(src) and all(e == 1 for b, e in enumerate(shape) if b != a):
+        n = math.prod(shape)  # a line of ids: sorted segments keyed by index itself, first (the fallback)
+        line = scatter_add_sorted(index.reshape((n,)), src.reshape((n,)), size, check=False).reshape(out_shape)
+        atomic = Tensor("scatter_add", (index, vals), out_shape, vals.dtype, (("axis", a),)).astype(src.dtype.name)
+        return alternatives("scatter_add_along", ("sorted_segments", "atomic"), (line, atomic))
+    over = f"scatter_add_along of {src.label} on axis {a}: {terms} terms > MAX_TERMS {MAX_TERMS}"
+    atomic = Tensor(
+        "scatter_add", (index, vals), out_shape, vals.dtype, (("axis", a),), name=over if terms > MAX_TERMS else ""
+    )
+    atomic = atomic.astype(src.dtype.name)
+    if terms > MAX_TERMS:  # named for a deterministic compile's refusal (schedule/formulation.py)
         return atomic
     spread = shape[: a + 1] + (1,) + shape[a + 1 :]  # a new axis a+1 for the output position r
     r = arange(size).astype(index.dtype.name).reshape((1,) * (a + 1) + (size,) + (1,) * (len(shape) - a - 1))

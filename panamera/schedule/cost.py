@@ -21,7 +21,6 @@ from .decision import Decision, Mapping, MergeMode, Residence
 from .derived import (
     LINE_BYTES,
     column_partial_bytes,
-    column_tree_bytes,
     column_tree_cycles,
     combine_columns,
     combine_lanes,
@@ -35,7 +34,7 @@ from .derived import (
     tree_buffers,
     tree_chunk,
 )
-from .hold import held_bytes
+from .hold import block_bytes, held_bytes
 from .onchip import block_shared_bytes, blocks_per_sm, kept_bytes, steps
 from .rtile import op_divisors, register_budget
 from .tc_tiling import tc_cost
@@ -336,8 +335,6 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
         from_dram = min(held, max(reread - (hits if group.consumed and reread > gpu.l2_reach else reread), 0))
         f["dram_bytes"] -= from_dram
         f["l2_bytes"] = max(f["l2_bytes"] - (held - from_dram), 0)
-    if d.dynamic_smem:  # the launch's dynamic shared memory (schedule/dynsmem.py): occupancy counts it
-        f["shared_bytes"] = f.get("shared_bytes", 0) + d.dynamic_smem
     owners = [k for k in group.columns if group.accumulator_of[k] == k]
     cols = [group.statements[k] for k in owners]
     B, width = d.blocks, group_columns(group, d)
@@ -348,8 +345,9 @@ def joined_cost(group: KernelGroup, gpu: GPUSpec, d: Decision) -> KernelCost:
     per_thread = steps * len(cols)  # partials in a thread's registers
     nbuf = tree_buffers(group)
     tree = C * sum(column_tree_cycles(steps, d.ty, tree_chunk(d.threads, steps, c.acc.itemsize, nbuf)) for c in cols)
-    if d.ty > 1:  # the tree's shared memory (codegen/column_partials.py): one buffer per accumulator type
-        f["shared_bytes"] = f.get("shared_bytes", 0) + column_tree_bytes(group, d.tx, d.ty, d.vec, C)
+    # a block's shared memory, static (the column tree, the row reductions' arrays, the flag) and dynamic
+    # (the held tiles): schedule/hold.py `block_bytes`, the residency checks' count; occupancy counts it
+    f["shared_bytes"] = block_bytes(group, d)
     outputs = sum(group.statements[k].result.size * group.statements[k].result.dtype.itemsize for k in group.columns)
     grid = any(d.merges[k] == MergeMode.PARTIALS_GRID for k in owners)
     discard = drops_column_partials(group, d)

@@ -34,7 +34,6 @@ from .decision import Decision
 
 STATIC_BYTES = 48 * 1024  # a kernel's static shared memory at most; beyond it only a dynamic opt-in launch
 ALIGN = 16  # every region starts at a 16-byte boundary: a float4 / double2 vector's
-SCALAR_BYTES = 16  # a kernel's shared scalars (the last block's flag, pn_is_last): one 16-byte slot (ptxas)
 
 
 def layout(sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:

@@ -29,11 +29,13 @@ from ..frontend.tensor import Tensor
 from ..model.gpu import GPUSpec
 from ..poly.access import AccessKind
 from ..poly.program import KernelGroup
+from ..poly.statement import StatementKind
 from . import dynsmem
-from .decision import Decision
+from .decision import Decision, MergeMode
 from .derived import co_resident, column_tree_bytes
 
 COMPUTE_BYTES = {"float": 4, "double": 8}  # a held value's bytes in shared memory: its compute type's
+FLAG_BYTES = 4  # the last block's flag, `__shared__ int pn_is_last` (codegen/column_partials.py)
 
 
 def held_tensors(group: KernelGroup, d: Decision) -> list[Tensor]:
@@ -89,10 +91,56 @@ def tiles_per_block(d: Decision) -> int:
     return math.ceil(d.grid[0] / max(d.blocks, 1))
 
 
+def joined_static_bytes(
+    group: KernelGroup,
+    tx: int,
+    ty: int,
+    vec: int,
+    cgroups: int = 1,
+    merges: tuple[MergeMode, ...] = (),
+    dynamic: bool = False,
+) -> int:
+    """The static shared memory a joined-row kernel (schedule/persistent.py) of tx x ty threads
+    declares: the one count the residency checks (`persistent.check`, the mapper's co-residency,
+    `most_held`), the held tiles' opt-in check (`check_hold`) and the cost's `shared_bytes` (cost.py
+    `joined_cost`) all take, and the bytes of the `__shared__` arrays its source declares
+    (tests/test_joined_smem.py):
+      - the column tree (`column_tree_bytes`, codegen/column_partials.py `pn_csmem_*`);
+      - per accumulator type of the row reductions (the REDUCE statements that are not columns),
+        the warp partials and the broadcast (codegen/stitched_kernel.py `pn_smem_*`, `pn_bcast_*`):
+        ty x max(1, tx / 32) and ty values;
+      - the last block's flag (`pn_is_last`, an int), declared unless the merge is a grid-wide
+        combine of partials with no atomic workspace to reset (codegen/column_partials.py `merge`,
+        `departure`). Before the merges are chosen (`merges` empty) it is counted: the mapper's
+        bound is never below the check's.
+    With `dynamic` (held tiles follow, `Decision.dynamic_smem`), up to the 16-byte boundary where
+    the dynamic buffer starts (`dynsmem.ALIGN`). ptxas reports these bytes, less any array the
+    kernel never reads (one of a row reduction's two for rows of at most a warp).
+
+    >>> import panamera as pn
+    >>> from panamera.bench.train_suite import layer_norm_backward
+    >>> g = pn.compile(layer_norm_backward(4096, 1024, "bfloat16"), target="emulator", use_database=False).groups[0]
+    >>> joined_static_bytes(g, 128, 8, 8, 1, (MergeMode.PARTIALS_GRID,))  # tree 32768 + 32 x 4 + 8 x 4 B
+    32928
+    """
+    total = column_tree_bytes(group, tx, ty, vec, cgroups)
+    rows = [s.acc for k, s in enumerate(group.statements) if s.kind == StatementKind.REDUCE and k not in group.columns]
+    for acc in {a.compute: a for a in rows}.values():
+        total += (ty * max(1, tx // 32) + ty) * acc.itemsize
+    if MergeMode.ATOMIC_GRID in merges or MergeMode.PARTIALS_GRID not in merges:
+        total += FLAG_BYTES
+    return -(-total // dynsmem.ALIGN) * dynsmem.ALIGN if dynamic else total
+
+
 def static_bytes(group: KernelGroup, d: Decision) -> int:
-    """The static shared memory of `d`'s kernel beside the held tiles: its column tree and its shared
-    scalars (ptxas's figure; tests/test_dynsmem.py)."""
-    return column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups) + dynsmem.SCALAR_BYTES
+    """`joined_static_bytes` of `d`'s kernel: its static shared memory beside the held tiles."""
+    return joined_static_bytes(group, d.tx, d.ty, d.vec, d.cgroups, d.merges, d.dynamic_smem > 0)
+
+
+def block_bytes(group: KernelGroup, d: Decision) -> int:
+    """A block of `d`'s joined kernel's shared memory, static and dynamic (the held tiles,
+    `Decision.dynamic_smem`): what bounds the blocks an SM holds."""
+    return static_bytes(group, d) + max(d.dynamic_smem, 0)
 
 
 def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
@@ -102,7 +150,7 @@ def most_held(group: KernelGroup, gpu: GPUSpec, d: Decision) -> int:
     per = tile_bytes(group, d)
     if not per:
         return 0
-    tree = static_bytes(group, d)
+    tree = joined_static_bytes(group, d.tx, d.ty, d.vec, d.cgroups, d.merges, True)  # the tiles: dynamic
     n = min(tiles_per_block(d), (dynsmem.opt_in(gpu) - tree) // per)
     while n > 0 and co_resident(gpu, d.threads, tree + n * per, d.per_sm) < d.blocks:
         n -= 1

@@ -51,7 +51,6 @@ from .derived import (
     LINE_BYTES,
     access_for,
     co_resident,
-    column_tree_bytes,
     group_columns,
     levels_for,
     merges_for,
@@ -59,7 +58,7 @@ from .derived import (
     struct_accumulators,
     unroll_for,
 )
-from .hold import check_hold, most_held, with_hold
+from .hold import block_bytes, check_hold, joined_static_bytes, most_held, with_hold
 from .rtile import register_budget
 
 # column partials a thread keeps in registers, all COLUMN statements together: the register rule
@@ -177,7 +176,7 @@ def map_joined(group: KernelGroup, gpu: GPUSpec, name: str = "", deterministic: 
             if partials_per_thread(group, tx, vec, C) > MAX_PARTIALS:
                 continue
             tiles, steps = math.ceil(M / ty), math.ceil(Gc / tx)
-            tree = column_tree_bytes(group, tx, ty, vec, C)
+            tree = joined_static_bytes(group, tx, ty, vec, C)  # the flag counted: merges not yet chosen
             for blocks in joined_counts(tiles, gpu, tx * ty):
                 per_sm = math.ceil(blocks / gpu.sms)  # the launch bounds ask for room for that many (3)
                 fits = blocks <= co_resident(gpu, tx * ty, tree, per_sm)
@@ -347,8 +346,7 @@ def check(group: KernelGroup, d: Decision, gpu: GPUSpec, deterministic: bool, at
     if d.per_sm != math.ceil(d.persistent / gpu.sms):
         raise ScheduleError(f"{at}: {d.per_sm} blocks per SM for {d.persistent} blocks on {gpu.sms} SMs (2)")
     grid = MergeMode.PARTIALS_GRID in d.merges or MergeMode.ATOMIC_GRID in d.merges
-    shared = column_tree_bytes(group, d.tx, d.ty, d.vec, d.cgroups) + max(d.dynamic_smem, 0)
-    at_once = co_resident(gpu, d.threads, shared, d.per_sm)
+    at_once = co_resident(gpu, d.threads, block_bytes(group, d), d.per_sm)
     if grid and d.blocks > at_once:
         raise ScheduleError(
             f"{at}: a grid-wide combine of {d.blocks} blocks of {d.threads} threads, not all co-resident on "
