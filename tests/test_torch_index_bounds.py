@@ -7,6 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import tolerance  # noqa: E402
+
 import panamera.torch_backend as tb  # noqa: E402
 from panamera.errors import IndexRangeError  # noqa: E402
 from panamera.torch_backend.bounds import IndexBound, index_bounds  # noqa: E402
@@ -14,6 +16,7 @@ from panamera.torch_backend.bounds import IndexBound, index_bounds  # noqa: E402
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 R, D = 6, 5
 W = torch.randn(R, D, dtype=torch.float64)
+TOL = tolerance("float64", D)  # a softmax over rows of D
 
 
 def embedding(w, ids):
@@ -152,3 +155,72 @@ def test_the_range_crosses_a_cast_only_where_it_keeps_every_id(given, cast, upst
     to = next(n for n in gm.graph.nodes if n.target is torch.ops.aten._to_copy.default)
     assert [b.op for b in recorded[to.name]] == ["embedding"]
     assert (ids.name in recorded) == upstream
+
+
+def test_an_index_after_a_none_is_checked_on_its_axis():
+    """x[:, ids] is aten.index with [None, ids]: one index tensor, lowered (a gather on axis 1) and
+    checked against axis 1's extent; eager wraps its negative ids as on axis 0."""
+    f = compiled(lambda w, ids: w[:, ids].softmax(-1), "cpu")
+    w = W.t().contiguous()  # [D, R]: axis 1 has R
+    ids = torch.tensor([0, 5, -1, -R])
+    torch.testing.assert_close(f(w, ids), w[:, ids].softmax(-1), rtol=TOL, atol=TOL)
+    assert "aten.index.Tensor" in tb.stats().reports[-1].subgraphs[0].ops
+    with pytest.raises(IndexError):
+        w[:, torch.tensor([0, R])]
+    with pytest.raises(
+        IndexRangeError, match=rf"holds {R} at position 1, outside \[-{R}, {R}\) \(dimension 1 of size {R}\)"
+    ):
+        f(w, torch.tensor([0, R]))
+
+
+def test_a_mask_is_not_read_as_ids():
+    """A bool index tensor is a mask (index_put by a mask: eager, which checks the mask's shape);
+    where the mask also enters a compiled partition it is not checked as ids: True is 1, which a
+    range [-1, 1) would have refused."""
+
+    def f(x, m):
+        return torch.where(m[:, None], x, 0.0).softmax(-1), torch.ops.aten.index_put(
+            x, [m], torch.ones(D, dtype=x.dtype)
+        )
+
+    x, m = torch.randn(1, D, dtype=torch.float64), torch.tensor([True])
+    got, want = compiled(f, "cpu")(x, m), f(x, m)
+    assert tb.stats().reports[-1].subgraphs
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_an_id_beside_ignore_index_is_refused_and_the_check_takes_no_masked_copy(dtype, monkeypatch):
+    """nll_loss's range [0, C) with ignore_index -100: -100 passes, its neighbours -99 and -101 and C
+    do not. The ids are read by two passes (aminmax of the ids, of ids ^ ~ignore), never copied with
+    the ignored ids masked (torch.where)."""
+    b = IndexBound(arg=0, tensor="t", op="aten.nll_loss_forward", extent=R, ignore=-100)
+
+    def no_where(*a, **k):
+        raise AssertionError("a masked copy of the ids")
+
+    monkeypatch.setattr(torch, "where", no_where)
+    b.check((torch.tensor([0, -100, 5, -100], dtype=dtype),))
+    b.check((torch.tensor([-100, -100], dtype=dtype),))
+    for bad in (-99, -101, -1, R, -(2**31)):
+        with pytest.raises(IndexRangeError, match=rf"holds {bad} at position 2, outside \[0, {R}\)"):
+            b.check((torch.tensor([-100, 1, bad, -100, 0], dtype=dtype),))
+
+
+def test_ignore_index_anywhere_against_every_id():
+    """Every id from -8 to 8 beside every ignore_index placement (below, inside, above the range; not
+    an int32 value): refused iff outside [lo, n) and not the ignored id, at its first position."""
+    for wraps, ignore, dtype in [(w, i, d) for w in (False, True) for i in (None, -100, -3, 0, 2, 4, 7, 2**40)
+                                 for d in (torch.int64, torch.int32)]:  # fmt: skip
+        b = IndexBound(arg=0, tensor="t", op="op", extent=4, wraps=wraps, ignore=ignore)
+        lo = -4 if wraps else 0
+        for v in range(-8, 9):
+            ids = torch.tensor(
+                [lo, v, 3, v] + ([ignore] if ignore is not None and abs(ignore) < 2**31 else []), dtype=dtype
+            )
+            if lo <= v < 4 or v == ignore:
+                b.check((ids,))
+            else:
+                with pytest.raises(IndexRangeError, match=rf"holds {v} at position 1,"):
+                    b.check((ids,))
