@@ -261,16 +261,25 @@ def test_contended_probe_kept_briefly(private_cache, monkeypatch):
 
 @pytest.mark.parametrize("split", [None, 2])
 def test_column_blocks_of_whole_rows_and_clipped_last_block(split):
-    """A COLUMN task holds whole rows up to 16 KiB of accumulators; wider rows make several
-    blocks, the last one clipped (float32: 4096 outputs a block, float64: 2048)."""
+    """A COLUMN task holds whole rows up to COLUMN_BLOCK_BYTES (16 KiB) of accumulators on any ISA
+    (AVX-512 and AVX2 machines built explicitly); wider rows make several blocks, the last one
+    clipped (float32: 4096 outputs a block, float64: 2048). The kernel on this host (whatever its
+    ISA) clips its last block too, and is exact."""
     from conftest import tolerance
 
+    from panamera.schedule.cpu_mapper import COLUMN_BLOCK_BYTES
+
+    for simd_bytes in (64, 32):
+        for dtype in ("float32", "float64"):
+            g = lower(pn.sum(pn.placeholder((5, 4100), dtype), axis=0), stop_after="groups", target="emulator")
+            d = map_cpu(g.groups[0], CpuMachine(cores=2, simd_bytes=simd_bytes, name="x"))
+            assert d.form == "COLUMN" and d.block * np.dtype(dtype).itemsize == COLUMN_BLOCK_BYTES
     rng = np.random.default_rng(3)
     for dtype, cols in (("float32", 4100), ("float64", 2100)):
         a = rng.standard_normal((5, cols)).astype(dtype)
         k = pn.compile(pn.sum(pn.placeholder(a.shape, dtype), axis=0), target="cpu", split=split)
         (d,) = k.decisions
-        assert d.form == "COLUMN" and d.block * np.dtype(dtype).itemsize == 16384 and d.block < cols
+        assert d.form == "COLUMN" and d.block * np.dtype(dtype).itemsize == COLUMN_BLOCK_BYTES and d.block < cols
         np.testing.assert_allclose(
             k(a), a.astype(np.float64).sum(0), rtol=tolerance(dtype, 5), atol=tolerance(dtype, 5)
         )

@@ -166,3 +166,40 @@ def test_probe_json_round_trip_and_older_entries_load():
         old.pop(k)
     back = cpu_probe._from_json(json.dumps(old))
     assert (back.lane_op_ns, back.l3_bytes, back.column, back.overlap) == (NOMINAL.add_ns, 0, 1.0, 1.0)
+
+
+def _groups(y):
+    from panamera.compiler import lower
+
+    return lower(y, target="emulator", stop_after="groups").groups[0]
+
+
+def test_combines_fold_the_registers_of_lanes_each_pass_steps():
+    """A pass that evaluates exp steps one register of lanes (schedule/cpu_lane_kind.py
+    `pass_vectors`), so its combine folds log2(1) = 0 whole-register steps where a cheap pass's
+    folds log2(LANE_VECTORS): softmax's max pass keeps LANE_VECTORS, its exp-sum pass 1, and the
+    stitched whole's combines are the sum of its passes' (a plain sum: LANE_VECTORS)."""
+    import panamera as pn
+    from panamera.model.cpu import combine_ns
+
+    x = pn.placeholder((64, 1000), "float32")
+    sm = work(_groups(pn.nn.softmax(x, axis=1, method="multipass")))
+    assert [p.vectors for p in sm.passes if p.row_combines] == [LANE_VECTORS, 1]
+    assert work(_groups(pn.sum(x, axis=1))).vectors == LANE_VECTORS
+    r, m = NOMINAL, CpuModel(1, 64, "x", Caches(48 << 10, 2 << 20, 32 << 20), NOMINAL)
+    folds = sum(p.M * p.row_combines * combine_ns(r, 16, p.struct, p.vectors) for p in sm.passes) * 1e-3
+    every = dataclasses.replace(sm, passes=tuple(dataclasses.replace(p, vectors=LANE_VECTORS) for p in sm.passes))
+    saved = kernel_time(every, m, 1, 1, 1).compute_us - kernel_time(sm, m, 1, 1, 1).compute_us
+    assert folds > 0 and saved == pytest.approx(64 * 2 * 16 * r.add_ns * 1e-3)
+
+
+def test_reuse_prices_recomputation_at_the_lanes_throughput():
+    """schedule/cpu_reuse.py prices a recomputed cheap operation as element_ns does (`lane_op_ns`),
+    not at a dependent add's latency: log_softmax's x - m (one subtraction) is kept in a scratch row
+    when the add's latency (1 ns) is its price, and recomputed at the lanes' 0.04 ns a value."""
+    import panamera as pn
+    from panamera.schedule.cpu_reuse import choose
+
+    lsm = _groups(pn.nn.log_softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
+    assert [x.ops for x in choose(lsm, _with(add_ns=1.0, op_ns=0.0))] == ["sub"]
+    assert choose(lsm, _with(add_ns=1.0, op_ns=0.04)) == ()

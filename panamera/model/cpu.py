@@ -216,7 +216,9 @@ class CpuWork:
     8 and 2 exps, algebra.ONLINE_LSE; default one scalar step); width: bytes of the widest
     computed type (8: double lanes, half as many per vector); row_combines: reductions whose
     SIMD lanes are combined at the end of each output's scan (ROW and ALL forms); rows: outputs
-    whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping; passes: a
+    whose scans run side by side (schedule/cpu_rows.py), their combines' latencies overlapping;
+    vectors: the vector registers of lanes each reduction of the pass folds (schedule/cpu_lane_kind.py
+    `pass_vectors`: one in a pass that evaluates exp); passes: a
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
     later ones re-read; each with the operations, writes and combines of its statements);
     prefetch: the reads stream with software prefetches ahead (PREFETCH_GAIN); column: the COLUMN
@@ -236,6 +238,7 @@ class CpuWork:
     width: int = 4
     row_combines: int = 0
     rows: int = 1
+    vectors: int = LANE_VECTORS
     passes: tuple[CpuWork, ...] = ()
     prefetch: bool = False
     column: bool = False
@@ -356,24 +359,36 @@ def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
     return m.rates.bandwidth("L2", threads)
 
 
-def combine_ns(r: Rates, lanes: int, struct: bool = False) -> float:
+def combine_ns(r: Rates, lanes: int, struct: bool = False, vectors: int = LANE_VECTORS) -> float:
     """One output's combine of its accumulators' lanes, each step the latency of a dependent
-    SIMD add (the probe's add_ns x lanes). A scalar accumulator's LANE_VECTORS x lanes lanes
-    fold as a tree (codegen/cpu_lanes.py's LANE_FOLD): log2(LANE_VECTORS) whole-register steps,
-    then log2(lanes) steps of an operation and a move of the upper half, 2 latencies each; with
-    the probe's add_ns, 16 lanes: 10 x 0.89 = 8.9 ns (softmax 6144 x 128 on one thread measured
+    SIMD add (the probe's add_ns x lanes). A scalar accumulator's `vectors` x lanes lanes (the
+    pass's registers of lanes, schedule/cpu_lane_kind.py `pass_vectors`: LANE_VECTORS, one in
+    an exp pass) fold as a tree (codegen/cpu_lanes.py's LANE_FOLD): log2(vectors) whole-register
+    steps, then log2(lanes) steps of an operation and a move of the upper half, 2 latencies each;
+    with the probe's add_ns, 16 lanes: 10 x 0.89 = 8.9 ns (softmax 6144 x 128 on one thread measured
     ~41 ns a row less than with the former w-loop, whose max g++ left scalar and branchy, ~20 ns
     a fold). A struct accumulator (Welford, log-sum-exp: a declared OpenMP reduction) combines
     its lanes in order: `lanes` dependent steps.
 
     >>> r = CpuModel.nominal(cores=2, simd_bytes=64).rates
-    >>> round(combine_ns(r, 16) / (r.add_ns * 16)), round(combine_ns(r, 16, struct=True) / (r.add_ns * 16))
-    (10, 16)
+    >>> [round(combine_ns(r, 16, vectors=v) / (r.add_ns * 16)) for v in (LANE_VECTORS, 1)]
+    [10, 8]
+    >>> round(combine_ns(r, 16, struct=True) / (r.add_ns * 16))
+    16
     """
     step = lanes * r.add_ns
     if struct:
         return lanes * step
-    return (math.log2(LANE_VECTORS) + 2 * math.log2(max(lanes, 1))) * step
+    return (math.log2(max(vectors, 1)) + 2 * math.log2(max(lanes, 1))) * step
+
+
+def _combines_ns(w: CpuWork, r: Rates, lanes: int) -> float:
+    """The lane combines of all of `w`'s outputs, each pass's at its own registers of lanes and
+    accumulator kind (a stitched group's whole: the sum over its passes)."""
+    if w.passes:
+        return sum(_combines_ns(p, r, lanes) for p in w.passes)
+    overlap = 1 - ROW_OVERLAP * (1 - 1 / w.rows)
+    return w.M * w.row_combines * combine_ns(r, lanes, w.struct, w.vectors) * overlap
 
 
 def kernel_time(
@@ -407,8 +422,7 @@ def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, l
         + w.write_bytes / gbs[1]
         + w.reread_bytes / gbs[2]
     ) / 1e9
-    combines = w.M * w.row_combines * combine_ns(r, lanes, w.struct) * (1 - ROW_OVERLAP * (1 - 1 / w.rows))
-    comp = (w.elements * element_ns(w, r, lanes) + combines) / busy * 1e-9
+    comp = (w.elements * element_ns(w, r, lanes) + _combines_ns(w, r, lanes)) / busy * 1e-9
     return mem, comp
 
 

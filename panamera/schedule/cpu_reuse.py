@@ -200,7 +200,8 @@ def candidates(g: KernelGroup) -> list[tuple[int, tuple[int, ...], Expr]]:
 
 def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
     """The candidates the model keeps (precondition 4): per element, the operations a consumer
-    would recompute against a store and a load per consumer of the scratch row at the rate of
+    would recompute (priced as model/cpu.py `element_ns` prices a body: a cheap one at the lanes'
+    throughput, `Rates.lane_op_ns`, an exp or a division at the probe's rate) against a store and a load per consumer of the scratch row at the rate of
     its level (L2 for a row of its own: a row of N values per thread must fit it; the output
     row's, `into`, any), less the loads a consumer no longer makes."""
     r = m.rates
@@ -209,7 +210,8 @@ def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
         s = g.statements[p]
         key = keys(s)[id(e)]
         cheap, trans, div = op_counts(e)
-        recompute = r.add_ns * cheap + (r.exp_ns - r.add_ns) * trans + (r.div_ns - r.add_ns) * div
+        op = r.lane_op_ns  # as model/cpu.py `element_ns` prices a body: a cheap operation at its throughput
+        recompute = op * cheap + max(r.exp_ns - op, 0.0) * trans + max(r.div_ns - op, 0.0) * div
         recompute *= max(1.0, e.dtype.itemsize / 4) * len(users)
         size = 8 if e.dtype.compute == "double" else 4
         x = Reuse(p, users, key, e.dtype.compute, _describe(e))
