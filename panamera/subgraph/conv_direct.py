@@ -14,18 +14,28 @@ columns of each row dropped by the epilogue pass), so that a tap is one offset
 `i * dh * wp + j * dw` into the padded plane and a register tile is `NB` contiguous vectors of
 one row run: `MB` output channels x `NB` vectors of accumulators (8 x 3 zmm with AVX-512, 4 x 3
 ymm otherwise), each (channel, tap) one broadcast weight per output channel and `NB` loads.
-Positions are rounded up to whole tiles (`span`), the plane given zeros up to the last tap's
-furthest read, so no tile has a tail.
+Positions are rounded up to whole vectors (`span`, a multiple of `LANES`), the plane given zeros
+up to the last tap's furthest read; a span that is not whole tiles ends with one short tile of 1 or
+2 vectors (`MB` x 1 or 2 accumulators), so at most 15 positions per output channel are wasted
+rather than up to 47 with whole tiles only.
 
-On a small plane the padded width wastes lanes: (wp - ow) / wp, 1/9 of them at 16x16 with pads 1,
-and so do the tiles of 48 positions (256 rounded to 288). There (`shifted_layout`: where it
-computes at least 1/16 fewer positions, tile rounding included) the input is copied instead into
-kw planes per channel, copy j the padded plane shifted left by j * dw and ow wide: tap (i, j) is offset `j * plane + i * dh * ow`, positions
-run oy * ow + ox with no dropped column, in tiles of 2 vectors (`SHIFT_TILE`; 16 x 16 = 256 = 8
-tiles of 32). The sum runs over the same (channel, tap) order: the values are the same bits as the
-padded-width layout's. Measured (1 thread, AVX-512, UNet's 16x16 planes, 32 output channels):
-16 -> 32 channels 22.3 -> 19.5 us, 32 -> 32 40.7 -> 38.5 us. kw copies of the input is ~kw/(K*M) of
-the arithmetic, but kw times the footprint: only planes whose copies stay within `SHIFT_BYTES`.
+On a small plane the padded width wastes lanes: (wp - ow) / wp, 1/9 of them at 16x16 with pads 1.
+There (`shifted_layout`: where it computes at least 1/16 fewer positions) the input is copied
+instead into kw planes per channel, copy j the padded plane shifted left by j * dw and ow wide: tap
+(i, j) is offset `j * plane + i * dh * ow`, positions run oy * ow + ox with no dropped column, in
+the same tiles (16 x 16 = 256 = 10 tiles of 24 and one of 16 with AVX2, 5 of 48 and one of 16 with
+AVX-512). The sum runs over the same (channel, tap) order: the values are the same bits as the
+padded-width layout's. Measured (1 thread, AVX-512, UNet's 16x16 planes, 32 output channels, tiles
+of 2 vectors then): 16 -> 32 channels 22.3 -> 19.5 us, 32 -> 32 40.7 -> 38.5 us. kw copies of the
+input is ~kw/(K*M) of the arithmetic, but kw times the footprint: only planes whose copies stay
+within `SHIFT_BYTES`.
+
+The shifted layout's tiles were 2 vectors before (whole tiles of 32 positions): 4 x 2 = 8 ymm
+accumulators with AVX2, no more than the FMA latency (4 cycles) times the 2 FMA pipes keep busy, so
+any stall idles a pipe. Measured on a 2-core AMD EPYC (Zen 3, AVX2, 1 thread, thread CPU time,
+medians of 31 interleaved bursts, load ~10): 3 vectors and a short last tile take 0.88x the time
+on the resnet's 2x16x16x16 * 16x16x3x3, 0.90x on UNet's 16 -> 32 channels, 0.94x on 32 -> 32, 0.87x
+on a 24-channel 28x28 plane (1.02x on an 8x8 plane: 64 = 2 x 24 + 16); the values are bit-equal.
 
 Preconditions (`direct_geometry` returns None where one fails; the step then takes another form):
   1. a 2-D window (4-D tensors);
@@ -61,10 +71,9 @@ from ..runtime import cpu
 from . import conv_kernels
 
 MAX_TAPS = 256  # the C side's tap-offset table
-# The register tile's positions: NB vectors of VL lanes (conv_direct's C: 3 x 16 with AVX-512, 3 x 8 otherwise);
-# the span is rounded to 48, a multiple of both.
-TILE = 48
-SHIFT_TILE = 32  # the shifted layout's tile: 2 vectors (2 x 16 with AVX-512, 2 x 8 otherwise)
+# The span's rounding: whole vectors (16 lanes with AVX-512, 8 otherwise: a multiple of both). The C side
+# tiles it by NB = 3 vectors and runs a short last tile (1 or 2 vectors) where it is not whole tiles.
+LANES = 16
 SHIFT_BYTES = 256 * 1024  # the shifted copies of one image at most (in L2 beside the weights)
 
 SOURCE = (
@@ -117,13 +126,19 @@ static inline void pn_direct_tile(const float* __restrict x, L plane, const floa
     for (int m = 0; m < MB; m++)
         for (int v = 0; v < NB; v++) *(pn_dvu*)(acc + m * span + v * PN_DVL) = a[m][v];
 }
-template <int NB>
-static inline void pn_direct_block(bool full, const float* x, L plane, const float* w, L ck, L C, const L* toff, L K,
-                                   float* acc, L span) {
-    if (full)
-        pn_direct_tile<PN_DMB, NB>(x, plane, w, ck, C, toff, K, acc, span);
+// one (channel block, tile) pair: `nv` (1..PN_DNB) vectors of positions (a span's last tile may be short)
+static inline void pn_direct_block(bool full, int nv, const float* x, L plane, const float* w, L ck, L C,
+                                   const L* toff, L K, float* acc, L span) {
+#define PN_DBLOCK(NB)                                                                                         \
+    (full ? pn_direct_tile<PN_DMB, NB>(x, plane, w, ck, C, toff, K, acc, span)                               \
+          : pn_direct_tile<1, NB>(x, plane, w, ck, C, toff, K, acc, span))
+    if (nv >= PN_DNB)
+        PN_DBLOCK(PN_DNB);
+    else if (nv == 2)
+        PN_DBLOCK(2);
     else
-        pn_direct_tile<1, NB>(x, plane, w, ck, C, toff, K, acc, span);
+        PN_DBLOCK(1);
+#undef PN_DBLOCK
 }
 
 // y (n, M, oh, ow) = the stride-1 conv of x (n, C, h, w) with w (M, C, kh, kw), then bias and epilogue.
@@ -158,16 +173,14 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
             }
         }
         const float* src = padded ? xp : x + b * C * h * wd;
-        const L nb = kws ? 2 : PN_DNB;  // vectors per tile: the shifted layout's rows are tiled by 2
-        L full = M / PN_DMB, blocks = full + M % PN_DMB, tiles = span / (nb * PN_DVL);
+        // tiles of PN_DNB vectors, the last one short where span (a multiple of PN_DVL) is not whole tiles
+        L full = M / PN_DMB, blocks = full + M % PN_DMB, tv = PN_DNB * PN_DVL, tiles = (span + tv - 1) / tv;
         // (channel block, position tile) pairs: each output value is one tile's, whatever the thread count
         pn_direct_for(nt, blocks * tiles, [&](L e) {
-            L blk = e % blocks, p = (e / blocks) * nb * PN_DVL;
+            L blk = e % blocks, p = (e / blocks) * tv;
             L m = blk < full ? blk * PN_DMB : full * PN_DMB + (blk - full);
-            if (kws)
-                pn_direct_block<2>(blk < full, src + p, cs, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
-            else
-                pn_direct_block<PN_DNB>(blk < full, src + p, cs, w + m * ck, ck, C, toff, K, acc + m * span + p, span);
+            pn_direct_block(blk < full, (int)std::min<L>(PN_DNB, (span - p) / PN_DVL), src + p, cs, w + m * ck, ck, C,
+                            toff, K, acc + m * span + p, span);
         });
         pn_direct_for(nt, M, [&](L o) {
             float* __restrict s = acc + o * span;
@@ -262,7 +275,7 @@ def shifted_layout(c: int, kw: int, span: int, shifted_span: int, shifted_plane:
     output channel instead of `span`, at least 1/16 fewer, and the kw copies of the c channels'
     planes (`shifted_plane` floats each) fit SHIFT_BYTES.
 
-    >>> shifted_layout(32, 3, 288, 256, 288), shifted_layout(32, 3, 3264, 3136, 3248)  # 16x16 / 56x56, pads 1
+    >>> shifted_layout(32, 3, 288, 256, 288), shifted_layout(32, 3, 3248, 3136, 3248)  # 16x16 / 56x56, pads 1
     (True, False)
     """
     return shifted_span * 16 <= span * 15 and c * kw * shifted_plane * 4 <= SHIFT_BYTES
@@ -290,9 +303,9 @@ def direct_geometry(x_shape: tuple, w_shape: tuple, win: pool.Window, group: int
     (kh, kw), (oh, ow), (dh, dw) = win.kernel, win.out, win.dilations
     (ph, pe), (pw, pwe) = win.pads
     hp, wp = h + ph + pe, w + pw + pwe
-    sspan = -(-oh * ow // SHIFT_TILE) * SHIFT_TILE
+    sspan = -(-oh * ow // LANES) * LANES
     splane = max(hp * ow, (kh - 1) * dh * ow + sspan)
-    span = -(-oh * wp // TILE) * TILE
+    span = -(-oh * wp // LANES) * LANES
     if shifted_layout(c, kw, span, sspan, splane):
         return DirectGeometry(n, c, h, w, w_shape[0], kh, kw, oh, ow, ph, pw, dh, dw, ow, splane, sspan, kw)
     plane = max(hp * wp, (kh - 1) * dh * wp + (kw - 1) * dw + span)

@@ -118,10 +118,11 @@ class HostConvStep:
             c["dw_d"] = _longs(n, ch, h, w, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw, h + ph + pe, w + pw + pwe, nops, 0)
             if channels_last(ch, oh * ow):  # scratch: x, y and the weights transposed (conv_kernels.py)
                 cp = -(-ch // 16) * 16  # channels padded to the vector blocks; the pad lanes stay zero
-                scratch = np.zeros((h * w + oh * ow + kh * kw) * cp, np.float32)
+                hwp = (h + ph + pe) * (w + pw + pwe)  # the padded plane: its border stays zero too
+                scratch = np.zeros((hwp + oh * ow + kh * kw) * cp, np.float32)
                 c["dw"] = (lib.pn_step_depthwise_cl, (ctypes.c_void_p * (9 + max(nres, 1)))())
                 base = scratch.ctypes.data
-                c["dw"][1][6:9] = [base, base + 4 * h * w * cp, base + 4 * (h * w + oh * ow) * cp]
+                c["dw"][1][6:9] = [base, base + 4 * hwp * cp, base + 4 * (hwp + oh * ow) * cp]
                 c["dw_res"], c["keep"] = 9, (ops, par, scratch)
             else:
                 c["dw"] = (lib.pn_step_depthwise, (ctypes.c_void_p * (6 + max(nres, 1)))())
