@@ -160,9 +160,9 @@ def test_compile_plans_each_group_once_and_renders_that_plan(monkeypatch):
     planned = []
     plan_gemm = cpu_contraction.plan_gemm
 
-    def counting(g, m, threads):
+    def counting(g, m, threads, deterministic=False):
         planned.append(g)  # kept alive: identities stay distinct
-        return plan_gemm(g, m, threads)
+        return plan_gemm(g, m, threads, deterministic)
 
     monkeypatch.setattr(cpu_contraction, "plan_gemm", counting)
     x, w, b = pn.placeholder((128, 1024), "float32"), pn.placeholder((32, 1024), "float32"), pn.placeholder((32,))

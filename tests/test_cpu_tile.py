@@ -90,15 +90,21 @@ def test_model_routes_small_to_tile_and_large_to_blas():
 @pytest.mark.parametrize(("m", "n", "k", "ksplit", "tb"), [(3, 20, 1000, 2, False), (8, 32, 700, 4, True)])
 def test_k_split_merges_partials_in_order(monkeypatch, m, n, k, ksplit, tb):
     """K cut into chunks (the last one short, or (4 chunks of 256 over 700) one empty), each chunk's
-    partial a task, added in chunk order: against float64 numpy, and the same bits on 1 and 2 threads."""
+    partial a task, added in chunk order: against float64 numpy, and with `deterministic=True` the
+    same bits on 1 and 2 threads (plan_gemm keeps one kernel and K split for every count). The tile
+    and its threads are forced: the host's probe would otherwise decide them (a contended probe
+    runs the tile on one thread)."""
     monkeypatch.setattr(
         cpu_contraction,
         "gemm_tile",
         lambda gm, i, md, t=1: dataclasses.replace(tile_shape(md.simd_bytes, i), ksplit=ksplit),
     )
+    monkeypatch.setattr(cpu_contraction, "tile_threads", lambda gm, i, md, t: t)
     x = pn.placeholder((m, k), "float32")
     w = pn.placeholder((n, k) if tb else (k, n), "float32")
-    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False)
+    f = pn.compile(x @ (w.T if tb else w), target="cpu", cache=False, deterministic=True)
+    (d,) = f.decisions
+    assert d.gemm.fewer == ()
     assert f"pn_nt, {ksplit})" in f.source
     a, b = (
         random_array((m, k), "float32", np.random.default_rng(5)),

@@ -115,7 +115,7 @@ class GemmPlan:
         return gemm_time(self.call.flops, packed, self.itemsize, m, t, _mnk(self.call))
 
 
-def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
+def plan_gemm(group: KernelGroup, m: CpuModel, threads: int, deterministic: bool = False) -> GemmPlan | None:
     """The kernel of contraction `group` for a call on `threads` threads, or None where `blas_call`'s
     rule refuses it (a generated kernel runs it): TILE where the model finds the tile faster
     (model/cpu_tile.py `gemm_tile`), else BLAS. A group of a contraction and an element-wise
@@ -124,7 +124,9 @@ def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
     grouping, `cpu_groups`, splits it). A call on fewer threads (halving down to 1) is decided too,
     once, here: where another kernel or tile wins there, that plan is in the result's `fewer`
     (a call with `threads=1` on a machine planned for 2 runs the kernel chosen for one thread); a
-    fused consumer keeps the tile on every count (the grouping is one for all)."""
+    fused consumer keeps the tile on every count (the grouping is one for all). `deterministic`: no
+    `fewer` — the kernel and tile (its K split) decided for `threads` run on any count, so a call's
+    bits do not depend on its threads (a K split's chunks are fixed, merged in chunk order)."""
     ep = tile_epilogue(group)
     core = KernelGroup((group.statements[0],)) if ep is not None else group
     call = blas_call(core) if group.M * group.N else None
@@ -132,8 +134,8 @@ def plan_gemm(group: KernelGroup, m: CpuModel, threads: int) -> GemmPlan | None:
         return None
     itemsize = group.statements[0].result.dtype.itemsize
     plan = _plan_at(call, ep, group, itemsize, m, threads)
-    if plan is None:
-        return None
+    if plan is None or deterministic:
+        return plan
     fewer, last, t = [], plan, threads // 2
     while t >= 1:
         p = _plan_at(call, ep, group, itemsize, m, t)
@@ -194,12 +196,14 @@ def cpu_groups(group: KernelGroup, m: CpuModel, threads: int) -> tuple[KernelGro
     return tuple(g for g, _ in _pieces(group, m, threads))
 
 
-def _pieces(group: KernelGroup, m: CpuModel, threads: int) -> tuple[tuple[KernelGroup, GemmPlan | None], ...]:
+def _pieces(
+    group: KernelGroup, m: CpuModel, threads: int, deterministic: bool = False
+) -> tuple[tuple[KernelGroup, GemmPlan | None], ...]:
     """A planner group's CPU kernels, each with its gemm plan where it was made deciding the grouping: a
     contraction with an element-wise consumer the tile applies at its store (schedule/cpu_epilogue.py)
     stays one group where the model runs the contraction on the tile (`plan_gemm`); else as
     schedule/cpu_blas.py's `split_for_blas` says (no plan made yet)."""
-    plan = plan_gemm(group, m, threads) if tile_epilogue(group) is not None else None
+    plan = plan_gemm(group, m, threads, deterministic) if tile_epilogue(group) is not None else None
     if plan is not None:
         return ((group, plan),)
     return tuple((g, None) for g in split_for_blas(group))
@@ -214,7 +218,7 @@ def cpu_plans(
     from .cpu_mapper import map_cpu
 
     out = []
-    for g, plan in _pieces(group, m, machine.cores):
+    for g, plan in _pieces(group, m, machine.cores, deterministic):
         d = map_cpu(g, machine, split, model=m, deterministic=deterministic, gemm=plan) if g.M * g.N else None
         out.append((g, d))
     return tuple(out)

@@ -204,7 +204,7 @@ def map_cpu(
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     from .cpu_contraction import plan_gemm
 
-    if (gemm := gemm or plan_gemm(group, model, machine.cores)) is not None:
+    if (gemm := gemm or plan_gemm(group, model, machine.cores, deterministic)) is not None:
         return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
     block = min(M, column_block(lanes, machine.simd_bytes)) if form == Form.COLUMN else 1
     reuse = choose(group, model)
