@@ -44,8 +44,12 @@ from ..poly.params import ParamProgram, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.cpu_mapper import CpuMerge
 from ..schedule.cpu_param_mapping import CpuParamDecision
+from ..schedule.cpu_param_reuse import address as reuse_address
+from ..schedule.cpu_param_reuse import varying
+from ..schedule.cpu_reuse import nodes_with
 from .cpu_kernel import _print, _scan, declare_reduction, reduction_name
 from .cpu_region import one_thread
+from .cpu_rows import RowValues, _substitute, reciprocal
 from .expr import ExprRenderer, convert
 from .param_kernel import address, c_extent, finish
 from .thread_loop import accumuland, identity_expr, post_dtype
@@ -69,9 +73,13 @@ def scalars(program: ParamProgram) -> tuple[str, ...]:
     return ("pn_M", "pn_N", *(f"pn_s_{n}" for n in program.parameters))
 
 
-class _Kernel:
+class _Kernel(RowValues):
     def __init__(self, members: tuple[PStatement, ...], d: CpuParamDecision, program: ParamProgram, name: str):
         self.members, self.d, self.program, self.name = members, d, program, name
+        self.index = {m.name: k for k, m in enumerate(members)}
+        self.held: dict[int, dict[int, str]] = {}  # member -> {node id: C expression of its value} (RowValues)
+        self.rcp_flags: dict[int, dict[str, int]] = {}
+        self.bodies: dict[int, object] = {}  # member -> its body with reciprocals (RowValues)
         own = {m.result.uid for m in members}
         self.inputs = list(dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own))
         self.dtype_of = {r.tensor.uid: r.tensor.dtype for m in members for r in m.reads}
@@ -84,10 +92,12 @@ class _Kernel:
         self.ctx = isl.DEFAULT_CONTEXT
 
     # -- values -------------------------------------------------------------------------------
-    def value(self, s: PStatement, prefix: str) -> tuple[list[str], str]:
-        """The body of `s` at the current (i, j): its SSA lines and value (loads through the
-        symbolic strides, or a finished value from its register)."""
+    def value(self, s: PStatement, prefix: str, expr=None) -> tuple[list[str], str]:
+        """The body of `s` (or its node `expr`) at the current (i, j): its SSA lines and value
+        (loads through the symbolic strides, a finished value from its register, a value `held`); a
+        producer of the decision's `reuse` stores the kept value to the MAP's output row at j."""
         lines: list[str] = []
+        k = self.index[s.name]
         names = {u: f"in{k}" for k, u in enumerate(self.inputs)}
 
         def load(read: int, index: str | None = None) -> str:
@@ -102,7 +112,14 @@ class _Kernel:
             return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]}])"
 
         extents = {id(e): c_extent(e.value) for e in s.body.walk() if e.op == "const" and isinstance(e.value, Dim)}
-        return lines, ExprRenderer(lines, prefix, extents).render(s.body, load)
+        r = ExprRenderer(lines, prefix, {**extents, **self.held.get(k, {})})
+        if expr is not None:
+            return lines, r.render(expr, load)
+        for x in self.d.reuse if s.kind == StatementKind.REDUCE else ():
+            if x.producer == k:
+                kept = r.render(nodes_with(s, x.key, reuse_address)[0], load)
+                lines.append(f"pn_st(&{self.out(x.into)}[i * pn_N + j], {kept});  // kept for the last pass")
+        return lines, r.render(self.bodies.get(k, s.body), load)
 
     def out(self, k: int) -> str:
         return f"out{k}"
@@ -236,13 +253,31 @@ class _Kernel:
         last = len(self.members) - 1
         row = self.members[last].as_rows_of(self.members[self.reds[0]])
         ast = _scan(self.ctx, [("c0", "0", "pn_N")], ["pn_N"], "pn_N >= 0")
+        for x in self.d.reuse:  # read back from the output row (schedule/cpu_param_reuse.py)
+            for n in nodes_with(row, x.key, reuse_address):
+                self.held.setdefault(last, {})[id(n)] = f"pn_ld(&{self.out(last)}[i * pn_N + j])"
+        pre = self.param_reciprocals(last, row)
 
         def user(a: list[str]) -> list[str]:
             lines, val = self.value(row, f"e{row.name}_")
             lines.append(f"pn_st(&{self.out(last)}[i * pn_N + j], {convert(val, row.body.dtype, row.result.dtype)});")
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in lines] + ["}"]
 
-        return _print(ast, user, ["#pragma omp simd"])
+        return pre + self.unswitched([last], 1, lambda: _print(ast, user, ["#pragma omp simd"]))
+
+    def param_reciprocals(self, k: int, s: PStatement) -> list[str]:
+        """A float division by a row invariant in the MAP's body as a product with its reciprocal,
+        computed once per row (codegen/cpu_rows.py `reciprocal`, as the static kernels; the pass
+        unswitched on its flag by `RowValues.unswitched`)."""
+        along, table, out = varying(s), {}, []
+        for e in s.body.walk():
+            if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
+                lines, val = self.value(s, f"q{len(table)}_", expr=e.args[1])
+                decl, code, table[id(e)] = reciprocal(self, k, e, f"pn_rcp{k}_{len(table)}", lines, val)
+                out = decl + out + code
+        if table:
+            self.bodies[k] = _substitute(s.body, table)
+        return out
 
     # -- a split reduction's partials -------------------------------------------------------------
     def partials(self, slots: str, counters: str) -> tuple[list[str], list[str]]:

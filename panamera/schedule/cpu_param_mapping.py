@@ -48,6 +48,8 @@ from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
 from .cpu_lane_kind import LANE_TYPES
 from .cpu_mapper import COLUMN_BLOCK_VECTORS, INNER, CpuMerge, _lanes, merge_mode
+from .cpu_param_reuse import choose as choose_reuse
+from .cpu_reuse import Reuse
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
@@ -79,10 +81,12 @@ class CpuParamDecision:
     modeled_us: float = 0.0
     threads: int = 1
     lane_scan: int = 0  # W lane accumulators of a scalar row scan (codegen/cpu_param_kernel.py `lanes`); 0: one
+    reuse: tuple[Reuse, ...] = ()  # values the MAP reads back from its output row (schedule/cpu_param_reuse.py)
 
     def describe(self) -> str:
         merge = f" merge={self.merge}" if self.split > 1 else ""
         scan = f" lane_scan={self.lane_scan}" if self.lane_scan else ""
+        scan += "".join(f" keep={x.ops}" for x in self.reuse)
         return (
             f"{self.form} split={self.split} block={self.block} threads={self.threads} lanes={self.lanes}{merge}{scan}"
         )
@@ -253,4 +257,5 @@ def map_cpu_group(
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
         merge_mode(group, best, deterministic), INNER, rep, threads, lane_scan(members, cls, lanes),
+        choose_reuse(members, kind, cls, m),
     )  # fmt: skip
