@@ -40,7 +40,7 @@ import islpy as isl
 from ..algebra import WELFORD
 from ..errors import ScheduleError
 from ..frontend.symbolic import Dim
-from ..poly.params import ParamProgram, PStatement
+from ..poly.params import ParamProgram, PRead, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.cpu_mapper import CpuMerge
 from ..schedule.cpu_param_mapping import CpuParamDecision
@@ -81,7 +81,9 @@ class _Kernel(RowValues):
         self.rcp_flags: dict[int, dict[str, int]] = {}
         self.bodies: dict[int, object] = {}  # member -> its body with reciprocals (RowValues)
         own = {m.result.uid for m in members}
-        self.inputs = list(dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own))
+        self.inputs = list(
+            dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own and r.memory)
+        )
         self.dtype_of = {r.tensor.uid: r.tensor.dtype for m in members for r in m.reads}
         self.regs: dict[int, str] = {}  # finished values by tensor uid (later passes and epilogues read them)
         self.reds = [k for k, m in enumerate(members) if m.kind == StatementKind.REDUCE]
@@ -107,6 +109,8 @@ class _Kernel(RowValues):
                 q = f"({q} + ({q} < 0 ? {n} : 0LL))"
                 q = f"({q} < 0LL ? 0LL : ({q} >= {n} ? {n} - 1LL : {q}))"
                 return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]} + {q} * {stride}])"
+            if not r.memory:  # an iota (poly/params.py precondition 1): its value is its index
+                return f"((long long){address(s, iota_view(r))[0]})"
             if r.tensor.uid in self.regs:
                 return self.regs[r.tensor.uid]
             return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]}])"
@@ -432,6 +436,19 @@ class _Kernel(RowValues):
         lines += ["  " + ln for ln in (one_thread(body) if self.d.threads == 1 else body)] + ["}"]
         decls = sorted({declare_reduction(self.members[p[0]]) for p in self.phases})
         return CpuParamKernel(self.name, self.d.statement, "\n".join(lines), tuple(keys), self.d, tuple(decls))
+
+
+def iota_view(r: PRead) -> PRead:
+    """An iota read as the read whose address is its value: the flat C-order index of its view
+    (axis None), or its coordinate along its axis (a view of that axis alone, stride 1)."""
+    axis = r.tensor.attr("axis")
+    if axis is None:
+        return r
+    live = iter(r.axes)
+    at = [None if isinstance(e, int) and e == 1 else next(live) for e in r.shape]
+    if at[axis] is None:  # an extent-1 axis: index 0
+        return PRead(r.tensor, (), ())
+    return PRead(r.tensor, (r.shape[axis],), (at[axis],))
 
 
 def render_cpu_group(

@@ -125,7 +125,7 @@ def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]
         r.tensor.uid: math.prod(symbolic.evaluate(r.tensor.shape, sizes)) * r.tensor.dtype.itemsize
         for m in members
         for r in m.reads
-        if r.tensor.uid not in own
+        if r.tensor.uid not in own and r.memory
     }
     write = sum(math.prod(symbolic.evaluate(m.result.shape, sizes)) * m.result.dtype.itemsize for m in members)
     space = max(M * max(N, 1), 1)
