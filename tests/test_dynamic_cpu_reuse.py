@@ -21,6 +21,7 @@ import panamera as pn
 from panamera.errors import AxisError, EmptyReductionError, Unsupported
 from panamera.model.cpu import CpuModel
 from panamera.poly.params import build
+from panamera.schedule.cpu_param_mapping import arg_lanes
 from panamera.schedule.cpu_param_reuse import choose
 from panamera.schedule.size_class import SizeClass
 
@@ -147,3 +148,25 @@ def test_symbolic_argmax_extent_beyond_a_32_bit_index_is_refused_at_binding():
 def test_iota_stays_unsupported_without_the_cpu_reads():
     with pytest.raises(Unsupported, match="iota"):
         build((pn.argmax(pn.placeholder(("B", "N"), "float32", name="x"), axis=1),))
+
+
+def _arg_lanes(y, scan=32):
+    (s,) = build((y,), gathers=True).statements
+    return arg_lanes((s,), scan)
+
+
+def test_arg_lanes_keep_value_and_index_per_lane_where_the_index_is_j():
+    x = pn.placeholder(("B", "N"), "float32", name="x")
+    assert _arg_lanes(pn.argmax(x, axis=1)) and _arg_lanes(pn.argmin(x, axis=None))
+    k = pn.compile(pn.argmax(x, axis=1), target="cpu")
+    a = _arrays("float32", (5, 20000), np.random.default_rng(5))
+    np.testing.assert_array_equal(np.asarray(k(a)), np.asarray(a, np.float64).argmax(1))
+    c = k._class(k.size_class({"B": 5, "N": 20000}))
+    assert c.plan.decisions[0].arg_lanes and "pn_lv[c0]" in c.kernels[0].source
+
+
+def test_arg_lanes_refused_without_a_lane_scan_a_key_body_or_a_row_index():
+    x = pn.placeholder(("B", "N"), "float32", name="x")
+    assert not _arg_lanes(pn.argmax(x, axis=1), scan=0)  # short rows: no lane scan
+    assert not _arg_lanes(pn.max(x, axis=1))  # no (value, index) key
+    assert not _arg_lanes(pn.argmax(x, axis=0))  # COLUMN: the index is no row's j

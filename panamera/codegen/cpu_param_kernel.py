@@ -188,6 +188,8 @@ class _Kernel(RowValues):
         """The block's whole groups of W iterations into W lane accumulators, folded into `pn_blk`
         (`pn_c`: the first iteration left)."""
         t, f, w = s.acc.compute, s.combiner.functor, self.d.lane_scan
+        if self.d.arg_lanes:
+            return self.arg_lanes(s)
         lines, val = self.value(s, f"l{s.name}_")
         body = ["{", "  const pn_idx j = pn_c + c0;"] + ["  " + ln for ln in lines]
         body += [f"  pn_lane[c0] = {f}::apply(pn_lane[c0], {accumuland(s, val)});", "}"]
@@ -201,6 +203,37 @@ class _Kernel(RowValues):
             *["  " + ln for ln in body],
             "}",
             f"if (pn_c > pn_lo) pn_blk = {f}::apply(pn_blk, pn_fold_lanes<{f}, {w}>(pn_lane));",
+        ]
+
+    def arg_lanes(self, s: PStatement) -> list[str]:
+        """`lanes` of an argmax/argmin under the decision's `arg_lanes`: lane q keeps its best value
+        and index (j, rising) in the value's type, replaced by a greater (argmin: less) value or the
+        first NaN, so it holds the first index of its extreme; the lanes become keys once, folded in
+        lane order (the keys' order resolves ties as numpy: the first index, the first NaN). The
+        static kernels' LaneKind.ARG (codegen/cpu_lanes.py `arg_lane`)."""
+        f, w, name = s.combiner.functor, self.d.lane_scan, s.combiner.name
+        v = s.body.args[0].dtype.compute
+        vl, val = self.value(s, f"v{s.name}_", expr=s.body.args[0])
+        xl, idx = self.value(s, f"x{s.name}_", expr=s.body.args[1])
+        keep, init = ("<=", "lowest") if name == "max" else (">=", "highest")
+        body = ["{", "  const pn_idx j = pn_c + c0;", f"  {v} pn_v; long long pn_x;", "  {"]
+        body += ["    " + ln for ln in vl] + [f"    pn_v = {val};", "  }", "  {"]
+        body += ["    " + ln for ln in xl] + [f"    pn_x = (long long)({idx});", "  }"]
+        body += [
+            "  const bool pn_t = !(pn_v " + keep + " pn_lv[c0]) & (pn_lv[c0] == pn_lv[c0]);",
+            "  pn_lv[c0] = pn_t ? pn_v : pn_lv[c0]; pn_li[c0] = pn_t ? pn_x : pn_li[c0];",
+            "}",
+        ]
+        return [
+            f"{v} pn_lv[{w}]; long long pn_li[{w}];",
+            f"for (int q = 0; q < {w}; ++q) {{ pn_lv[q] = pn_lim<{v}>::{init}(); pn_li[q] = pn_lo + q; }}",
+            "pn_idx pn_c = pn_lo;",
+            f"for (; pn_c + {w} <= pn_hi; pn_c += {w}) {{",
+            "  #pragma omp simd",
+            f"  for (pn_idx c0 = 0; c0 < {w}; ++c0)",
+            *["  " + ln for ln in body],
+            "}",
+            f"if (pn_c > pn_lo) for (int q = 0; q < {w}; ++q) pn_blk = {f}::apply(pn_blk, pn_argkey_{name}(pn_lv[q], pn_li[q]));",
         ]
 
     def finish(self, phase: list[int], acc: str, at: str = "i") -> list[str]:
