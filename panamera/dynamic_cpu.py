@@ -27,13 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .algebra import FinishKind
 from .codegen import islast
 from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.cpu_param_kernel import CpuParamKernel, render_cpu_group, scalars
 from .codegen.header import prelude
 from .cpu_target import ATOMIC_COMBINE, cpu_model
 from .dynamic import DynamicCompiled, _at, _count, _refuse_empty, members
-from .errors import OptionError, PanameraError
+from .errors import AxisError, EmptyReductionError, OptionError, PanameraError
 from .frontend import symbolic
 from .poly.params import build, storage
 from .poly.statement import StatementKind
@@ -204,6 +205,25 @@ class DynamicCpuCompiled(DynamicCompiled):
                     self._fast[key] = call
             return result
         return super().__call__(*arrays, **named)
+
+    def bind_sizes(self, arrays: list) -> dict[str, int]:
+        """DynamicCompiled's binding, and the check the frontend leaves to it for a symbolic
+        argmax/argmin (frontend/reduce.py `arg_index`): its reduced extent is at least 1 and fits the
+        32-bit index of its key, at every call."""
+        sizes = super().bind_sizes(arrays)
+        for s in self.program.statements:
+            if s.post is None or s.post.kind not in (FinishKind.ARGMAX_INDEX, FinishKind.ARGMIN_INDEX):
+                continue
+            n, what = _at(s.N, sizes), "argmax" if s.post.kind == FinishKind.ARGMAX_INDEX else "argmin"
+            if n == 0:
+                raise EmptyReductionError(
+                    f"{what} of {s.result.label!r}: attempt to get {what} of an empty sequence (extent {s.N} is 0)"
+                )
+            if n >= 2**32:
+                raise AxisError(
+                    f"{what} of {s.result.label!r}: the reduced extent {s.N} = {n} does not fit a 32-bit index"
+                )
+        return sizes
 
     def _execute(self, args: list, sizes: dict[str, int], order: str, seed: int, threads: int | None) -> list:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):

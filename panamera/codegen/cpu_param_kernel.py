@@ -40,12 +40,16 @@ import islpy as isl
 from ..algebra import WELFORD
 from ..errors import ScheduleError
 from ..frontend.symbolic import Dim
-from ..poly.params import ParamProgram, PStatement
+from ..poly.params import ParamProgram, PRead, PStatement
 from ..poly.statement import Form, StatementKind
 from ..schedule.cpu_mapper import CpuMerge
 from ..schedule.cpu_param_mapping import CpuParamDecision
+from ..schedule.cpu_param_reuse import address as reuse_address
+from ..schedule.cpu_param_reuse import varying
+from ..schedule.cpu_reuse import nodes_with
 from .cpu_kernel import _print, _scan, declare_reduction, reduction_name
 from .cpu_region import one_thread
+from .cpu_rows import RowValues, _substitute, reciprocal
 from .expr import ExprRenderer, convert
 from .param_kernel import address, c_extent, finish
 from .thread_loop import accumuland, identity_expr, post_dtype
@@ -69,11 +73,17 @@ def scalars(program: ParamProgram) -> tuple[str, ...]:
     return ("pn_M", "pn_N", *(f"pn_s_{n}" for n in program.parameters))
 
 
-class _Kernel:
+class _Kernel(RowValues):
     def __init__(self, members: tuple[PStatement, ...], d: CpuParamDecision, program: ParamProgram, name: str):
         self.members, self.d, self.program, self.name = members, d, program, name
+        self.index = {m.name: k for k, m in enumerate(members)}
+        self.held: dict[int, dict[int, str]] = {}  # member -> {node id: C expression of its value} (RowValues)
+        self.rcp_flags: dict[int, dict[str, int]] = {}
+        self.bodies: dict[int, object] = {}  # member -> its body with reciprocals (RowValues)
         own = {m.result.uid for m in members}
-        self.inputs = list(dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own))
+        self.inputs = list(
+            dict.fromkeys(r.tensor.uid for m in members for r in m.reads if r.tensor.uid not in own and r.memory)
+        )
         self.dtype_of = {r.tensor.uid: r.tensor.dtype for m in members for r in m.reads}
         self.regs: dict[int, str] = {}  # finished values by tensor uid (later passes and epilogues read them)
         self.reds = [k for k, m in enumerate(members) if m.kind == StatementKind.REDUCE]
@@ -84,10 +94,12 @@ class _Kernel:
         self.ctx = isl.DEFAULT_CONTEXT
 
     # -- values -------------------------------------------------------------------------------
-    def value(self, s: PStatement, prefix: str) -> tuple[list[str], str]:
-        """The body of `s` at the current (i, j): its SSA lines and value (loads through the
-        symbolic strides, or a finished value from its register)."""
+    def value(self, s: PStatement, prefix: str, expr=None) -> tuple[list[str], str]:
+        """The body of `s` (or its node `expr`) at the current (i, j): its SSA lines and value
+        (loads through the symbolic strides, a finished value from its register, a value `held`); a
+        producer of the decision's `reuse` stores the kept value to the MAP's output row at j."""
         lines: list[str] = []
+        k = self.index[s.name]
         names = {u: f"in{k}" for k, u in enumerate(self.inputs)}
 
         def load(read: int, index: str | None = None) -> str:
@@ -97,12 +109,21 @@ class _Kernel:
                 q = f"({q} + ({q} < 0 ? {n} : 0LL))"
                 q = f"({q} < 0LL ? 0LL : ({q} >= {n} ? {n} - 1LL : {q}))"
                 return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]} + {q} * {stride}])"
+            if not r.memory:  # an iota (poly/params.py precondition 1): its value is its index
+                return f"((long long){address(s, iota_view(r))[0]})"
             if r.tensor.uid in self.regs:
                 return self.regs[r.tensor.uid]
             return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]}])"
 
         extents = {id(e): c_extent(e.value) for e in s.body.walk() if e.op == "const" and isinstance(e.value, Dim)}
-        return lines, ExprRenderer(lines, prefix, extents).render(s.body, load)
+        r = ExprRenderer(lines, prefix, {**extents, **self.held.get(k, {})})
+        if expr is not None:
+            return lines, r.render(expr, load)
+        for x in self.d.reuse if s.kind == StatementKind.REDUCE else ():
+            if x.producer == k:
+                kept = r.render(nodes_with(s, x.key, reuse_address)[0], load)
+                lines.append(f"pn_st(&{self.out(x.into)}[i * pn_N + j], {kept});  // kept for the last pass")
+        return lines, r.render(self.bodies.get(k, s.body), load)
 
     def out(self, k: int) -> str:
         return f"out{k}"
@@ -167,6 +188,8 @@ class _Kernel:
         """The block's whole groups of W iterations into W lane accumulators, folded into `pn_blk`
         (`pn_c`: the first iteration left)."""
         t, f, w = s.acc.compute, s.combiner.functor, self.d.lane_scan
+        if self.d.arg_lanes:
+            return self.arg_lanes(s)
         lines, val = self.value(s, f"l{s.name}_")
         body = ["{", "  const pn_idx j = pn_c + c0;"] + ["  " + ln for ln in lines]
         body += [f"  pn_lane[c0] = {f}::apply(pn_lane[c0], {accumuland(s, val)});", "}"]
@@ -180,6 +203,37 @@ class _Kernel:
             *["  " + ln for ln in body],
             "}",
             f"if (pn_c > pn_lo) pn_blk = {f}::apply(pn_blk, pn_fold_lanes<{f}, {w}>(pn_lane));",
+        ]
+
+    def arg_lanes(self, s: PStatement) -> list[str]:
+        """`lanes` of an argmax/argmin under the decision's `arg_lanes`: lane q keeps its best value
+        and index (j, rising) in the value's type, replaced by a greater (argmin: less) value or the
+        first NaN, so it holds the first index of its extreme; the lanes become keys once, folded in
+        lane order (the keys' order resolves ties as numpy: the first index, the first NaN). The
+        static kernels' LaneKind.ARG (codegen/cpu_lanes.py `arg_lane`)."""
+        f, w, name = s.combiner.functor, self.d.lane_scan, s.combiner.name
+        v = s.body.args[0].dtype.compute
+        vl, val = self.value(s, f"v{s.name}_", expr=s.body.args[0])
+        xl, idx = self.value(s, f"x{s.name}_", expr=s.body.args[1])
+        keep, init = ("<=", "lowest") if name == "max" else (">=", "highest")
+        body = ["{", "  const pn_idx j = pn_c + c0;", f"  {v} pn_v; long long pn_x;", "  {"]
+        body += ["    " + ln for ln in vl] + [f"    pn_v = {val};", "  }", "  {"]
+        body += ["    " + ln for ln in xl] + [f"    pn_x = (long long)({idx});", "  }"]
+        body += [
+            "  const bool pn_t = !(pn_v " + keep + " pn_lv[c0]) & (pn_lv[c0] == pn_lv[c0]);",
+            "  pn_lv[c0] = pn_t ? pn_v : pn_lv[c0]; pn_li[c0] = pn_t ? pn_x : pn_li[c0];",
+            "}",
+        ]
+        return [
+            f"{v} pn_lv[{w}]; long long pn_li[{w}];",
+            f"for (int q = 0; q < {w}; ++q) {{ pn_lv[q] = pn_lim<{v}>::{init}(); pn_li[q] = pn_lo + q; }}",
+            "pn_idx pn_c = pn_lo;",
+            f"for (; pn_c + {w} <= pn_hi; pn_c += {w}) {{",
+            "  #pragma omp simd",
+            f"  for (pn_idx c0 = 0; c0 < {w}; ++c0)",
+            *["  " + ln for ln in body],
+            "}",
+            f"if (pn_c > pn_lo) for (int q = 0; q < {w}; ++q) pn_blk = {f}::apply(pn_blk, pn_argkey_{name}(pn_lv[q], pn_li[q]));",
         ]
 
     def finish(self, phase: list[int], acc: str, at: str = "i") -> list[str]:
@@ -236,13 +290,31 @@ class _Kernel:
         last = len(self.members) - 1
         row = self.members[last].as_rows_of(self.members[self.reds[0]])
         ast = _scan(self.ctx, [("c0", "0", "pn_N")], ["pn_N"], "pn_N >= 0")
+        for x in self.d.reuse:  # read back from the output row (schedule/cpu_param_reuse.py)
+            for n in nodes_with(row, x.key, reuse_address):
+                self.held.setdefault(last, {})[id(n)] = f"pn_ld(&{self.out(last)}[i * pn_N + j])"
+        pre = self.param_reciprocals(last, row)
 
         def user(a: list[str]) -> list[str]:
             lines, val = self.value(row, f"e{row.name}_")
             lines.append(f"pn_st(&{self.out(last)}[i * pn_N + j], {convert(val, row.body.dtype, row.result.dtype)});")
             return ["{", f"  const pn_idx j = {a[0]};"] + ["  " + ln for ln in lines] + ["}"]
 
-        return _print(ast, user, ["#pragma omp simd"])
+        return pre + self.unswitched([last], 1, lambda: _print(ast, user, ["#pragma omp simd"]))
+
+    def param_reciprocals(self, k: int, s: PStatement) -> list[str]:
+        """A float division by a row invariant in the MAP's body as a product with its reciprocal,
+        computed once per row (codegen/cpu_rows.py `reciprocal`, as the static kernels; the pass
+        unswitched on its flag by `RowValues.unswitched`)."""
+        along, table, out = varying(s), {}, []
+        for e in s.body.walk():
+            if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
+                lines, val = self.value(s, f"q{len(table)}_", expr=e.args[1])
+                decl, code, table[id(e)] = reciprocal(self, k, e, f"pn_rcp{k}_{len(table)}", lines, val)
+                out = decl + out + code
+        if table:
+            self.bodies[k] = _substitute(s.body, table)
+        return out
 
     # -- a split reduction's partials -------------------------------------------------------------
     def partials(self, slots: str, counters: str) -> tuple[list[str], list[str]]:
@@ -401,6 +473,19 @@ class _Kernel:
         lines += ["  " + ln for ln in (one_thread(body) if self.d.threads == 1 else body)] + ["}"]
         decls = sorted({declare_reduction(self.members[p[0]]) for p in self.phases})
         return CpuParamKernel(self.name, self.d.statement, "\n".join(lines), tuple(keys), self.d, tuple(decls))
+
+
+def iota_view(r: PRead) -> PRead:
+    """An iota read as the read whose address is its value: the flat C-order index of its view
+    (axis None), or its coordinate along its axis (a view of that axis alone, stride 1)."""
+    axis = r.tensor.attr("axis")
+    if axis is None:
+        return r
+    live = iter(r.axes)
+    at = [None if isinstance(e, int) and e == 1 else next(live) for e in r.shape]
+    if at[axis] is None:  # an extent-1 axis: index 0
+        return PRead(r.tensor, (), ())
+    return PRead(r.tensor, (r.shape[axis],), (at[axis],))
 
 
 def render_cpu_group(

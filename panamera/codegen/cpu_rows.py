@@ -70,24 +70,8 @@ class RowValues:
                 if e.op == "div" and e.dtype.is_float and id(e.args[1]) not in along and id(e.args[0]) in along:
                     name = f"pn_rcp{k}_{len(table)}"
                     lines, val = self.loop.body_lines(k, None, expr=e.args[1])
-                    t = e.dtype.compute
-                    # x * (1/s) is x / s within one more rounding only where s and 1/s are both normal
-                    # (1/s of a subnormal s is inf); other rows divide (the pass unswitched on the flag: `unswitched`)
-                    out += (
-                        ["{"]
-                        + ["  " + ln for ln in lines]
-                        + [
-                            f"  const {t} pn_d = {convert(val, e.args[1].dtype, e.dtype)};",
-                            f"  {name}_v = ({t})1 / pn_d;",
-                            f"  {name}_ok = std::isnormal(pn_d) && std::isnormal({name}_v);",
-                            "}",
-                        ]
-                    )
-                    out[:0] = [f"{t} {name}_v;", f"bool {name}_ok;"]
-                    r, ok = Expr("load", (), e.dtype), Expr("load", (), bool_)
-                    self.held.setdefault(k, {}).update({id(r): f"{name}_v", id(ok): f"{name}_ok"})
-                    self.rcp_flags.setdefault(k, {})[f"{name}_ok"] = id(ok)
-                    table[id(e)] = Expr("where", (ok, Expr("mul", (e.args[0], r), e.dtype), e), e.dtype)
+                    decl, code, table[id(e)] = reciprocal(self, k, e, name, lines, val)
+                    out = decl + out + code
             if table:
                 self.bodies[k] = _substitute(s.body, table)
         return out
@@ -116,6 +100,34 @@ class RowValues:
             self.held[k][i] = name
         a, b = (["  " + ln for ln in v] for v in versions)
         return [f"if ({cond}) {{", *a, "} else {", *b, "}"]
+
+
+def reciprocal(host, k: int, e: Expr, name: str, lines: list[str], val: str) -> tuple[list[str], list[str], Expr]:
+    """Division e (x / s, s a row invariant whose value `lines` compute into `val`) of statement k
+    as `name_ok ? x * name_v : x / s`: the declarations, the once-per-row code, the rewritten node;
+    the registers recorded in the host's `held` and `rcp_flags` (for `unswitched`). The static
+    (`RowValues.reciprocals`) and the symbolic CPU kernels (codegen/cpu_param_kernel.py) print it."""
+    t = e.dtype.compute
+    # x * (1/s) is x / s within one more rounding only where s and 1/s are both normal
+    # (1/s of a subnormal s is inf); other rows divide (the pass unswitched on the flag: `unswitched`)
+    code = (
+        ["{"]
+        + ["  " + ln for ln in lines]
+        + [
+            f"  const {t} pn_d = {convert(val, e.args[1].dtype, e.dtype)};",
+            f"  {name}_v = ({t})1 / pn_d;",
+            f"  {name}_ok = std::isnormal(pn_d) && std::isnormal({name}_v);",
+            "}",
+        ]
+    )
+    r, ok = Expr("load", (), e.dtype), Expr("load", (), bool_)
+    host.held.setdefault(k, {}).update({id(r): f"{name}_v", id(ok): f"{name}_ok"})
+    host.rcp_flags.setdefault(k, {})[f"{name}_ok"] = id(ok)
+    return (
+        [f"{t} {name}_v;", f"bool {name}_ok;"],
+        code,
+        Expr("where", (ok, Expr("mul", (e.args[0], r), e.dtype), e), e.dtype),
+    )
 
 
 def _substitute(e: Expr, table: dict[int, Expr]) -> Expr:

@@ -296,7 +296,7 @@ def arg_index(kind: str, x, axis, out, keepdims: bool, last: bool) -> Tensor:
     n = math.prod(x.shape[a] for a in axes)
     if n == 0:
         raise EmptyReductionError(f"arg{kind} of {x.label!r}: attempt to get arg{kind} of an empty sequence")
-    if n >= 2**32:
+    if isinstance(n, int) and n >= 2**32:  # a symbolic extent is checked when it is bound (dynamic_cpu.py)
         raise AxisError(f"arg{kind} of {x.label!r}: the reduced extent {n} does not fit a 32-bit index")
     idx = iota(x.shape, None if axis is None else axes[0])
     if last:  # the first index of the reversed order is the last index

@@ -15,7 +15,9 @@ Preconditions (each a clear error naming the op, one negative test each):
    constants and reshapes of a stored tensor (no reshape of a computed value, movement, gather,
    iota or contraction): else `Unsupported`. Where the target asks for them (`gathers`: the CPU's
    schedule/onehot.py rewrite), a take_along_axis of a stored tensor is one too: an indirect read
-   (`PRead.indirect`), its index an element-wise value, its other extents the data's.
+   (`PRead.indirect`), its index an element-wise value, its other extents the data's; and an
+   iota is a read that loads nothing (`PRead.memory` False: argmax's index, printed from the
+   statement's coordinates by codegen/cpu_param_kernel.py).
 2. A reduction reduces at least one axis: else `Unsupported`. Its form follows from the axes,
    for every size: all of them ALL, a suffix ROW (threads along the contiguous row), any other
    set COLUMN (threads along the kept axes, whose last is innermost); a read whose axes are not
@@ -63,6 +65,11 @@ class PRead:
     axes: tuple[int, ...]  # statement axes this read varies along, aligned with `shape`'s trailing axes
     indirect: tuple[Extent, Extent] | None = None  # a gather: (stride, extent) of the axis its loaded index
     # addresses (the axis's entry in `axes` is -1: no statement axis); the index wrapped if negative, clamped
+
+    @property
+    def memory(self) -> bool:
+        """False for an iota (precondition 1): its value is the index, nothing is loaded."""
+        return self.tensor.op != "iota"
 
 
 @dataclass(frozen=True)
@@ -192,7 +199,9 @@ VIEWS = frozenset(("reshape", "transpose", "placeholder", "const", "reduce", "ch
 
 def _supported(t: Tensor, gathers: bool = False) -> bool:
     """Whether every op of `t`'s graph is one a symbolic program compiles (precondition 1)."""
-    return all(u.op in ELEMENTWISE or u.op in VIEWS or (gathers and _gather(u)) for u in topological((t,)))
+    return all(
+        u.op in ELEMENTWISE or u.op in VIEWS or (gathers and (_gather(u) or u.op == "iota")) for u in topological((t,))
+    )
 
 
 def _gather(t: Tensor) -> bool:
@@ -325,6 +334,8 @@ class _Body:
             for k, a in enumerate(tuple(axes[len(axes) - len(t.shape) :])):
                 inner[perm[k]] = a
             return self.expr(t.inputs[0], tuple(inner))
+        if self.gathers and t.op == "iota":  # its value is the index: a read that loads nothing
+            return self.read(t, t.shape, tuple(axes[len(axes) - len(t.shape) :]))
         if self.gathers and _gather(t):
             return self.gather(t, axes)
         if t.op not in ELEMENTWISE:

@@ -43,7 +43,10 @@ def lane_kind(s: Statement) -> LaneKind:
     if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in LANE_TYPES:
         return LaneKind.PLAIN
     x = b.args[1]
-    if x.op == "load" and not s.reads[x.read].memory and _rises_with_j(s.reads[x.read].addr):
+    r = s.reads[x.read] if x.op == "load" else None
+    # a symbolic statement's read (poly/params.py PRead) has no isl address: its own rule decides
+    # (schedule/cpu_param_mapping.py `arg_lanes`), and its lanes are sized by the key, as before
+    if r is not None and not r.memory and hasattr(r, "addr") and _rises_with_j(r.addr):
         return LaneKind.ARG
     return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
 

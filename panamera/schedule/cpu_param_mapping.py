@@ -48,6 +48,8 @@ from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
 from .cpu_lane_kind import LANE_TYPES
 from .cpu_mapper import INNER, CpuMerge, _lanes, column_block, merge_mode
+from .cpu_param_reuse import choose as choose_reuse
+from .cpu_reuse import Reuse
 from .size_class import SizeClass
 
 MAX_SPLIT = 64  # chunks per output at most (cpu_cost.best_split's bound)
@@ -79,10 +81,13 @@ class CpuParamDecision:
     modeled_us: float = 0.0
     threads: int = 1
     lane_scan: int = 0  # W lane accumulators of a scalar row scan (codegen/cpu_param_kernel.py `lanes`); 0: one
+    reuse: tuple[Reuse, ...] = ()  # values the MAP reads back from its output row (schedule/cpu_param_reuse.py)
+    arg_lanes: bool = False  # the lane_scan keeps (value, index) per lane, not a key per element (`arg_lanes`)
 
     def describe(self) -> str:
         merge = f" merge={self.merge}" if self.split > 1 else ""
         scan = f" lane_scan={self.lane_scan}" if self.lane_scan else ""
+        scan += "".join(f" keep={x.ops}" for x in self.reuse)
         return (
             f"{self.form} split={self.split} block={self.block} threads={self.threads} lanes={self.lanes}{merge}{scan}"
         )
@@ -121,7 +126,7 @@ def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]
         r.tensor.uid: math.prod(symbolic.evaluate(r.tensor.shape, sizes)) * r.tensor.dtype.itemsize
         for m in members
         for r in m.reads
-        if r.tensor.uid not in own
+        if r.tensor.uid not in own and r.memory
     }
     write = sum(math.prod(symbolic.evaluate(m.result.shape, sizes)) * m.result.dtype.itemsize for m in members)
     space = max(M * max(N, 1), 1)
@@ -220,6 +225,33 @@ def lane_scan(members: tuple[PStatement, ...], cls: SizeClass, lanes: int) -> in
     return w if n_min >= LANE_MIN_GROUPS * w else 0
 
 
+def _one(e) -> bool:
+    return isinstance(e, int) and e == 1
+
+
+def arg_lanes(members: tuple[PStatement, ...], scan: int) -> bool:
+    """Whether a lane scan (`scan` = W > 0) of an argmax/argmin keeps per lane its best value and
+    index in the value's own type, as the static kernels' LaneKind.ARG (codegen/cpu_lanes.py
+    `arg_lane`): one reduction whose body is argkey(value, iota) with a LANE_TYPES value and the
+    iota's value the row index j (so it rises with j and the first index of a lane's extreme is
+    the one it keeps). Otherwise each element packs an int64 key, which AVX2 compares in scalar."""
+    if not scan or len(members) != 1 or members[0].kind != StatementKind.REDUCE or members[0].form == Form.COLUMN:
+        return False
+    s = members[0]
+    b = s.body
+    if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in LANE_TYPES or b.args[1].op != "load":
+        return False
+    r = s.reads[b.args[1].read]
+    if r.memory:
+        return False
+    axis = r.tensor.attr("axis")
+    if axis is None:  # the flat index: j where every axis is reduced
+        return tuple(r.shape) == tuple(s.shape) and all(_one(s.shape[a]) for a in s.i_axes)
+    live = iter(r.axes)
+    at = [None if _one(e) else next(live) for e in r.shape]
+    return at[axis] is not None and s.j_axes == (at[axis],)
+
+
 def map_cpu_group(
     members: tuple[PStatement, ...],
     kind: str,
@@ -252,5 +284,6 @@ def map_cpu_group(
     rep = time_at(members, kind, cls.representative(), best, block, lanes, m, threads).total_us
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
-        merge_mode(group, best, deterministic), INNER, rep, threads, lane_scan(members, cls, lanes),
+        merge_mode(group, best, deterministic), INNER, rep, threads, scan := lane_scan(members, cls, lanes),
+        choose_reuse(members, kind, cls, m), arg_lanes(members, scan),
     )  # fmt: skip

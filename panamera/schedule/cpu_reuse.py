@@ -83,15 +83,17 @@ class Reuse:
     into: int | None = None
 
 
-def keys(s: Statement) -> dict[int, tuple | None]:
+def keys(s, address=lambda r: str(r.addr)) -> dict[int, tuple | None]:
     """Each node of statement s's body (by id) to its structural key: loads by tensor and
-    address, constants by value and dtype, operations by name, dtype and their arguments' keys;
-    None for a node that has no key (precondition 2: a gathered load, or anything above one)."""
+    `address` (a static read's isl address; a symbolic statement's read names its view and axes,
+    schedule/cpu_param_reuse.py), constants by value and dtype, operations by name, dtype and their
+    arguments' keys; None for a node that has no key (precondition 2: a gathered load, or anything
+    above one)."""
     out: dict[int, tuple | None] = {}
     for e in s.body.walk():
         if e.op == "load":
             r = s.reads[e.read]
-            out[id(e)] = None if r.indirect is not None else ("load", r.tensor.uid, str(r.addr))
+            out[id(e)] = None if r.indirect is not None else ("load", r.tensor.uid, address(r))
         elif e.op == "const":
             out[id(e)] = ("const", repr(e.value), e.dtype.name)
         else:
@@ -100,9 +102,9 @@ def keys(s: Statement) -> dict[int, tuple | None]:
     return out
 
 
-def nodes_with(s: Statement, key: tuple) -> list[Expr]:
+def nodes_with(s, key: tuple, address=lambda r: str(r.addr)) -> list[Expr]:
     """The nodes of statement s's body whose key is `key`."""
-    k = keys(s)
+    k = keys(s, address)
     return [e for e in s.body.walk() if k[id(e)] == key]
 
 
@@ -204,30 +206,42 @@ def choose(g: KernelGroup, m: CpuModel) -> tuple[Reuse, ...]:
     throughput, `Rates.lane_op_ns`, an exp or a division at the probe's rate) against a store and a load per consumer of the scratch row at the rate of
     its level (L2 for a row of its own: a row of N values per thread must fit it; the output
     row's, `into`, any), less the loads a consumer no longer makes."""
-    r = m.rates
     out = []
     for p, users, e in candidates(g):
         s = g.statements[p]
         key = keys(s)[id(e)]
-        cheap, trans, div = op_counts(e)
-        op = r.lane_op_ns  # as model/cpu.py `element_ns` prices a body: a cheap operation at its throughput
-        recompute = op * cheap + max(r.exp_ns - op, 0.0) * trans + max(r.div_ns - op, 0.0) * div
-        recompute *= max(1.0, e.dtype.itemsize / 4) * len(users)
         size = 8 if e.dtype.compute == "double" else 4
         x = Reuse(p, users, key, e.dtype.compute, _describe(e))
         into = output_row(g, x)
         level = m.level(g.N * size, 1)
         if level != "L2" and into is None:  # a scratch row of its own beyond L2: not allocated
             continue
-        keep = size / r.bandwidth(level, 1, write=True) + len(users) * size / r.bandwidth(level, 1)
-        if level != "L2":  # the output row leaves L2 twice: after the producer's pass and after the last
-            keep += size / r.bandwidth(level, 1, write=True)
-        for c in users:  # loads of the consumer that only the reused value needed
+        unread = 0  # bytes per element of the loads of the consumers that only the reused value needed
+        for c in users:
             saved = _loads(e, s, g.on_chip) - _remaining_loads(g.statements[c], key)
-            keep -= sum(_tensor(g, uid).dtype.itemsize for _, uid in saved) / r.bandwidth(level, 1)
-        if recompute > keep:
-            out.append(replace(x, saved_ns=recompute - keep, into=into))
+            unread += sum(_tensor(g, uid).dtype.itemsize for _, uid in saved)
+        gain = saving(m, e, len(users), level, unread)
+        if gain > 0:
+            out.append(replace(x, saved_ns=gain, into=into))
     return tuple(out)
+
+
+def saving(m: CpuModel, e: Expr, consumers: int, level: str, unread: int) -> float:
+    """Precondition 4's price (ns per element, > 0: keep): `consumers` passes recomputing e, less
+    a store and a read back per consumer of its row at `level`'s rates (beyond L2 only the output
+    row, which then leaves L2 twice: after the producer's pass and after the last), less the
+    `unread` bytes the consumers no longer load. The static (`choose`) and the symbolic CPU path
+    (schedule/cpu_param_reuse.py) price a kept value with it."""
+    r = m.rates
+    cheap, trans, div = op_counts(e)
+    op = r.lane_op_ns  # as model/cpu.py `element_ns` prices a body: a cheap operation at its throughput
+    recompute = op * cheap + max(r.exp_ns - op, 0.0) * trans + max(r.div_ns - op, 0.0) * div
+    recompute *= max(1.0, e.dtype.itemsize / 4) * consumers
+    size = 8 if e.dtype.compute == "double" else 4
+    keep = size / r.bandwidth(level, 1, write=True) + consumers * size / r.bandwidth(level, 1)
+    if level != "L2":
+        keep += size / r.bandwidth(level, 1, write=True)
+    return recompute - (keep - unread / r.bandwidth(level, 1))
 
 
 def output_row(g: KernelGroup, x: Reuse) -> int | None:
