@@ -65,10 +65,14 @@ import ctypes
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..frontend import pool
 from ..runtime import cpu
 from . import conv_kernels
+
+if TYPE_CHECKING:
+    from ..model.cpu import CpuModel
 
 MAX_TAPS = 256  # the C side's tap-offset table
 # The span's rounding: whole vectors (16 lanes with AVX-512, 8 otherwise: a multiple of both). The C side
@@ -218,12 +222,12 @@ extern "C" void pn_conv_direct(const float* x, const float* w, float* y, float* 
 
 // The step's table entry (conv_step.py): pointers x, w, y, xp, acc, bias, ops, params, residuals...; integers d
 // (the geometry with its shifted copies, the epilogue's op count, a fused MaxPool's kh, kw, sh, sw (kh 0:
-// none), the thread count)
+// none), the most threads the model found worth their region's entry (`direct_threads`), the call's thread count)
 extern "C" void pn_step_direct(void** p, const L* d) {
     pn_conv_direct((const float*)p[0], (const float*)p[1], (float*)p[2], (float*)p[3], (float*)p[4], d[0], d[1], d[2],
                    d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15], d[16],
                    (const float*)p[5], (int)d[17], (const int*)p[6], (const float*)p[7], (const float* const*)(p + 8),
-                   d[18], d[19], d[20], d[21], (int)d[22]);
+                   d[18], d[19], d[20], d[21], (int)(d[23] < d[22] ? d[23] : d[22]));
 }
 """
 )
@@ -268,6 +272,36 @@ class DirectGeometry:
     def scratch_floats(self) -> int:
         """The floats of the padded planes' scratch (1 where x is read in place)."""
         return self.c * self.plane * max(self.kws, 1) if self.pads_input else 1
+
+
+def direct_threads(dg: DirectGeometry, m: CpuModel) -> int:
+    """The most threads the direct kernel of `dg` runs on: the machine's cores unless fewer (halving
+    down to 1) are modeled faster by 2 %, as a generated kernel's (schedule/cpu_cost.py
+    `best_threads`): its multiply-adds at the BLAS micro-kernel's rate (model/cpu_gemm.py: the direct
+    kernel is a register tile of the same kind), split evenly, plus the parallel region's entry
+    (`Rates.fork`: with a passive pool, a wake-up of its threads). A call on fewer threads runs on
+    those; each output value is one tile's, so the bits do not depend on the count.
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=32)
+    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 40.0)))
+    >>> small = DirectGeometry(1, 16, 16, 16, 16, 3, 3, 16, 16, 1, 1, 1, 1, 18, 324, 288)
+    >>> big = dataclasses.replace(small, c=256, m=256, h=56, w=56, oh=56, ow=56, wp=58, plane=3364, span=3248)
+    >>> direct_threads(small, woken), direct_threads(big, woken)
+    (1, 2)
+    """
+    flops = 2.0 * dg.n * dg.m * dg.span * dg.c * dg.kh * dg.kw
+
+    def took(t: int) -> float:
+        return flops / (m.gemm.rate(4, t) * 1e3 * t) + m.rates.fork(t)
+
+    best = t = max(1, m.cores)
+    while t > 1:
+        t //= 2
+        if took(t) < took(best) * 0.98:
+            best = t
+    return best
 
 
 def shifted_layout(c: int, kw: int, span: int, shifted_span: int, shifted_plane: int) -> bool:

@@ -163,14 +163,16 @@ class HostConvStep:
     def _bind_direct(self, dg, nops: int, ops, par, nres: int) -> None:
         """A dense stride-1 2-D Conv: one C call (conv_direct.py) with its padded planes and
         accumulator rows as scratch."""
-        from .conv_direct import lib
+        from ..cpu_compiled import cpu_model
+        from .conv_direct import direct_threads, lib
 
         c = self._c
         xp = np.empty(dg.scratch_floats, np.float32)
         acc = np.empty(dg.m * dg.span, np.float32)
         p = (ctypes.c_void_p * (8 + max(nres, 1)))()
         p[3], p[4], p[6], p[7] = xp.ctypes.data, acc.ctypes.data, ctypes.addressof(ops), ctypes.addressof(par)
-        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, *(self.pool or (0, 0, 1, 1)), 1))
+        cap = direct_threads(dg, cpu_model())  # decided once here; the call's count is the table's last entry
+        c["direct"] = (lib().pn_step_direct, p, _longs(*dg.ints, nops, *(self.pool or (0, 0, 1, 1)), cap, 1))
         c["keep"] = (xp, acc, ops, par)
 
     def __call__(self, x, w, b=None, *residuals) -> np.ndarray:
