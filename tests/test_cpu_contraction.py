@@ -190,3 +190,17 @@ def test_the_tile_is_weighed_on_the_threads_it_would_run_on():
     assert kernel is GemmKernel.TILE and t.total_us == pytest.approx(one) and t.threads == 1
     d = map_cpu(g, CpuMachine(2, 64, "x"), model=m)
     assert d.gemm.kernel is GemmKernel.TILE and d.threads == 1 and not d.gemm.fewer
+
+
+def test_a_kernel_calls_the_blas_only_where_its_source_runs_a_blas_plan():
+    """A plan whose call on fewer threads is the BLAS (`GemmPlan.fewer`): with a BLAS callable from C
+    the kernel branches to it (`calls_blas`: the BLAS's thread count held around a call); without one
+    its source runs the tile alone, and it does not call the BLAS (it held that count for nothing)."""
+    g = _linear_group(128, 32, 1024)
+    d = map_cpu(g, CpuMachine(2, 64, "x"), model=_model(2))
+    tile = dataclasses.replace(d.gemm, kernel=GemmKernel.TILE, threads=2, decided=2, fewer=())
+    blas = dataclasses.replace(d.gemm, kernel=GemmKernel.BLAS, tile=None, threads=1, decided=1, fewer=())
+    d = dataclasses.replace(d, gemm=dataclasses.replace(tile, fewer=(blas,)))
+    in_c, alone = host_blas("k0", g, d, in_c=True), host_blas("k0", g, d, in_c=False)
+    assert "pn_gemm<float>(" in in_c.source and in_c.calls_blas
+    assert "pn_gemm<" not in alone.source and "pn_tile_gemm<" in alone.source and not alone.calls_blas
