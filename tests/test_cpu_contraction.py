@@ -204,3 +204,20 @@ def test_a_kernel_calls_the_blas_only_where_its_source_runs_a_blas_plan():
     in_c, alone = host_blas("k0", g, d, in_c=True), host_blas("k0", g, d, in_c=False)
     assert "pn_gemm<float>(" in in_c.source and in_c.calls_blas
     assert "pn_gemm<" not in alone.source and "pn_tile_gemm<" in alone.source and not alone.calls_blas
+
+
+def test_the_choice_over_the_blas_prices_the_count_the_plan_runs_on(monkeypatch):
+    """`gemm_choice` prices the tile on `tile_threads`' count, the one its plan runs on: one thread under
+    2 % faster than two is not that count, so it does not win the tile the choice over the BLAS either
+    (a strict minimum over the counts did, and the plan then ran two threads, slower than the BLAS)."""
+    from panamera.model.cpu import KernelTime
+    from panamera.model.cpu_tile import gemm_choice, tile_threads
+
+    us = {2: 100.0, 1: 99.0}
+    monkeypatch.setattr(
+        model_tile, "tile_plan", lambda gm, i, m, t: (TileShape(8, 2, 16), KernelTime(us[t], 0, us[t], 0, 0, "L2", t))
+    )
+    monkeypatch.setattr(model_tile, "gemm_time", lambda *a: KernelTime(99.5, 0, 99.5, 0, 0, "L2", 2))
+    gm = cpu_contraction.blas_call(_linear_group(128, 32, 1024)).gemm
+    assert tile_threads(gm, 4, _model(2), 2) == 2
+    assert gemm_choice(gm, 4, _model(2), 2)[0] is GemmKernel.BLAS
