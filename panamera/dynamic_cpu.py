@@ -178,8 +178,8 @@ class DynamicCpuCompiled(DynamicCompiled):
     def __call__(self, *arrays, **named):
         """DynamicCompiled's call; plain C-contiguous numpy arrays passed positionally (and
         `threads=`, a positive int) at shapes and dtypes a call has run at before skip its checks
-        and its symbol binding, which held for that key: the prepared call runs at once (a few µs
-        a call instead of ~40: a small kernel's whole time)."""
+        and its symbol binding, which held for that key: the prepared call runs at once (~15 µs
+        a call instead of ~44 at rms_norm 1x8: a small kernel's whole time)."""
         threads = named.get("threads")
         if (not named or (len(named) == 1 and threads is not None and "threads" not in self._names)) and (
             threads is None or (type(threads) is int and threads >= 1)

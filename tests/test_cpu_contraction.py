@@ -190,3 +190,34 @@ def test_the_tile_is_weighed_on_the_threads_it_would_run_on():
     assert kernel is GemmKernel.TILE and t.total_us == pytest.approx(one) and t.threads == 1
     d = map_cpu(g, CpuMachine(2, 64, "x"), model=m)
     assert d.gemm.kernel is GemmKernel.TILE and d.threads == 1 and not d.gemm.fewer
+
+
+def test_a_kernel_calls_the_blas_only_where_its_source_runs_a_blas_plan():
+    """A plan whose call on fewer threads is the BLAS (`GemmPlan.fewer`): with a BLAS callable from C
+    the kernel branches to it (`calls_blas`: the BLAS's thread count held around a call); without one
+    its source runs the tile alone, and it does not call the BLAS (it held that count for nothing)."""
+    g = _linear_group(128, 32, 1024)
+    d = map_cpu(g, CpuMachine(2, 64, "x"), model=_model(2))
+    tile = dataclasses.replace(d.gemm, kernel=GemmKernel.TILE, threads=2, decided=2, fewer=())
+    blas = dataclasses.replace(d.gemm, kernel=GemmKernel.BLAS, tile=None, threads=1, decided=1, fewer=())
+    d = dataclasses.replace(d, gemm=dataclasses.replace(tile, fewer=(blas,)))
+    in_c, alone = host_blas("k0", g, d, in_c=True), host_blas("k0", g, d, in_c=False)
+    assert "pn_gemm<float>(" in in_c.source and in_c.calls_blas
+    assert "pn_gemm<" not in alone.source and "pn_tile_gemm<" in alone.source and not alone.calls_blas
+
+
+def test_the_choice_over_the_blas_prices_the_count_the_plan_runs_on(monkeypatch):
+    """`gemm_choice` prices the tile on `tile_threads`' count, the one its plan runs on: one thread under
+    2 % faster than two is not that count, so it does not win the tile the choice over the BLAS either
+    (a strict minimum over the counts did, and the plan then ran two threads, slower than the BLAS)."""
+    from panamera.model.cpu import KernelTime
+    from panamera.model.cpu_tile import gemm_choice, tile_threads
+
+    us = {2: 100.0, 1: 99.0}
+    monkeypatch.setattr(
+        model_tile, "tile_plan", lambda gm, i, m, t: (TileShape(8, 2, 16), KernelTime(us[t], 0, us[t], 0, 0, "L2", t))
+    )
+    monkeypatch.setattr(model_tile, "gemm_time", lambda *a: KernelTime(99.5, 0, 99.5, 0, 0, "L2", 2))
+    gm = cpu_contraction.blas_call(_linear_group(128, 32, 1024)).gemm
+    assert tile_threads(gm, 4, _model(2), 2) == 2
+    assert gemm_choice(gm, 4, _model(2), 2)[0] is GemmKernel.BLAS

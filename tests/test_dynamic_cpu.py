@@ -413,3 +413,40 @@ def test_long_cheap_rows_scan_in_lane_accumulators_short_or_exp_rows_in_one(rng)
     tol = tolerance("float32", long)
     np.testing.assert_allclose(s, (a.astype(np.float64) ** 2).sum(1), rtol=tol, atol=tol)
     np.testing.assert_array_equal(m, a.max(1))  # NaN in row 1, as numpy
+
+
+@pytest.mark.parametrize("axis", [0, 1], ids=["column", "row"])
+def test_split_partials_are_chunk_major(axis):
+    """A split's partials sit at chunk p's slot p * M + i, as the static kernels' (codegen/cpu_merge.py):
+    a COLUMN task's block of outputs writes one contiguous run that shares no cache line with another
+    chunk's task (interleaved slots i * split + p did); combined in chunk order, output by output."""
+    from panamera.codegen.cpu_param_kernel import render_cpu_group
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_mapper import CpuMerge
+    from panamera.schedule.cpu_param_mapping import CpuParamDecision
+
+    p = build((pn.sum(pn.placeholder(("B", "N"), name="x"), axis=axis),))
+    block = 64 if axis == 0 else 1
+    for merge in (CpuMerge.LAST, CpuMerge.ORDERED):
+        d = CpuParamDecision("S0", p.statements[0].form, "single", 2, block, 8, merge, threads=2)
+        src = render_cpu_group(p.statements, d, p, "pn_c0").source
+        assert "pn_part[pn_p * pn_M + i] = " in src and "pn_part[q * pn_M + i]" in src and "pn_part[i * 2" not in src
+
+
+def test_a_column_class_is_priced_at_the_probes_column_rate():
+    """`param_work` marks a COLUMN kernel as cpu_cost.work marks a static one (`CpuWork.column`): its
+    reads stream at the probe's `Rates.column` share of a plain sum's rate on both paths."""
+    import dataclasses
+
+    from panamera.model.cpu import CpuModel
+    from panamera.poly.params import build
+    from panamera.schedule.cpu_param_mapping import param_work, time_at
+
+    col, row = (build((pn.sum(pn.placeholder(("B", "N"), name="x"), axis=a),)) for a in (0, 1))
+    sizes = {"B": 4096, "N": 768}
+    assert param_work(col.statements, col.kinds[0], sizes).column
+    assert not param_work(row.statements, row.kinds[0], sizes).column
+    m = CpuModel.nominal(cores=1, simd_bytes=32)
+    slow = dataclasses.replace(m, rates=dataclasses.replace(m.rates, column=0.5))
+    plain, halved = (time_at(col.statements, col.kinds[0], sizes, 1, 64, 8, x, 1).memory_us for x in (m, slow))
+    assert halved > 1.9 * plain  # the reads at half the rate; the 768 outputs' writes aside

@@ -73,14 +73,14 @@ class CpuKernel:
     reductions: tuple[str, ...] = ()  # its `#pragma omp declare reduction`s: once per source file
     host: BlasCall | None = None  # a BLAS contraction (schedule/cpu_blas.py): by numpy where `source` is ""
     tile: TileShape | None = None  # that contraction run by the tile kernel (codegen/cpu_tile.py), not the BLAS
+    plans: tuple = ()  # the GemmPlans its source runs (`host_blas`: all of them only with a BLAS callable from C)
 
     @property
     def calls_blas(self) -> bool:
         """Whether the kernel runs numpy's BLAS (from C or through numpy): a tiled contraction does not,
         so its calls need not hold the BLAS's thread count (runtime/blas_threads.py, ~5-15 us a call)."""
-        g = self.decision.gemm
-        if g is not None and self.source:  # from C: a plan for some thread count is the BLAS
-            return any(p.kernel is GemmKernel.BLAS for p in (g, *g.fewer))
+        if self.source and self.plans:  # from C: a plan it runs for some thread count is the BLAS
+            return any(p.kernel is GemmKernel.BLAS for p in self.plans)
         return self.host is not None and self.tile is None
 
     @property
@@ -539,7 +539,8 @@ def host_blas(name: str, group: KernelGroup, d: CpuDecision, in_c: bool = False)
     lines += plan_calls(plans, t, args, ep is not None)
     source = "\n".join([*lines, "}"])
     tiles = [p.tile for p in plans if p.tile is not None]
-    return CpuKernel(name, source, params, d, (), call, tile if tile is not None else (tiles[0] if tiles else None))
+    shown = tile if tile is not None else (tiles[0] if tiles else None)
+    return CpuKernel(name, source, params, d, (), call, shown, plans)
 
 
 def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -> CpuKernel:

@@ -343,7 +343,7 @@ class _Kernel(RowValues):
         s = self.members[self.phases[0][0]]
         if self.d.merge == CpuMerge.ATOMIC:
             return f"pn_atomic_combine<{s.combiner.functor}>(&pn_acc[i], {acc});"
-        return f"pn_part[i * {self.d.split} + pn_p] = {acc};"
+        return f"pn_part[pn_p * pn_M + i] = {acc};"  # chunk-major, as codegen/cpu_merge.py's partials
 
     def combine(self) -> list[str]:
         """Output i's partials combined in chunk order (or its shared accumulator), finished."""
@@ -352,8 +352,8 @@ class _Kernel(RowValues):
         if self.d.merge == CpuMerge.ATOMIC:
             out = [f"{t} pn_m = pn_acc[i];"]
         else:
-            out = [f"{t} pn_m = pn_part[i * {split}];",
-                   f"for (int q = 1; q < {split}; ++q) pn_m = {f}::apply(pn_m, pn_part[i * {split} + q]);"]  # fmt: skip
+            out = [f"{t} pn_m = pn_part[i];",
+                   f"for (int q = 1; q < {split}; ++q) pn_m = {f}::apply(pn_m, pn_part[q * pn_M + i]);"]  # fmt: skip
         return out + self.finish(self.phases[0], "pn_m")
 
     def tasks_pragma(self) -> str:

@@ -156,15 +156,37 @@ def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> 
 
 def gemm_choice(gm: Gemm, itemsize: int, m: CpuModel, threads: int = 1) -> tuple[GemmKernel, KernelTime]:
     """The faster of the BLAS and the tile kernel for a call of `gm` on `threads` threads, and its time:
-    the tile on the count it would run on (`threads` or fewer, halving: schedule/cpu_contraction.py
-    `tile_threads` keeps the plan's tile there), where a parallel region's entry outweighs a thread."""
+    the tile on the count it runs on (`tile_threads`: `threads` or fewer, where a parallel region's
+    entry outweighs a thread; schedule/cpu_contraction.py keeps the plan's tile there)."""
     mnk = gm.m * gm.n * gm.k
     blas = gemm_time(2 * mnk * len(gm.calls), (gm.m * gm.k + gm.k * gm.n) * itemsize, itemsize, m, threads, mnk)
-    counts = [max(1, threads)]
-    while counts[-1] > 1:
-        counts.append(counts[-1] // 2)
-    tile = min((tile_plan(gm, itemsize, m, t)[1] for t in counts), key=lambda kt: kt.total_us)
+    tile = tile_plan(gm, itemsize, m, tile_threads(gm, itemsize, m, threads))[1]
     return (GemmKernel.TILE, tile) if tile.total_us < blas.total_us else (GemmKernel.BLAS, blas)
+
+
+def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
+    """The threads the tile kernel runs `gm` on: `threads` unless fewer (halving down to 1) are modeled
+    faster by 2 %, as a generated kernel's (schedule/cpu_cost.py `best_threads`): where the parallel
+    region's entry (a passive pool's wake-up) outweighs what the second thread saves. The one rule
+    for both the choice over the BLAS (`gemm_choice`) and the plan's threads (schedule/cpu_contraction.py).
+
+    >>> import dataclasses
+    >>> from panamera.model.cpu import CpuModel
+    >>> from panamera.schedule.cpu_gemm import Gemm
+    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
+    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)))
+    >>> g = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
+    >>> tile_threads(g, 4, m, 2), tile_threads(g, 4, woken, 2)
+    (2, 1)
+    """
+    best, best_us, t = threads, math.inf, max(1, threads)
+    while True:
+        us = tile_plan(gm, itemsize, m, t)[1].total_us
+        if us < best_us * 0.98:
+            best, best_us = t, us
+        if t == 1:
+            return best
+        t = max(1, t // 2)
 
 
 def gemm_tile(gm: Gemm | None, itemsize: int, m: CpuModel, threads: int = 1) -> TileShape | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..model.cpu_gemm import gemm_time
-from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_time
+from ..model.cpu_tile import GemmKernel, gemm_tile, tile_plan, tile_threads, tile_time
 from ..poly.program import KernelGroup
 from .cpu_blas import BlasCall, blas_call, split_for_blas
 from .cpu_epilogue import TileEpilogue, tile_epilogue
@@ -41,7 +41,6 @@ from .cpu_epilogue import TileEpilogue, tile_epilogue
 if TYPE_CHECKING:
     from ..model.cpu import CpuModel, KernelTime
     from ..model.cpu_tile import TileShape
-    from .cpu_gemm import Gemm
     from .cpu_mapper import CpuDecision, CpuMachine
 
 
@@ -222,30 +221,6 @@ def cpu_plans(
         d = map_cpu(g, machine, split, model=m, deterministic=deterministic, gemm=plan) if g.M * g.N else None
         out.append((g, d))
     return tuple(out)
-
-
-def tile_threads(gm: Gemm, itemsize: int, m: CpuModel, threads: int) -> int:
-    """The threads the tile kernel runs `gm` on: `threads` unless fewer (halving down to 1) are modeled
-    faster by 2 %, as a generated kernel's (schedule/cpu_cost.py `best_threads`): where the parallel
-    region's entry (a passive pool's wake-up) outweighs what the second thread saves.
-
-    >>> import dataclasses
-    >>> from panamera.model.cpu import CpuModel
-    >>> from panamera.schedule.cpu_gemm import Gemm
-    >>> m = CpuModel.nominal(cores=2, simd_bytes=64)
-    >>> woken = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.2, 400.0)))
-    >>> g = Gemm(128, 32, 1024, False, 1024, True, 1024, 32, ((0, 0, 0, 0),))
-    >>> tile_threads(g, 4, m, 2), tile_threads(g, 4, woken, 2)
-    (2, 1)
-    """
-    best, best_us, t = threads, math.inf, max(1, threads)
-    while True:
-        us = tile_plan(gm, itemsize, m, t)[1].total_us
-        if us < best_us * 0.98:
-            best, best_us = t, us
-        if t == 1:
-            return best
-        t = max(1, t // 2)
 
 
 def _mnk(call: BlasCall) -> int:

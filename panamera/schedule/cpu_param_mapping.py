@@ -154,6 +154,7 @@ def param_work(members: tuple[PStatement, ...], kind: str, sizes: dict[str, int]
         reread_bytes=(passes - 1) * row,
         struct=any(m.acc.is_struct and m.combiner.name != WELFORD.name for m in reds),
         width=max((m.acc.itemsize for m in reds if not m.acc.is_struct), default=4),
+        column=lead.form == Form.COLUMN,  # its reads at the probe's column rate, as cpu_cost.work's
     )
 
 
