@@ -5,10 +5,9 @@ how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the 
 
 from __future__ import annotations
 
-import islpy as isl
-
 from ..enums import StrEnum
 from ..model.cpu import LANE_VECTORS, TRANSCENDENTAL
+from ..poly.params import PStatement
 from ..poly.statement import Statement
 
 LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
@@ -24,8 +23,11 @@ class LaneKind(StrEnum):
     ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, offset in the block) per lane
 
 
-def lane_kind(s: Statement) -> LaneKind:
-    """The lanes of reduction statement s (LaneKind).
+def lane_kind(s: Statement | PStatement) -> LaneKind:
+    """The lanes of reduction statement s (LaneKind), static (poly/statement.py) or symbolic
+    (poly/params.py: schedule/cpu_param_mapping.py `arg_lanes` asks this too): an argmax/argmin
+    scans in ARG lanes where its index read rises with j (`rises_with_j`, each read type's own
+    answer from its address or its axes).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -43,10 +45,7 @@ def lane_kind(s: Statement) -> LaneKind:
     if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in LANE_TYPES:
         return LaneKind.PLAIN
     x = b.args[1]
-    r = s.reads[x.read] if x.op == "load" else None
-    # a symbolic statement's read (poly/params.py PRead) has no isl address: its own rule decides
-    # (schedule/cpu_param_mapping.py `arg_lanes`), and its lanes are sized by the key, as before
-    if r is not None and not r.memory and hasattr(r, "addr") and _rises_with_j(r.addr):
+    if x.op == "load" and s.reads[x.read].rises_with_j(s):
         return LaneKind.ARG
     return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
 
@@ -73,11 +72,3 @@ def pass_vectors(statements: list[Statement]) -> int:
     """
     heavy = any(e.op in TRANSCENDENTAL for s in statements for e in s.body.walk())
     return 1 if heavy else LANE_VECTORS
-
-
-def _rises_with_j(addr: isl.PwAff) -> bool:
-    """Whether an index (an iota's address over the canonical domain) grows with j, one per step."""
-    pos = addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
-    if pos < 0:
-        return False
-    return all(aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in addr.get_pieces())
