@@ -1,6 +1,7 @@
 """How a CPU row scan spreads each reduction's accumulator over its W lanes (`LaneKind`, decided
 once here from the statement; codegen/cpu_lanes.py emits it, schedule/cpu_cost.py costs it), and
-how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the decision's lanes).
+how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the decision's lanes;
+each pass's, `group_vectors`, carried on the decision as `CpuDecision.vectors`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 from ..enums import StrEnum
 from ..model.cpu import LANE_VECTORS, TRANSCENDENTAL
 from ..poly.params import PStatement
-from ..poly.statement import Statement
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, Statement, StatementKind
+from ..poly.stitch import levels
 
 LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
 FLAGGED_COMBINERS = ("max", "min")
@@ -72,3 +75,25 @@ def pass_vectors(statements: list[Statement]) -> int:
     """
     heavy = any(e.op in TRANSCENDENTAL for s in statements for e in s.body.walk())
     return 1 if heavy else LANE_VECTORS
+
+
+def group_vectors(g: KernelGroup) -> tuple[int, ...]:
+    """`pass_vectors` of each row pass of group g, by its pass (poly/stitch.py `levels`; one pass
+    unless stitched) over the statements it scans (an epilogue, a MAP-form statement, runs once
+    a row and scans nothing): decided once, for the mapper's decision (`CpuDecision.vectors`,
+    which codegen/cpu_lanes.py reads), the cost (schedule/cpu_cost.py) and the rows
+    (schedule/cpu_rows.py).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((4, 50), "float32")
+    >>> e = pn.exp(x - pn.max(x, axis=1, keepdims=True))
+    >>> group_vectors(lower(e / pn.sum(e, axis=1, keepdims=True), target="cpu", stop_after="groups").groups[0])
+    (4, 1, 1)
+    """
+    lv = levels(g.statements) if g.stitched else {}
+    passes: list[list[Statement]] = [[] for _ in range(max(lv.values(), default=0) + 1)]
+    for s in g.statements:
+        if not (s.kind == StatementKind.MAP and s.form == Form.MAP):
+            passes[lv.get(s.name, 0)].append(s)
+    return tuple(pass_vectors(ss) for ss in passes)

@@ -39,7 +39,7 @@ from ..enums import StrEnum
 from ..model.cpu import CpuModel
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
-from .cpu_lane_kind import LaneKind, lane_kind
+from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
 from .cpu_prefetch import Prefetch, choose_prefetch
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
@@ -125,6 +125,8 @@ class CpuDecision:
     rows: int = 1  # rows a stitched ROW pass scans at once (codegen/cpu_interleave.py; schedule/cpu_rows.py)
     gemm: GemmPlan | None = None  # a contraction run by the BLAS or the tile kernel (schedule/cpu_contraction.py)
     prefetch: Prefetch | None = None  # the first pass's rows prefetched ahead (schedule/cpu_prefetch.py)
+    # each row pass's vector registers of lanes (W = that x lanes; schedule/cpu_lane_kind.py `group_vectors`)
+    vectors: tuple[int, ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -222,4 +224,7 @@ def map_cpu(
     merge = merge_mode(group, s, deterministic)
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
     prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
-    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch)
+    return CpuDecision(
+        form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch,
+        vectors=group_vectors(group),
+    )  # fmt: skip
