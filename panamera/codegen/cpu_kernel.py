@@ -18,8 +18,8 @@ thread and call) and read back by the later ones. A later pass's division by a r
 and torch do: at most one more rounding (<= 1.5 ulp instead of 0.5), one division per row
 instead of one per element. A split reduction (decision.split > 1) writes one
 partial per (output, chunk), merged as its decision's `merge` says (schedule/cpu_mapper.py:
-in chunk order after the tasks' barrier, by the last task of the output, or by atomic
-compare-and-swap into a shared accumulator; codegen/cpu_merge.py), then finished.
+in chunk order by the last task of the output, or by atomic compare-and-swap into a shared
+accumulator; codegen/cpu_merge.py), then finished.
 
 Entry point of a kernel: `extern "C" void NAME(void** pn_a, int pn_nt)`, the buffers in the order
 of `CpuKernel.params`, `pn_nt` threads. A kernel the mapper runs on one thread opens no parallel

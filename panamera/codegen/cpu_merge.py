@@ -1,8 +1,8 @@
 """The partials of a reduction split over threads on the CPU target (decision.split > 1) and
 their merge (codegen/cpu_kernel.py's `_Kernel` mixes these in): each task writes one partial per
-(output, chunk), merged as the decision's `merge` says (schedule/cpu_mapper.py's CpuMerge) —
-ORDERED: in chunk order after the tasks' barrier; LAST: by the last task of the output, found by
-an acquire-release counter; ATOMIC: by compare-and-swap into a shared accumulator — then finished.
+(output, chunk), merged as the decision's `merge` says (model/cpu.py's CpuMerge, chosen by
+schedule/cpu_mapper.py's `merge_mode`) — LAST: in chunk order by the last task of the output, found
+by an acquire-release counter; ATOMIC: by compare-and-swap into a shared accumulator — then finished.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def before_tasks(merge: CpuMerge, outputs: int | str, sets: str) -> list[str]:
 
 
 def after_tasks(merge: CpuMerge, outputs: int | str, combine: list[str]) -> list[str]:
-    """ORDERED and ATOMIC: after the tasks' barrier, each output i merged and finished (`combine`),
-    the region's last loop; nothing for LAST (its last task merged)."""
-    if merge == CpuMerge.LAST:
+    """ATOMIC: after the tasks' barrier, each output i read back and finished (`combine`), the
+    region's last loop; nothing for LAST (each output's last task finished it)."""
+    if merge != CpuMerge.ATOMIC:
         return []
     head = ["#pragma omp for schedule(static) nowait", f"for (pn_idx i = 0; i < {outputs}; ++i) {{"]
     return head + ["  " + ln for ln in combine] + ["}"]
@@ -61,7 +61,7 @@ class SplitMerge:
     indices), `owners(here)`, `finish(here, acc)` and `run_epilogues(after)`."""
 
     def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
-        """The per-call arrays of a split plan: partials (ORDERED, LAST; chunk-major, chunk p's
+        """The per-call arrays of a split plan: partials (LAST; chunk-major, chunk p's
         outputs at p * M: a COLUMN task's block of partials shares no cache line with another
         chunk's), a counter per output or block (LAST), one shared accumulator per output
         (ATOMIC); and the lines that free them."""
@@ -78,7 +78,7 @@ class SplitMerge:
         return alloc, free
 
     def combine_partials(self) -> list[str]:
-        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
+        """Output i's partials combined in chunk order (LAST) or its shared accumulator
         read (ATOMIC), then finished, and its epilogues."""
         g, d = self.g, self.d
         out = []
@@ -119,5 +119,5 @@ class SplitMerge:
         return last_of(counter, self.d.split)
 
     def after_tasks(self) -> list[str]:
-        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
-        return after_tasks(self.d.merge, self.d.M, self.combine_partials() if self.d.merge != CpuMerge.LAST else [])
+        """ATOMIC: after the tasks' barrier, each output read back and finished."""
+        return after_tasks(self.d.merge, self.d.M, self.combine_partials() if self.d.merge == CpuMerge.ATOMIC else [])

@@ -352,7 +352,7 @@ class _Kernel(RowValues):
         return out + self.finish(self.phases[0], "pn_m")
 
     def after_tasks(self) -> list[str]:
-        return after_tasks(self.d.merge, "pn_M", self.combine() if self.d.merge != CpuMerge.LAST else [])
+        return after_tasks(self.d.merge, "pn_M", self.combine() if self.d.merge == CpuMerge.ATOMIC else [])
 
     def chunk(self) -> list[str]:
         """A split's chunk length from the bound N: whole SIMD vectors (the chunks past N are empty)."""

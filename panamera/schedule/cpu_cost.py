@@ -207,11 +207,11 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
     """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision) on
     `threads` threads: a contraction the decision gives to the BLAS or the tile kernel (`d.gemm`,
     schedule/cpu_contraction.py) at that kernel's modeled time, the choice read, not made again;
-    any other group as a generated kernel."""
+    any other group as a generated kernel, its split's partials merged as the decision's `merge`."""
     if d.gemm is not None:
         return d.gemm.time(m, threads)
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
-    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes)
+    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes, d.merge)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:

@@ -165,15 +165,23 @@ def block_of(members: tuple[PStatement, ...], lanes: int, simd_bytes: int) -> in
 
 
 def time_at(
-    members, kind: str, sizes: dict[str, int], split: int, block: int, lanes: int, m: CpuModel, threads=None
+    members,
+    kind: str,
+    sizes: dict[str, int],
+    split: int,
+    block: int,
+    lanes: int,
+    m: CpuModel,
+    threads=None,
+    merge: CpuMerge = CpuMerge.LAST,
 ) -> KernelTime:
-    """The modeled time of the kernel at `sizes` with `split` chunks per output."""
+    """The modeled time of the kernel at `sizes` with `split` chunks per output, merged as `merge`."""
     w = param_work(members, kind, sizes)
     if w.elements == 0:
         return KernelTime(0.0, 0.0, 0.0, 0.0, 0.0, "L2", 0)
     s = max(1, min(split, w.N)) if w.N else 1
     tasks = math.ceil(w.M / min(block, max(w.M, 1))) * s
-    return kernel_time(w, m, tasks, s, threads, lanes)
+    return kernel_time(w, m, tasks, s, threads, lanes, merge)
 
 
 def candidates(
@@ -265,9 +273,16 @@ def map_cpu_group(
             return max(t / f if f > 0 else 1.0 for t, f in zip(times[o], floor))
 
         threads, best = min(options, key=lambda o: (round(worst(o), 2), -o[0], o[1]))
-    rep = time_at(members, kind, cls.representative(), best, block, lanes, m, threads).total_us
+    z = cls.representative()
+    merge = merge_mode(  # priced at the representative size (model/cpu.py `merge_us`)
+        group,
+        best,
+        deterministic,
+        lambda mode: time_at(members, kind, z, best, block, lanes, m, threads, mode).merge_us,
+    )
+    rep = time_at(members, kind, z, best, block, lanes, m, threads, merge).total_us
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
-        merge_mode(group, best, deterministic), INNER, rep, threads, scan := lane_scan(members, cls, lanes),
+        merge, INNER, rep, threads, scan := lane_scan(members, cls, lanes),
         choose_reuse(members, kind, cls, m), arg_lanes(members, scan),
     )  # fmt: skip
