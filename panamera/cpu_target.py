@@ -31,7 +31,8 @@ import math
 from . import cpu_segments
 from . import segments as sorted_segments
 from .codegen import islast
-from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
+from .codegen.cpu_host_kernels import host_blas, render_cpu_empty
+from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.cpu_merge import ATOMIC_COMBINE
 from .codegen.cpu_tile import TILE_SOURCE
