@@ -13,6 +13,7 @@ import sys
 
 from . import cpu_target as _cpu_target  # noqa: F401  (registers target="cpu" with the compiler)
 from . import dtypes, errors
+from . import dynamic_compile as _dynamic_compile  # noqa: F401  (registers symbolic graphs with the compiler)
 from ._version import __version__ as __version__
 from .compiler import Compiled, compile
 from .dynamic import DynamicCompiled, SymbolicSchedule

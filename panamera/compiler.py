@@ -50,7 +50,7 @@ _log = logs.get("compiler")
 # cpu_target.py, which builds on the stages of stages.py, for target="cpu").
 TARGET_COMPILERS: dict[Target, Callable] = {}
 
-# The compiler of graphs with symbolic extents (panamera/dynamic.py registers itself on import).
+# The compiler of graphs with symbolic extents (panamera/dynamic_compile.py registers itself on import).
 SYMBOLIC: list[Callable] = []
 
 

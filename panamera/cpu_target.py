@@ -31,8 +31,10 @@ import math
 from . import cpu_segments
 from . import segments as sorted_segments
 from .codegen import islast
-from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, host_blas, render_cpu, render_cpu_empty
+from .codegen.cpu_host_kernels import host_blas, render_cpu_empty
+from .codegen.cpu_kernel import CpuKernel, CpuUnsupportedError, render_cpu
 from .codegen.cpu_lanes import LANE_FOLD
+from .codegen.cpu_merge import ATOMIC_COMBINE
 from .codegen.cpu_tile import TILE_SOURCE
 from .codegen.header import prelude
 from .compiler import TARGET_COMPILERS
@@ -53,15 +55,15 @@ from .schedule.cpu_mapper import CpuMachine
 from .schedule.formulation import choose_formulations, nondeterministic, substitute
 from .stages import kernel_name, run_stages
 
-# The ATOMIC merge (schedule/cpu_mapper.py): a task's partial combined into a shared accumulator
-# by compare-and-swap, with the combiner's functor (header.py), for any scalar accumulator.
-ATOMIC_COMBINE = """#include <atomic>
-template <class F, class T> static inline void pn_atomic_combine(T* p, T v) {
-  std::atomic_ref<T> r(*p);
-  T old = r.load(std::memory_order_relaxed);
-  while (!r.compare_exchange_weak(old, F::apply(old, v), std::memory_order_relaxed)) {}
-}
-"""
+
+def cpu_source(parts: list[str]) -> str:
+    """The C++ of a CPU library (a static program's or a symbolic class's, dynamic_cpu.py): the
+    preamble every kernel may need (the ATOMIC merge's compare-and-swap, codegen/cpu_merge.py; the
+    lane folds, codegen/cpu_lanes.py; the SIMD math, runtime/cpu.py; the header's prelude of what
+    the body uses, codegen/header.py), then isl's helpers and the `parts` (declared reductions,
+    kernels, entry points)."""
+    body = islast.HELPERS + "\n".join(parts) + "\n"
+    return "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
 
 
 def _unfused(outs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
@@ -152,8 +154,7 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
     decls += [cpu_gemm.GEMM_SOURCE] if any(k.calls_blas and k.source for k in kernels) else []
     decls += [TILE_SOURCE] if any(k.tile is not None for k in kernels) else []
     entry = [program_entry(plan, calls)]  # runtime/cpu_call.py
-    body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels if k.source), *entry]) + "\n"
-    source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
+    source = cpu_source([*decls, *(k.source for k in kernels if k.source), *entry])
     a = dataclasses.replace(a, plan=plan, source=source)
     ex = CpuExecutor(plan, source, calls, machine.cores, _bound(a), any(k.calls_blas for k in kernels))
     return CpuCompiled(a, options, single, ex, "chosen by the CPU model", tuple(kernels), source, model)

@@ -20,47 +20,38 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import cache as compile_cache
 from . import compiler
 from . import options as _options
-from .algebra import AtomicStrategy, ordered
 from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
 from .codegen.param_stitched import render_group
 from .compiled import write_out
+from .dynamic_resident import resident_buffer, resident_key
 from .errors import (
     BackendError,
     DTypeError,
     EmptyReductionError,
-    EmulatorWarning,
     InputError,
     OptionError,
     ScheduleError,
-    StaleScheduleWarning,
     SymbolBindingError,
-    TargetRefused,
 )
 from .frontend import symbolic
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
 from .model.kernel_cost import sequence_s
-from .poly.param_attention import recognize_symbolic
 from .poly.params import ParamProgram, PStatement, build, storage
 from .poly.statement import Form, StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cuda as cuda_backend
 from .runtime import emulator
 from .runtime.param_backends import CudaBackend, EmulatorBackend
-from .schedule import database
-from .schedule.decision import MergeMode
-from .schedule.derived import workspace_dtype
 from .schedule.param_mapping import ParamDecision, group_cost, group_name, map_group
 from .schedule.param_schedule import ClassPlan, SymbolicSchedule, check_bound
 from .schedule.size_class import SizeClass
@@ -415,7 +406,7 @@ class DynamicCompiled:
     def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:
         """One call: every kernel of the class in order, grids and extents from the bound sizes."""
         bufs = {f"t:{t.uid}": a for t, a in zip(self.inputs, inputs)}
-        resident = ck.resident.setdefault(_resident_key(backend), {})
+        resident = ck.resident.setdefault(resident_key(backend), {})
         for group, d, k in zip(members(self.program), ck.plan.decisions, ck.kernels):
             for m in group:
                 bufs[f"t:{m.result.uid}"] = backend.empty(
@@ -436,7 +427,7 @@ class DynamicCompiled:
                     value = M if a.key == "pn_M" else N if a.key == "pn_N" else sizes[a.key.removeprefix("pn_s_")]
                     args.append(backend.scalar(value))
                 elif a.key.startswith(("ws:", "cnt:")):
-                    args.append(backend.pointer(_resident(resident, backend, s, d, a.key, M, gx)))
+                    args.append(backend.pointer(resident_buffer(resident, backend, s, d, a.key, M, gx)))
                 else:
                     args.append(backend.pointer(bufs[a.key]))
             backend.launch(k.name, (gx, gy, 1), (d.tx, d.ty, 1), args)
@@ -450,49 +441,12 @@ class DynamicCompiled:
         return results
 
 
-def _resident_key(backend) -> str:
-    """Resident buffers per backend: the emulator's, or per CUDA device and stream."""
-    if backend.name != "cuda":
-        return backend.name
-    from .runtime.executor import current_cuda_key
-
-    return current_cuda_key(backend.cupy)
-
-
-def _resident(resident: dict, backend, s: PStatement, d: ParamDecision, key: str, M: int, gx: int):  # noqa: N803
-    """A class's resident workspace or counter, grown to this call's need (a new one is
-    initialised: the identity, or zero counters); the last block of every call resets it."""
-    if key.startswith("cnt:"):
-        need, dtype, fill = gx, np.uint32, 0
-    else:
-        need = M * (d.split if d.merge == MergeMode.PARTIALS else 1)
-        dtype = workspace_dtype(s, d.merge).np
-        fill = _workspace_fill(s) if d.merge == MergeMode.ATOMIC_WS else None
-    have = resident.get(key)
-    if have is None or have[0] < need:
-        buf = backend.empty(max(need, 1), dtype)
-        if fill is not None:
-            backend.fill(buf, fill)
-        resident[key] = have = (max(need, 1), buf)
-    return have[1]
-
-
 def cls_tag(cls: SizeClass) -> str:
     return "_".join(f"{s.k + 1}a{s.align}" for s in cls.symbols) or "c"
 
 
 def _at(extent, sizes: dict[str, int]) -> int:
     return symbolic.evaluate((extent,), sizes)[0]
-
-
-def _workspace_fill(s: PStatement):
-    """The identity an atomic workspace starts from: the combiner's, or its integer image
-    (algebra.ordered, the numpy definition of codegen/header.py's pn_ordered), as the static
-    kernels' workspace_identity (codegen/reduce_kernel.py) prints it."""
-    ident = s.combiner.identity(s.acc)
-    if s.combiner.atomic(s.acc) == AtomicStrategy.ORDERED:
-        return ordered(np.array([ident], s.acc.np), s.combiner.ordered_top)[0]
-    return ident
 
 
 def _refuse_empty(s: PStatement) -> None:
@@ -512,96 +466,3 @@ def resolve_target(target) -> str:
     if target == "auto":
         return "cuda" if cuda_backend.available() else str(_options.host_target())
     return target
-
-
-def _program(outputs, single: bool, target: str, deterministic: bool, gpu, schedule) -> DynamicCompiled:
-    """On the CPU target, the parametric program's CPU kernels (dynamic_cpu.py); else decode
-    attention's fused plan over the symbols where it is legal (dynamic_attention.py) and the
-    schedule, if any, is a fused one; else the parametric program (poly/params.py)."""
-    if resolve_target(target) == "cpu":
-        from .dynamic_cpu import DynamicCpuCompiled
-
-        if schedule is not None:
-            raise OptionError("target='cpu': schedule= replays GPU class plans; a symbolic CPU program has none")
-        if recognize_symbolic(tuple(outputs)) is not None:
-            raise TargetRefused(
-                "target='cpu': a symbolic fused attention has no CPU kernels (its chain's contractions are not "
-                "symbolic either); compile it at concrete sizes (DynamicCompiled.specialize) or on the emulator"
-            )
-        return DynamicCpuCompiled(outputs, single, deterministic, gpu)
-    fused = recognize_symbolic(tuple(outputs))
-    if fused is not None and (schedule is None or schedule.formulations == ("attention=fused",)):
-        from .dynamic_attention import DynamicAttention
-
-        return DynamicAttention(outputs, single, target, deterministic, gpu, fused, schedule)
-    return DynamicCompiled(outputs, single, target, deterministic, gpu, schedule)
-
-
-def _from_database(outputs, single: bool, target: str, deterministic: bool, gpu) -> DynamicCompiled | None:
-    """The program with its class plans replayed from the database entry of its signature, or
-    None (no entry, or a stale one: skipped with a one-line StaleScheduleWarning)."""
-    entry = database.lookup(database.signature(tuple(outputs)), resolve_gpu(gpu)[0].name)
-    if entry is None:
-        return None
-    if not isinstance(entry.schedule, SymbolicSchedule):
-        warnings.warn(f"schedules/{entry.name}: skipped (a static schedule for a symbolic program)",
-                      StaleScheduleWarning, stacklevel=4)  # fmt: skip
-        return None
-    try:
-        k = _program(outputs, single, target, deterministic, gpu, entry.schedule)
-    except ScheduleError as e:
-        warnings.warn(f"schedules/{entry.name}: skipped ({e})", StaleScheduleWarning, stacklevel=4)
-        return None
-    k.origin = f"from schedules/{entry.name}"
-    return k
-
-
-_PROGRAMS: dict = {}  # the in-memory cache of symbolic programs, by graph and options
-
-
-def compile_symbolic(
-    outputs, single: bool, target: str, deterministic: bool, gpu, split, schedule, cache=True, use_database=True
-):
-    """The compiler's entry for symbolic graphs (registered in compiler.SYMBOLIC): a program
-    compiled before (the same graph and options) is returned with its classes. A plain compile
-    (no schedule, not deterministic) replays the schedule database's entry for the program's
-    signature (schedule/database.py); a stale one is skipped with a StaleScheduleWarning."""
-    if split is not None:
-        raise OptionError("compile: split= is a static override; a symbolic program decides the split per size class")
-    if schedule is not None and not isinstance(schedule, SymbolicSchedule):
-        raise OptionError(f"compile: a symbolic program replays a SymbolicSchedule, got {type(schedule).__name__}")
-    gpu_name = resolve_gpu(gpu)[0].name
-    auto, target = str(target) == "auto", resolve_target(target)
-    database_ok = use_database and target != "cpu"  # the database holds GPU class plans
-    key = (compile_cache.graph_key(outputs), target, bool(deterministic), gpu_name, single, bool(database_ok))
-    if cache and schedule is None and key in _PROGRAMS:
-        return _PROGRAMS[key]
-    k = _from_database(outputs, single, target, deterministic, gpu) if database_ok and not (
-        schedule is not None or deterministic
-    ) else None  # fmt: skip
-    if k is None:
-        try:
-            k = _program(outputs, single, target, deterministic, gpu, schedule)
-        except TargetRefused as e:  # auto chose cpu, which refuses: the emulator, as for static programs
-            if not auto:
-                raise
-            text = ("{auto} chose the CPU target, which refuses this symbolic program ({why}); it runs on the CPU "
-                    "emulator instead, a correctness tool, not a fast CPU path; {emulator} says so explicitly")  # fmt: skip
-            warnings.warn(
-                EmulatorWarning(
-                    text.format(auto='target="auto"', why=e, emulator='target="emulator"'),
-                    shell=text.format(auto="--target auto", why=e, emulator="--target emulator"),
-                ),
-                stacklevel=3,
-            )
-            return compile_symbolic(
-                outputs, single, "emulator", deterministic, gpu, split, schedule, cache, use_database
-            )
-    if cache and schedule is None:
-        if len(_PROGRAMS) >= 64:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        _PROGRAMS[key] = k
-    return k
-
-
-compiler.SYMBOLIC.append(compile_symbolic)

@@ -31,6 +31,7 @@ from . import dynamic
 from .codegen import islast
 from .codegen.attention_kernel import render_attention
 from .codegen.header import prelude
+from .dynamic_resident import resident_key
 from .errors import EmptyReductionError, ScheduleError
 from .frontend import symbolic
 from .model.detect import resolve as resolve_gpu
@@ -185,7 +186,7 @@ class DynamicAttention(dynamic.DynamicCompiled):
         grid_y = batch * c.Hkv
         need = {"m": p.split * p.row_tiles * grid_y * p.rows_per_tile}
         need["s"], need["o"], need["cnt"] = need["m"], need["m"] * c.D, p.row_tiles * grid_y
-        resident = ck.resident.setdefault(dynamic._resident_key(backend), {})
+        resident = ck.resident.setdefault(resident_key(backend), {})
         bufs = {f"in:{t.uid}": x for t, x in zip(self.inputs, inputs)}
         for name, grid in ((ck.main, (p.split * p.row_tiles, grid_y, 1)), (ck.merge, (p.row_tiles, grid_y, 1))):
             if not name:

@@ -28,11 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .algebra import FinishKind
-from .codegen import islast
-from .codegen.cpu_lanes import LANE_FOLD
 from .codegen.cpu_param_kernel import CpuParamKernel, render_cpu_group, scalars
-from .codegen.header import prelude
-from .cpu_target import ATOMIC_COMBINE, cpu_model
+from .cpu_target import cpu_model, cpu_source
 from .dynamic import DynamicCompiled, _at, _count, _refuse_empty, members
 from .errors import AxisError, EmptyReductionError, OptionError, PanameraError
 from .frontend import symbolic
@@ -40,7 +37,6 @@ from .poly.params import build, storage
 from .poly.statement import StatementKind
 from .runtime import arrays as arrays_mod
 from .runtime import cpu as cpu_backend
-from .runtime.cpu import SIMD_MATH
 from .runtime.cpu_call import address
 from .schedule import onehot
 from .schedule.cpu_mapper import CpuMachine
@@ -160,8 +156,7 @@ class DynamicCpuCompiled(DynamicCompiled):
             for k, (g, d) in enumerate(zip(members(self.program), plan.decisions))
         )
         decls = sorted({r for k in kernels for r in k.reductions})
-        body = islast.HELPERS + "\n".join([*decls, *(k.source for k in kernels)]) + "\n"
-        source = "#include <cstdlib>\n" + ATOMIC_COMBINE + LANE_FOLD + SIMD_MATH + prelude(body) + body
+        source = cpu_source([*decls, *(k.source for k in kernels)])
         if source not in self._libs:  # classes with equal plans print equal sources: one library
             self._libs[source] = cpu_backend.build(source)
             self.counters["sources_built"] += 1

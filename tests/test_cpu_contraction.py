@@ -11,7 +11,7 @@ from conftest import random_array, tolerance
 import panamera as pn
 import panamera.model.cpu_tile as model_tile
 import panamera.schedule.cpu_contraction as cpu_contraction
-from panamera.codegen.cpu_kernel import host_blas
+from panamera.codegen.cpu_host_kernels import host_blas
 from panamera.codegen.cpu_tile import TileShape
 from panamera.compiler import lower
 from panamera.model.cpu import CpuModel

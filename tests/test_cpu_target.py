@@ -66,21 +66,22 @@ def test_dtypes(dtype, rng):
     close(r[2], ref.max(), dtype, 1)
 
 
-@pytest.mark.parametrize("merge", ["ordered", "last", "atomic"])
+@pytest.mark.parametrize("merge", ["last", "atomic"])
 def test_split_merge_modes(merge, rng, monkeypatch):
     """Few outputs: the reduction is split in fixed chunks (forced here, so the plan does not
     depend on this machine), ROW, ALL and COLUMN forms, in each merge mode (forced through
-    cpu_mapper.merge_mode, the one rule that picks it). ORDERED and LAST combine the partials in
-    chunk order: bit-identical on 1 and 2 threads; ATOMIC within the derived tolerance."""
+    cpu_mapper.merge_mode, the one rule that picks it; shown by explain()). LAST combines the
+    partials in chunk order: bit-identical on 1 and 2 threads; ATOMIC within the derived tolerance."""
     from panamera.schedule import cpu_mapper
 
     mode = cpu_mapper.CpuMerge(merge)
-    monkeypatch.setattr(cpu_mapper, "merge_mode", lambda g, s, d: mode if s > 1 else cpu_mapper.CpuMerge.NONE)
+    monkeypatch.setattr(cpu_mapper, "merge_mode", lambda g, s, d, price: mode if s > 1 else cpu_mapper.CpuMerge.NONE)
     x = pn.placeholder((3, 40000), "float32", name="x")
     y = pn.placeholder((20000, 40), "float32", name="y")
     outs = [pn.sum(x, axis=1), pn.sum(x), pn.sum(y, axis=0) * 0.5, pn.max(x, axis=1)]
     k = pn.compile(outs, target="cpu", split=7, cache=False)
     assert all(d.split > 1 and d.merge == mode for d in k.decisions if d.form != "MAP"), k.explain()
+    assert f"merge={merge}" in k.explain()
     a, b = random_array((3, 40000), "float32", rng), random_array((20000, 40), "float32", rng)
     one, two = k(a, b, threads=1), k(a, b, threads=2)
     if mode != cpu_mapper.CpuMerge.ATOMIC:
@@ -95,8 +96,9 @@ def test_split_merge_modes(merge, rng, monkeypatch):
 
 
 def test_merge_rule():
-    """Split: LAST, deterministic or not, for scalar accumulators (argmax's is one packed int64)
-    and struct ones (Welford's variance) alike; not split, NONE."""
+    """Split: the model's prices (model/cpu.py `merge_us`) choose LAST for scalar accumulators
+    (argmax's is one packed int64) and struct ones (Welford's variance) alike, deterministic or
+    not; not split, NONE."""
     from panamera.compiler import lower
     from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
 
@@ -108,6 +110,31 @@ def test_merge_rule():
         modes.append([str(map_cpu(g, two, 4, deterministic=det).merge) for det in (True, False)])
     assert modes == [["last", "last"]] * 3, modes
     assert map_cpu(g, two, 1).merge == "none"
+
+
+def test_merge_rule_follows_the_price(monkeypatch):
+    """Where the model prices ATOMIC below LAST (here: free compare-and-swaps and barriers), the
+    mapper chooses it, except under its preconditions (schedule/cpu_mapper.py `merge_mode`):
+    1. deterministic: LAST; 2. a struct accumulator (Welford's variance): LAST."""
+    import dataclasses
+
+    from panamera.compiler import lower
+    from panamera.model import cpu as cpu_model
+    from panamera.model.cpu import CpuModel
+    from panamera.schedule.cpu_mapper import CpuMachine, map_cpu
+
+    monkeypatch.setattr(cpu_model, "ATOMIC_RMW_NS", 0.0)
+    two = CpuMachine(cores=2, simd_bytes=32, name="test")
+    m = CpuModel.nominal(2, 32)
+    free = dataclasses.replace(m, rates=dataclasses.replace(m.rates, fork_us=(0.0, 0.0)))
+    x = pn.placeholder((2, 1 << 17), "float32", name="x")
+    groups = [
+        lower(y, stop_after="groups", target="emulator").groups[0] for y in (pn.sum(x, axis=1), pn.var(x, axis=1))
+    ]
+    assert map_cpu(groups[0], two, 4, model=free).merge == "atomic"
+    assert map_cpu(groups[0], two, 4, model=m).merge == "last"  # its barriers priced: LAST
+    assert map_cpu(groups[0], two, 4, model=free, deterministic=True).merge == "last"  # 1
+    assert map_cpu(groups[1], two, 4, model=free).merge == "last"  # 2
 
 
 def test_mapper_splits_few_outputs():

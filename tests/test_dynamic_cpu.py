@@ -86,11 +86,11 @@ SPLITS = {
 }
 
 
-@pytest.mark.parametrize("merge", [None, "ordered", "atomic"], ids=["rule", "ordered", "atomic"])
+@pytest.mark.parametrize("merge", [None, "atomic"], ids=["rule", "atomic"])
 @pytest.mark.parametrize("name", list(SPLITS))
 def test_split_reductions_in_every_merge_mode(name, merge, rng, monkeypatch):
-    """A split of 4 merged as cpu_mapper.merge_mode says (LAST, deterministic or not), or in a
-    mode forced through it (ORDERED, ATOMIC; Welford's struct cannot be compare-and-swapped)."""
+    """A split of 4 merged as cpu_mapper.merge_mode says under `deterministic` (LAST: the same bits
+    on 1 and 2 threads), or ATOMIC forced through it (Welford's struct cannot be compare-and-swapped)."""
     from panamera.schedule import cpu_param_mapping
     from panamera.schedule.cpu_mapper import CpuMerge
 
@@ -99,9 +99,9 @@ def test_split_reductions_in_every_merge_mode(name, merge, rng, monkeypatch):
         pytest.skip("a struct accumulator has no compare-and-swap merge")
     if merge is not None:
         monkeypatch.setattr(
-            cpu_param_mapping, "merge_mode", lambda g, s, d: CpuMerge(merge) if s > 1 else CpuMerge.NONE
+            cpu_param_mapping, "merge_mode", lambda g, s, d, price: CpuMerge(merge) if s > 1 else CpuMerge.NONE
         )
-    k = DynamicCpuCompiled((build(pn.placeholder(("B", "N"), name="x")),), True, merge == "ordered", None, split=4)
+    k = DynamicCpuCompiled((build(pn.placeholder(("B", "N"), name="x")),), True, merge is None, None, split=4)
     for shape in [(1, 1), (3, 37), (2, 4099)]:  # chunks past N are empty; N not a multiple of the lanes
         a = (rng.random(shape) * 2 - 0.7).astype(np.float32)
         (d,) = k.plan(k.size_class({"B": shape[0], "N": shape[1]})).decisions
@@ -110,7 +110,7 @@ def test_split_reductions_in_every_merge_mode(name, merge, rng, monkeypatch):
         tol = 4 * tolerance("float32", max(shape))
         one, two = k(a, threads=1), k(a, threads=2)
         np.testing.assert_allclose(one, want, rtol=tol, atol=tol, err_msg=f"{name} at {shape}")
-        if str(d.merge) in ("ordered", "last"):  # the partition is the decision's: same bits on any threads
+        if str(d.merge) == "last":  # the partition is the decision's: same bits on any threads
             np.testing.assert_array_equal(one, two)
         else:
             np.testing.assert_allclose(two, want, rtol=tol, atol=tol)
@@ -427,10 +427,9 @@ def test_split_partials_are_chunk_major(axis):
 
     p = build((pn.sum(pn.placeholder(("B", "N"), name="x"), axis=axis),))
     block = 64 if axis == 0 else 1
-    for merge in (CpuMerge.LAST, CpuMerge.ORDERED):
-        d = CpuParamDecision("S0", p.statements[0].form, "single", 2, block, 8, merge, threads=2)
-        src = render_cpu_group(p.statements, d, p, "pn_c0").source
-        assert "pn_part[pn_p * pn_M + i] = " in src and "pn_part[q * pn_M + i]" in src and "pn_part[i * 2" not in src
+    d = CpuParamDecision("S0", p.statements[0].form, "single", 2, block, 8, CpuMerge.LAST, threads=2)
+    src = render_cpu_group(p.statements, d, p, "pn_c0").source
+    assert "pn_part[pn_p * pn_M + i] = " in src and "pn_part[q * pn_M + i]" in src and "pn_part[i * 2" not in src
 
 
 def test_a_column_class_is_priced_at_the_probes_column_rate():

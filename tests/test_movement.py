@@ -233,7 +233,7 @@ def test_precondition_2_a_gathered_producer_is_materialized_first(rng):
 
 
 def test_precondition_2_gather_nd_materializes_its_producer_not_the_reshape(rng):
-    """GatherND reads x through a reshape (frontend/movement.gather_nd): the reshape is looked
+    """GatherND reads x through a reshape (frontend/gather.gather_nd): the reshape is looked
     through (gather_source), so a computed x is materialized itself, and a placeholder is read
     in place (no copy kernel)."""
     a = rng.standard_normal((3, 4, 2)).astype(np.float32)

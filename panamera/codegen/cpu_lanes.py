@@ -1,9 +1,8 @@
 """Row scans of the CPU target in W accumulator lanes (`lanes_pass`, called by codegen/cpu_kernel.py's
 `row_pass`): W = LANE_VECTORS x the decision's SIMD lanes accumulators per reduction, so that a
 scan runs at the speed of its loads rather than of one vector register's add latency (one register
-of lanes in a pass that evaluates exp or another transcendental: schedule/cpu_lane_kind.py's
-`pass_vectors`), folded by
-an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, offset in the block) in the
+of lanes in a pass that evaluates exp or another transcendental: the decision's `vectors`, decided
+by schedule/cpu_lane_kind.py's `group_vectors`), folded by an explicit pairwise tree (no -ffast-math); argmax/argmin kept per lane as (value, offset in the block) in the
 value's own type (LaneKind.ARG), turned into ordered keys (header.py's pn_argkey_*) once per block;
 a float max/min with plain compares and a NaN watch (LaneKind.FLAGGED). The kinds: schedule/cpu_lane_kind.py.
 
@@ -16,7 +15,7 @@ from __future__ import annotations
 import functools
 
 from ..model.cpu import LANE_VECTORS  # noqa: F401 (a cheap pass's registers of lanes; tests import it here)
-from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind, pass_vectors
+from ..schedule.cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_runs import block_head
 from .thread_loop import identity_expr
 
@@ -112,7 +111,7 @@ def lanes_pass(
     if rows > 1:
         return _rows_pass(kern, here, lo, hi, owners, scan, emit, rows, bind)
     ctx = g.statements[0].domain.get_ctx()
-    W, B = pass_vectors([g.statements[k] for k in here]) * d.lanes, d.inner
+    W, B = d.vectors[kern.level[here[0]]] * d.lanes, d.inner
     lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
     tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
     arg = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.ARG]
@@ -257,7 +256,7 @@ def _rows_pass(kern, here: list[int], lo: str, hi: str, owners: list[int], scan,
     < W iterations row after row. Each row's values and their rounding are the one-row scan's."""
     g, d = kern.g, kern.d
     ctx = g.statements[0].domain.get_ctx()
-    W, B = pass_vectors([g.statements[k] for k in here]) * d.lanes, d.inner
+    W, B = d.vectors[kern.level[here[0]]] * d.lanes, d.inner
     lane_ast = scan(ctx, [("q", "0", str(W))], [], "true")
     tail_ast = scan(ctx, [("c0", "pn_lo", "pn_hi")], ["pn_lo", "pn_hi"], f"0 <= pn_lo <= pn_hi <= {d.N}")
     flagged = [k for k in owners if lane_kind(g.statements[k]) == LaneKind.FLAGGED]

@@ -1,8 +1,8 @@
 """The partials of a reduction split over threads on the CPU target (decision.split > 1) and
 their merge (codegen/cpu_kernel.py's `_Kernel` mixes these in): each task writes one partial per
-(output, chunk), merged as the decision's `merge` says (schedule/cpu_mapper.py's CpuMerge) —
-ORDERED: in chunk order after the tasks' barrier; LAST: by the last task of the output, found by
-an acquire-release counter; ATOMIC: by compare-and-swap into a shared accumulator — then finished.
+(output, chunk), merged as the decision's `merge` says (model/cpu.py's CpuMerge, chosen by
+schedule/cpu_mapper.py's `merge_mode`) — LAST: in chunk order by the last task of the output, found
+by an acquire-release counter; ATOMIC: by compare-and-swap into a shared accumulator — then finished.
 """
 
 from __future__ import annotations
@@ -12,13 +12,56 @@ from collections.abc import Callable
 from ..schedule.cpu_mapper import CpuMerge
 from .thread_loop import identity_expr
 
+# The ATOMIC merge: a task's partial combined into a shared accumulator by compare-and-swap, with
+# the combiner's functor (header.py), for any scalar accumulator (in every CPU source's preamble:
+# cpu_target.py `cpu_source`).
+ATOMIC_COMBINE = """#include <atomic>
+template <class F, class T> static inline void pn_atomic_combine(T* p, T v) {
+  std::atomic_ref<T> r(*p);
+  T old = r.load(std::memory_order_relaxed);
+  while (!r.compare_exchange_weak(old, F::apply(old, v), std::memory_order_relaxed)) {}
+}
+"""
+
+
+def tasks_pragma(merge: CpuMerge) -> str:
+    """The work-sharing of a split's tasks' loop (static and symbolic kernels: this and the
+    helpers below are the one source of the merge's OpenMP lines): LAST ends the parallel region
+    with it, so it does not wait at its end (`nowait`: the region's join is the one barrier,
+    where a barrier there and the join each cost a wake-up of a sleeping thread under a passive
+    pool)."""
+    return "#pragma omp for schedule(static)" + (" nowait" if merge == CpuMerge.LAST else "")
+
+
+def last_of(counter: str, split: int) -> str:
+    """LAST: the condition that this task is the last of the `split` of its output (or block) to
+    finish; the acquire-release increment makes the other tasks' partials visible to it."""
+    return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {split - 1}) {{"
+
+
+def before_tasks(merge: CpuMerge, outputs: int | str, sets: str) -> list[str]:
+    """ATOMIC: the shared accumulators of the `outputs` outputs set (`sets`, C statements over i)
+    before the tasks (the work-sharing loop's barrier follows); nothing for the other merges."""
+    if merge != CpuMerge.ATOMIC:
+        return []
+    return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {outputs}; ++i) {{ {sets} }}"]
+
+
+def after_tasks(merge: CpuMerge, outputs: int | str, combine: list[str]) -> list[str]:
+    """ATOMIC: after the tasks' barrier, each output i read back and finished (`combine`), the
+    region's last loop; nothing for LAST (each output's last task finished it)."""
+    if merge != CpuMerge.ATOMIC:
+        return []
+    head = ["#pragma omp for schedule(static) nowait", f"for (pn_idx i = 0; i < {outputs}; ++i) {{"]
+    return head + ["  " + ln for ln in combine] + ["}"]
+
 
 class SplitMerge:
     """Needs of its host: `g` (the group), `d` (the CpuDecision), `reductions` (statement
     indices), `owners(here)`, `finish(here, acc)` and `run_epilogues(after)`."""
 
     def partial_decls(self, counters: int) -> tuple[list[str], list[str]]:
-        """The per-call arrays of a split plan: partials (ORDERED, LAST; chunk-major, chunk p's
+        """The per-call arrays of a split plan: partials (LAST; chunk-major, chunk p's
         outputs at p * M: a COLUMN task's block of partials shares no cache line with another
         chunk's), a counter per output or block (LAST), one shared accumulator per output
         (ATOMIC); and the lines that free them."""
@@ -35,7 +78,7 @@ class SplitMerge:
         return alloc, free
 
     def combine_partials(self) -> list[str]:
-        """Output i's partials combined in chunk order (ORDERED, LAST) or its shared accumulator
+        """Output i's partials combined in chunk order (LAST) or its shared accumulator
         read (ATOMIC), then finished, and its epilogues."""
         g, d = self.g, self.d
         out = []
@@ -52,13 +95,10 @@ class SplitMerge:
         return out + self.run_epilogues(0)
 
     def before_tasks(self) -> list[str]:
-        """ATOMIC: the shared accumulators set to the identity (the loop's barrier follows)."""
-        g, d = self.g, self.d
-        if d.merge != CpuMerge.ATOMIC:
-            return []
+        """ATOMIC: the shared accumulators set to the identity (`before_tasks`)."""
         owners = self.owners(self.reductions)
-        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(g.statements[k])};" for k in owners)
-        return ["#pragma omp for schedule(static)", f"for (pn_idx i = 0; i < {d.M}; ++i) {{ {sets} }}"]
+        sets = " ".join(f"pn_acc{k}[i] = {identity_expr(self.g.statements[k])};" for k in owners)
+        return before_tasks(self.d.merge, self.d.M, sets)
 
     def deliver(self, value: Callable[[int], str]) -> list[str]:
         """A task's partial of output i (`value(k)` for owner k): stored in its chunk's slot,
@@ -73,22 +113,11 @@ class SplitMerge:
         return out
 
     def tasks_pragma(self) -> str:
-        """The work-sharing of the tasks' loop: LAST ends the parallel region with it, so it does
-        not wait at its end (`nowait`: the region's join is the one barrier, where a barrier
-        there and the join each cost a wake-up of a sleeping thread under a passive pool)."""
-        return "#pragma omp for schedule(static)" + (" nowait" if self.d.merge == CpuMerge.LAST else "")
+        return tasks_pragma(self.d.merge)
 
     def last_of(self, counter: str) -> str:
-        """LAST: the condition that this task is the last of its output (or block) to finish; the
-        acquire-release increment makes the other tasks' partials visible to it."""
-        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
+        return last_of(counter, self.d.split)
 
     def after_tasks(self) -> list[str]:
-        """ORDERED and ATOMIC: after the tasks' barrier, each output merged and finished."""
-        if self.d.merge == CpuMerge.LAST:
-            return []
-        out = [
-            "#pragma omp for schedule(static) nowait",
-            f"for (pn_idx i = 0; i < {self.d.M}; ++i) {{",
-        ]  # the region's end
-        return out + ["  " + ln for ln in self.combine_partials()] + ["}"]
+        """ATOMIC: after the tasks' barrier, each output read back and finished."""
+        return after_tasks(self.d.merge, self.d.M, self.combine_partials() if self.d.merge == CpuMerge.ATOMIC else [])

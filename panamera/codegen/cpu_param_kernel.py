@@ -48,6 +48,7 @@ from ..schedule.cpu_param_reuse import address as reuse_address
 from ..schedule.cpu_param_reuse import varying
 from ..schedule.cpu_reuse import nodes_with
 from .cpu_kernel import _print, _scan, declare_reduction, reduction_name
+from .cpu_merge import after_tasks, before_tasks, last_of, tasks_pragma
 from .cpu_region import one_thread
 from .cpu_rows import RowValues, _substitute, reciprocal
 from .expr import ExprRenderer, convert
@@ -331,13 +332,7 @@ class _Kernel(RowValues):
         return alloc, free
 
     def before_tasks(self) -> list[str]:
-        if self.d.merge != CpuMerge.ATOMIC:
-            return []
-        s = self.members[self.phases[0][0]]
-        return [
-            "#pragma omp for schedule(static)",
-            f"for (pn_idx i = 0; i < pn_M; ++i) pn_acc[i] = {identity_expr(s)};",
-        ]
+        return before_tasks(self.d.merge, "pn_M", f"pn_acc[i] = {identity_expr(self.members[self.phases[0][0]])};")
 
     def deliver(self, acc: str) -> str:
         s = self.members[self.phases[0][0]]
@@ -356,21 +351,8 @@ class _Kernel(RowValues):
                    f"for (int q = 1; q < {split}; ++q) pn_m = {f}::apply(pn_m, pn_part[q * pn_M + i]);"]  # fmt: skip
         return out + self.finish(self.phases[0], "pn_m")
 
-    def tasks_pragma(self) -> str:
-        """The tasks' loop; LAST's ends the region: no barrier of its own (codegen/cpu_merge.py)."""
-        return "#pragma omp for schedule(static)" + (" nowait" if self.d.merge == CpuMerge.LAST else "")
-
-    def last_of(self, counter: str) -> str:
-        return f"if (std::atomic_ref<int>({counter}).fetch_add(1, std::memory_order_acq_rel) == {self.d.split - 1}) {{"
-
     def after_tasks(self) -> list[str]:
-        if self.d.merge == CpuMerge.LAST:
-            return []
-        return (
-            ["#pragma omp for schedule(static) nowait", "for (pn_idx i = 0; i < pn_M; ++i) {"]  # the region's end
-            + ["  " + ln for ln in self.combine()]
-            + ["}"]
-        )
+        return after_tasks(self.d.merge, "pn_M", self.combine() if self.d.merge == CpuMerge.ATOMIC else [])
 
     def chunk(self) -> list[str]:
         """A split's chunk length from the bound N: whole SIMD vectors (the chunks past N are empty)."""
@@ -382,14 +364,14 @@ class _Kernel(RowValues):
         s = self.members[self.phases[0][0]]
         alloc, free = self.partials(f"pn_M * {d.split}", "pn_M")
         out = self.chunk() + alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out += [self.tasks_pragma(), f"for (pn_idx pn_t = 0; pn_t < pn_M * {d.split}; ++pn_t) {{"]
+        out += [tasks_pragma(self.d.merge), f"for (pn_idx pn_t = 0; pn_t < pn_M * {d.split}; ++pn_t) {{"]
         out.append(f"  const pn_idx i = pn_t / {d.split}, pn_p = pn_t % {d.split};")
         out.append("  const pn_idx pn_j0 = pn_imin(pn_N, pn_p * pn_chunk), pn_j1 = pn_imin(pn_N, pn_j0 + pn_chunk);")
         out.append(f"  {s.acc.compute} acc0 = {identity_expr(s)};")
         out += ["  " + ln for ln in self.row_pass(self.phases[0], "acc0", "pn_j0", "pn_j1")]
         out.append("  " + self.deliver("acc0"))
         if d.merge == CpuMerge.LAST:
-            out += ["  " + self.last_of("pn_cnt[i]")] + ["    " + ln for ln in self.combine()] + ["  }"]
+            out += ["  " + last_of("pn_cnt[i]", d.split)] + ["    " + ln for ln in self.combine()] + ["  }"]
         out.append("}")
         return out + self.after_tasks() + ["}"] + free
 
@@ -414,7 +396,7 @@ class _Kernel(RowValues):
         alloc, free = self.partials(f"pn_M * {S}", "pn_nb") if S > 1 else ([], [])
         out = [f"const pn_idx pn_nb = (pn_M + {B - 1}) / {B};"] + (self.chunk() if S > 1 else [])
         out += alloc + ["#pragma omp parallel num_threads(pn_nt)", "{", *self.before_tasks()]
-        out += [self.tasks_pragma(), f"for (pn_idx pn_t = 0; pn_t < pn_nb * {S}; ++pn_t) {{"]
+        out += [tasks_pragma(self.d.merge), f"for (pn_idx pn_t = 0; pn_t < pn_nb * {S}; ++pn_t) {{"]
         out.append(f"  const pn_idx pn_i0 = pn_t / {S} * {B}, pn_nq = pn_imin({B}, pn_M - pn_i0);")
         if S > 1:
             out.append(f"  const pn_idx pn_p = pn_t % {S};")
@@ -439,7 +421,7 @@ class _Kernel(RowValues):
             out.append("    " + self.deliver("acc[i - pn_i0]"))
         out.append("  }")
         if d.merge == CpuMerge.LAST:
-            out += ["  " + self.last_of(f"pn_cnt[pn_t / {S}]"), "    " + block]
+            out += ["  " + last_of(f"pn_cnt[pn_t / {S}]", S), "    " + block]
             out += ["      " + ln for ln in self.combine()] + ["    }", "  }"]
         out.append("}")
         if S > 1:

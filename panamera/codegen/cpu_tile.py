@@ -24,29 +24,7 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
-
-
-@dataclass(frozen=True)
-class TileShape:
-    """The register tile: `mr` rows x `nv` vectors of `lanes` columns; K cut into `ksplit` chunks
-    (whole KC blocks), each chunk's partial product a task of its own, the partials then added in
-    chunk order (the multi-block binding of a reduction: where the C tiles cannot occupy the threads).
-
-    >>> TileShape(4, 2, 16).nr
-    32
-    """
-
-    mr: int
-    nv: int
-    lanes: int
-    ksplit: int = 1
-
-    @property
-    def nr(self) -> int:
-        return self.nv * self.lanes
+from ..model.cpu_tile import KC, TileShape  # the shape the model prices, decided below codegen
 
 
 def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = False) -> str:

@@ -17,19 +17,16 @@ from .activations import (
     softplus,
 )
 from .contract import einsum, matmul
+from .gather import gather_nd, index, take, take_along_axis
 from .movement import (
     concatenate,
     depth_to_space,
-    gather_nd,
-    index,
     pad,
     remap,
     resize_nearest,
     slice,
     space_to_depth,
     split,
-    take,
-    take_along_axis,
     tile,
     tril,
     triu,

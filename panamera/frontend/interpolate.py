@@ -8,7 +8,7 @@ on the host (subgraph/resize.py) and passes them in as constant tensors. On the 
 
     y[o] = sum over tap combinations (t_a) of  prod_a w_a[o_a, t_a] * x[.., i_a[o_a, t_a], ..]
 
-Each read of x is one gather (a non-affine read of x's flat offset, frontend/movement.take), and
+Each read of x is one gather (a non-affine read of x's flat offset, frontend/gather.take), and
 each term is element-wise: with at most `UNROLL` combinations the sum is unrolled into one
 element-wise statement that fuses with producers and consumers like any element-wise op; past it
 (antialiased downscales) the taps become reduction axes of an ordinary sum.
@@ -33,7 +33,8 @@ import numpy as np
 from .. import dtypes
 from ..errors import AxisError, DTypeError, ShapeError
 from . import ops
-from .movement import _x, slice, take
+from .gather import take
+from .movement import _x, slice
 from .tensor import Tensor, _check_shape, constant, iota, reshape, where
 
 UNROLL = 16  # at most this many tap combinations are summed element-wise, more are reduction axes

@@ -165,8 +165,8 @@ class Tensor:
         return matmul(o, self)
 
     def __getitem__(self, key) -> Tensor:
-        """numpy's basic indexing (integers, slices, None, ..., one integer Tensor): movement.index."""
-        from .movement import index
+        """numpy's basic indexing (integers, slices, None, ..., one integer Tensor): gather.index."""
+        from .gather import index
 
         return index(self, key)
 

@@ -31,7 +31,9 @@ group whose rows are too long to overlap its passes: the sum over its passes, `s
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
   (ceil(tasks / threads) waves of equal tasks);
-- merge (a split reduction): a second barrier and, per output, its partials combined in order.
+- merge (a split reduction), as the mapper's `CpuMerge` says (`merge_us`): LAST, a counter's
+  atomic increment per task and, per output, its partials combined in order by its last task;
+  ATOMIC, two barriers more and a compare-and-swap per output per task.
 
 The limit is what no plan can beat: the compulsory bytes (inputs once, outputs once) at the best
 bandwidth any probe measured at that level, plus one parallel region's entry.
@@ -50,6 +52,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..enums import StrEnum
 from .cpu_gemm import NOMINAL_GEMM, GemmRates
 
 # Vector registers of accumulators per reduction in a row scan: the code shape codegen/cpu_lanes.py
@@ -66,6 +69,24 @@ ROW_OVERLAP = 0.5
 # prefetches ahead of the loads (schedule/cpu_prefetch.py, `CpuWork.prefetch`): argmax [64x30522],
 # 1 thread, CPU time, kernel level, 2026-11-25 (load 1.5): 295 -> 277 us, at the probed L3 rate.
 PREFETCH_GAIN = 1.06
+
+# A locked read-modify-write on a word of another task's line (a LAST counter's fetch-add, an
+# ATOMIC compare-and-swap combine): they retire one after another, about this long each. Measured
+# 2026-11-25 13:27 UTC (AMD EPYC AVX2, load 10, g++ -O2, std::atomic_ref, 3 rounds of 4M ops):
+# 11.3-20.1 ns a float CAS combine, 12.5-17.0 a fetch-add, 13.6-18.0 a CAS with two threads on the
+# same lines; the probe does not measure it.
+ATOMIC_RMW_NS = 12.0
+
+
+class CpuMerge(StrEnum):
+    """How the tasks that share one split reduction merge their partials (schedule/cpu_mapper.py
+    `merge_mode` chooses by `merge_us`; codegen/cpu_merge.py prints it). Here, below the mapper,
+    because the model prices each."""
+
+    NONE = "none"  # not split: each output's one task finishes it
+    LAST = "last"  # partials; the last task of an output (an atomic counter) combines them in chunk order
+    ATOMIC = "atomic"  # each task combines its partial into the output's accumulator by compare-and-swap
+
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
 DIVISION = frozenset({"div", "sqrt", "rsqrt", "fmod", "mod", "trunc_div"})
@@ -391,11 +412,48 @@ def _combines_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     return w.M * w.row_combines * combine_ns(r, lanes, w.struct, w.vectors) * overlap
 
 
+def merge_us(mode: CpuMerge, r: Rates, outputs: int, tasks: int, split: int, threads: int, lanes: int) -> float:
+    """The modeled merge of `outputs` outputs split in `split` chunks (`tasks` tasks) on `threads`
+    threads, in mode `mode` (us). Both modes pay half a region's entry (the figure every split was
+    charged before the modes were priced: the wait for an output's slowest task). LAST: each task
+    counts itself in its output's counter (one locked read-modify-write, ATOMIC_RMW_NS, a thread's
+    tasks one after another), and each output's last task combines its `split` partials in chunk
+    order (a dependent step each, the probe's add latency). ATOMIC: each task combines each of its
+    outputs into the shared accumulator by compare-and-swap (outputs x split of them, spread over
+    the threads), each output is read back once, and the region waits at two barriers more (the
+    accumulators set, the combines done: under a passive pool each a sleep and a wake-up, half a
+    region's entry; sum column 768x768 split 2 at 2 threads measured 3.95 voluntary context
+    switches a call with ATOMIC, 2.0 with LAST, AMD EPYC, 2026-11-25). A CAS costs more than a
+    combine step, so ATOMIC is dearer wherever both apply; the price decides.
+
+    >>> r = CpuModel.nominal(cores=2, simd_bytes=32).rates
+    >>> [merge_us(mode, r, 40, 280, 7, 2, 8) > 0 for mode in CpuMerge]
+    [False, True, True]
+    >>> merge_us(CpuMerge.ATOMIC, r, 40, 280, 7, 2, 8) > merge_us(CpuMerge.LAST, r, 40, 280, 7, 2, 8)
+    True
+    """
+    if mode == CpuMerge.NONE or split <= 1:
+        return 0.0
+    t = max(1, threads)
+    wait = r.fork(t) / 2
+    step = r.add_ns * lanes * 1e-3  # one dependent combine, us
+    if mode == CpuMerge.LAST:
+        return wait + math.ceil(tasks / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * split * step
+    return 3 * wait + math.ceil(outputs * split / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * step
+
+
 def kernel_time(
-    w: CpuWork, m: CpuModel, tasks: int, split: int, threads: int | None = None, lanes: int = 16
+    w: CpuWork,
+    m: CpuModel,
+    tasks: int,
+    split: int,
+    threads: int | None = None,
+    lanes: int = 16,
+    merge: CpuMerge = CpuMerge.LAST,
 ) -> KernelTime:
     """The modeled time of `w` run as `tasks` equal tasks (`split` chunks per output) on `threads`
-    threads (default: every core) under a static schedule."""
+    threads (default: every core) under a static schedule, a split's partials merged as `merge`
+    says (`merge_us`; the mapper picks the split at LAST's price, then the mode)."""
     t = max(1, threads or m.cores)
     busy = max(1, min(t, tasks))
     waves = math.ceil(max(tasks, 1) / busy)
@@ -406,12 +464,10 @@ def kernel_time(
     rates = (m.gbs(w.bytes, busy), m.gbs(w.bytes, busy, write=True), again)
     parts = [_seconds(p, r, rates, busy, lanes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
-    merge = 0.0
-    if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
-        merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
+    merge_t = merge_us(merge, r, w.M, tasks, split, t, lanes)
     mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
     body = sum(r.both(a, b) for a, b in parts) * 1e6 * imbalance
-    return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
+    return KernelTime(fork + body + merge_t, mem_us, comp_us, fork, merge_t, level, busy)
 
 
 def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, lanes: int) -> tuple[float, float]:

@@ -39,12 +39,36 @@ import math
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ..codegen.cpu_tile import KC, TileShape
 from .cpu_gemm import gemm_time
 
 if TYPE_CHECKING:
     from ..schedule.cpu_gemm import Gemm
     from .cpu import CpuModel, KernelTime
+
+# The register tile codegen/cpu_tile.py prints (`pn_tile_gemm`), here because the model sizes and
+# prices it (model is below schedule and codegen).
+KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
+
+
+@dataclasses.dataclass(frozen=True)
+class TileShape:
+    """The register tile: `mr` rows x `nv` vectors of `lanes` columns; K cut into `ksplit` chunks
+    (whole KC blocks), each chunk's partial product a task of its own, the partials then added in
+    chunk order (the multi-block binding of a reduction: where the C tiles cannot occupy the threads).
+
+    >>> TileShape(4, 2, 16).nr
+    32
+    """
+
+    mr: int
+    nv: int
+    lanes: int
+    ksplit: int = 1
+
+    @property
+    def nr(self) -> int:
+        return self.nv * self.lanes
+
 
 # The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
 # the mean of two machines' fits, 128x32x1024 float32 with B row-major (no pack), one thread:

@@ -71,6 +71,20 @@ class PRead:
         """False for an iota (precondition 1): its value is the index, nothing is loaded."""
         return self.tensor.op != "iota"
 
+    def rises_with_j(self, s: PStatement) -> bool:
+        """Whether this read is an iota whose value is statement s's row index j (so it grows with j,
+        one per step: schedule/cpu_lane_kind.py LaneKind.ARG, as poly/statement.py `Read.rises_with_j`
+        for a static statement): the flat index where every kept axis is 1, or the coordinate along
+        the iota's axis where that axis is s's only reduced one."""
+        if self.memory:
+            return False
+        axis = self.tensor.attr("axis")
+        if axis is None:  # the flat index: j where every axis is reduced
+            return tuple(self.shape) == tuple(s.shape) and all(_one(s.shape[a]) for a in s.i_axes)
+        live = iter(self.axes)
+        at = [None if _one(e) else next(live) for e in self.shape]
+        return at[axis] is not None and s.j_axes == (at[axis],)
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -133,6 +147,10 @@ class PStatement:
             return None
         along = self.N if self.form in (Form.ROW, Form.ALL) else self.M
         return Condition(along, vec, f"{self.name}: vectors of {vec} along the contiguous extent")
+
+
+def _one(e: Extent) -> bool:
+    return isinstance(e, int) and e == 1
 
 
 def box_constraints(s: PStatement) -> str:

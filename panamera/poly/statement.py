@@ -48,6 +48,18 @@ class Read:
         """False for an iota: its "address" is the value itself, nothing is loaded."""
         return self.tensor.op != "iota"
 
+    def rises_with_j(self, s: Statement) -> bool:  # noqa: ARG002 - the symbolic PRead's rule needs s
+        """Whether this read is an iota whose value grows with statement s's canonical j, one per
+        step (an argmax's index its scan's lanes keep, schedule/cpu_lane_kind.py LaneKind.ARG): its
+        address is already over s's canonical domain. poly/params.py `PRead.rises_with_j` is the
+        symbolic statement's answer."""
+        if self.memory:
+            return False
+        pos = self.addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
+        return pos >= 0 and all(
+            aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in self.addr.get_pieces()
+        )
+
 
 @dataclass(frozen=True)
 class Statement:

@@ -4,7 +4,7 @@ numpy's wheels bundle OpenBLAS (`scipy-openblas`: symbols prefixed `scipy_` and,
 integer build, suffixed `64_`); other builds link a system OpenBLAS (`cblas_sgemm`). `blas()`
 finds the library numpy has loaded (threadpoolctl lists it: runtime/blas_threads.py) and its CBLAS `sgemm` /
 `dgemm`, with their integer width; the C helpers below (`GEMM_SOURCE`, in a program's source
-where a kernel is a gemm: codegen/cpu_kernel.py's `host_blas`) call them through pointers that
+where a kernel is a gemm: codegen/cpu_host_kernels.py's `host_blas`) call them through pointers that
 `bind` writes once per loaded library. Where none is found (another BLAS, no /proc), `blas()` is
 None and contractions stay numpy calls between the C entries (runtime/cpu_call.py's HostStep).
 

@@ -11,7 +11,7 @@ A group schedule/cpu_blas.py's rule (`blas_call`) accepts runs as one of:
 
 Any other group (a small or fused contraction included) is a generated kernel: the decision's form
 (ROW dot products, ...) and no `GemmPlan`. The formulation stage's cost (schedule/cpu_cost.py
-`time_of`) and the renderer (codegen/cpu_kernel.py `host_blas`) read the plan; neither chooses.
+`time_of`) and the renderer (codegen/cpu_host_kernels.py `host_blas`) read the plan; neither chooses.
 
 >>> import dataclasses, panamera as pn
 >>> from panamera.compiler import lower

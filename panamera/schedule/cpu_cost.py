@@ -32,7 +32,7 @@ from ..model.cpu import (
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
-from .cpu_lane_kind import LaneKind, lane_kind, pass_vectors
+from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
 from .cpu_reuse import Reuse, saved_by_statement
 
 # Cheap operations that take more than one SIMD instruction (fitted here against a plain sum:
@@ -148,11 +148,7 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch:
         if _struct(stmts[k]):
             c, p = stmts[k].combiner, lv.get(stmts[k].name, 0)
             struct_ops[p] = max(struct_ops[p], (float(c.merge_instructions), float(c.merge_transcendentals)))
-    in_pass: list[list] = [[] for _ in range(passes)]  # each pass's scanned statements (an epilogue runs once a row)
-    for s in stmts:
-        if not (s.kind == StatementKind.MAP and s.form == Form.MAP):
-            in_pass[lv.get(s.name, 0)].append(s)
-    vectors = [pass_vectors(ss) for ss in in_pass]  # the registers of lanes each pass's reductions fold
+    vectors = group_vectors(g)  # the registers of lanes each pass's reductions fold
     combines = [0] * passes
     for k in g.accumulators:
         combines[lv.get(stmts[k].name, 0)] += 1 if g.form in (Form.ROW, Form.ALL) else 0
@@ -211,11 +207,11 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
     """The modeled time of group `g` run as decision `d` (schedule/cpu_mapper.py's CpuDecision) on
     `threads` threads: a contraction the decision gives to the BLAS or the tile kernel (`d.gemm`,
     schedule/cpu_contraction.py) at that kernel's modeled time, the choice read, not made again;
-    any other group as a generated kernel."""
+    any other group as a generated kernel, its split's partials merged as the decision's `merge`."""
     if d.gemm is not None:
         return d.gemm.time(m, threads)
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
-    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes)
+    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes, d.merge)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:

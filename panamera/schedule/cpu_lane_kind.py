@@ -1,15 +1,17 @@
 """How a CPU row scan spreads each reduction's accumulator over its W lanes (`LaneKind`, decided
 once here from the statement; codegen/cpu_lanes.py emits it, schedule/cpu_cost.py costs it), and
-how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the decision's lanes).
+how many vector registers of lanes a pass steps (`pass_vectors`: W = that x the decision's lanes;
+each pass's, `group_vectors`, carried on the decision as `CpuDecision.vectors`).
 """
 
 from __future__ import annotations
 
-import islpy as isl
-
 from ..enums import StrEnum
 from ..model.cpu import LANE_VECTORS, TRANSCENDENTAL
-from ..poly.statement import Statement
+from ..poly.params import PStatement
+from ..poly.program import KernelGroup
+from ..poly.statement import Form, Statement, StatementKind
+from ..poly.stitch import levels
 
 LANE_TYPES = ("float", "double", "int", "long long")  # value types pn_lim knows
 FLAGGED_COMBINERS = ("max", "min")
@@ -24,8 +26,11 @@ class LaneKind(StrEnum):
     ARG = "arg"  # an argmax/argmin key of an index rising with j: (value, offset in the block) per lane
 
 
-def lane_kind(s: Statement) -> LaneKind:
-    """The lanes of reduction statement s (LaneKind).
+def lane_kind(s: Statement | PStatement) -> LaneKind:
+    """The lanes of reduction statement s (LaneKind), static (poly/statement.py) or symbolic
+    (poly/params.py: schedule/cpu_param_mapping.py `arg_lanes` asks this too): an argmax/argmin
+    scans in ARG lanes where its index read rises with j (`rises_with_j`, each read type's own
+    answer from its address or its axes).
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
@@ -43,10 +48,7 @@ def lane_kind(s: Statement) -> LaneKind:
     if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in LANE_TYPES:
         return LaneKind.PLAIN
     x = b.args[1]
-    r = s.reads[x.read] if x.op == "load" else None
-    # a symbolic statement's read (poly/params.py PRead) has no isl address: its own rule decides
-    # (schedule/cpu_param_mapping.py `arg_lanes`), and its lanes are sized by the key, as before
-    if r is not None and not r.memory and hasattr(r, "addr") and _rises_with_j(r.addr):
+    if x.op == "load" and s.reads[x.read].rises_with_j(s):
         return LaneKind.ARG
     return LaneKind.PLAIN  # a key per element, as before (the last index, an index from elsewhere)
 
@@ -75,9 +77,23 @@ def pass_vectors(statements: list[Statement]) -> int:
     return 1 if heavy else LANE_VECTORS
 
 
-def _rises_with_j(addr: isl.PwAff) -> bool:
-    """Whether an index (an iota's address over the canonical domain) grows with j, one per step."""
-    pos = addr.get_space().find_dim_by_name(isl.dim_type.in_, "j")
-    if pos < 0:
-        return False
-    return all(aff.get_coefficient_val(isl.dim_type.in_, pos).is_one() for _, aff in addr.get_pieces())
+def group_vectors(g: KernelGroup) -> tuple[int, ...]:
+    """`pass_vectors` of each row pass of group g, by its pass (poly/stitch.py `levels`; one pass
+    unless stitched) over the statements it scans (an epilogue, a MAP-form statement, runs once
+    a row and scans nothing): decided once, for the mapper's decision (`CpuDecision.vectors`,
+    which codegen/cpu_lanes.py reads), the cost (schedule/cpu_cost.py) and the rows
+    (schedule/cpu_rows.py).
+
+    >>> import panamera as pn
+    >>> from panamera.compiler import lower
+    >>> x = pn.placeholder((4, 50), "float32")
+    >>> e = pn.exp(x - pn.max(x, axis=1, keepdims=True))
+    >>> group_vectors(lower(e / pn.sum(e, axis=1, keepdims=True), target="cpu", stop_after="groups").groups[0])
+    (4, 1, 1)
+    """
+    lv = levels(g.statements) if g.stitched else {}
+    passes: list[list[Statement]] = [[] for _ in range(max(lv.values(), default=0) + 1)]
+    for s in g.statements:
+        if not (s.kind == StatementKind.MAP and s.form == Form.MAP):
+            passes[lv.get(s.name, 0)].append(s)
+    return tuple(pass_vectors(ss) for ss in passes)

@@ -5,20 +5,20 @@ the SIMD lanes (`#pragma omp simd reduction(...)`, or, for COLUMN, lanes along t
 kept extent). A reduction whose outputs cannot occupy the cores (ALL, or few rows / column
 blocks) is **split** when the CPU model (model/cpu.py, via schedule/cpu_cost.py) finds it faster:
 its reduced extent is cut into `split` fixed chunks of `chunk` iterations, one task per
-(output, chunk). The partials of an output are merged in one of three ways
-(`CpuMerge`; `merge_mode` chooses LAST, the others are there to be forced):
+(output, chunk). The partials of an output are merged in one of two ways (`CpuMerge`, model/cpu.py;
+`merge_mode` chooses by the model's price, `merge_us`):
 
-- ORDERED: each task writes its partial; after the tasks' barrier, each output's partials are
-  combined in chunk order (deterministic);
 - LAST: each task writes its partial and counts itself in the output's counter (an atomic
   fetch-add); the task that counts last combines the partials in chunk order and finishes the
-  output: no barrier, no second pass, and deterministic too;
+  output: no barrier, no second pass, and deterministic;
 - ATOMIC: each task combines its partial into the output's accumulator with an atomic
   compare-and-swap (std::atomic_ref); after the barrier each output is finished. No partials
   array; the order of the combines, hence the last bits of a float result, varies from run to run.
 
 The partition is a function of the decision only, never of the number of threads that run it,
-so ORDERED and LAST results are bit-identical for every thread count.
+so LAST results are bit-identical for every thread count. (An ORDERED merge, the partials
+combined in chunk order after a barrier, was deterministic as LAST is but waited at one barrier
+more: no case where it was the right one; removed.)
 
 >>> import panamera as pn
 >>> from panamera.compiler import lower
@@ -31,15 +31,15 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..enums import StrEnum
-from ..model.cpu import CpuModel
+from ..model.cpu import CpuMerge, CpuModel, merge_us
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
-from .cpu_lane_kind import LaneKind, lane_kind
+from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
 from .cpu_prefetch import Prefetch, choose_prefetch
 from .cpu_reuse import Reuse, choose
 from .cpu_rows import choose_rows
@@ -54,15 +54,6 @@ if TYPE_CHECKING:
 # at 16 KiB (AMD EPYC, 1 thread, CPU time, medians of 15 and 9 interleaved rounds, load 12).
 COLUMN_BLOCK_BYTES = 16384
 INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
-
-
-class CpuMerge(StrEnum):
-    """How the tasks that share one split reduction merge their partials (module docstring)."""
-
-    NONE = "none"  # not split: each output's one task finishes it
-    ORDERED = "ordered"  # partials, then after a barrier combined in chunk order
-    LAST = "last"  # partials; the last task of an output (an atomic counter) combines them in chunk order
-    ATOMIC = "atomic"  # each task combines its partial into the output's accumulator by compare-and-swap
 
 
 @dataclass(frozen=True)
@@ -125,6 +116,8 @@ class CpuDecision:
     rows: int = 1  # rows a stitched ROW pass scans at once (codegen/cpu_interleave.py; schedule/cpu_rows.py)
     gemm: GemmPlan | None = None  # a contraction run by the BLAS or the tile kernel (schedule/cpu_contraction.py)
     prefetch: Prefetch | None = None  # the first pass's rows prefetched ahead (schedule/cpu_prefetch.py)
+    # each row pass's vector registers of lanes (W = that x lanes; schedule/cpu_lane_kind.py `group_vectors`)
+    vectors: tuple[int, ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -163,25 +156,34 @@ def column_block(lanes: int, simd_bytes: int) -> int:
     return lanes * max(1, COLUMN_BLOCK_BYTES // simd_bytes)
 
 
-def merge_mode(group: KernelGroup, split: int, deterministic: bool) -> CpuMerge:
-    """How a group split in `split` chunks merges its partials: not split, NONE; else LAST, for
-    every accumulator and with or without `deterministic` (its chunk-order combine gives the same
-    bits on any number of threads, as ORDERED's does). LAST ends the parallel region with the
-    tasks' loop (`nowait`): ATOMIC waits twice more inside it (its accumulators set, then its
-    compare-and-swaps done) and ORDERED once, and under a passive OpenMP pool each such barrier
-    put a thread to sleep and woke it: sum column 768x768 at 2 threads, split 2 (GOMP_SPINCOUNT=0,
-    OMP_WAIT_POLICY=PASSIVE, the CPU bench's settings), 3.95 voluntary context switches a call
-    with ATOMIC, 2.0 with LAST (AMD EPYC, 2026-11-25). A COLUMN task's CAS per output of its
-    block also bounced the shared accumulators' lines between the cores. ORDERED and ATOMIC stay
-    for tests that force them (tests/test_cpu_target.py).
+def merge_mode(group: KernelGroup, split: int, deterministic: bool, price: Callable[[CpuMerge], float]) -> CpuMerge:
+    """How a group split in `split` chunks merges its partials: not split, NONE; else the mode of
+    least `price` (the model's, model/cpu.py `merge_us`, at the decision's outputs, tasks and
+    threads) among those that apply, LAST on a tie. LAST always applies; ATOMIC where
+
+    1. `deterministic` is off (its compare-and-swaps land in any order: a float sum's last bits
+       vary from run to run), and
+    2. every accumulator is a scalar (a struct one, Welford's or log-sum-exp's, is no word a
+       compare-and-swap replaces).
+
+    The model prices ATOMIC above LAST on every machine it knows (a CAS per output and task and
+    two barriers, against a counter per task and a combine step per partial), so the mappers
+    choose LAST; a probe or a machine whose rates made ATOMIC cheaper would have it chosen.
 
     >>> import panamera as pn
     >>> from panamera.compiler import lower
     >>> g = lower(pn.sum(pn.placeholder((1 << 20,), "float32")), stop_after="groups", target="emulator").groups[0]
-    >>> [str(merge_mode(g, s, d)) for s, d in ((1, False), (8, True), (8, False))]
-    ['none', 'last', 'last']
+    >>> cheap_cas = {CpuMerge.LAST: 2.0, CpuMerge.ATOMIC: 1.0}.get
+    >>> [str(merge_mode(g, s, d, cheap_cas)) for s, d in ((1, False), (8, True), (8, False))]
+    ['none', 'last', 'atomic']
     """
-    return CpuMerge.NONE if split <= 1 else CpuMerge.LAST
+    if split <= 1:
+        return CpuMerge.NONE
+    modes = [CpuMerge.LAST]
+    reductions = [s for s in group.statements if s.kind == StatementKind.REDUCE]
+    if not deterministic and not any(s.acc.is_struct for s in reductions):  # 1, 2
+        modes.append(CpuMerge.ATOMIC)
+    return min(modes, key=price)
 
 
 def map_cpu(
@@ -219,7 +221,11 @@ def map_cpu(
     if s > 1:  # chunks start on whole SIMD vectors
         chunk = math.ceil(chunk / lanes) * lanes
         s = math.ceil(N / chunk)
-    merge = merge_mode(group, s, deterministic)
+    tasks = math.ceil(M / block) * s
+    merge = merge_mode(group, s, deterministic, lambda mode: merge_us(mode, model.rates, M, tasks, s, threads, lanes))
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
     prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
-    return CpuDecision(form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch)
+    return CpuDecision(
+        form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch,
+        vectors=group_vectors(group),
+    )  # fmt: skip

@@ -46,7 +46,7 @@ from ..model.cpu import LANE_VECTORS, CpuModel, CpuWork, KernelTime, kernel_time
 from ..poly.params import PStatement
 from ..poly.statement import Form, StatementKind
 from .cpu_cost import MIN_TASK_ITERATIONS, _ops
-from .cpu_lane_kind import LANE_TYPES
+from .cpu_lane_kind import LANE_TYPES, LaneKind, lane_kind
 from .cpu_mapper import INNER, CpuMerge, _lanes, column_block, merge_mode
 from .cpu_param_reuse import choose as choose_reuse
 from .cpu_reuse import Reuse
@@ -165,15 +165,23 @@ def block_of(members: tuple[PStatement, ...], lanes: int, simd_bytes: int) -> in
 
 
 def time_at(
-    members, kind: str, sizes: dict[str, int], split: int, block: int, lanes: int, m: CpuModel, threads=None
+    members,
+    kind: str,
+    sizes: dict[str, int],
+    split: int,
+    block: int,
+    lanes: int,
+    m: CpuModel,
+    threads=None,
+    merge: CpuMerge = CpuMerge.LAST,
 ) -> KernelTime:
-    """The modeled time of the kernel at `sizes` with `split` chunks per output."""
+    """The modeled time of the kernel at `sizes` with `split` chunks per output, merged as `merge`."""
     w = param_work(members, kind, sizes)
     if w.elements == 0:
         return KernelTime(0.0, 0.0, 0.0, 0.0, 0.0, "L2", 0)
     s = max(1, min(split, w.N)) if w.N else 1
     tasks = math.ceil(w.M / min(block, max(w.M, 1))) * s
-    return kernel_time(w, m, tasks, s, threads, lanes)
+    return kernel_time(w, m, tasks, s, threads, lanes, merge)
 
 
 def candidates(
@@ -226,31 +234,14 @@ def lane_scan(members: tuple[PStatement, ...], cls: SizeClass, lanes: int) -> in
     return w if n_min >= LANE_MIN_GROUPS * w else 0
 
 
-def _one(e) -> bool:
-    return isinstance(e, int) and e == 1
-
-
 def arg_lanes(members: tuple[PStatement, ...], scan: int) -> bool:
     """Whether a lane scan (`scan` = W > 0) of an argmax/argmin keeps per lane its best value and
-    index in the value's own type, as the static kernels' LaneKind.ARG (codegen/cpu_lanes.py
-    `arg_lane`): one reduction whose body is argkey(value, iota) with a LANE_TYPES value and the
-    iota's value the row index j (so it rises with j and the first index of a lane's extreme is
-    the one it keeps). Otherwise each element packs an int64 key, which AVX2 compares in scalar."""
+    index in the value's own type: one ROW or ALL reduction of LaneKind.ARG, the static kernels'
+    rule (schedule/cpu_lane_kind.py `lane_kind`; codegen/cpu_lanes.py `arg_lane`). Otherwise each
+    element packs an int64 key, which AVX2 compares in scalar."""
     if not scan or len(members) != 1 or members[0].kind != StatementKind.REDUCE or members[0].form == Form.COLUMN:
         return False
-    s = members[0]
-    b = s.body
-    if not b.op.startswith("argkey_") or b.args[0].dtype.compute not in LANE_TYPES or b.args[1].op != "load":
-        return False
-    r = s.reads[b.args[1].read]
-    if r.memory:
-        return False
-    axis = r.tensor.attr("axis")
-    if axis is None:  # the flat index: j where every axis is reduced
-        return tuple(r.shape) == tuple(s.shape) and all(_one(s.shape[a]) for a in s.i_axes)
-    live = iter(r.axes)
-    at = [None if _one(e) else next(live) for e in r.shape]
-    return at[axis] is not None and s.j_axes == (at[axis],)
+    return lane_kind(members[0]) == LaneKind.ARG
 
 
 def map_cpu_group(
@@ -282,9 +273,16 @@ def map_cpu_group(
             return max(t / f if f > 0 else 1.0 for t, f in zip(times[o], floor))
 
         threads, best = min(options, key=lambda o: (round(worst(o), 2), -o[0], o[1]))
-    rep = time_at(members, kind, cls.representative(), best, block, lanes, m, threads).total_us
+    z = cls.representative()
+    merge = merge_mode(  # priced at the representative size (model/cpu.py `merge_us`)
+        group,
+        best,
+        deterministic,
+        lambda mode: time_at(members, kind, z, best, block, lanes, m, threads, mode).merge_us,
+    )
+    rep = time_at(members, kind, z, best, block, lanes, m, threads, merge).total_us
     return CpuParamDecision(
         "+".join(s.name for s in members), lead.form, kind, best, block, lanes,
-        merge_mode(group, best, deterministic), INNER, rep, threads, scan := lane_scan(members, cls, lanes),
+        merge, INNER, rep, threads, scan := lane_scan(members, cls, lanes),
         choose_reuse(members, kind, cls, m), arg_lanes(members, scan),
     )  # fmt: skip

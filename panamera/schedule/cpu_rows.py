@@ -31,7 +31,7 @@ from ..model.cpu import CpuModel, kernel_time
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from ..poly.stitch import levels
-from .cpu_lane_kind import LaneKind, lane_kind, pass_vectors
+from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
 from .cpu_reuse import Reuse
 
 GAIN = 0.02  # the modeled saving that makes R rows worth their longer code
@@ -40,19 +40,15 @@ CANDIDATES = (4, 3, 2)
 
 def lane_vectors(g: KernelGroup) -> int:
     """The vector registers of accumulator lanes one row's widest pass holds (0: no reduction):
-    each reduction's `pass_vectors` of its pass, twice for a NaN watch."""
+    each reduction's registers of its pass (cpu_lane_kind.py `group_vectors`), twice for a NaN watch."""
     lv = levels(g.statements) if g.stitched else {}
-    passes: dict[int, list[int]] = {}
+    vectors = group_vectors(g)
+    per = [0] * len(vectors)
     for k, s in enumerate(g.statements):
-        if not (s.kind == StatementKind.MAP and s.form == Form.MAP):  # an epilogue runs once a row
-            passes.setdefault(lv.get(s.name, 0), []).append(k)
-    per: dict[int, int] = {}
-    for p, ks in passes.items():
-        v = pass_vectors([g.statements[k] for k in ks])
-        per[p] = sum(
-            v * (2 if lane_kind(g.statements[k]) == LaneKind.FLAGGED else 1) for k in ks if k in g.accumulators
-        )
-    return max(per.values(), default=0)
+        if k in g.accumulators and not (s.kind == StatementKind.MAP and s.form == Form.MAP):
+            p = lv.get(s.name, 0)
+            per[p] += vectors[p] * (2 if lane_kind(s) == LaneKind.FLAGGED else 1)
+    return max(per, default=0)
 
 
 def row_registers(model: CpuModel) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..dtypes import as_dtype
-from ..frontend.movement import take_along_axis
+from ..frontend.gather import take_along_axis
 from ..frontend.symbolic import Dim
 from ..frontend.tensor import Tensor, _ids, constant, topological, where
 from ..poly.fusion import ELEMENTWISE
