@@ -67,11 +67,11 @@ ROW_OVERLAP = 0.5
 # prefetches ahead of the loads (schedule/cpu_prefetch.py, `CpuWork.prefetch`): argmax [64x30522],
 # 1 thread, CPU time, kernel level, 2026-11-25 (load 1.5): 295 -> 277 us, at the probed L3 rate.
 PREFETCH_GAIN = 1.06
-# ... and how much faster (here: slower) the share it streams from DRAM, beyond what the L3 holds
-# (`prefetch_gain`): one thread, thread CPU time, medians of 9 interleaved rounds, the generated
-# ALL sum with and without its prefetches (2026-11-25 13:35, load 10-11): 25 MB 2919 vs 2513 us
-# (min 2628 vs 2281), 67 MB 6473 vs 5323 (min 5496 vs 4910): 0.82-0.89; 4 MB (in L3) 109 vs 134
-# (min 98 vs 102). 13:33 (load 10), 25 MB through ctypes: 2038 vs 1743 us.
+# ... and how much faster (here: slower) a stream wholly from DRAM (`prefetch_gain`): one thread,
+# thread CPU time, medians of 9-11 interleaved rounds, the generated kernel with and without its
+# prefetches (2026-11-25 13:35-13:42, load 10-14): sums over 25-67 MB (ALL; ROW 256x30522, 1024x8192)
+# 0.82-0.89 as fast, max row 256x30522 0.98-1.07; where the L3 still serves part of the data the gain
+# stands (argmax and max row [64x30522], 7.8 MB: 1.39-1.41; ALL sum over 4 MB 1.2).
 PREFETCH_DRAM = 0.85
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
@@ -396,20 +396,14 @@ def column_rate(w: CpuWork, r: Rates, simd_bytes: int) -> float:
 
 def prefetch_gain(m: CpuModel, nbytes: int, threads: int) -> float:
     """How much faster a prefetched first pass reads `nbytes` of warm data than the plain stream:
-    PREFETCH_GAIN from L3 (and L2), PREFETCH_DRAM on the share beyond what the L3 holds (the same
-    share `CpuModel.gbs` serves at the DRAM rate), their times weighted by the shares.
+    PREFETCH_GAIN while the L3 serves some of them (`CpuModel.gbs`: up to twice what it holds),
+    PREFETCH_DRAM (slower) once all of them stream from DRAM.
 
     >>> m = CpuModel.nominal(cores=1, simd_bytes=32)
-    >>> prefetch_gain(m, 4 << 20, 1) == PREFETCH_GAIN, prefetch_gain(m, 256 << 20, 1) == PREFETCH_DRAM
-    (True, True)
-    >>> PREFETCH_DRAM < prefetch_gain(m, 36 << 20, 1) < PREFETCH_GAIN
+    >>> [prefetch_gain(m, n << 20, 1) for n in (4, 40, 256)] == [PREFETCH_GAIN, PREFETCH_GAIN, PREFETCH_DRAM]
     True
     """
-    if m.level(nbytes, threads) != "DRAM":
-        return PREFETCH_GAIN
-    held = m.l3_held()
-    f = min(1.0, max(0.0, (2 * held - nbytes) / max(nbytes, 1)))
-    return 1.0 / (f / PREFETCH_GAIN + (1.0 - f) / PREFETCH_DRAM)
+    return PREFETCH_DRAM if nbytes >= 2 * m.l3_held() else PREFETCH_GAIN
 
 
 def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
