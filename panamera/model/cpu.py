@@ -67,11 +67,10 @@ ROW_OVERLAP = 0.5
 # prefetches ahead of the loads (schedule/cpu_prefetch.py, `CpuWork.prefetch`): argmax [64x30522],
 # 1 thread, CPU time, kernel level, 2026-11-25 (load 1.5): 295 -> 277 us, at the probed L3 rate.
 PREFETCH_GAIN = 1.06
-# ... and how much faster (here: slower) a stream wholly from DRAM (`prefetch_gain`): one thread,
-# thread CPU time, medians of 9-11 interleaved rounds, the generated kernel with and without its
-# prefetches (2026-11-25 13:35-13:42, load 10-14): sums over 25-67 MB (ALL; ROW 256x30522, 1024x8192)
-# 0.82-0.89 as fast, max row 256x30522 0.98-1.07; where the L3 still serves part of the data the gain
-# stands (argmax and max row [64x30522], 7.8 MB: 1.39-1.41; ALL sum over 4 MB 1.2).
+# ... and (slower) wholly from DRAM (`prefetch_gain`): the generated kernels with and without their
+# prefetches, one thread, thread CPU time, medians of 9-11 interleaved rounds (2026-11-25, load 10-14):
+# sums over 25-67 MB 0.82-0.89 as fast, max row [256x30522] 0.98-1.07; argmax and max row [64x30522]
+# (7.8 MB, part in L3) 1.39-1.41, an ALL sum over 4 MB 1.2.
 PREFETCH_DRAM = 0.85
 
 TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "erf", "sin", "cos", "pow", "sigmoid", "expm1", "log1p"})
@@ -102,18 +101,14 @@ L3_MAX = 32 << 20
 # 1-4; 28.1 with two accumulators, A2#9's), and A2#7 [64x128x768] ran 941-975 us in one process
 # (memory term 853). The 0.44 x the shorter term once added here (COLUMN_SERIAL) was fitted on
 # bench/cpu samples of one cold call (panamera/bench/cpu_isolated.py: WARM_CALLS).
-# The probe's column ratio is that of one block of accumulators in L1 (runtime/cpu_probe_source.py
-# pn_column); each accumulator block is loaded and stored once per vector read, so a COLUMN group with
-# k of them streams at 1 / (1 + k (1 / column - 1)) of a plain sum's rate (`column_rate`), and one whose
-# blocks fit in REGISTER_VECTORS vector registers is kept there by g++ (the block loop unrolled, no load
-# nor store per vector: bias_grad [65536x64]'s inner loop is eight vaddps from memory) and streams at
-# the plain rate. Measured on the AMD EPYC AVX2 guest (2026-11-25, one thread, thread CPU time, medians
-# of 7 interleaved rounds, load 10): over 25 MB, column sums of 32-, 64- and 128-wide rows ran at
-# 0.76-0.82 x a plain sum's time, 256- and 768-wide at 0.91-1.27; two column sums (x and x^2) of
-# 768-wide rows 1.16-1.26 x one (A2#9 over A2#7: 1.31 in the idle bench of 13:15; k = 2 models 1.24),
-# of 32- and 64-wide rows 0.85-0.88 x a plain sum; idle bench bias_grad [65536x64] at 1.09 x the probe's
-# plain DRAM read (modeled 1.32 at the L1 block's ratio). 16: the ymm registers of AVX2 (AVX-512 has
-# 32; the same 16 keeps the rule on the side measured).
+# The probe's column ratio is one block of accumulators in L1 (runtime/cpu_probe_source.py pn_column:
+# a load and a store of it per vector read); k blocks pay it k times, and blocks that fit in
+# REGISTER_VECTORS registers g++ keeps there (bias_grad [65536x64]'s loop: eight vaddps from memory),
+# at the plain rate (`column_rate`). One thread, thread CPU time, medians of 7 interleaved rounds,
+# 2026-11-25, load 10, 25 MB: column sums of 32-128-wide rows 0.76-0.82 x a plain sum's time, 256-
+# and 768-wide 0.91-1.27; two sums (x, x^2) of 768-wide rows 1.16-1.26 x one (k = 2 models 1.24),
+# of 32-64-wide 0.85-0.88 x a plain sum; idle bench: bias_grad 1.09 x the probe's plain DRAM read
+# (1.32 modeled at the L1 ratio). 16: AVX2's ymm registers (AVX-512's 32 zmm: the side measured).
 REGISTER_VECTORS = 16
 
 
