@@ -109,6 +109,8 @@ L3_MAX = 32 << 20
 # and 768-wide 0.91-1.27; two sums (x, x^2) of 768-wide rows 1.16-1.26 x one (k = 2 models 1.24),
 # of 32-64-wide 0.85-0.88 x a plain sum; idle bench: bias_grad 1.09 x the probe's plain DRAM read
 # (1.32 modeled at the L1 ratio). 16: AVX2's ymm registers (AVX-512's 32 zmm: the side measured).
+# Compiled with -march=skylake-avx512, one sum's 64-256-wide blocks stay in zmm registers, 512-wide
+# do not; two 64-wide sums are mostly spilled (a store per two rows): modeled held, an optimistic case.
 REGISTER_VECTORS = 16
 
 
