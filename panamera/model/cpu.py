@@ -24,7 +24,8 @@ group whose rows are too long to overlap its passes: the sum over its passes, `s
   re-reads of a stitched group's later passes at the L1 rate when a row's re-reads fit L1, else
   the L2 rate) over the bandwidth of the level the kernel's bytes fit in, the share the cache
   below holds at its rate (`CpuModel.gbs`; warm data: a benchmark calls the same kernel on the
-  same arrays), a COLUMN group's reads at the probe's column ratio of it;
+  same arrays), a COLUMN group's reads at `column_rate` of it (the probe's column ratio per block
+  of accumulators in L1, none in registers), a prefetched first pass's at `prefetch_gain` of it;
 - compute: elements x (SIMD cost per element of the body's operations, a cheap one at the lanes'
   throughput, `element_ns`; a struct accumulator
   whose combine does not vectorize pays one scalar step per element), plus per output row the
@@ -69,6 +70,11 @@ ROW_OVERLAP = 0.5
 # prefetches ahead of the loads (schedule/cpu_prefetch.py, `CpuWork.prefetch`): argmax [64x30522],
 # 1 thread, CPU time, kernel level, 2026-11-25 (load 1.5): 295 -> 277 us, at the probed L3 rate.
 PREFETCH_GAIN = 1.06
+# ... and (slower) wholly from DRAM (`prefetch_gain`): the generated kernels with and without their
+# prefetches, one thread, thread CPU time, medians of 9-11 interleaved rounds (2026-11-25, load 10-14):
+# sums over 25-67 MB 0.82-0.89 as fast, max row [256x30522] 0.98-1.07; argmax and max row [64x30522]
+# (7.8 MB, part in L3) 1.39-1.41, an ALL sum over 4 MB 1.2.
+PREFETCH_DRAM = 0.85
 
 # A locked read-modify-write on a word of another task's line (a LAST counter's fetch-add, an
 # ATOMIC compare-and-swap combine): they retire one after another, about this long each. Measured
@@ -116,6 +122,17 @@ L3_MAX = 32 << 20
 # 1-4; 28.1 with two accumulators, A2#9's), and A2#7 [64x128x768] ran 941-975 us in one process
 # (memory term 853). The 0.44 x the shorter term once added here (COLUMN_SERIAL) was fitted on
 # bench/cpu samples of one cold call (panamera/bench/cpu_isolated.py: WARM_CALLS).
+# The probe's column ratio is one block of accumulators in L1 (runtime/cpu_probe_source.py pn_column:
+# a load and a store of it per vector read); k blocks pay it k times, and blocks that fit in
+# REGISTER_VECTORS registers g++ keeps there (bias_grad [65536x64]'s loop: eight vaddps from memory),
+# at the plain rate (`column_rate`). One thread, thread CPU time, medians of 7 interleaved rounds,
+# 2026-11-25, load 10, 25 MB: column sums of 32-128-wide rows 0.76-0.82 x a plain sum's time, 256-
+# and 768-wide 0.91-1.27; two sums (x, x^2) of 768-wide rows 1.16-1.26 x one (k = 2 models 1.24),
+# of 32-64-wide 0.85-0.88 x a plain sum; idle bench: bias_grad 1.09 x the probe's plain DRAM read
+# (1.32 modeled at the L1 ratio). 16: AVX2's ymm registers (AVX-512's 32 zmm: the side measured).
+# Compiled with -march=skylake-avx512, one sum's 64-256-wide blocks stay in zmm registers, 512-wide
+# do not; two 64-wide sums are mostly spilled (a store per two rows): modeled held, an optimistic case.
+REGISTER_VECTORS = 16
 
 
 @dataclass(frozen=True)
@@ -243,7 +260,8 @@ class CpuWork:
     stitched group's passes over a row, each as its own `CpuWork` (the first reads the inputs,
     later ones re-read; each with the operations, writes and combines of its statements);
     prefetch: the reads stream with software prefetches ahead (PREFETCH_GAIN); column: the COLUMN
-    form, whose reads stream at the probe's `Rates.column` of a plain sum's rate."""
+    form, whose reads stream at `column_rate` of a plain sum's: `accumulators` blocks of `block`
+    kept outputs each (the decision's block; 0: not known, the blocks in L1)."""
 
     M: int
     N: int
@@ -263,6 +281,8 @@ class CpuWork:
     passes: tuple[CpuWork, ...] = ()
     prefetch: bool = False
     column: bool = False
+    accumulators: int = 1
+    block: int = 0
 
     @property
     def bytes(self) -> int:
@@ -372,6 +392,40 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
     return ns
 
 
+def column_rate(w: CpuWork, r: Rates, simd_bytes: int) -> float:
+    """A COLUMN group's read rate over a plain sum's: 1 / (1 + k (1 / `Rates.column` - 1)) with k its
+    accumulator blocks in L1 (each loaded and stored per vector read; the probe timed one), k = 0
+    where all of them fit REGISTER_VECTORS vector registers (g++ keeps them there); 1 for other forms.
+
+    >>> from dataclasses import replace
+    >>> r = Rates(1, ((1, 1),) * 3, ((1, 1),) * 3, 0.1, 0.4, 0.2, (1, 1), column=0.8)
+    >>> w = CpuWork(M=768, N=8192, elements=768 * 8192, read_bytes=0, write_bytes=0, column=True, block=768)
+    >>> [round(column_rate(replace(w, accumulators=k), r, 32), 3) for k in (1, 2)]
+    [0.8, 0.667]
+    >>> column_rate(replace(w, M=64, block=64, accumulators=2), r, 32), column_rate(replace(w, column=False), r, 32)
+    (1.0, 1.0)
+    """
+    if not w.column:
+        return 1.0
+    vectors = w.accumulators * math.ceil(w.block * w.width / max(simd_bytes, 1))
+    held = 0 < w.block and vectors <= REGISTER_VECTORS
+    return 1.0 / (1.0 + (0 if held else w.accumulators) * (1.0 / r.column - 1.0))
+
+
+def prefetch_gain(m: CpuModel, nbytes: int, threads: int) -> float:
+    """How much faster a prefetched first pass reads its `nbytes` of warm inputs than the plain
+    stream: PREFETCH_GAIN while the L3 serves some of them (`CpuModel.gbs`: up to twice what it
+    holds), PREFETCH_DRAM (slower) once all of them stream from DRAM. (The inputs alone: softmax
+    [64x30522]'s 7.8 MB, 15.6 MB with its output, measured 1.05x faster with its prefetches,
+    schedule/cpu_prefetch.py.)
+
+    >>> m = CpuModel.nominal(cores=1, simd_bytes=32)
+    >>> [prefetch_gain(m, n << 20, 1) for n in (4, 40, 256)] == [PREFETCH_GAIN, PREFETCH_GAIN, PREFETCH_DRAM]
+    True
+    """
+    return PREFETCH_DRAM if nbytes >= 2 * m.l3_held() else PREFETCH_GAIN
+
+
 def reread_gbs(w: CpuWork, m: CpuModel, threads: int) -> float:
     """The rate of a stitched row's re-reads: from L1 when what one row re-reads fits there (the
     probe's SIMD add over L1 data, 4 bytes per add_ns, one per thread), else from L2."""
@@ -461,8 +515,9 @@ def kernel_time(
     level = m.level(w.bytes, busy)
     r = m.rates
     again = reread_gbs(w, m, busy)
-    rates = (m.gbs(w.bytes, busy), m.gbs(w.bytes, busy, write=True), again)
-    parts = [_seconds(p, r, rates, busy, lanes) for p in (w.passes if streamed(w, m) else (w,))]
+    read = m.gbs(w.bytes, busy)
+    rates = (read, m.gbs(w.bytes, busy, write=True), again, read * prefetch_gain(m, w.read_bytes, busy))
+    parts = [_seconds(p, r, rates, busy, lanes, m.simd_bytes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
     merge_t = merge_us(merge, r, w.M, tasks, split, t, lanes)
     mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
@@ -470,11 +525,14 @@ def kernel_time(
     return KernelTime(fork + body + merge_t, mem_us, comp_us, fork, merge_t, level, busy)
 
 
-def _seconds(w: CpuWork, r: Rates, gbs: tuple[float, float, float], busy: int, lanes: int) -> tuple[float, float]:
+def _seconds(
+    w: CpuWork, r: Rates, gbs: tuple[float, ...], busy: int, lanes: int, simd_bytes: int = 64
+) -> tuple[float, float]:
     """(memory, compute) seconds of `w` on `busy` threads: its reads, writes and re-reads at the
-    rates `gbs`, its operations and combines."""
+    rates `gbs` (reads, writes, re-reads, prefetched reads; a COLUMN group's reads at
+    `column_rate`), its operations and combines."""
     mem = (
-        w.read_bytes / (gbs[0] * (PREFETCH_GAIN if w.prefetch else 1.0) * (r.column if w.column else 1.0))
+        w.read_bytes / ((gbs[3] if w.prefetch else gbs[0]) * column_rate(w, r, simd_bytes))
         + w.write_bytes / gbs[1]
         + w.reread_bytes / gbs[2]
     ) / 1e9

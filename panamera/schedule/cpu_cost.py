@@ -89,12 +89,16 @@ def _width(s) -> int:
     return s.body.args[0].dtype.itemsize if lane_kind(s) == LaneKind.ARG else s.acc.itemsize
 
 
-def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch: bool = False) -> CpuWork:
+def work(
+    g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch: bool = False, block: int = 0
+) -> CpuWork:
     """What group `g` asks of the CPU: its iterations, compulsory bytes and operations per element;
     `reuse` (schedule/cpu_reuse.py): values later passes read back instead of recomputing. A
     stitched group's passes over a row are also given one by one (`CpuWork.passes`); `rows`: the
     rows a pass scans at once (schedule/cpu_rows.py); `prefetch`: the first pass's reads prefetched
-    (schedule/cpu_prefetch.py)."""
+    (schedule/cpu_prefetch.py); `block`: a COLUMN task's kept outputs (the decision's, cpu_mapper.py
+    `column_block`; 0: not known), which with its accumulators sets its read rate (model/cpu.py
+    `column_rate`)."""
     stmts = g.statements
     on_chip = g.on_chip
     inputs: dict[int, int] = {}
@@ -195,6 +199,8 @@ def work(g: KernelGroup, reuse: tuple[Reuse, ...] = (), rows: int = 1, prefetch:
         passes=tuple(one) if passes > 1 else (),
         prefetch=prefetch,
         column=g.form == Form.COLUMN,
+        accumulators=max(1, len(g.accumulators)),
+        block=block if g.form == Form.COLUMN else 0,
     )
 
 
@@ -211,7 +217,8 @@ def time_of(g: KernelGroup, d, m: CpuModel, threads: int | None = None) -> Kerne
     if d.gemm is not None:
         return d.gemm.time(m, threads)
     t = min(max(1, threads or m.cores), d.threads)  # a call's threads, capped at the decision's
-    return kernel_time(work(g, d.reuse, d.rows, d.prefetch is not None), m, d.tasks, d.split, t, d.lanes, d.merge)
+    w = work(g, d.reuse, d.rows, d.prefetch is not None, d.block)
+    return kernel_time(w, m, d.tasks, d.split, t, d.lanes, d.merge)
 
 
 def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int | None = None) -> int:
@@ -222,7 +229,7 @@ def best_split(g: KernelGroup, m: CpuModel, lanes: int, block: int, threads: int
     nt = max(1, threads or m.cores)
     if nt <= 1:
         return 1
-    w = work(g)
+    w = work(g, block=block)
     outputs = math.ceil(g.M / block)
     min_chunk = max(lanes, math.ceil(MIN_TASK_ITERATIONS / block))
     best, best_t = 1, kernel_time(w, m, outputs, 1, nt, lanes).total_us
@@ -253,7 +260,7 @@ def best_threads(
     ((1, 1), (2, 2))
     """
     outputs = math.ceil(g.M / block)
-    w = work(g, reuse)
+    w = work(g, reuse, block=block)
     best = None
     t = max(1, m.cores)
     while True:

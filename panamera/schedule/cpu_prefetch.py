@@ -5,7 +5,9 @@ into L1; software prefetches PREFETCH_BYTES ahead of the loads, one a cache line
 flight. Measured at 1 thread, thread CPU time, interleaved rounds (2026-11-25, load 1.5; kernel level,
 the generated source with and without the prefetches): argmax [64x30522] 295 -> 277 us (numpy 286),
 softmax [64x30522] 1325 -> 1257 us (the max pass only), softmax [6144x128] at 2 rows a scan 419 -> 397
-us (ORT 401). The model charges the first pass's stream PREFETCH_GAIN faster (model/cpu.py).
+us (ORT 401). The model charges the first pass's stream PREFETCH_GAIN faster while the L3 serves part of
+it and PREFETCH_DRAM (slower: sums over 25-67 MB measured 0.82-0.89) once it streams wholly from DRAM
+(model/cpu.py `prefetch_gain`).
 
 Preconditions (else no prefetch), each with a negative test in tests/test_cpu_prefetch.py:
 1. the group is a ROW or ALL group (a row scan; a COLUMN scan walks many rows at once);
