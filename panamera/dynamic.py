@@ -18,6 +18,7 @@ computes every grid from the bound sizes and passes the extents as kernel argume
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -47,6 +48,7 @@ from .errors import (
     TargetRefused,
 )
 from .frontend import symbolic
+from .frontend.movement import refuse_empty_axis
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
@@ -292,7 +294,18 @@ class DynamicCompiled:
                 raise SymbolBindingError(
                     f"input {t.name!r} axis {axis}: extent {e} is {e.evaluate(bound)} at {bound}, got {n}"
                 )
+        for g in self._gathers:  # an empty axis under a non-empty index: the frontend's refusal at these sizes
+            refuse_empty_axis("take_along_axis" if g.attr("elements") else "take", *g.inputs, g.attr("axis"), bound)
         return bound
+
+    @functools.cached_property
+    def _gathers(self) -> tuple[Tensor, ...]:
+        """The gathers of the caller's graph (before any target's rewrite) whose emptiness the frontend
+        could not decide: a symbolic extent of the data's axis or of the index."""
+        return tuple(
+            t for t in topological(self.outputs)
+            if t.op == "gather" and any(isinstance(e, Dim) for e in (t.inputs[0].shape[t.attr("axis")], *t.inputs[1].shape))
+        )  # fmt: skip
 
     def __call__(self, *arrays, **named):
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
