@@ -34,7 +34,7 @@ from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
 from .codegen.param_stitched import render_group
-from .compiled import write_out
+from .compiled import refuse_shared_names, write_out
 from .errors import (
     BackendError,
     DTypeError,
@@ -326,6 +326,7 @@ class DynamicCompiled:
             missing = [n for n in names if n not in named]
             if missing:
                 raise InputError(f"missing input(s) {missing}")
+            refuse_shared_names(names, named)
             arrays = tuple(named[n] for n in names)
         if len(arrays) != len(names):
             raise InputError(f"expected {len(names)} input(s) {names}, got {len(arrays)}")
