@@ -53,3 +53,12 @@ def test_reshape_takes_one_integer_and_refuses_floats():
     assert pn.reshape(x, 6).shape == (6,)
     with pytest.raises(pn.ShapeError, match=r"reshape of 'x': \(2\.9, 3\.9\) is not a shape of integers"):
         pn.reshape(x, (2.9, 3.9))
+
+
+def test_the_percent_operator_is_numpy_mod():
+    """`x % 3` was Python's TypeError (no __mod__) where numpy's % is np.mod; pn.mod existed."""
+    a = pn.placeholder((6,), "int32", name="a")
+    k = pn.compile([a % 3, 7 % a], target="cpu", cache=False)
+    x = np.array([-7, -3, 1, 3, 7, -8], np.int32)
+    for got, want in zip(k(x), (x % 3, 7 % x)):
+        np.testing.assert_array_equal(got, want)

@@ -113,6 +113,12 @@ class Tensor:
     def __rtruediv__(self, o):
         return binary("div", o, self)
 
+    def __mod__(self, o):  # numpy's %: np.mod (pn.mod), the sign of the divisor
+        return binary("mod", self, o)
+
+    def __rmod__(self, o):
+        return binary("mod", o, self)
+
     def __neg__(self):
         return unary("neg", self)
 
