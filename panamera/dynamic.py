@@ -215,6 +215,16 @@ class DynamicCompiled:
         """This program's counters: programs compiled (1), classes planned and compiled, calls."""
         return dict(self.counters)
 
+    def given_sizes(self, sizes: dict) -> dict[str, int]:
+        """`sizes` a caller names (`modeled_us`, `source`, `specialize`): every symbol (others are
+        ignored: a size hint may name more), each a non-negative int; else a SymbolBindingError."""
+        missing = sorted(set(self.symbols) - set(sizes))
+        bad = {k: sizes[k] for k in self.symbols if k in sizes and not _is_size(sizes[k])}
+        if missing or bad:
+            what = f"missing {missing}" if missing else f"not a size (an int >= 0): {bad}"
+            raise SymbolBindingError(f"sizes {sizes} of a program over {list(self.symbols)}: {what}")
+        return {**sizes, **{k: int(sizes[k]) for k in self.symbols}}
+
     def modeled_us(self, **sizes: int) -> float:
         """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
         (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
@@ -226,13 +236,14 @@ class DynamicCompiled:
         >>> k.modeled_us(B=64) > k.modeled_us(B=1) > 0
         True
         """
+        sizes = self.given_sizes(sizes)
         plan = self.plan(self.size_class(sizes))
         kernels = zip(members(self.program), plan.decisions, self.program.kinds)
         return sequence_s((group_cost(g, d, sizes, self.gpu, kind) for g, d, kind in kernels), self.gpu) * 1e6
 
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
-        outs = specialize(self.outputs, sizes)
+        outs = specialize(self.outputs, self.given_sizes(sizes))
         return compiler.compile(outs[0] if self.single else list(outs), target=self.target,
                                 deterministic=self.deterministic, gpu=self.gpu)  # fmt: skip
 
@@ -423,7 +434,7 @@ class DynamicCompiled:
 
     def source(self, **sizes: int) -> str:
         """The CUDA C of the class of these sizes (compiled if it was not)."""
-        return self._class(self.size_class(sizes)).source
+        return self._class(self.size_class(self.given_sizes(sizes))).source
 
     # -- running ---------------------------------------------------------------------------------
     def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:
@@ -462,6 +473,10 @@ class DynamicCompiled:
             results.append((bufs[key] if fresh else backend.copy(bufs[key])).reshape(shape))
             used.add(key)
         return results
+
+
+def _is_size(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | np.integer) and v >= 0
 
 
 def _resident_key(backend) -> str:

@@ -62,3 +62,12 @@ def test_the_percent_operator_is_numpy_mod():
     x = np.array([-7, -3, 1, 3, 7, -8], np.int32)
     for got, want in zip(k(x), (x % 3, 7 % x)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_symbolic_program_names_the_sizes_it_misses():
+    """modeled_us / source / specialize with a symbol left out were a bare KeyError; a negative size was modeled."""
+    k = pn.compile(pn.sum(pn.placeholder(("B", "N"), name="x"), axis=1), target="cpu", cache=False)
+    with pytest.raises(pn.SymbolBindingError, match=r"over \['B', 'N'\]: missing \['N'\]"):
+        k.modeled_us(B=3)
+    with pytest.raises(pn.SymbolBindingError, match=r"not a size \(an int >= 0\): \{'B': -3\}"):
+        k.source(B=-3, N=5)
