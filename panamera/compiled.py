@@ -23,6 +23,17 @@ from .schedule.saved import Schedule
 from .stages import Artifacts
 
 
+def refuse_shared_names(names: list[str], named) -> None:
+    """An InputError for a call by name (`named`: the names passed) where two placeholders share
+    a name: one array must not be bound to both (every target's call, static and symbolic)."""
+    shared = sorted({n for n in names if names.count(n) > 1} & set(named))
+    if shared:
+        raise InputError(
+            f"input name(s) {shared} are shared by several placeholders: pass the arrays positionally "
+            f"(in placeholder order: {names}), or give the placeholders distinct names"
+        )
+
+
 @dataclass(frozen=True)
 class Compiled:
     """A compiled computation: `k(*arrays)` runs it; `k.source`, `k.plan`, `k.explain()`, and
@@ -105,13 +116,7 @@ class Compiled:
         bound = {k: t.attr("bound") for k, t in enumerate(self.program.inputs) if t.attr("bound") is not None}
         names = [t.name for k, t in enumerate(self.plan.inputs) if k not in bound]
         opts = {k: named.pop(k) for k in ("out", "order", "seed") if k in named and k not in names}
-        if named:
-            shared = sorted({n for n in names if names.count(n) > 1} & set(named))
-            if shared:
-                raise InputError(
-                    f"input name(s) {shared} are shared by several placeholders: pass the arrays positionally "
-                    f"(in placeholder order: {names}), or give the placeholders distinct names"
-                )
+        refuse_shared_names(names, named)
         args = self.executor.bind(arrays, named, bound)
         return args, opts.get("out"), opts.get("order", "forward"), opts.get("seed", 0)
 

@@ -56,9 +56,9 @@ SYMBOLIC: list[Callable] = []
 
 def _outputs(outputs) -> tuple[bool, tuple[Tensor, ...]]:
     single = isinstance(outputs, Tensor)
-    outs = (outputs,) if single else tuple(outputs)
+    outs = (outputs,) if single else tuple(outputs) if hasattr(outputs, "__iter__") else ()  # not 3, None
     if not outs or not all(isinstance(t, Tensor) for t in outs):
-        raise PanameraError("compile: expected a Tensor or a non-empty list of Tensors")
+        raise PanameraError(f"compile: expected a Tensor or a non-empty list of Tensors, got {type(outputs).__name__}")
     return single, outs
 
 

@@ -45,8 +45,8 @@ class CpuCompiled(Compiled):
         constant inputs and `out=` as `Compiled.__call__`. `order=` and `seed=` (the emulator's
         thread order) are accepted and have no effect: the CPU kernels' results do not depend on it."""
         fast = self.executor.fast()
-        if fast is not None and not arrays and named.keys() == fast.names:  # every input by name
-            arrays, named = tuple(named[n] for n in fast.order), {}
+        if fast is not None and not arrays and named.keys() == fast.names and len(fast.order) == len(fast.names):
+            arrays, named = tuple(named[n] for n in fast.order), {}  # every input by name, no name shared
         if fast is not None and (not named or (len(named) == 1 and "out" in named and "out" not in fast.names)):
             outs = fast.call(arrays, threads, named.get("out"))  # plain numpy arrays: checked and run
             if outs is not None:

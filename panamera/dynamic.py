@@ -18,6 +18,7 @@ computes every grid from the bound sizes and passes the extents as kernel argume
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .codegen import islast
 from .codegen.header import prelude
 from .codegen.param_kernel import ParamKernel
 from .codegen.param_stitched import render_group
-from .compiled import write_out
+from .compiled import refuse_shared_names, write_out
 from .dynamic_resident import resident_buffer, resident_key
 from .errors import (
     BackendError,
@@ -42,6 +43,7 @@ from .errors import (
     SymbolBindingError,
 )
 from .frontend import symbolic
+from .frontend.gather import refuse_empty_axis
 from .frontend.symbolic import Dim
 from .frontend.tensor import Tensor, topological
 from .model.detect import resolve as resolve_gpu
@@ -204,6 +206,16 @@ class DynamicCompiled:
         """This program's counters: programs compiled (1), classes planned and compiled, calls."""
         return dict(self.counters)
 
+    def given_sizes(self, sizes: dict) -> dict[str, int]:
+        """`sizes` a caller names (`modeled_us`, `source`, `specialize`): every symbol (others are
+        ignored: a size hint may name more), each a non-negative int; else a SymbolBindingError."""
+        missing = sorted(set(self.symbols) - set(sizes))
+        bad = {k: sizes[k] for k in self.symbols if k in sizes and not _is_size(sizes[k])}
+        if missing or bad:
+            what = f"missing {missing}" if missing else f"not a size (an int >= 0): {bad}"
+            raise SymbolBindingError(f"sizes {sizes} of a program over {list(self.symbols)}: {what}")
+        return {**sizes, **{k: int(sizes[k]) for k in self.symbols}}
+
     def modeled_us(self, **sizes: int) -> float:
         """The modeled time (µs, on this program's GPU) of one call at `sizes`: its class's plan
         (planned now if it was not) costed at those sizes, the figure a report gives at a size hint.
@@ -215,13 +227,14 @@ class DynamicCompiled:
         >>> k.modeled_us(B=64) > k.modeled_us(B=1) > 0
         True
         """
+        sizes = self.given_sizes(sizes)
         plan = self.plan(self.size_class(sizes))
         kernels = zip(members(self.program), plan.decisions, self.program.kinds)
         return sequence_s((group_cost(g, d, sizes, self.gpu, kind) for g, d, kind in kernels), self.gpu) * 1e6
 
     def specialize(self, **sizes: int):
         """A static `pn.compile` of the program at concrete sizes (every op the static compiler has)."""
-        outs = specialize(self.outputs, sizes)
+        outs = specialize(self.outputs, self.given_sizes(sizes))
         return compiler.compile(outs[0] if self.single else list(outs), target=self.target,
                                 deterministic=self.deterministic, gpu=self.gpu)  # fmt: skip
 
@@ -283,7 +296,18 @@ class DynamicCompiled:
                 raise SymbolBindingError(
                     f"input {t.name!r} axis {axis}: extent {e} is {e.evaluate(bound)} at {bound}, got {n}"
                 )
+        for g in self._gathers:  # an empty axis under a non-empty index: the frontend's refusal at these sizes
+            refuse_empty_axis("take_along_axis" if g.attr("elements") else "take", *g.inputs, g.attr("axis"), bound)
         return bound
+
+    @functools.cached_property
+    def _gathers(self) -> tuple[Tensor, ...]:
+        """The gathers of the caller's graph (before any target's rewrite) whose emptiness the frontend
+        could not decide: a symbolic extent of the data's axis or of the index."""
+        return tuple(
+            t for t in topological(self.outputs)
+            if t.op == "gather" and any(isinstance(e, Dim) for e in (t.inputs[0].shape[t.attr("axis")], *t.inputs[1].shape))
+        )  # fmt: skip
 
     def __call__(self, *arrays, **named):
         """Run on arrays (numpy, CuPy, torch: runtime/arrays.py), positionally in placeholder order
@@ -304,6 +328,7 @@ class DynamicCompiled:
             missing = [n for n in names if n not in named]
             if missing:
                 raise InputError(f"missing input(s) {missing}")
+            refuse_shared_names(names, named)
             arrays = tuple(named[n] for n in names)
         if len(arrays) != len(names):
             raise InputError(f"expected {len(names)} input(s) {names}, got {len(arrays)}")
@@ -400,7 +425,7 @@ class DynamicCompiled:
 
     def source(self, **sizes: int) -> str:
         """The CUDA C of the class of these sizes (compiled if it was not)."""
-        return self._class(self.size_class(sizes)).source
+        return self._class(self.size_class(self.given_sizes(sizes))).source
 
     # -- running ---------------------------------------------------------------------------------
     def _run(self, ck: _ClassKernels, inputs: list, sizes: dict[str, int], backend) -> list:
@@ -439,6 +464,10 @@ class DynamicCompiled:
             results.append((bufs[key] if fresh else backend.copy(bufs[key])).reshape(shape))
             used.add(key)
         return results
+
+
+def _is_size(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | np.integer) and v >= 0
 
 
 def cls_tag(cls: SizeClass) -> str:

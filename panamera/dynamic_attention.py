@@ -132,6 +132,7 @@ class DynamicAttention(dynamic.DynamicCompiled):
 
     def modeled_us(self, **sizes: int) -> float:
         """The modeled time (µs) of one call at `sizes`: its class's split and merge costed there."""
+        sizes = self.given_sizes(sizes)
         p = self.plan(self.size_class(sizes)).plan
         return split_us(self.program.attention, sizes, self.gpu, p, p.split, p.launches)
 

@@ -112,6 +112,7 @@ class DynamicCpuCompiled(DynamicCompiled):
         >>> k.modeled_us(B=4096) > k.modeled_us(B=1) > 0
         True
         """
+        sizes = self.given_sizes(sizes)
         plan = self.plan(self.size_class(sizes))
         kernels = zip(members(self.program), self.program.kinds, plan.decisions)
         return sum(

@@ -20,6 +20,13 @@ class SymbolBindingError(ShapeError):
     placeholder (runtime/dynamic.py); the message names the symbol, tensor, axis and sizes."""
 
 
+class EmptyAxisError(ShapeError, IndexError):
+    """A gather (`take`, `x[ids]`, `take_along_axis`, `gather_nd`, ONNX Gather) from an axis of
+    extent 0 with a non-empty index: no id is in range and there is no element to clamp to (numpy
+    and eager PyTorch raise an IndexError). Raised when the gather is built where the extents are
+    static, at call time where they are symbolic; the message names the op, tensor, axis and index."""
+
+
 class AxisError(PanameraError, ValueError):
     """An axis out of range or repeated."""
 
@@ -118,7 +125,7 @@ class EmulatorWarning(PanameraWarning):
 
 __all__ = [
     "OutOfMemoryError", "SymbolicShapeError", "SymbolBindingError",
-    "PanameraError", "ShapeError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "IndexRangeError", "CompileError",
+    "PanameraError", "ShapeError", "EmptyAxisError", "AxisError", "DTypeError", "EmptyReductionError", "InputError", "IndexRangeError", "CompileError",
     "BackendError", "LegalityError", "ModelError", "Unsupported", "TargetRefused", "ScheduleError", "OptionError", "MissingDependency",
     "PanameraWarning", "EagerFallbackWarning", "EmulatorWarning", "StaleScheduleWarning", "CacheWarning",
 ]  # fmt: skip

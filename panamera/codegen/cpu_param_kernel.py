@@ -109,7 +109,12 @@ class _Kernel(RowValues):
                 (stride, n), q = (c_extent(e) for e in r.indirect), f"((pn_idx)({index}))"
                 q = f"({q} + ({q} < 0 ? {n} : 0LL))"
                 q = f"({q} < 0LL ? 0LL : ({q} >= {n} ? {n} - 1LL : {q}))"
-                return f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]} + {q} * {stride}])"
+                at = f"pn_ld(&{names[r.tensor.uid]}[{address(s, r)[0]} + {q} * {stride}])"
+                zero = f"(({r.tensor.dtype.compute})0)"
+                if isinstance(r.indirect[1], int):  # an empty axis: nothing to clamp to, no load
+                    return at if r.indirect[1] > 0 else zero
+                # a symbol bound to 0: no load (dynamic.py refuses a user's non-empty index; onehot.py's reads 0)
+                return f"({n} > 0LL ? {at} : {zero})"
             if not r.memory:  # an iota (poly/params.py precondition 1): its value is its index
                 return f"((long long){address(s, iota_view(r))[0]})"
             if r.tensor.uid in self.regs:

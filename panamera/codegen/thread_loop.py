@@ -147,6 +147,8 @@ class ThreadLoop:
             r = s.reads[read]
             if r.indirect is not None:  # a gather: the loaded index, wrapped if negative, clamped
                 n = r.indirect.extent
+                if n == 0:  # nothing to clamp to: no load (frontend/gather.py refuses a non-empty index)
+                    return f"(({r.tensor.dtype.compute})0)"
                 q = f"((long long)({index}) + ((long long)({index}) < 0 ? {n}LL : 0LL))"
                 q = f"({q} < 0LL ? 0LL : ({q} >= {n}LL ? {n - 1}LL : {q}))"
                 return f"pn_ld(&{self.in_name[r.tensor.uid]}[({self.address(r.addr)}) + {q} * {r.indirect.stride}LL])"

@@ -10,18 +10,46 @@ import builtins
 import math
 import operator
 
-from ..errors import AxisError, DTypeError, ShapeError
+from ..errors import AxisError, DTypeError, EmptyAxisError, ShapeError
+from . import symbolic
 from .movement import _axis, _x, slice
 from .tensor import Tensor, iota, reshape, where
+
+
+def refuse_empty_axis(op: str, x: Tensor, indices: Tensor, axis: int, sizes: dict[str, int] | None = None) -> None:
+    """An EmptyAxisError when `x`'s `axis` has extent 0 and `indices` are not empty: a gather
+    clamps an id to [0, n), and [0, 0) has no element (numpy's and torch's IndexError). Without
+    `sizes`, only where both are static (`take`, `take_along_axis`, `gather_nd` when they are
+    built); with `sizes`, at a symbolic program's bound sizes (dynamic.py `bind_sizes`, every call).
+
+    >>> import panamera as pn
+    >>> take(pn.placeholder((0, 8), name="emb"), pn.placeholder((3,), "int64", name="ids"))
+    Traceback (most recent call last):
+    ...
+    panamera.errors.EmptyAxisError: take of 'emb' (0, 8): axis 0 has extent 0, so index 'ids' of shape (3,) has no id in range
+    """
+    n, shape = x.shape[axis], indices.shape
+    if sizes is not None:
+        (n,), shape = symbolic.evaluate((n,), sizes), symbolic.evaluate(shape, sizes)
+    elif not isinstance(n, int) or not all(isinstance(e, int) for e in shape):
+        return  # symbolic: checked when the sizes are bound
+    if n == 0 and math.prod(shape) > 0:
+        at = "" if sizes is None else f" at {sizes}"
+        raise EmptyAxisError(
+            f"{op} of {x.label!r} {x.shape}: axis {axis} has extent 0{at}, so index {indices.label!r} of shape "
+            f"{indices.shape} has no id in range"
+        )
 
 
 def take(x: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
     """numpy.take / ONNX Gather: x read at a *loaded* subscript along `axis` (negative indices
     count from the end; out-of-range ones are clamped, a GPU kernel cannot raise: numpy's
     `mode="clip"`, where np.take's default raises an IndexError; torch.compile checks the ids
-    where they enter a compiled partition, torch_backend/bounds.py, and raises as eager). The read is
-    non-affine: isl cannot know which element it touches, so the read is modeled as touching the
-    whole axis, and x is never fused into the gathering statement (it is materialized first).
+    where they enter a compiled partition, torch_backend/bounds.py, and raises as eager); from an
+    axis of extent 0 there is nothing to clamp to: a non-empty index is an EmptyAxisError
+    (`refuse_empty_axis`). The read is non-affine: isl cannot know which element it touches, so
+    the read is modeled as touching the whole axis, and x is never fused into the gathering
+    statement (it is materialized first).
 
     >>> import panamera as pn
     >>> take(pn.placeholder((50, 8), name="emb"), pn.placeholder((2, 3), "int64", name="ids")).shape
@@ -31,6 +59,7 @@ def take(x: Tensor, indices: Tensor, axis: int = 0) -> Tensor:
     if indices.dtype.is_float or indices.dtype.name == "bool":
         raise DTypeError(f"take of {x.label!r}: indices {indices.label!r} must be integers, got {indices.dtype}")
     a = _axis(axis, x.ndim, "take", x.label)
+    refuse_empty_axis("take", x, indices, a)
     shape = x.shape[:a] + indices.shape + x.shape[a + 1 :]
     return Tensor("gather", (x, indices), shape, x.dtype, attrs=(("axis", a), ("elements", False)))
 
@@ -46,6 +75,7 @@ def take_along_axis(x: Tensor, indices: Tensor, axis: int) -> Tensor:
         not (i == n) and i > n for k, (i, n) in enumerate(zip(indices.shape, x.shape)) if k != a
     ):  # (an equal symbolic extent needs no comparison)
         raise ShapeError(f"take_along_axis of {x.label!r}: indices of shape {indices.shape} do not fit {x.shape}")
+    refuse_empty_axis("take_along_axis", x, indices, a)
     return Tensor("gather", (x, indices), indices.shape, x.dtype, attrs=(("axis", a), ("elements", True)))
 
 
@@ -72,6 +102,8 @@ def gather_nd(x: Tensor, indices: Tensor, batch_dims: int = 0) -> Tensor:
             f"gather_nd of {x.label!r}: indices {indices.label!r} of shape {indices.shape} do not address "
             f"x of shape {x.shape} with batch_dims {b} (batch extents must match, depth <= rank - batch_dims)"
         )
+    for j in range(b, b + k):
+        refuse_empty_axis("gather_nd", x, indices, j)
     ishape, lead, rest = indices.shape[:-1], x.shape[: b + k], x.shape[b + k :]
     flat = None
     for j, st in enumerate(_c_strides(lead)):

@@ -3,10 +3,14 @@ keywords are lowered in frontend/reduce.py)."""
 
 from __future__ import annotations
 
+import operator
+
 from .. import algebra, dtypes
+from ..errors import ShapeError
 from .reduce import arg_index, numpy_mean, numpy_reduce, reduced_shape
 from .reduce import normalize_axes as normalize_axes
 from .reduce import welford as welford
+from .symbolic import Dim
 from .tensor import Tensor, binary, iota, unary
 
 
@@ -135,9 +139,19 @@ def any(x: Tensor, axis=None, out=None, keepdims: bool = False, *, where=True) -
     return numpy_reduce("any", x, axis, None, out, keepdims, None, where)
 
 
-def arange(n: int) -> Tensor:
-    """numpy.arange(n) as an int64 tensor (computed in the kernel, never read from memory)."""
-    return iota((int(n),), 0)
+def arange(n: int | str | Dim) -> Tensor:
+    """numpy.arange(n) as an int64 tensor (computed in the kernel, never read from memory); `n`
+    an integer (empty below 1, as numpy's) or a symbol's name (frontend/symbolic.py).
+
+    >>> arange("C").shape, arange(-2).shape
+    ((C,), (0,))
+    """
+    if isinstance(n, (str, Dim)):
+        return iota((n,), 0)
+    if not hasattr(n, "__index__"):  # numpy's float stop would give floats; Panamera's iota is int64
+        raise ShapeError(f"arange: n must be an integer or a symbol's name, got {n!r}")
+    n = operator.index(n)
+    return iota((n if n > 0 else 0,), 0)  # (the builtin max is shadowed here)
 
 
 def argmax(x: Tensor, axis=None, out=None, *, keepdims: bool = False, last: bool = False) -> Tensor:

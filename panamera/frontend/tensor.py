@@ -113,6 +113,12 @@ class Tensor:
     def __rtruediv__(self, o):
         return binary("div", o, self)
 
+    def __mod__(self, o):  # numpy's %: np.mod (pn.mod), the sign of the divisor
+        return binary("mod", self, o)
+
+    def __rmod__(self, o):
+        return binary("mod", o, self)
+
     def __neg__(self):
         return unary("neg", self)
 
@@ -489,10 +495,15 @@ def reshape(x: Tensor, shape) -> Tensor:
     >>> reshape(placeholder(("B", "S", 8), name="r"), (-1, 8)).shape
     (B*S, 8)
     """
+    if hasattr(shape, "__index__") or isinstance(shape, str):
+        shape = (shape,)  # one extent, as numpy's reshape(x, 6)
+    try:
+        shape = [s if isinstance(s, (str, Dim)) else operator.index(s) for s in shape]
+    except TypeError as e:  # None, floats (numpy's TypeError), not a sequence
+        raise ShapeError(f"reshape of {x.label!r}: {shape!r} is not a shape of integers and symbol names") from e
     if x.symbolic or any(isinstance(s, (str, Dim)) for s in shape):
         new = symbolic.reshape_shape(x.shape, shape, f"reshape of {x.label!r}")
         return x if new == x.shape else Tensor("reshape", (x,), new, x.dtype)
-    shape = list(int(s) for s in shape)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape of {x.label!r}: more than one -1 in {tuple(shape)}")
     if -1 in shape:

@@ -367,7 +367,8 @@ class FastCall:
     def _run(self, p, nt: int, inputs, results: list) -> None:
         """The steps in order on the table `p` (the caller holds the lock)."""
         if not self.hosts:
-            self.steps[0](p, nt)
+            if self.steps:  # none: every kernel's domain is empty (a result of no element), nothing runs
+                self.steps[0](p, nt)
             return
         arrays = self.arrays.copy()
         for k, a in zip(self.free, inputs):

@@ -24,6 +24,9 @@ Preconditions (each checked; the tensor is left as it is when one fails):
     x[i, t[i]] - m[i] - log s[i]); a gather of a computed tensor would materialize it
     (frontend/movement.py `take`).
  6. The reduce's dtype is X's dtype (the sum is then exactly the picked value).
+ 7. The class axis is not a static 0: a sum over no class is 0 with no read, a gather from it has no
+    element to read (frontend/gather.py `refuse_empty_axis`). A symbolic C bound to 0 leaves the
+    rewrite's load unexecuted (codegen/cpu_param_kernel.py tests C > 0 before it).
 
 >>> import panamera as pn
 >>> x, t = pn.placeholder((4, 10), name="x"), pn.placeholder((4,), "int64", name="t")
@@ -105,10 +108,12 @@ def match(r: Tensor) -> Tensor | None:
         row = tuple(1 if k == a else s for k, s in enumerate(w.shape))
         if t.dtype.is_float or t.dtype.name == "bool" or t.shape != row:
             return None  # 4
+        c = w.shape[a]
+        if isinstance(c, int) and c == 0:
+            return None  # 7 (before 5: the gather is not built)
         picked = _at_target(x, t, a, w.shape)
         if picked is None or r.dtype != x.dtype:
             return None  # 5, 6
-        c = w.shape[a]
         bound = constant(c, as_dtype("int64")) if isinstance(c, Dim) else c  # a symbol: its extent's value
         return where((t >= 0) & (t < bound), picked, 0.0).reshape(r.shape)
     return None  # 3

@@ -126,8 +126,9 @@ _FLOATS = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BF
 
 def promote(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `proto` computing in float64: float inputs, outputs, initializers and Cast /
-    ConstantOfShape targets made DOUBLE, inferred value types dropped."""
-    p = onnx.ModelProto.FromString(proto.SerializeToString())
+    ConstantOfShape targets made DOUBLE, inferred value types dropped; a deployed model's weights
+    (weights.py stubs, read in by `resolved`) promoted as any initializer."""
+    p = onnx.ModelProto.FromString(_resolved(proto).SerializeToString())
     g = p.graph
     for k, init in enumerate(g.initializer):
         if init.data_type in _FLOATS:
