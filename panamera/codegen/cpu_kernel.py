@@ -43,6 +43,7 @@ from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_exp_range import marked
 from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
@@ -561,4 +562,4 @@ def render_cpu_empty(name: str, group: KernelGroup, specs: dict, threads: int) -
 def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:
     """The C++ of one kernel group under its CPU decision; CpuUnsupportedError for a group kind
     the CPU target does not cover yet."""
-    return _Kernel(name, group, d).render()
+    return _Kernel(name, marked(group, d.exp_le0), d).render()  # schedule/cpu_exp_range.py
