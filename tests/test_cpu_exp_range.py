@@ -21,6 +21,11 @@ def _x(shape=(4, 1000), dtype="float32"):
     return pn.placeholder(shape, dtype, name="x")
 
 
+def _kernels(k) -> str:
+    """The compiled program's kernels' own source (the math prelude, which defines pn_exp_le0f, left out)."""
+    return "".join(kern.source for kern in k.cpu_kernels)
+
+
 def _softmax_of(x, m):
     e = pn.exp(x - m)
     return e / pn.sum(e, axis=1, keepdims=True)
@@ -69,7 +74,7 @@ def test_marked_softmax_special_rows(rng):
     a[5, :500] -= 200.0
     a[6] *= 1e30
     k = pn.compile(pn.nn.softmax(pn.placeholder(a.shape, "float32"), axis=-1), target="cpu")
-    assert "pn_exp_le0f(" in k.cpu_source
+    assert "pn_exp_le0f(" in _kernels(k)
     got = k(a).astype(np.float64)
     ref, bound = softmax_bound(a)
     assert np.isnan(got[1:3]).all() and np.isnan(ref[1:3]).all()
@@ -77,7 +82,7 @@ def test_marked_softmax_special_rows(rng):
     ok = np.isfinite(ref)
     assert (np.abs(got - ref)[ok] <= bound[ok]).all()
     k = pn.compile(pn.nn.log_softmax(pn.placeholder(a.shape, "float32"), axis=-1), target="cpu")
-    assert "pn_exp_le0f(" in k.cpu_source
+    assert "pn_exp_le0f(" in _kernels(k)
     x = a[7:].astype(np.float64)
     z = x - x.max(-1, keepdims=True)
     lse = np.log(np.exp(z).sum(-1, keepdims=True))
@@ -94,3 +99,19 @@ def test_producer_expression_softmax_is_marked():
     assert nonpositive_exps(_group(pn.nn.softmax(pn.where(m, x * 0.5, -np.inf), axis=1, method="multipass")))
     y = pn.where(m, x * 0.5, -np.inf)  # the max of another expression: not x * 0.5 + 1 - max(...)
     assert nonpositive_exps(_group(_softmax_of(y + 1.0, pn.max(y, axis=1, keepdims=True)))) == ()
+
+
+def test_same_bits_as_the_general_exp_on_nonpositive_arguments(rng):
+    """pn_exp_le0f gives EXP_FLUSH's bits on [-104, 0] (rows whose max is 0, so x - m is x), -inf
+    and below -104 (0), and NaN for a row with a NaN."""
+    a = np.concatenate([rng.uniform(-110, 0, 4000), rng.uniform(-0.4, 0, 2000), [-np.inf, -104.0, -86.99, -0.0]])
+    a = np.concatenate([a, [0.0] * (6144 - a.size)]).astype(np.float32).reshape(6, 1024)
+    a[:, 0] = 0.0
+    x = pn.placeholder(a.shape, "float32")
+    k = pn.compile(pn.exp(x - pn.max(x, axis=1, keepdims=True)), target="cpu")
+    assert "pn_exp_le0f(" in _kernels(k)
+    general = pn.compile(pn.exp(pn.placeholder(a.shape, "float32")), target="cpu")
+    assert "pn_exp_le0f(" not in _kernels(general) and "expf(" in _kernels(general)
+    assert np.array_equal(k(a), general(a))
+    a[2, 5] = np.nan
+    assert np.isnan(k(a)[2]).all() and not np.isnan(k(a)[[0, 1, 3, 4, 5]]).any()
