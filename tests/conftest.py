@@ -42,7 +42,7 @@ def tolerance(dtype: str, n: int) -> float:
 
 def softmax_bound(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(float64 reference, per-element bound) of a float32 softmax over the last axis of `a` (u = 2^-24):
-    exp within 1 ulp of x - m, the row's sum of n terms, the reciprocal and the product, each error
+    exp within 1.5 ulp of x - m, the row's sum of n terms, the reciprocal and the product, each error
     relative to the result; plus float32's least normal for the results that underflow."""
     u = 2.0**-24
     x = a.astype(np.float64)

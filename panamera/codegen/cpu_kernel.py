@@ -42,6 +42,7 @@ from ..poly.statement import Form, Statement, StatementKind
 from ..poly.stitch import levels
 from ..runtime.plan import BufferRole, BufferSpec
 from ..schedule.cpu_blas import BlasCall
+from ..schedule.cpu_exp_range import marked
 from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
@@ -491,4 +492,4 @@ class _Kernel(RowValues, SplitMerge):
 def render_cpu(name: str, group: KernelGroup, d: CpuDecision) -> CpuKernel:
     """The C++ of one kernel group under its CPU decision; CpuUnsupportedError for a group kind
     the CPU target does not cover yet."""
-    return _Kernel(name, group, d).render()
+    return _Kernel(name, marked(group, d.exp_le0), d).render()  # schedule/cpu_exp_range.py

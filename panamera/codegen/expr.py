@@ -9,6 +9,7 @@ import numpy as np
 from ..dtypes import DType, promote
 from ..frontend.walk import postorder
 from ..poly.expr import Expr
+from ..schedule.cpu_exp_range import ExpRange
 
 _ARITH = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -135,6 +136,8 @@ class ExprRenderer:
             return f"({x[0]} ? 0 : 1)"
         if n.op.startswith("argkey_"):  # (value, index) packed into one ordered int64 key
             return f"pn_{n.op}({a[0]}, (long long)({a[1]}))"
+        if n.op == "exp" and n.value == ExpRange.NONPOSITIVE and d.compute == "float":  # x - max(x)
+            return _round(f"pn_exp_le0f({x[0]})", d)
         if n.op in _MATH:
             fn = _MATH[n.op] + ("f" if d.compute == "float" else "")
             return _round(f"{fn}({x[0]})", d)

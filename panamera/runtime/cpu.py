@@ -79,7 +79,13 @@ SIMD_FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "erf", "pow")
 # float exp is inline (vectorizes in any `omp simd` loop: no call, no spills): x = n ln2 + r with
 # n = round(x / ln2) (the 1.5 * 2^23 rounding constant, whose low bits are then n) and |r| <= ln2 / 2
 # (ln2 split in two, so n ln2 is exact); 2 e^r by a degree-6 polynomial (a least-squares fit of the
-# relative error on Chebyshev nodes, 1.7e-8; doubled coefficients, so the scaling is exact); times
+# relative error on Chebyshev nodes, 1.7e-8; doubled coefficients, so the scaling is exact), evaluated
+# by Estrin's scheme (r^2 and three independent pairs: 4 dependent steps instead of Horner's 6, one
+# product more; at most 1.42 ulp over every 7th float of [-86.9, 88.7], where Horner's was 1.04). The loops that
+# evaluate it are bound by its chain of dependent operations, not by their count (the core's
+# scheduler holds too few iterations of a 45-cycle chain to fill the FMA units): softmax [6144x128],
+# 1 thread, kernel alone, CPU time, min of 31 interleaved rounds (AMD EPYC AVX2, 2026-11-25 13:34,
+# load 10.6): 685 -> 617 us (Horner's -> Estrin's); times
 # 2^(n-1) built in the exponent bits, n + 126 clamped at 0 in integers. Below -125.5 ln2 (x < -86.99,
 # results < 1.42 FLT_MIN) n = -126 or less makes 2^(n-1) exactly 0: the result is 0, never subnormal
 # (absolute error < 1.7e-38); n = 128 (x up to 88.75) overflows to inf in the last product as expf
@@ -88,7 +94,7 @@ SIMD_FUNCTIONS = ("exp", "log", "sin", "cos", "tanh", "erf", "pow")
 # (from the sign bit); a NaN fails the compare and propagates through the arithmetic. No subnormal:
 # a subnormal result sent libmvec's vector expf to its scalar path, and every later product or sum
 # with it takes a microcode assist (~100 cycles); a softmax over masked scores (-100: swin's shifted
-# windows) then ran 25x slower in the product after it (128x16 @ 16x32: 59 -> 1470 us). Below 1 ulp
+# windows) then ran 25x slower in the product after it (128x16 @ 16x32: 59 -> 1470 us). Below 1.5 ulp
 # elsewhere (tests/test_cpu_exp_flush.py). Why not libmvec's expf: its call spills every live vector
 # register; and each compare-and-select on the chain costs (softmax [6144x128], 1 thread, CPU time,
 # interleaved: libmvec 480 us, a two-sided float clamp first 418, one clamp first 398, this ~380).
@@ -98,13 +104,11 @@ EXP_FLUSH = (
     "  const float n = t - 12582912.0f;\n"
     "  float r = __builtin_fmaf(n, -0.693145751953125f, x);  // ln2's high part: n ln2_hi exact\n"
     "  r = __builtin_fmaf(n, -1.428606765330187e-06f, r);\n"
-    "  float p = 2.771858125925064e-03f;  // 2 e^r\n"
-    "  p = __builtin_fmaf(p, r, 1.6749527305364609e-02f);\n"
-    "  p = __builtin_fmaf(p, r, 8.333545178174973e-02f);\n"
-    "  p = __builtin_fmaf(p, r, 3.333284258842468e-01f);\n"
-    "  p = __builtin_fmaf(p, r, 9.999998807907104e-01f);\n"
-    "  p = __builtin_fmaf(p, r, 2.0f);\n"
-    "  p = __builtin_fmaf(p, r, 2.0f);\n"
+    "  const float r2 = r * r;  // 2 e^r = (2 + 2r) + r^2 ((c2 + c3 r) + r^2 ((c4 + c5 r) + c6 r^2)): Estrin\n"
+    "  const float a = __builtin_fmaf(r, 2.0f, 2.0f);\n"
+    "  const float q23 = __builtin_fmaf(3.333284258842468e-01f, r, 9.999998807907104e-01f);\n"
+    "  const float q45 = __builtin_fmaf(1.6749527305364609e-02f, r, 8.333545178174973e-02f);\n"
+    "  const float p = __builtin_fmaf(__builtin_fmaf(__builtin_fmaf(2.771858125925064e-03f, r2, q45), r2, q23), r2, a);\n"
     "  int k = (int)(__builtin_bit_cast(unsigned, t) - (0x4b400000u - 126u));  // n + 126, in range\n"
     "  k = k < 0 ? 0 : k;\n"
     "  const float e = p * __builtin_bit_cast(float, (unsigned)k << 23);  // 2^(n-1); n <= -126: +0\n"
@@ -113,6 +117,27 @@ EXP_FLUSH = (
     "  return __builtin_fabsf(x) > 88.75f ? big : e;\n"
     "}\n"
     "#define expf(x) pn_expf_inline(x)\n"
+)
+# The exp of an argument known to be <= 0 or NaN (x - max(x): schedule/cpu_exp_range.py decides
+# where): EXP_FLUSH's polynomial and scaling, the argument clamped at -104 first (a NaN fails the
+# compare and passes; every result below -86.99 is 0 as EXP_FLUSH's), no select at the end: the
+# same bits as EXP_FLUSH's on [-104, 0], NaN and -inf. Undefined above 88.75 (never reached there).
+EXP_LE0 = (
+    "static inline __attribute__((always_inline)) float pn_exp_le0f(float x) {\n"
+    "  x = x < -104.0f ? -104.0f : x;\n"
+    "  const float t = __builtin_fmaf(x, 1.44269504088896341f, 12582912.0f);\n"
+    "  const float n = t - 12582912.0f;\n"
+    "  float r = __builtin_fmaf(n, -0.693145751953125f, x);\n"
+    "  r = __builtin_fmaf(n, -1.428606765330187e-06f, r);\n"
+    "  const float r2 = r * r;\n"
+    "  const float a = __builtin_fmaf(r, 2.0f, 2.0f);\n"
+    "  const float q23 = __builtin_fmaf(3.333284258842468e-01f, r, 9.999998807907104e-01f);\n"
+    "  const float q45 = __builtin_fmaf(1.6749527305364609e-02f, r, 8.333545178174973e-02f);\n"
+    "  const float p = __builtin_fmaf(__builtin_fmaf(__builtin_fmaf(2.771858125925064e-03f, r2, q45), r2, q23), r2, a);\n"
+    "  int k = (int)(__builtin_bit_cast(unsigned, t) - (0x4b400000u - 126u));\n"
+    "  k = k < 0 ? 0 : k;\n"
+    "  return p * __builtin_bit_cast(float, (unsigned)k << 23);\n"
+    "}\n"
 )
 # float erf and log inline too, for the same reason (libmvec's calls spill every live vector
 # register; GELU-erf epilogues, log_softmax, cross-entropy). Branch-free: both sides computed, one select.
@@ -186,6 +211,7 @@ SIMD_MATH = (
     )
     + "#endif\n"
     + EXP_FLUSH
+    + EXP_LE0
     + MATH_INLINE
 )
 

@@ -100,7 +100,8 @@ class CpuDecision:
     merge: how a split reduction's partials are merged; inner: reduced iterations a task scans
     into fresh block accumulators before merging them into its own (the precision of long sums);
     reuse: values a stitched row stores in one pass and reads back in later ones
-    (schedule/cpu_reuse.py)."""
+    (schedule/cpu_reuse.py); exp_le0: the exps of x - max(x) printed without the general exp's
+    overflow select (schedule/cpu_exp_range.py)."""
 
     form: Form
     M: int
@@ -118,6 +119,7 @@ class CpuDecision:
     prefetch: Prefetch | None = None  # the first pass's rows prefetched ahead (schedule/cpu_prefetch.py)
     # each row pass's vector registers of lanes (W = that x lanes; schedule/cpu_lane_kind.py `group_vectors`)
     vectors: tuple[int, ...] = ()
+    exp_le0: tuple[tuple[int, tuple], ...] = ()  # exps of x - max(x) (schedule/cpu_exp_range.py)
 
     @property
     def tasks(self) -> int:
@@ -205,6 +207,7 @@ def map_cpu(
     lanes = _lanes(group, machine.simd_bytes)
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     from .cpu_contraction import plan_gemm
+    from .cpu_exp_range import nonpositive_exps
 
     if (gemm := gemm or plan_gemm(group, model, machine.cores, deterministic)) is not None:
         return CpuDecision(form, M, N, 1, N, 1, gemm.threads, 1, gemm=gemm)
@@ -225,7 +228,8 @@ def map_cpu(
     merge = merge_mode(group, s, deterministic, lambda mode: merge_us(mode, model.rates, M, tasks, s, threads, lanes))
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
     prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
+    le0 = nonpositive_exps(group)  # schedule/cpu_exp_range.py: exp(x - max(x)) without its overflow select
     return CpuDecision(
         form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch,
-        vectors=group_vectors(group),
+        vectors=group_vectors(group), exp_le0=le0,
     )  # fmt: skip
