@@ -56,6 +56,14 @@ from .cpu_gemm import NOMINAL_GEMM, GemmRates
 # emits (`lanes_pass`, W = LANE_VECTORS x lanes) and `combine_ns` prices; here, so that codegen
 # imports the model and not the other way round.
 LANE_VECTORS = 4
+# A COLUMN task's kept block (schedule/cpu_mapper.py `column_block`): whole rows up to 16 KiB of
+# accumulators (in L1), so that a task streams contiguous rows; here, so that the probe
+# (runtime/cpu_probe_source.py) times the column ratio over the block the kernels keep. Measured at
+# one thread, sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector
+# strips (AVX-512). In bytes, not vectors: as 256 vectors it was 8 KiB on an AVX2 machine,
+# 1024x4096 1682 -> 1394 us and 4096x3072 5850 -> 4481 us at 16 KiB (AMD EPYC, 1 thread, CPU
+# time, medians of 15 and 9 interleaved rounds, load 12).
+COLUMN_BLOCK_BYTES = 16384
 # The share of a row's lane folds (`combine_ns`, latency chains) that R rows scanned side by side
 # (schedule/cpu_rows.py) hide: each row's combines cost (1 - ROW_OVERLAP (1 - 1/R)) of one row's.
 # Fitted on softmax [6144x128] at 1 thread (CPU time, loaded machine, 2026-11-25): R = 2 measured
