@@ -214,3 +214,16 @@ def test_reuse_prices_recomputation_at_the_lanes_throughput():
     lsm = _groups(pn.nn.log_softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
     assert [x.ops for x in choose(lsm, _with(add_ns=1.0, op_ns=0.0))] == ["sub"]
     assert choose(lsm, _with(add_ns=1.0, op_ns=0.04)) == ()
+
+
+def test_split_merge_is_the_last_tasks_combine_without_a_barrier():
+    """A split reduction merges LAST (schedule/cpu_mapper.py `merge_mode`): each output's last task
+    combines its partials, with no barrier, so the merge does not pay part of a region's entry (a
+    passive pool's wake-up): it is the same for a 1 us and a 50 us entry, and grows with the
+    partials combined."""
+    w = CpuWork(M=64, N=65536, elements=64 * 65536, read_bytes=64 * 65536 * 4, write_bytes=256, column=True)
+    cheap, woken = _with(fork_us=(1.0, 1.0)), _with(fork_us=(1.0, 50.0))
+    m1 = kernel_time(w, cheap, tasks=2, split=2, threads=2).merge_us
+    assert m1 == kernel_time(w, woken, tasks=2, split=2, threads=2).merge_us > 0
+    assert kernel_time(w, cheap, tasks=4, split=4, threads=2).merge_us == pytest.approx(2 * m1)
+    assert kernel_time(w, cheap, tasks=1, split=1, threads=2).merge_us == 0.0

@@ -31,7 +31,9 @@ group whose rows are too long to overlap its passes: the sum over its passes, `s
   combine of each reduction's SIMD lanes (`combine_ns`), / threads;
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
   (ceil(tasks / threads) waves of equal tasks);
-- merge (a split reduction): a second barrier and, per output, its partials combined in order.
+- merge (a split reduction): per output, its partials combined in order by the output's last task
+  (schedule/cpu_mapper.py `merge_mode`: LAST, no barrier beyond the region's end; half a region's
+  entry was charged for one before, 17 us of bias_grad [65536x64]'s modeled 1076 us on 2 threads).
 
 The limit is what no plan can beat: the compulsory bytes (inputs once, outputs once) at the best
 bandwidth any probe measured at that level, plus one parallel region's entry.
@@ -415,8 +417,8 @@ def kernel_time(
     parts = [_seconds(p, r, rates, busy, lanes) for p in (w.passes if streamed(w, m) else (w,))]
     fork = r.fork(t)
     merge = 0.0
-    if split > 1:  # a barrier, then each output's partials combined in order (scalar steps)
-        merge = r.fork(t) / 2 + math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
+    if split > 1:  # each output's partials combined in order (scalar steps) by its last task: no barrier
+        merge = math.ceil(w.M / t) * split * r.add_ns * lanes * 1e-3
     mem_us, comp_us = (sum(x[k] for x in parts) * 1e6 * imbalance for k in (0, 1))
     body = sum(r.both(a, b) for a, b in parts) * 1e6 * imbalance
     return KernelTime(fork + body + merge, mem_us, comp_us, fork, merge, level, busy)
