@@ -38,7 +38,7 @@ def test_rule_2_a_collapsed_all_thread_rate_is_contended():
 
 
 def test_rule_3_a_figure_of_preempted_trials_is_contended():
-    """Less than WHOLE_MIN of some figure's trials held their cores throughout: contended."""
+    """Less than WHOLE_MIN of some all-thread figure's trials held their cores throughout: contended."""
     verdict, why = judge(2, FORK, IDLE, IDLE, True, 0.0, whole=cpu_probe.WHOLE_MIN / 2)
     assert verdict is Verdict.CONTENDED and "held their cores" in why
     assert judge(2, FORK, IDLE, IDLE, True, 0.0, whole=cpu_probe.WHOLE_MIN)[0] is Verdict.SETTLED
@@ -84,7 +84,7 @@ def test_a_probe_whose_trials_lost_their_cores_is_extrapolated(monkeypatch):
     monkeypatch.setattr(cpu_probe_trials, "SAMPLES", 3)
     monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
     r = cpu_probe.measure(2, Caches(48 << 10, 1 << 20, 8 << 20))
-    assert r.source.startswith("contended") and "0 % of a figure's trials held their cores" in r.source
+    assert r.source.startswith("contended") and "0 % of an all-thread figure's trials held their cores" in r.source
     assert all(full == 2 * one for one, full in r.read_gbs)
 
 

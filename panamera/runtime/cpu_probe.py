@@ -86,7 +86,7 @@ CONTENDED_TTL_S = 600.0  # a contended or provisional probe is reused this long,
 # 2026-11-25 under a load of 10-15 held DRAM 5.5 GB/s and no 2-thread scaling, and passed the
 # region-entry test.
 LOADED_CORES = 0.5
-# The least share of a figure's trials that held their cores throughout (`judge`) for its figure to
+# The least share of an all-thread figure's trials that held their cores throughout (`judge`) for it to
 # be taken as measured (rather than extrapolated from one thread's).
 WHOLE_MIN = 0.5
 # The L2 (private to each core) read rate on every thread over one thread's, per thread, below
@@ -162,8 +162,8 @@ def judge(
     """The verdict on a probe's all-thread figures and its reason. CONTENDED where
     1. an empty all-thread region of a spinning pool was slow to enter (`slowed`), or
     2. some level streamed slower on every thread than on one (`slowed`), or
-    3. less than WHOLE_MIN of some figure's trials were whole (`whole`: each thread on its core
-       throughout, runtime/cpu_probe_trials.py), so its figure is one of preempted trials;
+    3. less than WHOLE_MIN of some all-thread figure's trials were whole (`whole`: each thread on
+       its core throughout, runtime/cpu_probe_trials.py), so its figure is one of preempted trials;
     PROVISIONAL where
     4. the L2 read rate, private to each core, grew less than SCALING_MIN x threads over one
        thread's (`measure` has timed the levels twice and kept the faster): the cores may share a
@@ -188,7 +188,7 @@ def judge(
     if slowed(fork, [*read, *write], wakes):
         return Verdict.CONTENDED, f"{threads} threads streamed slower than one"
     if whole < WHOLE_MIN:
-        return Verdict.CONTENDED, f"{100 * whole:.0f} % of a figure's trials held their cores"
+        return Verdict.CONTENDED, f"{100 * whole:.0f} % of an all-thread figure's trials held their cores"
     one, full = read[LEVELS.index("L2")] if read else (0.0, 0.0)
     if full < SCALING_MIN * threads * one:
         return Verdict.PROVISIONAL, f"L2 read {one:.0f} GB/s on one thread, {full:.0f} on {threads}"
@@ -215,7 +215,8 @@ def _library():
 
 def _streams(lib, sizes: dict[str, int], threads: int, counts: tuple[int, ...]) -> tuple[list, list, list]:
     """(read, write, trials) per level of LEVELS: the read sum's and the triad's GB/s on one thread
-    and on `threads` ((one, all): the last of `counts`), their four figures' trials interleaved."""
+    and on `threads` ((one, all): the last of `counts`), their four figures' trials interleaved;
+    trials: (threads, `Timed`) per figure."""
     read, write, timed = [], [], []
     for level in LEVELS:
         buf = _buffer(sizes[level])  # the sum reads all of it, the triad its thirds
@@ -233,7 +234,7 @@ def _streams(lib, sizes: dict[str, int], threads: int, counts: tuple[int, ...]) 
         gbs = [b / g.sec / 1e9 for b, g in zip(floats, got)]
         read.append((gbs[0], gbs[-2]))
         write.append((gbs[1], gbs[-1]))
-        timed += got
+        timed += [(counts[i // 2], g) for i, g in enumerate(got)]  # a sum and a triad per thread count
     return read, write, timed
 
 
@@ -272,14 +273,16 @@ def measure(threads: int, caches: Caches) -> Rates:
     # can outlast one figure's trials; it slows, never speeds, a trial timed by the wall clock)
     again = _streams(lib, sizes, threads, counts)
     read, write = ([tuple(map(max, a, b)) for a, b in zip(x, y)] for x, y in zip(first[:2], again[:2]))
-    timed = [Timed(0.0, min(a.spread, b.spread), max(a.whole, b.whole)) for a, b in zip(first[2], again[2])]
-    timed += [plain, cols, exps, exps_l1, *ops]
-    whole = min((t.whole for t in timed), default=1.0)
+    streams = [
+        (t, Timed(0.0, min(a.spread, b.spread), max(a.whole, b.whole))) for (t, a), (_, b) in zip(first[2], again[2])
+    ]
+    timed = [g for _, g in streams] + [plain, cols, exps, exps_l1, *ops]
+    whole = min((g.whole for t, g in streams if t > 1), default=1.0)  # of the all-thread figures (rule 3)
     verdict, why = judge(threads, fork, read, write, wakes, others_load(), whole)  # CONTENDED again where `early`
     note = (
         f" (L3: {sizes['L3'] >> 20} MiB arrays, {l3_bytes >> 20} MiB held; DRAM: {sizes['DRAM'] >> 20} MiB arrays;"
         f" OpenMP spin count {spin_count()}; a figure's trials' median up to {100 * max(t.spread for t in timed):.0f} %"
-        f" slower than it; {100 * whole:.0f} % of a figure's trials whole at least)"
+        f" slower than it; {100 * whole:.0f} % of an all-thread figure's trials whole at least)"
     )
     if verdict is Verdict.CONTENDED:
         forkn = fork[1] if wakes else 2 * fork[0]
