@@ -4,8 +4,8 @@ region (`_trials`, `_in_region`), and a region's entry (`region_entry`).
 The probe runs once per machine, often while other processes hold the cores (on the 2-vCPU AMD
 EPYC guests of 2026-11-25, up to a dozen), and its all-thread figures came out unstable there:
 three idle re-probes read the 2-thread L2 rate 136-167 GB/s, a loaded one 85; the bench's own probe
-read DRAM 14.5/22.1 GB/s (1/2 threads) while another taken the same minute read 14.9/29.4, and
-the bench's DRAM-bound kernels ran 1.8-2.2x faster on 2 threads than on 1. Before VERSION 10 a
+read DRAM 14.5/22.1 GB/s (1/2 threads) while another (a spinning pool's) taken the same minute
+read 14.9/29.4, and the bench's DRAM-bound kernels ran 1.6-2.2x faster on 2 threads than on 1. Before VERSION 10 a
 trial was the slowest thread's *CPU time*: where one thread lost its core for a while the other
 streamed alone, with the whole shared L3 and memory bandwidth, and no clock saw it. So:
 
