@@ -16,6 +16,7 @@ import pytest
 
 from panamera.model.cpu import (
     CACHE_FILL,
+    COLUMN_BLOCK_BYTES,
     LANE_VECTORS,
     NOMINAL,
     Caches,
@@ -27,6 +28,7 @@ from panamera.model.cpu import (
 )
 from panamera.runtime import cpu_probe
 from panamera.runtime.cpu_probe_source import COLUMN_BLOCK
+from panamera.runtime.cpu_probe_trials import Timed
 from panamera.schedule.cpu_cost import work
 
 
@@ -43,15 +45,19 @@ def test_call_floor_excludes_the_ctypes_call_the_region_entry_holds():
 
 
 def _fake_lib(seen: list):
-    def sum_(pb, n, reps, t, secs):
+    def sum_(pb, n, reps, t, warm, out):
         seen.append(("sum", n, t))
+        out[0], out[1] = 1e-4 * n / 2**20, 1.0
 
-    def triad(a, b, c, n, reps, t, secs):
+    def triad(a, b, c, n, reps, t, warm, out):
         seen.append(("triad", n, t))
+        out[0], out[1] = 1e-4 * n / 2**20, 1.0
 
     noop = lambda *a: None  # noqa: E731
-    names = ("pn_add", "pn_lanes", "pn_exp", "pn_div", "pn_empty", "pn_entry", "pn_column", "pn_sum_exp")
-    return types.SimpleNamespace(pn_sum=sum_, pn_triad=triad, **{k: noop for k in names})
+    names = ("pn_add", "pn_lanes", "pn_exp", "pn_div", "pn_empty", "pn_entry")
+    return types.SimpleNamespace(
+        pn_sum=sum_, pn_triad=triad, pn_column=sum_, pn_sum_exp=sum_, **{k: noop for k in names}
+    )
 
 
 def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
@@ -61,7 +67,8 @@ def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
     import panamera.runtime.cpu as rcpu
 
     monkeypatch.setattr(rcpu, "build", lambda src: _fake_lib(seen))
-    monkeypatch.setattr(cpu_probe, "_trials", lambda sample: (sample(1), (1e-4, 0.0))[1])
+    once = lambda *samples: [Timed(s(1)[0] or 1e-4, 0.0, 1.0) for s in samples]  # noqa: E731
+    monkeypatch.setattr(cpu_probe, "_trials", once)
     monkeypatch.setattr(cpu_probe, "region_entry", lambda *a: (1.0, 1.0))
     monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
     caches = Caches(48 << 10, 256 << 10, 4 << 20)
@@ -78,24 +85,28 @@ def test_probe_reads_one_threads_share_of_the_l2_buffer(monkeypatch):
 
 def test_probe_loops_add_every_element_timed_inside_their_region():
     """The read sum keeps LANE_VECTORS x 16 lanes (the row scans' accumulators, not one register
-    bound by the add's latency); it, the column sum and the sum of exps add every element on one
-    thread and on two (each its share), and report the slowest thread's seconds."""
+    bound by the add's latency); it, the column sum (rows of the kernels' 16 KiB block), the sum
+    of exps and the triad, one template over their bodies (pn_region), add every element on one
+    thread and on two (each its share; a warm-up run first or not), and report the slowest
+    thread's wall seconds and the least share of them a thread ran."""
     assert f"acc[{LANE_VECTORS * 16}]" in cpu_probe.SOURCE and "PN_W" not in cpu_probe.SOURCE
-    from panamera.runtime.cpu import SIMD_MATH, build
-
-    lib = build(SIMD_MATH + cpu_probe.SOURCE)
-    d = ctypes.POINTER(ctypes.c_double)
-    for f in (lib.pn_sum, lib.pn_column, lib.pn_sum_exp):
-        f.argtypes, f.restype = (ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int, d), ctypes.c_double
+    assert COLUMN_BLOCK * 4 == COLUMN_BLOCK_BYTES == 16384 and f"blk[{COLUMN_BLOCK}]" in cpu_probe.SOURCE
+    lib = cpu_probe._library()
     x = (np.arange(8 * COLUMN_BLOCK, dtype=np.float32) % 7) / 8
-    secs = ctypes.c_double()
-    for t in (1, 2):
-        got = lib.pn_sum(x.ctypes.data, x.size, 3, t, ctypes.byref(secs))
-        assert got == pytest.approx(3 * float(x.sum())) and secs.value > 0
-        exps = lib.pn_sum_exp(x.ctypes.data, x.size, 1, t, ctypes.byref(secs))
-        assert exps == pytest.approx(float(np.exp(x.astype(np.float64)).sum()), rel=1e-5)
+    y = np.zeros(3 * x.size, np.float32)
+    out = (ctypes.c_double * 2)()
+    for t, warm in ((1, 0), (2, 0), (2, 1)):
+        keep = 1 + warm  # the warm-up's sum is kept too
+        assert lib.pn_sum(x.ctypes.data, x.size, 3, t, warm, out) == pytest.approx((2 + keep) * float(x.sum()))
+        assert out[0] > 0 and 0.0 < out[1] <= 1.5
+        exps = lib.pn_sum_exp(x.ctypes.data, x.size, 1, t, warm, out)
+        assert exps == pytest.approx(keep * float(np.exp(x.astype(np.float64)).sum()), rel=1e-5)
         cols = x.reshape(-1, COLUMN_BLOCK).sum(0)
-        assert lib.pn_column(x.ctypes.data, x.size, 1, t, ctypes.byref(secs)) == pytest.approx(cols[0] + cols[-1])
+        assert lib.pn_column(x.ctypes.data, x.size, 1, t, warm, out) == pytest.approx(keep * (cols[0] + cols[-1]))
+        y[x.size :] = np.concatenate([x, 2 * x])
+        parts = [y[k * x.size :].ctypes.data for k in range(3)]
+        lib.pn_triad(*parts, x.size, 2, t, warm, out)
+        assert np.array_equal(y[: x.size], x + np.float32(0.5) * (2 * x)) and out[0] > 0
 
 
 def _with(**kw) -> CpuModel:
@@ -203,3 +214,16 @@ def test_reuse_prices_recomputation_at_the_lanes_throughput():
     lsm = _groups(pn.nn.log_softmax(pn.placeholder((4, 1000), "float32"), axis=1, method="multipass"))
     assert [x.ops for x in choose(lsm, _with(add_ns=1.0, op_ns=0.0))] == ["sub"]
     assert choose(lsm, _with(add_ns=1.0, op_ns=0.04)) == ()
+
+
+def test_split_merge_is_the_last_tasks_combine_without_a_barrier():
+    """A split reduction merges LAST (schedule/cpu_mapper.py `merge_mode`): each output's last task
+    combines its partials, with no barrier, so the merge does not pay part of a region's entry (a
+    passive pool's wake-up): it is the same for a 1 us and a 50 us entry, and grows with the
+    partials combined."""
+    w = CpuWork(M=64, N=65536, elements=64 * 65536, read_bytes=64 * 65536 * 4, write_bytes=256, column=True)
+    cheap, woken = _with(fork_us=(1.0, 1.0)), _with(fork_us=(1.0, 50.0))
+    m1 = kernel_time(w, cheap, tasks=2, split=2, threads=2).merge_us
+    assert m1 == kernel_time(w, woken, tasks=2, split=2, threads=2).merge_us > 0
+    assert kernel_time(w, cheap, tasks=4, split=4, threads=2).merge_us == pytest.approx(2 * m1)
+    assert kernel_time(w, cheap, tasks=1, split=1, threads=2).merge_us == 0.0

@@ -1,5 +1,6 @@
 """The CPU probe under load (runtime/cpu_probe.py `judge`): a probe taken while other processes
-held the cores is kept briefly, never cached for good. One test per rule of `judge`, and a real
+held the cores is kept briefly, never cached for good; its trials that lost a core are dropped
+(runtime/cpu_probe_trials.py). One test per rule of `judge`, and a real
 probe under a faked load. Structure only: no figure of this machine is asserted."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 import pytest
 
 from panamera.model.cpu import NOMINAL, Caches
-from panamera.runtime import cpu_probe
+from panamera.runtime import cpu_probe, cpu_probe_trials
 from panamera.runtime.cpu_probe import Verdict, judge
 
 IDLE = [(50.0, 105.0), (29.0, 58.0), (29.0, 58.0)]  # GB/s (one thread, two): an idle probe here
@@ -36,10 +37,18 @@ def test_rule_2_a_collapsed_all_thread_rate_is_contended():
     assert judge(2, FORK, IDLE, collapsed, True, 0.0) == (Verdict.CONTENDED, "2 threads streamed slower than one")
 
 
-def test_rule_3_the_load_average_makes_a_probe_contended():
-    """The 03:00 passive probe (L2 51/50 GB/s) passed rules 1 and 2; a load it ran under is seen."""
+def test_rule_3_a_figure_of_preempted_trials_is_contended():
+    """Less than WHOLE_MIN of some all-thread figure's trials held their cores throughout: contended."""
+    verdict, why = judge(2, FORK, IDLE, IDLE, True, 0.0, whole=cpu_probe.WHOLE_MIN / 2)
+    assert verdict is Verdict.CONTENDED and "held their cores" in why
+    assert judge(2, FORK, IDLE, IDLE, True, 0.0, whole=cpu_probe.WHOLE_MIN)[0] is Verdict.SETTLED
+
+
+def test_rule_5_the_load_average_makes_a_probe_provisional():
+    """The trials that held their cores stand under load, but the region's entry and the shared
+    levels are the load's: kept briefly (the 03:00 passive probe, L2 51/50 GB/s, ran under load)."""
     verdict, why = judge(2, FORK, IDLE, IDLE, True, cpu_probe.LOADED_CORES + 1.0)
-    assert verdict is Verdict.CONTENDED and "load average" in why
+    assert verdict is Verdict.PROVISIONAL and "load average" in why
     assert judge(2, FORK, IDLE, IDLE, True, cpu_probe.LOADED_CORES)[0] is Verdict.SETTLED
 
 
@@ -51,14 +60,13 @@ def test_rule_4_an_unscaled_l2_rate_is_provisional():
     assert judge(2, FORK, scaled, IDLE, True, 0.0)[0] is Verdict.SETTLED
 
 
-def test_a_probe_under_a_faked_load_is_extrapolated_and_kept_briefly(private_cache, monkeypatch):
-    """measure() reads the load average; under load it times one thread only, extrapolates the
-    all-thread figures and `rates` keeps them CONTENDED_TTL_S, then probes again."""
+def test_a_probe_under_a_faked_load_is_measured_and_kept_briefly(private_cache, monkeypatch):
+    """measure() times every thread under load too (its trials that lost a core are dropped); the
+    load average makes it provisional (at least): `rates` keeps it CONTENDED_TTL_S, then probes again."""
     monkeypatch.setattr(cpu_probe, "others_load", lambda: 3.0)
     caches = Caches(48 << 10, 1 << 20, 8 << 20)  # small arrays: a quick probe
     hot = cpu_probe.rates(2, caches)
-    assert hot.source.startswith("contended") and cpu_probe.provisional(hot.source)
-    assert all(full == 2 * one for one, full in hot.read_gbs)  # from one thread's figures
+    assert cpu_probe.provisional(hot.source)  # provisional; contended where the real load preempted the trials
     cpu_probe.rates.cache_clear()
     calm = dataclasses.replace(hot, source="probed now")
     monkeypatch.setattr(cpu_probe, "measure", lambda *a: calm)
@@ -67,6 +75,17 @@ def test_a_probe_under_a_faked_load_is_extrapolated_and_kept_briefly(private_cac
     os.utime(path, (0, 0))  # older than CONTENDED_TTL_S
     cpu_probe.rates.cache_clear()
     assert cpu_probe.rates(2, caches) is calm
+
+
+def test_a_probe_whose_trials_lost_their_cores_is_extrapolated(monkeypatch):
+    """Where no trial held its cores throughout (faked: RAN_MIN above 1), the all-thread figures
+    are extrapolated from one thread's and the probe is contended."""
+    monkeypatch.setattr(cpu_probe_trials, "RAN_MIN", 2.0)
+    monkeypatch.setattr(cpu_probe_trials, "SAMPLES", 3)
+    monkeypatch.setattr(cpu_probe, "others_load", lambda: 0.0)
+    r = cpu_probe.measure(2, Caches(48 << 10, 1 << 20, 8 << 20))
+    assert r.source.startswith("contended") and "0 % of an all-thread figure's trials held their cores" in r.source
+    assert all(full == 2 * one for one, full in r.read_gbs)
 
 
 def test_a_provisional_probe_is_kept_briefly(private_cache, monkeypatch):

@@ -33,8 +33,9 @@ group whose rows are too long to overlap its passes: the sum over its passes, `s
 - both spread over min(threads, tasks) threads, and scaled by the imbalance of a static schedule
   (ceil(tasks / threads) waves of equal tasks);
 - merge (a split reduction), as the mapper's `CpuMerge` says (`merge_us`): LAST, a counter's
-  atomic increment per task and, per output, its partials combined in order by its last task;
-  ATOMIC, two barriers more and a compare-and-swap per output per task.
+  atomic increment per task and, per output, its partials combined in order by its last task (no
+  barrier beyond the region's end); ATOMIC, two barriers more and a compare-and-swap per output per
+  task.
 
 The limit is what no plan can beat: the compulsory bytes (inputs once, outputs once) at the best
 bandwidth any probe measured at that level, plus one parallel region's entry.
@@ -60,6 +61,14 @@ from .cpu_gemm import NOMINAL_GEMM, GemmRates
 # emits (`lanes_pass`, W = LANE_VECTORS x lanes) and `combine_ns` prices; here, so that codegen
 # imports the model and not the other way round.
 LANE_VECTORS = 4
+# A COLUMN task's kept block (schedule/cpu_mapper.py `column_block`): whole rows up to 16 KiB of
+# accumulators (in L1), so that a task streams contiguous rows; here, so that the probe
+# (runtime/cpu_probe_source.py) times the column ratio over the block the kernels keep. Measured at
+# one thread, sum over axis 0: 4096x768 660 -> 422 us, 1024x4096 865 -> 586 us against 16-vector
+# strips (AVX-512). In bytes, not vectors: as 256 vectors it was 8 KiB on an AVX2 machine,
+# 1024x4096 1682 -> 1394 us and 4096x3072 5850 -> 4481 us at 16 KiB (AMD EPYC, 1 thread, CPU
+# time, medians of 15 and 9 interleaved rounds, load 12).
+COLUMN_BLOCK_BYTES = 16384
 # The share of a row's lane folds (`combine_ns`, latency chains) that R rows scanned side by side
 # (schedule/cpu_rows.py) hide: each row's combines cost (1 - ROW_OVERLAP (1 - 1/R)) of one row's.
 # Fitted on softmax [6144x128] at 1 thread (CPU time, loaded machine, 2026-11-25): R = 2 measured
@@ -468,13 +477,14 @@ def _combines_ns(w: CpuWork, r: Rates, lanes: int) -> float:
 
 def merge_us(mode: CpuMerge, r: Rates, outputs: int, tasks: int, split: int, threads: int, lanes: int) -> float:
     """The modeled merge of `outputs` outputs split in `split` chunks (`tasks` tasks) on `threads`
-    threads, in mode `mode` (us). Both modes pay half a region's entry (the figure every split was
-    charged before the modes were priced: the wait for an output's slowest task). LAST: each task
+    threads, in mode `mode` (us). LAST waits at no barrier (the region's end is the only one; half a
+    region's entry was charged for one before, 17 us of bias_grad [65536x64]'s modeled 1076 us on 2
+    threads at a 35 us wake-up). LAST: each task
     counts itself in its output's counter (one locked read-modify-write, ATOMIC_RMW_NS, a thread's
     tasks one after another), and each output's last task combines its `split` partials in chunk
     order (a dependent step each, the probe's add latency). ATOMIC: each task combines each of its
     outputs into the shared accumulator by compare-and-swap (outputs x split of them, spread over
-    the threads), each output is read back once, and the region waits at two barriers more (the
+    the threads), each output is read back once, and the region waits at two barriers (the
     accumulators set, the combines done: under a passive pool each a sleep and a wake-up, half a
     region's entry; sum column 768x768 split 2 at 2 threads measured 3.95 voluntary context
     switches a call with ATOMIC, 2.0 with LAST, AMD EPYC, 2026-11-25). A CAS costs more than a
@@ -492,8 +502,8 @@ def merge_us(mode: CpuMerge, r: Rates, outputs: int, tasks: int, split: int, thr
     wait = r.fork(t) / 2
     step = r.add_ns * lanes * 1e-3  # one dependent combine, us
     if mode == CpuMerge.LAST:
-        return wait + math.ceil(tasks / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * split * step
-    return 3 * wait + math.ceil(outputs * split / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * step
+        return math.ceil(tasks / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * split * step
+    return 2 * wait + math.ceil(outputs * split / t) * ATOMIC_RMW_NS * 1e-3 + math.ceil(outputs / t) * step
 
 
 def kernel_time(

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..model.cpu import CpuMerge, CpuModel, merge_us
+from ..model.cpu import COLUMN_BLOCK_BYTES, CpuMerge, CpuModel, merge_us
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
@@ -47,12 +47,6 @@ from .cpu_rows import choose_rows
 if TYPE_CHECKING:
     from .cpu_contraction import GemmPlan
 
-# A COLUMN task's kept block: whole rows up to 16 KiB of accumulators (in L1), so that a task
-# streams contiguous rows. Measured at one thread, sum over axis 0: 4096x768 660 -> 422 us,
-# 1024x4096 865 -> 586 us against 16-vector strips (AVX-512). In bytes, not vectors: as 256
-# vectors it was 8 KiB on an AVX2 machine, 1024x4096 1682 -> 1394 us and 4096x3072 5850 -> 4481 us
-# at 16 KiB (AMD EPYC, 1 thread, CPU time, medians of 15 and 9 interleaved rounds, load 12).
-COLUMN_BLOCK_BYTES = 16384
 INNER = 4096  # reduced iterations per block of fresh accumulators (cpu_kernel.row_pass: the rounding of long rows)
 
 
