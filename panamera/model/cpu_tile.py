@@ -13,8 +13,8 @@ The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over t
 - memory: A read once per N panel (it is not packed), B once (a KC x NR block stays in L1 while
   the panel's M tiles read it), C read and written once per K block, at the rate of the level
   the operands live in (`CpuModel.gbs`);
-- pack: where B is transposed (`tb`) or N is not whole panels, B copied once into panels
-  (`pack_us`), the panels' blocks shared by the threads;
+- pack: where B is transposed (`tb`) or N is not whole panels, B copied into panels (`pack_us`),
+  each thread copying the panels its own tasks read (`pack_share`: no barrier before the tiles);
 - fork: one parallel region's entry (no Python step: the call is the program's C).
 
 So a small or skinny product (no Python step, no packing of A, nothing to amortize) goes to the
@@ -124,7 +124,7 @@ def tile_plan(
         moved = calls * (a * panels + b + 2 * c * blocks)
         level = m.level(a + b + c * ks, used)
         mem = moved / m.gbs(a + b + c * ks, used) / 1e3
-        pack = calls * pack_us(gm, itemsize, base, m, level) / used
+        pack = calls * pack_us(gm, itemsize, base, m, level) * pack_share(tasks * ks, used, mt, panels * ks)
         merge = 0.0
         if ks > 1:  # partials written, then read and added, each C element by one thread
             merge = calls * c * ks * (1 / m.gbs(c * ks, used, write=True) + 1 / m.gbs(c * ks, used)) / 1e3
@@ -134,6 +134,25 @@ def tile_plan(
             best = (dataclasses.replace(base, ksplit=ks), t)
     assert best is not None
     return best
+
+
+def pack_share(total: int, threads: int, mt: int, pieces: int) -> float:
+    """The largest share of B's pack one thread copies: each thread packs the pieces (K chunk x N
+    panel, `task // mt` in the kernel's task order) its own contiguous share of the `total` tasks
+    reads (codegen/cpu_tile.py: no barrier between the pack and the tiles), the first `total %
+    threads` threads one task more, as a static schedule's.
+
+    >>> pack_share(44, 1, 22, 2), pack_share(44, 2, 22, 2), pack_share(22, 2, 22, 1)
+    (1.0, 0.5, 1.0)
+    """
+    threads = max(1, min(threads, total))
+    per, extra = divmod(total, threads)
+    most = 0
+    for me in range(threads):
+        lo = me * per + min(me, extra)
+        hi = lo + per + (1 if me < extra else 0)
+        most = max(most, (hi - 1) // mt - lo // mt + 1)
+    return most / max(1, pieces)
 
 
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
