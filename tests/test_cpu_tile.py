@@ -13,7 +13,7 @@ import panamera as pn
 import panamera.schedule.cpu_contraction as cpu_contraction
 from panamera.model.cpu import CpuModel
 from panamera.model.cpu_gemm import GemmRates
-from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_plan, tile_shape
+from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, pack_share, tile_plan, tile_shape
 from panamera.schedule.cpu_gemm import Gemm
 
 
@@ -71,6 +71,33 @@ def test_tile_batched_and_bit_stable_across_threads(forced_tile):
     one, two = f(a, b, threads=1), f(a, b, threads=2)
     _check(one, ref, 70, np.abs(a).max() * np.abs(b).max() * np.sqrt(70))
     assert np.array_equal(one, two)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(37, 45, 131), (50, 40, 300)])
+def test_threads_pack_the_panels_they_read(forced_tile, m, n, k):
+    """B transposed, N a tail past whole panels: each thread packs the pieces its own share of the tasks
+    reads (a panel straddling two shares packed by both, into their own buffers; no barrier before the
+    tiles): against float64 numpy, and the same bits on 1 and 2 threads."""
+    x, w = pn.placeholder((m, k), "float32"), pn.placeholder((n, k), "float32")
+    f = pn.compile(x @ w.T, target="cpu", cache=False)
+    assert f.cpu_kernels[0].tile is not None
+    a, b = (
+        random_array((m, k), "float32", np.random.default_rng(11)),
+        random_array((n, k), "float32", np.random.default_rng(12)),
+    )
+    ref = a.astype(np.float64) @ b.T.astype(np.float64)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    _check(one, ref, k, np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+
+
+def test_pack_share_is_the_largest_threads_pieces():
+    """The model's pack on `t` threads: the most (K chunk x panel) pieces one thread's contiguous share of
+    the tasks reads, over all pieces (codegen/cpu_tile.py: each thread packs its own)."""
+    assert pack_share(44, 2, 22, 2) == 0.5  # table1 on AVX2: a panel each
+    assert pack_share(21, 2, 7, 3) == 2 / 3  # 11 + 10 tasks of 7 a panel: the middle one packed by both
+    assert pack_share(8, 2, 8, 1) == 1.0  # one panel, both threads read it
+    assert pack_share(16, 4, 2, 8) == 0.25 and pack_share(5, 8, 5, 1) == 1.0  # more threads than tasks
 
 
 def test_model_routes_small_to_tile_and_large_to_blas():
