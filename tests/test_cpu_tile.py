@@ -169,3 +169,20 @@ def test_tile_float64(forced_tile):
     )
     t = tolerance("float64", 300)
     np.testing.assert_allclose(f(a, b), a @ b, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(300))
+
+
+def test_tile_time_overlaps_memory_and_compute_as_every_kernel():
+    """The tile's memory and compute overlap by the probe's `overlap` (model/cpu.py `Rates.both`), not
+    max(): with overlap 0.5 the time grows by half the shorter part; a K split pays a barrier (half a
+    region's entry) before its merge."""
+    m = dataclasses.replace(
+        CpuModel.nominal(cores=2, simd_bytes=32),
+        gemm=GemmRates((82.0, 37.0), 2.5, threads=2, gflops_all=(142.0, 71.0)),
+    )
+    g = Gemm(128, 32, 1024, False, 1024, False, 32, 32, ((0, 0, 0, 0),))  # B row-major, whole panels: no pack
+    full, half = (dataclasses.replace(m, rates=dataclasses.replace(m.rates, overlap=o)) for o in (1.0, 0.5))
+    a, b = tile_plan(g, 4, full, 1)[1], tile_plan(g, 4, half, 1)[1]
+    assert b.total_us - a.total_us == pytest.approx(0.5 * min(a.memory_us, a.compute_us))
+    skinny = Gemm(8, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    split = tile_plan(skinny, 4, full, 2, ksplit=2)[1]
+    assert split.merge_us > full.rates.fork(2) / 2

@@ -5,7 +5,11 @@ Every figure is *modeled*.
 
 The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over them):
 
-    fork + pack + max(compute, memory)
+    fork + pack + both(memory, compute) + merge
+
+(both: the longer plus the share of the shorter the core does not hide, the probe's `overlap`: the
+rule of every generated kernel, model/cpu.py `Rates.both`; it was max(), which priced A's streams
+from L3 as wholly hidden under the FMAs)
 
 - compute: 2 M N K flops at TILE_SHARE of the BLAS micro-kernel's probed rate on min(t, tasks)
   threads (the same FMA units fed from registers: model/cpu_gemm.py `GemmRates.rate`), scaled by
@@ -15,7 +19,9 @@ The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over t
   the operands live in (`CpuModel.gbs`);
 - pack: where B is transposed (`tb`) or N is not whole panels, B copied into panels (`pack_us`),
   each thread copying the panels its own tasks read (`pack_share`: no barrier before the tiles);
-- fork: one parallel region's entry (no Python step: the call is the program's C).
+- fork: one parallel region's entry (no Python step: the call is the program's C);
+- merge (a K split): the chunks' partials written, then read and added, after a barrier priced as
+  a generated kernel's (half a region's entry).
 
 So a small or skinny product (no Python step, no packing of A, nothing to amortize) goes to the
 tile, a large one (C re-read per K block, A per panel) to the BLAS.
@@ -128,8 +134,9 @@ def tile_plan(
         merge = 0.0
         if ks > 1:  # partials written, then read and added, each C element by one thread
             merge = calls * c * ks * (1 / m.gbs(c * ks, used, write=True) + 1 / m.gbs(c * ks, used)) / 1e3
+            merge += m.rates.fork(used) / 2  # the barrier before it, priced as a generated kernel's (model/cpu.py)
         fork = m.rates.fork(used)
-        t = KernelTime(fork + pack + max(comp, mem) + merge, mem + pack, comp, fork, merge, level, used)
+        t = KernelTime(fork + pack + m.rates.both(mem, comp) + merge, mem + pack, comp, fork, merge, level, used)
         if best is None or t.total_us < best[1].total_us:
             best = (dataclasses.replace(base, ksplit=ks), t)
     assert best is not None
