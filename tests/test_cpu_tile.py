@@ -11,9 +11,20 @@ from conftest import random_array, tolerance
 
 import panamera as pn
 import panamera.schedule.cpu_contraction as cpu_contraction
+from panamera.codegen.cpu_tile import TileShape
 from panamera.model.cpu import CpuModel
 from panamera.model.cpu_gemm import GemmRates
-from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, pack_share, tile_plan, tile_shape
+from panamera.model.cpu_tile import (
+    GATHER_NS,
+    TRANSPOSE_NS,
+    GemmKernel,
+    gemm_choice,
+    gemm_tile,
+    pack_share,
+    pack_us,
+    tile_plan,
+    tile_shape,
+)
 from panamera.schedule.cpu_gemm import Gemm
 
 
@@ -169,6 +180,27 @@ def test_tile_float64(forced_tile):
     )
     t = tolerance("float64", 300)
     np.testing.assert_allclose(f(a, b), a @ b, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(300))
+
+
+@pytest.mark.parametrize(("n", "k"), [(32, 301), (21, 300)])
+def test_tile_float64_transposed_b(forced_tile, n, k):
+    """float64 with B transposed: whole panels (N = 32, any NR of 8 or 16 doubles) packed by 4 x 4 register
+    transposes, a K tail (301: masked loads); a tail panel (N = 21) by the scalar copy. Against float64
+    numpy at float64's tolerance, the same bits on 1 and 2 threads; the model prices the transposes."""
+    x, w = pn.placeholder((13, k), "float64"), pn.placeholder((n, k), "float64")
+    f = pn.compile(x @ w.T, target="cpu", cache=False)
+    assert "pn_tile_gemm<double" in f.source
+    a, b = (
+        random_array((13, k), "float64", np.random.default_rng(9)),
+        random_array((n, k), "float64", np.random.default_rng(10)),
+    )
+    t = tolerance("float64", k)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    np.testing.assert_allclose(one, a @ b.T, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+    whole, tail = (Gemm(13, c, k, False, k, True, k, c, ()) for c in (32, 20))
+    assert pack_us(whole, 8, TileShape(6, 2, 4), None, "L2") == k * 32 * GATHER_NS / 1e3
+    assert pack_us(tail, 8, TileShape(6, 2, 4), None, "L2") == k * 24 * TRANSPOSE_NS / 1e3
 
 
 def test_tile_time_overlaps_memory_and_compute_as_every_kernel():

@@ -9,7 +9,7 @@ per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) sta
 every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
 N is whole panels; otherwise it is copied each call into zero-padded panels on cache lines (the only
 packing; a transposed B's whole panels transposed in registers, 16 columns at a time with AVX-512, 8
-with AVX2). Threads share the (K chunk, N panel, M tile) tasks in contiguous shares, as a static
+with AVX2, 4 for float64). Threads share the (K chunk, N panel, M tile) tasks in contiguous shares, as a static
 schedule's (the same tasks each K block): each C element is summed by one thread in K order, then (K
 split: `TileShape.ksplit`, the model's choice) its chunks' partials added in chunk order, so results
 are bit-stable across thread counts. Each thread packs the pieces of B (K chunk x panel) its own tasks
@@ -177,7 +177,8 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
 // A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
 // 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
 // in-lane unpacks and 128-bit lane shuffles), then stored as the panel's rows (AVX-512, float32); with AVX2
-// 8 columns by 8 K values at a time (three rounds); false where neither applies (the scalar copy runs).
+// 8 columns by 8 K values at a time (three rounds), float64 4 by 4 (two rounds); false where none applies
+// (the scalar copy runs).
 template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
     long long pe, long long cols) {
 #if defined(__AVX512F__)
@@ -243,6 +244,26 @@ template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const 
           t[j + 4] = _mm256_permute2f128_ps(r[j], r[j + 4], 0x31);
         }
         for (int c = 0; c < c8; ++c) _mm256_storeu_ps(pq + (p0 + q0 + c) * NR + h, t[c]);
+      }
+    return true;
+  }
+  if constexpr (sizeof(T) == 8 && NR % 4 == 0) {  // float64 (AVX2, and AVX-512's 16-column panels): 4 x 4 blocks
+    if (cols < NR || pe - p0 > 16) return false;
+    const int cnt = (int)(pe - p0);
+    for (long long h = 0; h < NR; h += 4)
+      for (int q0 = 0; q0 < cnt; q0 += 4) {
+        const int c4 = cnt - q0 < 4 ? cnt - q0 : 4;
+        const __m256i mk = _mm256_cmpgt_epi64(_mm256_set1_epi64x(c4), _mm256_setr_epi64x(0, 1, 2, 3));
+        __m256d r[4], u[4];
+        for (int j = 0; j < 4; ++j) {
+          const T* src = bq + (h + j) * ldb + p0 + q0;
+          r[j] = c4 == 4 ? _mm256_loadu_pd(src) : _mm256_maskload_pd(src, mk);
+        }
+        u[0] = _mm256_unpacklo_pd(r[0], r[1]), u[1] = _mm256_unpackhi_pd(r[0], r[1]);  // K 0,2 and 1,3 paired
+        u[2] = _mm256_unpacklo_pd(r[2], r[3]), u[3] = _mm256_unpackhi_pd(r[2], r[3]);
+        r[0] = _mm256_permute2f128_pd(u[0], u[2], 0x20), r[1] = _mm256_permute2f128_pd(u[1], u[3], 0x20);
+        r[2] = _mm256_permute2f128_pd(u[0], u[2], 0x31), r[3] = _mm256_permute2f128_pd(u[1], u[3], 0x31);
+        for (int c = 0; c < c4; ++c) _mm256_storeu_pd(pq + (p0 + q0 + c) * NR + h, r[c]);
       }
     return true;
   }

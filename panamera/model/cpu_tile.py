@@ -64,7 +64,9 @@ TILE_SHARE = 0.88
 # in registers: 16 x 16 with AVX-512 (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
 # more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound), 8 x 8 with AVX2 (AMD
 # EPYC, 128x32x1024 in C, best of 200 x 10 calls at load 9, 2026-11-25: 24 us more than B row-major
-# with the scalar copy, 8.6 with the transposes).
+# with the scalar copy, 8.6 with the transposes); float64 4 x 4 (AVX2, also AVX-512's panels: AMD EPYC,
+# 13x16x301 in C, min of 5 x 10 calls at load 13, 2026-11-25: 1.0 us more than B row-major, 5.9 with
+# the scalar copy: 0.2 and 1.2 ns an element).
 TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 
@@ -164,15 +166,15 @@ def pack_share(total: int, threads: int, mt: int, pieces: int) -> float:
 
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
     """One thread's copy of B into panels: element by element at TRANSPOSE_NS where B is transposed
-    (`tb`; GATHER_NS where the kernel transposes blocks in registers: AVX2 or AVX-512, float32, whole
-    panels), else read and written at `level`'s rates where N is not whole panels, else none.
+    (`tb`; GATHER_NS where the kernel transposes blocks in registers: AVX2 or AVX-512, float32 or
+    float64, whole panels), else read and written at `level`'s rates where N is not whole panels, else none.
 
     >>> from panamera.schedule.cpu_gemm import Gemm
     >>> pack_us(Gemm(8, 32, 1024, False, 1024, True, 1024, 32, ()), 4, TileShape(8, 2, 16), None, "L2")
     8.192
     """
     if gm.tb:
-        gathered = ts.lanes * itemsize >= 32 and itemsize == 4 and gm.n % ts.nr == 0
+        gathered = ts.lanes * itemsize >= 32 and itemsize in (4, 8) and gm.n % ts.nr == 0
         return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * (GATHER_NS if gathered else TRANSPOSE_NS) / 1e3
     if gm.n % ts.nr == 0:
         return 0.0
