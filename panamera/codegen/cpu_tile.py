@@ -5,8 +5,8 @@ once into the program's source (`TILE_SOURCE`) and called by the group's C funct
 The shape is Goto's micro-kernel without his A packing (what ONNX Runtime's MLAS does for a small
 M): C is cut into MR x NR tiles (MR rows, NR = NV vectors of columns), each tile's accumulators
 held in MR x NV vector registers across its K loop, the innermost, one broadcast of A and one FMA
-per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
-every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
+per accumulator and step. K runs in blocks of KC so that a B block (KC x NR, `KC_BYTES`: half of L1)
+stays in L1 while every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
 N is whole panels; otherwise it is copied each call into zero-padded panels on cache lines (the only
 packing; a transposed B's whole panels transposed in registers, 16 columns at a time with AVX-512, 8
 with AVX2, 4 for float64). Threads share the (K chunk, N panel, M tile) tasks in contiguous shares, as a static
@@ -29,7 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
+# A B block (KC K steps x NR columns) is KC_BYTES, half of L1: KC = 128 for AVX-512's 32 float32 columns,
+# 256 for AVX2's 16 (AMD EPYC, 128x32x1024 x @ w.T in C, thread CPU time, 2 x 40 interleaved rounds at
+# load 15, 2026-11-25 14:01 UTC: KC 128 / 256 / 512 medians 114-118 / 111-113 / 110-113 us, min 109 / 105 /
+# 103; the M-major task order instead of panel-major changed nothing).
+KC_BYTES = 16384
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,14 @@ class TileShape:
     @property
     def nr(self) -> int:
         return self.nv * self.lanes
+
+    def kc(self, itemsize: int) -> int:
+        """K steps per block: a KC x NR block of B is KC_BYTES (the kernel's `KC`).
+
+        >>> TileShape(8, 2, 16).kc(4), TileShape(6, 2, 8).kc(4), TileShape(6, 2, 4).kc(8)
+        (128, 256, 256)
+        """
+        return max(1, KC_BYTES // (self.nr * itemsize))
 
 
 def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = False) -> str:
@@ -300,8 +312,10 @@ template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_til
     int count, const long long* t, int nt, int ks, const E& ep = E{}) {
   constexpr int W = L * sizeof(T);
   constexpr long long NR = NV * L, KC = """
-    + str(KC)
-    + r""";
+    + str(KC_BYTES)
+    + r""" / (NR * (long long)sizeof(T)) > 0 ? """
+    + str(KC_BYTES)
+    + r""" / (NR * (long long)sizeof(T)) : 1;  // TileShape.kc
   const long long mt = (m + MR - 1) / MR, np = (n + NR - 1) / NR, tasks = mt * np;
   const bool pack = tb || n % NR;
   const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;

@@ -45,7 +45,7 @@ import math
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from ..codegen.cpu_tile import KC, TileShape
+from ..codegen.cpu_tile import TileShape
 from .cpu_gemm import gemm_time
 
 if TYPE_CHECKING:
@@ -118,12 +118,13 @@ def tile_plan(
     mt, panels = math.ceil(gm.m / base.mr), math.ceil(gm.n / base.nr)
     tasks = max(1, mt * panels)
     splits = [1]
-    while ksplit is None and tasks * splits[-1] < threads and gm.k >= 2 * splits[-1] * KC:
+    kc = base.kc(itemsize)
+    while ksplit is None and tasks * splits[-1] < threads and gm.k >= 2 * splits[-1] * kc:
         splits.append(2 * splits[-1])
     calls = len(gm.calls)
     flops = 2 * gm.m * gm.n * gm.k * calls
     a, b, c = (x * itemsize for x in (gm.m * gm.k, gm.k * gm.n, gm.m * gm.n))
-    blocks = max(1, math.ceil(gm.k / KC))
+    blocks = max(1, math.ceil(gm.k / kc))
     best: tuple[TileShape, KernelTime] | None = None
     for ks in splits if ksplit is None else [ksplit]:
         used = max(1, min(threads, tasks * ks))
