@@ -106,7 +106,6 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
         raise CpuUnsupportedError("target='cpu': schedule= replays GPU decisions; it does not apply to the CPU")
     machine = CpuMachine.detect()
     model = cpu_model(machine)
-    alone = Options(Target.EMULATOR, False, options.gpu)
     mapping = (options.split, options.deterministic)
 
     def cost(alternative: tuple[Tensor, ...]) -> float:  # formulations ranked by the CPU model (us)
@@ -116,7 +115,9 @@ def compile_cpu(outs: tuple[Tensor, ...], options: Options, single: bool) -> Cpu
             return scatter  # a deterministic scatter-add alone: its own CPU plan (cpu_segments.py)
         if nondeterministic(alternative) is not None:
             return math.inf  # no indirect writes on the CPU (cpu_kernel.py `check`)
-        a = run_stages(onehot.gathers(alternative), alone, stop_after="groups")
+        # staged as the plan below renders it (its options: no stitching under split=, no column partials,
+        # operands stored), so the cost is the rendered plan's modeled time
+        a = run_stages(_cpu_graph(alternative), options, stop_after="groups")
         pairs = [  # the groups as the plan below renders them: BLAS-able contractions alone, tile epilogues fused
             (g, d) for group in a.groups for g, d in cpu_plans(group, machine, model, *mapping) if d is not None
         ]

@@ -39,3 +39,13 @@ def test_softmax_on_short_rows_takes_the_two_passes(shape):
     (f,) = k.formulations
     online, multipass = (f.costs_us[f.names.index(n)] for n in ("online", "multipass"))
     assert f.chosen == "multipass" and online > 1.5 * multipass, f.describe()
+
+
+@pytest.mark.parametrize("split", [None, 1])
+def test_formulation_cost_is_the_rendered_plans_modeled_time(split):
+    """The formulation stage stages each alternative with the options the plan renders with (cpu_target.py
+    `compile_cpu`): under split= (no stitching) the chosen form's cost is the 3-kernel plan's time, not
+    the emulator grouping's one stitched kernel (131 vs 79 us modeled for [64x3000] before)."""
+    k = pn.compile(pn.nn.softmax(pn.placeholder((64, 3000), "float32")), target="cpu", cache=False, split=split)
+    (f,) = k.formulations
+    assert f.costs_us[f.names.index(f.chosen)] == pytest.approx(k.modeled().total_us, rel=1e-9)

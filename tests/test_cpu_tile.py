@@ -11,9 +11,20 @@ from conftest import random_array, tolerance
 
 import panamera as pn
 import panamera.schedule.cpu_contraction as cpu_contraction
+from panamera.codegen.cpu_tile import TileShape
 from panamera.model.cpu import CpuModel
 from panamera.model.cpu_gemm import GemmRates
-from panamera.model.cpu_tile import GemmKernel, gemm_choice, gemm_tile, tile_plan, tile_shape
+from panamera.model.cpu_tile import (
+    GATHER_NS,
+    TRANSPOSE_NS,
+    GemmKernel,
+    gemm_choice,
+    gemm_tile,
+    pack_share,
+    pack_us,
+    tile_plan,
+    tile_shape,
+)
 from panamera.schedule.cpu_gemm import Gemm
 
 
@@ -71,6 +82,33 @@ def test_tile_batched_and_bit_stable_across_threads(forced_tile):
     one, two = f(a, b, threads=1), f(a, b, threads=2)
     _check(one, ref, 70, np.abs(a).max() * np.abs(b).max() * np.sqrt(70))
     assert np.array_equal(one, two)
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(37, 45, 131), (50, 40, 300)])
+def test_threads_pack_the_panels_they_read(forced_tile, m, n, k):
+    """B transposed, N a tail past whole panels: each thread packs the pieces its own share of the tasks
+    reads (a panel straddling two shares packed by both, into their own buffers; no barrier before the
+    tiles): against float64 numpy, and the same bits on 1 and 2 threads."""
+    x, w = pn.placeholder((m, k), "float32"), pn.placeholder((n, k), "float32")
+    f = pn.compile(x @ w.T, target="cpu", cache=False)
+    assert f.cpu_kernels[0].tile is not None
+    a, b = (
+        random_array((m, k), "float32", np.random.default_rng(11)),
+        random_array((n, k), "float32", np.random.default_rng(12)),
+    )
+    ref = a.astype(np.float64) @ b.T.astype(np.float64)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    _check(one, ref, k, np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+
+
+def test_pack_share_is_the_largest_threads_pieces():
+    """The model's pack on `t` threads: the most (K chunk x panel) pieces one thread's contiguous share of
+    the tasks reads, over all pieces (codegen/cpu_tile.py: each thread packs its own)."""
+    assert pack_share(44, 2, 22, 2) == 0.5  # table1 on AVX2: a panel each
+    assert pack_share(21, 2, 7, 3) == 2 / 3  # 11 + 10 tasks of 7 a panel: the middle one packed by both
+    assert pack_share(8, 2, 8, 1) == 1.0  # one panel, both threads read it
+    assert pack_share(16, 4, 2, 8) == 0.25 and pack_share(5, 8, 5, 1) == 1.0  # more threads than tasks
 
 
 def test_model_routes_small_to_tile_and_large_to_blas():
@@ -142,3 +180,41 @@ def test_tile_float64(forced_tile):
     )
     t = tolerance("float64", 300)
     np.testing.assert_allclose(f(a, b), a @ b, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(300))
+
+
+@pytest.mark.parametrize(("n", "k"), [(32, 301), (21, 300)])
+def test_tile_float64_transposed_b(forced_tile, n, k):
+    """float64 with B transposed: whole panels (N = 32, any NR of 8 or 16 doubles) packed by 4 x 4 register
+    transposes, a K tail (301: masked loads); a tail panel (N = 21) by the scalar copy. Against float64
+    numpy at float64's tolerance, the same bits on 1 and 2 threads; the model prices the transposes."""
+    x, w = pn.placeholder((13, k), "float64"), pn.placeholder((n, k), "float64")
+    f = pn.compile(x @ w.T, target="cpu", cache=False)
+    assert "pn_tile_gemm<double" in f.source
+    a, b = (
+        random_array((13, k), "float64", np.random.default_rng(9)),
+        random_array((n, k), "float64", np.random.default_rng(10)),
+    )
+    t = tolerance("float64", k)
+    one, two = f(a, b, threads=1), f(a, b, threads=2)
+    np.testing.assert_allclose(one, a @ b.T, rtol=t, atol=t * np.abs(a).max() * np.abs(b).max() * np.sqrt(k))
+    assert np.array_equal(one, two)
+    whole, tail = (Gemm(13, c, k, False, k, True, k, c, ()) for c in (32, 20))
+    assert pack_us(whole, 8, TileShape(6, 2, 4), None, "L2") == k * 32 * GATHER_NS / 1e3
+    assert pack_us(tail, 8, TileShape(6, 2, 4), None, "L2") == k * 24 * TRANSPOSE_NS / 1e3
+
+
+def test_tile_time_overlaps_memory_and_compute_as_every_kernel():
+    """The tile's memory and compute overlap by the probe's `overlap` (model/cpu.py `Rates.both`), not
+    max(): with overlap 0.5 the time grows by half the shorter part; a K split pays a barrier (half a
+    region's entry) before its merge."""
+    m = dataclasses.replace(
+        CpuModel.nominal(cores=2, simd_bytes=32),
+        gemm=GemmRates((82.0, 37.0), 2.5, threads=2, gflops_all=(142.0, 71.0)),
+    )
+    g = Gemm(128, 32, 1024, False, 1024, False, 32, 32, ((0, 0, 0, 0),))  # B row-major, whole panels: no pack
+    full, half = (dataclasses.replace(m, rates=dataclasses.replace(m.rates, overlap=o)) for o in (1.0, 0.5))
+    a, b = tile_plan(g, 4, full, 1)[1], tile_plan(g, 4, half, 1)[1]
+    assert b.total_us - a.total_us == pytest.approx(0.5 * min(a.memory_us, a.compute_us))
+    skinny = Gemm(8, 32, 8192, False, 8192, False, 32, 32, ((0, 0, 0, 0),))
+    split = tile_plan(skinny, 4, full, 2, ksplit=2)[1]
+    assert split.merge_us > full.rates.fork(2) / 2

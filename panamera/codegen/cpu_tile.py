@@ -5,14 +5,17 @@ once into the program's source (`TILE_SOURCE`) and called by the group's C funct
 The shape is Goto's micro-kernel without his A packing (what ONNX Runtime's MLAS does for a small
 M): C is cut into MR x NR tiles (MR rows, NR = NV vectors of columns), each tile's accumulators
 held in MR x NV vector registers across its K loop, the innermost, one broadcast of A and one FMA
-per accumulator and step. K runs in blocks of KC so that a B block (KC x NR) stays in L1 while
-every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
-N is whole panels; otherwise it is copied once per call into zero-padded panels (the only packing;
-a transposed B's whole panels transposed in registers, 16 columns at a time with AVX-512, 8 with AVX2).
-Threads share the (K chunk, N panel, M tile) tasks under one static schedule (the same tasks each K
-block): each C element is summed by one thread in K order, then (K split: `TileShape.ksplit`, the
-model's choice) its chunks' partials added in chunk order, so results are bit-stable across thread
-counts.
+per accumulator and step. K runs in blocks of KC so that a B block (KC x NR, `KC_BYTES`: half of L1)
+stays in L1 while every M tile of the panel reads it. B is read in place when it is row-major (k x n, `tb` = 0) and
+N is whole panels; otherwise it is copied each call into zero-padded panels on cache lines (the only
+packing; a transposed B's whole panels transposed in registers, 16 columns at a time with AVX-512, 8
+with AVX2, 4 for float64). Threads share the (K chunk, N panel, M tile) tasks in contiguous shares, as a static
+schedule's (the same tasks each K block): each C element is summed by one thread in K order, then (K
+split: `TileShape.ksplit`, the model's choice) its chunks' partials added in chunk order, so results
+are bit-stable across thread counts. Each thread packs the pieces of B (K chunk x panel) its own tasks
+read, into its own buffer, so no barrier separates the pack from the tiles: with a passive OpenMP pool
+a barrier a thread reaches first is a futex sleep and a wake-up (as ONNX Runtime's MLAS, whose threads
+each pack the B panels of their own segment: onnxruntime/core/mlas/lib/sgemm.cpp, `MlasSgemmOperation`).
 An element-wise consumer the grouping fused (schedule/cpu_epilogue.py) is the kernel's `pn_ep` lambda
 (codegen/cpu_tile_epilogue.py), the template's `E`: called on each row of a tile right after the
 tile's last K block (the rows still in L1), or on each row after the K split's merge; it writes the
@@ -24,7 +27,7 @@ True
 
 from __future__ import annotations
 
-from ..model.cpu_tile import KC, TileShape  # the shape the model prices, decided below codegen
+from ..model.cpu_tile import KC_BYTES, TileShape  # the shape the model prices, decided below codegen
 
 
 def tile_call(tile: TileShape, ctype: str, args: str, nt: str, epilogue: bool = False) -> str:
@@ -76,6 +79,9 @@ TILE_SOURCE = (
     r"""
 #include <immintrin.h>
 #include <type_traits>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #include <vector>
 struct pn_no_ep {  // no epilogue: the tile's values are the result
   void operator()(long long, const void*, int) const {}
@@ -149,7 +155,8 @@ template <class T, int MR, int NV, int W> static inline void pn_tile_rows(int r,
 // A transposed B's block (rows p0..pe, at most 16, of a whole panel of NR columns, column j at bq + j ldb):
 // 16 columns at a time, their 16 K values loaded as vectors and transposed in registers (four rounds of
 // in-lane unpacks and 128-bit lane shuffles), then stored as the panel's rows (AVX-512, float32); with AVX2
-// 8 columns by 8 K values at a time (three rounds); false where neither applies (the scalar copy runs).
+// 8 columns by 8 K values at a time (three rounds), float64 4 by 4 (two rounds); false where none applies
+// (the scalar copy runs).
 template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const T* bq, long long ldb, long long p0,
     long long pe, long long cols) {
 #if defined(__AVX512F__)
@@ -218,22 +225,67 @@ template <class T, long long NR> static inline bool pn_tile_gather(T* pq, const 
       }
     return true;
   }
+  if constexpr (sizeof(T) == 8 && NR % 4 == 0) {  // float64 (AVX2, and AVX-512's 16-column panels): 4 x 4 blocks
+    if (cols < NR || pe - p0 > 16) return false;
+    const int cnt = (int)(pe - p0);
+    for (long long h = 0; h < NR; h += 4)
+      for (int q0 = 0; q0 < cnt; q0 += 4) {
+        const int c4 = cnt - q0 < 4 ? cnt - q0 : 4;
+        const __m256i mk = _mm256_cmpgt_epi64(_mm256_set1_epi64x(c4), _mm256_setr_epi64x(0, 1, 2, 3));
+        __m256d r[4], u[4];
+        for (int j = 0; j < 4; ++j) {
+          const T* src = bq + (h + j) * ldb + p0 + q0;
+          r[j] = c4 == 4 ? _mm256_loadu_pd(src) : _mm256_maskload_pd(src, mk);
+        }
+        u[0] = _mm256_unpacklo_pd(r[0], r[1]), u[1] = _mm256_unpackhi_pd(r[0], r[1]);  // K 0,2 and 1,3 paired
+        u[2] = _mm256_unpacklo_pd(r[2], r[3]), u[3] = _mm256_unpackhi_pd(r[2], r[3]);
+        r[0] = _mm256_permute2f128_pd(u[0], u[2], 0x20), r[1] = _mm256_permute2f128_pd(u[1], u[3], 0x20);
+        r[2] = _mm256_permute2f128_pd(u[0], u[2], 0x31), r[3] = _mm256_permute2f128_pd(u[1], u[3], 0x31);
+        for (int c = 0; c < c4; ++c) _mm256_storeu_pd(pq + (p0 + q0 + c) * NR + h, r[c]);
+      }
+    return true;
+  }
 #endif
   return false;
+}
+// The calling thread's place in the region's team (0 outside one, or without OpenMP).
+static inline int pn_tile_me() {
+#if defined(_OPENMP)
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+// B's panels in the pack a task reads: K chunk sk of panel q, rows [p0, pe) of its k x NR block (zero past n).
+template <class T, long long NR> static void pn_tile_pack(T* pq, const T* b, int tb, long long ldb, long long q,
+    long long n, long long p0, long long pe) {
+  constexpr long long CL = 64 / sizeof(T);  // K steps a block: a cache line of a B row
+  for (long long c0 = p0; c0 < pe; c0 += CL) {
+    const long long ce = c0 + CL < pe ? c0 + CL : pe;
+    if (tb && pn_tile_gather<T, NR>(pq, b + q * NR * ldb, ldb, c0, ce, n - q * NR)) {
+    } else if (tb)  // B read along its rows, the block's rows of the panel in L1
+      for (long long j = 0; j < NR; ++j) {
+        const long long col = q * NR + j;
+        for (long long p = c0; p < ce; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
+      }
+    else
+      for (long long p = c0; p < ce; ++p)
+        for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
+  }
 }
 template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_tile_gemm(int ta, int tb, long long m,
     long long n, long long k, const T* a0, long long lda, const T* b0, long long ldb, T* c0, long long ldc,
     int count, const long long* t, int nt, int ks, const E& ep = E{}) {
   constexpr int W = L * sizeof(T);
   constexpr long long NR = NV * L, KC = """
-    + str(KC)
-    + r""";
+    + str(KC_BYTES)
+    + r""" / (NR * (long long)sizeof(T)) > 0 ? """
+    + str(KC_BYTES)
+    + r""" / (NR * (long long)sizeof(T)) : 1;  // TileShape.kc
   const long long mt = (m + MR - 1) / MR, np = (n + NR - 1) / NR, tasks = mt * np;
   const bool pack = tb || n % NR;
-  static thread_local std::vector<T> pn_pk;
-  if (pack && (long long)pn_pk.size() < np * NR * k) pn_pk.resize(np * NR * k);
   const long long ars = ta ? 1 : lda, aks = ta ? lda : 1;
-  if (nt > tasks * ks) nt = (int)(tasks * ks);  // the pack has as many blocks or more
+  if (nt > tasks * ks) nt = (int)(tasks * ks);  // every thread has a task
   const long long chunk = ks > 1 ? ((k + ks - 1) / ks + KC - 1) / KC * KC : k;  // K per chunk: whole KC blocks
   const long long nkb = chunk > 0 ? (chunk + KC - 1) / KC : 1;
   static thread_local std::vector<T> pn_ws;
@@ -244,27 +296,25 @@ template <class T, int MR, int NV, int L, class E = pn_no_ep> static void pn_til
     const T* b = b0 + t[1];
     T* c = c0 + t[2];
     const int beta = (int)t[3];
-    T* pk = pn_pk.data();
-    constexpr long long CL = 64 / sizeof(T);  // K steps a block of the pack: a cache line of a B row
-    const long long pblocks = pack ? np * ((k + CL - 1) / CL) : 0;
     auto region = [&]() {  // on one thread no region: its team's closing barrier is a futex call (cpu_region.py)
-      #pragma omp for schedule(static)
-      for (long long blk = 0; blk < pblocks; ++blk) {  // panel q: k rows of NR columns, zero past n
-        const long long q = blk % np, p0 = blk / np * CL, pe = p0 + CL < k ? p0 + CL : k;
-        T* pq = pk + q * k * NR;
-        if (tb && pn_tile_gather<T, NR>(pq, b + q * NR * ldb, ldb, p0, pe, n - q * NR)) {
-        } else if (tb)  // B read along its rows, the block's rows of the panel in L1
-          for (long long j = 0; j < NR; ++j) {
-            const long long col = q * NR + j;
-            for (long long p = p0; p < pe; ++p) pq[p * NR + j] = col < n ? b[col * ldb + p] : T(0);
-          }
-        else
-          for (long long p = p0; p < pe; ++p)
-            for (long long j = 0; j < NR; ++j) pq[p * NR + j] = q * NR + j < n ? b[p * ldb + q * NR + j] : T(0);
+      // The thread's tasks (K chunk, N panel, M tile), the same each K block: a contiguous share, as a static
+      // schedule's (the first total % nt threads one more), so each C element is summed by one thread.
+      const int me = nt > 1 ? pn_tile_me() : 0;
+      const long long total = tasks * ks, per = total / nt, extra = total % nt;
+      const long long lo = me * per + (me < extra ? me : extra), hi = lo + per + (me < extra ? 1 : 0);
+      T* pk = nullptr;
+      if (pack) {  // the thread packs the pieces (task / mt: K chunk x panel) its own tasks read: no barrier
+        static thread_local std::vector<T> pn_pk;
+        constexpr long long AL = 64 / sizeof(T);  // the panels' rows on cache lines: no B load splits one
+        if ((long long)pn_pk.size() < np * NR * k + AL) pn_pk.resize(np * NR * k + AL);
+        pk = pn_pk.data() + (AL - (long long)(((unsigned long long)pn_pk.data() / sizeof(T)) % AL)) % AL;
+        for (long long piece = lo / mt; piece <= (hi - 1) / mt; ++piece) {
+          const long long sk = piece / np, q = piece % np, p0 = sk * chunk, pe = p0 + chunk < k ? p0 + chunk : k;
+          pn_tile_pack<T, NR>(pk + q * k * NR, b, tb, ldb, q, n, p0, pe);
+        }
       }
-      for (long long kb = 0; kb < nkb; ++kb) {  // the same tasks each K block (static): one thread per C element
-        #pragma omp for schedule(static) nowait
-        for (long long task = 0; task < tasks * ks; ++task) {
+      for (long long kb = 0; kb < nkb; ++kb) {
+        for (long long task = lo; task < hi; ++task) {
           const long long sk = task / tasks, tt = task % tasks, q = tt / mt, i0 = (tt % mt) * MR, j0 = q * NR;
           const long long ks0 = sk * chunk, k0 = ks0 + kb * KC, ke = ks0 + chunk < k ? ks0 + chunk : k;
           const long long kn = ke - k0 < KC ? ke - k0 : KC;

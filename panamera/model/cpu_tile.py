@@ -5,7 +5,11 @@ Every figure is *modeled*.
 
 The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over them):
 
-    fork + pack + max(compute, memory)
+    fork + pack + both(memory, compute) + merge
+
+(both: the longer plus the share of the shorter the core does not hide, the probe's `overlap`: the
+rule of every generated kernel, model/cpu.py `Rates.both`; it was max(), which priced A's streams
+from L3 as wholly hidden under the FMAs)
 
 - compute: 2 M N K flops at TILE_SHARE of the BLAS micro-kernel's probed rate on min(t, tasks)
   threads (the same FMA units fed from registers: model/cpu_gemm.py `GemmRates.rate`), scaled by
@@ -13,9 +17,11 @@ The tile kernel's time on `t` threads (the (N panel, M tile) tasks spread over t
 - memory: A read once per N panel (it is not packed), B once (a KC x NR block stays in L1 while
   the panel's M tiles read it), C read and written once per K block, at the rate of the level
   the operands live in (`CpuModel.gbs`);
-- pack: where B is transposed (`tb`) or N is not whole panels, B copied once into panels
-  (`pack_us`), the panels' blocks shared by the threads;
-- fork: one parallel region's entry (no Python step: the call is the program's C).
+- pack: where B is transposed (`tb`) or N is not whole panels, B copied into panels (`pack_us`),
+  each thread copying the panels its own tasks read (`pack_share`: no barrier before the tiles);
+- fork: one parallel region's entry (no Python step: the call is the program's C);
+- merge (a K split): the chunks' partials written, then read and added, after a barrier priced as
+  a generated kernel's (half a region's entry).
 
 So a small or skinny product (no Python step, no packing of A, nothing to amortize) goes to the
 tile, a large one (C re-read per K block, A per panel) to the BLAS.
@@ -47,7 +53,11 @@ if TYPE_CHECKING:
 
 # The register tile codegen/cpu_tile.py prints (`pn_tile_gemm`), here because the model sizes and
 # prices it (model is below schedule and codegen).
-KC = 128  # K steps per block: a B block of KC x NR float32 (NR = 32) is 16 KiB, half of L1
+# A B block (KC K steps x NR columns) is KC_BYTES, half of L1: KC = 128 for AVX-512's 32 float32 columns,
+# 256 for AVX2's 16 (AMD EPYC, 128x32x1024 x @ w.T in C, thread CPU time, 2 x 40 interleaved rounds at
+# load 15, 2026-11-25 14:01 UTC: KC 128 / 256 / 512 medians 114-118 / 111-113 / 110-113 us, min 109 / 105 /
+# 103; the M-major task order instead of panel-major changed nothing).
+KC_BYTES = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +79,14 @@ class TileShape:
     def nr(self) -> int:
         return self.nv * self.lanes
 
+    def kc(self, itemsize: int) -> int:
+        """K steps per block: a KC x NR block of B is KC_BYTES (the kernel's `KC`).
+
+        >>> TileShape(8, 2, 16).kc(4), TileShape(6, 2, 8).kc(4), TileShape(6, 2, 4).kc(8)
+        (128, 256, 256)
+        """
+        return max(1, KC_BYTES // (self.nr * itemsize))
+
 
 # The tile kernel's FMA rate as a share of the BLAS micro-kernel's probed rate (gemm_probe: 256^3),
 # the mean of two machines' fits, 128x32x1024 float32 with B row-major (no pack), one thread:
@@ -82,7 +100,9 @@ TILE_SHARE = 0.88
 # in registers: 16 x 16 with AVX-512 (was gathers: 8 us more, 2026-11-25; the transposes measured 3-6 us
 # more in C, min of 40 x 20 calls at load 8: not refit, kept as an upper bound), 8 x 8 with AVX2 (AMD
 # EPYC, 128x32x1024 in C, best of 200 x 10 calls at load 9, 2026-11-25: 24 us more than B row-major
-# with the scalar copy, 8.6 with the transposes).
+# with the scalar copy, 8.6 with the transposes); float64 4 x 4 (AVX2, also AVX-512's panels: AMD EPYC,
+# 13x16x301 in C, min of 5 x 10 calls at load 13, 2026-11-25: 1.0 us more than B row-major, 5.9 with
+# the scalar copy: 0.2 and 1.2 ns an element).
 TRANSPOSE_NS, GATHER_NS = 0.5, 0.25
 
 
@@ -134,12 +154,13 @@ def tile_plan(
     mt, panels = math.ceil(gm.m / base.mr), math.ceil(gm.n / base.nr)
     tasks = max(1, mt * panels)
     splits = [1]
-    while ksplit is None and tasks * splits[-1] < threads and gm.k >= 2 * splits[-1] * KC:
+    kc = base.kc(itemsize)
+    while ksplit is None and tasks * splits[-1] < threads and gm.k >= 2 * splits[-1] * kc:
         splits.append(2 * splits[-1])
     calls = len(gm.calls)
     flops = 2 * gm.m * gm.n * gm.k * calls
     a, b, c = (x * itemsize for x in (gm.m * gm.k, gm.k * gm.n, gm.m * gm.n))
-    blocks = max(1, math.ceil(gm.k / KC))
+    blocks = max(1, math.ceil(gm.k / kc))
     best: tuple[TileShape, KernelTime] | None = None
     for ks in splits if ksplit is None else [ksplit]:
         used = max(1, min(threads, tasks * ks))
@@ -148,29 +169,49 @@ def tile_plan(
         moved = calls * (a * panels + b + 2 * c * blocks)
         level = m.level(a + b + c * ks, used)
         mem = moved / m.gbs(a + b + c * ks, used) / 1e3
-        pack = calls * pack_us(gm, itemsize, base, m, level) / used
+        pack = calls * pack_us(gm, itemsize, base, m, level) * pack_share(tasks * ks, used, mt, panels * ks)
         merge = 0.0
         if ks > 1:  # partials written, then read and added, each C element by one thread
             merge = calls * c * ks * (1 / m.gbs(c * ks, used, write=True) + 1 / m.gbs(c * ks, used)) / 1e3
+            merge += m.rates.fork(used) / 2  # the barrier before it, priced as a generated kernel's (model/cpu.py)
         fork = m.rates.fork(used)
-        t = KernelTime(fork + pack + max(comp, mem) + merge, mem + pack, comp, fork, merge, level, used)
+        t = KernelTime(fork + pack + m.rates.both(mem, comp) + merge, mem + pack, comp, fork, merge, level, used)
         if best is None or t.total_us < best[1].total_us:
             best = (dataclasses.replace(base, ksplit=ks), t)
     assert best is not None
     return best
 
 
+def pack_share(total: int, threads: int, mt: int, pieces: int) -> float:
+    """The largest share of B's pack one thread copies: each thread packs the pieces (K chunk x N
+    panel, `task // mt` in the kernel's task order) its own contiguous share of the `total` tasks
+    reads (codegen/cpu_tile.py: no barrier between the pack and the tiles), the first `total %
+    threads` threads one task more, as a static schedule's.
+
+    >>> pack_share(44, 1, 22, 2), pack_share(44, 2, 22, 2), pack_share(22, 2, 22, 1)
+    (1.0, 0.5, 1.0)
+    """
+    threads = max(1, min(threads, total))
+    per, extra = divmod(total, threads)
+    most = 0
+    for me in range(threads):
+        lo = me * per + min(me, extra)
+        hi = lo + per + (1 if me < extra else 0)
+        most = max(most, (hi - 1) // mt - lo // mt + 1)
+    return most / max(1, pieces)
+
+
 def pack_us(gm: Gemm, itemsize: int, ts: TileShape, m: CpuModel, level: str) -> float:
     """One thread's copy of B into panels: element by element at TRANSPOSE_NS where B is transposed
-    (`tb`; GATHER_NS where the kernel transposes blocks in registers: AVX2 or AVX-512, float32, whole
-    panels), else read and written at `level`'s rates where N is not whole panels, else none.
+    (`tb`; GATHER_NS where the kernel transposes blocks in registers: AVX2 or AVX-512, float32 or
+    float64, whole panels), else read and written at `level`'s rates where N is not whole panels, else none.
 
     >>> from panamera.schedule.cpu_gemm import Gemm
     >>> pack_us(Gemm(8, 32, 1024, False, 1024, True, 1024, 32, ()), 4, TileShape(8, 2, 16), None, "L2")
     8.192
     """
     if gm.tb:
-        gathered = ts.lanes * itemsize >= 32 and itemsize == 4 and gm.n % ts.nr == 0
+        gathered = ts.lanes * itemsize >= 32 and itemsize in (4, 8) and gm.n % ts.nr == 0
         return gm.k * math.ceil(gm.n / ts.nr) * ts.nr * (GATHER_NS if gathered else TRANSPOSE_NS) / 1e3
     if gm.n % ts.nr == 0:
         return 0.0
