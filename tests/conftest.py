@@ -124,10 +124,14 @@ __all__ = ["pn"]
 # --- Every kernel the suite generates is also compiled by nvcc (sm_80, sm_90), without spills. ---
 # Each rendered kernel is recorded (workers inherit the log directory through the environment); at
 # the end of the session the unique kernels are compiled in batches, since nvcc spends ~2 s per
-# call parsing the CUDA headers. A failure or a spill fails the run.
+# call parsing the CUDA headers. A failure or a spill fails the run. A kernel that compiled without
+# spills is remembered under $PANAMERA_CACHE/nvcc-check/, keyed by its text, the prelude and the nvcc
+# release (about 0.2 s of CPU a kernel for the two arches; a rerun compiles only the kernels that changed).
 import hashlib  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -251,6 +255,20 @@ def pytest_configure(config):
         os.environ[_LOG] = tempfile.mkdtemp(prefix="panamera-kernels-")
 
 
+def _checked_dir(nvcc_path: str, head: str) -> tuple[Path | None, str]:
+    """Where the spill-free kernels' nvcc reports are kept (None: $PANAMERA_CACHE=off) and the salt of
+    their keys: this nvcc's release, the arches and the prelude every batch starts with."""
+    from panamera.runtime import diskcache, nvcc
+
+    release = subprocess.run([nvcc_path, "--version"], capture_output=True, text=True).stdout
+    salt = hashlib.sha256("\0".join([release, *nvcc.ARCHS, head]).encode()).hexdigest()
+    base = diskcache.location()
+    return (None if base is None else base / "nvcc-check"), salt
+
+
+_STEM = re.compile(r"(pn_k_[0-9a-f]{16})(_[a-z]+[0-9]*)?$")  # a kernel file may hold several kernels
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("PYTEST_XDIST_WORKER") or not os.environ.get(_LOG):
@@ -262,32 +280,57 @@ def pytest_sessionfinish(session, exitstatus):
 
     files = sorted(Path(os.environ[_LOG]).glob("*.cu"))
     try:
-        nvcc.find_nvcc()
+        nvcc_path = nvcc.find_nvcc()
     except BackendError as e:
         session.config._panamera_nvcc = f"nvcc check skipped: {e}"
         return
-    kernels = [f.read_text().replace("PN_KERNEL_NAME", f"pn_k_{f.stem}") for f in files]
-    batches = [kernels[k : k + 150] for k in range(0, len(kernels), 150)]
+    head = "\n".join([PRELUDE, islast.HELPERS])
+    store, salt = _checked_dir(nvcc_path, head)
+    kernels = {f"pn_k_{f.stem}": f.read_text().replace("PN_KERNEL_NAME", f"pn_k_{f.stem}") for f in files}
+    keys = {stem: hashlib.sha256((salt + src).encode()).hexdigest()[:32] for stem, src in kernels.items()}
+    results, todo = [], []
+    for stem, src in kernels.items():
+        known = store / f"{keys[stem]}.json" if store else None
+        if known and known.exists():
+            results += [nvcc.Resources(**r) for r in json.loads(known.read_text())]
+        else:
+            todo.append(src)
+    batches = [todo[k : k + 150] for k in range(0, len(todo), 150)]
 
     def compile_batch(batch):
-        return nvcc.compile_cuda("\n".join([PRELUDE, islast.HELPERS, *batch]))
+        return nvcc.compile_cuda("\n".join([head, *batch]))
+
+    def remember(batch_results):
+        by_stem = {}
+        for r in batch_results:
+            m = _STEM.match(r.kernel)
+            by_stem.setdefault(m.group(1) if m else None, []).append(r)
+        for stem, rs in by_stem.items():
+            if store and stem in keys and not any(r.spill_stores or r.spill_loads for r in rs):
+                store.mkdir(parents=True, exist_ok=True)
+                tmp = store / f"{keys[stem]}.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps([vars(r) for r in rs]))
+                os.replace(tmp, store / f"{keys[stem]}.json")
 
     problems = []
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(compile_batch, b) for b in batches]
-        results = []
         for fut in futures:
             try:
-                results += fut.result()
+                got = fut.result()
             except PanameraError as e:
                 problems.append(str(e)[:3000])
+                continue
+            results += got
+            remember(got)
     spills = [r for r in results if r.spill_stores or r.spill_loads]
     problems += [f"spills: {r}" for r in spills]
-    stems = (re.match(r"(pn_k_[0-9a-f]{16})(_[a-z]+[0-9]*)?$", r.kernel) for r in results)  # a file may hold several
-    names = {m.group(1) for m in stems if m}
+    names = {m.group(1) for m in map(_STEM.match, (r.kernel for r in results)) if m}
     if not problems and len(names) != len(kernels):
         problems.append(f"nvcc reported {len(names)} of {len(kernels)} kernels")
-    msg = f"nvcc: {len(kernels)} unique generated kernels compiled for sm_80 and sm_90, {len(spills)} with spills"
+    fresh, known = len(todo), len(kernels) - len(todo)
+    msg = (f"nvcc: {len(kernels)} unique generated kernels compiled for sm_80 and sm_90 ({fresh} now, {known} "
+           f"unchanged since they compiled clean), {len(spills)} with spills")  # fmt: skip
     session.config._panamera_nvcc = msg + ("" if not problems else "\nFAILED:\n" + "\n".join(problems))
     if problems:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
