@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import OptionError, ShapeError
 from ..frontend import activations as act
+from ..frontend import gather as gt
 from ..frontend import movement as mv
 from ..frontend import ops, pool
 from ..frontend.interpolate import Taps, compute_dtype, interpolate
@@ -166,10 +167,10 @@ def _gather(node: Node, args, ctx):
     x, ind = ctx.tensor(args[0]), ctx.tensor(args[1])
     axis = node.attrs.get("axis", 0)
     if node.op_type == "GatherElements":
-        return [mv.take_along_axis(x, ind, axis)]
+        return [gt.take_along_axis(x, ind, axis)]
     if node.op_type == "GatherND":
-        return [mv.gather_nd(x, ind, node.attrs.get("batch_dims", 0))]
-    return [mv.take(x, ind, axis)]
+        return [gt.gather_nd(x, ind, node.attrs.get("batch_dims", 0))]
+    return [gt.take(x, ind, axis)]
 
 
 # -- pooling ----------------------------------------------------------------------------------
