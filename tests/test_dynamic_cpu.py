@@ -127,7 +127,9 @@ def test_one_library_per_class_source_and_none_per_size(monkeypatch, rng):
         k(a)
     s = k.stats()
     assert (s["classes_planned"], s["classes_compiled"], s["calls"]) == (2, 2, 7), s
-    assert s["sources_built"] == len(builds) == 1, s  # both classes plan the same kernel: one source, one build
+    # one build per distinct class source, none per size: the two classes plan the same kernel unless the
+    # probe's figures part them (a short class on one thread where a wake-up measured dear under load)
+    assert s["sources_built"] == len(builds) == len(set(builds)) <= 2, s
     assert "class B in [16, 32)" in k.explain() and "class B in [4, 8)" in k.explain()
     assert "split=1" in k.explain() and "machine:" in k.explain()
 
