@@ -150,6 +150,10 @@ REGISTER_VECTORS = 16
 # 16 rows 0.79-0.81; over 768 rows (2.4 MB) 8 rows 0.50-0.59 against 0.40-0.57. One thread, thread
 # CPU time, medians of 15-41 interleaved rounds, AMD EPYC AVX2, 2026-11-25 14:20 UTC, load 4. The
 # 8-row figures are the probe's rule above at its 16 KiB figure (0.91: k = 1 gives 0.91, k = 2 0.83).
+# The generated kernels, 1 and 8 rows in one process (14:30 UTC, load 1.5, medians of 61): sum column
+# 21128x768 7134 -> 5587 us, A2#7 3044 -> 2398, A2#9 4055 -> 2754, sum column 768x768 74.6 -> 65.0
+# (601); the ALL sum of the same 21128x768 bytes took 6850 (model 0.72 of it, the column sum 0.77): what
+# the model still misses there is the DRAM read rate, not the COLUMN form.
 COLUMN_ROWS = 8
 
 
