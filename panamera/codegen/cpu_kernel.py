@@ -3,8 +3,9 @@
 The innermost loop nests are printed from isl's AST of the canonical domain restricted to one
 task (`_scan`): a ROW/ALL task scans j over its chunk under `#pragma omp simd reduction(...)`, a
 COLUMN task scans j over its chunk and, inside, i over its block of contiguous outputs under
-`#pragma omp simd` (one accumulator per output), a MAP group scans i under `#pragma omp parallel
-for simd`. Tasks run under `#pragma omp for schedule(static)`. Bodies, loads, finishes and the
+`#pragma omp simd` (one accumulator per output; where its blocks are in L1, in steps of the
+decision's `column_rows` rows per load and store of the block: codegen/cpu_column.py), a MAP group
+scans i under `#pragma omp parallel for simd`. Tasks run under `#pragma omp for schedule(static)`. Bodies, loads, finishes and the
 combiners are the CUDA codegen's (thread_loop.py, expr.py, the functors of header.py generated
 from algebra.py): the reduction algebra is defined once.
 
@@ -47,6 +48,7 @@ from ..schedule.cpu_lane_kind import LaneKind, lane_kind
 from ..schedule.cpu_mapper import CpuDecision, CpuMerge
 from ..schedule.mapping import MergeMode, kernel_buffers
 from . import islast
+from .cpu_column import column_steps
 from .cpu_interleave import rows_region
 from .cpu_lanes import lanes_pass
 from .cpu_merge import SplitMerge
@@ -432,7 +434,10 @@ class _Kernel(RowValues, SplitMerge):
         out.append(f"  for (pn_idx pn_b = pn_j0; pn_b < pn_j1; pn_b += {d.inner}LL) {{")
         out.append(f"    const pn_idx pn_lo = pn_b, pn_hi = pn_imin(pn_j1, pn_b + {d.inner}LL);")
         out += ["    " + ln for ln in self.acc_decls(owners, B, "pn_blk")]
-        out += ["    " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
+        if d.column_rows > 1:  # rows in steps, a load and store of the block per step (codegen/cpu_column.py)
+            out += ["    " + ln for ln in column_steps(self, owners, B)]
+        else:
+            out += ["    " + ln for ln in _print(ast, user, ["", "#pragma omp simd"])]
         for k in owners:
             f = g.statements[k].combiner.functor
             out.append(f"    for (int q = 0; q < {B}; ++q) acc{k}[q] = {f}::apply(acc{k}[q], pn_blk{k}[q]);")

@@ -142,6 +142,19 @@ L3_MAX = 32 << 20
 # Compiled with -march=skylake-avx512, one sum's 64-256-wide blocks stay in zmm registers, 512-wide
 # do not; two 64-wide sums are mostly spilled (a store per two rows): modeled held, an optimistic case.
 REGISTER_VECTORS = 16
+# A COLUMN task whose blocks are in L1 adds COLUMN_ROWS input rows into each vector of its blocks per
+# load and store of it (`column_rows`, codegen/cpu_column.py), in row order (the bits of one row at a
+# time). One row a step read 0.52-0.63 x a plain sum's rate over 768-wide rows (25-62 MB, DRAM),
+# whatever the inner loop's shape (g++'s two-row unroll-and-jam, a constant trip count, a restrict
+# row pointer: all alike); 4 rows 0.67-0.83, 8 rows 0.92-0.94 (one sum) and 0.85-0.89 (x and x^2),
+# 16 rows 0.79-0.81; over 768 rows (2.4 MB) 8 rows 0.50-0.59 against 0.40-0.57. One thread, thread
+# CPU time, medians of 15-41 interleaved rounds, AMD EPYC AVX2, 2026-11-25 14:20 UTC, load 4. The
+# 8-row figures are the probe's rule above at its 16 KiB figure (0.91: k = 1 gives 0.91, k = 2 0.83).
+# The generated kernels, 1 and 8 rows in one process (14:30 UTC, load 1.5, medians of 61): sum column
+# 21128x768 7134 -> 5587 us, A2#7 3044 -> 2398, A2#9 4055 -> 2754, sum column 768x768 74.6 -> 65.0
+# (601); the ALL sum of the same 21128x768 bytes took 6850 (model 0.72 of it, the column sum 0.77): what
+# the model still misses there is the DRAM read rate, not the COLUMN form.
+COLUMN_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -403,8 +416,8 @@ def element_ns(w: CpuWork, r: Rates, lanes: int) -> float:
 
 def column_rate(w: CpuWork, r: Rates, simd_bytes: int) -> float:
     """A COLUMN group's read rate over a plain sum's: 1 / (1 + k (1 / `Rates.column` - 1)) with k its
-    accumulator blocks in L1 (each loaded and stored per vector read; the probe timed one), k = 0
-    where all of them fit REGISTER_VECTORS vector registers (g++ keeps them there); 1 for other forms.
+    accumulator blocks in L1 (each loaded and stored per vector of COLUMN_ROWS rows read, `column_rows`;
+    the probe timed one block, a load and store per vector of its 16 KiB rows), k = 0 where all of them fit REGISTER_VECTORS vector registers (g++ keeps them there); 1 for other forms.
 
     >>> from dataclasses import replace
     >>> r = Rates(1, ((1, 1),) * 3, ((1, 1),) * 3, 0.1, 0.4, 0.2, (1, 1), column=0.8)
@@ -416,9 +429,29 @@ def column_rate(w: CpuWork, r: Rates, simd_bytes: int) -> float:
     """
     if not w.column:
         return 1.0
-    vectors = w.accumulators * math.ceil(w.block * w.width / max(simd_bytes, 1))
-    held = 0 < w.block and vectors <= REGISTER_VECTORS
+    held = column_held(w, simd_bytes)
     return 1.0 / (1.0 + (0 if held else w.accumulators) * (1.0 / r.column - 1.0))
+
+
+def column_held(w: CpuWork, simd_bytes: int) -> bool:
+    """Whether a COLUMN group's `accumulators` blocks of `block` outputs fit REGISTER_VECTORS
+    `simd_bytes` registers (g++ keeps them there; `block` 0, not known: not held)."""
+    vectors = w.accumulators * math.ceil(w.block * w.width / max(simd_bytes, 1))
+    return 0 < w.block and vectors <= REGISTER_VECTORS
+
+
+def column_rows(w: CpuWork, simd_bytes: int) -> int:
+    """The input rows a COLUMN step adds into its blocks per load and store of them (the mapper's
+    `CpuDecision.column_rows`): COLUMN_ROWS where the blocks are in L1, 1 where they are held in
+    registers (`column_held`: no load or store to save) and for other forms. The read rate of
+    COLUMN_ROWS rows a step is `column_rate`'s (the probe's figure; COLUMN_ROWS says where measured).
+
+    >>> w = CpuWork(M=768, N=8192, elements=768 * 8192, read_bytes=0, write_bytes=0, column=True, block=768)
+    >>> from dataclasses import replace
+    >>> column_rows(w, 32), column_rows(replace(w, M=64, block=64), 32), column_rows(replace(w, column=False), 32)
+    (8, 1, 1)
+    """
+    return COLUMN_ROWS if w.column and not column_held(w, simd_bytes) else 1
 
 
 def prefetch_gain(m: CpuModel, nbytes: int, threads: int) -> float:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..model.cpu import COLUMN_BLOCK_BYTES, CpuMerge, CpuModel, merge_us
+from ..model.cpu import COLUMN_BLOCK_BYTES, CpuMerge, CpuModel, column_rows, merge_us
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
 from .cpu_lane_kind import LaneKind, group_vectors, lane_kind
@@ -114,6 +114,8 @@ class CpuDecision:
     # each row pass's vector registers of lanes (W = that x lanes; schedule/cpu_lane_kind.py `group_vectors`)
     vectors: tuple[int, ...] = ()
     exp_le0: tuple[tuple[int, tuple], ...] = ()  # exps of x - max(x) (schedule/cpu_exp_range.py)
+    # COLUMN: input rows a step adds into its blocks per load and store of them (model/cpu.py `column_rows`)
+    column_rows: int = 1
 
     @property
     def tasks(self) -> int:
@@ -129,6 +131,7 @@ class CpuDecision:
             + (f" merge={self.merge}" if self.split > 1 else "")
             + "".join(f" reuse={r.ops}" for r in self.reuse)
             + (f" rows={self.rows}" if self.rows > 1 else "")
+            + (f" column_rows={self.column_rows}" if self.column_rows > 1 else "")
             + (f" prefetch={self.prefetch.ahead}" if self.prefetch else "")
         )
 
@@ -201,6 +204,7 @@ def map_cpu(
     lanes = _lanes(group, machine.simd_bytes)
     model = model or CpuModel.nominal(machine.cores, machine.simd_bytes, machine.name)
     from .cpu_contraction import plan_gemm
+    from .cpu_cost import work
     from .cpu_exp_range import nonpositive_exps
 
     if (gemm := gemm or plan_gemm(group, model, machine.cores, deterministic)) is not None:
@@ -223,7 +227,8 @@ def map_cpu(
     rows = choose_rows(group, s, lanes, reuse, model)  # schedule/cpu_rows.py: short rows side by side
     prefetch = choose_prefetch(group, model, threads)  # schedule/cpu_prefetch.py: rows from beyond L2
     le0 = nonpositive_exps(group)  # schedule/cpu_exp_range.py: exp(x - max(x)) without its overflow select
+    col_rows = column_rows(work(group, block=block), machine.simd_bytes) if form == Form.COLUMN else 1
     return CpuDecision(
         form, M, N, s, chunk, block, threads, lanes, merge, reuse=reuse, rows=rows, prefetch=prefetch,
-        vectors=group_vectors(group), exp_le0=le0,
+        vectors=group_vectors(group), exp_le0=le0, column_rows=col_rows,
     )  # fmt: skip
