@@ -2,9 +2,9 @@
 STREAM-like probe and kept on disk.
 
 A tiny generated C++ library (runtime/cpu_probe_source.py, built like every CPU kernel:
-runtime/cpu.py, `-O3 -march=native -fopenmp`, libmvec) times, each figure a high quantile of
+runtime/cpu.py, `-O3 -march=native -fopenmp`, libmvec) times, each figure the median of
 short trials that held their cores, one and all threads interleaved, the streams twice
-(runtime/cpu_probe_trials.py: why; how far a figure's median trial was from it, and the least
+(runtime/cpu_probe_trials.py: why; how far a figure's slower trials were from it, and the least
 share of whole trials, are written in the figures' `source`):
 - a read-only SIMD sum (LANE_VECTORS registers of lanes, the generated row scans' shape) over a
   buffer and a triad (a = b + 0.5 c) over its thirds, the buffer resident in L2 (half of it per
@@ -281,7 +281,7 @@ def measure(threads: int, caches: Caches) -> Rates:
     verdict, why = judge(threads, fork, read, write, wakes, others_load(), whole)  # CONTENDED again where `early`
     note = (
         f" (L3: {sizes['L3'] >> 20} MiB arrays, {l3_bytes >> 20} MiB held; DRAM: {sizes['DRAM'] >> 20} MiB arrays;"
-        f" OpenMP spin count {spin_count()}; a figure's trials' median up to {100 * max(t.spread for t in timed):.0f} %"
+        f" OpenMP spin count {spin_count()}; a figure's slower trials (90 % quantile) up to {100 * max(t.spread for t in timed):.0f} %"
         f" slower than it; {100 * whole:.0f} % of an all-thread figure's trials whole at least)"
     )
     if verdict is Verdict.CONTENDED:
