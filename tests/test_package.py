@@ -100,6 +100,22 @@ def test_the_gpu_check_bootstrap_asks_for_the_same_floors():
     assert {f"{k}>={v}" for k, v in check_floors.floors().items()} <= set(gpu_check.REQUIRED.values())
 
 
+def test_no_module_imports_what_python_3_10_lacks():
+    """requires-python is 3.10 (the floors check runs it): enum.StrEnum is 3.11's, so panamera/enums.py
+    is the one place that imports it (with its 3.10 stand-in); a module importing it from enum broke
+    the package on 3.10 (schedule/cpu_exp_range.py, 0.9.0's first cut)."""
+    import ast
+
+    bad = []
+    for path in (ROOT / "panamera").rglob("*.py"):
+        if path.name == "enums.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "enum" and node.level == 0:
+                bad += [f"{path.relative_to(ROOT)}: {a.name}" for a in node.names if a.name in {"StrEnum", "verify"}]
+    assert not bad, bad
+
+
 def test_version_changelog_and_readme_agree():
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert re.search(r"^## (\S+)", changelog, re.M)[1] == pn.__version__  # the newest entry is this version

@@ -38,8 +38,8 @@ negative test per item):
 from __future__ import annotations
 
 from dataclasses import replace
-from enum import StrEnum
 
+from ..enums import StrEnum
 from ..poly.expr import Expr
 from ..poly.program import KernelGroup
 from ..poly.statement import Form, StatementKind
